@@ -1,0 +1,49 @@
+# zc-lb: everything a person or CI needs, from a fresh machine.
+#
+#   make run    set up, then start the demo: an LB on 127.0.0.1:8080 in
+#               front of 4 local workers (no ZooKeeper needed)
+#   make test   set up, then run the whole test suite
+#   make bench  set up, then run the benchmarks (ratios, side by side)
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+APT_PACKAGES := zookeeper haproxy wrk
+
+.PHONY: run test bench sysdeps venv zookeeper mypy clean
+
+run: venv
+	$(VENV)/bin/zc-lb demo
+
+test: sysdeps venv
+	$(PY) -m pytest -q tests simulations playback
+
+bench: sysdeps venv
+	$(PY) -m zc_lb.bench
+
+mypy: venv
+	$(VENV)/bin/mypy src/zc_lb/pool.py src/zc_lb/resume.py src/zc_lb/protocol.py src/zc_lb/classifier.py
+
+venv: $(STAMP)
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,playback,simulations,paste]'
+	touch $(STAMP)
+
+# Debian packages the tests and benchmarks use: a real ZooKeeper server,
+# HAProxy 2.6 for comparisons, wrk for load.
+sysdeps:
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+clean:
+	rm -rf $(VENV) .zk src/*.egg-info .pytest_cache .mypy_cache

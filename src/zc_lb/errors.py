@@ -1,0 +1,72 @@
+"""The exception hierarchy.
+
+Names say who is at fault: a *local* protocol error means our own code
+misused the API (a bug here); a *remote* protocol error means the peer
+sent something the protocol forbids.  A worker *lost* broke from outside;
+a worker *closed* was closed by us.  Each error carries the HTTP status it
+should become, so ``lb.py`` turns errors into responses in one place.
+"""
+
+
+class ZcLbError(Exception):
+    """Base of every error zc-lb raises on purpose."""
+
+    http_status = 500
+
+
+class ConfigurationError(ZcLbError):
+    """A setting, classifier spec, address or file given to us is invalid."""
+
+    http_status = 500
+
+
+class ProtocolError(ZcLbError):
+    """Base of the LB<->worker protocol errors."""
+
+    http_status = 502
+
+
+class LocalProtocolError(ProtocolError):
+    """Our own code tried something the protocol forbids (a bug here)."""
+
+    http_status = 500
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent bytes or messages the protocol forbids."""
+
+    http_status = 502
+
+
+class AuthenticationError(RemoteProtocolError):
+    """The peer failed the shared-secret challenge."""
+
+
+class WorkerError(ZcLbError):
+    """Base of errors about a worker connection."""
+
+    http_status = 502
+
+
+class WorkerLost(WorkerError):
+    """The connection to a worker broke from outside (reset, EOF, timeout)."""
+
+    http_status = 502
+
+
+class WorkerClosed(WorkerError):
+    """We closed the connection to the worker ourselves (removal, shutdown)."""
+
+    http_status = 502
+
+
+class NoWorkerAvailable(ZcLbError):
+    """No worker could be had within the no-worker timeout."""
+
+    http_status = 503
+
+
+class RequestCancelled(ZcLbError):
+    """The other side cancelled a request in flight."""
+
+    http_status = 499

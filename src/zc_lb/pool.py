@@ -1,0 +1,320 @@
+"""The routing algorithm: which worker gets a request of a given class.
+
+Theory of operation
+-------------------
+
+Workers tell us what they are good at: a *résumé* maps request classes
+to scores (requests per second while serving that class).  For each class
+we keep the workers skilled in it with their scores; for each worker its
+*backlog* (requests this LB has outstanding on it) and a decayed mean of
+that backlog; the same decayed mean for the whole pool; and an order of
+workers by when each was last chosen (least recently chosen first).
+
+To route a request of class C (``get``):
+
+1. The cap.  A worker may take C only while its decayed mean backlog,
+   less (the least recently chosen worker's decayed mean backlog + 1),
+   does not exceed ``max(variance * pool_mean_backlog / n_workers, 1)``.
+   This is what keeps a hot class from taking the pool down: once its
+   workers are loaded well past the mean, it spills onto others.
+2. Among the workers skilled in C and under the cap, take the best score
+   per unit of current backlog: ``score / backlog`` once the backlog is
+   above 1, so the first outstanding request is not penalised.
+3. If none qualifies, take the least recently chosen worker; if it was not
+   skilled in C it becomes so, with ``unskilled_score``.
+4. The chosen worker becomes the most recently chosen and its backlog and
+   the pool's grow.  ``put`` reverses that when the response ends.
+
+Decays: a worker's mean backlog decays by ``1 - 1/(2*backlog_history)``
+per event on that worker, the pool's by
+``1 - 1/(2*backlog_history*n_workers)`` per event on any worker.
+
+Cost: ``get`` and ``put`` are O(workers skilled in C); nothing scans all
+classes or all workers.  The LRU order is an ordered dict (O(1) move to
+the end, O(1) first item).
+
+Weak spots, admitted: skills are only as good as the workers' résumés, so
+a changed classifier takes a while to be learned (a worker keeps its
+skills until a résumé replaces them); and with very light load the
+decayed means are tiny, so the cap is 1 and the order matters more than
+the scores.
+
+The pool is pure: no sockets, no gevent, no clock.  Waiting for a worker
+when there is none is the caller's business (``get`` returns None).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Dict, Hashable, Iterable, Mapping, Optional
+
+from .errors import ConfigurationError
+
+DEFAULT_VARIANCE = 1.0
+DEFAULT_BACKLOG_HISTORY = 9
+DEFAULT_UNSKILLED_SCORE = 1.0
+
+
+class PoolWorker:
+    """The pool's record of one worker: backlog, decayed backlog, skills."""
+
+    __slots__ = ("handle", "backlog", "mbacklog", "resume", "version")
+
+    def __init__(self, handle: Hashable, version: Optional[str] = None) -> None:
+        self.handle = handle
+        self.backlog = 0
+        self.mbacklog = 0.0
+        self.resume: Dict[str, float] = {}
+        self.version = version
+
+    def __repr__(self) -> str:
+        return "<PoolWorker %r backlog=%d mbacklog=%.2f skills=%d>" % (
+            self.handle,
+            self.backlog,
+            self.mbacklog,
+            len(self.resume),
+        )
+
+
+def _check_settings(
+    variance: float, backlog_history: int, unskilled_score: float
+) -> None:
+    if not variance > 0:
+        raise ConfigurationError("variance must be > 0, got %r" % (variance,))
+    if not (isinstance(backlog_history, int) and backlog_history >= 1):
+        raise ConfigurationError(
+            "backlog_history must be an integer >= 1, got %r" % (backlog_history,)
+        )
+    if not unskilled_score > 0:
+        raise ConfigurationError(
+            "unskilled_score must be > 0, got %r" % (unskilled_score,)
+        )
+
+
+class Pool:
+    """Résumé-based routing: skilled workers first, backlog capped."""
+
+    def __init__(
+        self,
+        variance: float = DEFAULT_VARIANCE,
+        backlog_history: int = DEFAULT_BACKLOG_HISTORY,
+        unskilled_score: float = DEFAULT_UNSKILLED_SCORE,
+    ) -> None:
+        _check_settings(variance, backlog_history, unskilled_score)
+        self.variance = variance
+        self.backlog_history = backlog_history
+        self.unskilled_score = unskilled_score
+        self.workers: Dict[Hashable, PoolWorker] = {}
+        # least recently chosen first
+        self._lru: "OrderedDict[PoolWorker, None]" = OrderedDict()
+        self.skilled: Dict[str, Dict[PoolWorker, float]] = {}
+        self.backlog = 0
+        self.mbacklog = 0.0
+        self._update_decays()
+
+    # -- settings -----------------------------------------------------
+
+    def update_settings(
+        self,
+        variance: Optional[float] = None,
+        backlog_history: Optional[int] = None,
+        unskilled_score: Optional[float] = None,
+    ) -> None:
+        """Change settings at run time; None leaves a setting as it is."""
+        new_variance = self.variance if variance is None else float(variance)
+        new_history = (
+            self.backlog_history if backlog_history is None else backlog_history
+        )
+        new_unskilled = (
+            self.unskilled_score if unskilled_score is None else float(unskilled_score)
+        )
+        _check_settings(new_variance, new_history, new_unskilled)
+        self.variance = new_variance
+        self.backlog_history = new_history
+        self.unskilled_score = new_unskilled
+        self._update_decays()
+
+    def _update_decays(self) -> None:
+        history = self.backlog_history
+        self.worker_decay = 1.0 - 1.0 / (2 * history)
+        self.pool_decay = 1.0 - 1.0 / (2 * history * max(len(self.workers), 1))
+
+    # -- membership ---------------------------------------------------
+
+    def add(self, handle: Hashable, resume: Optional[Mapping[str, float]] = None,
+            version: Optional[str] = None) -> None:
+        """Add a worker (idempotent); it is least recently chosen."""
+        if handle in self.workers:
+            if resume is not None:
+                self.new_resume(handle, resume)
+            return
+        worker = PoolWorker(handle, version)
+        self.workers[handle] = worker
+        self._lru[worker] = None
+        self._lru.move_to_end(worker, last=False)
+        self._update_decays()
+        if resume:
+            self.new_resume(handle, resume)
+
+    def remove(self, handle: Hashable) -> None:
+        """Forget a worker entirely, even with requests in flight on it."""
+        worker = self.workers.pop(handle, None)
+        if worker is None:
+            return
+        self._forget_skills(worker)
+        del self._lru[worker]
+        self.backlog -= worker.backlog
+        worker.backlog = 0
+        self._update_decays()
+
+    def new_resume(self, handle: Hashable, resume: Mapping[str, float]) -> None:
+        """Replace a worker's skills by those of its new résumé."""
+        worker = self.workers.get(handle)
+        if worker is None:
+            return
+        self._forget_skills(worker)
+        clean = {}
+        for rclass, score in resume.items():
+            score = float(score)
+            if score > 0:
+                clean[str(rclass)] = score
+        worker.resume = clean
+        for rclass, score in clean.items():
+            skilled = self.skilled.get(rclass)
+            if skilled is None:
+                skilled = self.skilled[rclass] = {}
+            skilled[worker] = score
+
+    def _forget_skills(self, worker: PoolWorker) -> None:
+        skilled_map = self.skilled
+        for rclass in worker.resume:
+            skilled = skilled_map.get(rclass)
+            if skilled is not None:
+                skilled.pop(worker, None)
+                if not skilled:
+                    del skilled_map[rclass]
+        worker.resume = {}
+
+    def __contains__(self, handle: Hashable) -> bool:
+        return handle in self.workers
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    # -- routing ------------------------------------------------------
+
+    def get(self, rclass: str) -> Optional[Hashable]:
+        """Choose a worker for a request of ``rclass``; None if there is none."""
+        lru = self._lru
+        if not lru:
+            return None
+        oldest = next(iter(lru))
+        max_backlog = self.variance * self.mbacklog / len(self.workers)
+        if max_backlog < 1.0:
+            max_backlog = 1.0
+        min_backlog = oldest.mbacklog + 1.0
+
+        best_worker = None
+        best_score = 0.0
+        skilled = self.skilled.get(rclass)
+        if skilled:
+            for worker, score in skilled.items():
+                if worker.mbacklog - min_backlog > max_backlog:
+                    continue
+                backlog = worker.backlog
+                if backlog > 1:
+                    score /= backlog
+                if score > best_score:
+                    best_score = score
+                    best_worker = worker
+
+        if best_worker is None:
+            best_worker = oldest
+            if rclass not in best_worker.resume:
+                score = self.unskilled_score
+                best_worker.resume[rclass] = score
+                if skilled is None:
+                    skilled = self.skilled[rclass] = {}
+                skilled[best_worker] = score
+
+        lru.move_to_end(best_worker)
+        best_worker.backlog += 1
+        self.backlog += 1
+        self._decay(best_worker)
+        return best_worker.handle
+
+    def put(self, handle: Hashable) -> None:
+        """A request given to ``handle`` by ``get`` has ended."""
+        worker = self.workers.get(handle)
+        if worker is None or worker.backlog <= 0:
+            return  # removed while the request was in flight
+        worker.backlog -= 1
+        self.backlog -= 1
+        self._decay(worker)
+
+    def _decay(self, worker: PoolWorker) -> None:
+        decay = self.worker_decay
+        worker.mbacklog = decay * worker.mbacklog + (1.0 - decay) * worker.backlog
+        decay = self.pool_decay
+        self.mbacklog = decay * self.mbacklog + (1.0 - decay) * self.backlog
+
+    # -- introspection ------------------------------------------------
+
+    def order(self) -> Iterable[Hashable]:
+        """Worker handles, least recently chosen first."""
+        return [worker.handle for worker in self._lru]
+
+    def status(self) -> dict:
+        """A JSON-able picture of the pool, for the status document."""
+        return {
+            "policy": type(self).__name__,
+            "variance": self.variance,
+            "backlog_history": self.backlog_history,
+            "unskilled_score": self.unskilled_score,
+            "backlog": self.backlog,
+            "mean_backlog": round(self.mbacklog, 4),
+            "workers": {
+                str(worker.handle): {
+                    "backlog": worker.backlog,
+                    "mean_backlog": round(worker.mbacklog, 4),
+                    "version": worker.version,
+                    "skills": dict(sorted(worker.resume.items())),
+                }
+                for worker in self._lru
+            },
+        }
+
+    def __repr__(self) -> str:
+        return "<%s workers=%d classes=%d backlog=%d mbacklog=%.2f variance=%g>" % (
+            type(self).__name__,
+            len(self.workers),
+            len(self.skilled),
+            self.backlog,
+            self.mbacklog,
+            self.variance,
+        )
+
+
+class ClasslessPool(Pool):
+    """Least backlog, ignoring classes and résumés; ties go to the least
+    recently chosen worker.  For applications without a useful classifier.
+    """
+
+    def new_resume(self, handle: Hashable, resume: Mapping[str, float]) -> None:
+        """Résumés are ignored."""
+
+    def get(self, rclass: str) -> Optional[Hashable]:
+        """Choose the worker with the least backlog; None if there is none."""
+        best = None
+        for worker in self._lru:  # least recently chosen first
+            if best is None or worker.backlog < best.backlog:
+                best = worker
+                if not worker.backlog:
+                    break
+        if best is None:
+            return None
+        self._lru.move_to_end(best)
+        best.backlog += 1
+        self.backlog += 1
+        self._decay(best)
+        return best.handle

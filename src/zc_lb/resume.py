@@ -1,0 +1,171 @@
+"""Worker-side skill accounting: the résumé a worker sends to every LB.
+
+Theory of operation
+-------------------
+
+For each request class a worker keeps a decayed count of requests and a
+decayed sum of the seconds spent serving them.  Its score for the class is
+``count / seconds``: requests per second while serving that class, which
+is what a balancer wants to compare.
+
+Decay is ``1 - 1/history`` per request of *any* class, so a class that
+stops arriving fades relative to the others.  It is applied lazily: every
+request bumps a generation number, and a class is decayed by
+``decay ** (generation - its last generation)`` only when it is next
+touched.  Since count and seconds decay together, the score of an idle
+class does not change while it is idle; what changes is how little a new
+sample must outweigh it.
+
+Every ``history`` requests the worker prunes classes unseen for
+``max_skill_age`` requests (default ``10 * history``) and publishes its
+résumé: ``record`` returns it, and the caller pushes it to every LB and
+writes it to the résumé file, atomically, so skills survive a restart.
+
+Weak spot: a worker serving requests concurrently counts wall-clock time
+per request, so its scores fall when it is busy.  That is the intent: a
+loaded worker looks less attractive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Dict, List, Mapping, Optional
+
+from .errors import ConfigurationError
+
+DEFAULT_HISTORY = 9999
+MIN_ELAPSED = 1e-6
+
+
+class _Skill:
+    __slots__ = ("count", "seconds", "generation")
+
+    def __init__(self, count: float, seconds: float, generation: int) -> None:
+        self.count = count
+        self.seconds = seconds
+        self.generation = generation
+
+
+class Skills:
+    """Decayed per-class rates of one worker."""
+
+    def __init__(
+        self,
+        history: int = DEFAULT_HISTORY,
+        max_skill_age: Optional[int] = None,
+        resume: Optional[Mapping[str, float]] = None,
+    ) -> None:
+        self._skills: Dict[str, _Skill] = {}
+        self.generation = 0
+        self.configure(history, max_skill_age)
+        if resume:
+            for rclass, score in resume.items():
+                score = float(score)
+                if score > 0:
+                    self._skills[str(rclass)] = _Skill(1.0, 1.0 / score, 0)
+
+    def configure(self, history: int, max_skill_age: Optional[int] = None) -> None:
+        """Change ``history`` and ``max_skill_age`` (live settings)."""
+        if not (isinstance(history, int) and history >= 1):
+            raise ConfigurationError("history must be an integer >= 1, got %r" % (history,))
+        if max_skill_age is None:
+            max_skill_age = 10 * history
+        if not (isinstance(max_skill_age, int) and max_skill_age >= 1):
+            raise ConfigurationError(
+                "max_skill_age must be an integer >= 1, got %r" % (max_skill_age,)
+            )
+        self.history = history
+        self.max_skill_age = max_skill_age
+        self.decay = 1.0 - 1.0 / history
+
+    def record(self, rclass: str, elapsed: float) -> Optional[Dict[str, float]]:
+        """Count one request of ``rclass`` that took ``elapsed`` seconds.
+
+        Returns the new résumé when it is time to publish it, else None.
+        """
+        self.generation += 1
+        generation = self.generation
+        skill = self._skills.get(rclass)
+        elapsed = max(elapsed, MIN_ELAPSED)
+        if skill is None:
+            self._skills[rclass] = _Skill(1.0, elapsed, generation)
+        else:
+            factor = self.decay ** (generation - skill.generation)
+            skill.count = skill.count * factor + 1.0
+            skill.seconds = skill.seconds * factor + elapsed
+            skill.generation = generation
+        if generation % self.history == 0:
+            self.prune()
+            return self.resume()
+        return None
+
+    def prune(self) -> List[str]:
+        """Drop classes unseen for ``max_skill_age`` requests; return them."""
+        oldest = self.generation - self.max_skill_age
+        stale = [c for c, s in self._skills.items() if s.generation < oldest]
+        for rclass in stale:
+            del self._skills[rclass]
+        return stale
+
+    def resume(self) -> Dict[str, float]:
+        """The résumé: class -> requests per second."""
+        return {
+            rclass: skill.count / skill.seconds
+            for rclass, skill in self._skills.items()
+        }
+
+    def __len__(self) -> int:
+        return len(self._skills)
+
+    def __repr__(self) -> str:
+        return "<Skills classes=%d generation=%d history=%d>" % (
+            len(self._skills),
+            self.generation,
+            self.history,
+        )
+
+
+def load_resume(path: str) -> Dict[str, float]:
+    """Read a résumé file; a missing file is an empty résumé.
+
+    A file that is not a JSON object of positive numbers raises
+    ConfigurationError, naming the file.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ConfigurationError("cannot read résumé file %s: %s" % (path, exc))
+    if not isinstance(data, dict):
+        raise ConfigurationError("résumé file %s is not a JSON object" % path)
+    resume = {}
+    for rclass, score in data.items():
+        if isinstance(score, (int, float)) and not isinstance(score, bool) and score > 0:
+            resume[str(rclass)] = float(score)
+        else:
+            raise ConfigurationError(
+                "résumé file %s: class %r has a bad score %r" % (path, rclass, score)
+            )
+    return resume
+
+
+def save_resume(path: str, resume: Mapping[str, float]) -> None:
+    """Write a résumé file atomically: readers see the old file or the new."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".resume-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(dict(resume), f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
