@@ -17,7 +17,7 @@ run: venv
 	$(VENV)/bin/zc-lb demo
 
 test: sysdeps venv
-	$(PY) -m pytest -q tests simulations playback
+	$(PY) -m pytest -q tests
 
 bench: sysdeps venv
 	$(PY) -m zc_lb.bench
