@@ -1,0 +1,96 @@
+"""Simulation parameters: one dataclass, filled from a scenario file and
+the command line.
+
+Every field of :class:`Config` is a parameter.  A scenario file (JSON) sets
+any of them; ``--name value`` on the command line overrides the file.
+Scheduled changes (a worker added, a class made hot, ...) are listed in
+``actions``: each is a dict with ``at`` (the number of requests issued
+before it happens) and ``do`` (the action's name) plus its arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Dict, List
+
+POLICIES = ("resume", "least_backlog", "round_robin", "two_choices",
+            "bounded_hash", "lard")
+
+
+@dataclasses.dataclass
+class Config:
+    """Everything a run depends on; the same Config and seed give the same
+    result."""
+
+    name: str = "custom"
+    seed: int = 1
+    requests: int = 200_000
+    policies: List[str] = dataclasses.field(default_factory=lambda: list(POLICIES))
+    # workers
+    workers: int = 16
+    concurrency: int = 1
+    cache_size: int = 10_000
+    history: int = 200
+    max_skill_age: int = 0  # 0: resume.py's default, 10 * history
+    # costs, seconds
+    base_cost: float = 0.001
+    hit_cost: float = 0.0001
+    miss_cost: float = 0.005
+    # workload
+    sites: int = 100
+    popularity: str = "zipf"  # or "exponential"
+    popularity_param: float = 1.0  # Zipf exponent, or sites per e-fold
+    objects_per_site: int = 2000
+    object_zipf: float = 0.8  # popularity of objects within a site; 0: uniform
+    objects_per_request: int = 10
+    clients: int = 64  # closed loop; 0 for open loop
+    think_time: float = 0.0  # mean, exponential, closed loop
+    arrival_rate: float = 0.0  # requests per second, open loop
+    # policies
+    variance: float = 1.0
+    backlog_history: int = 9
+    unskilled_score: float = 1.0
+    hash_balance_factor: float = 1.25
+    hash_replicas: int = 100
+    lard_low: int = 2
+    lard_high: int = 4
+    # measurement
+    warmup: float = 0.2  # fraction of requests left out of the summary
+    window: int = 4000  # completed requests per window
+    sample_every: int = 10  # requests between backlog samples
+    actions: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def replace(self, **changes: Any) -> "Config":
+        """A copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+def fields() -> List[dataclasses.Field]:
+    """The parameters, in declaration order."""
+    return list(dataclasses.fields(Config))
+
+
+def load(path: str) -> Dict[str, Any]:
+    """Read a scenario file: a JSON object of Config fields."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    names = {field.name for field in fields()}
+    unknown = sorted(set(data) - names - {"description"})
+    if unknown:
+        raise ValueError("%s: unknown parameters %s" % (path, ", ".join(unknown)))
+    data.pop("description", None)
+    return data
+
+
+def build(overrides: Dict[str, Any]) -> Config:
+    """A Config from defaults and overrides, checked."""
+    config = Config(**overrides)
+    unknown = [p for p in config.policies if p not in POLICIES]
+    if unknown:
+        raise ValueError("unknown policies: %s" % ", ".join(unknown))
+    if config.clients <= 0 and config.arrival_rate <= 0:
+        raise ValueError("need clients > 0 (closed loop) or arrival_rate > 0")
+    if config.popularity not in ("zipf", "exponential"):
+        raise ValueError("popularity must be zipf or exponential")
+    return config

@@ -1,0 +1,261 @@
+"""The discrete-event engine: virtual time, workers, clients, the LB.
+
+Theory of operation
+-------------------
+
+Events live in a heap of ``(time, sequence, kind, data)``; the sequence
+number breaks ties so runs are deterministic.  Two kinds:
+
+- ARRIVE: a client (closed loop) or the arrival process (open loop)
+  issues a request.  The LB classifies it, asks the policy for a worker
+  (``get``) and hands it over; if there is no worker at all it waits.
+- DONE: a worker finished a request.  The policy hears ``put``, the
+  worker's :class:`zc_lb.resume.Skills` records (class, service time) and,
+  every ``history`` requests, the résumé goes to the policy exactly as a
+  real worker's would (``new_resume``).
+
+A worker serves ``concurrency`` requests at once and queues the rest in
+order.  Serving touches the request's objects in the worker's LRU cache
+when service starts; it takes ``base + hits * hit_cost + misses *
+miss_cost``.  The backlog the policy sees is what it was given and has not
+seen end: queued plus in service.
+
+Scheduled actions (add or remove a worker, make a site hot, change the
+classifier) happen just before the request numbered ``at`` is issued, so
+they fall at the same point of the request stream for every policy.
+
+A removed worker drains what it already has (the LB has forgotten it, so
+its ``put`` is ignored) and its cache no longer counts for the overlap.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+from typing import Any, Dict, List, Optional
+
+from zc_lb.resume import Skills
+
+from . import policies
+from .cache import Holders, LRUCache
+from .config import Config
+from .metrics import Recorder
+from .workload import Workload
+
+ARRIVE, DONE = 0, 1
+
+
+class SimWorker:
+    """One worker: a cache, skills, a queue and a few service slots."""
+
+    __slots__ = ("id", "cache", "skills", "busy", "queue", "outstanding",
+                 "hot", "alive", "served")
+
+    def __init__(self, wid: int, config: Config, holders: Holders) -> None:
+        self.id = wid
+        self.cache = LRUCache(config.cache_size, holders)
+        self.skills = Skills(config.history, config.max_skill_age or None)
+        self.busy = 0
+        self.queue: deque = deque()
+        self.outstanding = 0
+        self.hot = 0  # outstanding requests of the hot site
+        self.alive = True
+        self.served = 0
+
+    def __repr__(self) -> str:
+        return "<SimWorker %d outstanding=%d>" % (self.id, self.outstanding)
+
+
+class Simulation:
+    """One policy on one workload; ``run()`` returns the results."""
+
+    def __init__(self, config: Config, policy_name: str) -> None:
+        self.config = config
+        self.policy_name = policy_name
+        seed = config.seed
+        self.workload = Workload(config, random.Random(seed))
+        self.timing = random.Random(seed * 7919 + 1)  # think times, arrivals
+        self.policy = policies.make(policy_name, config, random.Random(seed * 31 + 2))
+        self.resumes = policies.uses_resumes(self.policy)
+        self.holders = Holders(self.workload.total_objects)
+        warmup = int(config.warmup * config.requests)
+        self.recorder = Recorder(config.window, warmup, self.holders)
+        self.workers: List[SimWorker] = []
+        self.live: List[SimWorker] = []
+        self.heap: List[Any] = []
+        self.seq = 0
+        self.now = 0.0
+        self.issued = 0
+        self.waiting: deque = deque()  # requests with no worker to go to
+        self.actions = sorted(config.actions, key=lambda a: a["at"])
+        self.joined: Dict[int, int] = {}  # added worker -> completions before
+        for _ in range(config.workers):
+            self.add_worker()
+
+    # -- events ---------------------------------------------------------
+
+    def push(self, time: float, kind: int, data: Any) -> None:
+        """Schedule an event."""
+        self.seq += 1
+        heapq.heappush(self.heap, (time, self.seq, kind, data))
+
+    def run(self) -> Dict[str, Any]:
+        """Run to the end: every request issued and completed."""
+        self.start_load()
+        heap = self.heap
+        pop = heapq.heappop
+        while heap:
+            now, _, kind, data = pop(heap)
+            self.now = now
+            if kind == DONE:
+                self.done(data)
+            else:
+                self.issue(data)
+        return self.results()
+
+    def start_load(self) -> None:
+        """Schedule the first arrival of each client, or the arrival process."""
+        config = self.config
+        if config.clients > 0:
+            for client in range(config.clients):
+                self.push(self.think(), ARRIVE, client)
+        else:
+            self.push(self.timing.expovariate(config.arrival_rate), ARRIVE, -1)
+
+    def think(self) -> float:
+        """A closed-loop client's pause before its next request."""
+        mean = self.config.think_time
+        return self.timing.expovariate(1.0 / mean) if mean > 0 else 0.0
+
+    # -- requests -------------------------------------------------------
+
+    def issue(self, client: int) -> None:
+        """A request arrives at the LB."""
+        if self.issued >= self.config.requests:
+            return
+        while self.actions and self.actions[0]["at"] <= self.issued:
+            self.act(self.actions.pop(0))
+        self.issued += 1
+        if client < 0:
+            self.push(self.now + self.timing.expovariate(self.config.arrival_rate),
+                      ARRIVE, -1)
+        if self.issued % self.config.sample_every == 0:
+            self.sample()
+        site, label, objects = self.workload.next()
+        self.route([site, label, objects, self.now, client])
+
+    def route(self, request: list) -> None:
+        """Ask the policy for a worker and hand the request over."""
+        wid = self.policy.get(request[1])
+        if wid is None:
+            self.waiting.append(request)
+            return
+        worker = self.workers[wid]
+        worker.outstanding += 1
+        if request[0] == self.workload.hot_site:
+            worker.hot += 1
+        if worker.busy < self.config.concurrency:
+            self.serve(worker, request)
+        else:
+            worker.queue.append(request)
+
+    def serve(self, worker: SimWorker, request: list) -> None:
+        """Start serving: touch the objects, schedule the end."""
+        config = self.config
+        objects = request[2]
+        misses = worker.cache.touch_all(objects)
+        service = (config.base_cost + misses * config.miss_cost
+                   + (len(objects) - misses) * config.hit_cost)
+        worker.busy += 1
+        self.push(self.now + service, DONE, (worker, request, service, misses))
+
+    def done(self, data: tuple) -> None:
+        """A worker finished a request."""
+        worker, request, service, misses = data
+        worker.busy -= 1
+        worker.outstanding -= 1
+        worker.served += 1
+        if request[0] == self.workload.hot_site:
+            worker.hot -= 1
+        self.policy.put(worker.id)
+        resume = worker.skills.record(request[1], service)
+        if resume is not None and self.resumes and worker.alive:
+            self.policy.new_resume(worker.id, resume)
+        if worker.queue:
+            self.serve(worker, worker.queue.popleft())
+        self.recorder.request(self.now, self.now - request[3], misses)
+        if request[4] >= 0:
+            self.push(self.now + self.think(), ARRIVE, request[4])
+
+    # -- measurement ----------------------------------------------------
+
+    def sample(self) -> None:
+        """Snapshot backlogs: imbalance and the hot site's share."""
+        live = self.live
+        if not live:
+            return
+        total = sum(w.outstanding for w in live)
+        imbalance = None
+        if total:
+            imbalance = max(w.outstanding for w in live) * len(live) / total
+        hot_workers = hot_backlog = None
+        if self.workload.hot_fraction:
+            hot = sum(w.hot for w in live)
+            hot_workers = sum(1 for w in live if w.hot) / len(live)
+            hot_backlog = hot / total if total else 0.0
+        self.recorder.sample(imbalance, hot_workers, hot_backlog)
+
+    def results(self) -> Dict[str, Any]:
+        """Summary and windows of the run."""
+        summary = self.recorder.finish(self.now)
+        summary["virtual_seconds"] = self.now
+        if self.joined:
+            added = sum(self.workers[w].served - before
+                        for w, before in self.joined.items())
+            since = self.recorder.completed - self.join_completed
+            summary["new_worker_share"] = added / since if since else 0.0
+            summary["fair_share"] = len(self.joined) / len(self.live)
+        return {"policy": self.policy_name, "summary": summary,
+                "windows": self.recorder.windows}
+
+    # -- actions --------------------------------------------------------
+
+    def act(self, action: Dict[str, Any]) -> None:
+        """Carry out one scheduled action."""
+        kind = action["do"]
+        if kind == "add_worker":
+            self.join_completed = self.recorder.completed
+            wid = self.add_worker()
+            self.joined[wid] = 0
+        elif kind == "remove_worker":
+            self.remove_worker(action.get("worker"))
+        elif kind == "hot_site":
+            self.workload.make_hot(action["site"], action["fraction"])
+        elif kind == "change_classifier":
+            self.workload.change_classifier(action.get("mode", "rename"))
+        else:
+            raise ValueError("unknown action %r" % (kind,))
+
+    def add_worker(self) -> int:
+        """A new worker with a cold cache and no skills joins the pool."""
+        worker = SimWorker(len(self.workers), self.config, self.holders)
+        self.workers.append(worker)
+        self.live.append(worker)
+        self.policy.add(worker.id)
+        while self.waiting:
+            self.route(self.waiting.popleft())
+        return worker.id
+
+    def remove_worker(self, wid: Optional[int] = None) -> None:
+        """Take a worker (the busiest-skilled one by default: worker 0) away."""
+        worker = self.workers[wid if wid is not None else self.live[0].id]
+        worker.alive = False
+        self.live.remove(worker)
+        self.policy.remove(worker.id)
+        worker.cache.clear()
+
+
+def simulate(config: Config, policy_name: str) -> Dict[str, Any]:
+    """Run one policy on ``config``'s workload."""
+    return Simulation(config, policy_name).run()
