@@ -42,22 +42,24 @@ class AuthenticationError(RemoteProtocolError):
     """The peer failed the shared-secret challenge."""
 
 
-class WorkerError(ZcLbError):
-    """Base of errors about a worker connection."""
+class ConnectionLost(ZcLbError):
+    """A connection to a peer broke from outside (reset, EOF, silence)."""
 
     http_status = 502
 
 
-class WorkerLost(WorkerError):
-    """The connection to a worker broke from outside (reset, EOF, timeout)."""
+class ConnectionClosed(ZcLbError):
+    """We closed a connection ourselves (removal, shutdown)."""
 
     http_status = 502
 
 
-class WorkerClosed(WorkerError):
-    """We closed the connection to the worker ourselves (removal, shutdown)."""
+class WorkerLost(ConnectionLost):
+    """The LB's connection to a worker broke from outside."""
 
-    http_status = 502
+
+class WorkerClosed(ConnectionClosed):
+    """The LB closed its connection to a worker itself."""
 
 
 class NoWorkerAvailable(ZcLbError):

@@ -1,0 +1,322 @@
+"""``zc-lb`` and its subcommands: parse, build, run; nothing else.
+
+Each ``run_*`` function builds the objects of one process from parsed
+arguments, starts them, prints the address it listens on (one line on
+standard output, so scripts and tests can find an ephemeral port), then
+waits for a signal.  Signal handlers only queue the signal; the main loop
+dispatches it, as gunicorn's arbiter does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable, List, Optional
+
+from .errors import ConfigurationError, ZcLbError
+
+log = logging.getLogger("zc_lb")
+
+
+def _read_secret(path: Optional[str]) -> Optional[bytes]:
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            secret = f.read().strip()
+    except OSError as exc:
+        raise ConfigurationError("cannot read secret file %s: %s" % (path, exc))
+    if not secret:
+        raise ConfigurationError("secret file %s is empty" % path)
+    return secret
+
+
+def _read_page(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise ConfigurationError("cannot read error page %s: %s" % (path, exc))
+
+
+def wait_for_signal(handlers: dict) -> None:
+    """Queue SIGTERM/SIGINT/SIGHUP; dispatch each to ``handlers[name]``
+    until a handler returns True (meaning: exit)."""
+    import gevent
+    import gevent.queue
+
+    signals: "gevent.queue.Queue[str]" = gevent.queue.Queue()
+    for name in handlers:
+        gevent.signal_handler(getattr(signal, name), signals.put, name)
+    while True:
+        name = signals.get()
+        log.info("got %s", name)
+        if handlers[name]():
+            return
+
+
+# -- worker -------------------------------------------------------------
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    from .worker import Worker, load_app, parse_address
+
+    worker = Worker(
+        load_app(args.app),
+        listen=parse_address(args.listen),
+        history=args.history,
+        max_skill_age=args.max_skill_age,
+        resume_file=args.resume_file,
+        threads=args.threads,
+        secret=_read_secret(args.secret_file),
+    )
+    worker.start()
+    print("zc-lb worker listening on %s:%d" % worker.address, flush=True)
+
+    def stop() -> bool:
+        worker.stop(timeout=args.drain_timeout)
+        return True
+
+    wait_for_signal({"SIGTERM": stop, "SIGINT": stop})
+    log.info("worker stopped")
+    return 0
+
+
+# -- lb -----------------------------------------------------------------
+
+
+def build_lb(args: argparse.Namespace):
+    """The LB object and its front and status servers, not started."""
+    from .classifier import get_classifier
+    from .http import AccessLog, FrontServer
+    from .lb import LB
+    from .pool import ClasslessPool, Pool
+    from .status import status_app
+    from .worker import parse_address
+
+    pool_class = ClasslessPool if args.policy == "classless" else Pool
+    pool = pool_class(variance=args.variance, backlog_history=args.backlog_history,
+                      unskilled_score=args.unskilled_score)
+    pages = {}
+    if args.error_page:
+        page = _read_page(args.error_page)
+        pages = {502: page, 503: page}
+    lb = LB(pool, get_classifier(args.classifier),
+            no_worker_timeout=args.no_worker_timeout,
+            secret=_read_secret(args.secret_file), pages=pages,
+            max_request_body=args.max_request_body)
+    if args.certfile and not os.path.exists(args.certfile):
+        raise ConfigurationError("no such certificate file: %s" % args.certfile)
+    access_log = AccessLog.open(args.access_log) if args.access_log else None
+    front = FrontServer(parse_address(args.listen), lb, access_log,
+                        certfile=args.certfile, keyfile=args.keyfile)
+    status = None
+    if args.status:
+        status = FrontServer(parse_address(args.status), status_app(lb.status))
+    return lb, front, status
+
+
+def run_lb(args: argparse.Namespace) -> int:
+    import gevent
+
+    lb, front, status = build_lb(args)
+    lb.set_workers(args.worker or [])
+    front.start()
+    if status is not None:
+        status.start()
+    print("zc-lb lb listening on %s:%d" % front.address, flush=True)
+    if status is not None:
+        print("zc-lb status on %s:%d" % status.address, flush=True)
+
+    def stop() -> bool:
+        assert front.server is not None
+        front.server.close()  # stop accepting; finish what is in flight
+        deadline = time.monotonic() + args.drain_timeout
+        while lb.in_flight > 0 and time.monotonic() < deadline:
+            gevent.sleep(0.05)
+        front.stop(timeout=1)
+        if status is not None:
+            status.stop(timeout=1)
+        lb.stop()
+        return True
+
+    wait_for_signal({"SIGTERM": stop, "SIGINT": stop})
+    log.info("lb stopped")
+    return 0
+
+
+# -- status -------------------------------------------------------------
+
+
+def run_status(args: argparse.Namespace) -> int:
+    import json
+
+    from .status import fetch, format_status
+
+    doc = fetch(args.address)
+    if args.json:
+        print(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        print(format_status(doc))
+    return 0
+
+
+# -- demo ---------------------------------------------------------------
+
+
+def start_worker_process(argv: List[str], timeout: float = 30.0):
+    """Start ``zc-lb worker ARGV...`` and return (process, "host:port")."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "zc_lb.cli", "worker"] + argv,
+        stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line.startswith("zc-lb worker listening on "):
+        process.kill()
+        raise ConfigurationError("worker did not start: %r" % line)
+    return process, line.split()[-1]
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    processes = []
+    try:
+        addresses = []
+        for _ in range(args.workers):
+            process, address = start_worker_process(["zc_lb.demo:app"])
+            processes.append(process)
+            addresses.append(address)
+        lb_args = build_parser().parse_args(
+            ["lb", "--listen", args.listen, "--status", args.status, "--access-log", "-",
+             "--variance", "2"] + [a for address in addresses for a in ("--worker", address)])
+        lb, front, status = build_lb(lb_args)
+        lb.set_workers(addresses)
+        front.start()
+        status.start()
+        _print_demo_help(front.address, status.address, addresses)
+
+        def stop() -> bool:
+            front.stop(timeout=1)
+            status.stop(timeout=1)
+            lb.stop()
+            return True
+
+        wait_for_signal({"SIGTERM": stop, "SIGINT": stop})
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(10)
+    return 0
+
+
+def _print_demo_help(address, status_address, workers) -> None:
+    url = "http://%s:%d" % address
+    print("zc-lb demo: LB on %s in front of %d workers (%s)" % (
+        url, len(workers), ", ".join(workers)), flush=True)
+    print("Try (each Host is a request class; watch it stick to a worker):")
+    for host in ("alpha.example", "beta.example", "gamma.example", "www.alpha.example"):
+        print("  curl -H 'Host: %s' %s/" % (host, url))
+    print("  for i in $(seq 20); do curl -s -H \"Host: site$((i % 6)).example\" %s/; done" % url)
+    print("Status:  zc-lb status %s:%d   (or: .venv/bin/zc-lb status ...)" % status_address)
+    print("Stop with Ctrl-C.", flush=True)
+
+
+# -- parser -------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _add_worker_parser(sub) -> None:
+    p = sub.add_parser("worker", help="run a worker hosting a WSGI application")
+    p.add_argument("app", help="module:callable, or a PasteDeploy .ini file")
+    p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT (default: ephemeral)")
+    p.add_argument("--resume-file", help="read skills at start, save them as they change")
+    p.add_argument("--history", type=_positive_int, default=9999,
+                   help="requests between résumé updates (default 9999)")
+    p.add_argument("--max-skill-age", type=_positive_int,
+                   help="drop classes unseen for N requests (default 10 x history)")
+    p.add_argument("--threads", type=_positive_int,
+                   help="run the application in N threads instead of greenlets")
+    p.add_argument("--secret-file", help="shared secret for LB authentication")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds to finish requests in flight on SIGTERM")
+    p.set_defaults(run=run_worker)
+
+
+def _add_lb_parser(sub) -> None:
+    p = sub.add_parser("lb", help="run a load balancer")
+    p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT for HTTP(S)")
+    p.add_argument("--worker", action="append", metavar="HOST:PORT", help="a worker address")
+    p.add_argument("--classifier", default="host",
+                   help="host, re:ENVKEY:PATTERN or module:expr (default host)")
+    p.add_argument("--policy", choices=("resume", "classless"), default="resume")
+    p.add_argument("--variance", type=float, default=1.0)
+    p.add_argument("--backlog-history", type=_positive_int, default=9)
+    p.add_argument("--unskilled-score", type=float, default=1.0)
+    p.add_argument("--no-worker-timeout", type=float, default=30.0,
+                   help="seconds to wait for a worker before answering 503")
+    p.add_argument("--max-request-body", type=int, default=None,
+                   help="answer 413 to larger Content-Length (bytes)")
+    p.add_argument("--access-log", metavar="FILE|-", help="Apache combined access log")
+    p.add_argument("--status", metavar="HOST:PORT", help="serve the JSON status document")
+    p.add_argument("--error-page", metavar="FILE", help="HTML page for 502 and 503")
+    p.add_argument("--certfile", help="TLS certificate (serve HTTPS)")
+    p.add_argument("--keyfile", help="TLS private key (default: in the certfile)")
+    p.add_argument("--secret-file", help="shared secret for worker authentication")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds to finish requests in flight on SIGTERM")
+    p.set_defaults(run=run_lb)
+
+
+def _add_status_parser(sub) -> None:
+    p = sub.add_parser("status", help="print an LB's status")
+    p.add_argument("address", help="the LB's --status HOST:PORT")
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+    p.set_defaults(run=run_status)
+
+
+def _add_demo_parser(sub) -> None:
+    p = sub.add_parser("demo", help="an LB on 127.0.0.1:8080 with 4 local demo workers")
+    p.add_argument("--workers", type=_positive_int, default=4)
+    p.add_argument("--listen", default="127.0.0.1:8080")
+    p.add_argument("--status", default="127.0.0.1:8079")
+    p.set_defaults(run=run_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="zc-lb", description="A résumé-based load balancer for WSGI applications.")
+    parser.add_argument("--log-level", default="INFO",
+                        choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_worker_parser, _add_lb_parser, _add_status_parser, _add_demo_parser):
+        add(sub)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.run(args)
+    except ConfigurationError as exc:
+        print("zc-lb %s: error: %s" % (args.command, exc), file=sys.stderr)
+        return 2
+    except OSError as exc:  # e.g. the address is in use
+        print("zc-lb %s: error: %s" % (args.command, exc), file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""The HTTP(S) front server that feeds the LB's WSGI app.
+
+We use gevent's pywsgi for HTTP/1.1 parsing, keep-alive, chunked bodies
+and TLS, and add what a front proxy needs around it: TCP_NODELAY on every
+client connection, an Apache combined access log (so logs can be
+replayed) written through a buffer, compact logging of errors we expect
+(a worker lost mid-body closes the client's connection with one log line,
+not a traceback), and a graceful stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import time
+from typing import IO, Callable, List, Optional, Tuple
+
+import gevent
+import gevent.pywsgi
+
+from .errors import ZcLbError
+
+log = logging.getLogger(__name__)
+
+FLUSH_INTERVAL = 1.0
+MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun",
+          "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def _clf_time(when: float) -> str:
+    t = time.localtime(when)
+    offset = -(time.altzone if t.tm_isdst > 0 else time.timezone)
+    sign = "+" if offset >= 0 else "-"
+    offset = abs(offset)
+    return "%02d/%s/%04d:%02d:%02d:%02d %s%02d%02d" % (
+        t.tm_mday, MONTHS[t.tm_mon - 1], t.tm_year, t.tm_hour, t.tm_min, t.tm_sec,
+        sign, offset // 3600, offset % 3600 // 60)
+
+
+def _quote(value: Optional[str]) -> str:
+    if not value:
+        return "-"
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+class AccessLog:
+    """A buffered access log: lines are kept in memory and written once a
+    second (and at close), so requests never wait on the disk."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self._lines: List[str] = []
+        self._greenlet: Optional[gevent.Greenlet] = None
+
+    @classmethod
+    def open(cls, path: str) -> "AccessLog":
+        """``-`` for standard output, else a file opened for appending."""
+        if path == "-":
+            return cls(sys.stdout)
+        return cls(open(path, "a", encoding="utf-8", errors="replace"))
+
+    def start(self) -> None:
+        self._greenlet = gevent.spawn(self._flush_loop)
+
+    def write(self, line: str) -> None:
+        self._lines.append(line)
+
+    def _flush_loop(self) -> None:
+        while True:
+            gevent.sleep(FLUSH_INTERVAL)
+            self.flush()
+
+    def flush(self) -> None:
+        if self._lines:
+            lines, self._lines = self._lines, []
+            try:
+                self.stream.write("".join(lines))
+                self.stream.flush()
+            except (OSError, ValueError) as exc:
+                log.error("cannot write the access log: %s", exc)
+
+    def close(self) -> None:
+        if self._greenlet is not None:
+            self._greenlet.kill()
+        self.flush()
+        if self.stream not in (sys.stdout, sys.stderr):
+            self.stream.close()
+
+
+class FrontHandler(gevent.pywsgi.WSGIHandler):
+    """pywsgi's handler with NODELAY, combined log lines and compact errors."""
+
+    def __init__(self, sock, address, server, rfile=None) -> None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        super().__init__(sock, address, server, rfile)
+
+    def format_request(self) -> str:
+        environ = self.environ or {}
+        client = self.client_address
+        host = client[0] if isinstance(client, tuple) else client
+        status = (self._orig_status or self.status or "000").split()[0]
+        if isinstance(status, bytes):
+            status = status.decode("latin-1")
+        length = self.response_length or "-"
+        return '%s - - [%s] "%s" %s %s "%s" "%s"' % (
+            host or "-", _clf_time(self.time_start or time.time()),
+            _quote(self.requestline), status, length,
+            _quote(environ.get("HTTP_REFERER")), _quote(environ.get("HTTP_USER_AGENT")))
+
+    def log_request(self) -> None:
+        if self.server.log is not None:
+            self.server.log.write(self.format_request() + "\n")
+
+    def handle_error(self, t, v, tb) -> None:
+        if isinstance(v, ZcLbError):
+            log.warning("closing client connection (%s %s): %s",
+                        (self.environ or {}).get("REQUEST_METHOD"),
+                        (self.environ or {}).get("PATH_INFO"), v)
+            self.close_connection = True
+            self._send_error_response_if_possible(502)
+            return
+        super().handle_error(t, v, tb)
+
+
+gevent.pywsgi._ERRORS.setdefault(502, (  # type: ignore[attr-defined]
+    "502 Bad Gateway",
+    [("Content-Type", "text/plain"), ("Connection", "close"), ("Content-Length", "11")],
+    b"Bad Gateway"))
+
+
+class FrontServer:
+    """The HTTP(S) server in front of a WSGI app (the LB, or the status app)."""
+
+    def __init__(self, listen: Tuple[str, int], app: Callable,
+                 access_log: Optional[AccessLog] = None,
+                 certfile: Optional[str] = None, keyfile: Optional[str] = None) -> None:
+        self.listen = listen
+        self.app = app
+        self.access_log = access_log
+        self.certfile = certfile
+        self.keyfile = keyfile
+        self.server: Optional[gevent.pywsgi.WSGIServer] = None
+
+    @property
+    def address(self) -> Tuple[str, int]:
+        assert self.server is not None, "not started"
+        return self.server.address[:2]
+
+    def start(self) -> None:
+        """Bind and start serving."""
+        ssl_args = {}
+        if self.certfile:
+            ssl_args = {"certfile": self.certfile, "keyfile": self.keyfile or self.certfile}
+        self.server = gevent.pywsgi.WSGIServer(
+            self.listen, self.app, log=self.access_log, error_log=_ErrorLog(),
+            handler_class=FrontHandler, **ssl_args)
+        self.server.start()
+        if self.access_log is not None:
+            self.access_log.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop accepting, wait up to ``timeout`` for requests in flight."""
+        if self.server is not None:
+            self.server.close()
+            self.server.stop(timeout=timeout)
+        if self.access_log is not None:
+            self.access_log.close()
+
+
+class _ErrorLog:
+    """pywsgi's error log, routed to our logger."""
+
+    def write(self, text: str) -> None:
+        text = text.rstrip()
+        if text:
+            log.warning("%s", text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        pass

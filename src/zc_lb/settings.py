@@ -1,0 +1,96 @@
+"""Named settings: defaults, types, validation, parsing.
+
+The same names are used on the command line (``--backlog-history``) and
+in ZooKeeper node properties (``backlog_history``), so an operator who
+knows one knows the other.  ``parse`` turns a property value (a string
+from the command line, or any JSON value from ZooKeeper) into the setting's
+type, or raises ConfigurationError naming the setting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Mapping, Optional
+
+from .errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One named setting."""
+
+    name: str
+    type: Callable[[Any], Any]
+    default: Any
+    minimum: Optional[float]
+    help: str
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("not a boolean: %r" % (value,))
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError("not an integer: %r" % (value,))
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return int(value)
+
+
+LB_SETTINGS = {s.name: s for s in [
+    Setting("variance", float, 1.0, 1e-9,
+            "a worker's backlog may reach VARIANCE times the mean"),
+    Setting("backlog_history", _int, 9, 1,
+            "requests over which backlogs are averaged"),
+    Setting("unskilled_score", float, 1.0, 1e-9,
+            "score given to a worker for a class it was not skilled in"),
+    Setting("no_worker_timeout", float, 30.0, 0,
+            "seconds to wait for a worker before answering 503"),
+    Setting("single_version", _bool, False, None,
+            "serve only from the worker version most workers run"),
+]}
+
+WORKER_SETTINGS = {s.name: s for s in [
+    Setting("history", _int, 9999, 1,
+            "requests between résumé updates; the skill decay horizon"),
+    Setting("max_skill_age", _int, None, 1,
+            "requests after which an unseen class is dropped (default 10 x history)"),
+]}
+
+
+def parse(settings: Mapping[str, Setting], name: str, value: Any) -> Any:
+    """Convert and validate one setting's value."""
+    setting = settings.get(name)
+    if setting is None:
+        raise ConfigurationError("unknown setting %r" % name)
+    if value is None:
+        return setting.default
+    try:
+        converted = setting.type(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError("bad value for %s: %r (%s)" % (name, value, exc))
+    if setting.minimum is not None and converted < setting.minimum:
+        raise ConfigurationError("%s must be at least %g, got %r"
+                                 % (name, setting.minimum, value))
+    return converted
+
+
+def parse_all(settings: Mapping[str, Setting], properties: Mapping[str, Any],
+              strict: bool = False) -> Dict[str, Any]:
+    """Known settings found in ``properties``, converted; unknown names are
+    ignored (ZooKeeper nodes hold other properties too) unless ``strict``."""
+    result = {}
+    for name, value in properties.items():
+        if name in settings:
+            result[name] = parse(settings, name, value)
+        elif strict:
+            raise ConfigurationError("unknown setting %r" % name)
+    return result

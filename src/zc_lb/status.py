@@ -1,0 +1,68 @@
+"""The status document: served as JSON, printed as a table.
+
+The LB's ``--status HOST:PORT`` serves ``LB.status()`` as JSON at ``/``;
+``zc-lb status HOST:PORT`` fetches it and prints it for a person.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Callable, Dict, List
+
+from .errors import ConfigurationError
+
+
+def status_app(get_status: Callable[[], dict]) -> Callable:
+    """A WSGI app answering every GET with the status document as JSON."""
+
+    def app(environ, start_response):
+        body = json.dumps(get_status(), indent=2, sort_keys=True).encode() + b"\n"
+        start_response("200 OK", [("Content-Type", "application/json"),
+                                  ("Content-Length", str(len(body))),
+                                  ("Cache-Control", "no-store")])
+        return [body]
+
+    return app
+
+
+def fetch(address: str, timeout: float = 5.0) -> dict:
+    """Get the status document from an LB's status address."""
+    url = address if "://" in address else "http://%s/" % address
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return json.load(response)
+    except (OSError, ValueError) as exc:
+        raise ConfigurationError("cannot get status from %s: %s" % (url, exc))
+
+
+def _table(rows: List[List[str]]) -> List[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+            for row in rows]
+
+
+def format_status(doc: dict, max_skills: int = 5) -> str:
+    """The status document as text tables."""
+    pool = doc.get("pool", {})
+    lines = [
+        "pool: %s  variance=%s  backlog_history=%s  unskilled_score=%s" % (
+            pool.get("policy"), pool.get("variance"), pool.get("backlog_history"),
+            pool.get("unskilled_score")),
+        "backlog=%s  mean backlog=%s  in flight=%s  requests=%s  retries=%s  errors=%s" % (
+            pool.get("backlog"), pool.get("mean_backlog"), doc.get("in_flight"),
+            doc.get("requests"), doc.get("retries"), doc.get("errors")),
+        "",
+    ]
+    rows = [["worker", "state", "backlog", "mean", "classes", "top skills (req/s)"]]
+    workers: Dict[str, dict] = doc.get("workers", {})
+    for address, info in sorted(workers.items()):
+        skills = info.get("skills") or {}
+        top = sorted(skills.items(), key=lambda item: -item[1])[:max_skills]
+        state = ("in pool" if info.get("in_pool") else "draining") if info.get(
+            "connected") else "down"
+        rows.append([address, state, str(info.get("backlog", "-")),
+                     str(info.get("mean_backlog", "-")), str(len(skills)),
+                     ", ".join("%s=%.3g" % item for item in top)])
+    lines.extend(_table(rows))
+    return "\n".join(lines)

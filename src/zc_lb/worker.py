@@ -1,0 +1,490 @@
+"""The worker server: runs a WSGI application for requests forwarded by LBs.
+
+A worker listens; LBs connect and keep their connections open.  Each
+request arrives as an environ (strings only) followed by body frames; the
+worker builds a PEP 3333 environ around it, runs the application (in a
+greenlet, or in a thread pool with ``threads``), and streams the response
+back within the LB's credit.  It never parses HTTP.
+
+Skills: every request's class and elapsed time go into a
+``resume.Skills``; every ``history`` requests the résumé is pushed to
+every connected LB and saved to the résumé file.  A new LB connection
+gets the current résumé at once.
+
+Lifecycle: construct (nothing happens), ``start()`` binds, ``run()``
+serves until ``stop()``, which tells every LB to send nothing new
+(GoAway), waits for requests in flight, then closes.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Set, Tuple
+
+import gevent
+import gevent.event
+import gevent.pool
+import gevent.server
+import gevent.threadpool
+
+from . import resume as resume_module
+from .connection import Connection, Exchange, Handler
+from .errors import ConfigurationError, ZcLbError
+from .protocol import Body, End, Response
+
+log = logging.getLogger(__name__)
+
+HOP_BY_HOP = frozenset((
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+    "te", "trailer", "trailers", "transfer-encoding", "upgrade",
+))
+ERROR_500 = b"<html><body><h1>500 Internal Server Error</h1></body></html>"
+
+
+def parse_address(text: str, default_host: str = "127.0.0.1") -> Tuple[str, int]:
+    """``HOST:PORT`` (or ``:PORT``, or ``[v6]:PORT``) -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        raise ConfigurationError("expected HOST:PORT, got %r" % text)
+    host = host.strip("[]") or default_host
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigurationError("bad port in %r" % text)
+    if not 0 <= number <= 65535:
+        raise ConfigurationError("port out of range in %r" % text)
+    return host, number
+
+
+def load_app(spec: str) -> Callable:
+    """``module:callable`` or a PasteDeploy ``.ini`` file -> WSGI app."""
+    if spec.endswith(".ini") or spec.startswith("config:"):
+        try:
+            from paste.deploy import loadapp
+        except ImportError:
+            raise ConfigurationError("%s needs PasteDeploy, which is not installed" % spec)
+        path = spec[len("config:"):] if spec.startswith("config:") else spec
+        if not os.path.exists(path):
+            raise ConfigurationError("no such file: %s" % path)
+        return loadapp("config:" + os.path.abspath(path))
+    from .classifier import import_object
+    app = import_object(spec)
+    if not callable(app):
+        raise ConfigurationError("application %r is not callable" % spec)
+    return app  # type: ignore[return-value]
+
+
+# -- request input ----------------------------------------------------------
+
+
+class RequestInput(io.RawIOBase):
+    """wsgi.input: the request body, read from an exchange as it arrives.
+
+    Bytes are granted back to the LB as the application reads them, so
+    an upload proceeds at the application's pace.
+    """
+
+    def __init__(self, exchange: Exchange) -> None:
+        self._exchange = exchange
+        self._buffer = b""
+        self._eof = False
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self) -> bool:
+        """Get the next chunk into the buffer; False at end of body."""
+        if self._eof:
+            return False
+        message = self._exchange.receive()
+        if isinstance(message, End):
+            self._eof = True
+            return False
+        assert isinstance(message, Body)
+        self._buffer += message.data
+        return True
+
+    def _take(self, n: int) -> bytes:
+        data, self._buffer = self._buffer[:n], self._buffer[n:]
+        if data:
+            self._exchange.consumed(len(data))
+        return data
+
+    def read(self, size: Optional[int] = -1) -> bytes:
+        if size is None or size < 0:
+            while self._fill():
+                pass
+            return self._take(len(self._buffer))
+        if not self._buffer:
+            self._fill()
+        return self._take(size)
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+    def readline(self, size: Optional[int] = -1) -> bytes:
+        while b"\n" not in self._buffer and (size is None or size < 0
+                                             or len(self._buffer) < size):
+            if not self._fill():
+                break
+        end = self._buffer.find(b"\n") + 1 or len(self._buffer)
+        if size is not None and size >= 0:
+            end = min(end, size)
+        return self._take(end)
+
+    def __iter__(self):
+        while True:
+            line = self.readline()
+            if not line:
+                return
+            yield line
+
+
+# -- response output --------------------------------------------------------
+
+
+class ResponseWriter:
+    """Sends one response: status and headers lazily with the first body
+    bytes (PEP 3333), body within credit, End at the end."""
+
+    def __init__(self, exchange: Exchange, head: bool) -> None:
+        self.exchange = exchange
+        self.head = head
+        self.status: Optional[str] = None
+        self.headers: List[Tuple[str, str]] = []
+        self.started = False
+
+    def start_response(self, status, headers, exc_info=None):
+        if exc_info is not None:
+            try:
+                if self.started:
+                    raise exc_info[1].with_traceback(exc_info[2])
+            finally:
+                exc_info = None
+        elif self.status is not None:
+            raise AssertionError("start_response called twice without exc_info")
+        self.status = status
+        self.headers = [(k, v) for (k, v) in headers if k.lower() not in HOP_BY_HOP]
+        return self.write
+
+    def write(self, data: bytes) -> None:
+        if self.status is None:
+            raise AssertionError("write() before start_response()")
+        exchange = self.exchange
+        if not self.started:
+            self.started = True
+            start = Response(exchange.rno, self.status, self.headers)
+            if self.head or not data:
+                exchange.send(start)
+                return
+            if len(data) <= exchange.credit:
+                exchange.credit -= len(data)
+                exchange.send(start, Body(exchange.rno, data))
+                return
+            exchange.send(start)
+        if data and not self.head:
+            exchange.send_body(data)
+
+    def finish(self) -> None:
+        exchange = self.exchange
+        if not self.started:
+            if self.status is None:
+                raise AssertionError("application returned without start_response()")
+            self.started = True
+            exchange.send(Response(exchange.rno, self.status, self.headers), End(exchange.rno))
+        else:
+            exchange.send(End(exchange.rno))
+
+
+# -- threads ----------------------------------------------------------------
+
+
+def call_in_hub(hub, func, *args):
+    """From a pool thread: run ``func`` in a greenlet in the hub's thread
+    and return its result (or raise its exception)."""
+    done = threading.Event()
+    outcome: list = []
+
+    def run():
+        try:
+            outcome.append((True, func(*args)))
+        except BaseException as exc:
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    hub.loop.run_callback_threadsafe(lambda: gevent.spawn(run))
+    done.wait()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
+
+
+class _HubProxy:
+    """Wraps an object so that a pool thread calls its methods in the hub."""
+
+    def __init__(self, hub, target) -> None:
+        self._hub = hub
+        self._target = target
+
+    def __getattr__(self, name):
+        attr = getattr(self._target, name)
+        if not callable(attr):
+            return attr
+        return lambda *args, **kw: call_in_hub(self._hub, lambda: attr(*args, **kw))
+
+    def __iter__(self):
+        while True:
+            line = self.readline()
+            if not line:
+                return
+            yield line
+
+
+# -- the server -------------------------------------------------------------
+
+
+class Worker(Handler):
+    """A worker process's server: accepts LB connections, runs the app."""
+
+    def __init__(
+        self,
+        app: Callable,
+        listen: Tuple[str, int] = ("127.0.0.1", 0),
+        history: int = resume_module.DEFAULT_HISTORY,
+        max_skill_age: Optional[int] = None,
+        resume_file: Optional[str] = None,
+        threads: Optional[int] = None,
+        secret: Optional[bytes] = None,
+    ) -> None:
+        self.app = app
+        self.listen = listen
+        self.resume_file = resume_file
+        self.threads = threads
+        self.secret = secret
+        self.history = history
+        self.max_skill_age = max_skill_age
+        self.skills: Optional[resume_module.Skills] = None
+        self.connections: Set[Connection] = set()
+        self.server: Optional[gevent.server.StreamServer] = None
+        self.requests = gevent.pool.Group()
+        self.threadpool: Optional[gevent.threadpool.ThreadPool] = None
+        self.stopping = False
+        self._stopped = gevent.event.Event()
+        self.served = 0
+
+    @property
+    def address(self) -> Tuple[str, int]:
+        """The address actually bound (after start())."""
+        assert self.server is not None, "not started"
+        return self.server.address[:2]
+
+    def start(self) -> None:
+        """Load the résumé file, bind, and start accepting LB connections."""
+        initial = {}
+        if self.resume_file:
+            initial = resume_module.load_resume(self.resume_file)
+        self.skills = resume_module.Skills(self.history, self.max_skill_age, initial)
+        if self.threads:
+            self.threadpool = gevent.threadpool.ThreadPool(self.threads)
+        self.server = gevent.server.StreamServer(self.listen, self._accept)
+        self.server.start()
+        log.info("worker listening on %s:%d", *self.address)
+
+    def run(self) -> None:
+        """Serve until stop()."""
+        self._stopped.wait()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Tell LBs we are draining, finish requests in flight, close."""
+        if self.stopping:
+            return
+        self.stopping = True
+        if self.server is not None:
+            self.server.close()
+        for connection in list(self.connections):
+            try:
+                connection.send_goaway("worker stopping")
+            except ZcLbError:
+                pass
+        self.requests.join(timeout=timeout)
+        for connection in list(self.connections):
+            connection.close("worker stopped")
+        self._stopped.set()
+
+    def configure(self, history: Optional[int] = None,
+                  max_skill_age: Optional[int] = None) -> None:
+        """Change ``history``/``max_skill_age`` at run time."""
+        self.history = history if history is not None else self.history
+        self.max_skill_age = max_skill_age
+        if self.skills is not None:
+            self.skills.configure(self.history, self.max_skill_age)
+
+    # -- connections --------------------------------------------------
+
+    def _accept(self, sock, address) -> None:
+        peer = "%s:%s" % address[:2]
+        connection = Connection(sock, "worker", self, peer=peer, secret=self.secret)
+        try:
+            connection.handshake()
+        except (ZcLbError, OSError) as exc:
+            log.warning("rejected connection from %s: %s", peer, exc)
+            connection.close("handshake failed")
+            return
+        if self.stopping:
+            connection.close("worker stopping")
+            return
+        self.connections.add(connection)
+        connection.start()
+        log.info("LB connected from %s", peer)
+        assert self.skills is not None
+        try:
+            connection.send_resume(self.skills.resume())
+        except ZcLbError:
+            pass
+        connection.join()
+
+    def connection_lost(self, connection: Connection, error: ZcLbError) -> None:
+        if connection in self.connections:
+            self.connections.discard(connection)
+            log.info("LB connection from %s ended: %s", connection.peer, error)
+
+    def handle_request(self, connection: Connection, exchange: Exchange) -> None:
+        greenlet = self.requests.spawn(self._serve, exchange)
+        exchange.on_cancel = lambda: greenlet.kill(block=False)
+
+    # -- requests -----------------------------------------------------
+
+    def _serve(self, exchange: Exchange) -> None:
+        request = exchange.receive()
+        environ = self._environ(request.environ, exchange)  # type: ignore[attr-defined]
+        rclass = environ.get("zc_lb.request_class", "")
+        writer = ResponseWriter(exchange, environ["REQUEST_METHOD"] == "HEAD")
+        start = time.perf_counter()
+        try:
+            if self.threadpool is not None:
+                self._run_in_thread(environ, writer)
+            else:
+                self._run_app(environ, writer)
+        except ZcLbError as exc:  # the LB went away or cancelled
+            log.info("request %d from %s ended early: %s",
+                     exchange.rno, exchange.connection.peer, exc)
+            exchange.cancel()
+            return
+        except gevent.GreenletExit:
+            exchange.cancel()
+            return
+        self._record(rclass, time.perf_counter() - start)
+
+    def _run_app(self, environ: Dict, writer: ResponseWriter,
+                 send: Optional[Callable] = None) -> None:
+        send = send or (lambda f, *a: f(*a))
+        try:
+            result = self.app(environ, writer.start_response)
+        except ZcLbError:
+            raise
+        except Exception:
+            log.exception("application error for %s", environ.get("PATH_INFO"))
+            send(self._error_500, writer)
+            return
+        try:
+            for data in result:
+                if data:
+                    send(writer.write, data)
+            send(writer.finish)
+        except ZcLbError:
+            raise
+        except Exception:
+            log.exception("application error for %s", environ.get("PATH_INFO"))
+            send(self._error_500, writer)
+        finally:
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+
+    def _run_in_thread(self, environ: Dict, writer: ResponseWriter) -> None:
+        hub = gevent.get_hub()
+        environ["wsgi.input"] = _HubProxy(hub, environ["wsgi.input"])
+        assert self.threadpool is not None
+        self.threadpool.apply(
+            self._run_app, (environ, writer, lambda f, *a: call_in_hub(hub, f, *a)))
+
+    @staticmethod
+    def _error_500(writer: ResponseWriter) -> None:
+        if writer.started:
+            # Headers are out: a truncated body must not look complete.
+            writer.exchange.cancel()
+            return
+        writer.status = None
+        writer.start_response("500 Internal Server Error", [
+            ("Content-Type", "text/html"), ("Content-Length", str(len(ERROR_500)))])
+        writer.write(ERROR_500)
+        writer.finish()
+
+    def _environ(self, forwarded: Dict[str, str], exchange: Exchange) -> Dict:
+        environ: Dict[str, object] = dict(forwarded)
+        environ.update({
+            "wsgi.version": (1, 0),
+            "wsgi.url_scheme": forwarded.get("wsgi.url_scheme", "http"),
+            "wsgi.input": RequestInput(exchange),
+            "wsgi.errors": sys.stderr,
+            "wsgi.multithread": bool(self.threads),
+            "wsgi.multiprocess": True,
+            "wsgi.run_once": False,
+            "wsgi.input_terminated": True,
+            "zc_lb.request_class": forwarded.get("zc_lb.request_class", ""),
+            "zc_lb.worker": "%s:%d" % self.address,
+        })
+        environ.setdefault("REQUEST_METHOD", "GET")
+        environ.setdefault("SCRIPT_NAME", "")
+        environ.setdefault("PATH_INFO", "/")
+        environ.setdefault("SERVER_NAME", "localhost")
+        environ.setdefault("SERVER_PORT", "80")
+        environ.setdefault("SERVER_PROTOCOL", "HTTP/1.1")
+        return environ
+
+    def _record(self, rclass: str, elapsed: float) -> None:
+        self.served += 1
+        assert self.skills is not None
+        new = self.skills.record(rclass, elapsed)
+        if new is not None:
+            self.publish(new)
+
+    def publish(self, skills: Optional[Dict[str, float]] = None) -> None:
+        """Send the résumé to every LB and save it."""
+        assert self.skills is not None
+        skills = self.skills.resume() if skills is None else skills
+        for connection in list(self.connections):
+            try:
+                connection.send_resume(skills)
+            except ZcLbError:
+                pass
+        if self.resume_file:
+            try:
+                resume_module.save_resume(self.resume_file, skills)
+            except OSError as exc:
+                log.error("cannot save résumé to %s: %s", self.resume_file, exc)
+
+    def status(self) -> dict:
+        """A JSON-able picture of this worker."""
+        return {
+            "address": "%s:%d" % self.address if self.server else None,
+            "pid": os.getpid(),
+            "lbs": sorted(c.peer for c in self.connections),
+            "in_flight": len(self.requests),
+            "served": self.served,
+            "resume": self.skills.resume() if self.skills else {},
+        }
+
+    def __repr__(self) -> str:
+        where = "%s:%d" % self.address if self.server else "unstarted"
+        return "<Worker %s lbs=%d in_flight=%d>" % (
+            where, len(self.connections), len(self.requests))
