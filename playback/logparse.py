@@ -1,0 +1,374 @@
+"""Access-log lines in, replayable entries out.
+
+Theory of operation
+-------------------
+
+A log line is matched by one regular expression per format, with named
+groups: ``request`` (the quoted request line) or ``method`` and ``path``,
+and optionally ``time``, ``vhost`` and ``status``. The request line is then
+split leniently, because real logs are not tidy:
+
+- ``"GET /path"`` (HTTP/0.9 style, no version) is accepted;
+- extra spaces before the version (``"GET /a   HTTP/1.0"``) are accepted;
+- a non-standard version (``HTTP/V1.0``) is accepted: anything after the
+  last space that starts with ``HTTP/`` is the version;
+- an absolute target (``GET http://host/path``, as proxies log it) gives
+  the host and the path;
+- Apache's ``\\xNN`` escapes are turned back into bytes, and every byte
+  that may not appear in a request target is percent-encoded.
+
+A line that matches no format, or whose request line is not
+``METHOD TARGET [VERSION]``, is *unparsable*: counted, a few kept as
+examples, never fatal. A parsed line whose method is not replayed is
+*skipped*, counted by method.
+
+Formats (``--format``):
+
+``common``          ``%h %l %u %t "%r" %>s %b``
+``combined``        common + ``"%{Referer}i" "%{User-Agent}i"``
+``vhost_combined``  Apache's ``%v:%p`` + combined
+``nginx``           nginx's default ``combined`` (same fields as Apache's),
+                    optionally followed by ``"$http_x_forwarded_for"`` as in
+                    the ``main`` format of nginx's sample configuration
+``auto``            (default) any of the above, line by line; the
+                    referer/agent part is optional and a user agent cut off
+                    before its closing quote is tolerated
+
+A custom regular expression (``--regex``) needs a group ``request``, or
+``path`` (with an optional ``method``, default GET); ``time``, ``host``
+(or ``vhost``) and ``status`` are used when present.
+
+The Host an entry is replayed with (its request class) is, in order of
+precedence: the path segment chosen by ``host_from_segment``; the fixed
+``host``; the host recorded in the log; else None (the replay sends the
+target's own host). The segment rule: segment N (1-based) of the path,
+query removed, lower-cased, every character outside ``[a-z0-9-]``
+replaced by ``-``, cut to 63 characters, followed by ``host_suffix``
+(default ``.example``); a path with fewer than N segments, or an empty
+segment, gives ``root`` + suffix. So ``/shuttle/missions/x.html`` with
+segment 1 is ``shuttle.example``, ``/ksc.html`` is ``ksc-html.example``
+and ``/`` is ``root.example``.
+
+Weak spots: ``%u`` containing spaces is not supported (Apache writes
+``-`` for nearly every request); the Common Log Format time is the only
+time format recognised without ``time_format``, besides ISO 8601 and
+Unix seconds.
+"""
+
+from __future__ import annotations
+
+import calendar
+import collections
+import dataclasses
+import datetime
+import functools
+import gzip
+import io
+import re
+import sys
+from typing import IO, Dict, Iterable, Iterator, List, Optional, Sequence
+
+DEFAULT_METHODS = ("GET", "HEAD")
+DEFAULT_HOST_SUFFIX = ".example"
+MAX_EXAMPLES = 5
+
+_QUOTED = r'"(?:[^"\\]|\\.)*"'
+_CORE = (
+    r'(?P<remote>\S+) (?P<ident>\S+) (?P<user>\S+) \[(?P<time>[^\]]+)\] '
+    r'"(?P<request>(?:[^"\\]|\\.)*)" (?P<status>\d{3}|-) (?P<size>\d+|-)'
+)
+_REFERER_AGENT = r' "(?P<referer>(?:[^"\\]|\\.)*)" "(?P<agent>(?:[^"\\]|\\.)*)"'
+
+FORMATS: Dict[str, str] = {
+    "common": r"^" + _CORE + r"\s*$",
+    "combined": r"^" + _CORE + _REFERER_AGENT + r"\s*$",
+    "vhost_combined": r"^(?P<vhost>\S+) " + _CORE + _REFERER_AGENT + r"\s*$",
+    "nginx": r"^" + _CORE + _REFERER_AGENT + r'(?: "(?P<forwarded>(?:[^"\\]|\\.)*)")?\s*$',
+    # Lenient: optional vhost, optional referer and agent (the agent may
+    # lack its closing quote: a line cut short), anything after.
+    "auto": (
+        r"^(?:(?P<vhost>\S+) )?" + _CORE
+        + r'(?: "(?P<referer>(?:[^"\\]|\\.)*)" "(?P<agent>(?:[^"\\]|\\.)*)"?(?:\s.*)?)?\s*$'
+    ),
+}
+
+_METHOD_RE = re.compile(r"[A-Z][A-Z_-]*\Z")
+_ESCAPE_RE = re.compile(r"\\x([0-9a-fA-F]{2})")
+_SEGMENT_BAD = re.compile(r"[^a-z0-9-]")
+# Bytes allowed verbatim in a request target (RFC 3986 unreserved,
+# sub-delims, ':', '@', '/', '?', and '%' for existing escapes).
+_TARGET_SAFE = frozenset(
+    b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+    b"-._~!$&'()*+,;=:@/?%"
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Entry:
+    """One replayable request from a log."""
+
+    method: str
+    path: str  # request target: path and query, safe to send as is
+    host: Optional[str]  # Host header to send (the request class), None: target's
+    time: Optional[float]  # Unix seconds, None when the line had no usable time
+    status: Optional[int] = None  # the status the log recorded
+    source: str = ""  # file:line, for messages
+
+
+@dataclasses.dataclass
+class ParseStats:
+    """What reading the logs gave: counts, and examples of bad lines."""
+
+    lines: int = 0
+    entries: int = 0
+    unparsable: int = 0
+    bad_times: int = 0
+    skipped_methods: Dict[str, int] = dataclasses.field(default_factory=dict)
+    examples: List[str] = dataclasses.field(default_factory=list)
+
+    def bad_line(self, source: str, reason: str, line: str) -> None:
+        self.unparsable += 1
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append("%s: %s: %s" % (source, reason, line[:200]))
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# -- time -------------------------------------------------------------------
+
+_MONTHS = {
+    m: i
+    for i, m in enumerate(
+        ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), 1
+    )
+}
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_clf_time(text: str) -> Optional[float]:
+    """``01/Aug/1995:00:00:01 -0400`` -> Unix seconds, or None."""
+    try:
+        day, month, rest = text.split("/", 2)
+        year, hour, minute, rest = rest.split(":", 3)
+        second, _, zone = rest.partition(" ")
+        stamp = calendar.timegm(
+            (int(year), _MONTHS[month.lower()], int(day), int(hour), int(minute), int(second))
+        )
+        if zone:
+            sign = -1 if zone[0] == "-" else 1
+            digits = zone.lstrip("+-")
+            if len(digits) != 4 or not digits.isdigit():
+                return None
+            stamp -= sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
+        return float(stamp)
+    except (ValueError, KeyError):
+        return None
+
+
+def parse_time(text: str, time_format: Optional[str] = None) -> Optional[float]:
+    """A log timestamp -> Unix seconds: strptime format, or CLF, ISO 8601, seconds."""
+    text = text.strip()
+    if time_format:
+        try:
+            parsed = datetime.datetime.strptime(text, time_format)
+        except ValueError:
+            return None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=datetime.timezone.utc)
+        return parsed.timestamp()
+    stamp = parse_clf_time(text)
+    if stamp is not None:
+        return stamp
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=datetime.timezone.utc)
+    return parsed.timestamp()
+
+
+# -- request line and host --------------------------------------------------
+
+
+def encode_target(target: str) -> str:
+    """Percent-encode what may not appear in a request target; undo ``\\xNN``."""
+    if "\\" in target:
+        target = _ESCAPE_RE.sub(lambda m: chr(int(m.group(1), 16)), target)
+    raw = target.encode("latin-1", "replace")
+    if all(b in _TARGET_SAFE for b in raw):
+        return target
+    return "".join(chr(b) if b in _TARGET_SAFE else "%%%02X" % b for b in raw)
+
+
+def split_request(request: str) -> Optional[tuple]:
+    """``METHOD TARGET [VERSION]`` -> (method, log host or None, target), or None."""
+    parts = request.split()
+    if len(parts) < 2 or not _METHOD_RE.match(parts[0]):
+        return None
+    if len(parts) >= 3 and parts[-1].upper().startswith("HTTP/"):
+        parts.pop()
+    target = " ".join(parts[1:])
+    host = None
+    lower = target[:8].lower()
+    if lower.startswith("http://") or lower.startswith("https://"):
+        rest = target.split("://", 1)[1]
+        host, slash, path = rest.partition("/")
+        target = slash + path if slash else "/"
+    if target == "*":
+        return parts[0], host, target
+    if not target.startswith("/"):
+        return None
+    return parts[0], host, encode_target(target)
+
+
+def strip_port(host: str) -> str:
+    """``example.com:80`` -> ``example.com`` (IPv6 literals kept whole)."""
+    if host.startswith("["):
+        return host[: host.find("]") + 1] if "]" in host else host
+    return host.partition(":")[0]
+
+
+def host_from_segment(path: str, segment: int, suffix: str = DEFAULT_HOST_SUFFIX) -> str:
+    """The Host made from path segment ``segment`` (1-based); see the module doc."""
+    parts = path.partition("?")[0].split("/")
+    name = parts[segment] if len(parts) > segment else ""
+    name = _SEGMENT_BAD.sub("-", name.lower())[:63]
+    return (name or "root") + suffix
+
+
+# -- the reader ---------------------------------------------------------------
+
+
+class LogReader:
+    """Iterate over the entries of one or more log files.
+
+    ``paths`` are read in the order given ('-' is standard input, ``.gz``
+    files are decompressed). ``stats`` is filled in while iterating.
+    Iterating again reads the files again (with fresh stats).
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str],
+        fmt: str = "auto",
+        regex: Optional[str] = None,
+        time_format: Optional[str] = None,
+        methods: Iterable[str] = DEFAULT_METHODS,
+        host: Optional[str] = None,
+        segment: Optional[int] = None,
+        host_suffix: str = DEFAULT_HOST_SUFFIX,
+    ):
+        if regex is None and fmt not in FORMATS:
+            raise ValueError("unknown log format %r (one of %s)" % (fmt, ", ".join(FORMATS)))
+        self.paths = list(paths)
+        self.pattern = re.compile(regex if regex is not None else FORMATS[fmt])
+        groups = self.pattern.groupindex
+        if "request" not in groups and "path" not in groups:
+            raise ValueError("log regular expression needs a group 'request' or 'path'")
+        self.time_format = time_format
+        self.methods = frozenset(m.upper() for m in methods)
+        self.host = host
+        self.segment = segment
+        self.host_suffix = host_suffix
+        self.stats = ParseStats()
+
+    def __repr__(self) -> str:
+        return "<LogReader %s %r>" % (self.pattern.pattern[:40], self.paths)
+
+    def __iter__(self) -> Iterator[Entry]:
+        self.stats = ParseStats()
+        for path in self.paths:
+            with _open(path) as stream:
+                yield from self.parse_lines(stream, name=path)
+
+    def parse_lines(self, lines: Iterable[str], name: str = "-") -> Iterator[Entry]:
+        """Entries from lines of text; counts into ``stats``."""
+        stats = self.stats
+        for number, line in enumerate(lines, 1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            stats.lines += 1
+            source = "%s:%d" % (name, number)
+            entry = self.parse_line(line, source)
+            if entry is not None:
+                stats.entries += 1
+                yield entry
+
+    def parse_line(self, line: str, source: str = "") -> Optional[Entry]:
+        """One line -> an Entry to replay, or None (counted as bad or skipped)."""
+        stats = self.stats
+        match = self.pattern.match(line)
+        if match is None:
+            stats.bad_line(source, "no format matches", line)
+            return None
+        fields = match.groupdict()
+        if fields.get("request") is not None:
+            split = split_request(fields["request"])
+            if split is None:
+                stats.bad_line(source, "bad request line", line)
+                return None
+            method, log_host, path = split
+        else:
+            method = (fields.get("method") or "GET").upper()
+            log_host = None
+            path = encode_target(fields.get("path") or "/")
+        if method not in self.methods:
+            stats.skipped_methods[method] = stats.skipped_methods.get(method, 0) + 1
+            return None
+        stamp = None
+        if fields.get("time"):
+            stamp = parse_time(fields["time"], self.time_format)
+            if stamp is None:
+                stats.bad_times += 1
+        status = fields.get("status")
+        return Entry(
+            method=method,
+            path=path,
+            host=self.choose_host(path, fields.get("host") or fields.get("vhost") or log_host),
+            time=stamp,
+            status=int(status) if status and status.isdigit() else None,
+            source=source,
+        )
+
+    def choose_host(self, path: str, log_host: Optional[str]) -> Optional[str]:
+        if self.segment:
+            return host_from_segment(path, self.segment, self.host_suffix)
+        if self.host:
+            return self.host
+        if log_host and log_host != "-":
+            return strip_port(log_host).lower()
+        return None
+
+
+def _open(path: str) -> IO[str]:
+    """A text stream over a log file; latin-1 never fails and keeps every byte."""
+    if path == "-":
+        return io.TextIOWrapper(sys.stdin.buffer, encoding="latin-1", newline="")
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="latin-1", newline="")
+    return open(path, encoding="latin-1", newline="")
+
+
+def read_entries(paths: Sequence[str], **options) -> tuple:
+    """Read whole logs: (list of entries, ParseStats). Options as LogReader's."""
+    reader = LogReader(paths, **options)
+    entries = list(reader)
+    return entries, reader.stats
+
+
+def status_summary(stats: ParseStats) -> str:
+    """One line saying what parsing gave."""
+    skipped = sum(stats.skipped_methods.values())
+    text = "%d lines, %d entries, %d unparsable, %d skipped by method" % (
+        stats.lines, stats.entries, stats.unparsable, skipped)
+    if stats.skipped_methods:
+        text += " (%s)" % ", ".join(
+            "%s %d" % item for item in collections.Counter(stats.skipped_methods).most_common())
+    return text
