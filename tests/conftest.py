@@ -1,0 +1,38 @@
+"""Shared fixtures: one real ZooKeeper per test session (tests/zkserver.py)."""
+
+import itertools
+
+import pytest
+
+from zkserver import ZooKeeperServer
+
+_chroots = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def zookeeper(tmp_path_factory):
+    """A running ZooKeeperServer, shared by the session; tests that stop it
+    need not restart it: ``zk_hosts`` does before each test."""
+    server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def zk_hosts(zookeeper, request):
+    """A hosts string ('127.0.0.1:PORT/chroot') with a fresh, empty chroot
+    for this test, so tests never see each other's nodes."""
+    from kazoo.client import KazooClient
+
+    zookeeper.start()
+    chroot = f"/test-{next(_chroots)}-{request.node.name[:40]}"
+    chroot = "".join(c if c.isalnum() or c in "/-_" else "_" for c in chroot)
+    client = KazooClient(zookeeper.address)
+    client.start(timeout=10)
+    try:
+        client.ensure_path(chroot)
+    finally:
+        client.stop()
+        client.close()
+    return zookeeper.address + chroot
