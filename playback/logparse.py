@@ -342,8 +342,10 @@ class LogReader:
             return host_from_segment(path, self.segment, self.host_suffix)
         if self.host:
             return self.host
-        if log_host and log_host != "-":
-            return strip_port(log_host).lower()
+        if log_host:
+            name = strip_port(log_host).lower()
+            if name and name != "-":
+                return name
         return None
 
 
