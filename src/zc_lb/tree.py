@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional, Protocol
 
 from zc_lb.errors import ConfigurationError
 
@@ -235,3 +235,149 @@ def _format_contents(node: Node, depth: int, lines: list[str]) -> None:
     for name in sorted(node.children):
         lines.append(f"{pad}/{name}")
         _format_contents(node.children[name], depth + 1, lines)
+
+
+# Import planning ----------------------------------------------------------
+#
+# Planning is pure: it asks a reader what is stored (zk.py's reader asks
+# ZooKeeper; tests use a dict) and returns the changes that make the store
+# match a tree.  zk.py commits them in one transaction.
+
+
+@dataclass(frozen=True)
+class Stored:
+    """What planning needs to know of an existing node."""
+
+    data: Optional[dict]  # None when the data is not a JSON object
+    version: int
+    ephemeral: bool
+
+
+class Reader(Protocol):
+    def node(self, path: str) -> Optional[Stored]:
+        """The node at ``path``, or None if there is none."""
+
+    def children(self, path: str) -> list[str]:
+        """The names of the children of ``path`` ([] if there is none)."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One step of an import: ``create``, ``set`` or ``delete`` a node (at
+    ``version``, -1 for create), or ``skip`` one (``details`` say why;
+    nothing is written)."""
+
+    action: str
+    path: str
+    data: Optional[dict] = None
+    version: int = -1
+    details: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return "\n".join([f"{self.action} {self.path}",
+                          *(f"  {d}" for d in self.details)])
+
+
+def plan(reader: Reader, desired: Node, root: str = "/",
+         delete: bool = False) -> list[Change]:
+    """The changes that make the store under ``root`` match ``desired``:
+    see zk.import_tree for the rules."""
+    changes: list[Change] = []
+    segments = [s for s in root.split("/") if s]
+    missing = False
+    for i in range(1, len(segments)):
+        ancestor = "/" + "/".join(segments[:i])
+        missing = missing or reader.node(ancestor) is None
+        if missing:
+            changes.append(Change("create", ancestor, {}))
+    _plan_node(reader, "/" + "/".join(segments), desired, delete, missing,
+               changes)
+    return changes
+
+
+def _join(path: str, name: str) -> str:
+    return path.rstrip("/") + "/" + name
+
+
+def _plan_node(reader: Reader, path: str, node: Node, delete: bool,
+               missing: bool, changes: list[Change]) -> None:
+    desired = to_data(node)
+    stored = None if missing else reader.node(path)
+    if stored is None:
+        changes.append(Change("create", path, desired, -1, tuple(
+            _describe(k, v) for k, v in desired.items())))
+        for name, child in node.children.items():
+            _plan_node(reader, _join(path, name), child, delete, True, changes)
+        return
+    if stored.ephemeral:
+        changes.append(Change("skip", path, None, -1, (
+            "ephemeral: a live registration, left alone",)))
+        return
+    if stored.data is None:
+        raise ConfigurationError(
+            f"{path} holds data that is not a JSON object; not touching it")
+    new, details = _merge(stored.data, desired, delete)
+    if details:
+        changes.append(Change("set", path, new, stored.version, tuple(details)))
+    existing = set(reader.children(path))
+    for name, child in node.children.items():
+        _plan_node(reader, _join(path, name), child, delete,
+                   name not in existing, changes)
+    if delete:
+        for name in sorted(existing - set(node.children)):
+            if not (path == "/" and name == "zookeeper"):
+                _plan_delete(reader, _join(path, name), changes)
+
+
+def _merge(current: dict, desired: dict, delete: bool
+           ) -> tuple[dict, list[str]]:
+    new, details = dict(current), []
+    for key, value in desired.items():
+        if key not in current:
+            details.append(_describe(key, value))
+        elif not _same(current[key], value):
+            details.append(f"{_describe(key, value)}"
+                           f" (was {format_value(current[key])})")
+        new[key] = value
+    if delete:
+        for key in current:
+            if key not in desired:
+                del new[key]
+                details.append(f"remove {_describe(key, current[key])}")
+    return new, details
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as stored: 4 and 4.0, or 1 and true, differ in JSON."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _describe(key: str, value: Any) -> str:
+    if key.endswith(LINK_SUFFIX) and isinstance(value, str):
+        return f"{key[:-len(LINK_SUFFIX)]} -> {value}"
+    return f"{key} = {format_value(value)}"
+
+
+def _plan_delete(reader: Reader, path: str, changes: list[Change]) -> None:
+    stored = reader.node(path)
+    if stored is None or stored.ephemeral:
+        return  # gone, or a live registration: never ours to delete
+    doomed: list[tuple[str, int]] = []
+    if _collect(reader, path, stored, doomed):
+        changes.extend(Change("delete", p, None, v) for p, v in doomed)
+    else:
+        changes.append(Change("skip", path, None, -1, (
+            "not in the file, but holds ephemeral nodes (live registrations)",)))
+
+
+def _collect(reader: Reader, path: str, stored: Stored,
+             doomed: list[tuple[str, int]]) -> bool:
+    """Append (path, version), children first; False if any is ephemeral."""
+    if stored.ephemeral:
+        return False
+    for name in reader.children(path):
+        child = reader.node(_join(path, name))
+        if child and not _collect(reader, _join(path, name), child, doomed):
+            return False
+    doomed.append((path, stored.version))
+    return True
