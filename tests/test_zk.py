@@ -501,3 +501,17 @@ def test_properties_live(client):
     seen.wait_for(lambda v: v == {"variance": 3})
     assert len(seen.values) == count + 1
     watch.stop()
+
+
+def test_registration_stop_is_bounded_when_zookeeper_is_down(
+        zookeeper, client):
+    reg = zk.Registration(client, "/p/h:1", {})
+    reg.start()
+    assert reg.wait(10)
+    suspended = state_event(client, KazooState.SUSPENDED)
+    zookeeper.stop()
+    assert suspended.wait(10)
+    started = time.monotonic()
+    reg.stop(timeout=0.5)  # a worker's SIGTERM must not hang on ZooKeeper
+    assert time.monotonic() - started < 2
+    assert not reg.registered

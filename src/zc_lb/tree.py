@@ -153,7 +153,8 @@ def parse(text: str) -> Node:
             else:
                 _parse_member(stripped, frame.node)
         except ValueError as e:
-            raise ConfigurationError(f"line {number}: {e}: {line.strip()!r}")
+            raise ConfigurationError(
+                f"line {number}: {e}: {line.strip()!r}") from None
     return root
 
 

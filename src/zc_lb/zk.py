@@ -59,7 +59,7 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.handlers.gevent import SequentialGeventHandler
-from kazoo.retry import KazooRetry
+from kazoo.retry import KazooRetry, RetryFailedError
 
 from zc_lb import tree
 from zc_lb.errors import ConfigurationError
@@ -177,11 +177,12 @@ def _read(client: KazooClient, path: str) -> tuple[dict[str, Any], Any]:
     try:
         raw, stat = client.get(path)
     except NoNodeError:
-        raise ConfigurationError(f"no such node: {path}")
+        raise ConfigurationError(f"no such node: {path}") from None
     try:
         return decode(raw), stat
     except ValueError:
-        raise ConfigurationError(f"{path} holds data that is not a JSON object")
+        raise ConfigurationError(
+            f"{path} holds data that is not a JSON object") from None
 
 
 # Commands -----------------------------------------------------------------
@@ -422,12 +423,19 @@ class _Follower:
             try:
                 self._step()
                 self._ready.set()
+            except _Again:
+                pass  # a watch, or the step itself, wakes us again
             except _DISCONNECTED as e:
                 log.info("%r: ZooKeeper unreachable (%r); waiting", self, e)
+                if self.client.connected:  # e.g. a timeout: no CONNECTED
+                    self._retry_later()
             except Exception:
                 log.exception("%r failed; retrying", self)
-                self.client.handler.sleep_func(self.retry_delay)
-                self._wake.set()
+                self._retry_later()
+
+    def _retry_later(self) -> None:
+        self.client.handler.sleep_func(self.retry_delay)
+        self._wake.set()
 
     def _step(self) -> None:
         raise NotImplementedError
@@ -470,6 +478,8 @@ class Registration(_Follower):
             parent, name = posixpath.split(self.path)
             self._node = posixpath.join(resolve(self.client, parent), name)
         session = self._session_id()
+        if self._stopped:
+            return  # stop() ran while we resolved; no yield from here on
         try:
             self.client.create(self._node, encode(self.data), ephemeral=True,
                                makepath=True)
@@ -508,15 +518,23 @@ class Registration(_Follower):
         if node is None:
             return
         try:
-            _, stat = self.client.get_async(node).get(timeout=timeout)
+            _, stat = _within(self.client.get_async(node), timeout)
             if stat.ephemeralOwner in self._sessions:
-                self.client.delete_async(node, stat.version).get(timeout=timeout)
+                _within(self.client.delete_async(node, stat.version), timeout)
                 log.info("deregistered %s", node)
         except NoNodeError:
             pass
         except Exception as e:
             log.warning("could not delete %s (%r); it goes with the session",
                         node, e)
+
+
+def _within(result: Any, timeout: float) -> Any:
+    """An async result's value, or TimeoutError (on any kazoo handler)."""
+    result.wait(timeout)
+    if not result.ready():
+        raise TimeoutError(f"no answer from ZooKeeper within {timeout:g}s")
+    return result.get()
 
 
 class _Again(Exception):
@@ -555,7 +573,8 @@ class ProvidersWatch(_Follower):
             names = self.client.get_children(path, watch=self._wake_up)
         except NoNodeError:
             if self.client.exists(path, watch=self._wake_up):
-                raise _Again()  # created meanwhile
+                self._wake.set()  # created meanwhile: read it
+                raise _Again()
             names = []
         while self._stale:
             self._data.pop(self._stale.pop(), None)
@@ -567,7 +586,8 @@ class ProvidersWatch(_Follower):
 
     def _fetch(self, names: list[str]) -> None:
         """Read new providers' data in parallel, watching their nodes."""
-        pending = [(n, self.client.get_async(posixpath.join(self._resolved, n),
+        path = self._resolved or self.path
+        pending = [(n, self.client.get_async(posixpath.join(path, n),
                                              watch=self._child_watch))
                    for n in names]
         for name, result in pending:
@@ -608,6 +628,7 @@ class PropertiesWatch(_Follower):
             raw, _ = self.client.get(self._resolved, watch=self._wake_up)
         except NoNodeError:
             if self.client.exists(self._resolved, watch=self._wake_up):
+                self._wake.set()  # created meanwhile: read it
                 raise _Again()
             raw = b""
         try:
@@ -687,22 +708,29 @@ def run_zk_command(args: argparse.Namespace, out: Any = None) -> int:
         tree.parse(text)
     client = connect(args.zookeeper, timeout=args.timeout)
     try:
-        if args.zk_command == "import":
-            import_tree(client, text, args.root, dry_run=args.dry_run,
-                        delete=args.delete, out=out)
-        elif args.zk_command == "export":
-            out.write(export_tree(client, args.path, args.ephemeral))
-        elif args.zk_command == "get":
-            out.write(json.dumps(get(client, args.path), indent=2,
-                                 ensure_ascii=False) + "\n")
-        elif args.zk_command == "set":
-            set_properties(client, args.path, args.assignments)
-        elif args.zk_command == "ls":
-            out.writelines(name + "\n" for name in ls(client, args.path))
+        _run_command(client, args, text, out)
+    except (RetryFailedError, *_DISCONNECTED) as e:
+        raise ZooKeeperUnavailable(f"lost ZooKeeper at {args.zookeeper}: {e!r}")
     finally:
         client.stop()
         client.close()
     return 0
+
+
+def _run_command(client: KazooClient, args: argparse.Namespace,
+                 text: Optional[str], out: Any) -> None:
+    if args.zk_command == "import":
+        import_tree(client, text or "", args.root, dry_run=args.dry_run,
+                    delete=args.delete, out=out)
+    elif args.zk_command == "export":
+        out.write(export_tree(client, args.path, args.ephemeral))
+    elif args.zk_command == "get":
+        out.write(json.dumps(get(client, args.path), indent=2,
+                             ensure_ascii=False) + "\n")
+    elif args.zk_command == "set":
+        set_properties(client, args.path, args.assignments)
+    elif args.zk_command == "ls":
+        out.writelines(name + "\n" for name in ls(client, args.path))
 
 
 def _read_file(path: str) -> str:
