@@ -377,6 +377,7 @@ class _Follower:
         self._ready = client.handler.event_object()
         self._stopped = False
         self._started = False
+        self._sessions_lost = 0  # a step spanning a loss is discarded
 
     def __repr__(self):
         return f"<{type(self).__name__} {self.path}>"
@@ -406,13 +407,20 @@ class _Follower:
 
     def _on_state(self, state) -> bool:
         if state == KazooState.LOST:
+            self._sessions_lost += 1
             self._session_lost()
         elif state == KazooState.CONNECTED:
             self._wake.set()
         return self._stopped  # True removes the listener
 
     def _session_lost(self) -> None:
-        """Hook: our session expired (ephemerals and watches are gone)."""
+        """Hook: our session expired (ephemerals and watches are gone).
+        Runs in kazoo's greenlet, maybe while a step waits on I/O: a step
+        works on locals and calls ``_check_session`` before keeping them."""
+
+    def _check_session(self, lost_before: int) -> None:
+        if self._sessions_lost != lost_before:
+            raise _Again()  # CONNECTED will wake us to start over
 
     def _run(self) -> None:
         while True:
@@ -474,30 +482,34 @@ class Registration(_Follower):
         self._node = None  # resolve again: links may have changed
 
     def _step(self) -> None:
-        if self._node is None:
+        lost_before = self._sessions_lost
+        node = self._node
+        if node is None:
             parent, name = posixpath.split(self.path)
-            self._node = posixpath.join(resolve(self.client, parent), name)
+            node = posixpath.join(resolve(self.client, parent), name)
         session = self._session_id()
         if self._stopped:
             return  # stop() ran while we resolved; no yield from here on
+        self._node = node
         try:
-            self.client.create(self._node, encode(self.data), ephemeral=True,
+            self.client.create(node, encode(self.data), ephemeral=True,
                                makepath=True)
             self._sessions.add(session)
-            log.info("registered %s", self._node)
+            log.info("registered %s", node)
         except NodeExistsError:
             pass
-        _, stat = self.client.get(self._node, watch=self._wake_up)
+        _, stat = self.client.get(node, watch=self._wake_up)
+        self._check_session(lost_before)
         if stat.ephemeralOwner == session:
             self._sessions.add(session)  # created before a connection loss
         elif stat.ephemeralOwner in self._sessions:
-            log.info("replacing %s left by our expired session", self._node)
-            self.client.delete(self._node, version=stat.version)
+            log.info("replacing %s left by our expired session", node)
+            self.client.delete(node, version=stat.version)
             self._wake.set()
             raise _Again()
         else:
             log.warning("%s is held by another session (0x%x); waiting for "
-                        "it to go", self._node, stat.ephemeralOwner)
+                        "it to go", node, stat.ephemeralOwner)
             self._ready.clear()
             raise _Again()
 
@@ -566,9 +578,8 @@ class ProvidersWatch(_Follower):
         self._data = {}  # nodes may have been replaced while we were away
 
     def _step(self) -> None:
-        if self._resolved is None:
-            self._resolved = resolve(self.client, self.path)
-        path = self._resolved
+        lost_before = self._sessions_lost
+        path = self._resolved or resolve(self.client, self.path)
         try:
             names = self.client.get_children(path, watch=self._wake_up)
         except NoNodeError:
@@ -578,28 +589,31 @@ class ProvidersWatch(_Follower):
             names = []
         while self._stale:
             self._data.pop(self._stale.pop(), None)
-        self._data = {n: d for n, d in self._data.items() if n in names}
-        self._fetch([n for n in names if n not in self._data])
-        if self._data != self.providers:
-            self.providers = {n: dict(d) for n, d in self._data.items()}
+        data = {n: d for n, d in self._data.items() if n in names}
+        data.update(self._fetch(path, [n for n in names if n not in data]))
+        self._check_session(lost_before)
+        self._resolved, self._data = path, data
+        if data != self.providers:
+            self.providers = {n: dict(d) for n, d in data.items()}
             self._report(self.callback, dict(self.providers))
 
-    def _fetch(self, names: list[str]) -> None:
+    def _fetch(self, path: str, names: list[str]) -> dict[str, dict]:
         """Read new providers' data in parallel, watching their nodes."""
-        path = self._resolved or self.path
         pending = [(n, self.client.get_async(posixpath.join(path, n),
                                              watch=self._child_watch))
                    for n in names]
+        data = {}
         for name, result in pending:
             try:
                 raw, _ = result.get()
             except NoNodeError:
                 continue  # gone already; the children watch has fired
             try:
-                self._data[name] = decode(raw)
+                data[name] = decode(raw)
             except ValueError:
                 log.warning("provider %s: data is not a JSON object", name)
-                self._data[name] = {}
+                data[name] = {}
+        return data
 
     def _child_watch(self, event) -> None:
         self._stale.add(posixpath.basename(event.path))
@@ -622,20 +636,22 @@ class PropertiesWatch(_Follower):
         self._resolved = None
 
     def _step(self) -> None:
-        if self._resolved is None:
-            self._resolved = resolve(self.client, self.path)
+        lost_before = self._sessions_lost
+        path = self._resolved or resolve(self.client, self.path)
         try:
-            raw, _ = self.client.get(self._resolved, watch=self._wake_up)
+            raw, _ = self.client.get(path, watch=self._wake_up)
         except NoNodeError:
-            if self.client.exists(self._resolved, watch=self._wake_up):
+            if self.client.exists(path, watch=self._wake_up):
                 self._wake.set()  # created meanwhile: read it
                 raise _Again()
             raw = b""
+        self._check_session(lost_before)
+        self._resolved = path
         try:
             properties = settings_of(decode(raw))
         except ValueError as e:
             log.error("%s: bad properties (%s); keeping the last good ones",
-                      self._resolved, e)
+                      path, e)
             return
         if properties != self.properties:
             self.properties = properties
