@@ -1,0 +1,313 @@
+"""Tests for zc_lb.resume: decayed per-class rates and the résumé file."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+
+from zc_lb.errors import ConfigurationError
+from zc_lb.resume import DEFAULT_HISTORY, MIN_ELAPSED, Skills, load_resume, save_resume
+
+
+class EagerSkills:
+    """The reference: every request decays every class at once."""
+
+    def __init__(self, history: int, seed: dict = None) -> None:
+        self.decay = 1.0 - 1.0 / history
+        self.count = {c: 1.0 for c in seed or {}}
+        self.seconds = {c: 1.0 / s for c, s in (seed or {}).items()}
+
+    def record(self, rclass: str, elapsed: float) -> None:
+        for c in self.count:
+            self.count[c] *= self.decay
+            self.seconds[c] *= self.decay
+        self.count[rclass] = self.count.get(rclass, 0.0) + 1.0
+        self.seconds[rclass] = self.seconds.get(rclass, 0.0) + max(elapsed, MIN_ELAPSED)
+
+    def resume(self) -> dict:
+        return {c: self.count[c] / self.seconds[c] for c in self.count}
+
+
+def test_single_class_score_is_count_over_seconds():
+    skills = Skills(history=100)
+    for _ in range(10):
+        skills.record("a", 0.25)
+    assert skills.resume() == {"a": pytest.approx(4.0)}
+    # Any history: with one constant duration, decay cancels out.
+    skills = Skills(history=2)
+    for _ in range(10):
+        skills.record("a", 0.5)
+    assert skills.resume() == {"a": pytest.approx(2.0)}
+
+
+def test_score_by_hand_without_decay_effect():
+    # history=1: decay 0, so only the latest sample counts.
+    skills = Skills(history=1)
+    skills.record("a", 1.0)
+    skills.record("a", 0.1)
+    assert skills.resume() == {"a": pytest.approx(10.0)}
+
+
+def test_decay_weights_recent_samples_more():
+    skills = Skills(history=2)  # decay 1/2
+    for _ in range(5):
+        skills.record("a", 1.0)
+    skills.record("a", 0.1)
+    skills.record("a", 0.1)
+    # count = 1/2^6 + ... + 1/2 + 1 summed over 7 samples, seconds likewise
+    weights = [0.5 ** k for k in range(7)]  # newest first
+    samples = [0.1, 0.1, 1.0, 1.0, 1.0, 1.0, 1.0]
+    expected = sum(weights) / sum(w * s for w, s in zip(weights, samples))
+    assert skills.resume()["a"] == pytest.approx(expected)
+    undecayed = 7 / sum(samples)
+    assert skills.resume()["a"] > 2 * undecayed  # the two fast ones dominate
+
+
+def test_lazy_decay_equals_eager_decay():
+    rng = random.Random(11)
+    seed = {"c0": 3.0, "seeded-only": 0.5}
+    lazy = Skills(history=7, max_skill_age=10**9, resume=seed)
+    eager = EagerSkills(7, seed)
+    classes = ["c%d" % i for i in range(6)]
+    for _ in range(500):
+        rclass = rng.choice(classes[:2] * 5 + classes)  # some busy, some rare
+        elapsed = rng.choice([0.0, rng.uniform(0.001, 2.0)])
+        lazy.record(rclass, elapsed)
+        eager.record(rclass, elapsed)
+        expected = eager.resume()
+        got = lazy.resume()
+        assert got.keys() == expected.keys()
+        for rclass in expected:
+            assert got[rclass] == pytest.approx(expected[rclass], rel=1e-9)
+
+
+def test_record_returns_a_resume_exactly_every_history_requests():
+    skills = Skills(history=5)
+    published = []
+    for i in range(1, 23):
+        result = skills.record("a" if i % 2 else "b", 0.5)
+        if result is not None:
+            published.append(i)
+            assert result == skills.resume()
+            assert result is not skills.resume()
+    assert published == [5, 10, 15, 20]
+    assert skills.generation == 22
+
+
+def test_classes_unseen_for_max_skill_age_are_pruned():
+    skills = Skills(history=2, max_skill_age=4)
+    skills.record("old", 1.0)  # generation 1
+    published = {}
+    for generation in range(2, 12):
+        result = skills.record("new", 1.0)
+        if result is not None:
+            published[generation] = set(result)
+    # Seen 1 and 3 requests ago: kept; 5 requests ago: gone.
+    assert published[2] == published[4] == {"old", "new"}
+    assert published[6] == published[8] == published[10] == {"new"}
+    assert len(skills) == 1
+
+
+def test_prune_returns_what_it_dropped():
+    skills = Skills(history=1000, max_skill_age=3, resume={"seeded": 1.0})
+    for rclass in "abcde":
+        skills.record(rclass, 1.0)
+    assert sorted(skills.prune()) == ["a", "seeded"]
+    assert set(skills.resume()) == {"b", "c", "d", "e"}
+    assert skills.prune() == []
+
+
+def test_default_max_skill_age_is_ten_histories():
+    assert Skills().history == DEFAULT_HISTORY
+    assert Skills().max_skill_age == 10 * DEFAULT_HISTORY
+    skills = Skills(history=3)
+    assert skills.max_skill_age == 30
+    skills.record("old", 1.0)
+    for _ in range(29):
+        skills.record("new", 1.0)
+    assert "old" in skills.resume()  # at the publish of 30, seen 29 requests ago
+    for _ in range(3):
+        skills.record("new", 1.0)
+    assert "old" not in skills.resume()
+
+
+def test_initial_resume_seeds_scores():
+    skills = Skills(history=2, resume={"a": 4.0, "b": 2, "zero": 0, "neg": -1.0, 3: 1.5})
+    assert skills.resume() == {"a": 4.0, "b": 2.0, "3": 1.5}
+    assert len(skills) == 3
+    # A seeded class counts as one request of 1/score seconds.
+    skills.record("a", 1.0)
+    assert skills.resume()["a"] == pytest.approx((0.5 + 1) / (0.25 * 0.5 + 1.0))
+    assert skills.resume()["b"] == 2.0  # idle classes keep their score
+
+
+def test_zero_or_negative_elapsed_is_clamped():
+    skills = Skills(history=10)
+    skills.record("a", 0.0)
+    skills.record("b", -5.0)
+    assert skills.resume() == {"a": pytest.approx(1 / MIN_ELAPSED),
+                               "b": pytest.approx(1 / MIN_ELAPSED)}
+
+
+@pytest.mark.parametrize("history,max_skill_age", [
+    (0, None), (-1, None), (1.5, None), ("9", None), (None, None), (True, 0),
+    (9, 0), (9, -1), (9, 2.5), (9, "90"),
+])
+def test_configure_validates(history, max_skill_age):
+    with pytest.raises(ConfigurationError):
+        Skills(history=history, max_skill_age=max_skill_age)
+    skills = Skills(history=9, max_skill_age=50)
+    with pytest.raises(ConfigurationError):
+        skills.configure(history, max_skill_age)
+    assert (skills.history, skills.max_skill_age, skills.decay) == (9, 50, 1 - 1 / 9)
+
+
+def test_configure_changes_settings_live():
+    skills = Skills(history=9)
+    skills.record("a", 1.0)
+    skills.configure(4)
+    assert (skills.history, skills.max_skill_age, skills.decay) == (4, 40, 0.75)
+    skills.configure(4, 7)
+    assert skills.max_skill_age == 7
+    # Publishing now follows the new history.
+    results = [skills.record("a", 1.0) is not None for _ in range(7)]
+    assert results == [False, False, True, False, False, False, True]
+
+
+def test_repr():
+    skills = Skills(history=3)
+    skills.record("a", 1.0)
+    assert repr(skills) == "<Skills classes=1 generation=1 history=3>"
+
+
+# -- the résumé file ---------------------------------------------------------------
+
+
+def test_save_then_load_round_trips(tmp_path):
+    path = str(tmp_path / "resume.json")
+    resume = {"example.com": 12.5, "\u00e9t\u00e9": 1e-9, "": 3.0, "big": 1e300}
+    save_resume(path, resume)
+    assert load_resume(path) == resume
+    with open(path, encoding="utf-8") as f:
+        assert json.load(f) == resume
+    assert os.listdir(tmp_path) == ["resume.json"]
+
+
+def test_save_replaces_the_old_file(tmp_path):
+    path = str(tmp_path / "resume.json")
+    save_resume(path, {"a": 1.0})
+    save_resume(path, {"b": 2.0})
+    assert load_resume(path) == {"b": 2.0}
+    save_resume(path, {})
+    assert load_resume(path) == {}
+    assert os.listdir(tmp_path) == ["resume.json"]
+
+
+def test_save_relative_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    save_resume("r.json", {"a": 1.0})
+    assert load_resume(str(tmp_path / "r.json")) == {"a": 1.0}
+    assert os.listdir(tmp_path) == ["r.json"]
+
+
+def test_save_writes_a_complete_temp_file_then_replaces(tmp_path, monkeypatch):
+    path = str(tmp_path / "resume.json")
+    save_resume(path, {"old": 1.0})
+    real_replace, real_fsync = os.replace, os.fsync
+    seen = []
+
+    def fsync(fd):
+        seen.append("fsync")
+        real_fsync(fd)
+
+    def replace(src, dst):
+        seen.append("replace")
+        # The new content is complete in a temporary file in the same
+        # directory, and the destination still holds the old one.
+        assert os.path.dirname(os.path.abspath(src)) == str(tmp_path)
+        assert os.path.abspath(dst) == path and os.path.abspath(src) != path
+        with open(src, encoding="utf-8") as f:
+            assert json.load(f) == {"new": 2.0}
+        assert load_resume(path) == {"old": 1.0}
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "fsync", fsync)
+    save_resume(path, {"new": 2.0})
+    assert seen == ["fsync", "replace"]
+    assert load_resume(path) == {"new": 2.0}
+    assert os.listdir(tmp_path) == ["resume.json"]
+
+
+@pytest.mark.parametrize("bad", [{"a": object()}, {"a": 1.0, "b": {1, 2}}, {"a": 1.0, 2: 1.0}])
+def test_failed_save_leaves_old_file_and_no_temp_file(tmp_path, bad):
+    path = str(tmp_path / "resume.json")
+    save_resume(path, {"old": 1.0})
+    with pytest.raises(TypeError):
+        save_resume(path, bad)
+    assert load_resume(path) == {"old": 1.0}
+    assert os.listdir(tmp_path) == ["resume.json"]
+
+
+def test_failed_replace_leaves_no_temp_file(tmp_path, monkeypatch):
+    path = str(tmp_path / "resume.json")
+
+    def replace(src, dst):
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(OSError, match="disk on fire"):
+        save_resume(path, {"a": 1.0})
+    assert os.listdir(tmp_path) == []
+
+
+def test_save_into_a_missing_directory_fails_cleanly(tmp_path):
+    with pytest.raises(OSError):
+        save_resume(str(tmp_path / "nope" / "resume.json"), {"a": 1.0})
+    assert os.listdir(tmp_path) == []
+
+
+def test_load_missing_file_is_empty(tmp_path):
+    assert load_resume(str(tmp_path / "missing.json")) == {}
+
+
+def test_load_accepts_integers_as_floats(tmp_path):
+    path = tmp_path / "resume.json"
+    path.write_text('{"a": 3, "b": 0.5}')
+    loaded = load_resume(str(path))
+    assert loaded == {"a": 3.0, "b": 0.5}
+    assert all(type(v) is float for v in loaded.values())
+
+
+@pytest.mark.parametrize("content", [
+    b"", b"not json", b"{", b"\xff\xfe\x00", b"[]", b'["a", 1.0]', b"1.5", b'"a"', b"null",
+    b'{"a": "1"}', b'{"a": 0}', b'{"a": -1.5}', b'{"a": true}', b'{"a": null}',
+    b'{"a": [1]}', b'{"a": NaN}', b'{"ok": 1.0, "a": {}}',
+])
+def test_load_garbage_or_bad_scores_names_the_file(tmp_path, content):
+    path = tmp_path / "resume.json"
+    path.write_bytes(content)
+    with pytest.raises(ConfigurationError) as info:
+        load_resume(str(path))
+    assert str(path) in str(info.value)
+
+
+def test_load_a_directory_names_it(tmp_path):
+    with pytest.raises(ConfigurationError) as info:
+        load_resume(str(tmp_path))
+    assert str(tmp_path) in str(info.value)
+
+
+def test_skills_survive_a_restart_through_the_file(tmp_path):
+    path = str(tmp_path / "resume.json")
+    skills = Skills(history=4)
+    published = None
+    for i in range(8):
+        published = skills.record("a" if i % 3 else "b", 0.2 if i % 3 else 0.5) or published
+    save_resume(path, published)
+    restarted = Skills(history=4, resume=load_resume(path))
+    assert restarted.resume() == pytest.approx(published)
+
