@@ -1,0 +1,160 @@
+"""Tests for zc_lb.classifier: host, re:ENVKEY:PATTERN, module:expr."""
+
+from __future__ import annotations
+
+import os.path
+
+import pytest
+
+from zc_lb.classifier import get_classifier, host_classifier, import_object, regex_classifier
+from zc_lb.errors import ConfigurationError
+
+
+# Importable helpers for module:expr specs ("test_classifier:..."; pytest
+# puts tests/ on sys.path, as conftest.py's own imports rely on).
+def classify_by_method(environ):
+    return str(environ.get("REQUEST_METHOD", "")).lower()
+
+
+class Classifiers:
+    @staticmethod
+    def first_segment(environ):
+        return str(environ.get("PATH_INFO", "")).split("/")[1]
+
+
+NOT_CALLABLE = {"a": "b"}
+
+
+# -- host --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("host,expected", [
+    ("example.com", "example.com"),
+    ("Example.COM", "example.com"),
+    ("www.example.com", "example.com"),
+    ("WWW.Example.com", "example.com"),
+    ("www.example.com:8080", "example.com"),
+    ("example.com:443", "example.com"),
+    ("wwwexample.com", "wwwexample.com"),
+    ("shop.www.example.com", "shop.www.example.com"),
+    ("www.www.example.com", "www.example.com"),
+    ("127.0.0.1:8080", "127.0.0.1"),
+    ("[::1]", "[::1]"),
+    ("[::1]:8080", "[::1]"),
+    ("[2001:DB8::1]:443", "[2001:db8::1]"),
+    ("[::1", "[::1"),
+    ("www.", ""),
+    (":8080", ""),
+])
+def test_host(host, expected):
+    assert host_classifier({"HTTP_HOST": host}) == expected
+    assert get_classifier("host")({"HTTP_HOST": host, "SERVER_NAME": "other"}) == expected
+
+
+def test_host_falls_back_to_server_name():
+    assert host_classifier({"SERVER_NAME": "WWW.Fallback.org", "SERVER_PORT": "80"}) == (
+        "fallback.org")
+    assert host_classifier({"HTTP_HOST": "", "SERVER_NAME": "fallback.org"}) == "fallback.org"
+
+
+def test_host_missing_is_the_empty_class():
+    assert host_classifier({}) == ""
+    assert host_classifier({"HTTP_HOST": "", "SERVER_NAME": ""}) == ""
+
+
+def test_host_spec_is_stripped():
+    assert get_classifier("host") is host_classifier
+    assert get_classifier("  host\n") is host_classifier
+
+
+# -- re:ENVKEY:PATTERN -----------------------------------------------------------
+
+
+def test_regex_match():
+    classify = get_classifier("re:PATH_INFO:^/(?P<class>[^/]+)")
+    assert classify({"PATH_INFO": "/tenant1/page"}) == "tenant1"
+    assert classify({"PATH_INFO": "/tenant2"}) == "tenant2"
+
+
+def test_regex_is_searched_not_matched():
+    classify = get_classifier("re:QUERY_STRING:site=(?P<class>\\w+)")
+    assert classify({"QUERY_STRING": "a=1&site=blue&b=2"}) == "blue"
+
+
+def test_regex_no_match_or_missing_key_is_the_empty_class():
+    classify = get_classifier("re:PATH_INFO:^/(?P<class>[^/]+)")
+    assert classify({"PATH_INFO": "/"}) == ""
+    assert classify({"PATH_INFO": ""}) == ""
+    assert classify({}) == ""
+    assert classify({"PATH_INFO": None}) == ""
+
+
+def test_regex_optional_group_that_did_not_take_part():
+    classify = get_classifier("re:PATH_INFO:^/(x/(?P<class>\\w+))?")
+    assert classify({"PATH_INFO": "/x/abc"}) == "abc"
+    assert classify({"PATH_INFO": "/y"}) == ""
+
+
+def test_regex_pattern_may_contain_colons():
+    classify = get_classifier("re:HTTP_HOST:^(?P<class>[^:]+):\\d+$")
+    assert classify({"HTTP_HOST": "a.example:8080"}) == "a.example"
+    assert classify({"HTTP_HOST": "a.example"}) == ""
+
+
+def test_regex_non_string_values_are_searched_as_text():
+    classify = get_classifier("re:SERVER_PORT:(?P<class>\\d+)")
+    assert classify({"SERVER_PORT": 8080}) == "8080"
+
+
+def test_regex_classifier_name():
+    classify = regex_classifier("PATH_INFO", "(?P<class>.)")
+    assert classify.__name__ == "re:PATH_INFO:(?P<class>.)"
+
+
+# -- module:expr ------------------------------------------------------------------
+
+
+def test_module_expr_function_in_a_module():
+    classify = get_classifier("test_classifier:classify_by_method")
+    assert classify({"REQUEST_METHOD": "POST"}) == "post"
+
+
+def test_module_expr_attribute_path():
+    classify = get_classifier("test_classifier:Classifiers.first_segment")
+    assert classify({"PATH_INFO": "/docs/intro"}) == "docs"
+
+
+def test_module_expr_dotted_module():
+    assert get_classifier("os.path:basename") is os.path.basename
+    assert import_object("os:path.basename") is os.path.basename
+
+
+@pytest.mark.parametrize("spec", [
+    "", " ", "re:", "re:KEY", "re:KEY:", "re::(?P<class>x)", "re:KEY:(",
+    "re:KEY:(?P<class>", "re:KEY:x", "re:KEY:(?P<klass>x)", "re:KEY:(x)",
+    "nosuchmodule_zc_lb:x", "zc_lb.nosuchmodule:x", "os:nosuchattr", "os:path.nosuchattr",
+    "os:", ":basename", "os", "os:1abc", "os:path..basename", "os:path.", "os:a-b",
+    "os:sep", "test_classifier:NOT_CALLABLE", "os.path:sep",
+])
+def test_bad_specs(spec):
+    with pytest.raises(ConfigurationError):
+        get_classifier(spec)
+
+
+def test_bad_spec_messages_say_what_is_wrong():
+    with pytest.raises(ConfigurationError, match="class"):
+        get_classifier("re:KEY:(?P<klass>x)")
+    with pytest.raises(ConfigurationError, match="not callable"):
+        get_classifier("os:sep")
+    with pytest.raises(ConfigurationError, match="nosuchattr"):
+        get_classifier("os:nosuchattr")
+    with pytest.raises(ConfigurationError, match="nosuchmodule_zc_lb"):
+        get_classifier("nosuchmodule_zc_lb:x")
+
+
+@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
+    "bug: import_object catches only ImportError; a relative module name "
+    "('.foo:bar') makes importlib.import_module raise TypeError"))
+def test_relative_module_spec_is_a_configuration_error():
+    with pytest.raises(ConfigurationError):
+        get_classifier(".foo:bar")
