@@ -265,8 +265,8 @@ def _add_lb_parser(sub) -> None:
     p.add_argument("--unskilled-score", type=float, default=1.0)
     p.add_argument("--no-worker-timeout", type=float, default=30.0,
                    help="seconds to wait for a worker before answering 503")
-    p.add_argument("--max-request-body", type=int, default=None,
-                   help="answer 413 to larger Content-Length (bytes)")
+    p.add_argument("--max-request-body", type=int, default=2**30,
+                   help="answer 413 to a larger Content-Length (bytes, default 1 GiB)")
     p.add_argument("--access-log", metavar="FILE|-", help="Apache combined access log")
     p.add_argument("--status", metavar="HOST:PORT", help="serve the JSON status document")
     p.add_argument("--error-page", metavar="FILE", help="HTML page for 502 and 503")

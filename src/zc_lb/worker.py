@@ -85,7 +85,7 @@ def load_app(spec: str) -> Callable:
 class RequestInput(io.RawIOBase):
     """wsgi.input: the request body, read from an exchange as it arrives.
 
-    Bytes are granted back to the LB as the application reads them, so
+    Bytes are granted back to the LB as the application asks for them, so
     an upload proceeds at the application's pace.
     """
 
@@ -107,12 +107,12 @@ class RequestInput(io.RawIOBase):
             return False
         assert isinstance(message, Body)
         self._buffer += message.data
+        # Buffered here only because the application asked for it.
+        self._exchange.consumed(len(message.data))
         return True
 
     def _take(self, n: int) -> bytes:
         data, self._buffer = self._buffer[:n], self._buffer[n:]
-        if data:
-            self._exchange.consumed(len(data))
         return data
 
     def read(self, size: Optional[int] = -1) -> bytes:
