@@ -28,6 +28,13 @@ cached object ids; ``/_cacheapp/reset`` empties the cache and counters.
 Neither counts as a request. ``overlap()`` turns the stats of all workers
 into the share of cached objects held by more than one worker.
 
+Behind a balancer a stats URL reaches whichever worker the balancer
+picks, and a zc-lb worker does not speak HTTP at all. So each process can
+also serve just those two URLs on a side port of its own:
+``ZC_LB_CACHEAPP_STATS_LISTEN=127.0.0.1:9201`` (one address per worker
+process) starts that server when the module-level ``app`` is built, and
+``http://127.0.0.1:9201/_cacheapp/stats`` is then that worker's stats URL.
+
 Host it with ``zc-lb worker playback.cacheapp:app`` or
 ``python -m playback.cacheapp --listen 127.0.0.1:9001``. The module-level
 ``app`` is configured from the environment:
@@ -42,6 +49,7 @@ ZC_LB_CACHEAPP_OBJECTS_PER_REQUEST    10       objects a request touches
 ZC_LB_CACHEAPP_OBJECTS_PER_CLASS      1000     objects in a class's space
 ZC_LB_CACHEAPP_SKEW                   0        0: uniform, >0: skewed
 ZC_LB_CACHEAPP_WORKER_ID              host:pid name in X-Worker and stats
+ZC_LB_CACHEAPP_STATS_LISTEN           (none)   HOST:PORT of a side stats server
 ====================================  =======  ==========================
 """
 
@@ -205,14 +213,36 @@ def overlap(stats: Iterable[dict]) -> dict:
     }
 
 
+def stats_only(app):
+    """A WSGI app answering only the stats and reset URLs of a cacheapp."""
+
+    def stats_app(environ, start_response):
+        if environ.get("PATH_INFO") in (STATS_PATH, RESET_PATH):
+            return app(environ, start_response)
+        start_response("404 Not Found", [("Content-Type", "text/plain"), ("Content-Length", "10")])
+        return [b"not found\n"]
+
+    return stats_app
+
+
+def start_stats_server(app, listen: str):
+    """Serve the stats and reset URLs of ``app`` on ``listen`` (HOST:PORT); the server."""
+    from gevent.pywsgi import WSGIServer
+
+    host, _, port = listen.rpartition(":")
+    server = WSGIServer((host or "127.0.0.1", int(port)), stats_only(app), log=None)
+    server.start()
+    return server
+
+
 def app_from_environment(environ=os.environ):
-    """make_app() configured from ZC_LB_CACHEAPP_* variables."""
+    """make_app() configured from ZC_LB_CACHEAPP_* variables (and its stats server)."""
 
     def get(name, convert, default):
         value = environ.get(ENV_PREFIX + name)
         return convert(value) if value not in (None, "") else default
 
-    return make_app(
+    wsgi = make_app(
         cache_size=get("CACHE_SIZE", int, 1000),
         miss_cost=get("MISS_COST", float, 0.002),
         hit_cost=get("HIT_COST", float, 0.0),
@@ -221,9 +251,14 @@ def app_from_environment(environ=os.environ):
         skew=get("SKEW", float, 0.0),
         worker_id=get("WORKER_ID", str, None),
     )
+    listen = get("STATS_LISTEN", str, None)
+    if listen:
+        wsgi.stats_server = start_stats_server(wsgi, listen)
+    return wsgi
 
 
-app = app_from_environment()
+# Built on import, as hosts expect; not when run as a script, which builds its own.
+app = app_from_environment() if __name__ != "__main__" else None
 
 
 def main(argv=None) -> None:
@@ -241,10 +276,13 @@ def main(argv=None) -> None:
     parser.add_argument("--objects-per-class", type=int, default=1000)
     parser.add_argument("--skew", type=float, default=0.0)
     parser.add_argument("--worker-id")
+    parser.add_argument("--stats-listen", metavar="HOST:PORT", help="also serve stats on this side port")
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
     wsgi = make_app(args.cache_size, args.miss_cost, args.objects_per_request,
                     args.objects_per_class, args.hit_cost, args.skew, args.worker_id)
+    if args.stats_listen:
+        wsgi.stats_server = start_stats_server(wsgi, args.stats_listen)
     server = WSGIServer((host or "127.0.0.1", int(port)), wsgi, log=None)
     server.init_socket()
     server.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -159,12 +159,12 @@ def format_text(report: dict) -> str:
     parse = report.get("parse")
     if parse:
         skipped = sum(parse["skipped_methods"].values())
-        add("log         %d lines, %d entries, %d unparsable, %d skipped by method %s" % (
+        add("log         %d lines, %d entries, %d unparsable, %d skipped by method%s" % (
             parse["lines"], parse["entries"], parse["unparsable"], skipped,
             _counts(parse["skipped_methods"])))
         for example in parse["examples"]:
             add("  unparsable  " + example)
-    add("requests    %d sent, %d responses, %d errors %s" % (
+    add("requests    %d sent, %d responses, %d errors%s" % (
         report["requests"], report["responses"], report["errors"], _counts(report["error_kinds"])))
     for example in report["error_examples"]:
         add("  error       " + example)
@@ -181,6 +181,8 @@ def format_text(report: dict) -> str:
     if overlap:
         add("overlap     %.1f%% of %d cached objects on more than one of %d workers" % (
             overlap["overlap"] * 100.0, overlap["distinct"], overlap["workers"]))
+        for error in overlap.get("errors", ()):
+            add("  stats error " + error)
     pacing = report.get("pacing")
     if pacing:
         add("pacing      x%g, %d late (max lag %.3f s), %d backward steps, %d clock resets" % (
@@ -199,7 +201,7 @@ def format_text(report: dict) -> str:
 def _counts(counts: Dict[str, int]) -> str:
     if not counts:
         return ""
-    return "(" + ", ".join("%s %d" % item for item in counts.items()) + ")"
+    return " (" + ", ".join("%s %d" % item for item in counts.items()) + ")"
 
 
 def to_json(report: dict) -> str:
