@@ -49,7 +49,7 @@ from zc_lb.protocol import (
     new_hello,
 )
 
-PROPERTY = settings(max_examples=150, deadline=None)
+PROPERTY = settings(max_examples=150, deadline=None, database=None)
 
 # One or more examples of every message type, including edge values.
 EXAMPLES = [
