@@ -1,0 +1,163 @@
+"""Test tools, part of the library: real processes on loopback, and an
+in-memory LB<->worker connection pair.
+
+``WorkerProcess`` and ``LBProcess`` run ``zc-lb worker`` / ``zc-lb lb`` as
+real subprocesses, wait for the line that says where they listen, and
+stop them (SIGTERM, or SIGKILL to simulate a crash).  ``connection_pair``
+joins an LB-side and a worker-side ``Connection`` over a socketpair, for
+protocol tests that need no ports.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class Process:
+    """A zc-lb subprocess that announces its address on its first line."""
+
+    command = ""
+
+    def __init__(self, args: Sequence[str], env: Optional[Dict[str, str]] = None,
+                 stderr=None) -> None:
+        self.args = list(args)
+        self.env = env
+        self.stderr = stderr
+        self.process: Optional[subprocess.Popen] = None
+        self.address = ""
+        self.lines: List[str] = []
+
+    def start(self, timeout: float = 30.0) -> "Process":
+        """Start the process and wait until it listens."""
+        env = dict(os.environ)
+        env.update(self.env or {})
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "zc_lb.cli", self.command] + self.args,
+            stdout=subprocess.PIPE, stderr=self.stderr, env=env, text=True)
+        line = self._first_line(timeout)
+        prefix = "zc-lb %s listening on " % self.command
+        if not line.startswith(prefix):
+            self.kill()
+            raise RuntimeError("%s did not start: %r" % (self.command, line))
+        self.address = line[len(prefix):].strip()
+        threading.Thread(target=self._drain, daemon=True).start()
+        return self
+
+    def _first_line(self, timeout: float) -> str:
+        assert self.process is not None and self.process.stdout is not None
+        result: List[str] = []
+        reader = threading.Thread(target=lambda: result.append(self.process.stdout.readline()),
+                                  daemon=True)
+        reader.start()
+        reader.join(timeout)
+        return result[0] if result else ""
+
+    def _drain(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    @property
+    def url(self) -> str:
+        return "http://%s" % self.address
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM, and wait for the exit status."""
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, as far as everyone else can tell."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def rss(self) -> int:
+        """Resident set size in bytes, from /proc."""
+        with open("/proc/%d/statm" % self.pid) as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def __enter__(self) -> "Process":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.terminate(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def __repr__(self) -> str:
+        return "<%s %s pid=%s>" % (type(self).__name__, self.address or "unstarted",
+                                   self.process.pid if self.process else None)
+
+
+class WorkerProcess(Process):
+    """``zc-lb worker APP ARGS...``"""
+
+    command = "worker"
+
+    def __init__(self, app: str, *args: str, **kw) -> None:
+        super().__init__([app] + list(args), **kw)
+
+
+class LBProcess(Process):
+    """``zc-lb lb --listen 127.0.0.1:0 --worker W... ARGS...``"""
+
+    command = "lb"
+
+    def __init__(self, workers: Sequence[str], *args: str, **kw) -> None:
+        argv = ["--listen", "127.0.0.1:0"]
+        for worker in workers:
+            argv += ["--worker", worker]
+        super().__init__(argv + list(args), **kw)
+
+
+def connection_pair(lb_handler, worker_handler, secret: Optional[bytes] = None,
+                    worker_secret: Optional[bytes] = None, **kw) -> Tuple:
+    """An LB-side and a worker-side Connection joined by a socketpair,
+    handshaken and started (gevent)."""
+    import gevent
+    import gevent.socket
+
+    from .connection import Connection
+
+    a, b = gevent.socket.socketpair()
+    lb = Connection(a, "lb", lb_handler, peer="worker", secret=secret, **kw)
+    worker = Connection(b, "worker", worker_handler, peer="lb",
+                        secret=secret if worker_secret is None else worker_secret, **kw)
+    jobs = [gevent.spawn(lb.handshake, 5), gevent.spawn(worker.handshake, 5)]
+    gevent.joinall(jobs, raise_error=True)
+    lb.start()
+    worker.start()
+    return lb, worker
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02,
+             message: str = "condition") -> None:
+    """Poll ``predicate`` until true; AssertionError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out waiting for %s" % message)
+        time.sleep(interval)

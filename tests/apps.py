@@ -1,0 +1,73 @@
+"""WSGI applications that the end-to-end tests run in real worker processes.
+
+One app, dispatching on the path:
+
+    /            who served it: worker address and request class
+    /slow?S      sleeps S seconds (gevent) first
+    /count       reads the body in chunks; answers how many bytes came
+    /big?MB      streams MB mebibytes
+    /error       raises
+    /upload-slow reads the body slowly; writes a mark file if cancelled
+"""
+
+import os
+
+import gevent
+
+MIB = 1024 * 1024
+CHUNK = b"z" * MIB
+
+
+def _text(start_response, text, status="200 OK"):
+    body = text.encode()
+    start_response(status, [("Content-Type", "text/plain"),
+                            ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def _mark(name):
+    directory = os.environ.get("ZC_LB_TEST_MARKS")
+    if directory:
+        with open(os.path.join(directory, name), "w") as f:
+            f.write(str(os.getpid()))
+
+
+def _count(environ):
+    read = environ["wsgi.input"].read
+    total = 0
+    while True:
+        data = read(65536)
+        if not data:
+            return total
+        total += len(data)
+
+
+def _upload_slow(environ, start_response):
+    try:
+        read = environ["wsgi.input"].read
+        while read(4096):
+            gevent.sleep(0.05)
+    except BaseException:
+        _mark("cancelled")
+        raise
+    return _text(start_response, "done")
+
+
+def app(environ, start_response):
+    path = environ["PATH_INFO"]
+    query = environ.get("QUERY_STRING", "")
+    if path == "/slow":
+        gevent.sleep(float(query or 1))
+    elif path == "/count":
+        return _text(start_response, str(_count(environ)))
+    elif path == "/big":
+        megabytes = int(query or 1)
+        start_response("200 OK", [("Content-Type", "application/octet-stream"),
+                                  ("Content-Length", str(megabytes * MIB))])
+        return (CHUNK for _ in range(megabytes))
+    elif path == "/error":
+        raise RuntimeError("application failure, on purpose")
+    elif path == "/upload-slow":
+        return _upload_slow(environ, start_response)
+    return _text(start_response, "%s %s\n" % (
+        environ.get("zc_lb.worker"), environ.get("zc_lb.request_class")))
