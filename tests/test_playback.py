@@ -192,6 +192,20 @@ def test_app_from_environment():
     assert app.stats()["worker"] == "w9"
 
 
+def test_side_stats_server():
+    app = cacheapp.app_from_environment({
+        "ZC_LB_CACHEAPP_WORKER_ID": "side", "ZC_LB_CACHEAPP_STATS_LISTEN": "127.0.0.1:0"})
+    server = app.stats_server
+    try:
+        with gevent.Timeout(10):
+            result = cache_overlap(["http://127.0.0.1:%d%s" % (server.server_port, cacheapp.STATS_PATH),
+                                    "http://127.0.0.1:%d/elsewhere" % server.server_port])
+    finally:
+        server.stop(timeout=1)
+    assert list(result["per_worker"]) == ["side"]
+    assert len(result["errors"]) == 1 and "404" in result["errors"][0]
+
+
 def test_overlap():
     stats = [{"worker": "1", "objects": ["a", "b", "c"]},
              {"worker": "2", "objects": ["c", "d"]},
