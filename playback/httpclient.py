@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import socket as _stdsocket
 import urllib.parse
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import gevent
 import gevent.socket
@@ -65,7 +65,7 @@ class Connection:
         self.port = port
         self.timeout = timeout
         self.ssl_context = ssl_context
-        self.sock = None
+        self.sock: Any = None  # a gevent socket (or SSL socket) while connected
         self.buffer = b""
         self.connects = 0
         self.keep_body = False  # keep the last body in ``body`` (small responses)

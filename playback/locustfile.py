@@ -30,6 +30,7 @@ import logging
 import os
 import socket
 import sys
+from typing import Iterator, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -38,7 +39,7 @@ import geventhttpclient.connectionpool  # noqa: E402
 from locust import FastHttpUser, constant, events, task  # noqa: E402
 from locust.exception import StopUser  # noqa: E402
 
-from playback.logparse import DEFAULT_HOST_SUFFIX, FORMATS, LogReader  # noqa: E402
+from playback.logparse import DEFAULT_HOST_SUFFIX, FORMATS, Entry, LogReader  # noqa: E402
 
 log = logging.getLogger("playback.locustfile")
 
@@ -50,15 +51,15 @@ def _create_tcp_socket(self, family, socktype, protocol):
     return sock
 
 
-geventhttpclient.connectionpool.ConnectionPool._create_tcp_socket = _create_tcp_socket
+geventhttpclient.connectionpool.ConnectionPool._create_tcp_socket = _create_tcp_socket  # type: ignore[method-assign]
 
 
 class _Feed:
     """The shared position in the log, and the cache-model sums."""
 
     def __init__(self) -> None:
-        self.reader = None
-        self.iterator = None
+        self.reader: Optional[LogReader] = None
+        self.iterator: Optional[Iterator[Entry]] = None
         self.loop = False
         self.stopping = False
         self.responses = self.hits = self.misses = 0

@@ -114,7 +114,7 @@ class Replay:
         return self.recorder.report(duration, self.top, **self._settings())
 
     def _settings(self) -> dict:
-        settings = {"target": self.target, "mode": "paced" if self.pacer else "fast",
+        settings: dict = {"target": self.target, "mode": "paced" if self.pacer else "fast",
                     "concurrency": self.concurrency, "max_requests": self.max_requests,
                     "max_seconds": self.max_seconds}
         if self.pacer is not None:

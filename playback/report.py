@@ -76,10 +76,10 @@ class Recorder:
         worker = headers.get("x-worker")
         if worker is not None:
             self.workers[worker] += 1
-        misses = headers.get("x-cache-misses")
-        if misses is not None:
+        missed = headers.get("x-cache-misses")
+        if missed is not None:
             try:
-                hits, misses = int(headers.get("x-cache-hits", 0)), int(misses)
+                hits, misses = int(headers.get("x-cache-hits") or 0), int(missed)
             except ValueError:
                 return
             self.cache_responses += 1
@@ -152,7 +152,7 @@ def _latency_line(latency: dict) -> str:
 
 def format_text(report: dict) -> str:
     """The report for a terminal."""
-    out = []
+    out: List[str] = []
     add = out.append
     add("target      %s (%s, concurrency %s)" % (
         report.get("target", "?"), report.get("mode", "?"), report.get("concurrency", "?")))
