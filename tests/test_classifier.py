@@ -152,9 +152,6 @@ def test_bad_spec_messages_say_what_is_wrong():
         get_classifier("nosuchmodule_zc_lb:x")
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-    "bug: import_object catches only ImportError; a relative module name "
-    "('.foo:bar') makes importlib.import_module raise TypeError"))
 def test_relative_module_spec_is_a_configuration_error():
     with pytest.raises(ConfigurationError):
         get_classifier(".foo:bar")

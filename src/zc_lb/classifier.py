@@ -71,7 +71,7 @@ def import_object(spec: str) -> object:
         raise ConfigurationError("expected module:expr, got %r" % spec)
     try:
         obj: object = importlib.import_module(module_name)
-    except ImportError as exc:
+    except (ImportError, TypeError, ValueError) as exc:
         raise ConfigurationError("cannot import %r from %r: %s" % (module_name, spec, exc))
     for name in expr.split("."):
         if not name.isidentifier():

@@ -79,6 +79,9 @@ class PoolWorker:
 def _check_settings(
     variance: float, backlog_history: int, unskilled_score: float
 ) -> None:
+    for name, value in (("variance", variance), ("unskilled_score", unskilled_score)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigurationError("%s must be a number, got %r" % (name, value))
     if not variance > 0:
         raise ConfigurationError("variance must be > 0, got %r" % (variance,))
     if not (isinstance(backlog_history, int) and backlog_history >= 1):
@@ -121,12 +124,12 @@ class Pool:
         unskilled_score: Optional[float] = None,
     ) -> None:
         """Change settings at run time; None leaves a setting as it is."""
-        new_variance = self.variance if variance is None else float(variance)
+        new_variance = self.variance if variance is None else variance
         new_history = (
             self.backlog_history if backlog_history is None else backlog_history
         )
         new_unskilled = (
-            self.unskilled_score if unskilled_score is None else float(unskilled_score)
+            self.unskilled_score if unskilled_score is None else unskilled_score
         )
         _check_settings(new_variance, new_history, new_unskilled)
         self.variance = new_variance
@@ -176,7 +179,7 @@ class Pool:
         clean = {}
         for rclass, score in resume.items():
             score = float(score)
-            if score > 0:
+            if score > 0 and score != float("inf"):
                 clean[str(rclass)] = score
         worker.resume = clean
         for rclass, score in clean.items():

@@ -204,7 +204,8 @@ NEED_DATA = NeedData()
 
 
 def _json(obj: object) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
 
 
 def _frame(rno: int, mtype: int, payload: bytes) -> bytes:
@@ -213,6 +214,13 @@ def _frame(rno: int, mtype: int, payload: bytes) -> bytes:
 
 def encode(message: Message) -> bytes:
     """The bytes of one message, header included."""
+    try:
+        return _encode(message)
+    except (struct.error, ValueError, TypeError) as exc:
+        raise LocalProtocolError("cannot encode %r: %s" % (message, exc))
+
+
+def _encode(message: Message) -> bytes:
     if isinstance(message, Body):
         return _frame(message.rno, Body.TYPE, message.data)
     if isinstance(message, (End, Cancel)):
@@ -247,11 +255,15 @@ def body_header(rno: int, length: int) -> bytes:
 # -- decoding -----------------------------------------------------------
 
 
+def _reject_constant(name: str) -> object:
+    raise ValueError("%s is not allowed" % name)
+
+
 def _load_json(payload: bytes, what: str) -> object:
     try:
-        return json.loads(payload.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise RemoteProtocolError("bad %s payload: %s" % (what, exc))
+        return json.loads(payload.decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise RemoteProtocolError("bad %s payload: %s" % (what, str(exc)[:200]))
 
 
 def _string_dict(obj: object, what: str) -> Dict[str, str]:
@@ -290,7 +302,10 @@ def _decode_resume(rno: int, payload: bytes) -> Resume:
     for rclass, score in obj.items():
         if isinstance(score, bool) or not isinstance(score, (int, float)):
             raise RemoteProtocolError("résumé score for %r is not a number" % rclass)
-        skills[rclass] = float(score)
+        try:
+            skills[rclass] = float(score)
+        except OverflowError:
+            raise RemoteProtocolError("résumé score for %r is out of range" % rclass)
     return Resume(skills)
 
 
@@ -405,7 +420,12 @@ class Decoder:
             return NEED_DATA
         payload = bytes(buf[pos + HEADER_SIZE:end])
         self._pos = end
-        return _DECODERS[mtype](rno, payload)
+        try:
+            return _DECODERS[mtype](rno, payload)
+        except RemoteProtocolError:
+            raise
+        except Exception as exc:  # whatever a hostile payload provokes
+            raise RemoteProtocolError("bad payload in frame type %d: %r" % (mtype, exc))
 
     def _compact(self) -> None:
         if self._pos:
@@ -441,7 +461,7 @@ def check_hello(ours: Hello, theirs: Hello) -> None:
 def check_auth(secret: bytes, ours: Hello, theirs: Hello, auth: Auth) -> None:
     """Raise AuthenticationError unless ``auth`` proves the secret."""
     expected = auth_digest(secret, ours.nonce, theirs.role)
-    if not hmac.compare_digest(expected, auth.digest):
+    if not auth.digest.isascii() or not hmac.compare_digest(expected, auth.digest):
         raise AuthenticationError("peer failed the shared-secret challenge")
 
 
