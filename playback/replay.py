@@ -99,11 +99,14 @@ class Replay:
             self.deadline = self.start + self.max_seconds
         clients = [gevent.spawn(self._client, queue) for _ in range(self.concurrency)]
         bar = gevent.spawn(self._progress) if self.progress is not None else None
+        interrupted = False
         try:
             self._dispatch(queue)
             for _ in clients:
                 queue.put(_STOP)
             gevent.joinall(clients, timeout=self.timeout + 5.0)
+        except KeyboardInterrupt:  # Ctrl-C: stop now, and report what was done
+            interrupted = True
         finally:
             gevent.killall(clients)
             if bar is not None:
@@ -111,7 +114,7 @@ class Replay:
                 self.progress.write("\r\x1b[K")
                 self.progress.flush()
         duration = time.perf_counter() - self.start
-        return self.recorder.report(duration, self.top, **self._settings())
+        return self.recorder.report(duration, self.top, interrupted=interrupted, **self._settings())
 
     def _settings(self) -> dict:
         settings: dict = {"target": self.target, "mode": "paced" if self.pacer else "fast",

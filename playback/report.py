@@ -164,6 +164,8 @@ def format_text(report: dict) -> str:
             _counts(parse["skipped_methods"])))
         for example in parse["examples"]:
             add("  unparsable  " + example)
+    if report.get("interrupted"):
+        add("INTERRUPTED before the end")
     add("requests    %d sent, %d responses, %d errors%s" % (
         report["requests"], report["responses"], report["errors"], _counts(report["error_kinds"])))
     for example in report["error_examples"]:
