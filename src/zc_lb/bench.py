@@ -1,0 +1,367 @@
+"""``make bench``: zc-lb against HAProxy, measured side by side in one run.
+
+Method (see "Performance method" in DESIGN.md): every number is taken in
+one process run on one machine, and the ones that matter are ratios, not
+absolute times.  Three targets serve the same trivial WSGI app
+(``hello_app``, a fixed 13-byte body), one after the other, all on
+127.0.0.1:
+
+  zc-lb    ``zc-lb lb`` in front of two ``zc-lb worker`` processes;
+  haproxy  HAProxy 2.6 (``etc/haproxy-bench.cfg``: one thread, ``balance
+           leastconn``, keep-alive) in front of two gevent.pywsgi servers;
+  direct   one gevent.pywsgi server, no balancer: the ceiling.
+
+Each target gets a short wrk warm-up, then one measured wrk run with the
+same settings (``wrk -t1 -cC -dNs --latency``).  Requests per second and
+latency percentiles come from wrk; CPU per request is the balancer's (and
+the workers') utime+stime from /proc/PID/stat over the measured run,
+divided by the requests wrk completed.  The pywsgi servers set
+TCP_NODELAY on accepted sockets and do not log.
+
+Weak spots: wrk, the balancer and the workers share the machine's cores,
+so throughput depends on how many there are; /proc counts CPU in clock
+ticks (usually 10 ms), so runs shorter than a few seconds give coarse CPU
+figures.  There is no target yet; the bench only reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Tuple
+
+BODY = b"Hello, world\n"
+HAPROXY_TEMPLATE = Path(__file__).resolve().parents[2] / "etc" / "haproxy-bench.cfg"
+SERVE_READY = "zc-lb bench server listening on "
+TARGETS = ("zc-lb", "haproxy", "direct")
+
+
+class BenchError(Exception):
+    """The bench cannot run or a target misbehaved; the message says why."""
+
+
+def hello_app(environ, start_response):
+    """The trivial app every target serves: a small fixed body."""
+    start_response("200 OK", [("Content-Type", "text/plain"),
+                              ("Content-Length", str(len(BODY)))])
+    return [BODY]
+
+
+# -- the pywsgi server behind HAProxy and for "direct" ------------------
+
+
+def serve(address: str) -> None:
+    """Serve ``hello_app`` with gevent.pywsgi on HOST:PORT until SIGTERM."""
+    import gevent
+    import gevent.pywsgi
+
+    class NoDelayHandler(gevent.pywsgi.WSGIHandler):
+        def __init__(self, sock, *args, **kwargs):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            super().__init__(sock, *args, **kwargs)
+
+    host, port = address.rsplit(":", 1)
+    server = gevent.pywsgi.WSGIServer((host, int(port)), hello_app, log=None,
+                                      handler_class=NoDelayHandler)
+    server.start()
+    print(SERVE_READY + "%s:%d" % server.address[:2], flush=True)
+    gevent.signal_handler(signal.SIGTERM, server.stop, 1)
+    server.serve_forever()
+
+
+# -- processes ----------------------------------------------------------
+
+
+def start_process(argv: List[str], ready: str, timeout: float = 30.0) -> Tuple[subprocess.Popen, str]:
+    """Start ``argv``, wait for the stdout line starting with ``ready``,
+    return (process, the HOST:PORT that ends that line)."""
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line.startswith(ready):
+        stop_process(process)
+        raise BenchError("%s did not start (said %r)" % (" ".join(argv), line))
+    return process, line.split()[-1]
+
+
+def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Terminate the process we started; kill it if it lingers."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout)
+    if process.stdout is not None:
+        process.stdout.close()
+
+
+@contextlib.contextmanager
+def running(argv: List[str], ready: str) -> Iterator[Tuple[subprocess.Popen, str]]:
+    """``start_process`` as a context: the process is stopped on exit."""
+    process, address = start_process(argv, ready)
+    try:
+        yield process, address
+    finally:
+        stop_process(process)
+
+
+def free_port() -> int:
+    """An ephemeral port that was free a moment ago (HAProxy needs a number)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(address: str, process: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Wait until ``address`` accepts connections, or fail if ``process`` dies."""
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise BenchError("%s exited with status %s" % (process.args[0], process.returncode))
+        with contextlib.suppress(OSError), socket.create_connection((host, int(port)), 0.5):
+            return
+        time.sleep(0.05)
+    raise BenchError("nothing listens on %s after %.0f s" % (address, timeout))
+
+
+# -- the three targets ---------------------------------------------------
+#
+# Each yields (url, balancer pids, worker pids) and stops what it started.
+
+
+Target = Tuple[str, List[int], List[int]]
+
+
+@contextlib.contextmanager
+def zc_lb_target(args: argparse.Namespace) -> Iterator[Target]:
+    with contextlib.ExitStack() as stack:
+        workers = [stack.enter_context(running(
+            [sys.executable, "-m", "zc_lb.cli", "--log-level", "WARNING", "worker",
+             "zc_lb.bench:hello_app"], "zc-lb worker listening on ")) for _ in range(2)]
+        argv = [sys.executable, "-m", "zc_lb.cli", "--log-level", "WARNING", "lb",
+                "--listen", "127.0.0.1:0", "--policy", args.policy]
+        for _, address in workers:
+            argv += ["--worker", address]
+        lb, address = stack.enter_context(running(argv, "zc-lb lb listening on "))
+        yield "http://%s/" % address, [lb.pid], [p.pid for p, _ in workers]
+
+
+def serve_argv() -> List[str]:
+    return [sys.executable, "-m", "zc_lb.bench", "serve", "127.0.0.1:0"]
+
+
+@contextlib.contextmanager
+def haproxy_target(args: argparse.Namespace) -> Iterator[Target]:
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(running(serve_argv(), SERVE_READY)) for _ in range(2)]
+        listen = "127.0.0.1:%d" % free_port()
+        cfg = stack.enter_context(tempfile.NamedTemporaryFile(
+            "w", prefix="zc-lb-haproxy-", suffix=".cfg"))
+        cfg.write(haproxy_config(args.haproxy_config, listen, [a for _, a in servers]))
+        cfg.flush()
+        process = subprocess.Popen([args.haproxy, "-f", cfg.name, "-db"],
+                                   stdout=subprocess.DEVNULL)
+        stack.callback(stop_process, process)
+        wait_for_port(listen, process)
+        yield "http://%s/" % listen, [process.pid], [p.pid for p, _ in servers]
+
+
+def haproxy_config(template: str, listen: str, servers: List[str]) -> str:
+    """The HAProxy config: ``template`` with its ports filled in."""
+    text = Path(template).read_text(encoding="utf-8")
+    return string.Template(text).substitute(
+        listen=listen, server1=servers[0], server2=servers[1])
+
+
+@contextlib.contextmanager
+def direct_target(args: argparse.Namespace) -> Iterator[Target]:
+    with running(serve_argv(), SERVE_READY) as (process, address):
+        yield "http://%s/" % address, [], [process.pid]
+
+
+TARGET_FACTORIES = {"zc-lb": zc_lb_target, "haproxy": haproxy_target, "direct": direct_target}
+
+
+# -- measuring -------------------------------------------------------------
+
+
+def cpu_seconds(pids: List[int]) -> float:
+    """utime + stime of the processes ``pids``, in seconds, from /proc."""
+    ticks = 0
+    for pid in pids:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60000.0, "h": 3600000.0}
+
+
+def _ms(text: str) -> float:
+    number, unit = re.fullmatch(r"([\d.]+)(us|ms|s|m|h)", text).groups()  # type: ignore[union-attr]
+    return float(number) * UNITS[unit]
+
+
+def parse_wrk(output: str) -> Dict[str, float]:
+    """Requests/sec, requests completed, errors and p50/p99 (ms) from
+    ``wrk --latency`` output."""
+    rps = re.search(r"^Requests/sec:\s+([\d.]+)", output, re.M)
+    requests = re.search(r"^\s*(\d+) requests in", output, re.M)
+    p50 = re.search(r"^\s+50%\s+(\S+)", output, re.M)
+    p99 = re.search(r"^\s+99%\s+(\S+)", output, re.M)
+    if not (rps and requests and p50 and p99):
+        raise BenchError("cannot read wrk's output:\n" + output)
+    errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", output))
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
+    return {"rps": float(rps.group(1)), "requests": int(requests.group(1)),
+            "errors": errors + (int(non2xx.group(1)) if non2xx else 0),
+            "p50_ms": _ms(p50.group(1)), "p99_ms": _ms(p99.group(1))}
+
+
+def run_wrk(wrk: str, url: str, seconds: int, connections: int) -> str:
+    """Run wrk once against ``url``; its output."""
+    argv = [wrk, "-t1", "-c%d" % connections, "-d%ds" % seconds, "--latency", url]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 30)
+    if done.returncode != 0:
+        raise BenchError("%s failed: %s" % (" ".join(argv), done.stderr.strip()))
+    return done.stdout
+
+
+def check_response(url: str) -> None:
+    """One GET before loading a target: a broken setup that answers 502
+    quickly must not pass for a fast one."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        body = response.read()
+    if response.status != 200 or body != BODY:
+        raise BenchError("%s answered %s %r" % (url, response.status, body[:80]))
+
+
+def measure(name: str, args: argparse.Namespace) -> Dict[str, object]:
+    """Start target ``name``, warm it up, measure it, stop it."""
+    with TARGET_FACTORIES[name](args) as (url, lb_pids, worker_pids):
+        check_response(url)
+        run_wrk(args.wrk, url, args.warmup, args.connections)
+        before = cpu_seconds(lb_pids), cpu_seconds(worker_pids)
+        result: Dict[str, object] = dict(parse_wrk(
+            run_wrk(args.wrk, url, args.seconds, args.connections)))
+        after = cpu_seconds(lb_pids), cpu_seconds(worker_pids)
+    requests = max(int(result["requests"]), 1)  # type: ignore[call-overload]
+    result["lb_cpu_us_per_req"] = (after[0] - before[0]) * 1e6 / requests if lb_pids else None
+    result["worker_cpu_us_per_req"] = (after[1] - before[1]) * 1e6 / requests
+    result["target"] = name
+    return result
+
+
+# -- reporting ------------------------------------------------------------
+
+
+def ratios(results: List[Dict[str, object]]) -> Dict[str, Optional[float]]:
+    """zc-lb's throughput relative to HAProxy and to the direct server."""
+    rps = {r["target"]: float(r["rps"]) for r in results}  # type: ignore[arg-type]
+
+    def ratio(other: str) -> Optional[float]:
+        if "zc-lb" in rps and rps.get(other):
+            return rps["zc-lb"] / rps[other]
+        return None
+
+    return {"zc-lb / HAProxy": ratio("haproxy"), "zc-lb / direct": ratio("direct")}
+
+
+def _cell(value: object, fmt: str) -> str:
+    return "-" if value is None else fmt % value
+
+
+def format_table(results: List[Dict[str, object]]) -> str:
+    """The results as a plain-text table followed by the ratios."""
+    head = "%-8s %10s %9s %9s %14s %15s %7s" % (
+        "target", "req/s", "p50 ms", "p99 ms", "LB CPU us/req", "wkr CPU us/req", "errors")
+    lines = [head, "-" * len(head)]
+    for r in results:
+        lines.append("%-8s %10.0f %9.2f %9.2f %14s %15s %7d" % (
+            r["target"], r["rps"], r["p50_ms"], r["p99_ms"],
+            _cell(r["lb_cpu_us_per_req"], "%.1f"), _cell(r["worker_cpu_us_per_req"], "%.1f"),
+            r["errors"]))
+    for label, value in ratios(results).items():
+        lines.append("%s throughput ratio: %s" % (label, _cell(value, "%.3f")))
+    return "\n".join(lines)
+
+
+def find_tool(name: str, package: str) -> str:
+    """The path of a required program, or a BenchError saying how to get it."""
+    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin")
+    if path is None:
+        raise BenchError("%s not found: install it with `apt-get install %s`" % (name, package))
+    return path
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    args.wrk = find_tool("wrk", "wrk")
+    if "haproxy" in args.targets:
+        args.haproxy = find_tool("haproxy", "haproxy")
+    results = [measure(name, args) for name in args.targets]
+    if args.json:
+        print(json.dumps({"settings": {"seconds": args.seconds, "connections": args.connections,
+                                       "warmup": args.warmup, "policy": args.policy,
+                                       "cpus": os.cpu_count()},
+                          "results": results, "ratios": ratios(results)}, indent=2))
+    else:
+        print("wrk -t1 -c%d -d%ds, %ds warm-up, %s CPUs, zc-lb policy %s" % (
+            args.connections, args.seconds, args.warmup, os.cpu_count(), args.policy))
+        print(format_table(results))
+    return 0
+
+
+# -- command line ---------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m zc_lb.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=int, default=5, help="measured seconds per target")
+    parser.add_argument("--warmup", type=int, default=1, help="warm-up seconds per target")
+    parser.add_argument("--connections", type=int, default=50, help="wrk connections")
+    parser.add_argument("--policy", choices=("resume", "classless"), default="resume")
+    parser.add_argument("--targets", default=",".join(TARGETS),
+                        help="comma-separated subset of %s" % ",".join(TARGETS))
+    parser.add_argument("--haproxy-config", default=str(HAPROXY_TEMPLATE),
+                        help="HAProxy config template ($listen, $server1, $server2)")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"] and len(argv) == 2:
+        serve(argv[1])
+        return 0
+    args = build_parser().parse_args(argv)
+    args.targets = [t for t in args.targets.split(",") if t]
+    unknown = set(args.targets) - set(TARGETS)
+    if unknown or args.seconds < 1 or args.warmup < 1 or args.connections < 1:
+        build_parser().error("bad --targets %s, or a count below 1" % ",".join(sorted(unknown)))
+    try:
+        return run_bench(args)
+    except BenchError as exc:
+        print("zc-lb bench: error: %s" % exc, file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
