@@ -1,0 +1,361 @@
+"""End to end: real worker and LB processes on loopback.
+
+The client side uses plain threads and http.client, so nothing here shares
+the processes' event loops.
+"""
+
+import concurrent.futures
+import http.client
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from zc_lb.testing import LBProcess, WorkerProcess, free_port, wait_for
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+APP = "apps:app"
+ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def start_workers(n, *args, env=None):
+    workers = []
+    for _ in range(n):
+        workers.append(WorkerProcess(APP, *args, env=dict(ENV, **(env or {}))).start())
+    return workers
+
+
+@pytest.fixture
+def cluster(request):
+    """Start workers and an LB; everything is stopped after the test."""
+    started = []
+
+    def make(n_workers=2, lb_args=(), worker_args=(), env=None):
+        workers = start_workers(n_workers, *worker_args, env=env)
+        started.extend(workers)
+        status_port = free_port()
+        lb = LBProcess([w.address for w in workers], "--status", "127.0.0.1:%d" % status_port,
+                       *lb_args).start()
+        lb.status_address = "127.0.0.1:%d" % status_port
+        started.append(lb)
+        wait_for(lambda: connected(lb) == len(workers), message="LB connected to workers")
+        return lb, workers
+
+    yield make
+    for process in reversed(started):
+        process.kill()
+
+
+def status(lb):
+    with urllib.request.urlopen("http://%s/" % lb.status_address, timeout=5) as response:
+        return json.load(response)
+
+
+def connected(lb):
+    try:
+        return sum(1 for w in status(lb)["workers"].values() if w.get("in_pool"))
+    except OSError:
+        return 0
+
+
+def request(lb, path="/", host="a.example", method="GET", body=None, headers=None,
+            timeout=20):
+    """(status, body text, headers) of one request on a new connection."""
+    connection = http.client.HTTPConnection(*lb.address.split(":"), timeout=timeout)
+    try:
+        connection.request(method, path, body=body, headers=dict({"Host": host}, **(headers or {})))
+        response = connection.getresponse()
+        return response.status, response.read().decode("latin-1"), dict(response.getheaders())
+    finally:
+        connection.close()
+
+
+def served_by(text):
+    return text.split()[0]
+
+
+def raw_exchange(address, data, timeout=5):
+    """Send raw bytes, return what comes back until the server closes."""
+    host, port = address.split(":")
+    with socket.create_connection((host, int(port)), timeout=timeout) as sock:
+        sock.sendall(data)
+        chunks = []
+        try:
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        except socket.timeout:
+            pass
+        return b"".join(chunks)
+
+
+# -- routing ----------------------------------------------------------------
+
+
+def test_one_class_sticks_to_one_worker_under_light_load(cluster):
+    lb, workers = cluster(3)
+    servers = {served_by(request(lb, host="a.example")[1]) for _ in range(20)}
+    assert len(servers) == 1
+    other = {served_by(request(lb, host="www.B.example:80")[1]) for _ in range(20)}
+    assert len(other) == 1
+    status_doc = status(lb)
+    skilled = [addr for addr, w in status_doc["workers"].items() if "b.example" in w["skills"]]
+    assert skilled == list(other)
+
+
+def test_a_class_over_its_cap_spreads_to_more_workers(cluster):
+    lb, workers = cluster(4, lb_args=("--variance", "1"))
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(lambda _: request(lb, "/slow?0.3", host="hot.example"),
+                                range(64)))
+    assert {r[0] for r in results} == {200}
+    servers = {served_by(r[1]) for r in results}
+    assert len(servers) >= 3, servers
+    skilled = [a for a, w in status(lb)["workers"].items() if "hot.example" in w["skills"]]
+    assert len(skilled) >= 3
+
+
+# -- failure ----------------------------------------------------------------
+
+
+def busiest_worker(lb, workers):
+    doc = status(lb)["workers"]
+    address = max(doc, key=lambda a: doc[a].get("backlog", 0))
+    return next(w for w in workers if w.address == address), doc[address].get("backlog", 0)
+
+
+def test_sigkill_with_requests_in_flight_retries_gets_and_fails_posts(cluster):
+    lb, workers = cluster(3, lb_args=("--variance", "4"))
+    with concurrent.futures.ThreadPoolExecutor(24) as pool:
+        gets = [pool.submit(request, lb, "/slow?1.5", "k%d.example" % (i % 4))
+                for i in range(12)]
+        posts = [pool.submit(request, lb, "/slow?1.5", "k%d.example" % (i % 4), "POST", b"x")
+                 for i in range(12)]
+        wait_for(lambda: status(lb)["in_flight"] == 24, message="24 requests in flight")
+        victim, backlog = busiest_worker(lb, workers)
+        assert backlog > 0
+        victim.kill()
+        get_results = [f.result(timeout=30) for f in gets]
+        post_results = [f.result(timeout=30) for f in posts]
+    assert [r[0] for r in get_results] == [200] * 12
+    assert all(served_by(r[1]) != victim.address for r in get_results)
+    post_statuses = [r[0] for r in post_results]
+    assert set(post_statuses) <= {200, 502}
+    assert 502 in post_statuses
+    assert status(lb)["retries"] >= 1
+
+
+def test_worker_restarted_with_its_resume_file_has_its_skills_back(cluster, tmp_path):
+    resume_file = str(tmp_path / "resume.json")
+    port = free_port()
+    worker = WorkerProcess(APP, "--listen", "127.0.0.1:%d" % port, "--history", "5",
+                           "--resume-file", resume_file, env=ENV).start()
+    lb = LBProcess([worker.address], "--status", "127.0.0.1:%d" % free_port()).start()
+    lb.status_address = lb.args[lb.args.index("--status") + 1]
+    try:
+        wait_for(lambda: connected(lb) == 1)
+        for _ in range(10):
+            assert request(lb, host="skilled.example")[0] == 200
+        wait_for(lambda: os.path.exists(resume_file))
+        assert "skilled.example" in json.load(open(resume_file))
+        assert worker.terminate() == 0
+        wait_for(lambda: connected(lb) == 0)
+        worker = WorkerProcess(APP, "--listen", "127.0.0.1:%d" % port, "--history", "5",
+                               "--resume-file", resume_file, env=ENV).start()
+        wait_for(lambda: connected(lb) == 1, timeout=15)
+        wait_for(lambda: "skilled.example" in
+                 status(lb)["workers"][worker.address].get("skills", {}), timeout=2,
+                 message="skills back right after reconnecting")
+    finally:
+        worker.kill()
+        lb.kill()
+
+
+def test_no_worker_gives_503_after_the_timeout(tmp_path):
+    page = tmp_path / "sorry.html"
+    page.write_text("<h1>come back soon</h1>")
+    with LBProcess(["127.0.0.1:%d" % free_port()], "--no-worker-timeout", "0.5",
+                   "--error-page", str(page)) as lb:
+        started = time.monotonic()
+        code, text, _ = request(lb)
+        assert code == 503
+        assert "come back soon" in text
+        assert 0.4 < time.monotonic() - started < 5
+
+
+def test_application_error_is_a_500_and_the_worker_stays_up(cluster):
+    lb, workers = cluster(1)
+    code, _, _ = request(lb, "/error")
+    assert code == 500
+    code, text, _ = request(lb, "/")
+    assert code == 200 and served_by(text) == workers[0].address
+
+
+def test_worker_lost_mid_body_closes_the_client_connection(cluster):
+    lb, workers = cluster(1)
+    connection = http.client.HTTPConnection(*lb.address.split(":"), timeout=20)
+    connection.request("GET", "/big?500", headers={"Host": "a.example"})
+    response = connection.getresponse()
+    assert response.status == 200
+    response.read(1024 * 1024)
+    workers[0].kill()
+    with pytest.raises(http.client.IncompleteRead):
+        response.read()
+
+
+# -- big bodies, memory -----------------------------------------------------
+
+
+def _slow_download(lb, megabytes, results):
+    connection = http.client.HTTPConnection(*lb.address.split(":"), timeout=60)
+    connection.request("GET", "/big?%d" % megabytes, headers={"Host": "down.example"})
+    response = connection.getresponse()
+    total = 0
+    while True:
+        data = response.read(256 * 1024)
+        if not data:
+            break
+        total += len(data)
+        time.sleep(0.002)  # a slow reader
+    results["download"] = total
+
+
+def _upload(lb, megabytes, results):
+    chunk = b"u" * (1024 * 1024)
+    body = (chunk for _ in range(megabytes))
+    code, text, _ = request(lb, "/count", "up.example", "POST", body,
+                            {"Content-Length": str(megabytes * len(chunk))}, timeout=60)
+    results["upload"] = (code, int(text))
+
+
+def test_100mb_upload_and_download_with_a_slow_reader_keep_lb_memory_flat(cluster):
+    lb, workers = cluster(2)
+    request(lb)
+    baseline = lb.rss()
+    peak = [baseline]
+    done = threading.Event()
+
+    def sample():
+        while not done.wait(0.02):
+            peak[0] = max(peak[0], lb.rss())
+
+    results = {}
+    threads = [threading.Thread(target=sample),
+               threading.Thread(target=_slow_download, args=(lb, 100, results)),
+               threading.Thread(target=_upload, args=(lb, 100, results))]
+    for thread in threads:
+        thread.start()
+    for thread in threads[1:]:
+        thread.join(120)
+    done.set()
+    threads[0].join()
+    assert results["download"] == 100 * 1024 * 1024
+    assert results["upload"] == (200, 100 * 1024 * 1024)
+    print("LB RSS baseline %.1f MB, peak %.1f MB" % (baseline / 2**20, peak[0] / 2**20))
+    assert peak[0] - baseline < 50 * 1024 * 1024, (baseline, peak[0])
+
+
+# -- bad input --------------------------------------------------------------
+
+
+def test_malformed_requests_get_400_and_the_lb_carries_on(cluster):
+    lb, workers = cluster(1)
+    assert raw_exchange(lb.address, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400")
+    assert raw_exchange(lb.address, b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n"
+                        ).startswith(b"HTTP/1.1 400")
+    assert raw_exchange(lb.address, b"GET / HTTP/9.9\r\n\r\n").startswith(b"HTTP/1.1 400")
+    assert request(lb)[0] == 200
+
+
+def test_absurd_content_length_is_413(cluster):
+    lb, workers = cluster(1)
+    reply = raw_exchange(lb.address, b"POST /count HTTP/1.1\r\nHost: x\r\n"
+                                     b"Content-Length: 99999999999999999999999\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 413")
+    assert request(lb)[0] == 200
+
+
+def test_client_disconnecting_mid_upload_cancels_the_workers_request(cluster, tmp_path):
+    lb, workers = cluster(1, env={"ZC_LB_TEST_MARKS": str(tmp_path)})
+    host, port = lb.address.split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /upload-slow HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")
+        sock.sendall(b"y" * 20000)
+        wait_for(lambda: status(lb)["in_flight"] == 1)
+    wait_for(lambda: (tmp_path / "cancelled").exists(), message="the worker's request cancelled")
+    wait_for(lambda: status(lb)["in_flight"] == 0)
+    assert request(lb)[0] == 200
+
+
+def test_garbage_to_a_worker_port_drops_that_connection_only(cluster):
+    lb, workers = cluster(1)
+    reply = raw_exchange(workers[0].address, os.urandom(2000) + b"\xff" * 100)
+    assert len(reply) < 2000  # at most its hello; then it hung up on us
+    assert request(lb)[0] == 200
+    assert connected(lb) == 1
+
+
+# -- operations -------------------------------------------------------------
+
+
+def test_sigterm_finishes_requests_in_flight_then_exits(cluster):
+    lb, workers = cluster(1)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        slow = pool.submit(request, lb, "/slow?1")
+        wait_for(lambda: status(lb)["in_flight"] == 1)
+        lb.process.terminate()
+        assert slow.result(timeout=20)[0] == 200
+    assert lb.process.wait(20) == 0
+
+
+def test_access_log_is_apache_combined(cluster, tmp_path):
+    log = tmp_path / "access.log"
+    lb, workers = cluster(1, lb_args=("--access-log", str(log)))
+    request(lb, "/some/path?q=1", headers={"User-Agent": "tester/1.0", "Referer": "http://r/"})
+    lb.terminate()
+    line = log.read_text().splitlines()[-1]
+    import re
+    combined = re.compile(r'^127\.0\.0\.1 - - \[\d\d/\w{3}/\d{4}:\d\d:\d\d:\d\d [+-]\d{4}\] '
+                          r'"GET /some/path\?q=1 HTTP/1\.1" 200 \d+ "http://r/" "tester/1\.0"$')
+    assert combined.match(line), line
+
+
+def test_status_command_prints_a_table(cluster):
+    lb, workers = cluster(2)
+    request(lb, host="t.example")
+    output = subprocess.run([sys.executable, "-m", "zc_lb.cli", "status", lb.status_address],
+                            capture_output=True, text=True, timeout=30).stdout
+    assert "t.example" in output
+    for worker in workers:
+        assert worker.address in output
+
+
+def test_https(tmp_path, cluster):
+    cert = tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-keyout", str(cert), "-out", str(cert)],
+                   check=True, capture_output=True)
+    lb, workers = cluster(1, lb_args=("--certfile", str(cert)))
+    context = ssl.create_default_context(cafile=str(cert))
+    context.check_hostname = False
+    connection = http.client.HTTPSConnection(*lb.address.split(":"), context=context, timeout=10)
+    connection.request("GET", "/", headers={"Host": "secure.example"})
+    response = connection.getresponse()
+    assert response.status == 200
+    assert b"secure.example" in response.read()
+
+
+def test_bad_classifier_is_a_clear_startup_error():
+    result = subprocess.run([sys.executable, "-m", "zc_lb.cli", "lb", "--classifier", "re:X:("],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert "bad classifier regular expression" in result.stderr
