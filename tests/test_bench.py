@@ -1,0 +1,83 @@
+"""`make bench` smoke tests: the bench runs end to end in a tiny mode and
+prints its table; wrk's output is read right.  No speed is asserted."""
+
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from zc_lb import bench
+
+WRK_OUTPUT = """\
+Running 1s test @ http://127.0.0.1:8080/
+  1 threads and 4 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency   312.50us  100.00us   2.10ms   90.00%
+    Req/Sec    12.00k     1.00k   13.00k    80.00%
+  Latency Distribution
+     50%  305.00us
+     75%  350.00us
+     90%  400.00us
+     99%    1.20ms
+  12345 requests in 1.00s, 1.50MB read
+  Socket errors: connect 0, read 2, write 0, timeout 1
+  Non-2xx or 3xx responses: 4
+Requests/sec:  12345.67
+Transfer/sec:      1.50MB
+"""
+
+
+def test_parse_wrk():
+    result = bench.parse_wrk(WRK_OUTPUT)
+    assert result == {"rps": 12345.67, "requests": 12345, "errors": 7,
+                      "p50_ms": pytest.approx(0.305), "p99_ms": pytest.approx(1.2)}
+
+
+def test_parse_wrk_refuses_garbage():
+    with pytest.raises(bench.BenchError):
+        bench.parse_wrk("unable to connect to 127.0.0.1:1 Connection refused\n")
+
+
+def test_hello_app():
+    seen = []
+    body = bench.hello_app({}, lambda status, headers: seen.append((status, headers)))
+    assert b"".join(body) == bench.BODY
+    assert seen[0][0] == "200 OK"
+
+
+def test_format_table_without_haproxy():
+    results = [{"target": "zc-lb", "rps": 100.0, "p50_ms": 1.0, "p99_ms": 2.0,
+                "lb_cpu_us_per_req": 50.0, "worker_cpu_us_per_req": 40.0, "errors": 0},
+               {"target": "direct", "rps": 400.0, "p50_ms": 0.5, "p99_ms": 1.0,
+                "lb_cpu_us_per_req": None, "worker_cpu_us_per_req": 30.0, "errors": 0}]
+    text = bench.format_table(results)
+    assert "zc-lb / HAProxy throughput ratio: -" in text
+    assert "zc-lb / direct throughput ratio: 0.250" in text
+
+
+@pytest.mark.skipif(not (shutil.which("wrk") and shutil.which("haproxy", path="/usr/sbin:/usr/bin")),
+                    reason="needs wrk and haproxy (apt-get install wrk haproxy)")
+def test_bench_tiny_run_prints_table():
+    done = subprocess.run(
+        [sys.executable, "-m", "zc_lb.bench", "--seconds", "1", "--warmup", "1",
+         "--connections", "4"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    for target in ("zc-lb", "haproxy", "direct"):
+        row = re.search(r"^%s\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+([\d.]+)\s+(\d+)$"
+                        % re.escape(target), out, re.M)
+        assert row, "no row for %s in:\n%s" % (target, out)
+        assert float(row.group(1)) > 0
+        assert row.group(6) == "0", "errors against %s:\n%s" % (target, out)
+    for label in ("zc-lb / HAProxy", "zc-lb / direct"):
+        ratio = re.search(r"^%s throughput ratio: ([\d.]+)$" % re.escape(label), out, re.M)
+        assert ratio and float(ratio.group(1)) > 0, out
+
+
+def test_bench_without_wrk_says_how_to_get_it(monkeypatch, capsys):
+    monkeypatch.setattr(bench.shutil, "which", lambda *a, **k: None)
+    assert bench.main(["--seconds", "1"]) == 1
+    assert "apt-get install wrk" in capsys.readouterr().err
