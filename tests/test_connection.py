@@ -1,0 +1,207 @@
+"""connection.py: an LB side and a worker side joined in memory."""
+
+import gevent
+import gevent.event
+import gevent.socket
+import pytest
+
+from zc_lb import protocol
+from zc_lb.connection import Connection, Handler
+from zc_lb.errors import AuthenticationError, ConnectionLost, RequestCancelled, WorkerLost
+from zc_lb.protocol import WINDOW, Body, End, Response
+from zc_lb.testing import connection_pair
+
+
+class Recorder(Handler):
+    """Keeps what a connection reports; answers requests with ``respond``."""
+
+    def __init__(self, respond=None):
+        self.respond = respond
+        self.exchanges = []
+        self.resumes = []
+        self.lost = gevent.event.AsyncResult()
+
+    def handle_request(self, connection, exchange):
+        self.exchanges.append(exchange)
+        if self.respond is not None:
+            gevent.spawn(self.respond, exchange)
+
+    def handle_resume(self, connection, skills):
+        self.resumes.append(skills)
+
+    def connection_lost(self, connection, error):
+        self.lost.set(error)
+
+
+def echo(exchange):
+    """Answer with the request body."""
+    exchange.receive()  # the Request
+    body = b""
+    while True:
+        message = exchange.receive()
+        if isinstance(message, End):
+            break
+        body += message.data
+        exchange.consumed(len(message.data))
+    exchange.send(Response(exchange.rno, "200 OK", []))
+    exchange.send_body(body)
+    exchange.send(End(exchange.rno))
+
+
+def read_response(exchange, timeout=5):
+    start = exchange.receive(timeout)
+    assert isinstance(start, Response)
+    body = b""
+    while True:
+        message = exchange.receive(timeout)
+        if isinstance(message, End):
+            return start, body
+        body += message.data
+        exchange.consumed(len(message.data))
+
+
+@pytest.fixture
+def pair():
+    made = []
+
+    def make(respond=echo, **kw):
+        lb_handler, worker_handler = Recorder(), Recorder(respond)
+        lb, worker = connection_pair(lb_handler, worker_handler, **kw)
+        made.extend([lb, worker])
+        return lb, worker, lb_handler, worker_handler
+
+    yield make
+    for connection in made:
+        connection.close()
+
+
+def test_a_request_and_its_response(pair):
+    lb, worker, _, _ = pair()
+    exchange = lb.open_request({"REQUEST_METHOD": "POST"})
+    exchange.send_body(b"hello " * 100000)
+    exchange.send(End(exchange.rno))
+    start, body = read_response(exchange)
+    assert start.status == "200 OK"
+    assert body == b"hello " * 100000
+    assert not lb.streams and not worker.streams
+
+
+def test_many_requests_share_one_connection(pair):
+    lb, worker, _, _ = pair()
+    exchanges = [lb.open_request({}, end=False) for _ in range(50)]
+    for i, exchange in enumerate(exchanges):
+        exchange.send(Body(exchange.rno, b"%d" % i), End(exchange.rno))
+    bodies = [read_response(e)[1] for e in exchanges]
+    assert bodies == [b"%d" % i for i in range(50)]
+
+
+def test_a_slow_consumer_stalls_only_its_own_request(pair):
+    sent = gevent.event.Event()
+
+    def flood(exchange):
+        exchange.receive()
+        if exchange.rno == 1:
+            exchange.send(Response(exchange.rno, "200 OK", []))
+            exchange.send_body(b"x" * (4 * WINDOW))  # blocks: nobody consumes
+            sent.set()
+            exchange.send(End(exchange.rno))
+        else:
+            echo_after_request(exchange)
+
+    lb, worker, _, worker_handler = pair(flood)
+    slow = lb.open_request({}, end=True)
+    gevent.sleep(0.2)
+    assert not sent.is_set()
+    buffered = sum(len(m.data) for m in slow.inbox if isinstance(m, Body))
+    assert buffered <= WINDOW
+    fast = lb.open_request({})
+    fast.send(Body(fast.rno, b"quick"), End(fast.rno))
+    assert read_response(fast)[1] == b"quick"
+    assert not sent.is_set()
+    start, body = read_response(slow)  # consuming grants credit
+    assert len(body) == 4 * WINDOW
+    assert sent.wait(5)
+
+
+def echo_after_request(exchange):
+    body = b""
+    while True:
+        message = exchange.receive()
+        if isinstance(message, End):
+            break
+        body += message.data
+    exchange.send(Response(exchange.rno, "200 OK", []), Body(exchange.rno, body),
+                  End(exchange.rno))
+
+
+def test_cancel_reaches_the_other_side(pair):
+    cancelled = gevent.event.Event()
+
+    def wait_forever(exchange):
+        exchange.on_cancel = cancelled.set
+        exchange.receive()
+        with pytest.raises(RequestCancelled):
+            exchange.receive()
+
+    lb, worker, _, _ = pair(wait_forever)
+    exchange = lb.open_request({})
+    gevent.sleep(0.05)
+    exchange.cancel()
+    assert cancelled.wait(5)
+    with pytest.raises(RequestCancelled):
+        exchange.receive()
+
+
+def test_resume_reaches_the_lb(pair):
+    lb, worker, lb_handler, _ = pair()
+    worker.send_resume({"a.example": 12.5})
+    gevent.sleep(0.05)
+    assert lb_handler.resumes == [{"a.example": 12.5}]
+
+
+def test_a_silent_peer_is_declared_lost(pair):
+    lb, worker, lb_handler, _ = pair(keepalive_interval=0.05, keepalive_timeout=0.3)
+    exchange = lb.open_request({}, end=True)
+    for greenlet in worker._greenlets:  # the worker hangs: it stops reading and pinging
+        greenlet.kill()
+    error = lb_handler.lost.get(timeout=3)
+    assert isinstance(error, WorkerLost)
+    with pytest.raises(WorkerLost):
+        exchange.receive(1)
+
+
+def test_a_protocol_violation_drops_the_connection(pair):
+    lb, worker, lb_handler, worker_handler = pair()
+    lb.write(b"\x00\x00\x00\x07\x63\x00\x00\x00\x00")  # an unknown frame type
+    error = worker_handler.lost.get(timeout=3)
+    assert isinstance(error, ConnectionLost)
+    assert "unknown frame type" in str(error)
+    assert isinstance(lb_handler.lost.get(timeout=3), WorkerLost)
+
+
+def test_body_past_the_credit_is_a_protocol_violation(pair):
+    lb, worker, _, worker_handler = pair(respond=None)
+    exchange = lb.open_request({})
+    lb.write(protocol.encode(Body(exchange.rno, b"x" * protocol.MAX_BODY)) * 2)
+    error = worker_handler.lost.get(timeout=3)
+    assert "past the credit" in str(error)
+
+
+def test_shared_secret_handshake(pair):
+    lb, worker, _, _ = pair(secret=b"s3cret")
+    exchange = lb.open_request({}, end=False)
+    exchange.send(End(exchange.rno))
+    assert read_response(exchange)[0].status == "200 OK"
+
+
+@pytest.mark.parametrize("lb_secret,worker_secret", [(b"one", b"two"), (b"one", None), (None, b"x")])
+def test_secret_mismatch_fails_the_handshake(lb_secret, worker_secret):
+    a, b = gevent.socket.socketpair()
+    lb = Connection(a, "lb", Recorder(), secret=lb_secret)
+    worker = Connection(b, "worker", Recorder(), secret=worker_secret)
+    jobs = [gevent.spawn(lb.handshake, 2), gevent.spawn(worker.handshake, 2)]
+    gevent.joinall(jobs)
+    errors = [job.exception for job in jobs]
+    assert any(isinstance(e, AuthenticationError) for e in errors), errors
+    lb.close()
+    worker.close()
