@@ -446,6 +446,7 @@ class Worker(Handler):
         environ.setdefault("REQUEST_METHOD", "GET")
         environ.setdefault("SCRIPT_NAME", "")
         environ.setdefault("PATH_INFO", "/")
+        environ.setdefault("QUERY_STRING", "")
         environ.setdefault("SERVER_NAME", "localhost")
         environ.setdefault("SERVER_PORT", "80")
         environ.setdefault("SERVER_PROTOCOL", "HTTP/1.1")

@@ -1,0 +1,161 @@
+"""worker.py in process: PEP 3333 conformance, threads, app loading."""
+
+import time
+import wsgiref.validate
+
+import gevent
+import gevent.socket
+import pytest
+
+from zc_lb.connection import Connection, Handler
+from zc_lb.errors import ConfigurationError
+from zc_lb.protocol import End, Response
+from zc_lb.worker import Worker, load_app, parse_address
+
+
+class LBSide(Handler):
+    def __init__(self):
+        self.resumes = []
+
+    def handle_resume(self, connection, skills):
+        self.resumes.append(skills)
+
+
+@pytest.fixture
+def serve():
+    started = []
+
+    def make(app, **kw):
+        worker = Worker(app, **kw)
+        worker.start()
+        sock = gevent.socket.create_connection(worker.address)
+        handler = LBSide()
+        connection = Connection(sock, "lb", handler, peer="worker")
+        connection.handshake()
+        connection.start()
+        started.append((worker, connection))
+        return worker, connection, handler
+
+    yield make
+    for worker, connection in started:
+        connection.close()
+        worker.stop(timeout=1)
+
+
+def call(connection, environ, body=b"", timeout=10):
+    environ = dict({"REQUEST_METHOD": "GET", "PATH_INFO": "/", "SERVER_NAME": "x",
+                    "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1",
+                    "wsgi.url_scheme": "http"}, **environ)
+    exchange = connection.open_request(environ, end=not body)
+    if body:
+        exchange.send_body(body)
+        exchange.send(End(exchange.rno))
+    start = exchange.receive(timeout)
+    assert isinstance(start, Response)
+    data = b""
+    while True:
+        message = exchange.receive(timeout)
+        if isinstance(message, End):
+            return start, data
+        data += message.data
+        exchange.consumed(len(message.data))
+
+
+def reader_app(environ, start_response):
+    """Uses every wsgi.input method, and streams its answer."""
+    stream = environ["wsgi.input"]
+    first = stream.readline()
+    rest = stream.read(5)
+    lines = stream.readlines()
+    remaining = b"".join(stream)
+    body = [b"class=" + environ["zc_lb.request_class"].encode() + b"\n", first, rest] + lines
+    body.append(remaining)
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return iter(body)
+
+
+@pytest.mark.filterwarnings("error::wsgiref.validate.WSGIWarning")
+def test_the_app_runs_under_the_pep3333_validator(serve):
+    worker, connection, _ = serve(wsgiref.validate.validator(reader_app))
+    body = b"line one\nline two\nline three\n"
+    start, data = call(connection, {"REQUEST_METHOD": "POST", "CONTENT_LENGTH": str(len(body)),
+                                    "CONTENT_TYPE": "text/plain",
+                                    "zc_lb.request_class": "v.example"}, body)
+    assert start.status == "200 OK"
+    assert data == b"class=v.example\n" + body
+
+
+def test_a_head_response_has_no_body(serve):
+    worker, connection, _ = serve(lambda e, s: (s("200 OK", [("Content-Length", "5")]), [b"hello"])[1])
+    start, data = call(connection, {"REQUEST_METHOD": "HEAD"})
+    assert ("Content-Length", "5") in start.headers and data == b""
+
+
+def test_hop_by_hop_headers_are_dropped(serve):
+    def app(environ, start_response):
+        start_response("200 OK", [("Connection", "close"), ("X-Kept", "1")])
+        return [b"x"]
+
+    worker, connection, _ = serve(app)
+    start, _ = call(connection, {})
+    assert start.headers == [("X-Kept", "1")]
+
+
+def test_an_exception_before_the_response_is_a_500(serve, caplog):
+    def app(environ, start_response):
+        raise ValueError("on purpose")
+
+    worker, connection, _ = serve(app)
+    start, data = call(connection, {})
+    assert start.status.startswith("500")
+    assert "on purpose" in caplog.text
+    start, data = call(connection, {})  # still serving
+    assert start.status.startswith("500")
+
+
+def test_threads_run_blocking_apps_concurrently(serve):
+    def blocking(environ, start_response):
+        time.sleep(0.5)  # not gevent-aware: only threads help
+        data = environ["wsgi.input"].read()
+        start_response("200 OK", [])
+        return [b"slept " + data]
+
+    worker, connection, _ = serve(blocking, threads=4)
+    started = time.monotonic()
+    jobs = [gevent.spawn(call, connection, {"CONTENT_LENGTH": "1"}, b"%d" % i) for i in range(4)]
+    gevent.joinall(jobs, raise_error=True)
+    assert time.monotonic() - started < 1.5
+    assert sorted(job.value[1] for job in jobs) == [b"slept %d" % i for i in range(4)]
+
+
+def test_resume_is_sent_on_connect_and_every_history_requests(serve, tmp_path):
+    resume_file = tmp_path / "resume.json"
+    resume_file.write_text('{"old.example": 3.0}')
+    app = lambda e, s: (s("200 OK", []), [b"ok"])[1]
+    worker, connection, handler = serve(app, history=3, resume_file=str(resume_file))
+    for _ in range(3):
+        call(connection, {"zc_lb.request_class": "new.example"})
+    gevent.sleep(0.05)
+    assert handler.resumes[0] == {"old.example": 3.0}
+    assert set(handler.resumes[-1]) == {"old.example", "new.example"}
+    assert "new.example" in resume_file.read_text()
+
+
+def test_load_app_spec_forms(tmp_path):
+    assert load_app("zc_lb.demo:app") is not None
+    ini = tmp_path / "app.ini"
+    ini.write_text("[app:main]\nuse = egg:zc-lb#demo\ncache_sites = 2\n")
+    assert load_app(str(ini)).cache_sites == 2
+    for bad in ("nosuchmodule:app", "zc_lb.demo:nothing", "zc_lb.demo:CACHE_SITES",
+                str(tmp_path / "missing.ini")):
+        with pytest.raises(ConfigurationError):
+            load_app(bad)
+
+
+def test_parse_address():
+    assert parse_address("127.0.0.1:80") == ("127.0.0.1", 80)
+    assert parse_address(":81") == ("127.0.0.1", 81)
+    assert parse_address("[::1]:82") == ("::1", 82)
+    for bad in ("nohost", "h:port", "h:70000"):
+        with pytest.raises(ConfigurationError):
+            parse_address(bad)
