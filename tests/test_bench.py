@@ -57,8 +57,10 @@ def test_format_table_without_haproxy():
     assert "zc-lb / direct throughput ratio: 0.250" in text
 
 
-@pytest.mark.skipif(not (shutil.which("wrk") and shutil.which("haproxy", path="/usr/sbin:/usr/bin")),
-                    reason="needs wrk and haproxy (apt-get install wrk haproxy)")
+HAVE_TOOLS = shutil.which("wrk") and shutil.which("haproxy", path="/usr/sbin:/usr/bin")
+
+
+@pytest.mark.skipif(not HAVE_TOOLS, reason="needs wrk and haproxy (apt-get install wrk haproxy)")
 def test_bench_tiny_run_prints_table():
     done = subprocess.run(
         [sys.executable, "-m", "zc_lb.bench", "--seconds", "1", "--warmup", "1",

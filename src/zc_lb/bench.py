@@ -31,6 +31,7 @@ import contextlib
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -84,12 +85,15 @@ def serve(address: str) -> None:
 # -- processes ----------------------------------------------------------
 
 
-def start_process(argv: List[str], ready: str, timeout: float = 30.0) -> Tuple[subprocess.Popen, str]:
+def start_process(argv: List[str], ready: str,
+                  timeout: float = 30.0) -> Tuple[subprocess.Popen, str]:
     """Start ``argv``, wait for the stdout line starting with ``ready``,
     return (process, the HOST:PORT that ends that line)."""
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
-    line = process.stdout.readline()
+    # The line is printed and flushed whole, so once readable it is there.
+    readable, _, _ = select.select([process.stdout], [], [], timeout)
+    line = process.stdout.readline() if readable else "nothing in %g s" % timeout
     if not line.startswith(ready):
         stop_process(process)
         raise BenchError("%s did not start (said %r)" % (" ".join(argv), line))
@@ -333,7 +337,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m zc_lb.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m zc_lb.bench",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=int, default=5, help="measured seconds per target")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up seconds per target")
     parser.add_argument("--connections", type=int, default=50, help="wrk connections")
@@ -354,8 +359,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     args.targets = [t for t in args.targets.split(",") if t]
     unknown = set(args.targets) - set(TARGETS)
-    if unknown or args.seconds < 1 or args.warmup < 1 or args.connections < 1:
-        build_parser().error("bad --targets %s, or a count below 1" % ",".join(sorted(unknown)))
+    if unknown:
+        build_parser().error("unknown targets: %s" % ",".join(sorted(unknown)))
+    if min(args.seconds, args.warmup, args.connections) < 1:
+        build_parser().error("--seconds, --warmup and --connections must be at least 1")
     try:
         return run_bench(args)
     except BenchError as exc:
