@@ -1,6 +1,5 @@
 """zc_lb.tree (pure) and zc_lb.zk against the real ZooKeeper of conftest.py."""
 
-import argparse
 import io
 import json
 import logging
@@ -13,7 +12,7 @@ import pytest
 from kazoo.client import KazooClient, KazooState
 from kazoo.handlers.gevent import SequentialGeventHandler
 
-from zc_lb import tree, zk
+from zc_lb import cli, tree, zk
 from zc_lb.errors import ConfigurationError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -329,15 +328,14 @@ def test_links_resolved(client):
 
 
 def test_cli(client, zk_hosts, tmp_path, capsys):
-    parser = argparse.ArgumentParser()
-    zk.add_zk_parser(parser.add_subparsers())
+    parser = cli.build_parser()
     path = tmp_path / "tree.txt"
     path.write_text(TREE)
 
     def run(*argv):
         out = io.StringIO()
         args = parser.parse_args(["zk", "--zookeeper", zk_hosts, *argv])
-        assert args.run(args, out) == 0
+        assert zk.run_zk_command(args, out) == 0
         return out.getvalue()
     assert run("import", str(path), "--dry-run").startswith("create /lb\n")
     assert run("ls", "/") == ""  # the dry run wrote nothing

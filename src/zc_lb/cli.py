@@ -76,10 +76,21 @@ def run_worker(args: argparse.Namespace) -> int:
         secret=_read_secret(args.secret_file),
     )
     worker.start()
+    membership = None
+    if args.zookeeper:
+        from .membership import WorkerMembership
+
+        membership = WorkerMembership(worker, args.zookeeper, args.path,
+                                      args.version, args.description)
+        membership.start()
     print("zc-lb worker listening on %s:%d" % worker.address, flush=True)
 
     def stop() -> bool:
+        if membership is not None:
+            membership.deregister()  # LBs stop sending before we drain
         worker.stop(timeout=args.drain_timeout)
+        if membership is not None:
+            membership.stop()
         return True
 
     wait_for_signal({"SIGTERM": stop, "SIGINT": stop})
@@ -129,6 +140,15 @@ def run_lb(args: argparse.Namespace) -> int:
     front.start()
     if status is not None:
         status.start()
+    membership = None
+    if args.zookeeper:
+        from .membership import LBMembership
+
+        membership = LBMembership(
+            lb, args.zookeeper, args.path, front.address,
+            status.address if status is not None else None,
+            base_settings=_lb_settings(args))
+        membership.start()
     print("zc-lb lb listening on %s:%d" % front.address, flush=True)
     if status is not None:
         print("zc-lb status on %s:%d" % status.address, flush=True)
@@ -142,12 +162,22 @@ def run_lb(args: argparse.Namespace) -> int:
         front.stop(timeout=1)
         if status is not None:
             status.stop(timeout=1)
+        if membership is not None:
+            membership.stop()
         lb.stop()
         return True
 
     wait_for_signal({"SIGTERM": stop, "SIGINT": stop})
     log.info("lb stopped")
     return 0
+
+
+def _lb_settings(args: argparse.Namespace) -> dict:
+    """The command line's values of the settings ZooKeeper may override."""
+    return {"variance": args.variance, "backlog_history": args.backlog_history,
+            "unskilled_score": args.unskilled_score,
+            "no_worker_timeout": args.no_worker_timeout,
+            "single_version": args.single_version}
 
 
 # -- status -------------------------------------------------------------
@@ -250,6 +280,11 @@ def _add_worker_parser(sub) -> None:
     p.add_argument("--secret-file", help="shared secret for LB authentication")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds to finish requests in flight on SIGTERM")
+    p.add_argument("--zookeeper", metavar="HOSTS", help="register in ZooKeeper (host:port,...)")
+    p.add_argument("--path", default="/lb/workers",
+                   help="ZooKeeper node of the workers (default /lb/workers)")
+    p.add_argument("--version", help="the application version, for --single-version LBs")
+    p.add_argument("--description", help="a note for people reading the tree")
     p.set_defaults(run=run_worker)
 
 
@@ -275,6 +310,11 @@ def _add_lb_parser(sub) -> None:
     p.add_argument("--secret-file", help="shared secret for worker authentication")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds to finish requests in flight on SIGTERM")
+    p.add_argument("--zookeeper", metavar="HOSTS",
+                   help="discover workers and settings in ZooKeeper (host:port,...)")
+    p.add_argument("--path", default="/lb", help="ZooKeeper node of the LB (default /lb)")
+    p.add_argument("--single-version", action="store_true",
+                   help="serve only from the worker version most workers run")
     p.set_defaults(run=run_lb)
 
 
@@ -283,6 +323,39 @@ def _add_status_parser(sub) -> None:
     p.add_argument("address", help="the LB's --status HOST:PORT")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.set_defaults(run=run_status)
+
+
+def _add_zk_parser(sub) -> None:
+    p = sub.add_parser("zk", help="import, export, read and set the ZooKeeper tree")
+    p.add_argument("--zookeeper", default="127.0.0.1:2181", metavar="HOSTS",
+                   help="host:port,...[/chroot] (default 127.0.0.1:2181)")
+    p.add_argument("--timeout", type=float, default=10.0,
+                   help="seconds to wait for ZooKeeper (default 10)")
+    zk = p.add_subparsers(dest="zk_command", required=True, metavar="ZKCOMMAND")
+    i = zk.add_parser("import", help="make the tree match FILE (- for stdin)")
+    i.add_argument("file")
+    i.add_argument("root", nargs="?", default="/", help="import under this path")
+    i.add_argument("--dry-run", action="store_true", help="print the changes only")
+    i.add_argument("--delete", action="store_true",
+                   help="also delete nodes and properties absent from FILE")
+    e = zk.add_parser("export", help="print the tree at PATH as text")
+    e.add_argument("path", nargs="?", default="/")
+    e.add_argument("--ephemeral", action="store_true",
+                   help="list ephemeral nodes as comments")
+    g = zk.add_parser("get", help="print a node's properties as JSON")
+    g.add_argument("path")
+    s = zk.add_parser("set", help="set properties: key=value (JSON, else string)")
+    s.add_argument("path")
+    s.add_argument("assignments", nargs="+", metavar="key=value")
+    ls = zk.add_parser("ls", help="list a node's children")
+    ls.add_argument("path", nargs="?", default="/")
+    p.set_defaults(run=run_zk)
+
+
+def run_zk(args: argparse.Namespace) -> int:
+    from .zk import run_zk_command
+
+    return run_zk_command(args)
 
 
 def _add_demo_parser(sub) -> None:
@@ -299,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO",
                         choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_worker_parser, _add_lb_parser, _add_status_parser, _add_demo_parser):
+    for add in (_add_worker_parser, _add_lb_parser, _add_status_parser, _add_zk_parser,
+                _add_demo_parser):
         add(sub)
     return parser
 

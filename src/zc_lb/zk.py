@@ -37,8 +37,8 @@ then.  A provider's data is read when it appears (and re-read if its
 node changes), which is enough for ephemeral registrations.
 
 Command functions (``import_tree``, ``export_tree``, ``get``,
-``set_properties``, ``ls``) back ``zc-lb zk``; ``add_zk_parser`` adds
-that subcommand to cli.py's parser.  Import semantics are documented on
+``set_properties``, ``ls``) and ``run_zk_command`` back ``zc-lb zk``,
+whose arguments cli.py parses.  Import semantics are documented on
 ``import_tree``.
 """
 
@@ -685,34 +685,6 @@ def of_version(providers: Mapping[str, Mapping[str, Any]],
 
 
 # `zc-lb zk` ---------------------------------------------------------------
-
-
-def add_zk_parser(sub) -> None:
-    """Add the ``zk`` subcommand to cli.py's subparsers."""
-    p = sub.add_parser("zk", help="import, export, read and set the ZooKeeper tree")
-    p.add_argument("--zookeeper", default="127.0.0.1:2181", metavar="HOSTS",
-                   help="host:port,...[/chroot] (default 127.0.0.1:2181)")
-    p.add_argument("--timeout", type=float, default=10.0,
-                   help="seconds to wait for ZooKeeper (default 10)")
-    zk = p.add_subparsers(dest="zk_command", required=True, metavar="ZKCOMMAND")
-    i = zk.add_parser("import", help="make the tree match FILE (- for stdin)")
-    i.add_argument("file")
-    i.add_argument("root", nargs="?", default="/", help="import under this path")
-    i.add_argument("--dry-run", action="store_true", help="print the changes only")
-    i.add_argument("--delete", action="store_true",
-                   help="also delete nodes and properties absent from FILE")
-    e = zk.add_parser("export", help="print the tree at PATH as text")
-    e.add_argument("path", nargs="?", default="/")
-    e.add_argument("--ephemeral", action="store_true",
-                   help="list ephemeral nodes as comments")
-    g = zk.add_parser("get", help="print a node's properties as JSON")
-    g.add_argument("path")
-    s = zk.add_parser("set", help="set properties: key=value (JSON, else string)")
-    s.add_argument("path")
-    s.add_argument("assignments", nargs="+", metavar="key=value")
-    ls_ = zk.add_parser("ls", help="list a node's children")
-    ls_.add_argument("path", nargs="?", default="/")
-    p.set_defaults(run=run_zk_command)
 
 
 def run_zk_command(args: argparse.Namespace, out: Any = None) -> int:

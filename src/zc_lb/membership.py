@@ -1,0 +1,167 @@
+"""How LBs and workers take part in a ZooKeeper tree.
+
+A worker registers ``<path>/providers/HOST:PORT`` (pid, version,
+description) and follows ``history`` and ``max_skill_age`` in ``<path>``.
+An LB follows its settings in ``<path>``, the workers registered under
+``<path>/workers/providers``, and registers itself at
+``<path>/providers/HOST:PORT`` with its status address.
+
+The recipes in zk.py do the ZooKeeper work (retries, session expiry,
+links); this module only turns what they report into calls on the Worker
+and the LB.  Their callbacks run in a recipe greenlet and must be quick:
+``LB.set_workers`` only starts or stops link greenlets.
+
+Settings from ZooKeeper override those given on the command line; a
+property removed from ZooKeeper falls back to the command line's value.
+A bad value is logged and the current setting kept.  While ZooKeeper is
+unreachable nothing is reported, so everyone keeps what they know.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any, Dict, Mapping, Optional
+
+from . import zk
+from .errors import ConfigurationError
+from .settings import LB_SETTINGS, WORKER_SETTINGS, parse_all
+
+log = logging.getLogger(__name__)
+
+
+def advertised(address) -> str:
+    """HOST:PORT for others to reach a bound address (0.0.0.0 -> our name)."""
+    host, port = address[:2]
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    return "%s:%d" % (host, port)
+
+
+class WorkerMembership:
+    """A worker's registration and live settings."""
+
+    def __init__(self, worker, hosts: str, path: str, version: Optional[str] = None,
+                 description: Optional[str] = None) -> None:
+        self.worker = worker
+        self.hosts = hosts
+        self.path = path
+        self.version = version
+        self.description = description
+        self.base = {"history": worker.history, "max_skill_age": worker.max_skill_age}
+        self.client = None
+        self.registration: Optional[zk.Registration] = None
+        self.watch: Optional[zk.PropertiesWatch] = None
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Connect, follow the settings, then register (after start())."""
+        self.client = zk.connect(self.hosts, timeout=timeout)
+        self.watch = zk.PropertiesWatch(self.client, self.path, self._settings_changed)
+        self.watch.start()
+        self.watch.wait(timeout)
+        data = {"pid": os.getpid(), "version": self.version,
+                "description": self.description}
+        node = "%s/providers/%s" % (self.path.rstrip("/"), advertised(self.worker.address))
+        self.registration = zk.Registration(self.client, node, data)
+        self.registration.start()
+        self.registration.wait(timeout)
+
+    def deregister(self) -> None:
+        """Leave the tree first, so LBs stop sending before we drain."""
+        if self.registration is not None:
+            self.registration.stop()
+
+    def stop(self) -> None:
+        self.deregister()
+        if self.watch is not None:
+            self.watch.stop()
+        if self.client is not None:
+            self.client.stop()
+            self.client.close()
+
+    def _settings_changed(self, properties: Dict[str, Any]) -> None:
+        try:
+            settings = dict(self.base)
+            settings.update(parse_all(WORKER_SETTINGS, properties))
+            self.worker.configure(settings["history"], settings["max_skill_age"])
+        except ConfigurationError as exc:
+            log.error("ignoring bad worker settings in %s: %s", self.path, exc)
+            return
+        log.info("worker settings: %s", settings)
+
+
+class LBMembership:
+    """An LB's settings, worker discovery and registration."""
+
+    def __init__(self, lb, hosts: str, path: str, listen, status_address=None,
+                 base_settings: Optional[Mapping[str, Any]] = None) -> None:
+        self.lb = lb
+        self.hosts = hosts
+        self.path = path.rstrip("/") or "/"
+        self.listen = listen
+        self.status_address = status_address
+        self.base = dict(base_settings or {})
+        self.single_version = bool(self.base.get("single_version"))
+        self.version: Optional[str] = None
+        self.providers: Dict[str, dict] = {}
+        self.client = None
+        self.recipes: list = []
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Connect, follow settings and workers, register."""
+        self.client = zk.connect(self.hosts, timeout=timeout)
+        settings = zk.PropertiesWatch(self.client, self.path, self._settings_changed)
+        workers = zk.ProvidersWatch(self.client, self._join("workers/providers"),
+                                    self._providers_changed)
+        data = {"pid": os.getpid(),
+                "status": advertised(self.status_address) if self.status_address else None}
+        registration = zk.Registration(
+            self.client, self._join("providers/" + advertised(self.listen)), data)
+        self.recipes = [settings, workers, registration]
+        for recipe in self.recipes:
+            recipe.start()
+        for recipe in self.recipes:
+            recipe.wait(timeout)
+
+    def stop(self) -> None:
+        for recipe in reversed(self.recipes):
+            recipe.stop()
+        if self.client is not None:
+            self.client.stop()
+            self.client.close()
+
+    def _join(self, relative: str) -> str:
+        return "%s/%s" % ("" if self.path == "/" else self.path, relative)
+
+    def _settings_changed(self, properties: Dict[str, Any]) -> None:
+        try:
+            settings = dict(self.base)
+            settings.update(parse_all(LB_SETTINGS, properties))
+            self.lb.pool.update_settings(
+                variance=settings["variance"], backlog_history=settings["backlog_history"],
+                unskilled_score=settings["unskilled_score"])
+        except ConfigurationError as exc:
+            log.error("ignoring bad LB settings in %s: %s", self.path, exc)
+            return
+        self.lb.no_worker_timeout = settings["no_worker_timeout"]
+        log.info("LB settings: %s", settings)
+        if bool(settings["single_version"]) != self.single_version:
+            self.single_version = bool(settings["single_version"])
+            self._update_workers()
+
+    def _providers_changed(self, providers: Dict[str, dict]) -> None:
+        self.providers = providers
+        self._update_workers()
+
+    def _update_workers(self) -> None:
+        providers = self.providers
+        if self.single_version:
+            version = zk.majority_version(providers, self.version)
+            if version != self.version:
+                log.warning("serving worker version %r (was %r): %d of %d workers",
+                            version, self.version,
+                            len(zk.of_version(providers, version)), len(providers))
+                self.version = version
+            providers = zk.of_version(providers, version)
+        self.lb.set_workers(providers)

@@ -1,0 +1,188 @@
+"""ZooKeeper mode end to end: real ZooKeeper, real worker and LB processes."""
+
+import http.client
+import json
+import os
+import signal
+import time
+import urllib.request
+
+import pytest
+from kazoo.client import KazooClient
+
+from zc_lb.testing import LBProcess, WorkerProcess, free_port, wait_for
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
+TREE = """\
+/lb
+  variance = 2
+  /providers
+  /workers
+    history = 3
+    /providers
+"""
+
+
+@pytest.fixture
+def site(zk_hosts):
+    """A tree in a fresh chroot, a kazoo client on it, and process makers."""
+    client = KazooClient(zk_hosts)
+    client.start(timeout=10)
+    from zc_lb import zk
+    zk.import_tree(client, TREE)
+    started = []
+
+    def worker(*args):
+        process = WorkerProcess("apps:app", "--zookeeper", zk_hosts, "--path", "/lb/workers",
+                                *args, env=ENV).start()
+        started.append(process)
+        return process
+
+    def lb(*args):
+        status_port = free_port()
+        process = LBProcess([], "--zookeeper", zk_hosts, "--path", "/lb",
+                            "--status", "127.0.0.1:%d" % status_port, *args).start()
+        process.status_address = "127.0.0.1:%d" % status_port
+        started.append(process)
+        return process
+
+    class Site:
+        pass
+
+    s = Site()
+    s.client, s.worker, s.lb, s.hosts = client, worker, lb, zk_hosts
+    yield s
+    for process in reversed(started):
+        if process.process.poll() is None:
+            os.kill(process.pid, signal.SIGCONT)
+        process.kill()
+    client.stop()
+    client.close()
+
+
+def status(lb):
+    with urllib.request.urlopen("http://%s/" % lb.status_address, timeout=5) as response:
+        return json.load(response)
+
+
+def in_pool(lb):
+    return sorted(a for a, w in status(lb)["workers"].items() if w.get("in_pool"))
+
+
+def get(lb, host="a.example", path="/"):
+    connection = http.client.HTTPConnection(*lb.address.split(":"), timeout=20)
+    try:
+        connection.request("GET", path, headers={"Host": host})
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        connection.close()
+
+
+def providers(client, path="/lb/workers/providers"):
+    return sorted(client.get_children(path))
+
+
+def test_workers_register_and_lbs_discover_them(site):
+    w1 = site.worker("--version", "1.0", "--description", "first")
+    w2 = site.worker("--version", "1.0")
+    assert providers(site.client) == sorted([w1.address, w2.address])
+    data = json.loads(site.client.get("/lb/workers/providers/" + w1.address)[0])
+    assert data == {"pid": w1.pid, "version": "1.0", "description": "first"}
+    lb = site.lb()
+    wait_for(lambda: in_pool(lb) == sorted([w1.address, w2.address]))
+    assert get(lb)[0] == 200
+    lb_node = json.loads(site.client.get("/lb/providers/" + lb.address)[0])
+    assert lb_node["status"] == lb.status_address and lb_node["pid"] == lb.pid
+    assert w2.terminate() == 0  # deregisters, then drains
+    assert providers(site.client) == [w1.address]
+    wait_for(lambda: in_pool(lb) == [w1.address])
+
+
+def test_settings_change_live(site):
+    w1 = site.worker()
+    lb = site.lb()
+    wait_for(lambda: in_pool(lb) == [w1.address])
+    assert status(lb)["pool"]["variance"] == 2
+    site.client.set("/lb", json.dumps({"variance": 5.5, "backlog_history": 4}).encode())
+    wait_for(lambda: status(lb)["pool"]["variance"] == 5.5)
+    assert status(lb)["pool"]["backlog_history"] == 4
+    site.client.set("/lb", json.dumps({"variance": -1}).encode())  # refused, kept
+    time.sleep(0.3)
+    assert status(lb)["pool"]["variance"] == 5.5
+    # history = 3 in the tree: a résumé after every 3 requests
+    for _ in range(3):
+        get(lb, host="live.example")
+    wait_for(lambda: "live.example" in status(lb)["workers"][w1.address]["skills"])
+
+
+def test_two_lbs_share_the_workers_and_both_get_resumes(site):
+    w1, w2 = site.worker(), site.worker()
+    lb1, lb2 = site.lb(), site.lb()
+    for lb in (lb1, lb2):
+        wait_for(lambda: len(in_pool(lb)) == 2)
+    for _ in range(3):
+        assert get(lb1, host="shared.example")[0] == 200
+    for lb in (lb1, lb2):
+        wait_for(lambda: any("shared.example" in w.get("skills", {})
+                             for w in status(lb)["workers"].values()),
+                 message="résumé at every LB")
+    assert sorted(site.client.get_children("/lb/providers")) == sorted([lb1.address, lb2.address])
+
+
+def test_zookeeper_down_requests_flow_and_new_workers_found_after(site, zookeeper):
+    w1 = site.worker()
+    lb = site.lb()
+    wait_for(lambda: in_pool(lb) == [w1.address])
+    zookeeper.stop()
+    try:
+        for _ in range(10):
+            assert get(lb)[0] == 200
+        time.sleep(1)
+        assert in_pool(lb) == [w1.address]
+        assert get(lb)[0] == 200
+    finally:
+        zookeeper.start()
+    w2 = site.worker()
+    wait_for(lambda: in_pool(lb) == sorted([w1.address, w2.address]), timeout=20)
+
+
+def test_session_expiry_ends_with_everyone_registered_again(site):
+    w1 = site.worker()
+    lb = site.lb()
+    wait_for(lambda: in_pool(lb) == [w1.address])
+    for process in (w1, lb):  # frozen past the session timeout: the session expires
+        os.kill(process.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: providers(site.client) == [], timeout=20, message="worker node gone")
+        wait_for(lambda: site.client.get_children("/lb/providers") == [], timeout=20)
+    finally:
+        for process in (w1, lb):
+            os.kill(process.pid, signal.SIGCONT)
+    wait_for(lambda: providers(site.client) == [w1.address], timeout=20)
+    wait_for(lambda: site.client.get_children("/lb/providers") == [lb.address], timeout=20)
+    wait_for(lambda: in_pool(lb) == [w1.address], timeout=20)
+    assert get(lb)[0] == 200
+
+
+def test_a_dead_worker_is_dropped_and_its_node_goes(site):
+    w1, w2 = site.worker(), site.worker()
+    lb = site.lb()
+    wait_for(lambda: len(in_pool(lb)) == 2)
+    w2.kill()
+    wait_for(lambda: in_pool(lb) == [w1.address], timeout=10)
+    wait_for(lambda: providers(site.client) == [w1.address], timeout=20)
+    wait_for(lambda: w2.address not in status(lb)["workers"], timeout=10)
+    assert get(lb)[0] == 200
+
+
+def test_single_version_follows_the_majority(site):
+    old = [site.worker("--version", "1"), site.worker("--version", "1")]
+    new = [site.worker("--version", "2")]
+    lb = site.lb("--single-version")
+    wait_for(lambda: in_pool(lb) == sorted(w.address for w in old))
+    new += [site.worker("--version", "2"), site.worker("--version", "2")]
+    wait_for(lambda: in_pool(lb) == sorted(w.address for w in new), timeout=15)
+    text = get(lb)[1]
+    assert text.split()[0] in {w.address for w in new}
