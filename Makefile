@@ -45,5 +45,14 @@ sysdeps:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
 	fi
 
+# A ZooKeeper for trying zc-lb by hand: 127.0.0.1:2181, data under .zk/,
+# in the foreground (Ctrl-C stops it).  The tests start their own.
+zookeeper: sysdeps
+	mkdir -p .zk
+	@echo "ZooKeeper on 127.0.0.1:2181, data in .zk/, log in .zk/zookeeper.log; Ctrl-C stops it"
+	exec java -Xmx256m -Dorg.slf4j.simpleLogger.logFile=.zk/zookeeper.log \
+	  -cp /usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar \
+	  org.apache.zookeeper.server.ZooKeeperServerMain etc/zoo.cfg
+
 clean:
 	rm -rf $(VENV) .zk src/*.egg-info .pytest_cache .mypy_cache

@@ -251,7 +251,7 @@ def _print_demo_help(address, status_address, workers) -> None:
     print("Try (each Host is a request class; watch it stick to a worker):")
     for host in ("alpha.example", "beta.example", "gamma.example", "www.alpha.example"):
         print("  curl -H 'Host: %s' %s/" % (host, url))
-    print("  for i in $(seq 20); do curl -s -H \"Host: site$((i % 6)).example\" %s/; done" % url)
+    print('  for i in $(seq 20); do curl -s -H "Host: site$((i %% 6)).example" %s/; done' % url)
     print("Status:  zc-lb status %s:%d   (or: .venv/bin/zc-lb status ...)" % status_address)
     print("Stop with Ctrl-C.", flush=True)
 

@@ -1,0 +1,45 @@
+"""`zc-lb demo` (what `make run` starts): an LB and 4 demo workers."""
+
+import http.client
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+from zc_lb.testing import free_port
+
+
+def test_demo_routes_each_site_to_a_worker_that_has_it_cached():
+    port, status_port = free_port(), free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "zc_lb.cli", "demo", "--listen", "127.0.0.1:%d" % port,
+         "--status", "127.0.0.1:%d" % status_port],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        lines = []
+        reader = threading.Thread(target=lambda: lines.extend(
+            iter(process.stdout.readline, "")), daemon=True)
+        reader.start()
+        reader.join(0)
+        deadline = threading.Event()
+        for _ in range(300):
+            if any(line.startswith("Stop with Ctrl-C") for line in lines):
+                break
+            deadline.wait(0.05)
+        text = "".join(lines)
+        assert "curl -H 'Host: alpha.example' http://127.0.0.1:%d/" % port in text
+        assert "in front of 4 workers" in text
+        answers = []
+        for _ in range(3):
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            connection.request("GET", "/", headers={"Host": "www.alpha.example"})
+            answers.append(connection.getresponse().read().decode())
+            connection.close()
+        assert "cache miss" in answers[0]
+        assert all("cache hit" in answer for answer in answers[1:])
+        workers = {re.match(r"(\S+) served", answer).group(1) for answer in answers}
+        assert len(workers) == 1
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(20) == 0
