@@ -359,3 +359,16 @@ def test_bad_classifier_is_a_clear_startup_error():
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert "bad classifier regular expression" in result.stderr
+
+
+def test_malformed_headers_get_400(cluster):
+    lb, workers = cluster(1)
+    for bad in (b"GET / HTTP/1.1\r\nBad Header\r\n\r\n",
+                b"GET / HTTP/1.1\r\nHost : x\r\n\r\n",
+                b"GET / HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n",
+                b"GET / HTTP/1.1\r\nX: " + b"y" * 9000 + b"\r\n\r\n",
+                b"GET / HTTP/1.1\r\n" + b"X: y\r\n" * 101 + b"\r\n"):
+        assert raw_exchange(lb.address, bad).startswith(b"HTTP/1.1 400"), bad[:40]
+    reply = raw_exchange(lb.address, b"GET / HTTP/1.1\r\nHost: ok.example\r\nX-A: 1\r\n"
+                                     b"Connection: close\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 200") and b"ok.example" in reply

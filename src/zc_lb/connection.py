@@ -12,10 +12,10 @@ directions.  The greenlet that owns a request sends on it and receives
 from it; the reader only appends to inboxes and wakes waiters, so a slow
 consumer of one request never blocks the reader or other requests.
 
-Writes from many greenlets are coalesced: whoever finds the socket idle
-writes everything queued, including what others queue meanwhile, in as
-few ``sendall`` calls as possible.  Body bytes are bounded by credit, so
-the queue is bounded by a window per request.
+Writes from many greenlets are coalesced: they queue bytes, and a writer
+greenlet sends everything queued in a loop turn with one ``sendall``, so
+requests that arrive together share a system call.  Body bytes are
+bounded by credit, so the queue is bounded by a window per request.
 
 When the connection breaks, every exchange's waiters are woken with the
 error: ``ConnectionLost`` (WorkerLost on the LB) when it broke from
@@ -254,7 +254,8 @@ class Connection:
         self._last_rno = 0
         self._last_received = time.monotonic()
         self._outgoing: List[bytes] = []
-        self._writing = False
+        self._wake_writer = gevent.event.Event()
+        self._sending = False
         self._greenlets: List[gevent.Greenlet] = []
         self._lost_error = WorkerLost if role == "lb" else ConnectionLost
         self._closed_error = WorkerClosed if role == "lb" else ConnectionClosed
@@ -265,23 +266,32 @@ class Connection:
     def handshake(self, timeout: float = HANDSHAKE_TIMEOUT) -> None:
         """Exchange Hello (and Auth); raise on mismatch, failure or timeout."""
         ours = protocol.new_hello(self.role, self.secret)
-        self.write(protocol.encode(ours))
+        self.sock.sendall(protocol.encode(ours))
         with gevent.Timeout(timeout, RemoteProtocolError("handshake timed out")):
             theirs = self._read_one(protocol.Hello)
             protocol.check_hello(ours, theirs)
             if self.secret is not None:
                 digest = protocol.auth_digest(self.secret, theirs.nonce, self.role)
-                self.write(protocol.encode(protocol.Auth(digest)))
+                self.sock.sendall(protocol.encode(protocol.Auth(digest)))
                 auth = self._read_one(protocol.Auth)
                 protocol.check_auth(self.secret, ours, theirs, auth)
         self.peer_hello = theirs
 
     def start(self) -> None:
         """Start reading and keeping alive (after the handshake)."""
-        self._greenlets = [gevent.spawn(self._read_loop), gevent.spawn(self._keepalive_loop)]
+        self._greenlets = [gevent.spawn(self._read_loop), gevent.spawn(self._keepalive_loop),
+                           gevent.spawn(self._write_loop)]
 
     def close(self, reason: str = "closed") -> None:
-        """Close from our side; waiters get ConnectionClosed/WorkerClosed."""
+        """Close from our side, after sending what is queued (if the socket
+        takes it at once); waiters get ConnectionClosed/WorkerClosed."""
+        if self._outgoing and not self._sending and not self.closed:
+            try:
+                self.sock.setblocking(False)
+                self.sock.send(b"".join(self._outgoing))
+            except OSError:
+                pass
+            self._outgoing.clear()
         self._end(self._closed_error("%s: %s" % (self.peer, reason)))
 
     def join(self, timeout: Optional[float] = None) -> None:
@@ -314,25 +324,28 @@ class Connection:
     # -- writing ------------------------------------------------------
 
     def write(self, data: bytes) -> None:
-        """Queue bytes; the first writer in flushes everyone's."""
+        """Queue bytes for the writer greenlet, which sends everything
+        queued in one loop turn with one ``sendall``."""
         if self.closed:
             raise self.error or self._closed_error(self.peer)
         self._outgoing.append(data)
-        if self._writing:
-            return
-        self._writing = True
+        self._wake_writer.set()
+
+    def _write_loop(self) -> None:
+        outgoing, wake, sendall = self._outgoing, self._wake_writer, self.sock.sendall
         try:
-            outgoing = self._outgoing
-            while outgoing:
-                chunk = outgoing[0] if len(outgoing) == 1 else b"".join(outgoing)
-                outgoing.clear()
-                self.sock.sendall(chunk)
+            while not self.closed:
+                wake.wait()
+                wake.clear()
+                while outgoing:
+                    chunk = outgoing[0] if len(outgoing) == 1 else b"".join(outgoing)
+                    outgoing.clear()
+                    self._sending = True
+                    sendall(chunk)
+                    self._sending = False
         except OSError as exc:
-            self._outgoing.clear()
+            outgoing.clear()
             self._end(self._lost_error("%s: write failed: %s" % (self.peer, exc)))
-            raise self.error  # type: ignore[misc]
-        finally:
-            self._writing = False
 
     # -- reading ------------------------------------------------------
 
