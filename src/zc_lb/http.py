@@ -19,6 +19,7 @@ from typing import IO, Callable, List, Optional, Tuple
 import gevent
 import gevent.pywsgi
 
+from .connection import send_all
 from .errors import ZcLbError
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,16 @@ class FrontHandler(gevent.pywsgi.WSGIHandler):
 
     def MessageClass(self, rfile, *args):  # noqa: N802 (pywsgi's name)
         return RequestHeaders.read(rfile)
+
+    def _sendall(self, data) -> None:
+        try:
+            send_all(self.socket, data)
+        except OSError as exc:
+            self.status = "socket error: %s" % exc
+            if self.code > 0:
+                self.code = -self.code
+            raise
+        self.response_length += len(data)
 
     def __init__(self, sock, address, server, rfile=None) -> None:
         try:
