@@ -90,6 +90,7 @@ class AccessLog:
 
 
 MAX_HEADERS = 100
+SMALL_BODY = 64 * 1024
 MAX_HEADER_LINE = 8190
 
 
@@ -152,6 +153,25 @@ class FrontHandler(gevent.pywsgi.WSGIHandler):
 
     def MessageClass(self, rfile, *args):  # noqa: N802 (pywsgi's name)
         return RequestHeaders.read(rfile)
+
+    def _write_with_headers(self, data) -> None:
+        # pywsgi sends the head and the first chunk in two system calls;
+        # for a small first chunk, one is enough.
+        if not data or len(data) > SMALL_BODY:
+            return super()._write_with_headers(data)
+        self.headers_sent = True
+        self.finalize_headers()
+        towrite = bytearray(b"HTTP/1.1 ")
+        towrite += self.status
+        towrite += b"\r\n"
+        for header, value in self.response_headers:
+            towrite += header + b": " + value + b"\r\n"
+        towrite += b"\r\n"
+        if self.response_use_chunked:
+            towrite += b"%x\r\n" % len(data) + data + b"\r\n"
+        else:
+            towrite += data
+        self._sendall(towrite)
 
     def _sendall(self, data) -> None:
         try:
