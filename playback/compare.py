@@ -1,0 +1,552 @@
+"""Compare balancers on the same access log: zc-lb against HAProxy 2.6.
+
+Usage (from the repository root)::
+
+    python playback/compare.py LOG... [--host-from-segment 1] [-w 4] [-c 16] \\
+        [-n 5000] [--warmup 1000] [--json]
+
+Theory of operation
+-------------------
+
+Three balancers, one after the other, each in front of its own fresh set
+of ``-w`` cache-model processes (``playback.cacheapp``, same cache size,
+miss cost, objects per request and class on every process):
+
+``zc-lb``      ``zc-lb lb`` in front of ``zc-lb worker playback.cacheapp:app``
+               processes (``--history`` requests between résumés); each
+               worker serves its cache stats on a side port;
+``leastconn``  HAProxy, ``balance leastconn`` (``etc/haproxy-leastconn.cfg``),
+               in front of ``python -m playback.cacheapp`` (gevent.pywsgi);
+``hash``       HAProxy hashing the class (the Host header) on a consistent
+               ring with ``hash-balance-factor 125`` (``etc/haproxy-hash.cfg``),
+               in front of the same.
+
+Each balancer gets the same entries: the first ``--warmup`` entries of the
+log are replayed unmeasured (caches fill, zc-lb's workers send résumés),
+then the next ``-n`` entries are replayed and measured, always with ``-c``
+closed-loop clients (``playback.replay``). After the measured replay the
+workers' stats give the overlap of their caches. A row of the table is
+that replay's throughput, p50 and p99 latency, database loads per request
+(cache misses per response), overlap and errors (requests without a
+response, plus 5xx responses: the cache app itself never answers 5xx), and
+each one's throughput and loads as a ratio to zc-lb's. The LB's CPU time
+per request (utime + stime from /proc) is reported too.
+
+Every process's output goes to a file in the run directory (``--log-dir``,
+default a new ``/tmp/zc-lb-compare-*``), which is kept, so a failure can be
+traced to a log line. Processes are stopped (SIGTERM, then SIGKILL) in
+``finally`` blocks, by the handles we started them with.
+
+Weak spots: everything shares this machine's cores, so a CPU-bound replay
+client or worker flattens the differences (choose a miss cost that
+dominates); ports are chosen free and then bound by the child, a small
+race; HAProxy counts connections, zc-lb requests, toward their limits.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __name__ == "__main__" and not __package__:  # run as playback/compare.py
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence
+
+from playback.cacheapp import ENV_PREFIX, STATS_PATH
+from playback.logparse import DEFAULT_HOST_SUFFIX, FORMATS, read_entries
+from playback.replay import replay
+
+ROOT = Path(__file__).resolve().parents[1]
+ETC = ROOT / "etc"
+BALANCERS = ("zc-lb", "leastconn", "hash")
+HAPROXY_CONFIGS = {"leastconn": ETC / "haproxy-leastconn.cfg", "hash": ETC / "haproxy-hash.cfg"}
+START_TIMEOUT = 30.0
+
+
+class CompareError(Exception):
+    """A balancer or a process could not be set up; the message says why."""
+
+
+@dataclasses.dataclass
+class Target:
+    """A running balancer: where to send requests, where to read stats."""
+
+    name: str
+    url: str
+    stats_urls: List[str]
+    lb_pids: List[int]
+    status: Optional[str] = None  # zc-lb's status address
+
+
+# -- processes ------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A loopback port nobody listened on a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(address: str, process: subprocess.Popen, timeout: float = START_TIMEOUT) -> None:
+    """Wait until ``address`` accepts connections; fail if ``process`` exits."""
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise CompareError("%s exited with status %s before listening on %s" % (
+                command(process), process.returncode, address))
+        with contextlib.suppress(OSError), socket.create_connection((host, int(port)), 0.5):
+            return
+        time.sleep(0.05)
+    raise CompareError("nothing listens on %s after %.0f s" % (address, timeout))
+
+
+def command(process: subprocess.Popen) -> str:
+    """The start of the process's command line, to name it in messages."""
+    args = process.args if isinstance(process.args, (list, tuple)) else [process.args]
+    return " ".join(str(arg) for arg in args[:5])
+
+
+def stop(process: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Terminate a process we started; kill it if it lingers."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout)
+    if process.stdout is not None:
+        process.stdout.close()
+
+
+@contextlib.contextmanager
+def spawned(argv: List[str], log: Path, env: Optional[Dict[str, str]] = None,
+            stdout=None) -> Iterator[subprocess.Popen]:
+    """A child process, its stderr (and stdout unless piped) in ``log``; stopped on exit."""
+    with open(log, "w") as stream:
+        process = subprocess.Popen(argv, stdout=stream if stdout is None else stdout,
+                                   stderr=stream, env=child_env(env), cwd=ROOT, text=True)
+    try:
+        yield process
+    finally:
+        stop(process)
+
+
+def child_env(extra: Optional[Dict[str, str]]) -> Dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.update(extra or {})
+    return env
+
+
+def read_ready_line(process: subprocess.Popen, prefix: str, log: Path,
+                    timeout: float = START_TIMEOUT) -> str:
+    """The HOST:PORT at the end of the child's first stdout line, which must start with ``prefix``."""
+    import select
+
+    assert process.stdout is not None
+    readable, _, _ = select.select([process.stdout], [], [], timeout)
+    line = process.stdout.readline() if readable else ""
+    if not line.startswith(prefix):
+        raise CompareError("%s did not start (first line %r; see %s)" % (
+            command(process), line, log))
+    return line.split()[-1]
+
+
+# -- the cache app's settings, identical everywhere -------------------------
+
+
+APP_SETTINGS = ("cache_size", "miss_cost", "objects_per_request", "objects_per_class", "skew")
+
+
+def app_env(args: argparse.Namespace) -> Dict[str, str]:
+    """The cache app's settings as ZC_LB_CACHEAPP_* variables."""
+    return {ENV_PREFIX + name.upper(): str(getattr(args, name)) for name in APP_SETTINGS}
+
+
+def app_argv(args: argparse.Namespace) -> List[str]:
+    """The same settings as ``python -m playback.cacheapp`` options."""
+    argv: List[str] = []
+    for name in APP_SETTINGS:
+        argv += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+    return argv
+
+
+# -- the balancers ----------------------------------------------------------
+
+
+@contextlib.contextmanager
+def zc_lb_target(args: argparse.Namespace, run_dir: Path) -> Iterator[Target]:
+    """zc-lb in front of ``args.workers`` zc-lb workers hosting the cache app."""
+    zc_lb = [sys.executable, "-m", "zc_lb.cli", "--log-level", args.zc_lb_log_level]
+    with contextlib.ExitStack() as stack:
+        workers, stats_urls = [], []
+        for i in range(1, args.workers + 1):
+            stats = "127.0.0.1:%d" % free_port()
+            env = dict(app_env(args), ZC_LB_CACHEAPP_WORKER_ID="zw%d" % i,
+                       ZC_LB_CACHEAPP_STATS_LISTEN=stats)
+            log = run_dir / ("zc-lb-worker%d.log" % i)
+            process = stack.enter_context(spawned(
+                zc_lb + ["worker", "playback.cacheapp:app", "--listen", "127.0.0.1:0",
+                         "--history", str(args.history)], log, env, stdout=subprocess.PIPE))
+            workers.append(read_ready_line(process, "zc-lb worker listening on ", log))
+            wait_for_port(stats, process)
+            stats_urls.append("http://%s%s" % (stats, STATS_PATH))
+        status = "127.0.0.1:%d" % free_port()
+        argv = zc_lb + ["lb", "--listen", "127.0.0.1:0", "--status", status] + args.zc_lb_option
+        for address in workers:
+            argv += ["--worker", address]
+        log = run_dir / "zc-lb-lb.log"
+        lb = stack.enter_context(spawned(argv, log, stdout=subprocess.PIPE))
+        address = read_ready_line(lb, "zc-lb lb listening on ", log)
+        wait_for_port(status, lb)
+        wait_for_workers(status, workers, lb)
+        yield Target("zc-lb", "http://%s" % address, stats_urls, [lb.pid], status)
+
+
+def wait_for_workers(status: str, workers: Sequence[str], lb: subprocess.Popen,
+                     timeout: float = START_TIMEOUT) -> None:
+    """Wait until the LB's status says every worker is connected and in the pool."""
+    from zc_lb.errors import ZcLbError
+    from zc_lb.status import fetch
+
+    deadline = time.monotonic() + timeout
+    doc: dict = {}
+    while time.monotonic() < deadline and lb.poll() is None:
+        with contextlib.suppress(ZcLbError):
+            doc = fetch(status)
+        known = doc.get("workers", {})
+        if all(known.get(w, {}).get("connected") and known[w].get("in_pool") for w in workers):
+            return
+        time.sleep(0.05)
+    raise CompareError("the zc-lb LB did not connect to all workers: %s" % json.dumps(
+        doc.get("workers"), sort_keys=True)[:500])
+
+
+@contextlib.contextmanager
+def haproxy_target(name: str, args: argparse.Namespace, run_dir: Path) -> Iterator[Target]:
+    """HAProxy with config ``name`` in front of cache apps on gevent.pywsgi."""
+    with contextlib.ExitStack() as stack:
+        servers = []
+        for i in range(1, args.workers + 1):
+            address = "127.0.0.1:%d" % free_port()
+            process = stack.enter_context(spawned(
+                [sys.executable, "-m", "playback.cacheapp", "--listen", address,
+                 "--worker-id", "%s%d" % (name[0], i)] + app_argv(args),
+                run_dir / ("%s-app%d.log" % (name, i))))
+            wait_for_port(address, process)
+            servers.append(address)
+        listen = "127.0.0.1:%d" % free_port()
+        cfg = run_dir / ("haproxy-%s.cfg" % name)
+        cfg.write_text(haproxy_config(HAPROXY_CONFIGS[name], listen, servers))
+        process = stack.enter_context(spawned(
+            [args.haproxy, "-f", str(cfg), "-db"], run_dir / ("haproxy-%s.log" % name)))
+        wait_for_port(listen, process)
+        yield Target(name, "http://%s" % listen,
+                     ["http://%s%s" % (s, STATS_PATH) for s in servers], [process.pid])
+
+
+def haproxy_config(template: Path, listen: str, servers: Sequence[str]) -> str:
+    """An HAProxy config template with $listen and $servers filled in."""
+    lines = "\n".join("    server w%d %s" % (i, s) for i, s in enumerate(servers, 1))
+    return string.Template(template.read_text(encoding="utf-8")).substitute(
+        listen=listen, servers=lines)
+
+
+def start_target(name: str, args: argparse.Namespace, run_dir: Path):
+    if name == "zc-lb":
+        return zc_lb_target(args, run_dir)
+    return haproxy_target(name, args, run_dir)
+
+
+# -- measuring ----------------------------------------------------------------
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """utime + stime of ``pids`` in seconds, from /proc."""
+    ticks = 0
+    for pid in pids:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def measure(name: str, warmup: list, entries: list, args: argparse.Namespace,
+            run_dir: Path, progress=None) -> dict:
+    """Start balancer ``name``, warm it up, replay ``entries``; its result row."""
+    options = dict(concurrency=args.concurrency, timeout=args.timeout, top=args.top)
+    with start_target(name, args, run_dir) as target:
+        if warmup:
+            replay(warmup, target.url, **options)
+        before = cpu_seconds(target.lb_pids)
+        report = replay(entries, target.url, stats_urls=target.stats_urls,
+                        progress=progress, **options)
+        lb_cpu = cpu_seconds(target.lb_pids) - before
+        status = lb_status(target)
+    return result_row(name, report, lb_cpu, status)
+
+
+def lb_status(target: Target) -> Optional[dict]:
+    """zc-lb's status document after the run (None for HAProxy or if unreachable)."""
+    if target.status is None:
+        return None
+    from zc_lb.errors import ZcLbError
+    from zc_lb.status import fetch
+
+    try:
+        return fetch(target.status)
+    except ZcLbError:
+        return None
+
+
+def result_row(name: str, report: dict, lb_cpu: float, status: Optional[dict]) -> dict:
+    """The numbers of the table for one balancer, with the full report."""
+    server_errors = sum(n for code, n in report["status"].items() if int(code) >= 500)
+    cache = report.get("cache") or {}
+    overlap = report.get("overlap") or {}
+    row = {
+        "balancer": name,
+        "requests": report["requests"],
+        "responses": report["responses"],
+        "throughput": report["throughput"],
+        "p50_ms": _ms(report["latency"]["p50"]),
+        "p99_ms": _ms(report["latency"]["p99"]),
+        "loads_per_request": cache.get("loads_per_request"),
+        "overlap": overlap.get("overlap"),
+        "errors": report["errors"] + server_errors,
+        "lb_cpu_us_per_request": lb_cpu * 1e6 / report["responses"] if report["responses"] else None,
+        "report": report,
+    }
+    if status is not None:
+        row["lb_status"] = {key: status.get(key) for key in ("requests", "retries", "errors")}
+        row["lb_status"]["skills"] = {w: len(info.get("skills") or {})
+                                      for w, info in status.get("workers", {}).items()}
+    return row
+
+
+def _ms(seconds: Optional[float]) -> Optional[float]:
+    return None if seconds is None else seconds * 1000.0
+
+
+def add_ratios(rows: List[dict]) -> None:
+    """Each row's throughput and loads per request as a ratio to zc-lb's."""
+    base = next((r for r in rows if r["balancer"] == "zc-lb"), None)
+    for row in rows:
+        for key, ratio in (("throughput", "throughput_ratio"), ("loads_per_request", "loads_ratio")):
+            mine, theirs = row.get(key), base.get(key) if base else None
+            row[ratio] = mine / theirs if mine is not None and theirs else None
+
+
+# -- reporting -----------------------------------------------------------------
+
+
+COLUMNS = (  # (heading, key, format)
+    ("balancer", "balancer", "%-9s"),
+    ("req/s", "throughput", "%7.1f"),
+    ("p50 ms", "p50_ms", "%7.1f"),
+    ("p99 ms", "p99_ms", "%7.1f"),
+    ("loads/req", "loads_per_request", "%9.3f"),
+    ("overlap", "overlap", "%6.1f%%"),
+    ("errors", "errors", "%6d"),
+    ("req/s ratio", "throughput_ratio", "%.2f"),
+    ("loads ratio", "loads_ratio", "%.2f"),
+    ("LB CPU us/req", "lb_cpu_us_per_request", "%.0f"),
+)
+
+
+def format_table(rows: List[dict]) -> str:
+    """One line per balancer, columns aligned, '-' for what is unknown."""
+    cells = [[heading for heading, _, _ in COLUMNS]]
+    for row in rows:
+        line = []
+        for _, key, fmt in COLUMNS:
+            value = row.get(key)
+            if key == "overlap" and value is not None:
+                value *= 100.0
+            line.append("-" if value is None else (fmt % value).strip())
+        cells.append(line)
+    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+    out = []
+    for n, line in enumerate(cells):
+        out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(line, widths))))
+        if n == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def format_notes(rows: List[dict]) -> str:
+    """Lines about anything unusual: statuses other than 200, error examples, LB counters."""
+    notes = []
+    for row in rows:
+        report = row["report"]
+        other = {code: n for code, n in report["status"].items() if code != "200"}
+        if other or report["errors"]:
+            notes.append("%s: status %s; %d without response %s" % (
+                row["balancer"], json.dumps(report["status"]), report["errors"],
+                json.dumps(report["error_kinds"])))
+            notes.extend("  " + example for example in report["error_examples"])
+        status = row.get("lb_status")
+        if status and (status.get("retries") or status.get("errors")):
+            notes.append("%s LB: %s" % (row["balancer"], json.dumps(status, sort_keys=True)))
+    return "\n".join(notes)
+
+
+def format_header(args: argparse.Namespace, parse: dict, counts: Dict[str, int]) -> str:
+    """Two lines: what was replayed, and the cache app's settings."""
+    logs = ", ".join(os.path.basename(p) for p in args.logs)
+    replayed = "log %s: %d entries; %d warm-up + %d measured (%d classes), -c %d, %d workers" % (
+        logs, parse["entries"], counts["warmup"], counts["measured"], counts["classes"],
+        args.concurrency, args.workers)
+    app = ("cache app: %d objects cached/worker, miss %g ms, %d objects/request of %d/class, "
+           "skew %g; zc-lb workers --history %d%s" % (
+               args.cache_size, args.miss_cost * 1000, args.objects_per_request,
+               args.objects_per_class, args.skew, args.history,
+               "".join(" " + o for o in args.zc_lb_option)))
+    return "%s\n%s\nratios are the balancer's number / zc-lb's" % (replayed, app)
+
+
+# -- command line -------------------------------------------------------------
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="compare.py", description="Replay one log through zc-lb and through HAProxy "
+        "(leastconn, consistent hash) in front of the same cache-model workers.")
+    parser.add_argument("logs", nargs="+", metavar="LOG", help="log files ('.gz' ok)")
+    log = parser.add_argument_group("log")
+    log.add_argument("--format", default="auto", choices=sorted(FORMATS))
+    log.add_argument("--methods", default="GET,HEAD", help="methods to replay (default %(default)s)")
+    host = log.add_mutually_exclusive_group()
+    host.add_argument("--host", help="send this Host with every request (one class)")
+    host.add_argument("--host-from-segment", type=int, metavar="N",
+                      help="class (Host) = path segment N + --host-suffix, for single-site logs")
+    log.add_argument("--host-suffix", default=DEFAULT_HOST_SUFFIX)
+    run = parser.add_argument_group("replay")
+    run.add_argument("-n", "--max-requests", type=int, default=5000,
+                     help="measured requests per balancer (default %(default)s)")
+    run.add_argument("--warmup", type=int, default=1000,
+                     help="log entries replayed unmeasured before them (default %(default)s)")
+    run.add_argument("-c", "--concurrency", type=int, default=16,
+                     help="closed-loop clients (default %(default)s)")
+    run.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+    run.add_argument("--balancers", default=",".join(BALANCERS),
+                     help="comma-separated subset of %s" % ",".join(BALANCERS))
+    app = parser.add_argument_group("workers (the same for every balancer)")
+    app.add_argument("-w", "--workers", type=int, default=4, help="processes (default %(default)s)")
+    app.add_argument("--cache-size", type=int, default=1500, help="objects cached per worker "
+                     "(default %(default)s)")
+    app.add_argument("--miss-cost", type=float, default=0.005,
+                     help="seconds per cache miss, a database load (default %(default)s)")
+    app.add_argument("--objects-per-request", type=int, default=10)
+    app.add_argument("--objects-per-class", type=int, default=1000)
+    app.add_argument("--skew", type=float, default=0.0)
+    app.add_argument("--history", type=int, default=100,
+                     help="zc-lb workers: requests between résumés (default %(default)s)")
+    app.add_argument("--zc-lb-option", action="append", default=[], metavar="OPT",
+                     help="extra `zc-lb lb` argument, e.g. --zc-lb-option=--variance=4 (repeat)")
+    app.add_argument("--zc-lb-log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    app.add_argument("--haproxy", default=shutil.which("haproxy", path="/usr/sbin:/usr/bin:"
+                                                       + os.environ.get("PATH", "")))
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print the results as JSON")
+    out.add_argument("--top", type=int, default=10, help="classes kept per report")
+    out.add_argument("--log-dir", help="where process logs and configs go (default: a new "
+                     "/tmp/zc-lb-compare-* directory, kept)")
+    out.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="progress bar on stderr (default: when stderr is a terminal)")
+    return parser
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    args.balancers = [b for b in args.balancers.split(",") if b]
+    unknown = set(args.balancers) - set(BALANCERS)
+    if unknown or not args.balancers:
+        parser.error("--balancers: choose from %s" % ",".join(BALANCERS))
+    if min(args.workers, args.concurrency, args.max_requests, args.cache_size) < 1 or args.warmup < 0:
+        parser.error("-w, -c, -n and --cache-size must be at least 1, --warmup at least 0")
+    if set(args.balancers) & set(HAPROXY_CONFIGS) and not args.haproxy:
+        parser.error("haproxy not found: install it (apt-get install haproxy) or pass --haproxy")
+
+
+def run(args: argparse.Namespace, run_dir: Path) -> dict:
+    """Read the log, measure every balancer; the results as a dict."""
+    entries, parse_stats = read_entries(
+        args.logs, fmt=args.format, methods=[m.strip() for m in args.methods.split(",") if m.strip()],
+        host=args.host, segment=args.host_from_segment, host_suffix=args.host_suffix)
+    warmup = entries[:args.warmup]
+    measured = entries[args.warmup:args.warmup + args.max_requests]
+    if not measured:
+        raise CompareError("the log has %d entries, none left after %d of warm-up" % (
+            len(entries), args.warmup))
+    progress = sys.stderr if (args.progress if args.progress is not None else sys.stderr.isatty()) else None
+    rows = []
+    for name in args.balancers:
+        if progress is not None:
+            progress.write("%s...\n" % name)
+        rows.append(measure(name, warmup, measured, args, run_dir, progress))
+    add_ratios(rows)
+    counts = {"warmup": len(warmup), "measured": len(measured),
+              "classes": len({e.host for e in measured})}
+    settings = {key: getattr(args, key) for key in (
+        "logs", "format", "host", "host_from_segment", "max_requests", "warmup", "concurrency",
+        "workers", "history", "zc_lb_option", "balancers") + APP_SETTINGS}
+    return {"settings": settings, "counts": counts, "parse": parse_stats.as_dict(),
+            "cpus": os.cpu_count(), "log_dir": str(run_dir), "results": rows}
+
+
+def _terminate(signum, frame):
+    raise SystemExit(128 + signum)  # so that every finally block stops its processes
+
+
+def main(argv=None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    run_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="zc-lb-compare-", dir="/tmp"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    started = time.monotonic()
+    try:
+        result = run(args, run_dir)
+    except (CompareError, OSError) as exc:
+        print("compare.py: %s (process logs in %s)" % (exc, run_dir), file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    result["elapsed"] = time.monotonic() - started
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(text_report(args, result))
+    return 0
+
+
+def text_report(args: argparse.Namespace, result: dict) -> str:
+    parts = [format_header(args, result["parse"], result["counts"]), "",
+             format_table(result["results"])]
+    notes = format_notes(result["results"])
+    if notes:
+        parts += ["", notes]
+    parts += ["", "%.0f s in all; process logs in %s" % (result["elapsed"], result["log_dir"])]
+    return "\n".join(parts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
