@@ -360,7 +360,7 @@ class LB:
         workers = pool_status.pop("workers")
         links = {}
         for address, link in sorted(self.links.items()):
-            info = {"connected": link.connection is not None}
+            info: Dict[str, object] = {"connected": link.connection is not None}
             if link.connection is not None:
                 info["in_pool"] = link.connection in self.pool
                 info.update(workers.get(str(link.connection), {}))

@@ -140,11 +140,7 @@ class RequestInput(io.RawIOBase):
         return self._take(end)
 
     def __iter__(self):
-        while True:
-            line = self.readline()
-            if not line:
-                return
-            yield line
+        return iter(self.readline, b"")
 
 
 # -- response output --------------------------------------------------------
@@ -229,7 +225,7 @@ def call_in_hub(hub, func, *args):
 
 
 class _HubProxy:
-    """Wraps an object so that a pool thread calls its methods in the hub."""
+    """Wraps wsgi.input so that a pool thread calls its methods in the hub."""
 
     def __init__(self, hub, target) -> None:
         self._hub = hub
@@ -242,11 +238,7 @@ class _HubProxy:
         return lambda *args, **kw: call_in_hub(self._hub, lambda: attr(*args, **kw))
 
     def __iter__(self):
-        while True:
-            line = self.readline()
-            if not line:
-                return
-            yield line
+        return iter(self.readline, b"")
 
 
 # -- the server -------------------------------------------------------------
