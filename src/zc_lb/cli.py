@@ -355,6 +355,8 @@ def _add_zk_parser(sub) -> None:
 def run_zk(args: argparse.Namespace) -> int:
     from .zk import run_zk_command
 
+    logging.getLogger("kazoo").setLevel(logging.WARNING)  # a command, not a service
+
     return run_zk_command(args)
 
 
