@@ -15,7 +15,7 @@ setup(
     python_requires=">=3.11",
     install_requires=["gevent>=23", "kazoo>=2.9", "webob>=1.8"],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6", "mypy>=1.0", "pastedeploy>=3"],
+        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "mypy>=1.0", "pastedeploy>=3"],
         "playback": ["locust>=2.20"],
         "simulations": ["matplotlib>=3.7"],
         "paste": ["pastedeploy>=3"],
