@@ -1,0 +1,109 @@
+"""playback/compare.py: a tiny end-to-end run through the three balancers
+prints a table of numbers without errors; the templates and the table are
+right.  Which balancer wins is not asserted."""
+
+import random
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from playback import compare  # noqa: E402
+
+HAVE_HAPROXY = shutil.which("haproxy", path="/usr/sbin:/usr/bin")
+NUMBER = r"(\d+(?:\.\d+)?)"
+
+
+def write_log(path: Path, lines: int = 200, seed: int = 7) -> None:
+    """A Common Log Format log over a few first-segment classes."""
+    rng = random.Random(seed)
+    sections = ["images", "shuttle", "history", "software", "icons"]
+    with open(path, "w") as log:
+        for i in range(lines):
+            section = rng.choice(sections)
+            log.write('client%d - - [01/Aug/1995:00:%02d:%02d -0400] "GET /%s/page%d.html HTTP/1.0" '
+                      "200 %d\n" % (i % 7, i // 60, i % 60, section, rng.randrange(20), 100 + i))
+
+
+@pytest.mark.skipif(not HAVE_HAPROXY, reason="needs haproxy (apt-get install haproxy)")
+def test_tiny_run_prints_three_rows_without_errors(tmp_path):
+    log = tmp_path / "access.log"
+    write_log(log)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "playback" / "compare.py"), str(log), "--host-from-segment", "1",
+         "-w", "2", "-c", "4", "-n", "150", "--warmup", "50", "--cache-size", "20",
+         "--miss-cost", "0.001", "--history", "10", "--log-dir", str(tmp_path / "run"),
+         "--no-progress"],
+        capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr + done.stdout
+    out = done.stdout
+    assert "50 warm-up + 150 measured (5 classes)" in out, out
+    for name in compare.BALANCERS:
+        row = re.search(r"^%s\s+%s\s+%s\s+%s\s+%s\s+%s%%\s+(\d+)\s+%s\s+%s\s+%s$" % (
+            re.escape(name), NUMBER, NUMBER, NUMBER, NUMBER, NUMBER, NUMBER, NUMBER, NUMBER),
+            out, re.M)
+        assert row, "no row for %s in:\n%s" % (name, out)
+        throughput, p50, p99, loads, overlap, errors = row.groups()[:6]
+        assert float(throughput) > 0 and float(p99) >= float(p50)
+        assert float(loads) > 0, "the cache app's headers did not come through %s" % name
+        assert errors == "0", out
+    assert (tmp_path / "run" / "haproxy-hash.cfg").exists()
+    assert (tmp_path / "run" / "zc-lb-lb.log").exists()
+
+
+@pytest.mark.parametrize("name", ["leastconn", "hash"])
+def test_haproxy_templates_fill_in(name):
+    text = compare.haproxy_config(compare.HAPROXY_CONFIGS[name], "127.0.0.1:8080",
+                                  ["127.0.0.1:9001", "127.0.0.1:9002"])
+    assert "$" not in text
+    assert "    bind 127.0.0.1:8080\n" in text
+    assert "    server w1 127.0.0.1:9001\n    server w2 127.0.0.1:9002" in text
+    assert ("balance leastconn" in text) == (name == "leastconn")
+    if name == "hash":
+        for line in ("balance hdr(host)", "hash-type consistent", "hash-balance-factor 125"):
+            assert "    %s\n" % line in text
+
+
+@pytest.mark.skipif(not HAVE_HAPROXY, reason="needs haproxy")
+@pytest.mark.parametrize("name", ["leastconn", "hash"])
+def test_haproxy_accepts_the_configs(name, tmp_path):
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(compare.haproxy_config(compare.HAPROXY_CONFIGS[name], "127.0.0.1:8080",
+                                          ["127.0.0.1:9001"]))
+    done = subprocess.run([HAVE_HAPROXY, "-c", "-f", str(cfg)], capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_ratios_and_table():
+    rows = [{"balancer": "zc-lb", "throughput": 200.0, "p50_ms": 1.0, "p99_ms": 9.0,
+             "loads_per_request": 0.5, "overlap": 0.1, "errors": 0, "lb_cpu_us_per_request": 150.0},
+            {"balancer": "hash", "throughput": 100.0, "p50_ms": 2.0, "p99_ms": 20.0,
+             "loads_per_request": 1.5, "overlap": None, "errors": 3, "lb_cpu_us_per_request": 50.0}]
+    compare.add_ratios(rows)
+    assert rows[0]["throughput_ratio"] == 1.0 and rows[1]["throughput_ratio"] == 0.5
+    assert rows[1]["loads_ratio"] == 3.0
+    lines = compare.format_table(rows).splitlines()
+    assert len(lines) == 4
+    assert lines[2].split() == ["zc-lb", "200.0", "1.0", "9.0", "0.500", "10.0%", "0",
+                                "1.00", "1.00", "150"]
+    assert lines[3].split()[5] == "-"  # unknown overlap
+
+
+def test_ratios_without_zc_lb_are_unknown():
+    rows = [{"balancer": "hash", "throughput": 100.0, "loads_per_request": 1.0}]
+    compare.add_ratios(rows)
+    assert rows[0]["throughput_ratio"] is None and rows[0]["loads_ratio"] is None
+
+
+def test_bad_balancer_name_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        compare.main(["x.log", "--balancers", "nginx"])
+    assert "--balancers" in capsys.readouterr().err
