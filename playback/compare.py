@@ -450,9 +450,9 @@ def make_parser() -> argparse.ArgumentParser:
                      help="comma-separated subset of %s" % ",".join(BALANCERS))
     app = parser.add_argument_group("workers (the same for every balancer)")
     app.add_argument("-w", "--workers", type=int, default=4, help="processes (default %(default)s)")
-    app.add_argument("--cache-size", type=int, default=1500, help="objects cached per worker "
+    app.add_argument("--cache-size", type=int, default=1000, help="objects cached per worker "
                      "(default %(default)s)")
-    app.add_argument("--miss-cost", type=float, default=0.005,
+    app.add_argument("--miss-cost", type=float, default=0.010,
                      help="seconds per cache miss, a database load (default %(default)s)")
     app.add_argument("--objects-per-request", type=int, default=10)
     app.add_argument("--objects-per-class", type=int, default=1000)
