@@ -12,7 +12,7 @@ import pytest
 from kazoo.client import KazooClient, KazooState
 from kazoo.handlers.gevent import SequentialGeventHandler
 
-from zc_lb import cli, tree, zk
+from zc_lb import cli, recipes, tree, zk
 from zc_lb.errors import ConfigurationError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -218,14 +218,14 @@ def test_plan_is_pure_and_spares_ephemerals():
 def test_majority_version():
     def workers(*versions):
         return {f"h:{i}": {"version": v} for i, v in enumerate(versions)}
-    assert zk.majority_version({}) is None
-    assert zk.majority_version(workers("1", "2", "2")) == "2"
-    assert zk.majority_version(workers("1", "2"), current="1") == "1"
-    assert zk.majority_version(workers("1", "2"), current="2") == "2"
-    assert zk.majority_version(workers("1", "2"), current="3") == "2"
-    assert zk.majority_version(workers("1", "1", "2"), current="2") == "1"
-    assert zk.majority_version({"h:1": {}}) is None
-    assert zk.of_version(workers("1", "2"), "2") == {"h:1": {"version": "2"}}
+    assert recipes.majority_version({}) is None
+    assert recipes.majority_version(workers("1", "2", "2")) == "2"
+    assert recipes.majority_version(workers("1", "2"), current="1") == "1"
+    assert recipes.majority_version(workers("1", "2"), current="2") == "2"
+    assert recipes.majority_version(workers("1", "2"), current="3") == "2"
+    assert recipes.majority_version(workers("1", "1", "2"), current="2") == "1"
+    assert recipes.majority_version({"h:1": {}}) is None
+    assert recipes.of_version(workers("1", "2"), "2") == {"h:1": {"version": "2"}}
 
 
 # Commands against the real server -----------------------------------------
@@ -354,7 +354,7 @@ def test_cli(client, zk_hosts, tmp_path, capsys):
 
 
 def test_registration_survives_session_expiry(client, zk_hosts):
-    reg = zk.Registration(client, "/lb/workers/providers/h:1", {"pid": 1})
+    reg = recipes.Registration(client, "/lb/workers/providers/h:1", {"pid": 1})
     reg.start()
     assert reg.wait(10) and reg.registered
     data, stat = client.get("/lb/workers/providers/h:1")
@@ -370,7 +370,7 @@ def test_registration_survives_session_expiry(client, zk_hosts):
 
 
 def test_registration_recreated_when_deleted(client, other_client):
-    reg = zk.Registration(client, "/p/h:1", {})
+    reg = recipes.Registration(client, "/p/h:1", {})
     reg.start()
     assert reg.wait(10)
     gone = gevent.event.Event()
@@ -389,7 +389,7 @@ def test_registration_recreated_when_deleted(client, other_client):
 
 def test_registration_waits_out_another_session(client, other_client):
     other_client.create("/p/h:1", b"{}", ephemeral=True, makepath=True)
-    reg = zk.Registration(client, "/p/h:1", {"pid": 2})
+    reg = recipes.Registration(client, "/p/h:1", {"pid": 2})
     reg.start()
     assert not reg.wait(0.5)
     other_client.stop()  # its session closes, its node goes
@@ -400,7 +400,7 @@ def test_registration_waits_out_another_session(client, other_client):
 
 def test_registration_follows_links(client):
     zk.import_tree(client, TREE)
-    reg = zk.Registration(client, "/lb/backend/providers/h:1", {})
+    reg = recipes.Registration(client, "/lb/backend/providers/h:1", {})
     reg.start()
     assert reg.wait(10)
     assert client.exists("/lb/workers/providers/h:1")
@@ -410,10 +410,10 @@ def test_registration_follows_links(client):
 def test_providers_come_and_go(client, other_client):
     zk.import_tree(client, TREE)
     seen = Recorder()
-    watch = zk.ProvidersWatch(client, "/lb/backend/providers", seen)
+    watch = recipes.ProvidersWatch(client, "/lb/backend/providers", seen)
     watch.start()
     assert seen.wait_for(lambda v: v == {}) == {}
-    regs = [zk.Registration(other_client, f"/lb/workers/providers/h:{i}",
+    regs = [recipes.Registration(other_client, f"/lb/workers/providers/h:{i}",
                             {"version": "1", "pid": i}) for i in (1, 2)]
     for reg in regs:
         reg.start()
@@ -431,7 +431,7 @@ def test_providers_come_and_go(client, other_client):
 
 def test_providers_missing_path_then_created(client):
     seen = Recorder()
-    watch = zk.ProvidersWatch(client, "/later/providers", seen)
+    watch = recipes.ProvidersWatch(client, "/later/providers", seen)
     watch.start()
     seen.wait_for(lambda v: v == {})
     client.create("/later/providers/h:1", b"{}", makepath=True)
@@ -440,18 +440,18 @@ def test_providers_missing_path_then_created(client):
 
 
 def test_providers_kept_while_zookeeper_down(zookeeper, client, other_client):
-    reg = zk.Registration(other_client, "/w/providers/h:1", {})
+    reg = recipes.Registration(other_client, "/w/providers/h:1", {})
     reg.start()
     assert reg.wait(10)
     seen = Recorder()
-    watch = zk.ProvidersWatch(client, "/w/providers", seen)
+    watch = recipes.ProvidersWatch(client, "/w/providers", seen)
     watch.start()
     seen.wait_for(lambda v: set(v) == {"h:1"})
     suspended = state_event(client, KazooState.SUSPENDED)
     zookeeper.stop()
     assert suspended.wait(10)
     # A worker started while ZooKeeper is down registers when it is back.
-    late = zk.Registration(other_client, "/w/providers/h:2", {})
+    late = recipes.Registration(other_client, "/w/providers/h:2", {})
     late.start()
     zookeeper.start()
     seen.wait_for(lambda v: set(v) == {"h:1", "h:2"}, timeout=15)
@@ -460,15 +460,15 @@ def test_providers_kept_while_zookeeper_down(zookeeper, client, other_client):
 
 
 def test_providers_after_session_expiry(client, other_client, zk_hosts):
-    reg = zk.Registration(other_client, "/w/providers/h:1", {})
+    reg = recipes.Registration(other_client, "/w/providers/h:1", {})
     reg.start()
     assert reg.wait(10)
     seen = Recorder()
-    watch = zk.ProvidersWatch(client, "/w/providers", seen)
+    watch = recipes.ProvidersWatch(client, "/w/providers", seen)
     watch.start()
     seen.wait_for(lambda v: set(v) == {"h:1"})
     expire_session(client, zk_hosts)
-    reg2 = zk.Registration(other_client, "/w/providers/h:2", {})
+    reg2 = recipes.Registration(other_client, "/w/providers/h:2", {})
     reg2.start()
     seen.wait_for(lambda v: set(v) == {"h:1", "h:2"})
     # The watcher's own expiry reported nothing spurious.
@@ -482,7 +482,7 @@ def test_providers_after_session_expiry(client, other_client, zk_hosts):
 
 def test_properties_live(client):
     seen = Recorder()
-    watch = zk.PropertiesWatch(client, "/lb", seen)
+    watch = recipes.PropertiesWatch(client, "/lb", seen)
     watch.start()
     seen.wait_for(lambda v: v == {})  # no node: defaults
     zk.import_tree(client, TREE)
@@ -491,7 +491,7 @@ def test_properties_live(client):
     zk.set_properties(client, "/lb", ["variance=2"])
     seen.wait_for(lambda v: v.get("variance") == 2)
     count = len(seen.values)
-    with LogEvent("zc_lb.zk", "bad properties") as logged:
+    with LogEvent("zc_lb.recipes", "bad properties") as logged:
         client.set("/lb", b"{not json")
         assert logged.wait(10)
     assert watch.properties["variance"] == 2  # the last good kept
@@ -503,7 +503,7 @@ def test_properties_live(client):
 
 def test_registration_stop_is_bounded_when_zookeeper_is_down(
         zookeeper, client):
-    reg = zk.Registration(client, "/p/h:1", {})
+    reg = recipes.Registration(client, "/p/h:1", {})
     reg.start()
     assert reg.wait(10)
     suspended = state_event(client, KazooState.SUSPENDED)

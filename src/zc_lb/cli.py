@@ -16,9 +16,9 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Callable, List, Optional
+from typing import List, Optional
 
-from .errors import ConfigurationError, ZcLbError
+from .errors import ConfigurationError
 
 log = logging.getLogger("zc_lb")
 

@@ -53,7 +53,6 @@ from .protocol import (
     Ping,
     Pong,
     Request,
-    Response,
     Resume,
 )
 

@@ -21,9 +21,8 @@ worker in time gives 503.  All errors become responses in ``_error``.
 from __future__ import annotations
 
 import logging
-import socket
 import time
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import gevent
 import gevent.event
@@ -38,7 +37,7 @@ from .errors import (
     ZcLbError,
 )
 from .pool import Pool
-from .protocol import Body, End, Response
+from .protocol import End, Response
 from .worker import HOP_BY_HOP, parse_address
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ import os
 import socket
 from typing import Any, Dict, Mapping, Optional
 
-from . import zk
+from . import recipes, zk
 from .errors import ConfigurationError
 from .settings import LB_SETTINGS, WORKER_SETTINGS, parse_all
 
@@ -51,19 +51,19 @@ class WorkerMembership:
         self.description = description
         self.base = {"history": worker.history, "max_skill_age": worker.max_skill_age}
         self.client = None
-        self.registration: Optional[zk.Registration] = None
-        self.watch: Optional[zk.PropertiesWatch] = None
+        self.registration: Optional[recipes.Registration] = None
+        self.watch: Optional[recipes.PropertiesWatch] = None
 
     def start(self, timeout: float = 10.0) -> None:
         """Connect, follow the settings, then register (after start())."""
         self.client = zk.connect(self.hosts, timeout=timeout)
-        self.watch = zk.PropertiesWatch(self.client, self.path, self._settings_changed)
+        self.watch = recipes.PropertiesWatch(self.client, self.path, self._settings_changed)
         self.watch.start()
         self.watch.wait(timeout)
         data = {"pid": os.getpid(), "version": self.version,
                 "description": self.description}
         node = "%s/providers/%s" % (self.path.rstrip("/"), advertised(self.worker.address))
-        self.registration = zk.Registration(self.client, node, data)
+        self.registration = recipes.Registration(self.client, node, data)
         self.registration.start()
         self.registration.wait(timeout)
 
@@ -111,12 +111,12 @@ class LBMembership:
     def start(self, timeout: float = 10.0) -> None:
         """Connect, follow settings and workers, register."""
         self.client = zk.connect(self.hosts, timeout=timeout)
-        settings = zk.PropertiesWatch(self.client, self.path, self._settings_changed)
-        workers = zk.ProvidersWatch(self.client, self._join("workers/providers"),
+        settings = recipes.PropertiesWatch(self.client, self.path, self._settings_changed)
+        workers = recipes.ProvidersWatch(self.client, self._join("workers/providers"),
                                     self._providers_changed)
         data = {"pid": os.getpid(),
                 "status": advertised(self.status_address) if self.status_address else None}
-        registration = zk.Registration(
+        registration = recipes.Registration(
             self.client, self._join("providers/" + advertised(self.listen)), data)
         self.recipes = [settings, workers, registration]
         for recipe in self.recipes:
@@ -157,11 +157,11 @@ class LBMembership:
     def _update_workers(self) -> None:
         providers = self.providers
         if self.single_version:
-            version = zk.majority_version(providers, self.version)
+            version = recipes.majority_version(providers, self.version)
             if version != self.version:
                 log.warning("serving worker version %r (was %r): %d of %d workers",
                             version, self.version,
-                            len(zk.of_version(providers, version)), len(providers))
+                            len(recipes.of_version(providers, version)), len(providers))
                 self.version = version
-            providers = zk.of_version(providers, version)
+            providers = recipes.of_version(providers, version)
         self.lb.set_workers(providers)
