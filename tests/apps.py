@@ -43,6 +43,7 @@ def _count(environ):
 
 
 def _upload_slow(environ, start_response):
+    _mark("started")
     try:
         read = environ["wsgi.input"].read
         while read(4096):

@@ -290,7 +290,7 @@ def test_client_disconnecting_mid_upload_cancels_the_workers_request(cluster, tm
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(b"POST /upload-slow HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n")
         sock.sendall(b"y" * 20000)
-        wait_for(lambda: status(lb)["in_flight"] == 1)
+        wait_for(lambda: (tmp_path / "started").exists(), message="the app reading the body")
     wait_for(lambda: (tmp_path / "cancelled").exists(), message="the worker's request cancelled")
     wait_for(lambda: status(lb)["in_flight"] == 0)
     assert request(lb)[0] == 200
