@@ -57,7 +57,6 @@ import dataclasses
 import json
 import shutil
 import signal
-import socket
 import string
 import subprocess
 import tempfile
@@ -68,6 +67,7 @@ from typing import Dict, Iterator, List, Optional, Sequence
 from playback.cacheapp import ENV_PREFIX, STATS_PATH
 from playback.logparse import DEFAULT_HOST_SUFFIX, FORMATS, read_entries
 from playback.replay import replay
+from zc_lb.testing import ProcessError, free_port, stop_process, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
 ETC = ROOT / "etc"
@@ -76,7 +76,7 @@ HAPROXY_CONFIGS = {"leastconn": ETC / "haproxy-leastconn.cfg", "hash": ETC / "ha
 START_TIMEOUT = 30.0
 
 
-class CompareError(Exception):
+class CompareError(ProcessError):
     """A balancer or a process could not be set up; the message says why."""
 
 
@@ -94,44 +94,10 @@ class Target:
 # -- processes ------------------------------------------------------------
 
 
-def free_port() -> int:
-    """A loopback port nobody listened on a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_port(address: str, process: subprocess.Popen, timeout: float = START_TIMEOUT) -> None:
-    """Wait until ``address`` accepts connections; fail if ``process`` exits."""
-    host, port = address.rsplit(":", 1)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise CompareError("%s exited with status %s before listening on %s" % (
-                command(process), process.returncode, address))
-        with contextlib.suppress(OSError), socket.create_connection((host, int(port)), 0.5):
-            return
-        time.sleep(0.05)
-    raise CompareError("nothing listens on %s after %.0f s" % (address, timeout))
-
-
 def command(process: subprocess.Popen) -> str:
     """The start of the process's command line, to name it in messages."""
     args = process.args if isinstance(process.args, (list, tuple)) else [process.args]
     return " ".join(str(arg) for arg in args[:5])
-
-
-def stop(process: subprocess.Popen, timeout: float = 10.0) -> None:
-    """Terminate a process we started; kill it if it lingers."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout)
-    if process.stdout is not None:
-        process.stdout.close()
 
 
 @contextlib.contextmanager
@@ -144,7 +110,7 @@ def spawned(argv: List[str], log: Path, env: Optional[Dict[str, str]] = None,
     try:
         yield process
     finally:
-        stop(process)
+        stop_process(process)
 
 
 def child_env(extra: Optional[Dict[str, str]]) -> Dict[str, str]:
@@ -205,7 +171,7 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path) -> Iterator[Target]:
                 zc_lb + ["worker", "playback.cacheapp:app", "--listen", "127.0.0.1:0",
                          "--history", str(args.history)], log, env, stdout=subprocess.PIPE))
             workers.append(read_ready_line(process, "zc-lb worker listening on ", log))
-            wait_for_port(stats, process)
+            wait_for_port(stats, process, START_TIMEOUT)
             stats_urls.append("http://%s%s" % (stats, STATS_PATH))
         status = "127.0.0.1:%d" % free_port()
         argv = zc_lb + ["lb", "--listen", "127.0.0.1:0", "--status", status] + args.zc_lb_option
@@ -214,7 +180,7 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path) -> Iterator[Target]:
         log = run_dir / "zc-lb-lb.log"
         lb = stack.enter_context(spawned(argv, log, stdout=subprocess.PIPE))
         address = read_ready_line(lb, "zc-lb lb listening on ", log)
-        wait_for_port(status, lb)
+        wait_for_port(status, lb, START_TIMEOUT)
         wait_for_workers(status, workers, lb)
         yield Target("zc-lb", "http://%s" % address, stats_urls, [lb.pid], status)
 
@@ -249,14 +215,14 @@ def haproxy_target(name: str, args: argparse.Namespace, run_dir: Path) -> Iterat
                 [sys.executable, "-m", "playback.cacheapp", "--listen", address,
                  "--worker-id", "%s%d" % (name[0], i)] + app_argv(args),
                 run_dir / ("%s-app%d.log" % (name, i))))
-            wait_for_port(address, process)
+            wait_for_port(address, process, START_TIMEOUT)
             servers.append(address)
         listen = "127.0.0.1:%d" % free_port()
         cfg = run_dir / ("haproxy-%s.cfg" % name)
         cfg.write_text(haproxy_config(HAPROXY_CONFIGS[name], listen, servers))
         process = stack.enter_context(spawned(
             [args.haproxy, "-f", str(cfg), "-db"], run_dir / ("haproxy-%s.log" % name)))
-        wait_for_port(listen, process)
+        wait_for_port(listen, process, START_TIMEOUT)
         yield Target(name, "http://%s" % listen,
                      ["http://%s%s" % (s, STATS_PATH) for s in servers], [process.pid])
 
@@ -525,7 +491,7 @@ def main(argv=None) -> int:
     started = time.monotonic()
     try:
         result = run(args, run_dir)
-    except (CompareError, OSError) as exc:
+    except (ProcessError, OSError) as exc:
         print("compare.py: %s (process logs in %s)" % (exc, run_dir), file=sys.stderr)
         return 1
     finally:

@@ -39,9 +39,10 @@ import string
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
+
+from .testing import ProcessError, free_port, stop_process, wait_for_port
 
 BODY = b"Hello, world\n"
 HAPROXY_TEMPLATE = Path(__file__).resolve().parents[2] / "etc" / "haproxy-bench.cfg"
@@ -49,7 +50,7 @@ SERVE_READY = "zc-lb bench server listening on "
 TARGETS = ("zc-lb", "haproxy", "direct")
 
 
-class BenchError(Exception):
+class BenchError(ProcessError):
     """The bench cannot run or a target misbehaved; the message says why."""
 
 
@@ -100,19 +101,6 @@ def start_process(argv: List[str], ready: str,
     return process, line.split()[-1]
 
 
-def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
-    """Terminate the process we started; kill it if it lingers."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout)
-    if process.stdout is not None:
-        process.stdout.close()
-
-
 @contextlib.contextmanager
 def running(argv: List[str], ready: str) -> Iterator[Tuple[subprocess.Popen, str]]:
     """``start_process`` as a context: the process is stopped on exit."""
@@ -121,26 +109,6 @@ def running(argv: List[str], ready: str) -> Iterator[Tuple[subprocess.Popen, str
         yield process, address
     finally:
         stop_process(process)
-
-
-def free_port() -> int:
-    """An ephemeral port that was free a moment ago (HAProxy needs a number)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for_port(address: str, process: subprocess.Popen, timeout: float = 10.0) -> None:
-    """Wait until ``address`` accepts connections, or fail if ``process`` dies."""
-    host, port = address.rsplit(":", 1)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise BenchError("%s exited with status %s" % (process.args[0], process.returncode))
-        with contextlib.suppress(OSError), socket.create_connection((host, int(port)), 0.5):
-            return
-        time.sleep(0.05)
-    raise BenchError("nothing listens on %s after %.0f s" % (address, timeout))
 
 
 # -- the three targets ---------------------------------------------------
@@ -365,7 +333,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         build_parser().error("--seconds, --warmup and --connections must be at least 1")
     try:
         return run_bench(args)
-    except BenchError as exc:
+    except ProcessError as exc:
         print("zc-lb bench: error: %s" % exc, file=sys.stderr)
         return 1
 

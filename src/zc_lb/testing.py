@@ -27,6 +27,40 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+class ProcessError(RuntimeError):
+    """A process we started did not come up as it should."""
+
+
+def wait_for_port(address: str, process: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Wait until ``address`` accepts connections; ProcessError if
+    ``process`` exits first or nothing listens within ``timeout``."""
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ProcessError("%s exited with status %s before listening on %s" % (
+                " ".join(str(a) for a in process.args[:5]), process.returncode, address))
+        try:
+            socket.create_connection((host, int(port)), 0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise ProcessError("nothing listens on %s after %.0f s" % (address, timeout))
+
+
+def stop_process(process: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Terminate a process we started; kill it if it lingers."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout)
+    if process.stdout is not None:
+        process.stdout.close()
+
+
 class Process:
     """A zc-lb subprocess that announces its address on its first line."""
 
