@@ -22,6 +22,8 @@ from .errors import ConfigurationError
 
 log = logging.getLogger("zc_lb")
 
+DRAIN_QUIET = 0.5  # seconds without requests in flight that end a drain
+
 
 def _read_secret(path: Optional[str]) -> Optional[bytes]:
     if not path:
@@ -119,6 +121,8 @@ def build_lb(args: argparse.Namespace):
         pages = {502: page, 503: page}
     lb = LB(pool, get_classifier(args.classifier),
             no_worker_timeout=args.no_worker_timeout,
+            response_timeout=args.response_timeout or None,
+            drain_timeout=args.drain_timeout,
             secret=_read_secret(args.secret_file), pages=pages,
             max_request_body=args.max_request_body)
     if args.certfile and not os.path.exists(args.certfile):
@@ -154,10 +158,16 @@ def run_lb(args: argparse.Namespace) -> int:
         print("zc-lb status on %s:%d" % status.address, flush=True)
 
     def stop() -> bool:
-        assert front.server is not None
-        front.server.close()  # stop accepting; finish what is in flight
+        front.drain()  # stop accepting; finish what is in flight
         deadline = time.monotonic() + args.drain_timeout
-        while lb.in_flight > 0 and time.monotonic() < deadline:
+        quiet_since = None  # keep-alive clients may still send a last request
+        while time.monotonic() < deadline:
+            if lb.in_flight:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= DRAIN_QUIET:
+                break
             gevent.sleep(0.05)
         front.stop(timeout=1)
         if status is not None:
@@ -300,6 +310,9 @@ def _add_lb_parser(sub) -> None:
     p.add_argument("--unskilled-score", type=float, default=1.0)
     p.add_argument("--no-worker-timeout", type=float, default=30.0,
                    help="seconds to wait for a worker before answering 503")
+    p.add_argument("--response-timeout", type=float, default=300.0,
+                   help="seconds to wait for a worker to start responding, then 504 "
+                        "(default 300; 0 waits forever)")
     p.add_argument("--max-request-body", type=int, default=2**30,
                    help="answer 413 to a larger Content-Length (bytes, default 1 GiB)")
     p.add_argument("--access-log", metavar="FILE|-", help="Apache combined access log")

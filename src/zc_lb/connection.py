@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 KEEPALIVE_INTERVAL = 1.0
 KEEPALIVE_TIMEOUT = 5.0
 HANDSHAKE_TIMEOUT = 10.0
+RECYCLE_RNO = protocol.MAX_RNO - 100000
 RECV_SIZE = 256 * 1024
 
 
@@ -103,7 +104,7 @@ class Exchange:
     """One request in flight on a connection."""
 
     __slots__ = ("connection", "rno", "state", "inbox", "credit", "window",
-                 "unacked", "error", "_wakeup", "on_cancel", "__weakref__")
+                 "unacked", "error", "_wakeup", "on_cancel", "client_left", "__weakref__")
 
     def __init__(self, connection: "Connection", rno: int) -> None:
         self.connection = connection
@@ -116,6 +117,7 @@ class Exchange:
         self.error: Optional[ZcLbError] = None
         self._wakeup = gevent.event.Event()
         self.on_cancel: Optional[Callable[[], None]] = None
+        self.client_left = False  # the LB's client hung up (lb.py)
 
     # -- sending ------------------------------------------------------
 
@@ -291,16 +293,18 @@ class Connection:
         self._greenlets = [gevent.spawn(self._read_loop), gevent.spawn(self._keepalive_loop),
                            gevent.spawn(self._write_loop)]
 
-    def close(self, reason: str = "closed") -> None:
-        """Close from our side, after sending what is queued (if the socket
-        takes it at once); waiters get ConnectionClosed/WorkerClosed."""
-        if self._outgoing and not self._sending and not self.closed:
+    def close(self, reason: str = "closed", flush_timeout: float = 0.0) -> None:
+        """Close from our side, after up to ``flush_timeout`` seconds for
+        what is queued to be sent; waiters get ConnectionClosed/WorkerClosed."""
+        deadline = time.monotonic() + flush_timeout
+        while ((self._outgoing or self._sending) and not self.closed
+               and time.monotonic() < deadline):
+            gevent.sleep(0.01)
+        if not self.closed:
             try:
-                self.sock.setblocking(False)
-                self.sock.send(b"".join(self._outgoing))
+                self.sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-            self._outgoing.clear()
         self._end(self._closed_error("%s: %s" % (self.peer, reason)))
 
     def join(self, timeout: Optional[float] = None) -> None:
@@ -313,6 +317,11 @@ class Connection:
         """LB side: start a request, with End at once when it has no body."""
         if self.closed:
             raise self.error or self._closed_error(self.peer)
+        if self._last_rno >= RECYCLE_RNO and not self.draining:
+            self.draining = True  # out of request numbers soon: make way for a new one
+            self.handler.handle_goaway(self, "request numbers running out")
+        if self._last_rno >= protocol.MAX_RNO:
+            raise self._closed_error("%s: no request numbers left" % self.peer)
         self._last_rno += 1
         exchange = Exchange(self, self._last_rno)
         self.streams[exchange.rno] = exchange

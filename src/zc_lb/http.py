@@ -120,13 +120,26 @@ class RequestHeaders:
             if len(line) > MAX_HEADER_LINE:
                 return cls([], "Header line too long")
             if line in (b"\r\n", b"\n", b""):
-                return cls(items)
+                return cls._checked(items)
             if len(items) >= MAX_HEADERS:
                 return cls([], "Too many headers")
             name, sep, value = line.partition(b":")
             if not sep or not name or name[:1] in b" \t" or b" " in name or b"\t" in name:
                 return cls([], "Invalid header line %r" % (line[:80],))
             items.append((name.decode("latin-1"), value.strip().decode("latin-1")))
+
+    @classmethod
+    def _checked(cls, items) -> "RequestHeaders":
+        """Refuse the framing ambiguities request smuggling is made of."""
+        lengths = {v for k, v in items if k.lower() == "content-length"}
+        codings = [v.strip().lower() for k, v in items if k.lower() == "transfer-encoding"]
+        if len(lengths) > 1:
+            return cls([], "Conflicting Content-Length headers")
+        if codings and codings != ["chunked"]:
+            return cls([], "Unsupported Transfer-Encoding %r" % ", ".join(codings))
+        if codings and lengths:
+            return cls([], "Both Content-Length and Transfer-Encoding")
+        return cls(items)
 
     def get(self, name: str, default=None):
         return self._first.get(name.lower(), default)
@@ -153,6 +166,21 @@ class FrontHandler(gevent.pywsgi.WSGIHandler):
 
     def MessageClass(self, rfile, *args):  # noqa: N802 (pywsgi's name)
         return RequestHeaders.read(rfile)
+
+    def get_environ(self) -> dict:
+        environ = super().get_environ()
+        environ["zc_lb.client_socket"] = self.socket  # to notice a hang-up
+        return environ
+
+    def finalize_headers(self) -> None:
+        super().finalize_headers()
+        if self.response_use_chunked and self.command == "HEAD":
+            # No body follows a HEAD response, so no chunked framing either.
+            self.response_use_chunked = False
+            self.response_headers.remove((b"Transfer-Encoding", b"chunked"))
+        if getattr(self.server, "draining", False) and not self.close_connection:
+            self.close_connection = True  # tell keep-alive clients we are going
+            self.response_headers.append((b"Connection", b"close"))
 
     def _write_with_headers(self, data) -> None:
         # pywsgi sends the head and the first chunk in two system calls;
@@ -256,6 +284,12 @@ class FrontServer:
         self.server.start()
         if self.access_log is not None:
             self.access_log.start()
+
+    def drain(self) -> None:
+        """Stop accepting; answer what is in flight with Connection: close."""
+        if self.server is not None:
+            self.server.draining = True  # type: ignore[attr-defined]
+            self.server.close()
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop accepting, wait up to ``timeout`` for requests in flight."""

@@ -21,11 +21,13 @@ worker in time gives 503.  All errors become responses in ``_error``.
 from __future__ import annotations
 
 import logging
+import socket
 import time
-from typing import Callable, Dict, Iterable, Optional, Tuple
+from typing import Callable, Dict, Iterable, Optional
 
 import gevent
 import gevent.event
+import gevent.pywsgi
 import gevent.socket
 
 from .connection import Connection, Exchange, Handler
@@ -46,15 +48,20 @@ CONNECT_TIMEOUT = 5.0
 BACKOFF_MIN = 0.1
 BACKOFF_MAX = 5.0
 UPLOAD_CHUNK = 64 * 1024
+WATCH_CLIENT_AFTER = 1.0  # seconds without a response before watching for a hang-up
 HOP_BY_HOP_ENVIRON = frozenset(
     "HTTP_" + name.upper().replace("-", "_") for name in HOP_BY_HOP
 ) | {"HTTP_PROXY_CONNECTION"}
 RETRY_METHODS = frozenset(("GET", "HEAD"))
+BODILESS_STATUS = frozenset(("204", "304")) | {"1%02d" % n for n in range(100)}
+REASONS = {413: "Request Entity Too Large", 502: "Bad Gateway",
+           503: "Service Unavailable", 504: "Gateway Timeout"}
 
 DEFAULT_PAGES = {
     413: "413 Request Entity Too Large",
     502: "502 Bad Gateway",
     503: "503 Service Unavailable",
+    504: "504 Gateway Timeout",
 }
 
 
@@ -62,6 +69,22 @@ class ClientGone(ZcLbError):
     """The HTTP client went away while we read its request body."""
 
     http_status = 499
+
+
+class BadResponse(ZcLbError):
+    """The worker's response broke HTTP (a bad head, a body longer or
+    shorter than its Content-Length)."""
+
+    http_status = 502
+
+
+class ResponseTimeout(ZcLbError):
+    """The worker did not start a response within the response timeout."""
+
+    http_status = 504
+
+
+INVALID_CLIENT_INPUT = getattr(gevent.pywsgi, "_InvalidClientInput", ())
 
 
 class WorkerLink(Handler):
@@ -79,13 +102,19 @@ class WorkerLink(Handler):
     def start(self) -> None:
         self._greenlet = gevent.spawn(self._run)
 
-    def stop(self) -> None:
-        """Stop reconnecting and close the connection (in-flight requests fail)."""
+    def stop(self, drain_timeout: float = 0.0) -> None:
+        """Stop reconnecting; close the connection once the requests in
+        flight on it are done, or after ``drain_timeout`` seconds."""
         self.stopped = True
         if self._greenlet is not None:
             self._greenlet.kill(block=False)
-        if self.connection is not None:
-            self.connection.close("worker removed")
+        connection = self.connection
+        if connection is not None:
+            self.lb._worker_down(connection)
+            if drain_timeout > 0:
+                gevent.spawn(close_when_idle, connection, drain_timeout, "worker removed")
+            else:
+                connection.close("worker removed")
 
     def _run(self) -> None:
         backoff = BACKOFF_MIN
@@ -141,6 +170,7 @@ class WorkerLink(Handler):
     def handle_goaway(self, connection: Connection, reason: str) -> None:
         log.info("worker %s is draining: %s", self.address, reason)
         self.lb._worker_down(connection)
+        gevent.spawn(close_when_idle, connection, self.lb.drain_timeout, "worker draining")
 
     def connection_lost(self, connection: Connection, error: ZcLbError) -> None:
         if not self.stopped:
@@ -154,36 +184,98 @@ class WorkerLink(Handler):
             self.address, "connected" if self.connection else "disconnected")
 
 
+def close_when_idle(connection: Connection, timeout: float, reason: str) -> None:
+    """Close ``connection`` once nothing is in flight on it (or at ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while connection.streams and not connection.closed and time.monotonic() < deadline:
+        gevent.sleep(0.05)
+    connection.close(reason, flush_timeout=1.0)
+
+
+class Upload:
+    """The request body, sent to the worker from a greenlet of its own,
+    so that a worker may answer, and stream, while it still reads."""
+
+    def __init__(self, exchange: Exchange, wsgi_input) -> None:
+        self.exchange = exchange
+        self.wsgi_input = wsgi_input
+        self.error: Optional[Exception] = None
+        self.done = False
+        self.greenlet = gevent.spawn(self._run)
+
+    def _run(self) -> None:
+        exchange, read = self.exchange, self.wsgi_input.read
+        try:
+            while True:
+                data = read(UPLOAD_CHUNK)
+                if not data:
+                    exchange.send(End(exchange.rno))
+                    self.done = True
+                    return
+                exchange.send_body(data)
+        except ZcLbError:
+            pass  # the request ended on the worker's side; nothing more to send
+        except Exception as exc:  # the client left, or sent a broken body
+            self.error = exc
+            exchange.cancel()
+
+    def failure(self) -> Optional[Exception]:
+        """What went wrong on the client's side, as the error to raise."""
+        if self.error is None:
+            return None
+        if isinstance(self.error, INVALID_CLIENT_INPUT):
+            return self.error  # pywsgi answers 400 and closes
+        return ClientGone("client went away during upload: %s" % self.error)
+
+    def stop(self) -> None:
+        self.greenlet.kill()
+
+
 class ResponseBody:
     """The response body as a WSGI iterable: granting credit back to the
-    worker as the client takes each chunk, and returning the worker to
-    the pool when it ends (or cancelling the request if it did not)."""
+    worker as the client takes each chunk, holding the worker to its
+    Content-Length, and returning it to the pool when the body ends (or
+    cancelling the request if it did not)."""
 
     def __init__(self, lb: "LB", connection: Connection, exchange: Exchange,
-                 first: Optional[bytes]) -> None:
+                 upload: Optional[Upload], length: Optional[int]) -> None:
         self.lb = lb
         self.connection = connection
         self.exchange = exchange
-        self.first = first
+        self.upload = upload
+        self.length = length
         self.done = False
 
     def __iter__(self):
-        exchange = self.exchange
+        exchange, remaining = self.exchange, self.length
         pending = 0
-        if self.first is not None:
-            pending = len(self.first)
-            yield self.first
         while True:
             if pending:
                 exchange.consumed(pending)
             message = exchange.receive()
             if isinstance(message, End):
+                if remaining:
+                    raise BadResponse("worker's body ended %d bytes short" % remaining)
                 self.done = True
                 return
-            pending = len(message.data)  # type: ignore[union-attr]
-            yield message.data  # type: ignore[union-attr]
+            data = message.data  # type: ignore[union-attr]
+            pending = len(data)
+            if remaining is not None:
+                if pending > remaining:
+                    # Bytes past Content-Length would be read as the next
+                    # response on a keep-alive connection: drop them.
+                    log.warning("worker %s sent a body longer than its Content-Length",
+                                self.connection.peer)
+                    self.done = True
+                    if remaining:
+                        yield data[:remaining]
+                    return
+                remaining -= pending
+            yield data
 
     def close(self) -> None:
+        if self.upload is not None:
+            self.upload.stop()
         if not self.done or not self.exchange.state.finished:
             self.exchange.cancel()
         self.lb._put(self.connection)
@@ -202,8 +294,12 @@ class LB:
         max_request_body: Optional[int] = None,
         keepalive_interval: float = 1.0,
         keepalive_timeout: float = 5.0,
+        response_timeout: Optional[float] = 300.0,
+        drain_timeout: float = 30.0,
     ) -> None:
         self.pool = pool
+        self.response_timeout = response_timeout
+        self.drain_timeout = drain_timeout
         self.classifier = classifier
         self.no_worker_timeout = no_worker_timeout
         self.secret = secret
@@ -228,7 +324,7 @@ class LB:
         wanted = set(addresses)
         for address in list(self.links):
             if address not in wanted:
-                self.links.pop(address).stop()
+                self.links.pop(address).stop(self.drain_timeout)
                 log.info("worker %s removed", address)
         for address in sorted(wanted - set(self.links)):
             link = self.links[address] = WorkerLink(self, address)
@@ -257,8 +353,10 @@ class LB:
         self.requests += 1
         try:
             return self._forward(environ, start_response)
+        except ClientGone:
+            raise  # nobody to answer: the front server closes the connection
         except ZcLbError as exc:
-            return self._error(exc, start_response)
+            return self._error(exc, environ, start_response)
 
     def _forward(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         rclass = self._classify(environ)
@@ -267,18 +365,23 @@ class LB:
         forwarded = _forwarded_environ(environ, rclass)
         for attempt in range(max(len(self.links), 1) + 1):
             connection = self._get_worker(rclass)
+            exchange = upload = None
             try:
-                exchange, response = self._exchange(connection, forwarded, environ, has_body)
-            except (ConnectionLost, ConnectionClosed) as exc:
-                self._put(connection)
+                exchange = connection.open_request(forwarded, end=not has_body)
+                if has_body:
+                    upload = Upload(exchange, environ["wsgi.input"])
+                response = self._await_response(exchange, upload, environ)
+                length = self._start(response, environ, start_response)
+            except (ConnectionLost, ConnectionClosed):
+                self._abort(connection, exchange, upload)
                 if retryable and attempt < len(self.links):
                     self.retries += 1
                     continue
-                raise exc
-            except BaseException:
-                self._put(connection)
                 raise
-            return self._respond(connection, exchange, response, start_response)
+            except BaseException:
+                self._abort(connection, exchange, upload)
+                raise
+            return ResponseBody(self, connection, exchange, upload, length)
         raise NoWorkerAvailable("no worker answered")
 
     def _classify(self, environ: dict) -> str:
@@ -301,54 +404,85 @@ class LB:
             self._workers_changed.clear()
             self._workers_changed.wait(remaining)
 
-    def _exchange(self, connection: Connection, forwarded: Dict[str, str],
-                  environ: dict, has_body: bool) -> Tuple[Exchange, Response]:
-        exchange = connection.open_request(forwarded, end=not has_body)
-        if has_body:
-            try:
-                self._upload(exchange, environ["wsgi.input"])
-            except ClientGone:
-                exchange.cancel()
-                raise
-        response = exchange.receive()
+    def _await_response(self, exchange: Exchange, upload: Optional[Upload],
+                        environ: dict) -> Response:
+        try:
+            response = self._receive_response(exchange, upload, environ)
+        except gevent.Timeout:
+            raise ResponseTimeout("no response within %gs" % self.response_timeout)
+        except RequestCancelled:
+            failure = upload.failure() if upload is not None else None
+            if failure is not None:
+                raise failure
+            if exchange.client_left:
+                raise ClientGone("client went away while the worker worked")
+            raise
         if not isinstance(response, Response):
+            raise BadResponse("worker sent %s before a response" % type(response).__name__)
+        return response
+
+    def _receive_response(self, exchange: Exchange, upload: Optional[Upload],
+                          environ: dict):
+        timeout = self.response_timeout
+        try:
+            return exchange.receive(min(timeout or WATCH_CLIENT_AFTER, WATCH_CLIENT_AFTER))
+        except gevent.Timeout:
+            if timeout is not None and timeout <= WATCH_CLIENT_AFTER:
+                raise
+        # A slow answer: stop the worker's work if the client hangs up.
+        sock = environ.get("zc_lb.client_socket")
+        watcher = None
+        if sock is not None and (upload is None or upload.done):
+            watcher = gevent.spawn(_watch_client, sock, exchange)
+        try:
+            return exchange.receive(None if timeout is None else timeout - WATCH_CLIENT_AFTER)
+        finally:
+            if watcher is not None:
+                watcher.kill(block=False)
+
+    def _start(self, response: Response, environ: dict, start_response: Callable
+               ) -> Optional[int]:
+        """Start the client's response; the body length to hold the worker to."""
+        code = response.status[:3]
+        bodiless = code in BODILESS_STATUS or environ["REQUEST_METHOD"] == "HEAD"
+        headers, length = [], None
+        for name, value in response.headers:
+            lowered = name.lower()
+            if lowered in HOP_BY_HOP or (code in BODILESS_STATUS and lowered == "content-length"):
+                continue
+            if lowered == "content-length":
+                length = _content_length(value)
+            headers.append((name, value))
+        try:
+            start_response(response.status, headers)
+        except Exception as exc:  # pywsgi refused the status or a header
+            raise BadResponse("worker sent a response head HTTP forbids: %s" % exc)
+        return 0 if bodiless else length
+
+    def _abort(self, connection: Connection, exchange: Optional[Exchange],
+               upload: Optional[Upload]) -> None:
+        if upload is not None:
+            upload.stop()
+        if exchange is not None:
             exchange.cancel()
-            raise ConnectionLost("worker sent %s before a response" % type(response).__name__)
-        return exchange, response
+        self._put(connection)
 
-    def _upload(self, exchange: Exchange, wsgi_input) -> None:
-        while True:
-            try:
-                data = wsgi_input.read(UPLOAD_CHUNK)
-            except (OSError, ValueError) as exc:
-                raise ClientGone("client went away during upload: %s" % exc)
-            if not data:
-                exchange.send(End(exchange.rno))
-                return
-            if not exchange.send_body(data, stop_on_response=True):
-                return  # the worker answered early; stop uploading
-
-    def _respond(self, connection: Connection, exchange: Exchange, response: Response,
-                 start_response: Callable) -> Iterable[bytes]:
-        headers = [(k, v) for (k, v) in response.headers if k.lower() not in HOP_BY_HOP]
-        start_response(response.status, headers)
-        body = ResponseBody(self, connection, exchange, None)
-        return body
-
-    def _error(self, exc: ZcLbError, start_response: Callable) -> Iterable[bytes]:
+    def _error(self, exc: ZcLbError, environ: dict,
+               start_response: Callable) -> Iterable[bytes]:
         status = exc.http_status
         if isinstance(exc, (RequestCancelled, ConnectionLost, ConnectionClosed)):
             status = 502
         self.errors[status] = self.errors.get(status, 0) + 1
-        if status == 499:
-            return []  # the client is gone; nobody to answer
         page = self.pages.get(status) or self.pages[502]
-        reason = {413: "Request Entity Too Large", 502: "Bad Gateway",
-                  503: "Service Unavailable"}.get(status, "Error")
-        log.warning("%d for a request: %s", status, exc)
-        start_response("%d %s" % (status, reason), [
-            ("Content-Type", "text/html; charset=utf-8"),
-            ("Content-Length", str(len(page)))])
+        log.warning("%d for %s %s: %s", status, environ.get("REQUEST_METHOD"),
+                    environ.get("PATH_INFO"), exc)
+        headers = [("Content-Type", "text/html; charset=utf-8"),
+                   ("Content-Length", str(len(page)))]
+        if _request_body_unread(environ):
+            # Reading a body nobody wants could take forever; hang up instead.
+            headers.append(("Connection", "close"))
+            _abandon_input(environ)
+        start_response("%d %s" % (status, REASONS.get(status, "Error")), headers)
         return [page]
 
     # -- introspection ------------------------------------------------
@@ -392,6 +526,44 @@ def _has_body(environ: dict, limit: Optional[int]) -> bool:
     if limit is not None and size > limit:
         raise RequestTooLarge("Content-Length %d is over the limit of %d" % (size, limit))
     return size > 0
+
+
+def _watch_client(sock, exchange: Exchange) -> None:
+    """Cancel ``exchange`` if the client closes its connection."""
+    try:
+        gevent.socket.wait_read(sock.fileno())
+        if sock.recv(1, socket.MSG_PEEK):
+            return  # a pipelined request, not a hang-up
+    except OSError:
+        pass
+    exchange.client_left = True
+    exchange.cancel()
+
+
+def _content_length(value: str) -> Optional[int]:
+    try:
+        length = int(value)
+    except ValueError:
+        raise BadResponse("worker sent Content-Length %r" % value)
+    if length < 0:
+        raise BadResponse("worker sent Content-Length %r" % value)
+    return length
+
+
+def _request_body_unread(environ: dict) -> bool:
+    wsgi_input = environ.get("wsgi.input")
+    if wsgi_input is None:
+        return False
+    if getattr(wsgi_input, "chunked_input", False):
+        return True
+    return getattr(wsgi_input, "position", 0) < (getattr(wsgi_input, "content_length", 0) or 0)
+
+
+def _abandon_input(environ: dict) -> None:
+    """Tell pywsgi not to read (discard) the rest of the request body."""
+    wsgi_input = environ.get("wsgi.input")
+    if wsgi_input is not None and hasattr(wsgi_input, "_chunked_input_error"):
+        wsgi_input._chunked_input_error = True
 
 
 class RequestTooLarge(ZcLbError):

@@ -67,6 +67,7 @@ MAX_BODY = 256 * 1024
 MAX_MESSAGE = 256 * 1024
 MAX_RESUME = 64 * 1024 * 1024
 MAX_RNO = 2**32 - 1
+COMPACT_AT = 64 * 1024  # decoded bytes kept at the buffer's head at most
 
 HEADER = struct.Struct("!IBI")
 HEADER_SIZE = HEADER.size
@@ -417,6 +418,8 @@ class Decoder:
             raise RemoteProtocolError("frame type %d with request number %d" % (mtype, rno))
         end = pos + HEADER_SIZE + length
         if len(buf) < end:
+            if pos > COMPACT_AT:
+                self._compact()
             return NEED_DATA
         payload = bytes(buf[pos + HEADER_SIZE:end])
         self._pos = end

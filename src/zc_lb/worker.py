@@ -117,12 +117,10 @@ class RequestInput(io.RawIOBase):
 
     def read(self, size: Optional[int] = -1) -> bytes:
         if size is None or size < 0:
-            while self._fill():
-                pass
-            return self._take(len(self._buffer))
-        if not self._buffer:
-            self._fill()
-        return self._take(size)
+            size = -1
+        while (size < 0 or len(self._buffer) < size) and self._fill():
+            pass
+        return self._take(len(self._buffer) if size < 0 else size)
 
     def readinto(self, b) -> int:  # type: ignore[override]
         data = self.read(len(b))
@@ -296,10 +294,13 @@ class Worker(Handler):
         self._stopped.wait()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Tell LBs we are draining, finish requests in flight, close."""
+        """Drain: tell every LB to send nothing new, serve what they sent
+        before they heard it, and close once they hang up (or at
+        ``timeout``), with every finished response sent whole."""
         if self.stopping:
             return
         self.stopping = True
+        deadline = time.monotonic() + timeout
         if self.server is not None:
             self.server.close()
         for connection in list(self.connections):
@@ -307,9 +308,12 @@ class Worker(Handler):
                 connection.send_goaway("worker stopping")
             except ZcLbError:
                 pass
-        self.requests.join(timeout=timeout)
+        # An LB closes a draining connection once nothing is in flight on it.
+        while self.connections and time.monotonic() < deadline:
+            gevent.sleep(0.05)
+        self.requests.join(timeout=max(deadline - time.monotonic(), 0))
         for connection in list(self.connections):
-            connection.close("worker stopped")
+            connection.close("worker stopped", flush_timeout=max(deadline - time.monotonic(), 1))
         self._stopped.set()
 
     def configure(self, history: Optional[int] = None,
@@ -377,10 +381,11 @@ class Worker(Handler):
         self._record(rclass, time.perf_counter() - start)
 
     def _run_app(self, environ: Dict, writer: ResponseWriter,
-                 send: Optional[Callable] = None) -> None:
+                 send: Optional[Callable] = None,
+                 start_response: Optional[Callable] = None) -> None:
         send = send or (lambda f, *a: f(*a))
         try:
-            result = self.app(environ, writer.start_response)
+            result = self.app(environ, start_response or writer.start_response)
         except ZcLbError:
             raise
         except Exception:
@@ -405,9 +410,14 @@ class Worker(Handler):
     def _run_in_thread(self, environ: Dict, writer: ResponseWriter) -> None:
         hub = gevent.get_hub()
         environ["wsgi.input"] = _HubProxy(hub, environ["wsgi.input"])
+        send = lambda f, *a: call_in_hub(hub, f, *a)  # noqa: E731
+
+        def start_response(status, headers, exc_info=None):
+            writer.start_response(status, headers, exc_info)
+            return lambda data: send(writer.write, data)
+
         assert self.threadpool is not None
-        self.threadpool.apply(
-            self._run_app, (environ, writer, lambda f, *a: call_in_hub(hub, f, *a)))
+        self.threadpool.apply(self._run_app, (environ, writer, send, start_response))
 
     @staticmethod
     def _error_500(writer: ResponseWriter) -> None:
