@@ -372,3 +372,23 @@ def test_malformed_headers_get_400(cluster):
     reply = raw_exchange(lb.address, b"GET / HTTP/1.1\r\nHost: ok.example\r\nX-A: 1\r\n"
                                      b"Connection: close\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 200") and b"ok.example" in reply
+
+
+def test_idle_client_connections_are_dropped_after_the_client_timeout(cluster):
+    lb, workers = cluster(1, lb_args=("--client-timeout", "0.5"))
+    host, port = lb.address.split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        started = time.monotonic()
+        sock.sendall(b"GET / HT")  # a slowloris: never finishes its request
+        assert sock.recv(100) == b""
+        assert 0.4 < time.monotonic() - started < 4
+    assert request(lb)[0] == 200
+
+
+def test_a_response_that_does_not_start_in_time_is_a_504(cluster):
+    lb, workers = cluster(1, lb_args=("--response-timeout", "0.5"))
+    started = time.monotonic()
+    assert request(lb, "/slow?5")[0] == 504
+    assert time.monotonic() - started < 3
+    wait_for(lambda: status(lb)["in_flight"] == 0)
+    assert request(lb)[0] == 200

@@ -129,7 +129,8 @@ def build_lb(args: argparse.Namespace):
         raise ConfigurationError("no such certificate file: %s" % args.certfile)
     access_log = AccessLog.open(args.access_log) if args.access_log else None
     front = FrontServer(parse_address(args.listen), lb, access_log,
-                        certfile=args.certfile, keyfile=args.keyfile)
+                        certfile=args.certfile, keyfile=args.keyfile,
+                        client_timeout=args.client_timeout or None)
     status = None
     if args.status:
         status = FrontServer(parse_address(args.status), status_app(lb.status))
@@ -313,6 +314,9 @@ def _add_lb_parser(sub) -> None:
     p.add_argument("--response-timeout", type=float, default=300.0,
                    help="seconds to wait for a worker to start responding, then 504 "
                         "(default 300; 0 waits forever)")
+    p.add_argument("--client-timeout", type=float, default=60.0,
+                   help="drop a client connection idle (sending or reading nothing) this "
+                        "long (default 60; 0 never)")
     p.add_argument("--max-request-body", type=int, default=2**30,
                    help="answer 413 to a larger Content-Length (bytes, default 1 GiB)")
     p.add_argument("--access-log", metavar="FILE|-", help="Apache combined access log")

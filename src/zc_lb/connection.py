@@ -217,7 +217,8 @@ class Exchange:
             self._maybe_forget()
         self._wakeup.set()
 
-    def _fail(self, error: ZcLbError) -> None:
+    def fail(self, error: ZcLbError) -> None:
+        """End the exchange here with ``error`` (waiters get it raised)."""
         if self.error is None:
             self.error = error
         self._wakeup.set()
@@ -489,7 +490,7 @@ class Connection:
             pass
         streams, self.streams = self.streams, {}
         for exchange in streams.values():
-            exchange._fail(error)
+            exchange.fail(error)
         current = gevent.getcurrent()
         for greenlet in self._greenlets:
             if greenlet is not current:

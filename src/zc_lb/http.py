@@ -216,6 +216,9 @@ class FrontHandler(gevent.pywsgi.WSGIHandler):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
+        # A client that sends or reads nothing for this long is dropped,
+        # so idle or slowloris connections cannot pile up.
+        sock.settimeout(getattr(server, "client_timeout", None))
         super().__init__(sock, address, server, rfile)
 
     def format_request(self) -> str:
@@ -258,8 +261,10 @@ class FrontServer:
 
     def __init__(self, listen: Tuple[str, int], app: Callable,
                  access_log: Optional[AccessLog] = None,
-                 certfile: Optional[str] = None, keyfile: Optional[str] = None) -> None:
+                 certfile: Optional[str] = None, keyfile: Optional[str] = None,
+                 client_timeout: Optional[float] = None) -> None:
         self.listen = listen
+        self.client_timeout = client_timeout
         self.app = app
         self.access_log = access_log
         self.certfile = certfile
@@ -281,6 +286,7 @@ class FrontServer:
             handler_class=FrontHandler, **ssl_args)
         # pywsgi replaces log=None by a logger of its own; remember ours.
         self.server.access_log = self.access_log  # type: ignore[attr-defined]
+        self.server.client_timeout = self.client_timeout  # type: ignore[attr-defined]
         self.server.start()
         if self.access_log is not None:
             self.access_log.start()

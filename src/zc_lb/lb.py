@@ -21,6 +21,7 @@ worker in time gives 503.  All errors become responses in ``_error``.
 from __future__ import annotations
 
 import logging
+import random
 import socket
 import time
 from typing import Callable, Dict, Iterable, Optional
@@ -49,6 +50,7 @@ BACKOFF_MIN = 0.1
 BACKOFF_MAX = 5.0
 UPLOAD_CHUNK = 64 * 1024
 WATCH_CLIENT_AFTER = 1.0  # seconds without a response before watching for a hang-up
+WATCHDOG_INTERVAL = 0.25
 HOP_BY_HOP_ENVIRON = frozenset(
     "HTTP_" + name.upper().replace("-", "_") for name in HOP_BY_HOP
 ) | {"HTTP_PROXY_CONNECTION"}
@@ -125,7 +127,7 @@ class WorkerLink(Handler):
                 connection.join()
             if self.stopped:
                 return
-            gevent.sleep(backoff)
+            gevent.sleep(backoff * random.uniform(0.5, 1.0))  # LBs out of step
             backoff = min(backoff * 2, BACKOFF_MAX)
 
     def _connect(self) -> Optional[Connection]:
@@ -231,6 +233,25 @@ class Upload:
         self.greenlet.kill()
 
 
+class _Waiting:
+    """A request waiting for its response to start."""
+
+    __slots__ = ("started", "environ", "upload", "watcher")
+
+    def __init__(self, started: float, environ: dict, upload: Optional[Upload]) -> None:
+        self.started = started
+        self.environ = environ
+        self.upload = upload
+        self.watcher: Optional[gevent.Greenlet] = None
+
+    def watch(self, exchange: Exchange) -> None:
+        """Cancel the exchange if the client hangs up (once the upload,
+        which reads the same socket, is over)."""
+        sock = self.environ.get("zc_lb.client_socket")
+        if sock is not None and (self.upload is None or self.upload.done):
+            self.watcher = gevent.spawn(_watch_client, sock, exchange)
+
+
 class ResponseBody:
     """The response body as a WSGI iterable: granting credit back to the
     worker as the client takes each chunk, holding the worker to its
@@ -315,6 +336,8 @@ class LB:
         self.retries = 0
         self.errors: Dict[int, int] = {}
         self._workers_changed = gevent.event.Event()
+        self._waiting: Dict[Exchange, _Waiting] = {}
+        self._watchdog: Optional[gevent.Greenlet] = None
         self.started = time.time()
 
     # -- membership ---------------------------------------------------
@@ -332,6 +355,8 @@ class LB:
 
     def stop(self) -> None:
         """Close every worker connection."""
+        if self._watchdog is not None:
+            self._watchdog.kill(block=False)
         for link in list(self.links.values()):
             link.stop()
         self.links.clear()
@@ -406,10 +431,12 @@ class LB:
 
     def _await_response(self, exchange: Exchange, upload: Optional[Upload],
                         environ: dict) -> Response:
+        waiting = self._waiting
+        waiting[exchange] = _Waiting(time.monotonic(), environ, upload)
+        if self._watchdog is None:
+            self._watchdog = gevent.spawn(self._watch_slow_responses)
         try:
-            response = self._receive_response(exchange, upload, environ)
-        except gevent.Timeout:
-            raise ResponseTimeout("no response within %gs" % self.response_timeout)
+            response = exchange.receive()
         except RequestCancelled:
             failure = upload.failure() if upload is not None else None
             if failure is not None:
@@ -417,28 +444,27 @@ class LB:
             if exchange.client_left:
                 raise ClientGone("client went away while the worker worked")
             raise
+        finally:
+            entry = waiting.pop(exchange, None)
+            if entry is not None and entry.watcher is not None:
+                entry.watcher.kill(block=False)
         if not isinstance(response, Response):
             raise BadResponse("worker sent %s before a response" % type(response).__name__)
         return response
 
-    def _receive_response(self, exchange: Exchange, upload: Optional[Upload],
-                          environ: dict):
-        timeout = self.response_timeout
-        try:
-            return exchange.receive(min(timeout or WATCH_CLIENT_AFTER, WATCH_CLIENT_AFTER))
-        except gevent.Timeout:
-            if timeout is not None and timeout <= WATCH_CLIENT_AFTER:
-                raise
-        # A slow answer: stop the worker's work if the client hangs up.
-        sock = environ.get("zc_lb.client_socket")
-        watcher = None
-        if sock is not None and (upload is None or upload.done):
-            watcher = gevent.spawn(_watch_client, sock, exchange)
-        try:
-            return exchange.receive(None if timeout is None else timeout - WATCH_CLIENT_AFTER)
-        finally:
-            if watcher is not None:
-                watcher.kill(block=False)
+    def _watch_slow_responses(self) -> None:
+        """One greenlet, not a timer per request: time out responses that
+        do not start, and watch the clients of slow ones for a hang-up."""
+        while True:
+            gevent.sleep(WATCHDOG_INTERVAL)
+            now = time.monotonic()
+            timeout = self.response_timeout
+            for exchange, entry in list(self._waiting.items()):
+                age = now - entry.started
+                if timeout is not None and age > timeout:
+                    exchange.fail(ResponseTimeout("no response within %gs" % timeout))
+                elif age > WATCH_CLIENT_AFTER and entry.watcher is None:
+                    entry.watch(exchange)
 
     def _start(self, response: Response, environ: dict, start_response: Callable
                ) -> Optional[int]:
@@ -578,6 +604,10 @@ def _forwarded_environ(environ: dict, rclass: str) -> Dict[str, str]:
         if type(value) is str and key not in HOP_BY_HOP_ENVIRON
         and not key.startswith(("wsgi.", "gevent.", "zc_lb."))
     }
+    connection = environ.get("HTTP_CONNECTION")
+    if connection:  # headers it names are hop-by-hop too
+        for name in connection.split(","):
+            forwarded.pop("HTTP_" + name.strip().upper().replace("-", "_"), None)
     forwarded["wsgi.url_scheme"] = environ.get("wsgi.url_scheme", "http")
     forwarded["zc_lb.request_class"] = rclass
     return forwarded
