@@ -122,6 +122,7 @@ def build_lb(args: argparse.Namespace):
     lb = LB(pool, get_classifier(args.classifier),
             no_worker_timeout=args.no_worker_timeout,
             response_timeout=args.response_timeout or None,
+            keepalive_timeout=args.keepalive_timeout,
             drain_timeout=args.drain_timeout,
             secret=_read_secret(args.secret_file), pages=pages,
             max_request_body=args.max_request_body)
@@ -314,6 +315,9 @@ def _add_lb_parser(sub) -> None:
     p.add_argument("--response-timeout", type=float, default=300.0,
                    help="seconds to wait for a worker to start responding, then 504 "
                         "(default 300; 0 waits forever)")
+    p.add_argument("--keepalive-timeout", type=float, default=5.0,
+                   help="declare a worker dead after this long without a word from it "
+                        "(default 5; it pings every second)")
     p.add_argument("--client-timeout", type=float, default=60.0,
                    help="drop a client connection idle (sending or reading nothing) this "
                         "long (default 60; 0 never)")
