@@ -9,7 +9,7 @@ from zc_lb import protocol
 from zc_lb.connection import Connection, Handler
 from zc_lb.errors import AuthenticationError, ConnectionLost, RequestCancelled, WorkerLost
 from zc_lb.protocol import WINDOW, Body, End, Response
-from zc_lb.testing import connection_pair
+from zc_lb.testing import connection_pair, read_body, read_response
 
 
 class Recorder(Handler):
@@ -36,28 +36,10 @@ class Recorder(Handler):
 def echo(exchange):
     """Answer with the request body."""
     exchange.receive()  # the Request
-    body = b""
-    while True:
-        message = exchange.receive()
-        if isinstance(message, End):
-            break
-        body += message.data
-        exchange.consumed(len(message.data))
+    body = read_body(exchange, None)
     exchange.send(Response(exchange.rno, "200 OK", []))
     exchange.send_body(body)
     exchange.send(End(exchange.rno))
-
-
-def read_response(exchange, timeout=5):
-    start = exchange.receive(timeout)
-    assert isinstance(start, Response)
-    body = b""
-    while True:
-        message = exchange.receive(timeout)
-        if isinstance(message, End):
-            return start, body
-        body += message.data
-        exchange.consumed(len(message.data))
 
 
 @pytest.fixture
@@ -124,12 +106,7 @@ def test_a_slow_consumer_stalls_only_its_own_request(pair):
 
 
 def echo_after_request(exchange):
-    body = b""
-    while True:
-        message = exchange.receive()
-        if isinstance(message, End):
-            break
-        body += message.data
+    body = read_body(exchange, None)
     exchange.send(Response(exchange.rno, "200 OK", []), Body(exchange.rno, body),
                   End(exchange.rno))
 

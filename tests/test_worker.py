@@ -9,7 +9,8 @@ import pytest
 
 from zc_lb.connection import Connection, Handler
 from zc_lb.errors import ConfigurationError
-from zc_lb.protocol import End, Response
+from zc_lb.protocol import End
+from zc_lb.testing import read_response
 from zc_lb.worker import Worker, load_app, parse_address
 
 
@@ -50,15 +51,7 @@ def call(connection, environ, body=b"", timeout=10):
     if body:
         exchange.send_body(body)
         exchange.send(End(exchange.rno))
-    start = exchange.receive(timeout)
-    assert isinstance(start, Response)
-    data = b""
-    while True:
-        message = exchange.receive(timeout)
-        if isinstance(message, End):
-            return start, data
-        data += message.data
-        exchange.consumed(len(message.data))
+    return read_response(exchange, timeout)
 
 
 def reader_app(environ, start_response):

@@ -187,6 +187,28 @@ def connection_pair(lb_handler, worker_handler, secret: Optional[bytes] = None,
     return lb, worker
 
 
+def read_body(exchange, timeout: Optional[float] = 5.0) -> bytes:
+    """Receive body frames up to End, granting credit as a real reader does."""
+    from .protocol import End
+
+    body = b""
+    while True:
+        message = exchange.receive(timeout)
+        if isinstance(message, End):
+            return body
+        body += message.data
+        exchange.consumed(len(message.data))
+
+
+def read_response(exchange, timeout: Optional[float] = 5.0):
+    """(Response, body) of an exchange, on the LB side."""
+    from .protocol import Response
+
+    start = exchange.receive(timeout)
+    assert isinstance(start, Response), start
+    return start, read_body(exchange, timeout)
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02,
              message: str = "condition") -> None:
     """Poll ``predicate`` until true; AssertionError after ``timeout``."""
