@@ -90,6 +90,8 @@ class Simulation:
         self.waiting: deque = deque()  # requests with no worker to go to
         self.actions = sorted(config.actions, key=lambda a: a["at"])
         self.joined: Dict[int, int] = {}  # added worker -> completions before
+        self.join_completed = 0
+        self.events: List[Dict[str, Any]] = []  # actions taken, with times
         for _ in range(config.workers):
             self.add_worker()
 
@@ -217,13 +219,14 @@ class Simulation:
             summary["new_worker_share"] = added / since if since else 0.0
             summary["fair_share"] = len(self.joined) / len(self.live)
         return {"policy": self.policy_name, "summary": summary,
-                "windows": self.recorder.windows}
+                "windows": self.recorder.windows, "events": self.events}
 
     # -- actions --------------------------------------------------------
 
     def act(self, action: Dict[str, Any]) -> None:
         """Carry out one scheduled action."""
         kind = action["do"]
+        self.events.append({"time": self.now, "at": self.issued, "do": kind})
         if kind == "add_worker":
             self.join_completed = self.recorder.completed
             wid = self.add_worker()

@@ -1,0 +1,119 @@
+"""Command line: ``python -m simulations.cli SCENARIO [--param value ...]``.
+
+SCENARIO is a JSON file of parameters, or the name of one shipped in
+``simulations/scenarios/`` (``steady``, ``add_worker``, ...).  Every
+parameter of :class:`simulations.config.Config` is also an option
+(``--cache-size 5000``; lists comma-separated; ``--actions`` takes JSON)
+and overrides the file.  Prints a table; ``--json`` prints JSON instead;
+PNG plots go to ``--out`` unless ``--no-plots``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from . import config as config_module
+from . import report
+from .engine import simulate
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCENARIOS = os.path.join(HERE, "scenarios")
+DEFAULT_OUT = os.path.join(HERE, "out")
+
+
+def option_type(field: dataclasses.Field):
+    """How to parse a parameter given on the command line."""
+    if field.name == "actions":
+        return json.loads
+    if field.name == "policies":
+        return lambda text: [p for p in text.split(",") if p]
+    return type(field_default(field))
+
+
+def field_default(field: dataclasses.Field) -> Any:
+    """A field's default value."""
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    return field.default_factory()  # type: ignore[misc]
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser, one option per parameter."""
+    p = argparse.ArgumentParser(
+        prog="python -m simulations.cli",
+        description="Simulate zc-lb's résumé pool against other policies.")
+    p.add_argument("scenario", nargs="?",
+                   help="scenario file, or name in simulations/scenarios/")
+    p.add_argument("--json", action="store_true", help="print JSON, not a table")
+    p.add_argument("--out", default=DEFAULT_OUT, help="directory for PNG plots")
+    p.add_argument("--no-plots", action="store_true", help="do not draw PNGs")
+    p.add_argument("--list", action="store_true", help="list shipped scenarios")
+    params = p.add_argument_group("parameters (override the scenario file)")
+    for field in config_module.fields():
+        params.add_argument("--" + field.name.replace("_", "-"), dest=field.name,
+                            type=option_type(field), default=argparse.SUPPRESS,
+                            help="default: %r" % (field_default(field),))
+    return p
+
+
+def scenario_path(name: str) -> str:
+    """A scenario file's path from a path or a shipped scenario's name."""
+    if os.path.exists(name):
+        return name
+    path = os.path.join(SCENARIOS, name + ".json")
+    if not os.path.exists(path):
+        raise SystemExit("no scenario %r (try --list)" % (name,))
+    return path
+
+
+def shipped() -> List[str]:
+    """Names of the shipped scenarios."""
+    return sorted(f[:-5] for f in os.listdir(SCENARIOS) if f.endswith(".json"))
+
+
+def run_all(config: config_module.Config, log) -> List[Dict[str, Any]]:
+    """Run every policy of ``config``; note each one's wall time."""
+    runs = []
+    for name in config.policies:
+        started = time.perf_counter()
+        run = simulate(config, name)
+        run["summary"]["wall_seconds"] = time.perf_counter() - started
+        log("%s: %.1f s\n" % (name, run["summary"]["wall_seconds"]))
+        runs.append(run)
+    report.add_ratios(runs)
+    return runs
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Parse, run, report."""
+    args = vars(parser().parse_args(argv))
+    if args.pop("list"):
+        print("\n".join(shipped()))
+        return 0
+    scenario = args.pop("scenario")
+    as_json, out, no_plots = args.pop("json"), args.pop("out"), args.pop("no_plots")
+    values: Dict[str, Any] = {}
+    if scenario:
+        values = config_module.load(scenario_path(scenario))
+        values.setdefault("name", os.path.basename(scenario).rsplit(".", 1)[0])
+    values.update(args)
+    config = config_module.build(values)
+    runs = run_all(config, sys.stderr.write)
+    if as_json:
+        report.dump(config.name, dataclasses.asdict(config), runs, sys.stdout)
+    else:
+        report.table(config.name, runs, sys.stdout)
+    if not no_plots:
+        from . import plots  # matplotlib is slow to import; only when needed
+        sys.stderr.write("plot: %s\n" % plots.plot(config.name, runs, out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

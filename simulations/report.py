@@ -1,0 +1,64 @@
+"""Results as a table on stdout and as JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, TextIO
+
+COLUMNS = [  # (key, heading, format)
+    ("throughput", "req/s", "%9.0f"),
+    ("throughput_ratio", "x lb", "%6.2f"),
+    ("p50_ms", "p50 ms", "%8.1f"),
+    ("p90_ms", "p90 ms", "%8.1f"),
+    ("p99_ms", "p99 ms", "%8.1f"),
+    ("misses_per_request", "miss/req", "%8.3f"),
+    ("misses_ratio", "x lb", "%6.2f"),
+    ("overlap", "overlap", "%7.2f"),
+    ("imbalance", "imbal", "%6.2f"),
+    ("hot_worker_share", "hot wk", "%6.2f"),
+    ("hot_backlog_share", "hot bl", "%6.2f"),
+    ("new_worker_share", "new wk", "%6.3f"),
+    ("wall_seconds", "wall s", "%6.1f"),
+]
+BASELINE = "least_backlog"
+
+
+def add_ratios(runs: List[Dict[str, Any]]) -> None:
+    """Throughput and misses of each policy relative to least backlog."""
+    base = next((r["summary"] for r in runs if r["policy"] == BASELINE), None)
+    if base is None:
+        return
+    for run in runs:
+        s = run["summary"]
+        if base["throughput"]:
+            s["throughput_ratio"] = s["throughput"] / base["throughput"]
+        if base["misses_per_request"]:
+            s["misses_ratio"] = s["misses_per_request"] / base["misses_per_request"]
+
+
+def table(name: str, runs: List[Dict[str, Any]], out: TextIO) -> None:
+    """Print one row per policy, with the columns any run has."""
+    columns = [c for c in COLUMNS if any(c[0] in r["summary"] for r in runs)]
+    widths = [len(fmt % 0) for _, _, fmt in columns]
+    out.write("scenario %s\n" % name)
+    out.write("%-14s" % "policy")
+    out.write("".join(" %*s" % (w, h) for (_, h, _), w in zip(columns, widths)))
+    out.write("\n")
+    for run in runs:
+        s = run["summary"]
+        out.write("%-14s" % run["policy"])
+        for (key, _, fmt), width in zip(columns, widths):
+            out.write(" " + (fmt % s[key] if key in s else " " * width))
+        out.write("\n")
+    fair = next((r["summary"]["fair_share"] for r in runs
+                 if "fair_share" in r["summary"]), None)
+    if fair is not None:
+        out.write("(new wk: share of requests served by the added worker; "
+                  "a fair share is %.3f)\n" % fair)
+
+
+def dump(name: str, config: Dict[str, Any], runs: List[Dict[str, Any]],
+         out: TextIO) -> None:
+    """Everything as one JSON document."""
+    json.dump({"scenario": name, "config": config, "runs": runs}, out, indent=1)
+    out.write("\n")
