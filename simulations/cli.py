@@ -54,6 +54,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=DEFAULT_OUT, help="directory for PNG plots")
     p.add_argument("--no-plots", action="store_true", help="do not draw PNGs")
     p.add_argument("--list", action="store_true", help="list shipped scenarios")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="multiply requests and action times (0.01: a quick look)")
     params = p.add_argument_group("parameters (override the scenario file)")
     for field in config_module.fields():
         params.add_argument("--" + field.name.replace("_", "-"), dest=field.name,
@@ -98,12 +100,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     scenario = args.pop("scenario")
     as_json, out, no_plots = args.pop("json"), args.pop("out"), args.pop("no_plots")
+    scale = args.pop("scale")
     values: Dict[str, Any] = {}
     if scenario:
         values = config_module.load(scenario_path(scenario))
         values.setdefault("name", os.path.basename(scenario).rsplit(".", 1)[0])
     values.update(args)
     config = config_module.build(values)
+    if scale != 1.0:
+        config = config_module.scaled(config, scale)
     runs = run_all(config, sys.stderr.write)
     if as_json:
         report.dump(config.name, dataclasses.asdict(config), runs, sys.stdout)

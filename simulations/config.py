@@ -66,6 +66,18 @@ class Config:
         return dataclasses.replace(self, **changes)
 
 
+def scaled(config: Config, fraction: float) -> Config:
+    """A smaller (or larger) run of the same scenario: ``requests`` and
+    every action's ``at`` multiplied by ``fraction``, so actions fall at
+    the same point of the run; windows shrink with it (at least 50)."""
+    if not fraction > 0:
+        raise ValueError("scale must be > 0")
+    actions = [dict(a, at=int(a["at"] * fraction)) for a in config.actions]
+    return config.replace(requests=max(1, int(config.requests * fraction)),
+                          window=max(50, int(config.window * fraction)),
+                          actions=actions)
+
+
 def fields() -> List[dataclasses.Field]:
     """The parameters, in declaration order."""
     return list(dataclasses.fields(Config))

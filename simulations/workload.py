@@ -78,6 +78,9 @@ class Workload:
 
     def make_hot(self, site: int, fraction: float) -> None:
         """From now on ``site`` gets ``fraction`` of all requests."""
+        if site not in self.site_ids or not 0 <= fraction <= 1:
+            raise ValueError("hot site %r (of %d) with fraction %r"
+                             % (site, len(self.site_ids), fraction))
         self.hot_site = site
         self.hot_fraction = fraction
 

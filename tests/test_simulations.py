@@ -1,0 +1,196 @@
+"""The simulator (simulations/): determinism, the cache model, the
+comparison policies, and every shipped scenario in a tiny run."""
+
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from simulations import cli, config as config_module  # noqa: E402
+from simulations.cache import Holders, LRUCache  # noqa: E402
+from simulations.config import POLICIES, Config  # noqa: E402
+from simulations.engine import simulate  # noqa: E402
+from simulations.policies import BoundedHash  # noqa: E402
+
+# small enough to run in well under a second per policy
+SMALL = dict(requests=3000, workers=4, sites=12, objects_per_site=200,
+             objects_per_request=5, cache_size=400, clients=8, history=50,
+             window=300)
+
+
+def small(**changes):
+    values = dict(SMALL)
+    values.update(changes)
+    return config_module.build(values)
+
+
+def without_wall(run):
+    run = json.loads(json.dumps(run))
+    run["summary"].pop("wall_seconds", None)
+    return run
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_same_seed_same_result(policy):
+    config = small(actions=[{"at": 1500, "do": "add_worker"}])
+    assert without_wall(simulate(config, policy)) == without_wall(
+        simulate(config, policy))
+
+
+def test_another_seed_another_result():
+    a = simulate(small(seed=1), "resume")["summary"]
+    b = simulate(small(seed=2), "resume")["summary"]
+    assert a != b
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("loop", ["closed", "open"])
+def test_every_request_is_routed_and_completed(policy, loop):
+    changes = {"actions": [{"at": 1000, "do": "remove_worker", "worker": 1},
+                           {"at": 2000, "do": "add_worker"}]}
+    if loop == "open":
+        changes.update(clients=0, arrival_rate=500.0)
+    run = simulate(small(**changes), policy)
+    assert sum(w["requests"] for w in run["windows"]) == SMALL["requests"]
+    assert [e["do"] for e in run["events"]] == ["remove_worker", "add_worker"]
+
+
+def test_lru_hits_misses_and_eviction_order():
+    holders = Holders(10)
+    cache = LRUCache(3, holders)
+    assert cache.touch_all([1, 2, 3]) == 3
+    assert cache.touch(1)  # hit; 1 becomes most recent, 2 is oldest
+    assert not cache.touch(4)  # evicts 2
+    assert cache.keys() == [3, 1, 4]
+    assert 2 not in cache and len(cache) == 3
+    assert cache.touch_all([3, 3, 5]) == 1  # 3 hits twice, 5 evicts 1
+    assert cache.keys() == [4, 3, 5]
+    assert holders.cached == 3 and holders.shared == 0
+
+
+def test_holders_count_overlap_between_caches():
+    holders = Holders(10)
+    a, b = LRUCache(2, holders), LRUCache(2, holders)
+    a.touch_all([1, 2])
+    b.touch_all([2, 3])
+    assert (holders.cached, holders.shared) == (3, 1)
+    assert holders.overlap() == pytest.approx(1 / 3)
+    b.touch(4)  # evicts 2 from b: no longer shared
+    assert (holders.cached, holders.shared) == (4, 0)
+    a.clear()
+    assert (holders.cached, holders.shared) == (2, 0)
+    assert list(holders.count) == [0, 0, 0, 1, 1, 0, 0, 0, 0, 0]
+
+
+def test_lru_checks_size():
+    with pytest.raises(ValueError):
+        LRUCache(0)
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.25, 2.0])
+def test_bounded_hash_respects_its_bound(factor):
+    rng = random.Random(factor)
+    policy = BoundedHash(factor, replicas=20)
+    for handle in range(7):
+        policy.add(handle)
+    outstanding = []
+    for step in range(5000):
+        if outstanding and rng.random() < 0.45:
+            policy.put(outstanding.pop(rng.randrange(len(outstanding))))
+            continue
+        bound = math.ceil(factor * (policy.total + 1) / len(policy.handles))
+        handle = policy.get("c%d" % min(int(rng.expovariate(0.3)), 40))
+        outstanding.append(handle)
+        assert policy.backlog[handle] <= bound
+        assert policy.total == len(outstanding)
+        if step == 2500:  # membership changes keep the bound
+            policy.remove(3)
+            outstanding = [h for h in outstanding if h != 3]
+            assert policy.total == len(outstanding)
+
+
+def test_bounded_hash_is_sticky_when_idle():
+    policy = BoundedHash(1.25, replicas=20)
+    for handle in range(5):
+        policy.add(handle)
+    first = policy.get("site")
+    policy.put(first)
+    assert all(policy.get("site") == first and policy.put(first) is None
+               for _ in range(10))
+
+
+def test_bounded_hash_rejects_factor_below_one():
+    with pytest.raises(ValueError):
+        BoundedHash(0.9)
+
+
+def test_resume_pool_beats_least_backlog_on_misses():
+    config = config_module.build(dict(requests=20000, workers=8, sites=40,
+                                      objects_per_site=500, cache_size=2000,
+                                      clients=32, history=100))
+    resume = simulate(config, "resume")["summary"]
+    least = simulate(config, "least_backlog")["summary"]
+    assert resume["misses_per_request"] < 0.5 * least["misses_per_request"]
+    assert resume["throughput"] > least["throughput"]
+
+
+def test_hot_class_and_new_worker_metrics():
+    config = small(actions=[{"at": 1000, "do": "hot_site", "site": 6,
+                             "fraction": 0.3},
+                            {"at": 1500, "do": "add_worker"}])
+    summary = simulate(config, "resume")["summary"]
+    assert 0 < summary["hot_worker_share"] <= 1
+    assert 0 < summary["hot_backlog_share"] <= 1
+    assert summary["fair_share"] == pytest.approx(1 / 5)
+    assert 0 <= summary["new_worker_share"] <= 1
+
+
+def test_scaled_moves_actions_with_requests():
+    config = Config(requests=200000, actions=[{"at": 100000, "do": "add_worker"}])
+    tiny = config_module.scaled(config, 0.01)
+    assert tiny.requests == 2000 and tiny.actions[0]["at"] == 1000
+    assert config.actions[0]["at"] == 100000  # the original is untouched
+
+
+def test_unknown_parameters_and_policies_are_refused(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{"requets": 5}')
+    with pytest.raises(ValueError, match="requets"):
+        config_module.load(str(path))
+    with pytest.raises(ValueError, match="nope"):
+        config_module.build({"policies": ["nope"]})
+
+
+@pytest.mark.parametrize("scenario", cli.shipped())
+def test_every_scenario_runs_tiny(scenario, capsys):
+    assert cli.main([scenario, "--scale", "0.01", "--no-plots", "--json",
+                     "--workers", "6", "--sites", "60",
+                     "--objects-per-site", "300", "--cache-size", "600"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["scenario"] == scenario
+    assert [r["policy"] for r in result["runs"]] == list(POLICIES)
+    for run in result["runs"]:
+        assert sum(w["requests"] for w in run["windows"]) == 2000
+        assert run["summary"]["requests"] > 0
+
+
+def test_shipped_scenarios():
+    assert set(cli.shipped()) >= {"steady", "add_worker", "remove_worker",
+                                  "hot_class", "changed_classifier",
+                                  "light_load"}
+
+
+def test_table_and_plot(tmp_path, capsys):
+    assert cli.main(["add_worker", "--scale", "0.005", "--out", str(tmp_path),
+                     "--policies", "resume,least_backlog",
+                     "--objects-per-site", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "resume" in out and "least_backlog" in out and "new wk" in out
+    assert (tmp_path / "add_worker.png").stat().st_size > 1000
