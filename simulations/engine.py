@@ -40,7 +40,7 @@ from zc_lb.resume import Skills
 from . import policies
 from .cache import Holders, LRUCache
 from .config import Config
-from .metrics import Recorder
+from .metrics import Recorder, recovery
 from .workload import Workload
 
 ARRIVE, DONE = 0, 1
@@ -186,7 +186,8 @@ class Simulation:
             self.policy.new_resume(worker.id, resume)
         if worker.queue:
             self.serve(worker, worker.queue.popleft())
-        self.recorder.request(self.now, self.now - request[3], misses)
+        self.recorder.request(self.now, self.now - request[3], misses,
+                              worker.id in self.joined)
         if request[4] >= 0:
             self.push(self.now + self.think(), ARRIVE, request[4])
 
@@ -212,6 +213,9 @@ class Simulation:
         """Summary and windows of the run."""
         summary = self.recorder.finish(self.now)
         summary["virtual_seconds"] = self.now
+        if self.events:
+            summary["recovery_requests"] = recovery(
+                self.recorder.windows, self.events[0]["at"])
         if self.joined:
             added = sum(self.workers[w].served - before
                         for w, before in self.joined.items())
@@ -231,6 +235,7 @@ class Simulation:
             self.join_completed = self.recorder.completed
             wid = self.add_worker()
             self.joined[wid] = 0
+            self.recorder.worker_added()
         elif kind == "remove_worker":
             self.remove_worker(action.get("worker"))
         elif kind == "hot_site":

@@ -15,7 +15,8 @@ skills yet) does not blur steady-state numbers; the windows show it all.
 Load imbalance is max over mean backlog of the live workers, averaged over
 samples with any backlog.  The hot-class figures (sampled) are the share
 of live workers with a request of the hot class outstanding, and the hot
-class's share of all outstanding requests.
+class's share of all outstanding requests.  Once a worker has been added,
+each window also has the share of its requests served by added workers.
 """
 
 from __future__ import annotations
@@ -48,13 +49,15 @@ def mean(values: List[float]) -> float:
 class Series:
     """Samples of one window (or of the summary period)."""
 
-    def __init__(self, start: float) -> None:
+    def __init__(self, start: float, track_new: bool = False) -> None:
         self.start = start
+        self.track_new = track_new
         self.latencies: List[float] = []
         self.misses = 0
         self.imbalance: List[float] = []
         self.hot_workers: List[float] = []
         self.hot_backlog: List[float] = []
+        self.by_new = 0  # requests served by workers added during the run
 
     def stats(self, end: float) -> Dict[str, float]:
         """This series' figures, ending at virtual time ``end``."""
@@ -64,6 +67,8 @@ class Series:
                   "misses_per_request": self.misses / n if n else 0.0,
                   "imbalance": mean(self.imbalance)}
         result.update(latency_stats(self.latencies))
+        if self.track_new:
+            result["new_worker_share"] = self.by_new / n if n else 0.0
         if self.hot_workers:
             result["hot_worker_share"] = mean(self.hot_workers)
             result["hot_backlog_share"] = mean(self.hot_backlog)
@@ -82,14 +87,17 @@ class Recorder:
         self.summary: Optional[Series] = None
         self.windows: List[Dict[str, float]] = []
         self.overlaps: List[float] = []
+        self.track_new = False
 
-    def request(self, now: float, latency: float, misses: int) -> None:
-        """A request completed at ``now``."""
+    def request(self, now: float, latency: float, misses: int,
+                new: bool = False) -> None:
+        """A request completed at ``now`` (``new``: on an added worker)."""
         self.completed += 1
         for series in (self.window, self.summary):
             if series is not None:
                 series.latencies.append(latency)
                 series.misses += misses
+                series.by_new += new
         if self.completed == self.warmup:
             self.summary = Series(now)
         if len(self.window.latencies) >= self.window_size:
@@ -111,11 +119,18 @@ class Recorder:
         """End the current window at ``now`` and start the next."""
         stats = self.window.stats(now)
         stats["time"] = now
+        stats["completed"] = self.completed
         stats["overlap"] = self.holders.overlap()
         if self.summary is not None:
             self.overlaps.append(stats["overlap"])
         self.windows.append(stats)
-        self.window = Series(now)
+        self.window = Series(now, self.track_new)
+
+    def worker_added(self) -> None:
+        """From the current window on, windows report the share of requests
+        served by added workers."""
+        self.track_new = True
+        self.window.track_new = True
 
     def finish(self, now: float) -> Dict[str, float]:
         """Close the last window; return the summary."""
@@ -125,3 +140,19 @@ class Recorder:
         result = series.stats(now)
         result["overlap"] = mean(self.overlaps) or self.holders.overlap()
         return result
+
+
+def recovery(windows: List[Dict[str, float]], at: int, before: int = 5,
+             slack: float = 1.1) -> Optional[int]:
+    """Requests after request ``at`` until misses per request are back
+    within ``slack`` times their mean over the ``before`` windows that
+    ended before it; None if they never are (or nothing to compare)."""
+    earlier = [w["misses_per_request"] for w in windows
+               if w["completed"] <= at][-before:]
+    if not earlier:
+        return None
+    target = slack * mean(earlier)
+    for window in windows:
+        if window["completed"] > at and window["misses_per_request"] <= target:
+            return int(window["completed"] - at)
+    return None

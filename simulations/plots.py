@@ -1,5 +1,9 @@
 """PNG plots of a scenario's windows: one figure, a panel per metric,
-a line per policy, dashed marks where scheduled actions happened."""
+a line per policy, a dashed mark where each scheduled action happened.
+
+The x axis counts completed requests, not virtual seconds: every policy
+sees the same request stream and actions fall at the same request number,
+so the lines line up; a faster policy simply covers it in less time."""
 
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ PANELS = [  # (key, title, log scale)
     ("overlap", "working-set overlap", False),
     ("imbalance", "load imbalance (max/mean backlog)", False),
     ("hot_worker_share", "share of workers busy with the hot site", False),
+    ("hot_backlog_share", "hot site's share of outstanding requests", False),
+    ("new_worker_share", "share of requests served by the added worker", False),
 ]
 
 
@@ -30,14 +36,14 @@ def panels_for(runs: List[Dict[str, Any]]) -> List[tuple]:
 def draw(ax, runs: List[Dict[str, Any]], key: str, title: str, log: bool) -> None:
     """One panel: ``key`` over virtual time for every policy."""
     for i, run in enumerate(runs):
-        color = "C%d" % i
-        points = [(w["time"], w[key]) for w in run["windows"] if key in w]
+        points = [(w["completed"] / 1000, w[key]) for w in run["windows"]
+                  if key in w]
         if points:
-            ax.plot(*zip(*points), label=run["policy"], color=color, lw=1.2)
-        for event in run.get("events", ()):
-            ax.axvline(event["time"], color=color, ls="--", lw=0.7, alpha=0.6)
+            ax.plot(*zip(*points), label=run["policy"], color="C%d" % i, lw=1.2)
+    for at in sorted({e["at"] for run in runs for e in run.get("events", ())}):
+        ax.axvline(at / 1000, color="k", ls="--", lw=0.8, alpha=0.6)
     ax.set_title(title, fontsize=10)
-    ax.set_xlabel("virtual seconds", fontsize=8)
+    ax.set_xlabel("thousand requests completed", fontsize=8)
     ax.tick_params(labelsize=8)
     if log:
         ax.set_yscale("log")

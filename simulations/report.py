@@ -18,6 +18,7 @@ COLUMNS = [  # (key, heading, format)
     ("hot_worker_share", "hot wk", "%6.2f"),
     ("hot_backlog_share", "hot bl", "%6.2f"),
     ("new_worker_share", "new wk", "%6.3f"),
+    ("recovery_requests", "recov", "%7s"),
     ("wall_seconds", "wall s", "%6.1f"),
 ]
 BASELINE = "least_backlog"
@@ -48,10 +49,16 @@ def table(name: str, runs: List[Dict[str, Any]], out: TextIO) -> None:
         s = run["summary"]
         out.write("%-14s" % run["policy"])
         for (key, _, fmt), width in zip(columns, widths):
-            out.write(" " + (fmt % s[key] if key in s else " " * width))
+            value = s.get(key, "")
+            if key == "recovery_requests":  # requests, or never
+                value = "never" if value is None else value
+            out.write(" " + (fmt % value if value != "" else " " * width))
         out.write("\n")
     fair = next((r["summary"]["fair_share"] for r in runs
                  if "fair_share" in r["summary"]), None)
+    if any("recovery_requests" in r["summary"] for r in runs):
+        out.write("(recov: requests after the first action until misses/request "
+                  "are within 10% of the level before it)\n")
     if fair is not None:
         out.write("(new wk: share of requests served by the added worker; "
                   "a fair share is %.3f)\n" % fair)
