@@ -1,6 +1,6 @@
 """The LB: connections to workers, and the WSGI app that forwards requests.
 
-``LB`` keeps one ``WorkerLink`` per known worker address; a link keeps a
+``LB`` keeps one ``WorkerLink`` (links.py) per known worker address; a link keeps a
 connection open, reconnecting with backoff, and tells the pool when its
 worker comes, sends a résumé, drains or goes.  The pool's handles are the
 live ``Connection`` objects, so a reconnected worker is a new handle and
@@ -21,7 +21,6 @@ worker in time gives 503.  All errors become responses in ``_error``.
 from __future__ import annotations
 
 import logging
-import random
 import socket
 import time
 from typing import Callable, Dict, Iterable, Optional
@@ -31,7 +30,8 @@ import gevent.event
 import gevent.pywsgi
 import gevent.socket
 
-from .connection import Connection, Exchange, Handler
+from .connection import Connection, Exchange
+from .links import WorkerLink
 from .errors import (
     ConnectionClosed,
     ConnectionLost,
@@ -41,13 +41,10 @@ from .errors import (
 )
 from .pool import Pool
 from .protocol import End, Response
-from .worker import HOP_BY_HOP, parse_address
+from .worker import HOP_BY_HOP
 
 log = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT = 5.0
-BACKOFF_MIN = 0.1
-BACKOFF_MAX = 5.0
 UPLOAD_CHUNK = 64 * 1024
 WATCH_CLIENT_AFTER = 1.0  # seconds without a response before watching for a hang-up
 WATCHDOG_INTERVAL = 0.25
@@ -87,111 +84,6 @@ class ResponseTimeout(ZcLbError):
 
 
 INVALID_CLIENT_INPUT = getattr(gevent.pywsgi, "_InvalidClientInput", ())
-
-
-class WorkerLink(Handler):
-    """Keeps a connection to one worker address, reconnecting with backoff."""
-
-    def __init__(self, lb: "LB", address: str) -> None:
-        self.lb = lb
-        self.address = address
-        self.connection: Optional[Connection] = None
-        self.stopped = False
-        self.failures = 0
-        self.last_error: Optional[str] = None
-        self._greenlet: Optional[gevent.Greenlet] = None
-
-    def start(self) -> None:
-        self._greenlet = gevent.spawn(self._run)
-
-    def stop(self, drain_timeout: float = 0.0) -> None:
-        """Stop reconnecting; close the connection once the requests in
-        flight on it are done, or after ``drain_timeout`` seconds."""
-        self.stopped = True
-        if self._greenlet is not None:
-            self._greenlet.kill(block=False)
-        connection = self.connection
-        if connection is not None:
-            self.lb._worker_down(connection)
-            if drain_timeout > 0:
-                gevent.spawn(close_when_idle, connection, drain_timeout, "worker removed")
-            else:
-                connection.close("worker removed")
-
-    def _run(self) -> None:
-        backoff = BACKOFF_MIN
-        while not self.stopped:
-            connection = self._connect()
-            if connection is not None:
-                backoff = BACKOFF_MIN
-                connection.join()
-            if self.stopped:
-                return
-            gevent.sleep(backoff * random.uniform(0.5, 1.0))  # LBs out of step
-            backoff = min(backoff * 2, BACKOFF_MAX)
-
-    def _connect(self) -> Optional[Connection]:
-        try:
-            sock = gevent.socket.create_connection(
-                parse_address(self.address), timeout=CONNECT_TIMEOUT)
-            sock.settimeout(None)
-        except (OSError, ZcLbError) as exc:
-            self._failed(str(exc))
-            return None
-        connection = Connection(sock, "lb", self, peer=self.address,
-                                secret=self.lb.secret,
-                                keepalive_interval=self.lb.keepalive_interval,
-                                keepalive_timeout=self.lb.keepalive_timeout)
-        try:
-            connection.handshake()
-        except (OSError, ZcLbError) as exc:
-            connection.close("handshake failed")
-            self._failed("handshake: %s" % exc)
-            return None
-        if self.stopped:
-            connection.close("worker removed")
-            return None
-        self.connection = connection
-        self.failures = 0
-        self.last_error = None
-        connection.start()
-        self.lb._worker_up(connection)
-        log.info("connected to worker %s", self.address)
-        return connection
-
-    def _failed(self, error: str) -> None:
-        self.failures += 1
-        if self.failures == 1 or self.failures % 20 == 0:
-            log.warning("cannot connect to worker %s (%d tries): %s",
-                        self.address, self.failures, error)
-        self.last_error = error
-
-    def handle_resume(self, connection: Connection, skills: Dict[str, float]) -> None:
-        self.lb.pool.new_resume(connection, skills)
-
-    def handle_goaway(self, connection: Connection, reason: str) -> None:
-        log.info("worker %s is draining: %s", self.address, reason)
-        self.lb._worker_down(connection)
-        gevent.spawn(close_when_idle, connection, self.lb.drain_timeout, "worker draining")
-
-    def connection_lost(self, connection: Connection, error: ZcLbError) -> None:
-        if not self.stopped:
-            log.warning("lost worker %s: %s", self.address, error)
-        self.lb._worker_down(connection)
-        if self.connection is connection:
-            self.connection = None
-
-    def __repr__(self) -> str:
-        return "<WorkerLink %s %s>" % (
-            self.address, "connected" if self.connection else "disconnected")
-
-
-def close_when_idle(connection: Connection, timeout: float, reason: str) -> None:
-    """Close ``connection`` once nothing is in flight on it (or at ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while connection.streams and not connection.closed and time.monotonic() < deadline:
-        gevent.sleep(0.05)
-    connection.close(reason, flush_timeout=1.0)
 
 
 class Upload:

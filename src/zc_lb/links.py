@@ -1,0 +1,138 @@
+"""An LB's links to its workers: one connection per worker address,
+kept open, reconnected with jittered backoff, and closed gently.
+
+A ``WorkerLink`` tells its LB when its worker comes (``_worker_up``),
+sends a résumé (the pool's ``new_resume``), drains (GoAway) or goes.  A
+draining or removed worker leaves the pool at once, but its connection
+is closed only once the requests in flight on it are done
+(``close_when_idle``), so neither a worker's SIGTERM nor its removal from
+ZooKeeper cuts a response.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import TYPE_CHECKING, Dict, Optional
+
+import gevent
+import gevent.socket
+
+from .connection import Connection, Handler
+from .errors import ZcLbError
+from .worker import parse_address
+
+if TYPE_CHECKING:
+    from .lb import LB
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 5.0
+BACKOFF_MIN = 0.1
+BACKOFF_MAX = 5.0
+
+
+class WorkerLink(Handler):
+    """Keeps a connection to one worker address, reconnecting with backoff."""
+
+    def __init__(self, lb: "LB", address: str) -> None:
+        self.lb = lb
+        self.address = address
+        self.connection: Optional[Connection] = None
+        self.stopped = False
+        self.failures = 0
+        self.last_error: Optional[str] = None
+        self._greenlet: Optional[gevent.Greenlet] = None
+
+    def start(self) -> None:
+        self._greenlet = gevent.spawn(self._run)
+
+    def stop(self, drain_timeout: float = 0.0) -> None:
+        """Stop reconnecting; close the connection once the requests in
+        flight on it are done, or after ``drain_timeout`` seconds."""
+        self.stopped = True
+        if self._greenlet is not None:
+            self._greenlet.kill(block=False)
+        connection = self.connection
+        if connection is not None:
+            self.lb._worker_down(connection)
+            if drain_timeout > 0:
+                gevent.spawn(close_when_idle, connection, drain_timeout, "worker removed")
+            else:
+                connection.close("worker removed")
+
+    def _run(self) -> None:
+        backoff = BACKOFF_MIN
+        while not self.stopped:
+            connection = self._connect()
+            if connection is not None:
+                backoff = BACKOFF_MIN
+                connection.join()
+            if self.stopped:
+                return
+            gevent.sleep(backoff * random.uniform(0.5, 1.0))  # LBs out of step
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def _connect(self) -> Optional[Connection]:
+        try:
+            sock = gevent.socket.create_connection(
+                parse_address(self.address), timeout=CONNECT_TIMEOUT)
+            sock.settimeout(None)
+        except (OSError, ZcLbError) as exc:
+            self._failed(str(exc))
+            return None
+        connection = Connection(sock, "lb", self, peer=self.address,
+                                secret=self.lb.secret,
+                                keepalive_interval=self.lb.keepalive_interval,
+                                keepalive_timeout=self.lb.keepalive_timeout)
+        try:
+            connection.handshake()
+        except (OSError, ZcLbError) as exc:
+            connection.close("handshake failed")
+            self._failed("handshake: %s" % exc)
+            return None
+        if self.stopped:
+            connection.close("worker removed")
+            return None
+        self.connection = connection
+        self.failures = 0
+        self.last_error = None
+        connection.start()
+        self.lb._worker_up(connection)
+        log.info("connected to worker %s", self.address)
+        return connection
+
+    def _failed(self, error: str) -> None:
+        self.failures += 1
+        if self.failures == 1 or self.failures % 20 == 0:
+            log.warning("cannot connect to worker %s (%d tries): %s",
+                        self.address, self.failures, error)
+        self.last_error = error
+
+    def handle_resume(self, connection: Connection, skills: Dict[str, float]) -> None:
+        self.lb.pool.new_resume(connection, skills)
+
+    def handle_goaway(self, connection: Connection, reason: str) -> None:
+        log.info("worker %s is draining: %s", self.address, reason)
+        self.lb._worker_down(connection)
+        gevent.spawn(close_when_idle, connection, self.lb.drain_timeout, "worker draining")
+
+    def connection_lost(self, connection: Connection, error: ZcLbError) -> None:
+        if not self.stopped:
+            log.warning("lost worker %s: %s", self.address, error)
+        self.lb._worker_down(connection)
+        if self.connection is connection:
+            self.connection = None
+
+    def __repr__(self) -> str:
+        return "<WorkerLink %s %s>" % (
+            self.address, "connected" if self.connection else "disconnected")
+
+
+def close_when_idle(connection: Connection, timeout: float, reason: str) -> None:
+    """Close ``connection`` once nothing is in flight on it (or at ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while connection.streams and not connection.closed and time.monotonic() < deadline:
+        gevent.sleep(0.05)
+    connection.close(reason, flush_timeout=1.0)
