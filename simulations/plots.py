@@ -42,6 +42,7 @@ def draw(ax, runs: List[Dict[str, Any]], key: str, title: str, log: bool) -> Non
             ax.plot(*zip(*points), label=run["policy"], color="C%d" % i, lw=1.2)
     for at in sorted({e["at"] for run in runs for e in run.get("events", ())}):
         ax.axvline(at / 1000, color="k", ls="--", lw=0.8, alpha=0.6)
+    ax.set_xlim(left=0)
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("thousand requests completed", fontsize=8)
     ax.tick_params(labelsize=8)
