@@ -439,7 +439,8 @@ def test_providers_missing_path_then_created(client):
     watch.stop()
 
 
-def test_providers_kept_while_zookeeper_down(zookeeper, client, other_client):
+def _watching_one_provider(client, other_client):
+    """A provider h:1 registered by one client, watched by the other."""
     reg = recipes.Registration(other_client, "/w/providers/h:1", {})
     reg.start()
     assert reg.wait(10)
@@ -447,6 +448,11 @@ def test_providers_kept_while_zookeeper_down(zookeeper, client, other_client):
     watch = recipes.ProvidersWatch(client, "/w/providers", seen)
     watch.start()
     seen.wait_for(lambda v: set(v) == {"h:1"})
+    return reg, watch, seen
+
+
+def test_providers_kept_while_zookeeper_down(zookeeper, client, other_client):
+    reg, watch, seen = _watching_one_provider(client, other_client)
     suspended = state_event(client, KazooState.SUSPENDED)
     zookeeper.stop()
     assert suspended.wait(10)
@@ -460,13 +466,7 @@ def test_providers_kept_while_zookeeper_down(zookeeper, client, other_client):
 
 
 def test_providers_after_session_expiry(client, other_client, zk_hosts):
-    reg = recipes.Registration(other_client, "/w/providers/h:1", {})
-    reg.start()
-    assert reg.wait(10)
-    seen = Recorder()
-    watch = recipes.ProvidersWatch(client, "/w/providers", seen)
-    watch.start()
-    seen.wait_for(lambda v: set(v) == {"h:1"})
+    reg, watch, seen = _watching_one_provider(client, other_client)
     expire_session(client, zk_hosts)
     reg2 = recipes.Registration(other_client, "/w/providers/h:2", {})
     reg2.start()
