@@ -69,6 +69,7 @@ class NoWorkerAvailable(ZcLbError):
 
 
 class RequestCancelled(ZcLbError):
-    """The other side cancelled a request in flight."""
+    """The other side cancelled a request in flight (to an LB's client:
+    the worker gave up on it, a bad gateway)."""
 
-    http_status = 499
+    http_status = 502

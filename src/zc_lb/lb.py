@@ -157,7 +157,6 @@ class ResponseBody:
         self.exchange = exchange
         self.upload = upload
         self.length = length
-        self.done = False
 
     def __iter__(self):
         exchange, remaining = self.exchange, self.length
@@ -169,7 +168,6 @@ class ResponseBody:
             if isinstance(message, End):
                 if remaining:
                     raise BadResponse("worker's body ended %d bytes short" % remaining)
-                self.done = True
                 return
             data = message.data  # type: ignore[union-attr]
             pending = len(data)
@@ -179,7 +177,6 @@ class ResponseBody:
                     # response on a keep-alive connection: drop them.
                     log.warning("worker %s sent a body longer than its Content-Length",
                                 self.connection.peer)
-                    self.done = True
                     if remaining:
                         yield data[:remaining]
                     return
@@ -189,8 +186,7 @@ class ResponseBody:
     def close(self) -> None:
         if self.upload is not None:
             self.upload.stop()
-        if not self.done or not self.exchange.state.finished:
-            self.exchange.cancel()
+        self.exchange.cancel()  # a no-op once both directions have ended
         self.lb._put(self.connection)
 
 
@@ -388,8 +384,6 @@ class LB:
     def _error(self, exc: ZcLbError, environ: dict,
                start_response: Callable) -> Iterable[bytes]:
         status = exc.http_status
-        if isinstance(exc, (RequestCancelled, ConnectionLost, ConnectionClosed)):
-            status = 502
         self.errors[status] = self.errors.get(status, 0) + 1
         page = self.pages.get(status) or self.pages[502]
         log.warning("%d for %s %s: %s", status, environ.get("REQUEST_METHOD"),
