@@ -73,8 +73,9 @@ def check_invariants(pool: Pool) -> None:
 def checked_get(pool: Pool, rclass: str):
     """``pool.get``, checked against the reference model and the update rules."""
     allowed = reference_choices(pool, rclass)
-    before = {h: (w.backlog, w.mbacklog) for h, w in pool.workers.items()}
-    pool_before = (pool.backlog, pool.mbacklog)
+    before = {h: (w.backlog, w.mbacklog, w.dsum, w.dcount)
+              for h, w in pool.workers.items()}
+    pool_before = (pool.backlog, pool.mbacklog, pool.dsum, pool.dcount)
     was_skilled = {w.handle for w in pool.skilled.get(rclass, {})}
     handle = pool.get(rclass)
     if not allowed:
@@ -85,16 +86,20 @@ def checked_get(pool: Pool, rclass: str):
     assert list(pool.order())[-1] == handle
     assert worker.backlog == before[handle][0] + 1
     assert pool.backlog == pool_before[0] + 1
+    # the means are normalised: a decayed sum over a decayed count
     d = pool.worker_decay
-    assert worker.mbacklog == pytest.approx(d * before[handle][1] + (1 - d) * worker.backlog)
+    assert worker.mbacklog == pytest.approx(
+        (d * before[handle][2] + worker.backlog) / (d * before[handle][3] + 1))
     d = pool.pool_decay
-    assert pool.mbacklog == pytest.approx(d * pool_before[1] + (1 - d) * pool.backlog)
+    assert pool.mbacklog == pytest.approx(
+        (d * pool_before[2] + pool.backlog) / (d * pool_before[3] + 1))
     if handle not in was_skilled:
         assert worker.resume[rclass] == pool.unskilled_score
         assert pool.skilled[rclass][worker] == pool.unskilled_score
     for other, state in before.items():
         if other != handle:
-            assert (pool.workers[other].backlog, pool.workers[other].mbacklog) == state
+            w = pool.workers[other]
+            assert (w.backlog, w.mbacklog, w.dsum, w.dcount) == state
     return handle
 
 
@@ -201,6 +206,31 @@ def test_added_workers_lower_the_mean_and_take_overflow():
     assert first_c > 0 and set(taken[:first_c]) == {"b"}
     assert "x" in pool.workers["c"].resume
     check_invariants(pool)
+
+
+def test_a_new_worker_is_used_at_once_under_heavy_load():
+    # zc.resumelb's pool test of the same name: the normalised mean reads
+    # the real backlog from the first event, so a loaded pool spills onto a
+    # newcomer at once instead of after ~2 x backlog_history events.
+    pool = make_pool("a", "b", "c")
+    for handle, rclass in (("a", "x"), ("b", "y"), ("c", "z")):
+        pool.new_resume(handle, {rclass: 10.0})
+    for _ in range(5):  # 5 outstanding each: a plain average still read ~1
+        for rclass in "xyz":
+            checked_get(pool, rclass)
+    pool.add("d")
+    assert checked_get(pool, "x") == "d"
+    check_invariants(pool)
+
+
+def test_the_cap_holds_from_the_start_even_with_a_long_history():
+    # With a plain average started at zero, 60 outstanding requests of one
+    # skilled class all landed on one of six workers at backlog_history 1000.
+    pool = make_pool(*"abcdef", backlog_history=1000)
+    pool.new_resume("a", {"x": 10.0})
+    taken = [checked_get(pool, "x") for _ in range(60)]
+    assert taken.count("a") < 30
+    assert len(set(taken)) >= 3
 
 
 def test_best_score_per_unit_of_backlog():
@@ -343,8 +373,12 @@ def test_update_settings_changes_the_decays():
     assert pool.pool_decay == 1 - 1 / (8 * 4)
     assert (pool.variance, pool.unskilled_score) == (1.0, 1.0)
     handle = pool.get("x")
-    assert pool.workers[handle].mbacklog == pytest.approx(1 / 8)
-    assert pool.mbacklog == pytest.approx(1 / 32)
+    # normalised means: one event with backlog 1 reads 1, whatever the decay
+    assert pool.workers[handle].mbacklog == pytest.approx(1.0)
+    assert pool.mbacklog == pytest.approx(1.0)
+    pool.put(handle)
+    assert pool.workers[handle].mbacklog == pytest.approx(7 / 8 / (7 / 8 + 1))
+    assert pool.mbacklog == pytest.approx(31 / 32 / (31 / 32 + 1))
     pool.update_settings(variance=3, unskilled_score=2)
     assert (pool.variance, pool.backlog_history, pool.unskilled_score) == (3.0, 4, 2.0)
     assert pool.get("y") == pool.order()[-1]
@@ -373,7 +407,7 @@ def test_repr():
     assert text.startswith("<Pool ") and "workers=2" in text and "classes=1" in text
     assert "backlog=1" in text and "variance=1" in text
     assert repr(ClasslessPool()).startswith("<ClasslessPool ")
-    assert repr(pool.workers["b"]) == "<PoolWorker 'b' backlog=1 mbacklog=0.06 skills=1>"
+    assert repr(pool.workers["b"]) == "<PoolWorker 'b' backlog=1 mbacklog=1.00 skills=1>"
     assert repr(PoolWorker(("10.0.0.1", 80))) == (
         "<PoolWorker ('10.0.0.1', 80) backlog=0 mbacklog=0.00 skills=0>")
 

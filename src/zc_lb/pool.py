@@ -27,7 +27,11 @@ To route a request of class C (``get``):
 
 Decays: a worker's mean backlog decays by ``1 - 1/(2*backlog_history)``
 per event on that worker, the pool's by
-``1 - 1/(2*backlog_history*n_workers)`` per event on any worker.
+``1 - 1/(2*backlog_history*n_workers)`` per event on any worker.  The
+means are normalised, as in the original zc.resumelb: a decayed sum of
+backlogs over a decayed count of events.  A plain exponential average
+started at zero would read low for the first ~2 x backlog_history events,
+and the cap would do nothing just when a pool starts or a class moves.
 
 Cost: ``get`` and ``put`` are O(workers skilled in C); nothing scans all
 classes or all workers.  The LRU order is an ordered dict (O(1) move to
@@ -58,14 +62,21 @@ DEFAULT_UNSKILLED_SCORE = 1.0
 class PoolWorker:
     """The pool's record of one worker: backlog, decayed backlog, skills."""
 
-    __slots__ = ("handle", "backlog", "mbacklog", "resume", "version")
+    __slots__ = ("handle", "backlog", "mbacklog", "dsum", "dcount", "resume",
+                 "version", "name", "salt", "added")
 
-    def __init__(self, handle: Hashable, version: Optional[str] = None) -> None:
+    def __init__(self, handle: Hashable, version: Optional[str] = None,
+                 name: Optional[str] = None) -> None:
         self.handle = handle
         self.backlog = 0
-        self.mbacklog = 0.0
+        self.mbacklog = 0.0  # dsum / dcount
+        self.dsum = 0.0  # decayed sum of backlogs
+        self.dcount = 0.0  # decayed count of events
         self.resume: Dict[str, float] = {}
         self.version = version
+        self.name = str(handle) if name is None else name
+        self.salt = 0  # the affinity policy's per-worker hash salt
+        self.added = 0  # the affinity policy's request count at add()
 
     def __repr__(self) -> str:
         return "<PoolWorker %r backlog=%d mbacklog=%.2f skills=%d>" % (
@@ -113,6 +124,8 @@ class Pool:
         self.skilled: Dict[str, Dict[PoolWorker, float]] = {}
         self.backlog = 0
         self.mbacklog = 0.0
+        self.dsum = 0.0
+        self.dcount = 0.0
         self._update_decays()
 
     # -- settings -----------------------------------------------------
@@ -145,19 +158,27 @@ class Pool:
     # -- membership ---------------------------------------------------
 
     def add(self, handle: Hashable, resume: Optional[Mapping[str, float]] = None,
-            version: Optional[str] = None) -> None:
-        """Add a worker (idempotent); it is least recently chosen."""
+            version: Optional[str] = None, name: Optional[str] = None) -> None:
+        """Add a worker (idempotent); it is least recently chosen.
+
+        ``name`` identifies the worker across LBs and reconnections (its
+        address); it defaults to ``str(handle)``.
+        """
         if handle in self.workers:
             if resume is not None:
                 self.new_resume(handle, resume)
             return
-        worker = PoolWorker(handle, version)
+        worker = PoolWorker(handle, version, name)
+        self._added(worker)
         self.workers[handle] = worker
         self._lru[worker] = None
         self._lru.move_to_end(worker, last=False)
         self._update_decays()
         if resume:
             self.new_resume(handle, resume)
+
+    def _added(self, worker: PoolWorker) -> None:
+        """A hook for policies that keep more per worker."""
 
     def remove(self, handle: Hashable) -> None:
         """Forget a worker entirely, even with requests in flight on it."""
@@ -206,11 +227,18 @@ class Pool:
 
     # -- routing ------------------------------------------------------
 
-    def get(self, rclass: str) -> Optional[Hashable]:
-        """Choose a worker for a request of ``rclass``; None if there is none."""
+    def get(self, rclass: Optional[str], key: Optional[str] = None
+            ) -> Optional[Hashable]:
+        """Choose a worker for a request of ``rclass``; None if there is none.
+
+        ``rclass`` None means the request has no class: it goes to the
+        least loaded worker.  The published algorithm ignores ``key``.
+        """
         lru = self._lru
         if not lru:
             return None
+        if rclass is None:
+            return self._least_backlog()
         oldest = next(iter(lru))
         max_backlog = self.variance * self.mbacklog / len(self.workers)
         if max_backlog < 1.0:
@@ -240,11 +268,27 @@ class Pool:
                     skilled = self.skilled[rclass] = {}
                 skilled[best_worker] = score
 
-        lru.move_to_end(best_worker)
-        best_worker.backlog += 1
+        return self._chosen(best_worker)
+
+    def _chosen(self, worker: PoolWorker) -> Hashable:
+        """Account a request given to ``worker``; its handle."""
+        self._lru.move_to_end(worker)
+        worker.backlog += 1
         self.backlog += 1
-        self._decay(best_worker)
-        return best_worker.handle
+        self._decay(worker)
+        return worker.handle
+
+    def _least_backlog(self) -> Optional[Hashable]:
+        """The least loaded worker, ties to the least recently chosen: O(workers)."""
+        best = None
+        for worker in self._lru:  # least recently chosen first
+            if best is None or worker.backlog < best.backlog:
+                best = worker
+                if not worker.backlog:
+                    break
+        if best is None:
+            return None
+        return self._chosen(best)
 
     def put(self, handle: Hashable) -> None:
         """A request given to ``handle`` by ``get`` has ended."""
@@ -257,9 +301,13 @@ class Pool:
 
     def _decay(self, worker: PoolWorker) -> None:
         decay = self.worker_decay
-        worker.mbacklog = decay * worker.mbacklog + (1.0 - decay) * worker.backlog
+        worker.dsum = dsum = decay * worker.dsum + worker.backlog
+        worker.dcount = dcount = decay * worker.dcount + 1.0
+        worker.mbacklog = dsum / dcount
         decay = self.pool_decay
-        self.mbacklog = decay * self.mbacklog + (1.0 - decay) * self.backlog
+        self.dsum = dsum = decay * self.dsum + self.backlog
+        self.dcount = dcount = decay * self.dcount + 1.0
+        self.mbacklog = dsum / dcount
 
     # -- introspection ------------------------------------------------
 
@@ -306,18 +354,7 @@ class ClasslessPool(Pool):
     def new_resume(self, handle: Hashable, resume: Mapping[str, float]) -> None:
         """Résumés are ignored."""
 
-    def get(self, rclass: str) -> Optional[Hashable]:
+    def get(self, rclass: Optional[str], key: Optional[str] = None
+            ) -> Optional[Hashable]:
         """Choose the worker with the least backlog; None if there is none."""
-        best = None
-        for worker in self._lru:  # least recently chosen first
-            if best is None or worker.backlog < best.backlog:
-                best = worker
-                if not worker.backlog:
-                    break
-        if best is None:
-            return None
-        self._lru.move_to_end(best)
-        best.backlog += 1
-        self.backlog += 1
-        self._decay(best)
-        return best.handle
+        return self._least_backlog()
