@@ -23,7 +23,7 @@ bench: sysdeps venv
 	$(PY) -m zc_lb.bench
 
 mypy: venv
-	$(VENV)/bin/mypy src/zc_lb/pool.py src/zc_lb/resume.py src/zc_lb/protocol.py src/zc_lb/classifier.py src/zc_lb/settings.py src/zc_lb/tree.py
+	$(VENV)/bin/mypy src/zc_lb/pool.py src/zc_lb/affinity.py src/zc_lb/resume.py src/zc_lb/protocol.py src/zc_lb/classifier.py src/zc_lb/settings.py src/zc_lb/tree.py
 
 venv: $(STAMP)
 

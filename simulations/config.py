@@ -14,7 +14,7 @@ import dataclasses
 import json
 from typing import Any, Dict, List
 
-POLICIES = ("resume", "least_backlog", "round_robin", "two_choices",
+POLICIES = ("affinity", "published", "least_backlog", "round_robin", "two_choices",
             "bounded_hash", "lard")
 
 
@@ -43,7 +43,11 @@ class Config:
     popularity_param: float = 1.0  # Zipf exponent, or sites per e-fold
     objects_per_site: int = 2000
     object_zipf: float = 0.8  # popularity of objects within a site; 0: uniform
-    objects_per_request: int = 10
+    objects_per_request: int = 6  # of the site's objects, drawn per request
+    pages_per_site: int = 100  # 0: requests have no page and no affinity key
+    page_zipf: float = 1.0  # popularity of pages within a site
+    page_objects: int = 4  # objects of a page's own, touched by its requests
+    log: str = ""  # an access log to take sites and pages from, in order
     clients: int = 64  # closed loop; 0 for open loop
     think_time: float = 0.0  # mean, exponential, closed loop
     arrival_rate: float = 0.0  # requests per second, open loop
@@ -51,6 +55,10 @@ class Config:
     variance: float = 1.0
     backlog_history: int = 9
     unskilled_score: float = 1.0
+    spread: float = 1.0
+    footprint_window: int = 5000
+    slow_start: int = 2000
+    balance: float = 3.0
     hash_balance_factor: float = 1.25
     hash_replicas: int = 100
     lard_low: int = 2

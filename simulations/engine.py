@@ -144,12 +144,12 @@ class Simulation:
                       ARRIVE, -1)
         if self.issued % self.config.sample_every == 0:
             self.sample()
-        site, label, objects = self.workload.next()
-        self.route([site, label, objects, self.now, client])
+        site, label, objects, key = self.workload.next()
+        self.route([site, label, objects, self.now, client, key])
 
     def route(self, request: list) -> None:
         """Ask the policy for a worker and hand the request over."""
-        wid = self.policy.get(request[1])
+        wid = self.policy.get(request[1], request[5])
         if wid is None:
             self.waiting.append(request)
             return

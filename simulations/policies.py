@@ -31,6 +31,7 @@ import math
 import random
 from typing import Dict, Hashable, List, Mapping, Optional
 
+from zc_lb.affinity import AffinityPool
 from zc_lb.pool import ClasslessPool, Pool
 
 from .config import Config
@@ -64,8 +65,8 @@ class Policy:
     def new_resume(self, handle: Hashable, resume: Mapping[str, float]) -> None:
         """Résumés are ignored."""
 
-    def get(self, rclass: str) -> Optional[Hashable]:
-        """Choose a worker; None if there is none."""
+    def get(self, rclass: str, key: Optional[str] = None) -> Optional[Hashable]:
+        """Choose a worker; None if there is none.  Keys are ignored."""
         if not self.handles:
             return None
         handle = self.choose(rclass)
@@ -194,7 +195,12 @@ def make(name: str, config: Config, rng: random.Random):
     pool_settings = dict(variance=config.variance,
                          backlog_history=config.backlog_history,
                          unskilled_score=config.unskilled_score)
-    if name == "resume":
+    if name == "affinity":
+        return AffinityPool(spread=config.spread,
+                            footprint_window=config.footprint_window,
+                            slow_start=config.slow_start, balance=config.balance,
+                            **pool_settings)
+    if name == "published":
         return Pool(**pool_settings)
     if name == "least_backlog":
         return ClasslessPool(**pool_settings)

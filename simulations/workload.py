@@ -16,6 +16,18 @@ fixed share of all requests), and a changed *classifier* (the class label
 of each site changes, as when an operator switches from classifying by
 host to classifying by path).
 
+Pages (``pages_per_site`` > 0): a request is also for one of its site's
+pages, drawn from a Zipf distribution of exponent ``page_zipf``; the page
+owns ``page_objects`` objects of its own, which the request touches too,
+and the page is the request's affinity *key* (as a path is for a host).
+Without pages a request has no key.
+
+A log (``log``, an access log in any format playback reads): the
+requests are the log's, in order (again from the start when it runs
+out); the site is the path's first segment, the page its path without
+the query.  This is the workload of playback's comparisons, on virtual
+time.
+
 All draws come from one ``random.Random``, in request order, so every
 policy sees the same sequence of requests.
 """
@@ -25,7 +37,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from .config import Config
 
@@ -42,19 +54,47 @@ def cumulative(ws: List[float]) -> List[float]:
     return list(itertools.accumulate(ws))
 
 
+def read_log(path: str) -> Tuple[List[Tuple[int, int]], int, int]:
+    """A log's requests as (site, page) pairs; how many sites and pages."""
+    from playback.logparse import read_entries  # only log workloads need it
+
+    entries, _ = read_entries([path])
+    sites: dict = {}
+    pages: dict = {}
+    requests = []
+    for entry in entries:
+        page = entry.path.partition("?")[0]
+        site = page.lstrip("/").partition("/")[0]
+        requests.append((sites.setdefault(site, len(sites)),
+                         pages.setdefault(page, len(pages))))
+    if not requests:
+        raise ValueError("%s: no requests" % path)
+    return requests, len(sites), len(pages)
+
+
 class Workload:
-    """A stream of requests: ``next() -> (site, class label, objects)``."""
+    """A stream of requests: ``next() -> (site, class label, objects, key)``."""
 
     def __init__(self, config: Config, rng: random.Random) -> None:
         self.rng = rng
         self.per_site = config.objects_per_site
         self.per_request = config.objects_per_request
-        self.site_ids = range(config.sites)
+        self.page_objects = config.page_objects
+        self.log: List[Tuple[int, int]] = []
+        self.position = 0
+        sites, self.pages_per_site = config.sites, config.pages_per_site
+        self.pages = sites * self.pages_per_site
+        if config.log:
+            self.log, sites, self.pages = read_log(config.log)
+        self.site_ids = range(sites)
         self.site_cw = cumulative(
-            weights(config.popularity, config.sites, config.popularity_param))
+            weights(config.popularity, sites, config.popularity_param))
         self.object_ids = range(config.objects_per_site)
         self.object_cw = cumulative(
             weights("zipf", config.objects_per_site, config.object_zipf))
+        self.page_ids = range(self.pages_per_site)
+        self.page_cw = cumulative(
+            weights("zipf", self.pages_per_site, config.page_zipf))
         self.labels = ["s%d" % site for site in self.site_ids]
         self.hot_site = -1
         self.hot_fraction = 0.0
@@ -62,22 +102,40 @@ class Workload:
     @property
     def total_objects(self) -> int:
         """How many distinct objects exist."""
-        return len(self.site_ids) * self.per_site
+        return len(self.site_ids) * self.per_site + self.pages * self.page_objects
 
-    def next(self) -> Tuple[int, str, List[int]]:
+    def next(self) -> Tuple[int, str, List[int], Optional[str]]:
         """Draw the next request."""
+        site, page = self._site_and_page()
+        base = site * self.per_site
+        objects = [base + o for o in self.rng.choices(
+            self.object_ids, cum_weights=self.object_cw, k=self.per_request)]
+        if page < 0:
+            return site, self.labels[site], objects, None
+        first = len(self.site_ids) * self.per_site + page * self.page_objects
+        objects.extend(range(first, first + self.page_objects))
+        return site, self.labels[site], objects, "p%d" % page
+
+    def _site_and_page(self) -> Tuple[int, int]:
+        """The next request's site and global page number (-1: no pages)."""
+        if self.log:
+            request = self.log[self.position % len(self.log)]
+            self.position += 1
+            return request
         rng = self.rng
         if self.hot_fraction and rng.random() < self.hot_fraction:
             site = self.hot_site
         else:
             site = rng.choices(self.site_ids, cum_weights=self.site_cw)[0]
-        base = site * self.per_site
-        objects = rng.choices(self.object_ids, cum_weights=self.object_cw,
-                              k=self.per_request)
-        return site, self.labels[site], [base + o for o in objects]
+        if not self.pages_per_site:
+            return site, -1
+        page = rng.choices(self.page_ids, cum_weights=self.page_cw)[0]
+        return site, site * self.pages_per_site + page
 
     def make_hot(self, site: int, fraction: float) -> None:
         """From now on ``site`` gets ``fraction`` of all requests."""
+        if self.log:
+            raise ValueError("a log workload cannot make a site hot")
         if site not in self.site_ids or not 0 <= fraction <= 1:
             raise ValueError("hot site %r (of %d) with fraction %r"
                              % (site, len(self.site_ids), fraction))

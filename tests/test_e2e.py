@@ -102,7 +102,7 @@ def raw_exchange(address, data, timeout=5):
 
 
 def test_one_class_sticks_to_one_worker_under_light_load(cluster):
-    lb, workers = cluster(3)
+    lb, workers = cluster(3, lb_args=("--policy", "published"))
     servers = {served_by(request(lb, host="a.example")[1]) for _ in range(20)}
     assert len(servers) == 1
     other = {served_by(request(lb, host="www.B.example:80")[1]) for _ in range(20)}
@@ -110,6 +110,22 @@ def test_one_class_sticks_to_one_worker_under_light_load(cluster):
     status_doc = status(lb)
     skilled = [addr for addr, w in status_doc["workers"].items() if "b.example" in w["skills"]]
     assert skilled == list(other)
+
+
+def test_affinity_keys_stick_to_a_worker_and_split_a_class(cluster):
+    # The default policy: one class (all the traffic, so all the pool),
+    # its paths partitioned over the workers, each path on one of them.
+    lb, workers = cluster(3)
+    paths = ["/page%d" % i for i in range(12)]
+    for path in paths:  # the class's membership settles
+        request(lb, path, host="a.example")
+    owners = {path: set() for path in paths}
+    for _ in range(2):
+        for path in paths:
+            owners[path].add(served_by(request(lb, path, host="a.example")[1]))
+    assert all(len(servers) == 1 for servers in owners.values()), owners
+    assert len(set().union(*owners.values())) >= 2
+    assert status(lb)["pool"]["policy"] == "AffinityPool"
 
 
 def test_a_class_over_its_cap_spreads_to_more_workers(cluster):

@@ -45,8 +45,8 @@ def test_same_seed_same_result(policy):
 
 
 def test_another_seed_another_result():
-    a = simulate(small(seed=1), "resume")["summary"]
-    b = simulate(small(seed=2), "resume")["summary"]
+    a = simulate(small(seed=1), "published")["summary"]
+    b = simulate(small(seed=2), "published")["summary"]
     assert a != b
 
 
@@ -135,7 +135,7 @@ def test_resume_pool_beats_least_backlog_on_misses():
     config = config_module.build(dict(requests=20000, workers=8, sites=40,
                                       objects_per_site=500, cache_size=2000,
                                       clients=32, history=100))
-    resume = simulate(config, "resume")["summary"]
+    resume = simulate(config, "published")["summary"]
     least = simulate(config, "least_backlog")["summary"]
     assert resume["misses_per_request"] < 0.5 * least["misses_per_request"]
     assert resume["throughput"] > least["throughput"]
@@ -145,7 +145,7 @@ def test_hot_class_and_new_worker_metrics():
     config = small(actions=[{"at": 1000, "do": "hot_site", "site": 6,
                              "fraction": 0.3},
                             {"at": 1500, "do": "add_worker"}])
-    summary = simulate(config, "resume")["summary"]
+    summary = simulate(config, "published")["summary"]
     assert 0 < summary["hot_worker_share"] <= 1
     assert 0 < summary["hot_backlog_share"] <= 1
     assert summary["fair_share"] == pytest.approx(1 / 5)
@@ -189,8 +189,8 @@ def test_shipped_scenarios():
 
 def test_table_and_plot(tmp_path, capsys):
     assert cli.main(["add_worker", "--scale", "0.005", "--out", str(tmp_path),
-                     "--policies", "resume,least_backlog",
+                     "--policies", "affinity,published,least_backlog",
                      "--objects-per-site", "200"]) == 0
     out = capsys.readouterr().out
-    assert "resume" in out and "least_backlog" in out and "new wk" in out
+    assert "published" in out and "least_backlog" in out and "new wk" in out
     assert (tmp_path / "add_worker.png").stat().st_size > 1000

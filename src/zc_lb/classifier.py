@@ -11,6 +11,22 @@ Specs, as given on the command line or in ZooKeeper:
 ``module:expr``
     Any importable callable taking the environ, e.g. ``myapp.lb:classify``.
 
+A classifier may return None: the request has no class, and the pool
+sends it to the least loaded worker.
+
+Affinity keys (``--affinity-key``) split a class finer, so that requests
+for the same page go to the same worker among those skilled in the
+class (see affinity.py):
+
+``path``
+    The request path, without the query (the default).
+``none``
+    No key: any skilled worker may take any request of a class.
+``re:ENVKEY:PATTERN``
+    A regular expression searched in ``environ[ENVKEY]``; the key is its
+    named group ``key`` if it has one, else the whole match; no match
+    gives no key.
+
 A bad spec raises ConfigurationError at start-up, never per request.
 """
 
@@ -18,11 +34,12 @@ from __future__ import annotations
 
 import importlib
 import re
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 from .errors import ConfigurationError
 
-Classifier = Callable[[Dict[str, object]], str]
+Classifier = Callable[[Dict[str, object]], Optional[str]]
+KeyFunction = Callable[[Dict[str, object]], Optional[str]]
 
 
 def host_classifier(environ: Dict[str, object]) -> str:
@@ -39,12 +56,24 @@ def host_classifier(environ: Dict[str, object]) -> str:
     return host
 
 
+def _compile(pattern: str, what: str) -> "re.Pattern[str]":
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ConfigurationError("bad %s regular expression %r: %s" % (what, pattern, exc))
+
+
+def _split_regex_spec(spec: str, what: str):
+    envkey, sep, pattern = spec[3:].partition(":")
+    if not sep or not envkey or not pattern:
+        raise ConfigurationError("expected re:ENVKEY:PATTERN for the %s, got %r"
+                                 % (what, spec))
+    return envkey, pattern
+
+
 def regex_classifier(envkey: str, pattern: str) -> Classifier:
     """A classifier searching ``pattern`` (with group ``class``) in environ[envkey]."""
-    try:
-        compiled = re.compile(pattern)
-    except re.error as exc:
-        raise ConfigurationError("bad classifier regular expression %r: %s" % (pattern, exc))
+    compiled = _compile(pattern, "classifier")
     if "class" not in compiled.groupindex:
         raise ConfigurationError(
             "classifier regular expression %r has no named group 'class'" % pattern
@@ -89,13 +118,46 @@ def get_classifier(spec: str) -> Classifier:
     if spec == "host":
         return host_classifier
     if spec.startswith("re:"):
-        envkey, sep, pattern = spec[3:].partition(":")
-        if not sep or not envkey or not pattern:
-            raise ConfigurationError(
-                "expected re:ENVKEY:PATTERN, got %r" % spec
-            )
-        return regex_classifier(envkey, pattern)
+        return regex_classifier(*_split_regex_spec(spec, "classifier"))
     obj = import_object(spec)
     if not callable(obj):
         raise ConfigurationError("classifier %r is not callable" % spec)
     return obj  # type: ignore[return-value]
+
+
+def path_key(environ: Dict[str, object]) -> Optional[str]:
+    """The request's path, without the query."""
+    return str(environ.get("PATH_INFO") or "/")
+
+
+def no_key(environ: Dict[str, object]) -> Optional[str]:
+    """No affinity key."""
+    return None
+
+
+def regex_key(envkey: str, pattern: str) -> KeyFunction:
+    """A key function: group ``key`` (or the whole match) of ``pattern``
+    searched in environ[envkey]."""
+    search = _compile(pattern, "affinity key").search
+    group = "key" if "key" in re.compile(pattern).groupindex else 0
+
+    def key(environ: Dict[str, object]) -> Optional[str]:
+        value = environ.get(envkey)
+        match = search(str(value)) if value is not None else None
+        return match.group(group) if match is not None else None
+
+    key.__name__ = "re:%s:%s" % (envkey, pattern)
+    return key
+
+
+def get_key_function(spec: str) -> KeyFunction:
+    """Turn an affinity key spec (path, none, re:ENVKEY:PATTERN) into a function."""
+    spec = spec.strip()
+    if spec == "path":
+        return path_key
+    if spec == "none":
+        return no_key
+    if spec.startswith("re:"):
+        return regex_key(*_split_regex_spec(spec, "affinity key"))
+    raise ConfigurationError(
+        "affinity key must be path, none or re:ENVKEY:PATTERN, got %r" % spec)

@@ -105,21 +105,20 @@ def run_worker(args: argparse.Namespace) -> int:
 
 def build_lb(args: argparse.Namespace):
     """The LB object and its front and status servers, not started."""
-    from .classifier import get_classifier
+    from .affinity import make_pool
+    from .classifier import get_classifier, get_key_function
     from .http import AccessLog, FrontServer
     from .lb import LB
-    from .pool import ClasslessPool, Pool
     from .status import status_app
     from .worker import parse_address
 
-    pool_class = ClasslessPool if args.policy == "classless" else Pool
-    pool = pool_class(variance=args.variance, backlog_history=args.backlog_history,
-                      unskilled_score=args.unskilled_score)
+    pool = make_pool(args.policy, _lb_settings(args))
     pages = {}
     if args.error_page:
         page = _read_page(args.error_page)
         pages = {502: page, 503: page}
     lb = LB(pool, get_classifier(args.classifier),
+            affinity_key=get_key_function(args.affinity_key),
             no_worker_timeout=args.no_worker_timeout,
             response_timeout=args.response_timeout or None,
             keepalive_timeout=args.keepalive_timeout,
@@ -189,7 +188,9 @@ def _lb_settings(args: argparse.Namespace) -> dict:
     return {"variance": args.variance, "backlog_history": args.backlog_history,
             "unskilled_score": args.unskilled_score,
             "no_worker_timeout": args.no_worker_timeout,
-            "single_version": args.single_version}
+            "single_version": args.single_version, "spread": args.spread,
+            "footprint_window": args.footprint_window, "slow_start": args.slow_start,
+            "balance": args.balance, "reset_skills": ""}
 
 
 # -- status -------------------------------------------------------------
@@ -306,10 +307,35 @@ def _add_lb_parser(sub) -> None:
     p.add_argument("--worker", action="append", metavar="HOST:PORT", help="a worker address")
     p.add_argument("--classifier", default="host",
                    help="host, re:ENVKEY:PATTERN or module:expr (default host)")
-    p.add_argument("--policy", choices=("resume", "classless"), default="resume")
-    p.add_argument("--variance", type=float, default=1.0)
-    p.add_argument("--backlog-history", type=_positive_int, default=9)
-    p.add_argument("--unskilled-score", type=float, default=1.0)
+    p.add_argument("--policy", choices=("affinity", "published", "classless", "resume"),
+                   default="affinity",
+                   help="affinity (default): résumés pick a class's workers, affinity "
+                        "keys split the class among them; published: the published "
+                        "résumé algorithm (resume is its old name); classless: least "
+                        "backlog")
+    p.add_argument("--affinity-key", default="path", metavar="path|none|re:ENVKEY:PATTERN",
+                   help="what sends requests of a class to the same worker (default "
+                        "path)")
+    p.add_argument("--variance", type=float, default=1.0,
+                   help="a worker's mean backlog may reach VARIANCE times the pool's "
+                        "(default 1)")
+    p.add_argument("--backlog-history", type=_positive_int, default=9,
+                   help="requests over which backlogs are averaged (default 9)")
+    p.add_argument("--unskilled-score", type=float, default=1.0,
+                   help="score of a worker for a class it was sent without skill "
+                        "(default 1)")
+    p.add_argument("--spread", type=float, default=1.0,
+                   help="affinity: a class with a share S of requests gets at least "
+                        "SPREAD x S of the workers (default 1)")
+    p.add_argument("--footprint-window", type=_positive_int, default=5000,
+                   help="affinity: requests over which class shares and distinct keys "
+                        "are measured (default 5000)")
+    p.add_argument("--slow-start", type=int, default=2000,
+                   help="affinity: requests over which a new worker's share ramps up "
+                        "(default 2000; 0 at once)")
+    p.add_argument("--balance", type=float, default=3.0,
+                   help="affinity: a key moves on from its worker while that one's "
+                        "backlog is past BALANCE x the class's mean (default 3)")
     p.add_argument("--no-worker-timeout", type=float, default=30.0,
                    help="seconds to wait for a worker before answering 503")
     p.add_argument("--response-timeout", type=float, default=300.0,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import Callable, Dict, Iterable, Optional
+from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import gevent
 import gevent.event
@@ -52,6 +52,7 @@ HOP_BY_HOP_ENVIRON = frozenset(
     "HTTP_" + name.upper().replace("-", "_") for name in HOP_BY_HOP
 ) | {"HTTP_PROXY_CONNECTION"}
 RETRY_METHODS = frozenset(("GET", "HEAD"))
+MAX_CLASSIFIER_ERRORS = 100  # distinct classifier errors kept in status
 BODILESS_STATUS = frozenset(("204", "304")) | {"1%02d" % n for n in range(100)}
 REASONS = {413: "Request Entity Too Large", 502: "Bad Gateway",
            503: "Service Unavailable", 504: "Gateway Timeout"}
@@ -196,7 +197,7 @@ class LB:
     def __init__(
         self,
         pool: Pool,
-        classifier: Callable[[dict], str],
+        classifier: Callable[[dict], Optional[str]],
         no_worker_timeout: float = 30.0,
         secret: Optional[bytes] = None,
         pages: Optional[Dict[int, bytes]] = None,
@@ -205,8 +206,11 @@ class LB:
         keepalive_timeout: float = 5.0,
         response_timeout: Optional[float] = 300.0,
         drain_timeout: float = 30.0,
+        affinity_key: Optional[Callable[[dict], Optional[str]]] = None,
     ) -> None:
         self.pool = pool
+        self.affinity_key = affinity_key
+        self.classifier_errors: Dict[str, int] = {}
         self.response_timeout = response_timeout
         self.drain_timeout = drain_timeout
         self.classifier = classifier
@@ -272,12 +276,12 @@ class LB:
             return self._error(exc, environ, start_response)
 
     def _forward(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        rclass = self._classify(environ)
+        rclass, key = self._classify(environ)
         has_body = _has_body(environ, self.max_request_body)
         retryable = not has_body and environ["REQUEST_METHOD"] in RETRY_METHODS
-        forwarded = _forwarded_environ(environ, rclass)
+        forwarded = _forwarded_environ(environ, "" if rclass is None else rclass)
         for attempt in range(max(len(self.links), 1) + 1):
-            connection = self._get_worker(rclass)
+            connection = self._get_worker(rclass, key)
             exchange = upload = None
             try:
                 exchange = connection.open_request(forwarded, end=not has_body)
@@ -297,17 +301,32 @@ class LB:
             return ResponseBody(self, connection, exchange, upload, length)
         raise NoWorkerAvailable("no worker answered")
 
-    def _classify(self, environ: dict) -> str:
+    def _classify(self, environ: dict) -> Tuple[Optional[str], Optional[str]]:
+        """The request's class (None: no class) and affinity key.  A failing
+        classifier or key function routes the request without either, and
+        is logged once per distinct error, then counted."""
         try:
-            return str(self.classifier(environ))
-        except Exception:
-            log.exception("classifier failed; using the empty class")
-            return ""
+            rclass = self.classifier(environ)
+            key = self.affinity_key(environ) if self.affinity_key else None
+        except Exception as exc:
+            self._classifier_failed(exc)
+            return None, None
+        return (None if rclass is None else str(rclass)), key
 
-    def _get_worker(self, rclass: str) -> Connection:
+    def _classifier_failed(self, exc: Exception) -> None:
+        error = "%s: %s" % (type(exc).__name__, exc)
+        count = self.classifier_errors.get(error, 0) + 1
+        self.classifier_errors[error] = count
+        if count == 1:
+            if len(self.classifier_errors) > MAX_CLASSIFIER_ERRORS:
+                self.classifier_errors.pop(next(iter(self.classifier_errors)))
+            log.error("classifier failed (routing such requests without a class; "
+                      "logged once, counted in status)", exc_info=exc)
+
+    def _get_worker(self, rclass: Optional[str], key: Optional[str]) -> Connection:
         deadline = time.monotonic() + self.no_worker_timeout
         while True:
-            connection = self.pool.get(rclass)
+            connection = self.pool.get(rclass, key)
             if connection is not None:
                 self.in_flight += 1
                 return connection  # type: ignore[return-value]
@@ -421,6 +440,7 @@ class LB:
             "retries": self.retries,
             "errors": {str(k): v for k, v in sorted(self.errors.items())},
             "uptime": round(time.time() - self.started, 1),
+            "classifier_errors": dict(self.classifier_errors),
         }
 
     def __repr__(self) -> str:

@@ -103,6 +103,7 @@ class LBMembership:
         self.status_address = status_address
         self.base = dict(base_settings or {})
         self.single_version = bool(self.base.get("single_version"))
+        self.reset_token: Optional[str] = None  # the reset_skills value last seen
         self.version: Optional[str] = None
         self.providers: Dict[str, dict] = {}
         self.client = None
@@ -138,17 +139,26 @@ class LBMembership:
         try:
             settings = dict(self.base)
             settings.update(parse_all(LB_SETTINGS, properties))
-            self.lb.pool.update_settings(
-                variance=settings["variance"], backlog_history=settings["backlog_history"],
-                unskilled_score=settings["unskilled_score"])
+            self.lb.pool.configure(settings)
         except ConfigurationError as exc:
             log.error("ignoring bad LB settings in %s: %s", self.path, exc)
             return
         self.lb.no_worker_timeout = settings["no_worker_timeout"]
+        self._reset_skills(settings["reset_skills"])
         log.info("LB settings: %s", settings)
         if bool(settings["single_version"]) != self.single_version:
             self.single_version = bool(settings["single_version"])
             self._update_workers()
+
+    def _reset_skills(self, token: str) -> None:
+        """A new ``reset_skills`` value (not the first one seen) resets skills."""
+        if self.reset_token is not None and token != self.reset_token:
+            reset = getattr(self.lb.pool, "reset_skills", None)
+            if reset is not None:
+                reset()
+                log.warning("skills reset (reset_skills=%r): learning them again "
+                            "from résumés", token)
+        self.reset_token = token
 
     def _providers_changed(self, providers: Dict[str, dict]) -> None:
         self.providers = providers

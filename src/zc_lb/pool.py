@@ -50,7 +50,7 @@ when there is none is the caller's business (``get`` returns None).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Dict, Hashable, Iterable, Mapping, Optional
+from typing import Any, Dict, Hashable, Iterable, Mapping, Optional, Tuple
 
 from .errors import ConfigurationError
 
@@ -108,6 +108,8 @@ def _check_settings(
 class Pool:
     """Résumé-based routing: skilled workers first, backlog capped."""
 
+    SETTINGS: Tuple[str, ...] = ("variance", "backlog_history", "unskilled_score")
+
     def __init__(
         self,
         variance: float = DEFAULT_VARIANCE,
@@ -149,6 +151,12 @@ class Pool:
         self.backlog_history = new_history
         self.unskilled_score = new_unskilled
         self._update_decays()
+
+    def configure(self, settings: Mapping[str, object]) -> None:
+        """``update_settings`` with those of ``settings`` this policy has."""
+        chosen: Dict[str, Any] = {name: settings[name] for name in self.SETTINGS
+                                  if name in settings}
+        self.update_settings(**chosen)
 
     def _update_decays(self) -> None:
         history = self.backlog_history

@@ -56,7 +56,25 @@ LB_SETTINGS = {s.name: s for s in [
             "seconds to wait for a worker before answering 503"),
     Setting("single_version", _bool, False, None,
             "serve only from the worker version most workers run"),
+    Setting("spread", float, 1.0, 1e-9,
+            "affinity policy: a class with a share S of requests is spread "
+            "over SPREAD x S of the workers"),
+    Setting("footprint_window", _int, 5000, 1,
+            "affinity policy: requests over which request shares and "
+            "distinct keys per class are measured"),
+    Setting("slow_start", _int, 2000, 0,
+            "affinity policy: requests over which a new worker's share ramps "
+            "up (0: at once)"),
+    Setting("balance", float, 3.0, 1.0,
+            "affinity policy: a key moves on from its worker while that one's "
+            "backlog is past BALANCE times the mean of the class's workers"),
+    Setting("reset_skills", str, "", None,
+            "set to a new value (e.g. the time) to make every LB forget "
+            "the skills it holds and learn them again from résumés"),
 ]}
+
+POOL_SETTINGS = ("variance", "backlog_history", "unskilled_score", "spread",
+                 "footprint_window", "slow_start", "balance")
 
 WORKER_SETTINGS = {s.name: s for s in [
     Setting("history", _int, 9999, 1,

@@ -1,0 +1,430 @@
+"""The affinity policy: résumés pick a class's workers, keys split the class.
+
+Theory of operation
+-------------------
+
+The published algorithm (``pool.Pool``) sends a class to whichever of its
+skilled workers has the best score per unit of backlog.  Every skilled
+worker therefore ends up caching the class's whole working set: a class
+bigger than one worker's cache misses on every worker it uses, and a
+small one is copied wherever the cap spills it.  ``AffinityPool`` keeps
+the published cap and résumés and adds three things.
+
+Affinity.  A request may carry a *key* finer than its class (by default
+its path).  Among the class's *members* under the cap, a key goes to the
+member with the highest weighted rendezvous score ``score / -ln(u)``,
+``u`` a hash of (key, worker name) in (0, 1): each member owns a share
+of the keys in proportion to its skill, a member joining or leaving moves
+only the keys it takes or held, and every LB computes the same owner
+from the same résumés, so several LBs partition a class alike.
+
+Width.  How many members a class gets is set from what the LB sees:
+``max(load, footprint)``, where ``load = ceil(n * spread * share)``
+(``share``, the class's decayed share of requests: a class with a third
+of the traffic needs a third of the pool) and ``footprint = ceil(n *
+keys / all_keys)`` (``keys``, the class's distinct keys over the last
+``footprint_window`` requests, estimated in bounded memory by a k-minimum
+values sketch: a class with a third of the distinct keys needs a third
+of the pool's cache).  A class short of members recruits the least
+recently chosen worker not yet skilled in it, one per request; a class
+with more skilled workers than its width uses the best-scored ones, and
+the rest, no longer sent the class, drop it from their résumés after
+``max_skill_age`` requests: a hot class's spill grows its skilled set
+only while it is needed.  A recruit starts with the class's lowest score,
+so it takes a real share of the keys at once (with ``unskilled_score`` it
+would take almost none until its résumé came).
+
+Balance.  A key goes to the first member, in the key's rendezvous order,
+whose backlog is under ``balance`` times the members' mean (bounded-load
+hashing, as HAProxy's ``hash-balance-factor``), so a burst on one key
+moves on to its second owner instead of queueing.
+
+Spill.  When no member is under the cap, the request goes, as in the
+published algorithm, to the best skilled worker under the cap, else to
+the least recently chosen worker, which becomes skilled.
+
+Slow start.  A worker added to a running pool ramps up over
+``slow_start`` requests of the pool.  While it gets less than its due
+(its fair share times the ramp), the next class that comes is given it
+as one of its best members; its rendezvous weight is scaled by the ramp,
+so keys move to it a few at a time instead of in a storm of misses, and
+its own résumés then keep the classes it took.
+
+Re-learning.  ``reset_skills()`` forgets every skill the LB holds (an
+operator's switch, for a changed classifier); the pool also resets by
+itself when, over a window, most requests hit classes no worker is
+skilled in.  Résumés then teach it again.
+
+Requests without a key (``key=None``, affinity turned off) go as in the
+published algorithm: best score per unit of backlog among all skilled
+workers.  ``get`` costs O(workers skilled in the class), plus
+O(log k) for the sketch.
+
+Weak spots, admitted: shares and footprints are per LB; with k LBs each
+sees all of a class's keys (the same hash), but its own load, so the
+cap, as in the published algorithm, only bounds each LB's part.  The
+footprint counts keys, not bytes: a class whose keys are all alike in
+cost is modelled best.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+from heapq import nlargest
+from operator import itemgetter
+from typing import Dict, Hashable, List, Mapping, Optional, Tuple
+
+from .errors import ConfigurationError
+from .pool import ClasslessPool, Pool, PoolWorker
+
+MASK64 = (1 << 64) - 1
+SKETCH_SIZE = 64  # k of the k-minimum-values sketch: ~1/sqrt(k) error
+UNIT = float(1 << 53)
+DEFAULT_SPREAD = 1.0
+DEFAULT_FOOTPRINT_WINDOW = 5000
+DEFAULT_SLOW_START = 2000
+DEFAULT_BALANCE = 3.0
+RELEARN_SHARE = 0.5  # "most requests hit classes no worker is skilled in"
+import os
+ALL = os.environ.get("ALL")
+CHOICES = int(os.environ.get("C", "0"))
+BALANCE = float(os.environ.get("B", "2"))  # a key leaves its owner when that one has twice the members' mean
+
+
+def stable_hash(text: str) -> int:
+    """A 64-bit hash of ``text``, the same in every process (unlike hash())."""
+    data = text.encode("utf-8", "surrogateescape")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def mix(x: int) -> int:
+    """splitmix64's finaliser: a well-spread 64-bit function of ``x``."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def rendezvous_weight(key_hash: int, salt: int, score: float) -> float:
+    """Weighted rendezvous: the owner of a key is the highest ``score/-ln(u)``."""
+    u = ((mix(key_hash ^ salt) >> 11) + 0.5) / UNIT  # in (0, 1)
+    return score / -math.log(u)
+
+
+class Sketch:
+    """Distinct values seen, estimated from the k smallest 64-bit hashes."""
+
+    __slots__ = ("smallest",)
+
+    def __init__(self) -> None:
+        self.smallest: List[int] = []
+
+    def add(self, value: int) -> bool:
+        """Note a hash; whether the estimate changed."""
+        smallest = self.smallest
+        if len(smallest) >= SKETCH_SIZE and value >= smallest[-1]:
+            return False
+        i = bisect.bisect_left(smallest, value)
+        if i < len(smallest) and smallest[i] == value:
+            return False
+        smallest.insert(i, value)
+        if len(smallest) > SKETCH_SIZE:
+            smallest.pop()
+        return True
+
+    def estimate(self) -> float:
+        """How many distinct values were added."""
+        smallest = self.smallest
+        if len(smallest) < SKETCH_SIZE:
+            return float(len(smallest))
+        return (SKETCH_SIZE - 1) * float(MASK64) / (smallest[-1] + 1)
+
+
+class Footprint:
+    """Distinct keys over the last one or two windows of the pool."""
+
+    __slots__ = ("window", "current", "previous")
+
+    def __init__(self, window: int) -> None:
+        self.window = window  # the pool's window number this one counts
+        self.current = Sketch()
+        self.previous = 0.0  # the last full window's estimate
+
+    def add(self, value: int, window: int) -> None:
+        """Note a key hash seen in pool window ``window``."""
+        if window != self.window:
+            self.previous = (self.current.estimate()
+                             if window == self.window + 1 else 0.0)
+            self.current = Sketch()
+            self.window = window
+        self.current.add(value)
+
+    def estimate(self, window: int) -> float:
+        """Distinct keys, as of pool window ``window``."""
+        if window > self.window + 1:
+            return 0.0
+        if window == self.window + 1:
+            return self.current.estimate()
+        return max(self.previous, self.current.estimate())
+
+
+class ClassStats:
+    """What the LB sees of one class: its decayed request count, its keys."""
+
+    __slots__ = ("count", "seen", "footprint", "salt")
+
+    def __init__(self, rclass: str, window: int) -> None:
+        self.count = 0.0  # decayed requests, as of pool request ``seen``
+        self.seen = 0
+        self.footprint = Footprint(window)
+        self.salt = stable_hash(rclass)
+
+
+def _check(spread: float, footprint_window: int, slow_start: int,
+           balance: float) -> None:
+    for name, value, least in (("spread", spread, 1e-9), ("balance", balance, 1.0)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= least:
+            raise ConfigurationError("%s must be a number >= %g, got %r" % (name, least, value))
+    for name, value, least in (("footprint_window", footprint_window, 1),
+                               ("slow_start", slow_start, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ConfigurationError("%s must be an integer >= %d, got %r"
+                                     % (name, least, value))
+
+
+class AffinityPool(Pool):
+    """Résumé routing with affinity keys, footprint-sized classes, slow
+    start and re-learning; see the module docstring."""
+
+    SETTINGS = Pool.SETTINGS + ("spread", "footprint_window", "slow_start", "balance")
+
+    def __init__(self, *args, spread: float = DEFAULT_SPREAD,
+                 footprint_window: int = DEFAULT_FOOTPRINT_WINDOW,
+                 slow_start: int = DEFAULT_SLOW_START,
+                 balance: float = DEFAULT_BALANCE, **kw) -> None:
+        _check(spread, footprint_window, slow_start, balance)
+        self.spread = spread
+        self.balance = balance
+        self.footprint_window = footprint_window
+        self.slow_start = slow_start
+        self.requests = 0
+        self.classes: Dict[str, ClassStats] = {}
+        self.total = 0.0  # decayed requests of every class
+        self.footprint = Footprint(0)  # distinct (class, key) pairs
+        self.unskilled = 0.0  # decayed requests whose class had no skilled worker
+        self.resets = 0
+        self.spills = 0
+        # worker -> [pool requests when added, requests it got since]
+        self.starting: Dict[PoolWorker, List[int]] = {}
+        super().__init__(*args, **kw)
+        self._update_rate_decay()
+
+    def update_settings(self, *args, spread: Optional[float] = None,
+                        footprint_window: Optional[int] = None,
+                        slow_start: Optional[int] = None,
+                        balance: Optional[float] = None, **kw) -> None:
+        """Change settings at run time; None leaves a setting as it is."""
+        new = (self.spread if spread is None else spread,
+               self.footprint_window if footprint_window is None else footprint_window,
+               self.slow_start if slow_start is None else slow_start,
+               self.balance if balance is None else balance)
+        _check(*new)
+        super().update_settings(*args, **kw)
+        self.spread, self.footprint_window, self.slow_start, self.balance = new
+        self._update_rate_decay()
+
+    def _update_rate_decay(self) -> None:
+        self.rate_decay = 1.0 - 1.0 / self.footprint_window
+
+    # -- membership ---------------------------------------------------
+
+    def _added(self, worker: PoolWorker) -> None:
+        worker.salt = stable_hash(worker.name)
+        if self.requests and self.slow_start:
+            self.starting[worker] = [self.requests, 0]
+
+    def remove(self, handle: Hashable) -> None:
+        """Forget a worker entirely, even with requests in flight on it."""
+        worker = self.workers.get(handle)
+        if worker is not None:
+            self.starting.pop(worker, None)
+        super().remove(handle)
+
+    def reset_skills(self) -> None:
+        """Forget every skill: résumés from now on teach the pool again."""
+        for worker in self.workers.values():
+            worker.resume = {}
+        self.skilled.clear()
+        self.unskilled = 0.0
+        self.resets += 1
+
+    # -- routing ------------------------------------------------------
+
+    def get(self, rclass: Optional[str], key: Optional[str] = None
+            ) -> Optional[Hashable]:
+        """Choose a worker for a request of ``rclass`` with affinity ``key``."""
+        if not self._lru:
+            return None
+        if rclass is None:
+            return self._least_backlog()
+        self.requests += 1
+        decay = self.rate_decay
+        self.total = self.total * decay + 1.0
+        skilled = self.skilled.get(rclass)
+        self._notice_unskilled(skilled, decay)
+        if key is None:
+            return super().get(rclass)
+        stats, key_hash = self._observe(rclass, key)
+        if self.starting:
+            self._slow_start(rclass)
+        members = self._members(rclass, stats)
+        chosen = self._owner(members, key_hash)
+        if chosen is None:
+            self.spills += 1
+            chosen = self._owner(self.skilled[rclass], key_hash)
+            if chosen is None:
+                return super().get(rclass)  # the published spill
+        return self._chosen(chosen)
+
+    def _notice_unskilled(self, skilled: Optional[dict], decay: float) -> None:
+        """Reset skills when most requests hit classes no worker knows."""
+        self.unskilled = self.unskilled * decay + (0.0 if skilled else 1.0)
+        if (self.requests > self.footprint_window and self.skilled
+                and self.unskilled > RELEARN_SHARE * self.total):
+            self.reset_skills()
+
+    def _observe(self, rclass: str, key: str) -> Tuple[ClassStats, int]:
+        """Count the request and its key in the class's statistics; the
+        class's stats and the key's hash."""
+        window = self.requests // self.footprint_window
+        stats = self.classes.get(rclass)
+        if stats is None:
+            stats = self.classes[rclass] = ClassStats(rclass, window)
+        stats.count = stats.count * self.rate_decay ** (self.requests - stats.seen) + 1.0
+        stats.seen = self.requests
+        key_hash = mix(stats.salt ^ stable_hash(key))
+        stats.footprint.add(key_hash, window)
+        self.footprint.add(key_hash, window)
+        return stats, key_hash
+
+    def width(self, stats: ClassStats) -> int:
+        """How many workers the class should be spread over."""
+        n = len(self.workers)
+        load = math.ceil(n * self.spread * stats.count / self.total)
+        window = self.requests // self.footprint_window
+        all_keys = self.footprint.estimate(window)
+        footprint = 1
+        if all_keys > 0:
+            footprint = math.ceil(n * stats.footprint.estimate(window) / all_keys)
+        return max(1, min(n, max(load, footprint)))
+
+    def _members(self, rclass: str, stats: ClassStats) -> Dict[PoolWorker, float]:
+        """The class's members: its best ``width`` skilled workers, with a
+        recruit when it has fewer."""
+        width = self.width(stats)
+        skilled = self.skilled.get(rclass)
+        if skilled is None:
+            skilled = self.skilled[rclass] = {}
+        if len(skilled) > width:
+            members = dict(nlargest(width, skilled.items(), key=itemgetter(1)))
+            for worker in self.starting:  # slow start's recruits, at their ramp
+                if worker in skilled:
+                    members[worker] = skilled[worker]
+            return members
+        if len(skilled) < width:
+            self._recruit(rclass, skilled)
+        return skilled
+
+    def _recruit(self, rclass: str, skilled: Dict[PoolWorker, float]) -> None:
+        for worker in self._lru:  # at most len(skilled) + 1 steps
+            if worker not in skilled:
+                score = min(skilled.values()) if skilled else self.unskilled_score
+                skilled[worker] = worker.resume[rclass] = score
+                return
+
+    def _owner(self, members: Dict[PoolWorker, float], key_hash: int
+               ) -> Optional[PoolWorker]:
+        """The worker owning ``key_hash`` among ``members`` under the cap:
+        the first in the key's rendezvous order whose backlog is within
+        ``balance`` times the members' mean (bounded-load hashing)."""
+        max_backlog = self.variance * self.mbacklog / len(self.workers)
+        if max_backlog < 1.0:
+            max_backlog = 1.0
+        min_backlog = next(iter(self._lru)).mbacklog + 1.0
+        starting = self.starting
+        ranked = []
+        total = 0
+        for worker, score in members.items():
+            if worker.mbacklog - min_backlog > max_backlog:
+                continue
+            if starting and worker in starting:  # as good as the best, times its ramp
+                score = max(members.values()) * self._ramp(worker)
+            ranked.append((rendezvous_weight(key_hash, worker.salt, score), worker))
+            total += worker.backlog
+        if not ranked:
+            return None
+        if len(ranked) == 1:
+            return ranked[0][1]
+        bound = self.balance * (total + 1) / len(ranked)
+        ranked.sort(key=itemgetter(0), reverse=True)
+        for _, worker in ranked:
+            if worker.backlog < bound:
+                return worker
+        return ranked[0][1]
+
+    def _chosen(self, worker: PoolWorker) -> Hashable:
+        if self.starting and worker in self.starting:
+            self.starting[worker][1] += 1
+        return super()._chosen(worker)
+
+    def _slow_start(self, rclass: str) -> None:
+        """Recruit a starting worker that is behind its ramp into ``rclass``,
+        as one of its best members, so it takes whole keys of warm classes."""
+        skilled = self.skilled.get(rclass)
+        if skilled is None:
+            skilled = self.skilled[rclass] = {}
+        for worker, (added, received) in list(self.starting.items()):
+            if worker in skilled:
+                continue
+            ramp = self._ramp(worker)
+            due = ramp * (self.requests - added) / len(self.workers)
+            if received < due:
+                score = max(skilled.values()) if skilled else self.unskilled_score
+                skilled[worker] = worker.resume[rclass] = score
+                return
+
+    def _ramp(self, worker: PoolWorker) -> float:
+        """How far a starting worker is into its slow start, in (0, 1]."""
+        done = (self.requests - self.starting[worker][0]) / self.slow_start
+        if done >= 1.0:
+            del self.starting[worker]
+            return 1.0
+        return max(done, 0.01)
+
+    # -- introspection ------------------------------------------------
+
+    def status(self) -> dict:
+        """The published pool's status, with the affinity settings."""
+        status = super().status()
+        status.update(spread=self.spread, footprint_window=self.footprint_window,
+                      balance=self.balance, spills=self.spills,
+                      slow_start=self.slow_start, skill_resets=self.resets,
+                      starting=len(self.starting))
+        return status
+
+
+POLICIES = {"affinity": AffinityPool, "published": Pool, "classless": ClasslessPool,
+            "resume": Pool}  # resume: the published policy's old name
+
+
+def make_pool(policy: str, settings: Mapping[str, object]) -> Pool:
+    """The pool of ``policy``, with those of ``settings`` it takes."""
+    try:
+        pool_class = POLICIES[policy]
+    except KeyError:
+        raise ConfigurationError("unknown policy %r (one of %s)"
+                                 % (policy, ", ".join(POLICIES)))
+    pool = pool_class()
+    pool.configure(settings)
+    return pool
