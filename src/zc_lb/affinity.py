@@ -86,11 +86,9 @@ DEFAULT_SPREAD = 1.0
 DEFAULT_FOOTPRINT_WINDOW = 5000
 DEFAULT_SLOW_START = 2000
 DEFAULT_BALANCE = 3.0
+STARTED = 0.9  # a starter is behind while under 90% of its ramp's share
+GIVE_UP = 5  # slow starts after which a worker is done starting anyway
 RELEARN_SHARE = 0.5  # "most requests hit classes no worker is skilled in"
-import os
-ALL = os.environ.get("ALL")
-CHOICES = int(os.environ.get("C", "0"))
-BALANCE = float(os.environ.get("B", "2"))  # a key leaves its owner when that one has twice the members' mean
 
 
 def stable_hash(text: str) -> int:
@@ -169,6 +167,30 @@ class Footprint:
         return max(self.previous, self.current.estimate())
 
 
+class Starter:
+    """A worker in slow start: when it came, and its recent requests."""
+
+    __slots__ = ("added", "recent", "seen")
+
+    def __init__(self, added: int) -> None:
+        self.added = added  # pool requests when it was added
+        self.recent = 0.0  # its requests, decayed over the slow start
+        self.seen = added
+
+    def got(self, now: int, horizon: int) -> None:
+        """It was given a request at pool request ``now``."""
+        self.recent = self.recent * (1.0 - 1.0 / horizon) ** (now - self.seen) + 1.0
+        self.seen = now
+
+    def share(self, now: int, horizon: int) -> float:
+        """Its share of the pool's recent requests."""
+        decay = 1.0 - 1.0 / horizon
+        total = (1.0 - decay ** (now - self.added)) / (1.0 - decay)
+        if total <= 0:
+            return 0.0
+        return self.recent * decay ** (now - self.seen) / total
+
+
 class ClassStats:
     """What the LB sees of one class: its decayed request count, its keys."""
 
@@ -215,8 +237,7 @@ class AffinityPool(Pool):
         self.unskilled = 0.0  # decayed requests whose class had no skilled worker
         self.resets = 0
         self.spills = 0
-        # worker -> [pool requests when added, requests it got since]
-        self.starting: Dict[PoolWorker, List[int]] = {}
+        self.starting: Dict[PoolWorker, Starter] = {}
         super().__init__(*args, **kw)
         self._update_rate_decay()
 
@@ -242,7 +263,7 @@ class AffinityPool(Pool):
     def _added(self, worker: PoolWorker) -> None:
         worker.salt = stable_hash(worker.name)
         if self.requests and self.slow_start:
-            self.starting[worker] = [self.requests, 0]
+            self.starting[worker] = Starter(self.requests)
 
     def remove(self, handle: Hashable) -> None:
         """Forget a worker entirely, even with requests in flight on it."""
@@ -320,23 +341,28 @@ class AffinityPool(Pool):
         return max(1, min(n, max(load, footprint)))
 
     def _members(self, rclass: str, stats: ClassStats) -> Dict[PoolWorker, float]:
-        """The class's members: its best ``width`` skilled workers, with a
-        recruit when it has fewer."""
+        """The class's members and their scores: its best ``width`` skilled
+        workers, recruiting one when it has fewer; starters it took count
+        as the best, times their ramp."""
         width = self.width(stats)
         skilled = self.skilled.get(rclass)
         if skilled is None:
             skilled = self.skilled[rclass] = {}
-        if len(skilled) > width:
-            members = dict(nlargest(width, skilled.items(), key=itemgetter(1)))
-            for worker in self.starting:  # slow start's recruits, at their ramp
-                if worker in skilled:
-                    members[worker] = skilled[worker]
-            return members
         if len(skilled) < width:
             self._recruit(rclass, skilled)
-        return skilled
+        if len(skilled) <= width and not self.starting:
+            return skilled
+        members = dict(nlargest(width, skilled.items(), key=itemgetter(1)))
+        if self.starting:
+            best = max(skilled.values())
+            for worker in self.starting:
+                if worker in skilled:
+                    members[worker] = best * self._ramp(worker)
+        return members
 
     def _recruit(self, rclass: str, skilled: Dict[PoolWorker, float]) -> None:
+        """Make the least recently chosen worker not skilled in ``rclass``
+        skilled in it, at the class's lowest score."""
         for worker in self._lru:  # at most len(skilled) + 1 steps
             if worker not in skilled:
                 score = min(skilled.values()) if skilled else self.unskilled_score
@@ -352,14 +378,11 @@ class AffinityPool(Pool):
         if max_backlog < 1.0:
             max_backlog = 1.0
         min_backlog = next(iter(self._lru)).mbacklog + 1.0
-        starting = self.starting
         ranked = []
         total = 0
         for worker, score in members.items():
             if worker.mbacklog - min_backlog > max_backlog:
                 continue
-            if starting and worker in starting:  # as good as the best, times its ramp
-                score = max(members.values()) * self._ramp(worker)
             ranked.append((rendezvous_weight(key_hash, worker.salt, score), worker))
             total += worker.backlog
         if not ranked:
@@ -374,33 +397,41 @@ class AffinityPool(Pool):
         return ranked[0][1]
 
     def _chosen(self, worker: PoolWorker) -> Hashable:
-        if self.starting and worker in self.starting:
-            self.starting[worker][1] += 1
+        if self.starting:
+            starter = self.starting.get(worker)
+            if starter is not None:
+                starter.got(self.requests, self.slow_start)
         return super()._chosen(worker)
 
     def _slow_start(self, rclass: str) -> None:
-        """Recruit a starting worker that is behind its ramp into ``rclass``,
-        as one of its best members, so it takes whole keys of warm classes."""
+        """Make a starting worker that is behind its ramp, and not busier
+        than the mean, one of ``rclass``'s members, so it takes
+        whole keys of warm classes; one that has its share after the ramp
+        is done starting."""
         skilled = self.skilled.get(rclass)
         if skilled is None:
             skilled = self.skilled[rclass] = {}
-        for worker, (added, received) in list(self.starting.items()):
-            if worker in skilled:
-                continue
+        fair = 1.0 / len(self.workers)
+        for worker, starter in list(self.starting.items()):
             ramp = self._ramp(worker)
-            due = ramp * (self.requests - added) / len(self.workers)
-            if received < due:
+            share = starter.share(self.requests, self.slow_start)
+            if share >= ramp * fair * STARTED:
+                if ramp >= 1.0:
+                    del self.starting[worker]
+                continue
+            if self.requests - starter.added > GIVE_UP * self.slow_start:
+                del self.starting[worker]
+                continue
+            busy = worker.backlog * len(self.workers) > self.backlog
+            if worker not in skilled and not busy:
                 score = max(skilled.values()) if skilled else self.unskilled_score
                 skilled[worker] = worker.resume[rclass] = score
                 return
 
     def _ramp(self, worker: PoolWorker) -> float:
         """How far a starting worker is into its slow start, in (0, 1]."""
-        done = (self.requests - self.starting[worker][0]) / self.slow_start
-        if done >= 1.0:
-            del self.starting[worker]
-            return 1.0
-        return max(done, 0.01)
+        done = (self.requests - self.starting[worker].added) / self.slow_start
+        return min(max(done, 0.01), 1.0)
 
     # -- introspection ------------------------------------------------
 
