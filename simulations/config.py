@@ -51,6 +51,7 @@ class Config:
     clients: int = 64  # closed loop; 0 for open loop
     think_time: float = 0.0  # mean, exponential, closed loop
     arrival_rate: float = 0.0  # requests per second, open loop
+    lbs: int = 1  # LBs sharing the workers, each with its own pool
     # policies
     variance: float = 1.0
     backlog_history: int = 9
@@ -111,6 +112,8 @@ def build(overrides: Dict[str, Any]) -> Config:
         raise ValueError("unknown policies: %s" % ", ".join(unknown))
     if config.clients <= 0 and config.arrival_rate <= 0:
         raise ValueError("need clients > 0 (closed loop) or arrival_rate > 0")
+    if config.lbs < 1:
+        raise ValueError("need lbs >= 1")
     if config.popularity not in ("zipf", "exponential"):
         raise ValueError("popularity must be zipf or exponential")
     return config

@@ -76,7 +76,14 @@ class Simulation:
         seed = config.seed
         self.workload = Workload(config, random.Random(seed))
         self.timing = random.Random(seed * 7919 + 1)  # think times, arrivals
-        self.policy = policies.make(policy_name, config, random.Random(seed * 31 + 2))
+        # One policy per LB: each routes its share of the requests with its
+        # own backlogs; every one hears every worker's résumés.
+        self.lbs = [policies.make(policy_name, config, random.Random(seed * 31 + 2 + i))
+                    for i in range(config.lbs)]
+        for lb in self.lbs:
+            if hasattr(lb, "lbs"):
+                lb.lbs = config.lbs  # as ZooKeeper tells a real LB
+        self.policy = self.lbs[0]
         self.resumes = policies.uses_resumes(self.policy)
         self.holders = Holders(self.workload.total_objects)
         warmup = int(config.warmup * config.requests)
@@ -145,11 +152,12 @@ class Simulation:
         if self.issued % self.config.sample_every == 0:
             self.sample()
         site, label, objects, key = self.workload.next()
-        self.route([site, label, objects, self.now, client, key])
+        lb = self.issued % len(self.lbs)  # clients spread over the LBs evenly
+        self.route([site, label, objects, self.now, client, key, lb])
 
     def route(self, request: list) -> None:
         """Ask the policy for a worker and hand the request over."""
-        wid = self.policy.get(request[1], request[5])
+        wid = self.lbs[request[6]].get(request[1], request[5])
         if wid is None:
             self.waiting.append(request)
             return
@@ -180,10 +188,11 @@ class Simulation:
         worker.served += 1
         if request[0] == self.workload.hot_site:
             worker.hot -= 1
-        self.policy.put(worker.id)
+        self.lbs[request[6]].put(worker.id)
         resume = worker.skills.record(request[1], service)
         if resume is not None and self.resumes and worker.alive:
-            self.policy.new_resume(worker.id, resume)
+            for lb in self.lbs:
+                lb.new_resume(worker.id, resume)
         if worker.queue:
             self.serve(worker, worker.queue.popleft())
         self.recorder.request(self.now, self.now - request[3], misses,
@@ -242,15 +251,25 @@ class Simulation:
             self.workload.make_hot(action["site"], action["fraction"])
         elif kind == "change_classifier":
             self.workload.change_classifier(action.get("mode", "rename"))
+            if action.get("reset_skills") and hasattr(self.policy, "reset_skills"):
+                self.reset_skills()
         else:
             raise ValueError("unknown action %r" % (kind,))
+
+    def reset_skills(self) -> None:
+        """The operator's reset: every worker and the LB forget skills."""
+        for worker in self.live:
+            worker.skills.reset()
+        for lb in self.lbs:
+            lb.reset_skills()
 
     def add_worker(self) -> int:
         """A new worker with a cold cache and no skills joins the pool."""
         worker = SimWorker(len(self.workers), self.config, self.holders)
         self.workers.append(worker)
         self.live.append(worker)
-        self.policy.add(worker.id)
+        for lb in self.lbs:
+            lb.add(worker.id)
         while self.waiting:
             self.route(self.waiting.popleft())
         return worker.id
@@ -260,7 +279,8 @@ class Simulation:
         worker = self.workers[wid if wid is not None else self.live[0].id]
         worker.alive = False
         self.live.remove(worker)
-        self.policy.remove(worker.id)
+        for lb in self.lbs:
+            lb.remove(worker.id)
         worker.cache.clear()
 
 

@@ -408,3 +408,22 @@ def test_a_response_that_does_not_start_in_time_is_a_504(cluster):
     assert time.monotonic() - started < 3
     wait_for(lambda: status(lb)["in_flight"] == 0)
     assert request(lb)[0] == 200
+
+
+def test_reset_skills_through_the_status_address(cluster):
+    lb, workers = cluster(2)
+    for _ in range(3):
+        assert request(lb, host="old.example")[0] == 200
+    assert any(w.get("skills") for w in status(lb)["workers"].values())
+    from zc_lb import cli
+    assert cli.main(["reset-skills", "--status", lb.status_address]) == 0
+    doc = status(lb)
+    assert doc["pool"]["skill_resets"] == 1
+    assert not any(w.get("skills") for w in doc["workers"].values())
+    assert request(lb, host="new.example")[0] == 200
+    # Only the actions there are: anything else is refused.
+    import urllib.error
+    import urllib.request
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen("http://%s/shutdown" % lb.status_address, data=b"", timeout=5)
+    assert caught.value.code == 404

@@ -122,7 +122,7 @@ def test_two_lbs_share_the_workers_and_both_get_resumes(site):
     lb1, lb2 = site.lb(), site.lb()
     for lb in (lb1, lb2):
         wait_for(lambda: len(in_pool(lb)) == 2)
-    for _ in range(3):
+    for _ in range(6):  # whoever serves them, some worker sends a résumé
         assert get(lb1, host="shared.example")[0] == 200
     for lb in (lb1, lb2):
         wait_for(lambda: any("shared.example" in w.get("skills", {})
@@ -186,3 +186,25 @@ def test_single_version_follows_the_majority(site):
     wait_for(lambda: in_pool(lb) == sorted(w.address for w in new), timeout=15)
     text = get(lb)[1]
     assert text.split()[0] in {w.address for w in new}
+
+
+def test_reset_skills_through_zookeeper_resets_lbs_and_workers(site):
+    # After a classifier change an operator runs `zc-lb reset-skills`:
+    # every LB forgets its skills and every worker sends an empty résumé.
+    site.worker()
+    lb1, lb2 = site.lb(), site.lb()
+    for lb in (lb1, lb2):
+        wait_for(lambda: len(in_pool(lb)) == 1)
+        wait_for(lambda: status(lb)["pool"]["lbs"] == 2, message="LBs counted")
+    for _ in range(6):
+        assert get(lb1, host="old.example")[0] == 200
+
+    def skilled(lb):
+        return {c for w in status(lb)["workers"].values() for c in w.get("skills", {})}
+    wait_for(lambda: "old.example" in skilled(lb2), message="résumé at the LBs")
+    from zc_lb import cli
+    assert cli.main(["reset-skills", "--zookeeper", site.hosts, "--path", "/lb"]) == 0
+    for lb in (lb1, lb2):
+        wait_for(lambda: status(lb)["pool"]["skill_resets"] == 1, message="LB reset")
+        wait_for(lambda: "old.example" not in skilled(lb), message="worker reset")
+    assert get(lb1, host="new.example")[0] == 200

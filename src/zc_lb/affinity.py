@@ -25,8 +25,12 @@ of the traffic needs a third of the pool) and ``footprint = ceil(n *
 keys / all_keys)`` (``keys``, the class's distinct keys over the last
 ``footprint_window`` requests, estimated in bounded memory by a k-minimum
 values sketch: a class with a third of the distinct keys needs a third
-of the pool's cache).  A class short of members recruits the least
-recently chosen worker not yet skilled in it, one per request; a class
+of the pool's cache).  A class short of members recruits a worker
+not yet skilled in it, one per request: the least recently chosen one
+when this LB is alone; with several LBs (``lbs``, which ZooKeeper tells)
+the less loaded of the first two on a hash ring from the class's point,
+so that every LB recruits the same workers and a class is not copied
+once per LB; a class
 with more skilled workers than its width uses the best-scored ones, and
 the rest, no longer sent the class, drop it from their résumés after
 ``max_skill_age`` requests: a hot class's spill grows its skilled set
@@ -62,7 +66,8 @@ O(log k) for the sketch.
 
 Weak spots, admitted: shares and footprints are per LB; with k LBs each
 sees all of a class's keys (the same hash), but its own load, so the
-cap, as in the published algorithm, only bounds each LB's part.  The
+cap, as in the published algorithm, only bounds each LB's part.  On a
+pool of a few workers the ring recruits less evenly than the LRU order.  The
 footprint counts keys, not bytes: a class whose keys are all alike in
 cost is modelled best.
 """
@@ -87,6 +92,8 @@ DEFAULT_FOOTPRINT_WINDOW = 5000
 DEFAULT_SLOW_START = 2000
 DEFAULT_BALANCE = 3.0
 STARTED = 0.9  # a starter is behind while under 90% of its ramp's share
+RING_CHOICES = 2  # ring recruiting: the less loaded of the first two
+RING_POINTS = 16  # points per worker on the recruiting ring
 GIVE_UP = 5  # slow starts after which a worker is done starting anyway
 RELEARN_SHARE = 0.5  # "most requests hit classes no worker is skilled in"
 
@@ -238,6 +245,8 @@ class AffinityPool(Pool):
         self.resets = 0
         self.spills = 0
         self.starting: Dict[PoolWorker, Starter] = {}
+        self.lbs = 1  # LBs sharing the workers (ZooKeeper tells)
+        self._ring: Optional[List[Tuple[int, PoolWorker]]] = None
         super().__init__(*args, **kw)
         self._update_rate_decay()
 
@@ -262,6 +271,7 @@ class AffinityPool(Pool):
 
     def _added(self, worker: PoolWorker) -> None:
         worker.salt = stable_hash(worker.name)
+        self._ring = None
         if self.requests and self.slow_start:
             self.starting[worker] = Starter(self.requests)
 
@@ -270,6 +280,7 @@ class AffinityPool(Pool):
         worker = self.workers.get(handle)
         if worker is not None:
             self.starting.pop(worker, None)
+            self._ring = None
         super().remove(handle)
 
     def reset_skills(self) -> None:
@@ -361,13 +372,41 @@ class AffinityPool(Pool):
         return members
 
     def _recruit(self, rclass: str, skilled: Dict[PoolWorker, float]) -> None:
-        """Make the least recently chosen worker not skilled in ``rclass``
-        skilled in it, at the class's lowest score."""
-        for worker in self._lru:  # at most len(skilled) + 1 steps
-            if worker not in skilled:
-                score = min(skilled.values()) if skilled else self.unskilled_score
-                skilled[worker] = worker.resume[rclass] = score
+        """Make a worker not skilled in ``rclass`` skilled in it, at the
+        class's lowest score: alone, the least recently chosen one; with
+        other LBs, the less loaded of the first two on a ring of workers
+        from the class's point, so that every LB recruits alike."""
+        score = min(skilled.values()) if skilled else self.unskilled_score
+        worker = self._ring_recruit(rclass, skilled) if self.lbs > 1 else None
+        if worker is None:
+            for worker in self._lru:  # at most len(skilled) + 1 steps
+                if worker not in skilled:
+                    break
+            else:
                 return
+        skilled[worker] = worker.resume[rclass] = score
+
+    def _ring_recruit(self, rclass: str, skilled: Dict[PoolWorker, float]
+                      ) -> Optional[PoolWorker]:
+        ring = self._ring
+        if ring is None:
+            ring = self._ring = sorted(
+                (mix(worker.salt ^ replica), worker)
+                for worker in self.workers.values() for replica in range(RING_POINTS))
+        start = bisect.bisect(ring, (stable_hash(rclass), ))
+        n = len(ring)
+        best = None
+        seen = 0
+        for i in range(min(n, (len(skilled) + RING_CHOICES + 1) * RING_POINTS)):
+            worker = ring[(start + i) % n][1]
+            if worker in skilled or worker is best:
+                continue
+            if best is None or worker.mbacklog < best.mbacklog:
+                best = worker
+            seen += 1
+            if seen == RING_CHOICES:
+                break
+        return best
 
     def _owner(self, members: Dict[PoolWorker, float], key_hash: int
                ) -> Optional[PoolWorker]:
@@ -441,7 +480,7 @@ class AffinityPool(Pool):
         status.update(spread=self.spread, footprint_window=self.footprint_window,
                       balance=self.balance, spills=self.spills,
                       slow_start=self.slow_start, skill_resets=self.resets,
-                      starting=len(self.starting))
+                      starting=len(self.starting), lbs=self.lbs)
         return status
 
 

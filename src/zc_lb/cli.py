@@ -133,7 +133,8 @@ def build_lb(args: argparse.Namespace):
                         client_timeout=args.client_timeout or None)
     status = None
     if args.status:
-        status = FrontServer(parse_address(args.status), status_app(lb.status))
+        status = FrontServer(parse_address(args.status),
+                             status_app(lb.status, {"reset-skills": lb.reset_skills}))
     return lb, front, status
 
 
@@ -372,6 +373,44 @@ def _add_status_parser(sub) -> None:
     p.set_defaults(run=run_status)
 
 
+def _add_reset_skills_parser(sub) -> None:
+    p = sub.add_parser(
+        "reset-skills", help="make LBs and workers forget skills (after a classifier change)")
+    p.add_argument("--zookeeper", metavar="HOSTS",
+                   help="set reset_skills in ZooKeeper: every LB and worker resets")
+    p.add_argument("--path", default="/lb",
+                   help="the LBs' node; the workers' is PATH/workers (default /lb)")
+    p.add_argument("--status", action="append", metavar="HOST:PORT", default=[],
+                   help="an LB's status address (static mode: that LB resets, its "
+                        "workers keep their résumés); may be repeated")
+    p.set_defaults(run=run_reset_skills)
+
+
+def run_reset_skills(args: argparse.Namespace) -> int:
+    from .status import fetch
+
+    if not args.zookeeper and not args.status:
+        raise ConfigurationError("give --zookeeper or --status")
+    for address in args.status:
+        fetch(address, action="reset-skills")
+        print("reset skills on the LB at %s" % address)
+    if args.zookeeper:
+        from . import zk
+
+        logging.getLogger("kazoo").setLevel(logging.WARNING)
+        token = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "-%d" % os.getpid()
+        client = zk.connect(args.zookeeper)
+        try:
+            base = args.path.rstrip("/") or ""
+            for path in (base + "/workers", base or "/"):  # workers first
+                zk.set_properties(client, path, ["reset_skills=%s" % token])
+                print("set reset_skills=%s on %s" % (token, path))
+        finally:
+            client.stop()
+            client.close()
+    return 0
+
+
 def _add_zk_parser(sub) -> None:
     p = sub.add_parser("zk", help="import, export, read and set the ZooKeeper tree")
     p.add_argument("--zookeeper", default="127.0.0.1:2181", metavar="HOSTS",
@@ -422,7 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_worker_parser, _add_lb_parser, _add_status_parser, _add_zk_parser,
-                _add_demo_parser):
+                _add_reset_skills_parser, _add_demo_parser):
         add(sub)
     return parser
 

@@ -416,6 +416,13 @@ class LB:
         start_response("%d %s" % (status, REASONS.get(status, "Error")), headers)
         return [page]
 
+    def reset_skills(self) -> None:
+        """Forget the skills the pool holds; résumés teach them again."""
+        reset = getattr(self.pool, "reset_skills", None)
+        if reset is not None:
+            reset()
+            log.warning("skills reset by an operator: learning them again from résumés")
+
     # -- introspection ------------------------------------------------
 
     def status(self) -> dict:

@@ -49,7 +49,9 @@ class WorkerMembership:
         self.path = path
         self.version = version
         self.description = description
-        self.base = {"history": worker.history, "max_skill_age": worker.max_skill_age}
+        self.base = {"history": worker.history, "max_skill_age": worker.max_skill_age,
+                     "reset_skills": ""}
+        self.reset_token: Optional[str] = None  # the reset_skills value last seen
         self.client = None
         self.registration: Optional[recipes.Registration] = None
         self.watch: Optional[recipes.PropertiesWatch] = None
@@ -89,6 +91,11 @@ class WorkerMembership:
             log.error("ignoring bad worker settings in %s: %s", self.path, exc)
             return
         log.info("worker settings: %s", settings)
+        token = settings["reset_skills"]
+        if self.reset_token is not None and token != self.reset_token:
+            log.warning("skills reset (reset_skills=%r)", token)
+            self.worker.reset_skills()
+        self.reset_token = token
 
 
 class LBMembership:
@@ -115,11 +122,12 @@ class LBMembership:
         settings = recipes.PropertiesWatch(self.client, self.path, self._settings_changed)
         workers = recipes.ProvidersWatch(self.client, self._join("workers/providers"),
                                     self._providers_changed)
+        lbs = recipes.ProvidersWatch(self.client, self._join("providers"), self._lbs_changed)
         data = {"pid": os.getpid(),
                 "status": advertised(self.status_address) if self.status_address else None}
         registration = recipes.Registration(
             self.client, self._join("providers/" + advertised(self.listen)), data)
-        self.recipes = [settings, workers, registration]
+        self.recipes = [settings, workers, lbs, registration]
         for recipe in self.recipes:
             recipe.start()
         for recipe in self.recipes:
@@ -159,6 +167,12 @@ class LBMembership:
                 log.warning("skills reset (reset_skills=%r): learning them again "
                             "from résumés", token)
         self.reset_token = token
+
+    def _lbs_changed(self, providers: Dict[str, dict]) -> None:
+        """How many LBs share the workers: the affinity pool recruits alike
+        on every LB when there are several."""
+        if hasattr(self.lb.pool, "lbs"):
+            self.lb.pool.lbs = max(len(providers), 1)
 
     def _providers_changed(self, providers: Dict[str, dict]) -> None:
         self.providers = providers

@@ -116,6 +116,11 @@ class Skills:
             for rclass, skill in self._skills.items()
         }
 
+    def reset(self) -> None:
+        """Forget every skill (the operator's reset_skills, after a
+        classifier change): what comes next is learned afresh."""
+        self._skills.clear()
+
     def __len__(self) -> int:
         return len(self._skills)
 

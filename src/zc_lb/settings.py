@@ -81,6 +81,9 @@ WORKER_SETTINGS = {s.name: s for s in [
             "requests between résumé updates; the skill decay horizon"),
     Setting("max_skill_age", _int, None, 1,
             "requests after which an unseen class is dropped (default 10 x history)"),
+    Setting("reset_skills", str, "", None,
+            "set to a new value (e.g. the time) to make every worker forget "
+            "its skills and send an empty résumé"),
 ]}
 
 

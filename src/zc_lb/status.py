@@ -8,29 +8,47 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 from .errors import ConfigurationError
 
 
-def status_app(get_status: Callable[[], dict]) -> Callable:
-    """A WSGI app answering every GET with the status document as JSON."""
+def status_app(get_status: Callable[[], dict],
+               actions: Optional[Dict[str, Callable[[], None]]] = None) -> Callable:
+    """A WSGI app answering every GET with the status document as JSON,
+    and a POST to ``/NAME`` by running ``actions[NAME]`` (operators only:
+    the status address is not for the public)."""
+    actions = actions or {}
 
     def app(environ, start_response):
-        body = json.dumps(get_status(), indent=2, sort_keys=True).encode() + b"\n"
-        start_response("200 OK", [("Content-Type", "application/json"),
-                                  ("Content-Length", str(len(body))),
-                                  ("Cache-Control", "no-store")])
+        status = "200 OK"
+        if environ.get("REQUEST_METHOD") == "POST":
+            action = actions.get(environ.get("PATH_INFO", "").strip("/"))
+            if action is None:
+                status, document = "404 Not Found", {"error": "no such action"}
+            else:
+                action()
+                document = {"done": environ["PATH_INFO"].strip("/")}
+        else:
+            document = get_status()
+        body = json.dumps(document, indent=2, sort_keys=True).encode() + b"\n"
+        start_response(status, [("Content-Type", "application/json"),
+                                ("Content-Length", str(len(body))),
+                                ("Cache-Control", "no-store")])
         return [body]
 
     return app
 
 
-def fetch(address: str, timeout: float = 5.0) -> dict:
-    """Get the status document from an LB's status address."""
+def fetch(address: str, timeout: float = 5.0, action: Optional[str] = None) -> dict:
+    """Get the status document from an LB's status address (or POST to
+    one of its actions and get the answer)."""
     url = address if "://" in address else "http://%s/" % address
+    data = None
+    if action is not None:
+        url, data = url.rstrip("/") + "/" + action, b""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(url, data=data, timeout=timeout) as response:
             return json.load(response)
     except (OSError, ValueError) as exc:
         raise ConfigurationError("cannot get status from %s: %s" % (url, exc))

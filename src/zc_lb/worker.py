@@ -476,6 +476,12 @@ class Worker(Handler):
             except OSError as exc:
                 log.error("cannot save résumé to %s: %s", self.resume_file, exc)
 
+    def reset_skills(self) -> None:
+        """Forget every skill and tell the LBs (an operator's reset)."""
+        if self.skills is not None:
+            self.skills.reset()
+            self.publish()
+
     def status(self) -> dict:
         """A JSON-able picture of this worker."""
         return {

@@ -1,0 +1,47 @@
+"""Tests for zc_lb.lb that need no worker: classifying requests."""
+
+from __future__ import annotations
+
+import logging
+
+from zc_lb.affinity import AffinityPool
+from zc_lb.classifier import get_key_function
+from zc_lb.lb import LB
+
+
+def make_lb(classifier, key="path") -> LB:
+    return LB(AffinityPool(), classifier, affinity_key=get_key_function(key))
+
+
+def test_a_class_and_an_affinity_key_per_request():
+    lb = make_lb(lambda environ: environ["HTTP_HOST"])
+    assert lb._classify({"HTTP_HOST": "a", "PATH_INFO": "/x"}) == ("a", "/x")
+    lb = make_lb(lambda environ: 42, key="none")
+    assert lb._classify({"PATH_INFO": "/x"}) == ("42", None)
+
+
+def test_a_classifier_returning_none_means_no_class():
+    lb = make_lb(lambda environ: None)
+    assert lb._classify({"PATH_INFO": "/x"}) == (None, "/x")  # not the class "None"
+    lb.pool.add("a")
+    lb.pool.add("b")
+    assert lb.pool.get(None, "/x") in ("a", "b")
+    assert lb.pool.skilled == {}  # classless requests teach nothing
+
+
+def test_a_failing_classifier_is_logged_once_per_error_and_counted(caplog):
+    def classify(environ):
+        if environ["PATH_INFO"] == "/type":
+            raise TypeError("bad type")
+        raise KeyError(environ["PATH_INFO"])
+
+    lb = make_lb(classify)
+    with caplog.at_level(logging.ERROR, logger="zc_lb.lb"):
+        for _ in range(5):
+            assert lb._classify({"PATH_INFO": "/type"}) == (None, None)
+        for _ in range(3):
+            assert lb._classify({"PATH_INFO": "/k"}) == (None, None)
+    logged = [r for r in caplog.records if "classifier failed" in r.getMessage()]
+    assert len(logged) == 2  # one per distinct error, with its traceback
+    assert all(r.exc_info for r in logged)
+    assert lb.status()["classifier_errors"] == {"TypeError: bad type": 5, "KeyError: '/k'": 3}
