@@ -94,7 +94,8 @@ DEFAULT_BALANCE = 3.0
 STARTED = 0.9  # a starter is behind while under 90% of its ramp's share
 RING_CHOICES = 2  # ring recruiting: the less loaded of the first two
 RING_POINTS = 16  # points per worker on the recruiting ring
-GIVE_UP = 5  # slow starts after which a worker is done starting anyway
+BIG_CLASS = 1.0  # a starter joins classes worth a whole worker or more
+GIVE_UP = 25  # slow starts after which a worker is done starting anyway
 RELEARN_SHARE = 0.5  # "most requests hit classes no worker is skilled in"
 
 
@@ -309,7 +310,7 @@ class AffinityPool(Pool):
             return super().get(rclass)
         stats, key_hash = self._observe(rclass, key)
         if self.starting:
-            self._slow_start(rclass)
+            self._slow_start(rclass, stats)
         members = self._members(rclass, stats)
         chosen = self._owner(members, key_hash)
         if chosen is None:
@@ -417,10 +418,14 @@ class AffinityPool(Pool):
         if max_backlog < 1.0:
             max_backlog = 1.0
         min_backlog = next(iter(self._lru)).mbacklog + 1.0
+        starting = self.starting
+        busy = self.backlog / len(self.workers)  # a starter takes no more than the mean
         ranked = []
         total = 0
         for worker, score in members.items():
             if worker.mbacklog - min_backlog > max_backlog:
+                continue
+            if starting and worker in starting and worker.backlog > busy:
                 continue
             ranked.append((rendezvous_weight(key_hash, worker.salt, score), worker))
             total += worker.backlog
@@ -442,7 +447,7 @@ class AffinityPool(Pool):
                 starter.got(self.requests, self.slow_start)
         return super()._chosen(worker)
 
-    def _slow_start(self, rclass: str) -> None:
+    def _slow_start(self, rclass: str, stats: ClassStats) -> None:
         """Make a starting worker that is behind its ramp, and not busier
         than the mean, one of ``rclass``'s members, so it takes
         whole keys of warm classes; one that has its share after the ramp
@@ -462,7 +467,8 @@ class AffinityPool(Pool):
                 del self.starting[worker]
                 continue
             busy = worker.backlog * len(self.workers) > self.backlog
-            if worker not in skilled and not busy:
+            big = stats.count * len(self.workers) >= BIG_CLASS * self.total
+            if worker not in skilled and big and not busy:
                 score = max(skilled.values()) if skilled else self.unskilled_score
                 skilled[worker] = worker.resume[rclass] = score
                 return
