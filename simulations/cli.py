@@ -56,6 +56,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list shipped scenarios")
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiply requests and action times (0.01: a quick look)")
+    p.add_argument("--sweep", metavar="PARAM=V1,V2,...",
+                   help="run once per value of a parameter (e.g. lbs=1,2,4,8), "
+                        "one table each")
     params = p.add_argument_group("parameters (override the scenario file)")
     for field in config_module.fields():
         params.add_argument("--" + field.name.replace("_", "-"), dest=field.name,
@@ -101,6 +104,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     scenario = args.pop("scenario")
     as_json, out, no_plots = args.pop("json"), args.pop("out"), args.pop("no_plots")
     scale = args.pop("scale")
+    sweep = sweep_values(args.pop("sweep"))
     values: Dict[str, Any] = {}
     if scenario:
         values = config_module.load(scenario_path(scenario))
@@ -109,15 +113,36 @@ def main(argv: Optional[List[str]] = None) -> int:
     config = config_module.build(values)
     if scale != 1.0:
         config = config_module.scaled(config, scale)
-    runs = run_all(config, sys.stderr.write)
+    for name, value in sweep or [(None, None)]:
+        swept = config if name is None else config.replace(
+            **{name: value}, name="%s %s=%s" % (config.name, name, value))
+        report_runs(swept, run_all(swept, sys.stderr.write), as_json,
+                    None if no_plots else out)
+    return 0
+
+
+def sweep_values(text: Optional[str]) -> List[Any]:
+    """``PARAM=V1,V2`` as [(param, v1), (param, v2)], values typed."""
+    if not text:
+        return []
+    name, sep, values = text.partition("=")
+    fields = {field.name: field for field in config_module.fields()}
+    if not sep or name not in fields or name in ("actions", "policies"):
+        raise SystemExit("--sweep takes PARAM=V1,V2,... of a plain parameter")
+    kind = option_type(fields[name])
+    return [(name, kind(value)) for value in values.split(",") if value]
+
+
+def report_runs(config: config_module.Config, runs: List[Dict[str, Any]],
+                as_json: bool, out: Optional[str]) -> None:
+    """Print one configuration's runs; plot them into ``out`` if given."""
     if as_json:
         report.dump(config.name, dataclasses.asdict(config), runs, sys.stdout)
     else:
         report.table(config.name, runs, sys.stdout)
-    if not no_plots:
+    if out is not None:
         from . import plots  # matplotlib is slow to import; only when needed
-        sys.stderr.write("plot: %s\n" % plots.plot(config.name, runs, out))
-    return 0
+        sys.stderr.write("plot: %s\n" % plots.plot(config.name.replace(" ", "_"), runs, out))
 
 
 if __name__ == "__main__":

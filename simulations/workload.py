@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import random
 from typing import List, Optional, Tuple
 
@@ -54,10 +55,17 @@ def cumulative(ws: List[float]) -> List[float]:
     return list(itertools.accumulate(ws))
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def read_log(path: str) -> Tuple[List[Tuple[int, int]], int, int]:
-    """A log's requests as (site, page) pairs; how many sites and pages."""
+    """A log's requests as (site, page) pairs; how many sites and pages.
+    A relative path not found here is taken from the repository's root
+    (scenario files name ``playback/logs/...``)."""
     from playback.logparse import read_entries  # only log workloads need it
 
+    if not os.path.exists(path) and os.path.exists(os.path.join(ROOT, path)):
+        path = os.path.join(ROOT, path)
     entries, _ = read_entries([path])
     sites: dict = {}
     pages: dict = {}

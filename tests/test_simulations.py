@@ -177,7 +177,7 @@ def test_every_scenario_runs_tiny(scenario, capsys):
     assert result["scenario"] == scenario
     assert [r["policy"] for r in result["runs"]] == list(POLICIES)
     for run in result["runs"]:
-        assert sum(w["requests"] for w in run["windows"]) == 2000
+        assert sum(w["requests"] for w in run["windows"]) == result["config"]["requests"]
         assert run["summary"]["requests"] > 0
 
 
@@ -194,3 +194,75 @@ def test_table_and_plot(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "published" in out and "least_backlog" in out and "new wk" in out
     assert (tmp_path / "add_worker.png").stat().st_size > 1000
+
+
+# -- the affinity policy against the published one, on small runs ----------------
+
+NASA_LOG = ROOT / "playback" / "logs" / "nasa_aug95_first20k.log"
+
+
+def scenario(name, **changes):
+    values = config_module.load(str(ROOT / "simulations" / "scenarios" / (name + ".json")))
+    values.update(changes)
+    return config_module.build(values)
+
+
+def test_the_log_workload_takes_classes_and_keys_from_the_log(tmp_path):
+    log = tmp_path / "tiny.log"
+    log.write_text("".join(
+        '1.2.3.4 - - [01/Aug/1995:00:00:%02d -0400] "GET /%s/p%d.html HTTP/1.0" 200 10\n'
+        % (i % 60, "ab"[i % 2], i % 5) for i in range(40)))
+    config = small(log=str(log), requests=200)
+    run = simulate(config, "affinity")
+    assert run["summary"]["requests"] > 0
+    from simulations.workload import Workload
+    workload = Workload(config, random.Random(1))
+    assert len(workload.labels) == 2 and workload.pages == 10
+    site, label, objects, key = workload.next()
+    assert (label, key) == ("s0", "p0")
+    assert len(objects) == config.objects_per_request + config.page_objects
+
+
+def test_affinity_loads_less_than_published_on_the_nasa_log():
+    config = scenario("nasa")
+    affinity = simulate(config, "affinity")["summary"]
+    published = simulate(config, "published")["summary"]
+    assert affinity["misses_per_request"] < 0.8 * published["misses_per_request"]
+    assert affinity["overlap"] < published["overlap"]
+
+
+def test_affinity_degrades_no_more_than_published_as_lbs_are_added():
+    base = small(requests=8000, workers=8, sites=60, pages_per_site=20,
+                 objects_per_site=100, cache_size=300, clients=32, concurrency=4)
+    growth = {}
+    for policy in ("affinity", "published"):
+        one = simulate(base, policy)["summary"]["misses_per_request"]
+        four = simulate(base.replace(lbs=4), policy)["summary"]["misses_per_request"]
+        growth[policy] = four / one
+    assert growth["affinity"] <= growth["published"]
+
+
+def test_a_new_worker_gets_more_under_affinity_slow_start():
+    config = small(requests=8000, workers=6, sites=4, clients=24, concurrency=4,
+                   actions=[{"at": 3000, "do": "add_worker"}])
+    shares = {policy: simulate(config, policy)["summary"]["new_worker_share"]
+              for policy in ("affinity", "published")}
+    assert shares["affinity"] > shares["published"]
+
+
+def test_reset_skills_forgets_on_the_lbs_and_the_workers():
+    config = small(actions=[{"at": 1500, "do": "change_classifier", "mode": "permute",
+                             "reset_skills": True}], lbs=2)
+    from simulations.engine import Simulation
+    simulation = Simulation(config, "affinity")
+    simulation.run()
+    assert all(lb.resets == 1 for lb in simulation.lbs)
+
+
+def test_sweep_runs_one_table_per_value(capsys):
+    assert cli.main(["steady", "--scale", "0.005", "--no-plots", "--policies",
+                     "affinity,published", "--sweep", "lbs=1,2"]) == 0
+    out = capsys.readouterr().out
+    assert "scenario steady lbs=1" in out and "scenario steady lbs=2" in out
+    with pytest.raises(SystemExit):
+        cli.main(["steady", "--sweep", "nonsense=1"])
