@@ -83,6 +83,7 @@ class Simulation:
         for lb in self.lbs:
             if hasattr(lb, "lbs"):
                 lb.lbs = config.lbs  # as ZooKeeper tells a real LB
+                lb.hash_seed = config.seed  # so that seeds vary the hashing too
         self.policy = self.lbs[0]
         self.resumes = policies.uses_resumes(self.policy)
         self.holders = Holders(self.workload.total_objects)

@@ -77,6 +77,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
+from zlib import crc32
 from heapq import nlargest
 from operator import itemgetter
 from typing import Dict, Hashable, List, Mapping, Optional, Tuple
@@ -96,6 +97,7 @@ RING_CHOICES = 2  # ring recruiting: the less loaded of the first two
 RING_POINTS = 16  # points per worker on the recruiting ring
 BIG_CLASS = 1.0  # a starter joins classes worth a whole worker or more
 GIVE_UP = 25  # slow starts after which a worker is done starting anyway
+REFRESH = 16  # requests of a class between working out its members again
 RELEARN_SHARE = 0.5  # "most requests hit classes no worker is skilled in"
 
 
@@ -202,13 +204,16 @@ class Starter:
 class ClassStats:
     """What the LB sees of one class: its decayed request count, its keys."""
 
-    __slots__ = ("count", "seen", "footprint", "salt")
+    __slots__ = ("count", "seen", "footprint", "salt", "members", "uses", "version")
 
-    def __init__(self, rclass: str, window: int) -> None:
+    def __init__(self, rclass: str, window: int, seed: int = 0) -> None:
+        self.members: Optional[Dict[PoolWorker, float]] = None  # as last worked out
+        self.uses = 0  # requests since the members were worked out
+        self.version = -1  # the pool's skills_version then
         self.count = 0.0  # decayed requests, as of pool request ``seen``
         self.seen = 0
         self.footprint = Footprint(window)
-        self.salt = stable_hash(rclass)
+        self.salt = stable_hash(rclass) ^ seed
 
 
 def _check(spread: float, footprint_window: int, slow_start: int,
@@ -245,8 +250,10 @@ class AffinityPool(Pool):
         self.unskilled = 0.0  # decayed requests whose class had no skilled worker
         self.resets = 0
         self.spills = 0
+        self.skills_version = 0  # changes whenever any skill or worker does
         self.starting: Dict[PoolWorker, Starter] = {}
         self.lbs = 1  # LBs sharing the workers (ZooKeeper tells)
+        self.hash_seed = 0  # the same on every LB; the simulator varies it
         self._ring: Optional[List[Tuple[int, PoolWorker]]] = None
         super().__init__(*args, **kw)
         self._update_rate_decay()
@@ -272,6 +279,7 @@ class AffinityPool(Pool):
 
     def _added(self, worker: PoolWorker) -> None:
         worker.salt = stable_hash(worker.name)
+        self.skills_version += 1
         self._ring = None
         if self.requests and self.slow_start:
             self.starting[worker] = Starter(self.requests)
@@ -283,12 +291,19 @@ class AffinityPool(Pool):
             self.starting.pop(worker, None)
             self._ring = None
         super().remove(handle)
+        self.skills_version += 1
+
+    def new_resume(self, handle: Hashable, resume: Mapping[str, float]) -> None:
+        """Replace a worker's skills by those of its new résumé."""
+        super().new_resume(handle, resume)
+        self.skills_version += 1
 
     def reset_skills(self) -> None:
         """Forget every skill: résumés from now on teach the pool again."""
         for worker in self.workers.values():
             worker.resume = {}
         self.skilled.clear()
+        self.skills_version += 1
         self.unskilled = 0.0
         self.resets += 1
 
@@ -333,10 +348,10 @@ class AffinityPool(Pool):
         window = self.requests // self.footprint_window
         stats = self.classes.get(rclass)
         if stats is None:
-            stats = self.classes[rclass] = ClassStats(rclass, window)
+            stats = self.classes[rclass] = ClassStats(rclass, window, self.hash_seed)
         stats.count = stats.count * self.rate_decay ** (self.requests - stats.seen) + 1.0
         stats.seen = self.requests
-        key_hash = mix(stats.salt ^ stable_hash(key))
+        key_hash = mix(stats.salt ^ crc32(key.encode("utf-8", "surrogateescape")))
         stats.footprint.add(key_hash, window)
         self.footprint.add(key_hash, window)
         return stats, key_hash
@@ -355,7 +370,14 @@ class AffinityPool(Pool):
     def _members(self, rclass: str, stats: ClassStats) -> Dict[PoolWorker, float]:
         """The class's members and their scores: its best ``width`` skilled
         workers, recruiting one when it has fewer; starters it took count
-        as the best, times their ramp."""
+        as the best, times their ramp.  Worked out again after a change of
+        skills or every ``REFRESH`` requests of the class, not every time."""
+        members = stats.members
+        stats.uses += 1
+        if (members is not None and stats.version == self.skills_version
+                and stats.uses < REFRESH and not self.starting):
+            return members
+        stats.uses = 0
         width = self.width(stats)
         skilled = self.skilled.get(rclass)
         if skilled is None:
@@ -363,13 +385,17 @@ class AffinityPool(Pool):
         if len(skilled) < width:
             self._recruit(rclass, skilled)
         if len(skilled) <= width and not self.starting:
-            return skilled
-        members = dict(nlargest(width, skilled.items(), key=itemgetter(1)))
+            members = skilled
+        else:
+            members = dict(nlargest(width, skilled.items(), key=itemgetter(1)))
         if self.starting:
             best = max(skilled.values())
             for worker in self.starting:
                 if worker in skilled:
                     members[worker] = best * self._ramp(worker)
+        stats.members, stats.version = members, self.skills_version
+        if len(members) < width:
+            stats.uses = REFRESH  # still recruiting: again on the next request
         return members
 
     def _recruit(self, rclass: str, skilled: Dict[PoolWorker, float]) -> None:
@@ -386,6 +412,7 @@ class AffinityPool(Pool):
             else:
                 return
         skilled[worker] = worker.resume[rclass] = score
+        self.skills_version += 1
 
     def _ring_recruit(self, rclass: str, skilled: Dict[PoolWorker, float]
                       ) -> Optional[PoolWorker]:
@@ -431,9 +458,10 @@ class AffinityPool(Pool):
             total += worker.backlog
         if not ranked:
             return None
-        if len(ranked) == 1:
-            return ranked[0][1]
+        first = max(ranked, key=itemgetter(0))[1]
         bound = self.balance * (total + 1) / len(ranked)
+        if len(ranked) == 1 or first.backlog < bound:
+            return first
         ranked.sort(key=itemgetter(0), reverse=True)
         for _, worker in ranked:
             if worker.backlog < bound:
@@ -471,6 +499,7 @@ class AffinityPool(Pool):
             if worker not in skilled and big and not busy:
                 score = max(skilled.values()) if skilled else self.unskilled_score
                 skilled[worker] = worker.resume[rclass] = score
+                self.skills_version += 1
                 return
 
     def _ramp(self, worker: PoolWorker) -> float:
