@@ -23,20 +23,21 @@ Width.  How many members a class gets is set from what the LB sees:
 (``share``, the class's decayed share of requests: a class with a third
 of the traffic needs a third of the pool) and ``footprint = ceil(n *
 keys / all_keys)`` (``keys``, the class's distinct keys over the last
-``footprint_window`` requests, estimated in bounded memory by a k-minimum
-values sketch: a class with a third of the distinct keys needs a third
-of the pool's cache).  A class short of members recruits a worker
-not yet skilled in it, one per request: the least recently chosen one
-when this LB is alone; with several LBs (``lbs``, which ZooKeeper tells)
-the less loaded of the first two on a hash ring from the class's point,
-so that every LB recruits the same workers and a class is not copied
-once per LB; a class
-with more skilled workers than its width uses the best-scored ones, and
-the rest, no longer sent the class, drop it from their résumés after
-``max_skill_age`` requests: a hot class's spill grows its skilled set
-only while it is needed.  A recruit starts with the class's lowest score,
-so it takes a real share of the keys at once (with ``unskilled_score`` it
-would take almost none until its résumé came).
+``footprint_window`` requests, estimated in bounded memory by a
+k-minimum-values sketch: a class with a third of the distinct keys needs
+a third of the pool's cache).  A class with more skilled workers than
+its width uses the best-scored ones; the rest, no longer sent the class,
+drop it from their résumés after ``max_skill_age`` requests, so a hot
+class's skilled set grows only while it is needed.  A class short of
+members recruits one worker not yet skilled in it: the least recently
+chosen one when this LB is alone; with several LBs (``lbs``, which
+ZooKeeper tells) the less loaded of the first two on a hash ring from
+the class's point, so that every LB recruits the same workers and a
+class is not copied once per LB.  A recruit starts with the class's
+lowest score, so it takes a real share of the keys at once (with
+``unskilled_score`` it would take almost none until its résumé came).
+Members are worked out again every ``REFRESH`` requests of the class or
+when skills change, not on every request.
 
 Balance.  A key goes to the first member, in the key's rendezvous order,
 whose backlog is under ``balance`` times the members' mean (bounded-load
@@ -48,11 +49,13 @@ published algorithm, to the best skilled worker under the cap, else to
 the least recently chosen worker, which becomes skilled.
 
 Slow start.  A worker added to a running pool ramps up over
-``slow_start`` requests of the pool.  While it gets less than its due
-(its fair share times the ramp), the next class that comes is given it
-as one of its best members; its rendezvous weight is scaled by the ramp,
-so keys move to it a few at a time instead of in a storm of misses, and
-its own résumés then keep the classes it took.
+``slow_start`` requests of the pool.  While its recent share of requests
+is under its due (its fair share times the ramp) it is made a member of
+the next class worth a whole worker that comes, weighing as the class's
+best times the ramp, so it takes whole keys of warm classes a few at a
+time; it never takes more than the pool's mean backlog, so its cold cache
+does not turn into a storm of misses.  It is done starting once it has
+its share after the ramp (or after ``GIVE_UP`` ramps).
 
 Re-learning.  ``reset_skills()`` forgets every skill the LB holds (an
 operator's switch, for a changed classifier); the pool also resets by
@@ -64,12 +67,14 @@ published algorithm: best score per unit of backlog among all skilled
 workers.  ``get`` costs O(workers skilled in the class), plus
 O(log k) for the sketch.
 
-Weak spots, admitted: shares and footprints are per LB; with k LBs each
-sees all of a class's keys (the same hash), but its own load, so the
-cap, as in the published algorithm, only bounds each LB's part.  On a
-pool of a few workers the ring recruits less evenly than the LRU order.  The
-footprint counts keys, not bytes: a class whose keys are all alike in
-cost is modelled best.
+Weak spots, admitted.  Keys pinned to owners balance load worse than
+the published choice by backlog: on single-threaded workers, where a
+request queues behind another, the simulator shows less throughput than
+the published policy (a lower ``balance`` helps).  A new worker gets
+near its share while it starts, but keeps only the classes where its
+résumé ranks it among the best, which a cold cache rarely does.  Shares
+and footprints are per LB: with k LBs each sees all of a class's keys
+but only its own load.  The footprint counts keys, not bytes.
 """
 
 from __future__ import annotations

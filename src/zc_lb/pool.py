@@ -63,7 +63,7 @@ class PoolWorker:
     """The pool's record of one worker: backlog, decayed backlog, skills."""
 
     __slots__ = ("handle", "backlog", "mbacklog", "dsum", "dcount", "resume",
-                 "version", "name", "salt", "added")
+                 "version", "name", "salt")
 
     def __init__(self, handle: Hashable, version: Optional[str] = None,
                  name: Optional[str] = None) -> None:
@@ -76,7 +76,6 @@ class PoolWorker:
         self.version = version
         self.name = str(handle) if name is None else name
         self.salt = 0  # the affinity policy's per-worker hash salt
-        self.added = 0  # the affinity policy's request count at add()
 
     def __repr__(self) -> str:
         return "<PoolWorker %r backlog=%d mbacklog=%.2f skills=%d>" % (
