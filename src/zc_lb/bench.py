@@ -310,7 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=int, default=5, help="measured seconds per target")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up seconds per target")
     parser.add_argument("--connections", type=int, default=50, help="wrk connections")
-    parser.add_argument("--policy", choices=("resume", "classless"), default="resume")
+    parser.add_argument("--policy", choices=("affinity", "published", "classless"),
+                        default="affinity")
     parser.add_argument("--targets", default=",".join(TARGETS),
                         help="comma-separated subset of %s" % ",".join(TARGETS))
     parser.add_argument("--haproxy-config", default=str(HAPROXY_TEMPLATE),
