@@ -66,6 +66,8 @@ def test_same_key_goes_to_the_same_worker_and_a_class_is_partitioned():
     pool = pool_of(4)
     for handle in ("w0", "w1", "w2"):
         pool.new_resume(handle, {"site": 10.0})
+    for i in range(300):  # the class's width settles
+        pool.put(pool.get("site", "/warm%d" % (i % 50)))
     owners = {}
     for round_ in range(3):
         for page in range(40):

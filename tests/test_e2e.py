@@ -117,8 +117,9 @@ def test_affinity_keys_stick_to_a_worker_and_split_a_class(cluster):
     # its paths partitioned over the workers, each path on one of them.
     lb, workers = cluster(3)
     paths = ["/page%d" % i for i in range(12)]
-    for path in paths:  # the class's membership settles
-        request(lb, path, host="a.example")
+    for _ in range(6):  # the class's membership settles (16 requests a worker)
+        for path in paths:
+            request(lb, path, host="a.example")
     owners = {path: set() for path in paths}
     for _ in range(2):
         for path in paths:

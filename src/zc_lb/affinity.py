@@ -102,6 +102,7 @@ RING_CHOICES = 2  # ring recruiting: the less loaded of the first two
 RING_POINTS = 16  # points per worker on the recruiting ring
 BIG_CLASS = 1.0  # a starter joins classes worth a whole worker or more
 GIVE_UP = 25  # slow starts after which a worker is done starting anyway
+PRIOR = 16  # requests and keys per worker before shares and footprints count
 REFRESH = 16  # requests of a class between working out its members again
 RELEARN_SHARE = 0.5  # "most requests hit classes no worker is skilled in"
 
@@ -123,6 +124,11 @@ def rendezvous_weight(key_hash: int, salt: int, score: float) -> float:
     """Weighted rendezvous: the owner of a key is the highest ``score/-ln(u)``."""
     u = ((mix(key_hash ^ salt) >> 11) + 0.5) / UNIT  # in (0, 1)
     return score / -math.log(u)
+
+
+def _by_score(item: Tuple[PoolWorker, float]) -> Tuple[float, int]:
+    """Best score first; ties by the worker's salt, alike on every LB."""
+    return item[1], item[0].salt
 
 
 class Sketch:
@@ -364,12 +370,13 @@ class AffinityPool(Pool):
     def width(self, stats: ClassStats) -> int:
         """How many workers the class should be spread over."""
         n = len(self.workers)
-        load = math.ceil(n * self.spread * stats.count / self.total)
+        # Few requests or keys prove nothing: until there are PRIOR per
+        # worker, a class is judged against that many.
+        least = PRIOR * n
+        load = math.ceil(n * self.spread * stats.count / max(self.total, least))
         window = self.requests // self.footprint_window
-        all_keys = self.footprint.estimate(window)
-        footprint = 1
-        if all_keys > 0:
-            footprint = math.ceil(n * stats.footprint.estimate(window) / all_keys)
+        all_keys = max(self.footprint.estimate(window), least)
+        footprint = math.ceil(n * stats.footprint.estimate(window) / all_keys)
         return max(1, min(n, max(load, footprint)))
 
     def _members(self, rclass: str, stats: ClassStats) -> Dict[PoolWorker, float]:
@@ -392,7 +399,7 @@ class AffinityPool(Pool):
         if len(skilled) <= width and not self.starting:
             members = skilled
         else:
-            members = dict(nlargest(width, skilled.items(), key=itemgetter(1)))
+            members = dict(nlargest(width, skilled.items(), key=_by_score))
         if self.starting:
             best = max(skilled.values())
             for worker in self.starting:
