@@ -237,14 +237,17 @@ def test_affinity_loads_less_than_published_on_the_nasa_log():
 
 
 def test_affinity_degrades_no_more_than_published_as_lbs_are_added():
-    base = small(requests=8000, workers=8, sites=60, pages_per_site=20,
-                 objects_per_site=100, cache_size=300, clients=32, concurrency=4)
+    # Many classes for the requests: each LB recruits for them, which is
+    # where LBs that recruit differently copy classes.
+    base = small(requests=8000, workers=16, sites=1000, pages_per_site=10,
+                 objects_per_site=50, cache_size=500, clients=64, concurrency=4,
+                 window=1000)
     growth = {}
     for policy in ("affinity", "published"):
         one = simulate(base, policy)["summary"]["misses_per_request"]
         four = simulate(base.replace(lbs=4), policy)["summary"]["misses_per_request"]
         growth[policy] = four / one
-    assert growth["affinity"] <= growth["published"]
+    assert growth["affinity"] < growth["published"] - 0.02
 
 
 def test_a_new_worker_gets_more_under_affinity_slow_start():
