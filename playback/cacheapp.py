@@ -48,6 +48,7 @@ ZC_LB_CACHEAPP_HIT_COST               0        seconds per hit
 ZC_LB_CACHEAPP_OBJECTS_PER_REQUEST    10       objects a request touches
 ZC_LB_CACHEAPP_OBJECTS_PER_CLASS      1000     objects in a class's space
 ZC_LB_CACHEAPP_SKEW                   0        0: uniform, >0: skewed
+ZC_LB_CACHEAPP_PAGE_OBJECTS           0        objects of the URL's own, touched too
 ZC_LB_CACHEAPP_WORKER_ID              host:pid name in X-Worker and stats
 ZC_LB_CACHEAPP_STATS_LISTEN           (none)   HOST:PORT of a side stats server
 ====================================  =======  ==========================
@@ -136,7 +137,7 @@ class CacheModel:
 
 def make_app(cache_size: int = 1000, miss_cost: float = 0.002, objects_per_request: int = 10,
              objects_per_class: int = 1000, hit_cost: float = 0.0, skew: float = 0.0,
-             worker_id: Optional[str] = None):
+             worker_id: Optional[str] = None, page_objects: int = 0):
     """A WSGI app with its own cache (one per process that calls this)."""
     import gevent
 
@@ -164,6 +165,7 @@ def make_app(cache_size: int = 1000, miss_cost: float = 0.002, objects_per_reque
         query = environ.get("QUERY_STRING")
         url = path + "?" + query if query else path
         ids = objects_for(cls, url, objects_per_request, objects_per_class, skew)
+        ids.extend("%s|%s|%d" % (cls, url, n) for n in range(page_objects))
         hits, misses = model.touch(ids)
         cost = hits * hit_cost + misses * miss_cost
         if cost > 0:
@@ -250,6 +252,7 @@ def app_from_environment(environ=os.environ):
         objects_per_class=get("OBJECTS_PER_CLASS", int, 1000),
         skew=get("SKEW", float, 0.0),
         worker_id=get("WORKER_ID", str, None),
+        page_objects=get("PAGE_OBJECTS", int, 0),
     )
     listen = get("STATS_LISTEN", str, None)
     if listen:
@@ -275,12 +278,14 @@ def main(argv=None) -> None:
     parser.add_argument("--objects-per-request", type=int, default=10)
     parser.add_argument("--objects-per-class", type=int, default=1000)
     parser.add_argument("--skew", type=float, default=0.0)
+    parser.add_argument("--page-objects", type=int, default=0)
     parser.add_argument("--worker-id")
     parser.add_argument("--stats-listen", metavar="HOST:PORT", help="also serve stats on this side port")
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
     wsgi = make_app(args.cache_size, args.miss_cost, args.objects_per_request,
-                    args.objects_per_class, args.hit_cost, args.skew, args.worker_id)
+                    args.objects_per_class, args.hit_cost, args.skew, args.worker_id,
+                    args.page_objects)
     if args.stats_listen:
         wsgi.stats_server = start_stats_server(wsgi, args.stats_listen)
     server = WSGIServer((host or "127.0.0.1", int(port)), wsgi, log=None)

@@ -72,6 +72,7 @@ from zc_lb.testing import ProcessError, free_port, stop_process, wait_for_port
 ROOT = Path(__file__).resolve().parents[1]
 ETC = ROOT / "etc"
 BALANCERS = ("zc-lb", "leastconn", "hash")
+ZC_LB_POLICIES = ("affinity", "published", "classless")
 HAPROXY_CONFIGS = {"leastconn": ETC / "haproxy-leastconn.cfg", "hash": ETC / "haproxy-hash.cfg"}
 START_TIMEOUT = 30.0
 
@@ -137,7 +138,8 @@ def read_ready_line(process: subprocess.Popen, prefix: str, log: Path,
 # -- the cache app's settings, identical everywhere -------------------------
 
 
-APP_SETTINGS = ("cache_size", "miss_cost", "objects_per_request", "objects_per_class", "skew")
+APP_SETTINGS = ("cache_size", "miss_cost", "objects_per_request", "objects_per_class", "skew",
+                "page_objects")
 
 
 def app_env(args: argparse.Namespace) -> Dict[str, str]:
@@ -157,8 +159,10 @@ def app_argv(args: argparse.Namespace) -> List[str]:
 
 
 @contextlib.contextmanager
-def zc_lb_target(args: argparse.Namespace, run_dir: Path) -> Iterator[Target]:
-    """zc-lb in front of ``args.workers`` zc-lb workers hosting the cache app."""
+def zc_lb_target(args: argparse.Namespace, run_dir: Path, name: str = "zc-lb"
+                 ) -> Iterator[Target]:
+    """zc-lb in front of ``args.workers`` zc-lb workers hosting the cache app;
+    ``zc-lb:POLICY`` runs the LB with ``--policy POLICY``."""
     zc_lb = [sys.executable, "-m", "zc_lb.cli", "--log-level", args.zc_lb_log_level]
     with contextlib.ExitStack() as stack:
         workers, stats_urls = [], []
@@ -166,7 +170,7 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path) -> Iterator[Target]:
             stats = "127.0.0.1:%d" % free_port()
             env = dict(app_env(args), ZC_LB_CACHEAPP_WORKER_ID="zw%d" % i,
                        ZC_LB_CACHEAPP_STATS_LISTEN=stats)
-            log = run_dir / ("zc-lb-worker%d.log" % i)
+            log = run_dir / ("%s-worker%d.log" % (name.replace(":", "-"), i))
             process = stack.enter_context(spawned(
                 zc_lb + ["worker", "playback.cacheapp:app", "--listen", "127.0.0.1:0",
                          "--history", str(args.history)], log, env, stdout=subprocess.PIPE))
@@ -175,14 +179,17 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path) -> Iterator[Target]:
             stats_urls.append("http://%s%s" % (stats, STATS_PATH))
         status = "127.0.0.1:%d" % free_port()
         argv = zc_lb + ["lb", "--listen", "127.0.0.1:0", "--status", status] + args.zc_lb_option
+        policy = name.partition(":")[2]
+        if policy:
+            argv += ["--policy", policy]
         for address in workers:
             argv += ["--worker", address]
-        log = run_dir / "zc-lb-lb.log"
+        log = run_dir / ("%s-lb.log" % name.replace(":", "-"))
         lb = stack.enter_context(spawned(argv, log, stdout=subprocess.PIPE))
         address = read_ready_line(lb, "zc-lb lb listening on ", log)
         wait_for_port(status, lb, START_TIMEOUT)
         wait_for_workers(status, workers, lb)
-        yield Target("zc-lb", "http://%s" % address, stats_urls, [lb.pid], status)
+        yield Target(name, "http://%s" % address, stats_urls, [lb.pid], status)
 
 
 def wait_for_workers(status: str, workers: Sequence[str], lb: subprocess.Popen,
@@ -235,8 +242,8 @@ def haproxy_config(template: Path, listen: str, servers: Sequence[str]) -> str:
 
 
 def start_target(name: str, args: argparse.Namespace, run_dir: Path):
-    if name == "zc-lb":
-        return zc_lb_target(args, run_dir)
+    if name.partition(":")[0] == "zc-lb":
+        return zc_lb_target(args, run_dir, name)
     return haproxy_target(name, args, run_dir)
 
 
@@ -312,7 +319,7 @@ def _ms(seconds: Optional[float]) -> Optional[float]:
 
 def add_ratios(rows: List[dict]) -> None:
     """Each row's throughput and loads per request as a ratio to zc-lb's."""
-    base = next((r for r in rows if r["balancer"] == "zc-lb"), None)
+    base = next((r for r in rows if r["balancer"].partition(":")[0] == "zc-lb"), None)
     for row in rows:
         for key, ratio in (("throughput", "throughput_ratio"), ("loads_per_request", "loads_ratio")):
             mine, theirs = row.get(key), base.get(key) if base else None
@@ -413,7 +420,9 @@ def make_parser() -> argparse.ArgumentParser:
                      help="closed-loop clients (default %(default)s)")
     run.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     run.add_argument("--balancers", default=",".join(BALANCERS),
-                     help="comma-separated subset of %s" % ",".join(BALANCERS))
+                     help="comma-separated subset of %s; zc-lb:POLICY runs zc-lb with "
+                          "--policy POLICY (%s), several in one run" % (
+                              ",".join(BALANCERS), ", ".join(ZC_LB_POLICIES)))
     app = parser.add_argument_group("workers (the same for every balancer)")
     app.add_argument("-w", "--workers", type=int, default=4, help="processes (default %(default)s)")
     app.add_argument("--cache-size", type=int, default=1000, help="objects cached per worker "
@@ -423,6 +432,8 @@ def make_parser() -> argparse.ArgumentParser:
     app.add_argument("--objects-per-request", type=int, default=10)
     app.add_argument("--objects-per-class", type=int, default=1000)
     app.add_argument("--skew", type=float, default=0.0)
+    app.add_argument("--page-objects", type=int, default=0,
+                     help="objects of a URL's own that its requests touch too (default 0)")
     app.add_argument("--history", type=int, default=100,
                      help="zc-lb workers: requests between résumés (default %(default)s)")
     app.add_argument("--zc-lb-option", action="append", default=[], metavar="OPT",
@@ -442,7 +453,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     args.balancers = [b for b in args.balancers.split(",") if b]
-    unknown = set(args.balancers) - set(BALANCERS)
+    unknown = set(args.balancers) - set(BALANCERS) - {"zc-lb:" + p for p in ZC_LB_POLICIES}
     if unknown or not args.balancers:
         parser.error("--balancers: choose from %s" % ",".join(BALANCERS))
     if min(args.workers, args.concurrency, args.max_requests, args.cache_size) < 1 or args.warmup < 0:

@@ -82,6 +82,29 @@ def test_haproxy_accepts_the_configs(name, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.skipif(not HAVE_HAPROXY, reason="needs haproxy (apt-get install haproxy)")
+def test_two_zc_lb_policies_in_one_run(tmp_path):
+    log = tmp_path / "access.log"
+    write_log(log)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "playback" / "compare.py"), str(log), "--host-from-segment", "1",
+         "-w", "2", "-c", "4", "-n", "100", "--warmup", "50", "--cache-size", "20",
+         "--objects-per-request", "3", "--objects-per-class", "20", "--page-objects", "1",
+         "--miss-cost", "0.001", "--history", "10", "--log-dir", str(tmp_path / "run"),
+         "--balancers", "zc-lb:affinity,zc-lb:published,leastconn", "--no-progress"],
+        capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr + done.stdout
+    for name in ("zc-lb:affinity", "zc-lb:published", "leastconn"):
+        row = re.search(r"^%s\s+%s\s+%s\s+%s\s+%s" % (re.escape(name), NUMBER, NUMBER, NUMBER, NUMBER),
+                        done.stdout, re.M)
+        assert row, "no row for %s in:\n%s" % (name, done.stdout)
+        assert float(row.group(4)) > 0
+    for policy in ("affinity", "published"):  # each its own LB, logged apart
+        assert (tmp_path / "run" / ("zc-lb-%s-lb.log" % policy)).exists()
+    with pytest.raises(SystemExit):
+        compare.main(["x.log", "--balancers", "zc-lb:roundrobin"])
+
+
 def test_ratios_and_table():
     rows = [{"balancer": "zc-lb", "throughput": 200.0, "p50_ms": 1.0, "p99_ms": 9.0,
              "loads_per_request": 0.5, "overlap": 0.1, "errors": 0, "lb_cpu_us_per_request": 150.0},
