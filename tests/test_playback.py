@@ -178,6 +178,21 @@ def test_cache_model_lru():
     assert (model.requests, model.hits, model.misses) == (3, 1, 5)
 
 
+def test_page_objects_are_a_urls_own():
+    app = cacheapp.app_from_environment({
+        "ZC_LB_CACHEAPP_MISS_COST": "0", "ZC_LB_CACHEAPP_OBJECTS_PER_REQUEST": "3",
+        "ZC_LB_CACHEAPP_OBJECTS_PER_CLASS": "20", "ZC_LB_CACHEAPP_PAGE_OBJECTS": "1"})
+
+    def get(path):
+        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "HTTP_HOST": "a.example"}
+        app(environ, lambda status, headers: None)
+    get("/x")
+    get("/y")
+    pages = [o for o in app.model.cache if "|" in o]
+    assert pages == ["a.example|/x|0", "a.example|/y|0"]
+    assert len(app.model.cache) <= 2 + 6 and app.model.misses >= 2
+
+
 def test_request_class():
     assert cacheapp.request_class({"HTTP_HOST": "WWW.Shop.Example:8080"}) == "shop.example"
     assert cacheapp.request_class({"HTTP_HOST": "x", "zc_lb.request_class": "c1"}) == "c1"
