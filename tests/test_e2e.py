@@ -8,6 +8,7 @@ import concurrent.futures
 import http.client
 import json
 import os
+import signal
 import socket
 import ssl
 import subprocess
@@ -428,3 +429,20 @@ def test_reset_skills_through_the_status_address(cluster):
     with pytest.raises(urllib.error.HTTPError) as caught:
         urllib.request.urlopen("http://%s/shutdown" % lb.status_address, data=b"", timeout=5)
     assert caught.value.code == 404
+
+
+def test_sighup_is_logged_and_ignored_with_requests_in_flight(tmp_path):
+    # SIGHUP used to kill the LB at once, requests in flight and all.
+    with WorkerProcess(APP, env=ENV) as worker:
+        log_path = tmp_path / "lb.log"
+        with open(log_path, "w") as log, LBProcess([worker.address], stderr=log) as lb:
+            wait_for(lambda: request(lb)[0] == 200, message="LB serving")
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                slow = pool.submit(request, lb, "/slow?1.0")
+                time.sleep(0.3)  # the request is in flight
+                os.kill(lb.pid, signal.SIGHUP)
+                os.kill(worker.pid, signal.SIGHUP)
+                assert slow.result(timeout=20)[0] == 200
+            assert lb.process.poll() is None and worker.process.poll() is None
+            assert request(lb)[0] == 200
+        assert "SIGHUP ignored" in log_path.read_text()

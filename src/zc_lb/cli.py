@@ -53,6 +53,8 @@ def wait_for_signal(handlers: dict) -> None:
     import gevent.queue
 
     signals: "gevent.queue.Queue[str]" = gevent.queue.Queue()
+    handlers = dict(handlers)
+    handlers.setdefault("SIGHUP", _ignore_hangup)  # its default would kill us
     for name in handlers:
         gevent.signal_handler(getattr(signal, name), signals.put, name)
     while True:
@@ -60,6 +62,12 @@ def wait_for_signal(handlers: dict) -> None:
         log.info("got %s", name)
         if handlers[name]():
             return
+
+
+def _ignore_hangup() -> bool:
+    log.warning("SIGHUP ignored: there is no configuration to reload; "
+                "requests in flight go on")
+    return False
 
 
 # -- worker -------------------------------------------------------------
