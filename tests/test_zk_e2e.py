@@ -208,3 +208,33 @@ def test_reset_skills_through_zookeeper_resets_lbs_and_workers(site):
         wait_for(lambda: status(lb)["pool"]["skill_resets"] == 1, message="LB reset")
         wait_for(lambda: "old.example" not in skilled(lb), message="worker reset")
     assert get(lb1, host="new.example")[0] == 200
+
+
+def test_single_version_still_follows_after_a_zookeeper_blip(site, zookeeper, tmp_path):
+    # kazoo calls the provider data watches with path=None when the
+    # connection drops; that raised TypeError and the watches stopped for
+    # good, so version changes after a blip went unnoticed.
+    log_path = tmp_path / "lb.log"
+    workers = [site.worker("--version", "1"), site.worker("--version", "1")]
+    with open(log_path, "w") as log:
+        status_port = free_port()
+        lb = LBProcess([], "--zookeeper", site.hosts, "--path", "/lb", "--single-version",
+                       "--status", "127.0.0.1:%d" % status_port, stderr=log).start()
+    lb.status_address = "127.0.0.1:%d" % status_port
+    try:
+        wait_for(lambda: in_pool(lb) == sorted(w.address for w in workers))
+        zookeeper.stop()
+        time.sleep(3)
+        zookeeper.start()
+        wait_for(lambda: "Zookeeper connection established" in log_path.read_text()
+                 and log_path.read_text().count("connection established") >= 2,
+                 timeout=20, message="LB reconnected")
+        for worker in workers:  # the same nodes, a new version: only data watches see it
+            node = "/lb/workers/providers/" + worker.address
+            data = json.loads(site.client.retry(site.client.get, node)[0])
+            site.client.retry(site.client.set, node, json.dumps(dict(data, version="2")).encode())
+        wait_for(lambda: "serving worker version '2'" in log_path.read_text(), timeout=15,
+                 message="the LB followed the version change")
+        assert "TypeError" not in log_path.read_text()
+    finally:
+        lb.kill()

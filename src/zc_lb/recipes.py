@@ -255,6 +255,7 @@ class ProvidersWatch(_Follower):
         self._resolved: Optional[str] = None
         self._data: dict[str, dict] = {}  # provider data read so far
         self._stale: set[str] = set()  # providers whose node changed
+        self._refetch = False  # the data watches were lost with the connection
 
     def _session_lost(self) -> None:
         self._resolved = None
@@ -270,6 +271,9 @@ class ProvidersWatch(_Follower):
                 self._wake.set()  # created meanwhile: read it
                 raise _Again()
             names = []
+        if self._refetch:  # read every provider again, re-arming its watch
+            self._refetch = False
+            self._data = {}
         while self._stale:
             self._data.pop(self._stale.pop(), None)
         data = {n: d for n, d in self._data.items() if n in names}
@@ -299,7 +303,10 @@ class ProvidersWatch(_Follower):
         return data
 
     def _child_watch(self, event) -> None:
-        self._stale.add(posixpath.basename(event.path))
+        if event.path:
+            self._stale.add(posixpath.basename(event.path))
+        else:  # a connection event (kazoo gives no path): that watch is spent
+            self._refetch = True
         self._wake.set()
 
 
