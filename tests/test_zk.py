@@ -337,10 +337,11 @@ def test_cli(client, zk_hosts, tmp_path, capsys):
         args = parser.parse_args(["zk", "--zookeeper", zk_hosts, *argv])
         assert zk.run_zk_command(args, out) == 0
         return out.getvalue()
-    assert run("import", str(path), "--dry-run").startswith("create /lb\n")
+    # TREE has properties that are no settings (name, quoted): --force
+    assert run("import", str(path), "--dry-run", "--force").startswith("create /lb\n")
     assert run("ls", "/") == ""  # the dry run wrote nothing
-    assert run("import", str(path)).startswith("create /lb\n")
-    assert run("import", str(path)) == "no changes\n"
+    assert run("import", str(path), "--force").startswith("create /lb\n")
+    assert run("import", str(path), "--force") == "no changes\n"
     run("set", "/lb", "variance=3")
     assert json.loads(run("get", "/lb"))["variance"] == 3
     assert run("ls", "/lb") == "providers\nworkers\n"
@@ -348,6 +349,38 @@ def test_cli(client, zk_hosts, tmp_path, capsys):
     path.write_text("/lb\n bad\n")
     with pytest.raises(ConfigurationError, match="line 2"):
         run("import", str(path))
+
+
+def test_cli_refuses_bad_and_unknown_settings(client, zk_hosts, tmp_path):
+    parser = cli.build_parser()
+
+    def run(*argv):
+        args = parser.parse_args(["zk", "--zookeeper", zk_hosts, *argv])
+        return zk.run_zk_command(args, io.StringIO())
+    client.ensure_path("/lb/workers")
+    for assignment, message in (("variance=abc", "bad value for variance"),
+                                ("variance=nan", "finite"),
+                                ("backlog_history=2.7", "bad value for backlog_history"),
+                                ("varience=5", "unknown setting 'varience'"),
+                                ("history=5", "a setting of the workers node")):
+        with pytest.raises(ConfigurationError, match=message):
+            run("set", "/lb", assignment, "unskilled_score=2")
+    assert zk.get(client, "/lb") == {}  # nothing written, not even the good one
+    run("set", "/lb", "variance=2", "description=the main site")
+    run("set", "/lb/workers", "history=50")
+    run("set", "/lb", "anything=1", "--force")
+    assert zk.get(client, "/lb") == {"variance": 2, "description": "the main site",
+                                      "anything": 1}
+    path = tmp_path / "tree.txt"
+    path.write_text("/lb\n  variance = 2\n  /workers\n    max_skil_age = 5\n")
+    with pytest.raises(ConfigurationError, match=r"line 4: unknown setting 'max_skil_age'"):
+        run("import", str(path))
+    path.write_text("/other\n")
+    with pytest.raises(ConfigurationError, match="--delete-at-root"):
+        run("import", str(path), "--delete")
+    assert client.exists("/lb")  # nothing deleted
+    run("import", str(path), "/", "--delete", "--delete-at-root")
+    assert not client.exists("/lb")
 
 
 # Recipes --------------------------------------------------------------------

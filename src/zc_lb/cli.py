@@ -432,6 +432,10 @@ def _add_zk_parser(sub) -> None:
     i.add_argument("--dry-run", action="store_true", help="print the changes only")
     i.add_argument("--delete", action="store_true",
                    help="also delete nodes and properties absent from FILE")
+    i.add_argument("--delete-at-root", action="store_true",
+                   help="allow --delete at /, where it removes every other top-level tree")
+    i.add_argument("--force", action="store_true",
+                   help="accept properties that are no known setting")
     e = zk.add_parser("export", help="print the tree at PATH as text")
     e.add_argument("path", nargs="?", default="/")
     e.add_argument("--ephemeral", action="store_true",
@@ -441,6 +445,8 @@ def _add_zk_parser(sub) -> None:
     s = zk.add_parser("set", help="set properties: key=value (JSON, else string)")
     s.add_argument("path")
     s.add_argument("assignments", nargs="+", metavar="key=value")
+    s.add_argument("--force", action="store_true",
+                   help="accept properties that are no known setting")
     ls = zk.add_parser("ls", help="list a node's children")
     ls.add_argument("path", nargs="?", default="/")
     p.set_defaults(run=run_zk)

@@ -26,7 +26,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from . import recipes, zk
 from .errors import ConfigurationError
-from .settings import LB_SETTINGS, WORKER_SETTINGS, parse_all
+from .settings import LB_SETTINGS, WORKER_SETTINGS, parse_each
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +83,11 @@ class WorkerMembership:
             self.client.close()
 
     def _settings_changed(self, properties: Dict[str, Any]) -> None:
+        good, bad = parse_each(WORKER_SETTINGS, properties)
+        for message in bad:
+            log.error("ignoring a bad worker setting in %s: %s", self.path, message)
+        settings = dict(self.base, **good)
         try:
-            settings = dict(self.base)
-            settings.update(parse_all(WORKER_SETTINGS, properties))
             self.worker.configure(settings["history"], settings["max_skill_age"])
         except ConfigurationError as exc:
             log.error("ignoring bad worker settings in %s: %s", self.path, exc)
@@ -144,13 +146,17 @@ class LBMembership:
         return "%s/%s" % ("" if self.path == "/" else self.path, relative)
 
     def _settings_changed(self, properties: Dict[str, Any]) -> None:
-        try:
-            settings = dict(self.base)
-            settings.update(parse_all(LB_SETTINGS, properties))
-            self.lb.pool.configure(settings)
-        except ConfigurationError as exc:
-            log.error("ignoring bad LB settings in %s: %s", self.path, exc)
-            return
+        good, bad = parse_each(LB_SETTINGS, properties)
+        for message in bad:
+            log.error("ignoring a bad LB setting in %s: %s", self.path, message)
+        settings = dict(self.base)
+        for name, value in good.items():
+            try:  # the pool checks relations the table cannot
+                self.lb.pool.configure({name: value})
+                settings[name] = value
+            except ConfigurationError as exc:
+                log.error("ignoring a bad LB setting in %s: %s", self.path, exc)
+        self.lb.pool.configure(settings)
         self.lb.no_worker_timeout = settings["no_worker_timeout"]
         self._reset_skills(settings["reset_skills"])
         log.info("LB settings: %s", settings)

@@ -9,8 +9,9 @@ type, or raises ConfigurationError naming the setting.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from .errors import ConfigurationError
 
@@ -40,23 +41,34 @@ def _bool(value: Any) -> bool:
 def _int(value: Any) -> int:
     if isinstance(value, bool):
         raise ValueError("not an integer: %r" % (value,))
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("not an integer: %r" % (value,))
         return int(value)
     return int(value)
 
 
+def _float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("not a number: %r" % (value,))
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError("not a finite number: %r" % (value,))
+    return number
+
+
 LB_SETTINGS = {s.name: s for s in [
-    Setting("variance", float, 1.0, 1e-9,
+    Setting("variance", _float, 1.0, 1e-9,
             "a worker's backlog may reach VARIANCE times the mean"),
     Setting("backlog_history", _int, 9, 1,
             "requests over which backlogs are averaged"),
-    Setting("unskilled_score", float, 1.0, 1e-9,
+    Setting("unskilled_score", _float, 1.0, 1e-9,
             "score given to a worker for a class it was not skilled in"),
-    Setting("no_worker_timeout", float, 30.0, 0,
+    Setting("no_worker_timeout", _float, 30.0, 0,
             "seconds to wait for a worker before answering 503"),
     Setting("single_version", _bool, False, None,
             "serve only from the worker version most workers run"),
-    Setting("spread", float, 1.0, 1e-9,
+    Setting("spread", _float, 1.0, 1e-9,
             "affinity policy: a class with a share S of requests is spread "
             "over SPREAD x S of the workers"),
     Setting("footprint_window", _int, 5000, 1,
@@ -65,7 +77,7 @@ LB_SETTINGS = {s.name: s for s in [
     Setting("slow_start", _int, 2000, 0,
             "affinity policy: requests over which a new worker's share ramps "
             "up (0: at once)"),
-    Setting("balance", float, 3.0, 1.0,
+    Setting("balance", _float, 3.0, 1.0,
             "affinity policy: a key moves on from its worker while that one's "
             "backlog is past BALANCE times the mean of the class's workers"),
     Setting("reset_skills", str, "", None,
@@ -102,6 +114,46 @@ def parse(settings: Mapping[str, Setting], name: str, value: Any) -> Any:
         raise ConfigurationError("%s must be at least %g, got %r"
                                  % (name, setting.minimum, value))
     return converted
+
+
+NOTES = frozenset({"description"})  # properties any node may carry for people
+
+
+def node_settings(path: str) -> Mapping[str, Setting]:
+    """The settings a ZooKeeper node holds: a node named ``workers`` the
+    workers', any other the LBs'."""
+    return WORKER_SETTINGS if path.rstrip("/").rpartition("/")[2] == "workers" else LB_SETTINGS
+
+
+def check_property(path: str, key: str, value: Any, force: bool = False) -> None:
+    """Refuse a bad value, or (unless ``force``) a key that is no setting
+    of the node at ``path``, with a message saying which and why."""
+    settings = node_settings(path)
+    if key in settings:
+        parse(settings, key, value)
+    elif key in NOTES or force:
+        return
+    else:
+        other = LB_SETTINGS if settings is WORKER_SETTINGS else WORKER_SETTINGS
+        hint = (" (a setting of the %s node)" % ("LB" if other is LB_SETTINGS else "workers")
+                if key in other else "")
+        raise ConfigurationError(
+            "unknown setting %r for %s%s; known: %s (or --force)"
+            % (key, path, hint, ", ".join(sorted(settings))))
+
+
+def parse_each(settings: Mapping[str, Setting], properties: Mapping[str, Any]
+               ) -> Tuple[Dict[str, Any], List[str]]:
+    """The good settings of ``properties``, converted, and a message for
+    each bad one: one bad value does not spoil its neighbours."""
+    good, bad = {}, []
+    for name, value in properties.items():
+        if name in settings:
+            try:
+                good[name] = parse(settings, name, value)
+            except ConfigurationError as exc:
+                bad.append(str(exc))
+    return good, bad
 
 
 def parse_all(settings: Mapping[str, Setting], properties: Mapping[str, Any],

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from zc_lb.errors import ConfigurationError
 
@@ -116,15 +116,19 @@ def from_data(data: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
 class _Frame:
     """A node being filled while parsing, and where its contents sit."""
 
-    def __init__(self, node: Node, indent: int, child_indent: int | None):
+    def __init__(self, node: Node, indent: int, child_indent: int | None,
+                 path: str = "/"):
         self.node = node
         self.indent = indent
         self.child_indent = child_indent
+        self.path = path
 
 
-def parse(text: str) -> Node:
+def parse(text: str, check: Callable[[str, str, Any], None] | None = None) -> Node:
     """Parse tree text into its root ``Node``; raise ConfigurationError
-    naming the line number and text of the first mistake."""
+    naming the line number and text of the first mistake.  ``check(path,
+    key, value)``, when given, may refuse a property (by raising
+    ConfigurationError) of any node but the ephemeral ``providers``."""
     root = Node()
     stack = [_Frame(root, -1, 0)]
     seen_top_node = False
@@ -143,7 +147,8 @@ def parse(text: str) -> Node:
                 raise ValueError("indentation does not match the lines above")
             if stripped.startswith("/"):
                 name, child = _parse_node(stripped, frame.node)
-                stack.append(_Frame(child, indent, None))
+                stack.append(_Frame(child, indent, None,
+                                    frame.path.rstrip("/") + "/" + name))
                 seen_top_node = seen_top_node or frame.node is root
             elif frame.node is root and seen_top_node:
                 raise ValueError(
@@ -151,7 +156,12 @@ def parse(text: str) -> Node:
                     " under its node, or move it before the first node"
                 )
             else:
-                _parse_member(stripped, frame.node)
+                prop = _parse_member(stripped, frame.node)
+                if prop is not None and check is not None and "/providers" not in frame.path:
+                    check(frame.path, *prop)
+        except ConfigurationError as e:
+            raise ConfigurationError(
+                f"line {number}: {e}: {line.strip()!r}") from None
         except ValueError as e:
             raise ConfigurationError(
                 f"line {number}: {e}: {line.strip()!r}") from None
@@ -174,7 +184,8 @@ def _parse_node(stripped: str, parent: Node) -> tuple[str, Node]:
     return name, child
 
 
-def _parse_member(stripped: str, node: Node) -> None:
+def _parse_member(stripped: str, node: Node) -> Optional[tuple[str, Any]]:
+    """Add a property or link line to ``node``; the property, if it was one."""
     arrow, equals = stripped.find("->"), stripped.find("=")
     if arrow >= 0 and (equals < 0 or arrow < equals):
         name, target = stripped[:arrow].strip(), stripped[arrow + 2 :].strip()
@@ -184,15 +195,16 @@ def _parse_member(stripped: str, node: Node) -> None:
         if name in node.links or name in node.children:
             raise ValueError(f"duplicate name {name!r}")
         node.links[name] = target
-    elif equals >= 0:
+        return None
+    if equals >= 0:
         key = stripped[:equals].strip()
         if not key:
             raise ValueError("property without a name")
         if key in node.properties:
             raise ValueError(f"duplicate property {key!r}")
-        node.properties[key] = parse_value(stripped[equals + 1 :])
-    else:
-        raise ValueError("expected '/node', 'key = value' or 'name -> /path'")
+        value = node.properties[key] = parse_value(stripped[equals + 1 :])
+        return key, value
+    raise ValueError("expected '/node', 'key = value' or 'name -> /path'")
 
 
 def _check_name(name: str, what: str) -> None:

@@ -28,6 +28,7 @@ whose arguments cli.py parses.  Import semantics are documented on
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import posixpath
@@ -345,9 +346,21 @@ def run_zk_command(args: argparse.Namespace, out: Any = None) -> int:
     """Run a parsed ``zc-lb zk`` command; ConfigurationError for mistakes."""
     out = out or sys.stdout
     text = None
+    force = getattr(args, "force", False)
+    check = functools.partial(_check_property, force=force)
     if args.zk_command == "import":  # a bad file fails before connecting
         text = _read_file(args.file)
-        tree.parse(text)
+        root = normalize(args.root)
+        tree.parse(text, lambda path, key, value: check(
+            root.rstrip("/") + path if root != "/" else path, key, value))
+        if args.delete and root == "/" and not args.delete_at_root:
+            raise ConfigurationError(
+                "--delete at / removes every top-level tree the file does not name "
+                "(other sites' and services'); import under a path, or add "
+                "--delete-at-root to mean it")
+    elif args.zk_command == "set":  # so does a bad setting
+        for assignment in args.assignments:
+            check(normalize(args.path), *tree.parse_assignment(assignment))
     client = connect(args.zookeeper, timeout=args.timeout)
     try:
         _run_command(client, args, text, out)
@@ -357,6 +370,12 @@ def run_zk_command(args: argparse.Namespace, out: Any = None) -> int:
         client.stop()
         client.close()
     return 0
+
+
+def _check_property(path: str, key: str, value: Any, force: bool) -> None:
+    """A property of ``path`` that is no good setting is refused."""
+    from .settings import check_property
+    check_property(path, key, value, force)
 
 
 def _run_command(client: KazooClient, args: argparse.Namespace,

@@ -1,0 +1,68 @@
+"""zc_lb.membership without ZooKeeper: how settings read from a node are
+applied (the recipes that read them are tested in test_zk.py)."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+from zc_lb.affinity import AffinityPool
+from zc_lb.membership import LBMembership, WorkerMembership
+
+
+def lb_membership(**base):
+    lb = SimpleNamespace(pool=AffinityPool(), no_worker_timeout=30.0,
+                         set_workers=lambda providers: None)
+    settings = dict(variance=1.0, backlog_history=9, unskilled_score=1.0,
+                    no_worker_timeout=30.0, single_version=False, spread=1.0,
+                    footprint_window=5000, slow_start=2000, balance=3.0, reset_skills="")
+    settings.update(base)
+    return LBMembership(lb, "127.0.0.1:1", "/lb", ("127.0.0.1", 1), base_settings=settings)
+
+
+def test_each_good_setting_applies_even_beside_a_bad_one(caplog):
+    # One bad value used to make the LB ignore the whole node.
+    membership = lb_membership()
+    with caplog.at_level(logging.ERROR, logger="zc_lb.membership"):
+        membership._settings_changed({"variance": "abc", "unskilled_score": 2,
+                                      "backlog_history": 2.7, "balance": 0.5,
+                                      "no_worker_timeout": 5, "description": "x"})
+    pool = membership.lb.pool
+    assert pool.unskilled_score == 2.0 and membership.lb.no_worker_timeout == 5.0
+    assert (pool.variance, pool.backlog_history, pool.balance) == (1.0, 9, 3.0)
+    errors = [r.getMessage() for r in caplog.records]
+    assert len(errors) == 3 and all("ignoring a bad LB setting" in e for e in errors)
+    assert any("variance" in e for e in errors) and any("balance" in e for e in errors)
+
+
+def test_a_removed_setting_falls_back_to_the_command_line():
+    membership = lb_membership(variance=2.0)
+    membership._settings_changed({"variance": 4})
+    assert membership.lb.pool.variance == 4.0
+    membership._settings_changed({})
+    assert membership.lb.pool.variance == 2.0
+
+
+def test_a_new_reset_skills_value_resets_the_pool_once():
+    membership = lb_membership()
+    pool = membership.lb.pool
+    pool.add("w")
+    pool.new_resume("w", {"a": 3.0})
+    membership._settings_changed({"reset_skills": "t1"})  # the value at start
+    assert pool.resets == 0 and pool.skilled
+    membership._settings_changed({"reset_skills": "t2"})
+    assert pool.resets == 1 and not pool.skilled
+    membership._settings_changed({"reset_skills": "t2", "variance": 2})
+    assert pool.resets == 1
+
+
+def test_worker_settings_apply_each_good_value():
+    configured = []
+    worker = SimpleNamespace(history=100, max_skill_age=None,
+                             configure=lambda h, m: configured.append((h, m)),
+                             reset_skills=lambda: configured.append("reset"))
+    membership = WorkerMembership(worker, "127.0.0.1:1", "/lb/workers")
+    membership._settings_changed({"history": "x", "max_skill_age": 50})
+    assert configured == [(100, 50)]
+    membership._settings_changed({"reset_skills": "now"})
+    assert configured[-1] == "reset"
