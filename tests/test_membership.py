@@ -35,12 +35,14 @@ def test_each_good_setting_applies_even_beside_a_bad_one(caplog):
     assert any("variance" in e for e in errors) and any("balance" in e for e in errors)
 
 
-def test_a_removed_setting_falls_back_to_the_command_line():
+def test_a_bad_setting_keeps_its_value_a_removed_one_falls_back():
     membership = lb_membership(variance=2.0)
     membership._settings_changed({"variance": 4})
     assert membership.lb.pool.variance == 4.0
+    membership._settings_changed({"variance": -1, "spread": 2})
+    assert membership.lb.pool.variance == 4.0 and membership.lb.pool.spread == 2.0
     membership._settings_changed({})
-    assert membership.lb.pool.variance == 2.0
+    assert membership.lb.pool.variance == 2.0 and membership.lb.pool.spread == 1.0
 
 
 def test_a_new_reset_skills_value_resets_the_pool_once():

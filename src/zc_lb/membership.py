@@ -113,6 +113,7 @@ class LBMembership:
         self.base = dict(base_settings or {})
         self.single_version = bool(self.base.get("single_version"))
         self.reset_token: Optional[str] = None  # the reset_skills value last seen
+        self.applied: Dict[str, Any] = {}  # the settings in force
         self.version: Optional[str] = None
         self.providers: Dict[str, dict] = {}
         self.client = None
@@ -149,14 +150,19 @@ class LBMembership:
         good, bad = parse_each(LB_SETTINGS, properties)
         for message in bad:
             log.error("ignoring a bad LB setting in %s: %s", self.path, message)
+        # A removed property falls back to the command line; a bad one keeps
+        # the value it had.
         settings = dict(self.base)
+        settings.update((name, value) for name, value in self.applied.items()
+                        if name in properties)
         for name, value in good.items():
-            try:  # the pool checks relations the table cannot
+            try:  # the pool checks what the table cannot
                 self.lb.pool.configure({name: value})
                 settings[name] = value
             except ConfigurationError as exc:
                 log.error("ignoring a bad LB setting in %s: %s", self.path, exc)
         self.lb.pool.configure(settings)
+        self.applied = settings
         self.lb.no_worker_timeout = settings["no_worker_timeout"]
         self._reset_skills(settings["reset_skills"])
         log.info("LB settings: %s", settings)
