@@ -152,3 +152,21 @@ def test_parse_address():
     for bad in ("nohost", "h:port", "h:70000"):
         with pytest.raises(ConfigurationError):
             parse_address(bad)
+
+
+def test_failures_teach_the_resume_nothing(serve):
+    # A worker answering 500 at once learned a huge score and won traffic.
+    def app(environ, start_response):
+        if environ["PATH_INFO"] == "/fail":
+            start_response("503 Service Unavailable", [("Content-Length", "0")])
+            return [b""]
+        if environ["PATH_INFO"] == "/raise":
+            raise RuntimeError("boom")
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+    worker, connection, handler = serve(app, history=1)
+    for path in ("/fail", "/raise", "/fail"):
+        call(connection, {"PATH_INFO": path, "zc_lb.request_class": "bad"})
+    call(connection, {"PATH_INFO": "/", "zc_lb.request_class": "good"})
+    assert "bad" not in worker.skills.resume() and "good" in worker.skills.resume()
+    assert worker.status()["failed"] == 3 and worker.status()["served"] == 1

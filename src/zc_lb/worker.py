@@ -270,6 +270,7 @@ class Worker(Handler):
         self.stopping = False
         self._stopped = gevent.event.Event()
         self.served = 0
+        self.failed = 0  # requests answered 5xx or cut short: not in the résumé
 
     @property
     def address(self) -> Tuple[str, int]:
@@ -377,6 +378,10 @@ class Worker(Handler):
             return
         except gevent.GreenletExit:
             exchange.cancel()
+            return
+        if writer.status is None or writer.status[:1] == "5" or exchange.state.cancelled:
+            # A failure teaches nothing: answering 500 fast is no skill.
+            self.failed += 1
             return
         self._record(rclass, time.perf_counter() - start)
 
@@ -490,6 +495,7 @@ class Worker(Handler):
             "lbs": sorted(c.peer for c in self.connections),
             "in_flight": len(self.requests),
             "served": self.served,
+            "failed": self.failed,
             "resume": self.skills.resume() if self.skills else {},
         }
 
