@@ -8,6 +8,9 @@ One app, dispatching on the path:
     /big?MB      streams MB mebibytes
     /error       raises
     /upload-slow reads the body slowly; writes a mark file if cancelled
+
+With ZC_LB_TEST_FAIL=1 in its environment a worker answers 500 at once to
+everything: a broken deploy.
 """
 
 import os
@@ -55,6 +58,8 @@ def _upload_slow(environ, start_response):
 
 
 def app(environ, start_response):
+    if os.environ.get("ZC_LB_TEST_FAIL"):
+        return _text(start_response, "broken\n", "500 Internal Server Error")
     path = environ["PATH_INFO"]
     query = environ.get("QUERY_STRING", "")
     if path == "/slow":

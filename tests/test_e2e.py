@@ -446,3 +446,30 @@ def test_sighup_is_logged_and_ignored_with_requests_in_flight(tmp_path):
             assert lb.process.poll() is None and worker.process.poll() is None
             assert request(lb)[0] == 200
         assert "SIGHUP ignored" in log_path.read_text()
+
+
+def test_a_failing_worker_is_ejected_and_healthy_ones_serve(cluster):
+    # A worker answering 500 at once took 69% of the traffic.
+    lb, workers = cluster(2, lb_args=("--eject-after", "3", "--eject-time", "60"))
+    broken = WorkerProcess(APP, env=dict(ENV, ZC_LB_TEST_FAIL="1")).start()
+    try:
+        status_doc = status(lb)
+        assert broken.address not in status_doc["workers"]
+        lb_addresses = [w.address for w in workers] + [broken.address]
+        lb2 = LBProcess(lb_addresses, "--eject-after", "3", "--eject-time", "60",
+                        "--status", "127.0.0.1:%d" % free_port())
+        lb2.status_address = lb2.args[lb2.args.index("--status") + 1]
+        lb2.start()
+        try:
+            wait_for(lambda: connected(lb2) == 3, message="LB connected to workers")
+            codes = [request(lb2, "/", host="h%d.example" % (i % 4))[0] for i in range(60)]
+            assert codes.count(500) <= 6, codes  # 3 in a row, and its probation
+            assert codes[-20:] == [200] * 20
+            doc = status(lb2)
+            assert doc["workers"][broken.address]["ejected"]
+            assert not doc["workers"][broken.address]["in_pool"]
+            assert doc["ejections"] == 1 and doc["worker_failures"] >= 3
+        finally:
+            lb2.kill()
+    finally:
+        broken.kill()

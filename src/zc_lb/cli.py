@@ -127,6 +127,8 @@ def build_lb(args: argparse.Namespace):
         pages = {502: page, 503: page}
     lb = LB(pool, get_classifier(args.classifier),
             affinity_key=get_key_function(args.affinity_key),
+            outlier=dict(consecutive=args.eject_after or 10**9, base_time=args.eject_time,
+                         max_time=10 * args.eject_time, max_share=args.max_ejected),
             no_worker_timeout=args.no_worker_timeout,
             response_timeout=args.response_timeout or None,
             keepalive_timeout=args.keepalive_timeout,
@@ -350,6 +352,14 @@ def _add_lb_parser(sub) -> None:
     p.add_argument("--response-timeout", type=float, default=300.0,
                    help="seconds to wait for a worker to start responding, then 504 "
                         "(default 300; 0 waits forever)")
+    p.add_argument("--eject-after", type=int, default=5, metavar="N",
+                   help="eject a worker from the pool after N failed requests in a "
+                        "row (5xx or its connection failing; default 5, 0 never)")
+    p.add_argument("--eject-time", type=float, default=30.0, metavar="S",
+                   help="first ejection's length; it doubles with each one, up to 10x "
+                        "(default 30)")
+    p.add_argument("--max-ejected", type=float, default=0.5, metavar="SHARE",
+                   help="at most this share of the workers ejected at once (default 0.5)")
     p.add_argument("--keepalive-timeout", type=float, default=5.0,
                    help="declare a worker dead after this long without a word from it "
                         "(default 5; it pings every second)")

@@ -39,6 +39,7 @@ from .errors import (
     RequestCancelled,
     ZcLbError,
 )
+from .outlier import Ejector
 from .pool import Pool
 from .protocol import End, Response
 from .worker import HOP_BY_HOP
@@ -207,6 +208,7 @@ class LB:
         response_timeout: Optional[float] = 300.0,
         drain_timeout: float = 30.0,
         affinity_key: Optional[Callable[[dict], Optional[str]]] = None,
+        outlier: Optional[Dict[str, float]] = None,
     ) -> None:
         self.pool = pool
         self.affinity_key = affinity_key
@@ -227,6 +229,8 @@ class LB:
         self.requests = 0
         self.retries = 0
         self.errors: Dict[int, int] = {}
+        self.ejector = Ejector(**(outlier or {}))
+        self.worker_failures = 0  # worker 5xx and connections failing under a request
         self._workers_changed = gevent.event.Event()
         self._waiting: Dict[Exchange, _Waiting] = {}
         self._watchdog: Optional[gevent.Greenlet] = None
@@ -254,8 +258,32 @@ class LB:
         self.links.clear()
 
     def _worker_up(self, connection: Connection) -> None:
+        if self.ejector.ejected(connection.peer):
+            return  # readmitted when its ejection is over
         self.pool.add(connection)
         self._workers_changed.set()
+
+    def _outcome(self, connection: Connection, ok: bool) -> None:
+        """Count a request's outcome on its worker; eject a failing one."""
+        address = connection.peer
+        if ok:
+            self.ejector.success(address)
+            return
+        self.worker_failures += 1
+        if self.ejector.failure(address, time.monotonic(), len(self.links)):
+            self.pool.remove(connection)
+            record = self.ejector.records[address]
+            log.warning("ejected worker %s for %gs: %d failed requests in a row "
+                        "(ejection %d)", address, record.until - time.monotonic(),
+                        self.ejector.consecutive, record.ejections)
+
+    def _readmit(self, now: float) -> None:
+        for address in self.ejector.readmit(now):
+            link = self.links.get(address)
+            if link is not None and link.connection is not None:
+                self.pool.add(link.connection, link.resume)
+                self._workers_changed.set()
+                log.info("readmitted worker %s on probation", address)
 
     def _worker_down(self, connection: Connection) -> None:
         self.pool.remove(connection)
@@ -288,9 +316,10 @@ class LB:
                 if has_body:
                     upload = Upload(exchange, environ["wsgi.input"])
                 response = self._await_response(exchange, upload, environ)
-                length = self._start(response, environ, start_response)
+                length = self._start(connection, response, environ, start_response)
             except (ConnectionLost, ConnectionClosed):
                 self._abort(connection, exchange, upload)
+                self._outcome(connection, ok=False)
                 if retryable and attempt < len(self.links):
                     self.retries += 1
                     continue
@@ -365,6 +394,7 @@ class LB:
         while True:
             gevent.sleep(WATCHDOG_INTERVAL)
             now = time.monotonic()
+            self._readmit(now)
             timeout = self.response_timeout
             for exchange, entry in list(self._waiting.items()):
                 age = now - entry.started
@@ -373,10 +403,11 @@ class LB:
                 elif age > WATCH_CLIENT_AFTER and entry.watcher is None:
                     entry.watch(exchange)
 
-    def _start(self, response: Response, environ: dict, start_response: Callable
-               ) -> Optional[int]:
+    def _start(self, connection: Connection, response: Response, environ: dict,
+               start_response: Callable) -> Optional[int]:
         """Start the client's response; the body length to hold the worker to."""
         code = response.status[:3]
+        self._outcome(connection, ok=code[0] != "5")
         bodiless = code in BODILESS_STATUS or environ["REQUEST_METHOD"] == "HEAD"
         headers, length = [], None
         for name, value in response.headers:
@@ -432,6 +463,7 @@ class LB:
         links = {}
         for address, link in sorted(self.links.items()):
             info: Dict[str, object] = {"connected": link.connection is not None}
+            info.update(self.ejector.status(address, time.monotonic()))
             if link.connection is not None:
                 info["in_pool"] = link.connection in self.pool
                 info.update(workers.get(str(link.connection), {}))
@@ -448,6 +480,8 @@ class LB:
             "errors": {str(k): v for k, v in sorted(self.errors.items())},
             "uptime": round(time.time() - self.started, 1),
             "classifier_errors": dict(self.classifier_errors),
+            "worker_failures": self.worker_failures,
+            "ejections": self.ejector.total_ejections,
         }
 
     def __repr__(self) -> str:

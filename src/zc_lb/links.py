@@ -43,6 +43,7 @@ class WorkerLink(Handler):
         self.stopped = False
         self.failures = 0
         self.last_error: Optional[str] = None
+        self.resume: Dict[str, float] = {}
         self._greenlet: Optional[gevent.Greenlet] = None
 
     def start(self) -> None:
@@ -111,6 +112,7 @@ class WorkerLink(Handler):
         self.last_error = error
 
     def handle_resume(self, connection: Connection, skills: Dict[str, float]) -> None:
+        self.resume = skills  # kept for a readmission after an ejection
         self.lb.pool.new_resume(connection, skills)
 
     def handle_goaway(self, connection: Connection, reason: str) -> None:

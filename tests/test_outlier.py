@@ -1,0 +1,41 @@
+"""zc_lb.outlier: ejecting failing workers, on an injected clock."""
+
+from zc_lb.outlier import Ejector
+
+
+def test_consecutive_failures_eject_for_a_time_that_grows():
+    ejector = Ejector(consecutive=3, base_time=10, max_time=35)
+    assert not ejector.failure("a", 0, 4) and not ejector.failure("a", 0, 4)
+    ejector.success("a")  # not in a row any more
+    assert not any(ejector.failure("a", 1, 4) for _ in range(2))
+    assert ejector.failure("a", 1, 4) and ejector.ejected("a")
+    assert ejector.readmit(10.9) == [] and ejector.readmit(11) == ["a"]
+    assert not ejector.ejected("a")
+    assert ejector.failure("a", 12, 4)  # on probation: one failure is enough
+    assert ejector.records["a"].until == 12 + 20  # twice as long
+    ejector.readmit(40)
+    assert ejector.failure("a", 40, 4) and ejector.records["a"].until == 40 + 35  # capped
+    assert ejector.total_ejections == 3
+
+
+def test_successes_restore_good_standing():
+    ejector = Ejector(consecutive=2, base_time=10)
+    ejector.failure("a", 0, 4)
+    assert ejector.failure("a", 0, 4)
+    ejector.readmit(10)
+    ejector.success("a")
+    assert not ejector.failure("a", 11, 4)  # probation is over
+    for _ in range(8):
+        ejector.success("a")
+    assert ejector.records["a"].ejections == 0  # the next ejection is short again
+
+
+def test_at_most_a_share_of_workers_is_ejected():
+    ejector = Ejector(consecutive=1, max_share=0.5)
+    assert ejector.failure("a", 0, 4) and ejector.failure("b", 0, 4)
+    assert not ejector.failure("c", 0, 4)  # half of 4 are out already
+    assert ejector.ejected_count() == 2
+    status = ejector.status("a", 5)
+    assert status["ejected"] and status["ejected_for"] == 25.0
+    assert ejector.status("z", 0) == {"ejected": False, "consecutive_failures": 0,
+                                      "ejections": 0}
