@@ -473,3 +473,19 @@ def test_a_failing_worker_is_ejected_and_healthy_ones_serve(cluster):
             lb2.kill()
     finally:
         broken.kill()
+
+
+def test_a_planned_worker_drain_is_no_warning(tmp_path):
+    # A worker's SIGTERM used to be logged as "WARNING lost worker".
+    worker = WorkerProcess(APP, env=ENV).start()
+    log_path = tmp_path / "lb.log"
+    with open(log_path, "w") as log:
+        lb = LBProcess([worker.address], stderr=log).start()
+    try:
+        wait_for(lambda: request(lb)[0] == 200, message="LB serving")
+        assert worker.terminate() == 0
+        wait_for(lambda: "drained and closed" in log_path.read_text(), message="drain logged")
+        assert "WARNING zc_lb.links: lost worker" not in log_path.read_text()
+    finally:
+        worker.kill()
+        lb.kill()

@@ -44,6 +44,7 @@ class WorkerLink(Handler):
         self.failures = 0
         self.last_error: Optional[str] = None
         self.resume: Dict[str, float] = {}
+        self.draining: Optional[Connection] = None  # said GoAway: a planned end
         self._greenlet: Optional[gevent.Greenlet] = None
 
     def start(self) -> None:
@@ -117,11 +118,15 @@ class WorkerLink(Handler):
 
     def handle_goaway(self, connection: Connection, reason: str) -> None:
         log.info("worker %s is draining: %s", self.address, reason)
+        self.draining = connection
         self.lb._worker_down(connection)
         gevent.spawn(close_when_idle, connection, self.lb.drain_timeout, "worker draining")
 
     def connection_lost(self, connection: Connection, error: ZcLbError) -> None:
-        if not self.stopped:
+        if connection is self.draining:
+            log.info("worker %s drained and closed", self.address)
+            self.draining = None
+        elif not self.stopped:
             log.warning("lost worker %s: %s", self.address, error)
         self.lb._worker_down(connection)
         if self.connection is connection:
