@@ -45,3 +45,18 @@ def test_a_failing_classifier_is_logged_once_per_error_and_counted(caplog):
     assert len(logged) == 2  # one per distinct error, with its traceback
     assert all(r.exc_info for r in logged)
     assert lb.status()["classifier_errors"] == {"TypeError: bad type": 5, "KeyError: '/k'": 3}
+
+
+def test_the_retry_budget_bounds_retries_at_once():
+    lb = make_lb(lambda environ: "a")
+    lb.in_flight = 4
+    lb.retrying = 2
+    assert lb._may_retry(False)  # at least 3 at once
+    lb.retrying = 3
+    assert not lb._may_retry(False) and lb.retries_refused == 1
+    assert lb._may_retry(True)  # a request already retrying goes on
+    lb.in_flight = 20
+    assert lb._may_retry(False)  # half of 20
+    lb.retrying = 10
+    assert not lb._may_retry(False)
+    assert lb.status()["retries_refused"] == 2

@@ -127,6 +127,7 @@ def build_lb(args: argparse.Namespace):
         pages = {502: page, 503: page}
     lb = LB(pool, get_classifier(args.classifier),
             affinity_key=get_key_function(args.affinity_key),
+            max_retries=args.max_retries,
             outlier=dict(consecutive=args.eject_after or 10**9, base_time=args.eject_time,
                          max_time=10 * args.eject_time, max_share=args.max_ejected),
             no_worker_timeout=args.no_worker_timeout,
@@ -352,6 +353,10 @@ def _add_lb_parser(sub) -> None:
     p.add_argument("--response-timeout", type=float, default=300.0,
                    help="seconds to wait for a worker to start responding, then 504 "
                         "(default 300; 0 waits forever)")
+    p.add_argument("--max-retries", type=int, default=1, metavar="N",
+                   help="retry a GET or HEAD whose worker was lost at most N times "
+                        "(default 1); retries at once stay under half the requests "
+                        "in flight (at least 3)")
     p.add_argument("--eject-after", type=int, default=5, metavar="N",
                    help="eject a worker from the pool after N failed requests in a "
                         "row (5xx or its connection failing; default 5, 0 never)")

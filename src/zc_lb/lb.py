@@ -54,6 +54,8 @@ HOP_BY_HOP_ENVIRON = frozenset(
 ) | {"HTTP_PROXY_CONNECTION"}
 RETRY_METHODS = frozenset(("GET", "HEAD"))
 MAX_CLASSIFIER_ERRORS = 100  # distinct classifier errors kept in status
+RETRY_SHARE = 0.5  # of the requests in flight may be retries at once ...
+RETRY_MIN = 3  # ... but at least this many
 BODILESS_STATUS = frozenset(("204", "304")) | {"1%02d" % n for n in range(100)}
 REASONS = {413: "Request Entity Too Large", 502: "Bad Gateway",
            503: "Service Unavailable", 504: "Gateway Timeout"}
@@ -209,6 +211,7 @@ class LB:
         drain_timeout: float = 30.0,
         affinity_key: Optional[Callable[[dict], Optional[str]]] = None,
         outlier: Optional[Dict[str, float]] = None,
+        max_retries: int = 1,
     ) -> None:
         self.pool = pool
         self.affinity_key = affinity_key
@@ -231,6 +234,9 @@ class LB:
         self.errors: Dict[int, int] = {}
         self.ejector = Ejector(**(outlier or {}))
         self.worker_failures = 0  # worker 5xx and connections failing under a request
+        self.max_retries = max_retries
+        self.retrying = 0  # requests being retried now
+        self.retries_refused = 0  # retries the budget did not allow
         self._workers_changed = gevent.event.Event()
         self._waiting: Dict[Exchange, _Waiting] = {}
         self._watchdog: Optional[gevent.Greenlet] = None
@@ -308,27 +314,42 @@ class LB:
         has_body = _has_body(environ, self.max_request_body)
         retryable = not has_body and environ["REQUEST_METHOD"] in RETRY_METHODS
         forwarded = _forwarded_environ(environ, "" if rclass is None else rclass)
-        for attempt in range(max(len(self.links), 1) + 1):
-            connection = self._get_worker(rclass, key)
-            exchange = upload = None
-            try:
-                exchange = connection.open_request(forwarded, end=not has_body)
-                if has_body:
-                    upload = Upload(exchange, environ["wsgi.input"])
-                response = self._await_response(exchange, upload, environ)
-                length = self._start(connection, response, environ, start_response)
-            except (ConnectionLost, ConnectionClosed):
-                self._abort(connection, exchange, upload)
-                self._outcome(connection, ok=False)
-                if retryable and attempt < len(self.links):
-                    self.retries += 1
-                    continue
-                raise
-            except BaseException:
-                self._abort(connection, exchange, upload)
-                raise
-            return ResponseBody(self, connection, exchange, upload, length)
-        raise NoWorkerAvailable("no worker answered")
+        retrying = False
+        try:
+            for attempt in range(self.max_retries + 1):
+                connection = self._get_worker(rclass, key)
+                exchange = upload = None
+                try:
+                    exchange = connection.open_request(forwarded, end=not has_body)
+                    if has_body:
+                        upload = Upload(exchange, environ["wsgi.input"])
+                    response = self._await_response(exchange, upload, environ)
+                    length = self._start(connection, response, environ, start_response)
+                except (ConnectionLost, ConnectionClosed):
+                    self._abort(connection, exchange, upload)
+                    self._outcome(connection, ok=False)
+                    if retryable and attempt < self.max_retries and self._may_retry(retrying):
+                        self.retrying += not retrying
+                        retrying = True
+                        self.retries += 1
+                        continue
+                    raise
+                except BaseException:
+                    self._abort(connection, exchange, upload)
+                    raise
+                return ResponseBody(self, connection, exchange, upload, length)
+            raise NoWorkerAvailable("no worker answered")
+        finally:
+            self.retrying -= retrying
+
+    def _may_retry(self, retrying: bool) -> bool:
+        """The retry budget: retries at once stay under RETRY_SHARE of the
+        requests in flight (at least RETRY_MIN), so a stalled pool is not
+        flooded with retries."""
+        if retrying or self.retrying < max(RETRY_MIN, RETRY_SHARE * self.in_flight):
+            return True
+        self.retries_refused += 1
+        return False
 
     def _classify(self, environ: dict) -> Tuple[Optional[str], Optional[str]]:
         """The request's class (None: no class) and affinity key.  A failing
@@ -481,6 +502,7 @@ class LB:
             "uptime": round(time.time() - self.started, 1),
             "classifier_errors": dict(self.classifier_errors),
             "worker_failures": self.worker_failures,
+            "retries_refused": self.retries_refused,
             "ejections": self.ejector.total_ejections,
         }
 
