@@ -173,6 +173,7 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path, name: str = "zc-lb"
             log = run_dir / ("%s-worker%d.log" % (name.replace(":", "-"), i))
             process = stack.enter_context(spawned(
                 zc_lb + ["worker", "playback.cacheapp:app", "--listen", "127.0.0.1:0",
+                         "--greenlets",  # the cache app cooperates with gevent
                          "--history", str(args.history)], log, env, stdout=subprocess.PIPE))
             workers.append(read_ready_line(process, "zc-lb worker listening on ", log))
             wait_for_port(stats, process, START_TIMEOUT)

@@ -4,6 +4,7 @@ One app, dispatching on the path:
 
     /            who served it: worker address and request class
     /slow?S      sleeps S seconds (gevent) first
+    /block?S     sleeps S seconds blocking the thread (time.sleep), as most apps do
     /count       reads the body in chunks; answers how many bytes came
     /big?MB      streams MB mebibytes
     /error       raises
@@ -14,6 +15,7 @@ everything: a broken deploy.
 """
 
 import os
+import time
 
 import gevent
 
@@ -64,6 +66,8 @@ def app(environ, start_response):
     query = environ.get("QUERY_STRING", "")
     if path == "/slow":
         gevent.sleep(float(query or 1))
+    elif path == "/block":
+        time.sleep(float(query or 1))
     elif path == "/count":
         return _text(start_response, str(_count(environ)))
     elif path == "/big":

@@ -489,3 +489,36 @@ def test_a_planned_worker_drain_is_no_warning(tmp_path):
     finally:
         worker.kill()
         lb.kill()
+
+
+def test_a_blocking_application_in_the_default_mode_loses_no_get(cluster):
+    # The run: with the old greenlet default only 2 of 12 GETs got 200.
+    lb, workers = cluster(3)
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        gets = [pool.submit(request, lb, "/block?1.5", "one.example") for _ in range(12)]
+        posts = [pool.submit(request, lb, "/block?1.5", "one.example", "POST", b"x")
+                 for _ in range(4)]
+        wait_for(lambda: status(lb)["in_flight"] == 16, message="16 requests in flight")
+        victim, backlog = busiest_worker(lb, workers)
+        assert backlog > 0
+        victim.kill()
+        get_results = [f.result(timeout=30) for f in gets]
+        [f.result(timeout=30) for f in posts]
+    assert [r[0] for r in get_results] == [200] * 12
+    assert all(served_by(r[1]) != victim.address for r in get_results)
+
+
+def test_greenlet_mode_logs_the_request_that_blocks_the_loop(tmp_path):
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "w") as log:
+        worker = WorkerProcess(APP, "--greenlets", env=ENV, stderr=log).start()
+    lb = LBProcess([worker.address]).start()
+    try:
+        wait_for(lambda: request(lb)[0] == 200, message="LB serving")
+        assert request(lb, "/block?1.6")[0] == 200
+        wait_for(lambda: "ran again after" in log_path.read_text(), message="stall logged")
+        text = log_path.read_text()
+        assert "event loop blocked for" in text and "by GET /block" in text
+    finally:
+        worker.kill()
+        lb.kill()

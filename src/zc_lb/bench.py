@@ -124,7 +124,8 @@ def zc_lb_target(args: argparse.Namespace) -> Iterator[Target]:
     with contextlib.ExitStack() as stack:
         workers = [stack.enter_context(running(
             [sys.executable, "-m", "zc_lb.cli", "--log-level", "WARNING", "worker",
-             "zc_lb.bench:hello_app"], "zc-lb worker listening on ")) for _ in range(2)]
+             "zc_lb.bench:hello_app", "--greenlets"],  # a cooperative app
+            "zc-lb worker listening on ")) for _ in range(2)]
         argv = [sys.executable, "-m", "zc_lb.cli", "--log-level", "WARNING", "lb",
                 "--listen", "127.0.0.1:0", "--policy", args.policy]
         for _, address in workers:

@@ -72,6 +72,8 @@ def _ignore_hangup() -> bool:
 
 # -- worker -------------------------------------------------------------
 
+DEFAULT_THREADS = 16  # as gunicorn's gthread and waitress size theirs: a few per core
+
 
 def run_worker(args: argparse.Namespace) -> int:
     from .worker import Worker, load_app, parse_address
@@ -300,8 +302,15 @@ def _add_worker_parser(sub) -> None:
                    help="requests between résumé updates (default 9999)")
     p.add_argument("--max-skill-age", type=_positive_int,
                    help="drop classes unseen for N requests (default 10 x history)")
-    p.add_argument("--threads", type=_positive_int,
-                   help="run the application in N threads instead of greenlets")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--threads", type=_positive_int, default=DEFAULT_THREADS,
+                      help="run the application in a pool of N threads (default %d): "
+                           "safe for applications that block, as most do"
+                           % DEFAULT_THREADS)
+    mode.add_argument("--greenlets", dest="threads", action="store_const", const=None,
+                      help="run the application in greenlets, for applications that "
+                           "cooperate with gevent (never block); a blocked loop is "
+                           "logged with the request that blocked it")
     p.add_argument("--secret-file", help="shared secret for LB authentication")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds to finish requests in flight on SIGTERM")

@@ -35,6 +35,7 @@ import gevent.threadpool
 from . import resume as resume_module
 from .connection import Connection, Exchange, Handler
 from .errors import ConfigurationError, ZcLbError
+from .loopwatch import LoopWatch
 from .protocol import Body, End, Response
 
 log = logging.getLogger(__name__)
@@ -267,6 +268,7 @@ class Worker(Handler):
         self.server: Optional[gevent.server.StreamServer] = None
         self.requests = gevent.pool.Group()
         self.threadpool: Optional[gevent.threadpool.ThreadPool] = None
+        self.loopwatch: Optional[LoopWatch] = None
         self.stopping = False
         self._stopped = gevent.event.Event()
         self.served = 0
@@ -286,6 +288,9 @@ class Worker(Handler):
         self.skills = resume_module.Skills(self.history, self.max_skill_age, initial)
         if self.threads:
             self.threadpool = gevent.threadpool.ThreadPool(self.threads)
+        else:  # greenlet mode: say so when the application blocks the loop
+            self.loopwatch = LoopWatch()
+            self.loopwatch.start()
         self.server = gevent.server.StreamServer(self.listen, self._accept)
         self.server.start()
         log.info("worker listening on %s:%d", *self.address)
@@ -315,6 +320,8 @@ class Worker(Handler):
         self.requests.join(timeout=max(deadline - time.monotonic(), 0))
         for connection in list(self.connections):
             connection.close("worker stopped", flush_timeout=max(deadline - time.monotonic(), 1))
+        if self.loopwatch is not None:
+            self.loopwatch.stop()
         self._stopped.set()
 
     def configure(self, history: Optional[int] = None,
@@ -370,7 +377,7 @@ class Worker(Handler):
             if self.threadpool is not None:
                 self._run_in_thread(environ, writer)
             else:
-                self._run_app(environ, writer)
+                self._run_watched(environ, writer)
         except ZcLbError as exc:  # the LB went away or cancelled
             log.info("request %d from %s ended early: %s",
                      exchange.rno, exchange.connection.peer, exc)
@@ -411,6 +418,17 @@ class Worker(Handler):
             close = getattr(result, "close", None)
             if close is not None:
                 close()
+
+    def _run_watched(self, environ: Dict, writer: ResponseWriter) -> None:
+        """Greenlet mode: run the application in this greenlet, known to
+        the loop watch as serving this request."""
+        assert self.loopwatch is not None
+        self.loopwatch.serving("%s %s" % (environ.get("REQUEST_METHOD"),
+                                          environ.get("PATH_INFO")))
+        try:
+            self._run_app(environ, writer)
+        finally:
+            self.loopwatch.done()
 
     def _run_in_thread(self, environ: Dict, writer: ResponseWriter) -> None:
         hub = gevent.get_hub()
