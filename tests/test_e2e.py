@@ -522,3 +522,16 @@ def test_greenlet_mode_logs_the_request_that_blocks_the_loop(tmp_path):
     finally:
         worker.kill()
         lb.kill()
+
+
+def test_one_request_with_huge_headers_fails_alone(cluster):
+    # ~320 KB of headers made a Request frame the worker refused: it dropped
+    # the whole connection, and every request on it failed with 502.
+    lb, workers = cluster(1)
+    big = {"X-Big-%d" % i: "v" * 8000 for i in range(40)}
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        slow = [pool.submit(request, lb, "/slow?1.0") for _ in range(6)]
+        wait_for(lambda: status(lb)["in_flight"] == 6, message="6 requests in flight")
+        assert request(lb, headers=big)[0] == 431
+        assert [f.result(timeout=20)[0] for f in slow] == [200] * 6
+    assert status(lb)["workers"][workers[0].address]["connected"]

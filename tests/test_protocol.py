@@ -764,3 +764,12 @@ def test_header_struct_is_big_endian():
     assert HEADER.format == "!IBI"
     assert struct.calcsize(HEADER.format) == HEADER_SIZE
     assert protocol.CREDIT.size == 4
+
+
+def test_a_request_too_big_for_a_frame_is_refused_before_sending():
+    from zc_lb.errors import MessageTooLarge
+    from zc_lb.protocol import MAX_MESSAGE, Request, encode
+    with pytest.raises(MessageTooLarge) as caught:
+        encode(Request(1, {"HTTP_X_BIG": "v" * MAX_MESSAGE}))
+    assert caught.value.http_status == 431
+    assert encode(Request(1, {"HTTP_X": "v" * 1000}))  # an ordinary one goes

@@ -37,6 +37,7 @@ from . import protocol
 from .errors import (
     ConnectionClosed,
     ConnectionLost,
+    MessageTooLarge,
     RemoteProtocolError,
     RequestCancelled,
     WorkerClosed,
@@ -326,10 +327,14 @@ class Connection:
         self._last_rno += 1
         exchange = Exchange(self, self._last_rno)
         self.streams[exchange.rno] = exchange
-        if end:
-            exchange.send(Request(exchange.rno, environ), End(exchange.rno))
-        else:
-            exchange.send(Request(exchange.rno, environ))
+        try:
+            if end:
+                exchange.send(Request(exchange.rno, environ), End(exchange.rno))
+            else:
+                exchange.send(Request(exchange.rno, environ))
+        except MessageTooLarge:  # nothing was sent: this request only fails
+            del self.streams[exchange.rno]
+            raise
         return exchange
 
     def send_resume(self, skills: Dict[str, float]) -> None:

@@ -32,6 +32,13 @@ class LocalProtocolError(ProtocolError):
     http_status = 500
 
 
+class MessageTooLarge(LocalProtocolError):
+    """A request head too big for one frame: refused for that request only,
+    before anything is sent (431 Request Header Fields Too Large)."""
+
+    http_status = 431
+
+
 class RemoteProtocolError(ProtocolError):
     """The peer sent bytes or messages the protocol forbids."""
 

@@ -57,11 +57,13 @@ MAX_CLASSIFIER_ERRORS = 100  # distinct classifier errors kept in status
 RETRY_SHARE = 0.5  # of the requests in flight may be retries at once ...
 RETRY_MIN = 3  # ... but at least this many
 BODILESS_STATUS = frozenset(("204", "304")) | {"1%02d" % n for n in range(100)}
-REASONS = {413: "Request Entity Too Large", 502: "Bad Gateway",
+REASONS = {413: "Request Entity Too Large", 431: "Request Header Fields Too Large",
+           502: "Bad Gateway",
            503: "Service Unavailable", 504: "Gateway Timeout"}
 
 DEFAULT_PAGES = {
     413: "413 Request Entity Too Large",
+    431: "431 Request Header Fields Too Large",
     502: "502 Bad Gateway",
     503: "503 Service Unavailable",
     504: "504 Gateway Timeout",

@@ -59,7 +59,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple, Type, Union
 
-from .errors import AuthenticationError, LocalProtocolError, RemoteProtocolError
+from .errors import (AuthenticationError, LocalProtocolError, MessageTooLarge,
+                     RemoteProtocolError)
 
 VERSION = 1
 WINDOW = 256 * 1024
@@ -229,7 +230,11 @@ def _encode(message: Message) -> bytes:
     if isinstance(message, Credit):
         return _frame(message.rno, Credit.TYPE, CREDIT.pack(message.n))
     if isinstance(message, Request):
-        return _frame(message.rno, Request.TYPE, _json(message.environ))
+        payload = _json(message.environ)
+        if len(payload) > MAX_MESSAGE:  # the worker would drop the connection
+            raise MessageTooLarge("request head of %d bytes, over the frame limit of %d"
+                                  % (len(payload), MAX_MESSAGE))
+        return _frame(message.rno, Request.TYPE, payload)
     if isinstance(message, Response):
         payload = _json([message.status, [list(h) for h in message.headers]])
         return _frame(message.rno, Response.TYPE, payload)
