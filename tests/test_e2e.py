@@ -535,3 +535,24 @@ def test_one_request_with_huge_headers_fails_alone(cluster):
         assert request(lb, headers=big)[0] == 431
         assert [f.result(timeout=20)[0] for f in slow] == [200] * 6
     assert status(lb)["workers"][workers[0].address]["connected"]
+
+
+def test_a_stuck_worker_s_gets_go_elsewhere_before_its_keepalive_times_out(cluster):
+    # SIGSTOP: a GET on it used to wait the whole keepalive timeout (6.4 s).
+    lb, workers = cluster(2)
+    host = "stuck.example"
+    owner = served_by(request(lb, "/", host=host)[1])
+    stuck = next(w for w in workers if w.address == owner)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        get = pool.submit(lambda: (time.monotonic(), request(lb, "/slow?1", host=host)))
+        post = pool.submit(request, lb, "/slow?1", host, "POST", b"x")
+        wait_for(lambda: status(lb)["in_flight"] == 2, message="2 requests in flight")
+        os.kill(stuck.pid, signal.SIGSTOP)
+        try:
+            started, (code, text, _) = get.result(timeout=20)
+            took = time.monotonic() - started
+            assert code == 200 and served_by(text) != stuck.address
+            assert took < 4.5, took  # the keepalive timeout is 5 s
+            assert post.result(timeout=20)[0] in (502, 504)  # not safe to retry
+        finally:
+            os.kill(stuck.pid, signal.SIGCONT)

@@ -60,6 +60,7 @@ from .protocol import (
 log = logging.getLogger(__name__)
 
 KEEPALIVE_INTERVAL = 1.0
+SUSPECT_AFTER = 2  # keepalive intervals of silence before a peer is suspected
 KEEPALIVE_TIMEOUT = 5.0
 HANDSHAKE_TIMEOUT = 10.0
 RECYCLE_RNO = protocol.MAX_RNO - 100000
@@ -96,6 +97,12 @@ class Handler:
 
     def handle_goaway(self, connection: "Connection", reason: str) -> None:
         """The peer is draining."""
+
+    def handle_silent(self, connection: "Connection", seconds: float) -> None:
+        """The peer has said nothing for a while: it may be stuck."""
+
+    def handle_heard(self, connection: "Connection") -> None:
+        """The peer speaks again after handle_silent."""
 
     def connection_lost(self, connection: "Connection", error: ZcLbError) -> None:
         """The connection ended, from outside or by our own close()."""
@@ -470,15 +477,29 @@ class Connection:
 
     def _keepalive_loop(self) -> None:
         ping = protocol.encode(Ping())
+        suspect = False
         while not self.closed:
+            slept = time.monotonic()
             gevent.sleep(self.keepalive_interval)
             if self.closed:
                 return
-            silent = time.monotonic() - self._last_received
+            now = time.monotonic()
+            if now - slept > self.keepalive_interval + self.keepalive_timeout / 2:
+                # Our own loop was stuck: the silence is ours, not the peer's.
+                log.warning("our event loop was blocked for %.1fs; not blaming %s",
+                            now - slept - self.keepalive_interval, self.peer)
+                self._last_received = now
+            silent = now - self._last_received
             if silent > self.keepalive_timeout:
                 log.warning("%s silent for %.1fs, dropping it", self.peer, silent)
                 self._end(self._lost_error("%s: no keepalive for %.1fs" % (self.peer, silent)))
                 return
+            if (silent > SUSPECT_AFTER * self.keepalive_interval) != suspect:
+                suspect = not suspect
+                if suspect:
+                    self.handler.handle_silent(self, silent)
+                else:
+                    self.handler.handle_heard(self)
             try:
                 self.write(ping)
             except ZcLbError:

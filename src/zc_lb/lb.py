@@ -37,6 +37,7 @@ from .errors import (
     ConnectionLost,
     NoWorkerAvailable,
     RequestCancelled,
+    WorkerLost,
     ZcLbError,
 )
 from .outlier import Ejector
@@ -134,13 +135,19 @@ class Upload:
 class _Waiting:
     """A request waiting for its response to start."""
 
-    __slots__ = ("started", "environ", "upload", "watcher")
+    __slots__ = ("started", "environ", "upload", "watcher", "connection")
 
-    def __init__(self, started: float, environ: dict, upload: Optional[Upload]) -> None:
+    def __init__(self, started: float, environ: dict, upload: Optional[Upload],
+                 connection: Connection) -> None:
         self.started = started
         self.environ = environ
         self.upload = upload
+        self.connection = connection
         self.watcher: Optional[gevent.Greenlet] = None
+
+    @property
+    def retryable(self) -> bool:
+        return self.upload is None and self.environ["REQUEST_METHOD"] in RETRY_METHODS
 
     def watch(self, exchange: Exchange) -> None:
         """Cancel the exchange if the client hangs up (once the upload,
@@ -285,6 +292,28 @@ class LB:
                         "(ejection %d)", address, record.until - time.monotonic(),
                         self.ejector.consecutive, record.ejections)
 
+    def _worker_silent(self, connection: Connection, seconds: float) -> None:
+        """A worker says nothing (stopped, or its loop blocked): send it
+        nothing new, and move its GETs and HEADs that have no answer yet to
+        other workers now, not when its keepalive times out."""
+        self.pool.remove(connection)
+        moved = 0
+        for exchange, entry in list(self._waiting.items()):
+            if entry.connection is connection and entry.retryable:
+                exchange.fail(WorkerLost("%s silent for %.1fs" % (connection.peer, seconds)))
+                moved += 1
+        log.warning("worker %s silent for %.1fs: sending it nothing new, %d GET/HEAD "
+                    "moved to other workers", connection.peer, seconds, moved)
+
+    def _worker_heard(self, connection: Connection) -> None:
+        link = self.links.get(connection.peer)
+        if link is None or link.connection is not connection or connection.closed:
+            return
+        log.info("worker %s speaks again", connection.peer)
+        if not self.ejector.ejected(connection.peer):
+            self.pool.add(connection, link.resume)
+            self._workers_changed.set()
+
     def _readmit(self, now: float) -> None:
         for address in self.ejector.readmit(now):
             link = self.links.get(address)
@@ -391,7 +420,7 @@ class LB:
     def _await_response(self, exchange: Exchange, upload: Optional[Upload],
                         environ: dict) -> Response:
         waiting = self._waiting
-        waiting[exchange] = _Waiting(time.monotonic(), environ, upload)
+        waiting[exchange] = _Waiting(time.monotonic(), environ, upload, exchange.connection)
         if self._watchdog is None:
             self._watchdog = gevent.spawn(self._watch_slow_responses)
         try:

@@ -122,6 +122,12 @@ class WorkerLink(Handler):
         self.lb._worker_down(connection)
         gevent.spawn(close_when_idle, connection, self.lb.drain_timeout, "worker draining")
 
+    def handle_silent(self, connection: Connection, seconds: float) -> None:
+        self.lb._worker_silent(connection, seconds)
+
+    def handle_heard(self, connection: Connection) -> None:
+        self.lb._worker_heard(connection)
+
     def connection_lost(self, connection: Connection, error: ZcLbError) -> None:
         if connection is self.draining:
             log.info("worker %s drained and closed", self.address)

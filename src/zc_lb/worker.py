@@ -439,8 +439,17 @@ class Worker(Handler):
             writer.start_response(status, headers, exc_info)
             return lambda data: send(writer.write, data)
 
+        def run() -> Optional[ZcLbError]:
+            try:
+                self._run_app(environ, writer, send, start_response)
+            except ZcLbError as exc:  # the LB went away: raised here, not printed there
+                return exc
+            return None
+
         assert self.threadpool is not None
-        self.threadpool.apply(self._run_app, (environ, writer, send, start_response))
+        error = self.threadpool.apply(run)
+        if error is not None:
+            raise error
 
     @staticmethod
     def _error_500(writer: ResponseWriter) -> None:
