@@ -4,6 +4,7 @@
 #               front of 4 local workers (no ZooKeeper needed)
 #   make test   set up, then run the whole test suite
 #   make bench  set up, then run the benchmarks (ratios, side by side)
+#   make soak   set up, then ten minutes at half capacity, watching for leaks
 
 PYTHON ?= python3
 VENV := .venv
@@ -11,7 +12,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 APT_PACKAGES := zookeeper haproxy wrk
 
-.PHONY: run test bench sysdeps venv zookeeper mypy clean
+.PHONY: run test bench soak sysdeps venv zookeeper mypy clean
 
 run: venv
 	$(VENV)/bin/zc-lb demo
@@ -22,8 +23,11 @@ test: sysdeps venv
 bench: sysdeps venv
 	$(PY) -m zc_lb.bench
 
+soak: venv
+	$(PY) -m zc_lb.soak
+
 mypy: venv
-	$(VENV)/bin/mypy src/zc_lb/pool.py src/zc_lb/affinity.py src/zc_lb/resume.py src/zc_lb/protocol.py src/zc_lb/classifier.py src/zc_lb/settings.py src/zc_lb/tree.py
+	$(VENV)/bin/mypy src/zc_lb/pool.py src/zc_lb/affinity.py src/zc_lb/outlier.py src/zc_lb/resume.py src/zc_lb/protocol.py src/zc_lb/classifier.py src/zc_lb/settings.py src/zc_lb/tree.py
 
 venv: $(STAMP)
 
