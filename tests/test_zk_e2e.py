@@ -238,3 +238,29 @@ def test_single_version_still_follows_after_a_zookeeper_blip(site, zookeeper, tm
         assert "TypeError" not in log_path.read_text()
     finally:
         lb.kill()
+
+
+def test_a_worker_started_while_zookeeper_is_down_serves_and_registers_later(
+        site, zookeeper, tmp_path):
+    # It used to wait with only kazoo's retry lines, or exit with status 2.
+    zookeeper.stop()
+    log_path = tmp_path / "worker.log"
+    try:
+        with open(log_path, "w") as log:
+            worker = WorkerProcess("apps:app", "--zookeeper", site.hosts, "--path",
+                                   "/lb/workers", env=ENV, stderr=log).start(timeout=10)
+        lb = LBProcess([worker.address]).start()  # an LB that knows it statically
+        try:
+            assert get(lb)[0] == 200
+            wait_for(lambda: "serving the LBs that connect directly" in log_path.read_text(),
+                     timeout=20, message="the waiting is logged")
+        finally:
+            lb.kill()
+    finally:
+        zookeeper.start()
+    try:
+        wait_for(lambda: worker.address in providers(site.client), timeout=30,
+                 message="registered once ZooKeeper answers")
+        assert "registered in /lb/workers" in log_path.read_text()
+    finally:
+        worker.kill()

@@ -88,6 +88,8 @@ def run_worker(args: argparse.Namespace) -> int:
         secret=_read_secret(args.secret_file),
     )
     worker.start()
+    # Ready for LBs that know our address, whatever ZooKeeper is doing.
+    print("zc-lb worker listening on %s:%d" % worker.address, flush=True)
     membership = None
     if args.zookeeper:
         from .membership import WorkerMembership
@@ -95,7 +97,6 @@ def run_worker(args: argparse.Namespace) -> int:
         membership = WorkerMembership(worker, args.zookeeper, args.path,
                                       args.version, args.description)
         membership.start()
-    print("zc-lb worker listening on %s:%d" % worker.address, flush=True)
 
     def stop() -> bool:
         if membership is not None:

@@ -24,8 +24,11 @@ import os
 import socket
 from typing import Any, Dict, Mapping, Optional
 
+import gevent
+
 from . import recipes, zk
 from .errors import ConfigurationError
+from .zk import ZooKeeperUnavailable
 from .settings import LB_SETTINGS, WORKER_SETTINGS, parse_each
 
 log = logging.getLogger(__name__)
@@ -55,9 +58,30 @@ class WorkerMembership:
         self.client = None
         self.registration: Optional[recipes.Registration] = None
         self.watch: Optional[recipes.PropertiesWatch] = None
+        self._waiting: Optional[gevent.Greenlet] = None  # retrying to reach ZooKeeper
 
     def start(self, timeout: float = 10.0) -> None:
-        """Connect, follow the settings, then register (after start())."""
+        """Connect, follow the settings, then register (after start()).
+        ZooKeeper unreachable: the worker serves the LBs that connect to it
+        directly, and registers as soon as ZooKeeper answers."""
+        try:
+            self._start(timeout)
+        except ZooKeeperUnavailable as exc:
+            log.warning("%s: serving the LBs that connect directly meanwhile; "
+                        "registering in %s when ZooKeeper answers", exc, self.path)
+            self._waiting = gevent.spawn(self._start_when_reachable, timeout)
+
+    def _start_when_reachable(self, timeout: float) -> None:
+        while True:
+            try:
+                self._start(timeout)
+            except ZooKeeperUnavailable as exc:
+                log.info("still waiting for ZooKeeper (%s)", exc)
+                continue
+            log.warning("ZooKeeper reached: registered in %s", self.path)
+            return
+
+    def _start(self, timeout: float) -> None:
         self.client = zk.connect(self.hosts, timeout=timeout)
         self.watch = recipes.PropertiesWatch(self.client, self.path, self._settings_changed)
         self.watch.start()
@@ -75,6 +99,8 @@ class WorkerMembership:
             self.registration.stop()
 
     def stop(self) -> None:
+        if self._waiting is not None:
+            self._waiting.kill()
         self.deregister()
         if self.watch is not None:
             self.watch.stop()
