@@ -556,3 +556,23 @@ def test_a_stuck_worker_s_gets_go_elsewhere_before_its_keepalive_times_out(clust
             assert post.result(timeout=20)[0] in (502, 504)  # not safe to retry
         finally:
             os.kill(stuck.pid, signal.SIGCONT)
+
+
+def test_health_checks_eject_a_broken_worker_before_traffic_does():
+    broken = WorkerProcess(APP, env=dict(ENV, ZC_LB_TEST_FAIL="1")).start()
+    good = WorkerProcess(APP, env=ENV).start()
+    lb = LBProcess([broken.address, good.address], "--health-check", "/",
+                   "--health-interval", "0.2", "--eject-after", "2",
+                   "--status", "127.0.0.1:%d" % free_port())
+    lb.status_address = lb.args[lb.args.index("--status") + 1]
+    lb.start()
+    try:
+        wait_for(lambda: status(lb)["workers"][broken.address].get("ejected"), timeout=10,
+                 message="the broken worker ejected by health checks alone")
+        doc = status(lb)
+        assert not doc["workers"][good.address]["ejected"] and doc["requests"] == 0
+        assert doc["health_checks"] >= 2
+        assert [request(lb)[0] for _ in range(5)] == [200] * 5
+    finally:
+        for process in (lb, broken, good):
+            process.kill()

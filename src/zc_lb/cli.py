@@ -157,6 +157,8 @@ def run_lb(args: argparse.Namespace) -> int:
 
     lb, front, status = build_lb(args)
     lb.set_workers(args.worker or [])
+    if args.health_check:
+        lb.start_health_checks(args.health_check, args.health_interval)
     front.start()
     if status is not None:
         status.start()
@@ -367,6 +369,10 @@ def _add_lb_parser(sub) -> None:
                    help="retry a GET or HEAD whose worker was lost at most N times "
                         "(default 1); retries at once stay under half the requests "
                         "in flight (at least 3)")
+    p.add_argument("--health-check", metavar="PATH",
+                   help="GET PATH from every worker every --health-interval seconds; "
+                        "failures count toward ejection as failed requests do")
+    p.add_argument("--health-interval", type=float, default=5.0, metavar="S")
     p.add_argument("--eject-after", type=int, default=5, metavar="N",
                    help="eject a worker from the pool after N failed requests in a "
                         "row (5xx or its connection failing; default 5, 0 never)")

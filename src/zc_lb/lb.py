@@ -246,6 +246,8 @@ class LB:
         self.max_retries = max_retries
         self.retrying = 0  # requests being retried now
         self.retries_refused = 0  # retries the budget did not allow
+        self.health_checks = 0
+        self._health: Optional[gevent.Greenlet] = None
         self._workers_changed = gevent.event.Event()
         self._waiting: Dict[Exchange, _Waiting] = {}
         self._watchdog: Optional[gevent.Greenlet] = None
@@ -266,6 +268,8 @@ class LB:
 
     def stop(self) -> None:
         """Close every worker connection."""
+        if self._health is not None:
+            self._health.kill(block=False)
         if self._watchdog is not None:
             self._watchdog.kill(block=False)
         for link in list(self.links.values()):
@@ -313,6 +317,37 @@ class LB:
         if not self.ejector.ejected(connection.peer):
             self.pool.add(connection, link.resume)
             self._workers_changed.set()
+
+    def start_health_checks(self, path: str, interval: float = 5.0,
+                            timeout: float = 2.0) -> None:
+        """Every ``interval``, GET ``path`` from every connected worker; an
+        answer under 500 within ``timeout`` counts as a success, anything
+        else as a failure, for outlier detection as requests do."""
+        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": "",
+                   "SERVER_NAME": "zc-lb", "SERVER_PORT": "0", "HTTP_HOST": "zc-lb",
+                   "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http",
+                   "zc_lb.request_class": "", "HTTP_USER_AGENT": "zc-lb health check"}
+
+        def check(connection: Connection) -> None:
+            try:
+                exchange = connection.open_request(environ, end=True)
+                with gevent.Timeout(timeout):
+                    response = exchange.receive()
+                    while not isinstance(exchange.receive(), End):
+                        pass
+                ok = isinstance(response, Response) and response.status[:1] != "5"
+            except (ZcLbError, gevent.Timeout):
+                ok = False
+            self.health_checks += 1
+            self._outcome(connection, ok)
+
+        def loop() -> None:
+            while True:
+                gevent.sleep(interval)
+                for link in list(self.links.values()):
+                    if link.connection is not None and not link.connection.closed:
+                        gevent.spawn(check, link.connection)
+        self._health = gevent.spawn(loop)
 
     def _readmit(self, now: float) -> None:
         for address in self.ejector.readmit(now):
@@ -534,6 +569,7 @@ class LB:
             "classifier_errors": dict(self.classifier_errors),
             "worker_failures": self.worker_failures,
             "retries_refused": self.retries_refused,
+            "health_checks": self.health_checks,
             "ejections": self.ejector.total_ejections,
         }
 
