@@ -480,13 +480,35 @@ def run(args: argparse.Namespace, run_dir: Path) -> dict:
             progress.write("%s...\n" % name)
         rows.append(measure(name, warmup, measured, args, run_dir, progress))
     add_ratios(rows)
+    floor = floor_loads(warmup, measured, args)
     counts = {"warmup": len(warmup), "measured": len(measured),
               "classes": len({e.host for e in measured})}
     settings = {key: getattr(args, key) for key in (
         "logs", "format", "host", "host_from_segment", "max_requests", "warmup", "concurrency",
         "workers", "history", "zc_lb_option", "balancers") + APP_SETTINGS}
     return {"settings": settings, "counts": counts, "parse": parse_stats.as_dict(),
-            "cpus": os.cpu_count(), "log_dir": str(run_dir), "results": rows}
+            "cpus": os.cpu_count(), "log_dir": str(run_dir), "results": rows,
+            "floor_loads_per_request": floor}
+
+
+def floor_loads(warmup: list, measured: list, args: argparse.Namespace) -> float:
+    """Database loads per measured request of the perfect partition: the
+    workers' caches as one shared LRU of ``workers * cache_size`` objects,
+    the same objects touched, nothing loaded twice.  With caches of a
+    useful size no balancer does better; with tiny ones LRU's quirks can
+    let one."""
+    from playback.cacheapp import CacheModel, objects_for, request_class
+
+    model = CacheModel(args.workers * args.cache_size)
+    for n, entry in enumerate(warmup + measured):
+        if n == len(warmup):
+            model.misses = 0
+        cls = request_class({"HTTP_HOST": entry.host or "localhost"})
+        ids = objects_for(cls, entry.path, args.objects_per_request,
+                          args.objects_per_class, args.skew)
+        ids.extend("%s|%s|%d" % (cls, entry.path, i) for i in range(args.page_objects))
+        model.touch(ids)
+    return model.misses / len(measured)
 
 
 def _terminate(signum, frame):
@@ -519,6 +541,8 @@ def main(argv=None) -> int:
 def text_report(args: argparse.Namespace, result: dict) -> str:
     parts = [format_header(args, result["parse"], result["counts"]), "",
              format_table(result["results"])]
+    parts.append("floor (the %d caches as one shared LRU, perfectly partitioned): %.3f "
+                 "loads/request" % (args.workers, result["floor_loads_per_request"]))
     notes = format_notes(result["results"])
     if notes:
         parts += ["", notes]

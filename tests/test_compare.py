@@ -99,6 +99,8 @@ def test_two_zc_lb_policies_in_one_run(tmp_path):
                         done.stdout, re.M)
         assert row, "no row for %s in:\n%s" % (name, done.stdout)
         assert float(row.group(4)) > 0
+    floor = re.search(r"^floor .*: %s loads/request$" % NUMBER, done.stdout, re.M)
+    assert floor and float(floor.group(1)) > 0  # (tiny LRUs: not always the least)
     for policy in ("affinity", "published"):  # each its own LB, logged apart
         assert (tmp_path / "run" / ("zc-lb-%s-lb.log" % policy)).exists()
     with pytest.raises(SystemExit):
