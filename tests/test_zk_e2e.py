@@ -87,7 +87,8 @@ def providers(client, path="/lb/workers/providers"):
 def test_workers_register_and_lbs_discover_them(site):
     w1 = site.worker("--version", "1.0", "--description", "first")
     w2 = site.worker("--version", "1.0")
-    assert providers(site.client) == sorted([w1.address, w2.address])
+    # A worker says it listens when it serves; it registers right after.
+    wait_for(lambda: providers(site.client) == sorted([w1.address, w2.address]))
     data = json.loads(site.client.get("/lb/workers/providers/" + w1.address)[0])
     assert data == {"pid": w1.pid, "version": "1.0", "description": "first"}
     lb = site.lb()
