@@ -381,8 +381,9 @@ class _WSGIServer(gevent.pywsgi.WSGIServer):
             tls_sock.do_handshake()
             return tls_sock
         except OSError as exc:  # ssl.SSLError and socket.timeout are OSErrors
-            log.info("TLS handshake with %s failed: %s", _peer(address),
-                     getattr(exc, "reason", None) or exc)
+            reason = getattr(exc, "reason", None) or exc
+            log.info("TLS handshake with %s failed: %s%s", _peer(address), reason,
+                     " (plain HTTP sent to the HTTPS port)" if reason == "HTTP_REQUEST" else "")
             sock.close()
             return None
 
