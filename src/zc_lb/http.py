@@ -1,11 +1,18 @@
 """The HTTP(S) front server that feeds the LB's WSGI app.
 
-We use gevent's pywsgi for HTTP/1.1 parsing, keep-alive, chunked bodies
-and TLS, and add what a front proxy needs around it: TCP_NODELAY on every
+We use gevent's pywsgi for keep-alive, chunked bodies and responses, and
+add what a front proxy needs around it: a strict request head
+(httpparse.py: the RFC 9110/9112 grammar, and a size that fits one
+Request frame), a deadline for the whole head (slowloris), a cap on
+client connections answered with 503, TLS from a context checked at
+start with failed handshakes logged in one line, TCP_NODELAY on every
 client connection, an Apache combined access log (so logs can be
 replayed) written through a buffer, compact logging of errors we expect
 (a worker lost mid-body closes the client's connection with one log line,
 not a traceback), and a graceful stop.
+
+A refused request head gets a short response with ``Connection: close``
+(``refusal``) and its connection is closed.
 """
 
 from __future__ import annotations
