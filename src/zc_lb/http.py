@@ -178,7 +178,8 @@ class FrontHandler(gevent.pywsgi.WSGIHandler):
     def read_request(self, raw_requestline: str) -> bool:
         """Parse and check the head (httpparse.py); BadRequest if it is not HTTP."""
         self.requestline = raw_requestline.rstrip("\r\n")
-        self._orig_status = None  # the access log must not show the last request's
+        self._orig_status = self.environ = None  # the access log must not show
+        # the last request's status, referer or agent for a refused one
         try:
             method, target, version = parse_request_line(raw_requestline.encode("latin-1"))
             fields = read_fields(self.rfile.readline, MAX_HEAD - len(raw_requestline))
@@ -207,6 +208,7 @@ class FrontHandler(gevent.pywsgi.WSGIHandler):
             self.status, response = result  # client is no traceback
             try:
                 send_all(self.socket, response)
+                self.response_length = len(response)
             except OSError:
                 pass
             self.log_request()
