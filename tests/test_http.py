@@ -152,6 +152,14 @@ def test_a_head_trickling_in_is_cut_at_the_header_timeout(procs):
         assert time.monotonic() - started < 3
 
 
+def test_a_connection_that_sends_nothing_is_closed_at_the_header_timeout(procs):
+    lb, _ = lb_with_worker(procs, "--header-timeout", "0.5")
+    with connect(lb.address) as sock:
+        started = time.monotonic()
+        assert sock.recv(100) == b""  # closed without a word: it asked nothing
+        assert time.monotonic() - started < 3
+
+
 def test_an_idle_keepalive_connection_is_not_cut_by_the_header_timeout(procs):
     lb, _ = lb_with_worker(procs, "--header-timeout", "0.3")
     connection = http.client.HTTPConnection(*address(lb.address), timeout=5)

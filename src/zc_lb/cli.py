@@ -357,7 +357,8 @@ def _add_lb_parser(sub) -> None:
                         "long (default 60; 0 never)")
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="answer 408 and close if a request head is not complete this "
-                        "long after its first byte (default 10; 0 never)")
+                        "long after the accept (or, on keep-alive, its first byte) "
+                        "(default 10; 0 never)")
     p.add_argument("--max-connections", type=int, default=1000,
                    help="concurrent client connections; past it, 503 and close "
                         "(default 1000; the open-file limit is raised to fit)")

@@ -161,15 +161,25 @@ class FrontHandler(gevent.pywsgi.WSGIHandler):
     combined log lines and compact errors."""
 
     _deadline: Optional[gevent.Timeout] = None
+    _heads = 0  # request heads started on this connection
 
     def read_requestline(self) -> str:
+        # The first head must be complete within the header timeout of the
+        # accept; a later one within the header timeout of its first byte
+        # (the wait between keep-alive requests is client_timeout's business).
         rfile = self.rfile
-        if not rfile.peek(1):  # waiting for it is client_timeout's business
+        if self._heads and not rfile.peek(1):
             return ""
         timeout = self.server.header_timeout
-        if timeout:  # from the first byte, the whole head has a deadline
+        if timeout:
             self._deadline = gevent.Timeout.start_new(
                 timeout, HeadTimeout("no complete request head within %gs" % timeout, 408))
+        try:
+            if not rfile.peek(1):
+                return ""
+        except HeadTimeout:
+            return ""  # not a byte in time (an idle pre-connection?): close quietly
+        self._heads += 1
         line = rfile.readline(gevent.pywsgi.MAX_REQUEST_LINE)
         if line in (b"\r\n", b"\n"):  # RFC 9112 2.2: ignore one empty line first
             line = rfile.readline(gevent.pywsgi.MAX_REQUEST_LINE)
