@@ -249,15 +249,23 @@ def test_normal_requests_are_served_while_slow_clients_are_cut(procs, tmp_path):
         results = []
         started = time.monotonic()
         while time.monotonic() - started < 4:
-            results.append((time.monotonic() - started, get(lb_address, timeout=3)[0]))
+            status, body = get(lb_address, timeout=3)
+            results.append((time.monotonic() - started, status or body))
             time.sleep(0.1)
         still_open = len(attack.open)
         attack.close()
         late = [status for when, status in results if when > 2.5]
         assert late and all(status == 200 for status in late), results
-        assert all(status in (200, 503) for _, status in results), results
+        # in the flood: served, 503, or (past 50 pending 503s) closed unanswered;
+        # never left waiting
+        def answered(outcome):
+            return outcome in (200, 503) or (
+                isinstance(outcome, str) and ("Disconnected" in outcome or "Reset" in outcome))
+        assert all(answered(outcome) for _, outcome in results), results
         assert still_open == 0, "%d slow clients still connected after 4 s" % still_open
-        assert "allows 100 client connections" in log_text(tmp_path / "lb.log")
+        text = log_text(tmp_path / "lb.log")
+        assert "allows 100 client connections" in text
+        assert "Traceback" not in text, text[-3000:]
     finally:
         process.kill()
         process.wait(10)

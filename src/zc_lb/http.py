@@ -17,6 +17,7 @@ A refused request head gets a short response with ``Connection: close``
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import sys
@@ -100,7 +101,10 @@ class AccessLog:
 SMALL_BODY = 64 * 1024
 RESERVED_FILES = 100  # descriptors kept for worker links, ZooKeeper, logs
 TURN_AWAY_LINGER = 0.5  # seconds to read a refused client's request
-MAX_TURNING_AWAY = 100  # past this, refused clients are closed unanswered
+MAX_TURNING_AWAY = 50  # past this, refused clients are closed unanswered
+OUT_OF_FILES = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))
+ACCEPT_PAUSE = 0.1  # seconds without accepting when out of descriptors
+OUT_OF_FILES_LOG_EVERY = 10.0
 DEFAULT_CIPHERS = ":".join((  # Mozilla's "intermediate" list (TLS 1.2)
     "ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-RSA-AES128-GCM-SHA256",
     "ECDHE-ECDSA-AES256-GCM-SHA384", "ECDHE-RSA-AES256-GCM-SHA384",
@@ -376,6 +380,25 @@ class _WSGIServer(gevent.pywsgi.WSGIServer):
     draining = False
     connections = 0
     turning_away = 0
+    _out_of_files_logged = 0.0
+
+    def do_read(self):
+        try:
+            return super().do_read()
+        except OSError as exc:
+            if exc.errno not in OUT_OF_FILES:
+                raise
+        # gevent would log a traceback per accept; pause, and say it once in a while
+        now = time.monotonic()
+        if now - self._out_of_files_logged > OUT_OF_FILES_LOG_EVERY:
+            self._out_of_files_logged = now
+            log.warning("out of file descriptors with %d client connections; pausing "
+                        "accepts (lower --max-connections, or raise the limit)",
+                        self.connections)
+        self.stop_accepting()
+        self._timer = self.loop.timer(ACCEPT_PAUSE)
+        self._timer.start(self._start_accepting_if_started)
+        return None
 
     def handle(self, sock, address) -> None:
         if self.max_connections is not None and self.connections >= self.max_connections:
