@@ -5,6 +5,7 @@ without a secret.  The request grammar is in test_http_corpus.py.
 """
 
 import http.client
+import json
 import os
 import select
 import signal
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -44,6 +46,19 @@ def lb_with_worker(procs, *lb_args, app="apps:app", stderr=None):
     worker = procs(WorkerProcess(app, env=ENV))
     lb = procs(LBProcess([worker.address], *lb_args, env=ENV, stderr=stderr))
     wait_for(lambda: get(lb.address)[0] == 200, message="LB serving")
+    return lb, worker
+
+
+def in_flight(status_address):
+    with urllib.request.urlopen("http://%s/" % status_address, timeout=5) as response:
+        return json.load(response)["in_flight"]
+
+
+def lb_with_status(procs, *lb_args, stderr=None):
+    """An LB (with a status server) in front of one apps:app worker."""
+    status = "127.0.0.1:%d" % free_port()
+    lb, worker = lb_with_worker(procs, "--status", status, *lb_args, stderr=stderr)
+    lb.status_address = status
     return lb, worker
 
 
@@ -119,11 +134,11 @@ def test_the_largest_head_accepted_fits_one_request_frame(procs):
 
 
 def test_an_oversized_head_is_431_and_spares_the_requests_sharing_its_link(procs):
-    lb, _ = lb_with_worker(procs)
+    lb, _ = lb_with_status(procs)
     slow = []
     thread = threading.Thread(target=lambda: slow.append(get(lb.address, "/slow?1")))
     thread.start()
-    time.sleep(0.3)  # the slow request is on the worker link (no event to wait on)
+    wait_for(lambda: in_flight(lb.status_address) == 1, message="the slow request in flight")
     # 40 fields of 8 kB: 320 kB of head, a Request frame over 256 kB
     huge = b"GET / HTTP/1.1\r\nHost: a.example\r\n" + b"".join(
         b"X-%02d: %s\r\n" % (i, b"v" * 8000) for i in range(40)) + b"\r\n"
@@ -362,14 +377,13 @@ def test_sighup_is_logged_and_ignored_by_the_lb_and_the_worker(procs, tmp_path):
     log = tmp_path / "lb.log"
     with open(log, "w") as stderr:
         worker = procs(WorkerProcess("apps:app", env=ENV, stderr=stderr))
-        status_port = free_port()
-        lb = procs(LBProcess([worker.address], "--status", "127.0.0.1:%d" % status_port,
-                             env=ENV, stderr=stderr))
+        status = "127.0.0.1:%d" % free_port()
+        lb = procs(LBProcess([worker.address], "--status", status, env=ENV, stderr=stderr))
     wait_for(lambda: get(lb.address)[0] == 200, message="LB serving")
     slow = []
     thread = threading.Thread(target=lambda: slow.append(get(lb.address, "/slow?1")))
     thread.start()
-    time.sleep(0.3)  # the request is in flight (nothing to wait on from here)
+    wait_for(lambda: in_flight(status) == 1, message="the slow request in flight")
     lb.process.send_signal(signal.SIGHUP)
     worker.process.send_signal(signal.SIGHUP)
     thread.join(15)

@@ -361,7 +361,7 @@ def _add_lb_parser(sub) -> None:
                         "(default 10; 0 never)")
     p.add_argument("--max-connections", type=int, default=1000,
                    help="concurrent client connections; past it, 503 and close "
-                        "(default 1000; the open-file limit is raised to fit)")
+                        "(default 1000, 0 no cap; the open-file limit is raised to fit)")
     p.add_argument("--max-request-body", type=int, default=2**30,
                    help="answer 413 to a larger Content-Length (bytes, default 1 GiB)")
     p.add_argument("--access-log", metavar="FILE|-", help="Apache combined access log")
