@@ -171,6 +171,9 @@ class FrontHandler(gevent.pywsgi.WSGIHandler):
         # The first head must be complete within the header timeout of the
         # accept; a later one within the header timeout of its first byte
         # (the wait between keep-alive requests is client_timeout's business).
+        # A refused request's access-log line must not show the last one's.
+        self.requestline, self._orig_status, self.environ = "", None, None
+        self.response_length = 0
         rfile = self.rfile
         if self._heads and not rfile.peek(1):
             return ""
@@ -192,8 +195,6 @@ class FrontHandler(gevent.pywsgi.WSGIHandler):
     def read_request(self, raw_requestline: str) -> bool:
         """Parse and check the head (httpparse.py); BadRequest if it is not HTTP."""
         self.requestline = raw_requestline.rstrip("\r\n")
-        self._orig_status = self.environ = None  # the access log must not show
-        # the last request's status, referer or agent for a refused one
         try:
             method, target, version = parse_request_line(raw_requestline.encode("latin-1"))
             fields = read_fields(self.rfile.readline, MAX_HEAD - len(raw_requestline))
