@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -46,6 +45,14 @@ def _read_page(path: str) -> bytes:
         raise ConfigurationError("cannot read error page %s: %s" % (path, exc))
 
 
+def _ignore_sighup() -> bool:
+    # A terminal hang-up or a habitual "reload" must not kill a server with
+    # requests in flight; SIGHUP has no meaning yet, so say so and go on.
+    log.warning("SIGHUP ignored: zc-lb has no configuration to reload "
+                "(SIGTERM drains and stops)")
+    return False
+
+
 def wait_for_signal(handlers: dict) -> None:
     """Queue SIGTERM/SIGINT/SIGHUP; dispatch each to ``handlers[name]``
     until a handler returns True (meaning: exit)."""
@@ -54,7 +61,7 @@ def wait_for_signal(handlers: dict) -> None:
 
     signals: "gevent.queue.Queue[str]" = gevent.queue.Queue()
     handlers = dict(handlers)
-    handlers.setdefault("SIGHUP", _ignore_hangup)  # its default would kill us
+    handlers.setdefault("SIGHUP", _ignore_sighup)  # its default would kill us
     for name in handlers:
         gevent.signal_handler(getattr(signal, name), signals.put, name)
     while True:
@@ -64,28 +71,42 @@ def wait_for_signal(handlers: dict) -> None:
             return
 
 
-def _ignore_hangup() -> bool:
-    log.warning("SIGHUP ignored: there is no configuration to reload; "
-                "requests in flight go on")
-    return False
-
-
 # -- worker -------------------------------------------------------------
 
 DEFAULT_THREADS = 16  # as gunicorn's gthread and waitress size theirs: a few per core
 
 
+def _check_exposure(listen, secret: Optional[bytes], insecure: bool) -> None:
+    """Refuse a worker reachable from other hosts that anyone could use."""
+    import ipaddress
+
+    host = listen[0]
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: assume others can reach it
+        loopback = False
+    if not (loopback or secret or insecure):
+        raise ConfigurationError(
+            "a worker listening on %s without --secret-file lets anyone who reaches it "
+            "send requests (with any REMOTE_ADDR) and read its résumé; give "
+            "--secret-file, or --insecure if that is what you want" % (host or "*"))
+
+
 def run_worker(args: argparse.Namespace) -> int:
     from .worker import Worker, load_app, parse_address
 
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until wait_for_signal says so
+    listen = parse_address(args.listen)
+    secret = _read_secret(args.secret_file)
+    _check_exposure(listen, secret, args.insecure)
     worker = Worker(
         load_app(args.app),
-        listen=parse_address(args.listen),
+        listen=listen,
         history=args.history,
         max_skill_age=args.max_skill_age,
         resume_file=args.resume_file,
         threads=args.threads,
-        secret=_read_secret(args.secret_file),
+        secret=secret,
     )
     worker.start()
     # Ready for LBs that know our address, whatever ZooKeeper is doing.
@@ -106,7 +127,7 @@ def run_worker(args: argparse.Namespace) -> int:
             membership.stop()
         return True
 
-    wait_for_signal({"SIGTERM": stop, "SIGINT": stop})
+    wait_for_signal({"SIGTERM": stop, "SIGINT": stop, "SIGHUP": _ignore_sighup})
     log.info("worker stopped")
     return 0
 
@@ -118,7 +139,7 @@ def build_lb(args: argparse.Namespace):
     """The LB object and its front and status servers, not started."""
     from .affinity import make_pool
     from .classifier import get_classifier, get_key_function
-    from .http import AccessLog, FrontServer
+    from .http import AccessLog, FrontServer, tls_context
     from .lb import LB
     from .status import status_app
     from .worker import parse_address
@@ -139,12 +160,16 @@ def build_lb(args: argparse.Namespace):
             drain_timeout=args.drain_timeout,
             secret=_read_secret(args.secret_file), pages=pages,
             max_request_body=args.max_request_body)
-    if args.certfile and not os.path.exists(args.certfile):
-        raise ConfigurationError("no such certificate file: %s" % args.certfile)
+    tls = None
+    if args.certfile:
+        tls = tls_context(args.certfile, args.keyfile, args.tls_min_version, args.tls_ciphers)
+    elif args.keyfile:
+        raise ConfigurationError("--keyfile needs --certfile")
     access_log = AccessLog.open(args.access_log) if args.access_log else None
-    front = FrontServer(parse_address(args.listen), lb, access_log,
-                        certfile=args.certfile, keyfile=args.keyfile,
-                        client_timeout=args.client_timeout or None)
+    front = FrontServer(parse_address(args.listen), lb, access_log, tls=tls,
+                        client_timeout=args.client_timeout or None,
+                        header_timeout=args.header_timeout or None,
+                        max_connections=args.max_connections or None)
     status = None
     if args.status:
         status = FrontServer(parse_address(args.status),
@@ -155,6 +180,7 @@ def build_lb(args: argparse.Namespace):
 def run_lb(args: argparse.Namespace) -> int:
     import gevent
 
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until wait_for_signal says so
     lb, front, status = build_lb(args)
     lb.set_workers(args.worker or [])
     if args.health_check:
@@ -195,7 +221,7 @@ def run_lb(args: argparse.Namespace) -> int:
         lb.stop()
         return True
 
-    wait_for_signal({"SIGTERM": stop, "SIGINT": stop})
+    wait_for_signal({"SIGTERM": stop, "SIGINT": stop, "SIGHUP": _ignore_sighup})
     log.info("lb stopped")
     return 0
 
@@ -315,6 +341,8 @@ def _add_worker_parser(sub) -> None:
                            "cooperate with gevent (never block); a blocked loop is "
                            "logged with the request that blocked it")
     p.add_argument("--secret-file", help="shared secret for LB authentication")
+    p.add_argument("--insecure", action="store_true",
+                   help="listen on a non-loopback address without --secret-file")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds to finish requests in flight on SIGTERM")
     p.add_argument("--zookeeper", metavar="HOSTS", help="register in ZooKeeper (host:port,...)")
@@ -387,6 +415,13 @@ def _add_lb_parser(sub) -> None:
     p.add_argument("--client-timeout", type=float, default=60.0,
                    help="drop a client connection idle (sending or reading nothing) this "
                         "long (default 60; 0 never)")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="answer 408 and close if a request head is not complete this "
+                        "long after the accept (or, on keep-alive, its first byte) "
+                        "(default 10; 0 never)")
+    p.add_argument("--max-connections", type=int, default=1000,
+                   help="concurrent client connections; past it, 503 and close "
+                        "(default 1000, 0 no cap; the open-file limit is raised to fit)")
     p.add_argument("--max-request-body", type=int, default=2**30,
                    help="answer 413 to a larger Content-Length (bytes, default 1 GiB)")
     p.add_argument("--access-log", metavar="FILE|-", help="Apache combined access log")
@@ -394,6 +429,10 @@ def _add_lb_parser(sub) -> None:
     p.add_argument("--error-page", metavar="FILE", help="HTML page for 502 and 503")
     p.add_argument("--certfile", help="TLS certificate (serve HTTPS)")
     p.add_argument("--keyfile", help="TLS private key (default: in the certfile)")
+    p.add_argument("--tls-min-version", choices=("TLSv1.2", "TLSv1.3"), default="TLSv1.2",
+                   help="oldest TLS version accepted (default TLSv1.2)")
+    p.add_argument("--tls-ciphers", default=None, metavar="OPENSSL-CIPHERS",
+                   help="TLS 1.2 cipher list (default: Mozilla's intermediate list)")
     p.add_argument("--secret-file", help="shared secret for worker authentication")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds to finish requests in flight on SIGTERM")

@@ -80,3 +80,14 @@ class RequestCancelled(ZcLbError):
     the worker gave up on it, a bad gateway)."""
 
     http_status = 502
+
+
+class BadRequest(ZcLbError):
+    """The client's request head breaks HTTP (RFC 9110/9112), or is more
+    than the front accepts; ``http_status`` is 400, 431, 501 or 505."""
+
+    http_status = 400
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.http_status = status

@@ -1,15 +1,23 @@
 """The HTTP(S) front server that feeds the LB's WSGI app.
 
-We use gevent's pywsgi for HTTP/1.1 parsing, keep-alive, chunked bodies
-and TLS, and add what a front proxy needs around it: TCP_NODELAY on every
+We use gevent's pywsgi for keep-alive, chunked bodies and responses, and
+add what a front proxy needs around it: a strict request head
+(httpparse.py: the RFC 9110/9112 grammar, and a size that fits one
+Request frame), a deadline for the whole head (slowloris), a cap on
+client connections answered with 503, TLS from a context checked at
+start with failed handshakes logged in one line, TCP_NODELAY on every
 client connection, an Apache combined access log (so logs can be
 replayed) written through a buffer, compact logging of errors we expect
 (a worker lost mid-body closes the client's connection with one log line,
 not a traceback), and a graceful stop.
+
+A refused request head gets a short response with ``Connection: close``
+(``refusal``) and its connection is closed.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import sys
@@ -20,7 +28,8 @@ import gevent
 import gevent.pywsgi
 
 from .connection import send_all
-from .errors import ZcLbError
+from .errors import BadRequest, ConfigurationError, ZcLbError
+from .httpparse import MAX_HEAD, check_head, parse_request_line, read_fields
 
 log = logging.getLogger(__name__)
 
@@ -89,57 +98,48 @@ class AccessLog:
             self.stream.close()
 
 
-MAX_HEADERS = 100
 SMALL_BODY = 64 * 1024
-MAX_HEADER_LINE = 8190
+RESERVED_FILES = 100  # descriptors kept for worker links, ZooKeeper, logs
+TURN_AWAY_LINGER = 0.5  # seconds to read a refused client's request
+MAX_TURNING_AWAY = 50  # past this, refused clients are closed unanswered
+OUT_OF_FILES = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))
+ACCEPT_PAUSE = 0.1  # seconds without accepting when out of descriptors
+OUT_OF_FILES_LOG_EVERY = 10.0
+DEFAULT_CIPHERS = ":".join((  # Mozilla's "intermediate" list (TLS 1.2)
+    "ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-RSA-AES128-GCM-SHA256",
+    "ECDHE-ECDSA-AES256-GCM-SHA384", "ECDHE-RSA-AES256-GCM-SHA384",
+    "ECDHE-ECDSA-CHACHA20-POLY1305", "ECDHE-RSA-CHACHA20-POLY1305",
+    "DHE-RSA-AES128-GCM-SHA256", "DHE-RSA-AES256-GCM-SHA384"))
+TLS_VERSIONS = ("TLSv1.2", "TLSv1.3")
+REASONS = {400: "Bad Request", 408: "Request Timeout",
+           431: "Request Header Fields Too Large", 501: "Not Implemented",
+           503: "Service Unavailable", 505: "HTTP Version Not Supported"}
+
+
+def refusal(status: int) -> bytes:
+    """A complete response refusing a request, closing the connection."""
+    reason = REASONS[status]
+    return (b"HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Type: text/plain\r\n"
+            b"Content-Length: %d\r\n\r\n%s\n" % (
+                status, reason.encode(), len(reason) + 1, reason.encode()))
+
+
+class HeadTimeout(BadRequest):
+    """The client did not send a whole request head within the header timeout."""
 
 
 class RequestHeaders:
-    """Request headers, parsed strictly and fast, with the interface pywsgi
-    expects of its (much slower) ``email.parser`` based message class.
-
-    A header line without a colon, a name with white space, obsolete line
-    folding, too many headers or too long a line sets ``status``, which
-    pywsgi answers with 400.
-    """
+    """Checked request fields (httpparse.py), with the interface pywsgi
+    expects of its (much slower) ``email.parser`` based message class."""
 
     __slots__ = ("_items", "_first", "status")
 
-    def __init__(self, items, status: str = "") -> None:
+    def __init__(self, items) -> None:
         self._items = items
         self._first: dict = {}
         for name, value in reversed(items):
             self._first[name.lower()] = value
-        self.status = status
-
-    @classmethod
-    def read(cls, rfile) -> "RequestHeaders":
-        items = []
-        while True:
-            line = rfile.readline(MAX_HEADER_LINE + 1)
-            if len(line) > MAX_HEADER_LINE:
-                return cls([], "Header line too long")
-            if line in (b"\r\n", b"\n", b""):
-                return cls._checked(items)
-            if len(items) >= MAX_HEADERS:
-                return cls([], "Too many headers")
-            name, sep, value = line.partition(b":")
-            if not sep or not name or name[:1] in b" \t" or b" " in name or b"\t" in name:
-                return cls([], "Invalid header line %r" % (line[:80],))
-            items.append((name.decode("latin-1"), value.strip().decode("latin-1")))
-
-    @classmethod
-    def _checked(cls, items) -> "RequestHeaders":
-        """Refuse the framing ambiguities request smuggling is made of."""
-        lengths = {v for k, v in items if k.lower() == "content-length"}
-        codings = [v.strip().lower() for k, v in items if k.lower() == "transfer-encoding"]
-        if len(lengths) > 1:
-            return cls([], "Conflicting Content-Length headers")
-        if codings and codings != ["chunked"]:
-            return cls([], "Unsupported Transfer-Encoding %r" % ", ".join(codings))
-        if codings and lengths:
-            return cls([], "Both Content-Length and Transfer-Encoding")
-        return cls(items)
+        self.status = ""
 
     def get(self, name: str, default=None):
         return self._first.get(name.lower(), default)
@@ -164,8 +164,78 @@ class FrontHandler(gevent.pywsgi.WSGIHandler):
     """pywsgi's handler with NODELAY, strict and fast header parsing,
     combined log lines and compact errors."""
 
-    def MessageClass(self, rfile, *args):  # noqa: N802 (pywsgi's name)
-        return RequestHeaders.read(rfile)
+    _deadline: Optional[gevent.Timeout] = None
+    _heads = 0  # request heads started on this connection
+
+    def read_requestline(self) -> str:
+        # The first head must be complete within the header timeout of the
+        # accept; a later one within the header timeout of its first byte
+        # (the wait between keep-alive requests is client_timeout's business).
+        # A refused request's access-log line must not show the last one's.
+        self.requestline, self._orig_status, self.environ = "", None, None
+        self.response_length = 0
+        rfile = self.rfile
+        if self._heads and not rfile.peek(1):
+            return ""
+        timeout = self.server.header_timeout
+        if timeout:
+            self._deadline = gevent.Timeout.start_new(
+                timeout, HeadTimeout("no complete request head within %gs" % timeout, 408))
+        try:
+            if not rfile.peek(1):
+                return ""
+        except HeadTimeout:
+            return ""  # not a byte in time (an idle pre-connection?): close quietly
+        self._heads += 1
+        line = rfile.readline(gevent.pywsgi.MAX_REQUEST_LINE)
+        if line in (b"\r\n", b"\n"):  # RFC 9112 2.2: ignore one empty line first
+            line = rfile.readline(gevent.pywsgi.MAX_REQUEST_LINE)
+        return line.decode("latin-1")
+
+    def read_request(self, raw_requestline: str) -> bool:
+        """Parse and check the head (httpparse.py); BadRequest if it is not HTTP."""
+        self.requestline = raw_requestline.rstrip("\r\n")
+        try:
+            method, target, version = parse_request_line(raw_requestline.encode("latin-1"))
+            fields = read_fields(self.rfile.readline, MAX_HEAD - len(raw_requestline))
+            head = check_head(method, target, version, fields)
+        finally:
+            self._cancel_deadline()
+        self.command, self.path, self.request_version = head.method, head.path, head.version
+        self.headers = RequestHeaders(head.fields)
+        self.content_length = head.content_length
+        self.close_connection = head.close
+        return True
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.close()
+            self._deadline = None
+
+    def handle_one_request(self):
+        try:
+            result = super().handle_one_request()
+        except HeadTimeout as exc:  # raised while reading the request line
+            result = self._handle_client_error(exc)
+        finally:
+            self._cancel_deadline()
+        if isinstance(result, tuple):  # a refusal: send it here, where a gone
+            self.status, response = result  # client is no traceback
+            try:
+                send_all(self.socket, response)
+                self.response_length = len(response)
+            except OSError:
+                pass
+            self.log_request()
+            return None
+        return result
+
+    def _handle_client_error(self, ex):
+        if isinstance(ex, OSError):
+            return None  # the client left (or timed out) in the middle of its head
+        status = ex.http_status if isinstance(ex, BadRequest) else 400
+        log.info("%d for %s: %s", status, _peer(self.client_address), ex)
+        return (str(status), refusal(status))
 
     def get_environ(self) -> dict:
         environ = super().get_environ()
@@ -256,20 +326,154 @@ gevent.pywsgi._ERRORS.setdefault(502, (  # type: ignore[attr-defined]
     b"Bad Gateway"))
 
 
+def tls_context(certfile: str, keyfile: Optional[str] = None,
+                min_version: str = "TLSv1.2", ciphers: Optional[str] = None):
+    """A server SSLContext with the certificate and key loaded and checked;
+    ConfigurationError (one line) if they cannot serve."""
+    import gevent.ssl as ssl  # the cooperative module: handshakes must yield
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    if min_version not in TLS_VERSIONS:
+        raise ConfigurationError("TLS minimum version must be one of %s, not %r"
+                                 % (", ".join(TLS_VERSIONS), min_version))
+    context.minimum_version = ssl.TLSVersion[min_version.replace(".", "_")]
+    context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+    try:
+        context.set_ciphers(ciphers or DEFAULT_CIPHERS)
+    except ssl.SSLError as exc:
+        raise ConfigurationError("no usable TLS cipher in %r: %s" % (ciphers, exc))
+    try:
+        context.load_cert_chain(certfile, keyfile or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigurationError("cannot use certificate %s with key %s: %s" % (
+            certfile, keyfile or "(in the certificate file)", exc))
+    return context
+
+
+def fit_open_files(connections: int) -> int:
+    """Raise the open-file limit so ``connections`` fit, as far as the hard
+    limit allows; the number of connections that do fit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + RESERVED_FILES
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        soft = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        fitted = max(soft - RESERVED_FILES, 1)
+        log.warning("the open-file limit (%d) allows %d client connections, not %d",
+                    soft, fitted, connections)
+        return fitted
+    return connections
+
+
+class _WSGIServer(gevent.pywsgi.WSGIServer):
+    """pywsgi's server, counting client connections (turning away those
+    past ``max_connections`` with 503) and doing TLS handshakes itself, so
+    a failed one is one log line, not a traceback."""
+
+    access_log: Optional[AccessLog] = None
+    client_timeout: Optional[float] = None
+    header_timeout: Optional[float] = None
+    max_connections: Optional[int] = None
+    tls = None
+    draining = False
+    connections = 0
+    turning_away = 0
+    _out_of_files_logged = 0.0
+
+    def do_read(self):
+        try:
+            return super().do_read()
+        except OSError as exc:
+            if exc.errno not in OUT_OF_FILES:
+                raise
+        # gevent would log a traceback per accept; pause, and say it once in a while
+        now = time.monotonic()
+        if now - self._out_of_files_logged > OUT_OF_FILES_LOG_EVERY:
+            self._out_of_files_logged = now
+            log.warning("out of file descriptors with %d client connections; pausing "
+                        "accepts (lower --max-connections, or raise the limit)",
+                        self.connections)
+        self.stop_accepting()
+        self._timer = self.loop.timer(ACCEPT_PAUSE)
+        self._timer.start(self._start_accepting_if_started)
+        return None
+
+    def handle(self, sock, address) -> None:
+        if self.max_connections is not None and self.connections >= self.max_connections:
+            self._turn_away(sock, address)
+            return
+        self.connections += 1
+        try:
+            if self.tls is not None:
+                sock = self._handshake(sock, address)
+            if sock is not None:
+                super().handle(sock, address)
+        finally:
+            self.connections -= 1
+
+    def _handshake(self, sock, address):
+        """The TLS socket, or None (logged, closed) if the handshake failed."""
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(self.header_timeout or self.client_timeout)
+            tls_sock = self.tls.wrap_socket(sock, server_side=True,
+                                            do_handshake_on_connect=False)
+            tls_sock.do_handshake()
+            return tls_sock
+        except OSError as exc:  # ssl.SSLError and socket.timeout are OSErrors
+            reason = getattr(exc, "reason", None) or exc
+            log.info("TLS handshake with %s failed: %s%s", _peer(address), reason,
+                     " (plain HTTP sent to the HTTPS port)" if reason == "HTTP_REQUEST" else "")
+            sock.close()
+            return None
+
+    def _turn_away(self, sock, address) -> None:
+        """503 and close: past the cap, a clear answer, not a silent queue."""
+        if self.turning_away >= MAX_TURNING_AWAY:
+            sock.close()  # a flood: answering would cost the descriptors we lack
+            return
+        self.turning_away += 1
+        log.info("503 for %s: %d client connections already", _peer(address),
+                 self.connections)
+        try:
+            sock.settimeout(TURN_AWAY_LINGER)
+            if self.tls is None:  # TLS clients cannot read a plain answer
+                send_all(sock, refusal(503))
+            sock.shutdown(socket.SHUT_WR)
+            while sock.recv(65536):  # read the request, so closing does not
+                pass  # reset the connection before the client reads the 503
+        except OSError:
+            pass
+        finally:
+            sock.close()
+            self.turning_away -= 1
+
+
 class FrontServer:
-    """The HTTP(S) server in front of a WSGI app (the LB, or the status app)."""
+    """The HTTP(S) server in front of a WSGI app (the LB, or the status app).
+
+    ``client_timeout`` bounds each read or write on a client connection,
+    ``header_timeout`` the whole request head from its first byte;
+    ``max_connections`` caps concurrent client connections (503 past it);
+    ``tls`` is an SSLContext from ``tls_context``, for HTTPS.
+    """
 
     def __init__(self, listen: Tuple[str, int], app: Callable,
-                 access_log: Optional[AccessLog] = None,
-                 certfile: Optional[str] = None, keyfile: Optional[str] = None,
-                 client_timeout: Optional[float] = None) -> None:
+                 access_log: Optional[AccessLog] = None, tls=None,
+                 client_timeout: Optional[float] = None,
+                 header_timeout: Optional[float] = 10.0,
+                 max_connections: Optional[int] = None) -> None:
         self.listen = listen
         self.client_timeout = client_timeout
+        self.header_timeout = header_timeout
+        self.max_connections = max_connections
         self.app = app
         self.access_log = access_log
-        self.certfile = certfile
-        self.keyfile = keyfile
-        self.server: Optional[gevent.pywsgi.WSGIServer] = None
+        self.tls = tls
+        self.server: Optional[_WSGIServer] = None
 
     @property
     def address(self) -> Tuple[str, int]:
@@ -278,23 +482,25 @@ class FrontServer:
 
     def start(self) -> None:
         """Bind and start serving."""
-        ssl_args = {}
-        if self.certfile:
-            ssl_args = {"certfile": self.certfile, "keyfile": self.keyfile or self.certfile}
-        self.server = gevent.pywsgi.WSGIServer(
+        scheme = "https" if self.tls is not None else "http"
+        server = self.server = _WSGIServer(
             self.listen, self.app, log=self.access_log, error_log=_ErrorLog(),
-            handler_class=FrontHandler, **ssl_args)
+            handler_class=FrontHandler, environ={"wsgi.url_scheme": scheme})
         # pywsgi replaces log=None by a logger of its own; remember ours.
-        self.server.access_log = self.access_log  # type: ignore[attr-defined]
-        self.server.client_timeout = self.client_timeout  # type: ignore[attr-defined]
-        self.server.start()
+        server.access_log = self.access_log
+        server.client_timeout = self.client_timeout
+        server.header_timeout = self.header_timeout
+        server.tls = self.tls
+        if self.max_connections is not None:
+            server.max_connections = fit_open_files(self.max_connections)
+        server.start()
         if self.access_log is not None:
             self.access_log.start()
 
     def drain(self) -> None:
         """Stop accepting; answer what is in flight with Connection: close."""
         if self.server is not None:
-            self.server.draining = True  # type: ignore[attr-defined]
+            self.server.draining = True
             self.server.close()
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -304,6 +510,12 @@ class FrontServer:
             self.server.stop(timeout=timeout)
         if self.access_log is not None:
             self.access_log.close()
+
+
+def _peer(address) -> str:
+    if isinstance(address, tuple):
+        return "%s:%s" % address[:2]
+    return str(address or "-")
 
 
 class _ErrorLog:

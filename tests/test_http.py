@@ -1,0 +1,418 @@
+"""The HTTP front on real processes: head size limits against the frame
+limit, the header timeout and the connection cap (slowloris), TLS
+settings and failures, SIGHUP, and a worker that will not listen openly
+without a secret.  The request grammar is in test_http_corpus.py.
+"""
+
+import http.client
+import json
+import os
+import select
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from zc_lb.httpparse import MAX_FIELD_LINE, MAX_HEAD
+from zc_lb.testing import LBProcess, WorkerProcess, free_port, wait_for
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+pytestmark = pytest.mark.timeout(40)
+
+
+@pytest.fixture
+def procs():
+    """Start processes; all are killed after the test."""
+    started = []
+
+    def start(process):
+        started.append(process)
+        return process.start()
+
+    yield start
+    for process in reversed(started):
+        process.kill()
+
+
+def lb_with_worker(procs, *lb_args, app="apps:app", stderr=None):
+    worker = procs(WorkerProcess(app, env=ENV))
+    lb = procs(LBProcess([worker.address], *lb_args, env=ENV, stderr=stderr))
+    wait_for(lambda: get(lb.address)[0] == 200, message="LB serving")
+    return lb, worker
+
+
+def in_flight(status_address):
+    with urllib.request.urlopen("http://%s/" % status_address, timeout=5) as response:
+        return json.load(response)["in_flight"]
+
+
+def lb_with_status(procs, *lb_args, stderr=None):
+    """An LB (with a status server) in front of one apps:app worker."""
+    status = "127.0.0.1:%d" % free_port()
+    lb, worker = lb_with_worker(procs, "--status", status, *lb_args, stderr=stderr)
+    lb.status_address = status
+    return lb, worker
+
+
+def address(text):
+    host, port = text.rsplit(":", 1)
+    return host, int(port)
+
+
+def connect(text, timeout=5.0):
+    sock = socket.create_connection(address(text), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def get(lb_address, path="/", timeout=10.0, headers=None):
+    """(status, body) of a GET on a new connection; (None, error) if it failed."""
+    connection = http.client.HTTPConnection(*address(lb_address), timeout=timeout)
+    try:
+        connection.request("GET", path, headers=dict({"Host": "a.example"}, **(headers or {})))
+        response = connection.getresponse()
+        return response.status, response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        return None, repr(exc)
+    finally:
+        connection.close()
+
+
+def raw(lb_address, data, timeout=5.0):
+    """Everything the server sends back to ``data`` until it closes."""
+    with connect(lb_address, timeout) as sock:
+        try:
+            sock.sendall(data)
+        except OSError:
+            pass
+        received = b""
+        try:
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return received
+                received += chunk
+        except (socket.timeout, ConnectionResetError):
+            return received
+
+
+def log_text(path):
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+# -- item 8: the front's head limit agrees with the Request frame limit --------
+
+
+def _head(fill_to, value_byte=b"\xe9"):
+    """A GET head of exactly ``fill_to`` bytes, its field values made of
+    ``value_byte`` (obs-text: two bytes each in the JSON of the frame)."""
+    head = b"GET / HTTP/1.1\r\nHost: a.example\r\n"
+    n = 0
+    while len(head) + 2 < fill_to:
+        name = b"X-%03d: " % n
+        room = min(MAX_FIELD_LINE, fill_to - 2 - len(head)) - len(name) - 2
+        head += name + value_byte * max(room, 0) + b"\r\n"
+        n += 1
+    return head + b"\r\n"
+
+
+def test_the_largest_head_accepted_fits_one_request_frame(procs):
+    lb, _ = lb_with_worker(procs)
+    largest = _head(MAX_HEAD)
+    assert len(largest) == MAX_HEAD
+    assert raw(lb.address, largest).startswith(b"HTTP/1.1 200")  # raw waits for the close
+    assert raw(lb.address, _head(MAX_HEAD + 1)).startswith(b"HTTP/1.1 431")
+
+
+def test_an_oversized_head_is_431_and_spares_the_requests_sharing_its_link(procs):
+    lb, _ = lb_with_status(procs)
+    slow = []
+    thread = threading.Thread(target=lambda: slow.append(get(lb.address, "/slow?1")))
+    thread.start()
+    wait_for(lambda: in_flight(lb.status_address) == 1, message="the slow request in flight")
+    # 40 fields of 8 kB: 320 kB of head, a Request frame over 256 kB
+    huge = b"GET / HTTP/1.1\r\nHost: a.example\r\n" + b"".join(
+        b"X-%02d: %s\r\n" % (i, b"v" * 8000) for i in range(40)) + b"\r\n"
+    reply = raw(lb.address, huge)
+    thread.join(15)
+    assert reply.startswith(b"HTTP/1.1 431"), reply[:80]
+    assert slow and slow[0][0] == 200, slow
+
+
+# -- item 10: slowloris ---------------------------------------------------------
+
+
+def test_a_head_trickling_in_is_cut_at_the_header_timeout(procs):
+    lb, _ = lb_with_worker(procs, "--header-timeout", "0.5")
+    with connect(lb.address) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: a.example\r\n")
+        started, reply = time.monotonic(), b""
+        while time.monotonic() - started < 4 and not reply:
+            try:
+                sock.sendall(b"X-Slow: 1\r\n")  # each line well within --client-timeout
+            except OSError:
+                break
+            if select.select([sock], [], [], 0.2)[0]:
+                reply = sock.recv(1000)
+        assert reply.startswith(b"HTTP/1.1 408"), reply
+        assert time.monotonic() - started < 3
+
+
+def test_a_connection_that_sends_nothing_is_closed_at_the_header_timeout(procs):
+    lb, _ = lb_with_worker(procs, "--header-timeout", "0.5")
+    with connect(lb.address) as sock:
+        started = time.monotonic()
+        assert sock.recv(100) == b""  # closed without a word: it asked nothing
+        assert time.monotonic() - started < 3
+
+
+def test_an_idle_keepalive_connection_is_not_cut_by_the_header_timeout(procs):
+    lb, _ = lb_with_worker(procs, "--header-timeout", "0.3")
+    connection = http.client.HTTPConnection(*address(lb.address), timeout=5)
+    for _ in range(2):
+        connection.request("GET", "/", headers={"Host": "a.example"})
+        response = connection.getresponse()
+        assert response.status == 200
+        response.read()
+        time.sleep(0.6)  # idle between requests: the client timeout's business
+    connection.close()
+
+
+def test_connections_past_the_cap_get_503_and_close(procs):
+    lb, _ = lb_with_worker(procs, "--max-connections", "3")
+    idle = [connect(lb.address) for _ in range(3)]
+    try:
+        wait_for(lambda: raw(lb.address, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+                 .startswith(b"HTTP/1.1 503"), timeout=5, message="503 past the cap")
+        reply = raw(lb.address, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        assert b"Connection: close" in reply
+    finally:
+        for sock in idle:
+            sock.close()
+    wait_for(lambda: get(lb.address)[0] == 200, timeout=5, message="served again")
+
+
+def _start_lb_with_open_files(limit, worker, *args, stderr=None):
+    """An LB process whose open-file limit (soft and hard) is ``limit``."""
+    process = subprocess.Popen(
+        ["prlimit", "--nofile=%d:%d" % (limit, limit), sys.executable, "-m", "zc_lb.cli",
+         "lb", "--listen", "127.0.0.1:0", "--worker", worker] + list(args),
+        stdout=subprocess.PIPE, stderr=stderr, text=True, env=dict(os.environ, **ENV))
+    line = process.stdout.readline()
+    assert line.startswith("zc-lb lb listening on "), line
+    return process, line.split()[-1]
+
+
+class Slowloris:
+    """``n`` connections that each send a request head one line at a time,
+    forever; counts those the server ends."""
+
+    def __init__(self, lb_address, n):
+        self.socks = []
+        for _ in range(n):
+            try:
+                sock = socket.create_connection(address(lb_address), timeout=2)
+            except OSError:
+                continue  # refused or timed out: the server is full
+            sock.setblocking(False)
+            self.socks.append(sock)
+        self.open = set(self.socks)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        for sock in list(self.open):
+            self._send(sock, b"GET / HTTP/1.1\r\nHost: slow.example\r\n")
+        while not self.stop.wait(0.2):
+            for sock in list(self.open):
+                self._send(sock, b"X-Slow: 1\r\n")
+
+    def _send(self, sock, data):
+        try:
+            if select.select([sock], [], [], 0)[0]:  # a 408, a 503 or EOF:
+                raise ConnectionResetError  # the server ended it
+            sock.send(data)
+        except OSError:
+            self.open.discard(sock)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        for sock in self.socks:
+            sock.close()
+
+
+def test_normal_requests_are_served_while_slow_clients_are_cut(procs, tmp_path):
+    worker = procs(WorkerProcess("apps:app", env=ENV))
+    # 200 descriptors: the default --max-connections of 1000 must shrink to fit
+    stderr = open(tmp_path / "lb.log", "w")
+    process, lb_address = _start_lb_with_open_files(
+        200, worker.address, "--header-timeout", "1", stderr=stderr)
+    try:
+        wait_for(lambda: get(lb_address)[0] == 200, message="LB serving")
+        attack = Slowloris(lb_address, 250)  # more than the LB has descriptors
+        results = []
+        started = time.monotonic()
+        while time.monotonic() - started < 4:
+            status, body = get(lb_address, timeout=3)
+            results.append((time.monotonic() - started, status or body))
+            time.sleep(0.1)
+        still_open = len(attack.open)
+        attack.close()
+        late = [status for when, status in results if when > 2.5]
+        assert late and all(status == 200 for status in late), results
+        # in the flood: served, 503, or (past 50 pending 503s) closed unanswered;
+        # never left waiting
+        def answered(outcome):
+            return outcome in (200, 503) or (
+                isinstance(outcome, str) and ("Disconnected" in outcome or "Reset" in outcome))
+        assert all(answered(outcome) for _, outcome in results), results
+        assert still_open == 0, "%d slow clients still connected after 4 s" % still_open
+        text = log_text(tmp_path / "lb.log")
+        assert "allows 100 client connections" in text
+        assert "Traceback" not in text, text[-3000:]
+    finally:
+        process.kill()
+        process.wait(10)
+        process.stdout.close()
+        stderr.close()
+
+
+# -- item 5: TLS ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    """cert.pem and key.pem for 127.0.0.1, and other-key.pem that does not match."""
+    directory = tmp_path_factory.mktemp("certs")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-keyout", str(directory / "key.pem"),
+                    "-out", str(directory / "cert.pem")], check=True, capture_output=True)
+    subprocess.run(["openssl", "genrsa", "-out", str(directory / "other-key.pem"), "2048"],
+                   check=True, capture_output=True)
+    return directory
+
+
+def _lb_start_failure(*args):
+    """(exit status, stdout, stderr) of an LB that should not start."""
+    process = subprocess.run(
+        [sys.executable, "-m", "zc_lb.cli", "lb", "--listen", "127.0.0.1:0"] + list(args),
+        capture_output=True, text=True, timeout=20)
+    return process.returncode, process.stdout, process.stderr
+
+
+@pytest.mark.parametrize("problem", ["missing", "mismatched", "swapped", "ciphers"])
+def test_a_bad_certificate_or_key_stops_the_lb_at_start(certs, problem):
+    cert, key = str(certs / "cert.pem"), str(certs / "key.pem")
+    args = {"missing": ["--certfile", str(certs / "nope.pem"), "--keyfile", key],
+            "mismatched": ["--certfile", cert, "--keyfile", str(certs / "other-key.pem")],
+            "swapped": ["--certfile", key, "--keyfile", cert],
+            "ciphers": ["--certfile", cert, "--keyfile", key, "--tls-ciphers", "NO-SUCH"],
+            }[problem]
+    status, out, err = _lb_start_failure(*args)
+    assert status == 2 and "listening" not in out, (status, out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("zc-lb lb: error: "), err
+
+
+def _tls_client(cafile, maximum=None):
+    context = ssl.create_default_context(cafile=cafile)
+    context.check_hostname = False  # a CN-only test certificate; the chain is checked
+    if maximum is not None:
+        context.maximum_version = maximum
+    return context
+
+
+def test_failed_handshakes_are_one_line_each_and_https_still_works(procs, certs, tmp_path):
+    log = tmp_path / "lb.log"
+    with open(log, "w") as stderr:
+        worker = procs(WorkerProcess("apps:app", env=ENV))
+        lb = procs(LBProcess([worker.address], "--certfile", str(certs / "cert.pem"),
+                             "--keyfile", str(certs / "key.pem"),
+                             "--tls-min-version", "TLSv1.3", env=ENV, stderr=stderr))
+    cafile = str(certs / "cert.pem")
+    # plain HTTP on the TLS port
+    assert not raw(lb.address, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").startswith(b"HTTP/1.1 200")
+    # a TLS 1.2 client, below --tls-min-version
+    with pytest.raises(ssl.SSLError):
+        with connect(lb.address) as sock:
+            _tls_client(cafile, ssl.TLSVersion.TLSv1_2).wrap_socket(
+                sock, server_hostname="127.0.0.1")
+    # a client that does not trust the certificate
+    with pytest.raises(ssl.SSLError):
+        with connect(lb.address) as sock:
+            ssl.create_default_context().wrap_socket(sock, server_hostname="127.0.0.1")
+
+    def https_ok():
+        connection = http.client.HTTPSConnection(*address(lb.address), timeout=5,
+                                                 context=_tls_client(cafile))
+        try:
+            connection.request("GET", "/", headers={"Host": "a.example"})
+            return connection.getresponse().status == 200
+        finally:
+            connection.close()
+
+    wait_for(https_ok, message="HTTPS served")
+    wait_for(lambda: log_text(log).count("TLS handshake with") >= 3,
+             message="three handshake failures logged")
+    text = log_text(log)
+    assert "Traceback" not in text, text
+    assert text.count("TLS handshake with") == 3, text
+
+
+# -- item 6: SIGHUP ---------------------------------------------------------------
+
+
+def test_sighup_is_logged_and_ignored_by_the_lb_and_the_worker(procs, tmp_path):
+    log = tmp_path / "lb.log"
+    with open(log, "w") as stderr:
+        worker = procs(WorkerProcess("apps:app", env=ENV, stderr=stderr))
+        status = "127.0.0.1:%d" % free_port()
+        lb = procs(LBProcess([worker.address], "--status", status, env=ENV, stderr=stderr))
+    wait_for(lambda: get(lb.address)[0] == 200, message="LB serving")
+    slow = []
+    thread = threading.Thread(target=lambda: slow.append(get(lb.address, "/slow?1")))
+    thread.start()
+    wait_for(lambda: in_flight(status) == 1, message="the slow request in flight")
+    lb.process.send_signal(signal.SIGHUP)
+    worker.process.send_signal(signal.SIGHUP)
+    thread.join(15)
+    assert slow and slow[0][0] == 200, slow
+    assert get(lb.address)[0] == 200
+    assert lb.process.poll() is None and worker.process.poll() is None
+    wait_for(lambda: log_text(log).count("SIGHUP ignored") == 2, message="two log lines")
+
+
+# -- item 5: a worker open to the network needs a secret ------------------------------
+
+
+def test_a_worker_on_a_public_address_without_a_secret_refuses_to_start():
+    process = subprocess.run(
+        [sys.executable, "-m", "zc_lb.cli", "worker", "apps:app", "--listen", "0.0.0.0:0"],
+        capture_output=True, text=True, timeout=20, env=dict(os.environ, **ENV))
+    assert process.returncode == 2 and "listening" not in process.stdout, process
+    assert "--secret-file" in process.stderr and "--insecure" in process.stderr
+    assert "Traceback" not in process.stderr
+
+
+def test_loopback_a_secret_or_insecure_lets_a_worker_listen():
+    from zc_lb.cli import _check_exposure
+    from zc_lb.errors import ConfigurationError
+
+    for host in ("127.0.0.1", "::1", "localhost", "127.1.2.3"):
+        _check_exposure((host, 0), None, False)
+    _check_exposure(("0.0.0.0", 0), b"secret", False)
+    _check_exposure(("10.1.2.3", 0), None, True)
+    for host in ("0.0.0.0", "", "10.1.2.3", "worker.example"):
+        with pytest.raises(ConfigurationError):
+            _check_exposure((host, 0), None, False)

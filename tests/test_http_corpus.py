@@ -1,0 +1,128 @@
+"""The front's request corpus (tests/data/http_requests.json), replayed
+against a real LB process in front of a worker that echoes its environ.
+
+Each request is sent whole, one byte at a time, and split at seeded
+random points (as gunicorn's parser tests do), on a new connection.  A
+valid request must reach the worker as the corpus says; an invalid one
+must get its status and a closed connection, and never reach the worker.
+Only bytes on the wire are tested, so the corpus outlives the front's
+parser.
+"""
+
+import http.client
+import json
+import os
+import random
+import select
+import socket
+
+import pytest
+
+from zc_lb.testing import LBProcess, WorkerProcess, wait_for
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
+CORPUS = os.path.join(TESTS, "data", "http_requests.json")
+CHUNKINGS = ("whole", "bytes", "random")
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def load_cases():
+    with open(CORPUS, encoding="utf-8") as f:
+        return json.load(f)["cases"]
+
+
+CASES = load_cases()
+
+
+@pytest.fixture(scope="module")
+def front():
+    """host, port of an LB in front of one echoing worker."""
+    worker = WorkerProcess("echo_app:app", env=ENV).start()
+    lb = LBProcess([worker.address], "--header-timeout", "5", env=ENV).start()
+    host, port = lb.address.split(":")
+    wait_for(lambda: _served((host, int(port))), message="LB connected to the worker")
+    yield host, int(port)
+    lb.terminate(10)
+    worker.terminate(10)
+
+
+def _served(address):
+    try:
+        status, _, _ = exchange(address, [b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"])
+    except OSError:
+        return False
+    return status == 200
+
+
+def chunks(data, how, seed):
+    """``data`` split as the chunking ``how`` says."""
+    if how == "whole":
+        return [data]
+    if how == "bytes":
+        return [data[i:i + 1] for i in range(len(data))]
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(data)), min(4, len(data) - 1)))
+    return [data[a:b] for a, b in zip([0] + cuts, cuts + [len(data)])]
+
+
+def exchange(address, pieces, timeout=5.0, wait_close=False):
+    """(status, body, closed) for a request sent in ``pieces``; with
+    ``wait_close``, ``closed`` says whether the server closed the
+    connection after its response (within ``timeout``)."""
+    with socket.create_connection(address, timeout=timeout) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for piece in pieces:
+            if select.select([sock], [], [], 0)[0]:
+                break  # answered already: the rest would only meet a reset
+            try:
+                sock.sendall(piece)
+            except OSError:
+                break
+        reader = sock.makefile("rb")
+        response = http.client.HTTPResponse(_Sock(reader))
+        response.begin()
+        body = response.read()
+        closed = None
+        if wait_close:
+            try:  # the response had a length: nothing is left in the reader
+                closed = sock.recv(1) == b""
+            except socket.timeout:
+                closed = False
+        reader.close()
+        return response.status, body, closed
+
+
+class _Sock:
+    def __init__(self, f):
+        self.f = f
+
+    def makefile(self, mode):
+        return self.f
+
+
+@pytest.mark.parametrize("how", CHUNKINGS)
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_corpus(front, case, how):
+    data = case["request"].encode("latin-1")
+    pieces = chunks(data, how, case["name"])
+    if case["status"] == 200:
+        status, body, _ = exchange(front, pieces)
+        assert status == 200, body[:200]
+        seen = json.loads(body)
+        for key, value in case.get("environ", {}).items():
+            assert seen.get(key) == value, (key, seen)
+        if "body" in case:
+            assert seen["body"] == case["body"]
+    else:
+        status, body, closed = exchange(front, pieces, wait_close=True)
+        assert status == case["status"], body[:200]
+        assert closed, "the connection stayed open after a refused request"
+
+
+def test_corpus_names_are_unique_and_cover_both_kinds():
+    names = [case["name"] for case in CASES]
+    assert len(names) == len(set(names))
+    assert sum(case["status"] == 200 for case in CASES) >= 30
+    assert sum(case["status"] != 200 for case in CASES) >= 60
