@@ -188,17 +188,18 @@ def test_an_idle_keepalive_connection_is_not_cut_by_the_header_timeout(procs):
 
 
 def test_connections_past_the_cap_get_503_and_close(procs):
-    lb, _ = lb_with_worker(procs, "--max-connections", "3")
+    # (a long header timeout, so a loaded machine does not cut the idle ones)
+    lb, _ = lb_with_worker(procs, "--max-connections", "3", "--header-timeout", "60")
     idle = [connect(lb.address) for _ in range(3)]
     try:
         wait_for(lambda: raw(lb.address, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-                 .startswith(b"HTTP/1.1 503"), timeout=5, message="503 past the cap")
+                 .startswith(b"HTTP/1.1 503"), timeout=15, message="503 past the cap")
         reply = raw(lb.address, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
         assert b"Connection: close" in reply
     finally:
         for sock in idle:
             sock.close()
-    wait_for(lambda: get(lb.address)[0] == 200, timeout=5, message="served again")
+    wait_for(lambda: get(lb.address)[0] == 200, timeout=15, message="served again")
 
 
 def _start_lb_with_open_files(limit, worker, *args, stderr=None):
