@@ -311,7 +311,8 @@ class LB:
 
     def _worker_heard(self, connection: Connection) -> None:
         link = self.links.get(connection.peer)
-        if link is None or link.connection is not connection or connection.closed:
+        if (link is None or link.connection is not connection or connection.closed
+                or link.draining is connection):
             return
         log.info("worker %s speaks again", connection.peer)
         if not self.ejector.ejected(connection.peer):
