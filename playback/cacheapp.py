@@ -15,8 +15,12 @@ low object numbers more often (``N = int(objects_per_class * u ** (1 +
 skew))``), as when pages of a site share templates; 0 draws uniformly.
 
 A hit costs ``hit_cost`` seconds, a miss ``miss_cost`` (a database load),
-both spent in ``gevent.sleep``, so a worker serves other requests while it
-"loads". The response says what happened in its headers::
+both spent in ``gevent.sleep``.  ``concurrency`` (0: unbounded) is how
+many requests a process serves at once; the rest wait their turn, as
+requests wait for one of a Python worker's threads or database
+connections, or for the GIL when a load is CPU (unpickling).  With 1 a
+process's loads are its own time, so fewer misses mean more throughput;
+unbounded, a load costs only latency.  The response says what happened in its headers::
 
     X-Cache-Hits: 7
     X-Cache-Misses: 3
@@ -49,6 +53,7 @@ ZC_LB_CACHEAPP_OBJECTS_PER_REQUEST    10       objects a request touches
 ZC_LB_CACHEAPP_OBJECTS_PER_CLASS      1000     objects in a class's space
 ZC_LB_CACHEAPP_SKEW                   0        0: uniform, >0: skewed
 ZC_LB_CACHEAPP_PAGE_OBJECTS           0        objects of the URL's own, touched too
+ZC_LB_CACHEAPP_CONCURRENCY            0        requests served at once (0: no bound)
 ZC_LB_CACHEAPP_WORKER_ID              host:pid name in X-Worker and stats
 ZC_LB_CACHEAPP_STATS_LISTEN           (none)   HOST:PORT of a side stats server
 ====================================  =======  ==========================
@@ -137,11 +142,15 @@ class CacheModel:
 
 def make_app(cache_size: int = 1000, miss_cost: float = 0.002, objects_per_request: int = 10,
              objects_per_class: int = 1000, hit_cost: float = 0.0, skew: float = 0.0,
-             worker_id: Optional[str] = None, page_objects: int = 0):
+             worker_id: Optional[str] = None, page_objects: int = 0, concurrency: int = 0):
     """A WSGI app with its own cache (one per process that calls this)."""
     import gevent
+    import gevent.lock
 
+    if concurrency < 0:
+        raise ValueError("concurrency must be 0 (no bound) or more, not %r" % concurrency)
     model = CacheModel(cache_size)
+    slots = gevent.lock.Semaphore(concurrency) if concurrency else None
     hostname = socket.gethostname()
 
     def worker_name() -> str:  # computed late: the process may fork after make_app
@@ -153,6 +162,13 @@ def make_app(cache_size: int = 1000, miss_cost: float = 0.002, objects_per_reque
             "hits": model.hits, "misses": model.misses, "cache_size": cache_size,
             "objects": list(model.cache),
         }
+
+    def serve(ids: List[str]) -> tuple:
+        hits, misses = model.touch(ids)
+        cost = hits * hit_cost + misses * miss_cost
+        if cost > 0:
+            gevent.sleep(cost)
+        return hits, misses
 
     def app(environ, start_response):
         path = environ.get("PATH_INFO") or "/"
@@ -166,10 +182,11 @@ def make_app(cache_size: int = 1000, miss_cost: float = 0.002, objects_per_reque
         url = path + "?" + query if query else path
         ids = objects_for(cls, url, objects_per_request, objects_per_class, skew)
         ids.extend("%s|%s|%d" % (cls, url, n) for n in range(page_objects))
-        hits, misses = model.touch(ids)
-        cost = hits * hit_cost + misses * miss_cost
-        if cost > 0:
-            gevent.sleep(cost)
+        if slots is None:
+            hits, misses = serve(ids)
+        else:
+            with slots:
+                hits, misses = serve(ids)
         body = ("%s %s: %d hits, %d misses\n" % (cls, url, hits, misses)).encode("utf-8", "replace")
         return _respond(start_response, environ, body, extra=[
             ("X-Cache-Hits", str(hits)), ("X-Cache-Misses", str(misses)),
@@ -253,6 +270,7 @@ def app_from_environment(environ=os.environ):
         skew=get("SKEW", float, 0.0),
         worker_id=get("WORKER_ID", str, None),
         page_objects=get("PAGE_OBJECTS", int, 0),
+        concurrency=get("CONCURRENCY", int, 0),
     )
     listen = get("STATS_LISTEN", str, None)
     if listen:
@@ -279,13 +297,15 @@ def main(argv=None) -> None:
     parser.add_argument("--objects-per-class", type=int, default=1000)
     parser.add_argument("--skew", type=float, default=0.0)
     parser.add_argument("--page-objects", type=int, default=0)
+    parser.add_argument("--concurrency", type=int, default=0,
+                        help="requests served at once (default 0: no bound)")
     parser.add_argument("--worker-id")
     parser.add_argument("--stats-listen", metavar="HOST:PORT", help="also serve stats on this side port")
     args = parser.parse_args(argv)
     host, _, port = args.listen.rpartition(":")
     wsgi = make_app(args.cache_size, args.miss_cost, args.objects_per_request,
                     args.objects_per_class, args.hit_cost, args.skew, args.worker_id,
-                    args.page_objects)
+                    args.page_objects, args.concurrency)
     if args.stats_listen:
         wsgi.stats_server = start_stats_server(wsgi, args.stats_listen)
     server = WSGIServer((host or "127.0.0.1", int(port)), wsgi, log=None)

@@ -138,20 +138,23 @@ def read_ready_line(process: subprocess.Popen, prefix: str, log: Path,
 # -- the cache app's settings, identical everywhere -------------------------
 
 
-APP_SETTINGS = ("cache_size", "miss_cost", "objects_per_request", "objects_per_class", "skew",
-                "page_objects")
+# compare's option (its dest) -> the cache app's setting of the same meaning
+APP_SETTINGS = {name: name for name in ("cache_size", "miss_cost", "objects_per_request",
+                                        "objects_per_class", "skew", "page_objects")}
+APP_SETTINGS["worker_concurrency"] = "concurrency"
 
 
 def app_env(args: argparse.Namespace) -> Dict[str, str]:
     """The cache app's settings as ZC_LB_CACHEAPP_* variables."""
-    return {ENV_PREFIX + name.upper(): str(getattr(args, name)) for name in APP_SETTINGS}
+    return {ENV_PREFIX + setting.upper(): str(getattr(args, name))
+            for name, setting in APP_SETTINGS.items()}
 
 
 def app_argv(args: argparse.Namespace) -> List[str]:
     """The same settings as ``python -m playback.cacheapp`` options."""
     argv: List[str] = []
-    for name in APP_SETTINGS:
-        argv += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+    for name, setting in APP_SETTINGS.items():
+        argv += ["--" + setting.replace("_", "-"), str(getattr(args, name))]
     return argv
 
 
@@ -435,6 +438,10 @@ def make_parser() -> argparse.ArgumentParser:
     app.add_argument("--skew", type=float, default=0.0)
     app.add_argument("--page-objects", type=int, default=0,
                      help="objects of a URL's own that its requests touch too (default 0)")
+    app.add_argument("--worker-concurrency", type=int, default=1, metavar="N",
+                     help="requests a worker process serves at once, the rest wait (0: no "
+                     "bound; default %(default)s: a Python process whose loads are its own "
+                     "time, as the simulator's workers)")
     app.add_argument("--history", type=int, default=100,
                      help="zc-lb workers: requests between résumés (default %(default)s)")
     app.add_argument("--zc-lb-option", action="append", default=[], metavar="OPT",
@@ -459,6 +466,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--balancers: choose from %s" % ",".join(BALANCERS))
     if min(args.workers, args.concurrency, args.max_requests, args.cache_size) < 1 or args.warmup < 0:
         parser.error("-w, -c, -n and --cache-size must be at least 1, --warmup at least 0")
+    if args.worker_concurrency < 0:
+        parser.error("--worker-concurrency must be 0 (no bound) or more")
     if set(args.balancers) & set(HAPROXY_CONFIGS) and not args.haproxy:
         parser.error("haproxy not found: install it (apt-get install haproxy) or pass --haproxy")
 
@@ -485,7 +494,7 @@ def run(args: argparse.Namespace, run_dir: Path) -> dict:
               "classes": len({e.host for e in measured})}
     settings = {key: getattr(args, key) for key in (
         "logs", "format", "host", "host_from_segment", "max_requests", "warmup", "concurrency",
-        "workers", "history", "zc_lb_option", "balancers") + APP_SETTINGS}
+        "workers", "history", "zc_lb_option", "balancers") + tuple(APP_SETTINGS)}
     return {"settings": settings, "counts": counts, "parse": parse_stats.as_dict(),
             "cpus": os.cpu_count(), "log_dir": str(run_dir), "results": rows,
             "floor_loads_per_request": floor}

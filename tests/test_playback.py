@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -205,6 +206,28 @@ def test_app_from_environment():
         "ZC_LB_CACHEAPP_MISS_COST": "0"})
     assert app.model.cache_size == 7
     assert app.stats()["worker"] == "w9"
+
+
+@pytest.mark.parametrize("concurrency, serial", [(1, True), (0, False)])
+def test_concurrency_bounds_the_requests_served_at_once(concurrency, serial):
+    """With concurrency 1 a process's loads are its own time: two requests
+    that miss take two loads' time; unbounded, they overlap."""
+    app = cacheapp.app_from_environment({
+        "ZC_LB_CACHEAPP_MISS_COST": "0.2", "ZC_LB_CACHEAPP_OBJECTS_PER_REQUEST": "1",
+        "ZC_LB_CACHEAPP_CONCURRENCY": str(concurrency)})
+    environs = [{"PATH_INFO": "/%d" % n, "REQUEST_METHOD": "GET", "HTTP_HOST": "a"}
+                for n in range(2)]
+    start = time.monotonic()
+    with gevent.Timeout(10):
+        gevent.joinall([gevent.spawn(app, env, lambda *a: None) for env in environs], raise_error=True)
+    elapsed = time.monotonic() - start
+    assert app.model.misses == 2
+    assert (elapsed >= 0.4) if serial else (elapsed < 0.39)
+
+
+def test_concurrency_must_not_be_negative():
+    with pytest.raises(ValueError, match="concurrency"):
+        cacheapp.make_app(concurrency=-1)
 
 
 def test_side_stats_server():
