@@ -59,7 +59,7 @@ class Config:
     spread: float = 1.0
     footprint_window: int = 5000
     slow_start: int = 2000
-    balance: float = 3.0
+    balance: float = 1.5
     hash_balance_factor: float = 1.25
     hash_replicas: int = 100
     lard_low: int = 2

@@ -15,7 +15,7 @@ def lb_membership(**base):
                          set_workers=lambda providers: None)
     settings = dict(variance=1.0, backlog_history=9, unskilled_score=1.0,
                     no_worker_timeout=30.0, single_version=False, spread=1.0,
-                    footprint_window=5000, slow_start=2000, balance=3.0, reset_skills="")
+                    footprint_window=5000, slow_start=2000, balance=1.5, reset_skills="")
     settings.update(base)
     return LBMembership(lb, "127.0.0.1:1", "/lb", ("127.0.0.1", 1), base_settings=settings)
 
@@ -29,7 +29,7 @@ def test_each_good_setting_applies_even_beside_a_bad_one(caplog):
                                       "no_worker_timeout": 5, "description": "x"})
     pool = membership.lb.pool
     assert pool.unskilled_score == 2.0 and membership.lb.no_worker_timeout == 5.0
-    assert (pool.variance, pool.backlog_history, pool.balance) == (1.0, 9, 3.0)
+    assert (pool.variance, pool.backlog_history, pool.balance) == (1.0, 9, 1.5)
     errors = [r.getMessage() for r in caplog.records]
     assert len(errors) == 3 and all("ignoring a bad LB setting" in e for e in errors)
     assert any("variance" in e for e in errors) and any("balance" in e for e in errors)

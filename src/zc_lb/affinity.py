@@ -42,7 +42,10 @@ when skills change, not on every request.
 Balance.  A key goes to the first member, in the key's rendezvous order,
 whose backlog is under ``balance`` times the members' mean (bounded-load
 hashing, as HAProxy's ``hash-balance-factor``), so a burst on one key
-moves on to its second owner instead of queueing.
+moves on to its second owner instead of queueing.  The pool-wide cap on a
+member is ``balance`` times the published one (its decayed mean backlog
+within ``balance * variance`` times the pool's mean): the owner holds the
+key's data, so it is worth a longer queue than any skilled worker.
 
 Spill.  When no member is under the cap, the request goes, as in the
 published algorithm, to the best skilled worker under the cap, else to
@@ -96,7 +99,7 @@ UNIT = float(1 << 53)
 DEFAULT_SPREAD = 1.0
 DEFAULT_FOOTPRINT_WINDOW = 5000
 DEFAULT_SLOW_START = 2000
-DEFAULT_BALANCE = 3.0
+DEFAULT_BALANCE = 1.5
 STARTED = 0.9  # a starter is behind while under 90% of its ramp's share
 RING_CHOICES = 2  # ring recruiting: the less loaded of the first two
 RING_POINTS = 16  # points per worker on the recruiting ring
@@ -452,8 +455,14 @@ class AffinityPool(Pool):
                ) -> Optional[PoolWorker]:
         """The worker owning ``key_hash`` among ``members`` under the cap:
         the first in the key's rendezvous order whose backlog is within
-        ``balance`` times the members' mean (bounded-load hashing)."""
-        max_backlog = self.variance * self.mbacklog / len(self.workers)
+        ``balance`` times the members' mean (bounded-load hashing).
+
+        The pool-wide cap is ``balance`` times the published one: the
+        balance bound already keeps the members even among themselves, so
+        the cap only has to catch members far over the pool's mean, and a
+        key's owner, which holds its data, is worth a longer queue than
+        the published policy lets a skilled worker have."""
+        max_backlog = self.balance * self.variance * self.mbacklog / len(self.workers)
         if max_backlog < 1.0:
             max_backlog = 1.0
         min_backlog = next(iter(self._lru)).mbacklog + 1.0

@@ -386,9 +386,10 @@ def _add_lb_parser(sub) -> None:
     p.add_argument("--slow-start", type=int, default=2000,
                    help="affinity: requests over which a new worker's share ramps up "
                         "(default 2000; 0 at once)")
-    p.add_argument("--balance", type=float, default=3.0,
+    p.add_argument("--balance", type=float, default=1.5,
                    help="affinity: a key moves on from its worker while that one's "
-                        "backlog is past BALANCE x the class's mean (default 3)")
+                        "backlog is past BALANCE x the class's mean; a member's cap is "
+                        "BALANCE x the variance cap (default 1.5)")
     p.add_argument("--no-worker-timeout", type=float, default=30.0,
                    help="seconds to wait for a worker before answering 503")
     p.add_argument("--response-timeout", type=float, default=300.0,

@@ -77,7 +77,7 @@ LB_SETTINGS = {s.name: s for s in [
     Setting("slow_start", _int, 2000, 0,
             "affinity policy: requests over which a new worker's share ramps "
             "up (0: at once)"),
-    Setting("balance", _float, 3.0, 1.0,
+    Setting("balance", _float, 1.5, 1.0,
             "affinity policy: a key moves on from its worker while that one's "
             "backlog is past BALANCE times the mean of the class's workers"),
     Setting("reset_skills", str, "", None,
