@@ -231,3 +231,21 @@ def test_make_pool_by_policy_name():
     assert type(make_pool("classless", {"variance": 2})) is ClasslessPool
     with pytest.raises(ConfigurationError):
         make_pool("roundrobin", {})
+
+
+def test_at_light_load_a_key_waits_behind_one_request_at_its_owner():
+    # A request finishing at its owner (its put not yet seen) must not move
+    # the key: the bound is at least two outstanding requests.
+    pool = pool_of(3)
+    for _ in range(60):  # the class settles over all three
+        pool.put(pool.get("c", "k%d" % random.Random(1).randrange(20)))
+    owners = {}
+    for k in range(12):
+        owners[k] = pool.get("c", "k%d" % k)
+        pool.put(owners[k])
+    for k in range(12):
+        held = pool.get("c", "k%d" % k)  # one in flight on the owner
+        assert held == owners[k]
+        again = pool.get("c", "k%d" % k)
+        assert again == owners[k], "key %d moved at a backlog of 1" % k
+        pool.put(held), pool.put(again)

@@ -108,6 +108,7 @@ GIVE_UP = 25  # slow starts after which a worker is done starting anyway
 PRIOR = 16  # requests and keys per worker before shares and footprints count
 REFRESH = 16  # requests of a class between working out its members again
 RELEARN_SHARE = 0.5  # "most requests hit classes no worker is skilled in"
+MIN_BOUND = 2.0  # a key may always wait behind one request at its owner
 
 
 def stable_hash(text: str) -> int:
@@ -480,7 +481,7 @@ class AffinityPool(Pool):
         if not ranked:
             return None
         first = max(ranked, key=itemgetter(0))[1]
-        bound = self.balance * (total + 1) / len(ranked)
+        bound = max(self.balance * (total + 1) / len(ranked), MIN_BOUND)
         if len(ranked) == 1 or first.backlog < bound:
             return first
         ranked.sort(key=itemgetter(0), reverse=True)
