@@ -9,12 +9,9 @@ processes, like test_e2e.py.  Every wait is bounded.
 """
 
 import http.client
-import io
 import os
 import signal
 import socket
-import struct
-import threading
 import time
 
 import gevent
@@ -28,7 +25,7 @@ from zc_lb.connection import Connection, Handler
 from zc_lb.http import FrontServer
 from zc_lb.lb import LB
 from zc_lb.pool import Pool
-from zc_lb.protocol import Body, End, GoAway, Request, Response
+from zc_lb.protocol import Body, End, GoAway, Response
 from zc_lb.testing import LBProcess, WorkerProcess
 from zc_lb.worker import Worker
 
@@ -346,10 +343,10 @@ def _read_until_eof(connection, timeout=5.0):
     """Every message the worker sends until it closes."""
     messages = []
     deadline = time.monotonic() + timeout
-    decoder, sock = connection.decoder, connection.sock
+    proto, sock = connection.protocol, connection.sock
     while time.monotonic() < deadline:
         while True:
-            message = decoder.next_message()
+            message = proto.next_event()
             if message is protocol.NEED_DATA:
                 break
             messages.append(message)
@@ -359,7 +356,7 @@ def _read_until_eof(connection, timeout=5.0):
             break
         if not data:
             break
-        decoder.receive_data(data)
+        proto.receive_data(data)
     return messages
 
 
@@ -370,7 +367,7 @@ def test_worker_stop_serves_a_request_sent_before_the_goaway_was_read():
         connection = _raw_lb(worker.address)
         poll(lambda: len(worker.connections) == 1)
         environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/in-transit"}
-        connection.sock.sendall(protocol.encode(Request(1, environ)) + protocol.encode(End(1)))
+        connection.sock.sendall(connection.protocol.start_request(environ, end=True)[1])
         worker.stop(timeout=2)  # SIGTERM is handled before the reader saw the bytes
         messages = _read_until_eof(connection)
         assert any(isinstance(m, GoAway) for m in messages)
@@ -393,8 +390,8 @@ def test_worker_stop_delivers_finished_responses_whole():
         poll(lambda: len(worker.connections) == 1)
         n = 40  # 8 MB of finished responses: more than the kernel buffers hold
         connection.sock.sendall(b"".join(
-            protocol.encode(Request(rno, {"PATH_INFO": "/big"})) + protocol.encode(End(rno))
-            for rno in range(1, n + 1)))
+            connection.protocol.start_request({"PATH_INFO": "/big"}, end=True)[1]
+            for _ in range(n)))
         poll(lambda: worker.served == n, message="the apps finished")
         stopper = gevent.spawn(worker.stop, 2)
         messages = _read_until_eof(connection)
@@ -428,7 +425,7 @@ def test_removing_a_worker_lets_its_requests_in_flight_finish(stack):
 def test_request_numbers_running_out_recycle_the_connection(stack):
     s = stack(ok_app)
     link = next(iter(s.lb.links.values()))
-    link.connection._last_rno = protocol.MAX_RNO  # as after 2**32 - 1 requests
+    link.connection.protocol.last_rno = protocol.MAX_RNO  # as after 2**32 - 1 requests
     client = s.client()
     status, _, body = client.request(path="/after")
     assert (status, body) == (200, b"ok /after")

@@ -40,7 +40,6 @@ from zc_lb.protocol import (
     Request,
     Resume,
     Response,
-    Stream,
     auth_digest,
     body_header,
     check_auth,
@@ -607,163 +606,10 @@ def test_check_auth_non_ascii_digest_is_an_authentication_error():
         check_auth(secret, lb, worker, Auth("\u00e9" * 64))
 
 
-# -- Stream ------------------------------------------------------------------
-
-LB_SENDS = [Request(1, {}), Body(1, b"a"), Body(1, b"b"), End(1)]
-LB_RECEIVES = [Response(1, "200 OK", []), Body(1, b"c"), End(1)]
-
-
-def walk(stream: Stream, sends: list, receives: list) -> None:
-    for message in sends:
-        stream.send(message)
-    for message in receives:
-        stream.receive(message)
-
-
-def test_lb_lifecycle():
-    stream = Stream(1, "lb")
-    assert (stream.sending, stream.receiving) == ("IDLE", "IDLE")
-    stream.send(Request(1, {}))
-    assert stream.sending == "OPEN"
-    stream.send(Body(1, b"a"))
-    stream.send(Body(1, b"b"))
-    assert stream.sending == "OPEN"
-    stream.send(End(1))
-    assert stream.sending == "DONE" and not stream.finished
-    stream.receive(Response(1, "200 OK", []))
-    assert stream.receiving == "OPEN"
-    stream.receive(Body(1, b"c"))
-    stream.receive(End(1))
-    assert stream.receiving == "DONE"
-    assert stream.finished and not stream.cancelled
-
-
-def test_worker_lifecycle():
-    stream = Stream(1, "worker")
-    walk(stream, [], LB_SENDS)
-    assert (stream.sending, stream.receiving) == ("IDLE", "DONE")
-    assert not stream.finished
-    walk(stream, LB_RECEIVES, [])
-    assert stream.finished and not stream.cancelled
-
-
-def test_directions_are_independent():
-    # A response may start (and even end) before the request body has.
-    stream = Stream(1, "lb")
-    stream.send(Request(1, {}))
-    stream.receive(Response(1, "413 Too Large", []))
-    stream.receive(End(1))
-    assert not stream.finished
-    stream.send(Body(1, b"late"))
-    stream.send(End(1))
-    assert stream.finished
-    worker = Stream(1, "worker")
-    worker.receive(Request(1, {}))
-    worker.send(Response(1, "200 OK", []))
-    worker.send(End(1))
-    worker.receive(Body(1, b"x"))
-    worker.receive(End(1))
-    assert worker.finished
-
-
-REQ, RESP, BODY, END = Request(1, {}), Response(1, "200 OK", []), Body(1, b"x"), End(1)
-ILLEGAL = [
-    # (what came before, illegal message)
-    ([], BODY), ([], END), ([REQ], REQ), ([REQ, END], BODY), ([REQ, END], END),
-    ([REQ, END], REQ), ([REQ, BODY, END], BODY), ([], RESP), ([REQ], RESP),
-    ([], Ping()), ([REQ], Hello(1, "lb", "n")), ([REQ], Resume({})),
-]
-
-
-def _mirror(message):
-    """The same step in the other direction: Request <-> Response."""
-    if isinstance(message, Request):
-        return RESP
-    if isinstance(message, Response):
-        return REQ
-    return message
-
-
-@pytest.mark.parametrize("before,illegal", ILLEGAL, ids=_id)
-@pytest.mark.parametrize("role,direction", [
-    ("lb", "send"), ("worker", "receive"), ("lb", "receive"), ("worker", "send"),
-])
-def test_illegal_transitions(role, direction, before, illegal):
-    # The request direction: the LB sends, the worker receives; mirrored for
-    # the response direction.
-    request_direction = (role, direction) in (("lb", "send"), ("worker", "receive"))
-    if not request_direction:
-        before, illegal = [_mirror(m) for m in before], _mirror(illegal)
-    stream = Stream(1, role)
-    step = stream.send if direction == "send" else stream.receive
-    for message in before:
-        step(message)
-    state = (stream.sending, stream.receiving)
-    error = LocalProtocolError if direction == "send" else RemoteProtocolError
-    with pytest.raises(error) as info:
-        step(illegal)
-    if direction == "send":
-        assert not isinstance(info.value, RemoteProtocolError)
-    assert (stream.sending, stream.receiving) == state  # unchanged
-
-
-def test_response_twice_and_anything_after_end():
-    stream = Stream(1, "lb")
-    stream.receive(RESP)
-    with pytest.raises(RemoteProtocolError, match="Response"):
-        stream.receive(RESP)
-    stream.receive(END)
-    for message in (RESP, BODY, END, REQ):
-        with pytest.raises(RemoteProtocolError):
-            stream.receive(message)
-
-
-def _reach(role: str, sends: int, receives: int) -> Stream:
-    """A stream with the first ``sends``/``receives`` steps of each direction done."""
-    stream = Stream(1, role)
-    send_path = [REQ, BODY, END] if role == "lb" else [RESP, BODY, END]
-    receive_path = [RESP, BODY, END] if role == "lb" else [REQ, BODY, END]
-    walk(stream, send_path[:sends], receive_path[:receives])
-    return stream
-
-
-STATES = [(role, s, r) for role in ("lb", "worker") for s in (0, 1, 3) for r in (0, 1, 3)]
-
-
-@pytest.mark.parametrize("role,sends,receives", STATES)
-@pytest.mark.parametrize("side", ["send", "receive"])
-def test_cancel_from_either_side_ends_both_directions(role, sends, receives, side):
-    stream = _reach(role, sends, receives)
-    getattr(stream, side)(Cancel(1))
-    assert (stream.sending, stream.receiving) == ("CANCELLED", "CANCELLED")
-    assert stream.finished and stream.cancelled
-    # Messages already in flight after a cancel are tolerated, not errors.
-    for message in (BODY, END, REQ, RESP, Cancel(1), Credit(1, 5)):
-        stream.send(message)
-        stream.receive(message)
-    assert (stream.sending, stream.receiving) == ("CANCELLED", "CANCELLED")
-
-
-@pytest.mark.parametrize("role,sends,receives", STATES)
-def test_credit_accepted_in_any_state(role, sends, receives):
-    stream = _reach(role, sends, receives)
-    state = (stream.sending, stream.receiving)
-    for n in (0, 1, 2**32 - 1):
-        stream.send(Credit(1, n))
-        stream.receive(Credit(1, n))
-    assert (stream.sending, stream.receiving) == state
-
-
-def test_stream_repr():
-    stream = Stream(7, "worker")
-    stream.receive(Request(7, {}))
-    assert repr(stream) == "<Stream 7 worker sending=IDLE receiving=OPEN>"
-
-
 def test_header_struct_is_big_endian():
     assert HEADER.format == "!IBI"
     assert struct.calcsize(HEADER.format) == HEADER_SIZE
-    assert protocol.CREDIT.size == 4
+    assert protocol.CREDIT_PAYLOAD.size == 4
 
 
 def test_a_request_too_big_for_a_frame_is_refused_before_sending():
@@ -773,3 +619,288 @@ def test_a_request_too_big_for_a_frame_is_refused_before_sending():
         encode(Request(1, {"HTTP_X_BIG": "v" * MAX_MESSAGE}))
     assert caught.value.http_status == 431
     assert encode(Request(1, {"HTTP_X": "v" * 1000}))  # an ordinary one goes
+
+
+# -- Connection: two of them talking in memory -------------------------------
+
+SECRET = b"s3cret"
+
+
+class Wire:
+    """An LB and a worker ``protocol.Connection`` joined in memory: what one
+    sends is fed to the other in chunks of ``sizes``, and the events each
+    makes are collected, in order."""
+
+    def __init__(self, lb_secret=None, worker_secret=None, sizes=(1 << 30,),
+                 window=protocol.WINDOW, handshake=True):
+        self.lb = protocol.Connection("lb", lb_secret, window=window)
+        self.worker = protocol.Connection("worker", worker_secret, window=window)
+        self.sizes = list(sizes)
+        self.events = {self.lb: [], self.worker: []}
+        if handshake:
+            self.flush()
+
+    def peer(self, side):
+        return self.worker if side is self.lb else self.lb
+
+    def deliver(self, side, data):
+        """Feed ``data`` from ``side`` to its peer; then everything the
+        connections answer on their own, until they are quiet."""
+        receiver = self.peer(side)
+        for chunk in chunked(data, self.sizes) or [b""]:
+            if chunk:
+                receiver.receive_data(chunk)
+            while True:
+                event = receiver.next_event()
+                if event is NEED_DATA:
+                    break
+                self.events[receiver].append(event)
+        self.flush()
+
+    def send(self, side, *messages):
+        self.deliver(side, b"".join(side.send(m) for m in messages))
+
+    def flush(self):
+        for _ in range(10):
+            moved = False
+            for side in (self.lb, self.worker):
+                data = side.data_to_send()
+                if data:
+                    moved = True
+                    self.deliver(side, data)
+            if not moved:
+                return
+
+    def take(self, side):
+        events, self.events[side] = self.events[side], []
+        return events
+
+
+def test_handshake_without_a_secret():
+    wire = Wire()
+    (ready,) = wire.take(wire.lb)
+    assert isinstance(ready, protocol.Ready) and ready.peer.role == "worker"
+    assert wire.take(wire.worker)[0].peer.role == "lb"
+    assert wire.lb.phase == wire.worker.phase == "open"
+
+
+@pytest.mark.parametrize("sizes", [(1,), (5, 9), (1 << 30,)])
+def test_handshake_with_a_secret_in_any_chunking(sizes):
+    wire = Wire(SECRET, SECRET, sizes)
+    assert [type(e) for e in wire.take(wire.lb)] == [protocol.Ready]
+    assert [type(e) for e in wire.take(wire.worker)] == [protocol.Ready]
+
+
+@pytest.mark.parametrize("lb_secret, worker_secret", [
+    (SECRET, b"other"), (SECRET, None), (None, SECRET)])
+def test_handshake_refuses_a_wrong_or_missing_secret(lb_secret, worker_secret):
+    with pytest.raises(AuthenticationError):
+        Wire(lb_secret, worker_secret)
+
+
+def test_nothing_but_a_small_hello_before_the_handshake():
+    """An unauthenticated peer can make us buffer a kilobyte, no more."""
+    for header in (HEADER.pack(0, Hello.TYPE, 256 * 1024), HEADER.pack(0, Resume.TYPE, 10),
+                   HEADER.pack(1, Request.TYPE, 2)):
+        worker = protocol.Connection("worker", SECRET)
+        worker.receive_data(header)
+        with pytest.raises(RemoteProtocolError, match="limit|not allowed before the handshake"):
+            worker.next_event()
+        with pytest.raises(RemoteProtocolError):  # and stays broken
+            worker.next_event()
+
+
+def test_nothing_but_a_small_auth_before_authentication():
+    worker = protocol.Connection("worker", SECRET)
+    worker.receive_data(encode(new_hello("lb", SECRET)))
+    assert worker.next_event() is NEED_DATA and worker.phase == "authenticating"
+    worker.receive_data(HEADER.pack(0, Resume.TYPE, 1000))
+    with pytest.raises(RemoteProtocolError, match="Resume frame not allowed before authentication"):
+        worker.next_event()
+
+
+@pytest.mark.parametrize("role, message", [
+    ("worker", Resume({"a": 1.0})), ("worker", Response(1, "200 OK", [])),
+    ("lb", Request(1, {})), ("lb", Hello(VERSION, "worker", "n", False)),
+])
+def test_each_role_refuses_what_only_it_may_send(role, message):
+    wire = Wire()
+    side = wire.lb if role == "lb" else wire.worker
+    side.receive_data(HEADER.pack(getattr(message, "rno", 0), message.TYPE, 1 << 20))
+    with pytest.raises(RemoteProtocolError, match="not allowed|limit"):
+        side.next_event()  # from the header alone: a megabyte is never buffered
+    with pytest.raises(LocalProtocolError):  # and the other side may not send it
+        wire.peer(side).send(message)
+
+
+def test_a_whole_request_and_response():
+    wire = Wire()
+    wire.take(wire.lb), wire.take(wire.worker)
+    rno, data = wire.lb.start_request({"PATH_INFO": "/"})
+    assert rno == 1
+    wire.deliver(wire.lb, data)
+    wire.send(wire.lb, Body(rno, b"abc"), End(rno))
+    assert wire.take(wire.worker) == [Request(1, {"PATH_INFO": "/"}), Body(1, b"abc"), End(1)]
+    wire.send(wire.worker, Response(1, "200 OK", [("A", "b")]), Body(1, b"x"), End(1))
+    assert wire.take(wire.lb) == [Response(1, "200 OK", [("A", "b")]), Body(1, b"x"), End(1)]
+    assert wire.lb.streams == {} and wire.worker.streams == {}
+    rno, data = wire.lb.start_request({}, end=True)
+    assert rno == 2
+    wire.deliver(wire.lb, data)
+    assert wire.take(wire.worker) == [Request(2, {}), End(2)]
+
+
+def test_a_response_may_start_before_the_request_ends():
+    wire = Wire()
+    wire.take(wire.worker)
+    rno, data = wire.lb.start_request({})
+    wire.deliver(wire.lb, data)
+    wire.send(wire.worker, Response(rno, "413 Too Large", []), End(rno))
+    wire.send(wire.lb, End(rno))
+    assert wire.lb.streams == {} and wire.worker.streams == {}
+
+
+def _started(wire):
+    wire.take(wire.lb), wire.take(wire.worker)
+    rno, data = wire.lb.start_request({})
+    wire.deliver(wire.lb, data)
+    wire.take(wire.worker)
+    return rno
+
+
+def test_cancel_by_the_lb_says_who_and_drops_late_frames():
+    wire = Wire()
+    rno = _started(wire)
+    late = wire.worker.send(Response(rno, "200 OK", [])) + wire.worker.send(Body(rno, b"x"))
+    wire.deliver(wire.lb, wire.lb.cancel(rno))
+    assert wire.lb.cancel(rno) == b""  # idempotent
+    assert wire.take(wire.worker) == [protocol.StreamEnded(rno, "peer", "cancelled")]
+    wire.deliver(wire.worker, late)  # crossed the cancel: dropped, no error
+    assert wire.take(wire.lb) == []
+    with pytest.raises(LocalProtocolError, match="not open"):
+        wire.worker.send(End(rno))
+
+
+def test_cancel_by_the_worker_mid_response():
+    wire = Wire()
+    rno = _started(wire)
+    wire.send(wire.worker, Response(rno, "200 OK", []), Body(rno, b"x"))
+    wire.deliver(wire.worker, wire.worker.cancel(rno))
+    events = wire.take(wire.lb)
+    assert events[-1] == protocol.StreamEnded(rno, "peer", "cancelled")
+    assert wire.lb.streams == {} and wire.worker.streams == {}
+
+
+def test_cancels_crossing_from_both_sides():
+    wire = Wire()
+    rno = _started(wire)
+    from_lb, from_worker = wire.lb.cancel(rno), wire.worker.cancel(rno)
+    wire.deliver(wire.lb, from_lb)
+    wire.deliver(wire.worker, from_worker)
+    assert wire.take(wire.lb) == wire.take(wire.worker) == []
+
+
+def test_credit_runs_out_and_is_granted_back():
+    window = 1000
+    wire = Wire(window=window)
+    rno = _started(wire)
+    wire.send(wire.lb, Body(rno, b"a" * 600), Body(rno, b"b" * 400))
+    assert wire.lb.credit(rno) == 0
+    with pytest.raises(LocalProtocolError, match="past our credit"):
+        wire.lb.send(Body(rno, b"c"))
+    assert wire.worker.consumed(rno, 100) == b""  # under a quarter: not yet
+    grant = wire.worker.consumed(rno, 200)
+    wire.deliver(wire.worker, grant)
+    assert wire.take(wire.lb) == [Credit(rno, 300)]
+    assert wire.lb.credit(rno) == 300
+    wire.send(wire.lb, Body(rno, b"c" * 300), End(rno))
+    assert wire.worker.consumed(rno, 700) == b""  # the body is complete: nothing to grant
+
+
+def test_a_peer_past_its_credit_is_an_error():
+    wire = Wire(window=10)
+    rno = _started(wire)
+    wire.worker.receive_data(encode(Body(rno, b"x" * 11)))
+    with pytest.raises(RemoteProtocolError, match="past the credit"):
+        wire.worker.next_event()
+
+
+def test_request_numbers():
+    wire = Wire()
+    rno = _started(wire)
+    with pytest.raises(LocalProtocolError, match="request number"):
+        wire.lb.send(Request(rno + 5, {}))
+    wire.worker.receive_data(encode(Request(rno, {})))  # again: refused
+    with pytest.raises(RemoteProtocolError):
+        wire.worker.next_event()
+    other = Wire()
+    other.lb.receive_data(encode(Body(7, b"")))  # never started
+    with pytest.raises(RemoteProtocolError, match="never started"):
+        other.lb.next_event()
+
+
+def test_goaway_lets_requests_in_flight_finish_and_starts_no_new_one():
+    wire = Wire()
+    rno = _started(wire)
+    wire.send(wire.worker, GoAway("draining"))
+    assert wire.take(wire.lb) == [GoAway("draining")]
+    assert wire.lb.phase == wire.worker.phase == "closing"
+    with pytest.raises(LocalProtocolError, match="going away"):
+        wire.lb.start_request({})
+    wire.send(wire.lb, End(rno))
+    wire.send(wire.worker, Response(rno, "200 OK", []), End(rno))
+    assert wire.take(wire.lb) == [Response(rno, "200 OK", []), End(rno)]
+
+
+def test_pings_are_answered_by_the_connection():
+    wire = Wire()
+    wire.take(wire.lb), wire.take(wire.worker)
+    wire.send(wire.lb, Ping())
+    assert wire.take(wire.worker) == [] and wire.take(wire.lb) == []  # the Pong came back
+    with pytest.raises(LocalProtocolError):
+        wire.lb.send(Hello(VERSION, "lb", "n"))
+
+
+def test_end_of_file_and_close():
+    wire = Wire()
+    rno = _started(wire)
+    wire.lb.receive_data(b"")
+    assert wire.lb.next_event() == protocol.Closed()
+    assert wire.lb.phase == "closed" and wire.lb.streams == {}
+    assert wire.worker.close() == [rno]
+    with pytest.raises(LocalProtocolError):
+        wire.worker.send(Ping())
+
+
+def _checked_events(connection, data, sizes):
+    """Feed ``data``; only events or RemoteProtocolError may come out, and
+    once an error came, every later call raises it too."""
+    broken = None
+    for chunk in chunked(data, sizes) + [b""]:
+        connection.receive_data(chunk)
+        try:
+            for _ in range(len(data) // HEADER_SIZE + 3):
+                event = connection.next_event()
+                if event is NEED_DATA:
+                    break
+                assert isinstance(event, (protocol.Ready, protocol.StreamEnded, protocol.Closed,
+                                          Request, Response, Body, End, Credit, Resume, GoAway))
+            else:
+                pytest.fail("more events than the bytes allow")
+        except RemoteProtocolError as exc:
+            broken = exc
+            break
+    if broken is not None:
+        with pytest.raises(RemoteProtocolError):
+            connection.next_event()
+
+
+@PROPERTY
+@given(frames=st.lists(frameish() | json_frame(), max_size=8), sizes=chunk_sizes,
+       role=st.sampled_from(["lb", "worker"]), opened=st.booleans())
+def test_any_bytes_in_any_chunking_give_events_or_the_remote_error(frames, sizes, role, opened):
+    wire = Wire(handshake=opened)
+    side = wire.lb if role == "lb" else wire.worker
+    if opened and role == "worker":
+        frames = [encode(Request(1, {}))] + frames  # so that frames for request 1 can mean something
+    _checked_events(side, b"".join(frames), sizes)

@@ -11,7 +11,8 @@ from zc_lb.connection import Connection, Handler
 from zc_lb.errors import ConfigurationError
 from zc_lb.protocol import End
 from zc_lb.testing import read_response
-from zc_lb.worker import Worker, load_app, parse_address
+from zc_lb.connection import parse_address
+from zc_lb.worker import Worker, load_app
 
 
 class LBSide(Handler):

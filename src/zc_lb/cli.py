@@ -18,11 +18,10 @@ import sys
 import time
 from typing import List, Optional
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, ZcLbError
 
 log = logging.getLogger("zc_lb")
 
-DRAIN_QUIET = 0.5  # seconds without requests in flight that end a drain
 
 
 def _read_secret(path: Optional[str]) -> Optional[bytes]:
@@ -94,7 +93,8 @@ def _check_exposure(listen, secret: Optional[bytes], insecure: bool) -> None:
 
 
 def run_worker(args: argparse.Namespace) -> int:
-    from .worker import Worker, load_app, parse_address
+    from .connection import parse_address
+    from .worker import Worker, load_app
 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until wait_for_signal says so
     listen = parse_address(args.listen)
@@ -143,7 +143,7 @@ def build_lb(args: argparse.Namespace):
     from .http import AccessLog, FrontServer, tls_context
     from .lb import LB
     from .status import status_app
-    from .worker import parse_address
+    from .connection import parse_address
 
     pool = make_pool(args.policy, _lb_settings(args))
     pages = {}
@@ -179,7 +179,6 @@ def build_lb(args: argparse.Namespace):
 
 
 def run_lb(args: argparse.Namespace) -> int:
-    import gevent
 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until wait_for_signal says so
     lb, front, status = build_lb(args)
@@ -204,16 +203,7 @@ def run_lb(args: argparse.Namespace) -> int:
 
     def stop() -> bool:
         front.drain()  # stop accepting; finish what is in flight
-        deadline = time.monotonic() + args.drain_timeout
-        quiet_since = None  # keep-alive clients may still send a last request
-        while time.monotonic() < deadline:
-            if lb.in_flight:
-                quiet_since = None
-            elif quiet_since is None:
-                quiet_since = time.monotonic()
-            elif time.monotonic() - quiet_since >= DRAIN_QUIET:
-                break
-            gevent.sleep(0.05)
+        lb.drain(args.drain_timeout)
         front.stop(timeout=1)
         if status is not None:
             status.stop(timeout=1)
@@ -558,9 +548,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.run(args)
-    except ConfigurationError as exc:
+    except ZcLbError as exc:  # a configuration error exits 2, ZooKeeper down 69
         print("zc-lb %s: error: %s" % (args.command, exc), file=sys.stderr)
-        return 2
+        return exc.exit_status
     except OSError as exc:  # e.g. the address is in use
         print("zc-lb %s: error: %s" % (args.command, exc), file=sys.stderr)
         return 1

@@ -1,16 +1,20 @@
-"""gevent glue: one multiplexed LB<->worker connection and its requests.
+"""gevent glue: a pump between a socket and a ``protocol.Connection``.
 
-A ``Connection`` owns a connected socket.  ``handshake()`` exchanges
-Hello (and Auth, with a shared secret) in the calling greenlet; ``start()``
-spawns a reader greenlet, which decodes frames and dispatches them, and a
-keepalive greenlet, which pings the peer and declares it lost when nothing
-has arrived for ``keepalive_timeout`` seconds.
+A ``Connection`` owns a connected socket and the sans-I/O protocol
+machine that decides everything (phases, request numbers, stream states,
+credit, cancels).  ``handshake()`` exchanges Hello (and Auth, with a
+shared secret) in the calling greenlet; ``start()`` spawns a reader
+greenlet, which feeds received bytes to the machine and hands its events
+to whoever waits, a writer greenlet, and a keepalive greenlet, which
+pings the peer and declares it lost when nothing has arrived for
+``keepalive_timeout`` seconds.
 
-Each request in flight is an ``Exchange``: its protocol state (a
-``protocol.Stream``), an inbox of received messages, and credit in both
-directions.  The greenlet that owns a request sends on it and receives
-from it; the reader only appends to inboxes and wakes waiters, so a slow
-consumer of one request never blocks the reader or other requests.
+Each request in flight is an ``Exchange``: an inbox of received
+messages and a wakeup.  The greenlet that owns a request sends on it and
+receives from it; the reader only appends to inboxes and wakes waiters,
+so a slow consumer of one request never blocks the reader or other
+requests.  ``idle`` is set while no request is in flight, for drains to
+wait on.
 
 Writes from many greenlets are coalesced: they queue bytes, and a writer
 greenlet sends everything queued in a loop turn with one ``sendall``, so
@@ -19,7 +23,9 @@ bounded by credit, so the queue is bounded by a window per request.
 
 When the connection breaks, every exchange's waiters are woken with the
 error: ``ConnectionLost`` (WorkerLost on the LB) when it broke from
-outside, ``ConnectionClosed`` (WorkerClosed) when we closed it.
+outside, ``ConnectionClosed`` (WorkerClosed) when we closed it.  A
+request cancelled raises ``PeerCancelled`` or, cancelled here, the error
+given to ``cancel`` (``ClientGone`` when the LB's client left).
 """
 
 from __future__ import annotations
@@ -28,34 +34,25 @@ import collections
 import logging
 import socket
 import time
-from typing import Callable, Deque, Dict, List, Optional
+from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import gevent
 import gevent.event
 
 from . import protocol
 from .errors import (
+    CancelledHere,
+    ConfigurationError,
     ConnectionClosed,
     ConnectionLost,
-    MessageTooLarge,
+    PeerCancelled,
     RemoteProtocolError,
     RequestCancelled,
     WorkerClosed,
     WorkerLost,
     ZcLbError,
 )
-from .protocol import (
-    WINDOW,
-    Body,
-    Cancel,
-    Credit,
-    End,
-    GoAway,
-    Ping,
-    Pong,
-    Request,
-    Resume,
-)
+from .protocol import Body, Credit, GoAway, Ping, Request, Resume, StreamEnded
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +62,21 @@ KEEPALIVE_TIMEOUT = 5.0
 HANDSHAKE_TIMEOUT = 10.0
 RECYCLE_RNO = protocol.MAX_RNO - 100000
 RECV_SIZE = 256 * 1024
+
+
+def parse_address(text: str, default_host: str = "127.0.0.1") -> Tuple[str, int]:
+    """``HOST:PORT`` (or ``:PORT``, or ``[v6]:PORT``) -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        raise ConfigurationError("expected HOST:PORT, got %r" % text)
+    host = host.strip("[]") or default_host
+    try:
+        number = int(port)
+    except ValueError:
+        raise ConfigurationError("bad port in %r" % text)
+    if not 0 <= number <= 65535:
+        raise ConfigurationError("port out of range in %r" % text)
+    return host, number
 
 
 def send_all(sock, data) -> None:
@@ -109,23 +121,29 @@ class Handler:
 
 
 class Exchange:
-    """One request in flight on a connection."""
+    """One request in flight on a connection: the greenlet that owns it
+    sends and receives through it; the connection's reader fills its
+    inbox and wakes it."""
 
-    __slots__ = ("connection", "rno", "state", "inbox", "credit", "window",
-                 "unacked", "error", "_wakeup", "on_cancel", "client_left", "__weakref__")
+    __slots__ = ("connection", "rno", "inbox", "error", "_wakeup", "on_cancel", "__weakref__")
 
     def __init__(self, connection: "Connection", rno: int) -> None:
         self.connection = connection
         self.rno = rno
-        self.state = protocol.Stream(rno, connection.role)
         self.inbox: Deque[protocol.Message] = collections.deque()
-        self.credit = WINDOW  # body bytes we may still send
-        self.window = WINDOW  # body bytes the peer may still send us
-        self.unacked = 0  # bytes consumed, not yet granted back
-        self.error: Optional[ZcLbError] = None
+        self.error: Optional[ZcLbError] = None  # why it ended early, raised to waiters
         self._wakeup = gevent.event.Event()
-        self.on_cancel: Optional[Callable[[], None]] = None
-        self.client_left = False  # the LB's client hung up (lb.py)
+        self.on_cancel: Optional[Callable[[], None]] = None  # the peer cancelled
+
+    @property
+    def credit(self) -> int:
+        """Body bytes we may send now."""
+        return self.connection.protocol.credit(self.rno)
+
+    @property
+    def cancelled(self) -> bool:
+        """Cancelled, by the peer or by us."""
+        return isinstance(self.error, RequestCancelled)
 
     # -- sending ------------------------------------------------------
 
@@ -133,11 +151,11 @@ class Exchange:
         """Send messages in one write; raise if the request is over."""
         if self.error is not None:
             raise self.error
-        state = self.state
-        for message in messages:
-            state.send(message)
-        self.connection.write(b"".join(map(protocol.encode, messages)))
-        self._maybe_forget()
+        connection = self.connection
+        send = connection.protocol.send
+        connection.write(b"".join([send(message) for message in messages]))
+        if self.rno not in connection.protocol.streams:  # both directions ended
+            connection.forget(self)
 
     def send_body(self, data: bytes, stop_on_response: bool = False) -> bool:
         """Send body bytes within credit, waiting for more as needed.
@@ -147,29 +165,32 @@ class Exchange:
         is not stuck behind a body the worker will never read.
         """
         view = memoryview(data)
+        credit = self.connection.protocol.credit
         while view:
-            while self.credit <= 0:
+            while credit(self.rno) <= 0:
                 if stop_on_response and self.inbox:
                     return False
                 self._wait()
             if stop_on_response and self.inbox:
                 return False
-            n = min(len(view), self.credit, protocol.MAX_BODY)
-            self.credit -= n
+            n = min(len(view), credit(self.rno), protocol.MAX_BODY)
             self.send(Body(self.rno, bytes(view[:n])))
             view = view[n:]
         return True
 
-    def cancel(self) -> None:
-        """Abandon the request, telling the peer; idempotent."""
-        if self.state.cancelled or self.state.finished or self.connection.closed:
-            self._forget()
-            return
-        self.state.send(Cancel(self.rno))
-        self.error = RequestCancelled("request %d cancelled" % self.rno)
-        self._forget()
+    def cancel(self, error: Optional[ZcLbError] = None) -> None:
+        """Abandon the request, telling the peer; idempotent.  ``error``
+        says why (a RequestCancelled subclass): waiters get it raised."""
+        connection = self.connection
+        if connection.closed or self.rno not in connection.protocol.streams:
+            return  # ended already
+        if self.error is None:
+            self.error = error or CancelledHere("request %d cancelled" % self.rno)
+        data = connection.protocol.cancel(self.rno)
+        connection.streams.pop(self.rno, None)
+        self._wakeup.set()
         try:
-            self.connection.write(protocol.encode(Cancel(self.rno)))
+            connection.write(data)
         except ZcLbError:
             pass
 
@@ -188,13 +209,11 @@ class Exchange:
 
     def consumed(self, n: int) -> None:
         """We are done with ``n`` received body bytes: grant them back."""
-        self.unacked += n
-        if self.unacked >= WINDOW // 4 and not self.state.finished and self.error is None:
-            n, self.unacked = self.unacked, 0
-            self.window += n
-            self.connection.write(protocol.encode(Credit(self.rno, n)))
-
-    # -- driven by the connection's reader ----------------------------
+        connection = self.connection
+        if self.error is None and not connection.closed:
+            data = connection.protocol.consumed(self.rno, n)
+            if data:
+                connection.write(data)
 
     def _wait(self, timeout: Optional[float] = None) -> None:
         if self.error is not None:
@@ -203,27 +222,20 @@ class Exchange:
         if not self._wakeup.wait(timeout):
             raise gevent.Timeout(timeout)
 
-    def _received(self, message: protocol.Message) -> None:
-        if isinstance(message, Credit):
-            self.credit += message.n
-        elif isinstance(message, Cancel):
-            self.state.receive(message)
-            self.error = RequestCancelled("request %d cancelled by peer" % self.rno)
-            self._forget()
-            if self.on_cancel is not None:
-                self.on_cancel()
-        else:
-            self.state.receive(message)
-            if isinstance(message, Body):
-                size = len(message.data)
-                if size > self.window:
-                    raise RemoteProtocolError(
-                        "request %d: %d body bytes sent past the credit of %d"
-                        % (self.rno, size, self.window))
-                self.window -= size
-            self.inbox.append(message)
-            self._maybe_forget()
+    # -- driven by the connection's reader ----------------------------
+
+    def _received(self, event: protocol.Message) -> None:
+        if type(event) is not Credit:
+            self.inbox.append(event)
         self._wakeup.set()
+
+    def _cancelled_by_peer(self) -> None:
+        if self.error is None:
+            self.error = PeerCancelled("request %d cancelled by %s"
+                                       % (self.rno, self.connection.peer))
+        self._wakeup.set()
+        if self.on_cancel is not None:
+            self.on_cancel()
 
     def fail(self, error: ZcLbError) -> None:
         """End the exchange here with ``error`` (waiters get it raised)."""
@@ -231,22 +243,15 @@ class Exchange:
             self.error = error
         self._wakeup.set()
 
-    def _maybe_forget(self) -> None:
-        if self.state.finished:
-            self._forget()
-
-    def _forget(self) -> None:
-        self.connection.streams.pop(self.rno, None)
-        self._wakeup.set()
-
     def __repr__(self) -> str:
-        return "<Exchange %d on %s %s/%s credit=%d>" % (
-            self.rno, self.connection.peer, self.state.sending,
-            self.state.receiving, self.credit)
+        return "<Exchange %d on %s credit=%d%s>" % (
+            self.rno, self.connection.peer, self.credit,
+            " %s" % self.error if self.error else "")
 
 
 class Connection:
-    """One multiplexed connection between an LB and a worker."""
+    """One multiplexed connection between an LB and a worker: a pump
+    between a socket and a ``protocol.Connection``."""
 
     def __init__(
         self,
@@ -265,17 +270,19 @@ class Connection:
         self.secret = secret
         self.keepalive_interval = keepalive_interval
         self.keepalive_timeout = keepalive_timeout
+        self.protocol = protocol.Connection(role, secret)
         self.streams: Dict[int, Exchange] = {}
-        self.decoder = protocol.Decoder()
         self.closed = False
-        self.draining = False  # the peer said GoAway
+        self.draining = False  # the peer said GoAway (or we ran out of request numbers)
         self.error: Optional[ZcLbError] = None
         self.peer_hello: Optional[protocol.Hello] = None
-        self._last_rno = 0
+        self.idle = gevent.event.Event()  # set while no request is in flight
+        self.idle.set()
         self._last_received = time.monotonic()
         self._outgoing: List[bytes] = []
         self._wake_writer = gevent.event.Event()
-        self._sending = False
+        self._flushed = gevent.event.Event()  # set while nothing is queued or being sent
+        self._flushed.set()
         self._greenlets: List[gevent.Greenlet] = []
         self._lost_error = WorkerLost if role == "lb" else ConnectionLost
         self._closed_error = WorkerClosed if role == "lb" else ConnectionClosed
@@ -285,17 +292,24 @@ class Connection:
 
     def handshake(self, timeout: float = HANDSHAKE_TIMEOUT) -> None:
         """Exchange Hello (and Auth); raise on mismatch, failure or timeout."""
-        ours = protocol.new_hello(self.role, self.secret)
-        self.sock.sendall(protocol.encode(ours))
+        proto = self.protocol
         with gevent.Timeout(timeout, RemoteProtocolError("handshake timed out")):
-            theirs = self._read_one(protocol.Hello)
-            protocol.check_hello(ours, theirs)
-            if self.secret is not None:
-                digest = protocol.auth_digest(self.secret, theirs.nonce, self.role)
-                self.sock.sendall(protocol.encode(protocol.Auth(digest)))
-                auth = self._read_one(protocol.Auth)
-                protocol.check_auth(self.secret, ours, theirs, auth)
-        self.peer_hello = theirs
+            self.sock.sendall(proto.data_to_send())  # our Hello
+            while True:
+                event = proto.next_event()
+                out = proto.data_to_send()  # our Auth, once the peer's Hello came
+                if out:
+                    self.sock.sendall(out)
+                if event is protocol.NEED_DATA:
+                    data = self.sock.recv(RECV_SIZE)
+                    if not data:
+                        raise self._lost_error("%s closed during handshake" % self.peer)
+                    proto.receive_data(data)
+                elif isinstance(event, protocol.Ready):
+                    self.peer_hello = event.peer
+                    return
+                else:  # Closed: nothing else passes the handshake's limits
+                    raise self._lost_error("%s closed during handshake" % self.peer)
 
     def start(self) -> None:
         """Start reading and keeping alive (after the handshake)."""
@@ -305,10 +319,8 @@ class Connection:
     def close(self, reason: str = "closed", flush_timeout: float = 0.0) -> None:
         """Close from our side, after up to ``flush_timeout`` seconds for
         what is queued to be sent; waiters get ConnectionClosed/WorkerClosed."""
-        deadline = time.monotonic() + flush_timeout
-        while ((self._outgoing or self._sending) and not self.closed
-               and time.monotonic() < deadline):
-            gevent.sleep(0.01)
+        if flush_timeout > 0 and not self.closed:
+            self._flushed.wait(flush_timeout)
         if not self.closed:
             try:
                 self.sock.shutdown(socket.SHUT_WR)
@@ -326,31 +338,27 @@ class Connection:
         """LB side: start a request, with End at once when it has no body."""
         if self.closed:
             raise self.error or self._closed_error(self.peer)
-        if self._last_rno >= RECYCLE_RNO and not self.draining:
+        proto = self.protocol
+        if proto.peer_goes_away:
+            raise self._closed_error("%s is going away" % self.peer)
+        if proto.last_rno >= RECYCLE_RNO and not self.draining:
             self.draining = True  # out of request numbers soon: make way for a new one
             self.handler.handle_goaway(self, "request numbers running out")
-        if self._last_rno >= protocol.MAX_RNO:
+        if proto.last_rno >= protocol.MAX_RNO:
             raise self._closed_error("%s: no request numbers left" % self.peer)
-        self._last_rno += 1
-        exchange = Exchange(self, self._last_rno)
-        self.streams[exchange.rno] = exchange
-        try:
-            if end:
-                exchange.send(Request(exchange.rno, environ), End(exchange.rno))
-            else:
-                exchange.send(Request(exchange.rno, environ))
-        except MessageTooLarge:  # nothing was sent: this request only fails
-            del self.streams[exchange.rno]
-            raise
+        rno, data = proto.start_request(environ, end)  # MessageTooLarge: nothing sent
+        exchange = self.streams[rno] = Exchange(self, rno)
+        self.idle.clear()
+        self.write(data)
         return exchange
 
     def send_resume(self, skills: Dict[str, float]) -> None:
         """Worker side: send our résumé."""
-        self.write(protocol.encode(Resume(skills)))
+        self.write(self.protocol.send(Resume(skills)))
 
     def send_goaway(self, reason: str = "") -> None:
         """Tell the peer we are draining."""
-        self.write(protocol.encode(GoAway(reason)))
+        self.write(self.protocol.send(GoAway(reason)))
 
     # -- writing ------------------------------------------------------
 
@@ -360,6 +368,7 @@ class Connection:
         if self.closed:
             raise self.error or self._closed_error(self.peer)
         self._outgoing.append(data)
+        self._flushed.clear()
         self._wake_writer.set()
 
     def _write_loop(self) -> None:
@@ -371,39 +380,24 @@ class Connection:
                 while outgoing:
                     chunk = outgoing[0] if len(outgoing) == 1 else b"".join(outgoing)
                     outgoing.clear()
-                    self._sending = True
                     send_all(sock, chunk)
-                    self._sending = False
+                self._flushed.set()
         except OSError as exc:
             outgoing.clear()
+            self._flushed.set()
             self._end(self._lost_error("%s: write failed: %s" % (self.peer, exc)))
 
     # -- reading ------------------------------------------------------
 
-    def _read_one(self, expected: type) -> protocol.Message:
-        while True:
-            message = self.decoder.next_message()
-            if message is not protocol.NEED_DATA:
-                if not isinstance(message, expected):
-                    raise RemoteProtocolError(
-                        "expected %s, got %s" % (expected.__name__, type(message).__name__))
-                return message
-            data = self.sock.recv(RECV_SIZE)
-            if not data:
-                raise self._lost_error("%s closed during handshake" % self.peer)
-            self.decoder.receive_data(data)
-
     def _read_loop(self) -> None:
-        decoder, recv = self.decoder, self.sock.recv
+        proto, recv = self.protocol, self.sock.recv
         try:
-            self._dispatch_all()
+            self._dispatch_events()
             while not self.closed:
                 data = recv(RECV_SIZE)
-                if not data:
-                    raise self._lost_error("%s closed the connection" % self.peer)
                 self._last_received = time.monotonic()
-                decoder.receive_data(data)
-                self._dispatch_all()
+                proto.receive_data(data)
+                self._dispatch_events()
         except RemoteProtocolError as exc:
             log.warning("protocol error from %s, disconnecting: %s", self.peer, exc)
             self._end(self._lost_error("%s: protocol error: %s" % (self.peer, exc)))
@@ -415,68 +409,57 @@ class Connection:
             log.exception("connection to %s failed", self.peer)
             self._end(self._lost_error("%s: %r" % (self.peer, exc)))
 
-    def _dispatch_all(self) -> None:
-        next_message = self.decoder.next_message
+    def _dispatch_events(self) -> None:
+        """Hand every event the bytes so far make to whoever waits for it."""
+        proto, streams = self.protocol, self.streams
+        next_event, live = proto.next_event, proto.streams
         while True:
-            message = next_message()
-            if message is protocol.NEED_DATA:
-                return
-            self._dispatch(message)
-
-    def _dispatch(self, message: protocol.Message) -> None:
-        rno = getattr(message, "rno", 0)
-        if rno:
-            exchange = self.streams.get(rno)
-            if exchange is not None:
-                exchange._received(message)
-            elif isinstance(message, Request):
-                self._new_request(message)
-            elif rno > self._last_rno:
-                raise RemoteProtocolError("%s for unknown request %d"
-                                          % (type(message).__name__, rno))
-            # else: a request that already ended here; late frames are harmless
-            return
-        handler = self._CONNECTION_DISPATCH.get(type(message))
-        if handler is None:
-            raise RemoteProtocolError("unexpected %s" % type(message).__name__)
-        handler(self, message)
+            event = next_event()
+            if event is protocol.NEED_DATA:
+                break
+            rno = getattr(event, "rno", 0)
+            if rno:
+                exchange = streams.get(rno)
+                if exchange is None:
+                    if type(event) is Request:
+                        self._new_request(event)  # type: ignore[arg-type]
+                    continue
+                if type(event) is StreamEnded:
+                    del streams[rno]
+                    exchange._cancelled_by_peer()
+                else:
+                    exchange._received(event)  # type: ignore[arg-type]
+                    if rno not in live:
+                        del streams[rno]
+                if not streams:
+                    self.idle.set()
+            elif type(event) is Resume:
+                self.handler.handle_resume(self, event.skills)  # type: ignore[union-attr]
+            elif type(event) is GoAway:
+                self.draining = True
+                self.handler.handle_goaway(self, event.reason)  # type: ignore[union-attr]
+            elif type(event) is protocol.Closed:
+                raise self._lost_error("%s closed the connection" % self.peer)
+        out = proto.data_to_send()  # our Pongs
+        if out:
+            self.write(out)
 
     def _new_request(self, message: Request) -> None:
-        if self.role != "worker" or message.rno <= self._last_rno:
-            raise RemoteProtocolError("unexpected request %d" % message.rno)
-        self._last_rno = message.rno
-        exchange = Exchange(self, message.rno)
-        self.streams[message.rno] = exchange
-        exchange.state.receive(message)
+        exchange = self.streams[message.rno] = Exchange(self, message.rno)
+        self.idle.clear()
         exchange.inbox.append(message)
         self.handler.handle_request(self, exchange)
 
-    def _on_ping(self, message: Ping) -> None:
-        self.write(protocol.encode(Pong()))
-
-    def _on_pong(self, message: Pong) -> None:
-        pass
-
-    def _on_resume(self, message: Resume) -> None:
-        if self.role != "lb":
-            raise RemoteProtocolError("a worker got a résumé")
-        self.handler.handle_resume(self, message.skills)
-
-    def _on_goaway(self, message: GoAway) -> None:
-        self.draining = True
-        self.handler.handle_goaway(self, message.reason)
-
-    _CONNECTION_DISPATCH = {
-        Ping: _on_ping,
-        Pong: _on_pong,
-        Resume: _on_resume,
-        GoAway: _on_goaway,
-    }
+    def forget(self, exchange: Exchange) -> None:
+        """The owner of ``exchange`` is done with it (both directions ended)."""
+        if self.streams.get(exchange.rno) is exchange and exchange.rno not in self.protocol.streams:
+            del self.streams[exchange.rno]
+            if not self.streams:
+                self.idle.set()
 
     # -- keepalive and ending -----------------------------------------
 
     def _keepalive_loop(self) -> None:
-        ping = protocol.encode(Ping())
         suspect = False
         while not self.closed:
             slept = time.monotonic()
@@ -501,7 +484,7 @@ class Connection:
                 else:
                     self.handler.handle_heard(self)
             try:
-                self.write(ping)
+                self.write(self.protocol.send(Ping()))
             except ZcLbError:
                 return
 
@@ -510,6 +493,7 @@ class Connection:
             return
         self.closed = True
         self.error = error
+        self.protocol.close()
         try:
             self.sock.close()
         except OSError:
@@ -517,6 +501,8 @@ class Connection:
         streams, self.streams = self.streams, {}
         for exchange in streams.values():
             exchange.fail(error)
+        self.idle.set()
+        self._flushed.set()
         current = gevent.getcurrent()
         for greenlet in self._greenlets:
             if greenlet is not current:

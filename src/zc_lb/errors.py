@@ -1,10 +1,30 @@
-"""The exception hierarchy.
+"""Every exception zc-lb raises on purpose, in one place.
 
-Names say who is at fault: a *local* protocol error means our own code
-misused the API (a bug here); a *remote* protocol error means the peer
-sent something the protocol forbids.  A worker *lost* broke from outside;
-a worker *closed* was closed by us.  Each error carries the HTTP status it
-should become, so ``lb.py`` turns errors into responses in one place.
+Names say who is at fault:
+
+- the *client* (``ClientError``): a request HTTP forbids or the LB does
+  not take, or a client that went away; answered with a 4xx (or, gone,
+  not at all);
+- a *worker* (``WorkerError``): it broke the protocol, was lost, cancelled
+  a request, answered badly or not in time; the client gets a 5xx;
+- the *configuration* (``ConfigurationError``): a setting, address, file
+  or classifier we were given is wrong; a process exits with status 2;
+- *ZooKeeper unavailable* (``ZooKeeperUnavailable``): not a typo, an
+  outage; a process exits with status 69 (EX_UNAVAILABLE), one a
+  supervisor retries;
+- *our own code* (``LocalProtocolError``): a bug here.
+
+Each class carries what it becomes: ``http_status`` for a request that
+fails with it, ``exit_status`` for a process that ends with it; ``lb.py``
+turns errors into responses, ``cli.py`` into exit statuses, each in one
+place.
+
+Within the LB<->worker protocol a *local* protocol error means our code
+misused the API; a *remote* one that the peer sent what the protocol
+forbids.  A connection *lost* broke from outside; one *closed* was closed
+by us.  A request *cancelled* says by whom: the peer (``PeerCancelled``),
+or this side (``CancelledHere``, and ``ClientGone`` when the LB's client
+left).
 """
 
 
@@ -12,12 +32,27 @@ class ZcLbError(Exception):
     """Base of every error zc-lb raises on purpose."""
 
     http_status = 500
+    exit_status = 1
+
+
+# -- configuration and environment ---------------------------------------
 
 
 class ConfigurationError(ZcLbError):
     """A setting, classifier spec, address or file given to us is invalid."""
 
-    http_status = 500
+    exit_status = 2
+
+
+class ZooKeeperUnavailable(ZcLbError):
+    """ZooKeeper could not be reached (wrong hosts, or down): an outage,
+    not a mistake in the configuration."""
+
+    http_status = 503
+    exit_status = 69  # EX_UNAVAILABLE: try again later
+
+
+# -- the LB<->worker protocol ---------------------------------------------
 
 
 class ProtocolError(ZcLbError):
@@ -39,7 +74,14 @@ class MessageTooLarge(LocalProtocolError):
     http_status = 431
 
 
-class RemoteProtocolError(ProtocolError):
+class WorkerError(ZcLbError):
+    """Base of what a worker (or, on a worker, the LB) did wrong or
+    suffered: the client gets a 5xx."""
+
+    http_status = 502
+
+
+class RemoteProtocolError(ProtocolError, WorkerError):
     """The peer sent bytes or messages the protocol forbids."""
 
     http_status = 502
@@ -49,16 +91,12 @@ class AuthenticationError(RemoteProtocolError):
     """The peer failed the shared-secret challenge."""
 
 
-class ConnectionLost(ZcLbError):
+class ConnectionLost(WorkerError):
     """A connection to a peer broke from outside (reset, EOF, silence)."""
 
-    http_status = 502
 
-
-class ConnectionClosed(ZcLbError):
+class ConnectionClosed(WorkerError):
     """We closed a connection ourselves (removal, shutdown)."""
-
-    http_status = 502
 
 
 class WorkerLost(ConnectionLost):
@@ -69,25 +107,62 @@ class WorkerClosed(ConnectionClosed):
     """The LB closed its connection to a worker itself."""
 
 
-class NoWorkerAvailable(ZcLbError):
+class RequestCancelled(WorkerError):
+    """A request in flight was cancelled; the subclass says by whom."""
+
+
+class PeerCancelled(RequestCancelled):
+    """The other side cancelled the request (to an LB's client: the worker
+    gave up on it, a bad gateway)."""
+
+
+class CancelledHere(RequestCancelled):
+    """This side cancelled the request."""
+
+
+class BadResponse(WorkerError):
+    """The worker's response broke HTTP (a bad head, a body longer or
+    shorter than its Content-Length)."""
+
+
+class ResponseTimeout(WorkerError):
+    """The worker did not start a response within the response timeout."""
+
+    http_status = 504
+
+
+class NoWorkerAvailable(WorkerError):
     """No worker could be had within the no-worker timeout."""
 
     http_status = 503
 
 
-class RequestCancelled(ZcLbError):
-    """The other side cancelled a request in flight (to an LB's client:
-    the worker gave up on it, a bad gateway)."""
-
-    http_status = 502
+# -- the client -------------------------------------------------------------
 
 
-class BadRequest(ZcLbError):
-    """The client's request head breaks HTTP (RFC 9110/9112), or is more
-    than the front accepts; ``http_status`` is 400, 431, 501 or 505."""
+class ClientError(ZcLbError):
+    """Base of what the HTTP client did wrong: a 4xx."""
 
     http_status = 400
+
+
+class BadRequest(ClientError):
+    """The client's request head breaks HTTP (RFC 9110/9112), or is more
+    than the front accepts; ``http_status`` is 400, 431, 501 or 505."""
 
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.http_status = status
+
+
+class RequestTooLarge(ClientError):
+    """The request body is larger than the LB accepts."""
+
+    http_status = 413
+
+
+class ClientGone(CancelledHere, ClientError):
+    """The HTTP client went away while we read its request body or the
+    worker worked: nobody to answer (logged as 499)."""
+
+    http_status = 499

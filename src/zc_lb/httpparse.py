@@ -68,6 +68,11 @@ DIGITS = re.compile(r"[0-9]+\Z")
 HUGE = 10**18  # a longer Content-Length is only ever too large (413)
 PROTECTED = frozenset(("host", "content-length", "transfer-encoding"))
 UPGRADES = frozenset(("CONNECT",))
+# Headers about one hop, never forwarded (RFC 9110 7.6.1).
+HOP_BY_HOP = frozenset((
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
+    "te", "trailer", "trailers", "transfer-encoding", "upgrade",
+))
 
 
 @dataclass

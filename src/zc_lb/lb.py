@@ -31,19 +31,23 @@ import gevent.pywsgi
 import gevent.socket
 
 from .connection import Connection, Exchange
-from .links import WorkerLink
+from .links import LinkConfig, LinkEvents, WorkerLink
 from .errors import (
+    BadResponse,
+    ClientGone,
     ConnectionClosed,
     ConnectionLost,
     NoWorkerAvailable,
     RequestCancelled,
+    RequestTooLarge,
+    ResponseTimeout,
     WorkerLost,
     ZcLbError,
 )
+from .httpparse import HOP_BY_HOP
 from .outlier import Ejector
 from .pool import Pool
 from .protocol import End, Response
-from .worker import HOP_BY_HOP
 
 log = logging.getLogger(__name__)
 
@@ -57,37 +61,20 @@ RETRY_METHODS = frozenset(("GET", "HEAD"))
 MAX_CLASSIFIER_ERRORS = 100  # distinct classifier errors kept in status
 RETRY_SHARE = 0.5  # of the requests in flight may be retries at once ...
 RETRY_MIN = 3  # ... but at least this many
+DRAIN_QUIET = 0.5  # seconds without requests in flight that end a drain
 BODILESS_STATUS = frozenset(("204", "304")) | {"1%02d" % n for n in range(100)}
 REASONS = {413: "Request Entity Too Large", 431: "Request Header Fields Too Large",
-           502: "Bad Gateway",
+           500: "Internal Server Error", 502: "Bad Gateway",
            503: "Service Unavailable", 504: "Gateway Timeout"}
 
 DEFAULT_PAGES = {
     413: "413 Request Entity Too Large",
     431: "431 Request Header Fields Too Large",
+    500: "500 Internal Server Error",
     502: "502 Bad Gateway",
     503: "503 Service Unavailable",
     504: "504 Gateway Timeout",
 }
-
-
-class ClientGone(ZcLbError):
-    """The HTTP client went away while we read its request body."""
-
-    http_status = 499
-
-
-class BadResponse(ZcLbError):
-    """The worker's response broke HTTP (a bad head, a body longer or
-    shorter than its Content-Length)."""
-
-    http_status = 502
-
-
-class ResponseTimeout(ZcLbError):
-    """The worker did not start a response within the response timeout."""
-
-    http_status = 504
 
 
 INVALID_CLIENT_INPUT = getattr(gevent.pywsgi, "_InvalidClientInput", ())
@@ -203,7 +190,7 @@ class ResponseBody:
         self.lb._put(self.connection)
 
 
-class LB:
+class LB(LinkEvents):
     """The load balancer: worker links, the pool, and the forwarding app."""
 
     def __init__(
@@ -226,18 +213,18 @@ class LB:
         self.affinity_key = affinity_key
         self.classifier_errors: Dict[str, int] = {}
         self.response_timeout = response_timeout
-        self.drain_timeout = drain_timeout
         self.classifier = classifier
         self.no_worker_timeout = no_worker_timeout
-        self.secret = secret
         self.max_request_body = max_request_body
-        self.keepalive_interval = keepalive_interval
-        self.keepalive_timeout = keepalive_timeout
+        self.link_config = LinkConfig(secret, keepalive_interval, keepalive_timeout, drain_timeout)
         self.pages = {status: ("<html><body><h1>%s</h1></body></html>" % text).encode()
                       for status, text in DEFAULT_PAGES.items()}
         self.pages.update(pages or {})
         self.links: Dict[str, WorkerLink] = {}
         self.in_flight = 0
+        self.idle = gevent.event.Event()  # set while no request is in flight
+        self.idle.set()
+        self._woken = gevent.event.Event()  # set when a request ends an idle spell
         self.requests = 0
         self.retries = 0
         self.errors: Dict[int, int] = {}
@@ -260,11 +247,25 @@ class LB:
         wanted = set(addresses)
         for address in list(self.links):
             if address not in wanted:
-                self.links.pop(address).stop(self.drain_timeout)
+                self.links.pop(address).stop(self.link_config.drain_timeout)
                 log.info("worker %s removed", address)
         for address in sorted(wanted - set(self.links)):
-            link = self.links[address] = WorkerLink(self, address)
+            link = self.links[address] = WorkerLink(address, self.link_config, self)
             link.start()
+
+    def drain(self, timeout: float, quiet: float = DRAIN_QUIET) -> bool:
+        """Wait until no request has been in flight for ``quiet`` seconds
+        (a keep-alive client may still send a last request after the
+        front stopped accepting new connections), at most ``timeout``
+        seconds; whether it got there.  Call it after the front's drain."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.idle.wait(max(deadline - time.monotonic(), 0)):
+                return False
+            self._woken.clear()
+            remaining = deadline - time.monotonic()
+            if not self._woken.wait(max(min(quiet, remaining), 0)):
+                return remaining >= quiet or not self.in_flight
 
     def stop(self) -> None:
         """Close every worker connection."""
@@ -276,7 +277,9 @@ class LB:
             link.stop()
         self.links.clear()
 
-    def _worker_up(self, connection: Connection) -> None:
+    # -- what the links tell (LinkEvents) ------------------------------
+
+    def worker_up(self, connection: Connection) -> None:
         if self.ejector.ejected(connection.peer):
             return  # readmitted when its ejection is over
         self.pool.add(connection)
@@ -296,7 +299,10 @@ class LB:
                         "(ejection %d)", address, record.until - time.monotonic(),
                         self.ejector.consecutive, record.ejections)
 
-    def _worker_silent(self, connection: Connection, seconds: float) -> None:
+    def worker_resume(self, connection: Connection, skills: Dict[str, float]) -> None:
+        self.pool.new_resume(connection, skills)
+
+    def worker_silent(self, connection: Connection, seconds: float) -> None:
         """A worker says nothing (stopped, or its loop blocked): send it
         nothing new, and move its GETs and HEADs that have no answer yet to
         other workers now, not when its keepalive times out."""
@@ -309,7 +315,7 @@ class LB:
         log.warning("worker %s silent for %.1fs: sending it nothing new, %d GET/HEAD "
                     "moved to other workers", connection.peer, seconds, moved)
 
-    def _worker_heard(self, connection: Connection) -> None:
+    def worker_heard(self, connection: Connection) -> None:
         link = self.links.get(connection.peer)
         if (link is None or link.connection is not connection or connection.closed
                 or link.draining is connection):
@@ -358,11 +364,13 @@ class LB:
                 self._workers_changed.set()
                 log.info("readmitted worker %s on probation", address)
 
-    def _worker_down(self, connection: Connection) -> None:
+    def worker_down(self, connection: Connection) -> None:
         self.pool.remove(connection)
 
     def _put(self, connection: Connection) -> None:
         self.in_flight -= 1
+        if not self.in_flight:
+            self.idle.set()
         self.pool.put(connection)
 
     # -- forwarding ---------------------------------------------------
@@ -446,6 +454,9 @@ class LB:
             connection = self.pool.get(rclass, key)
             if connection is not None:
                 self.in_flight += 1
+                if self.in_flight == 1:
+                    self.idle.clear()
+                    self._woken.set()
                 return connection  # type: ignore[return-value]
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -465,8 +476,6 @@ class LB:
             failure = upload.failure() if upload is not None else None
             if failure is not None:
                 raise failure
-            if exchange.client_left:
-                raise ClientGone("client went away while the worker worked")
             raise
         finally:
             entry = waiting.pop(exchange, None)
@@ -523,7 +532,7 @@ class LB:
                start_response: Callable) -> Iterable[bytes]:
         status = exc.http_status
         self.errors[status] = self.errors.get(status, 0) + 1
-        page = self.pages.get(status) or self.pages[502]
+        page = self.pages.get(status) or self.pages[500 if status < 502 else 502]
         log.warning("%d for %s %s: %s", status, environ.get("REQUEST_METHOD"),
                     environ.get("PATH_INFO"), exc)
         headers = [("Content-Type", "text/html; charset=utf-8"),
@@ -599,8 +608,7 @@ def _watch_client(sock, exchange: Exchange) -> None:
             return  # a pipelined request, not a hang-up
     except OSError:
         pass
-    exchange.client_left = True
-    exchange.cancel()
+    exchange.cancel(ClientGone("client went away while the worker worked"))
 
 
 def _content_length(value: str) -> Optional[int]:
@@ -627,12 +635,6 @@ def _abandon_input(environ: dict) -> None:
     wsgi_input = environ.get("wsgi.input")
     if wsgi_input is not None and hasattr(wsgi_input, "_chunked_input_error"):
         wsgi_input._chunked_input_error = True
-
-
-class RequestTooLarge(ZcLbError):
-    """The request body is larger than the LB accepts."""
-
-    http_status = 413
 
 
 def _forwarded_environ(environ: dict, rclass: str) -> Dict[str, str]:

@@ -1,30 +1,29 @@
 """An LB's links to its workers: one connection per worker address,
 kept open, reconnected with jittered backoff, and closed gently.
 
-A ``WorkerLink`` tells its LB when its worker comes (``_worker_up``),
-sends a résumé (the pool's ``new_resume``), drains (GoAway) or goes.  A
-draining or removed worker leaves the pool at once, but its connection
-is closed only once the requests in flight on it are done
-(``close_when_idle``), so neither a worker's SIGTERM nor its removal from
-ZooKeeper cuts a response.
+A ``WorkerLink`` knows nothing of the LB but two small things: a
+``LinkConfig`` (secret, keepalives, drain timeout) and a ``LinkEvents``
+to tell when its worker comes (``worker_up``), sends a résumé
+(``worker_resume``), falls silent or speaks again, drains (GoAway) or
+goes (``worker_down``).  A draining or removed worker leaves the pool at
+once, but its connection is closed only once the requests in flight on
+it are done (``close_when_idle``, on the connection's idle event), so
+neither a worker's SIGTERM nor its removal from ZooKeeper cuts a
+response.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import time
-from typing import TYPE_CHECKING, Dict, Optional
+from dataclasses import dataclass
+from typing import Dict, Optional
 
 import gevent
 import gevent.socket
 
-from .connection import Connection, Handler
+from .connection import KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, Connection, Handler, parse_address
 from .errors import ZcLbError
-from .worker import parse_address
-
-if TYPE_CHECKING:
-    from .lb import LB
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +32,41 @@ BACKOFF_MIN = 0.1
 BACKOFF_MAX = 5.0
 
 
+@dataclass(frozen=True)
+class LinkConfig:
+    """What every link of an LB shares."""
+
+    secret: Optional[bytes] = None
+    keepalive_interval: float = KEEPALIVE_INTERVAL
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT
+    drain_timeout: float = 30.0  # for the requests in flight on a draining worker
+
+
+class LinkEvents:
+    """What a link tells its owner (the LB); subclass and override."""
+
+    def worker_up(self, connection: Connection) -> None:
+        """A connection to a worker is open and may take requests."""
+
+    def worker_resume(self, connection: Connection, skills: Dict[str, float]) -> None:
+        """The worker sent its résumé."""
+
+    def worker_silent(self, connection: Connection, seconds: float) -> None:
+        """The worker has said nothing for ``seconds``: it may be stuck."""
+
+    def worker_heard(self, connection: Connection) -> None:
+        """The worker speaks again after a silence."""
+
+    def worker_down(self, connection: Connection) -> None:
+        """The connection must take no new request (draining, removed, lost)."""
+
+
 class WorkerLink(Handler):
     """Keeps a connection to one worker address, reconnecting with backoff."""
 
-    def __init__(self, lb: "LB", address: str) -> None:
-        self.lb = lb
+    def __init__(self, address: str, config: LinkConfig, events: LinkEvents) -> None:
+        self.config = config
+        self.events = events
         self.address = address
         self.connection: Optional[Connection] = None
         self.stopped = False
@@ -58,7 +87,7 @@ class WorkerLink(Handler):
             self._greenlet.kill(block=False)
         connection = self.connection
         if connection is not None:
-            self.lb._worker_down(connection)
+            self.events.worker_down(connection)
             if drain_timeout > 0:
                 gevent.spawn(close_when_idle, connection, drain_timeout, "worker removed")
             else:
@@ -84,10 +113,10 @@ class WorkerLink(Handler):
         except (OSError, ZcLbError) as exc:
             self._failed(str(exc))
             return None
-        connection = Connection(sock, "lb", self, peer=self.address,
-                                secret=self.lb.secret,
-                                keepalive_interval=self.lb.keepalive_interval,
-                                keepalive_timeout=self.lb.keepalive_timeout)
+        config = self.config
+        connection = Connection(sock, "lb", self, peer=self.address, secret=config.secret,
+                                keepalive_interval=config.keepalive_interval,
+                                keepalive_timeout=config.keepalive_timeout)
         try:
             connection.handshake()
         except (OSError, ZcLbError) as exc:
@@ -101,7 +130,7 @@ class WorkerLink(Handler):
         self.failures = 0
         self.last_error = None
         connection.start()
-        self.lb._worker_up(connection)
+        self.events.worker_up(connection)
         log.info("connected to worker %s", self.address)
         return connection
 
@@ -114,19 +143,19 @@ class WorkerLink(Handler):
 
     def handle_resume(self, connection: Connection, skills: Dict[str, float]) -> None:
         self.resume = skills  # kept for a readmission after an ejection
-        self.lb.pool.new_resume(connection, skills)
+        self.events.worker_resume(connection, skills)
 
     def handle_goaway(self, connection: Connection, reason: str) -> None:
         log.info("worker %s is draining: %s", self.address, reason)
         self.draining = connection
-        self.lb._worker_down(connection)
-        gevent.spawn(close_when_idle, connection, self.lb.drain_timeout, "worker draining")
+        self.events.worker_down(connection)
+        gevent.spawn(close_when_idle, connection, self.config.drain_timeout, "worker draining")
 
     def handle_silent(self, connection: Connection, seconds: float) -> None:
-        self.lb._worker_silent(connection, seconds)
+        self.events.worker_silent(connection, seconds)
 
     def handle_heard(self, connection: Connection) -> None:
-        self.lb._worker_heard(connection)
+        self.events.worker_heard(connection)
 
     def connection_lost(self, connection: Connection, error: ZcLbError) -> None:
         if connection is self.draining:
@@ -134,7 +163,7 @@ class WorkerLink(Handler):
             self.draining = None
         elif not self.stopped:
             log.warning("lost worker %s: %s", self.address, error)
-        self.lb._worker_down(connection)
+        self.events.worker_down(connection)
         if self.connection is connection:
             self.connection = None
 
@@ -145,7 +174,5 @@ class WorkerLink(Handler):
 
 def close_when_idle(connection: Connection, timeout: float, reason: str) -> None:
     """Close ``connection`` once nothing is in flight on it (or at ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while connection.streams and not connection.closed and time.monotonic() < deadline:
-        gevent.sleep(0.05)
+    connection.idle.wait(timeout)
     connection.close(reason, flush_timeout=1.0)

@@ -38,15 +38,17 @@ receiver grants more with ``Credit(n)`` as it *consumes* (not receives)
 data.  So one slow client cannot stall the other requests on a
 connection, nor grow the LB's memory past a window per request.
 
-``Stream`` tracks one request's state as a table (state -> message type ->
-next state).  A message that is illegal in the current state raises at
-once: LocalProtocolError for what we send, RemoteProtocolError for what we
-receive.
+``Connection`` is the protocol itself, for one side, with no I/O (as
+h11 is for HTTP): phases with frame limits (a kilobyte before the peer
+is authenticated), the roles (a worker never accepts a résumé), request
+numbers, each request's ``Stream`` (a state table per direction, cancel
+and credit included), credit windows, and events that say who ended a
+request.  ``connection.py`` only pumps bytes between it and a socket;
+the tests drive two of them against each other in memory.
 
-Weak spot, admitted: messages for a request that one side has just
-cancelled may still be in flight from the other; the connection layer
-ignores those for request numbers it has seen end, rather than calling
-them errors.
+Messages for a request that one side has just cancelled may still be in
+flight from the other: a ``Connection`` drops frames for request numbers
+that have ended, and calls frames for numbers never used errors.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ COMPACT_AT = 64 * 1024  # decoded bytes kept at the buffer's head at most
 
 HEADER = struct.Struct("!IBI")
 HEADER_SIZE = HEADER.size
-CREDIT = struct.Struct("!I")
+CREDIT_PAYLOAD = struct.Struct("!I")
 
 
 # -- messages -----------------------------------------------------------
@@ -228,7 +230,7 @@ def _encode(message: Message) -> bytes:
     if isinstance(message, (End, Cancel)):
         return HEADER.pack(message.rno, message.TYPE, 0)
     if isinstance(message, Credit):
-        return _frame(message.rno, Credit.TYPE, CREDIT.pack(message.n))
+        return _frame(message.rno, Credit.TYPE, CREDIT_PAYLOAD.pack(message.n))
     if isinstance(message, Request):
         payload = _json(message.environ)
         if len(payload) > MAX_MESSAGE:  # the worker would drop the connection
@@ -341,9 +343,9 @@ def _decode_response(rno: int, payload: bytes) -> Response:
 
 
 def _decode_credit(rno: int, payload: bytes) -> Credit:
-    if len(payload) != CREDIT.size:
+    if len(payload) != CREDIT_PAYLOAD.size:
         raise RemoteProtocolError("credit payload must be 4 bytes")
-    (n,) = CREDIT.unpack(payload)
+    (n,) = CREDIT_PAYLOAD.unpack(payload)
     return Credit(rno, n)
 
 
@@ -384,9 +386,17 @@ class Decoder:
         self._buffer = bytearray()
         self._pos = 0
         self._error: Optional[RemoteProtocolError] = None
-        self._limits = {mtype: max_message for mtype in _DECODERS}
-        self._limits[Body.TYPE] = max_body
-        self._limits[Resume.TYPE] = max_resume
+        limits = {mtype: max_message for mtype in _DECODERS}
+        limits[Body.TYPE] = max_body
+        limits[Resume.TYPE] = max_resume
+        self.allow(limits)
+
+    def allow(self, limits: Dict[int, int], why: str = "") -> None:
+        """Accept only these frame types from now on, each up to its
+        payload limit; any other type is refused from its header, ``why``
+        saying why it is not allowed."""
+        self._limits = limits
+        self._why = why
 
     def receive_data(self, data: bytes) -> None:
         """Add bytes received from the peer."""
@@ -415,6 +425,9 @@ class Decoder:
         rno, mtype, length = HEADER.unpack_from(buf, pos)
         limit = self._limits.get(mtype)
         if limit is None:
+            if mtype in _DECODERS:
+                raise RemoteProtocolError("%s frame not allowed%s" % (
+                    (CONNECTION_TYPES.get(mtype) or REQUEST_TYPES[mtype]).__name__, self._why))
             raise RemoteProtocolError("unknown frame type %d" % mtype)
         if length > limit:
             raise RemoteProtocolError(
@@ -473,73 +486,371 @@ def check_auth(secret: bytes, ours: Hello, theirs: Hello, auth: Auth) -> None:
         raise AuthenticationError("peer failed the shared-secret challenge")
 
 
-# -- per-request state --------------------------------------------------
+# -- one request's state ------------------------------------------------
 
 IDLE, OPEN, DONE, CANCELLED = "IDLE", "OPEN", "DONE", "CANCELLED"
+START, BODY, END, CANCEL, CREDIT = "start", "body", "end", "cancel", "credit"
 
-# state -> message type -> next state, for one direction of a request.
-REQUEST_DIRECTION: Dict[str, Dict[type, str]] = {
-    IDLE: {Request: OPEN},
-    OPEN: {Body: OPEN, End: DONE},
-    DONE: {},
+# One direction of a request: state -> what happens -> next state.  START
+# is the Request one way and the Response the other; CREDIT is credit for
+# this direction's body, which travels the other way; CANCEL, from either
+# side, ends both directions.
+DIRECTION: Dict[str, Dict[str, str]] = {
+    IDLE: {START: OPEN, CREDIT: IDLE, CANCEL: CANCELLED},
+    OPEN: {BODY: OPEN, END: DONE, CREDIT: OPEN, CANCEL: CANCELLED},
+    DONE: {CREDIT: DONE, CANCEL: CANCELLED},
+    CANCELLED: {},
 }
-RESPONSE_DIRECTION: Dict[str, Dict[type, str]] = {
-    IDLE: {Response: OPEN},
-    OPEN: {Body: OPEN, End: DONE},
-    DONE: {},
-}
+REQUEST_KINDS: Dict[type, str] = {Request: START, Body: BODY, End: END}
+RESPONSE_KINDS: Dict[type, str] = {Response: START, Body: BODY, End: END}
+ENDED = (DONE, CANCELLED)
 
 
 class Stream:
-    """The state of one request on a connection, as seen by one side.
+    """One request on a connection as one side sees it: the state of each
+    direction, and the credit windows."""
 
-    ``role`` is "lb" (sends the request, receives the response) or
-    "worker" (the other way round).
-    """
+    __slots__ = ("rno", "sending", "receiving", "credit", "window", "unacked")
 
-    __slots__ = ("rno", "role", "sending", "receiving", "_send_table", "_receive_table")
-
-    def __init__(self, rno: int, role: str) -> None:
+    def __init__(self, rno: int, window: int = WINDOW) -> None:
         self.rno = rno
-        self.role = role
         self.sending = IDLE
         self.receiving = IDLE
-        if role == "lb":
-            self._send_table, self._receive_table = REQUEST_DIRECTION, RESPONSE_DIRECTION
-        else:
-            self._send_table, self._receive_table = RESPONSE_DIRECTION, REQUEST_DIRECTION
+        self.credit = window  # body bytes we may still send
+        self.window = window  # body bytes the peer may still send us
+        self.unacked = 0  # bytes consumed here, not yet granted back
 
     @property
     def finished(self) -> bool:
         """Both directions ended (or the request was cancelled)."""
-        return self.sending in (DONE, CANCELLED) and self.receiving in (DONE, CANCELLED)
+        return self.sending in ENDED and self.receiving in ENDED
 
-    @property
-    def cancelled(self) -> bool:
-        return self.sending == CANCELLED
-
-    def send(self, message: Message) -> None:
-        """Record that we send ``message``; raise LocalProtocolError if illegal."""
-        self.sending = self._step(self.sending, self._send_table, message, LocalProtocolError)
-
-    def receive(self, message: Message) -> None:
-        """Record that we received ``message``; raise RemoteProtocolError if illegal."""
-        self.receiving = self._step(
-            self.receiving, self._receive_table, message, RemoteProtocolError)
-
-    def _step(self, state: str, table: Dict[str, Dict[type, str]], message: Message,
-              error: Type[Exception]) -> str:
-        if isinstance(message, Cancel):
-            self.sending = self.receiving = CANCELLED
-            return CANCELLED
-        if isinstance(message, Credit) or state == CANCELLED:
-            return state
-        next_state = table[state].get(type(message))
+    def step(self, direction: str, what: str, error: Type[Exception]) -> None:
+        """Move ``direction`` ("sending" or "receiving") on ``what``;
+        ``error`` (Local or RemoteProtocolError) if the table forbids it."""
+        state = getattr(self, direction)
+        next_state = DIRECTION[state].get(what)
         if next_state is None:
-            raise error("request %d: %s not allowed in state %s"
-                        % (self.rno, type(message).__name__, state))
-        return next_state
+            raise error("request %d: %s not allowed while %s is %s"
+                        % (self.rno, what, direction, state))
+        setattr(self, direction, next_state)
 
     def __repr__(self) -> str:
-        return "<Stream %d %s sending=%s receiving=%s>" % (
-            self.rno, self.role, self.sending, self.receiving)
+        return "<Stream %d sending=%s receiving=%s credit=%d window=%d>" % (
+            self.rno, self.sending, self.receiving, self.credit, self.window)
+
+
+# -- the connection -----------------------------------------------------
+
+HANDSHAKE, AUTHENTICATING, OPEN_PHASE, CLOSING, CLOSED = (
+    "handshake", "authenticating", "open", "closing", "closed")
+HANDSHAKE_LIMIT = 1024  # payload bytes of a Hello or Auth: nothing more before it
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The handshake is done (the peer proved the secret, if there is one)."""
+
+    peer: Hello
+
+
+@dataclass(frozen=True)
+class StreamEnded:
+    """A request ended before it completed: ``by`` "peer" (it sent Cancel)
+    or "connection" (the connection closed under it), and why."""
+
+    rno: int
+    by: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Closed:
+    """The peer closed the connection (end of file)."""
+
+    reason: str = "peer closed the connection"
+
+
+Event = Union[Message, Ready, StreamEnded, Closed]
+
+
+class Connection:
+    """One side of an LB<->worker connection, sans I/O, as h11 is for HTTP.
+
+    Bytes from the peer go in with ``receive_data`` (``b""`` at end of
+    file); ``next_event`` turns them into events until it returns
+    NEED_DATA: ``Ready`` when the handshake is done, then the peer's
+    messages (``Request``, ``Response``, ``Body``, ``End``, ``Credit``,
+    ``Resume``, ``GoAway``), ``StreamEnded`` when the peer cancels a
+    request, ``Closed`` at end of file.  What we send goes through
+    ``send(message)``, which returns the bytes to write; bytes the
+    connection answers on its own (our Hello, Auth, Pong) wait in
+    ``data_to_send()``.
+
+    Phases: *handshake* (only a Hello of at most HANDSHAKE_LIMIT bytes is
+    accepted), *authenticating* (with a secret: only an Auth as small),
+    *open*, *closing* (either side said GoAway: requests in flight go on,
+    an LB starts no new one), *closed*.  So an unauthenticated peer can
+    make us buffer a kilobyte, not a résumé's 64 MiB.  Frame types are
+    checked against the phase and the role from the frame header, before
+    the payload is buffered: a worker never accepts a résumé or a
+    response, an LB never a request.
+
+    Request numbers: the LB numbers its requests 1, 2, ... (``start_request``);
+    a worker refuses a number that does not increase.  A frame for a
+    number that has ended here (a cancel crossing the peer's last frames)
+    is dropped; one for a number never used is an error.
+
+    Credit: each direction of each request may carry ``window`` body
+    bytes before the receiver grants more; ``send`` refuses a Body past
+    our credit, a Body past the peer's is a RemoteProtocolError, and
+    ``consumed`` says when to grant (a quarter of the window at a time).
+
+    Errors: RemoteProtocolError (or AuthenticationError) for what the peer
+    did, after which the connection is dead and every call raises it
+    again; LocalProtocolError for what our own code tried.
+    """
+
+    def __init__(self, role: str, secret: Optional[bytes] = None, *,
+                 max_body: int = MAX_BODY, max_message: int = MAX_MESSAGE,
+                 max_resume: int = MAX_RESUME, window: int = WINDOW) -> None:
+        if role not in ("lb", "worker"):
+            raise LocalProtocolError("role must be 'lb' or 'worker', not %r" % (role,))
+        self.role = role
+        self.secret = secret
+        self.window = window
+        self.phase = HANDSHAKE
+        self.our_hello = new_hello(role, secret)
+        self.peer_hello: Optional[Hello] = None
+        self.streams: Dict[int, Stream] = {}
+        self.last_rno = 0
+        self.we_go_away = False
+        self.peer_goes_away = False
+        self._error: Optional[RemoteProtocolError] = None
+        self._eof = False
+        self._out: List[bytes] = [encode(self.our_hello)]
+        self._decoder = Decoder(max_body, max_message, max_resume)
+        open_limits = dict(self._decoder._limits)
+        refused = [Hello.TYPE, Auth.TYPE]  # once is enough
+        refused += [Resume.TYPE, Response.TYPE] if role == "worker" else [Request.TYPE]
+        for mtype in refused:
+            del open_limits[mtype]
+        self._open_limits = open_limits
+        self._decoder.allow({Hello.TYPE: HANDSHAKE_LIMIT}, " before the handshake")
+        if role == "lb":
+            self._send_kinds, self._receive_kinds = REQUEST_KINDS, RESPONSE_KINDS
+        else:
+            self._send_kinds, self._receive_kinds = RESPONSE_KINDS, REQUEST_KINDS
+
+    def __repr__(self) -> str:
+        return "<protocol.Connection %s %s streams=%d>" % (self.role, self.phase, len(self.streams))
+
+    # -- receiving ----------------------------------------------------
+
+    def receive_data(self, data: bytes) -> None:
+        """Bytes from the peer; ``b""`` when it closed its side."""
+        if data:
+            self._decoder.receive_data(data)
+        else:
+            self._eof = True
+
+    def next_event(self) -> Union[Event, NeedData]:
+        """The next event, or NEED_DATA; raises RemoteProtocolError (the
+        same one on every later call) when the peer broke the protocol."""
+        if self._error is not None:
+            raise self._error
+        try:
+            while True:
+                message = self._decoder.next_message()
+                if message is NEED_DATA:
+                    if self._eof and self.phase != CLOSED:
+                        self.close()
+                        return Closed()
+                    return NEED_DATA
+                event = self._receive(message)  # type: ignore[arg-type]
+                if event is not None:
+                    return event
+        except RemoteProtocolError as exc:
+            self._error = exc
+            self.phase = CLOSED
+            raise
+
+    def _receive(self, message: Message) -> Optional[Event]:
+        phase = self.phase
+        if phase == HANDSHAKE:
+            return self._hello(message)  # type: ignore[arg-type]
+        if phase == AUTHENTICATING:
+            check_auth(self.secret, self.our_hello, self.peer_hello, message)  # type: ignore
+            return self._open()
+        if phase == CLOSED:
+            return None
+        rno = getattr(message, "rno", 0)
+        if not rno:
+            return self._connection_message(message)
+        stream = self.streams.get(rno)
+        if stream is None:
+            return self._unknown_stream(message)
+        mtype = type(message)
+        if mtype is Body:
+            size = len(message.data)  # type: ignore[union-attr]
+            if size > stream.window:
+                raise RemoteProtocolError("request %d: %d body bytes past the credit of %d"
+                                          % (rno, size, stream.window))
+            stream.window -= size
+            stream.step("receiving", BODY, RemoteProtocolError)
+        elif mtype is Credit:
+            stream.step("sending", CREDIT, RemoteProtocolError)
+            stream.credit += message.n  # type: ignore[union-attr]
+        elif mtype is Cancel:
+            stream.sending = stream.receiving = CANCELLED
+            del self.streams[rno]
+            return StreamEnded(rno, "peer", "cancelled")
+        else:
+            what = self._receive_kinds.get(mtype)
+            if what is None:
+                raise RemoteProtocolError("request %d: unexpected %s" % (rno, mtype.__name__))
+            stream.step("receiving", what, RemoteProtocolError)
+            if stream.sending in ENDED and stream.receiving in ENDED:
+                del self.streams[rno]
+        return message
+
+    def _hello(self, theirs: Hello) -> Optional[Event]:
+        check_hello(self.our_hello, theirs)
+        self.peer_hello = theirs
+        if self.secret is None:
+            return self._open()
+        self._out.append(encode(Auth(auth_digest(self.secret, theirs.nonce, self.role))))
+        self.phase = AUTHENTICATING
+        self._decoder.allow({Auth.TYPE: HANDSHAKE_LIMIT}, " before authentication")
+        return None
+
+    def _open(self) -> Ready:
+        self.phase = OPEN_PHASE
+        self._decoder.allow(self._open_limits, " to a%s %s" % (
+            "n" if self.role == "lb" else "", "LB" if self.role == "lb" else "worker"))
+        assert self.peer_hello is not None
+        return Ready(self.peer_hello)
+
+    def _connection_message(self, message: Message) -> Optional[Event]:
+        mtype = type(message)
+        if mtype is Ping:
+            self._out.append(encode(Pong()))
+            return None
+        if mtype is Pong:
+            return None
+        if mtype is GoAway:
+            self.peer_goes_away = True
+            self.phase = CLOSING
+        return message  # Resume (to an LB only: see the limits), GoAway
+
+    def _unknown_stream(self, message: Message) -> Optional[Event]:
+        rno = message.rno  # type: ignore[union-attr]
+        if type(message) is Request:  # to a worker only: see the limits
+            if rno <= self.last_rno:
+                raise RemoteProtocolError("request number %d after %d" % (rno, self.last_rno))
+            self.last_rno = rno
+            stream = self.streams[rno] = Stream(rno, self.window)
+            stream.receiving = OPEN
+            return message
+        if rno > self.last_rno:
+            raise RemoteProtocolError("%s for request %d, never started"
+                                      % (type(message).__name__, rno))
+        return None  # a request that ended here: its late frames are harmless
+
+    # -- sending ------------------------------------------------------
+
+    def data_to_send(self) -> bytes:
+        """Bytes the connection wrote on its own (Hello, Auth, Pong)."""
+        out = self._out
+        if not out:
+            return b""
+        data = b"".join(out)
+        out.clear()
+        return data
+
+    def start_request(self, environ: Dict[str, str], end: bool = False) -> Tuple[int, bytes]:
+        """LB side: a new request's number and its bytes (with End when
+        it has no body).  MessageTooLarge changes nothing."""
+        rno = self.last_rno + 1
+        data = self.send(Request(rno, environ))
+        return rno, data + self.send(End(rno)) if end else data
+
+    def send(self, message: Message) -> bytes:
+        """The bytes of ``message``, after checking that we may send it."""
+        if self.phase not in (OPEN_PHASE, CLOSING):
+            raise LocalProtocolError("cannot send %s while %s" % (type(message).__name__, self.phase))
+        data = encode(message)  # first: a message too large changes nothing
+        rno = getattr(message, "rno", 0)
+        mtype = type(message)
+        if not rno:
+            if mtype is GoAway:
+                self.we_go_away = True
+                self.phase = CLOSING
+            elif mtype not in (Ping, Pong) and not (mtype is Resume and self.role == "worker"):
+                raise LocalProtocolError("a%s %s cannot send %s" % (
+                    "n" if self.role == "lb" else "", self.role, mtype.__name__))
+            return data
+        stream = self.streams.get(rno)
+        if stream is None:
+            if mtype is not Request or self.role != "lb":
+                raise LocalProtocolError("%s for request %d, which is not open here"
+                                         % (mtype.__name__, rno))
+            if rno != self.last_rno + 1 or rno > MAX_RNO:
+                raise LocalProtocolError("request number %d after %d" % (rno, self.last_rno))
+            if self.peer_goes_away:
+                raise LocalProtocolError("the worker is going away: no new requests")
+            self.last_rno = rno
+            stream = self.streams[rno] = Stream(rno, self.window)
+        if mtype is Body:
+            size = len(message.data)  # type: ignore[union-attr]
+            if size > stream.credit:
+                raise LocalProtocolError("request %d: %d body bytes past our credit of %d"
+                                         % (rno, size, stream.credit))
+            stream.step("sending", BODY, LocalProtocolError)
+            stream.credit -= size
+        elif mtype is Credit:
+            stream.step("receiving", CREDIT, LocalProtocolError)
+            stream.window += message.n  # type: ignore[union-attr]
+        elif mtype is Cancel:
+            stream.sending = stream.receiving = CANCELLED
+            del self.streams[rno]
+        else:
+            what = self._send_kinds.get(mtype)
+            if what is None:
+                raise LocalProtocolError("a%s %s cannot send %s" % (
+                    "n" if self.role == "lb" else "", self.role, mtype.__name__))
+            stream.step("sending", what, LocalProtocolError)
+            if stream.sending in ENDED and stream.receiving in ENDED:
+                del self.streams[rno]
+        return data
+
+    def cancel(self, rno: int) -> bytes:
+        """Cancel request ``rno``: the bytes to send, or nothing when it
+        has already ended here (idempotent)."""
+        if rno not in self.streams or self.phase == CLOSED:
+            return b""
+        return self.send(Cancel(rno))
+
+    def consumed(self, rno: int, n: int) -> bytes:
+        """We are done with ``n`` received body bytes of ``rno``: the Credit
+        to send when a quarter of the window has been consumed, else b""."""
+        stream = self.streams.get(rno)
+        if stream is None or stream.receiving in ENDED:
+            return b""
+        stream.unacked += n
+        if stream.unacked < self.window // 4:
+            return b""
+        n, stream.unacked = stream.unacked, 0
+        return self.send(Credit(rno, n))
+
+    def credit(self, rno: int) -> int:
+        """Body bytes we may send on ``rno`` now (0 once it has ended)."""
+        stream = self.streams.get(rno)
+        return stream.credit if stream is not None else 0
+
+    def close(self) -> List[int]:
+        """The connection is over: the requests that were still open."""
+        self.phase = CLOSED
+        open_requests = list(self.streams)
+        self.streams.clear()
+        return open_requests

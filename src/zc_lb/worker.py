@@ -36,30 +36,12 @@ from . import resume as resume_module
 from .connection import Connection, Exchange, Handler
 from .errors import ConfigurationError, ZcLbError
 from .loopwatch import LoopWatch
+from .httpparse import HOP_BY_HOP
 from .protocol import Body, End, Response
 
 log = logging.getLogger(__name__)
 
-HOP_BY_HOP = frozenset((
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
-    "te", "trailer", "trailers", "transfer-encoding", "upgrade",
-))
 ERROR_500 = b"<html><body><h1>500 Internal Server Error</h1></body></html>"
-
-
-def parse_address(text: str, default_host: str = "127.0.0.1") -> Tuple[str, int]:
-    """``HOST:PORT`` (or ``:PORT``, or ``[v6]:PORT``) -> (host, port)."""
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        raise ConfigurationError("expected HOST:PORT, got %r" % text)
-    host = host.strip("[]") or default_host
-    try:
-        number = int(port)
-    except ValueError:
-        raise ConfigurationError("bad port in %r" % text)
-    if not 0 <= number <= 65535:
-        raise ConfigurationError("port out of range in %r" % text)
-    return host, number
 
 
 def load_app(spec: str) -> Callable:
@@ -180,7 +162,6 @@ class ResponseWriter:
                 exchange.send(start)
                 return
             if len(data) <= exchange.credit:
-                exchange.credit -= len(data)
                 exchange.send(start, Body(exchange.rno, data))
                 return
             exchange.send(start)
@@ -265,6 +246,8 @@ class Worker(Handler):
         self.max_skill_age = max_skill_age
         self.skills: Optional[resume_module.Skills] = None
         self.connections: Set[Connection] = set()
+        self._no_lbs = gevent.event.Event()  # set while no LB is connected
+        self._no_lbs.set()
         self.server: Optional[gevent.server.StreamServer] = None
         self.requests = gevent.pool.Group()
         self.threadpool: Optional[gevent.threadpool.ThreadPool] = None
@@ -299,25 +282,31 @@ class Worker(Handler):
         """Serve until stop()."""
         self._stopped.wait()
 
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Tell every LB to send nothing new, serve what they sent before
+        they heard it, and wait until they hang up (an LB closes a
+        draining connection once nothing is in flight on it) and the
+        requests are done, at most ``timeout`` seconds; whether it got there."""
+        deadline = time.monotonic() + timeout
+        for connection in list(self.connections):
+            try:
+                connection.send_goaway("worker stopping")
+            except ZcLbError:
+                pass
+        self._no_lbs.wait(timeout)
+        self.requests.join(timeout=max(deadline - time.monotonic(), 0))
+        return not self.connections and not self.requests
+
     def stop(self, timeout: float = 30.0) -> None:
-        """Drain: tell every LB to send nothing new, serve what they sent
-        before they heard it, and close once they hang up (or at
-        ``timeout``), with every finished response sent whole."""
+        """Stop listening, drain (at most ``timeout`` seconds), then close
+        what is left, with every finished response sent whole."""
         if self.stopping:
             return
         self.stopping = True
         deadline = time.monotonic() + timeout
         if self.server is not None:
             self.server.close()
-        for connection in list(self.connections):
-            try:
-                connection.send_goaway("worker stopping")
-            except ZcLbError:
-                pass
-        # An LB closes a draining connection once nothing is in flight on it.
-        while self.connections and time.monotonic() < deadline:
-            gevent.sleep(0.05)
-        self.requests.join(timeout=max(deadline - time.monotonic(), 0))
+        self.drain(timeout)
         for connection in list(self.connections):
             connection.close("worker stopped", flush_timeout=max(deadline - time.monotonic(), 1))
         if self.loopwatch is not None:
@@ -347,6 +336,7 @@ class Worker(Handler):
             connection.close("worker stopping")
             return
         self.connections.add(connection)
+        self._no_lbs.clear()
         connection.start()
         log.info("LB connected from %s", peer)
         assert self.skills is not None
@@ -359,6 +349,8 @@ class Worker(Handler):
     def connection_lost(self, connection: Connection, error: ZcLbError) -> None:
         if connection in self.connections:
             self.connections.discard(connection)
+            if not self.connections:
+                self._no_lbs.set()
             log.info("LB connection from %s ended: %s", connection.peer, error)
 
     def handle_request(self, connection: Connection, exchange: Exchange) -> None:
@@ -386,7 +378,7 @@ class Worker(Handler):
         except gevent.GreenletExit:
             exchange.cancel()
             return
-        if writer.status is None or writer.status[:1] == "5" or exchange.state.cancelled:
+        if writer.status is None or writer.status[:1] == "5" or exchange.cancelled:
             # A failure teaches nothing: answering 500 fast is no skill.
             self.failed += 1
             return

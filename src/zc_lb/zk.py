@@ -45,7 +45,7 @@ from kazoo.handlers.gevent import SequentialGeventHandler
 from kazoo.retry import KazooRetry, RetryFailedError
 
 from zc_lb import tree
-from zc_lb.errors import ConfigurationError
+from zc_lb.errors import ConfigurationError, ZooKeeperUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +53,6 @@ MAX_LINKS = 16  # links followed while resolving one path: more is a loop
 _DISCONNECTED = (ConnectionLoss, SessionExpiredError, ConnectionClosedError,
                  OperationTimeoutError)
 _CONFLICTS = (BadVersionError, NodeExistsError, NoNodeError, NotEmptyError)
-
-
-class ZooKeeperUnavailable(ConfigurationError):
-    """ZooKeeper could not be reached at startup (wrong hosts, or down)."""
-
-    http_status = 503
 
 
 def connect(hosts: str, timeout: float = 10.0, session_timeout: float = 10.0,
