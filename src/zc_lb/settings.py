@@ -38,6 +38,9 @@ EVERYWHERE = frozenset({CLI, ZOOKEEPER, LIVE})
 ZOOKEEPER_ONLY = frozenset({ZOOKEEPER, LIVE})
 
 
+# The converters take text or a JSON value; Setting.convert names the
+# setting and the value in its message.
+
 def _bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -46,31 +49,31 @@ def _bool(value: Any) -> bool:
         return True
     if text in ("0", "false", "no", "off"):
         return False
-    raise ValueError("not a boolean: %r" % (value,))
+    raise ValueError("not a boolean")
 
 
 def _int(value: Any) -> int:
-    if isinstance(value, bool):
-        raise ValueError("not an integer: %r" % (value,))
+    if isinstance(value, bool):  # True is 1 to Python, not to an operator
+        raise ValueError("not an integer")
     if isinstance(value, float):
         if not value.is_integer():
-            raise ValueError("not an integer: %r" % (value,))
+            raise ValueError("not an integer")
         return int(value)
     try:
         return int(value)
-    except ValueError:
-        raise ValueError("not an integer: %r" % (value,))
+    except ValueError:  # "2.7" as well as "abc"
+        raise ValueError("not an integer")
 
 
 def _float(value: Any) -> float:
     if isinstance(value, bool):
-        raise ValueError("not a number: %r" % (value,))
+        raise ValueError("not a number")
     try:
         number = float(value)
     except ValueError:
-        raise ValueError("not a number: %r" % (value,))
+        raise ValueError("not a number")
     if not math.isfinite(number):
-        raise ValueError("not a finite number: %r" % (value,))
+        raise ValueError("not a finite number")
     return number
 
 
