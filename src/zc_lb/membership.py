@@ -181,12 +181,7 @@ class LBMembership:
         settings = dict(self.base)
         settings.update((name, value) for name, value in self.applied.items()
                         if name in properties)
-        for name, value in good.items():
-            try:  # the pool checks what the table cannot
-                self.lb.pool.configure({name: value})
-                settings[name] = value
-            except ConfigurationError as exc:
-                log.error("ignoring a bad LB setting in %s: %s", self.path, exc)
+        settings.update(good)  # checked by the table, as the pool checks them
         self.lb.pool.configure(settings)
         self.applied = settings
         self.lb.no_worker_timeout = settings["no_worker_timeout"]
