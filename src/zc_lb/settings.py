@@ -299,6 +299,8 @@ def check_property(path: str, key: str, value: Any, force: bool = False) -> None
 
 # -- values a program passes: the pools' and the skills' --------------------
 
+_KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+
 
 def check(settings: Mapping[str, Setting], name: str, value: Any) -> Any:
     """``value``, of setting ``name``'s type and within its limits, as that
@@ -317,9 +319,6 @@ def check(settings: Mapping[str, Setting], name: str, value: Any) -> Any:
     return setting.convert(value)
 
 
-_KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
-
-
 # -- the command line --------------------------------------------------------
 
 
@@ -329,14 +328,14 @@ def _format(value: Any) -> str:
 
 def add_argument(parser: Any, setting: Setting) -> None:
     """Add ``setting``'s option to ``parser`` (or to an argument group)."""
-    help = setting.help
+    text = setting.help
     if setting.default is not None and setting.type is not bool:
-        help += " (default %s)" % _format(setting.default)
-    if LIVE in setting.where:
-        help += " [ZooKeeper: %s, live]" % setting.name
+        text += " (default %s)" % _format(setting.default)
+    if ZOOKEEPER in setting.where:
+        text += " [ZooKeeper: %s%s]" % (setting.name, ", live" if LIVE in setting.where else "")
     if setting.type is bool:
         assert setting.default is False, setting  # a flag turns it on
-        parser.add_argument(setting.option, action="store_true", help=help)
+        parser.add_argument(setting.option, action="store_true", help=text)
         return
 
     def convert(text: str) -> Any:
@@ -347,7 +346,7 @@ def add_argument(parser: Any, setting: Setting) -> None:
 
     convert.__name__ = setting.name  # argparse names a converter in some messages
     parser.add_argument(setting.option, type=convert, default=setting.default,
-                        choices=setting.choices, metavar=setting.metavar, help=help)
+                        choices=setting.choices, metavar=setting.metavar, help=text)
 
 
 def add_arguments(parser: Any, settings: Mapping[str, Setting]) -> None:
