@@ -14,6 +14,8 @@ import dataclasses
 import json
 from typing import Any, Dict, List
 
+from zc_lb.settings import LB_SETTINGS
+
 POLICIES = ("affinity", "published", "least_backlog", "round_robin", "two_choices",
             "bounded_hash", "lard")
 
@@ -53,13 +55,13 @@ class Config:
     arrival_rate: float = 0.0  # requests per second, open loop
     lbs: int = 1  # LBs sharing the workers, each with its own pool
     # policies
-    variance: float = 1.0
-    backlog_history: int = 9
-    unskilled_score: float = 1.0
-    spread: float = 1.0
-    footprint_window: int = 5000
-    slow_start: int = 2000
-    balance: float = 1.5
+    variance: float = LB_SETTINGS["variance"].default  # the LB's defaults
+    backlog_history: int = LB_SETTINGS["backlog_history"].default
+    unskilled_score: float = LB_SETTINGS["unskilled_score"].default
+    spread: float = LB_SETTINGS["spread"].default
+    footprint_window: int = LB_SETTINGS["footprint_window"].default
+    slow_start: int = LB_SETTINGS["slow_start"].default
+    balance: float = LB_SETTINGS["balance"].default
     hash_balance_factor: float = 1.25
     hash_replicas: int = 100
     lard_low: int = 2

@@ -92,14 +92,11 @@ from typing import Dict, Hashable, List, Mapping, Optional, Tuple
 
 from .errors import ConfigurationError
 from .pool import ClasslessPool, Pool, PoolWorker
+from .settings import LB_SETTINGS
 
 MASK64 = (1 << 64) - 1
 SKETCH_SIZE = 64  # k of the k-minimum-values sketch: ~1/sqrt(k) error
 UNIT = float(1 << 53)
-DEFAULT_SPREAD = 1.0
-DEFAULT_FOOTPRINT_WINDOW = 5000
-DEFAULT_SLOW_START = 2000
-DEFAULT_BALANCE = 1.5
 STARTED = 0.9  # a starter is behind while under 90% of its ramp's share
 RING_CHOICES = 2  # ring recruiting: the less loaded of the first two
 RING_POINTS = 16  # points per worker on the recruiting ring
@@ -231,33 +228,22 @@ class ClassStats:
         self.salt = stable_hash(rclass) ^ seed
 
 
-def _check(spread: float, footprint_window: int, slow_start: int,
-           balance: float) -> None:
-    for name, value, least in (("spread", spread, 1e-9), ("balance", balance, 1.0)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= least:
-            raise ConfigurationError("%s must be a number >= %g, got %r" % (name, least, value))
-    for name, value, least in (("footprint_window", footprint_window, 1),
-                               ("slow_start", slow_start, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ConfigurationError("%s must be an integer >= %d, got %r"
-                                     % (name, least, value))
-
-
 class AffinityPool(Pool):
     """Résumé routing with affinity keys, footprint-sized classes, slow
     start and re-learning; see the module docstring."""
 
     SETTINGS = Pool.SETTINGS + ("spread", "footprint_window", "slow_start", "balance")
+    spread: float
+    footprint_window: int
+    slow_start: int
+    balance: float
 
-    def __init__(self, *args, spread: float = DEFAULT_SPREAD,
-                 footprint_window: int = DEFAULT_FOOTPRINT_WINDOW,
-                 slow_start: int = DEFAULT_SLOW_START,
-                 balance: float = DEFAULT_BALANCE, **kw) -> None:
-        _check(spread, footprint_window, slow_start, balance)
-        self.spread = spread
-        self.balance = balance
-        self.footprint_window = footprint_window
-        self.slow_start = slow_start
+    def __init__(self, *args, spread: float = LB_SETTINGS["spread"].default,
+                 footprint_window: int = LB_SETTINGS["footprint_window"].default,
+                 slow_start: int = LB_SETTINGS["slow_start"].default,
+                 balance: float = LB_SETTINGS["balance"].default, **kw) -> None:
+        self._set_settings(spread=spread, footprint_window=footprint_window,
+                           slow_start=slow_start, balance=balance)
         self.requests = 0
         self.classes: Dict[str, ClassStats] = {}
         self.total = 0.0  # decayed requests of every class
@@ -271,20 +257,9 @@ class AffinityPool(Pool):
         self.hash_seed = 0  # the same on every LB; the simulator varies it
         self._ring: Optional[List[Tuple[int, PoolWorker]]] = None
         super().__init__(*args, **kw)
-        self._update_rate_decay()
 
-    def update_settings(self, *args, spread: Optional[float] = None,
-                        footprint_window: Optional[int] = None,
-                        slow_start: Optional[int] = None,
-                        balance: Optional[float] = None, **kw) -> None:
-        """Change settings at run time; None leaves a setting as it is."""
-        new = (self.spread if spread is None else spread,
-               self.footprint_window if footprint_window is None else footprint_window,
-               self.slow_start if slow_start is None else slow_start,
-               self.balance if balance is None else balance)
-        _check(*new)
-        super().update_settings(*args, **kw)
-        self.spread, self.footprint_window, self.slow_start, self.balance = new
+    def _settings_changed(self) -> None:
+        super()._settings_changed()
         self._update_rate_decay()
 
     def _update_rate_decay(self) -> None:

@@ -18,6 +18,7 @@ import sys
 import time
 from typing import List, Optional
 
+from . import settings
 from .errors import ConfigurationError, ZcLbError
 
 log = logging.getLogger("zc_lb")
@@ -72,8 +73,6 @@ def wait_for_signal(handlers: dict) -> None:
 
 
 # -- worker -------------------------------------------------------------
-
-DEFAULT_THREADS = 16  # as gunicorn's gthread and waitress size theirs: a few per core
 
 
 def _check_exposure(listen, secret: Optional[bytes], insecure: bool) -> None:
@@ -218,13 +217,9 @@ def run_lb(args: argparse.Namespace) -> int:
 
 
 def _lb_settings(args: argparse.Namespace) -> dict:
-    """The command line's values of the settings ZooKeeper may override."""
-    return {"variance": args.variance, "backlog_history": args.backlog_history,
-            "unskilled_score": args.unskilled_score,
-            "no_worker_timeout": args.no_worker_timeout,
-            "single_version": args.single_version, "spread": args.spread,
-            "footprint_window": args.footprint_window, "slow_start": args.slow_start,
-            "balance": args.balance, "reset_skills": ""}
+    """The settings ZooKeeper may override, as the command line set them."""
+    return {name: getattr(args, name) if settings.CLI in setting.where else setting.default
+            for name, setting in settings.LB_NODE_SETTINGS.items()}
 
 
 # -- status -------------------------------------------------------------
@@ -318,15 +313,9 @@ def _add_worker_parser(sub) -> None:
     p.add_argument("app", help="module:callable, or a PasteDeploy .ini file")
     p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT (default: ephemeral)")
     p.add_argument("--resume-file", help="read skills at start, save them as they change")
-    p.add_argument("--history", type=_positive_int, default=9999,
-                   help="requests between résumé updates (default 9999)")
-    p.add_argument("--max-skill-age", type=_positive_int,
-                   help="drop classes unseen for N requests (default 10 x history)")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--threads", type=_positive_int, default=DEFAULT_THREADS,
-                      help="run the application in a pool of N threads (default %d): "
-                           "safe for applications that block, as most do"
-                           % DEFAULT_THREADS)
+    for setting in settings.given_in(settings.WORKER_SETTINGS, settings.CLI).values():
+        settings.add_argument(mode if setting.name == "threads" else p, setting)
     mode.add_argument("--greenlets", dest="threads", action="store_const", const=None,
                       help="run the application in greenlets, for applications that "
                            "cooperate with gevent (never block); a blocked loop is "
@@ -334,8 +323,6 @@ def _add_worker_parser(sub) -> None:
     p.add_argument("--secret-file", help="shared secret for LB authentication")
     p.add_argument("--insecure", action="store_true",
                    help="listen on a non-loopback address without --secret-file")
-    p.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="seconds to finish requests in flight on SIGTERM")
     p.add_argument("--zookeeper", metavar="HOSTS", help="register in ZooKeeper (host:port,...)")
     p.add_argument("--path", default="/lb/workers",
                    help="ZooKeeper node of the workers (default /lb/workers)")
@@ -359,80 +346,21 @@ def _add_lb_parser(sub) -> None:
     p.add_argument("--affinity-key", default="path", metavar="path|none|re:ENVKEY:PATTERN",
                    help="what sends requests of a class to the same worker (default "
                         "path)")
-    p.add_argument("--variance", type=float, default=1.0,
-                   help="a worker's mean backlog may reach VARIANCE times the pool's "
-                        "(default 1)")
-    p.add_argument("--backlog-history", type=_positive_int, default=9,
-                   help="requests over which backlogs are averaged (default 9)")
-    p.add_argument("--unskilled-score", type=float, default=1.0,
-                   help="score of a worker for a class it was sent without skill "
-                        "(default 1)")
-    p.add_argument("--spread", type=float, default=1.0,
-                   help="affinity: a class with a share S of requests gets at least "
-                        "SPREAD x S of the workers (default 1)")
-    p.add_argument("--footprint-window", type=_positive_int, default=5000,
-                   help="affinity: requests over which class shares and distinct keys "
-                        "are measured (default 5000)")
-    p.add_argument("--slow-start", type=int, default=2000,
-                   help="affinity: requests over which a new worker's share ramps up "
-                        "(default 2000; 0 at once)")
-    p.add_argument("--balance", type=float, default=1.5,
-                   help="affinity: a key moves on from its worker while that one's "
-                        "backlog is past BALANCE x the class's mean; a member's cap is "
-                        "BALANCE x the variance cap (default 1.5)")
-    p.add_argument("--no-worker-timeout", type=float, default=30.0,
-                   help="seconds to wait for a worker before answering 503")
-    p.add_argument("--response-timeout", type=float, default=300.0,
-                   help="seconds to wait for a worker to start responding, then 504 "
-                        "(default 300; 0 waits forever)")
-    p.add_argument("--max-retries", type=int, default=1, metavar="N",
-                   help="retry a GET or HEAD whose worker was lost at most N times "
-                        "(default 1); retries at once stay under half the requests "
-                        "in flight (at least 3)")
     p.add_argument("--health-check", metavar="PATH",
                    help="GET PATH from every worker every --health-interval seconds; "
                         "failures count toward ejection as failed requests do")
-    p.add_argument("--health-interval", type=float, default=5.0, metavar="S")
-    p.add_argument("--eject-after", type=int, default=5, metavar="N",
-                   help="eject a worker from the pool after N failed requests in a "
-                        "row (5xx or its connection failing; default 5, 0 never)")
-    p.add_argument("--eject-time", type=float, default=30.0, metavar="S",
-                   help="first ejection's length; it doubles with each one, up to 10x "
-                        "(default 30)")
-    p.add_argument("--max-ejected", type=float, default=0.5, metavar="SHARE",
-                   help="at most this share of the workers ejected at once (default 0.5)")
-    p.add_argument("--keepalive-timeout", type=float, default=5.0,
-                   help="declare a worker dead after this long without a word from it "
-                        "(default 5; it pings every second)")
-    p.add_argument("--client-timeout", type=float, default=60.0,
-                   help="drop a client connection idle (sending or reading nothing) this "
-                        "long (default 60; 0 never)")
-    p.add_argument("--header-timeout", type=float, default=10.0,
-                   help="answer 408 and close if a request head is not complete this "
-                        "long after the accept (or, on keep-alive, its first byte) "
-                        "(default 10; 0 never)")
-    p.add_argument("--max-connections", type=int, default=1000,
-                   help="concurrent client connections; past it, 503 and close "
-                        "(default 1000, 0 no cap; the open-file limit is raised to fit)")
-    p.add_argument("--max-request-body", type=int, default=2**30,
-                   help="answer 413 to a larger Content-Length (bytes, default 1 GiB)")
     p.add_argument("--access-log", metavar="FILE|-", help="Apache combined access log")
     p.add_argument("--status", metavar="HOST:PORT", help="serve the JSON status document")
     p.add_argument("--error-page", metavar="FILE", help="HTML page for 502 and 503")
     p.add_argument("--certfile", help="TLS certificate (serve HTTPS)")
     p.add_argument("--keyfile", help="TLS private key (default: in the certfile)")
-    p.add_argument("--tls-min-version", choices=("TLSv1.2", "TLSv1.3"), default="TLSv1.2",
-                   help="oldest TLS version accepted (default TLSv1.2)")
     p.add_argument("--tls-ciphers", default=None, metavar="OPENSSL-CIPHERS",
                    help="TLS 1.2 cipher list (default: Mozilla's intermediate list)")
     p.add_argument("--secret-file", help="shared secret for worker authentication")
-    p.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="seconds to finish requests in flight on SIGTERM")
     p.add_argument("--zookeeper", metavar="HOSTS",
                    help="discover workers and settings in ZooKeeper (host:port,...)")
     p.add_argument("--path", default="/lb", help="ZooKeeper node of the LB (default /lb)")
-    p.add_argument("--single-version", action="store_true",
-                   help="serve only from the worker version most workers run")
+    settings.add_arguments(p, settings.LB_SETTINGS)
     p.set_defaults(run=run_lb)
 
 

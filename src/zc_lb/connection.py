@@ -53,12 +53,13 @@ from .errors import (
     ZcLbError,
 )
 from .protocol import Body, Credit, GoAway, Ping, Request, Resume, StreamEnded
+from .settings import LB_SETTINGS
 
 log = logging.getLogger(__name__)
 
 KEEPALIVE_INTERVAL = 1.0
 SUSPECT_AFTER = 2  # keepalive intervals of silence before a peer is suspected
-KEEPALIVE_TIMEOUT = 5.0
+KEEPALIVE_TIMEOUT = LB_SETTINGS["keepalive_timeout"].default
 HANDSHAKE_TIMEOUT = 10.0
 RECYCLE_RNO = protocol.MAX_RNO - 100000
 RECV_SIZE = 256 * 1024

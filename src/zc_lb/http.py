@@ -30,6 +30,7 @@ import gevent.pywsgi
 from .connection import send_all
 from .errors import BadRequest, ConfigurationError, ZcLbError
 from .httpparse import MAX_HEAD, check_head, parse_request_line, read_fields
+from .settings import LB_SETTINGS
 
 log = logging.getLogger(__name__)
 
@@ -464,7 +465,7 @@ class FrontServer:
     def __init__(self, listen: Tuple[str, int], app: Callable,
                  access_log: Optional[AccessLog] = None, tls=None,
                  client_timeout: Optional[float] = None,
-                 header_timeout: Optional[float] = 10.0,
+                 header_timeout: Optional[float] = LB_SETTINGS["header_timeout"].default,
                  max_connections: Optional[int] = None) -> None:
         self.listen = listen
         self.client_timeout = client_timeout

@@ -30,7 +30,7 @@ import gevent.event
 import gevent.pywsgi
 import gevent.socket
 
-from .connection import Connection, Exchange
+from .connection import KEEPALIVE_INTERVAL, Connection, Exchange
 from .links import LinkConfig, LinkEvents, WorkerLink
 from .errors import (
     BadResponse,
@@ -48,6 +48,7 @@ from .httpparse import HOP_BY_HOP
 from .outlier import Ejector
 from .pool import Pool
 from .protocol import End, Response
+from .settings import LB_SETTINGS
 
 log = logging.getLogger(__name__)
 
@@ -197,17 +198,17 @@ class LB(LinkEvents):
         self,
         pool: Pool,
         classifier: Callable[[dict], Optional[str]],
-        no_worker_timeout: float = 30.0,
+        no_worker_timeout: float = LB_SETTINGS["no_worker_timeout"].default,
         secret: Optional[bytes] = None,
         pages: Optional[Dict[int, bytes]] = None,
         max_request_body: Optional[int] = None,
-        keepalive_interval: float = 1.0,
-        keepalive_timeout: float = 5.0,
-        response_timeout: Optional[float] = 300.0,
-        drain_timeout: float = 30.0,
+        keepalive_interval: float = KEEPALIVE_INTERVAL,
+        keepalive_timeout: float = LB_SETTINGS["keepalive_timeout"].default,
+        response_timeout: Optional[float] = LB_SETTINGS["response_timeout"].default,
+        drain_timeout: float = LB_SETTINGS["drain_timeout"].default,
         affinity_key: Optional[Callable[[dict], Optional[str]]] = None,
         outlier: Optional[Dict[str, float]] = None,
-        max_retries: int = 1,
+        max_retries: int = LB_SETTINGS["max_retries"].default,
     ) -> None:
         self.pool = pool
         self.affinity_key = affinity_key

@@ -24,6 +24,7 @@ import gevent.socket
 
 from .connection import KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, Connection, Handler, parse_address
 from .errors import ZcLbError
+from .settings import LB_SETTINGS
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class LinkConfig:
     secret: Optional[bytes] = None
     keepalive_interval: float = KEEPALIVE_INTERVAL
     keepalive_timeout: float = KEEPALIVE_TIMEOUT
-    drain_timeout: float = 30.0  # for the requests in flight on a draining worker
+    drain_timeout: float = LB_SETTINGS["drain_timeout"].default  # for a draining worker's requests
 
 
 class LinkEvents:

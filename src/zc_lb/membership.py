@@ -29,7 +29,7 @@ import gevent
 from . import recipes, zk
 from .errors import ConfigurationError
 from .zk import ZooKeeperUnavailable
-from .settings import LB_SETTINGS, WORKER_SETTINGS, parse_each
+from .settings import LB_NODE_SETTINGS, WORKER_NODE_SETTINGS, parse_each
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class WorkerMembership:
             self.client.close()
 
     def _settings_changed(self, properties: Dict[str, Any]) -> None:
-        good, bad = parse_each(WORKER_SETTINGS, properties)
+        good, bad = parse_each(WORKER_NODE_SETTINGS, properties)
         for message in bad:
             log.error("ignoring a bad worker setting in %s: %s", self.path, message)
         settings = dict(self.base, **good)
@@ -173,7 +173,7 @@ class LBMembership:
         return "%s/%s" % ("" if self.path == "/" else self.path, relative)
 
     def _settings_changed(self, properties: Dict[str, Any]) -> None:
-        good, bad = parse_each(LB_SETTINGS, properties)
+        good, bad = parse_each(LB_NODE_SETTINGS, properties)
         for message in bad:
             log.error("ignoring a bad LB setting in %s: %s", self.path, message)
         # A removed property falls back to the command line; a bad one keeps
@@ -181,12 +181,7 @@ class LBMembership:
         settings = dict(self.base)
         settings.update((name, value) for name, value in self.applied.items()
                         if name in properties)
-        for name, value in good.items():
-            try:  # the pool checks what the table cannot
-                self.lb.pool.configure({name: value})
-                settings[name] = value
-            except ConfigurationError as exc:
-                log.error("ignoring a bad LB setting in %s: %s", self.path, exc)
+        settings.update(good)  # checked by the table, as the pool checks them
         self.lb.pool.configure(settings)
         self.applied = settings
         self.lb.no_worker_timeout = settings["no_worker_timeout"]

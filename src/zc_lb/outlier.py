@@ -27,10 +27,12 @@ from __future__ import annotations
 
 from typing import Dict, Hashable, List
 
-DEFAULT_CONSECUTIVE = 5
-DEFAULT_BASE_TIME = 30.0
-DEFAULT_MAX_TIME = 300.0
-DEFAULT_MAX_SHARE = 0.5
+from .settings import LB_SETTINGS
+
+DEFAULT_CONSECUTIVE = LB_SETTINGS["eject_after"].default
+DEFAULT_BASE_TIME = LB_SETTINGS["eject_time"].default
+DEFAULT_MAX_TIME = 10 * DEFAULT_BASE_TIME  # as the command line sets it
+DEFAULT_MAX_SHARE = LB_SETTINGS["max_ejected"].default
 
 
 class _Record:

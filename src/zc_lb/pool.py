@@ -52,11 +52,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Dict, Hashable, Iterable, Mapping, Optional, Tuple
 
-from .errors import ConfigurationError
-
-DEFAULT_VARIANCE = 1.0
-DEFAULT_BACKLOG_HISTORY = 9
-DEFAULT_UNSKILLED_SCORE = 1.0
+from .settings import LB_SETTINGS, check
 
 
 class PoolWorker:
@@ -86,39 +82,22 @@ class PoolWorker:
         )
 
 
-def _check_settings(
-    variance: float, backlog_history: int, unskilled_score: float
-) -> None:
-    for name, value in (("variance", variance), ("unskilled_score", unskilled_score)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigurationError("%s must be a number, got %r" % (name, value))
-    if not variance > 0:
-        raise ConfigurationError("variance must be > 0, got %r" % (variance,))
-    if not (isinstance(backlog_history, int) and backlog_history >= 1):
-        raise ConfigurationError(
-            "backlog_history must be an integer >= 1, got %r" % (backlog_history,)
-        )
-    if not unskilled_score > 0:
-        raise ConfigurationError(
-            "unskilled_score must be > 0, got %r" % (unskilled_score,)
-        )
-
-
 class Pool:
     """Résumé-based routing: skilled workers first, backlog capped."""
 
     SETTINGS: Tuple[str, ...] = ("variance", "backlog_history", "unskilled_score")
+    variance: float
+    backlog_history: int
+    unskilled_score: float
 
     def __init__(
         self,
-        variance: float = DEFAULT_VARIANCE,
-        backlog_history: int = DEFAULT_BACKLOG_HISTORY,
-        unskilled_score: float = DEFAULT_UNSKILLED_SCORE,
+        variance: float = LB_SETTINGS["variance"].default,
+        backlog_history: int = LB_SETTINGS["backlog_history"].default,
+        unskilled_score: float = LB_SETTINGS["unskilled_score"].default,
     ) -> None:
-        _check_settings(variance, backlog_history, unskilled_score)
-        self.variance = variance
-        self.backlog_history = backlog_history
-        self.unskilled_score = unskilled_score
+        self._set_settings(variance=variance, backlog_history=backlog_history,
+                           unskilled_score=unskilled_score)
         self.workers: Dict[Hashable, PoolWorker] = {}
         # least recently chosen first
         self._lru: "OrderedDict[PoolWorker, None]" = OrderedDict()
@@ -127,35 +106,36 @@ class Pool:
         self.mbacklog = 0.0
         self.dsum = 0.0
         self.dcount = 0.0
-        self._update_decays()
+        self._settings_changed()
 
     # -- settings -----------------------------------------------------
 
-    def update_settings(
-        self,
-        variance: Optional[float] = None,
-        backlog_history: Optional[int] = None,
-        unskilled_score: Optional[float] = None,
-    ) -> None:
-        """Change settings at run time; None leaves a setting as it is."""
-        new_variance = self.variance if variance is None else variance
-        new_history = (
-            self.backlog_history if backlog_history is None else backlog_history
-        )
-        new_unskilled = (
-            self.unskilled_score if unskilled_score is None else unskilled_score
-        )
-        _check_settings(new_variance, new_history, new_unskilled)
-        self.variance = new_variance
-        self.backlog_history = new_history
-        self.unskilled_score = new_unskilled
-        self._update_decays()
+    def update_settings(self, **changes: Any) -> None:
+        """Change settings of this policy (its ``SETTINGS``) at run time;
+        None leaves a setting as it is, a bad value changes nothing."""
+        unknown = set(changes) - set(self.SETTINGS)
+        if unknown:
+            raise TypeError("%s has no setting %s"
+                            % (type(self).__name__, ", ".join(sorted(unknown))))
+        self._set_settings(**{name: value for name, value in changes.items()
+                              if value is not None})
+        self._settings_changed()
 
     def configure(self, settings: Mapping[str, object]) -> None:
         """``update_settings`` with those of ``settings`` this policy has."""
         chosen: Dict[str, Any] = {name: settings[name] for name in self.SETTINGS
                                   if name in settings}
         self.update_settings(**chosen)
+
+    def _set_settings(self, **values: Any) -> None:
+        """Check every value against the settings table, then set them all."""
+        checked = {name: check(LB_SETTINGS, name, value) for name, value in values.items()}
+        for name, value in checked.items():
+            setattr(self, name, value)
+
+    def _settings_changed(self) -> None:
+        """Work out what depends on the settings."""
+        self._update_decays()
 
     def _update_decays(self) -> None:
         history = self.backlog_history

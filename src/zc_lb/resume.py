@@ -34,8 +34,9 @@ import tempfile
 from typing import Dict, List, Mapping, Optional
 
 from .errors import ConfigurationError
+from .settings import WORKER_SETTINGS, check
 
-DEFAULT_HISTORY = 9999
+DEFAULT_HISTORY = WORKER_SETTINGS["history"].default
 MIN_ELAPSED = 1e-6
 
 
@@ -67,17 +68,12 @@ class Skills:
                     self._skills[str(rclass)] = _Skill(1.0, 1.0 / score, 0)
 
     def configure(self, history: int, max_skill_age: Optional[int] = None) -> None:
-        """Change ``history`` and ``max_skill_age`` (live settings)."""
-        if not (isinstance(history, int) and history >= 1):
-            raise ConfigurationError("history must be an integer >= 1, got %r" % (history,))
-        if max_skill_age is None:
-            max_skill_age = 10 * history
-        if not (isinstance(max_skill_age, int) and max_skill_age >= 1):
-            raise ConfigurationError(
-                "max_skill_age must be an integer >= 1, got %r" % (max_skill_age,)
-            )
+        """Change ``history`` and ``max_skill_age`` (live settings); a
+        ``max_skill_age`` of None is 10 x ``history``."""
+        history = check(WORKER_SETTINGS, "history", history)
+        max_skill_age = check(WORKER_SETTINGS, "max_skill_age", max_skill_age)
         self.history = history
-        self.max_skill_age = max_skill_age
+        self.max_skill_age = 10 * history if max_skill_age is None else max_skill_age
         self.decay = 1.0 - 1.0 / history
 
     def record(self, rclass: str, elapsed: float) -> Optional[Dict[str, float]]:

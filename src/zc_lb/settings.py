@@ -1,31 +1,45 @@
-"""Named settings: defaults, types, validation, parsing.
+"""The settings table: every tunable of the LB and the worker, once.
 
-The same names are used on the command line (``--backlog-history``) and
-in ZooKeeper node properties (``backlog_history``), so an operator who
-knows one knows the other.  ``parse`` turns a property value (a string
-from the command line, or any JSON value from ZooKeeper) into the setting's
-type, or raises ConfigurationError naming the setting.
+Each ``Setting`` says what a tunable is (its type, default, limits and
+help) and where it may be given (``where``):
+
+``cli``
+    a command-line option, ``--backlog-history`` for ``backlog_history``;
+``zookeeper``
+    a property of the process's ZooKeeper node, under the setting's name;
+``live``
+    the running process applies a change (from ZooKeeper) at once.
+
+Everything else comes from the table: ``add_arguments`` makes the
+argparse options (type, default, help with the default); ``parse`` reads
+a value given as text or JSON (the command line, ZooKeeper) and
+``check_property`` the properties ``zc-lb zk set/import`` write; ``check``
+validates a value a program passes (the pools' and the skills'
+constructors and ``update_settings``).  So a setting's default, type and
+limits live here and nowhere else, and every way in refuses the same
+values: text that is not a number, a non-integral value for an integer
+setting (2.7, or "2.7"), a boolean for a number, a value out of limits.
+A bad value raises ConfigurationError naming the setting.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import (Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional,
+                    Tuple)
 
 from .errors import ConfigurationError
 
+CLI, ZOOKEEPER, LIVE = "cli", "zookeeper", "live"
+COMMAND_LINE = frozenset({CLI})
+EVERYWHERE = frozenset({CLI, ZOOKEEPER, LIVE})
+ZOOKEEPER_ONLY = frozenset({ZOOKEEPER, LIVE})
 
-@dataclass(frozen=True)
-class Setting:
-    """One named setting."""
 
-    name: str
-    type: Callable[[Any], Any]
-    default: Any
-    minimum: Optional[float]
-    help: str
-
+# The converters take text or a JSON value; Setting.convert names the
+# setting and the value in its message.
 
 def _bool(value: Any) -> bool:
     if isinstance(value, bool):
@@ -35,117 +49,213 @@ def _bool(value: Any) -> bool:
         return True
     if text in ("0", "false", "no", "off"):
         return False
-    raise ValueError("not a boolean: %r" % (value,))
+    raise ValueError("not a boolean")
 
 
 def _int(value: Any) -> int:
-    if isinstance(value, bool):
-        raise ValueError("not an integer: %r" % (value,))
+    if isinstance(value, bool):  # True is 1 to Python, not to an operator
+        raise ValueError("not an integer")
     if isinstance(value, float):
         if not value.is_integer():
-            raise ValueError("not an integer: %r" % (value,))
+            raise ValueError("not an integer")
         return int(value)
-    return int(value)
+    try:
+        return int(value)
+    except ValueError:  # "2.7" as well as "abc"
+        raise ValueError("not an integer")
 
 
 def _float(value: Any) -> float:
     if isinstance(value, bool):
-        raise ValueError("not a number: %r" % (value,))
-    number = float(value)
+        raise ValueError("not a number")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError("not a number")
     if not math.isfinite(number):
-        raise ValueError("not a finite number: %r" % (value,))
+        raise ValueError("not a finite number")
     return number
 
 
-LB_SETTINGS = {s.name: s for s in [
-    Setting("variance", _float, 1.0, 1e-9,
-            "a worker's backlog may reach VARIANCE times the mean"),
-    Setting("backlog_history", _int, 9, 1,
-            "requests over which backlogs are averaged"),
-    Setting("unskilled_score", _float, 1.0, 1e-9,
-            "score given to a worker for a class it was not skilled in"),
-    Setting("no_worker_timeout", _float, 30.0, 0,
-            "seconds to wait for a worker before answering 503"),
-    Setting("single_version", _bool, False, None,
-            "serve only from the worker version most workers run"),
-    Setting("spread", _float, 1.0, 1e-9,
-            "affinity policy: a class with a share S of requests is spread "
-            "over SPREAD x S of the workers"),
-    Setting("footprint_window", _int, 5000, 1,
-            "affinity policy: requests over which request shares and "
-            "distinct keys per class are measured"),
-    Setting("slow_start", _int, 2000, 0,
-            "affinity policy: requests over which a new worker's share ramps "
-            "up (0: at once)"),
-    Setting("balance", _float, 1.5, 1.0,
-            "affinity policy: a key moves on from its worker while that one's "
-            "backlog is past BALANCE times the mean of the class's workers"),
-    Setting("reset_skills", str, "", None,
-            "set to a new value (e.g. the time) to make every LB forget "
-            "the skills it holds and learn them again from résumés"),
-]}
+CONVERTERS: Dict[type, Callable[[Any], Any]] = {bool: _bool, int: _int, float: _float, str: str}
 
-POOL_SETTINGS = ("variance", "backlog_history", "unskilled_score", "spread",
-                 "footprint_window", "slow_start", "balance")
 
-WORKER_SETTINGS = {s.name: s for s in [
-    Setting("history", _int, 9999, 1,
-            "requests between résumé updates; the skill decay horizon"),
-    Setting("max_skill_age", _int, None, 1,
-            "requests after which an unseen class is dropped (default 10 x history)"),
-    Setting("reset_skills", str, "", None,
-            "set to a new value (e.g. the time) to make every worker forget "
-            "its skills and send an empty résumé"),
-]}
+@dataclass(frozen=True)
+class Setting:
+    """One tunable: ``type`` is bool, int, float or str."""
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    minimum: Optional[float] = None
+    maximum: Optional[float] = None
+    where: FrozenSet[str] = COMMAND_LINE
+    metavar: Optional[str] = None
+    choices: Optional[Tuple[str, ...]] = None
+
+    @property
+    def option(self) -> str:
+        """The command-line option: ``--backlog-history``."""
+        return "--" + self.name.replace("_", "-")
+
+    def convert(self, value: Any) -> Any:
+        """``value`` (text, or a JSON or Python value) as this setting's
+        type, within its limits; ConfigurationError if it cannot be."""
+        try:
+            converted = CONVERTERS[self.type](value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError("bad value for %s: %r (%s)" % (self.name, value, exc))
+        if self.minimum is not None and converted < self.minimum:
+            raise ConfigurationError("%s must be at least %g, got %r"
+                                     % (self.name, self.minimum, value))
+        if self.maximum is not None and converted > self.maximum:
+            raise ConfigurationError("%s must be at most %g, got %r"
+                                     % (self.name, self.maximum, value))
+        if self.choices is not None and converted not in self.choices:
+            raise ConfigurationError("%s must be one of %s, got %r"
+                                     % (self.name, ", ".join(self.choices), value))
+        return converted
+
+
+def _table(settings: Iterable[Setting]) -> Dict[str, Setting]:
+    return {setting.name: setting for setting in settings}
+
+
+def given_in(table: Mapping[str, Setting], where: str) -> Dict[str, Setting]:
+    """The settings of ``table`` that may be given ``where`` (CLI, ZOOKEEPER)."""
+    return {name: setting for name, setting in table.items() if where in setting.where}
+
+
+LB_SETTINGS = _table([
+    # The pool's, and what else ZooKeeper may change while the LB runs.
+    Setting("variance", float, 1.0,
+            "a worker's mean backlog may reach VARIANCE times the pool's",
+            minimum=1e-9, where=EVERYWHERE),
+    Setting("backlog_history", int, 9,
+            "requests over which backlogs are averaged",
+            minimum=1, where=EVERYWHERE, metavar="N"),
+    Setting("unskilled_score", float, 1.0,
+            "score of a worker for a class it was sent without skill",
+            minimum=1e-9, where=EVERYWHERE),
+    Setting("spread", float, 1.0,
+            "affinity: a class with a share S of requests gets at least SPREAD x S "
+            "of the workers",
+            minimum=1e-9, where=EVERYWHERE),
+    Setting("footprint_window", int, 5000,
+            "affinity: requests over which class shares and distinct keys are measured",
+            minimum=1, where=EVERYWHERE, metavar="N"),
+    Setting("slow_start", int, 2000,
+            "affinity: requests over which a new worker's share ramps up; 0 at once",
+            minimum=0, where=EVERYWHERE, metavar="N"),
+    Setting("balance", float, 1.5,
+            "affinity: a key moves on from its worker while that one's backlog is "
+            "past BALANCE x the class's mean; a member's cap is BALANCE x the "
+            "variance cap",
+            minimum=1.0, where=EVERYWHERE),
+    Setting("no_worker_timeout", float, 30.0,
+            "seconds to wait for a worker before answering 503",
+            minimum=0, where=EVERYWHERE, metavar="S"),
+    Setting("single_version", bool, False,
+            "serve only from the worker version most workers run",
+            where=EVERYWHERE),
+    Setting("reset_skills", str, "",
+            "set to a new value (e.g. the time) to make every LB forget the skills "
+            "it holds and learn them again from résumés",
+            where=ZOOKEEPER_ONLY),
+    # Command line only.
+    Setting("response_timeout", float, 300.0,
+            "seconds to wait for a worker to start responding, then 504; 0 waits "
+            "forever",
+            minimum=0, metavar="S"),
+    Setting("max_retries", int, 1,
+            "retry a GET or HEAD whose worker was lost at most N times; retries at "
+            "once stay under half the requests in flight (at least 3)",
+            minimum=0, metavar="N"),
+    Setting("health_interval", float, 5.0,
+            "seconds between --health-check requests to each worker",
+            minimum=0.01, metavar="S"),
+    Setting("eject_after", int, 5,
+            "eject a worker from the pool after N failed requests in a row (5xx or "
+            "its connection failing); 0 never",
+            minimum=0, metavar="N"),
+    Setting("eject_time", float, 30.0,
+            "first ejection's length; it doubles with each one, up to 10x",
+            minimum=0, metavar="S"),
+    Setting("max_ejected", float, 0.5,
+            "at most this share of the workers ejected at once",
+            minimum=0, maximum=1, metavar="SHARE"),
+    Setting("keepalive_timeout", float, 5.0,
+            "declare a worker dead after this long without a word from it (it pings "
+            "every second)",
+            minimum=0.01, metavar="S"),
+    Setting("client_timeout", float, 60.0,
+            "drop a client connection idle (sending or reading nothing) this long; "
+            "0 never",
+            minimum=0, metavar="S"),
+    Setting("header_timeout", float, 10.0,
+            "answer 408 and close if a request head is not complete this long after "
+            "the accept (or, on keep-alive, its first byte); 0 never",
+            minimum=0, metavar="S"),
+    Setting("max_connections", int, 1000,
+            "concurrent client connections; past it, 503 and close (0 no cap; the "
+            "open-file limit is raised to fit)",
+            minimum=0, metavar="N"),
+    Setting("max_request_body", int, 2**30,
+            "answer 413 to a larger Content-Length (bytes)",
+            minimum=0, metavar="BYTES"),
+    Setting("tls_min_version", str, "TLSv1.2",
+            "oldest TLS version accepted",
+            choices=("TLSv1.2", "TLSv1.3")),
+    Setting("drain_timeout", float, 30.0,
+            "seconds to finish requests in flight on SIGTERM",
+            minimum=0, metavar="S"),
+])
+
+WORKER_SETTINGS = _table([
+    Setting("history", int, 9999,
+            "requests between résumé updates; the skill decay horizon",
+            minimum=1, where=EVERYWHERE, metavar="N"),
+    Setting("max_skill_age", int, None,
+            "drop classes unseen for N requests (default 10 x history)",
+            minimum=1, where=EVERYWHERE, metavar="N"),
+    Setting("reset_skills", str, "",
+            "set to a new value (e.g. the time) to make every worker forget its "
+            "skills and send an empty résumé",
+            where=ZOOKEEPER_ONLY),
+    Setting("threads", int, 16,  # as gunicorn's gthread and waitress size theirs
+            "run the application in a pool of N threads: safe for applications that "
+            "block, as most do",
+            minimum=1, metavar="N"),
+    Setting("drain_timeout", float, 30.0,
+            "seconds to finish requests in flight on SIGTERM",
+            minimum=0, metavar="S"),
+])
+
+# What the ZooKeeper nodes may hold: the LBs' node, and its ``workers`` child.
+LB_NODE_SETTINGS = given_in(LB_SETTINGS, ZOOKEEPER)
+WORKER_NODE_SETTINGS = given_in(WORKER_SETTINGS, ZOOKEEPER)
+
+
+# -- values given as text or JSON: the command line, ZooKeeper ------------
 
 
 def parse(settings: Mapping[str, Setting], name: str, value: Any) -> Any:
-    """Convert and validate one setting's value."""
+    """Convert and validate one setting's value; None (a JSON null) is the
+    default."""
     setting = settings.get(name)
     if setting is None:
         raise ConfigurationError("unknown setting %r" % name)
     if value is None:
         return setting.default
-    try:
-        converted = setting.type(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigurationError("bad value for %s: %r (%s)" % (name, value, exc))
-    if setting.minimum is not None and converted < setting.minimum:
-        raise ConfigurationError("%s must be at least %g, got %r"
-                                 % (name, setting.minimum, value))
-    return converted
-
-
-NOTES = frozenset({"description"})  # properties any node may carry for people
-
-
-def node_settings(path: str) -> Mapping[str, Setting]:
-    """The settings a ZooKeeper node holds: a node named ``workers`` the
-    workers', any other the LBs'."""
-    return WORKER_SETTINGS if path.rstrip("/").rpartition("/")[2] == "workers" else LB_SETTINGS
-
-
-def check_property(path: str, key: str, value: Any, force: bool = False) -> None:
-    """Refuse a bad value, or (unless ``force``) a key that is no setting
-    of the node at ``path``, with a message saying which and why."""
-    settings = node_settings(path)
-    if key in settings:
-        parse(settings, key, value)
-    elif key in NOTES or force:
-        return
-    else:
-        other = LB_SETTINGS if settings is WORKER_SETTINGS else WORKER_SETTINGS
-        hint = (" (a setting of the %s node)" % ("LB" if other is LB_SETTINGS else "workers")
-                if key in other else "")
-        raise ConfigurationError(
-            "unknown setting %r for %s%s; known: %s (or --force)"
-            % (key, path, hint, ", ".join(sorted(settings))))
+    return setting.convert(value)
 
 
 def parse_each(settings: Mapping[str, Setting], properties: Mapping[str, Any]
                ) -> Tuple[Dict[str, Any], List[str]]:
     """The good settings of ``properties``, converted, and a message for
-    each bad one: one bad value does not spoil its neighbours."""
+    each bad one: one bad value does not spoil its neighbours.  Names not
+    in ``settings`` are ignored (nodes hold other properties too)."""
     good, bad = {}, []
     for name, value in properties.items():
         if name in settings:
@@ -156,14 +266,90 @@ def parse_each(settings: Mapping[str, Setting], properties: Mapping[str, Any]
     return good, bad
 
 
-def parse_all(settings: Mapping[str, Setting], properties: Mapping[str, Any],
-              strict: bool = False) -> Dict[str, Any]:
-    """Known settings found in ``properties``, converted; unknown names are
-    ignored (ZooKeeper nodes hold other properties too) unless ``strict``."""
-    result = {}
-    for name, value in properties.items():
-        if name in settings:
-            result[name] = parse(settings, name, value)
-        elif strict:
-            raise ConfigurationError("unknown setting %r" % name)
-    return result
+NOTES = frozenset({"description"})  # properties any node may carry for people
+
+
+def node_settings(path: str) -> Mapping[str, Setting]:
+    """The settings a ZooKeeper node holds: a node named ``workers`` the
+    workers', any other the LBs'."""
+    if path.rstrip("/").rpartition("/")[2] == "workers":
+        return WORKER_NODE_SETTINGS
+    return LB_NODE_SETTINGS
+
+
+def check_property(path: str, key: str, value: Any, force: bool = False) -> None:
+    """Refuse a bad value, or (unless ``force``) a key that is no setting
+    of the node at ``path``, with a message saying which and why."""
+    settings = node_settings(path)
+    if key in settings:
+        parse(settings, key, value)
+        return
+    if key in NOTES or force:
+        return
+    is_lb = settings is LB_NODE_SETTINGS
+    if key in (LB_SETTINGS if is_lb else WORKER_SETTINGS):
+        hint = " (a command-line option only)"
+    elif key in (WORKER_NODE_SETTINGS if is_lb else LB_NODE_SETTINGS):
+        hint = " (a setting of the %s node)" % ("workers" if is_lb else "LB")
+    else:
+        hint = ""
+    raise ConfigurationError("unknown setting %r for %s%s; known: %s (or --force)"
+                             % (key, path, hint, ", ".join(sorted(settings))))
+
+
+# -- values a program passes: the pools' and the skills' --------------------
+
+_KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+
+
+def check(settings: Mapping[str, Setting], name: str, value: Any) -> Any:
+    """``value``, of setting ``name``'s type and within its limits, as that
+    type (an int for a float setting is a float); ConfigurationError if not.
+    Unlike ``parse``, text is no number and None is only taken for a setting
+    whose default is None."""
+    setting = settings[name]
+    if value is None and setting.default is None:
+        return None
+    numeric = setting.type in (int, float)
+    if (value is None or isinstance(value, str) != (setting.type is str)
+            or isinstance(value, bool) != (setting.type is bool)
+            or (numeric and not isinstance(value, (int, float)))):
+        raise ConfigurationError("%s must be %s, got %r"
+                                 % (name, _KINDS[setting.type], value))
+    return setting.convert(value)
+
+
+# -- the command line --------------------------------------------------------
+
+
+def _format(value: Any) -> str:
+    return "%g" % value if isinstance(value, float) else str(value)
+
+
+def add_argument(parser: Any, setting: Setting) -> None:
+    """Add ``setting``'s option to ``parser`` (or to an argument group)."""
+    text = setting.help
+    if setting.default is not None and setting.type is not bool:
+        text += " (default %s)" % _format(setting.default)
+    if ZOOKEEPER in setting.where:
+        text += " [ZooKeeper: %s%s]" % (setting.name, ", live" if LIVE in setting.where else "")
+    if setting.type is bool:
+        assert setting.default is False, setting  # a flag turns it on
+        parser.add_argument(setting.option, action="store_true", help=text)
+        return
+
+    def convert(text: str) -> Any:
+        try:
+            return setting.convert(text)
+        except ConfigurationError as exc:
+            raise argparse.ArgumentTypeError(str(exc))
+
+    convert.__name__ = setting.name  # argparse names a converter in some messages
+    parser.add_argument(setting.option, type=convert, default=setting.default,
+                        choices=setting.choices, metavar=setting.metavar, help=text)
+
+
+def add_arguments(parser: Any, settings: Mapping[str, Setting]) -> None:
+    """Add the options of those ``settings`` the command line may give."""
+    for setting in given_in(settings, CLI).values():
+        add_argument(parser, setting)
