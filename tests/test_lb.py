@@ -1,8 +1,11 @@
-"""Tests for zc_lb.lb that need no worker: classifying requests."""
+"""Tests for zc_lb.lb that need no worker: classifying, retry budget, drains."""
 
 from __future__ import annotations
 
 import logging
+import time
+
+import gevent
 
 from zc_lb.affinity import AffinityPool
 from zc_lb.classifier import get_key_function
@@ -60,3 +63,37 @@ def test_the_retry_budget_bounds_retries_at_once():
     lb.retrying = 10
     assert not lb._may_retry(False)
     assert lb.status()["retries_refused"] == 2
+
+
+def test_drain_waits_for_a_quiet_spell_on_events():
+    lb = make_lb(lambda environ: "a")
+    lb.pool.add("w")
+    assert lb.drain(5, quiet=0.05)  # nothing in flight: quiet at once
+    lb._get_worker("a", "/x")  # a request starts ...
+    assert not lb.idle.is_set()
+    gevent.spawn_later(0.1, lb._put, "w")  # ... and ends
+    started = time.monotonic()
+    assert lb.drain(5, quiet=0.05)
+    assert 0.1 <= time.monotonic() - started < 2
+
+
+def test_a_request_during_the_quiet_spell_restarts_it():
+    lb = make_lb(lambda environ: "a")
+    lb.pool.add("w")
+
+    def one_more():  # a keep-alive client's last request
+        lb._get_worker("a", "/x")
+        gevent.sleep(0.1)
+        lb._put("w")
+
+    gevent.spawn_later(0.02, one_more)
+    started = time.monotonic()
+    assert lb.drain(5, quiet=0.1)
+    assert time.monotonic() - started >= 0.2  # 0.02 + the request + a whole quiet spell
+
+
+def test_drain_gives_up_at_its_timeout():
+    lb = make_lb(lambda environ: "a")
+    lb.pool.add("w")
+    lb._get_worker("a", "/x")  # never ends
+    assert lb.drain(0.1, quiet=0.05) is False

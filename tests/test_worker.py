@@ -4,23 +4,28 @@ import time
 import wsgiref.validate
 
 import gevent
+import gevent.event
 import gevent.socket
 import pytest
 
 from zc_lb.connection import Connection, Handler
 from zc_lb.errors import ConfigurationError
 from zc_lb.protocol import End
-from zc_lb.testing import read_response
 from zc_lb.connection import parse_address
+from zc_lb.testing import read_response
 from zc_lb.worker import Worker, load_app
 
 
 class LBSide(Handler):
     def __init__(self):
         self.resumes = []
+        self.goaway = gevent.event.Event()
 
     def handle_resume(self, connection, skills):
         self.resumes.append(skills)
+
+    def handle_goaway(self, connection, reason):
+        self.goaway.set()
 
 
 @pytest.fixture
@@ -171,3 +176,30 @@ def test_failures_teach_the_resume_nothing(serve):
     call(connection, {"PATH_INFO": "/", "zc_lb.request_class": "good"})
     assert "bad" not in worker.skills.resume() and "good" in worker.skills.resume()
     assert worker.status()["failed"] == 3 and worker.status()["served"] == 1
+
+
+def _slow_app(environ, start_response):
+    gevent.sleep(float(environ.get("QUERY_STRING") or 0))
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"done"]
+
+
+def test_drain_serves_what_is_in_flight_and_ends_when_the_lb_hangs_up(serve):
+    worker, connection, handler = serve(_slow_app, threads=None)
+    exchange = connection.open_request({"REQUEST_METHOD": "GET", "PATH_INFO": "/",
+                                        "QUERY_STRING": "0.3"}, end=True)
+    drain = gevent.spawn(worker.drain, 10)
+    assert handler.goaway.wait(5), "the worker said GoAway"
+    response, body = read_response(exchange)
+    assert (response.status, body) == ("200 OK", b"done")  # in flight: served whole
+    assert connection.idle.wait(5)
+    assert not drain.ready()  # the LB still holds the connection
+    connection.close("drained")  # as an LB closes a drained connection
+    assert drain.get(timeout=5) is True
+
+
+def test_drain_gives_up_at_its_timeout(serve):
+    worker, connection, handler = serve(_slow_app, threads=None)
+    started = time.monotonic()
+    assert worker.drain(0.3) is False  # the LB never hangs up
+    assert 0.25 < time.monotonic() - started < 3
