@@ -155,6 +155,10 @@ class BadRequest(ClientError):
         self.http_status = status
 
 
+class HeadTimeout(BadRequest):
+    """The client did not send a whole request head within the header timeout."""
+
+
 class RequestTooLarge(ClientError):
     """The request body is larger than the LB accepts."""
 

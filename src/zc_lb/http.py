@@ -28,7 +28,7 @@ import gevent
 import gevent.pywsgi
 
 from .connection import send_all
-from .errors import BadRequest, ConfigurationError, ZcLbError
+from .errors import BadRequest, ConfigurationError, HeadTimeout, ZcLbError
 from .httpparse import MAX_HEAD, check_head, parse_request_line, read_fields
 from .settings import LB_SETTINGS
 
@@ -123,10 +123,6 @@ def refusal(status: int) -> bytes:
     return (b"HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Type: text/plain\r\n"
             b"Content-Length: %d\r\n\r\n%s\n" % (
                 status, reason.encode(), len(reason) + 1, reason.encode()))
-
-
-class HeadTimeout(BadRequest):
-    """The client did not send a whole request head within the header timeout."""
 
 
 class RequestHeaders:
@@ -316,15 +312,22 @@ class FrontHandler(gevent.pywsgi.WSGIHandler):
                         (self.environ or {}).get("REQUEST_METHOD"),
                         (self.environ or {}).get("PATH_INFO"), v)
             self.close_connection = True
-            self._send_error_response_if_possible(502)
+            self._send_bad_gateway()
             return
         super().handle_error(t, v, tb)
 
-
-gevent.pywsgi._ERRORS.setdefault(502, (  # type: ignore[attr-defined]
-    "502 Bad Gateway",
-    [("Content-Type", "text/plain"), ("Connection", "close"), ("Content-Length", "11")],
-    b"Bad Gateway"))
+    def _send_bad_gateway(self) -> None:
+        """502, if nothing of the response is out yet (pywsgi's table of
+        error responses has no 502, and is not ours to patch)."""
+        if self.response_length:
+            return
+        try:
+            self.start_response("502 Bad Gateway", [
+                ("Content-Type", "text/plain"), ("Connection", "close"),
+                ("Content-Length", "11")])
+            self.write(b"Bad Gateway")
+        except OSError:
+            pass
 
 
 def tls_context(certfile: str, keyfile: Optional[str] = None,
