@@ -13,7 +13,7 @@ setup(
     package_dir={"": "src"},
     packages=find_packages("src"),
     python_requires=">=3.11",
-    install_requires=["gevent>=23", "kazoo>=2.9", "webob>=1.8"],
+    install_requires=["gevent>=23", "kazoo>=2.9", "webob>=1.8", "orjson>=3.9"],
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "mypy>=1.0", "pastedeploy>=3"],
         "playback": ["locust>=2.20"],

@@ -55,11 +55,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
+import math
 import os
 import struct
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple, Type, Union
+
+import orjson
 
 from .errors import (AuthenticationError, LocalProtocolError, MessageTooLarge,
                      RemoteProtocolError)
@@ -208,8 +210,10 @@ NEED_DATA = NeedData()
 
 
 def _json(obj: object) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
+    # orjson: RFC 8259 JSON in UTF-8, 15-30 times faster than the json
+    # module for an environ.  It writes a non-finite float as null: the
+    # one message with floats, the résumé, is checked before.
+    return orjson.dumps(obj)
 
 
 def _frame(rno: int, mtype: int, payload: bytes) -> bytes:
@@ -243,6 +247,8 @@ def _encode(message: Message) -> bytes:
     if isinstance(message, (Ping, Pong)):
         return HEADER.pack(0, message.TYPE, 0)
     if isinstance(message, Resume):
+        if not all(math.isfinite(score) for score in message.skills.values()):
+            raise LocalProtocolError("résumé with a score that is not finite")
         return _frame(0, Resume.TYPE, _json(message.skills))
     if isinstance(message, Hello):
         payload = _json({"version": message.version, "role": message.role,
@@ -263,14 +269,12 @@ def body_header(rno: int, length: int) -> bytes:
 # -- decoding -----------------------------------------------------------
 
 
-def _reject_constant(name: str) -> object:
-    raise ValueError("%s is not allowed" % name)
-
-
 def _load_json(payload: bytes, what: str) -> object:
+    """Strict JSON (orjson: RFC 8259, valid UTF-8, no NaN or Infinity,
+    integers within 64 bits, nesting within 1024 levels)."""
     try:
-        return json.loads(payload.decode("utf-8"), parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
         raise RemoteProtocolError("bad %s payload: %s" % (what, str(exc)[:200]))
 
 
