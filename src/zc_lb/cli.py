@@ -166,7 +166,13 @@ def build_lb(args: argparse.Namespace):
     elif args.keyfile:
         raise ConfigurationError("--keyfile needs --certfile")
     access_log = AccessLog.open(args.access_log) if args.access_log else None
-    front = FrontServer(parse_address(args.listen), lb, access_log, tls=tls,
+    if args.listen_fd is not None:  # one of --processes N, on the supervisor's socket
+        from .processes import inherited_socket
+
+        listen = inherited_socket(args.listen_fd)
+    else:
+        listen = parse_address(args.listen)
+    front = FrontServer(listen, lb, access_log, tls=tls,
                         client_timeout=args.client_timeout or None,
                         header_timeout=args.header_timeout or None,
                         max_connections=args.max_connections or None)
@@ -178,6 +184,10 @@ def build_lb(args: argparse.Namespace):
 
 
 def run_lb(args: argparse.Namespace) -> int:
+    if args.processes > 1:
+        from .processes import run
+
+        return run(args, args.argv)
 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until wait_for_signal says so
     lb, front, status = build_lb(args)
@@ -194,7 +204,7 @@ def run_lb(args: argparse.Namespace) -> int:
         membership = LBMembership(
             lb, args.zookeeper, args.path, front.address,
             status.address if status is not None else None,
-            base_settings=_lb_settings(args))
+            base_settings=_lb_settings(args), instance=args.process_index)
         membership.start()
     print("zc-lb lb listening on %s:%d" % front.address, flush=True)
     if status is not None:
@@ -334,6 +344,12 @@ def _add_worker_parser(sub) -> None:
 def _add_lb_parser(sub) -> None:
     p = sub.add_parser("lb", help="run a load balancer")
     p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT for HTTP(S)")
+    p.add_argument("--processes", type=_positive_int, default=1, metavar="N",
+                   help="run N LB processes accepting on the one --listen address, each "
+                        "with its own pool and worker connections (default 1); --status "
+                        "then sums them")
+    p.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)  # a --processes child
+    p.add_argument("--process-index", type=int, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="append", metavar="HOST:PORT", help="a worker address")
     p.add_argument("--classifier", default="host",
                    help="host, re:ENVKEY:PATTERN or module:expr (default host)")
@@ -472,6 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

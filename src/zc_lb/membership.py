@@ -130,8 +130,10 @@ class LBMembership:
     """An LB's settings, worker discovery and registration."""
 
     def __init__(self, lb, hosts: str, path: str, listen, status_address=None,
-                 base_settings: Optional[Mapping[str, Any]] = None) -> None:
+                 base_settings: Optional[Mapping[str, Any]] = None,
+                 instance: Optional[int] = None) -> None:
         self.lb = lb
+        self.instance = instance  # which of --processes N, each an LB of its own
         self.hosts = hosts
         self.path = path.rstrip("/") or "/"
         self.listen = listen
@@ -154,8 +156,10 @@ class LBMembership:
         lbs = recipes.ProvidersWatch(self.client, self._join("providers"), self._lbs_changed)
         data = {"pid": os.getpid(),
                 "status": advertised(self.status_address) if self.status_address else None}
-        registration = recipes.Registration(
-            self.client, self._join("providers/" + advertised(self.listen)), data)
+        name = advertised(self.listen)
+        if self.instance is not None:
+            name += "#%d" % self.instance
+        registration = recipes.Registration(self.client, self._join("providers/" + name), data)
         self.recipes = [settings, workers, lbs, registration]
         for recipe in self.recipes:
             recipe.start()

@@ -40,6 +40,44 @@ def status_app(get_status: Callable[[], dict],
     return app
 
 
+def merge_status(docs: List[dict]) -> dict:
+    """One view of several LB processes' status documents: counters
+    added up, each worker's backlog and streams summed, the pool's
+    settings and each worker's skills as the first process has them."""
+    good = [doc for doc in docs if "workers" in doc]
+    if not good:
+        return {"workers": {}, "errors": {}, "pool": {}}
+    merged: dict = {}
+    for doc in good:
+        for key, value in doc.items():
+            if isinstance(value, bool) or key in ("pool", "workers", "uptime"):
+                merged.setdefault(key, value)
+            elif isinstance(value, (int, float)):
+                merged[key] = merged.get(key, 0) + value
+            elif key in ("errors", "classifier_errors"):
+                total = merged.setdefault(key, {})
+                for name, count in value.items():
+                    total[name] = total.get(name, 0) + count
+            else:
+                merged.setdefault(key, value)
+    workers: Dict[str, dict] = {}
+    for doc in good:
+        for address, info in doc["workers"].items():
+            into = workers.get(address)
+            if into is None:
+                workers[address] = dict(info)
+                continue
+            for key in ("backlog", "mean_backlog", "streams"):
+                if key in info:
+                    into[key] = into.get(key, 0) + info[key]
+            for key in ("connected", "in_pool"):
+                if key in info:
+                    into[key] = bool(into.get(key)) and bool(info[key])
+    merged["workers"] = workers
+    merged["uptime"] = min(doc.get("uptime", 0) for doc in good)
+    return merged
+
+
 def fetch(address: str, timeout: float = 5.0, action: Optional[str] = None) -> dict:
     """Get the status document from an LB's status address (or POST to
     one of its actions and get the answer)."""
@@ -83,4 +121,8 @@ def format_status(doc: dict, max_skills: int = 5) -> str:
                      str(info.get("mean_backlog", "-")), str(len(skills)),
                      ", ".join("%s=%.3g" % item for item in top)])
     lines.extend(_table(rows))
+    for process in doc.get("processes", ()):
+        lines.append("process %s (pid %s, status %s): %s requests, %s in flight" % (
+            process.get("index"), process.get("pid"), process.get("status"),
+            process.get("requests"), process.get("in_flight")))
     return "\n".join(lines)

@@ -1,0 +1,247 @@
+"""``zc-lb lb --processes N``: N LB processes on one listening address.
+
+One Python process uses one core.  With ``--processes N`` the process
+started is a supervisor: it binds the listening socket, then starts N
+children (``zc-lb lb`` with the same options and ``--listen-fd``), each
+accepting on that one inherited socket with its own pool and its own
+connections to every worker; workers send their résumés to each, as to
+any LB.  The kernel hands each new client connection to one child.
+
+The supervisor serves ``--status`` itself: one summed view of the
+children's documents (counters added, each worker's backlog summed over
+the processes, ``processes`` listing each child with its own status
+address), and a POST action goes to every child.  SIGTERM or SIGINT is
+passed on to every child, which drains as a single LB does; the
+supervisor exits when they all have.  A child that dies otherwise is
+started again (at most once a second), so one crash does not halve the
+LB for good.
+
+In ZooKeeper mode each child registers as an LB of its own
+(``HOST:PORT#I``), so the pool's count of LBs, which ring recruiting
+uses, counts processes, as it should: each has its own backlogs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+from .errors import ConfigurationError, ZcLbError
+from .status import fetch, merge_status
+
+log = logging.getLogger(__name__)
+
+READY = "zc-lb lb listening on "
+STATUS_READY = "zc-lb status on "
+START_TIMEOUT = 30.0
+RESTART_EVERY = 1.0  # seconds between restarts of a child that died
+
+
+def child_argv(argv: Sequence[str]) -> List[str]:
+    """The ``zc-lb lb`` options of a child: ours, without ``--processes``,
+    ``--listen`` and ``--status`` (the supervisor has those)."""
+    out: List[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in ("--processes", "--listen", "--status", "--listen-fd", "--process-index"):
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return out
+
+
+class Child:
+    """One LB process and what it said when it started."""
+
+    def __init__(self, index: int, argv: List[str], fd: int, log_level: str) -> None:
+        self.index = index
+        self.argv = [sys.executable, "-m", "zc_lb.cli", "--log-level", log_level, "lb"] + argv + [
+            "--listen-fd", str(fd), "--status", "127.0.0.1:0", "--process-index", str(index)]
+        self.fd = fd
+        self.process: Optional[subprocess.Popen] = None
+        self.status: Optional[str] = None
+        self.started = 0.0
+
+    def start(self) -> None:
+        import gevent
+        import gevent.subprocess
+
+        self.started = time.monotonic()
+        self.process = gevent.subprocess.Popen(
+            self.argv, pass_fds=(self.fd,), stdout=subprocess.PIPE, text=True)
+        self.status = None
+        for line in self.process.stdout:  # type: ignore[union-attr]
+            if line.startswith(STATUS_READY):
+                self.status = line[len(STATUS_READY):].strip()
+            if self.status is not None:
+                break
+        if self.status is None:
+            raise ConfigurationError("LB process %d did not start (exit status %s)"
+                                     % (self.index, self.process.wait()))
+        gevent.spawn(_discard, self.process.stdout)  # nothing more should come
+
+    def __repr__(self) -> str:
+        return "<Child %d pid=%s status=%s>" % (
+            self.index, self.process.pid if self.process else None, self.status)
+
+
+class Supervisor:
+    """Starts, watches and stops the LB processes; serves their status."""
+
+    def __init__(self, count: int, argv: Sequence[str], listen, log_level: str = "INFO",
+                 backlog: int = 1024) -> None:
+        if count < 1:
+            raise ConfigurationError("--processes must be at least 1, got %d" % count)
+        self.sock = socket.socket(socket.AF_INET6 if ":" in listen[0] else socket.AF_INET)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(listen)
+        self.sock.listen(backlog)
+        self.sock.set_inheritable(True)
+        self.children = [Child(i, child_argv(argv), self.sock.fileno(), log_level)
+                         for i in range(count)]
+        self.stopping = False
+
+    @property
+    def address(self):
+        return self.sock.getsockname()[:2]
+
+    def start(self) -> None:
+        import gevent
+
+        for child in self.children:
+            child.start()
+        gevent.spawn(self._watch)
+
+    def _watch(self) -> None:
+        """Start a child again when it dies (not when we stop them)."""
+        import gevent
+
+        while not self.stopping:
+            gevent.sleep(0.2)
+            for child in self.children:
+                process = child.process
+                if self.stopping or process is None or process.poll() is None:
+                    continue
+                log.warning("LB process %d (pid %d) exited with status %s; starting it again",
+                            child.index, process.pid, process.returncode)
+                gevent.sleep(max(0.0, child.started + RESTART_EVERY - time.monotonic()))
+                if not self.stopping:
+                    try:
+                        child.start()
+                    except ZcLbError as exc:
+                        log.error("%s", exc)
+
+    def stop(self, timeout: float) -> None:
+        """SIGTERM every child (each drains) and wait for them all."""
+        self.stopping = True
+        for child in self.children:
+            if child.process is not None and child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for child in self.children:
+            if child.process is None:
+                continue
+            try:
+                child.process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                log.warning("LB process %d did not drain in time; killing it", child.index)
+                child.process.kill()
+                child.process.wait()
+        self.sock.close()
+
+    def status(self) -> dict:
+        """One summed view of every child's status document."""
+        docs: Dict[str, dict] = {}
+        for child in self.children:
+            if child.status is None:
+                continue
+            try:
+                docs[child.status] = fetch(child.status, timeout=2.0)
+            except ZcLbError as exc:
+                docs[child.status] = {"error": str(exc)}
+        merged = merge_status(list(docs.values()))
+        merged["processes"] = [
+            {"index": child.index, "pid": child.process.pid if child.process else None,
+             "status": child.status,
+             "requests": docs.get(child.status or "", {}).get("requests"),
+             "in_flight": docs.get(child.status or "", {}).get("in_flight")}
+            for child in self.children]
+        return merged
+
+    def action(self, name: str):
+        def run() -> None:
+            for child in self.children:
+                if child.status is not None:
+                    fetch(child.status, action=name)
+        return run
+
+
+def run(args, argv: Sequence[str]) -> int:
+    """``zc-lb lb --processes N`` (N > 1)."""
+    from .cli import wait_for_signal
+    from .connection import parse_address
+    from .http import FrontServer
+    from .status import status_app
+
+    supervisor = Supervisor(args.processes, lb_argv(argv), parse_address(args.listen),
+                            args.log_level)
+    supervisor.start()
+    status = None
+    if args.status:
+        status = FrontServer(parse_address(args.status), status_app(
+            supervisor.status, {"reset-skills": supervisor.action("reset-skills")}))
+        status.start()
+    log.info("%d LB processes, pids %s", len(supervisor.children),
+             " ".join(str(c.process.pid) for c in supervisor.children if c.process))
+    print("zc-lb lb listening on %s:%d" % supervisor.address, flush=True)
+    if status is not None:
+        print("zc-lb status on %s:%d" % status.address, flush=True)
+
+    def stop() -> bool:
+        supervisor.stop(args.drain_timeout + 5)
+        if status is not None:
+            status.stop(timeout=1)
+        return True
+
+    wait_for_signal({"SIGTERM": stop, "SIGINT": stop})
+    log.info("lb stopped (%d processes)", len(supervisor.children))
+    return 0
+
+
+def _discard(stream) -> None:
+    for _ in stream:
+        pass
+
+
+def lb_argv(argv: Sequence[str]) -> List[str]:
+    """The arguments after ``lb`` in a ``zc-lb [--log-level L] lb ...`` command line."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 1 if "=" in argv[i] else 2
+    if argv[i:i + 1] != ["lb"]:
+        raise ConfigurationError("not a zc-lb lb command line: %r" % (list(argv),))
+    return list(argv[i + 1:])
+
+
+def inherited_socket(fd: int):
+    """The listening socket a supervisor passed down as ``fd`` (a gevent one)."""
+    import gevent.socket
+
+    try:
+        sock = gevent.socket.socket(fileno=fd)
+    except OSError as exc:
+        raise ConfigurationError("--listen-fd %d: %s" % (fd, exc))
+    if sock.type != socket.SOCK_STREAM:
+        raise ConfigurationError("--listen-fd %d is not a stream socket" % fd)
+    os.set_inheritable(fd, False)
+    return sock

@@ -1,0 +1,103 @@
+"""``zc-lb lb --processes N``: real LB processes on one address, summed
+status, a child restarted, SIGTERM draining every one."""
+
+import concurrent.futures
+import http.client
+import json
+import os
+import signal
+import urllib.request
+
+import pytest
+
+from zc_lb.processes import child_argv, lb_argv
+from zc_lb.status import merge_status
+from zc_lb.testing import LBProcess, WorkerProcess, free_port, wait_for
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_child_argv_leaves_out_what_the_supervisor_holds():
+    argv = lb_argv(["--log-level", "DEBUG", "lb", "--listen", "h:1", "--processes=2",
+                    "--status", "h:2", "--worker", "h:3", "--variance", "2"])
+    assert child_argv(argv) == ["--worker", "h:3", "--variance", "2"]
+
+
+def test_merge_status_sums_counters_and_backlogs():
+    one = {"requests": 3, "in_flight": 1, "errors": {"502": 1}, "pool": {"variance": 1.0},
+           "workers": {"w": {"backlog": 1, "connected": True, "in_pool": True}}, "uptime": 9}
+    two = {"requests": 4, "in_flight": 0, "errors": {"502": 2, "503": 1}, "pool": {},
+           "workers": {"w": {"backlog": 2, "connected": True, "in_pool": False}}, "uptime": 5}
+    merged = merge_status([one, two, {"error": "down"}])
+    assert (merged["requests"], merged["in_flight"], merged["uptime"]) == (7, 1, 5)
+    assert merged["errors"] == {"502": 3, "503": 1}
+    assert merged["pool"] == {"variance": 1.0}
+    assert merged["workers"]["w"] == {"backlog": 3, "connected": True, "in_pool": False}
+
+
+def status(address):
+    with urllib.request.urlopen("http://%s/" % address, timeout=5) as response:
+        return json.load(response)
+
+
+def get(address, path="/"):
+    host, port = address.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        connection.request("GET", path, headers={"Host": "a.example"})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+def processes_lb():
+    workers = [WorkerProcess("apps:app", env=ENV).start() for _ in range(2)]
+    status_address = "127.0.0.1:%d" % free_port()
+    lb = LBProcess([w.address for w in workers], "--processes", "2",
+                   "--status", status_address, env=ENV).start()
+    lb.status_address = status_address
+    wait_for(lambda: len(status(status_address)["processes"]) == 2
+             and all(w["connected"] for w in status(status_address)["workers"].values()),
+             message="both processes connected to both workers")
+    yield lb
+    lb.kill()
+    for worker in workers:
+        worker.kill()
+
+
+def test_two_processes_serve_one_address_and_sum_their_status(processes_lb):
+    lb = processes_lb
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: get(lb.address), range(80)))
+    assert {status for status, _ in results} == {200}
+    doc = status(lb.status_address)
+    pids = {p["pid"] for p in doc["processes"]}
+    assert len(pids) == 2 and lb.pid not in pids
+    # Each request counted once, by the process that served it (readiness
+    # checks by the fixture may add a few).
+    assert doc["requests"] == sum(p["requests"] for p in doc["processes"]) >= 80
+    assert all(p["requests"] > 0 for p in doc["processes"]), doc["processes"]
+
+
+def test_a_child_that_dies_is_started_again(processes_lb):
+    lb = processes_lb
+    before = status(lb.status_address)["processes"][0]["pid"]
+    os.kill(before, signal.SIGKILL)
+    wait_for(lambda: status(lb.status_address)["processes"][0]["pid"] not in (before, None),
+             timeout=20, message="the child restarted")
+    assert all(get(lb.address)[0] == 200 for _ in range(10))
+
+
+def test_sigterm_drains_every_process(processes_lb):
+    lb = processes_lb
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        slow = [pool.submit(get, lb.address, "/slow?1.0") for _ in range(4)]
+        wait_for(lambda: status(lb.status_address)["in_flight"] == 4,
+                 message="four slow requests in flight")
+        assert lb.terminate(timeout=20) == 0
+        assert [f.result()[0] for f in slow] == [200] * 4  # none cut
