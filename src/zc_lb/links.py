@@ -162,6 +162,8 @@ class WorkerLink(Handler):
         if connection is self.draining:
             log.info("worker %s drained and closed", self.address)
             self.draining = None
+        elif connection is not self.connection:
+            return  # never came up (its handshake failed): nothing to take down
         elif not self.stopped:
             log.warning("lost worker %s: %s", self.address, error)
         self.events.worker_down(connection)
