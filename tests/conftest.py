@@ -1,4 +1,5 @@
-"""Shared fixtures: one real ZooKeeper per test session (tests/zkserver.py)."""
+"""Shared fixtures: one real ZooKeeper per test session (tests/zkserver.py),
+and clients of it for test_zk.py and test_recipes.py."""
 
 import itertools
 
@@ -36,3 +37,31 @@ def zk_hosts(zookeeper, request):
         client.stop()
         client.close()
     return zookeeper.address + chroot
+
+
+@pytest.fixture
+def client(zk_hosts):
+    """A zc_lb.zk client of the test's chroot; closed after the test."""
+    from zc_lb import zk
+
+    clients = []
+
+    def make():
+        c = zk.connect(zk_hosts, timeout=10)
+        clients.append(c)
+        return c
+    yield make()
+    for c in clients:
+        c.stop()
+        c.close()
+
+
+@pytest.fixture
+def other_client(client, zk_hosts):
+    """A second client of the same chroot, with a session of its own."""
+    from zc_lb import zk
+
+    c = zk.connect(zk_hosts, timeout=10)
+    yield c
+    c.stop()
+    c.close()

@@ -1,10 +1,13 @@
 """The HTTP front on real processes: head size limits against the frame
 limit, the header timeout and the connection cap (slowloris), TLS
 settings and failures, SIGHUP, and a worker that will not listen openly
-without a secret.  The request grammar is in test_http_corpus.py.
+without a secret.  At the end, the request corpus (data/http_requests.json)
+drives the front's handler in process, fed in chunks; test_http_corpus.py
+sends the same cases to a real LB.
 """
 
 import http.client
+import io
 import json
 import os
 import select
@@ -19,7 +22,11 @@ import urllib.request
 
 import pytest
 
+import echo_app
+from corpus import CASES, CHUNKINGS, IDS, check_answer, chunks, request_bytes
+from zc_lb.http import FrontHandler, _ErrorLog, _WSGIServer
 from zc_lb.httpparse import MAX_FIELD_LINE, MAX_HEAD
+from zc_lb.lb import _forwarded_environ
 from zc_lb.testing import LBProcess, WorkerProcess, free_port, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -432,3 +439,97 @@ def test_loopback_a_secret_or_insecure_lets_a_worker_listen():
     for host in ("0.0.0.0", "", "10.1.2.3", "worker.example"):
         with pytest.raises(ConfigurationError):
             _check_exposure((host, 0), None, False)
+
+
+# -- the request corpus, in process ---------------------------------------------
+
+
+class _Chunks(io.RawIOBase):
+    """A raw stream giving ``pieces`` one read at a time, as a socket gives
+    what has arrived: under an io.BufferedReader it is an rfile like
+    ``socket.makefile("rb")``, whose reads of lines and peeks meet the
+    request in those pieces."""
+
+    def __init__(self, pieces):
+        self.pieces = [bytes(piece) for piece in pieces if piece]
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        if not self.pieces:
+            return 0  # the client sent everything and waits
+        piece = self.pieces[0]
+        n = min(len(buffer), len(piece))
+        buffer[:n] = piece[:n]
+        if n < len(piece):
+            self.pieces[0] = piece[n:]
+        else:
+            self.pieces.pop(0)
+        return n
+
+
+class _SentSocket:
+    """The client socket as far as the handler writes to it."""
+
+    def __init__(self):
+        self.sent = bytearray()
+
+    def send(self, data):
+        self.sent += data
+        return len(data)
+
+    def sendall(self, data):
+        self.sent += data
+
+    def settimeout(self, timeout):
+        pass
+
+    def setsockopt(self, *args):
+        pass
+
+    def close(self):
+        pass
+
+
+def _forwarding_echo(environ, start_response):
+    """echo_app.py behind the LB: it sees what the LB forwards."""
+    forwarded = _forwarded_environ(environ, "")
+    forwarded["wsgi.input"] = environ["wsgi.input"]
+    return echo_app.app(forwarded, start_response)
+
+
+@pytest.fixture(scope="module")
+def front_handler():
+    """handle(pieces) -> (status, body, closed) of one request read by a
+    FrontHandler (http.py: the head through httpparse.py and
+    RequestHeaders, the body through pywsgi) in front of _forwarding_echo;
+    ``closed``: the handler ends the connection after its answer."""
+    server = _WSGIServer(("127.0.0.1", 0), _forwarding_echo, log=None,  # never started
+                         error_log=_ErrorLog(), handler_class=FrontHandler,
+                         environ={"wsgi.url_scheme": "http"})
+
+    def handle(pieces):
+        sock = _SentSocket()
+        handler = FrontHandler(sock, ("127.0.0.1", 40000), server,
+                               rfile=io.BufferedReader(_Chunks(pieces)))
+        result = handler.handle_one_request()
+        response = http.client.HTTPResponse(_FakeSock(io.BytesIO(bytes(sock.sent))))
+        response.begin()
+        return response.status, response.read(), result is None
+
+    return handle
+
+
+class _FakeSock:
+    def __init__(self, f):
+        self.f = f
+
+    def makefile(self, mode):
+        return self.f
+
+
+@pytest.mark.parametrize("how", CHUNKINGS)
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_corpus_in_process(front_handler, case, how):
+    check_answer(case, *front_handler(chunks(request_bytes(case), how, case["name"])))

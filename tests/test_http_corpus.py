@@ -6,34 +6,24 @@ random points (as gunicorn's parser tests do), on a new connection.  A
 valid request must reach the worker as the corpus says; an invalid one
 must get its status and a closed connection, and never reach the worker.
 Only bytes on the wire are tested, so the corpus outlives the front's
-parser.
+parser.  The same cases drive the front handler in process in
+test_http.py; corpus.py reads them for both.
 """
 
 import http.client
-import json
 import os
-import random
 import select
 import socket
 
 import pytest
 
+from corpus import CASES, CHUNKINGS, IDS, check_answer, chunks, request_bytes
 from zc_lb.testing import LBProcess, WorkerProcess, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
-CORPUS = os.path.join(TESTS, "data", "http_requests.json")
-CHUNKINGS = ("whole", "bytes", "random")
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def load_cases():
-    with open(CORPUS, encoding="utf-8") as f:
-        return json.load(f)["cases"]
-
-
-CASES = load_cases()
 
 
 @pytest.fixture(scope="module")
@@ -54,17 +44,6 @@ def _served(address):
     except OSError:
         return False
     return status == 200
-
-
-def chunks(data, how, seed):
-    """``data`` split as the chunking ``how`` says."""
-    if how == "whole":
-        return [data]
-    if how == "bytes":
-        return [data[i:i + 1] for i in range(len(data))]
-    rng = random.Random(seed)
-    cuts = sorted(rng.sample(range(1, len(data)), min(4, len(data) - 1)))
-    return [data[a:b] for a, b in zip([0] + cuts, cuts + [len(data)])]
 
 
 def exchange(address, pieces, timeout=5.0, wait_close=False):
@@ -103,22 +82,10 @@ class _Sock:
 
 
 @pytest.mark.parametrize("how", CHUNKINGS)
-@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_corpus(front, case, how):
-    data = case["request"].encode("latin-1")
-    pieces = chunks(data, how, case["name"])
-    if case["status"] == 200:
-        status, body, _ = exchange(front, pieces)
-        assert status == 200, body[:200]
-        seen = json.loads(body)
-        for key, value in case.get("environ", {}).items():
-            assert seen.get(key) == value, (key, seen)
-        if "body" in case:
-            assert seen["body"] == case["body"]
-    else:
-        status, body, closed = exchange(front, pieces, wait_close=True)
-        assert status == case["status"], body[:200]
-        assert closed, "the connection stayed open after a refused request"
+    pieces = chunks(request_bytes(case), how, case["name"])
+    check_answer(case, *exchange(front, pieces, wait_close=case["status"] != 200))
 
 
 def test_corpus_names_are_unique_and_cover_both_kinds():

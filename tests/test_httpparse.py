@@ -1,7 +1,9 @@
 """httpparse.py, the pure request-head parser: its limits and rewrites.
 
-The grammar case by case is the corpus (test_http_corpus.py, on the
-wire); here are the edges that are sizes, and the head it returns.
+The grammar case by case is the corpus (data/http_requests.json), fed in
+chunks to the front's handler in process (test_http.py) and on the wire
+(test_http_corpus.py); here are the edges that are sizes, and the head it
+returns.
 """
 
 import io

@@ -1,5 +1,5 @@
 """zc_lb.membership without ZooKeeper: how settings read from a node are
-applied (the recipes that read them are tested in test_zk.py)."""
+applied (the recipes that read them are tested in test_recipes.py)."""
 
 from __future__ import annotations
 

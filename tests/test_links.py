@@ -1,0 +1,353 @@
+"""zc_lb.links: a WorkerLink against a real in-process Worker on
+127.0.0.1, telling a recording LinkEvents what happens; and
+close_when_idle on its own.
+
+Every wait is on a gevent event, with a timeout: the recorder's, a
+Connection's ``idle``, the app's ``started``/``release`` gates, or a log
+line's.  Nothing sleeps and then asserts.
+"""
+
+import logging
+import time
+
+import gevent
+import gevent.event
+import pytest
+
+from zc_lb.errors import WorkerClosed
+from zc_lb.links import LinkConfig, LinkEvents, WorkerLink, close_when_idle
+from zc_lb.protocol import Body, End, Response
+from zc_lb.worker import Worker
+
+pytestmark = pytest.mark.timeout(20)
+
+WAIT = 5.0  # seconds any one awaited event may take
+
+
+# -- harness ------------------------------------------------------------------
+
+
+class Recording(LinkEvents):
+    """LinkEvents that records each call as (name, connection, *args)."""
+
+    def __init__(self):
+        self.calls = []
+        self._changed = gevent.event.Event()
+
+    def _record(self, *call):
+        self.calls.append(call)
+        self._changed.set()
+
+    def worker_up(self, connection):
+        self._record("up", connection)
+
+    def worker_resume(self, connection, skills):
+        self._record("resume", connection, skills)
+
+    def worker_silent(self, connection, seconds):
+        self._record("silent", connection)
+
+    def worker_heard(self, connection):
+        self._record("heard", connection)
+
+    def worker_down(self, connection):
+        self._record("down", connection)
+
+    def named(self, name):
+        return [call for call in self.calls if call[0] == name]
+
+    def wait_for(self, name, count=1, timeout=WAIT):
+        """The ``count``-th call of ``name``, once it has happened."""
+        deadline = time.monotonic() + timeout
+        while len(self.named(name)) < count:
+            self._changed.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._changed.wait(remaining):
+                raise AssertionError("no %d %r calls in %gs; calls: %s"
+                                     % (count, name, timeout, self.calls))
+        return self.named(name)[count - 1]
+
+
+class LogEvent(logging.Handler):
+    """An event set when ``logger`` logs a message containing ``text``."""
+
+    def __init__(self, logger, text):
+        super().__init__()
+        self.logger, self.text = logging.getLogger(logger), text
+        self.event = gevent.event.Event()
+
+    def emit(self, record):
+        if self.text in record.getMessage():
+            self.event.set()
+
+    def __enter__(self):
+        self.logger.addHandler(self)
+        return self.event
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self)
+
+
+class Gate:
+    """A WSGI app that says when a request started and answers when released."""
+
+    def __init__(self):
+        self.started = gevent.event.Event()
+        self.release = gevent.event.Event()
+
+    def __call__(self, environ, start_response):
+        self.started.set()
+        self.release.wait(WAIT * 2)
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+
+def ok_app(environ, start_response):
+    start_response("200 OK", [("Content-Length", "2")])
+    return [b"ok"]
+
+
+def address_of(worker):
+    return "%s:%d" % worker.address
+
+
+@pytest.fixture
+def workers():
+    """workers(app, **kw) -> a started Worker on 127.0.0.1, stopped after the test."""
+    started = []
+
+    def start(app=ok_app, **kw):
+        worker = Worker(app, **kw)
+        worker.start()
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop(timeout=0.5)
+        worker.requests.kill(block=False)
+
+
+@pytest.fixture
+def links():
+    """links(address, config=None) -> (started WorkerLink, its Recording); stopped after."""
+    made = []
+
+    def start(address, config=None):
+        events = Recording()
+        link = WorkerLink(address, config or LinkConfig(), events)
+        link.start()
+        made.append(link)
+        return link, events
+
+    yield start
+    for link in made:
+        link.stop()
+
+
+def request(connection, path="/"):
+    """Open a bodiless GET on ``connection`` (the LB side)."""
+    return connection.open_request({"REQUEST_METHOD": "GET", "PATH_INFO": path}, end=True)
+
+
+def response(exchange):
+    """(status, body) of the whole response to ``exchange``."""
+    head = exchange.receive(WAIT)
+    assert isinstance(head, Response), head
+    body = b""
+    while True:
+        message = exchange.receive(WAIT)
+        if isinstance(message, End):
+            return head.status, body
+        assert isinstance(message, Body), message
+        body += message.data
+        exchange.consumed(len(message.data))
+
+
+# -- coming up ------------------------------------------------------------------
+
+
+def test_a_link_tells_when_its_worker_is_up_and_passes_on_its_resumes(workers, links):
+    worker = workers()
+    link, events = links(address_of(worker))
+    _, connection = events.wait_for("up")
+    assert link.connection is connection and not connection.closed
+    assert events.wait_for("resume") == ("resume", connection, {})  # sent on accept
+    worker.publish({"a.example": 2.5})
+    assert events.wait_for("resume", 2) == ("resume", connection, {"a.example": 2.5})
+    assert link.resume == {"a.example": 2.5}  # kept for a readmission
+    assert response(request(connection)) == ("200 OK", b"ok")
+    assert events.named("down") == []
+
+
+def test_a_link_to_an_address_nobody_listens_on_keeps_trying(workers, links):
+    probe = workers()  # find a free port, then free it
+    address, listen = address_of(probe), probe.address
+    probe.stop(timeout=0.5)
+    with LogEvent("zc_lb.links", "cannot connect to worker %s (1 tries)" % address) as failed:
+        link, events = links(address)
+        assert failed.wait(WAIT)
+    assert link.failures >= 1 and link.last_error and link.connection is None
+    assert events.calls == []
+    workers(listen=listen)  # the worker comes, the link finds it
+    events.wait_for("up")
+    assert (link.failures, link.last_error) == (0, None)
+
+
+def test_a_link_with_the_wrong_secret_never_comes_up(workers, links):
+    worker = workers(secret=b"right")
+    with LogEvent("zc_lb.links", "cannot connect to worker") as failed:
+        link, events = links(address_of(worker), LinkConfig(secret=b"wrong"))
+        assert failed.wait(WAIT)
+    assert link.last_error.startswith("handshake: ") and link.connection is None
+    assert events.named("up") == [] and events.named("resume") == []
+    link, events = links(address_of(worker), LinkConfig(secret=b"right"))
+    events.wait_for("up")
+
+
+@pytest.mark.xfail(strict=True, reason="links.py: closing a connection whose handshake "
+                   "failed goes through connection_lost, so each failed try is a "
+                   "worker_down and an unthrottled 'lost worker' warning")
+def test_a_failed_handshake_is_no_worker_down_and_no_lost_worker(workers, links, caplog):
+    worker = workers(secret=b"right")
+    with LogEvent("zc_lb.links", "cannot connect to worker") as failed:
+        link, events = links(address_of(worker), LinkConfig(secret=b"wrong"))
+        assert failed.wait(WAIT)
+    assert events.calls == []  # the link never told of a connection: nothing went down
+    assert "lost worker" not in caplog.text
+
+
+# -- going and coming back ------------------------------------------------------------
+
+
+def test_a_lost_connection_is_down_then_reconnected(workers, links, caplog):
+    worker = workers()
+    link, events = links(address_of(worker))
+    _, first = events.wait_for("up")
+    with caplog.at_level(logging.WARNING, logger="zc_lb.links"):
+        for connection in list(worker.connections):  # as if the worker crashed
+            connection.close("crash")
+        assert events.wait_for("down") == ("down", first)
+        _, second = events.wait_for("up", 2)
+    assert second is not first and first.closed and link.connection is second
+    assert "lost worker %s" % address_of(worker) in caplog.text
+    assert response(request(second)) == ("200 OK", b"ok")
+
+
+def test_a_restarted_worker_drains_without_a_warning_and_is_reconnected(
+        workers, links, caplog):
+    worker = workers()
+    link, events = links(address_of(worker))
+    _, first = events.wait_for("up")
+    with caplog.at_level(logging.INFO, logger="zc_lb.links"):
+        worker.stop(timeout=WAIT)  # GoAway: the link closes, the worker returns
+        assert events.wait_for("down") == ("down", first) and first.closed
+        assert worker.drain(0) and link.draining is None
+        workers(listen=worker.address)  # the same address, a new process
+        _, second = events.wait_for("up", 2)
+    assert second is not first and link.connection is second
+    assert "worker %s drained and closed" % address_of(worker) in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    assert response(request(second)) == ("200 OK", b"ok")
+
+
+def test_a_draining_worker_is_down_at_once_but_closed_only_when_idle(workers, links):
+    gate = Gate()
+    worker = workers(gate)
+    link, events = links(address_of(worker))
+    _, connection = events.wait_for("up")
+    exchange = request(connection)
+    assert gate.started.wait(WAIT)
+    stopping = gevent.spawn(worker.stop, WAIT)  # sends GoAway, waits for the LB
+    assert events.wait_for("down") == ("down", connection)  # out of the pool at once
+    assert link.draining is connection and not connection.closed
+    assert not connection.idle.is_set()
+    gate.release.set()
+    assert response(exchange) == ("200 OK", b"ok")  # the request in flight is whole
+    assert connection.idle.wait(WAIT)
+    events.wait_for("down", 2)  # connection_lost, once closed
+    assert connection.closed and link.draining is None
+    stopping.get(timeout=WAIT)
+
+
+# -- stopping ---------------------------------------------------------------------
+
+
+def test_stop_without_a_drain_timeout_closes_at_once_and_for_good(workers, links):
+    worker = workers()
+    link, events = links(address_of(worker))
+    _, connection = events.wait_for("up")
+    link.stop()
+    assert connection.closed and events.named("down") == [("down", connection)] * 2
+    assert worker._no_lbs.wait(WAIT)  # the worker saw the LB go
+    assert link.connection is None and link.stopped
+    gevent.joinall([link._greenlet], timeout=WAIT)
+    assert link._greenlet.dead and len(events.named("up")) == 1  # no reconnection
+
+
+def test_stop_with_a_drain_timeout_closes_once_the_connection_is_idle(workers, links):
+    gate = Gate()
+    worker = workers(gate)
+    link, events = links(address_of(worker))
+    _, connection = events.wait_for("up")
+    exchange = request(connection)
+    assert gate.started.wait(WAIT)
+    link.stop(drain_timeout=WAIT * 2)  # the worker was removed from ZooKeeper
+    assert events.named("down") == [("down", connection)]  # out of the pool at once
+    assert not connection.closed and not connection.idle.is_set()
+    gate.release.set()
+    assert response(exchange) == ("200 OK", b"ok")
+    assert connection.idle.wait(WAIT)
+    events.wait_for("down", 2)
+    assert connection.closed and link.connection is None
+    assert worker._no_lbs.wait(WAIT) and len(events.named("up")) == 1
+
+
+def test_stop_with_a_drain_timeout_closes_at_the_timeout_if_never_idle(workers, links):
+    gate = Gate()  # never released: the app hangs
+    worker = workers(gate)
+    link, events = links(address_of(worker))
+    _, connection = events.wait_for("up")
+    exchange = request(connection)
+    assert gate.started.wait(WAIT)
+    stopped = time.monotonic()
+    link.stop(drain_timeout=0.3)
+    events.wait_for("down", 2)
+    assert 0.3 <= time.monotonic() - stopped < WAIT
+    assert connection.closed and not gate.release.is_set()
+    with pytest.raises(WorkerClosed):
+        exchange.receive(WAIT)
+    assert worker._no_lbs.wait(WAIT)
+    gate.release.set()  # the app may end now; its answer goes nowhere
+
+
+# -- close_when_idle alone ---------------------------------------------------------------
+
+
+class FakeConnection:
+    def __init__(self):
+        self.idle = gevent.event.Event()
+        self.closed = gevent.event.Event()
+        self.how = None
+
+    def close(self, reason, flush_timeout=0.0):
+        self.how = (reason, flush_timeout)
+        self.closed.set()
+
+
+def test_close_when_idle_waits_for_the_idle_event():
+    connection = FakeConnection()
+    closer = gevent.spawn(close_when_idle, connection, WAIT * 2, "worker removed")
+    gevent.idle()  # let the closer wait
+    assert not connection.closed.is_set() and not closer.dead
+    connection.idle.set()
+    assert connection.closed.wait(WAIT)
+    assert connection.how == ("worker removed", 1.0)  # what is queued still goes
+
+
+def test_close_when_idle_gives_up_waiting_at_the_timeout():
+    connection = FakeConnection()
+    started = time.monotonic()
+    close_when_idle(connection, 0.2, "worker draining")
+    assert 0.2 <= time.monotonic() - started < WAIT
+    assert connection.how == ("worker draining", 1.0) and not connection.idle.is_set()

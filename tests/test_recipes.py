@@ -1,0 +1,264 @@
+"""zc_lb.recipes: Registration, ProvidersWatch and PropertiesWatch against
+the real ZooKeeper of conftest.py, and the pure majority_version."""
+
+import json
+import logging
+import time
+
+import gevent
+import gevent.event
+from kazoo.client import KazooClient, KazooState
+from kazoo.handlers.gevent import SequentialGeventHandler
+
+from trees import TREE
+from zc_lb import recipes, zk
+
+
+# Helpers ------------------------------------------------------------------
+
+
+class Recorder:
+    """A callback that records what it is given; wait_for waits on it."""
+
+    def __init__(self):
+        self.values = []
+        self._changed = gevent.event.Event()
+
+    def __call__(self, value):
+        self.values.append(value)
+        self._changed.set()
+
+    def wait_for(self, predicate, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            self._changed.clear()
+            if self.values and predicate(self.values[-1]):
+                return self.values[-1]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._changed.wait(remaining):
+                raise AssertionError(f"timed out; reports: {self.values}")
+
+
+class LogEvent(logging.Handler):
+    """An event set when a logger logs a message containing ``text``."""
+
+    def __init__(self, name, text):
+        super().__init__()
+        self.logger, self.text = logging.getLogger(name), text
+        self.event = gevent.event.Event()
+
+    def emit(self, record):
+        if self.text in record.getMessage():
+            self.event.set()
+
+    def __enter__(self):
+        self.logger.addHandler(self)
+        return self.event
+
+    def __exit__(self, *exc):
+        self.logger.removeHandler(self)
+
+
+def state_event(client, wanted):
+    """An event set when ``client`` next enters state ``wanted``."""
+    event = gevent.event.Event()
+
+    def listener(state):
+        if state == wanted:
+            event.set()
+            return True
+    client.add_listener(listener)
+    return event
+
+
+def expire_session(client, hosts):
+    """Expire ``client``'s session the way the server does: a second client
+    takes the session over and closes it."""
+    lost = state_event(client, KazooState.LOST)
+    other = KazooClient(hosts, client_id=client.client_id,
+                        handler=SequentialGeventHandler())
+    other.start(timeout=10)
+    other.stop()
+    other.close()
+    assert lost.wait(10), "session did not expire"
+
+
+# Pure ------------------------------------------------------------------------
+
+
+def test_majority_version():
+    def workers(*versions):
+        return {f"h:{i}": {"version": v} for i, v in enumerate(versions)}
+    assert recipes.majority_version({}) is None
+    assert recipes.majority_version(workers("1", "2", "2")) == "2"
+    assert recipes.majority_version(workers("1", "2"), current="1") == "1"
+    assert recipes.majority_version(workers("1", "2"), current="2") == "2"
+    assert recipes.majority_version(workers("1", "2"), current="3") == "2"
+    assert recipes.majority_version(workers("1", "1", "2"), current="2") == "1"
+    assert recipes.majority_version({"h:1": {}}) is None
+    assert recipes.of_version(workers("1", "2"), "2") == {"h:1": {"version": "2"}}
+
+
+# Against the real server ------------------------------------------------------ --------------------------------------------------------------------
+
+
+def test_registration_survives_session_expiry(client, zk_hosts):
+    reg = recipes.Registration(client, "/lb/workers/providers/h:1", {"pid": 1})
+    reg.start()
+    assert reg.wait(10) and reg.registered
+    data, stat = client.get("/lb/workers/providers/h:1")
+    assert json.loads(data) == {"pid": 1}
+    assert stat.ephemeralOwner == client.client_id[0]
+    old_session = client.client_id[0]
+    expire_session(client, zk_hosts)
+    assert reg.wait(10)
+    _, stat = client.get("/lb/workers/providers/h:1")
+    assert stat.ephemeralOwner == client.client_id[0] != old_session
+    reg.stop()
+    assert client.exists("/lb/workers/providers/h:1") is None
+
+
+def test_registration_recreated_when_deleted(client, other_client):
+    reg = recipes.Registration(client, "/p/h:1", {})
+    reg.start()
+    assert reg.wait(10)
+    gone = gevent.event.Event()
+    other_client.exists("/p/h:1", watch=lambda e: gone.set())
+    other_client.delete("/p/h:1")
+    assert gone.wait(5)
+    appeared = gevent.event.Event()
+
+    def check(event=None):
+        if other_client.exists("/p/h:1", watch=check):
+            appeared.set()
+    check()
+    assert appeared.wait(10)
+    reg.stop()
+
+
+def test_registration_waits_out_another_session(client, other_client):
+    other_client.create("/p/h:1", b"{}", ephemeral=True, makepath=True)
+    reg = recipes.Registration(client, "/p/h:1", {"pid": 2})
+    reg.start()
+    assert not reg.wait(0.5)
+    other_client.stop()  # its session closes, its node goes
+    assert reg.wait(10)
+    assert json.loads(client.get("/p/h:1")[0]) == {"pid": 2}
+    reg.stop()
+
+
+def test_registration_follows_links(client):
+    zk.import_tree(client, TREE)
+    reg = recipes.Registration(client, "/lb/backend/providers/h:1", {})
+    reg.start()
+    assert reg.wait(10)
+    assert client.exists("/lb/workers/providers/h:1")
+    reg.stop()
+
+
+def test_providers_come_and_go(client, other_client):
+    zk.import_tree(client, TREE)
+    seen = Recorder()
+    watch = recipes.ProvidersWatch(client, "/lb/backend/providers", seen)
+    watch.start()
+    assert seen.wait_for(lambda v: v == {}) == {}
+    regs = [recipes.Registration(other_client, f"/lb/workers/providers/h:{i}",
+                            {"version": "1", "pid": i}) for i in (1, 2)]
+    for reg in regs:
+        reg.start()
+    seen.wait_for(lambda v: v == {"h:1": {"version": "1", "pid": 1},
+                                  "h:2": {"version": "1", "pid": 2}})
+    regs[0].stop()
+    seen.wait_for(lambda v: set(v) == {"h:2"})
+    # A provider replaced under the same address is re-read.
+    regs[1].stop()
+    other_client.create("/lb/workers/providers/h:2", b'{"version": "2"}',
+                        ephemeral=True)
+    seen.wait_for(lambda v: v == {"h:2": {"version": "2"}})
+    watch.stop()
+
+
+def test_providers_missing_path_then_created(client):
+    seen = Recorder()
+    watch = recipes.ProvidersWatch(client, "/later/providers", seen)
+    watch.start()
+    seen.wait_for(lambda v: v == {})
+    client.create("/later/providers/h:1", b"{}", makepath=True)
+    seen.wait_for(lambda v: set(v) == {"h:1"})
+    watch.stop()
+
+
+def _watching_one_provider(client, other_client):
+    """A provider h:1 registered by one client, watched by the other."""
+    reg = recipes.Registration(other_client, "/w/providers/h:1", {})
+    reg.start()
+    assert reg.wait(10)
+    seen = Recorder()
+    watch = recipes.ProvidersWatch(client, "/w/providers", seen)
+    watch.start()
+    seen.wait_for(lambda v: set(v) == {"h:1"})
+    return reg, watch, seen
+
+
+def test_providers_kept_while_zookeeper_down(zookeeper, client, other_client):
+    reg, watch, seen = _watching_one_provider(client, other_client)
+    suspended = state_event(client, KazooState.SUSPENDED)
+    zookeeper.stop()
+    assert suspended.wait(10)
+    # A worker started while ZooKeeper is down registers when it is back.
+    late = recipes.Registration(other_client, "/w/providers/h:2", {})
+    late.start()
+    zookeeper.start()
+    seen.wait_for(lambda v: set(v) == {"h:1", "h:2"}, timeout=15)
+    assert [set(v) for v in seen.values] == [{"h:1"}, {"h:1", "h:2"}]
+    watch.stop()
+
+
+def test_providers_after_session_expiry(client, other_client, zk_hosts):
+    reg, watch, seen = _watching_one_provider(client, other_client)
+    expire_session(client, zk_hosts)
+    reg2 = recipes.Registration(other_client, "/w/providers/h:2", {})
+    reg2.start()
+    seen.wait_for(lambda v: set(v) == {"h:1", "h:2"})
+    # The watcher's own expiry reported nothing spurious.
+    assert [set(v) for v in seen.values] == [{"h:1"}, {"h:1", "h:2"}]
+    expire_session(other_client, zk_hosts)  # workers re-register
+    assert reg.wait(10) and reg2.wait(10)
+    reg.stop()
+    seen.wait_for(lambda v: set(v) == {"h:2"})
+    watch.stop()
+
+
+def test_properties_live(client):
+    seen = Recorder()
+    watch = recipes.PropertiesWatch(client, "/lb", seen)
+    watch.start()
+    seen.wait_for(lambda v: v == {})  # no node: defaults
+    zk.import_tree(client, TREE)
+    seen.wait_for(lambda v: v.get("variance") == 4)
+    assert "backend ->" not in seen.values[-1]  # links are not settings
+    zk.set_properties(client, "/lb", ["variance=2"])
+    seen.wait_for(lambda v: v.get("variance") == 2)
+    count = len(seen.values)
+    with LogEvent("zc_lb.recipes", "bad properties") as logged:
+        client.set("/lb", b"{not json")
+        assert logged.wait(10)
+    assert watch.properties["variance"] == 2  # the last good kept
+    client.set("/lb", json.dumps({"variance": 3}).encode())
+    seen.wait_for(lambda v: v == {"variance": 3})
+    assert len(seen.values) == count + 1
+    watch.stop()
+
+
+def test_registration_stop_is_bounded_when_zookeeper_is_down(
+        zookeeper, client):
+    reg = recipes.Registration(client, "/p/h:1", {})
+    reg.start()
+    assert reg.wait(10)
+    suspended = state_event(client, KazooState.SUSPENDED)
+    zookeeper.stop()
+    assert suspended.wait(10)
+    started = time.monotonic()
+    reg.stop(timeout=0.5)  # a worker's SIGTERM must not hang on ZooKeeper
+    assert time.monotonic() - started < 2
+    assert not reg.registered

@@ -1,0 +1,95 @@
+"""zc_lb.tree: the ZooKeeper tree file format (parse, format) and the
+pure plan of an import (applied to a real ZooKeeper in test_zk.py)."""
+
+import pytest
+
+from trees import SAMPLE, TREE
+from zc_lb import tree
+from zc_lb.errors import ConfigurationError
+
+
+def test_tree_parse():
+    root = tree.parse(TREE)
+    lb = root.children["lb"]
+    assert lb.properties == {"variance": 4, "backlog_history": 9,
+                             "name": "main site", "quoted": "1.0"}
+    assert lb.links == {"backend": "/lb/workers"}
+    assert lb.children["workers"].properties["history"] == 9999
+    assert lb.children["workers"].children["providers"] == tree.Node()
+
+
+@pytest.mark.parametrize("text", [TREE, open(SAMPLE).read()])
+def test_tree_round_trip(text):
+    t = tree.parse(text)
+    assert tree.parse(tree.format(t)) == t
+
+
+@pytest.mark.parametrize("value", [
+    4, 4.0, -1.5, True, None, "", "x", "1.0", "true", "null", " padded ",
+    "two\nlines", "a # b", "a -> b", "é", [1, "a"], {"k": [None]}, '"q',
+])
+def test_value_round_trip(value):
+    root = tree.Node(properties={"k": value})
+    assert tree.parse(tree.format(root)).properties == {"k": value}
+    assert type(tree.parse_value(tree.format_value(value))) is type(value)
+
+
+def test_parse_assignment():
+    assert tree.parse_assignment("a=4") == ("a", 4)
+    assert tree.parse_assignment("a = x=y") == ("a", "x=y")
+    assert tree.parse_assignment('v="2"') == ("v", "2")
+    with pytest.raises(ConfigurationError):
+        tree.parse_assignment("novalue")
+
+
+@pytest.mark.parametrize("text, line", [
+    ("/a\n  x = 1\n    y = 2\n", 3),
+    ("/a\nx = 1\n", 2),
+    ("/a\n\t/b\n", 2),
+    ("# c\n\njunk\n", 3),
+    ("/a\n  /b\n  /b\n", 3),
+    ("/a\n  k = 1\n  k = 2\n", 3),
+    ("/a/b\n", 1),
+    ("/a\n  l ->\n", 2),
+    ("/a\n  /b\n  b -> /c\n", 3),
+])
+def test_parse_errors_name_the_line(text, line):
+    with pytest.raises(ConfigurationError) as info:
+        tree.parse(text)
+    bad = text.splitlines()[line - 1].strip()
+    assert str(info.value).startswith(f"line {line}: ")
+    assert repr(bad) in str(info.value)
+
+
+class DictReader:
+    def __init__(self, nodes):  # path -> Stored
+        self.nodes = nodes
+
+    def node(self, path):
+        return self.nodes.get(path)
+
+    def children(self, path):
+        prefix = path.rstrip("/") + "/"
+        return [p[len(prefix):] for p in self.nodes
+                if p.startswith(prefix) and p != prefix
+                and "/" not in p[len(prefix):]]
+
+
+def test_plan_is_pure_and_spares_ephemerals():
+    reader = DictReader({
+        "/": tree.Stored({}, 0, False),
+        "/lb": tree.Stored({"variance": 1, "old": 2}, 7, False),
+        "/lb/gone": tree.Stored({}, 0, False),
+        "/lb/live": tree.Stored({}, 0, False),
+        "/lb/live/h:1": tree.Stored({}, 0, True),
+        "/lb/h:2": tree.Stored({}, 0, True),
+    })
+    desired = tree.parse("/lb\n  variance = 4\n  /new\n    a = 1\n")
+    changes = tree.plan(reader, desired, "/", delete=True)
+    assert [(c.action, c.path) for c in changes] == [
+        ("set", "/lb"), ("create", "/lb/new"), ("delete", "/lb/gone"),
+        ("skip", "/lb/live")]
+    assert changes[0].data == {"variance": 4} and changes[0].version == 7
+    assert str(changes[0]) == "set /lb\n  variance = 4 (was 1)\n  remove old = 2"
+    without_delete = tree.plan(reader, desired, "/")
+    assert without_delete[0].data == {"variance": 4, "old": 2}
