@@ -3,6 +3,7 @@
 says when it was pointed at the wrong port, and a wheel that carries all
 of it (and the licence) outside the checkout."""
 
+import http.server
 import json
 import os
 import re
@@ -10,13 +11,17 @@ import shutil
 import site
 import subprocess
 import sys
+import threading
 import zipfile
 from importlib import metadata
 
 import pytest
 
+from zc_lb.testing import LBProcess, WorkerProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(ROOT, "tests")
+ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
 def zc_lb(*args, cwd=ROOT, env=None, python=(sys.executable,), timeout=60):
@@ -88,6 +93,73 @@ def test_the_tools_are_listed_in_help():
     result = zc_lb("--help")
     for command in ("replay", "compare", "simulate"):
         assert re.search(r"^\s+%s\s" % command, result.stdout, re.M), result.stdout
+
+
+# -- status pointed at the wrong port ----------------------------------------
+
+
+@pytest.fixture
+def web_server(tmp_path):
+    """A plain HTTP server (not zc-lb): a directory listing at /, 404 elsewhere."""
+    (tmp_path / "index.txt").write_text("not a status document\n")
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, directory=str(tmp_path), **kw)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield "127.0.0.1:%d" % server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_status_refuses_a_web_server_that_is_not_zc_lb(web_server):
+    for address, got in [(web_server, "200 text/html"),
+                         ("http://%s/nowhere" % web_server, "404 text/html"),
+                         ("http://%s/index.txt" % web_server, "200 text/plain")]:
+        result = zc_lb("status", address)
+        assert result.returncode == 2, result
+        assert result.stdout == ""
+        assert ("zc-lb status: error: %s is not a zc-lb status server (got %s)"
+                % (address, got)) in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_status_refuses_an_lb_front_port_and_reads_its_status_port():
+    with WorkerProcess("echo_app:app", env=ENV) as worker:
+        with LBProcess([worker.address], "--status", "127.0.0.1:0", env=ENV) as lb:
+            # The front port answers through a worker: JSON, but no status.
+            result = zc_lb("status", lb.address)
+            assert result.returncode == 2, result
+            assert ("%s is not a zc-lb status server (got 200 application/json, a JSON "
+                    "document without workers and pool)" % lb.address) in result.stderr
+            status_address = _status_address(lb)
+            table = zc_lb("status", status_address)
+            assert table.returncode == 0, table.stderr
+            assert table.stdout.startswith("pool: ")
+            assert worker.address in table.stdout
+            raw = zc_lb("status", "--json", status_address)
+            assert worker.address in json.loads(raw.stdout)["workers"]
+
+
+def _status_address(lb):
+    for _ in range(200):
+        for line in lb.lines:
+            if line.startswith("zc-lb status on "):
+                return line.split()[-1]
+        threading.Event().wait(0.05)
+    raise AssertionError("no status line in %r" % lb.lines)
+
+
+def test_status_of_an_address_nobody_listens_on_exits_1():
+    result = zc_lb("status", "127.0.0.1:1")
+    assert result.returncode == 1
+    assert "cannot reach a status server at 127.0.0.1:1" in result.stderr
 
 
 # -- the wheel -------------------------------------------------------------

@@ -225,12 +225,44 @@ def _lb_settings(args: argparse.Namespace) -> dict:
 # -- status -------------------------------------------------------------
 
 
+def fetch_status(address: str, timeout: float = 5.0) -> dict:
+    """The status document at ADDRESS, or an error that says what answered
+    there instead: ConfigurationError (exit status 2) for anything that is
+    not a zc-lb status server, ZcLbError (1) when nothing answers."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    url = address if "://" in address else "http://%s/" % address
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            code, kind, body = response.status, response.headers.get_content_type(), response.read()
+    except urllib.error.HTTPError as exc:
+        code, kind, body = exc.code, exc.headers.get_content_type(), b""
+    except (OSError, ValueError) as exc:  # refused, timed out, not HTTP at all
+        raise ZcLbError("cannot reach a status server at %s: %s" % (
+            address, getattr(exc, "reason", exc)))
+    doc = None
+    if code == 200 and kind == "application/json":
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            pass
+    if not (isinstance(doc, dict) and isinstance(doc.get("workers"), dict)
+            and isinstance(doc.get("pool"), dict)):
+        raise ConfigurationError("%s is not a zc-lb status server (got %d %s%s); give "
+                                 "the address of an LB's --status" % (
+                                     address, code, kind, "" if doc is None else
+                                     ", a JSON document without workers and pool"))
+    return doc
+
+
 def run_status(args: argparse.Namespace) -> int:
     import json
 
-    from .status import fetch, format_status
+    from .status import format_status
 
-    doc = fetch(args.address)
+    doc = fetch_status(args.address)
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:
