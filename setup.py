@@ -5,18 +5,31 @@ with open("README.rst") as f:
 
 setup(
     name="zc-lb",
-    version="0.1.0",
+    version="0.1.0",  # zc-lb --version reads it here when the package is not installed
     description="Résumé-based load balancer for WSGI applications",
     long_description=long_description,
     long_description_content_type="text/x-rst",
     license="ZPL-2.1",
-    package_dir={"": "src"},
-    packages=find_packages("src"),
+    license_files=["LICENSE.txt"],
+    # zc_lb from src/; playback and simulations from the top level, so that
+    # "pip install zc-lb[playback,simulations]" gives zc-lb replay, compare
+    # and simulate outside a checkout.
+    package_dir={"": "src", "playback": "playback", "simulations": "simulations"},
+    packages=find_packages("src") + ["playback", "simulations"],
+    # The sample logs are 4.5 MB: small enough to ship, and the shipped
+    # scenarios (nasa, elastic) read them.
+    package_data={
+        "playback": ["README.rst", "logs/*.log", "logs/README.rst", "haproxy/*.cfg"],
+        "simulations": ["README.rst", "scenarios/*.json"],
+    },
     python_requires=">=3.11",
     install_requires=["gevent>=23", "kazoo>=2.9", "webob>=1.8", "orjson>=3.9"],
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "mypy>=1.0", "pastedeploy>=3"],
+        # replay and compare need only gevent; the Locust front end
+        # (playback/locustfile.py) needs locust and its geventhttpclient.
         "playback": ["locust>=2.20"],
+        # the plots; simulate --no-plots needs nothing more
         "simulations": ["matplotlib>=3.7"],
         "paste": ["pastedeploy>=3"],
     },

@@ -15,10 +15,10 @@ miss cost, objects per request and class on every process):
 ``zc-lb``      ``zc-lb lb`` in front of ``zc-lb worker playback.cacheapp:app``
                processes (``--history`` requests between résumés); each
                worker serves its cache stats on a side port;
-``leastconn``  HAProxy, ``balance leastconn`` (``etc/haproxy-leastconn.cfg``),
+``leastconn``  HAProxy, ``balance leastconn`` (``playback/haproxy/haproxy-leastconn.cfg``),
                in front of ``python -m playback.cacheapp`` (gevent.pywsgi);
 ``hash``       HAProxy hashing the class (the Host header) on a consistent
-               ring with ``hash-balance-factor 125`` (``etc/haproxy-hash.cfg``),
+               ring with ``hash-balance-factor 125`` (``playback/haproxy/haproxy-hash.cfg``),
                in front of the same.
 
 Each balancer gets the same entries: the first ``--warmup`` entries of the
@@ -70,10 +70,11 @@ from playback.replay import replay
 from zc_lb.testing import ProcessError, free_port, stop_process, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
-ETC = ROOT / "etc"
+HAPROXY = Path(__file__).resolve().parent / "haproxy"  # package data: found when installed too
 BALANCERS = ("zc-lb", "leastconn", "hash")
 ZC_LB_POLICIES = ("affinity", "published", "classless")
-HAPROXY_CONFIGS = {"leastconn": ETC / "haproxy-leastconn.cfg", "hash": ETC / "haproxy-hash.cfg"}
+HAPROXY_CONFIGS = {"leastconn": HAPROXY / "haproxy-leastconn.cfg",
+                   "hash": HAPROXY / "haproxy-hash.cfg"}
 START_TIMEOUT = 30.0
 
 

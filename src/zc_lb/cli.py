@@ -235,12 +235,44 @@ def _lb_settings(args: argparse.Namespace) -> dict:
 # -- status -------------------------------------------------------------
 
 
+def fetch_status(address: str, timeout: float = 5.0) -> dict:
+    """The status document at ADDRESS, or an error that says what answered
+    there instead: ConfigurationError (exit status 2) for anything that is
+    not a zc-lb status server, ZcLbError (1) when nothing answers."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    url = address if "://" in address else "http://%s/" % address
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            code, kind, body = response.status, response.headers.get_content_type(), response.read()
+    except urllib.error.HTTPError as exc:
+        code, kind, body = exc.code, exc.headers.get_content_type(), b""
+    except (OSError, ValueError) as exc:  # refused, timed out, not HTTP at all
+        raise ZcLbError("cannot reach a status server at %s: %s" % (
+            address, getattr(exc, "reason", exc)))
+    doc = None
+    if code == 200 and kind == "application/json":
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            pass
+    if not (isinstance(doc, dict) and isinstance(doc.get("workers"), dict)
+            and isinstance(doc.get("pool"), dict)):
+        raise ConfigurationError("%s is not a zc-lb status server (got %d %s%s); give "
+                                 "the address of an LB's --status" % (
+                                     address, code, kind, "" if doc is None else
+                                     ", a JSON document without workers and pool"))
+    return doc
+
+
 def run_status(args: argparse.Namespace) -> int:
     import json
 
-    from .status import fetch, format_status
+    from .status import format_status
 
-    doc = fetch(args.address)
+    doc = fetch_status(args.address)
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:
@@ -306,6 +338,61 @@ def _print_demo_help(address, status_address, workers) -> None:
     print('  for i in $(seq 20); do curl -s -H "Host: site$((i %% 6)).example" %s/; done' % url)
     print("Status:  zc-lb status %s:%d   (or: .venv/bin/zc-lb status ...)" % status_address)
     print("Stop with Ctrl-C.", flush=True)
+
+
+# -- version, and the tools shipped beside zc_lb ---------------------------
+
+
+def version() -> str:
+    """The installed distribution's version, else (running from a checkout
+    that was never installed) the one in setup.py."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("zc-lb")
+    except metadata.PackageNotFoundError:
+        import re
+
+        setup_py = os.path.join(os.path.dirname(__file__), "..", "..", "setup.py")
+        try:
+            with open(setup_py) as f:
+                match = re.search(r"""\bversion\s*=\s*["']([^"']+)["']""", f.read())
+        except OSError:
+            match = None
+        return match.group(1) if match else "unknown"
+
+
+# command: (module, extra that installs it, what it does)
+PASS_THROUGH = {
+    "replay": ("playback.replay", "playback",
+               "replay access logs against a live URL (playback/replay.py)"),
+    "compare": ("playback.compare", "playback",
+                "compare zc-lb with HAProxy on the same log (playback/compare.py)"),
+    "simulate": ("simulations.cli", "simulations",
+                 "simulate routing policies on virtual time (simulations)"),
+}
+
+
+def run_pass_through(args: argparse.Namespace) -> int:
+    """Run a shipped tool's own main with the arguments after its name."""
+    import importlib
+
+    module_name, extra, _ = PASS_THROUGH[args.command]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigurationError("zc-lb %s needs %s (%s): pip install 'zc-lb[%s]'" % (
+            args.command, module_name.split(".")[0], exc, extra))
+    return module.main(args.pass_through) or 0
+
+
+def _add_pass_through_parsers(sub) -> None:
+    for name, (_, _, description) in PASS_THROUGH.items():
+        # No options of its own (not even --help): everything after the
+        # name goes to the tool, which parses and documents it.
+        p = sub.add_parser(name, help=description + "; --help for its options",
+                           add_help=False)
+        p.set_defaults(run=run_pass_through, pass_through=None)
 
 
 # -- parser -------------------------------------------------------------
@@ -479,16 +566,22 @@ def build_parser() -> argparse.ArgumentParser:
         prog="zc-lb", description="A résumé-based load balancer for WSGI applications.")
     parser.add_argument("--log-level", default="INFO",
                         choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    parser.add_argument("--version", action="version", version="zc-lb %s" % version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_worker_parser, _add_lb_parser, _add_status_parser, _add_zk_parser,
-                _add_reset_skills_parser, _add_demo_parser):
+                _add_reset_skills_parser, _add_demo_parser, _add_pass_through_parsers):
         add(sub)
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if "pass_through" in args:
+        args.pass_through = rest
+    elif rest:
+        parser.error("unrecognized arguments: %s" % " ".join(rest))
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # lb --processes starts copies
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

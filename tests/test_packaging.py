@@ -1,0 +1,234 @@
+"""What an installed zc-lb offers: its version, the shipped tools
+(``zc-lb replay``, ``compare``, ``simulate``), a ``status`` command that
+says when it was pointed at the wrong port, and a wheel that carries all
+of it (and the licence) outside the checkout."""
+
+import http.server
+import json
+import os
+import re
+import shutil
+import site
+import subprocess
+import sys
+import threading
+import zipfile
+from importlib import metadata
+
+import pytest
+
+from zc_lb.testing import LBProcess, WorkerProcess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(ROOT, "tests")
+ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def zc_lb(*args, cwd=ROOT, env=None, python=(sys.executable,), timeout=60):
+    """Run ``zc-lb ARGS...``; the completed process, output as text."""
+    return subprocess.run(list(python) + ["-m", "zc_lb.cli"] + list(args), cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def setup_py_version():
+    with open(os.path.join(ROOT, "setup.py")) as f:
+        return re.search(r"""\bversion\s*=\s*["']([^"']+)["']""", f.read()).group(1)
+
+
+# -- --version ------------------------------------------------------------
+
+
+def test_version_is_the_installed_distributions():
+    result = zc_lb("--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "zc-lb %s\n" % metadata.version("zc-lb")
+    assert metadata.version("zc-lb") == setup_py_version()
+
+
+def test_version_of_a_checkout_never_installed_is_setup_pys(tmp_path):
+    # -S: no site-packages, so no distribution metadata at all (nor gevent:
+    # --version must not need it).
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))
+    result = zc_lb("--version", cwd=tmp_path, env=env, python=(sys.executable, "-S"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "zc-lb %s\n" % setup_py_version()
+
+
+# -- the shipped tools ------------------------------------------------------
+
+
+def test_simulate_lists_and_runs_the_shipped_scenarios():
+    listed = zc_lb("simulate", "--list")
+    assert listed.returncode == 0, listed.stderr
+    names = listed.stdout.split()
+    assert {"steady", "nasa", "add_worker"} <= set(names)
+    assert len(names) == len(os.listdir(os.path.join(ROOT, "simulations", "scenarios")))
+    # options before and after the scenario all reach simulations' parser
+    run = zc_lb("--log-level", "WARNING", "simulate", "--scale", "0.005", "steady",
+                "--no-plots", "--json", "--policies", "affinity")
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    assert [r["policy"] for r in doc["runs"]] == ["affinity"]
+
+
+@pytest.mark.parametrize("command, usage, required", [
+    ("replay", "--target", ["x.log", "--target", "http://127.0.0.1:1/"]),
+    ("compare", "LOG", ["x.log"])])
+def test_replay_and_compare_take_every_argument_after_their_name(command, usage, required):
+    result = zc_lb(command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: ") and usage in result.stdout
+    wrong = zc_lb(command, *required, "--no-such-option")
+    assert wrong.returncode == 2
+    assert "--no-such-option" in wrong.stderr
+
+
+def test_other_commands_still_refuse_unknown_arguments():
+    result = zc_lb("status", "127.0.0.1:1", "--bogus")
+    assert result.returncode == 2
+    assert "unrecognized arguments: --bogus" in result.stderr
+
+
+def test_the_tools_are_listed_in_help():
+    result = zc_lb("--help")
+    for command in ("replay", "compare", "simulate"):
+        assert re.search(r"^\s+%s\s" % command, result.stdout, re.M), result.stdout
+
+
+# -- status pointed at the wrong port ----------------------------------------
+
+
+@pytest.fixture
+def web_server(tmp_path):
+    """A plain HTTP server (not zc-lb): a directory listing at /, 404 elsewhere."""
+    (tmp_path / "index.txt").write_text("not a status document\n")
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, directory=str(tmp_path), **kw)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield "127.0.0.1:%d" % server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_status_refuses_a_web_server_that_is_not_zc_lb(web_server):
+    for address, got in [(web_server, "200 text/html"),
+                         ("http://%s/nowhere" % web_server, "404 text/html"),
+                         ("http://%s/index.txt" % web_server, "200 text/plain")]:
+        result = zc_lb("status", address)
+        assert result.returncode == 2, result
+        assert result.stdout == ""
+        assert ("zc-lb status: error: %s is not a zc-lb status server (got %s)"
+                % (address, got)) in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_status_refuses_an_lb_front_port_and_reads_its_status_port():
+    with WorkerProcess("echo_app:app", env=ENV) as worker:
+        with LBProcess([worker.address], "--status", "127.0.0.1:0", env=ENV) as lb:
+            # The front port answers through a worker: JSON, but no status.
+            result = zc_lb("status", lb.address)
+            assert result.returncode == 2, result
+            assert ("%s is not a zc-lb status server (got 200 application/json, a JSON "
+                    "document without workers and pool)" % lb.address) in result.stderr
+            status_address = _status_address(lb)
+            table = zc_lb("status", status_address)
+            assert table.returncode == 0, table.stderr
+            assert table.stdout.startswith("pool: ")
+            assert worker.address in table.stdout
+            raw = zc_lb("status", "--json", status_address)
+            assert worker.address in json.loads(raw.stdout)["workers"]
+
+
+def _status_address(lb):
+    for _ in range(200):
+        for line in lb.lines:
+            if line.startswith("zc-lb status on "):
+                return line.split()[-1]
+        threading.Event().wait(0.05)
+    raise AssertionError("no status line in %r" % lb.lines)
+
+
+def test_status_of_an_address_nobody_listens_on_exits_1():
+    result = zc_lb("status", "127.0.0.1:1")
+    assert result.returncode == 1
+    assert "cannot reach a status server at 127.0.0.1:1" in result.stderr
+
+
+# -- the wheel -------------------------------------------------------------
+
+
+SOURCES = ["setup.py", "README.rst", "LICENSE.txt", "src", "playback", "simulations"]
+
+
+def test_wheel_installed_outside_the_checkout_has_the_tools_and_the_licence(tmp_path):
+    # Build from a copy, so the build leaves nothing in the checkout.
+    source = tmp_path / "source"
+    source.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "out")
+    for name in SOURCES:
+        if os.path.isdir(os.path.join(ROOT, name)):
+            shutil.copytree(os.path.join(ROOT, name), source / name, ignore=ignore)
+        else:
+            shutil.copy(os.path.join(ROOT, name), source / name)
+    wheels = tmp_path / "wheels"
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels),
+         str(source)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    (wheel,) = wheels.glob("zc_lb-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        meta = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA")))
+    dist_info = next(n for n in names if n.endswith(".dist-info/METADATA")).split("/")[0]
+    assert "%s/licenses/LICENSE.txt" % dist_info in names
+    assert b"License-File: LICENSE.txt" in meta
+    assert b"Provides-Extra: playback" in meta and b"Provides-Extra: simulations" in meta
+    for name in ["playback/logs/nasa_aug95_first20k.log", "playback/haproxy/haproxy-hash.cfg",
+                 "simulations/scenarios/steady.json", "playback/replay.py",
+                 "simulations/cli.py", "zc_lb/cli.py"]:
+        assert name in names
+
+    # A fresh venv with the wheel alone; its dependencies (gevent, kazoo,
+    # webob, matplotlib) come from this interpreter's site-packages through
+    # a .pth, so the test needs no network and no zc-lb but the wheel's.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # no checkout
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q",
+                    "--no-deps", "--no-index", str(wheel)], check=True, timeout=120, env=env)
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
+                              "['purelib'])"], capture_output=True, text=True).stdout.strip()
+    with open(os.path.join(purelib, "zz_dependencies.pth"), "w") as f:
+        f.write("\n".join(site.getsitepackages()) + "\n")
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    script = str(venv / "bin" / "zc-lb")
+
+    def run(*args):
+        result = subprocess.run([script] + list(args), cwd=outside, env=env,
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, (args, result.stderr)
+        return result.stdout
+
+    assert run("--version") == "zc-lb %s\n" % setup_py_version()
+    assert "nasa" in run("simulate", "--list").split()
+    assert run("replay", "--help").startswith("usage: ")
+    assert run("compare", "--help").startswith("usage: ")
+    # the shipped NASA log is found as package data
+    doc = json.loads(run("--log-level", "WARNING", "simulate", "nasa", "--scale", "0.005",
+                         "--no-plots", "--json", "--policies", "affinity"))
+    assert doc["runs"][0]["summary"]["requests"] > 0
+    where = subprocess.run([python, "-c", "import zc_lb, playback, simulations; "
+                            "print(zc_lb.__file__, playback.__file__, simulations.__file__)"],
+                           cwd=outside, env=env, capture_output=True, text=True).stdout
+    assert all(path.startswith(purelib) for path in where.split()), where
