@@ -205,9 +205,6 @@ def test_a_link_with_the_wrong_secret_never_comes_up(workers, links):
     events.wait_for("up")
 
 
-@pytest.mark.xfail(strict=True, reason="links.py: closing a connection whose handshake "
-                   "failed goes through connection_lost, so each failed try is a "
-                   "worker_down and an unthrottled 'lost worker' warning")
 def test_a_failed_handshake_is_no_worker_down_and_no_lost_worker(workers, links, caplog):
     worker = workers(secret=b"right")
     with LogEvent("zc_lb.links", "cannot connect to worker") as failed:
