@@ -9,7 +9,9 @@ absolute times.  Three targets serve the same trivial WSGI app
   zc-lb    ``zc-lb lb`` in front of two ``zc-lb worker`` processes;
   haproxy  HAProxy 2.6 (``etc/haproxy-bench.cfg``: one thread, ``balance
            leastconn``, keep-alive) in front of two gevent.pywsgi servers;
-  direct   one gevent.pywsgi server, no balancer: the ceiling.
+  direct   one gevent.pywsgi server, no balancer: the ceiling;
+  lb-1p    ``zc-lb lb`` alone in front of four workers, one process;
+  lb-2p    the same with ``--processes 2``: what a second core buys.
 
 Each target gets a short wrk warm-up, then one measured wrk run with the
 same settings (``wrk -t1 -cC -dNs --latency``).  Requests per second and
@@ -47,7 +49,8 @@ from .testing import ProcessError, free_port, stop_process, wait_for_port
 BODY = b"Hello, world\n"
 HAPROXY_TEMPLATE = Path(__file__).resolve().parents[2] / "etc" / "haproxy-bench.cfg"
 SERVE_READY = "zc-lb bench server listening on "
-TARGETS = ("zc-lb", "haproxy", "direct")
+TARGETS = ("zc-lb", "haproxy", "direct", "lb-1p", "lb-2p")
+SCALE_WORKERS = 4  # workers behind lb-1p and lb-2p: enough that the LB is the limit
 
 
 class BenchError(ProcessError):
@@ -134,6 +137,34 @@ def zc_lb_target(args: argparse.Namespace) -> Iterator[Target]:
         yield "http://%s/" % address, [lb.pid], [p.pid for p, _ in workers]
 
 
+def children(pid: int) -> List[int]:
+    """The child processes of ``pid`` (Linux /proc)."""
+    with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+        return [int(p) for p in f.read().split()]
+
+
+def lb_processes_target(processes: int):
+    """The LB alone, as ``--processes N``, in front of SCALE_WORKERS workers."""
+
+    @contextlib.contextmanager
+    def target(args: argparse.Namespace) -> Iterator[Target]:
+        with contextlib.ExitStack() as stack:
+            workers = [stack.enter_context(running(
+                [sys.executable, "-m", "zc_lb.cli", "--log-level", "WARNING", "worker",
+                 "zc_lb.bench:hello_app", "--greenlets"],
+                "zc-lb worker listening on ")) for _ in range(SCALE_WORKERS)]
+            argv = [sys.executable, "-m", "zc_lb.cli", "--log-level", "WARNING", "lb",
+                    "--listen", "127.0.0.1:0", "--policy", args.policy,
+                    "--processes", str(processes)]
+            for _, address in workers:
+                argv += ["--worker", address]
+            lb, address = stack.enter_context(running(argv, "zc-lb lb listening on "))
+            pids = [lb.pid] + (children(lb.pid) if processes > 1 else [])
+            yield "http://%s/" % address, pids, [p.pid for p, _ in workers]
+
+    return target
+
+
 def serve_argv() -> List[str]:
     return [sys.executable, "-m", "zc_lb.bench", "serve", "127.0.0.1:0"]
 
@@ -167,7 +198,8 @@ def direct_target(args: argparse.Namespace) -> Iterator[Target]:
         yield "http://%s/" % address, [], [process.pid]
 
 
-TARGET_FACTORIES = {"zc-lb": zc_lb_target, "haproxy": haproxy_target, "direct": direct_target}
+TARGET_FACTORIES = {"zc-lb": zc_lb_target, "haproxy": haproxy_target, "direct": direct_target,
+                    "lb-1p": lb_processes_target(1), "lb-2p": lb_processes_target(2)}
 
 
 # -- measuring -------------------------------------------------------------
@@ -255,7 +287,9 @@ def ratios(results: List[Dict[str, object]]) -> Dict[str, Optional[float]]:
             return rps["zc-lb"] / rps[other]
         return None
 
-    return {"zc-lb / HAProxy": ratio("haproxy"), "zc-lb / direct": ratio("direct")}
+    scaling = (rps["lb-2p"] / rps["lb-1p"]) if rps.get("lb-1p") and "lb-2p" in rps else None
+    return {"zc-lb / HAProxy": ratio("haproxy"), "zc-lb / direct": ratio("direct"),
+            "lb-2p / lb-1p": scaling}
 
 
 def _cell(value: object, fmt: str) -> str:
@@ -274,7 +308,28 @@ def format_table(results: List[Dict[str, object]]) -> str:
             r["errors"]))
     for label, value in ratios(results).items():
         lines.append("%s throughput ratio: %s" % (label, _cell(value, "%.3f")))
+    zc_lb = [r for r in results if r["target"] == "zc-lb"]
+    if zc_lb:
+        app = app_cpu_us()
+        lines.append("zc-lb worker overhead: %.1f us/req (worker CPU %.1f minus the app's own "
+                     "%.1f)" % (float(zc_lb[0]["worker_cpu_us_per_req"]) - app,  # type: ignore
+                                zc_lb[0]["worker_cpu_us_per_req"], app))
     return "\n".join(lines)
+
+
+def app_cpu_us(calls: int = 20000) -> float:
+    """The app's own CPU per request: hello_app called in this process."""
+    import time
+
+    def start_response(status, headers):
+        pass
+
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/"}
+    started = time.process_time()
+    for _ in range(calls):
+        for _ in hello_app(environ, start_response):
+            pass
+    return (time.process_time() - started) * 1e6 / calls
 
 
 def find_tool(name: str, package: str) -> str:
