@@ -56,3 +56,13 @@ def check_answer(case, status, body, closed):
     else:
         assert status == case["status"], body[:200]
         assert closed, "the connection stayed open after a refused request"
+
+
+class FileSock:
+    """What http.client.HTTPResponse needs of a socket: a file to read."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def makefile(self, mode):
+        return self.f

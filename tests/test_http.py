@@ -23,7 +23,7 @@ import urllib.request
 import pytest
 
 import echo_app
-from corpus import CASES, CHUNKINGS, IDS, check_answer, chunks, request_bytes
+from corpus import CASES, CHUNKINGS, IDS, FileSock, check_answer, chunks, request_bytes
 from zc_lb.http import FrontHandler, _ErrorLog, _WSGIServer
 from zc_lb.httpparse import MAX_FIELD_LINE, MAX_HEAD
 from zc_lb.lb import _forwarded_environ
@@ -514,19 +514,12 @@ def front_handler():
         handler = FrontHandler(sock, ("127.0.0.1", 40000), server,
                                rfile=io.BufferedReader(_Chunks(pieces)))
         result = handler.handle_one_request()
-        response = http.client.HTTPResponse(_FakeSock(io.BytesIO(bytes(sock.sent))))
+        response = http.client.HTTPResponse(FileSock(io.BytesIO(bytes(sock.sent))))
         response.begin()
         return response.status, response.read(), result is None
 
     return handle
 
-
-class _FakeSock:
-    def __init__(self, f):
-        self.f = f
-
-    def makefile(self, mode):
-        return self.f
 
 
 @pytest.mark.parametrize("how", CHUNKINGS)

@@ -17,7 +17,7 @@ import socket
 
 import pytest
 
-from corpus import CASES, CHUNKINGS, IDS, check_answer, chunks, request_bytes
+from corpus import CASES, CHUNKINGS, IDS, FileSock, check_answer, chunks, request_bytes
 from zc_lb.testing import LBProcess, WorkerProcess, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -60,7 +60,7 @@ def exchange(address, pieces, timeout=5.0, wait_close=False):
             except OSError:
                 break
         reader = sock.makefile("rb")
-        response = http.client.HTTPResponse(_Sock(reader))
+        response = http.client.HTTPResponse(FileSock(reader))
         response.begin()
         body = response.read()
         closed = None
@@ -72,13 +72,6 @@ def exchange(address, pieces, timeout=5.0, wait_close=False):
         reader.close()
         return response.status, body, closed
 
-
-class _Sock:
-    def __init__(self, f):
-        self.f = f
-
-    def makefile(self, mode):
-        return self.f
 
 
 @pytest.mark.parametrize("how", CHUNKINGS)

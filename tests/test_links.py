@@ -14,6 +14,7 @@ import gevent
 import gevent.event
 import pytest
 
+from logevents import LogEvent
 from zc_lb.errors import WorkerClosed
 from zc_lb.links import LinkConfig, LinkEvents, WorkerLink, close_when_idle
 from zc_lb.protocol import Body, End, Response
@@ -66,26 +67,6 @@ class Recording(LinkEvents):
                 raise AssertionError("no %d %r calls in %gs; calls: %s"
                                      % (count, name, timeout, self.calls))
         return self.named(name)[count - 1]
-
-
-class LogEvent(logging.Handler):
-    """An event set when ``logger`` logs a message containing ``text``."""
-
-    def __init__(self, logger, text):
-        super().__init__()
-        self.logger, self.text = logging.getLogger(logger), text
-        self.event = gevent.event.Event()
-
-    def emit(self, record):
-        if self.text in record.getMessage():
-            self.event.set()
-
-    def __enter__(self):
-        self.logger.addHandler(self)
-        return self.event
-
-    def __exit__(self, *exc):
-        self.logger.removeHandler(self)
 
 
 class Gate:
@@ -248,13 +229,20 @@ def test_a_restarted_worker_drains_without_a_warning_and_is_reconnected(
     assert response(request(second)) == ("200 OK", b"ok")
 
 
-def test_a_draining_worker_is_down_at_once_but_closed_only_when_idle(workers, links):
+def _link_with_a_request_in_flight(workers, links):
+    """A link up to a worker whose app holds a request until the gate opens."""
     gate = Gate()
     worker = workers(gate)
     link, events = links(address_of(worker))
     _, connection = events.wait_for("up")
     exchange = request(connection)
     assert gate.started.wait(WAIT)
+    return gate, worker, link, events, connection, exchange
+
+
+def test_a_draining_worker_is_down_at_once_but_closed_only_when_idle(workers, links):
+    gate, worker, link, events, connection, exchange = _link_with_a_request_in_flight(
+        workers, links)
     stopping = gevent.spawn(worker.stop, WAIT)  # sends GoAway, waits for the LB
     assert events.wait_for("down") == ("down", connection)  # out of the pool at once
     assert link.draining is connection and not connection.closed
@@ -283,12 +271,8 @@ def test_stop_without_a_drain_timeout_closes_at_once_and_for_good(workers, links
 
 
 def test_stop_with_a_drain_timeout_closes_once_the_connection_is_idle(workers, links):
-    gate = Gate()
-    worker = workers(gate)
-    link, events = links(address_of(worker))
-    _, connection = events.wait_for("up")
-    exchange = request(connection)
-    assert gate.started.wait(WAIT)
+    gate, worker, link, events, connection, exchange = _link_with_a_request_in_flight(
+        workers, links)
     link.stop(drain_timeout=WAIT * 2)  # the worker was removed from ZooKeeper
     assert events.named("down") == [("down", connection)]  # out of the pool at once
     assert not connection.closed and not connection.idle.is_set()

@@ -2,7 +2,6 @@
 the real ZooKeeper of conftest.py, and the pure majority_version."""
 
 import json
-import logging
 import time
 
 import gevent
@@ -10,6 +9,7 @@ import gevent.event
 from kazoo.client import KazooClient, KazooState
 from kazoo.handlers.gevent import SequentialGeventHandler
 
+from logevents import LogEvent
 from trees import TREE
 from zc_lb import recipes, zk
 
@@ -37,26 +37,6 @@ class Recorder:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self._changed.wait(remaining):
                 raise AssertionError(f"timed out; reports: {self.values}")
-
-
-class LogEvent(logging.Handler):
-    """An event set when a logger logs a message containing ``text``."""
-
-    def __init__(self, name, text):
-        super().__init__()
-        self.logger, self.text = logging.getLogger(name), text
-        self.event = gevent.event.Event()
-
-    def emit(self, record):
-        if self.text in record.getMessage():
-            self.event.set()
-
-    def __enter__(self):
-        self.logger.addHandler(self)
-        return self.event
-
-    def __exit__(self, *exc):
-        self.logger.removeHandler(self)
 
 
 def state_event(client, wanted):
