@@ -19,15 +19,19 @@ class Recorder(Handler):
         self.respond = respond
         self.exchanges = []
         self.resumes = []
+        self.resumed = gevent.event.Event()
+        self.requested = gevent.event.Event()
         self.lost = gevent.event.AsyncResult()
 
     def handle_request(self, connection, exchange):
         self.exchanges.append(exchange)
+        self.requested.set()
         if self.respond is not None:
             gevent.spawn(self.respond, exchange)
 
     def handle_resume(self, connection, skills):
         self.resumes.append(skills)
+        self.resumed.set()
 
     def connection_lost(self, connection, error):
         self.lost.set(error)
@@ -120,9 +124,9 @@ def test_cancel_reaches_the_other_side(pair):
         with pytest.raises(RequestCancelled):
             exchange.receive()
 
-    lb, worker, _, _ = pair(wait_forever)
+    lb, worker, _, worker_handler = pair(wait_forever)
     exchange = lb.open_request({})
-    gevent.sleep(0.05)
+    assert worker_handler.requested.wait(5)
     exchange.cancel()
     assert cancelled.wait(5)
     with pytest.raises(RequestCancelled):
@@ -132,7 +136,7 @@ def test_cancel_reaches_the_other_side(pair):
 def test_resume_reaches_the_lb(pair):
     lb, worker, lb_handler, _ = pair()
     worker.send_resume({"a.example": 12.5})
-    gevent.sleep(0.05)
+    assert lb_handler.resumed.wait(5)
     assert lb_handler.resumes == [{"a.example": 12.5}]
 
 
