@@ -203,3 +203,22 @@ def test_drain_gives_up_at_its_timeout(serve):
     started = time.monotonic()
     assert worker.drain(0.3) is False  # the LB never hangs up
     assert 0.25 < time.monotonic() - started < 3
+
+
+def _blocking_app(environ, start_response):
+    time.sleep(0.2)  # not gevent-aware: holds its thread
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"done"]
+
+
+def test_the_wait_for_a_thread_is_not_counted_as_the_apps_time(serve):
+    # One thread, three requests at once: the third waits 0.4 s for the
+    # thread, but its skill is measured over the 0.2 s the app took.
+    worker, connection, _ = serve(_blocking_app, threads=1)
+    recorded = []
+    record = worker._record
+    worker._record = lambda rclass, elapsed: (recorded.append(elapsed), record(rclass, elapsed))
+    calls = [gevent.spawn(call, connection, {}) for _ in range(3)]
+    gevent.joinall(calls, timeout=10, raise_error=True)
+    assert len(recorded) == 3
+    assert all(0.15 < elapsed < 0.35 for elapsed in recorded), recorded

@@ -364,11 +364,11 @@ class Worker(Handler):
         environ = self._environ(request.environ, exchange)  # type: ignore[attr-defined]
         rclass = environ.get("zc_lb.request_class", "")
         writer = ResponseWriter(exchange, environ["REQUEST_METHOD"] == "HEAD")
-        start = time.perf_counter()
         try:
             if self.threadpool is not None:
-                self._run_in_thread(environ, writer)
+                start = self._run_in_thread(environ, writer)
             else:
+                start = time.perf_counter()
                 self._run_watched(environ, writer)
         except ZcLbError as exc:  # the LB went away or cancelled
             log.info("request %d from %s ended early: %s",
@@ -422,8 +422,13 @@ class Worker(Handler):
         finally:
             self.loopwatch.done()
 
-    def _run_in_thread(self, environ: Dict, writer: ResponseWriter) -> None:
+    def _run_in_thread(self, environ: Dict, writer: ResponseWriter) -> float:
+        """Run the app in a thread of the pool; when it started there.
+        The wait for a free thread is the worker's queue, not the app's
+        time: a résumé that counted it would call a busy worker unskilled
+        (and the LB would move its keys away just as it is most useful)."""
         hub = gevent.get_hub()
+        started = [0.0]
         environ["wsgi.input"] = _HubProxy(hub, environ["wsgi.input"])
         send = lambda f, *a: call_in_hub(hub, f, *a)  # noqa: E731
 
@@ -432,6 +437,7 @@ class Worker(Handler):
             return lambda data: send(writer.write, data)
 
         def run() -> Optional[ZcLbError]:
+            started[0] = time.perf_counter()
             try:
                 self._run_app(environ, writer, send, start_response)
             except ZcLbError as exc:  # the LB went away: raised here, not printed there
@@ -442,6 +448,7 @@ class Worker(Handler):
         error = self.threadpool.apply(run)
         if error is not None:
             raise error
+        return started[0]
 
     @staticmethod
     def _error_500(writer: ResponseWriter) -> None:
