@@ -20,9 +20,11 @@ worker in time gives 503.  All errors become responses in ``_error``.
 
 from __future__ import annotations
 
+import collections
 import logging
 import socket
 import time
+from bisect import bisect_left
 from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import gevent
@@ -67,6 +69,14 @@ BODILESS_STATUS = frozenset(("204", "304")) | {"1%02d" % n for n in range(100)}
 REASONS = {413: "Request Entity Too Large", 431: "Request Header Fields Too Large",
            500: "Internal Server Error", 502: "Bad Gateway",
            503: "Service Unavailable", 504: "Gateway Timeout"}
+
+# The response latency histogram's upper bounds, in seconds (plus +Inf):
+# fixed, so that a request costs one bisect and one list increment.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+MAX_COUNTED_CLASSES = 1000  # distinct classes counted; later ones count as OTHER_CLASS
+OTHER_CLASS = "other"
+STATUS_CLASSES = 100  # the busiest classes in the status document (the rest: OTHER_CLASS)
+RECENT_ERRORS = 20  # error responses kept for the status page
 
 DEFAULT_PAGES = {
     413: "413 Request Entity Too Large",
@@ -240,6 +250,15 @@ class LB(LinkEvents):
         self._waiting: Dict[Exchange, _Waiting] = {}
         self._watchdog: Optional[gevent.Greenlet] = None
         self.started = time.time()
+        # Counters for metrics, read at scrape time (metrics.py): each is a
+        # plain increment or dict update per request, no lock, no labels.
+        self.worker_counts: Dict[Tuple[str, str], int] = {}  # (address, what) -> count
+        self.class_requests: Dict[str, int] = {}
+        self.latency = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.latency_sum = 0.0
+        self.error_causes: Dict[str, int] = {}  # exception class name -> count
+        self.recent_errors: "collections.deque[dict]" = collections.deque(maxlen=RECENT_ERRORS)
+        self.front = None  # the front server, if any: its client connections go in status
 
     # -- membership ---------------------------------------------------
 
@@ -378,15 +397,27 @@ class LB(LinkEvents):
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         self.requests += 1
+        started = time.monotonic()
         try:
-            return self._forward(environ, start_response)
+            result = self._forward(environ, start_response)
         except ClientGone:
             raise  # nobody to answer: the front server closes the connection
         except ZcLbError as exc:
-            return self._error(exc, environ, start_response)
+            result = self._error(exc, environ, start_response)
+        # Latency: until the response starts (its head is with the front server).
+        elapsed = time.monotonic() - started
+        self.latency[bisect_left(LATENCY_BUCKETS, elapsed)] += 1
+        self.latency_sum += elapsed
+        return result
 
     def _forward(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         rclass, key = self._classify(environ)
+        name = "" if rclass is None else rclass
+        classes = self.class_requests
+        count = classes.get(name)
+        if count is None and len(classes) >= MAX_COUNTED_CLASSES:
+            name, count = OTHER_CLASS, classes.get(OTHER_CLASS)
+        classes[name] = (count or 0) + 1
         has_body = _has_body(environ, self.max_request_body)
         retryable = not has_body and environ["REQUEST_METHOD"] in RETRY_METHODS
         forwarded = _forwarded_environ(environ, "" if rclass is None else rclass)
@@ -394,6 +425,8 @@ class LB(LinkEvents):
         try:
             for attempt in range(self.max_retries + 1):
                 connection = self._get_worker(rclass, key)
+                counts, peer = self.worker_counts, connection.peer
+                counts[peer, "requests"] = counts.get((peer, "requests"), 0) + 1
                 exchange = upload = None
                 try:
                     exchange = connection.open_request(forwarded, end=not has_body)
@@ -408,6 +441,7 @@ class LB(LinkEvents):
                         self.retrying += not retrying
                         retrying = True
                         self.retries += 1
+                        counts[peer, "retries"] = counts.get((peer, "retries"), 0) + 1
                         continue
                     raise
                 except BaseException:
@@ -506,6 +540,8 @@ class LB(LinkEvents):
         """Start the client's response; the body length to hold the worker to."""
         code = response.status[:3]
         self._outcome(connection, ok=code[0] != "5")
+        key = (connection.peer, code[0] + "xx")
+        self.worker_counts[key] = self.worker_counts.get(key, 0) + 1
         bodiless = code in BODILESS_STATUS or environ["REQUEST_METHOD"] == "HEAD"
         headers, length = [], None
         for name, value in response.headers:
@@ -523,6 +559,8 @@ class LB(LinkEvents):
 
     def _abort(self, connection: Connection, exchange: Optional[Exchange],
                upload: Optional[Upload]) -> None:
+        key = (connection.peer, "errors")  # failed here before its response started
+        self.worker_counts[key] = self.worker_counts.get(key, 0) + 1
         if upload is not None:
             upload.stop()
         if exchange is not None:
@@ -533,6 +571,12 @@ class LB(LinkEvents):
                start_response: Callable) -> Iterable[bytes]:
         status = exc.http_status
         self.errors[status] = self.errors.get(status, 0) + 1
+        cause = type(exc).__name__
+        self.error_causes[cause] = self.error_causes.get(cause, 0) + 1
+        self.recent_errors.append({
+            "time": round(time.time(), 3), "status": status, "cause": cause,
+            "method": environ.get("REQUEST_METHOD"), "path": environ.get("PATH_INFO"),
+            "message": str(exc)[:200]})
         page = self.pages.get(status) or self.pages[500 if status < 502 else 502]
         log.warning("%d for %s %s: %s", status, environ.get("REQUEST_METHOD"),
                     environ.get("PATH_INFO"), exc)
@@ -562,6 +606,7 @@ class LB(LinkEvents):
         for address, link in sorted(self.links.items()):
             info: Dict[str, object] = {"connected": link.connection is not None}
             info.update(self.ejector.status(address, time.monotonic()))
+            info["counts"] = {}
             if link.connection is not None:
                 info["in_pool"] = link.connection in self.pool
                 info.update(workers.get(str(link.connection), {}))
@@ -569,6 +614,10 @@ class LB(LinkEvents):
             else:
                 info["last_error"] = link.last_error
             links[address] = info
+        for (address, what), count in list(self.worker_counts.items()):
+            if address in links:
+                links[address]["counts"][what] = count  # type: ignore[index]
+        server = getattr(self.front, "server", None)
         return {
             "pool": pool_status,
             "workers": links,
@@ -582,10 +631,26 @@ class LB(LinkEvents):
             "retries_refused": self.retries_refused,
             "health_checks": self.health_checks,
             "ejections": self.ejector.total_ejections,
+            "clients": getattr(server, "connections", 0),
+            "latency": {"buckets": list(LATENCY_BUCKETS), "counts": list(self.latency),
+                        "sum": round(self.latency_sum, 6)},
+            "error_causes": dict(self.error_causes),
+            "recent_errors": list(self.recent_errors),
+            "classes": top_classes(self.class_requests, STATUS_CLASSES),
         }
 
     def __repr__(self) -> str:
         return "<LB workers=%d in_flight=%d %r>" % (len(self.links), self.in_flight, self.pool)
+
+
+def top_classes(counts: Dict[str, int], n: int) -> Dict[str, int]:
+    """The ``n`` classes with the most requests, the rest summed as OTHER_CLASS."""
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    top = {name: count for name, count in ranked[:n] if name != OTHER_CLASS}
+    rest = sum(count for name, count in counts.items() if name not in top)
+    if rest:
+        top[OTHER_CLASS] = rest
+    return top
 
 
 def _has_body(environ: dict, limit: Optional[int]) -> bool:
