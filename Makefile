@@ -10,7 +10,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-APT_PACKAGES := zookeeper haproxy wrk systemd logrotate
+APT_PACKAGES := zookeeper haproxy wrk systemd logrotate chromium chromium-driver
 
 .PHONY: run test bench soak sysdeps venv zookeeper mypy clean
 
@@ -39,7 +39,8 @@ $(STAMP): setup.py
 
 # Debian packages the tests and benchmarks use: a real ZooKeeper server,
 # HAProxy 2.6 for comparisons, wrk for load, systemd and logrotate to check
-# the units and the logrotate snippet in etc/.
+# the units and the logrotate snippet in etc/, chromium and its driver for
+# the status page's browser test.
 sysdeps:
 	@missing=""; for p in $(APT_PACKAGES); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

@@ -23,9 +23,12 @@ setup(
         "simulations": ["README.rst", "scenarios/*.json"],
     },
     python_requires=">=3.11",
-    install_requires=["gevent>=23", "kazoo>=2.9", "webob>=1.8", "orjson>=3.9"],
+    install_requires=["gevent>=23", "kazoo>=2.9", "webob>=1.8", "orjson>=3.9",
+                      "prometheus-client>=0.17"],
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "mypy>=1.0", "pastedeploy>=3"],
+        # selenium drives Debian's chromium (make sysdeps) in the status page's test
+        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "mypy>=1.0", "pastedeploy>=3",
+                 "selenium>=4.10"],
         # replay and compare need only gevent; the Locust front end
         # (playback/locustfile.py) needs locust and its geventhttpclient.
         "playback": ["locust>=2.20"],

@@ -109,8 +109,19 @@ def run_worker(args: argparse.Namespace) -> int:
         secret=secret,
     )
     worker.start()
+    status = None
+    if args.status:
+        from .http import FrontServer
+        from .metrics import WorkerCollector
+        from .status import status_app
+
+        status = FrontServer(parse_address(args.status),
+                             status_app(worker.status, collector=WorkerCollector(worker.status)))
+        status.start()
     # Ready for LBs that know our address, whatever ZooKeeper is doing.
     print("zc-lb worker listening on %s:%d" % worker.address, flush=True)
+    if status is not None:
+        print("zc-lb worker status on %s:%d" % status.address, flush=True)
     membership = None
     if args.zookeeper:
         from .membership import WorkerMembership
@@ -123,6 +134,8 @@ def run_worker(args: argparse.Namespace) -> int:
         if membership is not None:
             membership.deregister()  # LBs stop sending before we drain
         worker.stop(timeout=args.drain_timeout)
+        if status is not None:
+            status.stop(timeout=1)
         if membership is not None:
             membership.stop()
         return True
@@ -141,7 +154,6 @@ def build_lb(args: argparse.Namespace):
     from .classifier import get_classifier, get_key_function
     from .http import AccessLog, FrontServer, tls_context
     from .lb import LB
-    from .status import status_app
     from .connection import parse_address
 
     pool = make_pool(args.policy, _lb_settings(args))
@@ -176,11 +188,25 @@ def build_lb(args: argparse.Namespace):
                         client_timeout=args.client_timeout or None,
                         header_timeout=args.header_timeout or None,
                         max_connections=args.max_connections or None)
+    lb.front = front  # its client connections go in the status document
     status = None
     if args.status:
-        status = FrontServer(parse_address(args.status),
-                             status_app(lb.status, {"reset-skills": lb.reset_skills}))
+        status = FrontServer(parse_address(args.status), lb_status_app(
+            lb.status, {"reset-skills": lb.reset_skills}, lambda: lb.requests))
     return lb, front, status
+
+
+def lb_status_app(get_status, actions, get_requests):
+    """The status app of an LB (or a supervisor): JSON, the HTML page,
+    /metrics from the document, /healthz; the request rate sampled every
+    5 s for the page's sparkline."""
+    from .metrics import LBCollector
+    from .status import RequestHistory, status_app
+    from .statuspage import render
+
+    history = RequestHistory(get_requests).start()
+    return status_app(get_status, actions, collector=LBCollector(get_status),
+                      page=render, history=history)
 
 
 def run_lb(args: argparse.Namespace) -> int:
@@ -417,6 +443,8 @@ def _add_worker_parser(sub) -> None:
                       help="run the application in greenlets, for applications that "
                            "cooperate with gevent (never block); a blocked loop is "
                            "logged with the request that blocked it")
+    p.add_argument("--status", metavar="HOST:PORT",
+                   help="serve the worker's status (JSON) and Prometheus /metrics")
     p.add_argument("--secret-file", help="shared secret for LB authentication")
     p.add_argument("--insecure", action="store_true",
                    help="listen on a non-loopback address without --secret-file")
@@ -453,7 +481,9 @@ def _add_lb_parser(sub) -> None:
                    help="GET PATH from every worker every --health-interval seconds; "
                         "failures count toward ejection as failed requests do")
     p.add_argument("--access-log", metavar="FILE|-", help="Apache combined access log")
-    p.add_argument("--status", metavar="HOST:PORT", help="serve the JSON status document")
+    p.add_argument("--status", metavar="HOST:PORT",
+                   help="serve the status document (JSON), a status page, Prometheus "
+                        "/metrics and /healthz")
     p.add_argument("--error-page", metavar="FILE", help="HTML page for 502 and 503")
     p.add_argument("--certfile", help="TLS certificate (serve HTTPS)")
     p.add_argument("--keyfile", help="TLS private key (default: in the certfile)")

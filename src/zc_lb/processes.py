@@ -190,16 +190,17 @@ def run(args, argv: Sequence[str]) -> int:
     """``zc-lb lb --processes N`` (N > 1)."""
     from .cli import wait_for_signal
     from .connection import parse_address
+    from .cli import lb_status_app
     from .http import FrontServer
-    from .status import status_app
 
     supervisor = Supervisor(args.processes, lb_argv(argv), parse_address(args.listen),
                             args.log_level)
     supervisor.start()
     status = None
     if args.status:
-        status = FrontServer(parse_address(args.status), status_app(
-            supervisor.status, {"reset-skills": supervisor.action("reset-skills")}))
+        status = FrontServer(parse_address(args.status), lb_status_app(
+            supervisor.status, {"reset-skills": supervisor.action("reset-skills")},
+            lambda: supervisor.status()["requests"]))
         status.start()
     log.info("%d LB processes, pids %s", len(supervisor.children),
              " ".join(str(c.process.pid) for c in supervisor.children if c.process))

@@ -256,6 +256,7 @@ class Worker(Handler):
         self._stopped = gevent.event.Event()
         self.served = 0
         self.failed = 0  # requests answered 5xx or cut short: not in the résumé
+        self.app_seconds = 0.0  # the application's time on served requests
 
     @property
     def address(self) -> Tuple[str, int]:
@@ -487,6 +488,7 @@ class Worker(Handler):
 
     def _record(self, rclass: str, elapsed: float) -> None:
         self.served += 1
+        self.app_seconds += elapsed
         assert self.skills is not None
         new = self.skills.record(rclass, elapsed)
         if new is not None:
@@ -522,6 +524,7 @@ class Worker(Handler):
             "in_flight": len(self.requests),
             "served": self.served,
             "failed": self.failed,
+            "app_seconds": round(self.app_seconds, 6),
             "resume": self.skills.resume() if self.skills else {},
         }
 

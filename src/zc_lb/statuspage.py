@@ -1,0 +1,134 @@
+"""The status page: the status document as HTML, for a person with a browser.
+
+Served at ``/`` on the status address to clients that ask for text/html
+(status.status_app).  One self-contained page, no scripts, no assets: a
+summary, an inline SVG sparkline of the request rate (status.RequestHistory),
+the workers with their state, counts and best-scored classes, the busiest
+classes, and the recent error responses.  It reloads itself every 10 s.
+"""
+
+from __future__ import annotations
+
+import time
+from html import escape
+from typing import Dict, List, Sequence, Tuple
+
+REFRESH = 10  # seconds
+TOP_SKILLS = 5
+TOP_CLASSES = 20
+
+
+def sparkline(rates: Sequence[Tuple[float, float]], width: int = 300,
+              height: int = 40) -> str:
+    """An inline SVG polyline of (time, rate) points, scaled to fit."""
+    if len(rates) < 2:
+        return ('<svg class="sparkline" width="%d" height="%d" role="img" '
+                'aria-label="request rate: not enough samples yet"></svg>' % (width, height))
+    values = [rate for _, rate in rates]
+    top = max(values) or 1.0
+    step = width / (len(values) - 1)
+    points = " ".join("%.1f,%.1f" % (i * step, height - 2 - (height - 4) * v / top)
+                      for i, v in enumerate(values))
+    return ('<svg class="sparkline" width="%d" height="%d" viewBox="0 0 %d %d" role="img" '
+            'aria-label="request rate, peak %.1f/s"><polyline fill="none" stroke="#2a6" '
+            'stroke-width="1.5" points="%s"/></svg>' % (width, height, width, height, top,
+                                                         points))
+
+
+def _state(info: dict) -> str:
+    if not info.get("connected"):
+        return "down"
+    if info.get("ejected"):
+        return "ejected"
+    return "in pool" if info.get("in_pool") else "draining"
+
+
+def _table(header: List[str], rows: List[List[str]], css: str) -> str:
+    """A table; cells are HTML already escaped by the caller."""
+    head = "".join("<th>%s</th>" % escape(h) for h in header)
+    body = "".join("<tr>%s</tr>" % "".join("<td>%s</td>" % c for c in row) for row in rows)
+    return '<table class="%s"><thead><tr>%s</tr></thead><tbody>%s</tbody></table>' % (
+        css, head, body)
+
+
+def render(doc: dict, history=None) -> str:
+    """The HTML page of a status document (``history``: a RequestHistory)."""
+    pool = doc.get("pool", {})
+    workers: Dict[str, dict] = doc.get("workers", {})
+    rates = history.rates() if history is not None else []
+    rate = rates[-1][1] if rates else None
+    summary = [
+        ("requests", doc.get("requests")), ("in flight", doc.get("in_flight")),
+        ("retries", doc.get("retries")), ("clients", doc.get("clients")),
+        ("errors", ", ".join("%s: %s" % item for item in sorted(doc.get("errors", {}).items()))
+         or "none"),
+        ("policy", pool.get("policy")), ("variance", pool.get("variance")),
+        ("backlog", pool.get("backlog")), ("mean backlog", pool.get("mean_backlog")),
+        ("uptime", "%ss" % doc.get("uptime")),
+    ]
+    parts = [
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>",
+        "<meta http-equiv='refresh' content='%d'>" % REFRESH,
+        "<title>zc-lb status</title><style>",
+        "body{font-family:sans-serif;margin:1em 2em}table{border-collapse:collapse;"
+        "margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:2px 8px;text-align:left;"
+        "vertical-align:top}th{background:#eee}.down,.ejected{color:#b00}"
+        ".draining{color:#a60}dl.summary{display:flex;flex-wrap:wrap;gap:0 2em}"
+        "dl.summary div{display:flex;gap:.4em}dt{font-weight:bold}dd{margin:0}",
+        "</style></head><body><h1>zc-lb status</h1>",
+        '<dl class="summary">%s</dl>' % "".join(
+            '<div><dt>%s</dt><dd id="%s">%s</dd></div>' % (
+                escape(name), escape(name.replace(" ", "-")), escape(str(value)))
+            for name, value in summary),
+        '<h2>Request rate</h2><p id="rate">%s %s</p>' % (
+            sparkline(rates), "" if rate is None else escape("%.1f requests/s now" % rate)),
+    ]
+    rows = []
+    for address, info in sorted(workers.items()):
+        counts = info.get("counts", {})
+        skills = info.get("skills") or {}
+        top = sorted(skills.items(), key=lambda item: -item[1])[:TOP_SKILLS]
+        state = _state(info)
+        rows.append([
+            '<span class="address">%s</span>' % escape(address),
+            '<span class="%s">%s</span>' % (escape(state.split()[0]), escape(state)),
+            escape(str(counts.get("requests", 0))),
+            escape(" ".join("%s:%s" % (code, counts[code]) for code in
+                            ("1xx", "2xx", "3xx", "4xx", "5xx") if counts.get(code)) or "-"),
+            escape(str(counts.get("errors", 0))), escape(str(info.get("backlog", "-"))),
+            escape(str(info.get("mean_backlog", "-"))), escape(str(len(skills))),
+            escape(", ".join("%s=%.3g" % item for item in top)),
+            escape(str(info.get("version") or info.get("last_error") or "")),
+        ])
+    parts.append("<h2>Workers</h2>")
+    parts.append(_table(["worker", "state", "requests", "responses", "errors", "backlog",
+                         "mean backlog", "classes", "best classes (score, req/s)",
+                         "version / last error"], rows, "workers"))
+    classes = sorted(doc.get("classes", {}).items(), key=lambda item: -item[1])[:TOP_CLASSES]
+    rows = []
+    for name, count in classes:
+        skilled = sorted((info["skills"][name], address) for address, info in workers.items()
+                         if name in (info.get("skills") or {}))
+        rows.append([escape(name or "(no class)"), escape(str(count)),
+                     escape(", ".join("%s=%.3g" % (address, score)
+                                      for score, address in reversed(skilled)) or "-")])
+    parts.append("<h2>Busiest classes</h2>")
+    parts.append(_table(["class", "requests", "workers (score)"], rows, "classes"))
+    rows = [[escape(time.strftime("%H:%M:%S", time.localtime(error.get("time", 0)))),
+             escape(str(error.get("status"))), escape(str(error.get("cause"))),
+             escape("%s %s" % (error.get("method"), error.get("path"))),
+             escape(str(error.get("message")))]
+            for error in reversed(doc.get("recent_errors", []))]
+    parts.append("<h2>Recent errors</h2>")
+    parts.append(_table(["time", "status", "cause", "request", "message"], rows, "errors")
+                 if rows else '<p class="errors">none</p>')
+    for process in doc.get("processes", ()):
+        parts.append("<p>process %s (pid %s, status %s): %s requests</p>" % tuple(
+            escape(str(process.get(key))) for key in ("index", "pid", "status", "requests")))
+    parts.append('<p><a href="/status.json">status.json</a> · <a href="/metrics">metrics</a>'
+                 "</p></body></html>")
+    return "".join(parts)
+
+
+__all__ = ["render", "sparkline"]
+
