@@ -65,10 +65,10 @@ class RequestHistory:
 def _wants_html(request: Request) -> bool:
     """A browser asks for text/html before (or instead of) JSON; urllib,
     curl and ``zc-lb status`` send no Accept (or */*) and get JSON."""
-    accept = request.accept
-    if not accept or "text/html" not in str(accept):
+    if "text/html" not in request.headers.get("Accept", ""):
         return False
-    return accept.best_match(["application/json", "text/html"]) == "text/html"
+    offers = request.accept.acceptable_offers(["application/json", "text/html"])
+    return bool(offers) and offers[0][0] == "text/html"
 
 
 def status_app(get_status: Callable[[], dict],

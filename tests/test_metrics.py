@@ -1,0 +1,282 @@
+"""Monitoring: /metrics (Prometheus), /status.json, /healthz and the status
+page on the LB's --status address, and a worker's --status /metrics.
+
+The end-to-end tests run real worker and LB processes, send real traffic
+and parse the exposition back with prometheus_client's parser; the status
+page is loaded in a real headless Chromium (selenium), which CI installs
+(Makefile APT_PACKAGES, setup.py's test extra): it never skips.
+"""
+
+import http.client
+import json
+import os
+import shutil
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from zc_lb.affinity import AffinityPool
+from zc_lb.lb import LB
+from zc_lb.metrics import LBCollector, bound_classes, exposition
+from zc_lb.status import RequestHistory, merge_status, status_app
+from zc_lb.statuspage import render, sparkline
+from zc_lb.testing import LBProcess, WorkerProcess, free_port, wait_for
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def samples(text):
+    """{(name, sorted label items): value} of an exposition."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[sample.name, tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def get(address, path="/", accept=None):
+    """(status, content type, body text) of a GET."""
+    request = urllib.request.Request("http://%s%s" % (address, path))
+    if accept:
+        request.add_header("Accept", accept)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.status, response.headers["Content-Type"], response.read().decode()
+
+
+def call(app, path="/", accept=None, method="GET"):
+    environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "SERVER_NAME": "x",
+               "SERVER_PORT": "80", "wsgi.url_scheme": "http", "QUERY_STRING": ""}
+    if accept:
+        environ["HTTP_ACCEPT"] = accept
+    started = {}
+    body = b"".join(app(environ, lambda status, headers: started.update(
+        status=status, headers=dict(headers))))
+    return started["status"], started["headers"], body.decode()
+
+
+# -- the app and the collector, without processes ------------------------------------
+
+
+def test_routes_of_the_status_app():
+    doc = {"pool": {"policy": "AffinityPool"}, "workers": {}, "requests": 3}
+    app = status_app(lambda: doc, collector=LBCollector(lambda: doc), page=render)
+    assert call(app, "/healthz")[::2] == ("200 OK", "ok\n")
+    status, headers, body = call(app, "/status.json", accept="text/html")
+    assert json.loads(body) == doc and headers["Content-Type"] == "application/json"
+    assert headers["Cache-Control"] == "no-store"
+    assert json.loads(call(app, "/")[2]) == doc  # no Accept: JSON, as ever
+    assert json.loads(call(app, "/", accept="application/json")[2]) == doc
+    assert json.loads(call(app, "/", accept="*/*")[2]) == doc  # curl
+    status, headers, body = call(app, "/", accept="text/html,application/xhtml+xml,*/*;q=0.8")
+    assert headers["Content-Type"].startswith("text/html") and "<table" in body
+    status, headers, body = call(app, "/metrics")
+    assert headers["Content-Type"].startswith("text/plain; version=")
+    assert samples(body)["zc_lb_requests_total", ()] == 3
+    # without a collector or a page, those fall back to the document
+    plain = status_app(lambda: doc)
+    assert json.loads(call(plain, "/", accept="text/html")[2]) == doc
+
+
+def test_class_labels_are_bounded_to_the_busiest_and_other():
+    classes = {"c%02d" % i: i for i in range(1, 51)}
+    bounded = bound_classes(classes, 20)
+    assert len(bounded) == 21
+    assert set(bounded) - {"other"} == {"c%02d" % i for i in range(31, 51)}
+    assert bounded["other"] == sum(range(1, 31))
+    assert bound_classes({"a": 1, "other": 5}, 20) == {"a": 1, "other": 5}
+    assert bound_classes({"a": 1}, 20) == {"a": 1}
+
+
+def test_no_worker_counts_as_a_503_by_cause_and_in_the_histogram():
+    lb = LB(AffinityPool(), lambda environ: "a", no_worker_timeout=0)
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/", "QUERY_STRING": "",
+               "HTTP_HOST": "a", "SERVER_NAME": "x", "SERVER_PORT": "80"}
+    for _ in range(3):
+        b"".join(lb(dict(environ), lambda status, headers: None))
+    metrics = samples(exposition(LBCollector(lb.status)).decode())
+    assert metrics["zc_lb_5xx_total", (("cause", "no_worker"),)] == 3
+    assert metrics["zc_lb_errors_total", (("status", "503"),)] == 3
+    assert metrics["zc_lb_response_seconds_count", ()] == 3
+    assert metrics["zc_lb_response_seconds_bucket", (("le", "+Inf"),)] == 3
+    assert metrics["zc_lb_class_requests_total", (("class", "a"),)] == 3
+    assert lb.status()["recent_errors"][-1]["cause"] == "NoWorkerAvailable"
+
+
+def test_merged_documents_sum_histograms_and_per_worker_counts():
+    def doc(n):
+        return {"pool": {}, "requests": n, "workers": {"w": {"counts": {"2xx": n}}},
+                "latency": {"buckets": [0.1], "counts": [n, 1], "sum": 0.5},
+                "classes": {"a": n}, "error_causes": {"NoWorkerAvailable": 1}}
+    merged = merge_status([doc(2), doc(3)])
+    assert merged["latency"] == {"buckets": [0.1], "counts": [5, 2], "sum": 1.0}
+    assert merged["workers"]["w"]["counts"] == {"2xx": 5}
+    assert merged["classes"] == {"a": 5} and merged["error_causes"] == {"NoWorkerAvailable": 2}
+
+
+def test_the_request_rate_sparkline():
+    counts = iter([0, 10, 30, 30])
+    history = RequestHistory(lambda: next(counts), interval=1)
+    for _ in range(4):
+        history.sample()
+    rates = [rate for _, rate in history.rates()]
+    assert len(rates) == 3 and rates[0] > 0 and rates[2] == 0
+    svg = sparkline([(0, 1.0), (1, 3.0), (2, 2.0)])
+    assert svg.startswith("<svg") and "<polyline" in svg
+    assert "<polyline" not in sparkline([])
+
+
+# -- real processes ------------------------------------------------------------------
+
+
+@pytest.fixture
+def cluster():
+    started = []
+
+    def make(n_workers=2, worker_status=False):
+        workers = []
+        for _ in range(n_workers):
+            args = ["apps:app"]
+            if worker_status:
+                port = free_port()
+                args += ["--status", "127.0.0.1:%d" % port]
+            worker = WorkerProcess(*args, env=ENV).start()
+            worker.status_address = "127.0.0.1:%d" % port if worker_status else None
+            started.append(worker)
+            workers.append(worker)
+        status = "127.0.0.1:%d" % free_port()
+        lb = LBProcess([w.address for w in workers], "--status", status).start()
+        lb.status_address = status
+        started.append(lb)
+
+        def connected():
+            try:
+                doc = json.loads(get(status, "/status.json")[2])
+            except OSError:
+                return False
+            return sum(bool(w.get("in_pool")) for w in doc["workers"].values()) == n_workers
+        wait_for(connected, message="LB connected to workers")
+        return lb, workers
+
+    yield make
+    for process in reversed(started):
+        process.kill()
+
+
+def send(lb, host, path="/", n=1):
+    connection = http.client.HTTPConnection(*lb.address.split(":"), timeout=20)
+    try:
+        for _ in range(n):
+            connection.request("GET", path, headers={"Host": host})
+            response = connection.getresponse()
+            response.read()
+    finally:
+        connection.close()
+
+
+def test_metrics_count_what_was_sent(cluster):
+    lb, workers = cluster(2)
+    sent = 0
+    for i in range(30):  # 30 classes, class i gets i + 1 requests
+        send(lb, "c%02d.example" % i, n=i + 1)
+        sent += i + 1
+    send(lb, "c29.example", "/error", n=4)  # the application's 500s
+    sent += 4
+    status, kind, text = get(lb.status_address, "/metrics")
+    assert status == 200 and kind.startswith("text/plain")
+    metrics = samples(text)
+    assert metrics["zc_lb_requests_total", ()] == sent
+    assert metrics["zc_lb_response_seconds_count", ()] == sent
+    assert metrics["zc_lb_response_seconds_bucket", (("le", "+Inf"),)] == sent
+    assert metrics["zc_lb_5xx_total", (("cause", "worker"),)] == 4
+    assert metrics["zc_lb_5xx_total", (("cause", "no_worker"),)] == 0
+    addresses = {w.address for w in workers}
+    per_worker = {labels[0][1]: value for (name, labels), value in metrics.items()
+                  if name == "zc_lb_worker_requests_total"}
+    assert set(per_worker) == addresses and sum(per_worker.values()) == sent
+    responses = {(dict(labels)["worker"], dict(labels)["code"]): value
+                 for (name, labels), value in metrics.items()
+                 if name == "zc_lb_worker_responses_total"}
+    assert sum(v for (_, code), v in responses.items() if code == "2xx") == sent - 4
+    assert sum(v for (_, code), v in responses.items() if code == "5xx") == 4
+    for address in addresses:
+        for name in ("zc_lb_worker_connected", "zc_lb_worker_in_pool", "zc_lb_worker_backlog",
+                     "zc_lb_worker_mean_backlog", "zc_lb_worker_skills",
+                     "zc_lb_worker_in_flight", "zc_lb_worker_errors_total",
+                     "zc_lb_worker_retries_total"):
+            assert (name, (("worker", address),)) in metrics, name
+        assert metrics["zc_lb_worker_connected", (("worker", address),)] == 1
+    # classes: the 20 busiest by name, the other 10 summed, nothing more
+    classes = {dict(labels)["class"]: value for (name, labels), value in metrics.items()
+               if name == "zc_lb_class_requests_total"}
+    assert len(classes) == 21
+    assert classes["c29.example"] == 30 + 4 and classes["c10.example"] == 11
+    assert classes["other"] == sum(range(1, 11))
+    assert sum(classes.values()) == sent
+    assert metrics["zc_lb_pool_variance", ()] > 0
+    assert ("zc_lb_pool_info", (("policy", "AffinityPool"),)) in metrics
+
+
+def test_healthz_status_json_and_the_worker_metrics(cluster):
+    lb, workers = cluster(2, worker_status=True)
+    assert get(lb.status_address, "/healthz")[::2] == (200, "ok\n")
+    send(lb, "a.example", n=10)
+    doc = json.loads(get(lb.status_address, "/status.json", accept="text/html")[2])
+    assert doc["requests"] == 10 and doc["classes"] == {"a.example": 10}
+    assert json.loads(get(lb.status_address, "/")[2])["requests"] == 10  # zc-lb status
+    served = 0
+    for worker in workers:
+        assert get(worker.status_address, "/healthz")[::2] == (200, "ok\n")
+        metrics = samples(get(worker.status_address, "/metrics")[2])
+        served += metrics["zc_lb_app_requests_total", (("outcome", "served"),)]
+        assert metrics["zc_lb_app_lbs", ()] == 1
+        assert ("zc_lb_app_seconds_total", ()) in metrics
+        assert ("zc_lb_app_resume_classes", ()) in metrics
+    assert served == 10
+
+
+def _chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    raise AssertionError("no chromium: make sysdeps installs it (Makefile APT_PACKAGES)")
+
+
+def test_the_status_page_in_a_browser(cluster):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    lb, workers = cluster(2)
+    send(lb, "alpha.example", n=7)
+    send(lb, "beta.example", n=5)
+    options = webdriver.ChromeOptions()
+    options.binary_location = _chromium()
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu",
+                     "--disable-dev-shm-usage"):
+        options.add_argument(argument)
+    driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        driver.set_page_load_timeout(20)
+        driver.get("http://%s/" % lb.status_address)
+        assert driver.title == "zc-lb status"
+        assert driver.find_element(By.ID, "requests").text == "12"
+        rows = driver.find_elements(By.CSS_SELECTOR, "table.workers tbody tr")
+        shown = {row.find_element(By.CLASS_NAME, "address").text: row for row in rows}
+        assert set(shown) == {w.address for w in workers}
+        requests = sum(int(row.find_elements(By.TAG_NAME, "td")[2].text)
+                       for row in shown.values())
+        assert requests == 12
+        assert all("in pool" in row.text for row in shown.values())
+        classes = {row.find_elements(By.TAG_NAME, "td")[0].text:
+                   row.find_elements(By.TAG_NAME, "td")[1].text
+                   for row in driver.find_elements(By.CSS_SELECTOR, "table.classes tbody tr")}
+        assert classes == {"alpha.example": "7", "beta.example": "5"}
+        assert driver.find_elements(By.CSS_SELECTOR, "#rate svg.sparkline")
+        driver.find_element(By.LINK_TEXT, "metrics").click()
+        assert "zc_lb_requests_total 12.0" in driver.find_element(By.TAG_NAME, "body").text
+    finally:
+        driver.quit()
