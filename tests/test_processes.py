@@ -82,6 +82,13 @@ def test_two_processes_serve_one_address_and_sum_their_status(processes_lb):
     # checks by the fixture may add a few).
     assert doc["requests"] == sum(p["requests"] for p in doc["processes"]) >= 80
     assert all(p["requests"] > 0 for p in doc["processes"]), doc["processes"]
+    # /metrics of the supervisor: the children's counters and histograms summed
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen("http://%s/metrics" % lb.status_address, timeout=5) as response:
+        metrics = {sample.name: sample.value for family in text_string_to_metric_families(
+            response.read().decode()) for sample in family.samples if not sample.labels}
+    assert metrics["zc_lb_requests_total"] >= 80
+    assert metrics["zc_lb_response_seconds_count"] == metrics["zc_lb_requests_total"]
 
 
 def test_a_child_that_dies_is_started_again(processes_lb):
