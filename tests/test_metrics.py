@@ -280,3 +280,34 @@ def test_the_status_page_in_a_browser(cluster):
         assert "zc_lb_requests_total 12.0" in driver.find_element(By.TAG_NAME, "body").text
     finally:
         driver.quit()
+
+
+# -- the sample configurations in etc/ -------------------------------------------------
+
+
+def test_the_dashboard_uses_only_metrics_that_exist():
+    import re
+
+    from zc_lb.metrics import WorkerCollector
+
+    root = os.path.join(TESTS, os.pardir, "etc")
+    with open(os.path.join(root, "grafana-dashboard.json")) as f:
+        dashboard = json.load(f)
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = set(re.findall(r"\bzc_lb_\w+", " ".join(exprs)))
+    doc = {"pool": {"policy": "AffinityPool", "variance": 2.0}, "requests": 1,
+           "latency": {"buckets": [0.1], "counts": [1, 0], "sum": 0.01},
+           "workers": {"w:1": {"connected": True, "skills": {"a": 1.0}}}, "classes": {"a": 1}}
+    emitted = set(samples(exposition(LBCollector(lambda: doc)).decode()))
+    emitted |= set(samples(exposition(WorkerCollector(lambda: {"served": 1})).decode()))
+    names = {name for name, _ in emitted}
+    assert used and used <= names, used - names
+    with open(os.path.join(root, "prometheus.yml")) as f:
+        text = f.read()
+    assert "metrics_path: /metrics" in text and "job_name: zc-lb-worker" in text
+    try:
+        import yaml
+    except ImportError:
+        return
+    config = yaml.safe_load(text)
+    assert {job["job_name"] for job in config["scrape_configs"]} == {"zc-lb", "zc-lb-worker"}
