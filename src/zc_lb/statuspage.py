@@ -74,7 +74,7 @@ def render(doc: dict, history=None) -> str:
         "margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:2px 8px;text-align:left;"
         "vertical-align:top}th{background:#eee}.down,.ejected{color:#b00}"
         ".draining{color:#a60}dl.summary{display:flex;flex-wrap:wrap;gap:0 2em}"
-        "dl.summary div{display:flex;gap:.4em}dt{font-weight:bold}dd{margin:0}",
+        "dl.summary div{display:flex;gap:.4em}svg.sparkline{border-bottom:1px solid #ccc}dt{font-weight:bold}dd{margin:0}",
         "</style></head><body><h1>zc-lb status</h1>",
         '<dl class="summary">%s</dl>' % "".join(
             '<div><dt>%s</dt><dd id="%s">%s</dd></div>' % (
@@ -119,7 +119,8 @@ def render(doc: dict, history=None) -> str:
              escape("%s %s" % (error.get("method"), error.get("path"))),
              escape(str(error.get("message")))]
             for error in reversed(doc.get("recent_errors", []))]
-    parts.append("<h2>Recent errors</h2>")
+    parts.append("<h2>Recent errors</h2><p>Error responses the LB made; the "
+                 "application's own 5xx are counted per worker above.</p>")
     parts.append(_table(["time", "status", "cause", "request", "message"], rows, "errors")
                  if rows else '<p class="errors">none</p>')
     for process in doc.get("processes", ()):
