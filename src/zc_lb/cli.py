@@ -363,6 +363,8 @@ def _print_demo_help(address, status_address, workers) -> None:
         print("  curl -H 'Host: %s' %s/" % (host, url))
     print('  for i in $(seq 20); do curl -s -H "Host: site$((i %% 6)).example" %s/; done' % url)
     print("Status:  zc-lb status %s:%d   (or: .venv/bin/zc-lb status ...)" % status_address)
+    print("Status page: http://%s:%d/   metrics: http://%s:%d/metrics" % (
+        status_address + status_address))
     print("Stop with Ctrl-C.", flush=True)
 
 
