@@ -268,6 +268,8 @@ class LB(LinkEvents):
         for address in list(self.links):
             if address not in wanted:
                 self.links.pop(address).stop(self.link_config.drain_timeout)
+                for key in [key for key in self.worker_counts if key[0] == address]:
+                    del self.worker_counts[key]  # its series end with it
                 log.info("worker %s removed", address)
         for address in sorted(wanted - set(self.links)):
             link = self.links[address] = WorkerLink(address, self.link_config, self)
