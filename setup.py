@@ -26,9 +26,10 @@ setup(
     install_requires=["gevent>=23", "kazoo>=2.9", "webob>=1.8", "orjson>=3.9",
                       "prometheus-client>=0.17"],
     extras_require={
-        # selenium drives Debian's chromium (make sysdeps) in the status page's test
+        # selenium drives Debian's chromium (make sysdeps) in the status page's test;
+        # PyYAML reads etc/prometheus.yml back
         "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "mypy>=1.0", "pastedeploy>=3",
-                 "selenium>=4.10"],
+                 "selenium>=4.10", "PyYAML>=6"],
         # replay and compare need only gevent; the Locust front end
         # (playback/locustfile.py) needs locust and its geventhttpclient.
         "playback": ["locust>=2.20"],
