@@ -6,10 +6,11 @@ add what a front proxy needs around it: a strict request head
 Request frame), a deadline for the whole head (slowloris), a cap on
 client connections answered with 503, TLS from a context checked at
 start with failed handshakes logged in one line, TCP_NODELAY on every
-client connection, an Apache combined access log (so logs can be
-replayed) written through a buffer, compact logging of errors we expect
-(a worker lost mid-body closes the client's connection with one log line,
-not a traceback), and a graceful stop.
+client connection, an access log (accesslog.py: Apache combined plus
+the LB's fields, so logs can be replayed with their classes) written
+through a buffer and reopened on SIGUSR1, compact logging of errors we
+expect (a worker lost mid-body closes the client's connection with one
+log line, not a traceback), and a graceful stop.
 
 A refused request head gets a short response with ``Connection: close``
 (``refusal``) and its connection is closed.
@@ -27,49 +28,45 @@ from typing import IO, Callable, List, Optional, Tuple
 import gevent
 import gevent.pywsgi
 
+from .accesslog import COMBINED, LogFormat
 from .connection import send_all
 from .errors import BadRequest, ConfigurationError, HeadTimeout, ZcLbError
 from .httpparse import MAX_HEAD, check_head, parse_request_line, read_fields
 from .settings import LB_SETTINGS
 
 log = logging.getLogger(__name__)
+COMBINED_FORMAT = LogFormat(COMBINED)
 
 FLUSH_INTERVAL = 1.0
-MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun",
-          "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
-
-
-def _clf_time(when: float) -> str:
-    t = time.localtime(when)
-    offset = -(time.altzone if t.tm_isdst > 0 else time.timezone)
-    sign = "+" if offset >= 0 else "-"
-    offset = abs(offset)
-    return "%02d/%s/%04d:%02d:%02d:%02d %s%02d%02d" % (
-        t.tm_mday, MONTHS[t.tm_mon - 1], t.tm_year, t.tm_hour, t.tm_min, t.tm_sec,
-        sign, offset // 3600, offset % 3600 // 60)
-
-
-def _quote(value: Optional[str]) -> str:
-    if not value:
-        return "-"
-    return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
 class AccessLog:
     """A buffered access log: lines are kept in memory and written once a
-    second (and at close), so requests never wait on the disk."""
+    second (and at close), so requests never wait on the disk.  ``fmt``
+    (accesslog.py) makes each line; ``reopen`` (SIGUSR1) opens the file
+    again by its name, after logrotate moved it."""
 
-    def __init__(self, stream: IO[str]) -> None:
+    def __init__(self, stream: IO[str], fmt: Optional[LogFormat] = None,
+                 path: Optional[str] = None) -> None:
         self.stream = stream
+        self.format = fmt or LogFormat()
+        self.path = path
         self._lines: List[str] = []
         self._greenlet: Optional[gevent.Greenlet] = None
 
     @classmethod
-    def open(cls, path: str) -> "AccessLog":
+    def open(cls, path: str, fmt: Optional[LogFormat] = None) -> "AccessLog":
         """``-`` for standard output, else a file opened for appending."""
         if path == "-":
-            return cls(sys.stdout)
-        return cls(open(path, "a", encoding="utf-8", errors="replace"))
+            return cls(sys.stdout, fmt)
+        return cls(cls._open(path), fmt, path)
+
+    @staticmethod
+    def _open(path: str) -> IO[str]:
+        try:
+            return open(path, "a", encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise ConfigurationError("cannot open the access log %s: %s" % (path, exc))
 
     def start(self) -> None:
         self._greenlet = gevent.spawn(self._flush_loop)
@@ -90,6 +87,22 @@ class AccessLog:
                 self.stream.flush()
             except (OSError, ValueError) as exc:
                 log.error("cannot write the access log: %s", exc)
+
+    def reopen(self) -> None:
+        """Write what is buffered to the old file, then continue in a file
+        opened by name (logrotate's postrotate sends SIGUSR1).  If it cannot
+        be opened, keep writing to the old one and say so."""
+        if self.path is None:
+            return
+        self.flush()
+        try:
+            stream = self._open(self.path)
+        except ConfigurationError as exc:
+            log.error("%s; still writing to the old file", exc)
+            return
+        old, self.stream = self.stream, stream
+        old.close()
+        log.info("access log %s reopened", self.path)
 
     def close(self) -> None:
         if self._greenlet is not None:
@@ -289,22 +302,13 @@ class FrontHandler(gevent.pywsgi.WSGIHandler):
         super().__init__(sock, address, server, rfile)
 
     def format_request(self) -> str:
-        environ = self.environ or {}
-        client = self.client_address
-        host = client[0] if isinstance(client, tuple) else client
-        status = (self._orig_status or self.status or "000").split()[0]
-        if isinstance(status, bytes):
-            status = status.decode("latin-1")
-        length = self.response_length or "-"
-        return '%s - - [%s] "%s" %s %s "%s" "%s"' % (
-            host or "-", _clf_time(self.time_start or time.time()),
-            _quote(self.requestline), status, length,
-            _quote(environ.get("HTTP_REFERER")), _quote(environ.get("HTTP_USER_AGENT")))
+        access_log = self.server.access_log
+        return (access_log.format if access_log is not None else COMBINED_FORMAT).format(self)
 
     def log_request(self) -> None:
         access_log = self.server.access_log
         if access_log is not None:
-            access_log.write(self.format_request() + "\n")
+            access_log.write(access_log.format.format(self) + "\n")
 
     def handle_error(self, t, v, tb) -> None:
         if isinstance(v, ZcLbError):

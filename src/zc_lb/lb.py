@@ -414,6 +414,7 @@ class LB(LinkEvents):
 
     def _forward(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         rclass, key = self._classify(environ)
+        environ["zc_lb.class"] = rclass  # for the access log, as are the zc_lb.* below
         name = "" if rclass is None else rclass
         classes = self.class_requests
         count = classes.get(name)
@@ -429,6 +430,7 @@ class LB(LinkEvents):
                 connection = self._get_worker(rclass, key)
                 counts, peer = self.worker_counts, connection.peer
                 counts[peer, "requests"] = counts.get((peer, "requests"), 0) + 1
+                environ["zc_lb.worker"] = peer
                 exchange = upload = None
                 try:
                     exchange = connection.open_request(forwarded, end=not has_body)
@@ -444,6 +446,7 @@ class LB(LinkEvents):
                         retrying = True
                         self.retries += 1
                         counts[peer, "retries"] = counts.get((peer, "retries"), 0) + 1
+                        environ["zc_lb.retries"] = attempt + 1
                         continue
                     raise
                 except BaseException:
@@ -504,7 +507,8 @@ class LB(LinkEvents):
     def _await_response(self, exchange: Exchange, upload: Optional[Upload],
                         environ: dict) -> Response:
         waiting = self._waiting
-        waiting[exchange] = _Waiting(time.monotonic(), environ, upload, exchange.connection)
+        started = time.monotonic()
+        waiting[exchange] = _Waiting(started, environ, upload, exchange.connection)
         if self._watchdog is None:
             self._watchdog = gevent.spawn(self._watch_slow_responses)
         try:
@@ -520,6 +524,7 @@ class LB(LinkEvents):
                 entry.watcher.kill(block=False)
         if not isinstance(response, Response):
             raise BadResponse("worker sent %s before a response" % type(response).__name__)
+        environ["zc_lb.upstream_time"] = time.monotonic() - started
         return response
 
     def _watch_slow_responses(self) -> None:
