@@ -19,6 +19,7 @@ import time
 from typing import List, Optional
 
 from . import settings
+from .accesslog import DEFAULT_FORMAT
 from .errors import ConfigurationError, ZcLbError
 
 log = logging.getLogger("zc_lb")
@@ -55,8 +56,9 @@ def _ignore_sighup() -> bool:
 
 
 def wait_for_signal(handlers: dict) -> None:
-    """Queue SIGTERM/SIGINT/SIGHUP; dispatch each to ``handlers[name]``
-    until a handler returns True (meaning: exit)."""
+    """Queue SIGTERM/SIGINT/SIGHUP (and any other signal ``handlers``
+    names, e.g. SIGUSR1); dispatch each to ``handlers[name]`` until a
+    handler returns True (meaning: exit)."""
     import gevent
     import gevent.queue
 
@@ -70,6 +72,80 @@ def wait_for_signal(handlers: dict) -> None:
         log.info("got %s", name)
         if handlers[name]():
             return
+
+
+# -- --config and SIGHUP --------------------------------------------------
+
+COMMAND_SETTINGS = {"lb": settings.LB_SETTINGS, "worker": settings.WORKER_SETTINGS}
+NOT_COMPARED = frozenset({"argv", "run", "config", "command", "log_level"})
+
+
+def read_config(args: argparse.Namespace) -> argparse.Namespace:
+    """``args.argv`` parsed again with ``args.config``'s values as the
+    defaults (config.py): the command line overrides the file."""
+    from . import config
+
+    parser = build_parser()
+    command = parser.commands[args.command]  # type: ignore[attr-defined]
+    try:
+        new = config.apply(parser, args.argv, command, args.config, args.command,
+                           COMMAND_SETTINGS[args.command])
+    except SystemExit:  # argparse refused the command line (it said why)
+        raise ConfigurationError("the command line is no longer valid with %s" % args.config)
+    new.argv = args.argv
+    return new
+
+
+def _show(value) -> str:
+    if isinstance(value, list):
+        return " ".join(map(str, value)) or "(none)"
+    return settings._format(value) if value is not None else "(none)"
+
+
+def reload_config(args: argparse.Namespace, apply, live_extra=frozenset()) -> bool:
+    """SIGHUP with --config: read the file again; pass the changed settings
+    that may change live (``where`` has "live", and ``live_extra``) to
+    ``apply`` and log each as "name old -> new"; log the others as needing
+    a restart.  A bad file is logged and changes nothing.  Never exits."""
+    try:
+        new = read_config(args)
+    except ConfigurationError as exc:
+        log.error("SIGHUP: %s; keeping the running settings", exc)
+        return False
+    table = COMMAND_SETTINGS[args.command]
+    live, restart = {}, []
+    for dest in sorted(set(vars(args)) | set(vars(new))):
+        before, after = getattr(args, dest, None), getattr(new, dest, None)
+        if dest in NOT_COMPARED or before == after:
+            continue
+        setting = table.get(dest)
+        if dest in live_extra or (setting is not None and settings.LIVE in setting.where):
+            live[dest] = after
+            log.info("%s %s -> %s (%s)", dest, _show(before), _show(after), args.config)
+        else:
+            restart.append(dest)
+            log.warning("%s changed in %s; restart to apply (%s stays in force)",
+                        dest, args.config, _show(before))
+    if live:
+        try:
+            apply(live)
+        except ConfigurationError as exc:
+            log.error("SIGHUP: cannot apply %s: %s; keeping the running settings",
+                      args.config, exc)
+            return False
+        for dest, value in live.items():
+            setattr(args, dest, value)
+    if not live and not restart:
+        log.info("SIGHUP: %s read again; nothing changed", args.config)
+    return False
+
+
+def _sighup(args: argparse.Namespace, apply, live_extra=frozenset()):
+    """The SIGHUP handler: reload ``--config``, or without one, say SIGHUP
+    means nothing."""
+    if not getattr(args, "config", None):
+        return _ignore_sighup
+    return lambda: reload_config(args, apply, live_extra)
 
 
 # -- worker -------------------------------------------------------------
@@ -96,6 +172,9 @@ def run_worker(args: argparse.Namespace) -> int:
     from .worker import Worker, load_app
 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until wait_for_signal says so
+    if not args.app:
+        raise ConfigurationError("no application: give module:callable (or a PasteDeploy "
+                                 ".ini file) on the command line, or app in --config")
     listen = parse_address(args.listen)
     secret = _read_secret(args.secret_file)
     _check_exposure(listen, secret, args.insecure)
@@ -140,7 +219,14 @@ def run_worker(args: argparse.Namespace) -> int:
             membership.stop()
         return True
 
-    wait_for_signal({"SIGTERM": stop, "SIGINT": stop, "SIGHUP": _ignore_sighup})
+    def apply(live: dict) -> None:
+        if membership is not None:  # ZooKeeper's values still win
+            membership.rebase(live)
+        else:
+            worker.configure(live.get("history", worker.history),
+                             live.get("max_skill_age", worker.max_skill_age))
+
+    wait_for_signal({"SIGTERM": stop, "SIGINT": stop, "SIGHUP": _sighup(args, apply)})
     log.info("worker stopped")
     return 0
 
@@ -152,6 +238,7 @@ def build_lb(args: argparse.Namespace):
     """The LB object and its front and status servers, not started."""
     from .affinity import make_pool
     from .classifier import get_classifier, get_key_function
+    from .accesslog import LogFormat
     from .http import AccessLog, FrontServer, tls_context
     from .lb import LB
     from .connection import parse_address
@@ -177,7 +264,12 @@ def build_lb(args: argparse.Namespace):
         tls = tls_context(args.certfile, args.keyfile, args.tls_min_version, args.tls_ciphers)
     elif args.keyfile:
         raise ConfigurationError("--keyfile needs --certfile")
-    access_log = AccessLog.open(args.access_log) if args.access_log else None
+    access_log = None
+    if args.access_log:
+        access_log = AccessLog.open(args.access_log, LogFormat(args.access_log_format))
+    elif args.access_log_format != DEFAULT_FORMAT:
+        LogFormat(args.access_log_format)  # refuse a bad one all the same
+        log.warning("--access-log-format without --access-log: no access log is written")
     if args.listen_fd is not None:  # one of --processes N, on the supervisor's socket
         from .processes import inherited_socket
 
@@ -216,6 +308,7 @@ def run_lb(args: argparse.Namespace) -> int:
         return run(args, args.argv)
 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until wait_for_signal says so
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     lb, front, status = build_lb(args)
     lb.set_workers(args.worker or [])
     if args.health_check:
@@ -247,7 +340,26 @@ def run_lb(args: argparse.Namespace) -> int:
         lb.stop()
         return True
 
-    wait_for_signal({"SIGTERM": stop, "SIGINT": stop, "SIGHUP": _ignore_sighup})
+    def reopen() -> bool:
+        if front.access_log is not None:
+            front.access_log.reopen()
+        return False
+
+    def apply(live: dict) -> None:
+        if "worker" in live:
+            lb.set_workers(live.pop("worker") or [])
+        if not live:
+            return
+        if membership is not None:  # ZooKeeper's values still win
+            membership.rebase(live)
+            return
+        lb.pool.configure(live)
+        if "no_worker_timeout" in live:
+            lb.no_worker_timeout = live["no_worker_timeout"]
+
+    static = frozenset() if args.zookeeper else frozenset({"worker"})
+    wait_for_signal({"SIGTERM": stop, "SIGINT": stop, "SIGHUP": _sighup(args, apply, static),
+                     "SIGUSR1": reopen})
     log.info("lb stopped")
     return 0
 
@@ -435,7 +547,9 @@ def _positive_int(text: str) -> int:
 
 def _add_worker_parser(sub) -> None:
     p = sub.add_parser("worker", help="run a worker hosting a WSGI application")
-    p.add_argument("app", help="module:callable, or a PasteDeploy .ini file")
+    p.add_argument("app", nargs="?",
+                   help="module:callable, or a PasteDeploy .ini file (or app in --config)")
+    _add_config_argument(p, "worker")
     p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT (default: ephemeral)")
     p.add_argument("--resume-file", help="read skills at start, save them as they change")
     mode = p.add_mutually_exclusive_group()
@@ -458,8 +572,16 @@ def _add_worker_parser(sub) -> None:
     p.set_defaults(run=run_worker)
 
 
+def _add_config_argument(p, section: str) -> None:
+    p.add_argument("--config", metavar="FILE",
+                   help="read options from the [%s] table of a TOML file (keys: the long "
+                        "options with _ for -); the command line overrides it; SIGHUP "
+                        "reads it again" % section)
+
+
 def _add_lb_parser(sub) -> None:
     p = sub.add_parser("lb", help="run a load balancer")
+    _add_config_argument(p, "lb")
     p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT for HTTP(S)")
     p.add_argument("--processes", type=_positive_int, default=1, metavar="N",
                    help="run N LB processes accepting on the one --listen address, each "
@@ -482,7 +604,12 @@ def _add_lb_parser(sub) -> None:
     p.add_argument("--health-check", metavar="PATH",
                    help="GET PATH from every worker every --health-interval seconds; "
                         "failures count toward ejection as failed requests do")
-    p.add_argument("--access-log", metavar="FILE|-", help="Apache combined access log")
+    p.add_argument("--access-log", metavar="FILE|-",
+                   help="write an access log (reopened on SIGUSR1)")
+    p.add_argument("--access-log-format", default=DEFAULT_FORMAT, metavar="FORMAT",
+                   help="the access log's line, in Apache LogFormat %%-fields (default: "
+                        "Apache combined + host, class, worker, upstream, time, retries; "
+                        "see README.rst)")
     p.add_argument("--status", metavar="HOST:PORT",
                    help="serve the status document (JSON), a status page, Prometheus "
                         "/metrics and /healthz")
@@ -600,6 +727,7 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     parser.add_argument("--version", action="version", version="zc-lb %s" % version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.commands = sub.choices  # type: ignore[attr-defined]  # name -> its parser
     for add in (_add_worker_parser, _add_lb_parser, _add_status_parser, _add_zk_parser,
                 _add_reset_skills_parser, _add_demo_parser, _add_pass_through_parsers):
         add(sub)
@@ -608,15 +736,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args, rest = parser.parse_known_args(argv)
     if "pass_through" in args:
         args.pass_through = rest
     elif rest:
         parser.error("unrecognized arguments: %s" % " ".join(rest))
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # lb --processes starts copies
+    args.argv = argv  # lb --processes starts copies; SIGHUP parses it again
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        if getattr(args, "config", None):
+            args = read_config(args)
         return args.run(args)
     except ZcLbError as exc:  # a configuration error exits 2, ZooKeeper down 69
         print("zc-lb %s: error: %s" % (args.command, exc), file=sys.stderr)

@@ -55,6 +55,7 @@ class WorkerMembership:
         self.base = {"history": worker.history, "max_skill_age": worker.max_skill_age,
                      "reset_skills": ""}
         self.reset_token: Optional[str] = None  # the reset_skills value last seen
+        self.properties: Optional[Dict[str, Any]] = None  # the node's, last seen
         self.client = None
         self.registration: Optional[recipes.Registration] = None
         self.watch: Optional[recipes.PropertiesWatch] = None
@@ -108,7 +109,15 @@ class WorkerMembership:
             self.client.stop()
             self.client.close()
 
+    def rebase(self, changes: Mapping[str, Any]) -> None:
+        """New values under ZooKeeper's (a config file read again): applied
+        unless the node sets them."""
+        _rebase(self, changes)
+        if self.properties is None:
+            self.worker.configure(self.base["history"], self.base["max_skill_age"])
+
     def _settings_changed(self, properties: Dict[str, Any]) -> None:
+        self.properties = properties
         good, bad = parse_each(WORKER_NODE_SETTINGS, properties)
         for message in bad:
             log.error("ignoring a bad worker setting in %s: %s", self.path, message)
@@ -124,6 +133,18 @@ class WorkerMembership:
             log.warning("skills reset (reset_skills=%r)", token)
             self.worker.reset_skills()
         self.reset_token = token
+
+
+def _rebase(membership, changes: Mapping[str, Any]) -> None:
+    """Change a membership's base settings and apply what ZooKeeper does
+    not set (its node's properties win, as over the command line)."""
+    membership.base.update(changes)
+    overridden = sorted(set(changes) & set(membership.properties or ()))
+    if overridden:
+        log.warning("%s set in ZooKeeper (%s): the node's value stays in force",
+                    ", ".join(overridden), membership.path)
+    if membership.properties is not None:
+        membership._settings_changed(membership.properties)
 
 
 class LBMembership:
@@ -142,6 +163,7 @@ class LBMembership:
         self.single_version = bool(self.base.get("single_version"))
         self.reset_token: Optional[str] = None  # the reset_skills value last seen
         self.applied: Dict[str, Any] = {}  # the settings in force
+        self.properties: Optional[Dict[str, Any]] = None  # the node's, last seen
         self.version: Optional[str] = None
         self.providers: Dict[str, dict] = {}
         self.client = None
@@ -176,7 +198,16 @@ class LBMembership:
     def _join(self, relative: str) -> str:
         return "%s/%s" % ("" if self.path == "/" else self.path, relative)
 
+    def rebase(self, changes: Mapping[str, Any]) -> None:
+        """New values under ZooKeeper's (a config file read again): applied
+        unless the node sets them."""
+        _rebase(self, changes)
+        if self.properties is None:
+            self.lb.pool.configure(self.base)
+            self.lb.no_worker_timeout = self.base["no_worker_timeout"]
+
     def _settings_changed(self, properties: Dict[str, Any]) -> None:
+        self.properties = properties
         good, bad = parse_each(LB_NODE_SETTINGS, properties)
         for message in bad:
             log.error("ignoring a bad LB setting in %s: %s", self.path, message)

@@ -10,9 +10,10 @@ any LB.  The kernel hands each new client connection to one child.
 The supervisor serves ``--status`` itself: one summed view of the
 children's documents (counters added, each worker's backlog summed over
 the processes, ``processes`` listing each child with its own status
-address), and a POST action goes to every child.  SIGTERM or SIGINT is
-passed on to every child, which drains as a single LB does; the
-supervisor exits when they all have.  A child that dies otherwise is
+address), and a POST action goes to every child.  SIGHUP (read --config
+again) and SIGUSR1 (reopen the access log) are passed on to every child,
+as are SIGTERM and SIGINT, on which each child drains as a single LB
+does; the supervisor exits when they all have.  A child that dies otherwise is
 started again (at most once a second), so one crash does not halve the
 LB for good.
 
@@ -66,7 +67,8 @@ class Child:
     def __init__(self, index: int, argv: List[str], fd: int, log_level: str) -> None:
         self.index = index
         self.argv = [sys.executable, "-m", "zc_lb.cli", "--log-level", log_level, "lb"] + argv + [
-            "--listen-fd", str(fd), "--status", "127.0.0.1:0", "--process-index", str(index)]
+            "--listen-fd", str(fd), "--status", "127.0.0.1:0", "--process-index", str(index),
+            "--processes", "1"]  # whatever a --config file says
         self.fd = fd
         self.process: Optional[subprocess.Popen] = None
         self.status: Optional[str] = None
@@ -159,6 +161,14 @@ class Supervisor:
                 child.process.wait()
         self.sock.close()
 
+    def send_signal(self, signum: int) -> bool:
+        """Pass a signal on to every child (SIGHUP: each reads its --config
+        again; SIGUSR1: each reopens its access log); never exits."""
+        for child in self.children:
+            if child.process is not None and child.process.poll() is None:
+                child.process.send_signal(signum)
+        return False
+
     def status(self) -> dict:
         """One summed view of every child's status document."""
         docs: Dict[str, dict] = {}
@@ -214,7 +224,9 @@ def run(args, argv: Sequence[str]) -> int:
             status.stop(timeout=1)
         return True
 
-    wait_for_signal({"SIGTERM": stop, "SIGINT": stop})
+    wait_for_signal({"SIGTERM": stop, "SIGINT": stop,
+                     "SIGHUP": lambda: supervisor.send_signal(signal.SIGHUP),
+                     "SIGUSR1": lambda: supervisor.send_signal(signal.SIGUSR1)})
     log.info("lb stopped (%d processes)", len(supervisor.children))
     return 0
 

@@ -1,0 +1,207 @@
+"""``--config FILE``: a TOML file with an ``[lb]`` and/or a ``[worker]`` table.
+
+Why TOML (tomllib, in the standard library since Python 3.11, which
+zc-lb requires) rather than INI: values are typed (``variance = 2.0``,
+``single_version = true``) and lists are lists (``worker = ["a:9001",
+"b:9001"]``, where INI would need a convention for repeated keys); the
+grammar is strict (a duplicate key or an unclosed string is an error, with
+its line, not a silent last-one-wins); and there is no ``%`` interpolation
+to trip over in ``access_log_format``.
+
+The keys are the command's long options, dashes written as underscores
+(``--backlog-history`` is ``backlog_history``), taken from the command's
+argparse parser, whose options come from the settings table (settings.py)
+and the structural options beside it: so every option has a key and a
+key is checked, converted and limited as its option is.  A bad key or
+value is a ConfigurationError ``FILE:LINE: reason`` (exit status 2).
+
+The file's values become the parser's defaults and the command line is
+parsed again: the command line overrides the file.  ``--worker`` given on
+the command line replaces the file's list rather than adding to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from . import settings as settings_module
+from .errors import ConfigurationError
+
+NOT_IN_FILE = frozenset({"help", "config", "listen_fd", "process_index"})
+_KEY_LINE = re.compile(r"""^\s*(?:"([^"]*)"|'([^']*)'|([A-Za-z0-9_.-]+))\s*=""")
+_TABLE_LINE = re.compile(r"^\s*\[\s*([^\]]*?)\s*\]")
+_TOML_ERROR = re.compile(r"^(.*) \(at line (\d+), column (\d+)\)$")
+
+
+def options(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
+    """The file keys of a command's parser: key -> argparse action."""
+    keys = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+            continue
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if longs:
+            key = longs[0][2:].replace("-", "_")
+        elif not action.option_strings:
+            key = action.dest  # a positional: the worker's app
+        else:
+            continue
+        if key not in NOT_IN_FILE:
+            keys[key] = action
+    return keys
+
+
+def _lines(text: str) -> Dict[Tuple[str, str], int]:
+    """(table, key) -> line number, for the messages (tomllib gives none)."""
+    where: Dict[Tuple[str, str], int] = {}
+    table = ""
+    for number, line in enumerate(text.splitlines(), 1):
+        match = _TABLE_LINE.match(line)
+        if match and "=" not in line.split("]")[0]:
+            table = match.group(1).strip('"\'')
+            where.setdefault((table, ""), number)
+            continue
+        match = _KEY_LINE.match(line)
+        if match:
+            key = next(g for g in match.groups() if g is not None).split(".")[0]
+            where.setdefault((table, key), number)
+    return where
+
+
+def read(path: str) -> Tuple[Dict[str, Any], Dict[Tuple[str, str], int]]:
+    """The parsed file and its lines; ConfigurationError if unreadable or
+    not TOML."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise ConfigurationError("cannot read config file %s: %s" % (path, exc.strerror or exc))
+    try:
+        text = raw.decode("utf-8")
+        document = tomllib.loads(text)
+    except UnicodeDecodeError as exc:
+        raise ConfigurationError("%s: not UTF-8 text: %s" % (path, exc))
+    except tomllib.TOMLDecodeError as exc:
+        match = _TOML_ERROR.match(str(exc))
+        if match:
+            raise ConfigurationError("%s:%s: %s (column %s)" % (
+                path, match.group(2), match.group(1), match.group(3)))
+        raise ConfigurationError("%s: %s" % (path, exc))
+    return document, _lines(text)
+
+
+def _convert(key: str, action: argparse.Action, value: Any,
+             table: Mapping[str, settings_module.Setting]) -> Tuple[str, Any]:
+    """(dest, value) for the parser's defaults; ValueError saying why not."""
+    if isinstance(value, (dict, list)) and not isinstance(action, argparse._AppendAction):
+        raise ValueError("%s takes one value, not a %s"
+                         % (key, "table" if isinstance(value, dict) else "list"))
+    if isinstance(action, argparse._StoreTrueAction):
+        if not isinstance(value, bool):
+            raise ValueError("%s must be true or false, got %r" % (key, value))
+        return action.dest, value
+    if isinstance(action, argparse._StoreConstAction):
+        if value is not True:
+            raise ValueError("%s can only be true (leave it out otherwise), got %r"
+                             % (key, value))
+        return action.dest, action.const
+    if isinstance(action, argparse._AppendAction):
+        items = value if isinstance(value, list) else [value]
+        if not all(isinstance(item, str) for item in items):
+            raise ValueError("%s must be a string or a list of strings, got %r" % (key, value))
+        return action.dest, list(items)
+    setting = table.get(action.dest)
+    if setting is not None and (setting.option[2:].replace("-", "_") == key):
+        try:
+            converted = setting.convert(value)
+        except ConfigurationError as exc:
+            raise ValueError(str(exc))
+    elif action.type is not None:
+        if isinstance(value, (bool, float)):
+            raise ValueError("bad value for %s: %r" % (key, value))
+        try:
+            converted = action.type(str(value))
+        except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
+            raise ValueError("bad value for %s: %r (%s)" % (key, value, exc))
+    else:
+        if not isinstance(value, str):
+            raise ValueError("%s must be a string, got %r" % (key, value))
+        converted = value
+    if action.choices is not None and converted not in action.choices:
+        raise ValueError("%s must be one of %s, got %r"
+                         % (key, ", ".join(map(str, action.choices)), value))
+    return action.dest, converted
+
+
+def load(path: str, section: str, parser: argparse.ArgumentParser,
+         table: Mapping[str, settings_module.Setting]) -> Dict[str, Any]:
+    """The ``[section]`` of ``path`` as parser defaults (dest -> value);
+    ConfigurationError ``FILE:LINE: reason`` for the first bad key or value."""
+    document, lines = read(path)
+
+    def where(table_name: str, key: str = "") -> str:
+        line = lines.get((table_name, key))
+        return "%s:%d" % (path, line) if line else path
+
+    for name, value in document.items():
+        if name not in ("lb", "worker"):
+            raise ConfigurationError("%s: unknown %s %r: put the settings in an [lb] or "
+                                     "[worker] table" % (
+                                         where("", name) if not isinstance(value, dict)
+                                         else where(name), "key" if not isinstance(
+                                             value, dict) else "table", name))
+    if section not in document:
+        raise ConfigurationError("%s has no [%s] table" % (path, section))
+    known = options(parser)
+    values: Dict[str, Any] = {}
+    given: Dict[str, str] = {}  # dest -> key, for exclusive options
+    for key, value in document[section].items():
+        action = known.get(key)
+        if action is None:
+            import difflib
+
+            close = difflib.get_close_matches(key.replace("-", "_"), known, 1)
+            hint = " (did you mean %s?)" % close[0] if close else ""
+            raise ConfigurationError("%s: unknown key %r in [%s]%s; known: %s" % (
+                where(section, key), key, section, hint, ", ".join(sorted(known))))
+        try:
+            dest, converted = _convert(key, action, value, table)
+        except ValueError as exc:
+            raise ConfigurationError("%s: %s" % (where(section, key), exc))
+        if dest in given:
+            raise ConfigurationError("%s: %s and %s exclude each other" % (
+                where(section, key), given[dest], key))
+        given[dest] = key
+        values[dest] = converted
+    return values
+
+
+def apply(parser: argparse.ArgumentParser, argv: List[str], command_parser:
+          argparse.ArgumentParser, path: str, section: str,
+          table: Mapping[str, settings_module.Setting]) -> argparse.Namespace:
+    """Parse ``argv`` again with ``path``'s values as the command's
+    defaults: the command line overrides the file."""
+    values = load(path, section, command_parser, table)
+    appended = {dest: values.pop(dest) for dest in list(values)
+                if isinstance(_action(command_parser, dest), argparse._AppendAction)}
+    saved = {action.dest: action.default for action in command_parser._actions}
+    command_parser.set_defaults(**values)
+    try:
+        args, rest = parser.parse_known_args(argv)
+    finally:
+        command_parser.set_defaults(**saved)
+    for dest, value in appended.items():
+        if getattr(args, dest, None) is None:  # the command line's list replaces the file's
+            setattr(args, dest, value)
+    return args
+
+
+def _action(parser: argparse.ArgumentParser, dest: str) -> Optional[argparse.Action]:
+    for action in parser._actions:
+        if action.dest == dest:
+            return action
+    return None
