@@ -30,17 +30,29 @@ Formats (``--format``):
 ``nginx``           nginx's default ``combined`` (same fields as Apache's),
                     optionally followed by ``"$http_x_forwarded_for"`` as in
                     the ``main`` format of nginx's sample configuration
+``zc-lb``           zc-lb's default access log: combined followed by
+                    ``key=value`` fields (``host="..." class="..."
+                    worker=... upstream=... time=... retries=...``)
 ``auto``            (default) any of the above, line by line; the
                     referer/agent part is optional and a user agent cut off
-                    before its closing quote is tolerated
+                    before its closing quote is tolerated; ``key=value``
+                    fields after the agent are read as zc-lb's are
 
 A custom regular expression (``--regex``) needs a group ``request``, or
 ``path`` (with an optional ``method``, default GET); ``time``, ``host``
-(or ``vhost``) and ``status`` are used when present.
+(or ``vhost``), ``class`` and ``status`` are used when present.
+
+``key=value`` fields after the combined part (zc-lb's ``host`` and
+``class``; values quoted and escaped as Apache quotes them, or bare) are
+read in the ``zc-lb`` and ``auto`` formats: ``class`` is the request class
+the LB gave the request, so it is what the entry is replayed with (as its
+Host: a zc-lb with the ``host`` classifier gives the same class again),
+and ``host`` is the Host the client sent, used when the request had no
+class (``class="-"``).
 
 The Host an entry is replayed with (its request class) is, in order of
 precedence: the path segment chosen by ``host_from_segment``; the fixed
-``host``; the host recorded in the log; else None (the replay sends the
+``host``; the class recorded in the log; the host recorded in the log; else None (the replay sends the
 target's own host). The segment rule: segment N (1-based) of the path,
 query removed, lower-cased, every character outside ``[a-z0-9-]``
 replaced by ``-``, cut to 63 characters, followed by ``host_suffix``
@@ -78,17 +90,20 @@ _CORE = (
     r'"(?P<request>(?:[^"\\]|\\.)*)" (?P<status>\d{3}|-) (?P<size>\d+|-)'
 )
 _REFERER_AGENT = r' "(?P<referer>(?:[^"\\]|\\.)*)" "(?P<agent>(?:[^"\\]|\\.)*)"'
+_PAIR = re.compile(r'(?:^|\s)([A-Za-z_][\w.-]*)=("(?:[^"\\]|\\.)*"|\S*)')
+_UNESCAPE = re.compile(r'\\(x[0-9a-fA-F]{2}|.)')
 
 FORMATS: Dict[str, str] = {
     "common": r"^" + _CORE + r"\s*$",
     "combined": r"^" + _CORE + _REFERER_AGENT + r"\s*$",
     "vhost_combined": r"^(?P<vhost>\S+) " + _CORE + _REFERER_AGENT + r"\s*$",
     "nginx": r"^" + _CORE + _REFERER_AGENT + r'(?: "(?P<forwarded>(?:[^"\\]|\\.)*)")?\s*$',
+    "zc-lb": r"^" + _CORE + _REFERER_AGENT + r"(?P<extra>\s.*)$",
     # Lenient: optional vhost, optional referer and agent (the agent may
     # lack its closing quote: a line cut short), anything after.
     "auto": (
         r"^(?:(?P<vhost>\S+) )?" + _CORE
-        + r'(?: "(?P<referer>(?:[^"\\]|\\.)*)" "(?P<agent>(?:[^"\\]|\\.)*)"?(?:\s.*)?)?\s*$'
+        + r'(?: "(?P<referer>(?:[^"\\]|\\.)*)" "(?P<agent>(?:[^"\\]|\\.)*)"?(?P<extra>\s.*)?)?\s*$'
     ),
 }
 
@@ -113,6 +128,7 @@ class Entry:
     time: Optional[float]  # Unix seconds, None when the line had no usable time
     status: Optional[int] = None  # the status the log recorded
     source: str = ""  # file:line, for messages
+    rclass: Optional[str] = None  # the class a zc-lb log recorded (also the host)
 
 
 @dataclasses.dataclass
@@ -227,6 +243,24 @@ def split_request(request: str) -> Optional[tuple]:
     return parts[0], host, encode_target(target)
 
 
+def unescape(value: str) -> str:
+    """Undo Apache's (and zc-lb's) escapes: ``\\"``, ``\\\\``, ``\\xNN``."""
+    if "\\" not in value:
+        return value
+    return _UNESCAPE.sub(
+        lambda m: chr(int(m.group(1)[1:], 16)) if len(m.group(1)) == 3 else m.group(1), value)
+
+
+def parse_pairs(text: str) -> Dict[str, str]:
+    """``key=value key="quoted value"`` fields -> {key: value}, unescaped."""
+    pairs = {}
+    for key, value in _PAIR.findall(text):
+        if value.startswith('"') and value.endswith('"') and len(value) >= 2:
+            value = unescape(value[1:-1])
+        pairs[key] = value
+    return pairs
+
+
 def strip_port(host: str) -> str:
     """``example.com:80`` -> ``example.com`` (IPv6 literals kept whole)."""
     if host.startswith("["):
@@ -328,20 +362,32 @@ class LogReader:
             if stamp is None:
                 stats.bad_times += 1
         status = fields.get("status")
+        rclass = fields.get("class")
+        if fields.get("extra"):
+            pairs = parse_pairs(fields["extra"])
+            rclass = rclass or pairs.get("class")
+            log_host = pairs.get("host") or log_host
+        if rclass == "-":
+            rclass = None
         return Entry(
             method=method,
             path=path,
-            host=self.choose_host(path, fields.get("host") or fields.get("vhost") or log_host),
+            host=self.choose_host(
+                path, fields.get("host") or fields.get("vhost") or log_host, rclass),
             time=stamp,
             status=int(status) if status and status.isdigit() else None,
             source=source,
+            rclass=rclass,
         )
 
-    def choose_host(self, path: str, log_host: Optional[str]) -> Optional[str]:
+    def choose_host(self, path: str, log_host: Optional[str],
+                    rclass: Optional[str] = None) -> Optional[str]:
         if self.segment:
             return host_from_segment(path, self.segment, self.host_suffix)
         if self.host:
             return self.host
+        if rclass:
+            return rclass  # sent as it was classified: the class, whatever its case
         if log_host:
             name = strip_port(log_host).lower()
             if name and name != "-":

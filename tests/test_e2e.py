@@ -335,16 +335,29 @@ def test_sigterm_finishes_requests_in_flight_then_exits(cluster):
     assert lb.process.wait(20) == 0
 
 
-def test_access_log_is_apache_combined(cluster, tmp_path):
+def test_access_log_is_apache_combined_plus_the_lbs_fields(cluster, tmp_path):
     log = tmp_path / "access.log"
+    combined_log = tmp_path / "combined.log"
     lb, workers = cluster(1, lb_args=("--access-log", str(log)))
-    request(lb, "/some/path?q=1", headers={"User-Agent": "tester/1.0", "Referer": "http://r/"})
+    request(lb, "/some/path?q=1", host="www.Some.example",
+            headers={"User-Agent": "tester/1.0", "Referer": "http://r/"})
     lb.terminate()
     line = log.read_text().splitlines()[-1]
     import re
-    combined = re.compile(r'^127\.0\.0\.1 - - \[\d\d/\w{3}/\d{4}:\d\d:\d\d:\d\d [+-]\d{4}\] '
-                          r'"GET /some/path\?q=1 HTTP/1\.1" 200 \d+ "http://r/" "tester/1\.0"$')
-    assert combined.match(line), line
+    combined = (r'^127\.0\.0\.1 - - \[\d\d/\w{3}/\d{4}:\d\d:\d\d:\d\d [+-]\d{4}\] '
+                r'"GET /some/path\?q=1 HTTP/1\.1" 200 \d+ "http://r/" "tester/1\.0"')
+    extra = (r' host="www\.Some\.example" class="some\.example" worker=%s '
+             r'upstream=0\.\d{6} time=0\.\d{6} retries=0$' % re.escape(workers[0].address))
+    assert re.match(combined + extra, line), line
+    # --access-log-format: Apache combined, exactly
+    from zc_lb.testing import LBProcess
+    with LBProcess([workers[0].address], "--access-log", str(combined_log),
+                   "--access-log-format", '%h %l %u %t "%r" %>s %b "%{Referer}i" "%{User-Agent}i"'
+                   ) as lb:
+        wait_for(lambda: request(lb, "/some/path?q=1", headers={
+            "User-Agent": "tester/1.0", "Referer": "http://r/"})[0] == 200)
+    line = combined_log.read_text().splitlines()[-1]
+    assert re.match(combined + "$", line), line
 
 
 def test_status_command_prints_a_table(cluster):

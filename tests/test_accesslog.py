@@ -1,0 +1,164 @@
+"""The access log: its format, reading it back with playback/logparse.py
+(classes included), replaying it, and reopening it on SIGUSR1."""
+
+import os
+import signal
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from playback.logparse import FORMATS, LogReader, parse_pairs, read_entries
+from zc_lb.accesslog import COMBINED, DEFAULT_FORMAT, LogFormat, quote
+from zc_lb.errors import ConfigurationError
+from zc_lb.testing import LBProcess, WorkerProcess, wait_for
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def handler(environ, **kw):
+    values = dict(client_address=("10.0.0.1", 5555), requestline="GET /a?b=1 HTTP/1.1",
+                  _orig_status="200 OK", status="200 OK", response_length=12,
+                  time_start=1e9, time_finish=1e9 + 0.25, environ=environ)
+    values.update(kw)
+    return SimpleNamespace(**values)
+
+
+def test_default_format_is_combined_plus_the_lbs_fields():
+    environ = {"HTTP_HOST": "Alpha.example", "HTTP_USER_AGENT": 'say "hi"',
+               "zc_lb.class": "alpha.example", "zc_lb.worker": "127.0.0.1:9001",
+               "zc_lb.upstream_time": 0.125, "zc_lb.retries": 1}
+    line = LogFormat().format(handler(environ))
+    assert line.startswith('10.0.0.1 - - [')
+    assert line.endswith('] "GET /a?b=1 HTTP/1.1" 200 12 "-" "say \\"hi\\"" '
+                         'host="Alpha.example" class="alpha.example" worker=127.0.0.1:9001 '
+                         'upstream=0.125000 time=0.250000 retries=1')
+    assert LogFormat(COMBINED).format(handler(environ)).endswith('200 12 "-" "say \\"hi\\""')
+
+
+def test_a_request_refused_before_the_lb_saw_it():
+    line = LogFormat().format(handler(None, requestline="", _orig_status=None,
+                                      status="400", response_length=0))
+    assert '"-" 400 - "-" "-" host="-" class="-" worker=- upstream=- ' in line
+    assert line.endswith("retries=0")
+
+
+def test_custom_format_fields():
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/a", "QUERY_STRING": "b=1",
+               "SERVER_PROTOCOL": "HTTP/1.1", "CONTENT_TYPE": "text/plain",
+               "zc_lb.class": None}
+    fmt = LogFormat("%m %U%q %H %s %B %D %T %{Content-Type}i %{class}z 100%%")
+    assert fmt.format(handler(environ)) == "GET /a?b=1 HTTP/1.1 200 12 250000 0 text/plain - 100%"
+
+
+@pytest.mark.parametrize("text", ["%h %Q", "%{foo}z", "%{}i", "%{Host}", "trailing %"])
+def test_unknown_field_refused(text):
+    with pytest.raises(ConfigurationError, match="unknown access log field"):
+        LogFormat(text)
+
+
+def test_unknown_field_refused_at_startup():
+    result = subprocess.run([sys.executable, "-m", "zc_lb.cli", "lb",
+                             "--access-log-format", '%h "%r" %{clas}z'],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert "unknown access log field '%{clas}z'" in result.stderr
+    assert "%{class}z" in result.stderr  # and what would do
+
+
+def test_quote_escapes_what_would_break_a_line():
+    assert quote('a"b\\c\nd\x7f') == 'a\\"b\\\\c\\x0ad\\x7f'
+    assert quote("") == quote(None) == "-"
+
+
+def test_logparse_reads_the_default_format_with_its_class():
+    environ = {"HTTP_HOST": "www.Beta.example:8080", "HTTP_USER_AGENT": "ua",
+               "zc_lb.class": 'we"ird cl\\ass', "zc_lb.worker": "w:1",
+               "zc_lb.upstream_time": 0.001}
+    line = LogFormat().format(handler(environ))
+    for fmt in ("auto", "zc-lb"):
+        reader = LogReader([], fmt=fmt)
+        entry = reader.parse_line(line, "x:1")
+        assert entry is not None, (fmt, reader.stats)
+        assert entry.rclass == entry.host == 'we"ird cl\\ass'
+        assert (entry.method, entry.path, entry.status) == ("GET", "/a?b=1", 200)
+    # no class: the Host the client sent
+    line = LogFormat().format(handler(dict(environ, **{"zc_lb.class": None})))
+    entry = LogReader([]).parse_line(line)
+    assert entry.rclass is None and entry.host == "www.beta.example"
+    # a fixed host or a path segment still wins, as for other logs
+    assert LogReader([], host="h.example").parse_line(line).host == "h.example"
+    assert "zc-lb" in FORMATS
+    assert parse_pairs(' a=1 b="x \\"y\\"" c=') == {"a": "1", "b": 'x "y"', "c": ""}
+
+
+def _workers(n):
+    return [WorkerProcess("apps:app", env=ENV).start() for _ in range(n)]
+
+
+def _get(address, host, path="/"):
+    import http.client
+
+    connection = http.client.HTTPConnection(*address.split(":"), timeout=20)
+    try:
+        connection.request("GET", path, headers={"Host": host})
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        connection.close()
+
+
+def test_a_replay_of_an_lb_log_keeps_every_requests_class(tmp_path):
+    import gevent
+
+    from playback.replay import replay
+
+    first, second = tmp_path / "first.log", tmp_path / "second.log"
+    workers = _workers(2)
+    try:
+        sent = []
+        with LBProcess([w.address for w in workers], "--access-log", str(first),
+                       "--max-retries", "0") as lb:
+            for i in range(24):
+                host = ("Alpha.example", "www.beta.example:8080", "gamma.example")[i % 3]
+                status, body = _get(lb.address, host, "/p%d?i=%d" % (i % 5, i))
+                assert status == 200
+                sent.append(body)
+        entries, stats = read_entries([str(first)])
+        assert stats.entries == 24 and stats.unparsable == 0
+        classes = [e.rclass for e in entries]
+        assert classes == ["alpha.example", "beta.example", "gamma.example"] * 8
+        assert [e.host for e in entries] == classes
+        with LBProcess([w.address for w in workers], "--access-log", str(second)) as lb:
+            with gevent.Timeout(30):
+                report = replay(entries, "http://" + lb.address, concurrency=3)
+            assert report["responses"] == 24 and report["errors"] == 0
+        replayed, _ = read_entries([str(second)])
+        assert sorted((e.path, e.rclass) for e in replayed) == sorted(
+            (e.path, e.rclass) for e in entries)
+    finally:
+        for worker in workers:
+            worker.kill()
+
+
+def test_sigusr1_reopens_the_access_log(tmp_path):
+    log = tmp_path / "access.log"
+    workers = _workers(1)
+    try:
+        with LBProcess([workers[0].address], "--access-log", str(log)) as lb:
+            assert _get(lb.address, "one.example", "/before")[0] == 200
+            wait_for(lambda: log.exists() and "/before" in log.read_text(),
+                     message="the first line written")
+            os.rename(log, tmp_path / "access.log.1")  # what logrotate does
+            os.kill(lb.pid, signal.SIGUSR1)
+            wait_for(lambda: log.exists(), message="the log reopened")
+            assert _get(lb.address, "two.example", "/after")[0] == 200
+            wait_for(lambda: "/after" in log.read_text(), message="the line in the new file")
+            assert lb.process.poll() is None
+        old = (tmp_path / "access.log.1").read_text()
+        assert "/before" in old and "/after" not in old
+        assert "/before" not in log.read_text()
+    finally:
+        workers[0].kill()
