@@ -112,6 +112,9 @@ def reload_config(args: argparse.Namespace, apply, live_extra=frozenset()) -> bo
     except ConfigurationError as exc:
         log.error("SIGHUP: %s; keeping the running settings", exc)
         return False
+    except Exception:  # a reload must never stop a serving process
+        log.exception("SIGHUP: cannot read %s; keeping the running settings", args.config)
+        return False
     table = COMMAND_SETTINGS[args.command]
     live, restart = {}, []
     for dest in sorted(set(vars(args)) | set(vars(new))):
@@ -132,6 +135,9 @@ def reload_config(args: argparse.Namespace, apply, live_extra=frozenset()) -> bo
         except ConfigurationError as exc:
             log.error("SIGHUP: cannot apply %s: %s; keeping the running settings",
                       args.config, exc)
+            return False
+        except Exception:
+            log.exception("SIGHUP: cannot apply %s", args.config)
             return False
         for dest, value in live.items():
             setattr(args, dest, value)
