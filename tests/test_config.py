@@ -183,3 +183,28 @@ def test_sighup_under_load_applies_the_file_and_loses_no_request(tmp_path):
             worker.kill()
         stderr.close()
 
+
+
+def test_reload_applies_live_settings_and_names_the_rest(tmp_path, caplog):
+    from zc_lb.cli import reload_config
+
+    path = tmp_path / "zc-lb.toml"
+    path.write_text('[worker]\napp = "apps:app"\nhistory = 100\nthreads = 4\n')
+    argv = ["worker", "--config", str(path)]
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    args = read_config(args)
+    applied = []
+    path.write_text('[worker]\napp = "apps:app"\nhistory = 200\nthreads = 8\n')
+    with caplog.at_level("INFO", logger="zc_lb"):
+        assert reload_config(args, applied.append) is False
+    assert applied == [{"history": 200}] and args.history == 200
+    assert "history 100 -> 200 (%s)" % path in caplog.text
+    assert "threads changed in %s; restart to apply (4 stays in force)" % path in caplog.text
+    assert args.threads == 4  # reported again at the next SIGHUP
+    caplog.clear()
+    path.write_text('[worker]\nhistory = 0\n')
+    with caplog.at_level("INFO", logger="zc_lb"):
+        reload_config(args, applied.append)
+    assert "%s:2: history must be at least 1" % path in caplog.text
+    assert len(applied) == 1 and args.history == 200
