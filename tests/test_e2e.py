@@ -113,6 +113,15 @@ def test_one_class_sticks_to_one_worker_under_light_load(cluster):
     assert skilled == list(other)
 
 
+def test_a_workers_version_reaches_the_lbs_status_and_metrics(cluster):
+    # Without ZooKeeper too: the worker says it in its Hello.
+    lb, workers = cluster(1, worker_args=("--version", "2026.11-3"))
+    assert status(lb)["workers"][workers[0].address]["version"] == "2026.11-3"
+    with urllib.request.urlopen("http://%s/metrics" % lb.status_address, timeout=5) as response:
+        metrics = response.read().decode()
+    assert 'version="2026.11-3"' in metrics
+
+
 def test_affinity_keys_stick_to_a_worker_and_split_a_class(cluster):
     # The default policy: one class (all the traffic, so all the pool),
     # its paths partitioned over the workers, each path on one of them.

@@ -54,6 +54,7 @@ PROPERTY = settings(max_examples=150, deadline=None, database=None)
 EXAMPLES = [
     Hello(VERSION, "lb", "00ff", False),
     Hello(VERSION, "worker", "n\u00e9", True),
+    Hello(VERSION, "worker", "n", False, "2026.11-3"),
     Hello(0, "", "", False),
     Auth("deadbeef"),
     Auth(""),

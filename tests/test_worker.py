@@ -221,4 +221,5 @@ def test_the_wait_for_a_thread_is_not_counted_as_the_apps_time(serve):
     calls = [gevent.spawn(call, connection, {}) for _ in range(3)]
     gevent.joinall(calls, timeout=10, raise_error=True)
     assert len(recorded) == 3
-    assert all(0.15 < elapsed < 0.35 for elapsed in recorded), recorded
+    # Counting the wait, they would read 0.2, 0.4 and 0.6 s.
+    assert all(0.15 < elapsed < 0.5 for elapsed in recorded), recorded

@@ -192,6 +192,7 @@ def run_worker(args: argparse.Namespace) -> int:
         resume_file=args.resume_file,
         threads=args.threads,
         secret=secret,
+        version=args.version,
     )
     worker.start()
     status = None
@@ -573,7 +574,8 @@ def _add_worker_parser(sub) -> None:
     p.add_argument("--zookeeper", metavar="HOSTS", help="register in ZooKeeper (host:port,...)")
     p.add_argument("--path", default="/lb/workers",
                    help="ZooKeeper node of the workers (default /lb/workers)")
-    p.add_argument("--version", help="the application version, for --single-version LBs")
+    p.add_argument("--version", help="the application version: told to every LB (status, "
+                   "metrics) and, with --zookeeper, what --single-version LBs compare")
     p.add_argument("--description", help="a note for people reading the tree")
     p.set_defaults(run=run_worker)
 

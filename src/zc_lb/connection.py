@@ -263,6 +263,7 @@ class Connection:
         secret: Optional[bytes] = None,
         keepalive_interval: float = KEEPALIVE_INTERVAL,
         keepalive_timeout: float = KEEPALIVE_TIMEOUT,
+        app_version: Optional[str] = None,
     ) -> None:
         self.sock = sock
         self.role = role
@@ -271,7 +272,7 @@ class Connection:
         self.secret = secret
         self.keepalive_interval = keepalive_interval
         self.keepalive_timeout = keepalive_timeout
-        self.protocol = protocol.Connection(role, secret)
+        self.protocol = protocol.Connection(role, secret, app_version=app_version)
         self.streams: Dict[int, Exchange] = {}
         self.closed = False
         self.draining = False  # the peer said GoAway (or we ran out of request numbers)

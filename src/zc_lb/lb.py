@@ -304,7 +304,7 @@ class LB(LinkEvents):
     def worker_up(self, connection: Connection) -> None:
         if self.ejector.ejected(connection.peer):
             return  # readmitted when its ejection is over
-        self.pool.add(connection)
+        self.pool.add(connection, version=_app_version(connection))
         self._workers_changed.set()
 
     def _outcome(self, connection: Connection, ok: bool) -> None:
@@ -344,7 +344,7 @@ class LB(LinkEvents):
             return
         log.info("worker %s speaks again", connection.peer)
         if not self.ejector.ejected(connection.peer):
-            self.pool.add(connection, link.resume)
+            self.pool.add(connection, link.resume, version=_app_version(connection))
             self._workers_changed.set()
 
     def start_health_checks(self, path: str, interval: float = 5.0,
@@ -382,7 +382,8 @@ class LB(LinkEvents):
         for address in self.ejector.readmit(now):
             link = self.links.get(address)
             if link is not None and link.connection is not None:
-                self.pool.add(link.connection, link.resume)
+                self.pool.add(link.connection, link.resume,
+                              version=_app_version(link.connection))
                 self._workers_changed.set()
                 log.info("readmitted worker %s on probation", address)
 
@@ -682,6 +683,12 @@ def _watch_client(sock, exchange: Exchange) -> None:
     except OSError:
         pass
     exchange.cancel(ClientGone("client went away while the worker worked"))
+
+
+def _app_version(connection: Connection) -> Optional[str]:
+    """The application version the worker gave in its Hello, if any."""
+    hello = connection.peer_hello
+    return hello.app_version if hello is not None else None
 
 
 def _content_length(value: str) -> Optional[int]:

@@ -90,6 +90,7 @@ class Hello:
     role: str
     nonce: str
     auth: bool = False
+    app_version: Optional[str] = None  # a worker's application version, if it knows it
     TYPE = 1
 
 
@@ -251,8 +252,11 @@ def _encode(message: Message) -> bytes:
             raise LocalProtocolError("résumé with a score that is not finite")
         return _frame(0, Resume.TYPE, _json(message.skills))
     if isinstance(message, Hello):
-        payload = _json({"version": message.version, "role": message.role,
-                         "nonce": message.nonce, "auth": message.auth})
+        hello = {"version": message.version, "role": message.role,
+                 "nonce": message.nonce, "auth": message.auth}
+        if message.app_version is not None:
+            hello["app_version"] = message.app_version
+        payload = _json(hello)
         return _frame(0, Hello.TYPE, payload)
     if isinstance(message, Auth):
         return _frame(0, Auth.TYPE, _json({"digest": message.digest}))
@@ -292,11 +296,12 @@ def _decode_hello(rno: int, payload: bytes) -> Hello:
         raise RemoteProtocolError("hello must be an object")
     version, role, nonce = obj.get("version"), obj.get("role"), obj.get("nonce")
     auth = obj.get("auth", False)
+    app_version = obj.get("app_version")
     if not (isinstance(version, int) and not isinstance(version, bool)
             and isinstance(role, str) and isinstance(nonce, str)
-            and isinstance(auth, bool)):
+            and isinstance(auth, bool) and (app_version is None or isinstance(app_version, str))):
         raise RemoteProtocolError("malformed hello %r" % (obj,))
-    return Hello(version, role, nonce, auth)
+    return Hello(version, role, nonce, auth, app_version)
 
 
 def _decode_auth(rno: int, payload: bytes) -> Auth:
@@ -461,9 +466,9 @@ class Decoder:
 # -- handshake ----------------------------------------------------------
 
 
-def new_hello(role: str, secret: Optional[bytes]) -> Hello:
+def new_hello(role: str, secret: Optional[bytes], app_version: Optional[str] = None) -> Hello:
     """Our Hello, with a fresh nonce."""
-    return Hello(VERSION, role, os.urandom(16).hex(), secret is not None)
+    return Hello(VERSION, role, os.urandom(16).hex(), secret is not None, app_version)
 
 
 def auth_digest(secret: bytes, nonce: str, role: str) -> str:
@@ -617,14 +622,15 @@ class Connection:
 
     def __init__(self, role: str, secret: Optional[bytes] = None, *,
                  max_body: int = MAX_BODY, max_message: int = MAX_MESSAGE,
-                 max_resume: int = MAX_RESUME, window: int = WINDOW) -> None:
+                 max_resume: int = MAX_RESUME, window: int = WINDOW,
+                 app_version: Optional[str] = None) -> None:
         if role not in ("lb", "worker"):
             raise LocalProtocolError("role must be 'lb' or 'worker', not %r" % (role,))
         self.role = role
         self.secret = secret
         self.window = window
         self.phase = HANDSHAKE
-        self.our_hello = new_hello(role, secret)
+        self.our_hello = new_hello(role, secret, app_version)
         self.peer_hello: Optional[Hello] = None
         self.streams: Dict[int, Stream] = {}
         self.last_rno = 0

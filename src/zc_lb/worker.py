@@ -236,12 +236,14 @@ class Worker(Handler):
         resume_file: Optional[str] = None,
         threads: Optional[int] = None,
         secret: Optional[bytes] = None,
+        version: Optional[str] = None,
     ) -> None:
         self.app = app
         self.listen = listen
         self.resume_file = resume_file
         self.threads = threads
         self.secret = secret
+        self.version = version  # the application's, told to every LB in our Hello
         self.history = history
         self.max_skill_age = max_skill_age
         self.skills: Optional[resume_module.Skills] = None
@@ -326,7 +328,8 @@ class Worker(Handler):
 
     def _accept(self, sock, address) -> None:
         peer = "%s:%s" % address[:2]
-        connection = Connection(sock, "worker", self, peer=peer, secret=self.secret)
+        connection = Connection(sock, "worker", self, peer=peer, secret=self.secret,
+                                app_version=self.version)
         try:
             connection.handshake()
         except (ZcLbError, OSError) as exc:
