@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from playback.logparse import FORMATS, LogReader, parse_pairs, read_entries
-from zc_lb.accesslog import COMBINED, DEFAULT_FORMAT, LogFormat, quote
+from zc_lb.accesslog import COMBINED, LogFormat, quote
 from zc_lb.errors import ConfigurationError
-from zc_lb.testing import LBProcess, WorkerProcess, wait_for
+from zc_lb.testing import LBProcess, WorkerProcess, http_get, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -99,15 +99,7 @@ def _workers(n):
 
 
 def _get(address, host, path="/"):
-    import http.client
-
-    connection = http.client.HTTPConnection(*address.split(":"), timeout=20)
-    try:
-        connection.request("GET", path, headers={"Host": host})
-        response = connection.getresponse()
-        return response.status, response.read().decode()
-    finally:
-        connection.close()
+    return http_get(address, path, host)
 
 
 def test_a_replay_of_an_lb_log_keeps_every_requests_class(tmp_path):

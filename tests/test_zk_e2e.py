@@ -1,6 +1,5 @@
 """ZooKeeper mode end to end: real ZooKeeper, real worker and LB processes."""
 
-import http.client
 import json
 import os
 import signal
@@ -10,7 +9,7 @@ import urllib.request
 import pytest
 from kazoo.client import KazooClient
 
-from zc_lb.testing import LBProcess, WorkerProcess, free_port, wait_for
+from zc_lb.testing import LBProcess, WorkerProcess, free_port, http_get, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -71,13 +70,7 @@ def in_pool(lb):
 
 
 def get(lb, host="a.example", path="/"):
-    connection = http.client.HTTPConnection(*lb.address.split(":"), timeout=20)
-    try:
-        connection.request("GET", path, headers={"Host": host})
-        response = connection.getresponse()
-        return response.status, response.read().decode()
-    finally:
-        connection.close()
+    return http_get(lb.address, path, host)
 
 
 def providers(client, path="/lb/workers/providers"):
@@ -119,7 +112,7 @@ def test_settings_change_live(site):
 
 
 def test_two_lbs_share_the_workers_and_both_get_resumes(site):
-    w1, w2 = site.worker(), site.worker()
+    site.worker(), site.worker()
     lb1, lb2 = site.lb(), site.lb()
     for lb in (lb1, lb2):
         wait_for(lambda: len(in_pool(lb)) == 2)

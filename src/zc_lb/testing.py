@@ -217,3 +217,17 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02,
         if time.monotonic() > deadline:
             raise AssertionError("timed out waiting for %s" % message)
         time.sleep(interval)
+
+
+def http_get(address: str, path: str = "/", host: str = "a.example",
+             timeout: float = 20.0) -> Tuple[int, str]:
+    """(status, body as text) of one GET on a new connection to HOST:PORT."""
+    import http.client
+
+    connection = http.client.HTTPConnection(*address.rsplit(":", 1), timeout=timeout)
+    try:
+        connection.request("GET", path, headers={"Host": host})
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        connection.close()
