@@ -108,3 +108,16 @@ def test_sigterm_drains_every_process(processes_lb):
                  message="four slow requests in flight")
         assert lb.terminate(timeout=20) == 0
         assert [f.result()[0] for f in slow] == [200] * 4  # none cut
+
+
+def test_children_that_cannot_start_make_the_lb_exit_with_status_2():
+    import subprocess
+    import sys
+
+    # A classifier that cannot load: every child exits at once with status 2.
+    done = subprocess.run(
+        [sys.executable, "-m", "zc_lb.cli", "lb", "--listen", "127.0.0.1:0", "--processes", "2",
+         "--classifier", "no_such_module:classify"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "did not start" in done.stderr

@@ -120,8 +120,12 @@ class Supervisor:
     def start(self) -> None:
         import gevent
 
-        for child in self.children:
-            child.start()
+        try:
+            for child in self.children:
+                child.start()
+        except BaseException:
+            self.stop(timeout=5)  # no orphans when one of them cannot start
+            raise
         gevent.spawn(self._watch)
 
     def _watch(self) -> None:
