@@ -24,7 +24,7 @@ setup(
     },
     python_requires=">=3.11",
     install_requires=["gevent>=23", "kazoo>=2.9", "webob>=1.8", "orjson>=3.9",
-                      "prometheus-client>=0.17"],
+                      "httptools>=0.6.2", "prometheus-client>=0.17"],
     extras_require={
         # selenium drives Debian's chromium (make sysdeps) in the status page's test;
         # PyYAML reads etc/prometheus.yml back

@@ -20,7 +20,7 @@ ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 def handler(environ, **kw):
     values = dict(client_address=("10.0.0.1", 5555), requestline="GET /a?b=1 HTTP/1.1",
-                  _orig_status="200 OK", status="200 OK", response_length=12,
+                  status="200 OK", response_length=12,
                   time_start=1e9, time_finish=1e9 + 0.25, environ=environ)
     values.update(kw)
     return SimpleNamespace(**values)
@@ -39,7 +39,7 @@ def test_default_format_is_combined_plus_the_lbs_fields():
 
 
 def test_a_request_refused_before_the_lb_saw_it():
-    line = LogFormat().format(handler(None, requestline="", _orig_status=None,
+    line = LogFormat().format(handler(None, requestline="",
                                       status="400", response_length=0))
     assert '"-" 400 - "-" "-" host="-" class="-" worker=- upstream=- ' in line
     assert line.endswith("retries=0")

@@ -24,7 +24,7 @@ import pytest
 
 import echo_app
 from corpus import CASES, CHUNKINGS, IDS, FileSock, check_answer, chunks, request_bytes
-from zc_lb.http import FrontHandler, _ErrorLog, _WSGIServer
+from zc_lb.http import ClientConnection, _Server
 from zc_lb.httpparse import MAX_FIELD_LINE, MAX_HEAD
 from zc_lb.lb import _forwarded_environ
 from zc_lb.testing import LBProcess, WorkerProcess, free_port, wait_for
@@ -444,36 +444,22 @@ def test_loopback_a_secret_or_insecure_lets_a_worker_listen():
 # -- the request corpus, in process ---------------------------------------------
 
 
-class _Chunks(io.RawIOBase):
-    """A raw stream giving ``pieces`` one read at a time, as a socket gives
-    what has arrived: under an io.BufferedReader it is an rfile like
-    ``socket.makefile("rb")``, whose reads of lines and peeks meet the
-    request in those pieces."""
+class _PieceSocket:
+    """A client socket that gives ``pieces`` one read at a time, as a
+    socket gives what has arrived, then its end of file, and keeps what
+    the server sends."""
 
     def __init__(self, pieces):
         self.pieces = [bytes(piece) for piece in pieces if piece]
-
-    def readable(self):
-        return True
-
-    def readinto(self, buffer):
-        if not self.pieces:
-            return 0  # the client sent everything and waits
-        piece = self.pieces[0]
-        n = min(len(buffer), len(piece))
-        buffer[:n] = piece[:n]
-        if n < len(piece):
-            self.pieces[0] = piece[n:]
-        else:
-            self.pieces.pop(0)
-        return n
-
-
-class _SentSocket:
-    """The client socket as far as the handler writes to it."""
-
-    def __init__(self):
         self.sent = bytearray()
+
+    def recv(self, size):
+        if not self.pieces:
+            return b""
+        piece = self.pieces.pop(0)
+        if len(piece) > size:
+            self.pieces.insert(0, piece[size:])
+        return piece[:size]
 
     def send(self, data):
         self.sent += data
@@ -486,6 +472,9 @@ class _SentSocket:
         pass
 
     def setsockopt(self, *args):
+        pass
+
+    def shutdown(self, how):
         pass
 
     def close(self):
@@ -502,21 +491,18 @@ def _forwarding_echo(environ, start_response):
 @pytest.fixture(scope="module")
 def front_handler():
     """handle(pieces) -> (status, body, closed) of one request read by a
-    FrontHandler (http.py: the head through httpparse.py and
-    RequestHeaders, the body through pywsgi) in front of _forwarding_echo;
-    ``closed``: the handler ends the connection after its answer."""
-    server = _WSGIServer(("127.0.0.1", 0), _forwarding_echo, log=None,  # never started
-                         error_log=_ErrorLog(), handler_class=FrontHandler,
-                         environ={"wsgi.url_scheme": "http"})
+    ClientConnection (http.py: the head through h1.py, llhttp and
+    httpparse.py) in front of _forwarding_echo; ``closed``: the
+    connection is ended after its answer."""
+    server = _Server(("127.0.0.1", 0), _forwarding_echo, "http")  # never started
 
     def handle(pieces):
-        sock = _SentSocket()
-        handler = FrontHandler(sock, ("127.0.0.1", 40000), server,
-                               rfile=io.BufferedReader(_Chunks(pieces)))
-        result = handler.handle_one_request()
+        sock = _PieceSocket(pieces)
+        connection = ClientConnection(server, sock, ("127.0.0.1", 40000))
+        connection.run()
         response = http.client.HTTPResponse(FileSock(io.BytesIO(bytes(sock.sent))))
         response.begin()
-        return response.status, response.read(), result is None
+        return response.status, response.read(), connection.close
 
     return handle
 
@@ -526,3 +512,137 @@ def front_handler():
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_corpus_in_process(front_handler, case, how):
     check_answer(case, *front_handler(chunks(request_bytes(case), how, case["name"])))
+
+
+# -- the front's HTTP/1.1, in process (h1.py and ClientConnection) ----------------
+
+
+def serve_pieces(app, pieces):
+    """(bytes sent back, whether the server chose to close) when a client
+    sends ``pieces`` on one connection to a ClientConnection running ``app``."""
+    server = _Server(("127.0.0.1", 0), app, "http")  # never started
+    sock = _PieceSocket(pieces)
+    connection = ClientConnection(server, sock, ("127.0.0.1", 40000))
+    connection.run()
+    return bytes(sock.sent), connection.close
+
+
+def responses(data, methods=()):
+    """The (status, headers, body) of each response in ``data``, in order."""
+    class Unclosed(io.BytesIO):
+        def close(self):  # http.client closes what it read to the end
+            pass
+
+    stream, found = Unclosed(data), []
+    methods = list(methods)
+    while stream.tell() < len(data):
+        response = http.client.HTTPResponse(FileSock(stream),
+                                            method=methods.pop(0) if methods else "GET")
+        response.begin()
+        found.append((response.status, dict(response.getheaders()), response.read()))
+    return found
+
+
+def path_app(environ, start_response):
+    body = environ["PATH_INFO"].encode()
+    start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def test_pipelined_requests_are_answered_in_order_on_one_connection():
+    data = b"".join(b"GET /%d HTTP/1.1\r\nHost: a\r\n\r\n" % i for i in range(3))
+    sent, _ = serve_pieces(path_app, [data])
+    assert [body for _, _, body in responses(sent)] == [b"/0", b"/1", b"/2"]
+
+
+def test_a_request_split_anywhere_is_read_the_same():
+    data = b"GET /split HTTP/1.1\r\nHost: a\r\n\r\nGET /two HTTP/1.1\r\nHost: a\r\n\r\n"
+    for cut in range(1, len(data)):
+        sent, _ = serve_pieces(path_app, [data[:cut], data[cut:]])
+        assert [body for _, _, body in responses(sent)] == [b"/split", b"/two"], cut
+
+
+def body_app(environ, start_response):
+    body = environ["wsgi.input"].read()
+    start_response("200 OK", [("Content-Length", str(len(body)))])
+    return [body]
+
+
+def test_expect_100_continue_is_answered_when_the_app_reads_the_body():
+    head = (b"POST /up HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n"
+            b"Content-Length: 5\r\n\r\n")
+    sent, _ = serve_pieces(body_app, [head, b"hello"])
+    assert sent.startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+    [(status, _, body)] = responses(sent[len(b"HTTP/1.1 100 Continue\r\n\r\n"):])
+    assert (status, body) == (200, b"hello")
+
+
+def test_no_100_continue_when_the_app_answers_without_the_body():
+    head = (b"POST /up HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n"
+            b"Content-Length: 5\r\n\r\n")
+    sent, _ = serve_pieces(path_app, [head])
+    assert b"100 Continue" not in sent
+    [(status, headers, body)] = responses(sent)
+    assert (status, body) == (200, b"/up")
+
+
+def test_chunked_upload_and_chunked_response():
+    def app(environ, start_response):
+        body = environ["wsgi.input"].read()
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return iter([body[:3], body[3:]])  # no length: chunked
+
+    request = (b"POST /up HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"3\r\nhel\r\n2\r\nlo\r\n0\r\n\r\n")
+    sent, _ = serve_pieces(app, [request])
+    [(status, headers, body)] = responses(sent)
+    assert headers["Transfer-Encoding"] == "chunked" and body == b"hello"
+    assert sent.endswith(b"0\r\n\r\n")
+
+
+def test_http_1_0_keep_alive_and_close():
+    request = b"GET /a HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /b HTTP/1.0\r\n\r\n"
+    sent, closed = serve_pieces(path_app, [request])
+    (_, first, a), (_, second, b) = responses(sent)
+    assert (a, first["Connection"], b, second["Connection"]) == (
+        b"/a", "keep-alive", b"/b", "close")
+    assert closed
+
+
+def test_head_responses_have_no_body():
+    sent, _ = serve_pieces(path_app, [b"HEAD /x HTTP/1.1\r\nHost: a\r\n\r\n"
+                                      b"GET /y HTTP/1.1\r\nHost: a\r\n\r\n"])
+    (_, head_headers, head_body), (_, _, body) = responses(sent, ["HEAD", "GET"])
+    assert head_headers["Content-Length"] == "2" and head_body == b"" and body == b"/y"
+
+
+@pytest.mark.parametrize("status, headers", [
+    ("200 OK", [("X-Evil", "a\r\nSet-Cookie: stolen=1")]),
+    ("200 OK\r\nSet-Cookie: stolen=1", []),
+    ("200 OK", [("X Evil", "a")]),
+    ("2000 OK", []),
+])
+def test_a_response_head_that_would_split_is_refused_with_500(status, headers):
+    def app(environ, start_response):
+        start_response(status, headers)
+        return [b"body"]
+
+    sent, closed = serve_pieces(app, [b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"])
+    assert sent.startswith(b"HTTP/1.1 500 ") and b"stolen" not in sent and closed
+
+
+def test_an_app_failing_before_or_during_its_body():
+    def before(environ, start_response):
+        raise RuntimeError("boom")
+
+    def during(environ, start_response):
+        start_response("200 OK", [])
+        yield b"part"
+        raise RuntimeError("boom")
+
+    sent, closed = serve_pieces(before, [b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"])
+    assert sent.startswith(b"HTTP/1.1 500 ") and closed
+    sent, closed = serve_pieces(during, [b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"
+                                         b"GET /next HTTP/1.1\r\nHost: a\r\n\r\n"])
+    assert sent.startswith(b"HTTP/1.1 200 ") and not sent.endswith(b"0\r\n\r\n") and closed
+    assert b"/next" not in sent

@@ -1,57 +1,16 @@
-"""httpparse.py, the pure request-head parser: its limits and rewrites.
+"""httpparse.py, the rules across a request's fields: the head it returns.
 
 The grammar case by case is the corpus (data/http_requests.json), fed in
-chunks to the front's handler in process (test_http.py) and on the wire
-(test_http_corpus.py); here are the edges that are sizes, and the head it
-returns.
+chunks to the front in process (test_http.py) and on the wire
+(test_http_corpus.py); the size limits are in test_h1.py.
 """
 
-import io
-
-import pytest
-
-from zc_lb.errors import BadRequest
-from zc_lb.httpparse import (
-    MAX_FIELD_LINE, MAX_FIELDS, check_head, parse_request_line, read_fields)
-
-
-def fields_of(data, budget=10**6):
-    return read_fields(io.BytesIO(data).readline, budget)
-
-
-def status_of(call, *args):
-    with pytest.raises(BadRequest) as info:
-        call(*args)
-    return info.value.http_status
-
-
-def test_a_field_line_may_be_as_long_as_the_limit_and_no_longer():
-    line = b"X: " + b"v" * (MAX_FIELD_LINE - 5) + b"\r\n"
-    assert len(line) == MAX_FIELD_LINE
-    assert fields_of(line + b"\r\n") == [("X", "v" * (MAX_FIELD_LINE - 5))]
-    assert status_of(fields_of, b"X: v" + line + b"\r\n") == 431
-
-
-def test_the_number_of_fields_is_limited():
-    assert len(fields_of(b"X: y\r\n" * MAX_FIELDS + b"\r\n")) == MAX_FIELDS
-    assert status_of(fields_of, b"X: y\r\n" * (MAX_FIELDS + 1) + b"\r\n") == 431
-
-
-def test_the_head_budget_counts_every_byte_with_the_empty_line():
-    data = b"X: y\r\nY: z\r\n\r\n"
-    assert len(fields_of(data, budget=len(data))) == 2
-    assert status_of(fields_of, data, len(data) - 1) == 431
-
-
-def test_a_head_cut_short_is_the_client_leaving_not_a_bad_request():
-    with pytest.raises(ConnectionAbortedError):
-        fields_of(b"X: y\r\nY: z")
+from zc_lb.httpparse import check_head
 
 
 def test_absolute_form_gives_path_query_and_the_targets_host():
-    method, target, version = parse_request_line(
-        b"GET http://B.example:81?q=1#f HTTP/1.1\r\n")
-    head = check_head(method, target, version, [("Host", "a.example"), ("X", "1")])
+    head = check_head("GET", b"http://B.example:81?q=1#f", "HTTP/1.1",
+                      [("Host", "a.example"), ("X", "1")])
     assert (head.path, head.version) == ("/?q=1", "HTTP/1.1")
     assert head.fields == [("X", "1"), ("Host", "B.example:81")]
 

@@ -6,7 +6,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PURE = ["pool.py", "affinity.py", "outlier.py", "resume.py", "protocol.py", "classifier.py",
-        "settings.py", "tree.py", "httpparse.py"]
+        "settings.py", "tree.py", "httpparse.py", "h1.py"]
 
 
 def test_the_pure_core_type_checks(tmp_path):

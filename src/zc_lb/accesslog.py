@@ -86,7 +86,7 @@ def _host(handler, environ) -> str:
 
 
 def _status(handler, environ) -> str:
-    status = handler._orig_status or handler.status or "000"
+    status = handler.status or "000"
     if isinstance(status, bytes):
         status = status.decode("latin-1")
     return status.split()[0]

@@ -1,19 +1,25 @@
 """The HTTP(S) front server that feeds the LB's WSGI app.
 
-We use gevent's pywsgi for keep-alive, chunked bodies and responses, and
-add what a front proxy needs around it: a strict request head
-(httpparse.py: the RFC 9110/9112 grammar, and a size that fits one
-Request frame), a deadline for the whole head (slowloris), a cap on
+A gevent StreamServer whose connection greenlet (``ClientConnection``)
+reads requests with h1.py (llhttp, through httptools, plus the rules of
+httpparse.py), builds each request's PEP 3333 environ once from a
+per-connection base, calls the WSGI app in the same greenlet and writes
+the response: the head and the first body bytes in one send, chunked
+framing when the length is unknown, keep-alive and pipelining (requests
+are answered in order), Expect: 100-continue answered on the first read
+of the body.  Around it, what a front proxy needs: a deadline for the
+whole head (slowloris), an idle timeout per read and write, a cap on
 client connections answered with 503, TLS from a context checked at
 start with failed handshakes logged in one line, TCP_NODELAY on every
-client connection, an access log (accesslog.py: Apache combined plus
-the LB's fields, so logs can be replayed with their classes) written
-through a buffer and reopened on SIGUSR1, compact logging of errors we
-expect (a worker lost mid-body closes the client's connection with one
-log line, not a traceback), and a graceful stop.
+client connection, an access log (accesslog.py) written through a
+buffer and reopened on SIGUSR1, compact logging of errors we expect (a
+worker lost mid-body closes the client's connection with one log line,
+not a traceback), and a graceful stop.
 
 A refused request head gets a short response with ``Connection: close``
-(``refusal``) and its connection is closed.
+(``refusal``) and its connection is closed; so does a request whose body
+was not read to its end, since the next request's first byte cannot be
+found without reading it.
 """
 
 from __future__ import annotations
@@ -26,16 +32,16 @@ import time
 from typing import IO, Callable, List, Optional, Tuple
 
 import gevent
-import gevent.pywsgi
+import gevent.server
 
-from .accesslog import COMBINED, LogFormat
+from .accesslog import LogFormat
 from .connection import send_all
-from .errors import BadRequest, ConfigurationError, HeadTimeout, ZcLbError
-from .httpparse import MAX_HEAD, check_head, parse_request_line, read_fields
+from .errors import ClientError, ClientGone, ConfigurationError, HeadTimeout, ZcLbError
+from .h1 import (Request, RequestReader, check_response, date_line, request_variables,
+                 response_head)
 from .settings import LB_SETTINGS
 
 log = logging.getLogger(__name__)
-COMBINED_FORMAT = LogFormat(COMBINED)
 
 FLUSH_INTERVAL = 1.0
 
@@ -112,7 +118,6 @@ class AccessLog:
             self.stream.close()
 
 
-SMALL_BODY = 64 * 1024
 RESERVED_FILES = 100  # descriptors kept for worker links, ZooKeeper, logs
 TURN_AWAY_LINGER = 0.5  # seconds to read a refused client's request
 MAX_TURNING_AWAY = 50  # past this, refused clients are closed unanswered
@@ -125,8 +130,10 @@ DEFAULT_CIPHERS = ":".join((  # Mozilla's "intermediate" list (TLS 1.2)
     "ECDHE-ECDSA-CHACHA20-POLY1305", "ECDHE-RSA-CHACHA20-POLY1305",
     "DHE-RSA-AES128-GCM-SHA256", "DHE-RSA-AES256-GCM-SHA384"))
 TLS_VERSIONS = ("TLSv1.2", "TLSv1.3")
-REASONS = {400: "Bad Request", 408: "Request Timeout",
-           431: "Request Header Fields Too Large", 501: "Not Implemented",
+REASONS = {400: "Bad Request", 408: "Request Timeout", 413: "Request Entity Too Large",
+           414: "URI Too Long",
+           431: "Request Header Fields Too Large", 500: "Internal Server Error",
+           501: "Not Implemented", 502: "Bad Gateway",
            503: "Service Unavailable", 505: "HTTP Version Not Supported"}
 
 
@@ -138,200 +145,371 @@ def refusal(status: int) -> bytes:
                 status, reason.encode(), len(reason) + 1, reason.encode()))
 
 
-class RequestHeaders:
-    """Checked request fields (httpparse.py), with the interface pywsgi
-    expects of its (much slower) ``email.parser`` based message class."""
-
-    __slots__ = ("_items", "_first", "status")
-
-    def __init__(self, items) -> None:
-        self._items = items
-        self._first: dict = {}
-        for name, value in reversed(items):
-            self._first[name.lower()] = value
-        self.status = ""
-
-    def get(self, name: str, default=None):
-        return self._first.get(name.lower(), default)
-
-    getheader = get
-
-    def __delitem__(self, name: str) -> None:
-        lowered = name.lower()
-        self._items = [(k, v) for (k, v) in self._items if k.lower() != lowered]
-        self._first.pop(lowered, None)
-
-    @property
-    def headers(self):
-        return ["%s: %s\r\n" % item for item in self._items]
-
-    @property
-    def typeheader(self):
-        return self._first.get("content-type")
+RECV_SIZE = 64 * 1024
+LINGER = 0.5  # seconds to read and drop a refused client's bytes before closing
+LINGER_BYTES = 1024 * 1024
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+BODILESS_CODES = frozenset(("204", "304")) | {"1%02d" % n for n in range(100)}
 
 
-class FrontHandler(gevent.pywsgi.WSGIHandler):
-    """pywsgi's handler with NODELAY, strict and fast header parsing,
-    combined log lines and compact errors."""
+class ClientConnection:
+    """One client connection: requests read (h1.py), the app called once
+    per request in this greenlet, responses written.  The access log
+    reads a request's record from its attributes (``environ``,
+    ``status``, ``requestline``, ``response_length``, ``time_start``,
+    ``time_finish``, ``client_address``), as it did pywsgi's handler's."""
 
-    _deadline: Optional[gevent.Timeout] = None
-    _heads = 0  # request heads started on this connection
+    def __init__(self, server: "_Server", sock, address) -> None:
+        self.server = server
+        self.sock = sock
+        self.client_address = address
+        self.reader = RequestReader(time.time if server.access_log is not None else None)
+        # What each request's environ starts from: the variables a worker
+        # gets too (str), and the objects only the LB sees.
+        self.base_variables = dict(server.base_variables)
+        if isinstance(address, tuple):
+            self.base_variables.update(REMOTE_ADDR=address[0], REMOTE_PORT=str(address[1]))
+        self.base_objects = dict(server.base_objects)
+        self.base_objects["zc_lb.client_socket"] = sock  # to notice a hang-up
+        self._reset()
 
-    def read_requestline(self) -> str:
-        # The first head must be complete within the header timeout of the
-        # accept; a later one within the header timeout of its first byte
-        # (the wait between keep-alive requests is client_timeout's business).
-        # A refused request's access-log line must not show the last one's.
-        self.requestline, self._orig_status, self.environ = "", None, None
+    def _reset(self) -> None:
+        self.environ: Optional[dict] = None
+        self.requestline = ""
+        self.status: Optional[str] = None
         self.response_length = 0
-        rfile = self.rfile
-        if self._heads and not rfile.peek(1):
-            return ""
-        timeout = self.server.header_timeout
-        if timeout:
-            self._deadline = gevent.Timeout.start_new(
-                timeout, HeadTimeout("no complete request head within %gs" % timeout, 408))
-        try:
-            if not rfile.peek(1):
-                return ""
-        except HeadTimeout:
-            return ""  # not a byte in time (an idle pre-connection?): close quietly
-        self._heads += 1
-        line = rfile.readline(gevent.pywsgi.MAX_REQUEST_LINE)
-        if line in (b"\r\n", b"\n"):  # RFC 9112 2.2: ignore one empty line first
-            line = rfile.readline(gevent.pywsgi.MAX_REQUEST_LINE)
-        return line.decode("latin-1")
+        self.time_start = self.time_finish = 0.0
+        self.headers_sent = False
+        self._headers: List[Tuple[str, str]] = []
+        self._chunked = False
+        self._bodiless = False
+        self.close = False
 
-    def read_request(self, raw_requestline: str) -> bool:
-        """Parse and check the head (httpparse.py); BadRequest if it is not HTTP."""
-        self.requestline = raw_requestline.rstrip("\r\n")
-        try:
-            method, target, version = parse_request_line(raw_requestline.encode("latin-1"))
-            fields = read_fields(self.rfile.readline, MAX_HEAD - len(raw_requestline))
-            head = check_head(method, target, version, fields)
-        finally:
-            self._cancel_deadline()
-        self.command, self.path, self.request_version = head.method, head.path, head.version
-        self.headers = RequestHeaders(head.fields)
-        self.content_length = head.content_length
-        self.close_connection = head.close
-        return True
+    def run(self) -> None:
+        """Serve requests until the client leaves, errs, or keep-alive ends."""
+        first = True
+        while True:
+            request = self._next_request(first)
+            if request is None:
+                return
+            first = False
+            self._reset()
+            self.time_start = request.started
+            if request.refusal is not None:
+                self._refuse(request.refusal)
+                return
+            self._serve(request)
+            if not request.complete:  # a body left unread cannot be skipped
+                self._linger()  # safely: hang up, once the client has our answer
+                return
+            if self.close:
+                return
 
-    def _cancel_deadline(self) -> None:
-        if self._deadline is not None:
-            self._deadline.close()
-            self._deadline = None
+    # -- reading --------------------------------------------------------
 
-    def handle_one_request(self):
-        try:
-            result = super().handle_one_request()
-        except HeadTimeout as exc:  # raised while reading the request line
-            result = self._handle_client_error(exc)
-        finally:
-            self._cancel_deadline()
-        if isinstance(result, tuple):  # a refusal: send it here, where a gone
-            self.status, response = result  # client is no traceback
+    def _next_request(self, first: bool) -> Optional[Request]:
+        """The next request; None when the connection should end.  The
+        first head must be complete within the header timeout of the
+        accept, a later one within the header timeout of its first byte;
+        the wait between requests is the client timeout's business."""
+        reader = self.reader
+        request = reader.next_request()
+        if request is not None or reader.broken:
+            return request
+        server, sock = self.server, self.sock
+        header_timeout, client_timeout = server.header_timeout, server.client_timeout
+        deadline = time.monotonic() + header_timeout if first and header_timeout else None
+        while True:
+            if deadline is None and header_timeout and reader.in_head:
+                deadline = time.monotonic() + header_timeout
+            timeout = client_timeout
+            if deadline is not None:
+                timeout = deadline - time.monotonic()
+                if client_timeout is not None:
+                    timeout = min(timeout, client_timeout)
+            sock.settimeout(timeout)
             try:
-                send_all(self.socket, response)
-                self.response_length = len(response)
+                data = sock.recv(RECV_SIZE)
+            except socket.timeout:
+                if deadline is not None and reader.in_head and time.monotonic() >= deadline:
+                    self._reset()
+                    self._refuse(HeadTimeout(
+                        "no complete request head within %gs" % header_timeout, 408))
+                return None  # idle (or never a byte): close quietly
             except OSError:
-                pass
-            self.log_request()
-            return None
-        return result
+                return None
+            reader.receive_data(data)
+            request = reader.next_request()
+            if request is not None or reader.broken or not data:
+                return request
 
-    def _handle_client_error(self, ex):
-        if isinstance(ex, OSError):
-            return None  # the client left (or timed out) in the middle of its head
-        status = ex.http_status if isinstance(ex, BadRequest) else 400
-        log.info("%d for %s: %s", status, _peer(self.client_address), ex)
-        return (str(status), refusal(status))
+    def fill(self) -> None:
+        """Read more of the body of the request being served."""
+        self.sock.settimeout(self.server.client_timeout)
+        self.reader.receive_data(self.sock.recv(RECV_SIZE))
 
-    def get_environ(self) -> dict:
-        environ = super().get_environ()
-        environ["zc_lb.client_socket"] = self.socket  # to notice a hang-up
-        return environ
+    def send_continue(self) -> None:
+        """Tell a client that waits (Expect: 100-continue) to send its body."""
+        if not self.headers_sent:
+            send_all(self.sock, CONTINUE)
 
-    def finalize_headers(self) -> None:
-        super().finalize_headers()
-        if self.response_use_chunked and self.command == "HEAD":
-            # No body follows a HEAD response, so no chunked framing either.
-            self.response_use_chunked = False
-            self.response_headers.remove((b"Transfer-Encoding", b"chunked"))
-        if getattr(self.server, "draining", False) and not self.close_connection:
-            self.close_connection = True  # tell keep-alive clients we are going
-            self.response_headers.append((b"Connection", b"close"))
+    # -- serving --------------------------------------------------------
 
-    def _write_with_headers(self, data) -> None:
-        # pywsgi sends the head and the first chunk in two system calls;
-        # for a small first chunk, one is enough.
-        if not data or len(data) > SMALL_BODY:
-            return super()._write_with_headers(data)
-        self.headers_sent = True
-        self.finalize_headers()
-        towrite = bytearray(b"HTTP/1.1 ")
-        towrite += self.status
-        towrite += b"\r\n"
-        for header, value in self.response_headers:
-            towrite += header + b": " + value + b"\r\n"
-        towrite += b"\r\n"
-        if self.response_use_chunked:
-            towrite += b"%x\r\n" % len(data) + data + b"\r\n"
-        else:
-            towrite += data
-        self._sendall(towrite)
-
-    def _sendall(self, data) -> None:
+    def _serve(self, request: Request) -> None:
+        head = request.head
+        # The environ is built once: its variables (less the hop-by-hop
+        # fields) are also what the LB forwards, as "zc_lb.forward".
+        forward = dict(self.base_variables)
+        hop = request_variables(forward, head)
+        environ = self.environ = dict(self.base_objects)
+        environ.update(forward)
+        if hop is not None:
+            environ.update(hop)
+        environ["zc_lb.forward"] = forward
+        environ["wsgi.input"] = Input(self, request)
+        self.requestline = "%s %s %s" % (head.method, head.path, head.version)
+        self.close = head.close or self.server.draining
+        self._bodiless = head.method == "HEAD"
+        result = None
         try:
-            send_all(self.socket, data)
-        except OSError as exc:
-            self.status = "socket error: %s" % exc
-            if self.code > 0:
-                self.code = -self.code
-            raise
-        self.response_length += len(data)
+            result = self.server.application(environ, self.start_response)
+            self._write_result(result)
+        except ClientGone:
+            self.close = True
+        except OSError as exc:  # the client's socket failed: nobody to answer
+            self.close = True
+            if not self.status:
+                self.status = "000"
+            log.debug("client %s: %s", _peer(self.client_address), exc)
+        except ZcLbError as exc:
+            self._failed(exc, exc.http_status if isinstance(exc, ClientError) else 502)
+        except Exception:
+            log.exception("error serving %s %s", head.method, head.path)
+            self._failed(None, 500)
+        finally:
+            if result is not None and hasattr(result, "close"):
+                try:
+                    result.close()
+                except Exception:
+                    log.exception("error closing the response of %s", head.path)
+            self._log()
 
-    def __init__(self, sock, address, server, rfile=None) -> None:
+    def _failed(self, exc: Optional[Exception], status: int) -> None:
+        """Answer ``status`` if nothing of the response is out yet, and
+        close the connection either way (a response cut short must not
+        look complete)."""
+        self.close = True
+        if exc is not None:
+            environ = self.environ or {}
+            log.warning("closing client connection (%s %s): %s",
+                        environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"), exc)
+        if not self.headers_sent:
+            self._send_refusal(status)
+
+    def _refuse(self, refusal: ZcLbError) -> None:
+        status = refusal.http_status
+        log.info("%d for %s: %s", status, _peer(self.client_address), refusal)
+        self.close = True
+        self._send_refusal(status)
+        self._log()
+        self._linger()
+
+    def _linger(self) -> None:
+        """Close gently: stop sending, then read and drop what the client
+        still sends (up to LINGER_BYTES, for LINGER seconds), so closing
+        with unread bytes does not reset the connection before the client
+        has read our answer."""
+        sock = self.sock
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.shutdown(socket.SHUT_WR)
+            sock.settimeout(LINGER)
+            deadline, dropped = time.monotonic() + LINGER, 0
+            while dropped < LINGER_BYTES and time.monotonic() < deadline:
+                data = sock.recv(RECV_SIZE)
+                if not data:
+                    return
+                dropped += len(data)
         except OSError:
             pass
-        # A client that sends or reads nothing for this long is dropped,
-        # so idle or slowloris connections cannot pile up.
-        sock.settimeout(getattr(server, "client_timeout", None))
-        super().__init__(sock, address, server, rfile)
 
-    def format_request(self) -> str:
-        access_log = self.server.access_log
-        return (access_log.format if access_log is not None else COMBINED_FORMAT).format(self)
+    def _send_refusal(self, status: int) -> None:
+        response = refusal(status)
+        self.status = str(status)
+        try:
+            send_all(self.sock, response)
+            self.response_length = len(response)
+        except OSError:
+            pass
 
-    def log_request(self) -> None:
+    # -- writing --------------------------------------------------------
+
+    def start_response(self, status: str, headers: List[Tuple[str, str]], exc_info=None):
+        """WSGI's start_response."""
+        if exc_info:
+            try:
+                if self.headers_sent:
+                    raise exc_info[1].with_traceback(exc_info[2])
+            finally:
+                exc_info = None
+        elif self.status is not None:
+            raise AssertionError("start_response called twice")
+        check_response(status, headers)
+        self.status, self._headers = status, headers
+        return self.write
+
+    def _write_result(self, result) -> None:
+        if type(result) is list and len(result) == 1 and not self.headers_sent:
+            self._send_head(result[0], len(result[0]))
+            return
+        for data in result:
+            if data:
+                self.write(data)
+        if not self.headers_sent:
+            self._send_head(b"", 0)
+        elif self._chunked:
+            self._send(b"0\r\n\r\n")
+
+    def write(self, data: bytes) -> None:
+        """WSGI's write callable (and the way each body chunk goes out)."""
+        if not self.headers_sent:
+            self._send_head(data, None)
+        elif self._bodiless:
+            return
+        elif self._chunked:
+            self._send(b"%x\r\n%s\r\n" % (len(data), data))
+        else:
+            self._send(data)
+
+    def _send_head(self, data: bytes, total: Optional[int]) -> None:
+        """The response head, with the first body bytes in the same send.
+        ``total``: the body's whole length, when the app gave it all."""
+        status = self.status
+        if status is None:
+            raise AssertionError("the application did not call start_response")
+        length = date = None
+        for name, value in self._headers:
+            lowered = name.lower()
+            if lowered == "content-length":
+                length = value
+            elif lowered == "connection":
+                if "close" in value.lower():
+                    self.close = True
+            elif lowered == "date":
+                date = value
+        extra = date_line() if date is None else b""
+        bodiless = self._bodiless or status[:3] in BODILESS_CODES
+        if length is None and not bodiless:
+            if total is not None:
+                extra += b"Content-Length: %d\r\n" % total
+            elif self.environ["SERVER_PROTOCOL"] == "HTTP/1.1":  # type: ignore[index]
+                self._chunked = True
+                extra += b"Transfer-Encoding: chunked\r\n"
+            else:
+                self.close = True  # the body ends when the connection does
+        if self.close:
+            extra += b"Connection: close\r\n"
+        elif self.environ["SERVER_PROTOCOL"] == "HTTP/1.0":  # type: ignore[index]
+            extra += b"Connection: keep-alive\r\n"
+        head = response_head(status, self._headers, extra)
+        self.headers_sent = True
+        self._bodiless = bodiless
+        if bodiless or not data:
+            self._send_raw(head, 0)
+        elif self._chunked:
+            self._send_raw(head + b"%x\r\n%s\r\n" % (len(data), data), len(data))
+        else:
+            self._send_raw(head + data, len(data))
+
+    def _send(self, data: bytes) -> None:
+        self._send_raw(data, len(data))
+
+    def _send_raw(self, data: bytes, body_bytes: int) -> None:
+        send_all(self.sock, data)
+        self.response_length += body_bytes
+
+    def _log(self) -> None:
         access_log = self.server.access_log
         if access_log is not None:
+            self.time_finish = time.time()
             access_log.write(access_log.format.format(self) + "\n")
 
-    def handle_error(self, t, v, tb) -> None:
-        if isinstance(v, ZcLbError):
-            log.warning("closing client connection (%s %s): %s",
-                        (self.environ or {}).get("REQUEST_METHOD"),
-                        (self.environ or {}).get("PATH_INFO"), v)
-            self.close_connection = True
-            self._send_bad_gateway()
-            return
-        super().handle_error(t, v, tb)
 
-    def _send_bad_gateway(self) -> None:
-        """502, if nothing of the response is out yet (pywsgi's table of
-        error responses has no 502, and is not ours to patch)."""
-        if self.response_length:
-            return
-        try:
-            self.start_response("502 Bad Gateway", [
-                ("Content-Type", "text/plain"), ("Connection", "close"),
-                ("Content-Length", "11")])
-            self.write(b"Bad Gateway")
-        except OSError:
+class Input:
+    """wsgi.input: the request body as it arrives (chunked bodies
+    decoded), asking the client for it (100 Continue) on the first read
+    if it waits to be asked.  ``complete``: all of it has come."""
+
+    def __init__(self, connection: ClientConnection, request: Request) -> None:
+        self._connection = connection
+        self._request = request
+        self._asked = not request.expect_continue
+
+    @property
+    def complete(self) -> bool:
+        return self._request.complete
+
+    def _more(self) -> bool:
+        """Wait for more body bytes; False at its end."""
+        request = self._request
+        if request.error is not None:
+            raise request.error
+        if request.complete:
+            return False
+        if self._connection.reader.broken:
+            raise ClientGone("client connection ended in the body")
+        if not self._asked:
+            self._asked = True
+            if not request.body_size:
+                self._connection.send_continue()
+        self._connection.fill()
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        request = self._request
+        size = -1 if size is None else size
+        while (size < 0 or request.body_size < size) and self._more():
             pass
+        return self._take(request.body_size if size < 0 else min(size, request.body_size))
+
+    def readline(self, size: int = -1) -> bytes:
+        request = self._request
+        size = -1 if size is None else size
+        while True:
+            joined = b"".join(request.body)
+            request.body.clear()
+            if joined:
+                request.body.append(joined)
+            end = joined.find(b"\n") + 1
+            if end and (size < 0 or end <= size):
+                return self._take(end)
+            if 0 <= size <= len(joined) or not self._more():
+                return self._take(len(joined) if size < 0 else min(size, len(joined)))
+
+    def readlines(self, hint: int = -1) -> List[bytes]:
+        return list(self)
+
+    def __iter__(self):
+        while True:
+            line = self.readline()
+            if not line:
+                return
+            yield line
+
+    def _take(self, size: int) -> bytes:
+        body = self._request.body
+        if not size:
+            return b""
+        taken, parts = 0, []
+        while taken < size:
+            part = body.popleft()
+            if taken + len(part) > size:
+                cut = size - taken
+                body.appendleft(part[cut:])
+                part = part[:cut]
+            parts.append(part)
+            taken += len(part)
+        self._request.body_size -= taken
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def tls_context(certfile: str, keyfile: Optional[str] = None,
@@ -376,10 +554,11 @@ def fit_open_files(connections: int) -> int:
     return connections
 
 
-class _WSGIServer(gevent.pywsgi.WSGIServer):
-    """pywsgi's server, counting client connections (turning away those
-    past ``max_connections`` with 503) and doing TLS handshakes itself, so
-    a failed one is one log line, not a traceback."""
+class _Server(gevent.server.StreamServer):
+    """The listening socket's server: counts client connections (turning
+    away those past ``max_connections`` with 503), does TLS handshakes
+    itself, so a failed one is one log line, not a traceback, and runs a
+    ``ClientConnection`` on each."""
 
     access_log: Optional[AccessLog] = None
     client_timeout: Optional[float] = None
@@ -390,6 +569,27 @@ class _WSGIServer(gevent.pywsgi.WSGIServer):
     connections = 0
     turning_away = 0
     _out_of_files_logged = 0.0
+
+    def __init__(self, listener, application: Callable, scheme: str) -> None:
+        super().__init__(listener)
+        self.application = application
+        self.scheme = scheme
+        self._set_base(*self.address[:2])
+
+    def init_socket(self) -> None:
+        super().init_socket()
+        self._set_base(*self.address[:2])
+
+    def _set_base(self, host: str, port: int) -> None:
+        """What every request's environ starts from: variables (str, a
+        worker gets them too) and objects (only the app in this process)."""
+        self.base_variables = {
+            "SCRIPT_NAME": "", "SERVER_NAME": host, "SERVER_PORT": str(port),
+            "GATEWAY_INTERFACE": "CGI/1.1", "SERVER_SOFTWARE": "zc-lb",
+            "wsgi.url_scheme": self.scheme}
+        self.base_objects = {
+            "wsgi.version": (1, 0), "wsgi.errors": sys.stderr, "wsgi.multithread": False,
+            "wsgi.multiprocess": False, "wsgi.run_once": False}
 
     def do_read(self):
         try:
@@ -415,17 +615,21 @@ class _WSGIServer(gevent.pywsgi.WSGIServer):
             return
         self.connections += 1
         try:
-            if self.tls is not None:
-                sock = self._handshake(sock, address)
-            if sock is not None:
-                super().handle(sock, address)
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+            client = sock if self.tls is None else self._handshake(sock, address)
+            if client is not None:
+                ClientConnection(self, client, address).run()
+                client.close()
         finally:
             self.connections -= 1
+            sock.close()
 
     def _handshake(self, sock, address):
         """The TLS socket, or None (logged, closed) if the handshake failed."""
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(self.header_timeout or self.client_timeout)
             tls_sock = self.tls.wrap_socket(sock, server_side=True,
                                             do_handshake_on_connect=False)
@@ -481,7 +685,7 @@ class FrontServer:
         self.app = app
         self.access_log = access_log
         self.tls = tls
-        self.server: Optional[_WSGIServer] = None
+        self.server: Optional[_Server] = None
 
     @property
     def address(self) -> Tuple[str, int]:
@@ -491,10 +695,7 @@ class FrontServer:
     def start(self) -> None:
         """Bind and start serving."""
         scheme = "https" if self.tls is not None else "http"
-        server = self.server = _WSGIServer(
-            self.listen, self.app, log=self.access_log, error_log=_ErrorLog(),
-            handler_class=FrontHandler, environ={"wsgi.url_scheme": scheme})
-        # pywsgi replaces log=None by a logger of its own; remember ours.
+        server = self.server = _Server(self.listen, self.app, scheme)
         server.access_log = self.access_log
         server.client_timeout = self.client_timeout
         server.header_timeout = self.header_timeout
@@ -524,19 +725,3 @@ def _peer(address) -> str:
     if isinstance(address, tuple):
         return "%s:%s" % address[:2]
     return str(address or "-")
-
-
-class _ErrorLog:
-    """pywsgi's error log, routed to our logger."""
-
-    def write(self, text: str) -> None:
-        text = text.rstrip()
-        if text:
-            log.warning("%s", text)
-
-    def writelines(self, lines) -> None:
-        for line in lines:
-            self.write(line)
-
-    def flush(self) -> None:
-        pass

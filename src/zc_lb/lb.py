@@ -29,13 +29,13 @@ from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import gevent
 import gevent.event
-import gevent.pywsgi
 import gevent.socket
 
 from .connection import KEEPALIVE_INTERVAL, Connection, Exchange
 from .links import LinkConfig, LinkEvents, WorkerLink
 from .errors import (
     BadResponse,
+    ClientError,
     ClientGone,
     ConnectionClosed,
     ConnectionLost,
@@ -88,9 +88,6 @@ DEFAULT_PAGES = {
 }
 
 
-INVALID_CLIENT_INPUT = getattr(gevent.pywsgi, "_InvalidClientInput", ())
-
-
 class Upload:
     """The request body, sent to the worker from a greenlet of its own,
     so that a worker may answer, and stream, while it still reads."""
@@ -112,9 +109,12 @@ class Upload:
                     self.done = True
                     return
                 exchange.send_body(data)
+        except ClientError as exc:  # a malformed body, or the client left
+            self.error = exc
+            exchange.cancel()
         except ZcLbError:
             pass  # the request ended on the worker's side; nothing more to send
-        except Exception as exc:  # the client left, or sent a broken body
+        except Exception as exc:  # the client's socket failed
             self.error = exc
             exchange.cancel()
 
@@ -122,8 +122,8 @@ class Upload:
         """What went wrong on the client's side, as the error to raise."""
         if self.error is None:
             return None
-        if isinstance(self.error, INVALID_CLIENT_INPUT):
-            return self.error  # pywsgi answers 400 and closes
+        if isinstance(self.error, ClientError):
+            return self.error  # a malformed body: answered 400, connection closed
         return ClientGone("client went away during upload: %s" % self.error)
 
     def stop(self) -> None:
@@ -561,7 +561,7 @@ class LB(LinkEvents):
             headers.append((name, value))
         try:
             start_response(response.status, headers)
-        except Exception as exc:  # pywsgi refused the status or a header
+        except Exception as exc:  # the front refused the status or a header
             raise BadResponse("worker sent a response head HTTP forbids: %s" % exc)
         return 0 if bodiless else length
 
@@ -590,10 +590,9 @@ class LB(LinkEvents):
                     environ.get("PATH_INFO"), exc)
         headers = [("Content-Type", "text/html; charset=utf-8"),
                    ("Content-Length", str(len(page)))]
-        if _request_body_unread(environ):
+        if not getattr(environ.get("wsgi.input"), "complete", True):
             # Reading a body nobody wants could take forever; hang up instead.
             headers.append(("Connection", "close"))
-            _abandon_input(environ)
         start_response("%d %s" % (status, REASONS.get(status, "Error")), headers)
         return [page]
 
@@ -701,23 +700,14 @@ def _content_length(value: str) -> Optional[int]:
     return length
 
 
-def _request_body_unread(environ: dict) -> bool:
-    wsgi_input = environ.get("wsgi.input")
-    if wsgi_input is None:
-        return False
-    if getattr(wsgi_input, "chunked_input", False):
-        return True
-    return getattr(wsgi_input, "position", 0) < (getattr(wsgi_input, "content_length", 0) or 0)
-
-
-def _abandon_input(environ: dict) -> None:
-    """Tell pywsgi not to read (discard) the rest of the request body."""
-    wsgi_input = environ.get("wsgi.input")
-    if wsgi_input is not None and hasattr(wsgi_input, "_chunked_input_error"):
-        wsgi_input._chunked_input_error = True
-
-
 def _forwarded_environ(environ: dict, rclass: str) -> Dict[str, str]:
+    """What the worker gets of ``environ``: its CGI variables less the
+    hop-by-hop fields.  The front server (http.py) builds them with the
+    environ, as "zc_lb.forward"; an environ from elsewhere is sifted."""
+    forwarded = environ.get("zc_lb.forward")
+    if forwarded is not None:
+        forwarded["zc_lb.request_class"] = rclass
+        return forwarded
     forwarded = {
         key: value for key, value in environ.items()
         if type(value) is str and key not in HOP_BY_HOP_ENVIRON

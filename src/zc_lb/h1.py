@@ -1,0 +1,340 @@
+"""HTTP/1.1 requests from bytes, and response heads to bytes; no I/O.
+
+Theory of operation
+-------------------
+
+``RequestReader`` takes the bytes a client sends (``receive_data``) and
+hands out ``Request`` objects in order (``next_request``).  The grammar
+and the framing are llhttp's (Node's C parser, through httptools), run
+strict; the rules that span fields are ours, from httpparse.py
+(``check_head``), applied to what llhttp parsed.  A request is handed
+out as soon as its head is complete; its body arrives in ``Request.body``
+as more bytes are fed, and ``Request.complete`` says when it has all come.
+Pipelined requests queue up behind the one being served; the reader is
+fed only when the server needs more (a head, or body bytes the
+application asks for), so at most one read past the current request is
+ever buffered.
+
+A head the rules refuse becomes a ``Request`` whose ``refusal`` is the
+``BadRequest`` to answer (400, 431, 501 or 505), after which the reader
+is ``broken``: a client that broke the grammar once cannot be trusted to
+frame the next request.  A broken body (a bad chunk) sets ``error`` on
+its request and breaks the reader too.
+
+``response_head`` turns a WSGI status and header list into the bytes of
+a response head, refusing what would let a worker split a response.
+
+Weak spots, admitted: llhttp knows methods by name (the IANA registry's),
+so an unknown method token is refused with 400 where HTTP would allow it;
+llhttp accepts more than one space between the parts of the request line.
+Chunked trailers are parsed by llhttp and dropped: none reaches the
+worker.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import time
+from email.utils import formatdate
+from typing import Deque, Dict, List, Optional, Tuple
+from urllib.parse import unquote_to_bytes
+
+import httptools
+
+from .errors import BadRequest, ClientError, ClientGone, RequestTooLarge
+from .httpparse import (HOP_BY_HOP, MAX_FIELD_LINE, MAX_FIELDS, MAX_HEAD, TARGET,
+                        RequestHead, check_head)
+
+REQUEST_LINE_EXTRA = len(b"  HTTP/1.1\r\n")  # what a request line adds to method and target
+MAX_TARGET = 8190  # a request line over 8 KiB is 414, as nginx and pywsgi have it
+MAX_ENVIRON_KEYS = 4096  # header names whose environ key is remembered
+
+
+class Request:
+    """One request: its checked head (or why it is refused) and its body
+    as it arrives."""
+
+    __slots__ = ("head", "refusal", "body", "body_size", "complete", "error",
+                 "expect_continue", "started")
+
+    def __init__(self, head: Optional[RequestHead], refusal: Optional[ClientError] = None,
+                 started: float = 0.0) -> None:
+        self.head = head
+        self.refusal = refusal
+        self.body: Deque[bytes] = collections.deque()
+        self.body_size = 0  # bytes in ``body``
+        self.complete = False  # the whole body has been received
+        self.error: Optional[ClientError] = None  # the body was malformed, or cut short
+        self.expect_continue = False
+        self.started = started  # when its first byte came (time.time(), if asked)
+
+    def __repr__(self) -> str:
+        if self.head is None:
+            return "<Request refused %s>" % self.refusal
+        return "<Request %s %s%s>" % (self.head.method, self.head.path,
+                                      " complete" if self.complete else "")
+
+
+class RequestReader:
+    """Requests from the bytes of one client connection (see the module
+    docstring).  ``clock``, if given, stamps each request's first byte."""
+
+    def __init__(self, clock=None) -> None:
+        self._parser = httptools.HttpRequestParser(self)
+        self._parser.set_dangerous_leniencies(lenient_version=True)
+        self._ready: Deque[Request] = collections.deque()
+        self._current: Optional[Request] = None  # the request whose body is coming
+        self._clock = clock
+        self._in_head = False
+        self._head_bytes = 0  # fed while a head was open (bounds an unfinished one)
+        self._url = b""
+        self._fields: List[Tuple[bytes, bytes]] = []
+        self._head_size = 0
+        self._started = 0.0
+        self._refusal: Optional[ClientError] = None
+        self.broken = False
+
+    # -- what the server calls ------------------------------------------
+
+    def receive_data(self, data: bytes) -> None:
+        """Feed bytes from the client (b"" at its end of file)."""
+        if self.broken:
+            return
+        if not data:
+            self._end_of_file()
+            return
+        if self._in_head:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD + MAX_FIELD_LINE:
+                self._refuse(BadRequest("request head too large", 431))
+                return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._refusal is None:  # check_head refuses every upgrade first
+                self._refuse(BadRequest("protocol upgrades are not supported", 501))
+        except httptools.HttpParserError as exc:
+            self._parse_error(exc)
+
+    def next_request(self) -> Optional[Request]:
+        """The next request whose head is complete, or None (feed more)."""
+        return self._ready.popleft() if self._ready else None
+
+    @property
+    def in_head(self) -> bool:
+        """Part of a request head has come, and not all of it."""
+        return self._in_head
+
+    def _end_of_file(self) -> None:
+        current = self._current
+        if current is not None and not current.complete:
+            current.error = ClientGone("client closed the connection in the body")
+        self.broken = True
+
+    def _parse_error(self, exc: Exception) -> None:
+        if self._refusal is not None:
+            self._refuse(self._refusal)
+            return
+        reason = str(exc) or type(exc).__name__
+        current = self._current
+        if not self._in_head and current is not None and not current.complete:
+            current.error = BadRequest("malformed request body: %s" % reason)
+            self.broken = True
+            return
+        if "Content-Length overflow" in reason:
+            self._refuse(RequestTooLarge("Content-Length too large"))
+            return
+        status = 505 if "HTTP version" in reason else 400
+        self._refuse(BadRequest("malformed request: %s" % reason, status))
+
+    def _refuse(self, refusal: ClientError) -> None:
+        self._ready.append(Request(None, refusal, self._started))
+        self.broken = True
+
+    # -- llhttp's callbacks (httptools calls them from feed_data) --------
+
+    def on_message_begin(self) -> None:
+        self._in_head = True
+        self._head_bytes = 0
+        self._url = b""
+        self._fields = []
+        self._head_size = 0
+        self._refusal = None
+        self._started = self._clock() if self._clock is not None else 0.0
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        if len(self._url) > MAX_TARGET:
+            self._refusal = BadRequest("request target over %d bytes" % MAX_TARGET, 414)
+            raise self._refusal
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:
+            return  # a chunked trailer: dropped
+        fields = self._fields
+        line = len(name) + len(value) + 2
+        self._head_size += line + 2
+        if line > MAX_FIELD_LINE or self._head_size > MAX_HEAD:
+            self._refusal = BadRequest("request head too large", 431)
+            raise self._refusal
+        if len(fields) >= MAX_FIELDS:
+            self._refusal = BadRequest("more than %d header fields" % MAX_FIELDS, 431)
+            raise self._refusal
+        if value and value[-1] in (0x20, 0x09):
+            value = value.rstrip(b" \t")  # llhttp keeps trailing whitespace
+        fields.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        parser = self._parser
+        method = parser.get_method().decode("ascii")
+        version = parser.get_http_version()
+        size = len(method) + len(self._url) + REQUEST_LINE_EXTRA + self._head_size + 2
+        try:
+            if size > MAX_HEAD:
+                raise BadRequest("request head too large", 431)
+            head = check_head(method, _target(self._url), _version(version),
+                              [(n.decode("latin-1"), v.decode("latin-1"))
+                               for n, v in self._fields])
+        except BadRequest as exc:
+            self._refusal = exc
+            raise
+        request = Request(head, None, self._started)
+        if head.content_length is None and not head.chunked:
+            request.complete = True  # no body
+        elif version == "1.1":
+            for name, value in head.fields:
+                if len(name) == 6 and name.lower() == "expect":
+                    request.expect_continue = value.lower() == "100-continue"
+        self._current = request
+        self._ready.append(request)
+
+    def on_body(self, data: bytes) -> None:
+        current = self._current
+        if current is not None:
+            current.body.append(data)
+            current.body_size += len(data)
+
+    def on_message_complete(self) -> None:
+        current = self._current
+        if current is not None:
+            current.complete = True
+            self._current = None
+
+
+def _target(url: bytes) -> bytes:
+    """httpparse's grammar for the target: printable ASCII only."""
+    if not TARGET.match(url):
+        raise BadRequest("invalid request-target %r" % url[:100])
+    return url
+
+
+def _version(version: str) -> str:
+    if version[:2] != "1.":
+        raise BadRequest("HTTP version %s not supported" % version, 505)
+    return "HTTP/1.0" if version == "1.0" else "HTTP/1.1"
+
+
+# -- the environ ------------------------------------------------------------
+
+HOP_BY_HOP_KEYS = frozenset(
+    "HTTP_" + name.upper().replace("-", "_") for name in HOP_BY_HOP) | {"HTTP_PROXY_CONNECTION"}
+_ENVIRON_KEYS: Dict[str, Optional[str]] = {
+    "content-type": "CONTENT_TYPE", "content-length": "CONTENT_LENGTH"}
+
+
+def environ_key(name: str) -> Optional[str]:
+    """The environ key of a header field name; None for a name with an
+    underscore, which would alias a name with a hyphen (the headers
+    WSGI servers drop, as pywsgi and nginx do)."""
+    key = _ENVIRON_KEYS.get(name)
+    if key is None and name not in _ENVIRON_KEYS:
+        lowered = name.lower()
+        key = _ENVIRON_KEYS.get(lowered)
+        if key is None and lowered not in _ENVIRON_KEYS:
+            key = None if "_" in name else "HTTP_" + name.upper().replace("-", "_")
+        if len(_ENVIRON_KEYS) < MAX_ENVIRON_KEYS:
+            _ENVIRON_KEYS[name] = key
+    return key
+
+
+def request_variables(forward: dict, head: RequestHead) -> Optional[Dict[str, str]]:
+    """Put the CGI variables of ``head`` into ``forward``, the header
+    fields about one hop (RFC 9110 7.6.1, and those ``Connection`` names)
+    excepted: what a worker may see.  Those are returned, if there are
+    any, for the LB's own environ.  Repeated fields are joined with commas
+    (RFC 9110 5.3)."""
+    path, _, query = head.path.partition("?")
+    if "%" in path:
+        path = unquote_to_bytes(path).decode("latin-1")
+    forward["REQUEST_METHOD"] = head.method
+    forward["PATH_INFO"] = path
+    forward["QUERY_STRING"] = query
+    forward["RAW_URI"] = head.path
+    forward["SERVER_PROTOCOL"] = head.version
+    hop: Optional[Dict[str, str]] = None
+    for name, value in head.fields:
+        key = environ_key(name)
+        if key is None:
+            continue
+        into = forward
+        if key in HOP_BY_HOP_KEYS:
+            if hop is None:
+                hop = {}
+            into = hop
+        if key in into and key[:5] == "HTTP_":
+            into[key] += "," + value
+        else:
+            into[key] = value
+    if hop is not None and "HTTP_CONNECTION" in hop:
+        for token in hop["HTTP_CONNECTION"].split(","):
+            key = environ_key(token.strip(" \t"))
+            if key is not None and key in forward:
+                hop[key] = forward.pop(key)
+    return hop
+
+
+# -- responses --------------------------------------------------------------
+
+STATUS = re.compile(r"[1-9][0-9][0-9] [^\x00-\x08\x0a-\x1f\x7f]*\Z")
+FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+FIELD_VALUE_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+class ResponseError(ValueError):
+    """A WSGI application gave a status or header HTTP forbids."""
+
+
+def check_response(status: str, headers: List[Tuple[str, str]]) -> None:
+    """Refuse a status or header that could split or smuggle a response."""
+    if type(status) is not str or not STATUS.match(status):
+        raise ResponseError("invalid status %r" % (status,))
+    for name, value in headers:
+        if type(name) is not str or type(value) is not str:
+            raise ResponseError("header %r: %r is not a pair of str" % (name, value))
+        if not FIELD_NAME.match(name) or FIELD_VALUE_BAD.search(value):
+            raise ResponseError("invalid header %r: %r" % (name, value))
+
+
+def response_head(status: str, headers: List[Tuple[str, str]],
+                  extra: bytes = b"") -> bytes:
+    """The bytes of a response head: status line, ``headers`` (checked by
+    ``check_response``), then ``extra`` (header lines ending in CRLF) and
+    the empty line."""
+    lines = ["HTTP/1.1 ", status, "\r\n"]
+    for name, value in headers:
+        lines += (name, ": ", value, "\r\n")
+    return "".join(lines).encode("latin-1") + extra + b"\r\n"
+
+
+_date_cache = [0, b""]
+
+
+def date_line() -> bytes:
+    """The Date header line, made once a second."""
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache[0] = now
+        _date_cache[1] = b"Date: %s\r\n" % formatdate(now, usegmt=True).encode("ascii")
+    return _date_cache[1]  # type: ignore[return-value]

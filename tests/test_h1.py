@@ -1,0 +1,117 @@
+"""h1.py, requests from bytes: the size limits, chunkings, and the
+request records it hands out.  The grammar case by case is the corpus
+(data/http_requests.json, run by test_http.py and test_http_corpus.py)."""
+
+import pytest
+
+from zc_lb.errors import ClientGone
+from zc_lb.h1 import MAX_TARGET, RequestReader, check_response, ResponseError
+from zc_lb.httpparse import MAX_FIELD_LINE, MAX_FIELDS, MAX_HEAD
+
+
+def read(*pieces):
+    """The requests a reader hands out for ``pieces``, and the reader."""
+    reader = RequestReader()
+    found = []
+    for piece in pieces:
+        reader.receive_data(piece)
+        while True:
+            request = reader.next_request()
+            if request is None:
+                break
+            found.append(request)
+    return found, reader
+
+
+def refusal_status(*pieces):
+    [request], reader = read(*pieces)
+    assert reader.broken and request.head is None
+    return request.refusal.http_status
+
+
+def head_of(size):
+    """A GET head of exactly ``size`` bytes."""
+    head = b"GET / HTTP/1.1\r\nHost: a\r\n"
+    n = 0
+    while len(head) + 2 < size:
+        name = b"X-%03d: " % n
+        room = min(MAX_FIELD_LINE, size - 2 - len(head)) - len(name) - 2
+        head += name + b"v" * max(room, 0) + b"\r\n"
+        n += 1
+    return head + b"\r\n"
+
+
+def test_a_head_of_the_limit_passes_and_one_byte_more_is_431():
+    assert len(head_of(MAX_HEAD)) == MAX_HEAD
+    [request], _ = read(head_of(MAX_HEAD))
+    assert request.head is not None
+    assert refusal_status(head_of(MAX_HEAD + 1)) == 431
+
+
+def test_a_field_line_may_be_as_long_as_the_limit_and_no_longer():
+    line = b"X: " + b"v" * (MAX_FIELD_LINE - 3) + b"\r\n"
+    [request], _ = read(b"GET / HTTP/1.1\r\nHost: a\r\n" + line + b"\r\n")
+    assert ("X", "v" * (MAX_FIELD_LINE - 3)) in request.head.fields
+    assert refusal_status(b"GET / HTTP/1.1\r\nHost: a\r\nX: v" + line + b"\r\n") == 431
+
+
+def test_the_number_of_fields_is_limited():
+    def head(n):
+        return b"GET / HTTP/1.1\r\n" + b"Host: a\r\n" + b"X: y\r\n" * (n - 1) + b"\r\n"
+    [request], _ = read(head(MAX_FIELDS))
+    assert len(request.head.fields) == MAX_FIELDS
+    assert refusal_status(head(MAX_FIELDS + 1)) == 431
+
+
+def test_a_head_that_never_ends_is_cut_at_the_limit_without_holding_it_all():
+    reader = RequestReader()
+    reader.receive_data(b"GET / HTTP/1.1\r\nHost: a\r\nX: ")
+    for _ in range(100):  # 1.6 MB of one field value, 16 KiB at a time
+        reader.receive_data(b"v" * 16384)
+        if reader.broken:
+            break
+    assert reader.broken and reader.next_request().refusal.http_status == 431
+
+
+def test_a_long_target_is_414():
+    assert refusal_status(b"GET /" + b"a" * MAX_TARGET + b" HTTP/1.1\r\nHost: a\r\n\r\n") == 414
+
+
+def test_a_head_cut_short_is_the_client_leaving_not_a_bad_request():
+    found, reader = read(b"GET / HTTP/1.1\r\nHost: a\r\nX: y", b"")
+    assert found == [] and reader.broken
+
+
+def test_a_body_cut_short_is_the_client_leaving():
+    [request], reader = read(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 9\r\n\r\nabc", b"")
+    assert isinstance(request.error, ClientGone) and not request.complete
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64])
+def test_pipelined_requests_with_bodies_in_any_chunking(size):
+    data = (b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello"
+            b"POST /b HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"3\r\nwor\r\n2\r\nld\r\n0\r\nX-Trailer: t\r\n\r\n"
+            b"GET /c HTTP/1.1\r\nHost: a\r\n\r\n")
+    found, reader = read(*[data[i:i + size] for i in range(0, len(data), size)])
+    assert [r.head.path for r in found] == ["/a", "/b", "/c"]
+    assert [b"".join(r.body) for r in found] == [b"hello", b"world", b""]
+    assert all(r.complete for r in found) and not reader.broken
+    assert ("X-Trailer", "t") not in found[1].head.fields
+
+
+def test_expect_100_continue_is_noted_on_http_1_1_only():
+    [request], _ = read(b"PUT / HTTP/1.1\r\nHost: a\r\nExpect: 100-Continue\r\n"
+                        b"Content-Length: 1\r\n\r\n")
+    assert request.expect_continue
+    [request], _ = read(b"PUT / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n")
+    assert not request.expect_continue
+
+
+@pytest.mark.parametrize("status, headers", [
+    ("200 OK", [("X", "a\nb")]), ("200 OK", [("X:", "a")]), ("200\r\nX: y", []),
+    ("OK", []), (b"200 OK", []), ("200 OK", [("X", 1)]),
+])
+def test_a_response_head_that_could_split_is_refused(status, headers):
+    with pytest.raises(ResponseError):
+        check_response(status, headers)
