@@ -74,8 +74,8 @@ def quote(value: Optional[str]) -> str:
     return value.translate(_CONTROL)
 
 
-# A field's function takes the pywsgi handler and its environ ({} for a
-# request refused before it had one) and returns text.
+# A field's function takes the request's ClientConnection (http.py) and
+# its environ ({} for a request refused before it had one) and returns text.
 
 Field = Callable[[object, dict], str]
 

@@ -267,7 +267,8 @@ class ClientConnection:
             environ.update(hop)
         environ["zc_lb.forward"] = forward
         environ["wsgi.input"] = Input(self, request)
-        self.requestline = "%s %s %s" % (head.method, head.path, head.version)
+        if self.server.access_log is not None:
+            self.requestline = "%s %s %s" % (head.method, head.path, head.version)
         self.close = head.close or self.server.draining
         self._bodiless = head.method == "HEAD"
         result = None
