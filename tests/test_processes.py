@@ -121,3 +121,19 @@ def test_children_that_cannot_start_make_the_lb_exit_with_status_2():
         capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert "did not start" in done.stderr
+
+
+def test_no_lb_process_outlives_a_killed_supervisor(processes_lb):
+    lb = processes_lb
+    pids = [p["pid"] for p in status(lb.status_address)["processes"]]
+    lb.kill()  # SIGKILL: the supervisor cannot pass anything on
+
+    def gone(pid):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        with open("/proc/%d/stat" % pid) as f:  # a zombie not yet reaped is gone too
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    wait_for(lambda: all(gone(pid) for pid in pids), timeout=15,
+             message="the children exited with their supervisor")

@@ -24,6 +24,7 @@ uses, counts processes, as it should: each has its own backlogs.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -36,6 +37,7 @@ from typing import Dict, List, Optional, Sequence
 from .errors import ConfigurationError, ZcLbError
 from .status import fetch, merge_status
 
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when its parent dies
 log = logging.getLogger(__name__)
 
 READY = "zc-lb lb listening on "
@@ -80,7 +82,8 @@ class Child:
 
         self.started = time.monotonic()
         self.process = gevent.subprocess.Popen(
-            self.argv, pass_fds=(self.fd,), stdout=subprocess.PIPE, text=True)
+            self.argv, pass_fds=(self.fd,), stdout=subprocess.PIPE, text=True,
+            preexec_fn=_die_with_parent(os.getpid()))
         self.status = None
         for line in self.process.stdout:  # type: ignore[union-attr]
             if line.startswith(STATUS_READY):
@@ -233,6 +236,20 @@ def run(args, argv: Sequence[str]) -> int:
                      "SIGUSR1": lambda: supervisor.send_signal(signal.SIGUSR1)})
     log.info("lb stopped (%d processes)", len(supervisor.children))
     return 0
+
+
+def _die_with_parent(parent: int):
+    """A preexec_fn: the child gets SIGTERM (and drains) when the
+    supervisor dies, however it dies, so no LB process outlives it."""
+    def preexec() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError):
+            return  # not Linux: the supervisor's SIGTERM must do
+        if os.getppid() != parent:  # it died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+    return preexec
 
 
 def _discard(stream) -> None:
