@@ -158,6 +158,18 @@ class Exchange:
         if self.rno not in connection.protocol.streams:  # both directions ended
             connection.forget(self)
 
+    def respond(self, status: str, headers: List[Tuple[str, str]], body: bytes = b"",
+                end: bool = False) -> None:
+        """Worker side: the response head, ``body`` (within credit) and End
+        if ``end``, in one write: a small response is one frame batch."""
+        if self.error is not None:
+            raise self.error
+        connection = self.connection
+        proto = connection.protocol
+        connection.write(proto.respond(self.rno, status, headers, body, end))
+        if end and self.rno not in proto.streams:
+            connection.forget(self)
+
     def send_body(self, data: bytes, stop_on_response: bool = False) -> bool:
         """Send body bytes within credit, waiting for more as needed.
 
