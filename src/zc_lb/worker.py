@@ -28,16 +28,16 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import gevent
 import gevent.event
-import gevent.pool
 import gevent.server
 import gevent.threadpool
+import greenlet
 
 from . import resume as resume_module
 from .connection import Connection, Exchange, Handler
 from .errors import ConfigurationError, ZcLbError
 from .loopwatch import LoopWatch
 from .httpparse import HOP_BY_HOP
-from .protocol import Body, End, Response
+from .protocol import MAX_BODY, Body, End
 
 log = logging.getLogger(__name__)
 
@@ -157,26 +157,31 @@ class ResponseWriter:
         exchange = self.exchange
         if not self.started:
             self.started = True
-            start = Response(exchange.rno, self.status, self.headers)
             if self.head or not data:
-                exchange.send(start)
+                exchange.respond(self.status, self.headers)
                 return
-            if len(data) <= exchange.credit:
-                exchange.send(start, Body(exchange.rno, data))
+            if len(data) <= min(exchange.credit, MAX_BODY):
+                exchange.respond(self.status, self.headers, data)
                 return
-            exchange.send(start)
+            exchange.respond(self.status, self.headers)
         if data and not self.head:
             exchange.send_body(data)
 
-    def finish(self) -> None:
+    def finish(self, data: bytes = b"") -> None:
+        """End the response, after ``data`` (the whole body, when the
+        application returned it in one piece: head, body and End then go
+        in one write)."""
         exchange = self.exchange
         if not self.started:
             if self.status is None:
                 raise AssertionError("application returned without start_response()")
-            self.started = True
-            exchange.send(Response(exchange.rno, self.status, self.headers), End(exchange.rno))
-        else:
-            exchange.send(End(exchange.rno))
+            if self.head or not data or len(data) <= min(exchange.credit, MAX_BODY):
+                self.started = True
+                exchange.respond(self.status, self.headers, b"" if self.head else data, True)
+                return
+        if data:
+            self.write(data)
+        exchange.send(End(exchange.rno))
 
 
 # -- threads ----------------------------------------------------------------
@@ -221,6 +226,80 @@ class _HubProxy:
         return iter(self.readline, b"")
 
 
+# -- request greenlets ------------------------------------------------------
+
+
+class Requests:
+    """The greenlets serving requests, as raw greenlets: starting one is a
+    loop callback, where gevent's Greenlet in a Group costs several times
+    as much (links, pool bookkeeping) on every request.  Enough of
+    ``gevent.pool.Group`` for drains, status and tests: ``len``,
+    ``join``, ``kill``."""
+
+    def __init__(self) -> None:
+        self._running: Set[greenlet.greenlet] = set()
+        self._killed: Set[greenlet.greenlet] = set()  # killed before they started
+        self._empty = gevent.event.Event()
+        self._empty.set()
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    def __bool__(self) -> bool:
+        return bool(self._running)
+
+    def __iter__(self):
+        return iter(list(self._running))
+
+    def spawn(self, func: Callable, *args) -> greenlet.greenlet:
+        """Run ``func(*args)`` in a new greenlet, from the next loop turn."""
+        hub = gevent.get_hub()
+        glet = greenlet.greenlet(self._run, hub)
+        self._running.add(glet)
+        self._empty.clear()
+        hub.loop.run_callback(glet.switch, func, args)
+        return glet
+
+    def _run(self, func: Callable, args: tuple) -> None:
+        current = greenlet.getcurrent()
+        try:
+            if current in self._killed:
+                self._killed.discard(current)
+                return
+            func(*args)
+        except gevent.GreenletExit:
+            pass
+        except BaseException:  # its parent is the hub: nothing may escape
+            log.exception("request greenlet failed")
+        finally:
+            self._running.discard(current)
+            if not self._running:
+                self._empty.set()
+
+    def kill_one(self, glet: greenlet.greenlet) -> None:
+        """Raise GreenletExit in ``glet`` from the hub (at once, if it has not started)."""
+        if glet.dead or glet not in self._running:
+            return
+        if not glet:  # not started: it returns as soon as it does
+            self._killed.add(glet)
+            return
+        gevent.get_hub().loop.run_callback(self._throw, glet)
+
+    @staticmethod
+    def _throw(glet: greenlet.greenlet) -> None:
+        if glet and not glet.dead:
+            glet.throw(gevent.GreenletExit)
+
+    def kill(self, block: bool = True, timeout: Optional[float] = None) -> None:
+        for glet in list(self._running):
+            self.kill_one(glet)
+        if block:
+            self.join(timeout)
+
+    def join(self, timeout: Optional[float] = None) -> bool:
+        return self._empty.wait(timeout)
+
+
 # -- the server -------------------------------------------------------------
 
 
@@ -251,7 +330,8 @@ class Worker(Handler):
         self._no_lbs = gevent.event.Event()  # set while no LB is connected
         self._no_lbs.set()
         self.server: Optional[gevent.server.StreamServer] = None
-        self.requests = gevent.pool.Group()
+        self.requests = Requests()
+        self._environ_fixed: Dict[str, object] = {}
         self.threadpool: Optional[gevent.threadpool.ThreadPool] = None
         self.loopwatch: Optional[LoopWatch] = None
         self.stopping = False
@@ -358,12 +438,14 @@ class Worker(Handler):
             log.info("LB connection from %s ended: %s", connection.peer, error)
 
     def handle_request(self, connection: Connection, exchange: Exchange) -> None:
-        greenlet = self.requests.spawn(self._serve, exchange)
-        exchange.on_cancel = lambda: greenlet.kill(block=False)
+        glet = self.requests.spawn(self._serve, exchange)
+        exchange.on_cancel = lambda: self.requests.kill_one(glet)
 
     # -- requests -----------------------------------------------------
 
     def _serve(self, exchange: Exchange) -> None:
+        if exchange.error is not None:  # cancelled before it started
+            return
         request = exchange.receive()
         environ = self._environ(request.environ, exchange)  # type: ignore[attr-defined]
         rclass = environ.get("zc_lb.request_class", "")
@@ -401,10 +483,14 @@ class Worker(Handler):
             send(self._error_500, writer)
             return
         try:
-            for data in result:
-                if data:
-                    send(writer.write, data)
-            send(writer.finish)
+            if type(result) in (list, tuple) and len(result) <= 1:
+                # The common case, [body]: head, body and End in one write.
+                send(writer.finish, result[0] if result else b"")
+            else:
+                for data in result:
+                    if data:
+                        send(writer.write, data)
+                send(writer.finish)
         except ZcLbError:
             raise
         except Exception:
@@ -466,27 +552,30 @@ class Worker(Handler):
         writer.write(ERROR_500)
         writer.finish()
 
+    ENVIRON_DEFAULTS = {
+        "REQUEST_METHOD": "GET", "SCRIPT_NAME": "", "PATH_INFO": "/", "QUERY_STRING": "",
+        "SERVER_NAME": "localhost", "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1",
+        "wsgi.url_scheme": "http", "zc_lb.request_class": "",
+    }
+
     def _environ(self, forwarded: Dict[str, str], exchange: Exchange) -> Dict:
-        environ: Dict[str, object] = dict(forwarded)
-        environ.update({
-            "wsgi.version": (1, 0),
-            "wsgi.url_scheme": forwarded.get("wsgi.url_scheme", "http"),
-            "wsgi.input": RequestInput(exchange),
-            "wsgi.errors": sys.stderr,
-            "wsgi.multithread": bool(self.threads),
-            "wsgi.multiprocess": True,
-            "wsgi.run_once": False,
-            "wsgi.input_terminated": True,
-            "zc_lb.request_class": forwarded.get("zc_lb.request_class", ""),
-            "zc_lb.worker": "%s:%d" % self.address,
-        })
-        environ.setdefault("REQUEST_METHOD", "GET")
-        environ.setdefault("SCRIPT_NAME", "")
-        environ.setdefault("PATH_INFO", "/")
-        environ.setdefault("QUERY_STRING", "")
-        environ.setdefault("SERVER_NAME", "localhost")
-        environ.setdefault("SERVER_PORT", "80")
-        environ.setdefault("SERVER_PROTOCOL", "HTTP/1.1")
+        """PEP 3333's environ: defaults, what the LB forwarded, then what
+        only the worker may say (two dict updates, not a dozen stores)."""
+        fixed = self._environ_fixed
+        if not fixed:
+            fixed.update({
+                "wsgi.version": (1, 0),
+                "wsgi.multithread": bool(self.threads),
+                "wsgi.multiprocess": True,
+                "wsgi.run_once": False,
+                "wsgi.input_terminated": True,
+                "zc_lb.worker": "%s:%d" % self.address,
+            })
+        environ: Dict[str, object] = self.ENVIRON_DEFAULTS.copy()
+        environ.update(forwarded)
+        environ.update(fixed)
+        environ["wsgi.input"] = RequestInput(exchange)
+        environ["wsgi.errors"] = sys.stderr
         return environ
 
     def _record(self, rclass: str, elapsed: float) -> None:
