@@ -229,16 +229,32 @@ class _HubProxy:
 # -- request greenlets ------------------------------------------------------
 
 
+class Task:
+    """One request's call in a Requests greenlet."""
+
+    __slots__ = ("func", "args", "glet", "started", "killed", "done")
+
+    def __init__(self, func: Callable, args: tuple, glet: greenlet.greenlet) -> None:
+        self.func = func
+        self.args = args
+        self.glet = glet
+        self.started = self.killed = self.done = False
+
+
 class Requests:
-    """The greenlets serving requests, as raw greenlets: starting one is a
-    loop callback, where gevent's Greenlet in a Group costs several times
-    as much (links, pool bookkeeping) on every request.  Enough of
+    """The greenlets serving requests: raw greenlets that, once a request
+    is done, wait for the next one.  A new greenlet per request cost a
+    fresh Python data stack (an mmap and a munmap, and their page faults)
+    and, as gevent's Greenlet in a Group, links and pool bookkeeping;
+    handing a request to an idle greenlet is one loop callback.  Enough of
     ``gevent.pool.Group`` for drains, status and tests: ``len``,
     ``join``, ``kill``."""
 
+    MAX_IDLE = 64  # idle greenlets kept; a burst past that ends its extras
+
     def __init__(self) -> None:
-        self._running: Set[greenlet.greenlet] = set()
-        self._killed: Set[greenlet.greenlet] = set()  # killed before they started
+        self._running: Dict[greenlet.greenlet, Task] = {}
+        self._idle: List[greenlet.greenlet] = []
         self._empty = gevent.event.Event()
         self._empty.set()
 
@@ -248,51 +264,58 @@ class Requests:
     def __bool__(self) -> bool:
         return bool(self._running)
 
-    def __iter__(self):
-        return iter(list(self._running))
-
-    def spawn(self, func: Callable, *args) -> greenlet.greenlet:
-        """Run ``func(*args)`` in a new greenlet, from the next loop turn."""
+    def spawn(self, func: Callable, *args) -> Task:
+        """Run ``func(*args)`` in a greenlet, from the next loop turn."""
         hub = gevent.get_hub()
-        glet = greenlet.greenlet(self._run, hub)
-        self._running.add(glet)
+        glet = self._idle.pop() if self._idle else greenlet.greenlet(self._serve, hub)
+        task = Task(func, args, glet)
+        self._running[glet] = task
         self._empty.clear()
-        hub.loop.run_callback(glet.switch, func, args)
-        return glet
+        hub.loop.run_callback(glet.switch, task)
+        return task
 
-    def _run(self, func: Callable, args: tuple) -> None:
+    def _serve(self, task: Task) -> None:
         current = greenlet.getcurrent()
-        try:
-            if current in self._killed:
-                self._killed.discard(current)
+        hub = current.parent
+        running, idle = self._running, self._idle
+        while True:
+            task.started = True
+            try:
+                if not task.killed:
+                    task.func(*task.args)
+            except gevent.GreenletExit:
+                pass
+            except BaseException:  # its parent is the hub: nothing may escape
+                log.exception("request greenlet failed")
+            finally:
+                task.done = True
+                if running.get(current) is task:
+                    del running[current]
+                if not running:
+                    self._empty.set()
+            task = None  # type: ignore[assignment]  # not kept alive while idle
+            if len(idle) >= self.MAX_IDLE:
                 return
-            func(*args)
-        except gevent.GreenletExit:
-            pass
-        except BaseException:  # its parent is the hub: nothing may escape
-            log.exception("request greenlet failed")
-        finally:
-            self._running.discard(current)
-            if not self._running:
-                self._empty.set()
+            idle.append(current)
+            task = hub.switch()  # the next request, from spawn()
 
-    def kill_one(self, glet: greenlet.greenlet) -> None:
-        """Raise GreenletExit in ``glet`` from the hub (at once, if it has not started)."""
-        if glet.dead or glet not in self._running:
+    def kill_one(self, task: Task) -> None:
+        """Raise GreenletExit in ``task``'s greenlet, from the hub (or, if
+        it has not started, make it return as soon as it does)."""
+        if task.done:
             return
-        if not glet:  # not started: it returns as soon as it does
-            self._killed.add(glet)
+        if not task.started:
+            task.killed = True
             return
-        gevent.get_hub().loop.run_callback(self._throw, glet)
+        gevent.get_hub().loop.run_callback(self._throw, task)
 
-    @staticmethod
-    def _throw(glet: greenlet.greenlet) -> None:
-        if glet and not glet.dead:
-            glet.throw(gevent.GreenletExit)
+    def _throw(self, task: Task) -> None:
+        if task.started and not task.done:
+            task.glet.throw(gevent.GreenletExit)
 
     def kill(self, block: bool = True, timeout: Optional[float] = None) -> None:
-        for glet in list(self._running):
-            self.kill_one(glet)
+        for task in list(self._running.values()):
+            self.kill_one(task)
         if block:
             self.join(timeout)
 
@@ -438,8 +461,8 @@ class Worker(Handler):
             log.info("LB connection from %s ended: %s", connection.peer, error)
 
     def handle_request(self, connection: Connection, exchange: Exchange) -> None:
-        glet = self.requests.spawn(self._serve, exchange)
-        exchange.on_cancel = lambda: self.requests.kill_one(glet)
+        task = self.requests.spawn(self._serve, exchange)
+        exchange.on_cancel = lambda: self.requests.kill_one(task)
 
     # -- requests -----------------------------------------------------
 
