@@ -295,6 +295,10 @@ class Connection:
         self._last_received = time.monotonic()
         self._outgoing: List[bytes] = []
         self._wake_writer = gevent.event.Event()
+        self._flush_scheduled = False  # a _flush callback is pending
+        self._writer_busy = False  # the writer greenlet has bytes the socket did not take
+        # The non-blocking socket under gevent's, for sending from the hub.
+        self._raw_send = getattr(getattr(sock, "_sock", None), "send", None)
         self._flushed = gevent.event.Event()  # set while nothing is queued or being sent
         self._flushed.set()
         self._greenlets: List[gevent.Greenlet] = []
@@ -377,13 +381,42 @@ class Connection:
     # -- writing ------------------------------------------------------
 
     def write(self, data: bytes) -> None:
-        """Queue bytes for the writer greenlet, which sends everything
-        queued in one loop turn with one ``sendall``."""
+        """Queue bytes; everything queued in one loop turn goes out with
+        one ``send``, from a loop callback (no greenlet switch), or from
+        the writer greenlet when the socket cannot take it all at once."""
         if self.closed:
             raise self.error or self._closed_error(self.peer)
         self._outgoing.append(data)
-        self._flushed.clear()
-        self._wake_writer.set()
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._flushed.clear()
+            if self._raw_send is None or self._writer_busy:
+                self._wake_writer.set()
+            else:
+                gevent.get_hub().loop.run_callback(self._flush)
+
+    def _flush(self) -> None:
+        """In the hub, after this turn's greenlets have queued their
+        writes: send them without blocking; what the socket does not take
+        (or an error) goes to the writer greenlet."""
+        self._flush_scheduled = False
+        outgoing = self._outgoing
+        if self.closed or self._writer_busy or not outgoing:
+            return
+        data = outgoing[0] if len(outgoing) == 1 else b"".join(outgoing)
+        outgoing.clear()
+        try:
+            sent = self._raw_send(data)  # type: ignore[misc]
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            sent = 0  # the writer greenlet meets the error and ends the connection
+        if sent < len(data):
+            outgoing.append(data[sent:])
+            self._writer_busy = True
+            self._wake_writer.set()
+        else:
+            self._flushed.set()
 
     def _write_loop(self) -> None:
         outgoing, wake, sock = self._outgoing, self._wake_writer, self.sock
@@ -391,10 +424,12 @@ class Connection:
             while not self.closed:
                 wake.wait()
                 wake.clear()
+                self._flush_scheduled = False
                 while outgoing:
                     chunk = outgoing[0] if len(outgoing) == 1 else b"".join(outgoing)
                     outgoing.clear()
                     send_all(sock, chunk)
+                self._writer_busy = False
                 self._flushed.set()
         except OSError as exc:
             outgoing.clear()
