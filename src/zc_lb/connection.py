@@ -439,14 +439,25 @@ class Connection:
     # -- reading ------------------------------------------------------
 
     def _read_loop(self) -> None:
-        proto, recv = self.protocol, self.sock.recv
+        proto, recv_into = self.protocol, self.sock.recv_into
+        # Into one buffer: recv(RECV_SIZE) allocated (and often mmapped)
+        # a quarter megabyte per read, then shrank it.
+        buffer = bytearray(RECV_SIZE)
+        view = memoryview(buffer)
+        # After a short read the socket is drained: wait for it to be
+        # readable, rather than let recv() try first, fail with EAGAIN
+        # (a system call and a Python exception per batch) and then wait.
+        hub = gevent.get_hub()
+        readable = hub.loop.io(self.sock.fileno(), 1)
         try:
             self._dispatch_events()
             while not self.closed:
-                data = recv(RECV_SIZE)
+                n = recv_into(buffer)
                 self._last_received = time.monotonic()
-                proto.receive_data(data)
+                proto.receive_data(view[:n] if n else b"")
                 self._dispatch_events()
+                if 0 < n < RECV_SIZE and not self.closed:
+                    hub.wait(readable)
         except RemoteProtocolError as exc:
             log.warning("protocol error from %s, disconnecting: %s", self.peer, exc)
             self._end(self._lost_error("%s: protocol error: %s" % (self.peer, exc)))
