@@ -133,7 +133,8 @@ class Exchange:
         self.rno = rno
         self.inbox: Deque[protocol.Message] = collections.deque()
         self.error: Optional[ZcLbError] = None  # why it ended early, raised to waiters
-        self._wakeup = gevent.event.Event()
+        # Made when someone first waits: most requests never do.
+        self._wakeup: Optional[gevent.event.Event] = None
         self.on_cancel: Optional[Callable[[], None]] = None  # the peer cancelled
 
     @property
@@ -201,7 +202,8 @@ class Exchange:
             self.error = error or CancelledHere("request %d cancelled" % self.rno)
         data = connection.protocol.cancel(self.rno)
         connection.streams.pop(self.rno, None)
-        self._wakeup.set()
+        if self._wakeup is not None:
+            self._wakeup.set()
         try:
             connection.write(data)
         except ZcLbError:
@@ -231,8 +233,12 @@ class Exchange:
     def _wait(self, timeout: Optional[float] = None) -> None:
         if self.error is not None:
             raise self.error
-        self._wakeup.clear()
-        if not self._wakeup.wait(timeout):
+        wakeup = self._wakeup
+        if wakeup is None:
+            wakeup = self._wakeup = gevent.event.Event()
+        else:
+            wakeup.clear()
+        if not wakeup.wait(timeout):
             raise gevent.Timeout(timeout)
 
     # -- driven by the connection's reader ----------------------------
@@ -240,13 +246,15 @@ class Exchange:
     def _received(self, event: protocol.Message) -> None:
         if type(event) is not Credit:
             self.inbox.append(event)
-        self._wakeup.set()
+        if self._wakeup is not None:
+            self._wakeup.set()
 
     def _cancelled_by_peer(self) -> None:
         if self.error is None:
             self.error = PeerCancelled("request %d cancelled by %s"
                                        % (self.rno, self.connection.peer))
-        self._wakeup.set()
+        if self._wakeup is not None:
+            self._wakeup.set()
         if self.on_cancel is not None:
             self.on_cancel()
 
@@ -254,7 +262,8 @@ class Exchange:
         """End the exchange here with ``error`` (waiters get it raised)."""
         if self.error is None:
             self.error = error
-        self._wakeup.set()
+        if self._wakeup is not None:
+            self._wakeup.set()
 
     def __repr__(self) -> str:
         return "<Exchange %d on %s credit=%d%s>" % (

@@ -28,6 +28,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import gevent
 import gevent.event
+import gevent.hub
 import gevent.server
 import gevent.threadpool
 import greenlet
@@ -226,6 +227,10 @@ class _HubProxy:
         return iter(self.readline, b"")
 
 
+def _call(func: Callable, *args):
+    return func(*args)
+
+
 # -- request greenlets ------------------------------------------------------
 
 
@@ -253,6 +258,7 @@ class Requests:
     MAX_IDLE = 64  # idle greenlets kept; a burst past that ends its extras
 
     def __init__(self) -> None:
+        self._hub: Optional[gevent.hub.Hub] = None  # the one requests run in, once known
         self._running: Dict[greenlet.greenlet, Task] = {}
         self._idle: List[greenlet.greenlet] = []
         self._empty = gevent.event.Event()
@@ -266,7 +272,8 @@ class Requests:
 
     def spawn(self, func: Callable, *args) -> Task:
         """Run ``func(*args)`` in a greenlet, from the next loop turn."""
-        hub = gevent.get_hub()
+        hub = self._hub or gevent.get_hub()
+        self._hub = hub
         glet = self._idle.pop() if self._idle else greenlet.greenlet(self._serve, hub)
         task = Task(func, args, glet)
         self._running[glet] = task
@@ -496,7 +503,7 @@ class Worker(Handler):
     def _run_app(self, environ: Dict, writer: ResponseWriter,
                  send: Optional[Callable] = None,
                  start_response: Optional[Callable] = None) -> None:
-        send = send or (lambda f, *a: f(*a))
+        send = send or _call
         try:
             result = self.app(environ, start_response or writer.start_response)
         except ZcLbError:
@@ -528,8 +535,8 @@ class Worker(Handler):
         """Greenlet mode: run the application in this greenlet, known to
         the loop watch as serving this request."""
         assert self.loopwatch is not None
-        self.loopwatch.serving("%s %s" % (environ.get("REQUEST_METHOD"),
-                                          environ.get("PATH_INFO")))
+        self.loopwatch.serving(environ["REQUEST_METHOD"] + " "  # type: ignore[operator]
+                               + environ["PATH_INFO"])  # type: ignore[operator]
         try:
             self._run_app(environ, writer)
         finally:
