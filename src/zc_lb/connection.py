@@ -133,7 +133,8 @@ class Exchange:
         self.rno = rno
         self.inbox: Deque[protocol.Message] = collections.deque()
         self.error: Optional[ZcLbError] = None  # why it ended early, raised to waiters
-        self._wakeup = gevent.event.Event()
+        # Made when someone first waits: most requests never do.
+        self._wakeup: Optional[gevent.event.Event] = None
         self.on_cancel: Optional[Callable[[], None]] = None  # the peer cancelled
 
     @property
@@ -156,6 +157,18 @@ class Exchange:
         send = connection.protocol.send
         connection.write(b"".join([send(message) for message in messages]))
         if self.rno not in connection.protocol.streams:  # both directions ended
+            connection.forget(self)
+
+    def respond(self, status: str, headers: List[Tuple[str, str]], body: bytes = b"",
+                end: bool = False) -> None:
+        """Worker side: the response head, ``body`` (within credit) and End
+        if ``end``, in one write: a small response is one frame batch."""
+        if self.error is not None:
+            raise self.error
+        connection = self.connection
+        proto = connection.protocol
+        connection.write(proto.respond(self.rno, status, headers, body, end))
+        if end and self.rno not in proto.streams:
             connection.forget(self)
 
     def send_body(self, data: bytes, stop_on_response: bool = False) -> bool:
@@ -189,7 +202,8 @@ class Exchange:
             self.error = error or CancelledHere("request %d cancelled" % self.rno)
         data = connection.protocol.cancel(self.rno)
         connection.streams.pop(self.rno, None)
-        self._wakeup.set()
+        if self._wakeup is not None:
+            self._wakeup.set()
         try:
             connection.write(data)
         except ZcLbError:
@@ -219,8 +233,12 @@ class Exchange:
     def _wait(self, timeout: Optional[float] = None) -> None:
         if self.error is not None:
             raise self.error
-        self._wakeup.clear()
-        if not self._wakeup.wait(timeout):
+        wakeup = self._wakeup
+        if wakeup is None:
+            wakeup = self._wakeup = gevent.event.Event()
+        else:
+            wakeup.clear()
+        if not wakeup.wait(timeout):
             raise gevent.Timeout(timeout)
 
     # -- driven by the connection's reader ----------------------------
@@ -228,13 +246,15 @@ class Exchange:
     def _received(self, event: protocol.Message) -> None:
         if type(event) is not Credit:
             self.inbox.append(event)
-        self._wakeup.set()
+        if self._wakeup is not None:
+            self._wakeup.set()
 
     def _cancelled_by_peer(self) -> None:
         if self.error is None:
             self.error = PeerCancelled("request %d cancelled by %s"
                                        % (self.rno, self.connection.peer))
-        self._wakeup.set()
+        if self._wakeup is not None:
+            self._wakeup.set()
         if self.on_cancel is not None:
             self.on_cancel()
 
@@ -242,7 +262,8 @@ class Exchange:
         """End the exchange here with ``error`` (waiters get it raised)."""
         if self.error is None:
             self.error = error
-        self._wakeup.set()
+        if self._wakeup is not None:
+            self._wakeup.set()
 
     def __repr__(self) -> str:
         return "<Exchange %d on %s credit=%d%s>" % (
@@ -283,6 +304,10 @@ class Connection:
         self._last_received = time.monotonic()
         self._outgoing: List[bytes] = []
         self._wake_writer = gevent.event.Event()
+        self._flush_scheduled = False  # a _flush callback is pending
+        self._writer_busy = False  # the writer greenlet has bytes the socket did not take
+        # The non-blocking socket under gevent's, for sending from the hub.
+        self._raw_send = getattr(getattr(sock, "_sock", None), "send", None)
         self._flushed = gevent.event.Event()  # set while nothing is queued or being sent
         self._flushed.set()
         self._greenlets: List[gevent.Greenlet] = []
@@ -365,13 +390,42 @@ class Connection:
     # -- writing ------------------------------------------------------
 
     def write(self, data: bytes) -> None:
-        """Queue bytes for the writer greenlet, which sends everything
-        queued in one loop turn with one ``sendall``."""
+        """Queue bytes; everything queued in one loop turn goes out with
+        one ``send``, from a loop callback (no greenlet switch), or from
+        the writer greenlet when the socket cannot take it all at once."""
         if self.closed:
             raise self.error or self._closed_error(self.peer)
         self._outgoing.append(data)
-        self._flushed.clear()
-        self._wake_writer.set()
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._flushed.clear()
+            if self._raw_send is None or self._writer_busy:
+                self._wake_writer.set()
+            else:
+                gevent.get_hub().loop.run_callback(self._flush)
+
+    def _flush(self) -> None:
+        """In the hub, after this turn's greenlets have queued their
+        writes: send them without blocking; what the socket does not take
+        (or an error) goes to the writer greenlet."""
+        self._flush_scheduled = False
+        outgoing = self._outgoing
+        if self.closed or self._writer_busy or not outgoing:
+            return
+        data = outgoing[0] if len(outgoing) == 1 else b"".join(outgoing)
+        outgoing.clear()
+        try:
+            sent = self._raw_send(data)  # type: ignore[misc]
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            sent = 0  # the writer greenlet meets the error and ends the connection
+        if sent < len(data):
+            outgoing.append(data[sent:])
+            self._writer_busy = True
+            self._wake_writer.set()
+        else:
+            self._flushed.set()
 
     def _write_loop(self) -> None:
         outgoing, wake, sock = self._outgoing, self._wake_writer, self.sock
@@ -379,10 +433,12 @@ class Connection:
             while not self.closed:
                 wake.wait()
                 wake.clear()
+                self._flush_scheduled = False
                 while outgoing:
                     chunk = outgoing[0] if len(outgoing) == 1 else b"".join(outgoing)
                     outgoing.clear()
                     send_all(sock, chunk)
+                self._writer_busy = False
                 self._flushed.set()
         except OSError as exc:
             outgoing.clear()
@@ -392,14 +448,25 @@ class Connection:
     # -- reading ------------------------------------------------------
 
     def _read_loop(self) -> None:
-        proto, recv = self.protocol, self.sock.recv
+        proto, recv_into = self.protocol, self.sock.recv_into
+        # Into one buffer: recv(RECV_SIZE) allocated (and often mmapped)
+        # a quarter megabyte per read, then shrank it.
+        buffer = bytearray(RECV_SIZE)
+        view = memoryview(buffer)
+        # After a short read the socket is drained: wait for it to be
+        # readable, rather than let recv() try first, fail with EAGAIN
+        # (a system call and a Python exception per batch) and then wait.
+        hub = gevent.get_hub()
+        readable = hub.loop.io(self.sock.fileno(), 1)
         try:
             self._dispatch_events()
             while not self.closed:
-                data = recv(RECV_SIZE)
+                n = recv_into(buffer)
                 self._last_received = time.monotonic()
-                proto.receive_data(data)
+                proto.receive_data(view[:n] if n else b"")
                 self._dispatch_events()
+                if 0 < n < RECV_SIZE and not self.closed:
+                    hub.wait(readable)
         except RemoteProtocolError as exc:
             log.warning("protocol error from %s, disconnecting: %s", self.peer, exc)
             self._end(self._lost_error("%s: protocol error: %s" % (self.peer, exc)))

@@ -243,8 +243,8 @@ def _encode(message: Message) -> bytes:
                                   % (len(payload), MAX_MESSAGE))
         return _frame(message.rno, Request.TYPE, payload)
     if isinstance(message, Response):
-        payload = _json([message.status, [list(h) for h in message.headers]])
-        return _frame(message.rno, Response.TYPE, payload)
+        return _frame(message.rno, Response.TYPE, _response_payload(message.status,
+                                                                    message.headers))
     if isinstance(message, (Ping, Pong)):
         return HEADER.pack(0, message.TYPE, 0)
     if isinstance(message, Resume):
@@ -265,6 +265,15 @@ def _encode(message: Message) -> bytes:
     raise LocalProtocolError("cannot encode %r" % (message,))
 
 
+def _response_payload(status: str, headers: List[Tuple[str, str]]) -> bytes:
+    # orjson writes tuples as arrays: no list(h) copy per header.  Names
+    # and values must be strings, as the peer checks.
+    for header in headers:
+        if len(header) != 2 or type(header[0]) is not str or type(header[1]) is not str:
+            raise LocalProtocolError("response header %r is not a pair of strings" % (header,))
+    return _json([status, headers])
+
+
 def body_header(rno: int, length: int) -> bytes:
     """The header of a Body frame, for sending a large chunk without copying."""
     return HEADER.pack(rno, Body.TYPE, length)
@@ -283,10 +292,13 @@ def _load_json(payload: bytes, what: str) -> object:
 
 
 def _string_dict(obj: object, what: str) -> Dict[str, str]:
-    if not isinstance(obj, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in obj.items()
-    ):
+    # A JSON object's keys are strings by construction: only the values
+    # need checking, and a plain loop beats all() over a generator.
+    if type(obj) is not dict:
         raise RemoteProtocolError("%s must be an object of strings" % what)
+    for value in obj.values():
+        if type(value) is not str:
+            raise RemoteProtocolError("%s must be an object of strings" % what)
     return obj
 
 
@@ -833,6 +845,45 @@ class Connection:
             if stream.sending in ENDED and stream.receiving in ENDED:
                 del self.streams[rno]
         return data
+
+    def respond(self, rno: int, status: str, headers: List[Tuple[str, str]],
+                body: bytes = b"", end: bool = False) -> bytes:
+        """Worker side: the bytes of Response(status, headers), then Body(body)
+        if any, then End if ``end``; the checks of ``send`` for each, made
+        before anything changes (the whole response is refused or sent)."""
+        if self.phase not in (OPEN_PHASE, CLOSING):
+            raise LocalProtocolError("cannot send Response while %s" % self.phase)
+        stream = self.streams.get(rno)
+        if stream is None or self.role != "worker":
+            raise LocalProtocolError("Response for request %d, which is not open here" % rno)
+        if stream.sending != IDLE:
+            raise LocalProtocolError("request %d: start not allowed while sending is %s"
+                                     % (rno, stream.sending))
+        if type(body) is not bytes:
+            try:
+                body = bytes(body)
+            except TypeError as exc:
+                raise LocalProtocolError("cannot send body %r: %s" % (type(body), exc))
+        size = len(body)
+        if size > stream.credit or size > MAX_BODY:
+            raise LocalProtocolError("request %d: %d body bytes past our credit of %d"
+                                     % (rno, size, stream.credit))
+        try:
+            payload = _response_payload(status, headers)
+        except (ValueError, TypeError) as exc:
+            raise LocalProtocolError("cannot encode the response to %d: %s" % (rno, exc))
+        pack = HEADER.pack
+        parts = [pack(rno, Response.TYPE, len(payload)), payload]
+        stream.sending = OPEN
+        if size:
+            parts += (pack(rno, Body.TYPE, size), body)
+            stream.credit -= size
+        if end:
+            parts.append(pack(rno, End.TYPE, 0))
+            stream.sending = DONE
+            if stream.receiving in ENDED:
+                del self.streams[rno]
+        return b"".join(parts)
 
     def cancel(self, rno: int) -> bytes:
         """Cancel request ``rno``: the bytes to send, or nothing when it

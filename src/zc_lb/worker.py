@@ -28,16 +28,17 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import gevent
 import gevent.event
-import gevent.pool
+import gevent.hub
 import gevent.server
 import gevent.threadpool
+import greenlet
 
 from . import resume as resume_module
 from .connection import Connection, Exchange, Handler
 from .errors import ConfigurationError, ZcLbError
 from .loopwatch import LoopWatch
 from .httpparse import HOP_BY_HOP
-from .protocol import Body, End, Response
+from .protocol import MAX_BODY, Body, End
 
 log = logging.getLogger(__name__)
 
@@ -157,26 +158,31 @@ class ResponseWriter:
         exchange = self.exchange
         if not self.started:
             self.started = True
-            start = Response(exchange.rno, self.status, self.headers)
             if self.head or not data:
-                exchange.send(start)
+                exchange.respond(self.status, self.headers)
                 return
-            if len(data) <= exchange.credit:
-                exchange.send(start, Body(exchange.rno, data))
+            if len(data) <= min(exchange.credit, MAX_BODY):
+                exchange.respond(self.status, self.headers, data)
                 return
-            exchange.send(start)
+            exchange.respond(self.status, self.headers)
         if data and not self.head:
             exchange.send_body(data)
 
-    def finish(self) -> None:
+    def finish(self, data: bytes = b"") -> None:
+        """End the response, after ``data`` (the whole body, when the
+        application returned it in one piece: head, body and End then go
+        in one write)."""
         exchange = self.exchange
         if not self.started:
             if self.status is None:
                 raise AssertionError("application returned without start_response()")
-            self.started = True
-            exchange.send(Response(exchange.rno, self.status, self.headers), End(exchange.rno))
-        else:
-            exchange.send(End(exchange.rno))
+            if self.head or not data or len(data) <= min(exchange.credit, MAX_BODY):
+                self.started = True
+                exchange.respond(self.status, self.headers, b"" if self.head else data, True)
+                return
+        if data:
+            self.write(data)
+        exchange.send(End(exchange.rno))
 
 
 # -- threads ----------------------------------------------------------------
@@ -221,6 +227,109 @@ class _HubProxy:
         return iter(self.readline, b"")
 
 
+def _call(func: Callable, *args):
+    return func(*args)
+
+
+# -- request greenlets ------------------------------------------------------
+
+
+class Task:
+    """One request's call in a Requests greenlet."""
+
+    __slots__ = ("func", "args", "glet", "started", "killed", "done")
+
+    def __init__(self, func: Callable, args: tuple, glet: greenlet.greenlet) -> None:
+        self.func = func
+        self.args = args
+        self.glet = glet
+        self.started = self.killed = self.done = False
+
+
+class Requests:
+    """The greenlets serving requests: raw greenlets that, once a request
+    is done, wait for the next one.  A new greenlet per request cost a
+    fresh Python data stack (an mmap and a munmap, and their page faults)
+    and, as gevent's Greenlet in a Group, links and pool bookkeeping;
+    handing a request to an idle greenlet is one loop callback.  Enough of
+    ``gevent.pool.Group`` for drains, status and tests: ``len``,
+    ``join``, ``kill``."""
+
+    MAX_IDLE = 64  # idle greenlets kept; a burst past that ends its extras
+
+    def __init__(self) -> None:
+        self._hub: Optional[gevent.hub.Hub] = None  # the one requests run in, once known
+        self._running: Dict[greenlet.greenlet, Task] = {}
+        self._idle: List[greenlet.greenlet] = []
+        self._empty = gevent.event.Event()
+        self._empty.set()
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    def __bool__(self) -> bool:
+        return bool(self._running)
+
+    def spawn(self, func: Callable, *args) -> Task:
+        """Run ``func(*args)`` in a greenlet, from the next loop turn."""
+        hub = self._hub or gevent.get_hub()
+        self._hub = hub
+        glet = self._idle.pop() if self._idle else greenlet.greenlet(self._serve, hub)
+        task = Task(func, args, glet)
+        self._running[glet] = task
+        self._empty.clear()
+        hub.loop.run_callback(glet.switch, task)
+        return task
+
+    def _serve(self, task: Task) -> None:
+        current = greenlet.getcurrent()
+        hub = current.parent
+        running, idle = self._running, self._idle
+        while True:
+            task.started = True
+            try:
+                if not task.killed:
+                    task.func(*task.args)
+            except gevent.GreenletExit:
+                pass
+            except BaseException:  # its parent is the hub: nothing may escape
+                log.exception("request greenlet failed")
+            finally:
+                task.done = True
+                if running.get(current) is task:
+                    del running[current]
+                if not running:
+                    self._empty.set()
+            task = None  # type: ignore[assignment]  # not kept alive while idle
+            if len(idle) >= self.MAX_IDLE:
+                return
+            idle.append(current)
+            task = hub.switch()  # the next request, from spawn()
+
+    def kill_one(self, task: Task) -> None:
+        """Raise GreenletExit in ``task``'s greenlet, from the hub (or, if
+        it has not started, make it return as soon as it does)."""
+        if task.done:
+            return
+        if not task.started:
+            task.killed = True
+            return
+        gevent.get_hub().loop.run_callback(self._throw, task)
+
+    def _throw(self, task: Task) -> None:
+        if task.started and not task.done:
+            task.glet.throw(gevent.GreenletExit)
+
+    def kill(self, block: bool = True, timeout: Optional[float] = None) -> None:
+        for task in list(self._running.values()):
+            self.kill_one(task)
+        if block:
+            self.join(timeout)
+
+    def join(self, timeout: Optional[float] = None) -> bool:
+        return self._empty.wait(timeout)
+
+
 # -- the server -------------------------------------------------------------
 
 
@@ -251,7 +360,8 @@ class Worker(Handler):
         self._no_lbs = gevent.event.Event()  # set while no LB is connected
         self._no_lbs.set()
         self.server: Optional[gevent.server.StreamServer] = None
-        self.requests = gevent.pool.Group()
+        self.requests = Requests()
+        self._environ_fixed: Dict[str, object] = {}
         self.threadpool: Optional[gevent.threadpool.ThreadPool] = None
         self.loopwatch: Optional[LoopWatch] = None
         self.stopping = False
@@ -358,12 +468,14 @@ class Worker(Handler):
             log.info("LB connection from %s ended: %s", connection.peer, error)
 
     def handle_request(self, connection: Connection, exchange: Exchange) -> None:
-        greenlet = self.requests.spawn(self._serve, exchange)
-        exchange.on_cancel = lambda: greenlet.kill(block=False)
+        task = self.requests.spawn(self._serve, exchange)
+        exchange.on_cancel = lambda: self.requests.kill_one(task)
 
     # -- requests -----------------------------------------------------
 
     def _serve(self, exchange: Exchange) -> None:
+        if exchange.error is not None:  # cancelled before it started
+            return
         request = exchange.receive()
         environ = self._environ(request.environ, exchange)  # type: ignore[attr-defined]
         rclass = environ.get("zc_lb.request_class", "")
@@ -390,8 +502,12 @@ class Worker(Handler):
 
     def _run_app(self, environ: Dict, writer: ResponseWriter,
                  send: Optional[Callable] = None,
-                 start_response: Optional[Callable] = None) -> None:
-        send = send or (lambda f, *a: f(*a))
+                 start_response: Optional[Callable] = None,
+                 deferred: Optional[list] = None) -> None:
+        """Run the app and send its response.  With ``deferred`` (a pool
+        thread), a one-piece body is appended to it instead, for the hub
+        to finish: two thread handoffs fewer per request."""
+        send = send or _call
         try:
             result = self.app(environ, start_response or writer.start_response)
         except ZcLbError:
@@ -401,10 +517,17 @@ class Worker(Handler):
             send(self._error_500, writer)
             return
         try:
-            for data in result:
-                if data:
-                    send(writer.write, data)
-            send(writer.finish)
+            if type(result) in (list, tuple) and len(result) <= 1:
+                # The common case, [body]: head, body and End in one write.
+                if deferred is not None:
+                    deferred.append(result[0] if result else b"")
+                    return
+                send(writer.finish, result[0] if result else b"")
+            else:
+                for data in result:
+                    if data:
+                        send(writer.write, data)
+                send(writer.finish)
         except ZcLbError:
             raise
         except Exception:
@@ -419,8 +542,8 @@ class Worker(Handler):
         """Greenlet mode: run the application in this greenlet, known to
         the loop watch as serving this request."""
         assert self.loopwatch is not None
-        self.loopwatch.serving("%s %s" % (environ.get("REQUEST_METHOD"),
-                                          environ.get("PATH_INFO")))
+        self.loopwatch.serving(environ["REQUEST_METHOD"] + " "  # type: ignore[operator]
+                               + environ["PATH_INFO"])  # type: ignore[operator]
         try:
             self._run_app(environ, writer)
         finally:
@@ -440,10 +563,12 @@ class Worker(Handler):
             writer.start_response(status, headers, exc_info)
             return lambda data: send(writer.write, data)
 
+        deferred: list = []
+
         def run() -> Optional[ZcLbError]:
             started[0] = time.perf_counter()
             try:
-                self._run_app(environ, writer, send, start_response)
+                self._run_app(environ, writer, send, start_response, deferred)
             except ZcLbError as exc:  # the LB went away: raised here, not printed there
                 return exc
             return None
@@ -452,6 +577,14 @@ class Worker(Handler):
         error = self.threadpool.apply(run)
         if error is not None:
             raise error
+        if deferred:  # back in the hub: finish here, as _run_app would have
+            try:
+                writer.finish(deferred[0])
+            except ZcLbError:
+                raise
+            except Exception:
+                log.exception("application error for %s", environ.get("PATH_INFO"))
+                self._error_500(writer)
         return started[0]
 
     @staticmethod
@@ -466,27 +599,30 @@ class Worker(Handler):
         writer.write(ERROR_500)
         writer.finish()
 
+    ENVIRON_DEFAULTS = {
+        "REQUEST_METHOD": "GET", "SCRIPT_NAME": "", "PATH_INFO": "/", "QUERY_STRING": "",
+        "SERVER_NAME": "localhost", "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1",
+        "wsgi.url_scheme": "http", "zc_lb.request_class": "",
+    }
+
     def _environ(self, forwarded: Dict[str, str], exchange: Exchange) -> Dict:
-        environ: Dict[str, object] = dict(forwarded)
-        environ.update({
-            "wsgi.version": (1, 0),
-            "wsgi.url_scheme": forwarded.get("wsgi.url_scheme", "http"),
-            "wsgi.input": RequestInput(exchange),
-            "wsgi.errors": sys.stderr,
-            "wsgi.multithread": bool(self.threads),
-            "wsgi.multiprocess": True,
-            "wsgi.run_once": False,
-            "wsgi.input_terminated": True,
-            "zc_lb.request_class": forwarded.get("zc_lb.request_class", ""),
-            "zc_lb.worker": "%s:%d" % self.address,
-        })
-        environ.setdefault("REQUEST_METHOD", "GET")
-        environ.setdefault("SCRIPT_NAME", "")
-        environ.setdefault("PATH_INFO", "/")
-        environ.setdefault("QUERY_STRING", "")
-        environ.setdefault("SERVER_NAME", "localhost")
-        environ.setdefault("SERVER_PORT", "80")
-        environ.setdefault("SERVER_PROTOCOL", "HTTP/1.1")
+        """PEP 3333's environ: defaults, what the LB forwarded, then what
+        only the worker may say (two dict updates, not a dozen stores)."""
+        fixed = self._environ_fixed
+        if not fixed:
+            fixed.update({
+                "wsgi.version": (1, 0),
+                "wsgi.multithread": bool(self.threads),
+                "wsgi.multiprocess": True,
+                "wsgi.run_once": False,
+                "wsgi.input_terminated": True,
+                "zc_lb.worker": "%s:%d" % self.address,
+            })
+        environ: Dict[str, object] = self.ENVIRON_DEFAULTS.copy()
+        environ.update(forwarded)
+        environ.update(fixed)
+        environ["wsgi.input"] = RequestInput(exchange)
+        environ["wsgi.errors"] = sys.stderr
         return environ
 
     def _record(self, rclass: str, elapsed: float) -> None:
