@@ -449,6 +449,11 @@ class Input:
     def complete(self) -> bool:
         return self._request.complete
 
+    @property
+    def buffered(self) -> int:
+        """Body bytes that have come and are not read yet."""
+        return self._request.body_size
+
     def _more(self) -> bool:
         """Wait for more body bytes; False at its end."""
         request = self._request

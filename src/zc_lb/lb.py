@@ -49,7 +49,7 @@ from .errors import (
 from .httpparse import HOP_BY_HOP
 from .outlier import Ejector
 from .pool import Pool
-from .protocol import End, Response
+from .protocol import MAX_BODY, Body, End, Response
 from .settings import LB_SETTINGS
 
 log = logging.getLogger(__name__)
@@ -133,19 +133,16 @@ class Upload:
 class _Waiting:
     """A request waiting for its response to start."""
 
-    __slots__ = ("started", "environ", "upload", "watcher", "connection")
+    __slots__ = ("started", "environ", "upload", "watcher", "connection", "retryable")
 
     def __init__(self, started: float, environ: dict, upload: Optional[Upload],
-                 connection: Connection) -> None:
+                 connection: Connection, retryable: bool) -> None:
         self.started = started
         self.environ = environ
         self.upload = upload
         self.connection = connection
+        self.retryable = retryable  # a GET or HEAD without a body
         self.watcher: Optional[gevent.Greenlet] = None
-
-    @property
-    def retryable(self) -> bool:
-        return self.upload is None and self.environ["REQUEST_METHOD"] in RETRY_METHODS
 
     def watch(self, exchange: Exchange) -> None:
         """Cancel the exchange if the client hangs up (once the upload,
@@ -436,8 +433,8 @@ class LB(LinkEvents):
                 try:
                     exchange = connection.open_request(forwarded, end=not has_body)
                     if has_body:
-                        upload = Upload(exchange, environ["wsgi.input"])
-                    response = self._await_response(exchange, upload, environ)
+                        upload = _send_body(exchange, environ["wsgi.input"])
+                    response = self._await_response(exchange, upload, environ, retryable)
                     length = self._start(connection, response, environ, start_response)
                 except (ConnectionLost, ConnectionClosed):
                     self._abort(connection, exchange, upload)
@@ -506,10 +503,10 @@ class LB(LinkEvents):
             self._workers_changed.wait(remaining)
 
     def _await_response(self, exchange: Exchange, upload: Optional[Upload],
-                        environ: dict) -> Response:
+                        environ: dict, retryable: bool) -> Response:
         waiting = self._waiting
         started = time.monotonic()
-        waiting[exchange] = _Waiting(started, environ, upload, exchange.connection)
+        waiting[exchange] = _Waiting(started, environ, upload, exchange.connection, retryable)
         if self._watchdog is None:
             self._watchdog = gevent.spawn(self._watch_slow_responses)
         try:
@@ -671,6 +668,17 @@ def _has_body(environ: dict, limit: Optional[int]) -> bool:
     if limit is not None and size > limit:
         raise RequestTooLarge("Content-Length %d is over the limit of %d" % (size, limit))
     return size > 0
+
+
+def _send_body(exchange: Exchange, wsgi_input) -> Optional[Upload]:
+    """Send the request body: at once, in the same frame batch as the
+    request, if it has all come and fits the worker's credit; else from an
+    Upload greenlet, as it arrives, while the worker may answer."""
+    size = getattr(wsgi_input, "buffered", -1)
+    if getattr(wsgi_input, "complete", False) and 0 <= size <= min(exchange.credit, MAX_BODY):
+        exchange.send(Body(exchange.rno, wsgi_input.read(size)), End(exchange.rno))
+        return None
+    return Upload(exchange, wsgi_input)
 
 
 def _watch_client(sock, exchange: Exchange) -> None:
