@@ -249,3 +249,37 @@ def test_at_light_load_a_key_waits_behind_one_request_at_its_owner():
         again = pool.get("c", "k%d" % k)
         assert again == owners[k], "key %d moved at a backlog of 1" % k
         pool.put(held), pool.put(again)
+
+
+def test_a_new_worker_keeps_its_share_after_slow_start():
+    # Its résumé ranks it below the warm workers in every class it serves
+    # (a cold cache); the classes it joined while starting stay its own.
+    pool = pool_of(4, slow_start=200, footprint_window=1000)
+    rng = random.Random(5)
+    classes = ["c%d" % i for i in range(3)]
+    served = {}
+
+    def run(n):
+        got, in_flight = Counter(), []
+        for i in range(n):
+            rclass = rng.choice(classes)
+            chosen = pool.get(rclass, "/%d" % rng.randrange(200))
+            got[chosen] += 1
+            served.setdefault(chosen, set()).add(rclass)
+            in_flight.append(chosen)
+            if len(in_flight) > 3 * len(pool):
+                pool.put(in_flight.pop(0))
+            if i % 100 == 99:  # résumés: the newcomer scores half as well
+                for handle, seen in served.items():
+                    score = 5.0 if handle == "new" else 10.0
+                    pool.new_resume(handle, {c: score for c in seen})
+                served.clear()
+        for chosen in in_flight:
+            pool.put(chosen)
+        return got
+    run(2000)
+    pool.add("new")
+    run(2000)  # ten slow starts
+    assert pool.status()["starting"] == 0
+    later = run(3000)
+    assert later["new"] / 3000 > 0.8 * 0.2  # 80% of a fair fifth, long after

@@ -53,12 +53,17 @@ the least recently chosen worker, which becomes skilled.
 
 Slow start.  A worker added to a running pool ramps up over
 ``slow_start`` requests of the pool.  While its recent share of requests
-is under its due (its fair share times the ramp) it is made a member of
-the next class worth a whole worker that comes, weighing as the class's
-best times the ramp, so it takes whole keys of warm classes a few at a
-time; it never takes more than the pool's mean backlog, so its cold cache
-does not turn into a storm of misses.  It is done starting once it has
-its share after the ramp (or after ``GIVE_UP`` ramps).
+is under its due (its fair share times the ramp) it joins the next class
+worth a whole worker that comes, taking enough of the class's keys for
+the rest of its fair share (at most half of them): its weight is floored
+at a ratio of the other members' mean score, so its cold cache, which
+ranks it last in its own résumé, does not cost it the keys before it
+has warmed them.  Few classes warm a cold cache soonest.  It never takes
+more than the pool's mean backlog while it starts, so its cold cache
+does not turn into a storm of misses: keys it cannot take yet go on to
+their next owner, the one that held them.  It is done starting once it
+has its share after the ramp (or after ``GIVE_UP`` ramps); the floors
+stay as long as it is skilled in those classes.
 
 Re-learning.  ``reset_skills()`` forgets every skill the LB holds (an
 operator's switch, for a changed classifier); the pool also resets by
@@ -73,9 +78,9 @@ O(log k) for the sketch.
 Weak spots, admitted.  Keys pinned to owners balance load worse than
 the published choice by backlog: on single-threaded workers, where a
 request queues behind another, the simulator shows less throughput than
-the published policy (a lower ``balance`` helps).  A new worker gets
-near its share while it starts, but keeps only the classes where its
-résumé ranks it among the best, which a cold cache rarely does.  Shares
+the published policy (a lower ``balance`` helps).  A new worker's floors
+are kept whatever its résumé says later, so a worker that is slow for
+good keeps the keys it took while starting.  Shares
 and footprints are per LB: with k LBs each sees all of a class's keys
 but only its own load.  The footprint counts keys, not bytes.
 """
@@ -102,6 +107,7 @@ RING_CHOICES = 2  # ring recruiting: the less loaded of the first two
 RING_POINTS = 16  # points per worker on the recruiting ring
 BIG_CLASS = 1.0  # a starter joins classes worth a whole worker or more
 GIVE_UP = 25  # slow starts after which a worker is done starting anyway
+CLASS_TAKE = 0.5  # the most of a class's keys a starter takes
 PRIOR = 16  # requests and keys per worker before shares and footprints count
 REFRESH = 16  # requests of a class between working out its members again
 RELEARN_SHARE = 0.5  # "most requests hit classes no worker is skilled in"
@@ -192,10 +198,11 @@ class Footprint:
 class Starter:
     """A worker in slow start: when it came, and its recent requests."""
 
-    __slots__ = ("added", "recent", "seen")
+    __slots__ = ("added", "recent", "seen", "joined")
 
     def __init__(self, added: int) -> None:
         self.added = added  # pool requests when it was added
+        self.joined: Dict[object, float] = {}  # classes joined -> share expected
         self.recent = 0.0  # its requests, decayed over the slow start
         self.seen = added
 
@@ -216,7 +223,8 @@ class Starter:
 class ClassStats:
     """What the LB sees of one class: its decayed request count, its keys."""
 
-    __slots__ = ("count", "seen", "footprint", "salt", "members", "uses", "version")
+    __slots__ = ("count", "seen", "footprint", "salt", "members", "uses", "version",
+                 "floors")
 
     def __init__(self, rclass: str, window: int, seed: int = 0) -> None:
         self.members: Optional[Dict[PoolWorker, float]] = None  # as last worked out
@@ -226,6 +234,8 @@ class ClassStats:
         self.seen = 0
         self.footprint = Footprint(window)
         self.salt = stable_hash(rclass) ^ seed
+        # workers that joined while starting -> pool request when they did
+        self.floors: Optional[Dict[PoolWorker, int]] = None
 
 
 class AffinityPool(Pool):
@@ -360,9 +370,10 @@ class AffinityPool(Pool):
 
     def _members(self, rclass: str, stats: ClassStats) -> Dict[PoolWorker, float]:
         """The class's members and their scores: its best ``width`` skilled
-        workers, recruiting one when it has fewer; starters it took count
-        as the best, times their ramp.  Worked out again after a change of
-        skills or every ``REFRESH`` requests of the class, not every time."""
+        workers, recruiting one when it has fewer; a worker that joined
+        the class while starting counts at least as the members' mean
+        (see ``_floored``).  Worked out again after a change of skills or
+        every ``REFRESH`` requests of the class, not every time."""
         members = stats.members
         stats.uses += 1
         if (members is not None and stats.version == self.skills_version
@@ -375,18 +386,42 @@ class AffinityPool(Pool):
             skilled = self.skilled[rclass] = {}
         if len(skilled) < width:
             self._recruit(rclass, skilled)
-        if len(skilled) <= width and not self.starting:
+        if stats.floors:
+            members = self._floored(stats, skilled, width)
+        elif len(skilled) <= width:
             members = skilled
         else:
             members = dict(nlargest(width, skilled.items(), key=_by_score))
-        if self.starting:
-            best = max(skilled.values())
-            for worker in self.starting:
-                if worker in skilled:
-                    members[worker] = best * self._ramp(worker)
         stats.members, stats.version = members, self.skills_version
         if len(members) < width:
             stats.uses = REFRESH  # still recruiting: again on the next request
+        return members
+
+    def _floored(self, stats: ClassStats, skilled: Dict[PoolWorker, float],
+                 width: int) -> Dict[PoolWorker, float]:
+        """The best ``width`` of ``skilled``, and the workers that joined
+        the class while starting, each weighing at least its ratio times
+        the mean of the others' scores: a cold cache does not rank a
+        newcomer last before its résumé shows the keys it holds.  A floor
+        lasts as long as the worker is skilled in the class."""
+        floors = stats.floors
+        assert floors is not None
+        others = nlargest(width, ((w, s) for w, s in skilled.items() if w not in floors),
+                          key=_by_score)
+        mean = (sum(s for _, s in others) / len(others) if others
+                else max(skilled.values(), default=self.unskilled_score))
+        members = dict(others)
+        for worker, ratio in list(floors.items()):
+            score = skilled.get(worker)
+            if score is None:
+                del floors[worker]
+                starter = self.starting.get(worker)
+                if starter is not None:
+                    starter.joined.pop(stats, None)
+                continue
+            members[worker] = max(score, ratio * mean)
+        if not floors:
+            stats.floors = None
         return members
 
     def _recruit(self, rclass: str, skilled: Dict[PoolWorker, float]) -> None:
@@ -491,11 +526,22 @@ class AffinityPool(Pool):
             if self.requests - starter.added > GIVE_UP * self.slow_start:
                 del self.starting[worker]
                 continue
+            if sum(starter.joined.values()) >= fair * STARTED:
+                continue  # what it holds is enough once its cache is warm
             busy = worker.backlog * len(self.workers) > self.backlog
-            big = stats.count * len(self.workers) >= BIG_CLASS * self.total
+            cshare = stats.count / self.total
+            big = cshare * len(self.workers) >= BIG_CLASS
             if worker not in skilled and big and not busy:
-                score = max(skilled.values()) if skilled else self.unskilled_score
+                # Take enough of this class's keys for the rest of its due,
+                # at most half: few classes warm a cold cache soonest.
+                take = min(CLASS_TAKE, (fair - sum(starter.joined.values())) / cshare)
+                members = len(stats.members) if stats.members else len(skilled)
+                score = min(skilled.values()) if skilled else self.unskilled_score
                 skilled[worker] = worker.resume[rclass] = score
+                if stats.floors is None:
+                    stats.floors = {}
+                stats.floors[worker] = take / (1.0 - take) * max(members, 1)
+                starter.joined[stats] = take * cshare
                 self.skills_version += 1
                 return
 
