@@ -283,3 +283,39 @@ def test_a_new_worker_keeps_its_share_after_slow_start():
     assert pool.status()["starting"] == 0
     later = run(3000)
     assert later["new"] / 3000 > 0.8 * 0.2  # 80% of a fair fifth, long after
+
+
+def test_a_changed_classifier_sends_each_class_where_its_keys_were():
+    # The labels are permuted: class "s1" now carries what was "s0".  Its
+    # keys' data is on the workers that served them under the old label.
+    pool = pool_of(6, footprint_window=500)
+    rng = random.Random(6)
+    sites = ["s0", "s1", "s2"]
+
+    def run(n, label):
+        served = {}
+        for _ in range(n):
+            site = rng.choice(sites)
+            handle = pool.get(label[site], "/%s/%d" % (site, rng.randrange(30)))
+            pool.put(handle)
+            served.setdefault(site, Counter())[handle] += 1
+        return served
+    before = run(1500, {site: site for site in sites})
+    run(300, {"s0": "s1", "s1": "s2", "s2": "s0"})  # the change
+    after = run(1000, {"s0": "s1", "s1": "s2", "s2": "s0"})
+    back = sum(n for site in sites for handle, n in after[site].items()
+               if handle in before[site])
+    assert back > 0.9 * 1000
+
+
+def test_paths_shared_by_several_classes_do_not_look_like_a_changed_classifier():
+    pool = pool_of(6, footprint_window=500)
+    rng = random.Random(7)
+    def run(n):
+        for _ in range(n):  # the same paths under two hosts
+            pool.put(pool.get(rng.choice(["host-a", "host-b"]), "/%d" % rng.randrange(30)))
+    run(1000)  # a path seen moving twice is known to be shared
+    adoptions = pool.adoptions
+    run(3000)
+    assert pool.adoptions == adoptions
+    assert len(pool.skilled["host-a"]) >= 1 and len(pool.skilled["host-b"]) >= 1

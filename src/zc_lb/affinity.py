@@ -65,8 +65,16 @@ their next owner, the one that held them.  It is done starting once it
 has its share after the ramp (or after ``GIVE_UP`` ramps); the floors
 stay as long as it is skilled in those classes.
 
-Re-learning.  ``reset_skills()`` forgets every skill the LB holds (an
-operator's switch, for a changed classifier); the pool also resets by
+Re-learning.  A changed classifier moves keys between classes, but
+their data stays where it was.  The LB keeps a book of keys (at most
+``BOOK_SIZE``): the class and worker each last went to.  When enough of
+a class's new keys come from other classes, it follows them: the
+workers that served them become its members (floored at the members'
+mean until the class settles), and its old members, which hold another
+class's data, lose their skill in it until their résumés drop it.  A
+path seen moving twice is in several classes (the same path under
+several hosts) and is ignored from then on.  ``reset_skills()`` forgets
+every skill the LB holds (an operator's switch); the pool also resets by
 itself when, over a window, most requests hit classes no worker is
 skilled in.  Résumés then teach it again.
 
@@ -82,7 +90,9 @@ the published policy (a lower ``balance`` helps).  A new worker's floors
 are kept whatever its résumé says later, so a worker that is slow for
 good keeps the keys it took while starting.  Shares
 and footprints are per LB: with k LBs each sees all of a class's keys
-but only its own load.  The footprint counts keys, not bytes.
+but only its own load.  The footprint counts keys, not bytes.  A
+path shared by two classes may look moved before it is seen moving
+twice: such a class may follow a few of its keys once, at start.
 """
 
 from __future__ import annotations
@@ -112,6 +122,17 @@ PRIOR = 16  # requests and keys per worker before shares and footprints count
 REFRESH = 16  # requests of a class between working out its members again
 RELEARN_SHARE = 0.5  # "most requests hit classes no worker is skilled in"
 MIN_BOUND = 2.0  # a key may always wait behind one request at its owner
+BOOK_SAMPLE = 1  # one key in BOOK_SAMPLE is noted in the book of keys' classes
+BOOK_SIZE = 1 << 16  # sampled keys the book remembers, oldest forgotten
+MOVED_WINDOW = 32  # sampled new keys of a class over which moves count
+SETTLE = 0.995  # moves and new keys of a class fade with each key it had before
+ADOPTED = 1.0  # the floor of a worker that followed a class's moved keys
+SETTLED = 0.1  # moves below which a class that followed its keys is settled
+MOVED_LEAST = 2  # sampled keys moved in before a class follows them
+
+
+BookEntry = Tuple[Optional[str], Optional[PoolWorker], bool]
+SHARED: BookEntry = (None, None, True)  # a key of several classes
 
 
 def stable_hash(text: str) -> int:
@@ -224,7 +245,7 @@ class ClassStats:
     """What the LB sees of one class: its decayed request count, its keys."""
 
     __slots__ = ("count", "seen", "footprint", "salt", "members", "uses", "version",
-                 "floors")
+                 "floors", "fresh", "moved", "following")
 
     def __init__(self, rclass: str, window: int, seed: int = 0) -> None:
         self.members: Optional[Dict[PoolWorker, float]] = None  # as last worked out
@@ -235,7 +256,11 @@ class ClassStats:
         self.footprint = Footprint(window)
         self.salt = stable_hash(rclass) ^ seed
         # workers that joined while starting -> pool request when they did
-        self.floors: Optional[Dict[PoolWorker, int]] = None
+        self.floors: Optional[Dict[PoolWorker, float]] = None
+        # sampled keys new to the class: never seen, or last in another class
+        self.fresh = 0.0
+        self.moved = 0.0
+        self.following = False  # its keys moved in: it follows them
 
 
 class AffinityPool(Pool):
@@ -263,6 +288,12 @@ class AffinityPool(Pool):
         self.spills = 0
         self.skills_version = 0  # changes whenever any skill or worker does
         self.starting: Dict[PoolWorker, Starter] = {}
+        # sampled key -> (class, worker) it last went to, whether it moved
+        self.book: Dict[int, BookEntry] = {}
+        self.adoptions = 0
+        # worker -> classes whose keys moved away from it, while its
+        # résumé still lists them
+        self.stale: Dict[PoolWorker, set] = {}
         self.lbs = 1  # LBs sharing the workers (ZooKeeper tells)
         self.hash_seed = 0  # the same on every LB; the simulator varies it
         self._ring: Optional[List[Tuple[int, PoolWorker]]] = None
@@ -289,20 +320,48 @@ class AffinityPool(Pool):
         worker = self.workers.get(handle)
         if worker is not None:
             self.starting.pop(worker, None)
+            self.stale.pop(worker, None)
             self._ring = None
         super().remove(handle)
         self.skills_version += 1
 
     def new_resume(self, handle: Hashable, resume: Mapping[str, float]) -> None:
-        """Replace a worker's skills by those of its new résumé."""
+        """Replace a worker's skills by those of its new résumé, but for
+        classes whose keys moved away from it (see ``_moved``): it holds
+        their old data, so its score for them means nothing until its
+        résumé has dropped them."""
         super().new_resume(handle, resume)
         self.skills_version += 1
+        worker = self.workers.get(handle)
+        stale = self.stale.get(worker) if worker is not None else None
+        if stale:
+            for rclass in list(stale):
+                if rclass in worker.resume:
+                    del worker.resume[rclass]
+                    skilled = self.skilled[rclass]
+                    del skilled[worker]
+                    if not skilled:
+                        del self.skilled[rclass]
+                else:
+                    stale.discard(rclass)
+            if not stale:
+                del self.stale[worker]
+
+    def _fresh(self, worker: PoolWorker, rclass: str) -> None:
+        """The LB made ``worker`` skilled in ``rclass`` itself: its skill
+        there is no longer stale."""
+        stale = self.stale.get(worker)
+        if stale and rclass in stale:
+            stale.discard(rclass)
+            if not stale:
+                del self.stale[worker]
 
     def reset_skills(self) -> None:
         """Forget every skill: résumés from now on teach the pool again."""
         for worker in self.workers.values():
             worker.resume = {}
         self.skilled.clear()
+        self.stale.clear()
         self.skills_version += 1
         self.unskilled = 0.0
         self.resets += 1
@@ -323,7 +382,9 @@ class AffinityPool(Pool):
         self._notice_unskilled(skilled, decay)
         if key is None:
             return super().get(rclass)
-        stats, key_hash = self._observe(rclass, key)
+        stats, key_hash, book_hash = self._observe(rclass, key)
+        if book_hash is not None:
+            self._moved(rclass, stats, self.book.get(book_hash))
         if self.starting:
             self._slow_start(rclass, stats)
         members = self._members(rclass, stats)
@@ -332,8 +393,91 @@ class AffinityPool(Pool):
             self.spills += 1
             chosen = self._owner(self.skilled[rclass], key_hash)
             if chosen is None:
-                return super().get(rclass)  # the published spill
+                handle = super().get(rclass)  # the published spill
+                worker = self.workers[handle]
+                self._fresh(worker, rclass)
+                if book_hash is not None:
+                    self._book(book_hash, rclass, worker)
+                return handle
+        if book_hash is not None:
+            self._book(book_hash, rclass, chosen)
         return self._chosen(chosen)
+
+    def _book(self, book_hash: int, rclass: str, worker: PoolWorker) -> None:
+        """Note which class and worker a sampled key last went to; a key
+        seen moving twice is in several classes (a path under several
+        hosts) and tells nothing: it stays ``SHARED``."""
+        book = self.book
+        entry = book.get(book_hash)
+        if entry is not None and entry[0] != rclass:
+            book[book_hash] = SHARED if entry[2] else (rclass, worker, True)
+        elif entry is None or entry[1] is not worker:
+            book[book_hash] = (rclass, worker, entry[2] if entry else False)
+            if len(book) > BOOK_SIZE:
+                del book[next(iter(book))]
+
+    def _moved(self, rclass: str, stats: ClassStats,
+               entry: Optional[BookEntry]) -> None:
+        """A sampled key of ``rclass`` last went to ``entry``: (class,
+        worker, whether it moved before), or None.  When keys new to a
+        class come from other classes (``MOVED_LEAST`` of them, and more
+        than a quarter of its new keys, decayed), its data is where they
+        went (a changed classifier): the workers that served them become
+        its members, floored at the members' mean, and its old members,
+        which hold other data, no longer count for it until their
+        résumés drop it."""
+        if entry is SHARED:
+            return
+        if entry is not None and entry[0] == rclass:
+            stats.fresh *= SETTLE  # a key it already had: the class is settling
+            stats.moved *= SETTLE
+            if stats.following and stats.moved < SETTLED:
+                self._settled(stats)
+            return
+        if stats.fresh + stats.moved > MOVED_WINDOW:
+            stats.fresh /= 2.0
+            stats.moved /= 2.0
+        if entry is None:
+            stats.fresh += 1.0
+            return
+        stats.moved += 1.0
+        worker = entry[1]
+        if (stats.moved < MOVED_LEAST or stats.moved * 4 <= stats.fresh
+                or self.workers.get(worker.handle) is not worker):
+            return
+        skilled = self.skilled.get(rclass)
+        if skilled is None:
+            skilled = self.skilled[rclass] = {}
+        if not stats.following:  # the old members hold the class's old data
+            stats.following = True
+            stale = self.stale
+            for old in skilled:
+                old.resume.pop(rclass, None)
+                stale.setdefault(old, set()).add(rclass)
+            skilled.clear()
+            stats.floors = None
+        if worker in skilled:
+            return
+        self._fresh(worker, rclass)
+        score = max(skilled.values()) if skilled else self.unskilled_score
+        skilled[worker] = worker.resume[rclass] = score
+        if stats.floors is None:
+            stats.floors = {}
+        stats.floors[worker] = ADOPTED
+        self.adoptions += 1
+        self.skills_version += 1
+
+    def _settled(self, stats: ClassStats) -> None:
+        """A class that followed its moved keys has them all: the workers
+        it took lose their floors, and résumés rank its members again."""
+        stats.following = False
+        floors = stats.floors
+        if floors:
+            for worker in [w for w, ratio in floors.items() if ratio == ADOPTED]:
+                del floors[worker]
+            if not floors:
+                stats.floors = None
+            self.skills_version += 1
 
     def _notice_unskilled(self, skilled: Optional[dict], decay: float) -> None:
         """Reset skills when most requests hit classes no worker knows."""
@@ -342,19 +486,23 @@ class AffinityPool(Pool):
                 and self.unskilled > RELEARN_SHARE * self.total):
             self.reset_skills()
 
-    def _observe(self, rclass: str, key: str) -> Tuple[ClassStats, int]:
+    def _observe(self, rclass: str, key: str
+                 ) -> Tuple[ClassStats, int, Optional[int]]:
         """Count the request and its key in the class's statistics; the
-        class's stats and the key's hash."""
+        class's stats, the key's hash, and the key's book hash if the key
+        is one of those sampled for the book (else None)."""
         window = self.requests // self.footprint_window
         stats = self.classes.get(rclass)
         if stats is None:
             stats = self.classes[rclass] = ClassStats(rclass, window, self.hash_seed)
         stats.count = stats.count * self.rate_decay ** (self.requests - stats.seen) + 1.0
         stats.seen = self.requests
-        key_hash = mix(stats.salt ^ crc32(key.encode("utf-8", "surrogateescape")))
+        crc = crc32(key.encode("utf-8", "surrogateescape"))
+        key_hash = mix(stats.salt ^ crc)
         stats.footprint.add(key_hash, window)
         self.footprint.add(key_hash, window)
-        return stats, key_hash
+        book_hash = mix(crc ^ self.hash_seed)
+        return stats, key_hash, (book_hash if book_hash % BOOK_SAMPLE == 0 else None)
 
     def width(self, stats: ClassStats) -> int:
         """How many workers the class should be spread over."""
@@ -384,7 +532,8 @@ class AffinityPool(Pool):
         skilled = self.skilled.get(rclass)
         if skilled is None:
             skilled = self.skilled[rclass] = {}
-        if len(skilled) < width:
+        if len(skilled) < width and not (skilled and stats.moved >= 1.0):
+            # (a class following its moved keys waits for their workers)
             self._recruit(rclass, skilled)
         if stats.floors:
             members = self._floored(stats, skilled, width)
@@ -422,7 +571,12 @@ class AffinityPool(Pool):
             members[worker] = max(score, ratio * mean)
         if not floors:
             stats.floors = None
-        return members
+        # Workers that followed moved keys count among the ``width``;
+        # starters come on top, as they take their share.
+        width += sum(1 for ratio in floors.values() if ratio != ADOPTED)
+        if len(members) <= width:
+            return members
+        return dict(nlargest(width, members.items(), key=_by_score))
 
     def _recruit(self, rclass: str, skilled: Dict[PoolWorker, float]) -> None:
         """Make a worker not skilled in ``rclass`` skilled in it, at the
@@ -438,6 +592,7 @@ class AffinityPool(Pool):
             else:
                 return
         skilled[worker] = worker.resume[rclass] = score
+        self._fresh(worker, rclass)
         self.skills_version += 1
 
     def _ring_recruit(self, rclass: str, skilled: Dict[PoolWorker, float]
