@@ -249,3 +249,73 @@ def test_at_light_load_a_key_waits_behind_one_request_at_its_owner():
         again = pool.get("c", "k%d" % k)
         assert again == owners[k], "key %d moved at a backlog of 1" % k
         pool.put(held), pool.put(again)
+
+
+def test_a_new_worker_keeps_its_share_after_slow_start():
+    # Its résumé ranks it below the warm workers in every class it serves
+    # (a cold cache); the classes it joined while starting stay its own.
+    pool = pool_of(4, slow_start=200, footprint_window=1000)
+    rng = random.Random(5)
+    classes = ["c%d" % i for i in range(3)]
+    served = {}
+
+    def run(n):
+        got, in_flight = Counter(), []
+        for i in range(n):
+            rclass = rng.choice(classes)
+            chosen = pool.get(rclass, "/%d" % rng.randrange(200))
+            got[chosen] += 1
+            served.setdefault(chosen, set()).add(rclass)
+            in_flight.append(chosen)
+            if len(in_flight) > 3 * len(pool):
+                pool.put(in_flight.pop(0))
+            if i % 100 == 99:  # résumés: the newcomer scores half as well
+                for handle, seen in served.items():
+                    score = 5.0 if handle == "new" else 10.0
+                    pool.new_resume(handle, {c: score for c in seen})
+                served.clear()
+        for chosen in in_flight:
+            pool.put(chosen)
+        return got
+    run(2000)
+    pool.add("new")
+    run(2000)  # ten slow starts
+    assert pool.status()["starting"] == 0
+    later = run(3000)
+    assert later["new"] / 3000 > 0.8 * 0.2  # 80% of a fair fifth, long after
+
+
+def test_a_changed_classifier_sends_each_class_where_its_keys_were():
+    # The labels are permuted: class "s1" now carries what was "s0".  Its
+    # keys' data is on the workers that served them under the old label.
+    pool = pool_of(6, footprint_window=500)
+    rng = random.Random(6)
+    sites = ["s0", "s1", "s2"]
+
+    def run(n, label):
+        served = {}
+        for _ in range(n):
+            site = rng.choice(sites)
+            handle = pool.get(label[site], "/%s/%d" % (site, rng.randrange(30)))
+            pool.put(handle)
+            served.setdefault(site, Counter())[handle] += 1
+        return served
+    before = run(1500, {site: site for site in sites})
+    run(300, {"s0": "s1", "s1": "s2", "s2": "s0"})  # the change
+    after = run(1000, {"s0": "s1", "s1": "s2", "s2": "s0"})
+    back = sum(n for site in sites for handle, n in after[site].items()
+               if handle in before[site])
+    assert back > 0.9 * 1000
+
+
+def test_paths_shared_by_several_classes_do_not_look_like_a_changed_classifier():
+    pool = pool_of(6, footprint_window=500)
+    rng = random.Random(7)
+    def run(n):
+        for _ in range(n):  # the same paths under two hosts
+            pool.put(pool.get(rng.choice(["host-a", "host-b"]), "/%d" % rng.randrange(30)))
+    run(1000)  # a path seen moving twice is known to be shared
+    adoptions = pool.adoptions
+    run(3000)
+    assert pool.adoptions == adoptions
+    assert len(pool.skilled["host-a"]) >= 1 and len(pool.skilled["host-b"]) >= 1

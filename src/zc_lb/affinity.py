@@ -53,15 +53,28 @@ the least recently chosen worker, which becomes skilled.
 
 Slow start.  A worker added to a running pool ramps up over
 ``slow_start`` requests of the pool.  While its recent share of requests
-is under its due (its fair share times the ramp) it is made a member of
-the next class worth a whole worker that comes, weighing as the class's
-best times the ramp, so it takes whole keys of warm classes a few at a
-time; it never takes more than the pool's mean backlog, so its cold cache
-does not turn into a storm of misses.  It is done starting once it has
-its share after the ramp (or after ``GIVE_UP`` ramps).
+is under its due (its fair share times the ramp) it joins the next class
+worth a whole worker that comes, taking enough of the class's keys for
+the rest of its fair share (at most half of them): its weight is floored
+at a ratio of the other members' mean score, so its cold cache, which
+ranks it last in its own résumé, does not cost it the keys before it
+has warmed them.  Few classes warm a cold cache soonest.  It never takes
+more than the pool's mean backlog while it starts, so its cold cache
+does not turn into a storm of misses: keys it cannot take yet go on to
+their next owner, the one that held them.  It is done starting once it
+has its share after the ramp (or after ``GIVE_UP`` ramps); the floors
+stay as long as it is skilled in those classes.
 
-Re-learning.  ``reset_skills()`` forgets every skill the LB holds (an
-operator's switch, for a changed classifier); the pool also resets by
+Re-learning.  A changed classifier moves keys between classes, but
+their data stays where it was.  The LB keeps a book of keys (at most
+``BOOK_SIZE``): the class and worker each last went to.  When enough of
+a class's new keys come from other classes, it follows them: the
+workers that served them become its members (floored at the members'
+mean until the class settles), and its old members, which hold another
+class's data, lose their skill in it until their résumés drop it.  A
+path seen moving twice is in several classes (the same path under
+several hosts) and is ignored from then on.  ``reset_skills()`` forgets
+every skill the LB holds (an operator's switch); the pool also resets by
 itself when, over a window, most requests hit classes no worker is
 skilled in.  Résumés then teach it again.
 
@@ -73,11 +86,13 @@ O(log k) for the sketch.
 Weak spots, admitted.  Keys pinned to owners balance load worse than
 the published choice by backlog: on single-threaded workers, where a
 request queues behind another, the simulator shows less throughput than
-the published policy (a lower ``balance`` helps).  A new worker gets
-near its share while it starts, but keeps only the classes where its
-résumé ranks it among the best, which a cold cache rarely does.  Shares
+the published policy (a lower ``balance`` helps).  A new worker's floors
+are kept whatever its résumé says later, so a worker that is slow for
+good keeps the keys it took while starting.  Shares
 and footprints are per LB: with k LBs each sees all of a class's keys
-but only its own load.  The footprint counts keys, not bytes.
+but only its own load.  The footprint counts keys, not bytes.  A
+path shared by two classes may look moved before it is seen moving
+twice: such a class may follow a few of its keys once, at start.
 """
 
 from __future__ import annotations
@@ -102,10 +117,22 @@ RING_CHOICES = 2  # ring recruiting: the less loaded of the first two
 RING_POINTS = 16  # points per worker on the recruiting ring
 BIG_CLASS = 1.0  # a starter joins classes worth a whole worker or more
 GIVE_UP = 25  # slow starts after which a worker is done starting anyway
+CLASS_TAKE = 0.5  # the most of a class's keys a starter takes
 PRIOR = 16  # requests and keys per worker before shares and footprints count
 REFRESH = 16  # requests of a class between working out its members again
 RELEARN_SHARE = 0.5  # "most requests hit classes no worker is skilled in"
 MIN_BOUND = 2.0  # a key may always wait behind one request at its owner
+BOOK_SAMPLE = 1  # one key in BOOK_SAMPLE is noted in the book of keys' classes
+BOOK_SIZE = 1 << 16  # sampled keys the book remembers, oldest forgotten
+MOVED_WINDOW = 32  # sampled new keys of a class over which moves count
+SETTLE = 0.995  # moves and new keys of a class fade with each key it had before
+ADOPTED = 1.0  # the floor of a worker that followed a class's moved keys
+SETTLED = 0.1  # moves below which a class that followed its keys is settled
+MOVED_LEAST = 2  # sampled keys moved in before a class follows them
+
+
+BookEntry = Tuple[Optional[str], Optional[PoolWorker], bool]
+SHARED: BookEntry = (None, None, True)  # a key of several classes
 
 
 def stable_hash(text: str) -> int:
@@ -192,10 +219,11 @@ class Footprint:
 class Starter:
     """A worker in slow start: when it came, and its recent requests."""
 
-    __slots__ = ("added", "recent", "seen")
+    __slots__ = ("added", "recent", "seen", "joined")
 
     def __init__(self, added: int) -> None:
         self.added = added  # pool requests when it was added
+        self.joined: Dict[object, float] = {}  # classes joined -> share expected
         self.recent = 0.0  # its requests, decayed over the slow start
         self.seen = added
 
@@ -216,7 +244,8 @@ class Starter:
 class ClassStats:
     """What the LB sees of one class: its decayed request count, its keys."""
 
-    __slots__ = ("count", "seen", "footprint", "salt", "members", "uses", "version")
+    __slots__ = ("count", "seen", "footprint", "salt", "members", "uses", "version",
+                 "floors", "fresh", "moved", "following")
 
     def __init__(self, rclass: str, window: int, seed: int = 0) -> None:
         self.members: Optional[Dict[PoolWorker, float]] = None  # as last worked out
@@ -226,6 +255,12 @@ class ClassStats:
         self.seen = 0
         self.footprint = Footprint(window)
         self.salt = stable_hash(rclass) ^ seed
+        # workers that joined while starting -> pool request when they did
+        self.floors: Optional[Dict[PoolWorker, float]] = None
+        # sampled keys new to the class: never seen, or last in another class
+        self.fresh = 0.0
+        self.moved = 0.0
+        self.following = False  # its keys moved in: it follows them
 
 
 class AffinityPool(Pool):
@@ -253,6 +288,12 @@ class AffinityPool(Pool):
         self.spills = 0
         self.skills_version = 0  # changes whenever any skill or worker does
         self.starting: Dict[PoolWorker, Starter] = {}
+        # sampled key -> (class, worker) it last went to, whether it moved
+        self.book: Dict[int, BookEntry] = {}
+        self.adoptions = 0
+        # worker -> classes whose keys moved away from it, while its
+        # résumé still lists them
+        self.stale: Dict[PoolWorker, set] = {}
         self.lbs = 1  # LBs sharing the workers (ZooKeeper tells)
         self.hash_seed = 0  # the same on every LB; the simulator varies it
         self._ring: Optional[List[Tuple[int, PoolWorker]]] = None
@@ -279,20 +320,48 @@ class AffinityPool(Pool):
         worker = self.workers.get(handle)
         if worker is not None:
             self.starting.pop(worker, None)
+            self.stale.pop(worker, None)
             self._ring = None
         super().remove(handle)
         self.skills_version += 1
 
     def new_resume(self, handle: Hashable, resume: Mapping[str, float]) -> None:
-        """Replace a worker's skills by those of its new résumé."""
+        """Replace a worker's skills by those of its new résumé, but for
+        classes whose keys moved away from it (see ``_moved``): it holds
+        their old data, so its score for them means nothing until its
+        résumé has dropped them."""
         super().new_resume(handle, resume)
         self.skills_version += 1
+        worker = self.workers.get(handle)
+        stale = self.stale.get(worker) if worker is not None else None
+        if stale:
+            for rclass in list(stale):
+                if rclass in worker.resume:
+                    del worker.resume[rclass]
+                    skilled = self.skilled[rclass]
+                    del skilled[worker]
+                    if not skilled:
+                        del self.skilled[rclass]
+                else:
+                    stale.discard(rclass)
+            if not stale:
+                del self.stale[worker]
+
+    def _fresh(self, worker: PoolWorker, rclass: str) -> None:
+        """The LB made ``worker`` skilled in ``rclass`` itself: its skill
+        there is no longer stale."""
+        stale = self.stale.get(worker)
+        if stale and rclass in stale:
+            stale.discard(rclass)
+            if not stale:
+                del self.stale[worker]
 
     def reset_skills(self) -> None:
         """Forget every skill: résumés from now on teach the pool again."""
         for worker in self.workers.values():
             worker.resume = {}
         self.skilled.clear()
+        self.stale.clear()
         self.skills_version += 1
         self.unskilled = 0.0
         self.resets += 1
@@ -313,7 +382,9 @@ class AffinityPool(Pool):
         self._notice_unskilled(skilled, decay)
         if key is None:
             return super().get(rclass)
-        stats, key_hash = self._observe(rclass, key)
+        stats, key_hash, book_hash = self._observe(rclass, key)
+        if book_hash is not None:
+            self._moved(rclass, stats, self.book.get(book_hash))
         if self.starting:
             self._slow_start(rclass, stats)
         members = self._members(rclass, stats)
@@ -322,8 +393,91 @@ class AffinityPool(Pool):
             self.spills += 1
             chosen = self._owner(self.skilled[rclass], key_hash)
             if chosen is None:
-                return super().get(rclass)  # the published spill
+                handle = super().get(rclass)  # the published spill
+                worker = self.workers[handle]
+                self._fresh(worker, rclass)
+                if book_hash is not None:
+                    self._book(book_hash, rclass, worker)
+                return handle
+        if book_hash is not None:
+            self._book(book_hash, rclass, chosen)
         return self._chosen(chosen)
+
+    def _book(self, book_hash: int, rclass: str, worker: PoolWorker) -> None:
+        """Note which class and worker a sampled key last went to; a key
+        seen moving twice is in several classes (a path under several
+        hosts) and tells nothing: it stays ``SHARED``."""
+        book = self.book
+        entry = book.get(book_hash)
+        if entry is not None and entry[0] != rclass:
+            book[book_hash] = SHARED if entry[2] else (rclass, worker, True)
+        elif entry is None or entry[1] is not worker:
+            book[book_hash] = (rclass, worker, entry[2] if entry else False)
+            if len(book) > BOOK_SIZE:
+                del book[next(iter(book))]
+
+    def _moved(self, rclass: str, stats: ClassStats,
+               entry: Optional[BookEntry]) -> None:
+        """A sampled key of ``rclass`` last went to ``entry``: (class,
+        worker, whether it moved before), or None.  When keys new to a
+        class come from other classes (``MOVED_LEAST`` of them, and more
+        than a quarter of its new keys, decayed), its data is where they
+        went (a changed classifier): the workers that served them become
+        its members, floored at the members' mean, and its old members,
+        which hold other data, no longer count for it until their
+        résumés drop it."""
+        if entry is SHARED:
+            return
+        if entry is not None and entry[0] == rclass:
+            stats.fresh *= SETTLE  # a key it already had: the class is settling
+            stats.moved *= SETTLE
+            if stats.following and stats.moved < SETTLED:
+                self._settled(stats)
+            return
+        if stats.fresh + stats.moved > MOVED_WINDOW:
+            stats.fresh /= 2.0
+            stats.moved /= 2.0
+        if entry is None:
+            stats.fresh += 1.0
+            return
+        stats.moved += 1.0
+        worker = entry[1]
+        if (stats.moved < MOVED_LEAST or stats.moved * 4 <= stats.fresh
+                or self.workers.get(worker.handle) is not worker):
+            return
+        skilled = self.skilled.get(rclass)
+        if skilled is None:
+            skilled = self.skilled[rclass] = {}
+        if not stats.following:  # the old members hold the class's old data
+            stats.following = True
+            stale = self.stale
+            for old in skilled:
+                old.resume.pop(rclass, None)
+                stale.setdefault(old, set()).add(rclass)
+            skilled.clear()
+            stats.floors = None
+        if worker in skilled:
+            return
+        self._fresh(worker, rclass)
+        score = max(skilled.values()) if skilled else self.unskilled_score
+        skilled[worker] = worker.resume[rclass] = score
+        if stats.floors is None:
+            stats.floors = {}
+        stats.floors[worker] = ADOPTED
+        self.adoptions += 1
+        self.skills_version += 1
+
+    def _settled(self, stats: ClassStats) -> None:
+        """A class that followed its moved keys has them all: the workers
+        it took lose their floors, and résumés rank its members again."""
+        stats.following = False
+        floors = stats.floors
+        if floors:
+            for worker in [w for w, ratio in floors.items() if ratio == ADOPTED]:
+                del floors[worker]
+            if not floors:
+                stats.floors = None
+            self.skills_version += 1
 
     def _notice_unskilled(self, skilled: Optional[dict], decay: float) -> None:
         """Reset skills when most requests hit classes no worker knows."""
@@ -332,19 +486,23 @@ class AffinityPool(Pool):
                 and self.unskilled > RELEARN_SHARE * self.total):
             self.reset_skills()
 
-    def _observe(self, rclass: str, key: str) -> Tuple[ClassStats, int]:
+    def _observe(self, rclass: str, key: str
+                 ) -> Tuple[ClassStats, int, Optional[int]]:
         """Count the request and its key in the class's statistics; the
-        class's stats and the key's hash."""
+        class's stats, the key's hash, and the key's book hash if the key
+        is one of those sampled for the book (else None)."""
         window = self.requests // self.footprint_window
         stats = self.classes.get(rclass)
         if stats is None:
             stats = self.classes[rclass] = ClassStats(rclass, window, self.hash_seed)
         stats.count = stats.count * self.rate_decay ** (self.requests - stats.seen) + 1.0
         stats.seen = self.requests
-        key_hash = mix(stats.salt ^ crc32(key.encode("utf-8", "surrogateescape")))
+        crc = crc32(key.encode("utf-8", "surrogateescape"))
+        key_hash = mix(stats.salt ^ crc)
         stats.footprint.add(key_hash, window)
         self.footprint.add(key_hash, window)
-        return stats, key_hash
+        book_hash = mix(crc ^ self.hash_seed)
+        return stats, key_hash, (book_hash if book_hash % BOOK_SAMPLE == 0 else None)
 
     def width(self, stats: ClassStats) -> int:
         """How many workers the class should be spread over."""
@@ -360,9 +518,10 @@ class AffinityPool(Pool):
 
     def _members(self, rclass: str, stats: ClassStats) -> Dict[PoolWorker, float]:
         """The class's members and their scores: its best ``width`` skilled
-        workers, recruiting one when it has fewer; starters it took count
-        as the best, times their ramp.  Worked out again after a change of
-        skills or every ``REFRESH`` requests of the class, not every time."""
+        workers, recruiting one when it has fewer; a worker that joined
+        the class while starting counts at least as the members' mean
+        (see ``_floored``).  Worked out again after a change of skills or
+        every ``REFRESH`` requests of the class, not every time."""
         members = stats.members
         stats.uses += 1
         if (members is not None and stats.version == self.skills_version
@@ -373,21 +532,51 @@ class AffinityPool(Pool):
         skilled = self.skilled.get(rclass)
         if skilled is None:
             skilled = self.skilled[rclass] = {}
-        if len(skilled) < width:
+        if len(skilled) < width and not (skilled and stats.moved >= 1.0):
+            # (a class following its moved keys waits for their workers)
             self._recruit(rclass, skilled)
-        if len(skilled) <= width and not self.starting:
+        if stats.floors:
+            members = self._floored(stats, skilled, width)
+        elif len(skilled) <= width:
             members = skilled
         else:
             members = dict(nlargest(width, skilled.items(), key=_by_score))
-        if self.starting:
-            best = max(skilled.values())
-            for worker in self.starting:
-                if worker in skilled:
-                    members[worker] = best * self._ramp(worker)
         stats.members, stats.version = members, self.skills_version
         if len(members) < width:
             stats.uses = REFRESH  # still recruiting: again on the next request
         return members
+
+    def _floored(self, stats: ClassStats, skilled: Dict[PoolWorker, float],
+                 width: int) -> Dict[PoolWorker, float]:
+        """The best ``width`` of ``skilled``, and the workers that joined
+        the class while starting, each weighing at least its ratio times
+        the mean of the others' scores: a cold cache does not rank a
+        newcomer last before its résumé shows the keys it holds.  A floor
+        lasts as long as the worker is skilled in the class."""
+        floors = stats.floors
+        assert floors is not None
+        others = nlargest(width, ((w, s) for w, s in skilled.items() if w not in floors),
+                          key=_by_score)
+        mean = (sum(s for _, s in others) / len(others) if others
+                else max(skilled.values(), default=self.unskilled_score))
+        members = dict(others)
+        for worker, ratio in list(floors.items()):
+            score = skilled.get(worker)
+            if score is None:
+                del floors[worker]
+                starter = self.starting.get(worker)
+                if starter is not None:
+                    starter.joined.pop(stats, None)
+                continue
+            members[worker] = max(score, ratio * mean)
+        if not floors:
+            stats.floors = None
+        # Workers that followed moved keys count among the ``width``;
+        # starters come on top, as they take their share.
+        width += sum(1 for ratio in floors.values() if ratio != ADOPTED)
+        if len(members) <= width:
+            return members
+        return dict(nlargest(width, members.items(), key=_by_score))
 
     def _recruit(self, rclass: str, skilled: Dict[PoolWorker, float]) -> None:
         """Make a worker not skilled in ``rclass`` skilled in it, at the
@@ -403,6 +592,7 @@ class AffinityPool(Pool):
             else:
                 return
         skilled[worker] = worker.resume[rclass] = score
+        self._fresh(worker, rclass)
         self.skills_version += 1
 
     def _ring_recruit(self, rclass: str, skilled: Dict[PoolWorker, float]
@@ -491,11 +681,22 @@ class AffinityPool(Pool):
             if self.requests - starter.added > GIVE_UP * self.slow_start:
                 del self.starting[worker]
                 continue
+            if sum(starter.joined.values()) >= fair * STARTED:
+                continue  # what it holds is enough once its cache is warm
             busy = worker.backlog * len(self.workers) > self.backlog
-            big = stats.count * len(self.workers) >= BIG_CLASS * self.total
+            cshare = stats.count / self.total
+            big = cshare * len(self.workers) >= BIG_CLASS
             if worker not in skilled and big and not busy:
-                score = max(skilled.values()) if skilled else self.unskilled_score
+                # Take enough of this class's keys for the rest of its due,
+                # at most half: few classes warm a cold cache soonest.
+                take = min(CLASS_TAKE, (fair - sum(starter.joined.values())) / cshare)
+                members = len(stats.members) if stats.members else len(skilled)
+                score = min(skilled.values()) if skilled else self.unskilled_score
                 skilled[worker] = worker.resume[rclass] = score
+                if stats.floors is None:
+                    stats.floors = {}
+                stats.floors[worker] = take / (1.0 - take) * max(members, 1)
+                starter.joined[stats] = take * cshare
                 self.skills_version += 1
                 return
 
