@@ -57,6 +57,18 @@ def test_format_table_without_haproxy():
     assert "zc-lb / direct throughput ratio: 0.250" in text
 
 
+def test_the_goals_say_met_or_not():
+    row = {"target": "zc-lb", "rps": 100.0, "p50_ms": 1.0, "p99_ms": 2.0,
+           "lb_cpu_us_per_req": 50.0, "worker_cpu_us_per_req": 40.0, "errors": 0}
+    haproxy = dict(row, target="haproxy", rps=90.0, p99_ms=3.0, lb_cpu_us_per_req=30.0)
+    lines = bench.goals(row, 100 / 90, 60.0, haproxy)
+    assert lines[1:] == ["  LB CPU 50.0 us/req, goal <= 50: met",
+                         "  throughput 1.11x HAProxy's, goal >= 1.0, p99 no worse: met",
+                         "  worker overhead 60.0 us/req, goal <= 50: NOT met"]
+    slower = bench.goals(dict(row, p99_ms=4.0), 100 / 90, 10.0, haproxy)
+    assert slower[2].endswith("p99 no worse: NOT met")
+
+
 HAVE_TOOLS = shutil.which("wrk") and shutil.which("haproxy", path="/usr/sbin:/usr/bin")
 
 

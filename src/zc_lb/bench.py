@@ -23,7 +23,9 @@ TCP_NODELAY on accepted sockets and do not log.
 Weak spots: wrk, the balancer and the workers share the machine's cores,
 so throughput depends on how many there are; /proc counts CPU in clock
 ticks (usually 10 ms), so runs shorter than a few seconds give coarse CPU
-figures.  There is no target yet; the bench only reports.
+figures.  The last lines say how the run stands against the front
+end's goals: LB CPU at most 50 us per request, throughput at least
+HAProxy's with a p99 no worse, worker overhead at most 50 us.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ HAPROXY_TEMPLATE = Path(__file__).resolve().parents[2] / "etc" / "haproxy-bench.
 SERVE_READY = "zc-lb bench server listening on "
 TARGETS = ("zc-lb", "haproxy", "direct", "lb-1p", "lb-2p")
 SCALE_WORKERS = 4  # workers behind lb-1p and lb-2p: enough that the LB is the limit
+GOAL_LB_CPU_US = 50  # HAProxy's own cost per proxied request, in Python
+GOAL_WORKER_US = 50  # a worker's CPU per request beyond the app's
 
 
 class BenchError(ProcessError):
@@ -311,10 +315,32 @@ def format_table(results: List[Dict[str, object]]) -> str:
     zc_lb = [r for r in results if r["target"] == "zc-lb"]
     if zc_lb:
         app = app_cpu_us()
+        overhead = float(zc_lb[0]["worker_cpu_us_per_req"]) - app  # type: ignore[arg-type]
         lines.append("zc-lb worker overhead: %.1f us/req (worker CPU %.1f minus the app's own "
-                     "%.1f)" % (float(zc_lb[0]["worker_cpu_us_per_req"]) - app,  # type: ignore
-                                zc_lb[0]["worker_cpu_us_per_req"], app))
+                     "%.1f)" % (overhead, zc_lb[0]["worker_cpu_us_per_req"], app))
+        lines += goals(zc_lb[0], ratios(results)["zc-lb / HAProxy"], overhead,
+                       {r["target"]: r for r in results}.get("haproxy"))
     return "\n".join(lines)
+
+
+def goals(zc_lb: Dict[str, object], throughput: Optional[float], overhead: float,
+          haproxy: Optional[Dict[str, object]]) -> List[str]:
+    """Lines saying how this run stands against the front end's goals."""
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    cpu = zc_lb["lb_cpu_us_per_req"]
+    lines = ["goals:"]
+    if cpu is not None:
+        lines.append("  LB CPU %.1f us/req, goal <= %d: %s" % (
+            cpu, GOAL_LB_CPU_US, verdict(float(cpu) <= GOAL_LB_CPU_US)))  # type: ignore
+    if throughput is not None and haproxy is not None:
+        p99_ok = float(zc_lb["p99_ms"]) <= float(haproxy["p99_ms"])  # type: ignore[arg-type]
+        lines.append("  throughput %.2fx HAProxy's, goal >= 1.0, p99 no worse: %s" % (
+            throughput, verdict(throughput >= 1.0 and p99_ok)))
+    lines.append("  worker overhead %.1f us/req, goal <= %d: %s" % (
+        overhead, GOAL_WORKER_US, verdict(overhead <= GOAL_WORKER_US)))
+    return lines
 
 
 def app_cpu_us(calls: int = 20000) -> float:
