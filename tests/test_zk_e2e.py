@@ -260,6 +260,8 @@ def test_a_worker_started_while_zookeeper_is_down_serves_and_registers_later(
             return False
     try:
         wait_for(registered, timeout=40, message="registered once ZooKeeper answers")
-        assert "registered in /lb/workers" in log_path.read_text()
+        # The node can show before the worker, back from creating it, logs it.
+        wait_for(lambda: "registered in /lb/workers" in log_path.read_text(), timeout=10,
+                 message="the registration is logged")
     finally:
         worker.kill()

@@ -333,7 +333,9 @@ class AffinityPool(Pool):
         super().new_resume(handle, resume)
         self.skills_version += 1
         worker = self.workers.get(handle)
-        stale = self.stale.get(worker) if worker is not None else None
+        if worker is None:
+            return
+        stale = self.stale.get(worker)
         if stale:
             for rclass in list(stale):
                 if rclass in worker.resume:
@@ -442,7 +444,7 @@ class AffinityPool(Pool):
             return
         stats.moved += 1.0
         worker = entry[1]
-        if (stats.moved < MOVED_LEAST or stats.moved * 4 <= stats.fresh
+        if (worker is None or stats.moved < MOVED_LEAST or stats.moved * 4 <= stats.fresh
                 or self.workers.get(worker.handle) is not worker):
             return
         skilled = self.skilled.get(rclass)
