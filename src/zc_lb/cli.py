@@ -441,6 +441,8 @@ def start_worker_process(argv: List[str], timeout: float = 30.0):
     return process, line.split()[-1]
 
 
+DEMO_CONNECT_TIMEOUT = 10.0  # seconds the demo waits for its workers before saying it is up
+
 def run_demo(args: argparse.Namespace) -> int:
     processes = []
     try:
@@ -456,6 +458,8 @@ def run_demo(args: argparse.Namespace) -> int:
         lb.set_workers(addresses)
         front.start()
         status.start()
+        if not lb.wait_for_workers(DEMO_CONNECT_TIMEOUT):  # routing settles with all of them
+            log.warning("not every demo worker is connected yet")
         _print_demo_help(front.address, status.address, addresses)
 
         def stop() -> bool:

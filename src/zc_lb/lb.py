@@ -272,6 +272,19 @@ class LB(LinkEvents):
             link = self.links[address] = WorkerLink(address, self.link_config, self)
             link.start()
 
+    def wait_for_workers(self, timeout: float) -> bool:
+        """Wait until every known worker is connected and in the pool, at
+        most ``timeout`` seconds; whether they all are."""
+        deadline = time.monotonic() + timeout
+        while not all(link.connection is not None and link.connection in self.pool
+                      for link in self.links.values()):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._workers_changed.clear()
+            self._workers_changed.wait(min(remaining, 0.1))
+        return True
+
     def drain(self, timeout: float, quiet: float = DRAIN_QUIET) -> bool:
         """Wait until no request has been in flight for ``quiet`` seconds
         (a keep-alive client may still send a last request after the
