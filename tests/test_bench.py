@@ -95,3 +95,8 @@ def test_bench_without_wrk_says_how_to_get_it(monkeypatch, capsys):
     monkeypatch.setattr(bench.shutil, "which", lambda *a, **k: None)
     assert bench.main(["--seconds", "1"]) == 1
     assert "apt-get install wrk" in capsys.readouterr().err
+
+
+def test_the_in_process_measure_serves_every_request_and_gives_a_cost():
+    cost = bench.in_process(requests=400, batch=4, clients=2)
+    assert 0 < cost < 100000  # CPU microseconds per request, whatever this machine gives

@@ -20,6 +20,12 @@ the workers') utime+stime from /proc/PID/stat over the measured run,
 divided by the requests wrk completed.  The pywsgi servers set
 TCP_NODELAY on accepted sockets and do not log.
 
+``python -m zc_lb.bench in-process [--profile FILE]`` runs a worker, an
+LB and its front in one process with client greenlets pipelining
+requests, and prints the CPU per request: a steadier measure of the
+Python cost than the wrk runs on a busy machine, and a place to profile
+it from.
+
 Weak spots: wrk, the balancer and the workers share the machine's cores,
 so throughput depends on how many there are; /proc counts CPU in clock
 ticks (usually 10 ms), so runs shorter than a few seconds give coarse CPU
@@ -55,6 +61,7 @@ TARGETS = ("zc-lb", "haproxy", "direct", "lb-1p", "lb-2p")
 SCALE_WORKERS = 4  # workers behind lb-1p and lb-2p: enough that the LB is the limit
 GOAL_LB_CPU_US = 50  # HAProxy's own cost per proxied request, in Python
 GOAL_WORKER_US = 50  # a worker's CPU per request beyond the app's
+IN_PROCESS_TIMEOUT = 120  # seconds for the in-process measure's requests
 
 
 class BenchError(ProcessError):
@@ -402,10 +409,79 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def in_process(requests: int = 20000, batch: int = 8, clients: int = 4,
+               profile: Optional[str] = None) -> float:
+    """CPU microseconds per request with a worker, an LB and its front in
+    this one process, and client greenlets pipelining ``batch`` requests
+    at a time: the Python cost of a request end to end (both loopback
+    hops' system calls included), free of the scheduling noise of
+    separate processes on a busy machine.  ``profile``: write cProfile
+    stats there."""
+    import cProfile
+    import time
+
+    import gevent
+    import gevent.socket
+
+    from .affinity import make_pool
+    from .classifier import get_classifier, get_key_function
+    from .http import FrontServer
+    from .lb import LB
+    from .worker import Worker
+
+    worker = Worker(hello_app)
+    worker.start()
+    lb = LB(make_pool("affinity", {}), get_classifier("host"),
+            affinity_key=get_key_function("path"))
+    lb.set_workers(["%s:%d" % worker.address[:2]])
+    front = FrontServer(("127.0.0.1", 0), lb)
+    front.start()
+    if not lb.wait_for_workers(10):
+        raise BenchError("the in-process worker did not connect")
+    head = b"GET / HTTP/1.1\r\nHost: bench.example\r\n\r\n" * batch
+
+    def client(n: int) -> None:
+        sock = gevent.socket.create_connection(front.address)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(0, n, batch):
+            sock.sendall(head)
+            received = b""
+            while received.count(BODY) < batch:
+                data = sock.recv(65536)
+                if not data:
+                    raise BenchError("the in-process LB closed the connection")
+                received += data
+        sock.close()
+
+    try:
+        client(batch * 100)  # warm up
+        profiler = cProfile.Profile() if profile else None
+        started = time.process_time()
+        if profiler is not None:
+            profiler.enable()
+        greenlets = [gevent.spawn(client, requests // clients) for _ in range(clients)]
+        gevent.joinall(greenlets, timeout=IN_PROCESS_TIMEOUT, raise_error=True)
+        if not all(g.successful() for g in greenlets):
+            raise BenchError("in-process clients not done within %ds" % IN_PROCESS_TIMEOUT)
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(profile)
+        return (time.process_time() - started) * 1e6 / (requests // clients * clients)
+    finally:
+        front.stop(timeout=1)
+        lb.stop()
+        worker.stop(timeout=1)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"] and len(argv) == 2:
         serve(argv[1])
+        return 0
+    if argv[:1] == ["in-process"]:
+        profile = argv[2] if argv[1:2] == ["--profile"] and len(argv) == 3 else None
+        print("in-process: %.1f us of CPU per request (worker, LB and front in one "
+              "process)" % in_process(profile=profile))
         return 0
     args = build_parser().parse_args(argv)
     args.targets = [t for t in args.targets.split(",") if t]
