@@ -317,7 +317,8 @@ def format_table(results: List[Dict[str, object]]) -> str:
             r["target"], r["rps"], r["p50_ms"], r["p99_ms"],
             _cell(r["lb_cpu_us_per_req"], "%.1f"), _cell(r["worker_cpu_us_per_req"], "%.1f"),
             r["errors"]))
-    for label, value in ratios(results).items():
+    throughput = ratios(results)
+    for label, value in throughput.items():
         lines.append("%s throughput ratio: %s" % (label, _cell(value, "%.3f")))
     zc_lb = [r for r in results if r["target"] == "zc-lb"]
     if zc_lb:
@@ -325,7 +326,7 @@ def format_table(results: List[Dict[str, object]]) -> str:
         overhead = float(zc_lb[0]["worker_cpu_us_per_req"]) - app  # type: ignore[arg-type]
         lines.append("zc-lb worker overhead: %.1f us/req (worker CPU %.1f minus the app's own "
                      "%.1f)" % (overhead, zc_lb[0]["worker_cpu_us_per_req"], app))
-        lines += goals(zc_lb[0], ratios(results)["zc-lb / HAProxy"], overhead,
+        lines += goals(zc_lb[0], throughput["zc-lb / HAProxy"], overhead,
                        {r["target"]: r for r in results}.get("haproxy"))
     return "\n".join(lines)
 

@@ -238,6 +238,7 @@ def _version(version: str) -> str:
 
 # -- the environ ------------------------------------------------------------
 
+# The environ keys of the fields about one hop (RFC 9110 7.6.1).
 HOP_BY_HOP_KEYS = frozenset(
     "HTTP_" + name.upper().replace("-", "_") for name in HOP_BY_HOP) | {"HTTP_PROXY_CONNECTION"}
 _ENVIRON_KEYS: Dict[str, Optional[str]] = {
@@ -297,6 +298,14 @@ def request_variables(forward: dict, head: RequestHead) -> Optional[Dict[str, st
 
 # -- responses --------------------------------------------------------------
 
+# Statuses whose responses never have a body (RFC 9110 6.4.1), and the
+# reason phrases of those the front and the LB answer themselves.
+BODILESS_STATUS = frozenset(("204", "304")) | {"1%02d" % n for n in range(100)}
+REASONS = {400: "Bad Request", 408: "Request Timeout", 413: "Request Entity Too Large",
+           414: "URI Too Long", 431: "Request Header Fields Too Large",
+           500: "Internal Server Error", 501: "Not Implemented", 502: "Bad Gateway",
+           503: "Service Unavailable", 504: "Gateway Timeout",
+           505: "HTTP Version Not Supported"}
 STATUS = re.compile(r"[1-9][0-9][0-9] [^\x00-\x08\x0a-\x1f\x7f]*\Z")
 FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 FIELD_VALUE_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")

@@ -37,8 +37,8 @@ import gevent.server
 from .accesslog import LogFormat
 from .connection import send_all
 from .errors import ClientError, ClientGone, ConfigurationError, HeadTimeout, ZcLbError
-from .h1 import (Request, RequestReader, check_response, date_line, request_variables,
-                 response_head)
+from .h1 import (BODILESS_STATUS, REASONS, Request, RequestReader, check_response, date_line,
+                 request_variables, response_head)
 from .settings import LB_SETTINGS
 
 log = logging.getLogger(__name__)
@@ -130,11 +130,6 @@ DEFAULT_CIPHERS = ":".join((  # Mozilla's "intermediate" list (TLS 1.2)
     "ECDHE-ECDSA-CHACHA20-POLY1305", "ECDHE-RSA-CHACHA20-POLY1305",
     "DHE-RSA-AES128-GCM-SHA256", "DHE-RSA-AES256-GCM-SHA384"))
 TLS_VERSIONS = ("TLSv1.2", "TLSv1.3")
-REASONS = {400: "Bad Request", 408: "Request Timeout", 413: "Request Entity Too Large",
-           414: "URI Too Long",
-           431: "Request Header Fields Too Large", 500: "Internal Server Error",
-           501: "Not Implemented", 502: "Bad Gateway",
-           503: "Service Unavailable", 505: "HTTP Version Not Supported"}
 
 
 def refusal(status: int) -> bytes:
@@ -149,7 +144,6 @@ RECV_SIZE = 64 * 1024
 LINGER = 0.5  # seconds to read and drop a refused client's bytes before closing
 LINGER_BYTES = 1024 * 1024
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-BODILESS_CODES = frozenset(("204", "304")) | {"1%02d" % n for n in range(100)}
 
 
 class ClientConnection:
@@ -398,7 +392,7 @@ class ClientConnection:
             elif lowered == "date":
                 date = value
         extra = date_line() if date is None else b""
-        bodiless = self._bodiless or status[:3] in BODILESS_CODES
+        bodiless = self._bodiless or status[:3] in BODILESS_STATUS
         if length is None and not bodiless:
             if total is not None:
                 extra += b"Content-Length: %d\r\n" % total

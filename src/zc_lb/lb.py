@@ -46,6 +46,7 @@ from .errors import (
     WorkerLost,
     ZcLbError,
 )
+from .h1 import BODILESS_STATUS, HOP_BY_HOP_KEYS, REASONS
 from .httpparse import HOP_BY_HOP
 from .outlier import Ejector
 from .pool import Pool
@@ -57,18 +58,11 @@ log = logging.getLogger(__name__)
 UPLOAD_CHUNK = 64 * 1024
 WATCH_CLIENT_AFTER = 1.0  # seconds without a response before watching for a hang-up
 WATCHDOG_INTERVAL = 0.25
-HOP_BY_HOP_ENVIRON = frozenset(
-    "HTTP_" + name.upper().replace("-", "_") for name in HOP_BY_HOP
-) | {"HTTP_PROXY_CONNECTION"}
 RETRY_METHODS = frozenset(("GET", "HEAD"))
 MAX_CLASSIFIER_ERRORS = 100  # distinct classifier errors kept in status
 RETRY_SHARE = 0.5  # of the requests in flight may be retries at once ...
 RETRY_MIN = 3  # ... but at least this many
 DRAIN_QUIET = 0.5  # seconds without requests in flight that end a drain
-BODILESS_STATUS = frozenset(("204", "304")) | {"1%02d" % n for n in range(100)}
-REASONS = {413: "Request Entity Too Large", 431: "Request Header Fields Too Large",
-           500: "Internal Server Error", 502: "Bad Gateway",
-           503: "Service Unavailable", 504: "Gateway Timeout"}
 
 # The response latency histogram's upper bounds, in seconds (plus +Inf):
 # fixed, so that a request costs one bisect and one list increment.
@@ -731,7 +725,7 @@ def _forwarded_environ(environ: dict, rclass: str) -> Dict[str, str]:
         return forwarded
     forwarded = {
         key: value for key, value in environ.items()
-        if type(value) is str and key not in HOP_BY_HOP_ENVIRON
+        if type(value) is str and key not in HOP_BY_HOP_KEYS
         and not key.startswith(("wsgi.", "gevent.", "zc_lb."))
     }
     connection = environ.get("HTTP_CONNECTION")
