@@ -17,7 +17,7 @@ import pytest
 from logevents import LogEvent
 from zc_lb.errors import WorkerClosed
 from zc_lb.links import LinkConfig, LinkEvents, WorkerLink, close_when_idle
-from zc_lb.protocol import Body, End, Response
+from zc_lb.testing import read_response
 from zc_lb.worker import Worker
 
 pytestmark = pytest.mark.timeout(20)
@@ -133,16 +133,8 @@ def request(connection, path="/"):
 
 def response(exchange):
     """(status, body) of the whole response to ``exchange``."""
-    head = exchange.receive(WAIT)
-    assert isinstance(head, Response), head
-    body = b""
-    while True:
-        message = exchange.receive(WAIT)
-        if isinstance(message, End):
-            return head.status, body
-        assert isinstance(message, Body), message
-        body += message.data
-        exchange.consumed(len(message.data))
+    head, body = read_response(exchange, WAIT)
+    return head.status, body
 
 
 # -- coming up ------------------------------------------------------------------

@@ -56,6 +56,7 @@ EXAMPLES = [
     Hello(VERSION, "worker", "n\u00e9", True),
     Hello(VERSION, "worker", "n", False, "2026.11-3"),
     Hello(0, "", "", False),
+    Hello(VERSION, "lb", "n", False, None, ("whole", "some-later-feature")),
     Auth("deadbeef"),
     Auth(""),
     Resume({}),
@@ -110,6 +111,145 @@ def decode_error(data: bytes, **limits: int) -> RemoteProtocolError:
 def test_every_message_type_has_an_example():
     types = {type(m) for m in EXAMPLES}
     assert types == set(CONNECTION_TYPES.values()) | set(REQUEST_TYPES.values())
+
+
+# Whole messages: one frame each when the peer takes whole frames.
+WHOLE_EXAMPLES = [
+    Request(1, {}, True),
+    Request(MAX_RNO, {"PATH_INFO": "/caf\u00e9", "HTTP_HOST": "a.example"}, True),
+    Response(4, "200 OK", [("Content-Type", "text/plain"), ("X-\u00e9", "\u2603")],
+             b"Hello, world\n", True),
+    Response(4, "204 No Content", [], b"", True),
+    Response(4, "200 OK", [], bytes(range(256)) * 64, True),
+]
+
+
+@pytest.mark.parametrize("message", WHOLE_EXAMPLES, ids=_id)
+def test_a_whole_message_is_one_frame(message):
+    data = encode(message, whole=True)
+    rno, mtype, length = HEADER.unpack_from(data)
+    assert mtype in (protocol.WHOLE_REQUEST, protocol.WHOLE_RESPONSE)
+    assert len(data) == HEADER_SIZE + length
+    for sizes in ((1 << 30,), (1,), (3, 7)):
+        decoder = Decoder()
+        got = []
+        for chunk in chunked(data, sizes):
+            decoder.receive_data(chunk)
+            got.extend(drain(decoder))
+        assert got == [message] and decoder.buffered == 0
+
+
+@pytest.mark.parametrize("message", WHOLE_EXAMPLES, ids=_id)
+def test_without_whole_frames_a_whole_message_is_its_parts(message):
+    decoder = Decoder()
+    decoder.receive_data(encode(message))
+    rno = message.rno
+    if isinstance(message, Request):
+        assert drain(decoder) == [Request(rno, message.environ), End(rno)]
+    else:
+        body = [Body(rno, message.body)] if message.body else []
+        assert drain(decoder) == [Response(rno, message.status, message.headers)] + body + [End(rno)]
+
+
+@pytest.mark.parametrize("payload, error", [
+    (b"", "without its head's length"),
+    (b"\x00\x00", "without its head's length"),
+    (struct.pack("!I", 100) + b'["200 OK", []]', "overruns its frame"),
+    (struct.pack("!I", 3) + b"nul", "bad response payload"),
+    (struct.pack("!I", 4) + b'"ok"', "malformed response start"),
+    (struct.pack("!I", 14) + b'["200", [[1]]]', "malformed response header"),
+    (struct.pack("!I", 2) + b"[]body", "malformed response start"),
+])
+def test_malformed_whole_responses(payload, error):
+    assert error in str(decode_error(frame(1, protocol.WHOLE_RESPONSE, payload)))
+
+
+def test_a_whole_response_within_its_limits():
+    head = b'["200 OK", [["A", "bcdefghijklmnopqrstuvwxyz"]]]'
+    ok = frame(1, protocol.WHOLE_RESPONSE, struct.pack("!I", len(head)) + head + b"x" * 10)
+    decoder = Decoder(max_message=len(head), max_body=10)
+    decoder.receive_data(ok)
+    assert drain(decoder) == [Response(1, "200 OK", [("A", "bcdefghijklmnopqrstuvwxyz")],
+                                       b"x" * 10, True)]
+    # The frame fits its limit (head + body), but the head is over max_message.
+    error = decode_error(ok, max_message=len(head) - 1, max_body=11)
+    assert "over the limits" in str(error)
+    error = decode_error(ok, max_message=len(head) + 1, max_body=9)
+    assert "over the limits" in str(error)
+
+
+def test_whole_frames_between_peers_that_offer_them():
+    wire = Wire()
+    wire.take(wire.lb), wire.take(wire.worker)
+    assert wire.lb.whole and wire.worker.whole
+    rno, data = wire.lb.start_request({"PATH_INFO": "/"}, end=True)
+    assert HEADER.unpack_from(data)[1] == protocol.WHOLE_REQUEST and len(data) == HEADER_SIZE + 17
+    wire.deliver(wire.lb, data)
+    assert wire.take(wire.worker) == [Request(rno, {"PATH_INFO": "/"}, True)]
+    assert wire.worker.streams[rno].receiving == "DONE"
+    data = wire.worker.respond(rno, "200 OK", [("A", "b")], b"hello", end=True)
+    assert HEADER.unpack_from(data)[1] == protocol.WHOLE_RESPONSE
+    assert wire.worker.streams == {}
+    wire.deliver(wire.worker, data)
+    assert wire.take(wire.lb) == [Response(rno, "200 OK", [("A", "b")], b"hello", True)]
+    assert wire.lb.streams == {}
+    # Sent through send() too, and a response that does not end is not whole.
+    rno, data = wire.lb.start_request({}, end=True)
+    wire.deliver(wire.lb, data)
+    wire.take(wire.worker)
+    wire.send(wire.worker, Response(rno, "200 OK", [], b"part"), End(rno))
+    assert wire.take(wire.lb) == [Response(rno, "200 OK", []), Body(rno, b"part"), End(rno)]
+    assert wire.lb.streams == {} and wire.worker.streams == {}
+
+
+@pytest.mark.parametrize("old", ["lb", "worker"])
+def test_a_peer_that_does_not_offer_whole_frames_is_sent_the_parts(old):
+    lb = protocol.Connection("lb", features=() if old == "lb" else protocol.FEATURES)
+    worker = protocol.Connection("worker", features=() if old == "worker" else protocol.FEATURES)
+    for side, peer in ((lb, worker), (worker, lb)):
+        peer.receive_data(side.data_to_send())
+        assert isinstance(peer.next_event(), protocol.Ready)
+    assert (lb.whole, worker.whole) == ((False, True) if old == "worker" else (True, False))
+    rno, data = lb.start_request({}, end=True)
+    worker.receive_data(data)
+    assert drain_events(worker) == ([Request(rno, {}), End(rno)] if old == "worker"
+                                    else [Request(rno, {}, True)])
+    lb.receive_data(worker.respond(rno, "200 OK", [], b"hi", end=True))
+    assert drain_events(lb) == ([Response(rno, "200 OK", []), Body(rno, b"hi"), End(rno)]
+                                if old == "lb" else [Response(rno, "200 OK", [], b"hi", True)])
+    assert lb.streams == {} and worker.streams == {}
+
+
+def test_a_whole_frame_to_a_peer_that_did_not_offer_it_is_refused():
+    lb = protocol.Connection("lb")
+    worker = protocol.Connection("worker", features=())
+    for side, peer in ((lb, worker), (worker, lb)):
+        peer.receive_data(side.data_to_send())
+        peer.next_event()
+    worker.receive_data(encode(Request(1, {}, True), whole=True))
+    with pytest.raises(RemoteProtocolError, match="whole Request frame not allowed"):
+        worker.next_event()
+
+
+def test_a_whole_response_past_the_credit_is_refused():
+    wire = Wire(window=100)
+    wire.take(wire.lb), wire.take(wire.worker)
+    rno, data = wire.lb.start_request({}, end=True)
+    wire.deliver(wire.lb, data)
+    with pytest.raises(LocalProtocolError, match="past our credit"):
+        wire.worker.respond(rno, "200 OK", [], b"x" * 101, end=True)
+    wire.lb.receive_data(encode(Response(rno, "200 OK", [], b"x" * 101, True), whole=True))
+    with pytest.raises(RemoteProtocolError, match="past the credit"):
+        wire.lb.next_event()
+
+
+def drain_events(connection):
+    out = []
+    while True:
+        event = connection.next_event()
+        if event is NEED_DATA:
+            return out
+        out.append(event)
 
 
 @pytest.mark.parametrize("message", EXAMPLES, ids=_id)
@@ -244,7 +384,7 @@ def test_body_limit_does_not_apply_to_messages_and_vice_versa():
     assert decoder.next_message() == Resume({"a": 1.0, "b": 2.0})
 
 
-@pytest.mark.parametrize("mtype", [0, 7, 8, 9, 16, 100, 255])
+@pytest.mark.parametrize("mtype", [0, 7, 8, 9, 18, 100, 255])
 def test_unknown_frame_type(mtype):
     for rno in (0, 1):
         error = decode_error(HEADER.pack(rno, mtype, 0))
@@ -416,7 +556,7 @@ json_values = st.recursive(
 def json_frame(draw):
     """A frame of a structured type with arbitrary (valid) JSON as payload."""
     mtype = draw(st.sampled_from([Hello.TYPE, Auth.TYPE, Resume.TYPE, GoAway.TYPE,
-                                  Request.TYPE, Response.TYPE]))
+                                  Request.TYPE, Response.TYPE, protocol.WHOLE_REQUEST]))
     rno = 0 if mtype in CONNECTION_TYPES else draw(st.integers(1, MAX_RNO))
     return frame(rno, mtype, json.dumps(draw(json_values)).encode())
 
@@ -491,6 +631,9 @@ messages = st.one_of(
     st.builds(Body, rnos, st.binary(max_size=100)),
     st.builds(End, rnos),
     st.builds(Response, rnos, texts, st.lists(st.tuples(texts, texts), max_size=4)),
+    st.builds(Request, rnos, st.dictionaries(texts, texts, max_size=5), st.just(True)),
+    st.builds(Response, rnos, texts, st.lists(st.tuples(texts, texts), max_size=4),
+              st.binary(max_size=100), st.just(True)),
     st.builds(Cancel, rnos),
     st.builds(Credit, rnos, st.integers(0, 2**32 - 1)),
 )
@@ -499,7 +642,7 @@ messages = st.one_of(
 @PROPERTY
 @given(sequence=st.lists(messages, max_size=12), sizes=chunk_sizes)
 def test_valid_message_sequences_round_trip_in_any_chunking(sequence, sizes):
-    data = b"".join(encode(m) for m in sequence)
+    data = b"".join(encode(m, whole=True) for m in sequence)
     decoder = Decoder()
     got = []
     for chunk in chunked(data, sizes):
@@ -748,7 +891,7 @@ def test_a_whole_request_and_response():
     rno, data = wire.lb.start_request({}, end=True)
     assert rno == 2
     wire.deliver(wire.lb, data)
-    assert wire.take(wire.worker) == [Request(2, {}), End(2)]
+    assert wire.take(wire.worker) == [Request(2, {}, True)]
 
 
 def test_a_response_may_start_before_the_request_ends():

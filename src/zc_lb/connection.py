@@ -285,6 +285,7 @@ class Connection:
         keepalive_interval: float = KEEPALIVE_INTERVAL,
         keepalive_timeout: float = KEEPALIVE_TIMEOUT,
         app_version: Optional[str] = None,
+        features: Tuple[str, ...] = protocol.FEATURES,
     ) -> None:
         self.sock = sock
         self.role = role
@@ -293,7 +294,8 @@ class Connection:
         self.secret = secret
         self.keepalive_interval = keepalive_interval
         self.keepalive_timeout = keepalive_timeout
-        self.protocol = protocol.Connection(role, secret, app_version=app_version)
+        self.protocol = protocol.Connection(role, secret, app_version=app_version,
+                                            features=features)
         self.streams: Dict[int, Exchange] = {}
         self.closed = False
         self.draining = False  # the peer said GoAway (or we ran out of request numbers)

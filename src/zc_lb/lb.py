@@ -153,37 +153,42 @@ class ResponseBody:
     cancelling the request if it did not)."""
 
     def __init__(self, lb: "LB", connection: Connection, exchange: Exchange,
-                 upload: Optional[Upload], length: Optional[int]) -> None:
+                 upload: Optional[Upload], length: Optional[int], response: Response) -> None:
         self.lb = lb
         self.connection = connection
         self.exchange = exchange
         self.upload = upload
         self.length = length
+        self.response = response  # its first body bytes, or all of it, may have come with it
 
     def __iter__(self):
         exchange, remaining = self.exchange, self.length
-        pending = 0
+        data, end = self.response.body, self.response.end
         while True:
-            if pending:
-                exchange.consumed(pending)
-            message = exchange.receive()
-            if isinstance(message, End):
+            if data:
+                size = len(data)
+                if remaining is not None:
+                    if size > remaining:
+                        # Bytes past Content-Length would be read as the next
+                        # response on a keep-alive connection: drop them.
+                        log.warning("worker %s sent a body longer than its Content-Length",
+                                    self.connection.peer)
+                        if remaining:
+                            yield data[:remaining]
+                        return
+                    remaining -= size
+                yield data
+                if not end:
+                    exchange.consumed(size)
+            if end:
                 if remaining:
                     raise BadResponse("worker's body ended %d bytes short" % remaining)
                 return
-            data = message.data  # type: ignore[union-attr]
-            pending = len(data)
-            if remaining is not None:
-                if pending > remaining:
-                    # Bytes past Content-Length would be read as the next
-                    # response on a keep-alive connection: drop them.
-                    log.warning("worker %s sent a body longer than its Content-Length",
-                                self.connection.peer)
-                    if remaining:
-                        yield data[:remaining]
-                    return
-                remaining -= pending
-            yield data
+            message = exchange.receive()
+            if isinstance(message, End):
+                data, end = b"", True
+            else:
+                data = message.data  # type: ignore[union-attr]
 
     def close(self) -> None:
         if self.upload is not None:
@@ -366,8 +371,9 @@ class LB(LinkEvents):
                 exchange = connection.open_request(environ, end=True)
                 with gevent.Timeout(timeout):
                     response = exchange.receive()
-                    while not isinstance(exchange.receive(), End):
-                        pass
+                    if not getattr(response, "end", True):
+                        while not isinstance(exchange.receive(), End):
+                            pass
                 ok = isinstance(response, Response) and response.status[:1] != "5"
             except (ZcLbError, gevent.Timeout):
                 ok = False
@@ -457,7 +463,7 @@ class LB(LinkEvents):
                 except BaseException:
                     self._abort(connection, exchange, upload)
                     raise
-                return ResponseBody(self, connection, exchange, upload, length)
+                return ResponseBody(self, connection, exchange, upload, length, response)
             raise NoWorkerAvailable("no worker answered")
         finally:
             self.retrying -= retrying

@@ -32,6 +32,16 @@ A request's life: the LB sends ``Request(environ)``, ``Body*``, ``End``;
 the worker answers ``Response(status, headers)``, ``Body*``, ``End``.
 Either side may send ``Cancel`` at any time; it ends both directions.
 
+Whole frames: most requests have no body and most responses fit one
+frame, so when both Hellos offer the feature ``whole``, a request
+without a body is one frame (``WHOLE_REQUEST``: the environ, then the
+request ends) and a response sent entire is one frame (``WHOLE_RESPONSE``:
+a u32 length, the status and headers, then the body; then it ends), not
+three.  The receiver sees one ``Request`` or ``Response`` message with
+``end`` set (and the response's ``body``).  A peer that does not offer
+it (an older version) gets and sends the separate frames, so mixed
+versions still talk.
+
 Flow control: each direction of each request starts with ``WINDOW`` bytes
 of credit.  A sender may send body bytes only within its credit; the
 receiver grants more with ``Credit(n)`` as it *consumes* (not receives)
@@ -53,6 +63,7 @@ that have ended, and calls frames for numbers never used errors.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import math
@@ -77,6 +88,12 @@ COMPACT_AT = 64 * 1024  # decoded bytes kept at the buffer's head at most
 HEADER = struct.Struct("!IBI")
 HEADER_SIZE = HEADER.size
 CREDIT_PAYLOAD = struct.Struct("!I")
+HEAD_LENGTH = struct.Struct("!I")  # of the status and headers in a WHOLE_RESPONSE
+
+WHOLE = "whole"  # the Hello feature: whole requests and responses in one frame
+FEATURES = (WHOLE,)
+WHOLE_REQUEST = 16  # Request and End
+WHOLE_RESPONSE = 17  # Response, Body and End
 
 
 # -- messages -----------------------------------------------------------
@@ -91,6 +108,7 @@ class Hello:
     nonce: str
     auth: bool = False
     app_version: Optional[str] = None  # a worker's application version, if it knows it
+    features: Tuple[str, ...] = ()  # what the sender can receive beyond version 1
     TYPE = 1
 
 
@@ -134,10 +152,12 @@ class GoAway:
 
 @dataclass(frozen=True)
 class Request:
-    """Start of a request: its CGI/WSGI environ, strings only."""
+    """Start of a request: its CGI/WSGI environ, strings only; with
+    ``end``, the whole request (it has no body)."""
 
     rno: int
     environ: Dict[str, str]
+    end: bool = False
     TYPE = 10
 
 
@@ -160,11 +180,14 @@ class End:
 
 @dataclass(frozen=True)
 class Response:
-    """Start of a response: status line and headers."""
+    """Start of a response: status line and headers, perhaps the first
+    body bytes; with ``end``, the whole response."""
 
     rno: int
     status: str
     headers: List[Tuple[str, str]]
+    body: bytes = field(default=b"", repr=False)
+    end: bool = False
     TYPE = 13
 
 
@@ -195,6 +218,9 @@ CONNECTION_TYPES: Dict[int, type] = {
 REQUEST_TYPES: Dict[int, type] = {
     cls.TYPE: cls for cls in (Request, Body, End, Response, Cancel, Credit)
 }
+FRAME_NAMES: Dict[int, str] = {mtype: cls.__name__
+                               for mtype, cls in {**CONNECTION_TYPES, **REQUEST_TYPES}.items()}
+FRAME_NAMES.update({WHOLE_REQUEST: "whole Request", WHOLE_RESPONSE: "whole Response"})
 
 
 class NeedData:
@@ -221,15 +247,17 @@ def _frame(rno: int, mtype: int, payload: bytes) -> bytes:
     return HEADER.pack(rno, mtype, len(payload)) + payload
 
 
-def encode(message: Message) -> bytes:
-    """The bytes of one message, header included."""
+def encode(message: Message, whole: bool = False) -> bytes:
+    """The bytes of one message, header included: a Request or Response
+    with ``end`` as one whole frame if ``whole`` (the peer offered it),
+    else as the separate frames."""
     try:
-        return _encode(message)
+        return _encode(message, whole)
     except (struct.error, ValueError, TypeError) as exc:
         raise LocalProtocolError("cannot encode %r: %s" % (message, exc))
 
 
-def _encode(message: Message) -> bytes:
+def _encode(message: Message, whole: bool) -> bytes:
     if isinstance(message, Body):
         return _frame(message.rno, Body.TYPE, message.data)
     if isinstance(message, (End, Cancel)):
@@ -241,10 +269,14 @@ def _encode(message: Message) -> bytes:
         if len(payload) > MAX_MESSAGE:  # the worker would drop the connection
             raise MessageTooLarge("request head of %d bytes, over the frame limit of %d"
                                   % (len(payload), MAX_MESSAGE))
-        return _frame(message.rno, Request.TYPE, payload)
+        if not message.end:
+            return _frame(message.rno, Request.TYPE, payload)
+        if whole:
+            return _frame(message.rno, WHOLE_REQUEST, payload)
+        return _frame(message.rno, Request.TYPE, payload) + HEADER.pack(message.rno, End.TYPE, 0)
     if isinstance(message, Response):
-        return _frame(message.rno, Response.TYPE, _response_payload(message.status,
-                                                                    message.headers))
+        return _response_frames(message.rno, _response_payload(message.status, message.headers),
+                                message.body, message.end, whole)
     if isinstance(message, (Ping, Pong)):
         return HEADER.pack(0, message.TYPE, 0)
     if isinstance(message, Resume):
@@ -256,6 +288,8 @@ def _encode(message: Message) -> bytes:
                  "nonce": message.nonce, "auth": message.auth}
         if message.app_version is not None:
             hello["app_version"] = message.app_version
+        if message.features:
+            hello["features"] = list(message.features)
         payload = _json(hello)
         return _frame(0, Hello.TYPE, payload)
     if isinstance(message, Auth):
@@ -272,6 +306,21 @@ def _response_payload(status: str, headers: List[Tuple[str, str]]) -> bytes:
         if len(header) != 2 or type(header[0]) is not str or type(header[1]) is not str:
             raise LocalProtocolError("response header %r is not a pair of strings" % (header,))
     return _json([status, headers])
+
+
+def _response_frames(rno: int, head: bytes, body: bytes, end: bool, whole: bool) -> bytes:
+    if type(body) is not bytes:
+        raise LocalProtocolError("response body must be bytes, not %s" % type(body).__name__)
+    pack = HEADER.pack
+    if end and whole:
+        return b"".join((pack(rno, WHOLE_RESPONSE, HEAD_LENGTH.size + len(head) + len(body)),
+                         HEAD_LENGTH.pack(len(head)), head, body))
+    parts = [pack(rno, Response.TYPE, len(head)), head]
+    if body:
+        parts += (pack(rno, Body.TYPE, len(body)), body)
+    if end:
+        parts.append(pack(rno, End.TYPE, 0))
+    return b"".join(parts)
 
 
 def body_header(rno: int, length: int) -> bytes:
@@ -309,11 +358,13 @@ def _decode_hello(rno: int, payload: bytes) -> Hello:
     version, role, nonce = obj.get("version"), obj.get("role"), obj.get("nonce")
     auth = obj.get("auth", False)
     app_version = obj.get("app_version")
+    features = obj.get("features", [])
     if not (isinstance(version, int) and not isinstance(version, bool)
             and isinstance(role, str) and isinstance(nonce, str)
-            and isinstance(auth, bool) and (app_version is None or isinstance(app_version, str))):
+            and isinstance(auth, bool) and (app_version is None or isinstance(app_version, str))
+            and isinstance(features, list) and all(isinstance(f, str) for f in features)):
         raise RemoteProtocolError("malformed hello %r" % (obj,))
-    return Hello(version, role, nonce, auth, app_version)
+    return Hello(version, role, nonce, auth, app_version, tuple(features))
 
 
 def _decode_auth(rno: int, payload: bytes) -> Auth:
@@ -349,7 +400,7 @@ def _decode_request(rno: int, payload: bytes) -> Request:
     return Request(rno, _string_dict(_load_json(payload, "request"), "environ"))
 
 
-def _decode_response(rno: int, payload: bytes) -> Response:
+def _response_head(payload) -> Tuple[str, List[Tuple[str, str]]]:
     obj = _load_json(payload, "response")
     if not (isinstance(obj, list) and len(obj) == 2 and isinstance(obj[0], str)
             and isinstance(obj[1], list)):
@@ -360,7 +411,32 @@ def _decode_response(rno: int, payload: bytes) -> Response:
                 and isinstance(header[0], str) and isinstance(header[1], str)):
             raise RemoteProtocolError("malformed response header %r" % (header,))
         headers.append((header[0], header[1]))
-    return Response(rno, obj[0], headers)
+    return obj[0], headers
+
+
+def _decode_response(rno: int, payload: bytes) -> Response:
+    return Response(rno, *_response_head(payload))
+
+
+def _decode_whole_request(rno: int, payload: bytes) -> Request:
+    return Request(rno, _string_dict(_load_json(payload, "request"), "environ"), True)
+
+
+def _decode_whole_response(max_message: int, max_body: int, rno: int,
+                           payload: bytes) -> Response:
+    if len(payload) < HEAD_LENGTH.size:
+        raise RemoteProtocolError("whole response of %d bytes, without its head's length"
+                                  % len(payload))
+    (length,) = HEAD_LENGTH.unpack_from(payload)
+    start = HEAD_LENGTH.size + length
+    if start > len(payload):
+        raise RemoteProtocolError("whole response's head of %d bytes overruns its frame" % length)
+    if length > max_message or len(payload) - start > max_body:
+        raise RemoteProtocolError("whole response with a %d-byte head and a %d-byte body, "
+                                  "over the limits of %d and %d"
+                                  % (length, len(payload) - start, max_message, max_body))
+    status, headers = _response_head(memoryview(payload)[HEAD_LENGTH.size:start])
+    return Response(rno, status, headers, payload[start:], True)
 
 
 def _decode_credit(rno: int, payload: bytes) -> Credit:
@@ -391,6 +467,8 @@ _DECODERS = {
     Response.TYPE: _decode_response,
     Cancel.TYPE: _decode_empty(Cancel),
     Credit.TYPE: _decode_credit,
+    WHOLE_REQUEST: _decode_whole_request,
+    WHOLE_RESPONSE: None,  # per decoder, with its limits
 }
 
 
@@ -407,9 +485,13 @@ class Decoder:
         self._buffer = bytearray()
         self._pos = 0
         self._error: Optional[RemoteProtocolError] = None
+        self._decoders = dict(_DECODERS)
+        self._decoders[WHOLE_RESPONSE] = functools.partial(_decode_whole_response,
+                                                           max_message, max_body)
         limits = {mtype: max_message for mtype in _DECODERS}
         limits[Body.TYPE] = max_body
         limits[Resume.TYPE] = max_resume
+        limits[WHOLE_RESPONSE] = HEAD_LENGTH.size + max_message + max_body
         self.allow(limits)
 
     def allow(self, limits: Dict[int, int], why: str = "") -> None:
@@ -448,7 +530,7 @@ class Decoder:
         if limit is None:
             if mtype in _DECODERS:
                 raise RemoteProtocolError("%s frame not allowed%s" % (
-                    (CONNECTION_TYPES.get(mtype) or REQUEST_TYPES[mtype]).__name__, self._why))
+                    FRAME_NAMES[mtype], self._why))
             raise RemoteProtocolError("unknown frame type %d" % mtype)
         if length > limit:
             raise RemoteProtocolError(
@@ -463,7 +545,7 @@ class Decoder:
         payload = bytes(buf[pos + HEADER_SIZE:end])
         self._pos = end
         try:
-            return _DECODERS[mtype](rno, payload)
+            return self._decoders[mtype](rno, payload)
         except RemoteProtocolError:
             raise
         except Exception as exc:  # whatever a hostile payload provokes
@@ -478,9 +560,11 @@ class Decoder:
 # -- handshake ----------------------------------------------------------
 
 
-def new_hello(role: str, secret: Optional[bytes], app_version: Optional[str] = None) -> Hello:
+def new_hello(role: str, secret: Optional[bytes], app_version: Optional[str] = None,
+              features: Tuple[str, ...] = FEATURES) -> Hello:
     """Our Hello, with a fresh nonce."""
-    return Hello(VERSION, role, os.urandom(16).hex(), secret is not None, app_version)
+    return Hello(VERSION, role, os.urandom(16).hex(), secret is not None, app_version,
+                 features)
 
 
 def auth_digest(secret: bytes, nonce: str, role: str) -> str:
@@ -635,15 +719,17 @@ class Connection:
     def __init__(self, role: str, secret: Optional[bytes] = None, *,
                  max_body: int = MAX_BODY, max_message: int = MAX_MESSAGE,
                  max_resume: int = MAX_RESUME, window: int = WINDOW,
-                 app_version: Optional[str] = None) -> None:
+                 app_version: Optional[str] = None,
+                 features: Tuple[str, ...] = FEATURES) -> None:
         if role not in ("lb", "worker"):
             raise LocalProtocolError("role must be 'lb' or 'worker', not %r" % (role,))
         self.role = role
         self.secret = secret
         self.window = window
         self.phase = HANDSHAKE
-        self.our_hello = new_hello(role, secret, app_version)
+        self.our_hello = new_hello(role, secret, app_version, features)
         self.peer_hello: Optional[Hello] = None
+        self.whole = False  # send whole frames: the peer offered them
         self.streams: Dict[int, Stream] = {}
         self.last_rno = 0
         self.we_go_away = False
@@ -653,8 +739,13 @@ class Connection:
         self._out: List[bytes] = [encode(self.our_hello)]
         self._decoder = Decoder(max_body, max_message, max_resume)
         open_limits = dict(self._decoder._limits)
-        refused = [Hello.TYPE, Auth.TYPE]  # once is enough
-        refused += [Resume.TYPE, Response.TYPE] if role == "worker" else [Request.TYPE]
+        refused = {Hello.TYPE, Auth.TYPE}  # once is enough
+        if role == "worker":
+            refused |= {Resume.TYPE, Response.TYPE, WHOLE_RESPONSE}
+        else:
+            refused |= {Request.TYPE, WHOLE_REQUEST}
+        if WHOLE not in features:  # a peer must not send what we did not offer
+            refused |= {WHOLE_REQUEST, WHOLE_RESPONSE}
         for mtype in refused:
             del open_limits[mtype]
         self._open_limits = open_limits
@@ -732,6 +823,15 @@ class Connection:
             if what is None:
                 raise RemoteProtocolError("request %d: unexpected %s" % (rno, mtype.__name__))
             stream.step("receiving", what, RemoteProtocolError)
+            if mtype is Response:
+                size = len(message.body)  # type: ignore[union-attr]
+                if size:
+                    if size > stream.window:
+                        raise RemoteProtocolError("request %d: %d body bytes past the credit "
+                                                  "of %d" % (rno, size, stream.window))
+                    stream.window -= size
+                if message.end:  # type: ignore[union-attr]
+                    stream.receiving = DONE
             if stream.sending in ENDED and stream.receiving in ENDED:
                 del self.streams[rno]
         return message
@@ -739,6 +839,7 @@ class Connection:
     def _hello(self, theirs: Hello) -> Optional[Event]:
         check_hello(self.our_hello, theirs)
         self.peer_hello = theirs
+        self.whole = WHOLE in theirs.features
         if self.secret is None:
             return self._open()
         self._out.append(encode(Auth(auth_digest(self.secret, theirs.nonce, self.role))))
@@ -772,7 +873,7 @@ class Connection:
                 raise RemoteProtocolError("request number %d after %d" % (rno, self.last_rno))
             self.last_rno = rno
             stream = self.streams[rno] = Stream(rno, self.window)
-            stream.receiving = OPEN
+            stream.receiving = DONE if message.end else OPEN  # type: ignore[union-attr]
             return message
         if rno > self.last_rno:
             raise RemoteProtocolError("%s for request %d, never started"
@@ -791,17 +892,16 @@ class Connection:
         return data
 
     def start_request(self, environ: Dict[str, str], end: bool = False) -> Tuple[int, bytes]:
-        """LB side: a new request's number and its bytes (with End when
-        it has no body).  MessageTooLarge changes nothing."""
+        """LB side: a new request's number and its bytes (the whole request
+        when ``end``: it has no body).  MessageTooLarge changes nothing."""
         rno = self.last_rno + 1
-        data = self.send(Request(rno, environ))
-        return rno, data + self.send(End(rno)) if end else data
+        return rno, self.send(Request(rno, environ, end))
 
     def send(self, message: Message) -> bytes:
         """The bytes of ``message``, after checking that we may send it."""
         if self.phase not in (OPEN_PHASE, CLOSING):
             raise LocalProtocolError("cannot send %s while %s" % (type(message).__name__, self.phase))
-        data = encode(message)  # first: a message too large changes nothing
+        data = encode(message, self.whole)  # first: a message too large changes nothing
         rno = getattr(message, "rno", 0)
         mtype = type(message)
         if not rno:
@@ -841,16 +941,27 @@ class Connection:
             if what is None:
                 raise LocalProtocolError("a%s %s cannot send %s" % (
                     "n" if self.role == "lb" else "", self.role, mtype.__name__))
-            stream.step("sending", what, LocalProtocolError)
+            if what is START:  # a Request or Response: perhaps body bytes, perhaps the end
+                size = len(getattr(message, "body", b""))
+                if size > stream.credit or size > MAX_BODY:
+                    raise LocalProtocolError("request %d: %d body bytes past our credit of %d"
+                                             % (rno, size, stream.credit))
+                stream.step("sending", what, LocalProtocolError)
+                stream.credit -= size
+                if message.end:  # type: ignore[union-attr]
+                    stream.sending = DONE
+            else:
+                stream.step("sending", what, LocalProtocolError)
             if stream.sending in ENDED and stream.receiving in ENDED:
                 del self.streams[rno]
         return data
 
     def respond(self, rno: int, status: str, headers: List[Tuple[str, str]],
                 body: bytes = b"", end: bool = False) -> bytes:
-        """Worker side: the bytes of Response(status, headers), then Body(body)
-        if any, then End if ``end``; the checks of ``send`` for each, made
-        before anything changes (the whole response is refused or sent)."""
+        """Worker side: the bytes of Response(status, headers, body, end),
+        one whole frame when it ends and the peer takes them; the checks
+        of ``send``, made before anything changes (the whole response is
+        refused or sent)."""
         if self.phase not in (OPEN_PHASE, CLOSING):
             raise LocalProtocolError("cannot send Response while %s" % self.phase)
         stream = self.streams.get(rno)
@@ -872,18 +983,15 @@ class Connection:
             payload = _response_payload(status, headers)
         except (ValueError, TypeError) as exc:
             raise LocalProtocolError("cannot encode the response to %d: %s" % (rno, exc))
-        pack = HEADER.pack
-        parts = [pack(rno, Response.TYPE, len(payload)), payload]
-        stream.sending = OPEN
-        if size:
-            parts += (pack(rno, Body.TYPE, size), body)
-            stream.credit -= size
+        data = _response_frames(rno, payload, body, end, self.whole)
+        stream.credit -= size
         if end:
-            parts.append(pack(rno, End.TYPE, 0))
             stream.sending = DONE
             if stream.receiving in ENDED:
                 del self.streams[rno]
-        return b"".join(parts)
+        else:
+            stream.sending = OPEN
+        return data
 
     def cancel(self, rno: int) -> bytes:
         """Cancel request ``rno``: the bytes to send, or nothing when it

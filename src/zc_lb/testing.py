@@ -206,7 +206,11 @@ def read_response(exchange, timeout: Optional[float] = 5.0):
 
     start = exchange.receive(timeout)
     assert isinstance(start, Response), start
-    return start, read_body(exchange, timeout)
+    if start.end:
+        return start, start.body
+    if start.body:
+        exchange.consumed(len(start.body))
+    return start, start.body + read_body(exchange, timeout)
 
 
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02,

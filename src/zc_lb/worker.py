@@ -73,10 +73,10 @@ class RequestInput(io.RawIOBase):
     an upload proceeds at the application's pace.
     """
 
-    def __init__(self, exchange: Exchange) -> None:
+    def __init__(self, exchange: Exchange, ended: bool = False) -> None:
         self._exchange = exchange
         self._buffer = b""
-        self._eof = False
+        self._eof = ended  # the request came whole: it has no body
 
     def readable(self) -> bool:
         return True
@@ -477,7 +477,8 @@ class Worker(Handler):
         if exchange.error is not None:  # cancelled before it started
             return
         request = exchange.receive()
-        environ = self._environ(request.environ, exchange)  # type: ignore[attr-defined]
+        environ = self._environ(request.environ, exchange,  # type: ignore[attr-defined]
+                                request.end)  # type: ignore[attr-defined]
         rclass = environ.get("zc_lb.request_class", "")
         writer = ResponseWriter(exchange, environ["REQUEST_METHOD"] == "HEAD")
         try:
@@ -605,7 +606,8 @@ class Worker(Handler):
         "wsgi.url_scheme": "http", "zc_lb.request_class": "",
     }
 
-    def _environ(self, forwarded: Dict[str, str], exchange: Exchange) -> Dict:
+    def _environ(self, forwarded: Dict[str, str], exchange: Exchange,
+                 ended: bool = False) -> Dict:
         """PEP 3333's environ: defaults, what the LB forwarded, then what
         only the worker may say (two dict updates, not a dozen stores)."""
         fixed = self._environ_fixed
@@ -621,7 +623,7 @@ class Worker(Handler):
         environ: Dict[str, object] = self.ENVIRON_DEFAULTS.copy()
         environ.update(forwarded)
         environ.update(fixed)
-        environ["wsgi.input"] = RequestInput(exchange)
+        environ["wsgi.input"] = RequestInput(exchange, ended)
         environ["wsgi.errors"] = sys.stderr
         return environ
 
