@@ -114,10 +114,10 @@ class Client:
 class Stack:
     """A Worker, an LB connected to it, and the LB's FrontServer, in process."""
 
-    def __init__(self, app, n_workers=1, worker_kw=None, **lb_kw):
+    def __init__(self, app, n_workers=1, worker_kw=None, worker_class=None, **lb_kw):
         self.workers = []
         for _ in range(n_workers):
-            worker = Worker(app, **(worker_kw or {}))
+            worker = (worker_class or Worker)(app, **(worker_kw or {}))
             worker.start()
             self.workers.append(worker)
         lb_kw.setdefault("no_worker_timeout", 2.0)
@@ -533,3 +533,40 @@ def test_lb_sigterm_tells_keepalive_clients_to_close():
     finally:
         lb.kill()
         worker.kill()
+
+
+# -- an LB and a worker of different versions -----------------------------------
+
+
+class _WorkerBeforeWholeFrames(Worker):
+    protocol_features = ()  # as a worker of a version before whole frames
+
+
+def _mixed_app(environ, start_response):
+    path = environ["PATH_INFO"]
+    if path == "/stream":
+        start_response("200 OK", [])
+        return (b"chunk %d\n" % i for i in range(3))
+    if path == "/echo":
+        body = environ["wsgi.input"].read()
+        start_response("200 OK", [("Content-Length", str(len(body)))])
+        return [body]
+    if path == "/empty":
+        start_response("204 No Content", [])
+        return []
+    return ok_app(environ, start_response)
+
+
+@pytest.mark.parametrize("worker_class", [Worker, _WorkerBeforeWholeFrames])
+def test_whole_frames_or_not_every_kind_of_response_gets_through(stack, worker_class):
+    s = stack(_mixed_app, worker_class=worker_class)
+    connection = next(iter(s.lb.links.values())).connection
+    assert connection.protocol.whole == (worker_class is Worker)
+    client = s.client()
+    assert client.request(path="/page")[::2] == (200, b"ok /page")
+    assert client.request("HEAD", "/page")[::2] == (200, b"")
+    assert client.request(path="/stream")[::2] == (200, b"chunk 0\nchunk 1\nchunk 2\n")
+    assert client.request("POST", "/echo", body=b"x" * 100000)[::2] == (200, b"x" * 100000)
+    assert client.request(path="/empty")[::2] == (204, b"")
+    poll(lambda: s.lb.in_flight == 0 and s.backlog() == 0 and s.streams() == 0,
+         timeout=2, message="every request over")

@@ -38,7 +38,7 @@ from .connection import Connection, Exchange, Handler
 from .errors import ConfigurationError, ZcLbError
 from .loopwatch import LoopWatch
 from .httpparse import HOP_BY_HOP
-from .protocol import MAX_BODY, Body, End
+from .protocol import FEATURES, MAX_BODY, Body, End
 
 log = logging.getLogger(__name__)
 
@@ -336,6 +336,8 @@ class Requests:
 class Worker(Handler):
     """A worker process's server: accepts LB connections, runs the app."""
 
+    protocol_features = FEATURES  # what we offer LBs beyond protocol version 1
+
     def __init__(
         self,
         app: Callable,
@@ -439,7 +441,7 @@ class Worker(Handler):
     def _accept(self, sock, address) -> None:
         peer = "%s:%s" % address[:2]
         connection = Connection(sock, "worker", self, peer=peer, secret=self.secret,
-                                app_version=self.version)
+                                app_version=self.version, features=self.protocol_features)
         try:
             connection.handshake()
         except (ZcLbError, OSError) as exc:
