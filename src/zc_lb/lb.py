@@ -463,6 +463,12 @@ class LB(LinkEvents):
                 except BaseException:
                     self._abort(connection, exchange, upload)
                     raise
+                if (response.end and upload is None
+                        and (length is None or length == len(response.body))):
+                    # The whole response came in one piece: the worker is
+                    # done with it, and the front sends it in one write.
+                    self._put(connection)
+                    return [response.body]
                 return ResponseBody(self, connection, exchange, upload, length, response)
             raise NoWorkerAvailable("no worker answered")
         finally:
