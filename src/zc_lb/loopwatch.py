@@ -10,22 +10,29 @@ and the LBs then declare the worker dead.  ``LoopWatch`` says so in the
 log instead of leaving it to be guessed: a greenlet in the loop stamps
 the time every ``interval``; an OS thread of its own checks the stamp,
 and when it is older than ``threshold`` it logs, once per stall, which
-request was running (tracked with ``greenlet.settrace``: the greenlet
-switched to last) and, when the loop moves again, how long it was
-stuck.  Thread mode (the default) needs none of this: the application
-runs in a thread pool and the loop stays free.
+request was running and where it is stuck (the loop thread's innermost
+frame), and, when the loop moves again, how long it was stuck.  Thread
+mode (the default) needs none of this: the application runs in a thread
+pool and the loop stays free.
 
-Weak spots: the report names the request whose greenlet ran last, which
-is the culprit unless the loop is stuck in gevent's own code; ``settrace``
-costs a little on every greenlet switch, which is why only greenlet mode
-pays it.
+The running request is found when a stall is seen, not tracked on every
+switch: of the greenlets serving requests, the running one is the one
+alive with no saved frame (``gr_frame`` is None only while a greenlet
+runs).  A ``greenlet.settrace`` hook did this before, at the cost of a
+Python call on every greenlet switch of every request.
+
+Weak spots: the checking thread reads the loop's greenlets without a
+lock (a stalled loop does not change them); when gevent's own code is
+stuck, no request is named.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import time
-from typing import Callable, Dict, Optional
+from typing import Dict, Optional
 
 import gevent
 import greenlet
@@ -35,6 +42,7 @@ log = logging.getLogger(__name__)
 
 _start_thread = get_original("_thread", "start_new_thread")
 _sleep = get_original("time", "sleep")
+_thread_id = get_original("_thread", "get_ident")  # the OS thread's, even when patched
 
 
 class LoopWatch:
@@ -44,20 +52,18 @@ class LoopWatch:
         self.threshold = threshold
         self.interval = interval
         self.stamp = time.monotonic()
-        self.running: Optional[greenlet.greenlet] = None
         self.requests: Dict[greenlet.greenlet, str] = {}  # greenlet -> what it serves
         self.stalls = 0
         self.stopped = False
-        self._previous_trace: Optional[Callable] = None
+        self._loop_thread: Optional[int] = None
 
     def start(self) -> None:
-        self._previous_trace = greenlet.settrace(self._trace)
+        self._loop_thread = _thread_id()
         gevent.spawn(self._stamp)
         _start_thread(self._watch, ())
 
     def stop(self) -> None:
         self.stopped = True
-        greenlet.settrace(self._previous_trace)
 
     def serving(self, what: str) -> None:
         """The current greenlet serves ``what`` (e.g. "GET /path")."""
@@ -66,11 +72,18 @@ class LoopWatch:
     def done(self) -> None:
         self.requests.pop(gevent.getcurrent(), None)
 
-    def _trace(self, event: str, args) -> None:
-        if event in ("switch", "throw"):
-            self.running = args[1]
-        if self._previous_trace is not None:
-            self._previous_trace(event, args)
+    def running(self) -> str:
+        """What the loop's thread runs now: the request, and where."""
+        what = "no request (gevent or the app's own greenlet)"
+        for serving, request in list(self.requests.items()):
+            if serving and not serving.dead and serving.gr_frame is None:
+                what = request
+                break
+        frame = sys._current_frames().get(self._loop_thread)  # type: ignore[arg-type]
+        if frame is not None:
+            what += " at %s:%d in %s" % (os.path.basename(frame.f_code.co_filename),
+                                         frame.f_lineno, frame.f_code.co_name)
+        return what
 
     def _stamp(self) -> None:
         while not self.stopped:
@@ -85,8 +98,7 @@ class LoopWatch:
             if age > self.threshold and stuck_since is None:
                 stuck_since = self.stamp
                 self.stalls += 1
-                what = self.requests.get(self.running, "no request (gevent or the app's "
-                                                       "own greenlet)")
+                what = self.running()
                 log.error("event loop blocked for %.1fs by %s: the application blocks "
                           "(use threads, the default, for blocking code); keepalives "
                           "stop meanwhile", age, what)
