@@ -98,8 +98,12 @@ WHOLE_RESPONSE = 17  # Response, Body and End
 
 # -- messages -----------------------------------------------------------
 
+# Messages are values: never change one.  They are not frozen dataclasses
+# only because a frozen one costs four times as much to build (1.6 us
+# against 0.4 here), and a request builds three.
 
-@dataclass(frozen=True)
+
+@dataclass(slots=True)
 class Hello:
     """First message on a connection, from each side."""
 
@@ -112,7 +116,7 @@ class Hello:
     TYPE = 1
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Auth:
     """HMAC proof of the shared secret."""
 
@@ -120,7 +124,7 @@ class Auth:
     TYPE = 2
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Resume:
     """A worker's résumé: request class -> requests per second."""
 
@@ -128,21 +132,21 @@ class Resume:
     TYPE = 3
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Ping:
     """Keepalive; answered by Pong."""
 
     TYPE = 4
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Pong:
     """Answer to Ping."""
 
     TYPE = 5
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class GoAway:
     """The sender is draining: send it no new requests."""
 
@@ -150,7 +154,7 @@ class GoAway:
     TYPE = 6
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Request:
     """Start of a request: its CGI/WSGI environ, strings only; with
     ``end``, the whole request (it has no body)."""
@@ -161,7 +165,7 @@ class Request:
     TYPE = 10
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Body:
     """A chunk of request or response body."""
 
@@ -170,7 +174,7 @@ class Body:
     TYPE = 11
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class End:
     """End of the sender's direction of a request."""
 
@@ -178,7 +182,7 @@ class End:
     TYPE = 12
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Response:
     """Start of a response: status line and headers, perhaps the first
     body bytes; with ``end``, the whole response."""
@@ -191,7 +195,7 @@ class Response:
     TYPE = 13
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Cancel:
     """Abandon a request, both directions."""
 
@@ -199,7 +203,7 @@ class Cancel:
     TYPE = 14
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Credit:
     """Permission to send ``n`` more body bytes on request ``rno``."""
 
