@@ -82,11 +82,13 @@ def _id(message: object) -> str:
     return repr(message)[:60]
 
 
-def drain(decoder: Decoder) -> list:
-    """Every complete message the decoder holds."""
+def drain(source) -> list:
+    """Every complete message a Decoder holds, or every event a
+    protocol.Connection makes of what it received."""
+    take = source.next_message if isinstance(source, Decoder) else source.next_event
     out = []
     while True:
-        message = decoder.next_message()
+        message = take()
         if message is NEED_DATA:
             return out
         out.append(message)
@@ -212,10 +214,10 @@ def test_a_peer_that_does_not_offer_whole_frames_is_sent_the_parts(old):
     assert (lb.whole, worker.whole) == ((False, True) if old == "worker" else (True, False))
     rno, data = lb.start_request({}, end=True)
     worker.receive_data(data)
-    assert drain_events(worker) == ([Request(rno, {}), End(rno)] if old == "worker"
+    assert drain(worker) == ([Request(rno, {}), End(rno)] if old == "worker"
                                     else [Request(rno, {}, True)])
     lb.receive_data(worker.respond(rno, "200 OK", [], b"hi", end=True))
-    assert drain_events(lb) == ([Response(rno, "200 OK", []), Body(rno, b"hi"), End(rno)]
+    assert drain(lb) == ([Response(rno, "200 OK", []), Body(rno, b"hi"), End(rno)]
                                 if old == "lb" else [Response(rno, "200 OK", [], b"hi", True)])
     assert lb.streams == {} and worker.streams == {}
 
@@ -241,15 +243,6 @@ def test_a_whole_response_past_the_credit_is_refused():
     wire.lb.receive_data(encode(Response(rno, "200 OK", [], b"x" * 101, True), whole=True))
     with pytest.raises(RemoteProtocolError, match="past the credit"):
         wire.lb.next_event()
-
-
-def drain_events(connection):
-    out = []
-    while True:
-        event = connection.next_event()
-        if event is NEED_DATA:
-            return out
-        out.append(event)
 
 
 @pytest.mark.parametrize("message", EXAMPLES, ids=_id)
