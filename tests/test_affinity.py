@@ -319,3 +319,32 @@ def test_paths_shared_by_several_classes_do_not_look_like_a_changed_classifier()
     run(3000)
     assert pool.adoptions == adoptions
     assert len(pool.skilled["host-a"]) >= 1 and len(pool.skilled["host-b"]) >= 1
+
+
+def test_a_changed_classifier_follows_the_worker_most_keys_came_from():
+    # A few of a class's keys last went elsewhere (queued behind a burst
+    # at their owner); after the change the class follows the worker
+    # that held most of them, not the first one a key came from.
+    pool = pool_of(8, footprint_window=2000)
+
+    def other(n):
+        for i in range(n):
+            pool.put(pool.get("b", "/b/%d" % (i * 7 % 400)))
+    for i in range(200):  # "a": ten keys, a small class of one or two workers
+        other(10)
+        pool.put(pool.get("a", "/a/%d" % (i % 10)))
+    home = Counter(pool.get("a", "/a/%d" % k) for k in range(10))
+    for handle in home.elements():
+        pool.put(handle)
+    held = [pool.get("a", "/a/0") for _ in range(40)]  # a burst
+    strays = [pool.get("a", "/a/%d" % k) for k in range(3)]
+    for handle in held + strays:
+        pool.put(handle)
+    assert set(strays) - set(home)  # some keys last went elsewhere
+    after = Counter()
+    for i in range(200):
+        other(10)
+        handle = pool.get("c", "/a/%d" % (i % 10))  # "a" is now called "c"
+        pool.put(handle)
+        after[handle] += 1
+    assert after[home.most_common(1)[0][0]] > 0.8 * 200

@@ -69,9 +69,13 @@ Re-learning.  A changed classifier moves keys between classes, but
 their data stays where it was.  The LB keeps a book of keys (at most
 ``BOOK_SIZE``): the class and worker each last went to.  When enough of
 a class's new keys come from other classes, it follows them: the
-workers that served them become its members (floored at the members'
-mean until the class settles), and its old members, which hold another
-class's data, lose their skill in it until their résumés drop it.  A
+workers most of them came from become its members (floored at the
+members' mean until the class settles, ranked by how many keys came
+from each), and its old members, which hold another class's data, lose
+their skill in it until their résumés drop it.  A worker is followed
+only once it sent at least half as many keys as the one that sent the
+most: a key that last went elsewhere (spilled, or moved on by the
+balance bound) does not make a member.  A
 path seen moving twice is in several classes (the same path under
 several hosts) and is ignored from then on.  ``reset_skills()`` forgets
 every skill the LB holds (an operator's switch); the pool also resets by
@@ -129,6 +133,7 @@ SETTLE = 0.995  # moves and new keys of a class fade with each key it had before
 ADOPTED = 1.0  # the floor of a worker that followed a class's moved keys
 SETTLED = 0.1  # moves below which a class that followed its keys is settled
 MOVED_LEAST = 2  # sampled keys moved in before a class follows them
+FOLLOW_SHARE = 0.5  # a worker is followed once it sent half the top sender's keys
 
 
 BookEntry = Tuple[Optional[str], Optional[PoolWorker], bool]
@@ -245,7 +250,7 @@ class ClassStats:
     """What the LB sees of one class: its decayed request count, its keys."""
 
     __slots__ = ("count", "seen", "footprint", "salt", "members", "uses", "version",
-                 "floors", "fresh", "moved", "following")
+                 "floors", "fresh", "moved", "following", "senders")
 
     def __init__(self, rclass: str, window: int, seed: int = 0) -> None:
         self.members: Optional[Dict[PoolWorker, float]] = None  # as last worked out
@@ -261,6 +266,8 @@ class ClassStats:
         self.fresh = 0.0
         self.moved = 0.0
         self.following = False  # its keys moved in: it follows them
+        # while following: worker -> sampled keys moved in from it, decayed
+        self.senders: Optional[Dict[PoolWorker, float]] = None
 
 
 class AffinityPool(Pool):
@@ -436,16 +443,27 @@ class AffinityPool(Pool):
             if stats.following and stats.moved < SETTLED:
                 self._settled(stats)
             return
+        senders = stats.senders
         if stats.fresh + stats.moved > MOVED_WINDOW:
             stats.fresh /= 2.0
             stats.moved /= 2.0
+            if senders:
+                for sender in senders:
+                    senders[sender] /= 2.0
         if entry is None:
             stats.fresh += 1.0
             return
         stats.moved += 1.0
         worker = entry[1]
-        if (worker is None or stats.moved < MOVED_LEAST or stats.moved * 4 <= stats.fresh
-                or self.workers.get(worker.handle) is not worker):
+        if worker is None or self.workers.get(worker.handle) is not worker:
+            return
+        if senders is None:
+            senders = stats.senders = {}
+        votes = senders[worker] = senders.get(worker, 0.0) + 1.0
+        # A key that last went elsewhere than its class's data (spilled,
+        # or moved on by the balance bound) does not make a member.
+        if (stats.moved < MOVED_LEAST or stats.moved * 4 <= stats.fresh
+                or votes < FOLLOW_SHARE * max(senders.values())):
             return
         skilled = self.skilled.get(rclass)
         if skilled is None:
@@ -473,6 +491,7 @@ class AffinityPool(Pool):
         """A class that followed its moved keys has them all: the workers
         it took lose their floors, and résumés rank its members again."""
         stats.following = False
+        stats.senders = None
         floors = stats.floors
         if floors:
             for worker in [w for w, ratio in floors.items() if ratio == ADOPTED]:
@@ -578,6 +597,12 @@ class AffinityPool(Pool):
         width += sum(1 for ratio in floors.values() if ratio != ADOPTED)
         if len(members) <= width:
             return members
+        senders = stats.senders
+        if stats.following and senders:
+            # Starters first, then the workers most moved keys came from.
+            return dict(nlargest(width, members.items(), key=lambda item: (
+                floors.get(item[0], ADOPTED) != ADOPTED, senders.get(item[0], 0.0),
+                item[1], item[0].salt)))
         return dict(nlargest(width, members.items(), key=_by_score))
 
     def _recruit(self, rclass: str, skilled: Dict[PoolWorker, float]) -> None:
