@@ -348,3 +348,17 @@ def test_a_changed_classifier_follows_the_worker_most_keys_came_from():
         pool.put(handle)
         after[handle] += 1
     assert after[home.most_common(1)[0][0]] > 0.8 * 200
+
+
+def test_a_starter_joins_one_class_that_covers_its_due():
+    # "mid" is worth more than a worker, but half its keys are less than a
+    # fair share: a starter waits for "big" rather than warm two classes.
+    pool = pool_of(4, slow_start=1000)
+    rng = random.Random(9)
+    for _ in range(2000):
+        rclass = rng.choices(["big", "mid", "small"], [6, 3, 1])[0]
+        pool.put(pool.get(rclass, "/%s/%d" % (rclass, rng.randrange(50))))
+    pool.add("new")
+    for rclass in ["mid"] * 20 + ["big"] * 20 + ["mid"] * 20:
+        pool.put(pool.get(rclass, "/%s/%d" % (rclass, rng.randrange(50))))
+    assert set(pool.workers["new"].resume) == {"big"}

@@ -54,8 +54,10 @@ the least recently chosen worker, which becomes skilled.
 Slow start.  A worker added to a running pool ramps up over
 ``slow_start`` requests of the pool.  While its recent share of requests
 is under its due (its fair share times the ramp) it joins the next class
-worth a whole worker that comes, taking enough of the class's keys for
-the rest of its fair share (at most half of them): its weight is floored
+that comes big enough for the rest of its fair share with at most half
+its keys (once ``PRIOR`` requests per worker have passed without one:
+the next worth a whole worker), taking enough of the class's keys for
+the rest of its fair share: its weight is floored
 at a ratio of the other members' mean score, so its cold cache, which
 ranks it last in its own résumé, does not cost it the keys before it
 has warmed them.  Few classes warm a cold cache soonest.  It never takes
@@ -712,11 +714,19 @@ class AffinityPool(Pool):
                 continue  # what it holds is enough once its cache is warm
             busy = worker.backlog * len(self.workers) > self.backlog
             cshare = stats.count / self.total
-            big = cshare * len(self.workers) >= BIG_CLASS
+            due = fair - sum(starter.joined.values())
+            # One class whose keys cover the rest of its due, or once any
+            # such class would have come (PRIOR requests per worker), any
+            # worth a whole worker: a cold cache warms soonest on few
+            # classes' data.
+            if self.requests - starter.added <= PRIOR * len(self.workers):
+                big = cshare * CLASS_TAKE >= due
+            else:
+                big = cshare * len(self.workers) >= BIG_CLASS
             if worker not in skilled and big and not busy:
                 # Take enough of this class's keys for the rest of its due,
-                # at most half: few classes warm a cold cache soonest.
-                take = min(CLASS_TAKE, (fair - sum(starter.joined.values())) / cshare)
+                # at most half.
+                take = min(CLASS_TAKE, due / cshare)
                 members = len(stats.members) if stats.members else len(skilled)
                 score = min(skilled.values()) if skilled else self.unskilled_score
                 skilled[worker] = worker.resume[rclass] = score
