@@ -362,3 +362,18 @@ def test_a_starter_joins_one_class_that_covers_its_due():
     for rclass in ["mid"] * 20 + ["big"] * 20 + ["mid"] * 20:
         pool.put(pool.get(rclass, "/%s/%d" % (rclass, rng.randrange(50))))
     assert set(pool.workers["new"].resume) == {"big"}
+
+
+def test_a_starter_is_not_spilled_to():
+    # Requests of a class whose workers are all over the cap spill to the
+    # least recently chosen worker: not a starter, which would pay a load
+    # per object for a class it does not hold.
+    pool = pool_of(4, slow_start=1000)
+    for i in range(800):
+        pool.put(pool.get("b", "/b/%d" % (i % 200)))
+        if i % 8 == 0:
+            pool.put(pool.get("a", "/a/%d" % (i % 3)))
+    pool.add("new")
+    got = Counter(pool.get("a", "/a/%d" % (i % 3)) for i in range(60))  # none end
+    assert pool.spills > 0 and pool.status()["starting"] == 1
+    assert "new" not in got

@@ -60,7 +60,10 @@ the next worth a whole worker), taking enough of the class's keys for
 the rest of its fair share: its weight is floored
 at a ratio of the other members' mean score, so its cold cache, which
 ranks it last in its own résumé, does not cost it the keys before it
-has warmed them.  Few classes warm a cold cache soonest.  It never takes
+has warmed them.  Few classes warm a cold cache soonest, so while it
+starts it is not spilled to (as the least recently chosen worker it
+would be, and a class it does not hold costs it a load per object).
+It never takes
 more than the pool's mean backlog while it starts, so its cold cache
 does not turn into a storm of misses: keys it cannot take yet go on to
 their next owner, the one that held them.  It is done starting once it
@@ -404,6 +407,8 @@ class AffinityPool(Pool):
             self.spills += 1
             chosen = self._owner(self.skilled[rclass], key_hash)
             if chosen is None:
+                for worker in self.starting:  # a cold cache spills worst
+                    self._lru.move_to_end(worker)
                 handle = super().get(rclass)  # the published spill
                 worker = self.workers[handle]
                 self._fresh(worker, rclass)
