@@ -438,8 +438,9 @@ class AffinityPool(Pool):
         worker, whether it moved before), or None.  When keys new to a
         class come from other classes (``MOVED_LEAST`` of them, and more
         than a quarter of its new keys, decayed), its data is where they
-        went (a changed classifier): the workers that served them become
-        its members, floored at the members' mean, and its old members,
+        went (a changed classifier): the workers that sent it at least
+        ``FOLLOW_SHARE`` times as many as the top one become its members,
+        floored at the members' mean, and its old members,
         which hold other data, no longer count for it until their
         résumés drop it."""
         if entry is SHARED:
