@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from zlib import crc32
 
 import pytest
 
-from zc_lb.affinity import (AffinityPool, Footprint, Sketch, make_pool,
+from zc_lb.affinity import (AffinityPool, Footprint, Sketch, make_pool, mix,
                             rendezvous_weight, stable_hash)
 from zc_lb.errors import ConfigurationError
 from zc_lb.pool import ClasslessPool, Pool
@@ -377,3 +378,35 @@ def test_a_starter_is_not_spilled_to():
     got = Counter(pool.get("a", "/a/%d" % (i % 3)) for i in range(60))  # none end
     assert pool.spills > 0 and pool.status()["starting"] == 1
     assert "new" not in got
+
+
+def test_a_starter_whose_keys_carry_too_little_takes_more():
+    # It takes a share of "big"'s keys, but most requests are for one key
+    # it does not own: after OFFERED requests of the class it raises its
+    # floor so that its keys carry the share it came for.
+    pool = pool_of(4, slow_start=1000)
+    rng = random.Random(10)
+    for i in range(2000):
+        rclass = "big" if i % 4 else "small"
+        pool.put(pool.get(rclass, "/%s/%d" % (rclass, rng.randrange(100))))
+    pool.add("new")
+    for _ in range(40):  # it joins "big"
+        pool.put(pool.get("big", "/big/%d" % rng.randrange(100)))
+    assert set(pool.workers["new"].resume) == {"big"}
+    stats, new = pool.classes["big"], pool.workers["new"]
+
+    def owner(k):
+        key_hash = mix(stats.salt ^ crc32(b"/big/%d" % k))
+        return max(stats.members, key=lambda w: rendezvous_weight(
+            key_hash, w.salt, stats.members[w]))
+    hot = next(k for k in range(100) if owner(k) is not new)
+    got = Counter()
+    for i in range(3000):
+        if i % 4 == 0:
+            rclass, k = "small", rng.randrange(100)
+        else:
+            rclass, k = "big", hot if rng.random() < 0.6 else rng.randrange(100)
+        handle = pool.get(rclass, "/%s/%d" % (rclass, k))
+        pool.put(handle)
+        got[handle] += i >= 2000
+    assert got["new"] / 1000 > 0.9 * 0.2  # 90% of a fair fifth

@@ -68,7 +68,11 @@ more than the pool's mean backlog while it starts, so its cold cache
 does not turn into a storm of misses: keys it cannot take yet go on to
 their next owner, the one that held them.  It is done starting once it
 has its share after the ramp (or after ``GIVE_UP`` ramps); the floors
-stay as long as it is skilled in those classes.
+stay as long as it is skilled in those classes.  Keys are not alike (a
+third of a class's keys may carry a fifth of its requests): after
+``OFFERED`` requests of a class it joined, a starter whose keys carried
+less than the share it came for raises its floor there, once, by the
+ratio (at most ``MOST_RAISED``).
 
 Re-learning.  A changed classifier moves keys between classes, but
 their data stays where it was.  The LB keeps a book of keys (at most
@@ -125,6 +129,8 @@ STARTED = 0.9  # a starter is behind while under 90% of its ramp's share
 RING_CHOICES = 2  # ring recruiting: the less loaded of the first two
 RING_POINTS = 16  # points per worker on the recruiting ring
 BIG_CLASS = 1.0  # a starter joins classes worth a whole worker or more
+OFFERED = 400  # requests of a joined class before a starter checks its keys
+MOST_RAISED = 4.0  # the most that check raises its floor by
 GIVE_UP = 25  # slow starts after which a worker is done starting anyway
 CLASS_TAKE = 0.5  # the most of a class's keys a starter takes
 PRIOR = 16  # requests and keys per worker before shares and footprints count
@@ -229,13 +235,15 @@ class Footprint:
 class Starter:
     """A worker in slow start: when it came, and its recent requests."""
 
-    __slots__ = ("added", "recent", "seen", "joined")
+    __slots__ = ("added", "recent", "seen", "joined", "offered")
 
     def __init__(self, added: int) -> None:
         self.added = added  # pool requests when it was added
         self.joined: Dict[object, float] = {}  # classes joined -> share expected
         self.recent = 0.0  # its requests, decayed over the slow start
         self.seen = added
+        # joined class -> [its requests since, those whose key it owns]
+        self.offered: Dict[object, List[int]] = {}
 
     def got(self, now: int, horizon: int) -> None:
         """It was given a request at pool request ``now``."""
@@ -402,6 +410,8 @@ class AffinityPool(Pool):
         if self.starting:
             self._slow_start(rclass, stats)
         members = self._members(rclass, stats)
+        if self.starting:
+            self._offer(stats, members, key_hash)
         chosen = self._owner(members, key_hash)
         if chosen is None:
             self.spills += 1
@@ -740,8 +750,31 @@ class AffinityPool(Pool):
                     stats.floors = {}
                 stats.floors[worker] = take / (1.0 - take) * max(members, 1)
                 starter.joined[stats] = take * cshare
+                starter.offered[stats] = [0, 0]
                 self.skills_version += 1
                 return
+
+    def _offer(self, stats: ClassStats, members: Dict[PoolWorker, float],
+               key_hash: int) -> None:
+        """Count, for a starter that joined the class, whether it owns the
+        key; after ``OFFERED`` requests of the class, raise its floor once
+        if its keys carry less than the share it came for (keys are not
+        alike: a third of them may carry a fifth of the requests)."""
+        for worker, starter in self.starting.items():
+            counts = starter.offered.get(stats)
+            if counts is None or worker not in members:
+                continue
+            counts[0] += 1
+            weight = rendezvous_weight(key_hash, worker.salt, members[worker])
+            if all(rendezvous_weight(key_hash, other.salt, score) <= weight
+                   for other, score in members.items()):
+                counts[1] += 1
+            if counts[0] == OFFERED and stats.floors and worker in stats.floors:
+                expected = starter.joined[stats] * self.total / stats.count
+                got = max(counts[1], 1) / counts[0]
+                if got < expected:
+                    stats.floors[worker] *= min(expected / got, MOST_RAISED)
+                    self.skills_version += 1
 
     def _ramp(self, worker: PoolWorker) -> float:
         """How far a starting worker is into its slow start, in (0, 1]."""
