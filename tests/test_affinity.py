@@ -410,3 +410,20 @@ def test_a_starter_whose_keys_carry_too_little_takes_more():
         pool.put(handle)
         got[handle] += i >= 2000
     assert got["new"] / 1000 > 0.9 * 0.2  # 90% of a fair fifth
+
+
+def test_after_a_reset_a_class_goes_back_where_its_keys_went():
+    # reset_skills forgets skills, not the book of keys: a class no worker
+    # is skilled in takes the worker its key last went to, which still
+    # holds its data, before it recruits the least recently chosen one.
+    pool = pool_of(6, footprint_window=500)
+    last = {}
+    for i in range(600):
+        rclass = "abc"[i % 3]
+        key = "/%s/%d" % (rclass, (i // 3) % 10)
+        last[rclass, key] = pool.get(rclass, key)
+        pool.put(last[rclass, key])
+    pool.reset_skills()
+    for rclass in "abc":
+        key = "/%s/5" % rclass
+        assert pool.get(rclass, key) == last[rclass, key]

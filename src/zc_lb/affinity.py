@@ -89,7 +89,10 @@ path seen moving twice is in several classes (the same path under
 several hosts) and is ignored from then on.  ``reset_skills()`` forgets
 every skill the LB holds (an operator's switch); the pool also resets by
 itself when, over a window, most requests hit classes no worker is
-skilled in.  Résumés then teach it again.
+skilled in.  Résumés then teach it again, and the book, which a reset
+keeps, comes first: a class no worker is skilled in takes the worker
+its key last went to, which may still hold its data, before it recruits
+a stranger.
 
 Requests without a key (``key=None``, affinity turned off) go as in the
 published algorithm: best score per unit of backlog among all skilled
@@ -460,6 +463,8 @@ class AffinityPool(Pool):
             stats.moved *= SETTLE
             if stats.following and stats.moved < SETTLED:
                 self._settled(stats)
+            elif not self.skilled.get(rclass):
+                self._returned(rclass, entry[1])
             return
         senders = stats.senders
         if stats.fresh + stats.moved > MOVED_WINDOW:
@@ -503,6 +508,17 @@ class AffinityPool(Pool):
             stats.floors = {}
         stats.floors[worker] = ADOPTED
         self.adoptions += 1
+        self.skills_version += 1
+
+    def _returned(self, rclass: str, worker: Optional[PoolWorker]) -> None:
+        """A class no worker is skilled in (skills were reset, or résumés
+        dropped it) takes the worker its key last went to, which may
+        still hold its data, before it recruits a stranger."""
+        if worker is None or self.workers.get(worker.handle) is not worker:
+            return
+        skilled = self.skilled.setdefault(rclass, {})
+        self._fresh(worker, rclass)
+        skilled[worker] = worker.resume[rclass] = self.unskilled_score
         self.skills_version += 1
 
     def _settled(self, stats: ClassStats) -> None:
