@@ -90,9 +90,10 @@ several hosts) and is ignored from then on.  ``reset_skills()`` forgets
 every skill the LB holds (an operator's switch); the pool also resets by
 itself when, over a window, most requests hit classes no worker is
 skilled in.  Résumés then teach it again, and the book, which a reset
-keeps, comes first: a class no worker is skilled in takes the worker
-its key last went to, which may still hold its data, before it recruits
-a stranger.
+keeps, comes first: a class no worker is skilled in since the reset
+takes the worker its first key the book knows last went to, which may
+still hold its data, before it recruits a stranger.  (Not a class
+whose résumés merely dropped it: its data is likely gone too.)
 
 Requests without a key (``key=None``, affinity turned off) go as in the
 published algorithm: best score per unit of backlog among all skilled
@@ -266,7 +267,7 @@ class ClassStats:
     """What the LB sees of one class: its decayed request count, its keys."""
 
     __slots__ = ("count", "seen", "footprint", "salt", "members", "uses", "version",
-                 "floors", "fresh", "moved", "following", "senders")
+                 "floors", "fresh", "moved", "following", "senders", "reset")
 
     def __init__(self, rclass: str, window: int, seed: int = 0) -> None:
         self.members: Optional[Dict[PoolWorker, float]] = None  # as last worked out
@@ -284,6 +285,7 @@ class ClassStats:
         self.following = False  # its keys moved in: it follows them
         # while following: worker -> sampled keys moved in from it, decayed
         self.senders: Optional[Dict[PoolWorker, float]] = None
+        self.reset = False  # its skills were reset: the book knows better
 
 
 class AffinityPool(Pool):
@@ -387,6 +389,8 @@ class AffinityPool(Pool):
             worker.resume = {}
         self.skilled.clear()
         self.stale.clear()
+        for stats in self.classes.values():
+            stats.reset = True
         self.skills_version += 1
         self.unskilled = 0.0
         self.resets += 1
@@ -463,8 +467,10 @@ class AffinityPool(Pool):
             stats.moved *= SETTLE
             if stats.following and stats.moved < SETTLED:
                 self._settled(stats)
-            elif not self.skilled.get(rclass):
-                self._returned(rclass, entry[1])
+            elif stats.reset:  # the first of its keys the book knows since
+                stats.reset = False
+                if not self.skilled.get(rclass):
+                    self._returned(rclass, entry[1])
             return
         senders = stats.senders
         if stats.fresh + stats.moved > MOVED_WINDOW:
@@ -511,9 +517,9 @@ class AffinityPool(Pool):
         self.skills_version += 1
 
     def _returned(self, rclass: str, worker: Optional[PoolWorker]) -> None:
-        """A class no worker is skilled in (skills were reset, or résumés
-        dropped it) takes the worker its key last went to, which may
-        still hold its data, before it recruits a stranger."""
+        """A class no worker is skilled in since skills were reset takes
+        the worker its key last went to, which may still hold its data,
+        before it recruits a stranger."""
         if worker is None or self.workers.get(worker.handle) is not worker:
             return
         skilled = self.skilled.setdefault(rclass, {})
