@@ -791,11 +791,14 @@ class AffinityPool(Pool):
             if all(rendezvous_weight(key_hash, other.salt, score) <= weight
                    for other, score in members.items()):
                 counts[1] += 1
-            if counts[0] == OFFERED and stats.floors and worker in stats.floors:
-                expected = starter.joined[stats] * self.total / stats.count
+            floors = stats.floors
+            joined = starter.joined.get(stats)
+            if (counts[0] == OFFERED and floors and joined is not None
+                    and floors.get(worker, ADOPTED) != ADOPTED):
+                expected = joined * self.total / stats.count
                 got = max(counts[1], 1) / counts[0]
                 if got < expected:
-                    stats.floors[worker] *= min(expected / got, MOST_RAISED)
+                    floors[worker] *= min(expected / got, MOST_RAISED)
                     self.skills_version += 1
 
     def _ramp(self, worker: PoolWorker) -> float:
