@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from zlib import crc32
 
 import pytest
 
-from zc_lb.affinity import (AffinityPool, Footprint, Sketch, make_pool,
+from zc_lb.affinity import (AffinityPool, Footprint, Sketch, make_pool, mix,
                             rendezvous_weight, stable_hash)
 from zc_lb.errors import ConfigurationError
 from zc_lb.pool import ClasslessPool, Pool
@@ -319,3 +320,110 @@ def test_paths_shared_by_several_classes_do_not_look_like_a_changed_classifier()
     run(3000)
     assert pool.adoptions == adoptions
     assert len(pool.skilled["host-a"]) >= 1 and len(pool.skilled["host-b"]) >= 1
+
+
+def test_a_changed_classifier_follows_the_worker_most_keys_came_from():
+    # A few of a class's keys last went elsewhere (queued behind a burst
+    # at their owner); after the change the class follows the worker
+    # that held most of them, not the first one a key came from.
+    pool = pool_of(8, footprint_window=2000)
+
+    def other(n):
+        for i in range(n):
+            pool.put(pool.get("b", "/b/%d" % (i * 7 % 400)))
+    for i in range(200):  # "a": ten keys, a small class of one or two workers
+        other(10)
+        pool.put(pool.get("a", "/a/%d" % (i % 10)))
+    home = Counter(pool.get("a", "/a/%d" % k) for k in range(10))
+    for handle in home.elements():
+        pool.put(handle)
+    held = [pool.get("a", "/a/0") for _ in range(40)]  # a burst
+    strays = [pool.get("a", "/a/%d" % k) for k in range(3)]
+    for handle in held + strays:
+        pool.put(handle)
+    assert set(strays) - set(home)  # some keys last went elsewhere
+    after = Counter()
+    for i in range(200):
+        other(10)
+        handle = pool.get("c", "/a/%d" % (i % 10))  # "a" is now called "c"
+        pool.put(handle)
+        after[handle] += 1
+    assert after[home.most_common(1)[0][0]] > 0.8 * 200
+
+
+def test_a_starter_joins_one_class_that_covers_its_due():
+    # "mid" is worth more than a worker, but half its keys are less than a
+    # fair share: a starter waits for "big" rather than warm two classes.
+    pool = pool_of(4, slow_start=1000)
+    rng = random.Random(9)
+    for _ in range(2000):
+        rclass = rng.choices(["big", "mid", "small"], [6, 3, 1])[0]
+        pool.put(pool.get(rclass, "/%s/%d" % (rclass, rng.randrange(50))))
+    pool.add("new")
+    for rclass in ["mid"] * 20 + ["big"] * 20 + ["mid"] * 20:
+        pool.put(pool.get(rclass, "/%s/%d" % (rclass, rng.randrange(50))))
+    assert set(pool.workers["new"].resume) == {"big"}
+
+
+def test_a_starter_is_not_spilled_to():
+    # Requests of a class whose workers are all over the cap spill to the
+    # least recently chosen worker: not a starter, which would pay a load
+    # per object for a class it does not hold.
+    pool = pool_of(4, slow_start=1000)
+    for i in range(800):
+        pool.put(pool.get("b", "/b/%d" % (i % 200)))
+        if i % 8 == 0:
+            pool.put(pool.get("a", "/a/%d" % (i % 3)))
+    pool.add("new")
+    got = Counter(pool.get("a", "/a/%d" % (i % 3)) for i in range(60))  # none end
+    assert pool.spills > 0 and pool.status()["starting"] == 1
+    assert "new" not in got
+
+
+def test_a_starter_whose_keys_carry_too_little_takes_more():
+    # It takes a share of "big"'s keys, but most requests are for one key
+    # it does not own: after OFFERED requests of the class it raises its
+    # floor so that its keys carry the share it came for.
+    pool = pool_of(4, slow_start=1000)
+    rng = random.Random(10)
+    for i in range(2000):
+        rclass = "big" if i % 4 else "small"
+        pool.put(pool.get(rclass, "/%s/%d" % (rclass, rng.randrange(100))))
+    pool.add("new")
+    for _ in range(40):  # it joins "big"
+        pool.put(pool.get("big", "/big/%d" % rng.randrange(100)))
+    assert set(pool.workers["new"].resume) == {"big"}
+    stats, new = pool.classes["big"], pool.workers["new"]
+
+    def owner(k):
+        key_hash = mix(stats.salt ^ crc32(b"/big/%d" % k))
+        return max(stats.members, key=lambda w: rendezvous_weight(
+            key_hash, w.salt, stats.members[w]))
+    hot = next(k for k in range(100) if owner(k) is not new)
+    got = Counter()
+    for i in range(3000):
+        if i % 4 == 0:
+            rclass, k = "small", rng.randrange(100)
+        else:
+            rclass, k = "big", hot if rng.random() < 0.6 else rng.randrange(100)
+        handle = pool.get(rclass, "/%s/%d" % (rclass, k))
+        pool.put(handle)
+        got[handle] += i >= 2000
+    assert got["new"] / 1000 > 0.9 * 0.2  # 90% of a fair fifth
+
+
+def test_after_a_reset_a_class_goes_back_where_its_keys_went():
+    # reset_skills forgets skills, not the book of keys: a class no worker
+    # is skilled in takes the worker its key last went to, which still
+    # holds its data, before it recruits the least recently chosen one.
+    pool = pool_of(6, footprint_window=500)
+    last = {}
+    for i in range(600):
+        rclass = "abc"[i % 3]
+        key = "/%s/%d" % (rclass, (i // 3) % 10)
+        last[rclass, key] = pool.get(rclass, key)
+        pool.put(last[rclass, key])
+    pool.reset_skills()
+    for rclass in "abc":
+        key = "/%s/5" % rclass
+        assert pool.get(rclass, key) == last[rclass, key]

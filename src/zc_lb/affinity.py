@@ -54,29 +54,46 @@ the least recently chosen worker, which becomes skilled.
 Slow start.  A worker added to a running pool ramps up over
 ``slow_start`` requests of the pool.  While its recent share of requests
 is under its due (its fair share times the ramp) it joins the next class
-worth a whole worker that comes, taking enough of the class's keys for
-the rest of its fair share (at most half of them): its weight is floored
+that comes big enough for the rest of its fair share with at most half
+its keys (once ``PRIOR`` requests per worker have passed without one:
+the next worth a whole worker), taking enough of the class's keys for
+the rest of its fair share: its weight is floored
 at a ratio of the other members' mean score, so its cold cache, which
 ranks it last in its own résumé, does not cost it the keys before it
-has warmed them.  Few classes warm a cold cache soonest.  It never takes
+has warmed them.  Few classes warm a cold cache soonest, so while it
+starts it is not spilled to (as the least recently chosen worker it
+would be, and a class it does not hold costs it a load per object).
+It never takes
 more than the pool's mean backlog while it starts, so its cold cache
 does not turn into a storm of misses: keys it cannot take yet go on to
 their next owner, the one that held them.  It is done starting once it
 has its share after the ramp (or after ``GIVE_UP`` ramps); the floors
-stay as long as it is skilled in those classes.
+stay as long as it is skilled in those classes.  Keys are not alike (a
+third of a class's keys may carry a fifth of its requests): after
+``OFFERED`` requests of a class it joined, a starter whose keys carried
+less than the share it came for raises its floor there, once, by the
+ratio (at most ``MOST_RAISED``).
 
 Re-learning.  A changed classifier moves keys between classes, but
 their data stays where it was.  The LB keeps a book of keys (at most
 ``BOOK_SIZE``): the class and worker each last went to.  When enough of
 a class's new keys come from other classes, it follows them: the
-workers that served them become its members (floored at the members'
-mean until the class settles), and its old members, which hold another
-class's data, lose their skill in it until their résumés drop it.  A
+workers most of them came from become its members (floored at the
+members' mean until the class settles, ranked by how many keys came
+from each), and its old members, which hold another class's data, lose
+their skill in it until their résumés drop it.  A worker is followed
+only once it sent at least half as many keys as the one that sent the
+most: a key that last went elsewhere (spilled, or moved on by the
+balance bound) does not make a member.  A
 path seen moving twice is in several classes (the same path under
 several hosts) and is ignored from then on.  ``reset_skills()`` forgets
 every skill the LB holds (an operator's switch); the pool also resets by
 itself when, over a window, most requests hit classes no worker is
-skilled in.  Résumés then teach it again.
+skilled in.  Résumés then teach it again, and the book, which a reset
+keeps, comes first: a class no worker is skilled in since the reset
+takes the worker its first key the book knows last went to, which may
+still hold its data, before it recruits a stranger.  (Not a class
+whose résumés merely dropped it: its data is likely gone too.)
 
 Requests without a key (``key=None``, affinity turned off) go as in the
 published algorithm: best score per unit of backlog among all skilled
@@ -116,6 +133,8 @@ STARTED = 0.9  # a starter is behind while under 90% of its ramp's share
 RING_CHOICES = 2  # ring recruiting: the less loaded of the first two
 RING_POINTS = 16  # points per worker on the recruiting ring
 BIG_CLASS = 1.0  # a starter joins classes worth a whole worker or more
+OFFERED = 400  # requests of a joined class before a starter checks its keys
+MOST_RAISED = 4.0  # the most that check raises its floor by
 GIVE_UP = 25  # slow starts after which a worker is done starting anyway
 CLASS_TAKE = 0.5  # the most of a class's keys a starter takes
 PRIOR = 16  # requests and keys per worker before shares and footprints count
@@ -129,6 +148,7 @@ SETTLE = 0.995  # moves and new keys of a class fade with each key it had before
 ADOPTED = 1.0  # the floor of a worker that followed a class's moved keys
 SETTLED = 0.1  # moves below which a class that followed its keys is settled
 MOVED_LEAST = 2  # sampled keys moved in before a class follows them
+FOLLOW_SHARE = 0.5  # a worker is followed once it sent half the top sender's keys
 
 
 BookEntry = Tuple[Optional[str], Optional[PoolWorker], bool]
@@ -219,13 +239,15 @@ class Footprint:
 class Starter:
     """A worker in slow start: when it came, and its recent requests."""
 
-    __slots__ = ("added", "recent", "seen", "joined")
+    __slots__ = ("added", "recent", "seen", "joined", "offered")
 
     def __init__(self, added: int) -> None:
         self.added = added  # pool requests when it was added
         self.joined: Dict[object, float] = {}  # classes joined -> share expected
         self.recent = 0.0  # its requests, decayed over the slow start
         self.seen = added
+        # joined class -> [its requests since, those whose key it owns]
+        self.offered: Dict[object, List[int]] = {}
 
     def got(self, now: int, horizon: int) -> None:
         """It was given a request at pool request ``now``."""
@@ -245,7 +267,7 @@ class ClassStats:
     """What the LB sees of one class: its decayed request count, its keys."""
 
     __slots__ = ("count", "seen", "footprint", "salt", "members", "uses", "version",
-                 "floors", "fresh", "moved", "following")
+                 "floors", "fresh", "moved", "following", "senders", "reset")
 
     def __init__(self, rclass: str, window: int, seed: int = 0) -> None:
         self.members: Optional[Dict[PoolWorker, float]] = None  # as last worked out
@@ -261,6 +283,9 @@ class ClassStats:
         self.fresh = 0.0
         self.moved = 0.0
         self.following = False  # its keys moved in: it follows them
+        # while following: worker -> sampled keys moved in from it, decayed
+        self.senders: Optional[Dict[PoolWorker, float]] = None
+        self.reset = False  # its skills were reset: the book knows better
 
 
 class AffinityPool(Pool):
@@ -364,6 +389,8 @@ class AffinityPool(Pool):
             worker.resume = {}
         self.skilled.clear()
         self.stale.clear()
+        for stats in self.classes.values():
+            stats.reset = True
         self.skills_version += 1
         self.unskilled = 0.0
         self.resets += 1
@@ -390,11 +417,15 @@ class AffinityPool(Pool):
         if self.starting:
             self._slow_start(rclass, stats)
         members = self._members(rclass, stats)
+        if self.starting:
+            self._offer(stats, members, key_hash)
         chosen = self._owner(members, key_hash)
         if chosen is None:
             self.spills += 1
             chosen = self._owner(self.skilled[rclass], key_hash)
             if chosen is None:
+                for worker in self.starting:  # a cold cache spills worst
+                    self._lru.move_to_end(worker)
                 handle = super().get(rclass)  # the published spill
                 worker = self.workers[handle]
                 self._fresh(worker, rclass)
@@ -424,8 +455,9 @@ class AffinityPool(Pool):
         worker, whether it moved before), or None.  When keys new to a
         class come from other classes (``MOVED_LEAST`` of them, and more
         than a quarter of its new keys, decayed), its data is where they
-        went (a changed classifier): the workers that served them become
-        its members, floored at the members' mean, and its old members,
+        went (a changed classifier): the workers that sent it at least
+        ``FOLLOW_SHARE`` times as many as the top one become its members,
+        floored at the members' mean, and its old members,
         which hold other data, no longer count for it until their
         résumés drop it."""
         if entry is SHARED:
@@ -435,17 +467,32 @@ class AffinityPool(Pool):
             stats.moved *= SETTLE
             if stats.following and stats.moved < SETTLED:
                 self._settled(stats)
+            elif stats.reset:  # the first of its keys the book knows since
+                stats.reset = False
+                if not self.skilled.get(rclass):
+                    self._returned(rclass, entry[1])
             return
+        senders = stats.senders
         if stats.fresh + stats.moved > MOVED_WINDOW:
             stats.fresh /= 2.0
             stats.moved /= 2.0
+            if senders:
+                for sender in senders:
+                    senders[sender] /= 2.0
         if entry is None:
             stats.fresh += 1.0
             return
         stats.moved += 1.0
         worker = entry[1]
-        if (worker is None or stats.moved < MOVED_LEAST or stats.moved * 4 <= stats.fresh
-                or self.workers.get(worker.handle) is not worker):
+        if worker is None or self.workers.get(worker.handle) is not worker:
+            return
+        if senders is None:
+            senders = stats.senders = {}
+        votes = senders[worker] = senders.get(worker, 0.0) + 1.0
+        # A key that last went elsewhere than its class's data (spilled,
+        # or moved on by the balance bound) does not make a member.
+        if (stats.moved < MOVED_LEAST or stats.moved * 4 <= stats.fresh
+                or votes < FOLLOW_SHARE * max(senders.values())):
             return
         skilled = self.skilled.get(rclass)
         if skilled is None:
@@ -469,10 +516,22 @@ class AffinityPool(Pool):
         self.adoptions += 1
         self.skills_version += 1
 
+    def _returned(self, rclass: str, worker: Optional[PoolWorker]) -> None:
+        """A class no worker is skilled in since skills were reset takes
+        the worker its key last went to, which may still hold its data,
+        before it recruits a stranger."""
+        if worker is None or self.workers.get(worker.handle) is not worker:
+            return
+        skilled = self.skilled.setdefault(rclass, {})
+        self._fresh(worker, rclass)
+        skilled[worker] = worker.resume[rclass] = self.unskilled_score
+        self.skills_version += 1
+
     def _settled(self, stats: ClassStats) -> None:
         """A class that followed its moved keys has them all: the workers
         it took lose their floors, and résumés rank its members again."""
         stats.following = False
+        stats.senders = None
         floors = stats.floors
         if floors:
             for worker in [w for w, ratio in floors.items() if ratio == ADOPTED]:
@@ -578,6 +637,12 @@ class AffinityPool(Pool):
         width += sum(1 for ratio in floors.values() if ratio != ADOPTED)
         if len(members) <= width:
             return members
+        senders = stats.senders
+        if stats.following and senders:
+            # Starters first, then the workers most moved keys came from.
+            return dict(nlargest(width, members.items(), key=lambda item: (
+                floors.get(item[0], ADOPTED) != ADOPTED, senders.get(item[0], 0.0),
+                item[1], item[0].salt)))
         return dict(nlargest(width, members.items(), key=_by_score))
 
     def _recruit(self, rclass: str, skilled: Dict[PoolWorker, float]) -> None:
@@ -687,11 +752,19 @@ class AffinityPool(Pool):
                 continue  # what it holds is enough once its cache is warm
             busy = worker.backlog * len(self.workers) > self.backlog
             cshare = stats.count / self.total
-            big = cshare * len(self.workers) >= BIG_CLASS
+            due = fair - sum(starter.joined.values())
+            # One class whose keys cover the rest of its due, or once any
+            # such class would have come (PRIOR requests per worker), any
+            # worth a whole worker: a cold cache warms soonest on few
+            # classes' data.
+            if self.requests - starter.added <= PRIOR * len(self.workers):
+                big = cshare * CLASS_TAKE >= due
+            else:
+                big = cshare * len(self.workers) >= BIG_CLASS
             if worker not in skilled and big and not busy:
                 # Take enough of this class's keys for the rest of its due,
-                # at most half: few classes warm a cold cache soonest.
-                take = min(CLASS_TAKE, (fair - sum(starter.joined.values())) / cshare)
+                # at most half.
+                take = min(CLASS_TAKE, due / cshare)
                 members = len(stats.members) if stats.members else len(skilled)
                 score = min(skilled.values()) if skilled else self.unskilled_score
                 skilled[worker] = worker.resume[rclass] = score
@@ -699,8 +772,34 @@ class AffinityPool(Pool):
                     stats.floors = {}
                 stats.floors[worker] = take / (1.0 - take) * max(members, 1)
                 starter.joined[stats] = take * cshare
+                starter.offered[stats] = [0, 0]
                 self.skills_version += 1
                 return
+
+    def _offer(self, stats: ClassStats, members: Dict[PoolWorker, float],
+               key_hash: int) -> None:
+        """Count, for a starter that joined the class, whether it owns the
+        key; after ``OFFERED`` requests of the class, raise its floor once
+        if its keys carry less than the share it came for (keys are not
+        alike: a third of them may carry a fifth of the requests)."""
+        for worker, starter in self.starting.items():
+            counts = starter.offered.get(stats)
+            if counts is None or worker not in members:
+                continue
+            counts[0] += 1
+            weight = rendezvous_weight(key_hash, worker.salt, members[worker])
+            if all(rendezvous_weight(key_hash, other.salt, score) <= weight
+                   for other, score in members.items()):
+                counts[1] += 1
+            floors = stats.floors
+            joined = starter.joined.get(stats)
+            if (counts[0] == OFFERED and floors and joined is not None
+                    and floors.get(worker, ADOPTED) != ADOPTED):
+                expected = joined * self.total / stats.count
+                got = max(counts[1], 1) / counts[0]
+                if got < expected:
+                    floors[worker] *= min(expected / got, MOST_RAISED)
+                    self.skills_version += 1
 
     def _ramp(self, worker: PoolWorker) -> float:
         """How far a starting worker is into its slow start, in (0, 1]."""
