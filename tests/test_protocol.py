@@ -1,4 +1,4 @@
-"""Tests for zc_lb.protocol: framing, Decoder, encode, handshake, Stream.
+"""Tests for zc_lb.frames and zc_lb.protocol: framing, Decoder, encode, handshake, Stream.
 
 Every reader is tested three ways (STYLE.md): input whole, one byte at a
 time, and followed by more input.  Hypothesis properties feed arbitrary
