@@ -109,6 +109,47 @@ def test_a_slow_consumer_stalls_only_its_own_request(pair):
     assert sent.wait(5)
 
 
+def test_an_upload_waiting_for_credit_and_its_owner_waiting_for_the_answer_both_wake(pair):
+    # The LB's case: one greenlet sends a body (waiting for credit) while
+    # the request's own greenlet waits for the response; each wake must
+    # reach both, or a large upload stalls.
+    def echo_slowly(exchange):
+        exchange.receive()
+        body = read_body(exchange, None)
+        exchange.send(Response(exchange.rno, "200 OK", []), Body(exchange.rno, body[:5]),
+                      End(exchange.rno))
+
+    lb, worker, _, _ = pair(echo_slowly)
+    exchange = lb.open_request({"REQUEST_METHOD": "POST"}, end=False)
+
+    def upload():
+        exchange.send_body(b"u" * (8 * WINDOW))
+        exchange.send(End(exchange.rno))
+
+    uploader = gevent.spawn(upload)
+    answer = gevent.spawn(read_response, exchange)
+    uploader.join(10)
+    assert uploader.successful()
+    start, body = answer.get(timeout=10)
+    assert (start.status, body) == ("200 OK", b"uuuuu")
+
+
+def test_a_wait_for_the_answer_times_out_and_leaves_the_exchange_usable(pair):
+    released = gevent.event.Event()
+
+    def answer_when_released(exchange):
+        exchange.receive()
+        released.wait()
+        exchange.send(Response(exchange.rno, "200 OK", []), End(exchange.rno))
+
+    lb, worker, _, _ = pair(answer_when_released)
+    exchange = lb.open_request({})
+    with pytest.raises(gevent.Timeout):
+        exchange.receive(timeout=0.05)
+    released.set()
+    assert exchange.receive(timeout=5).status == "200 OK"
+
+
 def echo_after_request(exchange):
     body = read_body(exchange, None)
     exchange.send(Response(exchange.rno, "200 OK", []), Body(exchange.rno, body),

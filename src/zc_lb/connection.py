@@ -34,10 +34,11 @@ import collections
 import logging
 import socket
 import time
-from typing import Callable, Deque, Dict, List, Optional, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Tuple, Union
 
 import gevent
 import gevent.event
+from gevent.hub import Waiter, get_hub
 
 from . import protocol
 from .errors import (
@@ -63,6 +64,7 @@ KEEPALIVE_TIMEOUT = LB_SETTINGS["keepalive_timeout"].default
 HANDSHAKE_TIMEOUT = 10.0
 RECYCLE_RNO = protocol.MAX_RNO - 100000
 RECV_SIZE = 256 * 1024
+_TIMED_OUT = object()  # what an Exchange's wait timer hands its waiter
 
 
 def parse_address(text: str, default_host: str = "127.0.0.1") -> Tuple[str, int]:
@@ -126,15 +128,16 @@ class Exchange:
     sends and receives through it; the connection's reader fills its
     inbox and wakes it."""
 
-    __slots__ = ("connection", "rno", "inbox", "error", "_wakeup", "on_cancel", "__weakref__")
+    __slots__ = ("connection", "rno", "inbox", "error", "_waiter", "on_cancel", "__weakref__")
 
     def __init__(self, connection: "Connection", rno: int) -> None:
         self.connection = connection
         self.rno = rno
         self.inbox: Deque[protocol.Message] = collections.deque()
         self.error: Optional[ZcLbError] = None  # why it ended early, raised to waiters
-        # Made when someone first waits: most requests never do.
-        self._wakeup: Optional[gevent.event.Event] = None
+        # Who waits: None, a Waiter, or a list of them; woken from the
+        # hub (an Event per request cost several microseconds more).
+        self._waiter: Union[None, Waiter, List[Waiter]] = None
         self.on_cancel: Optional[Callable[[], None]] = None  # the peer cancelled
 
     @property
@@ -202,8 +205,7 @@ class Exchange:
             self.error = error or CancelledHere("request %d cancelled" % self.rno)
         data = connection.protocol.cancel(self.rno)
         connection.streams.pop(self.rno, None)
-        if self._wakeup is not None:
-            self._wakeup.set()
+        self._wake()
         try:
             connection.write(data)
         except ZcLbError:
@@ -231,30 +233,58 @@ class Exchange:
                 connection.write(data)
 
     def _wait(self, timeout: Optional[float] = None) -> None:
+        """Sleep until ``_wake`` (or ``timeout`` seconds).  Callers test
+        their condition first and again after: a wake is a hint."""
         if self.error is not None:
             raise self.error
-        wakeup = self._wakeup
-        if wakeup is None:
-            wakeup = self._wakeup = gevent.event.Event()
-        else:
-            wakeup.clear()
-        if not wakeup.wait(timeout):
-            raise gevent.Timeout(timeout)
+        hub = get_hub()
+        waiter = Waiter(hub)
+        # Usually the owner alone waits; an upload's greenlet may wait
+        # for credit at the same time as the owner for the response.
+        other = self._waiter
+        self._waiter = waiter if other is None else (
+            other + [waiter] if type(other) is list else [other, waiter])
+        timer = None
+        if timeout is not None:
+            timer = hub.loop.timer(timeout)
+            timer.start(waiter.switch, _TIMED_OUT)
+        try:
+            if waiter.get() is _TIMED_OUT:
+                raise gevent.Timeout(timeout)
+        finally:
+            waiting = self._waiter
+            if waiting is waiter:
+                self._waiter = None
+            elif type(waiting) is list and waiter in waiting:
+                waiting.remove(waiter)
+            if timer is not None:
+                timer.close()
+
+    def _wake(self) -> None:
+        """Wake whoever waits, once: from the hub's next turn, as the
+        reader greenlet may not switch to a waiter itself."""
+        waiting = self._waiter
+        if waiting is not None:
+            self._waiter = None
+            run_callback = get_hub().loop.run_callback
+            if type(waiting) is list:
+                for waiter in waiting:
+                    run_callback(waiter.switch, None)
+            else:
+                run_callback(waiting.switch, None)
 
     # -- driven by the connection's reader ----------------------------
 
     def _received(self, event: protocol.Message) -> None:
         if type(event) is not Credit:
             self.inbox.append(event)
-        if self._wakeup is not None:
-            self._wakeup.set()
+        self._wake()
 
     def _cancelled_by_peer(self) -> None:
         if self.error is None:
             self.error = PeerCancelled("request %d cancelled by %s"
                                        % (self.rno, self.connection.peer))
-        if self._wakeup is not None:
-            self._wakeup.set()
+        self._wake()
         if self.on_cancel is not None:
             self.on_cancel()
 
@@ -262,8 +292,7 @@ class Exchange:
         """End the exchange here with ``error`` (waiters get it raised)."""
         if self.error is None:
             self.error = error
-        if self._wakeup is not None:
-            self._wakeup.set()
+        self._wake()
 
     def __repr__(self) -> str:
         return "<Exchange %d on %s credit=%d%s>" % (
