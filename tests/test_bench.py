@@ -1,14 +1,16 @@
 """`make bench` smoke tests: the bench runs end to end in a tiny mode and
 prints its table; wrk's output is read right.  No speed is asserted."""
 
+import contextlib
 import re
 import shutil
+import socket
 import subprocess
 import sys
 
 import pytest
 
-from zc_lb import bench
+from zc_lb import bench, floor
 
 WRK_OUTPUT = """\
 Running 1s test @ http://127.0.0.1:8080/
@@ -80,7 +82,7 @@ def test_bench_tiny_run_prints_table():
         capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    for target in ("zc-lb", "haproxy", "direct"):
+    for target in ("zc-lb", "haproxy", "direct", "floor"):
         row = re.search(r"^%s\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+([\d.]+)\s+(\d+)$"
                         % re.escape(target), out, re.M)
         assert row, "no row for %s in:\n%s" % (target, out)
@@ -89,6 +91,7 @@ def test_bench_tiny_run_prints_table():
     for label in ("zc-lb / HAProxy", "zc-lb / direct"):
         ratio = re.search(r"^%s throughput ratio: ([\d.]+)$" % re.escape(label), out, re.M)
         assert ratio and float(ratio.group(1)) > 0, out
+    assert re.search(r"^zc-lb LB CPU / the floor proxy's: [\d.]+$", out, re.M), out
 
 
 def test_bench_without_wrk_says_how_to_get_it(monkeypatch, capsys):
@@ -100,3 +103,47 @@ def test_bench_without_wrk_says_how_to_get_it(monkeypatch, capsys):
 def test_the_in_process_measure_serves_every_request_and_gives_a_cost():
     cost = bench.in_process(requests=400, batch=4, clients=2)
     assert 0 < cost < 100000  # CPU microseconds per request, whatever this machine gives
+
+
+def test_the_floor_reads_frames_whole_and_keeps_a_partial_one():
+    frame = floor.FRAME.pack
+    buffer = bytearray(frame(1, 3) + b"abc" + frame(2, 0) + frame(3, 5) + b"xy")
+    assert list(floor.frames(buffer)) == [(1, b"abc"), (2, b"")]
+    assert buffer == frame(3, 5) + b"xy"
+    buffer += b"z!!"
+    assert list(floor.frames(buffer)) == [(3, b"xyz!!")] and not buffer
+
+
+def test_the_floor_proxy_answers_pipelined_requests_and_refuses_a_body():
+    # Real processes, as the bench runs them.
+    with contextlib.ExitStack() as stack:
+        workers = [stack.enter_context(bench.running(
+            [sys.executable, "-m", "zc_lb.bench", "floor-worker", "127.0.0.1:0"],
+            floor.READY)) for _ in range(2)]
+        _, address = stack.enter_context(bench.running(
+            [sys.executable, "-m", "zc_lb.bench", "floor-proxy", "127.0.0.1:0"]
+            + [a for _, a in workers], floor.READY))
+        host, port = address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
+            received = b""
+            while received.count(bench.BODY) < 3:
+                data = sock.recv(65536)
+                assert data, received
+                received += data
+            assert received.count(b"HTTP/1.1 200 OK\r\n") == 3
+            sock.sendall(b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+            answer = b""
+            while True:
+                data = sock.recv(65536)
+                if not data:
+                    break
+                answer += data
+            assert answer.startswith(b"HTTP/1.1 501 ")
+
+
+def test_the_table_sets_the_lb_against_the_floor():
+    row = {"target": "zc-lb", "rps": 100.0, "p50_ms": 1.0, "p99_ms": 2.0,
+           "lb_cpu_us_per_req": 120.0, "worker_cpu_us_per_req": 40.0, "errors": 0}
+    text = bench.format_table([row, dict(row, target="floor", lb_cpu_us_per_req=40.0)])
+    assert "zc-lb LB CPU / the floor proxy's: 3.00" in text

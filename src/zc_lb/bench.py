@@ -11,7 +11,11 @@ absolute times.  Three targets serve the same trivial WSGI app
            leastconn``, keep-alive) in front of two gevent.pywsgi servers;
   direct   one gevent.pywsgi server, no balancer: the ceiling;
   lb-1p    ``zc-lb lb`` alone in front of four workers, one process;
-  lb-2p    the same with ``--processes 2``: what a second core buys.
+  lb-2p    the same with ``--processes 2``: what a second core buys;
+  floor    ``zc_lb.floor``: a bare proxy of zc-lb's design (gevent,
+           httptools, one multiplexed connection to each of two workers)
+           doing none of the LB's work: what the design costs in Python
+           before any of it, the yardstick for the LB's CPU.
 
 Each target gets a short wrk warm-up, then one measured wrk run with the
 same settings (``wrk -t1 -cC -dNs --latency``).  Requests per second and
@@ -57,7 +61,7 @@ from .testing import ProcessError, free_port, stop_process, wait_for_port
 BODY = b"Hello, world\n"
 HAPROXY_TEMPLATE = Path(__file__).resolve().parents[2] / "etc" / "haproxy-bench.cfg"
 SERVE_READY = "zc-lb bench server listening on "
-TARGETS = ("zc-lb", "haproxy", "direct", "lb-1p", "lb-2p")
+TARGETS = ("zc-lb", "haproxy", "direct", "lb-1p", "lb-2p", "floor")
 SCALE_WORKERS = 4  # workers behind lb-1p and lb-2p: enough that the LB is the limit
 GOAL_LB_CPU_US = 50  # HAProxy's own cost per proxied request, in Python
 GOAL_WORKER_US = 50  # a worker's CPU per request beyond the app's
@@ -209,8 +213,23 @@ def direct_target(args: argparse.Namespace) -> Iterator[Target]:
         yield "http://%s/" % address, [], [process.pid]
 
 
+@contextlib.contextmanager
+def floor_target(args: argparse.Namespace) -> Iterator[Target]:
+    from . import floor
+
+    with contextlib.ExitStack() as stack:
+        workers = [stack.enter_context(running(
+            [sys.executable, "-m", "zc_lb.bench", "floor-worker", "127.0.0.1:0"],
+            floor.READY)) for _ in range(2)]
+        proxy, address = stack.enter_context(running(
+            [sys.executable, "-m", "zc_lb.bench", "floor-proxy", "127.0.0.1:0"]
+            + [a for _, a in workers], floor.READY))
+        yield "http://%s/" % address, [proxy.pid], [p.pid for p, _ in workers]
+
+
 TARGET_FACTORIES = {"zc-lb": zc_lb_target, "haproxy": haproxy_target, "direct": direct_target,
-                    "lb-1p": lb_processes_target(1), "lb-2p": lb_processes_target(2)}
+                    "lb-1p": lb_processes_target(1), "lb-2p": lb_processes_target(2),
+                    "floor": floor_target}
 
 
 # -- measuring -------------------------------------------------------------
@@ -320,6 +339,7 @@ def format_table(results: List[Dict[str, object]]) -> str:
     throughput = ratios(results)
     for label, value in throughput.items():
         lines.append("%s throughput ratio: %s" % (label, _cell(value, "%.3f")))
+    lines += floor_lines({r["target"]: r for r in results})
     zc_lb = [r for r in results if r["target"] == "zc-lb"]
     if zc_lb:
         app = app_cpu_us()
@@ -329,6 +349,21 @@ def format_table(results: List[Dict[str, object]]) -> str:
         lines += goals(zc_lb[0], throughput["zc-lb / HAProxy"], overhead,
                        {r["target"]: r for r in results}.get("haproxy"))
     return "\n".join(lines)
+
+
+def floor_lines(by_target: Dict[str, Dict[str, object]]) -> List[str]:
+    """The LB's and HAProxy's CPU per request against the floor proxy's."""
+    floor = by_target.get("floor")
+    if floor is None or not floor["lb_cpu_us_per_req"]:
+        return []
+    base = float(floor["lb_cpu_us_per_req"])  # type: ignore[arg-type]
+    lines = []
+    for name in ("zc-lb", "haproxy", "lb-1p"):
+        row = by_target.get(name)
+        if row is not None and row["lb_cpu_us_per_req"] is not None:
+            lines.append("%s LB CPU / the floor proxy's: %.2f" % (
+                name, float(row["lb_cpu_us_per_req"]) / base))  # type: ignore[arg-type]
+    return lines
 
 
 def goals(zc_lb: Dict[str, object], throughput: Optional[float], overhead: float,
@@ -478,6 +513,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"] and len(argv) == 2:
         serve(argv[1])
+        return 0
+    if argv[:1] == ["floor-worker"] and len(argv) == 2:
+        from . import floor
+        floor.serve_worker(argv[1], BODY)
+        return 0
+    if argv[:1] == ["floor-proxy"] and len(argv) >= 3:
+        from . import floor
+        floor.serve_proxy(argv[1], argv[2:])
         return 0
     if argv[:1] == ["in-process"]:
         profile = argv[2] if argv[1:2] == ["--profile"] and len(argv) == 3 else None
