@@ -10,8 +10,8 @@ from zlib import crc32
 
 import pytest
 
-from zc_lb.affinity import (AffinityPool, Footprint, Sketch, make_pool, mix,
-                            rendezvous_weight, stable_hash)
+from zc_lb.affinity import AffinityPool, make_pool
+from zc_lb.classstats import Footprint, Sketch, mix, rendezvous_weight, stable_hash
 from zc_lb.errors import ConfigurationError
 from zc_lb.pool import ClasslessPool, Pool
 
