@@ -83,7 +83,7 @@ from heapq import nlargest
 from operator import itemgetter
 from typing import Dict, Hashable, List, Mapping, Optional, Set, Tuple
 
-from .classstats import PRIOR, ClassStats, Footprint, mix, rendezvous_weight, stable_hash
+from .classstats import PRIOR, ClassStats, Footprint, mix, rendezvous_draw, stable_hash
 from .errors import ConfigurationError
 from .pool import ClasslessPool, Pool, PoolWorker
 from .relearn import ADOPTED, BOOK_SAMPLE, BookEntry, Relearning
@@ -352,25 +352,32 @@ class AffinityPool(SlowStart, Relearning):
         the cap only has to catch members far over the pool's mean, and a
         key's owner, which holds its data, is worth a longer queue than
         the published policy lets a skilled worker have."""
-        max_backlog = self.balance * self.variance * self.mbacklog / len(self.workers)
+        n = len(self.workers)
+        max_backlog = self.balance * self.variance * self.mbacklog / n
         if max_backlog < 1.0:
             max_backlog = 1.0
         min_backlog = next(iter(self._lru)).mbacklog + 1.0
         starting = self.starting
-        busy = self.backlog / len(self.workers)  # a starter takes no more than the mean
+        busy = self.backlog / n  # a starter takes no more than the mean
         ranked = []
         total = 0
+        first = None
+        best = 0.0
         for worker, score in members.items():
             if worker.mbacklog - min_backlog > max_backlog:
                 continue
             if starting and worker in starting and worker.backlog > busy:
                 continue
-            ranked.append((rendezvous_weight(key_hash, worker.salt, score), worker))
+            weight = score / rendezvous_draw(key_hash ^ worker.salt)
+            ranked.append((weight, worker))
             total += worker.backlog
-        if not ranked:
+            if first is None or weight > best:
+                first, best = worker, weight
+        if first is None:
             return None
-        first = max(ranked, key=itemgetter(0))[1]
-        bound = max(self.balance * (total + 1) / len(ranked), MIN_BOUND)
+        bound = self.balance * (total + 1) / len(ranked)
+        if bound < MIN_BOUND:
+            bound = MIN_BOUND
         if len(ranked) == 1 or first.backlog < bound:
             return first
         ranked.sort(key=itemgetter(0), reverse=True)

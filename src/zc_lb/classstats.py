@@ -41,8 +41,24 @@ def mix(x: int) -> int:
 
 def rendezvous_weight(key_hash: int, salt: int, score: float) -> float:
     """Weighted rendezvous: the owner of a key is the highest ``score/-ln(u)``."""
-    u = ((mix(key_hash ^ salt) >> 11) + 0.5) / UNIT  # in (0, 1)
-    return score / -math.log(u)
+    return score / rendezvous_draw(key_hash ^ salt)
+
+
+_DRAWS: Dict[int, float] = {}
+MAX_DRAWS = 1 << 15  # remembered draws: hot keys' draws on each worker
+
+
+def rendezvous_draw(x: int) -> float:
+    """``-ln(u)`` for the uniform ``u`` in (0, 1) that ``x`` (a key's hash
+    xor a worker's salt) draws.  Remembered, as a pool computes it for
+    every member on every request and hot keys come back: a dict lookup
+    instead of a mix and a logarithm."""
+    draw = _DRAWS.get(x)
+    if draw is None:
+        if len(_DRAWS) >= MAX_DRAWS:
+            _DRAWS.clear()
+        draw = _DRAWS[x] = -math.log(((mix(x) >> 11) + 0.5) / UNIT)
+    return draw
 
 
 
@@ -92,7 +108,10 @@ class Footprint:
                              if window == self.window + 1 else 0.0)
             self.current = Sketch()
             self.window = window
-        self.current.add(value)
+        smallest = self.current.smallest
+        # Most hashes are above a full sketch's largest: done here.
+        if len(smallest) < SKETCH_SIZE or value < smallest[-1]:
+            self.current.add(value)
 
     def estimate(self, window: int) -> float:
         """Distinct keys, as of pool window ``window``."""
