@@ -4,14 +4,16 @@ deterministic runs; no sockets, no sleeps."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from zlib import crc32
 
 import pytest
 
-from zc_lb.affinity import (AffinityPool, Footprint, Sketch, make_pool, mix,
-                            rendezvous_weight, stable_hash)
+from zc_lb import classstats
+from zc_lb.affinity import AffinityPool, make_pool
+from zc_lb.classstats import Footprint, Sketch, mix, rendezvous_weight, stable_hash
 from zc_lb.errors import ConfigurationError
 from zc_lb.pool import ClasslessPool, Pool
 
@@ -39,6 +41,16 @@ def test_rendezvous_weights_follow_scores():
         key = stable_hash("k%d" % k)
         wins[max(salts, key=lambda w: rendezvous_weight(key, salts[w], scores[w]))] += 1
     assert 1.7 < wins["a"] / wins["b"] < 2.3
+
+
+def test_remembered_draws_are_the_draws_and_stay_bounded(monkeypatch):
+    monkeypatch.setattr(classstats, "MAX_DRAWS", 100)
+    monkeypatch.setattr(classstats, "_DRAWS", {})
+    for x in range(1000):
+        u = ((mix(x) >> 11) + 0.5) / classstats.UNIT
+        assert classstats.rendezvous_draw(x) == -math.log(u)
+        assert classstats.rendezvous_draw(x) == -math.log(u)  # remembered
+        assert len(classstats._DRAWS) <= 100
 
 
 def test_sketch_estimates_distinct_values_in_bounded_memory():

@@ -1,0 +1,149 @@
+"""What the affinity policy sees of classes and keys, in bounded memory.
+
+A key is hashed alike on every LB (``stable_hash``, ``mix``), so every LB
+that has the same résumés gives it the same owner (``rendezvous_weight``).
+A class's footprint, its distinct keys over the last one or two windows
+of requests, is a k-minimum-values ``Sketch``: the ``SKETCH_SIZE``
+smallest hashes seen, from which the number of distinct ones follows with
+an error of about 1/sqrt(k).  ``ClassStats`` holds, per class, what the
+LB sees of it: its decayed request count, its footprint, its members as
+last worked out, the floors of the workers that joined it while starting
+(``slowstart.py``) or followed its moved keys (``relearn.py``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+from typing import Dict, List, Optional
+
+from .pool import PoolWorker
+
+MASK64 = (1 << 64) - 1
+SKETCH_SIZE = 64  # k of the k-minimum-values sketch: ~1/sqrt(k) error
+UNIT = float(1 << 53)
+PRIOR = 16  # requests and keys per worker before shares and footprints count
+
+
+def stable_hash(text: str) -> int:
+    """A 64-bit hash of ``text``, the same in every process (unlike hash())."""
+    data = text.encode("utf-8", "surrogateescape")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def mix(x: int) -> int:
+    """splitmix64's finaliser: a well-spread 64-bit function of ``x``."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def rendezvous_weight(key_hash: int, salt: int, score: float) -> float:
+    """Weighted rendezvous: the owner of a key is the highest ``score/-ln(u)``."""
+    return score / rendezvous_draw(key_hash ^ salt)
+
+
+_DRAWS: Dict[int, float] = {}
+MAX_DRAWS = 1 << 15  # remembered draws: hot keys' draws on each worker
+
+
+def rendezvous_draw(x: int) -> float:
+    """``-ln(u)`` for the uniform ``u`` in (0, 1) that ``x`` (a key's hash
+    xor a worker's salt) draws.  Remembered, as a pool computes it for
+    every member on every request and hot keys come back: a dict lookup
+    instead of a mix and a logarithm."""
+    draw = _DRAWS.get(x)
+    if draw is None:
+        if len(_DRAWS) >= MAX_DRAWS:
+            _DRAWS.clear()
+        draw = _DRAWS[x] = -math.log(((mix(x) >> 11) + 0.5) / UNIT)
+    return draw
+
+
+
+class Sketch:
+    """Distinct values seen, estimated from the k smallest 64-bit hashes."""
+
+    __slots__ = ("smallest",)
+
+    def __init__(self) -> None:
+        self.smallest: List[int] = []
+
+    def add(self, value: int) -> bool:
+        """Note a hash; whether the estimate changed."""
+        smallest = self.smallest
+        if len(smallest) >= SKETCH_SIZE and value >= smallest[-1]:
+            return False
+        i = bisect.bisect_left(smallest, value)
+        if i < len(smallest) and smallest[i] == value:
+            return False
+        smallest.insert(i, value)
+        if len(smallest) > SKETCH_SIZE:
+            smallest.pop()
+        return True
+
+    def estimate(self) -> float:
+        """How many distinct values were added."""
+        smallest = self.smallest
+        if len(smallest) < SKETCH_SIZE:
+            return float(len(smallest))
+        return (SKETCH_SIZE - 1) * float(MASK64) / (smallest[-1] + 1)
+
+
+class Footprint:
+    """Distinct keys over the last one or two windows of the pool."""
+
+    __slots__ = ("window", "current", "previous")
+
+    def __init__(self, window: int) -> None:
+        self.window = window  # the pool's window number this one counts
+        self.current = Sketch()
+        self.previous = 0.0  # the last full window's estimate
+
+    def add(self, value: int, window: int) -> None:
+        """Note a key hash seen in pool window ``window``."""
+        if window != self.window:
+            self.previous = (self.current.estimate()
+                             if window == self.window + 1 else 0.0)
+            self.current = Sketch()
+            self.window = window
+        smallest = self.current.smallest
+        # Most hashes are above a full sketch's largest: done here.
+        if len(smallest) < SKETCH_SIZE or value < smallest[-1]:
+            self.current.add(value)
+
+    def estimate(self, window: int) -> float:
+        """Distinct keys, as of pool window ``window``."""
+        if window > self.window + 1:
+            return 0.0
+        if window == self.window + 1:
+            return self.current.estimate()
+        return max(self.previous, self.current.estimate())
+
+
+
+class ClassStats:
+    """What the LB sees of one class: its decayed request count, its keys."""
+
+    __slots__ = ("count", "seen", "footprint", "salt", "members", "uses", "version",
+                 "floors", "fresh", "moved", "following", "senders", "reset")
+
+    def __init__(self, rclass: str, window: int, seed: int = 0) -> None:
+        self.members: Optional[Dict[PoolWorker, float]] = None  # as last worked out
+        self.uses = 0  # requests since the members were worked out
+        self.version = -1  # the pool's skills_version then
+        self.count = 0.0  # decayed requests, as of pool request ``seen``
+        self.seen = 0
+        self.footprint = Footprint(window)
+        self.salt = stable_hash(rclass) ^ seed
+        # workers that joined while starting -> pool request when they did
+        self.floors: Optional[Dict[PoolWorker, float]] = None
+        # sampled keys new to the class: never seen, or last in another class
+        self.fresh = 0.0
+        self.moved = 0.0
+        self.following = False  # its keys moved in: it follows them
+        # while following: worker -> sampled keys moved in from it, decayed
+        self.senders: Optional[Dict[PoolWorker, float]] = None
+        self.reset = False  # its skills were reset: the book knows better
+

@@ -1,0 +1,170 @@
+"""Slow start: a worker added to a running pool takes its share without a
+storm of misses.  A part of ``affinity.AffinityPool``.
+
+Theory of operation
+-------------------
+
+A worker added to a running pool ramps up over
+``slow_start`` requests of the pool.  While its recent share of requests
+is under its due (its fair share times the ramp) it joins the next class
+that comes big enough for the rest of its fair share with at most half
+its keys (once ``PRIOR`` requests per worker have passed without one:
+the next worth a whole worker), taking enough of the class's keys for
+the rest of its fair share: its weight is floored
+at a ratio of the other members' mean score, so its cold cache, which
+ranks it last in its own résumé, does not cost it the keys before it
+has warmed them.  Few classes warm a cold cache soonest, so while it
+starts it is not spilled to (as the least recently chosen worker it
+would be, and a class it does not hold costs it a load per object).
+It never takes
+more than the pool's mean backlog while it starts, so its cold cache
+does not turn into a storm of misses: keys it cannot take yet go on to
+their next owner, the one that held them.  It is done starting once it
+has its share after the ramp (or after ``GIVE_UP`` ramps); the floors
+stay as long as it is skilled in those classes.  Keys are not alike (a
+third of a class's keys may carry a fifth of its requests): after
+``OFFERED`` requests of a class it joined, a starter whose keys carried
+less than the share it came for raises its floor there, once, by the
+ratio (at most ``MOST_RAISED``).
+
+Weak spot, admitted.  A new worker's floors are kept whatever its résumé
+says later, so a worker that is slow for good keeps the keys it took
+while starting.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Hashable, List
+
+from .classstats import PRIOR, ClassStats, rendezvous_weight
+from .pool import Pool, PoolWorker
+from .relearn import ADOPTED
+
+STARTED = 0.9  # a starter is behind while under 90% of its ramp's share
+BIG_CLASS = 1.0  # a starter joins classes worth a whole worker or more
+OFFERED = 400  # requests of a joined class before a starter checks its keys
+MOST_RAISED = 4.0  # the most that check raises its floor by
+GIVE_UP = 25  # slow starts after which a worker is done starting anyway
+CLASS_TAKE = 0.5  # the most of a class's keys a starter takes
+
+
+class Starter:
+    """A worker in slow start: when it came, and its recent requests."""
+
+    __slots__ = ("added", "recent", "seen", "joined", "offered")
+
+    def __init__(self, added: int) -> None:
+        self.added = added  # pool requests when it was added
+        self.joined: Dict[object, float] = {}  # classes joined -> share expected
+        self.recent = 0.0  # its requests, decayed over the slow start
+        self.seen = added
+        # joined class -> [its requests since, those whose key it owns]
+        self.offered: Dict[object, List[int]] = {}
+
+    def got(self, now: int, horizon: int) -> None:
+        """It was given a request at pool request ``now``."""
+        self.recent = self.recent * (1.0 - 1.0 / horizon) ** (now - self.seen) + 1.0
+        self.seen = now
+
+    def share(self, now: int, horizon: int) -> float:
+        """Its share of the pool's recent requests."""
+        decay = 1.0 - 1.0 / horizon
+        total = (1.0 - decay ** (now - self.added)) / (1.0 - decay)
+        if total <= 0:
+            return 0.0
+        return self.recent * decay ** (now - self.seen) / total
+
+
+class SlowStart(Pool):
+    """The affinity pool's slow start (see the module docstring): not a
+    pool of its own, a part of ``AffinityPool``, whose state it uses."""
+
+    requests: int  # requests routed with a class
+    total: float  # decayed requests of every class
+    skills_version: int
+    slow_start: int
+    starting: Dict[PoolWorker, Starter]
+
+    def _chosen(self, worker: PoolWorker) -> Hashable:
+        if self.starting:
+            starter = self.starting.get(worker)
+            if starter is not None:
+                starter.got(self.requests, self.slow_start)
+        return super()._chosen(worker)
+
+    def _slow_start(self, rclass: str, stats: ClassStats) -> None:
+        """Make a starting worker that is behind its ramp, and not busier
+        than the mean, one of ``rclass``'s members, so it takes
+        whole keys of warm classes; one that has its share after the ramp
+        is done starting."""
+        skilled = self.skilled.get(rclass)
+        if skilled is None:
+            skilled = self.skilled[rclass] = {}
+        fair = 1.0 / len(self.workers)
+        for worker, starter in list(self.starting.items()):
+            ramp = self._ramp(worker)
+            share = starter.share(self.requests, self.slow_start)
+            if share >= ramp * fair * STARTED:
+                if ramp >= 1.0:
+                    del self.starting[worker]
+                continue
+            if self.requests - starter.added > GIVE_UP * self.slow_start:
+                del self.starting[worker]
+                continue
+            if sum(starter.joined.values()) >= fair * STARTED:
+                continue  # what it holds is enough once its cache is warm
+            busy = worker.backlog * len(self.workers) > self.backlog
+            cshare = stats.count / self.total
+            due = fair - sum(starter.joined.values())
+            # One class whose keys cover the rest of its due, or once any
+            # such class would have come (PRIOR requests per worker), any
+            # worth a whole worker: a cold cache warms soonest on few
+            # classes' data.
+            if self.requests - starter.added <= PRIOR * len(self.workers):
+                big = cshare * CLASS_TAKE >= due
+            else:
+                big = cshare * len(self.workers) >= BIG_CLASS
+            if worker not in skilled and big and not busy:
+                # Take enough of this class's keys for the rest of its due,
+                # at most half.
+                take = min(CLASS_TAKE, due / cshare)
+                members = len(stats.members) if stats.members else len(skilled)
+                score = min(skilled.values()) if skilled else self.unskilled_score
+                skilled[worker] = worker.resume[rclass] = score
+                if stats.floors is None:
+                    stats.floors = {}
+                stats.floors[worker] = take / (1.0 - take) * max(members, 1)
+                starter.joined[stats] = take * cshare
+                starter.offered[stats] = [0, 0]
+                self.skills_version += 1
+                return
+
+    def _offer(self, stats: ClassStats, members: Dict[PoolWorker, float],
+               key_hash: int) -> None:
+        """Count, for a starter that joined the class, whether it owns the
+        key; after ``OFFERED`` requests of the class, raise its floor once
+        if its keys carry less than the share it came for (keys are not
+        alike: a third of them may carry a fifth of the requests)."""
+        for worker, starter in self.starting.items():
+            counts = starter.offered.get(stats)
+            if counts is None or worker not in members:
+                continue
+            counts[0] += 1
+            weight = rendezvous_weight(key_hash, worker.salt, members[worker])
+            if all(rendezvous_weight(key_hash, other.salt, score) <= weight
+                   for other, score in members.items()):
+                counts[1] += 1
+            floors = stats.floors
+            joined = starter.joined.get(stats)
+            if (counts[0] == OFFERED and floors and joined is not None
+                    and floors.get(worker, ADOPTED) != ADOPTED):
+                expected = joined * self.total / stats.count
+                got = max(counts[1], 1) / counts[0]
+                if got < expected:
+                    floors[worker] *= min(expected / got, MOST_RAISED)
+                    self.skills_version += 1
+
+    def _ramp(self, worker: PoolWorker) -> float:
+        """How far a starting worker is into its slow start, in (0, 1]."""
+        done = (self.requests - self.starting[worker].added) / self.slow_start
+        return min(max(done, 0.01), 1.0)
