@@ -424,6 +424,41 @@ def test_a_starter_whose_keys_carry_too_little_takes_more():
     assert got["new"] / 1000 > 0.9 * 0.2  # 90% of a fair fifth
 
 
+def test_a_starters_floor_fades_once_it_has_more_than_its_share():
+    # Its floor in "big" buys it keys that its score alone would not: once
+    # it is done starting, traffic crowds onto those keys and it takes far
+    # more than a fair fifth.  The floor fades until it is back near fair.
+    pool = pool_of(4, slow_start=100)
+    rng = random.Random(7)
+
+    def request(hot=()):
+        rclass = "big" if rng.random() < 0.75 else "small"
+        k = rng.randrange(100)
+        if rclass == "big" and hot and rng.random() < 0.3:
+            k = rng.choice(hot)
+        handle = pool.get(rclass, "/%s/%d" % (rclass, k))
+        pool.put(handle)
+        return handle
+    for _ in range(1000):
+        request()
+    pool.add("new")
+    while pool.status()["starting"]:
+        request()
+    stats, new = pool.classes["big"], pool.workers["new"]
+    floor = stats.floors[new]
+
+    def owner(k, scores):
+        key_hash = mix(stats.salt ^ crc32(b"/big/%d" % k))
+        return max(stats.members, key=lambda w: rendezvous_weight(key_hash, w.salt, scores[w]))
+    bought = [k for k in range(100) if owner(k, stats.members) is new
+              and owner(k, pool.skilled["big"]) is not new]
+    assert len(bought) >= 5
+    got = [request(bought) for _ in range(2000)]
+    assert stats.floors[new] < floor
+    share = got[1000:].count("new") / 1000
+    assert 0.7 * 0.2 < share < 1.3 * 0.2  # without fading: 1.8 fair fifths
+
+
 def test_after_a_reset_a_class_goes_back_where_its_keys_went():
     # reset_skills forgets skills, not the book of keys: a class no worker
     # is skilled in takes the worker its key last went to, which still

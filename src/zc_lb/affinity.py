@@ -54,7 +54,8 @@ the least recently chosen worker, which becomes skilled.
 Slow start (``slowstart.py``).  A worker added to a running pool joins
 a class or two big enough for its fair share, its weight there floored
 near the other members' so that its cold cache does not cost it the
-keys, and takes no more than the mean backlog while it starts.
+keys, and takes no more than the mean backlog while it starts; once it
+has its share, its floors fade while it takes more than that.
 
 Re-learning (``relearn.py``).  A book of recent keys tells the pool
 when a changed classifier moved a class's keys, and where their data
@@ -126,6 +127,7 @@ class AffinityPool(SlowStart, Relearning):
         self.spills = 0
         self.skills_version = 0  # changes whenever any skill or worker does
         self.starting: Dict[PoolWorker, Starter] = {}
+        self.fading: Dict[PoolWorker, Starter] = {}  # done starting, floors fading
         # sampled key -> (class, worker) it last went to, whether it moved
         self.book: Dict[int, BookEntry] = {}
         self.adoptions = 0
@@ -158,6 +160,7 @@ class AffinityPool(SlowStart, Relearning):
         worker = self.workers.get(handle)
         if worker is not None:
             self.starting.pop(worker, None)
+            self.fading.pop(worker, None)
             self.stale.pop(worker, None)
             self._ring = None
         super().remove(handle)
@@ -184,6 +187,8 @@ class AffinityPool(SlowStart, Relearning):
             self._moved(rclass, stats, self.book.get(book_hash))
         if self.starting:
             self._slow_start(rclass, stats)
+        if self.fading:
+            self._fade()
         members = self._members(rclass, stats)
         if self.starting:
             self._offer(stats, members, key_hash)

@@ -4,32 +4,41 @@ storm of misses.  A part of ``affinity.AffinityPool``.
 Theory of operation
 -------------------
 
-A worker added to a running pool ramps up over
-``slow_start`` requests of the pool.  While its recent share of requests
-is under its due (its fair share times the ramp) it joins the next class
-that comes big enough for the rest of its fair share with at most half
-its keys (once ``PRIOR`` requests per worker have passed without one:
-the next worth a whole worker), taking enough of the class's keys for
-the rest of its fair share: its weight is floored
-at a ratio of the other members' mean score, so its cold cache, which
-ranks it last in its own résumé, does not cost it the keys before it
-has warmed them.  Few classes warm a cold cache soonest, so while it
-starts it is not spilled to (as the least recently chosen worker it
-would be, and a class it does not hold costs it a load per object).
-It never takes
-more than the pool's mean backlog while it starts, so its cold cache
-does not turn into a storm of misses: keys it cannot take yet go on to
-their next owner, the one that held them.  It is done starting once it
-has its share after the ramp (or after ``GIVE_UP`` ramps); the floors
-stay as long as it is skilled in those classes.  Keys are not alike (a
-third of a class's keys may carry a fifth of its requests): after
-``OFFERED`` requests of a class it joined, a starter whose keys carried
-less than the share it came for raises its floor there, once, by the
-ratio (at most ``MOST_RAISED``).
+A worker added to a running pool ramps up over ``slow_start`` requests
+of the pool.  While its recent share of requests is under its due (its
+fair share times the ramp) it joins the next class that comes big enough
+for the rest of its fair share with at most half its keys (once
+``PRIOR`` requests per worker have passed without one: the next worth a
+whole worker), taking enough of the class's keys for the rest of its
+fair share: its weight is floored at a ratio of the other members' mean
+score, so its cold cache, which ranks it last in its own résumé, does
+not cost it the keys before it has warmed them.  Few classes warm a cold
+cache soonest, so while it starts it is not spilled to (as the least
+recently chosen worker it would be, and a class it does not hold costs
+it a load per object).  It never takes more than the pool's mean backlog
+while it starts, so its cold cache does not turn into a storm of misses:
+keys it cannot take yet go on to their next owner, the one that held
+them.  Keys are not alike (a third of a class's keys may carry a fifth
+of its requests): after ``OFFERED`` requests of a class it joined, a
+starter whose keys carried less than the share it came for raises its
+floor there, once, by the ratio (at most ``MOST_RAISED``).
 
-Weak spot, admitted.  A new worker's floors are kept whatever its résumé
-says later, so a worker that is slow for good keeps the keys it took
-while starting.
+It is done starting once it has its share after the ramp, and its
+floors then follow its share: they fade by e every ``FADE`` ramps while
+it takes more than ``OFF_FAIR`` over its fair share, and come back
+(never above where they were) while it takes as much less, until
+``GIVE_UP`` ramps after it came.  (A worker still short of its share
+then is done starting anyway, its floors as they are.)  A floor that made up
+for a cold cache is worth too much once the cache is warm, and the keys
+it bought may carry more than the share they were for: with its floors
+kept, the simulator's added worker ended at 1.3-1.5 times its fair
+share.  A floor fades only down to the résumé's ranking, below which it
+no longer counts: a worker whose score alone ranks it high keeps what
+its score earns.
+
+Weak spot, admitted.  ``GIVE_UP`` ramps after a worker came, its floors
+stay as they are whatever its résumé says later, so a worker that is
+slow for good keeps the keys it then holds.
 """
 
 from __future__ import annotations
@@ -46,20 +55,24 @@ OFFERED = 400  # requests of a joined class before a starter checks its keys
 MOST_RAISED = 4.0  # the most that check raises its floor by
 GIVE_UP = 25  # slow starts after which a worker is done starting anyway
 CLASS_TAKE = 0.5  # the most of a class's keys a starter takes
+OFF_FAIR = 0.05  # a worker done starting is off its share beyond 5% of fair
+FADE = 4  # slow starts in which its floors change by e while it is off
 
 
 class Starter:
     """A worker in slow start: when it came, and its recent requests."""
 
-    __slots__ = ("added", "recent", "seen", "joined", "offered")
+    __slots__ = ("added", "recent", "seen", "joined", "offered", "most")
 
     def __init__(self, added: int) -> None:
         self.added = added  # pool requests when it was added
-        self.joined: Dict[object, float] = {}  # classes joined -> share expected
+        self.joined: Dict[ClassStats, float] = {}  # classes joined -> share expected
         self.recent = 0.0  # its requests, decayed over the slow start
         self.seen = added
         # joined class -> [its requests since, those whose key it owns]
-        self.offered: Dict[object, List[int]] = {}
+        self.offered: Dict[ClassStats, List[int]] = {}
+        # joined class -> its floor when done starting: the most it fades to
+        self.most: Dict[ClassStats, float] = {}
 
     def got(self, now: int, horizon: int) -> None:
         """It was given a request at pool request ``now``."""
@@ -84,10 +97,11 @@ class SlowStart(Pool):
     skills_version: int
     slow_start: int
     starting: Dict[PoolWorker, Starter]
+    fading: Dict[PoolWorker, Starter]
 
     def _chosen(self, worker: PoolWorker) -> Hashable:
-        if self.starting:
-            starter = self.starting.get(worker)
+        if self.starting or self.fading:
+            starter = self.starting.get(worker) or self.fading.get(worker)
             if starter is not None:
                 starter.got(self.requests, self.slow_start)
         return super()._chosen(worker)
@@ -106,7 +120,7 @@ class SlowStart(Pool):
             share = starter.share(self.requests, self.slow_start)
             if share >= ramp * fair * STARTED:
                 if ramp >= 1.0:
-                    del self.starting[worker]
+                    self._done(worker, starter)
                 continue
             if self.requests - starter.added > GIVE_UP * self.slow_start:
                 del self.starting[worker]
@@ -163,6 +177,44 @@ class SlowStart(Pool):
                 if got < expected:
                     floors[worker] *= min(expected / got, MOST_RAISED)
                     self.skills_version += 1
+
+    def _done(self, worker: PoolWorker, starter: Starter) -> None:
+        """The worker has its share after the ramp: it is done starting,
+        and its floors start fading (see ``_fade``)."""
+        del self.starting[worker]
+        for stats in starter.joined:
+            floors = stats.floors
+            if floors and floors.get(worker, ADOPTED) != ADOPTED:
+                starter.most[stats] = floors[worker]
+        if starter.most:
+            self.fading[worker] = starter
+
+    def _fade(self) -> None:
+        """Move the floors of the workers done starting toward their fair
+        share: down while a worker takes more than ``OFF_FAIR`` over it, up
+        (to at most where they were) while it takes that much less.  A
+        floor that made up for a cold cache is worth too much once the
+        cache is warm, and a starter's keys may carry more than the share
+        it came for (keys are not alike), so without this it would keep
+        more than its share for good.  Floors change by e every ``FADE``
+        slow starts, slower than its share is measured, so they follow
+        the share rather than its noise (a class's members pick them up
+        when next worked out); ``GIVE_UP`` slow starts after the worker
+        came, they stay as they are."""
+        fair = 1.0 / len(self.workers)
+        fade = 1.0 - 1.0 / (FADE * self.slow_start)
+        for worker, starter in list(self.fading.items()):
+            if self.requests - starter.added > GIVE_UP * self.slow_start:
+                del self.fading[worker]
+                continue
+            off = starter.share(self.requests, self.slow_start) / fair - 1.0
+            if -OFF_FAIR <= off <= OFF_FAIR:
+                continue
+            factor = fade if off > 0 else 1.0 / fade
+            for stats, most in starter.most.items():
+                floors = stats.floors
+                if floors and floors.get(worker, ADOPTED) != ADOPTED:
+                    floors[worker] = min(floors[worker] * factor, most)
 
     def _ramp(self, worker: PoolWorker) -> float:
         """How far a starting worker is into its slow start, in (0, 1]."""
