@@ -459,6 +459,21 @@ def test_a_starters_floor_fades_once_it_has_more_than_its_share():
     assert 0.7 * 0.2 < share < 1.3 * 0.2  # without fading: 1.8 fair fifths
 
 
+def test_a_request_stays_with_a_capped_member_twice_as_quick_as_the_spill():
+    # No member is under the cap; the skilled worker the request would
+    # spill to is cold in the class (a low score): waiting behind five
+    # requests at a warm member is quicker than one at the cold worker.
+    pool = pool_of(3)
+    for handle, score in (("w0", 10.0), ("w1", 10.0), ("w2", 1.0)):
+        pool.new_resume(handle, {"c": score})
+    w0, w1, w2 = (pool.workers[h] for h in ("w0", "w1", "w2"))
+    members = {w0: 10.0, w1: 10.0}
+    w0.backlog, w1.backlog, w2.backlog = 6, 4, 0
+    assert pool._stay("c", members, w2) is w1  # 5/10 * 2 <= 1/1
+    pool.new_resume("w2", {"c": 5.0})
+    assert pool._stay("c", members, w2) is w2  # 5/10 * 2 > 1/5
+
+
 def test_after_a_reset_a_class_goes_back_where_its_keys_went():
     # reset_skills forgets skills, not the book of keys: a class no worker
     # is skilled in takes the worker its key last went to, which still

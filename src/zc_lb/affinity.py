@@ -48,8 +48,12 @@ within ``balance * variance`` times the pool's mean): the owner holds the
 key's data, so it is worth a longer queue than any skilled worker.
 
 Spill.  When no member is under the cap, the request goes, as in the
-published algorithm, to the best skilled worker under the cap, else to
-the least recently chosen worker, which becomes skilled.
+published algorithm, to the best skilled worker under the cap, unless
+the quickest member is expected to serve it ``STAY`` times sooner (in
+(backlog + 1) / score, the score being its requests per second in the
+class): a worker cold in the class is slow there, and sending it the
+request relieves no one.  Failing a skilled worker under the cap, the
+request goes to the least recently chosen worker, which becomes skilled.
 
 Slow start (``slowstart.py``).  A worker added to a running pool joins
 a class or two big enough for its fair share, its weight there floored
@@ -95,6 +99,7 @@ RING_CHOICES = 2  # ring recruiting: the less loaded of the first two
 RING_POINTS = 16  # points per worker on the recruiting ring
 REFRESH = 16  # requests of a class between working out its members again
 MIN_BOUND = 2.0  # a key may always wait behind one request at its owner
+STAY = 2.0  # a capped member twice as quick as the spill target keeps a request
 
 
 def _by_score(item: Tuple[PoolWorker, float]) -> Tuple[float, int]:
@@ -194,8 +199,11 @@ class AffinityPool(SlowStart, Relearning):
             self._offer(stats, members, key_hash)
         chosen = self._owner(members, key_hash)
         if chosen is None:
-            self.spills += 1
             chosen = self._owner(self.skilled[rclass], key_hash)
+            if chosen is not None:
+                chosen = self._stay(rclass, members, chosen)
+            if chosen not in members:
+                self.spills += 1
             if chosen is None:
                 for worker in self.starting:  # a cold cache spills worst
                     self._lru.move_to_end(worker)
@@ -208,6 +216,31 @@ class AffinityPool(SlowStart, Relearning):
         if book_hash is not None:
             self._book(book_hash, rclass, chosen)
         return self._chosen(chosen)
+
+    def _stay(self, rclass: str, members: Dict[PoolWorker, float],
+              target: PoolWorker) -> PoolWorker:
+        """Where a request goes that no member can take under the cap:
+        to ``target``, the skilled worker under the cap it would spill to,
+        unless a member is expected to serve it ``STAY`` times sooner.  A
+        worker is expected to serve it in (backlog + 1) / score, its score
+        being its résumé's requests per second in the class, so a target
+        whose cache is cold for the class counts as slow: the cap keeps a
+        class from flooding its workers, and sending a request where it
+        takes far longer relieves no one.  (Not a starter, whose score is
+        that of a cold cache and whose backlog is kept to the mean.)"""
+        skilled = self.skilled[rclass]
+        fastest = None
+        for worker in members:
+            score = skilled.get(worker)
+            if not score or worker in self.starting:
+                continue
+            time = (worker.backlog + 1) / score
+            if fastest is None or time < fastest[0]:
+                fastest = (time, worker)
+        score = skilled.get(target)
+        if fastest is not None and score and fastest[0] * STAY <= (target.backlog + 1) / score:
+            return fastest[1]
+        return target
 
     def _observe(self, rclass: str, key: str
                  ) -> Tuple[ClassStats, int, Optional[int]]:
