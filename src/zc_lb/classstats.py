@@ -18,7 +18,7 @@ import hashlib
 import math
 from typing import Dict, List, Optional
 
-from .pool import PoolWorker
+from .pool import Pool, PoolWorker
 
 MASK64 = (1 << 64) - 1
 SKETCH_SIZE = 64  # k of the k-minimum-values sketch: ~1/sqrt(k) error
@@ -147,3 +147,12 @@ class ClassStats:
         self.senders: Optional[Dict[PoolWorker, float]] = None
         self.reset = False  # its skills were reset: the book knows better
 
+
+class PoolPart(Pool):
+    """A part of ``affinity.AffinityPool`` (slow start, re-learning): not
+    a pool of its own.  The state every part reads, declared once."""
+
+    requests: int  # requests routed with a class
+    total: float  # decayed requests of every class
+    skills_version: int  # changes whenever any skill or worker does
+    classes: Dict[str, ClassStats]

@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from typing import Dict, Hashable, Mapping, Optional, Set, Tuple
 
-from .classstats import ClassStats
-from .pool import Pool, PoolWorker
+from .classstats import ClassStats, PoolPart
+from .pool import PoolWorker
 
 RELEARN_SHARE = 0.5  # "most requests hit classes no worker is skilled in"
 BOOK_SAMPLE = 1  # one key in BOOK_SAMPLE is noted in the book of keys' classes
@@ -51,15 +51,10 @@ BookEntry = Tuple[Optional[str], Optional[PoolWorker], bool]
 SHARED: BookEntry = (None, None, True)  # a key of several classes
 
 
-class Relearning(Pool):
-    """The affinity pool's re-learning (see the module docstring): not a
-    pool of its own, a part of ``AffinityPool``, whose state it uses."""
+class Relearning(PoolPart):
+    """The affinity pool's re-learning (see the module docstring)."""
 
-    requests: int  # requests routed with a class
-    total: float  # decayed requests of every class
     footprint_window: int
-    skills_version: int
-    classes: Dict[str, ClassStats]
     unskilled: float  # decayed requests whose class had no skilled worker
     resets: int
     book: Dict[int, BookEntry]

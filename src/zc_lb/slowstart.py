@@ -45,8 +45,8 @@ from __future__ import annotations
 
 from typing import Dict, Hashable, List
 
-from .classstats import PRIOR, ClassStats, rendezvous_weight
-from .pool import Pool, PoolWorker
+from .classstats import PRIOR, ClassStats, PoolPart, rendezvous_weight
+from .pool import PoolWorker
 from .relearn import ADOPTED
 
 STARTED = 0.9  # a starter is behind while under 90% of its ramp's share
@@ -88,13 +88,9 @@ class Starter:
         return self.recent * decay ** (now - self.seen) / total
 
 
-class SlowStart(Pool):
-    """The affinity pool's slow start (see the module docstring): not a
-    pool of its own, a part of ``AffinityPool``, whose state it uses."""
+class SlowStart(PoolPart):
+    """The affinity pool's slow start (see the module docstring)."""
 
-    requests: int  # requests routed with a class
-    total: float  # decayed requests of every class
-    skills_version: int
     slow_start: int
     starting: Dict[PoolWorker, Starter]
     fading: Dict[PoolWorker, Starter]
