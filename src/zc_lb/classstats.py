@@ -108,10 +108,7 @@ class Footprint:
                              if window == self.window + 1 else 0.0)
             self.current = Sketch()
             self.window = window
-        smallest = self.current.smallest
-        # Most hashes are above a full sketch's largest: done here.
-        if len(smallest) < SKETCH_SIZE or value < smallest[-1]:
-            self.current.add(value)
+        self.current.add(value)
 
     def estimate(self, window: int) -> float:
         """Distinct keys, as of pool window ``window``."""
