@@ -477,7 +477,7 @@ def test_a_request_stays_with_a_capped_member_twice_as_quick_as_the_spill():
 def test_after_a_reset_a_class_goes_back_where_its_keys_went():
     # reset_skills forgets skills, not the book of keys: a class no worker
     # is skilled in takes the worker its key last went to, which still
-    # holds its data, before it recruits the least recently chosen one.
+    # holds its data, before it recruits another.
     pool = pool_of(6, footprint_window=500)
     last = {}
     for i in range(600):
@@ -489,3 +489,51 @@ def test_after_a_reset_a_class_goes_back_where_its_keys_went():
     for rclass in "abc":
         key = "/%s/5" % rclass
         assert pool.get(rclass, key) == last[rclass, key]
+
+
+def big_and_small_classes(seed: int, workers: int = 4, requests: int = 4000
+                          ) -> AffinityPool:
+    # "big" has 300 keys, three small classes one key each: "big" spreads
+    # over every worker, each small class takes one.
+    pool = pool_of(workers)
+    rng = random.Random(seed)
+    for i in range(requests):
+        rclass, k = ("big", rng.randrange(300)) if i % 2 else ("small%d" % (i % 3), 0)
+        pool.put(pool.get(rclass, "/%s/%d" % (rclass, k)))
+    return pool
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_class_recruits_the_worker_holding_the_fewest_keys(seed):
+    # Three of the four workers hold a small class besides their part of
+    # "big"; a new class goes to the fourth, whose cache has the room,
+    # not to the least recently chosen worker (which it was in 3 of these
+    # 4 runs before).
+    pool = big_and_small_classes(seed)
+    smalls = {w.handle for c, stats in pool.classes.items() if c != "big"
+              for w in stats.members}
+    assert len(smalls) == 3
+    emptiest = min(pool.held, key=pool.held.__getitem__)
+    assert emptiest.handle not in smalls
+    assert pool.get("new", "/new/0") == emptiest.handle
+
+
+def test_held_counts_each_class_keys_once_over_its_members():
+    pool = big_and_small_classes(0)
+    window = pool.requests // pool.footprint_window
+    keys = sum(stats.footprint.estimate(window) for stats in pool.classes.values())
+    assert sum(pool.held.values()) == pytest.approx(keys)
+    big = pool.classes["big"]
+    for worker in big.members:
+        assert pool.held[worker] >= big.footprint.estimate(window) / len(big.members)
+    # A removed worker holds nothing; its classes count again on the others.
+    pool.remove("w0")
+    assert set(w.handle for w in pool.held) == {"w1", "w2", "w3"}
+    for i in range(200):
+        pool.put(pool.get("big", "/big/%d" % i))
+    assert big.members and all(pool.held[worker] > 0 for worker in big.members)
+    # In a new footprint window, classes no longer requested count for nothing.
+    for i in range(2 * pool.footprint_window):
+        pool.put(pool.get("other", "/other/%d" % (i % 50)))
+    assert sum(pool.held.values()) == pytest.approx(
+        pool.classes["other"].footprint.estimate(pool.requests // pool.footprint_window))

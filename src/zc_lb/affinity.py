@@ -29,11 +29,13 @@ a third of the pool's cache).  A class with more skilled workers than
 its width uses the best-scored ones; the rest, no longer sent the class,
 drop it from their résumés after ``max_skill_age`` requests, so a hot
 class's skilled set grows only while it is needed.  A class short of
-members recruits one worker not yet skilled in it: the least recently
-chosen one when this LB is alone; with several LBs (``lbs``, which
-ZooKeeper tells) the less loaded of the first two on a hash ring from
-the class's point, so that every LB recruits the same workers and a
-class is not copied once per LB.  A recruit starts with the class's
+members recruits one worker not yet skilled in it: when this LB is
+alone, the one whose classes leave it the fewest keys to hold (``held``:
+each class's distinct keys shared among its members), so that a big
+class is not split over the workers that already cache another big one;
+with several LBs (``lbs``, which ZooKeeper tells) the less loaded of the
+first two on a hash ring from the class's point, so that every LB
+recruits the same workers and a class is not copied once per LB.  A recruit starts with the class's
 lowest score, so it takes a real share of the keys at once (with
 ``unskilled_score`` it would take almost none until its résumé came).
 Members are worked out again every ``REFRESH`` requests of the class or
@@ -131,6 +133,9 @@ class AffinityPool(SlowStart, Relearning):
         self.resets = 0
         self.spills = 0
         self.skills_version = 0  # changes whenever any skill or worker does
+        # worker -> distinct keys of its classes it is counted to hold
+        self.held: Dict[PoolWorker, float] = {}
+        self.held_window = 0  # the footprint window ``held`` was counted in
         self.starting: Dict[PoolWorker, Starter] = {}
         self.fading: Dict[PoolWorker, Starter] = {}  # done starting, floors fading
         # sampled key -> (class, worker) it last went to, whether it moved
@@ -155,6 +160,7 @@ class AffinityPool(SlowStart, Relearning):
 
     def _added(self, worker: PoolWorker) -> None:
         worker.salt = stable_hash(worker.name)
+        self.held[worker] = 0.0
         self.skills_version += 1
         self._ring = None
         if self.requests and self.slow_start:
@@ -167,6 +173,7 @@ class AffinityPool(SlowStart, Relearning):
             self.starting.pop(worker, None)
             self.fading.pop(worker, None)
             self.stale.pop(worker, None)
+            self.held.pop(worker, None)
             self._ring = None
         super().remove(handle)
         self.skills_version += 1
@@ -255,7 +262,8 @@ class AffinityPool(SlowStart, Relearning):
         stats.seen = self.requests
         crc = crc32(key.encode("utf-8", "surrogateescape"))
         key_hash = mix(stats.salt ^ crc)
-        stats.footprint.add(key_hash, window)
+        if stats.footprint.add(key_hash, window) and stats.holders:
+            self._hold(stats, stats.members)
         self.footprint.add(key_hash, window)
         book_hash = mix(crc ^ self.hash_seed)
         return stats, key_hash, (book_hash if book_hash % BOOK_SAMPLE == 0 else None)
@@ -298,6 +306,7 @@ class AffinityPool(SlowStart, Relearning):
         else:
             members = dict(nlargest(width, skilled.items(), key=_by_score))
         stats.members, stats.version = members, self.skills_version
+        self._hold(stats, members)
         if len(members) < width:
             stats.uses = REFRESH  # still recruiting: again on the next request
         return members
@@ -342,20 +351,52 @@ class AffinityPool(SlowStart, Relearning):
 
     def _recruit(self, rclass: str, skilled: Dict[PoolWorker, float]) -> None:
         """Make a worker not skilled in ``rclass`` skilled in it, at the
-        class's lowest score: alone, the least recently chosen one; with
-        other LBs, the less loaded of the first two on a ring of workers
-        from the class's point, so that every LB recruits alike."""
+        class's lowest score: alone, the one holding the fewest keys (the
+        least recently chosen of those); with other LBs, the less loaded
+        of the first two on a ring of workers from the class's point, so
+        that every LB recruits alike."""
         score = min(skilled.values()) if skilled else self.unskilled_score
         worker = self._ring_recruit(rclass, skilled) if self.lbs > 1 else None
         if worker is None:
-            for worker in self._lru:  # at most len(skilled) + 1 steps
-                if worker not in skilled:
-                    break
-            else:
+            # (ties go to the least recently chosen)
+            worker = min((w for w in self._lru if w not in skilled),
+                         key=self.held.__getitem__, default=None)
+            if worker is None:
                 return
         skilled[worker] = worker.resume[rclass] = score
         self._fresh(worker, rclass)
         self.skills_version += 1
+
+    def _hold(self, stats: ClassStats, members: Dict[PoolWorker, float]) -> None:
+        """Count the class's distinct keys as held by ``members``, each an
+        equal part, instead of by those they were counted on before.  In
+        each new footprint window every class is counted again, so that
+        classes no longer requested, whose footprints have gone, count
+        for nothing."""
+        held = self.held
+        window = self.requests // self.footprint_window
+        if window != self.held_window:
+            self.held_window = window
+            for worker in held:
+                held[worker] = 0.0
+            for other in self.classes.values():
+                other.holders, other.held = (), 0.0
+                if other.members and other is not stats:
+                    self._count_held(other, other.members, window)
+        else:
+            for worker in stats.holders:
+                if worker in held:
+                    held[worker] -= stats.held
+        self._count_held(stats, members, window)
+
+    def _count_held(self, stats: ClassStats, members: Dict[PoolWorker, float],
+                    window: int) -> None:
+        held = self.held
+        stats.holders = tuple(members)
+        stats.held = (stats.footprint.estimate(window) / len(members)) if members else 0.0
+        for worker in stats.holders:
+            if worker in held:
+                held[worker] += stats.held
 
     def _ring_recruit(self, rclass: str, skilled: Dict[PoolWorker, float]
                       ) -> Optional[PoolWorker]:

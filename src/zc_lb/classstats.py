@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .pool import Pool, PoolWorker
 
@@ -101,14 +101,15 @@ class Footprint:
         self.current = Sketch()
         self.previous = 0.0  # the last full window's estimate
 
-    def add(self, value: int, window: int) -> None:
-        """Note a key hash seen in pool window ``window``."""
+    def add(self, value: int, window: int) -> bool:
+        """Note a key hash seen in pool window ``window``; whether the
+        estimate may have changed."""
         if window != self.window:
             self.previous = (self.current.estimate()
                              if window == self.window + 1 else 0.0)
             self.current = Sketch()
             self.window = window
-        self.current.add(value)
+        return self.current.add(value)
 
     def estimate(self, window: int) -> float:
         """Distinct keys, as of pool window ``window``."""
@@ -124,12 +125,17 @@ class ClassStats:
     """What the LB sees of one class: its decayed request count, its keys."""
 
     __slots__ = ("count", "seen", "footprint", "salt", "members", "uses", "version",
-                 "floors", "fresh", "moved", "following", "senders", "reset")
+                 "holders", "held", "floors", "fresh", "moved", "following", "senders",
+                 "reset")
 
     def __init__(self, rclass: str, window: int, seed: int = 0) -> None:
         self.members: Optional[Dict[PoolWorker, float]] = None  # as last worked out
         self.uses = 0  # requests since the members were worked out
         self.version = -1  # the pool's skills_version then
+        # the members its keys were last counted on (``AffinityPool.held``),
+        # and how many keys each was counted to hold
+        self.holders: Tuple[PoolWorker, ...] = ()
+        self.held = 0.0
         self.count = 0.0  # decayed requests, as of pool request ``seen``
         self.seen = 0
         self.footprint = Footprint(window)
