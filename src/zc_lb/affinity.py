@@ -35,9 +35,10 @@ each class's distinct keys shared among its members), so that a big
 class is not split over the workers that already cache another big one;
 with several LBs (``lbs``, which ZooKeeper tells) the less loaded of the
 first two on a hash ring from the class's point, so that every LB
-recruits the same workers and a class is not copied once per LB.  A recruit starts with the class's
-lowest score, so it takes a real share of the keys at once (with
-``unskilled_score`` it would take almost none until its résumé came).
+recruits the same workers and a class is not copied once per LB.  A
+recruit starts with the class's lowest score, so it takes a real share
+of the keys at once (with ``unskilled_score`` it would take almost none
+until its résumé came).
 Members are worked out again every ``REFRESH`` requests of the class or
 when skills change, not on every request.
 
