@@ -537,24 +537,3 @@ def test_held_counts_each_class_keys_once_over_its_members():
         pool.put(pool.get("other", "/other/%d" % (i % 50)))
     assert sum(pool.held.values()) == pytest.approx(
         pool.classes["other"].footprint.estimate(pool.requests // pool.footprint_window))
-
-
-def test_a_recruit_is_under_the_cap():
-    # The worker holding the fewest keys is over the cap (its mean backlog
-    # far past the others'): the class recruits the next emptiest instead,
-    # and only when every candidate is over the cap does it take the
-    # emptiest of all.
-    pool = big_and_small_classes(0)
-    by_held = sorted(pool.held, key=pool.held.__getitem__)
-    by_held[0].mbacklog = 50.0
-    assert pool.get("new", "/new/0") == by_held[1].handle
-    assert set(pool.skilled["new"]) == {by_held[1]}
-    # The cap is counted from the least recently chosen worker: with that
-    # one already skilled and every other far past it, all are over.
-    idle = next(iter(pool._lru))
-    for worker in pool.workers.values():
-        worker.mbacklog = 0.0 if worker is idle else 50.0
-    others = [w for w in pool._lru if w is not idle]  # ties: least recently chosen
-    skilled = {idle: 1.0}
-    pool._recruit("newer", skilled)
-    assert set(skilled) == {idle, min(others, key=pool.held.__getitem__)}

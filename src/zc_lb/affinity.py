@@ -30,13 +30,13 @@ its width uses the best-scored ones; the rest, no longer sent the class,
 drop it from their résumés after ``max_skill_age`` requests, so a hot
 class's skilled set grows only while it is needed.  A class short of
 members recruits one worker not yet skilled in it: when this LB is
-alone, of those under the cap, the one whose classes leave it the fewest
-keys to hold (``held``: each class's distinct keys shared among its
-members), so that a big class is not split over the workers that already
-cache another big one; with several LBs (``lbs``, which ZooKeeper tells)
-the less loaded of the first two on a hash ring from the class's point,
-so that every LB recruits the same workers and a class is not copied
-once per LB.  A recruit starts with the class's lowest score, so it takes a real share
+alone, the one whose classes leave it the fewest keys to hold (``held``:
+each class's distinct keys shared among its members), so that a big
+class is not split over the workers that already cache another big one;
+with several LBs (``lbs``, which ZooKeeper tells) the less loaded of the
+first two on a hash ring from the class's point, so that every LB
+recruits the same workers and a class is not copied once per LB.  A
+recruit starts with the class's lowest score, so it takes a real share
 of the keys at once (with ``unskilled_score`` it would take almost none
 until its résumé came).
 Members are worked out again every ``REFRESH`` requests of the class or
@@ -352,18 +352,15 @@ class AffinityPool(SlowStart, Relearning):
 
     def _recruit(self, rclass: str, skilled: Dict[PoolWorker, float]) -> None:
         """Make a worker not skilled in ``rclass`` skilled in it, at the
-        class's lowest score: alone, the one holding the fewest keys of
-        those under the cap (of all, if none is; the least recently
-        chosen of equals); with other LBs, the less loaded
+        class's lowest score: alone, the one holding the fewest keys (the
+        least recently chosen of those); with other LBs, the less loaded
         of the first two on a ring of workers from the class's point, so
         that every LB recruits alike."""
         score = min(skilled.values()) if skilled else self.unskilled_score
         worker = self._ring_recruit(rclass, skilled) if self.lbs > 1 else None
         if worker is None:
-            candidates = [w for w in self._lru if w not in skilled]
-            limit = self._limit()
             # (ties go to the least recently chosen)
-            worker = min([w for w in candidates if w.mbacklog <= limit] or candidates,
+            worker = min((w for w in self._lru if w not in skilled),
                          key=self.held.__getitem__, default=None)
             if worker is None:
                 return
@@ -424,14 +421,6 @@ class AffinityPool(SlowStart, Relearning):
                 break
         return best
 
-    def _limit(self) -> float:
-        """The decayed mean backlog past which a worker is over the cap:
-        ``balance`` times the published cap (see ``_owner``)."""
-        max_backlog = self.balance * self.variance * self.mbacklog / len(self.workers)
-        if max_backlog < 1.0:
-            max_backlog = 1.0
-        return next(iter(self._lru)).mbacklog + 1.0 + max_backlog
-
     def _owner(self, members: Dict[PoolWorker, float], key_hash: int
                ) -> Optional[PoolWorker]:
         """The worker owning ``key_hash`` among ``members`` under the cap:
@@ -443,15 +432,19 @@ class AffinityPool(SlowStart, Relearning):
         the cap only has to catch members far over the pool's mean, and a
         key's owner, which holds its data, is worth a longer queue than
         the published policy lets a skilled worker have."""
-        limit = self._limit()
+        n = len(self.workers)
+        max_backlog = self.balance * self.variance * self.mbacklog / n
+        if max_backlog < 1.0:
+            max_backlog = 1.0
+        min_backlog = next(iter(self._lru)).mbacklog + 1.0
         starting = self.starting
-        busy = self.backlog / len(self.workers)  # a starter takes no more than the mean
+        busy = self.backlog / n  # a starter takes no more than the mean
         ranked = []
         total = 0
         first = None
         best = 0.0
         for worker, score in members.items():
-            if worker.mbacklog > limit:
+            if worker.mbacklog - min_backlog > max_backlog:
                 continue
             if starting and worker in starting and worker.backlog > busy:
                 continue
