@@ -263,7 +263,7 @@ class AffinityPool(SlowStart, Relearning):
         stats.seen = self.requests
         crc = crc32(key.encode("utf-8", "surrogateescape"))
         key_hash = mix(stats.salt ^ crc)
-        if stats.footprint.add(key_hash, window) and stats.holders and stats.members:
+        if stats.footprint.add(key_hash, window) and stats.members:
             self._hold(stats, stats.members)  # (its keys held, counted again)
         self.footprint.add(key_hash, window)
         book_hash = mix(crc ^ self.hash_seed)
