@@ -213,9 +213,9 @@ def test_get_touches_only_the_workers_skilled_in_the_class():
     scanned = Counter()
     real_owner = pool._owner
 
-    def counting_owner(members, key_hash):
+    def counting_owner(members, key_hash, *rest):
         scanned["members"] += len(members)
-        return real_owner(members, key_hash)
+        return real_owner(members, key_hash, *rest)
     pool._owner = counting_owner
     for _ in range(2000):
         rclass = "c%d" % rng.randrange(2000)
@@ -262,6 +262,45 @@ def test_at_light_load_a_key_waits_behind_one_request_at_its_owner():
         again = pool.get("c", "k%d" % k)
         assert again == owners[k], "key %d moved at a backlog of 1" % k
         pool.put(held), pool.put(again)
+
+
+def test_a_key_moved_on_by_the_bound_stays_where_it_went():
+    # Its owner busy, a key moves on to another member; once the owner is
+    # free again the key stays where its data now is instead of coming
+    # back to be loaded again.  With another LB it comes back: books are
+    # per LB, and rendezvous is what the LBs share.
+    for lbs, comes_back in ((1, False), (2, True)):
+        pool = pool_of(3)
+        pool.lbs = lbs
+        for i in range(60):  # the class settles over all three
+            pool.put(pool.get("c", "k%d" % (i % 20)))
+        owner = pool.get("c", "hot")
+        in_flight = [owner]
+        while True:  # requests of the key pile up at its owner
+            handle = pool.get("c", "hot")
+            if handle != owner:
+                break
+            in_flight.append(handle)
+        pool.put(handle)
+        for handle in in_flight:
+            pool.put(handle)
+        again = pool.get("c", "hot")
+        assert (again == owner) is comes_back, lbs
+
+
+def test_a_new_key_goes_to_the_least_busy_member():
+    # No one holds a key yet unseen: it goes where it waits least.
+    pool = pool_of(3)
+    for i in range(60):
+        pool.put(pool.get("c", "k%d" % (i % 20)))
+    for i in range(20):  # known keys in flight: backlogs differ
+        pool.get("c", "k%d" % i)
+    backlogs = sorted(w.backlog for w in pool.workers.values())
+    assert backlogs[0] < backlogs[-1]
+    for i in range(10):
+        least = min(w.backlog for w in pool.workers.values())
+        handle = pool.get("c", "fresh%d" % i)
+        assert pool.workers[handle].backlog == least + 1
 
 
 def test_a_new_worker_keeps_its_share_after_slow_start():
@@ -428,7 +467,10 @@ def test_a_starters_floor_fades_once_it_has_more_than_its_share():
     # Its floor in "big" buys it keys that its score alone would not: once
     # it is done starting, traffic crowds onto those keys and it takes far
     # more than a fair fifth.  The floor fades until it is back near fair.
+    # (With another LB, so that keys go by rendezvous alone: one alone
+    # keeps a key where it last went, and the keys crowd less.)
     pool = pool_of(4, slow_start=100)
+    pool.lbs = 2
     rng = random.Random(7)
 
     def request(hot=()):

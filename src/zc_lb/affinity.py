@@ -86,6 +86,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import OrderedDict
 from zlib import crc32
 from heapq import nlargest
 from operator import itemgetter
@@ -94,7 +95,7 @@ from typing import Dict, Hashable, List, Mapping, Optional, Set, Tuple
 from .classstats import PRIOR, ClassStats, Footprint, mix, rendezvous_draw, stable_hash
 from .errors import ConfigurationError
 from .pool import ClasslessPool, Pool, PoolWorker
-from .relearn import ADOPTED, BOOK_SAMPLE, BookEntry, Relearning
+from .relearn import ADOPTED, BookEntry, Relearning
 from .settings import LB_SETTINGS
 from .slowstart import SlowStart, Starter
 
@@ -103,6 +104,12 @@ RING_POINTS = 16  # points per worker on the recruiting ring
 REFRESH = 16  # requests of a class between working out its members again
 MIN_BOUND = 2.0  # a key may always wait behind one request at its owner
 STAY = 2.0  # a capped member twice as quick as the spill target keeps a request
+STICK = 1.5  # a key's last worker keeps it up to 1.5 times the balance bound
+
+
+def _least_busy(item: Tuple[float, PoolWorker]) -> Tuple[int, float]:
+    """Least backlog first; ties by rendezvous weight, highest first."""
+    return item[1].backlog, -item[0]
 
 
 def _by_score(item: Tuple[PoolWorker, float]) -> Tuple[float, int]:
@@ -139,8 +146,8 @@ class AffinityPool(SlowStart, Relearning):
         self.held_window = 0  # the footprint window ``held`` was counted in
         self.starting: Dict[PoolWorker, Starter] = {}
         self.fading: Dict[PoolWorker, Starter] = {}  # done starting, floors fading
-        # sampled key -> (class, worker) it last went to, whether it moved
-        self.book: Dict[int, BookEntry] = {}
+        # key -> (class, worker) it last went to, whether it moved
+        self.book: OrderedDict[int, BookEntry] = OrderedDict()
         self.adoptions = 0
         # worker -> classes whose keys moved away from it, while its
         # résumé still lists them
@@ -196,8 +203,8 @@ class AffinityPool(SlowStart, Relearning):
         if key is None:
             return super().get(rclass)
         stats, key_hash, book_hash = self._observe(rclass, key)
-        if book_hash is not None:
-            self._moved(rclass, stats, self.book.get(book_hash))
+        entry = self.book.get(book_hash)
+        self._moved(rclass, stats, entry)
         if self.starting:
             self._slow_start(rclass, stats)
         if self.fading:
@@ -205,7 +212,11 @@ class AffinityPool(SlowStart, Relearning):
         members = self._members(rclass, stats)
         if self.starting:
             self._offer(stats, members, key_hash)
-        chosen = self._owner(members, key_hash)
+        if self.lbs == 1:  # (other LBs keep books of their own)
+            last = entry[1] if entry is not None and entry[0] == rclass else None
+            chosen = self._owner(members, key_hash, last, entry is None)
+        else:
+            chosen = self._owner(members, key_hash)
         if chosen is None:
             chosen = self._owner(self.skilled[rclass], key_hash)
             if chosen is not None:
@@ -218,11 +229,9 @@ class AffinityPool(SlowStart, Relearning):
                 handle = super().get(rclass)  # the published spill
                 worker = self.workers[handle]
                 self._fresh(worker, rclass)
-                if book_hash is not None:
-                    self._book(book_hash, rclass, worker)
+                self._book(book_hash, rclass, worker)
                 return handle
-        if book_hash is not None:
-            self._book(book_hash, rclass, chosen)
+        self._book(book_hash, rclass, chosen)
         return self._chosen(chosen)
 
     def _stay(self, rclass: str, members: Dict[PoolWorker, float],
@@ -250,11 +259,10 @@ class AffinityPool(SlowStart, Relearning):
             return fastest[1]
         return target
 
-    def _observe(self, rclass: str, key: str
-                 ) -> Tuple[ClassStats, int, Optional[int]]:
+    def _observe(self, rclass: str, key: str) -> Tuple[ClassStats, int, int]:
         """Count the request and its key in the class's statistics; the
-        class's stats, the key's hash, and the key's book hash if the key
-        is one of those sampled for the book (else None)."""
+        class's stats, the key's hash in the class, and its hash in the
+        book (the same in every class)."""
         window = self.requests // self.footprint_window
         stats = self.classes.get(rclass)
         if stats is None:
@@ -266,8 +274,7 @@ class AffinityPool(SlowStart, Relearning):
         if stats.footprint.add(key_hash, window) and stats.members:
             self._hold(stats, stats.members)  # (its keys held, counted again)
         self.footprint.add(key_hash, window)
-        book_hash = mix(crc ^ self.hash_seed)
-        return stats, key_hash, (book_hash if book_hash % BOOK_SAMPLE == 0 else None)
+        return stats, key_hash, mix(crc ^ self.hash_seed)
 
     def width(self, stats: ClassStats) -> int:
         """How many workers the class should be spread over."""
@@ -421,17 +428,27 @@ class AffinityPool(SlowStart, Relearning):
                 break
         return best
 
-    def _owner(self, members: Dict[PoolWorker, float], key_hash: int
+    def _owner(self, members: Dict[PoolWorker, float], key_hash: int,
+               last: Optional[PoolWorker] = None, new: bool = False
                ) -> Optional[PoolWorker]:
-        """The worker owning ``key_hash`` among ``members`` under the cap:
-        the first in the key's rendezvous order whose backlog is within
-        ``balance`` times the members' mean (bounded-load hashing).
+        """The worker for ``key_hash`` among ``members`` under the cap.
+
+        Bounded-load hashing, as HAProxy's ``hash-balance-factor``: the
+        first worker in the key's rendezvous order whose backlog is under
+        the bound, ``balance`` times the members' mean.  When this LB is
+        alone, two things come first.  ``last``, the member the key last
+        went to, keeps it up to ``STICK`` times the bound (unless the key's
+        owner is starting, see ``slowstart.py``): it holds the key's data
+        for sure, and a key moved on by the bound stays where it was
+        moved instead of coming back to be loaded again.  A ``new``
+        key, one the book does not know, goes to the least busy member
+        (ties in rendezvous order): no one holds it yet.
 
         The pool-wide cap is ``balance`` times the published one: the
-        balance bound already keeps the members even among themselves, so
-        the cap only has to catch members far over the pool's mean, and a
-        key's owner, which holds its data, is worth a longer queue than
-        the published policy lets a skilled worker have."""
+        bound already keeps the members even among themselves, so the cap
+        only has to catch members far over the pool's mean, and a key's
+        owner, which holds its data, is worth a longer queue than the
+        published policy lets a skilled worker have."""
         n = len(self.workers)
         max_backlog = self.balance * self.variance * self.mbacklog / n
         if max_backlog < 1.0:
@@ -443,11 +460,14 @@ class AffinityPool(SlowStart, Relearning):
         total = 0
         first = None
         best = 0.0
+        kept = None  # ``last``, if under the cap
         for worker, score in members.items():
             if worker.mbacklog - min_backlog > max_backlog:
                 continue
             if starting and worker in starting and worker.backlog > busy:
                 continue
+            if worker is last:
+                kept = worker
             weight = score / rendezvous_draw(key_hash ^ worker.salt)
             ranked.append((weight, worker))
             total += worker.backlog
@@ -458,6 +478,11 @@ class AffinityPool(SlowStart, Relearning):
         bound = self.balance * (total + 1) / len(ranked)
         if bound < MIN_BOUND:
             bound = MIN_BOUND
+        if (kept is not None and kept.backlog < STICK * bound
+                and not (starting and first in starting)):
+            return kept
+        if new:
+            return min(ranked, key=_least_busy)[1]
         if len(ranked) == 1 or first.backlog < bound:
             return first
         ranked.sort(key=itemgetter(0), reverse=True)

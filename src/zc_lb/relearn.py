@@ -31,19 +31,19 @@ at start.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Dict, Hashable, Mapping, Optional, Set, Tuple
 
 from .classstats import ClassStats, PoolPart
 from .pool import PoolWorker
 
 RELEARN_SHARE = 0.5  # "most requests hit classes no worker is skilled in"
-BOOK_SAMPLE = 1  # one key in BOOK_SAMPLE is noted in the book of keys' classes
-BOOK_SIZE = 1 << 16  # sampled keys the book remembers, oldest forgotten
-MOVED_WINDOW = 32  # sampled new keys of a class over which moves count
+BOOK_SIZE = 1 << 16  # keys the book remembers, least recently seen forgotten
+MOVED_WINDOW = 32  # new keys of a class over which moves count
 SETTLE = 0.995  # moves and new keys of a class fade with each key it had before
 ADOPTED = 1.0  # the floor of a worker that followed a class's moved keys
 SETTLED = 0.1  # moves below which a class that followed its keys is settled
-MOVED_LEAST = 2  # sampled keys moved in before a class follows them
+MOVED_LEAST = 2  # keys moved in before a class follows them
 FOLLOW_SHARE = 0.5  # a worker is followed once it sent half the top sender's keys
 
 
@@ -57,7 +57,7 @@ class Relearning(PoolPart):
     footprint_window: int
     unskilled: float  # decayed requests whose class had no skilled worker
     resets: int
-    book: Dict[int, BookEntry]
+    book: OrderedDict[int, BookEntry]
     adoptions: int
     stale: Dict[PoolWorker, Set[str]]
 
@@ -107,21 +107,26 @@ class Relearning(PoolPart):
         self.resets += 1
 
     def _book(self, book_hash: int, rclass: str, worker: PoolWorker) -> None:
-        """Note which class and worker a sampled key last went to; a key
-        seen moving twice is in several classes (a path under several
-        hosts) and tells nothing: it stays ``SHARED``."""
+        """Note which class and worker a key last went to; a key seen
+        moving twice is in several classes (a path under several hosts)
+        and tells nothing: it stays ``SHARED``.  The book forgets the
+        keys least recently seen first."""
         book = self.book
         entry = book.get(book_hash)
-        if entry is not None and entry[0] != rclass:
-            book[book_hash] = SHARED if entry[2] else (rclass, worker, True)
-        elif entry is None or entry[1] is not worker:
-            book[book_hash] = (rclass, worker, entry[2] if entry else False)
+        if entry is None:
+            book[book_hash] = (rclass, worker, False)
             if len(book) > BOOK_SIZE:
-                del book[next(iter(book))]
+                book.popitem(last=False)
+            return
+        if entry[0] != rclass:
+            book[book_hash] = SHARED if entry[2] else (rclass, worker, True)
+        elif entry[1] is not worker:
+            book[book_hash] = (rclass, worker, entry[2])
+        book.move_to_end(book_hash)
 
     def _moved(self, rclass: str, stats: ClassStats,
                entry: Optional[BookEntry]) -> None:
-        """A sampled key of ``rclass`` last went to ``entry``: (class,
+        """A key of ``rclass`` last went to ``entry``: (class,
         worker, whether it moved before), or None.  When keys new to a
         class come from other classes (``MOVED_LEAST`` of them, and more
         than a quarter of its new keys, decayed), its data is where they
