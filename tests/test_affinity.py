@@ -288,6 +288,29 @@ def test_a_key_moved_on_by_the_bound_stays_where_it_went():
         assert (again == owner) is comes_back, lbs
 
 
+def test_a_class_that_gains_members_shares_its_keys_with_them():
+    # At light load nothing moves a key on, yet a class's first keys,
+    # seen while it had fewer members, must not stay on those: a key at
+    # its owner follows rendezvous once a member joined the class.
+    pool = pool_of(3)
+    keys = ["/p%d" % i for i in range(30)]
+    first = set()
+    for key in keys:  # judged on too few requests, the class is narrow
+        handle = pool.get("c", key)
+        pool.put(handle)
+        first.add(handle)
+    assert len(first) < 3
+    for _ in range(10):
+        for key in keys:
+            pool.put(pool.get("c", key))
+    owners = Counter()
+    for key in keys:
+        handle = pool.get("c", key)
+        pool.put(handle)
+        owners[handle] += 1
+    assert len(owners) == 3 and min(owners.values()) >= 5, owners
+
+
 def test_a_new_key_goes_to_the_least_busy_member():
     # No one holds a key yet unseen: it goes where it waits least.
     pool = pool_of(3)

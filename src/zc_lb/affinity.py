@@ -59,9 +59,11 @@ back to its rendezvous owner and be loaded there once more.  A key the
 book does not know goes to the least busy member: no one holds it yet,
 so placing it where it waits least costs nothing.  On the NASA log this
 cut loads by an eighth.  Rendezvous still decides a key whose last
-worker is busy or gone, and a key whose owner is starting (slow start
-gives a starter its keys by rendezvous).  Several LBs keep different
-books, so they go by rendezvous alone and still agree.
+worker is busy or gone, a key whose owner is starting (slow start gives
+a starter its keys by rendezvous), and a key that went to its owner
+before the class grew (``joins``): at light load nothing else would
+give a new member its share of the keys.  Several LBs keep
+different books, so they go by rendezvous alone and still agree.
 
 Spill.  When no member is under the cap, the request goes, as in the
 published algorithm, to the best skilled worker under the cap, unless
@@ -108,7 +110,7 @@ from typing import Dict, Hashable, List, Mapping, Optional, Set, Tuple
 from .classstats import PRIOR, ClassStats, Footprint, mix, rendezvous_draw, stable_hash
 from .errors import ConfigurationError
 from .pool import ClasslessPool, Pool, PoolWorker
-from .relearn import ADOPTED, BookEntry, Relearning
+from .relearn import ADOPTED, AWAY, BookEntry, Relearning
 from .settings import LB_SETTINGS
 from .slowstart import SlowStart, Starter
 
@@ -226,12 +228,17 @@ class AffinityPool(SlowStart, Relearning):
         if self.starting:
             self._offer(stats, members, key_hash)
         if self.lbs == 1:  # (other LBs keep books of their own)
-            last = entry[1] if entry is not None and entry[0] == rclass else None
-            chosen = self._owner(members, key_hash, last, entry is None)
+            # The worker holding the key's data, unless the key went to
+            # its owner there before the class grew: a new member may
+            # own it now.
+            last = (entry[1] if entry is not None and entry[0] == rclass
+                    and (entry[3] == AWAY or entry[3] == stats.joins) else None)
+            chosen, away = self._owner(members, key_hash, last, entry is None)
         else:
-            chosen = self._owner(members, key_hash)
+            chosen, away = self._owner(members, key_hash)
         if chosen is None:
-            chosen = self._owner(self.skilled[rclass], key_hash)
+            away = True
+            chosen = self._owner(self.skilled[rclass], key_hash)[0]
             if chosen is not None:
                 chosen = self._stay(rclass, members, chosen)
             if chosen not in members:
@@ -242,9 +249,9 @@ class AffinityPool(SlowStart, Relearning):
                 handle = super().get(rclass)  # the published spill
                 worker = self.workers[handle]
                 self._fresh(worker, rclass)
-                self._book(book_hash, rclass, worker)
+                self._book(book_hash, rclass, worker, AWAY)
                 return handle
-        self._book(book_hash, rclass, chosen)
+        self._book(book_hash, rclass, chosen, AWAY if away else stats.joins)
         return self._chosen(chosen)
 
     def _stay(self, rclass: str, members: Dict[PoolWorker, float],
@@ -327,6 +334,8 @@ class AffinityPool(SlowStart, Relearning):
         else:
             members = dict(nlargest(width, skilled.items(), key=_by_score))
         stats.members, stats.version = members, self.skills_version
+        if len(members) > len(stats.holders):
+            stats.joins += 1
         self._hold(stats, members)
         if len(members) < width:
             stats.uses = REFRESH  # still recruiting: again on the next request
@@ -443,19 +452,23 @@ class AffinityPool(SlowStart, Relearning):
 
     def _owner(self, members: Dict[PoolWorker, float], key_hash: int,
                last: Optional[PoolWorker] = None, new: bool = False
-               ) -> Optional[PoolWorker]:
-        """The worker for ``key_hash`` among ``members`` under the cap.
+               ) -> Tuple[Optional[PoolWorker], bool]:
+        """The worker for ``key_hash`` among ``members`` under the cap,
+        and whether it is not the key's owner, the first of all members
+        in the key's rendezvous order.
 
         Bounded-load hashing, as HAProxy's ``hash-balance-factor``: the
-        first worker in the key's rendezvous order whose backlog is under
-        the bound, ``balance`` times the members' mean.  When this LB is
+        first member in rendezvous order whose backlog is under the
+        bound, ``balance`` times the members' mean.  When this LB is
         alone, two things come first.  ``last``, the member the key last
-        went to, keeps it up to ``STICK`` times the bound (unless the key's
-        owner is starting, see ``slowstart.py``): it holds the key's data
-        for sure, and a key moved on by the bound stays where it was
-        moved instead of coming back to be loaded again.  A ``new``
-        key, one the book does not know, goes to the least busy member
-        (ties in rendezvous order): no one holds it yet.
+        went to (the caller leaves it out if the key was at its owner
+        then and the class has grown since), keeps it up to
+        ``STICK`` times the bound, unless the owner is starting (see
+        ``slowstart.py``): it holds the key's data for sure, and a key
+        the bound moved on stays where it went instead of coming back to
+        be loaded again.  A ``new`` key, one the book does not know, goes
+        to the least busy member (ties in rendezvous order): no one holds
+        it yet.
 
         The pool-wide cap is ``balance`` times the published one: the
         bound already keeps the members even among themselves, so the cap
@@ -471,38 +484,39 @@ class AffinityPool(SlowStart, Relearning):
         busy = self.backlog / n  # a starter takes no more than the mean
         ranked = []
         total = 0
-        first = None
-        best = 0.0
+        owner = first = None  # first: the owner among those under the cap
+        top = best = 0.0
         kept = None  # ``last``, if under the cap
         for worker, score in members.items():
+            weight = score / rendezvous_draw(key_hash ^ worker.salt)
+            if weight > top:
+                owner, top = worker, weight
             if worker.mbacklog - min_backlog > max_backlog:
                 continue
             if starting and worker in starting and worker.backlog > busy:
                 continue
             if worker is last:
                 kept = worker
-            weight = score / rendezvous_draw(key_hash ^ worker.salt)
             ranked.append((weight, worker))
             total += worker.backlog
-            if first is None or weight > best:
+            if weight > best:
                 first, best = worker, weight
         if first is None:
-            return None
+            return None, False
         bound = self.balance * (total + 1) / len(ranked)
         if bound < MIN_BOUND:
             bound = MIN_BOUND
         if (kept is not None and kept.backlog < STICK * bound
-                and not (starting and first in starting)):
-            return kept
+                and not (starting and owner in starting)):
+            return kept, kept is not owner
         if new:
-            return min(ranked, key=_least_busy)[1]
-        if len(ranked) == 1 or first.backlog < bound:
-            return first
-        ranked.sort(key=itemgetter(0), reverse=True)
-        for _, worker in ranked:
-            if worker.backlog < bound:
-                return worker
-        return ranked[0][1]
+            chosen = min(ranked, key=_least_busy)[1]
+        elif len(ranked) == 1 or first.backlog < bound:
+            chosen = first
+        else:
+            ranked.sort(key=itemgetter(0), reverse=True)
+            chosen = next((w for _, w in ranked if w.backlog < bound), first)
+        return chosen, chosen is not owner
 
     # -- introspection ------------------------------------------------
 

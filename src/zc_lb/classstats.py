@@ -125,13 +125,14 @@ class ClassStats:
     """What the LB sees of one class: its decayed request count, its keys."""
 
     __slots__ = ("count", "seen", "footprint", "salt", "members", "uses", "version",
-                 "holders", "held", "floors", "fresh", "moved", "following", "senders",
-                 "reset")
+                 "joins", "holders", "held", "floors", "fresh", "moved", "following",
+                 "senders", "reset")
 
     def __init__(self, rclass: str, window: int, seed: int = 0) -> None:
         self.members: Optional[Dict[PoolWorker, float]] = None  # as last worked out
         self.uses = 0  # requests since the members were worked out
         self.version = -1  # the pool's skills_version then
+        self.joins = 0  # times its members grew in number (``AffinityPool.get``)
         # the members its keys were last counted on (``AffinityPool.held``),
         # and how many keys each was counted to hold
         self.holders: Tuple[PoolWorker, ...] = ()

@@ -47,8 +47,12 @@ MOVED_LEAST = 2  # keys moved in before a class follows them
 FOLLOW_SHARE = 0.5  # a worker is followed once it sent half the top sender's keys
 
 
-BookEntry = Tuple[Optional[str], Optional[PoolWorker], bool]
-SHARED: BookEntry = (None, None, True)  # a key of several classes
+# (class, worker a key last went to, whether it moved between classes,
+# AWAY if that worker is not its owner in rendezvous order, else the
+# class's ``joins`` then: see ``AffinityPool.get``)
+BookEntry = Tuple[Optional[str], Optional[PoolWorker], bool, int]
+AWAY = -1
+SHARED: BookEntry = (None, None, True, AWAY)  # a key of several classes
 
 
 class Relearning(PoolPart):
@@ -106,22 +110,24 @@ class Relearning(PoolPart):
         self.unskilled = 0.0
         self.resets += 1
 
-    def _book(self, book_hash: int, rclass: str, worker: PoolWorker) -> None:
-        """Note which class and worker a key last went to; a key seen
+    def _book(self, book_hash: int, rclass: str, worker: PoolWorker,
+              where: int) -> None:
+        """Note which class and worker a key last went to, and ``where``
+        (``AWAY`` or the class's joins, see ``BookEntry``); a key seen
         moving twice is in several classes (a path under several hosts)
-        and tells nothing: it stays ``SHARED``.  The book forgets the
-        keys least recently seen first."""
+        and tells nothing: it stays ``SHARED``.  The book forgets the keys least recently
+        seen first."""
         book = self.book
         entry = book.get(book_hash)
         if entry is None:
-            book[book_hash] = (rclass, worker, False)
+            book[book_hash] = (rclass, worker, False, where)
             if len(book) > BOOK_SIZE:
                 book.popitem(last=False)
             return
         if entry[0] != rclass:
-            book[book_hash] = SHARED if entry[2] else (rclass, worker, True)
-        elif entry[1] is not worker:
-            book[book_hash] = (rclass, worker, entry[2])
+            book[book_hash] = SHARED if entry[2] else (rclass, worker, True, where)
+        elif entry[1] is not worker or entry[3] != where:
+            book[book_hash] = (rclass, worker, entry[2], where)
         book.move_to_end(book_hash)
 
     def _moved(self, rclass: str, stats: ClassStats,
