@@ -62,6 +62,7 @@ class Config:
     footprint_window: int = LB_SETTINGS["footprint_window"].default
     slow_start: int = LB_SETTINGS["slow_start"].default
     balance: float = LB_SETTINGS["balance"].default
+    stick: float = LB_SETTINGS["stick"].default
     hash_balance_factor: float = 1.25
     hash_replicas: int = 100
     lard_low: int = 2

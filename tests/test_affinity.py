@@ -226,7 +226,7 @@ def test_get_touches_only_the_workers_skilled_in_the_class():
 
 
 def test_settings_are_checked_and_change_live():
-    for bad in ({"spread": 0}, {"balance": 0.5}, {"footprint_window": 0},
+    for bad in ({"spread": 0}, {"balance": 0.5}, {"footprint_window": 0}, {"stick": -1},
                 {"slow_start": -1}, {"slow_start": 2.5}):
         with pytest.raises(ConfigurationError):
             AffinityPool(**bad)
@@ -269,8 +269,9 @@ def test_a_key_moved_on_by_the_bound_stays_where_it_went():
     # free again the key stays where its data now is instead of coming
     # back to be loaded again.  With another LB it comes back: books are
     # per LB, and rendezvous is what the LBs share.
-    for lbs, comes_back in ((1, False), (2, True)):
-        pool = pool_of(3)
+    # So it does with ``stick`` 0.
+    for lbs, stick, comes_back in ((1, 1.5, False), (2, 1.5, True), (1, 0, True)):
+        pool = pool_of(3, stick=stick)
         pool.lbs = lbs
         for i in range(60):  # the class settles over all three
             pool.put(pool.get("c", "k%d" % (i % 20)))
@@ -285,7 +286,7 @@ def test_a_key_moved_on_by_the_bound_stays_where_it_went():
         for handle in in_flight:
             pool.put(handle)
         again = pool.get("c", "hot")
-        assert (again == owner) is comes_back, lbs
+        assert (again == owner) is comes_back, (lbs, stick)
 
 
 def test_a_class_that_gains_members_shares_its_keys_with_them():

@@ -53,7 +53,7 @@ key's data, so it is worth a longer queue than any skilled worker.
 Stickiness.  When this LB is alone it goes further, with the book of
 keys that re-learning keeps (the class and worker each key last went
 to, the least recently seen forgotten first).  The member a key last
-went to keeps it up to ``STICK`` times the bound: that one holds the
+went to keeps it up to ``stick`` times the bound: that one holds the
 key's data for sure, while a key the bound had moved on used to come
 back to its rendezvous owner and be loaded there once more.  A key the
 book does not know goes to the least busy member: no one holds it yet,
@@ -119,7 +119,6 @@ RING_POINTS = 16  # points per worker on the recruiting ring
 REFRESH = 16  # requests of a class between working out its members again
 MIN_BOUND = 2.0  # a key may always wait behind one request at its owner
 STAY = 2.0  # a capped member twice as quick as the spill target keeps a request
-STICK = 1.5  # a key's last worker keeps it up to 1.5 times the balance bound
 
 
 def _least_busy(item: Tuple[float, PoolWorker]) -> Tuple[int, float]:
@@ -136,18 +135,21 @@ class AffinityPool(SlowStart, Relearning):
     """Résumé routing with affinity keys, footprint-sized classes, slow
     start and re-learning; see the module docstring."""
 
-    SETTINGS = Pool.SETTINGS + ("spread", "footprint_window", "slow_start", "balance")
+    SETTINGS = Pool.SETTINGS + ("spread", "footprint_window", "slow_start", "balance",
+                                "stick")
     spread: float
     footprint_window: int
     slow_start: int
     balance: float
+    stick: float
 
     def __init__(self, *args, spread: float = LB_SETTINGS["spread"].default,
                  footprint_window: int = LB_SETTINGS["footprint_window"].default,
                  slow_start: int = LB_SETTINGS["slow_start"].default,
-                 balance: float = LB_SETTINGS["balance"].default, **kw) -> None:
+                 balance: float = LB_SETTINGS["balance"].default,
+                 stick: float = LB_SETTINGS["stick"].default, **kw) -> None:
         self._set_settings(spread=spread, footprint_window=footprint_window,
-                           slow_start=slow_start, balance=balance)
+                           slow_start=slow_start, balance=balance, stick=stick)
         self.requests = 0
         self.classes: Dict[str, ClassStats] = {}
         self.total = 0.0  # decayed requests of every class
@@ -227,7 +229,7 @@ class AffinityPool(SlowStart, Relearning):
         members = self._members(rclass, stats)
         if self.starting:
             self._offer(stats, members, key_hash)
-        if self.lbs == 1:  # (other LBs keep books of their own)
+        if self.lbs == 1 and self.stick:  # (other LBs keep books of their own)
             # The worker holding the key's data, unless the key went to
             # its owner there before the class grew: a new member may
             # own it now.
@@ -463,7 +465,7 @@ class AffinityPool(SlowStart, Relearning):
         alone, two things come first.  ``last``, the member the key last
         went to (the caller leaves it out if the key was at its owner
         then and the class has grown since), keeps it up to
-        ``STICK`` times the bound, unless the owner is starting (see
+        ``stick`` times the bound, unless the owner is starting (see
         ``slowstart.py``): it holds the key's data for sure, and a key
         the bound moved on stays where it went instead of coming back to
         be loaded again.  A ``new`` key, one the book does not know, goes
@@ -506,7 +508,7 @@ class AffinityPool(SlowStart, Relearning):
         bound = self.balance * (total + 1) / len(ranked)
         if bound < MIN_BOUND:
             bound = MIN_BOUND
-        if (kept is not None and kept.backlog < STICK * bound
+        if (kept is not None and kept.backlog < self.stick * bound
                 and not (starting and owner in starting)):
             return kept, kept is not owner
         if new:
@@ -524,7 +526,7 @@ class AffinityPool(SlowStart, Relearning):
         """The published pool's status, with the affinity settings."""
         status = super().status()
         status.update(spread=self.spread, footprint_window=self.footprint_window,
-                      balance=self.balance, spills=self.spills,
+                      balance=self.balance, stick=self.stick, spills=self.spills,
                       slow_start=self.slow_start, skill_resets=self.resets,
                       starting=len(self.starting), lbs=self.lbs)
         return status

@@ -153,6 +153,11 @@ LB_SETTINGS = _table([
             "past BALANCE x the class's mean; a member's cap is BALANCE x the "
             "variance cap",
             minimum=1.0, where=EVERYWHERE),
+    Setting("stick", float, 1.5,
+            "affinity, an LB alone: a key stays with the worker it last went to while "
+            "that one's backlog is under STICK x the balance bound, and a new key goes "
+            "to the least busy worker; 0: every key by rendezvous",
+            minimum=0, where=EVERYWHERE),
     Setting("no_worker_timeout", float, 30.0,
             "seconds to wait for a worker before answering 503",
             minimum=0, where=EVERYWHERE, metavar="S"),
