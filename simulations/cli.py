@@ -18,6 +18,8 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
+from zc_lb.errors import ConfigurationError
+
 from . import config as config_module
 from . import report
 from .engine import simulate
@@ -116,8 +118,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     for name, value in sweep or [(None, None)]:
         swept = config if name is None else config.replace(
             **{name: value}, name="%s %s=%s" % (config.name, name, value))
-        report_runs(swept, run_all(swept, sys.stderr.write), as_json,
-                    None if no_plots else out)
+        try:
+            runs = run_all(swept, sys.stderr.write)
+        except ConfigurationError as error:  # a pool setting out of bounds
+            raise SystemExit("simulate: %s" % error)
+        report_runs(swept, runs, as_json, None if no_plots else out)
     return 0
 
 

@@ -274,3 +274,8 @@ def test_sweep_runs_one_table_per_value(capsys):
     assert "scenario steady lbs=1" in out and "scenario steady lbs=2" in out
     with pytest.raises(SystemExit):
         cli.main(["steady", "--sweep", "nonsense=1"])
+
+
+def test_a_pool_setting_out_of_bounds_is_a_clear_error():
+    with pytest.raises(SystemExit, match="stick must be at least 0"):
+        cli.main(["steady", "--scale", "0.005", "--no-plots", "--stick", "-1"])
