@@ -6,7 +6,8 @@ Theory of operation
 
 A changed classifier moves keys between classes, but their data stays
 where it was.  The LB keeps a book of keys (at most ``BOOK_SIZE``): the
-class and worker each last went to.  When enough of a class's new keys
+class and worker each last went to (which also keeps keys where they
+went, see "Stickiness" in ``affinity.py``).  When enough of a class's new keys
 come from other classes, it follows them: the workers most of them came
 from become its members (floored at the members' mean until the class
 settles, ranked by how many keys came from each), and its old members,
@@ -115,8 +116,8 @@ class Relearning(PoolPart):
         """Note which class and worker a key last went to, and ``where``
         (``AWAY`` or the class's joins, see ``BookEntry``); a key seen
         moving twice is in several classes (a path under several hosts)
-        and tells nothing: it stays ``SHARED``.  The book forgets the keys least recently
-        seen first."""
+        and tells nothing: it stays ``SHARED``.  The book forgets the
+        keys least recently seen first."""
         book = self.book
         entry = book.get(book_hash)
         if entry is None:
