@@ -251,9 +251,9 @@ class AffinityPool(SlowStart, Relearning):
                 handle = super().get(rclass)  # the published spill
                 worker = self.workers[handle]
                 self._fresh(worker, rclass)
-                self._book(book_hash, rclass, worker, AWAY)
+                self._book(book_hash, entry, rclass, worker, AWAY)
                 return handle
-        self._book(book_hash, rclass, chosen, AWAY if away else stats.joins)
+        self._book(book_hash, entry, rclass, chosen, AWAY if away else stats.joins)
         return self._chosen(chosen)
 
     def _stay(self, rclass: str, members: Dict[PoolWorker, float],
@@ -336,6 +336,8 @@ class AffinityPool(SlowStart, Relearning):
         else:
             members = dict(nlargest(width, skilled.items(), key=_by_score))
         stats.members, stats.version = members, self.skills_version
+        # (``holders`` is the members as they were: ``stats.members`` may be
+        # the class's skilled dict itself, which a recruit has just grown)
         if len(members) > len(stats.holders):
             stats.joins += 1
         self._hold(stats, members)

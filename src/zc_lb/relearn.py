@@ -111,15 +111,15 @@ class Relearning(PoolPart):
         self.unskilled = 0.0
         self.resets += 1
 
-    def _book(self, book_hash: int, rclass: str, worker: PoolWorker,
-              where: int) -> None:
+    def _book(self, book_hash: int, entry: Optional[BookEntry], rclass: str,
+              worker: PoolWorker, where: int) -> None:
         """Note which class and worker a key last went to, and ``where``
-        (``AWAY`` or the class's joins, see ``BookEntry``); a key seen
+        (``AWAY`` or the class's joins, see ``BookEntry``); ``entry`` is
+        what the book held for it (looked up once per request); a key seen
         moving twice is in several classes (a path under several hosts)
         and tells nothing: it stays ``SHARED``.  The book forgets the
         keys least recently seen first."""
         book = self.book
-        entry = book.get(book_hash)
         if entry is None:
             book[book_hash] = (rclass, worker, False, where)
             if len(book) > BOOK_SIZE:
