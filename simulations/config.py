@@ -63,6 +63,7 @@ class Config:
     slow_start: int = LB_SETTINGS["slow_start"].default
     balance: float = LB_SETTINGS["balance"].default
     stick: float = LB_SETTINGS["stick"].default
+    widen: float = LB_SETTINGS["widen"].default
     hash_balance_factor: float = 1.25
     hash_replicas: int = 100
     lard_low: int = 2

@@ -199,7 +199,7 @@ def make(name: str, config: Config, rng: random.Random):
         return AffinityPool(spread=config.spread,
                             footprint_window=config.footprint_window,
                             slow_start=config.slow_start, balance=config.balance,
-                            stick=config.stick,
+                            stick=config.stick, widen=config.widen,
                             **pool_settings)
     if name == "published":
         return Pool(**pool_settings)

@@ -227,7 +227,7 @@ def test_get_touches_only_the_workers_skilled_in_the_class():
 
 def test_settings_are_checked_and_change_live():
     for bad in ({"spread": 0}, {"balance": 0.5}, {"footprint_window": 0}, {"stick": -1},
-                {"slow_start": -1}, {"slow_start": 2.5}):
+                {"widen": -0.1}, {"slow_start": -1}, {"slow_start": 2.5}):
         with pytest.raises(ConfigurationError):
             AffinityPool(**bad)
     pool = AffinityPool()
@@ -325,6 +325,79 @@ def test_a_new_key_goes_to_the_least_busy_member():
         least = min(w.backlog for w in pool.workers.values())
         handle = pool.get("c", "fresh%d" % i)
         assert pool.workers[handle].backlog == least + 1
+
+
+def _drive(pool, requests, held=None, quick=(), window=8):
+    """Route ``requests`` round the classes: each of ``quick``, (class,
+    keys), done at once, and ``held``, kept in flight up to ``window``
+    requests, so that its workers are busier than the rest.  The
+    workers ``held`` went to."""
+    in_flight, went = [], []
+    classes = ([held] if held else []) + list(quick)
+    for i in range(requests):
+        rclass, keys = classes[i % len(classes)]
+        handle = pool.get(rclass, "/%s%d" % (rclass, i // len(classes) % keys))
+        if held and rclass == held[0]:
+            went.append(handle)
+            in_flight.append(handle)
+            if len(in_flight) > window:
+                pool.put(in_flight.pop(0))
+        else:
+            pool.put(handle)
+    for handle in in_flight:
+        pool.put(handle)
+    return went
+
+
+def _pool_of_six(widen, big_score, small_score):
+    # "big" (a quarter of the requests, 4 keys) is skilled on w0; "small"
+    # (40 keys) on the five others.  (No spills under this cap.)
+    pool = AffinityPool(variance=4.0, widen=widen)
+    pool.add("w0", {"big": big_score})
+    for i in range(1, 6):
+        pool.add("w%d" % i, {"small": small_score})
+    return pool
+
+
+BIG, SMALL = ("big", 4), ("small", 40)
+
+
+def test_a_class_whose_workers_are_busiest_takes_another_and_gives_it_back():
+    # "big" has most of the work (its requests are slow) and two members,
+    # kept busy while the others idle: its pressure gives it a third
+    # member, the least busy worker, until the others are the busy ones.
+    pool = _pool_of_six(0.4, big_score=10.0, small_score=1000.0)
+    _drive(pool, 600, quick=[BIG, SMALL, SMALL, SMALL])  # light load
+    stats = pool.classes["big"]
+    members = set(stats.members)
+    assert len(members) == pool.width(stats) == 2 and pool.widenings == 0
+    went = _drive(pool, 1200, held=BIG, quick=[SMALL, SMALL, SMALL])
+    assert pool.widenings == 1 and pool.status()["widened"] == 1
+    assert len(stats.members) == 3 and members < set(stats.members)
+    (recruit,) = set(stats.members) - members
+    assert recruit.handle in went[-100:]  # it takes some of the class's keys
+    # Now the workers that are not its members are the busy ones.
+    others = [w.handle for w in pool.workers.values() if w not in stats.members]
+    for handle in others:
+        pool.new_resume(handle, {"other": 1000.0})
+    _drive(pool, 2000, held=("other", 2), quick=[BIG])
+    assert pool.narrowings == 1 and pool.status()["widened"] == 0
+    assert len(stats.members) == pool.width(stats)  # (its share is half now: 3)
+
+    # ``widen`` 0: it never does.
+    pool = _pool_of_six(0, big_score=10.0, small_score=1000.0)
+    _drive(pool, 600, quick=[BIG, SMALL, SMALL, SMALL])
+    went = _drive(pool, 1200, held=BIG, quick=[SMALL, SMALL, SMALL])
+    assert len(set(went)) == 2 and pool.widenings == 0
+
+
+def test_a_busy_class_with_little_of_the_work_does_not_widen():
+    # As busy, but its requests are the cheap ones: another member would
+    # relieve its members of little, and cost the loads of the keys it took.
+    pool = _pool_of_six(0.4, big_score=1000.0, small_score=10.0)
+    _drive(pool, 600, quick=[BIG, SMALL, SMALL, SMALL])
+    went = _drive(pool, 1200, held=BIG, quick=[SMALL, SMALL, SMALL])
+    assert len(set(went)) == 2 and pool.widenings == 0
 
 
 def test_a_new_worker_keeps_its_share_after_slow_start():

@@ -15,7 +15,7 @@ def lb_membership(**base):
                          set_workers=lambda providers: None)
     settings = dict(variance=1.0, backlog_history=9, unskilled_score=1.0,
                     no_worker_timeout=30.0, single_version=False, spread=1.0,
-                    footprint_window=5000, slow_start=2000, balance=1.5, stick=1.5,
+                    footprint_window=5000, slow_start=2000, balance=1.5, stick=1.5, widen=0.3,
                     reset_skills="")
     settings.update(base)
     return LBMembership(lb, "127.0.0.1:1", "/lb", ("127.0.0.1", 1), base_settings=settings)

@@ -42,6 +42,26 @@ until its résumé came).
 Members are worked out again every ``REFRESH`` requests of the class or
 when skills change, not on every request.
 
+Widening.  Shares say what a class needs, not how busy its members are
+with the other classes they hold: on the elastic log the two classes
+with most of the work shared a member, while two workers held only
+classes of cheap requests and idled half the time.  So each class keeps
+its *pressure*, its members' mean backlog over the pool's mean (each
+plus one: at light load no one is busier), decayed over its member
+refreshes.  While that stays above ``1 + widen`` the class takes one
+member more than its width, the least busy worker not in it (its keys
+move by rendezvous, a fifth of them to a fifth member); below ``1 / (1
++ widen)`` it gives the extra back.  One, not more: it mends a packing
+accident, and a class still the busiest with it is a hot class, which
+the bound and the cap spread (uncapped, the hottest classes of 200
+workers took forty members more, one at a time, each moving keys).
+Only a class whose work per member is at least half a worker's fair
+share widens: a lighter one cannot relieve its members by much and
+would pay loads for the keys that move.  (A class's work is its decayed
+requests, each weighed by the seconds it takes the class's members, one
+over their résumé scores.  Spreading every class by its share of work,
+rather than of requests, was tried and loaded more on the NASA log.)
+
 Balance.  A key goes to the first member, in the key's rendezvous order,
 whose backlog is under ``balance`` times the members' mean (bounded-load
 hashing, as HAProxy's ``hash-balance-factor``), so a burst on one key
@@ -100,6 +120,7 @@ but only its own load.  The footprint counts keys, not bytes.
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 from collections import OrderedDict
 from zlib import crc32
@@ -114,16 +135,24 @@ from .relearn import ADOPTED, AWAY, BookEntry, Relearning
 from .settings import LB_SETTINGS
 from .slowstart import SlowStart, Starter
 
+log = logging.getLogger(__name__)
+
 RING_CHOICES = 2  # ring recruiting: the less loaded of the first two
 RING_POINTS = 16  # points per worker on the recruiting ring
 REFRESH = 16  # requests of a class between working out its members again
 MIN_BOUND = 2.0  # a key may always wait behind one request at its owner
 STAY = 2.0  # a capped member twice as quick as the spill target keeps a request
+PRESSURE_DECAY = 0.95  # per member refresh: a class's pressure follows some 20 of them
+WIDEN_SHARE = 0.5  # of a worker's fair share of work, per member, before a class widens
 
 
 def _least_busy(item: Tuple[float, PoolWorker]) -> Tuple[int, float]:
     """Least backlog first; ties by rendezvous weight, highest first."""
     return item[1].backlog, -item[0]
+
+
+def _mean_backlog(worker: PoolWorker) -> float:
+    return worker.mbacklog
 
 
 def _by_score(item: Tuple[PoolWorker, float]) -> Tuple[float, int]:
@@ -136,27 +165,32 @@ class AffinityPool(SlowStart, Relearning):
     start and re-learning; see the module docstring."""
 
     SETTINGS = Pool.SETTINGS + ("spread", "footprint_window", "slow_start", "balance",
-                                "stick")
+                                "stick", "widen")
     spread: float
     footprint_window: int
     slow_start: int
     balance: float
     stick: float
+    widen: float
 
     def __init__(self, *args, spread: float = LB_SETTINGS["spread"].default,
                  footprint_window: int = LB_SETTINGS["footprint_window"].default,
                  slow_start: int = LB_SETTINGS["slow_start"].default,
                  balance: float = LB_SETTINGS["balance"].default,
-                 stick: float = LB_SETTINGS["stick"].default, **kw) -> None:
+                 stick: float = LB_SETTINGS["stick"].default,
+                 widen: float = LB_SETTINGS["widen"].default, **kw) -> None:
         self._set_settings(spread=spread, footprint_window=footprint_window,
-                           slow_start=slow_start, balance=balance, stick=stick)
+                           slow_start=slow_start, balance=balance, stick=stick, widen=widen)
         self.requests = 0
         self.classes: Dict[str, ClassStats] = {}
         self.total = 0.0  # decayed requests of every class
+        self.work = 0.0  # decayed seconds of work of every class
         self.footprint = Footprint(0)  # distinct (class, key) pairs
         self.unskilled = 0.0  # decayed requests whose class had no skilled worker
         self.resets = 0
         self.spills = 0
+        self.widenings = 0  # classes given a member for their pressure
+        self.narrowings = 0  # and given it back
         self.skills_version = 0  # changes whenever any skill or worker does
         # worker -> distinct keys of its classes it is counted to hold
         self.held: Dict[PoolWorker, float] = {}
@@ -289,7 +323,14 @@ class AffinityPool(SlowStart, Relearning):
         stats = self.classes.get(rclass)
         if stats is None:
             stats = self.classes[rclass] = ClassStats(rclass, window, self.hash_seed)
-        stats.count = stats.count * self.rate_decay ** (self.requests - stats.seen) + 1.0
+        # Its work: a class not yet scored costs the mean so far.
+        cost = stats.cost
+        if cost is None:
+            cost = self.work / self.total
+        decay = self.rate_decay ** (self.requests - stats.seen)
+        stats.count = stats.count * decay + 1.0
+        stats.work = stats.work * decay + cost
+        self.work = self.work * self.rate_decay + cost
         stats.seen = self.requests
         crc = crc32(key.encode("utf-8", "surrogateescape"))
         key_hash = mix(stats.salt ^ crc)
@@ -323,12 +364,14 @@ class AffinityPool(SlowStart, Relearning):
             return members
         stats.uses = 0
         width = self.width(stats)
+        if members and self.widen:
+            width = self._widen(rclass, stats, members, width)
         skilled = self.skilled.get(rclass)
         if skilled is None:
             skilled = self.skilled[rclass] = {}
         if len(skilled) < width and not (skilled and stats.moved >= 1.0):
             # (a class following its moved keys waits for their workers)
-            self._recruit(rclass, skilled)
+            self._recruit(rclass, skilled, busiest=stats.extra > 0)
         if stats.floors:
             members = self._floored(stats, skilled, width)
         elif len(skilled) <= width:
@@ -336,6 +379,8 @@ class AffinityPool(SlowStart, Relearning):
         else:
             members = dict(nlargest(width, skilled.items(), key=_by_score))
         stats.members, stats.version = members, self.skills_version
+        times = [1.0 / score for score in members.values() if score > self.unskilled_score]
+        stats.cost = sum(times) / len(times) if times else None
         # (``holders`` is the members as they were: ``stats.members`` may be
         # the class's skilled dict itself, which a recruit has just grown)
         if len(members) > len(stats.holders):
@@ -344,6 +389,35 @@ class AffinityPool(SlowStart, Relearning):
         if len(members) < width:
             stats.uses = REFRESH  # still recruiting: again on the next request
         return members
+
+    def _widen(self, rclass: str, stats: ClassStats, members: Dict[PoolWorker, float],
+               width: int) -> int:
+        """``width`` plus the member the class may have over it for its
+        pressure (see the module docstring), taken or given back when
+        that has stayed past ``widen`` for long enough.  (A pressure
+        changed is set back to 1, so that the next change waits for
+        what this one did.)"""
+        n = len(self.workers)
+        # (backlogs as they are now, one request more on either side: at
+        # light load no one is busier; the decayed means of backlog are
+        # taken at each worker's own events, and a busy member has more)
+        mine = sum(worker.backlog for worker in members) / len(members) + 1.0
+        mean = self.backlog / n + 1.0
+        stats.pressure = PRESSURE_DECAY * stats.pressure + (1.0 - PRESSURE_DECAY) * mine / mean
+        high = 1.0 + self.widen
+        pressure = stats.pressure
+        if (pressure > high and not stats.extra and width < n
+                and stats.work * n >= WIDEN_SHARE * self.work * len(members)):
+            stats.extra, stats.pressure = 1, 1.0
+            self.widenings += 1
+            log.info("class %s widened to %d workers: its workers were %.2f times as "
+                     "busy as the pool's", rclass, width + 1, pressure)
+        elif pressure < 1.0 / high and stats.extra:
+            stats.extra, stats.pressure = 0, 1.0
+            self.narrowings += 1
+            log.info("class %s narrowed to %d workers: its workers were %.2f times as "
+                     "busy as the pool's", rclass, width, pressure)
+        return min(n, width + stats.extra)
 
     def _floored(self, stats: ClassStats, skilled: Dict[PoolWorker, float],
                  width: int) -> Dict[PoolWorker, float]:
@@ -383,18 +457,24 @@ class AffinityPool(SlowStart, Relearning):
                 item[1], item[0].salt)))
         return dict(nlargest(width, members.items(), key=_by_score))
 
-    def _recruit(self, rclass: str, skilled: Dict[PoolWorker, float]) -> None:
+    def _recruit(self, rclass: str, skilled: Dict[PoolWorker, float],
+                 busiest: bool = False) -> None:
         """Make a worker not skilled in ``rclass`` skilled in it, at the
         class's lowest score: alone, the one holding the fewest keys (the
-        least recently chosen of those); with other LBs, the less loaded
-        of the first two on a ring of workers from the class's point, so
-        that every LB recruits alike."""
+        least recently chosen of those), or, for a class ``busiest``
+        (widened for its pressure), the least busy but for starters; with
+        other LBs, the less loaded of the first two on a ring of workers
+        from the class's point, so that every LB recruits alike."""
         score = min(skilled.values()) if skilled else self.unskilled_score
         worker = self._ring_recruit(rclass, skilled) if self.lbs > 1 else None
         if worker is None:
             # (ties go to the least recently chosen)
-            worker = min((w for w in self._lru if w not in skilled),
-                         key=self.held.__getitem__, default=None)
+            if busiest:  # (not a starter: its cold cache would relieve no one)
+                worker = min((w for w in self._lru if w not in skilled
+                              and w not in self.starting), key=_mean_backlog, default=None)
+            else:
+                worker = min((w for w in self._lru if w not in skilled),
+                             key=self.held.__getitem__, default=None)
             if worker is None:
                 return
         skilled[worker] = worker.resume[rclass] = score
@@ -528,7 +608,10 @@ class AffinityPool(SlowStart, Relearning):
         """The published pool's status, with the affinity settings."""
         status = super().status()
         status.update(spread=self.spread, footprint_window=self.footprint_window,
-                      balance=self.balance, stick=self.stick, spills=self.spills,
+                      balance=self.balance, stick=self.stick, widen=self.widen,
+                      widened=sum(1 for stats in self.classes.values() if stats.extra),
+                      widenings=self.widenings, narrowings=self.narrowings,
+                      spills=self.spills,
                       slow_start=self.slow_start, skill_resets=self.resets,
                       starting=len(self.starting), lbs=self.lbs)
         return status

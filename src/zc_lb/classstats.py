@@ -126,7 +126,7 @@ class ClassStats:
 
     __slots__ = ("count", "seen", "footprint", "salt", "members", "uses", "version",
                  "joins", "holders", "held", "floors", "fresh", "moved", "following",
-                 "senders", "reset")
+                 "senders", "reset", "work", "cost", "extra", "pressure")
 
     def __init__(self, rclass: str, window: int, seed: int = 0) -> None:
         self.members: Optional[Dict[PoolWorker, float]] = None  # as last worked out
@@ -139,6 +139,10 @@ class ClassStats:
         self.held = 0.0
         self.count = 0.0  # decayed requests, as of pool request ``seen``
         self.seen = 0
+        self.work = 0.0  # decayed seconds of work, as of ``seen``
+        self.cost: Optional[float] = None  # seconds a request takes, from résumés
+        self.extra = 0  # 1 while it has a member over its width (``AffinityPool._widen``)
+        self.pressure = 1.0  # its members' mean backlog over the pool's, decayed
         self.footprint = Footprint(window)
         self.salt = stable_hash(rclass) ^ seed
         # workers that joined while starting -> pool request when they did

@@ -158,6 +158,11 @@ LB_SETTINGS = _table([
             "that one's backlog is under STICK x the balance bound, and a new key goes "
             "to the least busy worker; 0: every key by rendezvous",
             minimum=0, where=EVERYWHERE),
+    Setting("widen", float, 0.3,
+            "affinity: a class takes one more worker while its workers' backlogs stay "
+            "over 1 + WIDEN times the pool's mean, and gives it back under 1 / (1 + WIDEN) "
+            "times; 0: never",
+            minimum=0, where=EVERYWHERE),
     Setting("no_worker_timeout", float, 30.0,
             "seconds to wait for a worker before answering 503",
             minimum=0, where=EVERYWHERE, metavar="S"),
