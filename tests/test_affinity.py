@@ -336,7 +336,7 @@ def _drive(pool, requests, held=None, quick=(), window=8):
     classes = ([held] if held else []) + list(quick)
     for i in range(requests):
         rclass, keys = classes[i % len(classes)]
-        handle = pool.get(rclass, "/%s%d" % (rclass, i // len(classes) % keys))
+        handle = pool.get(rclass, "/%s%d" % (rclass, i % keys))
         if held and rclass == held[0]:
             went.append(handle)
             in_flight.append(handle)
@@ -359,7 +359,7 @@ def _pool_of_six(widen, big_score, small_score):
     return pool
 
 
-BIG, SMALL = ("big", 4), ("small", 40)
+BIG, SMALL = ("big", 1000), ("small", 1000)  # (each key new: it goes where it waits least)
 
 
 def test_a_class_whose_workers_are_busiest_takes_another_and_gives_it_back():

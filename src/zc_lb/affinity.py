@@ -49,15 +49,16 @@ classes of cheap requests and idled half the time.  So each class keeps
 its *pressure*, its members' mean backlog over the pool's mean (each
 plus one: at light load no one is busier), decayed over its member
 refreshes.  While that stays above ``1 + widen`` the class takes one
-member more than its width, the least busy worker not in it (its keys
-move by rendezvous, a fifth of them to a fifth member); below ``1 / (1
-+ widen)`` it gives the extra back.  One, not more: it mends a packing
+member more than its width, the least busy worker not in it, which
+takes the class's new keys and those the bound moves on (not the keys
+at their owners: they would be loaded again); below ``1 / (1 +
+widen)`` it gives the extra back.  One, not more: it mends a packing
 accident, and a class still the busiest with it is a hot class, which
 the bound and the cap spread (uncapped, the hottest classes of 200
-workers took forty members more, one at a time, each moving keys).
-Only a class whose work per member is at least half a worker's fair
-share widens: a lighter one cannot relieve its members by much and
-would pay loads for the keys that move.  (A class's work is its decayed
+workers took forty members more, one at a time).  Only a class whose
+work per member is at least half a worker's fair share widens: a
+lighter one cannot relieve its members by much, and the new member
+loads the class's shared data.  (A class's work is its decayed
 requests, each weighed by the seconds it takes the class's members, one
 over their résumé scores.  Spreading every class by its share of work,
 rather than of requests, was tried and loaded more on the NASA log.)
@@ -363,9 +364,9 @@ class AffinityPool(SlowStart, Relearning):
                 and stats.uses < REFRESH and not self.starting):
             return members
         stats.uses = 0
-        width = self.width(stats)
+        share = width = self.width(stats)
         if members and self.widen:
-            width = self._widen(rclass, stats, members, width)
+            width = self._widen(rclass, stats, members, share)
         skilled = self.skilled.get(rclass)
         if skilled is None:
             skilled = self.skilled[rclass] = {}
@@ -382,8 +383,11 @@ class AffinityPool(SlowStart, Relearning):
         times = [1.0 / score for score in members.values() if score > self.unskilled_score]
         stats.cost = sum(times) / len(times) if times else None
         # (``holders`` is the members as they were: ``stats.members`` may be
-        # the class's skilled dict itself, which a recruit has just grown)
-        if len(members) > len(stats.holders):
+        # the class's skilled dict itself, which a recruit has just grown.
+        # A member taken for pressure takes new keys and those the bound
+        # moves on, not the keys at their owners: they would load again.)
+        if len(members) > len(stats.holders) and not (
+                stats.extra and len(stats.holders) >= share):
             stats.joins += 1
         self._hold(stats, members)
         if len(members) < width:
@@ -410,13 +414,13 @@ class AffinityPool(SlowStart, Relearning):
                 and stats.work * n >= WIDEN_SHARE * self.work * len(members)):
             stats.extra, stats.pressure = 1, 1.0
             self.widenings += 1
-            log.info("class %s widened to %d workers: its workers were %.2f times as "
-                     "busy as the pool's", rclass, width + 1, pressure)
+            log.info("class %s widened to %d members: they were %.2f times as busy as "
+                     "the pool's workers", rclass, width + 1, pressure)
         elif pressure < 1.0 / high and stats.extra:
             stats.extra, stats.pressure = 0, 1.0
             self.narrowings += 1
-            log.info("class %s narrowed to %d workers: its workers were %.2f times as "
-                     "busy as the pool's", rclass, width, pressure)
+            log.info("class %s narrowed to %d members: they were %.2f times as busy as "
+                     "the pool's workers", rclass, width, pressure)
         return min(n, width + stats.extra)
 
     def _floored(self, stats: ClassStats, skilled: Dict[PoolWorker, float],
