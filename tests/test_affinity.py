@@ -376,13 +376,20 @@ def test_a_class_whose_workers_are_busiest_takes_another_and_gives_it_back():
     assert len(stats.members) == 3 and members < set(stats.members)
     (recruit,) = set(stats.members) - members
     assert recruit.handle in went[-100:]  # it takes some of the class's keys
+    # ``widen`` set to 0 (live, from ZooKeeper) gives the extra back at once.
+    pool.update_settings(widen=0)
+    _drive(pool, 200, quick=[BIG, SMALL, SMALL, SMALL])
+    assert len(stats.members) == pool.width(stats) and pool.status()["widened"] == 0
+    pool.update_settings(widen=0.4)
+    went = _drive(pool, 1200, held=BIG, quick=[SMALL, SMALL, SMALL])
+    assert pool.widenings == 2 and len(stats.members) == pool.width(stats) + 1
     # Now the workers that are not its members are the busy ones.
     others = [w.handle for w in pool.workers.values() if w not in stats.members]
     for handle in others:
         pool.new_resume(handle, {"other": 1000.0})
     _drive(pool, 2000, held=("other", 2), quick=[BIG])
     assert pool.narrowings == 1 and pool.status()["widened"] == 0
-    assert len(stats.members) == pool.width(stats)  # (its share is half now: 3)
+    assert len(stats.members) == pool.width(stats)  # (its share is half now)
 
     # ``widen`` 0: it never does.
     pool = _pool_of_six(0, big_score=10.0, small_score=1000.0)

@@ -126,7 +126,7 @@ import math
 from collections import OrderedDict
 from zlib import crc32
 from heapq import nlargest
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Dict, Hashable, List, Mapping, Optional, Set, Tuple
 
 from .classstats import PRIOR, ClassStats, Footprint, mix, rendezvous_draw, stable_hash
@@ -150,10 +150,6 @@ WIDEN_SHARE = 0.5  # of a worker's fair share of work, per member, before a clas
 def _least_busy(item: Tuple[float, PoolWorker]) -> Tuple[int, float]:
     """Least backlog first; ties by rendezvous weight, highest first."""
     return item[1].backlog, -item[0]
-
-
-def _mean_backlog(worker: PoolWorker) -> float:
-    return worker.mbacklog
 
 
 def _by_score(item: Tuple[PoolWorker, float]) -> Tuple[float, int]:
@@ -367,6 +363,8 @@ class AffinityPool(SlowStart, Relearning):
         share = width = self.width(stats)
         if members and self.widen:
             width = self._widen(rclass, stats, members, share)
+        elif stats.extra:  # (``widen`` set to 0 while the class was wide)
+            stats.extra, stats.pressure = 0, 1.0
         skilled = self.skilled.get(rclass)
         if skilled is None:
             skilled = self.skilled[rclass] = {}
@@ -475,7 +473,7 @@ class AffinityPool(SlowStart, Relearning):
             # (ties go to the least recently chosen)
             if busiest:  # (not a starter: its cold cache would relieve no one)
                 worker = min((w for w in self._lru if w not in skilled
-                              and w not in self.starting), key=_mean_backlog, default=None)
+                              and w not in self.starting), key=attrgetter("mbacklog"), default=None)
             else:
                 worker = min((w for w in self._lru if w not in skilled),
                              key=self.held.__getitem__, default=None)
