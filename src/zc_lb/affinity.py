@@ -470,13 +470,12 @@ class AffinityPool(SlowStart, Relearning):
         score = min(skilled.values()) if skilled else self.unskilled_score
         worker = self._ring_recruit(rclass, skilled) if self.lbs > 1 else None
         if worker is None:
-            # (ties go to the least recently chosen)
-            if busiest:  # (not a starter: its cold cache would relieve no one)
-                worker = min((w for w in self._lru if w not in skilled
-                              and w not in self.starting), key=attrgetter("mbacklog"), default=None)
-            else:
-                worker = min((w for w in self._lru if w not in skilled),
-                             key=self.held.__getitem__, default=None)
+            # (ties go to the least recently chosen; for a busy class not a
+            # starter, whose cold cache would relieve no one)
+            worker = min((w for w in self._lru if w not in skilled
+                          and not (busiest and w in self.starting)),
+                         key=attrgetter("mbacklog") if busiest else self.held.__getitem__,
+                         default=None)
             if worker is None:
                 return
         skilled[worker] = worker.resume[rclass] = score
