@@ -163,6 +163,8 @@ def test_parse_each_keeps_good_values_next_to_bad_ones():
     (["lb", "--tls-min-version", "SSLv3"], "argument --tls-min-version"),
     (["worker", "app:app", "--history", "1.5"], "argument --history: .*not an integer"),
     (["worker", "app:app", "--threads", "0"], "argument --threads: .*at least 1"),
+    (["worker", "app:app", "--greenlets", "--concurrency", "-1"],
+     "argument --concurrency: .*at least 0"),
 ])
 def test_argparse_refuses_a_bad_value_naming_the_option(argv, message, capsys):
     with pytest.raises(SystemExit) as info:
@@ -178,6 +180,12 @@ def test_the_command_line_parses_through_the_table():
             args.tls_min_version) == (4, 2.0, True, 0.25, "TLSv1.3")
     assert parse_args("worker", "app:app", "--greenlets").threads is None
     assert parse_args("worker", "app:app", "--threads", "4").threads == 4
+    assert parse_args("worker", "app:app", "--greenlets", "--concurrency", "2").concurrency == 2
+
+
+def test_a_greenlet_bound_with_threads_is_refused(capsys):
+    assert cli.main(["worker", "app:app", "--threads", "4", "--concurrency", "2"]) == 2
+    assert "--concurrency bounds --greenlets" in capsys.readouterr().err
 
 
 def test_the_lb_hands_zookeeper_its_command_line_values_as_the_base():

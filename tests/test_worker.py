@@ -205,6 +205,39 @@ def test_drain_gives_up_at_its_timeout(serve):
     assert 0.25 < time.monotonic() - started < 3
 
 
+def _napping_app(environ, start_response):
+    gevent.sleep(0.2)  # cooperates: other greenlets run meanwhile
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"done"]
+
+
+def test_greenlets_under_a_bound_wait_their_turn_and_the_wait_is_not_the_apps_time(serve):
+    # Greenlet mode, at most one request at once: three arrive together,
+    # run one after another, and each one's skill is its own 0.2 s.
+    worker, connection, _ = serve(_napping_app, threads=None, concurrency=1)
+    recorded = []
+    record = worker._record
+    worker._record = lambda rclass, elapsed: (recorded.append(elapsed), record(rclass, elapsed))
+    started = time.monotonic()
+    calls = [gevent.spawn(call, connection, {}) for _ in range(3)]
+    gevent.joinall(calls, timeout=10, raise_error=True)
+    assert time.monotonic() - started > 0.55  # one at a time, not three at once
+    deadline = time.monotonic() + 5
+    while len(recorded) < 3 and time.monotonic() < deadline:
+        gevent.sleep(0.01)
+    assert len(recorded) == 3
+    # Counting the wait, they would read 0.2, 0.4 and 0.6 s.
+    assert all(0.15 < elapsed < 0.35 for elapsed in recorded), recorded
+
+
+def test_greenlets_without_a_bound_run_together(serve):
+    worker, connection, _ = serve(_napping_app, threads=None)
+    started = time.monotonic()
+    calls = [gevent.spawn(call, connection, {}) for _ in range(3)]
+    gevent.joinall(calls, timeout=10, raise_error=True)
+    assert time.monotonic() - started < 0.5
+
+
 def _blocking_app(environ, start_response):
     time.sleep(0.2)  # not gevent-aware: holds its thread
     start_response("200 OK", [("Content-Type", "text/plain")])

@@ -181,6 +181,9 @@ def run_worker(args: argparse.Namespace) -> int:
     if not args.app:
         raise ConfigurationError("no application: give module:callable (or a PasteDeploy "
                                  ".ini file) on the command line, or app in --config")
+    if args.concurrency and args.threads:
+        raise ConfigurationError("--concurrency bounds --greenlets; with threads, --threads N "
+                                 "is the bound")
     listen = parse_address(args.listen)
     secret = _read_secret(args.secret_file)
     _check_exposure(listen, secret, args.insecure)
@@ -191,6 +194,7 @@ def run_worker(args: argparse.Namespace) -> int:
         max_skill_age=args.max_skill_age,
         resume_file=args.resume_file,
         threads=args.threads,
+        concurrency=args.concurrency,
         secret=secret,
         version=args.version,
     )

@@ -237,6 +237,10 @@ WORKER_SETTINGS = _table([
             "run the application in a pool of N threads: safe for applications that "
             "block, as most do",
             minimum=1, metavar="N"),
+    Setting("concurrency", int, 0,
+            "with --greenlets, serve at most N requests at once, the others waiting "
+            "their turn (a wait résumés do not count); 0: no bound",
+            minimum=0, metavar="N"),
     Setting("drain_timeout", float, 30.0,
             "seconds to finish requests in flight on SIGTERM",
             minimum=0, metavar="S"),

@@ -28,6 +28,7 @@ from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import gevent
 import gevent.event
+import gevent.lock
 import gevent.hub
 import gevent.server
 import gevent.threadpool
@@ -348,11 +349,14 @@ class Worker(Handler):
         threads: Optional[int] = None,
         secret: Optional[bytes] = None,
         version: Optional[str] = None,
+        concurrency: int = 0,
     ) -> None:
         self.app = app
         self.listen = listen
         self.resume_file = resume_file
         self.threads = threads
+        # Greenlet mode's bound: requests past it wait for a slot.
+        self.slots = gevent.lock.Semaphore(concurrency) if concurrency and not threads else None
         self.secret = secret
         self.version = version  # the application's, told to every LB in our Hello
         self.history = history
@@ -487,8 +491,7 @@ class Worker(Handler):
             if self.threadpool is not None:
                 start = self._run_in_thread(environ, writer)
             else:
-                start = time.perf_counter()
-                self._run_watched(environ, writer)
+                start = self._run_watched(environ, writer)
         except ZcLbError as exc:  # the LB went away or cancelled
             log.info("request %d from %s ended early: %s",
                      exchange.rno, exchange.connection.peer, exc)
@@ -541,16 +544,27 @@ class Worker(Handler):
             if close is not None:
                 close()
 
-    def _run_watched(self, environ: Dict, writer: ResponseWriter) -> None:
+    def _run_watched(self, environ: Dict, writer: ResponseWriter) -> float:
         """Greenlet mode: run the application in this greenlet, known to
-        the loop watch as serving this request."""
+        the loop watch as serving this request; when it started.  Under
+        ``concurrency`` the wait for a slot comes first and, like the wait
+        for a thread, is the worker's queue, not the app's time."""
         assert self.loopwatch is not None
-        self.loopwatch.serving(environ["REQUEST_METHOD"] + " "  # type: ignore[operator]
-                               + environ["PATH_INFO"])  # type: ignore[operator]
+        slots = self.slots
+        if slots is not None:
+            slots.acquire()
         try:
-            self._run_app(environ, writer)
+            start = time.perf_counter()
+            self.loopwatch.serving(environ["REQUEST_METHOD"] + " "  # type: ignore[operator]
+                                   + environ["PATH_INFO"])  # type: ignore[operator]
+            try:
+                self._run_app(environ, writer)
+            finally:
+                self.loopwatch.done()
         finally:
-            self.loopwatch.done()
+            if slots is not None:
+                slots.release()
+        return start
 
     def _run_in_thread(self, environ: Dict, writer: ResponseWriter) -> float:
         """Run the app in a thread of the pool; when it started there.
