@@ -172,12 +172,17 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path, name: str = "zc-lb"
         workers, stats_urls = [], []
         for i in range(1, args.workers + 1):
             stats = "127.0.0.1:%d" % free_port()
+            # The worker bounds what it serves at once, not the app: the
+            # wait for a turn is then the worker's queue, which résumés do
+            # not count (as a thread pool's), where a wait inside the app
+            # would read as the app's time and call a busy worker unskilled.
             env = dict(app_env(args), ZC_LB_CACHEAPP_WORKER_ID="zw%d" % i,
-                       ZC_LB_CACHEAPP_STATS_LISTEN=stats)
+                       ZC_LB_CACHEAPP_STATS_LISTEN=stats, ZC_LB_CACHEAPP_CONCURRENCY="0")
             log = run_dir / ("%s-worker%d.log" % (name.replace(":", "-"), i))
             process = stack.enter_context(spawned(
                 zc_lb + ["worker", "playback.cacheapp:app", "--listen", "127.0.0.1:0",
                          "--greenlets",  # the cache app cooperates with gevent
+                         "--concurrency", str(args.worker_concurrency),
                          "--history", str(args.history)], log, env, stdout=subprocess.PIPE))
             workers.append(read_ready_line(process, "zc-lb worker listening on ", log))
             wait_for_port(stats, process, START_TIMEOUT)
