@@ -35,7 +35,18 @@ def option_type(field: dataclasses.Field):
         return json.loads
     if field.name == "policies":
         return lambda text: [p for p in text.split(",") if p]
+    if isinstance(field_default(field), bool):
+        return yes_or_no
     return type(field_default(field))
+
+
+def yes_or_no(text: str) -> bool:
+    """A yes/no parameter: yes, true, 1, no, false or 0."""
+    value = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False
+             }.get(text.strip().lower())
+    if value is None:
+        raise argparse.ArgumentTypeError("expected yes or no, got %r" % text)
+    return value
 
 
 def field_default(field: dataclasses.Field) -> Any:
@@ -135,7 +146,10 @@ def sweep_values(text: Optional[str]) -> List[Any]:
     if not sep or name not in fields or name in ("actions", "policies"):
         raise SystemExit("--sweep takes PARAM=V1,V2,... of a plain parameter")
     kind = option_type(fields[name])
-    return [(name, kind(value)) for value in values.split(",") if value]
+    try:
+        return [(name, kind(value)) for value in values.split(",") if value]
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        raise SystemExit("--sweep %s: %s" % (name, exc))
 
 
 def report_runs(config: config_module.Config, runs: List[Dict[str, Any]],

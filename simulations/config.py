@@ -49,6 +49,7 @@ class Config:
     pages_per_site: int = 100  # 0: requests have no page and no affinity key
     page_zipf: float = 1.0  # popularity of pages within a site
     page_objects: int = 4  # objects of a page's own, touched by its requests
+    fixed_draws: bool = False  # a page touches the same shared objects each time
     log: str = ""  # an access log to take sites and pages from, in order
     clients: int = 64  # closed loop; 0 for open loop
     think_time: float = 0.0  # mean, exponential, closed loop

@@ -20,7 +20,12 @@ Pages (``pages_per_site`` > 0): a request is also for one of its site's
 pages, drawn from a Zipf distribution of exponent ``page_zipf``; the page
 owns ``page_objects`` objects of its own, which the request touches too,
 and the page is the request's affinity *key* (as a path is for a host).
-Without pages a request has no key.
+Without pages a request has no key.  With ``fixed_draws`` a page's
+requests touch the same shared objects every time (drawn once per page,
+without repetition, from a generator seeded by the run's seed and the
+page), as playback's cache app draws them from a hash of the URL: a site
+whose requests are for a few pages then touches only a few of its shared
+objects.
 
 A log (``log``, an access log in any format playback reads): the
 requests are the log's, in order (again from the start when it runs
@@ -103,6 +108,9 @@ class Workload:
         self.page_ids = range(self.pages_per_site)
         self.page_cw = cumulative(
             weights("zipf", self.pages_per_site, config.page_zipf))
+        self.fixed_draws = config.fixed_draws
+        self.seed = config.seed
+        self.drawn: dict = {}  # page -> its shared objects, with fixed_draws
         self.labels = ["s%d" % site for site in self.site_ids]
         self.hot_site = -1
         self.hot_fraction = 0.0
@@ -116,13 +124,29 @@ class Workload:
         """Draw the next request."""
         site, page = self._site_and_page()
         base = site * self.per_site
-        objects = [base + o for o in self.rng.choices(
-            self.object_ids, cum_weights=self.object_cw, k=self.per_request)]
+        if self.fixed_draws and page >= 0:
+            objects = [base + o for o in self._page_draws(page)]
+        else:
+            objects = [base + o for o in self.rng.choices(
+                self.object_ids, cum_weights=self.object_cw, k=self.per_request)]
         if page < 0:
             return site, self.labels[site], objects, None
         first = len(self.site_ids) * self.per_site + page * self.page_objects
         objects.extend(range(first, first + self.page_objects))
         return site, self.labels[site], objects, "p%d" % page
+
+    def _page_draws(self, page: int) -> List[int]:
+        """The shared objects (numbers within the site) every request for
+        ``page`` touches: distinct, by the objects' popularity."""
+        drawn = self.drawn.get(page)
+        if drawn is None:
+            rng = random.Random(self.seed * 1_000_003 + page)
+            count = min(self.per_request, self.per_site)
+            chosen: dict = {}
+            while len(chosen) < count:
+                chosen[rng.choices(self.object_ids, cum_weights=self.object_cw)[0]] = None
+            drawn = self.drawn[page] = list(chosen)
+        return drawn
 
     def _site_and_page(self) -> Tuple[int, int]:
         """The next request's site and global page number (-1: no pages)."""

@@ -223,6 +223,29 @@ def test_the_log_workload_takes_classes_and_keys_from_the_log(tmp_path):
     assert len(objects) == config.objects_per_request + config.page_objects
 
 
+def test_with_fixed_draws_a_page_touches_the_same_shared_objects_each_time():
+    from simulations.workload import Workload
+    draws = {}
+    for fixed in (False, True):
+        config = small(fixed_draws=fixed, sites=1, pages_per_site=2, objects_per_site=50,
+                       objects_per_request=4, page_objects=1)
+        workload = Workload(config, random.Random(1))
+        seen = draws[fixed] = {}
+        for _ in range(40):
+            _, _, objects, key = workload.next()
+            shared = [o for o in objects if o < 50]
+            assert len(shared) == 4
+            seen.setdefault(key, set()).add(tuple(shared))
+    assert all(len(sets) == 1 for sets in draws[True].values())  # one draw per page
+    (page_draw,), _ = draws[True].values()
+    assert len(set(page_draw)) == 4  # without repetition
+    assert any(len(sets) > 1 for sets in draws[False].values())  # a new draw per request
+
+
+def test_the_log_scenarios_draw_as_playbacks_cache_app():
+    assert scenario("nasa").fixed_draws and scenario("elastic").fixed_draws
+
+
 def test_affinity_loads_less_than_published_on_the_nasa_log():
     # Hashing and the objects drawn vary with the seed: compare over three.
     totals = {"affinity": [0.0, 0.0], "published": [0.0, 0.0]}
