@@ -13,7 +13,9 @@ of ``-w`` cache-model processes (``playback.cacheapp``, same cache size,
 miss cost, objects per request and class on every process):
 
 ``zc-lb``      ``zc-lb lb`` in front of ``zc-lb worker playback.cacheapp:app``
-               processes (``--history`` requests between résumés); each
+               processes (``--history`` requests between résumés; the
+               worker, not the app, bounds what is served at once, so a
+               request's wait for its turn stays out of the résumé); each
                worker serves its cache stats on a side port;
 ``leastconn``  HAProxy, ``balance leastconn`` (``playback/haproxy/haproxy-leastconn.cfg``),
                in front of ``python -m playback.cacheapp`` (gevent.pywsgi);
