@@ -19,6 +19,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from zc_lb.errors import ConfigurationError
+from zc_lb.settings import CONVERTERS
 
 from . import config as config_module
 from . import report
@@ -41,12 +42,11 @@ def option_type(field: dataclasses.Field):
 
 
 def yes_or_no(text: str) -> bool:
-    """A yes/no parameter: yes, true, 1, no, false or 0."""
-    value = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False
-             }.get(text.strip().lower())
-    if value is None:
-        raise argparse.ArgumentTypeError("expected yes or no, got %r" % text)
-    return value
+    """A yes/no parameter, read as the LB reads its boolean settings."""
+    try:
+        return CONVERTERS[bool](text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected yes or no, got %r" % text) from None
 
 
 def field_default(field: dataclasses.Field) -> Any:
