@@ -553,15 +553,13 @@ class Worker(Handler):
         slots = self.slots
         if slots is not None:
             slots.acquire()
+        start = time.perf_counter()
+        self.loopwatch.serving(environ["REQUEST_METHOD"] + " "  # type: ignore[operator]
+                               + environ["PATH_INFO"])  # type: ignore[operator]
         try:
-            start = time.perf_counter()
-            self.loopwatch.serving(environ["REQUEST_METHOD"] + " "  # type: ignore[operator]
-                                   + environ["PATH_INFO"])  # type: ignore[operator]
-            try:
-                self._run_app(environ, writer)
-            finally:
-                self.loopwatch.done()
+            self._run_app(environ, writer)
         finally:
+            self.loopwatch.done()
             if slots is not None:
                 slots.release()
         return start
