@@ -32,7 +32,11 @@ that replay's throughput, p50 and p99 latency, database loads per request
 (cache misses per response), overlap and errors (requests without a
 response, plus 5xx responses: the cache app itself never answers 5xx), and
 each one's throughput and loads as a ratio to zc-lb's. The LB's CPU time
-per request (utime + stime from /proc) is reported too.
+per request (utime + stime from /proc) is reported too, and the share of
+the machine's CPU time the hypervisor stole during the measured replay
+(``steal`` in /proc/stat): on a shared VM a few percent more steal in
+one balancer's turn than in another's moves throughput by more than the
+balancers differ, so compare rows taken at like steal.
 
 Every process's output goes to a file in the run directory (``--log-dir``,
 default a new ``/tmp/zc-lb-compare-*``), which is kept, so a failure can be
@@ -64,7 +68,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from playback.cacheapp import ENV_PREFIX, STATS_PATH
 from playback.logparse import DEFAULT_HOST_SUFFIX, FORMATS, read_entries
@@ -272,6 +276,29 @@ def cpu_seconds(pids: Sequence[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def steal_clock() -> Optional[Tuple[int, int]]:
+    """(stolen, all) clock ticks of this machine's CPUs so far, from the
+    first line of /proc/stat; None where there is no such file."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is in user)
+    ticks = [int(field) for field in fields[1:9]]
+    return ticks[7], sum(ticks)
+
+
+def stolen(before: Optional[Tuple[int, int]], after: Optional[Tuple[int, int]]
+           ) -> Optional[float]:
+    """The share of CPU time stolen between two ``steal_clock`` readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def measure(name: str, warmup: list, entries: list, args: argparse.Namespace,
             run_dir: Path, progress=None) -> dict:
     """Start balancer ``name``, warm it up, replay ``entries``; its result row."""
@@ -279,12 +306,15 @@ def measure(name: str, warmup: list, entries: list, args: argparse.Namespace,
     with start_target(name, args, run_dir) as target:
         if warmup:
             replay(warmup, target.url, **options)
-        before = cpu_seconds(target.lb_pids)
+        before, clock = cpu_seconds(target.lb_pids), steal_clock()
         report = replay(entries, target.url, stats_urls=target.stats_urls,
                         progress=progress, **options)
         lb_cpu = cpu_seconds(target.lb_pids) - before
+        steal = stolen(clock, steal_clock())
         status = lb_status(target)
-    return result_row(name, report, lb_cpu, status)
+    row = result_row(name, report, lb_cpu, status)
+    row["steal"] = steal
+    return row
 
 
 def lb_status(target: Target) -> Optional[dict]:
@@ -352,7 +382,11 @@ COLUMNS = (  # (heading, key, format)
     ("req/s ratio", "throughput_ratio", "%.2f"),
     ("loads ratio", "loads_ratio", "%.2f"),
     ("LB CPU us/req", "lb_cpu_us_per_request", "%.0f"),
+    ("steal", "steal", "%.1f%%"),
 )
+
+
+PERCENT = ("overlap", "steal")  # shares, shown as percentages
 
 
 def format_table(rows: List[dict]) -> str:
@@ -362,7 +396,7 @@ def format_table(rows: List[dict]) -> str:
         line = []
         for _, key, fmt in COLUMNS:
             value = row.get(key)
-            if key == "overlap" and value is not None:
+            if key in PERCENT and value is not None:
                 value *= 100.0
             line.append("-" if value is None else (fmt % value).strip())
         cells.append(line)

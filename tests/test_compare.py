@@ -46,9 +46,9 @@ def test_tiny_run_prints_three_rows_without_errors(tmp_path):
     out = done.stdout
     assert "50 warm-up + 150 measured (5 classes)" in out, out
     for name in compare.BALANCERS:
-        row = re.search(r"^%s\s+%s\s+%s\s+%s\s+%s\s+%s%%\s+(\d+)\s+%s\s+%s\s+%s$" % (
-            re.escape(name), NUMBER, NUMBER, NUMBER, NUMBER, NUMBER, NUMBER, NUMBER, NUMBER),
-            out, re.M)
+        row = re.search(r"^%s\s+%s\s+%s\s+%s\s+%s\s+%s%%\s+(\d+)\s+%s\s+%s\s+%s\s+%s%%$" % (
+            re.escape(name), NUMBER, NUMBER, NUMBER, NUMBER, NUMBER, NUMBER, NUMBER, NUMBER,
+            NUMBER), out, re.M)
         assert row, "no row for %s in:\n%s" % (name, out)
         throughput, p50, p99, loads, overlap, errors = row.groups()[:6]
         assert float(throughput) > 0 and float(p99) >= float(p50)
@@ -109,7 +109,8 @@ def test_two_zc_lb_policies_in_one_run(tmp_path):
 
 def test_ratios_and_table():
     rows = [{"balancer": "zc-lb", "throughput": 200.0, "p50_ms": 1.0, "p99_ms": 9.0,
-             "loads_per_request": 0.5, "overlap": 0.1, "errors": 0, "lb_cpu_us_per_request": 150.0},
+             "loads_per_request": 0.5, "overlap": 0.1, "errors": 0, "lb_cpu_us_per_request": 150.0,
+             "steal": 0.042},
             {"balancer": "hash", "throughput": 100.0, "p50_ms": 2.0, "p99_ms": 20.0,
              "loads_per_request": 1.5, "overlap": None, "errors": 3, "lb_cpu_us_per_request": 50.0}]
     compare.add_ratios(rows)
@@ -118,8 +119,18 @@ def test_ratios_and_table():
     lines = compare.format_table(rows).splitlines()
     assert len(lines) == 4
     assert lines[2].split() == ["zc-lb", "200.0", "1.0", "9.0", "0.500", "10.0%", "0",
-                                "1.00", "1.00", "150"]
+                                "1.00", "1.00", "150", "4.2%"]
     assert lines[3].split()[5] == "-"  # unknown overlap
+    assert lines[3].split()[-1] == "-"  # unknown steal
+
+
+def test_steal_is_the_share_of_ticks_stolen_between_readings():
+    assert compare.stolen((10, 1000), (40, 1600)) == 0.05
+    assert compare.stolen(None, (40, 1600)) is None
+    assert compare.stolen((10, 1000), (10, 1000)) is None  # no time passed
+    clock = compare.steal_clock()
+    if Path("/proc/stat").exists():
+        assert clock is not None and 0 <= clock[0] <= clock[1]
 
 
 def test_ratios_without_zc_lb_are_unknown():
