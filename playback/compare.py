@@ -36,7 +36,11 @@ per request (utime + stime from /proc) is reported too, and the share of
 the machine's CPU time the hypervisor stole during the measured replay
 (``steal`` in /proc/stat): on a shared VM a few percent more steal in
 one balancer's turn than in another's moves throughput by more than the
-balancers differ, so compare rows taken at like steal.
+balancers differ, so compare rows taken at like steal.  Under the table,
+the share of the replay each worker spent loading (its loads times the
+miss cost): a balancer whose workers all load most of the time is bound
+by its loads; one whose workers load a fraction of it is bound by
+something else (latency in the closed loop, CPU, one busy worker).
 
 Every process's output goes to a file in the run directory (``--log-dir``,
 default a new ``/tmp/zc-lb-compare-*``), which is kept, so a failure can be
@@ -314,7 +318,18 @@ def measure(name: str, warmup: list, entries: list, args: argparse.Namespace,
         status = lb_status(target)
     row = result_row(name, report, lb_cpu, status)
     row["steal"] = steal
+    row["loading"] = loading(report, args.miss_cost)
     return row
+
+
+def loading(report: dict, miss_cost: float) -> Dict[str, float]:
+    """Worker -> the share of the replay it spent loading (its loads
+    times ``miss_cost``, over the replay's duration)."""
+    duration = report["duration"]
+    if duration <= 0:
+        return {}
+    return {worker: loads * miss_cost / duration
+            for worker, loads in (report.get("worker_loads") or {}).items()}
 
 
 def lb_status(target: Target) -> Optional[dict]:
@@ -408,6 +423,19 @@ def format_table(rows: List[dict]) -> str:
         if n == 0:
             out.append("  ".join("-" * w for w in widths))
     return "\n".join(out)
+
+
+def format_loading(rows: List[dict]) -> str:
+    """A line per balancer: each worker's share of the replay spent
+    loading, least to most."""
+    lines = ["time each worker spent loading (loads x miss cost / replay time), least to most:"]
+    width = max(len(row["balancer"]) for row in rows)
+    for row in rows:
+        shares = sorted((row.get("loading") or {}).values())
+        if shares:
+            lines.append("  %s  %s" % (row["balancer"].ljust(width),
+                                       " ".join("%3.0f%%" % (share * 100.0) for share in shares)))
+    return "\n".join(lines) if len(lines) > 1 else ""
 
 
 def format_notes(rows: List[dict]) -> str:
@@ -594,6 +622,9 @@ def text_report(args: argparse.Namespace, result: dict) -> str:
              format_table(result["results"])]
     parts.append("floor (the %d caches as one shared LRU, perfectly partitioned): %.3f "
                  "loads/request" % (args.workers, result["floor_loads_per_request"]))
+    shares = format_loading(result["results"])
+    if shares:
+        parts.append(shares)
     notes = format_notes(result["results"])
     if notes:
         parts += ["", notes]

@@ -10,7 +10,8 @@ Latency percentiles are nearest-rank over requests that got a response;
 failed requests are counted under ``errors`` by kind, with a few
 examples. ``cache`` sums the cache-model headers (``X-Cache-Hits``,
 ``X-Cache-Misses``) over the responses that carried them: ``misses`` are
-database loads, and ``loads_per_request`` is the headline number.
+database loads, and ``loads_per_request`` is the headline number;
+``worker_loads`` splits them by the worker that answered (``X-Worker``).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Recorder:
         self.error_examples: List[str] = []
         self.classes: Dict[str, _ClassStats] = collections.defaultdict(_ClassStats)
         self.workers: collections.Counter = collections.Counter()
+        self.worker_loads: collections.Counter = collections.Counter()
         self.cache_responses = self.hits = self.misses = 0
         self.late = 0
         self.max_lag = 0.0
@@ -85,6 +87,8 @@ class Recorder:
             self.cache_responses += 1
             self.hits += hits
             self.misses += misses
+            if worker is not None:
+                self.worker_loads[worker] += misses
             stats.hits += hits
             stats.misses += misses
 
@@ -118,6 +122,8 @@ class Recorder:
             "status": {str(code): n for code, n in sorted(self.status.items())},
             "cache": self._cache(self.cache_responses, self.hits, self.misses),
             "workers": dict(self.workers.most_common()),
+            "worker_loads": {worker: self.worker_loads[worker] for worker in self.workers
+                             if worker in self.worker_loads},
             "classes": {"count": len(self.classes), "top": self._top(top)},
         }
         report.update(extra)
@@ -178,7 +184,10 @@ def format_text(report: dict) -> str:
         add("cache       %.3f database loads/request (%d hits, %d misses over %d responses)" % (
             cache["loads_per_request"], cache["hits"], cache["misses"], cache["responses"]))
     if report.get("workers"):
-        add("workers     " + ", ".join("%s: %d" % item for item in report["workers"].items()))
+        loads = report.get("worker_loads") or {}
+        add("workers     " + ", ".join(
+            "%s: %d%s" % (worker, n, " (%d loads)" % loads[worker] if worker in loads else "")
+            for worker, n in report["workers"].items()))
     overlap = report.get("overlap")
     if overlap:
         add("overlap     %.1f%% of %d cached objects on more than one of %d workers" % (

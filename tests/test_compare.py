@@ -54,6 +54,11 @@ def test_tiny_run_prints_three_rows_without_errors(tmp_path):
         assert float(throughput) > 0 and float(p99) >= float(p50)
         assert float(loads) > 0, "the cache app's headers did not come through %s" % name
         assert errors == "0", out
+    shares = re.search(r"^time each worker spent loading .*\n((?:  .*\n){3})", out, re.M)
+    assert shares, out
+    for line in shares.group(1).splitlines():  # two workers each, least to most
+        low, high = (float(share) for share in re.findall(NUMBER + "%", line))
+        assert 0 <= low <= high, line
     assert (tmp_path / "run" / "haproxy-hash.cfg").exists()
     assert (tmp_path / "run" / "zc-lb-lb.log").exists()
 
@@ -131,6 +136,16 @@ def test_steal_is_the_share_of_ticks_stolen_between_readings():
     clock = compare.steal_clock()
     if Path("/proc/stat").exists():
         assert clock is not None and 0 <= clock[0] <= clock[1]
+
+
+def test_loading_is_each_workers_loads_times_the_miss_cost_over_the_replay():
+    report = {"duration": 2.0, "worker_loads": {"a": 50, "b": 150}}
+    assert compare.loading(report, 0.01) == {"a": 0.25, "b": 0.75}
+    assert compare.loading({"duration": 2.0}, 0.01) == {}  # no cache headers came back
+    rows = [{"balancer": "zc-lb", "loading": {"a": 0.75, "b": 0.25}},
+            {"balancer": "leastconn", "loading": {}}]
+    assert compare.format_loading(rows).splitlines()[1:] == ["  zc-lb       25%  75%"]
+    assert compare.format_loading(rows[1:]) == ""
 
 
 def test_ratios_without_zc_lb_are_unknown():

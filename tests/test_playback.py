@@ -25,6 +25,7 @@ from playback.logparse import (  # noqa: E402
     Entry, LogReader, encode_target, host_from_segment, parse_clf_time, read_entries)
 from playback.pacing import Pacer  # noqa: E402
 from playback.replay import cache_overlap, main, replay, reset_caches  # noqa: E402
+from playback.report import format_text  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 COMMON = str(DATA / "playback_common.log")
@@ -298,6 +299,8 @@ def test_replay_end_to_end_numbers_agree(servers):
     assert cache["hits"] + cache["misses"] == 150 * OBJECTS
     assert cache["loads_per_request"] == pytest.approx(cache["misses"] / 150)
     assert report["workers"] == {"w0": 150}
+    assert report["worker_loads"] == {"w0": cache["misses"]}
+    assert "w0: 150 (%d loads)" % cache["misses"] in format_text(report)
     classes = report["classes"]
     assert classes["count"] == 7 and len(classes["top"]) == 3
     assert classes["top"][0]["requests"] >= classes["top"][1]["requests"]
