@@ -92,12 +92,23 @@ def test_bench_tiny_run_prints_table():
         ratio = re.search(r"^%s throughput ratio: ([\d.]+)$" % re.escape(label), out, re.M)
         assert ratio and float(ratio.group(1)) > 0, out
     assert re.search(r"^zc-lb LB CPU / the floor proxy's: [\d.]+$", out, re.M), out
+    assert re.search(r"^pool choice \(get \+ put, 6 workers, 32 classes\): affinity [\d.]+ us/req, "
+                     r"published [\d.]+ us/req; affinity / published [\d.]+$", out, re.M), out
 
 
 def test_bench_without_wrk_says_how_to_get_it(monkeypatch, capsys):
     monkeypatch.setattr(bench.shutil, "which", lambda *a, **k: None)
     assert bench.main(["--seconds", "1"]) == 1
     assert "apt-get install wrk" in capsys.readouterr().err
+
+
+def test_the_pool_bench_times_every_policy_on_the_same_requests():
+    assert bench.pool_workload(500) == bench.pool_workload(500)
+    assert len({rclass for rclass, _ in bench.pool_workload(5000)}) > 20
+    for policy in ("affinity", "published"):
+        assert 0 < bench.pool_us(policy, requests=2000) < 100000
+    assert bench.pool_line({"affinity": 12.0, "published": 3.0}).endswith(
+        "affinity 12.0 us/req, published 3.0 us/req; affinity / published 4.0")
 
 
 def test_the_in_process_measure_serves_every_request_and_gives_a_cost():

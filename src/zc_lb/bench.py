@@ -24,6 +24,10 @@ the workers') utime+stime from /proc/PID/stat over the measured run,
 divided by the requests wrk completed.  The pywsgi servers set
 TCP_NODELAY on accepted sockets and do not log.
 
+After the table, the pool's own cost: ``get`` and ``put`` of each policy
+for the same 60,000 requests (32 classes and 200 paths each, both Zipf,
+24 outstanding, six workers pushing résumés), timed in this process.
+
 ``python -m zc_lb.bench in-process [--profile FILE]`` runs a worker, an
 LB and its front in one process with client greenlets pipelining
 requests, and prints the CPU per request: a steadier measure of the
@@ -401,6 +405,74 @@ def app_cpu_us(calls: int = 20000) -> float:
     return (time.process_time() - started) * 1e6 / calls
 
 
+POOL_CLASSES = 32  # the pool bench's classes, Zipf 1
+POOL_KEYS = 200  # paths per class, Zipf 1
+POOL_WORKERS = 6
+POOL_OUTSTANDING = 24  # requests in flight: the issue workload's clients
+POOL_RESUME_EVERY = 100  # requests between résumés, from each worker in turn
+
+
+def pool_workload(requests: int, seed: int = 1) -> List[Tuple[str, str]]:
+    """``requests`` (class, path) pairs, the same for every policy."""
+    import random
+
+    rng = random.Random(seed)
+    classes = rng.choices(range(POOL_CLASSES), k=requests,
+                          cum_weights=_zipf_cumulative(POOL_CLASSES))
+    paths = rng.choices(range(POOL_KEYS), k=requests, cum_weights=_zipf_cumulative(POOL_KEYS))
+    return [("c%d.example" % c, "/c%d/p%d" % (c, p)) for c, p in zip(classes, paths)]
+
+
+def _zipf_cumulative(n: int) -> List[float]:
+    total, cumulative = 0.0, []
+    for rank in range(1, n + 1):
+        total += 1.0 / rank
+        cumulative.append(total)
+    return cumulative
+
+
+def pool_us(policy: str, requests: int = 60000) -> float:
+    """CPU microseconds per request of ``policy``'s choice: ``get`` and
+    ``put`` for the requests of ``pool_workload``, ``POOL_OUTSTANDING``
+    in flight, a worker pushing a résumé of what it served every
+    ``POOL_RESUME_EVERY`` requests (which makes the affinity pool work
+    out classes' members again, as live)."""
+    import collections
+    import time
+
+    from .affinity import make_pool
+
+    workload = pool_workload(requests)
+    pool = make_pool(policy, {})
+    served: Dict[int, collections.Counter] = {}
+    for handle in range(POOL_WORKERS):
+        pool.add(handle, {})
+        served[handle] = collections.Counter()
+    flight: collections.deque = collections.deque()
+    started = time.process_time()
+    for n, (rclass, path) in enumerate(workload, 1):
+        handle = pool.get(rclass, path)
+        served[handle][rclass] += 1
+        flight.append(handle)
+        if len(flight) >= POOL_OUTSTANDING:
+            pool.put(flight.popleft())
+        if n % POOL_RESUME_EVERY == 0:
+            sender = n // POOL_RESUME_EVERY % POOL_WORKERS
+            pool.new_resume(sender, {c: 100.0 + k for c, k in served[sender].items()})
+            served[sender].clear()
+    return (time.process_time() - started) * 1e6 / requests
+
+
+def pool_line(costs: Dict[str, float]) -> str:
+    """The pool bench's result: each policy's cost, and their ratio."""
+    line = "pool choice (get + put, %d workers, %d classes): %s" % (
+        POOL_WORKERS, POOL_CLASSES,
+        ", ".join("%s %.1f us/req" % item for item in costs.items()))
+    if costs.get("published"):
+        line += "; affinity / published %.1f" % (costs["affinity"] / costs["published"])
+    return line
+
+
 def find_tool(name: str, package: str) -> str:
     """The path of a required program, or a BenchError saying how to get it."""
     path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin")
@@ -414,15 +486,18 @@ def run_bench(args: argparse.Namespace) -> int:
     if "haproxy" in args.targets:
         args.haproxy = find_tool("haproxy", "haproxy")
     results = [measure(name, args) for name in args.targets]
+    costs = {policy: pool_us(policy) for policy in ("affinity", "published")}
     if args.json:
         print(json.dumps({"settings": {"seconds": args.seconds, "connections": args.connections,
                                        "warmup": args.warmup, "policy": args.policy,
                                        "cpus": os.cpu_count()},
-                          "results": results, "ratios": ratios(results)}, indent=2))
+                          "results": results, "ratios": ratios(results),
+                          "pool_us_per_request": costs}, indent=2))
     else:
         print("wrk -t1 -c%d -d%ds, %ds warm-up, %s CPUs, zc-lb policy %s" % (
             args.connections, args.seconds, args.warmup, os.cpu_count(), args.policy))
         print(format_table(results))
+        print(pool_line(costs))
     return 0
 
 
