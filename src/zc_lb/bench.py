@@ -416,19 +416,15 @@ def pool_workload(requests: int, seed: int = 1) -> List[Tuple[str, str]]:
     """``requests`` (class, path) pairs, the same for every policy."""
     import random
 
+    from itertools import accumulate
+
+    def zipf(n: int) -> List[float]:  # cumulative weights 1, 1/2, 1/3, ...
+        return list(accumulate(1.0 / rank for rank in range(1, n + 1)))
+
     rng = random.Random(seed)
-    classes = rng.choices(range(POOL_CLASSES), k=requests,
-                          cum_weights=_zipf_cumulative(POOL_CLASSES))
-    paths = rng.choices(range(POOL_KEYS), k=requests, cum_weights=_zipf_cumulative(POOL_KEYS))
+    classes = rng.choices(range(POOL_CLASSES), k=requests, cum_weights=zipf(POOL_CLASSES))
+    paths = rng.choices(range(POOL_KEYS), k=requests, cum_weights=zipf(POOL_KEYS))
     return [("c%d.example" % c, "/c%d/p%d" % (c, p)) for c, p in zip(classes, paths)]
-
-
-def _zipf_cumulative(n: int) -> List[float]:
-    total, cumulative = 0.0, []
-    for rank in range(1, n + 1):
-        total += 1.0 / rank
-        cumulative.append(total)
-    return cumulative
 
 
 def pool_us(policy: str, requests: int = 60000) -> float:
@@ -458,6 +454,7 @@ def pool_us(policy: str, requests: int = 60000) -> float:
             pool.put(flight.popleft())
         if n % POOL_RESUME_EVERY == 0:
             sender = n // POOL_RESUME_EVERY % POOL_WORKERS
+            # (scores that differ between workers, as real ones do)
             pool.new_resume(sender, {c: 100.0 + k for c, k in served[sender].items()})
             served[sender].clear()
     return (time.process_time() - started) * 1e6 / requests
