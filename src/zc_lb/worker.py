@@ -355,8 +355,9 @@ class Worker(Handler):
         self.listen = listen
         self.resume_file = resume_file
         self.threads = threads
-        # Greenlet mode's bound: requests past it wait for a slot.
-        self.slots = gevent.lock.Semaphore(concurrency) if concurrency and not threads else None
+        # Greenlet mode's bound: requests past it wait for a slot (thread
+        # mode's bound is its pool).
+        self.slots = gevent.lock.Semaphore(concurrency) if concurrency else None
         self.secret = secret
         self.version = version  # the application's, told to every LB in our Hello
         self.history = history
