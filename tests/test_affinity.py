@@ -683,3 +683,42 @@ def test_held_counts_each_class_keys_once_over_its_members():
         pool.put(pool.get("other", "/other/%d" % (i % 50)))
     assert sum(pool.held.values()) == pytest.approx(
         pool.classes["other"].footprint.estimate(pool.requests // pool.footprint_window))
+
+
+def test_classes_no_longer_requested_are_forgotten_so_a_flood_of_hosts_is_bounded():
+    # A client sending a new Host header with every request (or a site
+    # with a subdomain per user) must not grow the LB without bound: a
+    # class unseen for two footprint windows, whose decayed count is under
+    # one request, is forgotten.  A class still requested is kept, with
+    # its members, and so is one a starting worker joined.
+    window = 200
+    pool = pool_of(4, footprint_window=window)
+    for n in range(20 * window):
+        if n % 2:
+            handle = pool.get("h%d.example" % n, "/")
+        else:
+            handle = pool.get("site", "/p%d" % (n % 50))
+        pool.put(handle)
+        assert len(pool.classes) <= 2 * window + 2, n
+    site = pool.classes["site"]
+    assert site.members and site.footprint.estimate(pool.requests // window) > 10
+    # A class forgotten and requested again starts afresh and is routed.
+    assert "h1.example" not in pool.classes
+    assert pool.get("h1.example", "/") in pool.workers
+    assert pool.classes["h1.example"].count == 1.0
+
+
+def test_a_class_a_starter_joined_is_not_forgotten_while_the_floor_stands():
+    window = 100
+    pool = pool_of(3, footprint_window=window)
+    pool.get("site", "/")
+    stats = pool.classes["site"]
+    starter = next(iter(pool.workers.values()))
+    stats.floors = {starter: 1.0}
+    for n in range(10 * window):
+        pool.put(pool.get("h%d.example" % n, "/"))
+    assert pool.classes["site"] is stats
+    stats.floors = None
+    for n in range(3 * window):
+        pool.put(pool.get("g%d.example" % n, "/"))
+    assert "site" not in pool.classes

@@ -108,7 +108,9 @@ itself when most requests hit classes no worker is skilled in.
 Requests without a key (``key=None``, affinity turned off) go as in the
 published algorithm: best score per unit of backlog among all skilled
 workers.  ``get`` costs O(workers skilled in the class), plus
-O(log k) for the sketch.
+O(log k) for the sketch.  Memory is bounded: the book and the sketches
+have sizes, and a class not requested for two footprint windows, worth
+less than a request by then, is forgotten (``_forget_idle``).
 
 Weak spots, admitted.  Keys pinned to owners balance load worse than
 the published choice by backlog: on single-threaded workers, where a
@@ -492,6 +494,7 @@ class AffinityPool(SlowStart, Relearning):
         window = self.requests // self.footprint_window
         if window != self.held_window:
             self.held_window = window
+            self._forget_idle(window)
             for worker in held:
                 held[worker] = 0.0
             for other in self.classes.values():
@@ -503,6 +506,24 @@ class AffinityPool(SlowStart, Relearning):
                 if worker in held:
                     held[worker] -= stats.held
         self._count_held(stats, members, window)
+
+    def _forget_idle(self, window: int) -> None:
+        """Forget the classes not requested in this footprint window or
+        the last, whose decayed count has fallen under one request: their
+        footprint is gone and their share is nothing, so one coming back
+        is a new class.  Without this a client sending a new Host header
+        with every request (or a site with a subdomain per user) would
+        grow the LB, and its window's work, without end.  At most the
+        classes of two windows and those worth a request are kept.  (Not
+        a class a starter or moved keys gave floors: those outlive it.)"""
+        horizon = (window - 1) * self.footprint_window
+        decay = self.rate_decay
+        requests = self.requests
+        idle = [name for name, stats in self.classes.items()
+                if stats.seen < horizon and not stats.floors
+                and stats.count * decay ** (requests - stats.seen) < 1.0]
+        for name in idle:
+            del self.classes[name]
 
     def _count_held(self, stats: ClassStats, members: Dict[PoolWorker, float],
                     window: int) -> None:
