@@ -8,7 +8,7 @@ import time
 import gevent
 
 from zc_lb.affinity import AffinityPool
-from zc_lb.classifier import get_key_function
+from zc_lb.classifier import MAX_CLASS, bounded_class, get_classifier, get_key_function
 from zc_lb.lb import LB
 
 
@@ -21,6 +21,23 @@ def test_a_class_and_an_affinity_key_per_request():
     assert lb._classify({"HTTP_HOST": "a", "PATH_INFO": "/x"}) == ("a", "/x")
     lb = make_lb(lambda environ: 42, key="none")
     assert lb._classify({"PATH_INFO": "/x"}) == ("42", None)
+
+
+def test_a_long_class_is_cut_to_a_bounded_name_that_keeps_classes_apart():
+    # An 8 KiB Host header must not become an 8 KiB class, kept in every
+    # worker's résumé and the LB's pool.
+    lb = make_lb(get_classifier("host"))
+    short = "a" * MAX_CLASS
+    assert lb._classify({"HTTP_HOST": short, "PATH_INFO": "/"})[0] == short
+    names = set()
+    for n in range(3):
+        host = "x" * 8000 + "%d.example" % n
+        rclass = lb._classify({"HTTP_HOST": host, "PATH_INFO": "/"})[0]
+        assert len(rclass) == MAX_CLASS and rclass.startswith("x" * 200)
+        assert lb._classify({"HTTP_HOST": host, "PATH_INFO": "/"})[0] == rclass  # stable
+        names.add(rclass)
+    assert len(names) == 3
+    assert bounded_class("é" * 300) != bounded_class("é" * 301)
 
 
 def test_a_classifier_returning_none_means_no_class():

@@ -9,7 +9,9 @@ import random
 import pytest
 
 from zc_lb.errors import ConfigurationError
-from zc_lb.resume import DEFAULT_HISTORY, MIN_ELAPSED, Skills, load_resume, save_resume
+from zc_lb import frames
+from zc_lb.resume import (DEFAULT_HISTORY, MIN_ELAPSED, RESUME_BYTES, Skills, load_resume,
+                          save_resume)
 
 
 class EagerSkills:
@@ -132,6 +134,34 @@ def test_default_max_skill_age_is_ten_histories():
     for _ in range(3):
         skills.record("new", 1.0)
     assert "old" not in skills.resume()
+
+
+def test_a_resume_too_big_for_a_frame_keeps_the_most_requested_classes_that_fit(caplog):
+    # A client sending a new, long Host with every request made a résumé
+    # the LB refused, and it dropped the worker's connection, again on
+    # every reconnection: the worker was lost for good.
+    skills = Skills(history=1000)
+    for n in range(200):
+        skills.record("h%03d-%s" % (n, "a" * 80), 0.01)
+    for _ in range(5):
+        skills.record("site", 0.01)
+        skills.record("other", 0.02)
+    whole = skills.resume()
+    assert len(whole) == 202 and len(frames._json(whole)) > 4000
+    resume = skills.resume(max_bytes=4000)
+    assert len(frames._json(resume)) <= 4000 < len(frames._json(resume)) + 120
+    assert resume["site"] == whole["site"] and resume["other"] == whole["other"]
+    assert set(resume) < set(whole)
+    kept = sorted(int(rclass[1:].partition("-")[0]) for rclass in resume
+                  if rclass.startswith("h"))
+    assert kept == list(range(200 - len(kept), 200))  # the most recent, by decayed count
+    assert "sending the %d most requested" % len(resume) in caplog.text
+
+
+def test_the_resume_limit_is_under_what_an_lb_takes():
+    assert RESUME_BYTES < frames.MAX_RESUME
+    # (the frame's header comes on top of the payload)
+    assert RESUME_BYTES + frames.HEADER.size <= frames.MAX_RESUME
 
 
 def test_initial_resume_seeds_scores():

@@ -28,10 +28,16 @@ class (see affinity.py):
     gives no key.
 
 A bad spec raises ConfigurationError at start-up, never per request.
+
+A class longer than ``MAX_CLASS`` characters is cut to that length, its
+end a hash of the whole (``bounded_class``): a class is a name kept in
+every worker's résumé and in the LB's pool, and a client free to send
+8 KiB Host headers must not make those 8 KiB a class.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import re
 from typing import Callable, Dict, Optional
@@ -40,6 +46,19 @@ from .errors import ConfigurationError
 
 Classifier = Callable[[Dict[str, object]], Optional[str]]
 KeyFunction = Callable[[Dict[str, object]], Optional[str]]
+
+MAX_CLASS = 256  # characters (a DNS name has at most 253)
+CLASS_HASH = 16  # hex digits of the hash that ends a class cut short
+
+
+def bounded_class(rclass: str) -> str:
+    """``rclass``, or, if longer than ``MAX_CLASS``, its start and a hash
+    of the whole, ``MAX_CLASS`` long: classes that differ stay apart."""
+    if len(rclass) <= MAX_CLASS:
+        return rclass
+    digest = hashlib.blake2b(rclass.encode("utf-8", "surrogateescape"),
+                             digest_size=CLASS_HASH // 2).hexdigest()
+    return "%s~%s" % (rclass[:MAX_CLASS - CLASS_HASH - 1], digest)
 
 
 def host_classifier(environ: Dict[str, object]) -> str:

@@ -31,6 +31,7 @@ import gevent
 import gevent.event
 import gevent.socket
 
+from .classifier import bounded_class
 from .connection import KEEPALIVE_INTERVAL, Connection, Exchange
 from .links import LinkConfig, LinkEvents, WorkerLink
 from .errors import (
@@ -493,7 +494,7 @@ class LB(LinkEvents):
         except Exception as exc:
             self._classifier_failed(exc)
             return None, None
-        return (None if rclass is None else str(rclass)), key
+        return (None if rclass is None else bounded_class(str(rclass))), key
 
     def _classifier_failed(self, exc: Exception) -> None:
         error = "%s: %s" % (type(exc).__name__, exc)

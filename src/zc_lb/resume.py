@@ -29,15 +29,24 @@ loaded worker looks less attractive.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from typing import Dict, List, Mapping, Optional
 
+import orjson
+
 from .errors import ConfigurationError
+from .frames import MAX_RESUME
 from .settings import WORKER_SETTINGS, check
+
+log = logging.getLogger(__name__)
 
 DEFAULT_HISTORY = WORKER_SETTINGS["history"].default
 MIN_ELAPSED = 1e-6
+# What a résumé may encode to: an LB refuses a bigger frame, and drops the
+# connection, so a worker must never send one.
+RESUME_BYTES = MAX_RESUME - 4096
 
 
 class _Skill:
@@ -105,12 +114,33 @@ class Skills:
             del self._skills[rclass]
         return stale
 
-    def resume(self) -> Dict[str, float]:
-        """The résumé: class -> requests per second."""
-        return {
+    def resume(self, max_bytes: int = RESUME_BYTES) -> Dict[str, float]:
+        """The résumé: class -> requests per second, in at most
+        ``max_bytes`` of JSON.  Over that (classes by the hundred thousand
+        with long names: a client sending a new Host with every request),
+        it keeps the classes with the most requests, decayed, that fit,
+        and says so: an LB would refuse the whole and drop the
+        connection, and do so again on every reconnection."""
+        resume = {
             rclass: skill.count / skill.seconds
             for rclass, skill in self._skills.items()
         }
+        size = len(orjson.dumps(resume))
+        if size <= max_bytes:
+            return resume
+        skills, generation, decay = self._skills, self.generation, self.decay
+        kept: Dict[str, float] = {}
+        used = 2  # {}
+        for rclass in sorted(resume, key=lambda rclass: -skills[rclass].count * decay ** (
+                generation - skills[rclass].generation)):
+            score = resume[rclass]
+            entry = len(orjson.dumps(rclass)) + len(orjson.dumps(score)) + 2  # : and ,
+            if used + entry <= max_bytes:
+                kept[rclass] = score
+                used += entry
+        log.warning("résumé of %d classes is %d bytes, over the %d an LB takes: "
+                    "sending the %d most requested", len(resume), size, max_bytes, len(kept))
+        return kept
 
     def reset(self) -> None:
         """Forget every skill (the operator's reset_skills, after a
