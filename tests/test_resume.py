@@ -316,6 +316,10 @@ def test_load_accepts_integers_as_floats(tmp_path):
     b"", b"not json", b"{", b"\xff\xfe\x00", b"[]", b'["a", 1.0]', b"1.5", b'"a"', b"null",
     b'{"a": "1"}', b'{"a": 0}', b'{"a": -1.5}', b'{"a": true}', b'{"a": null}',
     b'{"a": [1]}', b'{"a": NaN}', b'{"ok": 1.0, "a": {}}',
+    # (a worker seeded with an infinite score failed dividing by zero on
+    # its first résumé, at every LB's connection; one too small for its
+    # inverse to be finite sent a score of 0)
+    b'{"a": Infinity}', b'{"a": 1e-320}', b'{"a": 1%s}' % (b"0" * 400),
 ])
 def test_load_garbage_or_bad_scores_names_the_file(tmp_path, content):
     path = tmp_path / "resume.json"

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import tempfile
 from typing import Dict, List, Mapping, Optional
@@ -158,10 +159,24 @@ class Skills:
         )
 
 
+def _finite_rate(score: object) -> Optional[float]:
+    """``score`` as a float, if a number of requests per second a worker
+    can have: positive, and it and its inverse finite; else None."""
+    if not isinstance(score, (int, float)) or isinstance(score, bool):
+        return None
+    try:
+        value = float(score)
+    except OverflowError:  # an integer of hundreds of digits
+        return None
+    if value > 0 and math.isfinite(value) and math.isfinite(1.0 / value):
+        return value
+    return None
+
+
 def load_resume(path: str) -> Dict[str, float]:
     """Read a résumé file; a missing file is an empty résumé.
 
-    A file that is not a JSON object of positive numbers raises
+    A file that is not a JSON object of positive, finite numbers raises
     ConfigurationError, naming the file.
     """
     try:
@@ -175,8 +190,9 @@ def load_resume(path: str) -> Dict[str, float]:
         raise ConfigurationError("résumé file %s is not a JSON object" % path)
     resume = {}
     for rclass, score in data.items():
-        if isinstance(score, (int, float)) and not isinstance(score, bool) and score > 0:
-            resume[str(rclass)] = float(score)
+        value = _finite_rate(score)
+        if value is not None:
+            resume[str(rclass)] = value
         else:
             raise ConfigurationError(
                 "résumé file %s: class %r has a bad score %r" % (path, rclass, score)
