@@ -205,6 +205,24 @@ def test_reset_skills_and_noticing_unknown_classes():
     assert pool.resets > resets
 
 
+def test_a_flood_of_classes_seen_once_resets_skills_once_not_over_and_over():
+    # Most requests on new Host names look like a new classifier: the pool
+    # resets once.  While the flood goes on, resetting again cannot help,
+    # and each reset would move every other class's keys.  Once requests
+    # hit known classes again, a later change resets again.
+    pool = pool_of(3, footprint_window=100)
+    for i in range(300):
+        pool.put(pool.get("site", "/p%d" % (i % 20)))
+    for i in range(3000):
+        pool.put(pool.get("new%d" % i if i % 4 else "site", "/"))
+    assert pool.resets == 1
+    for i in range(1000):
+        pool.put(pool.get("site", "/p%d" % (i % 20)))
+    for i in range(500):
+        pool.put(pool.get("later%d" % i, "/"))
+    assert pool.resets == 2
+
+
 def test_get_touches_only_the_workers_skilled_in_the_class():
     pool = pool_of(100)
     rng = random.Random(4)

@@ -186,6 +186,7 @@ class AffinityPool(SlowStart, Relearning):
         self.work = 0.0  # decayed seconds of work of every class
         self.footprint = Footprint(0)  # distinct (class, key) pairs
         self.unskilled = 0.0  # decayed requests whose class had no skilled worker
+        self.relearn_armed = True  # may reset skills by itself
         self.resets = 0
         self.spills = 0
         self.widenings = 0  # classes given a member for their pressure

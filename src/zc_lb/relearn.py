@@ -19,11 +19,12 @@ member.  A path seen moving twice is in several classes (the same path
 under several hosts) and is ignored from then on.  ``reset_skills()``
 forgets every skill the LB holds (an operator's switch); the pool also
 resets by itself when, over a window, most requests hit classes no
-worker is skilled in.  Résumés then teach it again, and the book, which
-a reset keeps, comes first: a class no worker is skilled in since the
-reset takes the worker its first key the book knows last went to, which
-may still hold its data, before it recruits a stranger.  (Not a class
-whose résumés merely dropped it: its data is likely gone too.)
+worker is skilled in (once, until fewer than half as many do).
+Résumés then teach it again, and the book, which a reset keeps, comes
+first: a class no worker is skilled in since the reset takes the worker
+its first key the book knows last went to, which may still hold its
+data, before it recruits a stranger.  (Not a class whose résumés merely
+dropped it: its data is likely gone too.)
 
 Weak spot, admitted.  A path shared by two classes may look moved before
 it is seen moving twice: such a class may follow a few of its keys once,
@@ -61,6 +62,7 @@ class Relearning(PoolPart):
 
     footprint_window: int
     unskilled: float  # decayed requests whose class had no skilled worker
+    relearn_armed: bool  # may reset by itself (see ``_notice_unskilled``)
     resets: int
     book: OrderedDict[int, BookEntry]
     adoptions: int
@@ -223,9 +225,17 @@ class Relearning(PoolPart):
             self.skills_version += 1
 
     def _notice_unskilled(self, skilled: Optional[dict], decay: float) -> None:
-        """Reset skills when most requests hit classes no worker knows."""
-        self.unskilled = self.unskilled * decay + (0.0 if skilled else 1.0)
-        if (self.requests > self.footprint_window and self.skilled
-                and self.unskilled > RELEARN_SHARE * self.total):
+        """Reset skills when most requests hit classes no worker knows;
+        then not again until fewer than half as many do.  A second reset
+        while they still do cannot help, and a flood of classes seen once
+        (a client sending a new Host with every request) would otherwise
+        reset the pool over and over, moving every other class's keys."""
+        self.unskilled = unskilled = self.unskilled * decay + (0.0 if skilled else 1.0)
+        if not self.relearn_armed:
+            self.relearn_armed = unskilled < RELEARN_SHARE / 2 * self.total
+        elif (self.requests > self.footprint_window and self.skilled
+                and unskilled > RELEARN_SHARE * self.total):
             self.reset_skills()
+            self.unskilled = unskilled  # (still measured, to re-arm)
+            self.relearn_armed = False
 
