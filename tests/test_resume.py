@@ -10,8 +10,8 @@ import pytest
 
 from zc_lb.errors import ConfigurationError
 from zc_lb import frames
-from zc_lb.resume import (DEFAULT_HISTORY, MIN_ELAPSED, RESUME_BYTES, Skills, load_resume,
-                          save_resume)
+from zc_lb.resume import (DEFAULT_HISTORY, MAX_CLASSES, MIN_ELAPSED, RESUME_BYTES, Skills,
+                          load_resume, save_resume)
 
 
 class EagerSkills:
@@ -120,6 +120,28 @@ def test_prune_returns_what_it_dropped():
     assert sorted(skills.prune()) == ["a", "seeded"]
     assert set(skills.resume()) == {"b", "c", "d", "e"}
     assert skills.prune() == []
+
+
+def test_past_max_classes_the_least_requested_are_pruned():
+    # A flood of Host names sent once would keep a hundred thousand
+    # classes (max_skill_age) in the résumé every LB takes in.
+    skills = Skills(history=1000)
+    skills.max_classes = 3
+    for rclass, times in (("a", 5), ("b", 1), ("c", 4), ("d", 1), ("e", 3)):
+        for _ in range(times):
+            skills.record(rclass, 0.01)
+    skills.record("b", 0.01)  # b: twice, d: once, the longest ago
+    assert sorted(skills.prune()) == ["b", "d"]
+    assert set(skills.resume()) == {"a", "c", "e"}
+    assert skills.prune() == []
+
+
+def test_a_flood_of_classes_seen_once_keeps_the_resume_at_max_classes():
+    skills = Skills(history=1000, max_skill_age=10**6)
+    resume = None
+    for n in range(2 * MAX_CLASSES):
+        resume = skills.record("new%d" % n if n % 4 else "site", 0.01) or resume
+    assert resume is not None and len(resume) == MAX_CLASSES and "site" in resume
 
 
 def test_default_max_skill_age_is_ten_histories():

@@ -17,7 +17,8 @@ class does not change while it is idle; what changes is how little a new
 sample must outweigh it.
 
 Every ``history`` requests the worker prunes classes unseen for
-``max_skill_age`` requests (default ``10 * history``) and publishes its
+``max_skill_age`` requests (default ``10 * history``), and the least
+requested past ``MAX_CLASSES`` (10,000), and publishes its
 résumé: ``record`` returns it, and the caller pushes it to every LB and
 writes it to the résumé file, atomically, so skills survive a restart.
 
@@ -28,6 +29,7 @@ loaded worker looks less attractive.
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import math
@@ -48,6 +50,11 @@ MIN_ELAPSED = 1e-6
 # What a résumé may encode to: an LB refuses a bigger frame, and drops the
 # connection, so a worker must never send one.
 RESUME_BYTES = MAX_RESUME - 4096
+# Classes a worker keeps skills in: past this, the least requested go.  A
+# worker of a real site serves hundreds, a flood of Host names sent once
+# would make it a hundred thousand (``max_skill_age``), and each LB takes
+# some 3 ms per thousand classes of every résumé, its event loop stopped.
+MAX_CLASSES = 10_000
 
 
 class _Skill:
@@ -70,6 +77,7 @@ class Skills:
     ) -> None:
         self._skills: Dict[str, _Skill] = {}
         self.generation = 0
+        self.max_classes = MAX_CLASSES
         self.configure(history, max_skill_age)
         if resume:
             for rclass, score in resume.items():
@@ -108,11 +116,21 @@ class Skills:
         return None
 
     def prune(self) -> List[str]:
-        """Drop classes unseen for ``max_skill_age`` requests; return them."""
+        """Drop classes unseen for ``max_skill_age`` requests, and past
+        ``max_classes`` the least requested (decayed); return them."""
+        skills = self._skills
         oldest = self.generation - self.max_skill_age
-        stale = [c for c, s in self._skills.items() if s.generation < oldest]
+        stale = [c for c, s in skills.items() if s.generation < oldest]
+        excess = len(skills) - len(stale) - self.max_classes
         for rclass in stale:
-            del self._skills[rclass]
+            del skills[rclass]
+        if excess > 0:
+            generation, decay = self.generation, self.decay
+            least = heapq.nsmallest(excess, skills, key=lambda rclass: skills[rclass].count
+                                    * decay ** (generation - skills[rclass].generation))
+            for rclass in least:
+                del skills[rclass]
+            stale.extend(least)
         return stale
 
     def resume(self, max_bytes: int = RESUME_BYTES) -> Dict[str, float]:
