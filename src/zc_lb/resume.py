@@ -125,13 +125,17 @@ class Skills:
         for rclass in stale:
             del skills[rclass]
         if excess > 0:
-            generation, decay = self.generation, self.decay
-            least = heapq.nsmallest(excess, skills, key=lambda rclass: skills[rclass].count
-                                    * decay ** (generation - skills[rclass].generation))
+            least = heapq.nsmallest(excess, skills, key=self._requests)
             for rclass in least:
                 del skills[rclass]
             stale.extend(least)
         return stale
+
+    def _requests(self, rclass: str) -> float:
+        """The class's requests, decayed to now: what pruning and a
+        résumé cut short keep the most of."""
+        skill = self._skills[rclass]
+        return skill.count * self.decay ** (self.generation - skill.generation)
 
     def resume(self, max_bytes: int = RESUME_BYTES) -> Dict[str, float]:
         """The résumé: class -> requests per second, in at most
@@ -147,11 +151,9 @@ class Skills:
         size = len(orjson.dumps(resume))
         if size <= max_bytes:
             return resume
-        skills, generation, decay = self._skills, self.generation, self.decay
         kept: Dict[str, float] = {}
         used = 2  # {}
-        for rclass in sorted(resume, key=lambda rclass: -skills[rclass].count * decay ** (
-                generation - skills[rclass].generation)):
+        for rclass in sorted(resume, key=self._requests, reverse=True):
             score = resume[rclass]
             entry = len(orjson.dumps(rclass)) + len(orjson.dumps(score)) + 2  # : and ,
             if used + entry <= max_bytes:
