@@ -102,7 +102,12 @@ class Relearning(PoolPart):
                 del self.stale[worker]
 
     def reset_skills(self) -> None:
-        """Forget every skill: résumés from now on teach the pool again."""
+        """Forget every skill: résumés from now on teach the pool again
+        (an operator's switch: what requests hit before counts no more)."""
+        self._forget_all_skills()
+        self.unskilled = 0.0
+
+    def _forget_all_skills(self) -> None:
         for worker in self.workers.values():
             worker.resume = {}
         self.skilled.clear()
@@ -110,7 +115,6 @@ class Relearning(PoolPart):
         for stats in self.classes.values():
             stats.reset = True
         self.skills_version += 1
-        self.unskilled = 0.0
         self.resets += 1
 
     def _book(self, book_hash: int, entry: Optional[BookEntry], rclass: str,
@@ -235,7 +239,6 @@ class Relearning(PoolPart):
             self.relearn_armed = unskilled < RELEARN_SHARE / 2 * self.total
         elif (self.requests > self.footprint_window and self.skilled
                 and unskilled > RELEARN_SHARE * self.total):
-            self.reset_skills()
-            self.unskilled = unskilled  # (still measured, to re-arm)
+            self._forget_all_skills()  # (``unskilled`` still measured, to re-arm)
             self.relearn_armed = False
 
