@@ -11,7 +11,7 @@ from zlib import crc32
 
 import pytest
 
-from zc_lb import classstats
+from zc_lb import affinity, classstats
 from zc_lb.affinity import AffinityPool, make_pool
 from zc_lb.classstats import Footprint, Sketch, mix, rendezvous_weight, stable_hash
 from zc_lb.errors import ConfigurationError
@@ -740,3 +740,28 @@ def test_a_class_a_starter_joined_is_not_forgotten_while_the_floor_stands():
     for n in range(3 * window):
         pool.put(pool.get("g%d.example" % n, "/"))
     assert "site" not in pool.classes
+
+
+
+def test_a_class_whose_keys_hover_at_a_whole_number_of_workers_keeps_its_members(
+        monkeypatch):
+    # 52% of the keys of six workers ask for 3.12 of them, 48% for 2.88: a
+    # class whose keys went back and forth took a fourth member and gave
+    # it back each time, and that member's keys were loaded again.
+    monkeypatch.setattr(affinity, "PRIOR", 1)  # (few keys, counted exactly)
+    pool = pool_of(6, footprint_window=1000)
+    rng = random.Random(4)
+    widths = []
+    for phase in range(8):
+        keys = {"a": 26, "b": 24} if phase % 2 == 0 else {"a": 24, "b": 26}
+        for i in range(2000):
+            rclass = "a" if rng.random() < 0.2 else "b"  # (a third of a worker's load)
+            pool.put(pool.get(rclass, "/%s%d" % (rclass, rng.randrange(keys[rclass]))))
+            if phase and i % 100 == 0:
+                widths.append(len(pool.classes["a"].members))
+    assert set(widths) == {4}
+    # Keys well under one member fewer give it back.
+    for _ in range(3000):
+        rclass = "a" if rng.random() < 0.2 else "b"
+        pool.put(pool.get(rclass, "/%s%d" % (rclass, rng.randrange(20 if rclass == "a" else 30))))
+    assert len(pool.classes["a"].members) == pool.width(pool.classes["a"]) == 3

@@ -126,7 +126,7 @@ class ClassStats:
 
     __slots__ = ("count", "seen", "footprint", "salt", "members", "uses", "version",
                  "joins", "holders", "held", "floors", "fresh", "moved", "following",
-                 "senders", "reset", "work", "cost", "extra", "pressure")
+                 "senders", "reset", "work", "cost", "key_width", "extra", "pressure")
 
     def __init__(self, rclass: str, window: int, seed: int = 0) -> None:
         self.members: Optional[Dict[PoolWorker, float]] = None  # as last worked out
@@ -141,6 +141,7 @@ class ClassStats:
         self.seen = 0
         self.work = 0.0  # decayed seconds of work, as of ``seen``
         self.cost: Optional[float] = None  # seconds a request takes, from résumés
+        self.key_width = 0  # the workers its keys last asked for (``AffinityPool._widths``)
         self.extra = 0  # 1 while it has a member over its width (``AffinityPool._widen``)
         self.pressure = 1.0  # its members' mean backlog over the pool's, decayed
         self.footprint = Footprint(window)
