@@ -742,7 +742,6 @@ def test_a_class_a_starter_joined_is_not_forgotten_while_the_floor_stands():
     assert "site" not in pool.classes
 
 
-
 def test_a_class_whose_keys_hover_at_a_whole_number_of_workers_keeps_its_members(
         monkeypatch):
     # 52% of the keys of six workers ask for 3.12 of them, 48% for 2.88: a
@@ -755,7 +754,7 @@ def test_a_class_whose_keys_hover_at_a_whole_number_of_workers_keeps_its_members
     for phase in range(8):
         keys = {"a": 26, "b": 24} if phase % 2 == 0 else {"a": 24, "b": 26}
         for i in range(2000):
-            rclass = "a" if rng.random() < 0.2 else "b"  # (a third of a worker's load)
+            rclass = "a" if rng.random() < 0.2 else "b"  # (its keys set its width)
             pool.put(pool.get(rclass, "/%s%d" % (rclass, rng.randrange(keys[rclass]))))
             if phase and i % 100 == 0:
                 widths.append(len(pool.classes["a"].members))

@@ -349,12 +349,11 @@ class AffinityPool(SlowStart, Relearning):
         return self._widths(stats)[0]
 
     def _widths(self, stats: ClassStats) -> Tuple[int, int]:
-        """The class's width, and the part of it its keys ask for: a
-        class keeps that part until its footprint falls ``NARROW`` of a
-        worker under one member fewer.  (NASA's ``shuttle`` held some
-        three workers' share of the keys, 2.94 to 3.04 of them: it took
-        a fourth member and gave it back dozens of times a run, and each
-        time that member's keys were loaded again elsewhere.)"""
+        """The class's width, and the part of it its keys ask for, kept
+        until they ask for ``NARROW`` of a worker less than one member
+        fewer (see the module docstring: NASA's ``shuttle``, at 2.94 to
+        3.04 workers' share of the keys, went from three members to
+        four and back dozens of times a run)."""
         n = len(self.workers)
         # Few requests or keys prove nothing: until there are PRIOR per
         # worker, a class is judged against that many.
