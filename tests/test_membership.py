@@ -61,11 +61,13 @@ def test_a_new_reset_skills_value_resets_the_pool_once():
 
 def test_worker_settings_apply_each_good_value():
     configured = []
-    worker = SimpleNamespace(history=100, max_skill_age=None,
-                             configure=lambda h, m: configured.append((h, m)),
+    worker = SimpleNamespace(history=100, max_skill_age=None, max_classes=10_000,
+                             configure=lambda h, m, c: configured.append((h, m, c)),
                              reset_skills=lambda: configured.append("reset"))
     membership = WorkerMembership(worker, "127.0.0.1:1", "/lb/workers")
-    membership._settings_changed({"history": "x", "max_skill_age": 50})
-    assert configured == [(100, 50)]
+    membership._settings_changed({"history": "x", "max_skill_age": 50, "max_classes": 0})
+    assert configured == [(100, 50, 10_000)]
+    membership._settings_changed({"max_classes": 500})
+    assert configured[-1] == (100, None, 500)
     membership._settings_changed({"reset_skills": "now"})
     assert configured[-1] == "reset"

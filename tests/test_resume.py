@@ -125,8 +125,7 @@ def test_prune_returns_what_it_dropped():
 def test_past_max_classes_the_least_requested_are_pruned():
     # A flood of Host names sent once would keep a hundred thousand
     # classes (max_skill_age) in the résumé every LB takes in.
-    skills = Skills(history=1000)
-    skills.max_classes = 3
+    skills = Skills(history=1000, max_classes=3)
     for rclass, times in (("a", 5), ("b", 1), ("c", 4), ("d", 1), ("e", 3)):
         for _ in range(times):
             skills.record(rclass, 0.01)
@@ -142,6 +141,23 @@ def test_a_flood_of_classes_seen_once_keeps_the_resume_at_max_classes():
     for n in range(2 * MAX_CLASSES):
         resume = skills.record("new%d" % n if n % 4 else "site", 0.01) or resume
     assert resume is not None and len(resume) == MAX_CLASSES and "site" in resume
+
+
+def test_max_classes_is_a_live_setting():
+    skills = Skills(history=10)
+    for n in range(10):
+        skills.record("c%d" % n, 0.01)
+    assert len(skills) == 10 and skills.max_classes == MAX_CLASSES
+    skills.configure(10, None, 4)  # fewer classes kept from the next résumé on
+    assert len(skills) == 10
+    resume = None
+    for _ in range(10):
+        resume = skills.record("c9", 0.01) or resume
+    assert resume is not None and len(resume) == 4 and "c9" in resume
+    for bad in (0, -1, 2.5, "4", None, True):
+        with pytest.raises(ConfigurationError):
+            skills.configure(10, None, bad)
+    assert skills.max_classes == 4
 
 
 def test_default_max_skill_age_is_ten_histories():

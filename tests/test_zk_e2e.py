@@ -111,6 +111,22 @@ def test_settings_change_live(site):
     wait_for(lambda: "live.example" in status(lb)["workers"][w1.address]["skills"])
 
 
+def test_worker_settings_change_live(site):
+    w1 = site.worker()
+    lb = site.lb()
+    wait_for(lambda: in_pool(lb) == [w1.address])
+    for _ in range(3):  # history = 3: a résumé after every 3 requests
+        get(lb, host="old.example")
+    site.client.set("/lb/workers", json.dumps(
+        {"history": 3, "max_skill_age": 10**6, "max_classes": 1}).encode())
+
+    def resume_of_one_class():
+        for _ in range(3):
+            get(lb, host="new.example")
+        return set(status(lb)["workers"][w1.address]["skills"]) == {"new.example"}
+    wait_for(resume_of_one_class, message="a résumé of the one class max_classes keeps")
+
+
 def test_two_lbs_share_the_workers_and_both_get_resumes(site):
     site.worker(), site.worker()
     lb1, lb2 = site.lb(), site.lb()

@@ -192,6 +192,7 @@ def run_worker(args: argparse.Namespace) -> int:
         listen=listen,
         history=args.history,
         max_skill_age=args.max_skill_age,
+        max_classes=args.max_classes,
         resume_file=args.resume_file,
         threads=args.threads,
         concurrency=args.concurrency,
@@ -235,7 +236,8 @@ def run_worker(args: argparse.Namespace) -> int:
             membership.rebase(live)
         else:
             worker.configure(live.get("history", worker.history),
-                             live.get("max_skill_age", worker.max_skill_age))
+                             live.get("max_skill_age", worker.max_skill_age),
+                             live.get("max_classes", worker.max_classes))
 
     wait_for_signal({"SIGTERM": stop, "SIGINT": stop, "SIGHUP": _sighup(args, apply)})
     log.info("worker stopped")

@@ -1,7 +1,8 @@
 """How LBs and workers take part in a ZooKeeper tree.
 
 A worker registers ``<path>/providers/HOST:PORT`` (pid, version,
-description) and follows ``history`` and ``max_skill_age`` in ``<path>``.
+description) and follows ``history``, ``max_skill_age`` and ``max_classes`` in
+``<path>``.
 An LB follows its settings in ``<path>``, the workers registered under
 ``<path>/workers/providers``, and registers itself at
 ``<path>/providers/HOST:PORT`` with its status address.
@@ -53,7 +54,7 @@ class WorkerMembership:
         self.version = version
         self.description = description
         self.base = {"history": worker.history, "max_skill_age": worker.max_skill_age,
-                     "reset_skills": ""}
+                     "max_classes": worker.max_classes, "reset_skills": ""}
         self.reset_token: Optional[str] = None  # the reset_skills value last seen
         self.properties: Optional[Dict[str, Any]] = None  # the node's, last seen
         self.client = None
@@ -114,7 +115,8 @@ class WorkerMembership:
         unless the node sets them."""
         _rebase(self, changes)
         if self.properties is None:
-            self.worker.configure(self.base["history"], self.base["max_skill_age"])
+            self.worker.configure(self.base["history"], self.base["max_skill_age"],
+                                  self.base["max_classes"])
 
     def _settings_changed(self, properties: Dict[str, Any]) -> None:
         self.properties = properties
@@ -123,7 +125,8 @@ class WorkerMembership:
             log.error("ignoring a bad worker setting in %s: %s", self.path, message)
         settings = dict(self.base, **good)
         try:
-            self.worker.configure(settings["history"], settings["max_skill_age"])
+            self.worker.configure(settings["history"], settings["max_skill_age"],
+                                  settings["max_classes"])
         except ConfigurationError as exc:
             log.error("ignoring bad worker settings in %s: %s", self.path, exc)
             return

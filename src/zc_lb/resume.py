@@ -18,7 +18,7 @@ sample must outweigh it.
 
 Every ``history`` requests the worker prunes classes unseen for
 ``max_skill_age`` requests (default ``10 * history``), and the least
-requested past ``MAX_CLASSES`` (10,000), and publishes its
+requested past ``max_classes`` (10,000), and publishes its
 résumé: ``record`` returns it, and the caller pushes it to every LB and
 writes it to the résumé file, atomically, so skills survive a restart.
 
@@ -54,7 +54,7 @@ RESUME_BYTES = MAX_RESUME - 4096
 # worker of a real site serves hundreds, a flood of Host names sent once
 # would make it a hundred thousand (``max_skill_age``), and each LB takes
 # some 3 ms per thousand classes of every résumé, its event loop stopped.
-MAX_CLASSES = 10_000
+MAX_CLASSES = WORKER_SETTINGS["max_classes"].default
 
 
 class _Skill:
@@ -74,22 +74,25 @@ class Skills:
         history: int = DEFAULT_HISTORY,
         max_skill_age: Optional[int] = None,
         resume: Optional[Mapping[str, float]] = None,
+        max_classes: int = MAX_CLASSES,
     ) -> None:
         self._skills: Dict[str, _Skill] = {}
         self.generation = 0
-        self.max_classes = MAX_CLASSES
-        self.configure(history, max_skill_age)
+        self.configure(history, max_skill_age, max_classes)
         if resume:
             for rclass, score in resume.items():
                 score = float(score)
                 if score > 0:
                     self._skills[str(rclass)] = _Skill(1.0, 1.0 / score, 0)
 
-    def configure(self, history: int, max_skill_age: Optional[int] = None) -> None:
-        """Change ``history`` and ``max_skill_age`` (live settings); a
+    def configure(self, history: int, max_skill_age: Optional[int] = None,
+                  max_classes: int = MAX_CLASSES) -> None:
+        """Change ``history``, ``max_skill_age`` and ``max_classes`` (live
+        settings; fewer classes are pruned at the next résumé); a
         ``max_skill_age`` of None is 10 x ``history``."""
         history = check(WORKER_SETTINGS, "history", history)
         max_skill_age = check(WORKER_SETTINGS, "max_skill_age", max_skill_age)
+        self.max_classes = check(WORKER_SETTINGS, "max_classes", max_classes)
         self.history = history
         self.max_skill_age = 10 * history if max_skill_age is None else max_skill_age
         self.decay = 1.0 - 1.0 / history

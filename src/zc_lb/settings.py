@@ -229,6 +229,10 @@ WORKER_SETTINGS = _table([
     Setting("max_skill_age", int, None,
             "drop classes unseen for N requests (default 10 x history)",
             minimum=1, where=EVERYWHERE, metavar="N"),
+    Setting("max_classes", int, 10_000,
+            "keep skills in at most N classes, the most requested: every LB takes in "
+            "each résumé with its event loop stopped (some 3 ms per thousand classes)",
+            minimum=1, where=EVERYWHERE, metavar="N"),
     Setting("reset_skills", str, "",
             "set to a new value (e.g. the time) to make every worker forget its "
             "skills and send an empty résumé",

@@ -345,6 +345,7 @@ class Worker(Handler):
         listen: Tuple[str, int] = ("127.0.0.1", 0),
         history: int = resume_module.DEFAULT_HISTORY,
         max_skill_age: Optional[int] = None,
+        max_classes: int = resume_module.MAX_CLASSES,
         resume_file: Optional[str] = None,
         threads: Optional[int] = None,
         secret: Optional[bytes] = None,
@@ -362,6 +363,7 @@ class Worker(Handler):
         self.version = version  # the application's, told to every LB in our Hello
         self.history = history
         self.max_skill_age = max_skill_age
+        self.max_classes = max_classes
         self.skills: Optional[resume_module.Skills] = None
         self.connections: Set[Connection] = set()
         self._no_lbs = gevent.event.Event()  # set while no LB is connected
@@ -388,7 +390,8 @@ class Worker(Handler):
         initial = {}
         if self.resume_file:
             initial = resume_module.load_resume(self.resume_file)
-        self.skills = resume_module.Skills(self.history, self.max_skill_age, initial)
+        self.skills = resume_module.Skills(self.history, self.max_skill_age, initial,
+                                           self.max_classes)
         if self.threads:
             self.threadpool = gevent.threadpool.ThreadPool(self.threads)
         else:  # greenlet mode: say so when the application blocks the loop
@@ -434,12 +437,16 @@ class Worker(Handler):
         self._stopped.set()
 
     def configure(self, history: Optional[int] = None,
-                  max_skill_age: Optional[int] = None) -> None:
-        """Change ``history``/``max_skill_age`` at run time."""
+                  max_skill_age: Optional[int] = None,
+                  max_classes: Optional[int] = None) -> None:
+        """Change ``history``/``max_skill_age``/``max_classes`` at run time
+        (None: ``history`` and ``max_classes`` as they are, ``max_skill_age``
+        its default)."""
         self.history = history if history is not None else self.history
         self.max_skill_age = max_skill_age
+        self.max_classes = max_classes if max_classes is not None else self.max_classes
         if self.skills is not None:
-            self.skills.configure(self.history, self.max_skill_age)
+            self.skills.configure(self.history, self.max_skill_age, self.max_classes)
 
     # -- connections --------------------------------------------------
 
