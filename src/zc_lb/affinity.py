@@ -353,7 +353,7 @@ class AffinityPool(SlowStart, Relearning):
         until they ask for ``NARROW`` of a worker less than one member
         fewer (see the module docstring: NASA's ``shuttle``, at 2.94 to
         3.04 workers' share of the keys, went from three members to
-        four and back dozens of times a run)."""
+        four and back some twenty times in a run)."""
         n = len(self.workers)
         # Few requests or keys prove nothing: until there are PRIOR per
         # worker, a class is judged against that many.
