@@ -72,6 +72,8 @@ EXAMPLES = [
     End(3),
     Response(4, "200 OK", [("Content-Type", "text/plain"), ("X-\u00e9", "\u2603")]),
     Response(4, "204 No Content", []),
+    Response(4, "200 OK", [], elapsed=0.0),
+    Response(4, "200 OK", [("A", "b")], elapsed=0.001234),
     Cancel(5),
     Credit(6, 0),
     Credit(6, 2**32 - 1),
@@ -161,7 +163,13 @@ def test_without_whole_frames_a_whole_message_is_its_parts(message):
     (struct.pack("!I", 4) + b'"ok"', "malformed response start"),
     (struct.pack("!I", 14) + b'["200", [[1]]]', "malformed response header"),
     (struct.pack("!I", 2) + b"[]body", "malformed response start"),
-])
+] + [(struct.pack("!I", len(head)) + head, error) for head, error in (
+    (b'["200", [], -0.5]', "malformed response time"),
+    (b'["200", [], "0.5"]', "malformed response time"),
+    (b'["200", [], true]', "malformed response time"),
+    (b'["200", [], 1e99]', "malformed response time"),
+    (b'["200", [], 1, 2]', "malformed response start"),
+)])
 def test_malformed_whole_responses(payload, error):
     assert error in str(decode_error(frame(1, protocol.WHOLE_RESPONSE, payload)))
 
@@ -219,6 +227,31 @@ def test_a_peer_that_does_not_offer_whole_frames_is_sent_the_parts(old):
     lb.receive_data(worker.respond(rno, "200 OK", [], b"hi", end=True))
     assert drain(lb) == ([Response(rno, "200 OK", []), Body(rno, b"hi"), End(rno)]
                                 if old == "lb" else [Response(rno, "200 OK", [], b"hi", True)])
+    assert lb.streams == {} and worker.streams == {}
+
+
+@pytest.mark.parametrize("old", ["lb", "worker"])
+def test_the_apps_time_goes_with_a_response_when_the_lb_offers_timing(old):
+    # An LB of the version before took a response head of exactly two
+    # items: a worker says the app's time only to an LB that offers it.
+    current = tuple(protocol.FEATURES)
+    before = tuple(f for f in current if f != protocol.TIMING)
+    lb = protocol.Connection("lb", features=before if old == "lb" else current)
+    worker = protocol.Connection("worker", features=before if old == "worker" else current)
+    for side, peer in ((lb, worker), (worker, lb)):
+        peer.receive_data(side.data_to_send())
+        assert isinstance(peer.next_event(), protocol.Ready)
+    assert worker.timing == (old != "lb")
+    for end in (True, False):
+        rno, data = lb.start_request({}, end=True)
+        worker.receive_data(data)
+        drain(worker)
+        lb.receive_data(worker.respond(rno, "200 OK", [], b"hi", end=end, elapsed=0.0125))
+        response = drain(lb)[0]
+        assert response.elapsed == (None if old == "lb" else 0.0125)
+        if not end:
+            lb.receive_data(worker.send(End(rno)))
+            drain(lb)
     assert lb.streams == {} and worker.streams == {}
 
 

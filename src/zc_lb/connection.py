@@ -163,14 +163,16 @@ class Exchange:
             connection.forget(self)
 
     def respond(self, status: str, headers: List[Tuple[str, str]], body: bytes = b"",
-                end: bool = False) -> None:
+                end: bool = False, elapsed: Optional[float] = None) -> None:
         """Worker side: the response head, ``body`` (within credit) and End
-        if ``end``, in one write: a small response is one frame batch."""
+        if ``end``, in one write: a small response is one frame batch;
+        ``elapsed``, the application's seconds so far, for an LB that
+        takes them."""
         if self.error is not None:
             raise self.error
         connection = self.connection
         proto = connection.protocol
-        connection.write(proto.respond(self.rno, status, headers, body, end))
+        connection.write(proto.respond(self.rno, status, headers, body, end, elapsed))
         if end and self.rno not in proto.streams:
             connection.forget(self)
 

@@ -63,7 +63,8 @@ CREDIT_PAYLOAD = struct.Struct("!I")
 HEAD_LENGTH = struct.Struct("!I")  # of the status and headers in a WHOLE_RESPONSE
 
 WHOLE = "whole"  # the Hello feature: whole requests and responses in one frame
-FEATURES = (WHOLE,)
+TIMING = "timing"  # the Hello feature: a response head says the app's seconds
+FEATURES = (WHOLE, TIMING)
 WHOLE_REQUEST = 16  # Request and End
 WHOLE_RESPONSE = 17  # Response, Body and End
 
@@ -164,6 +165,7 @@ class Response:
     headers: List[Tuple[str, str]]
     body: bytes = field(default=b"", repr=False)
     end: bool = False
+    elapsed: Optional[float] = None  # the application's seconds, if the worker said
     TYPE = 13
 
 
@@ -251,7 +253,8 @@ def _encode(message: Message, whole: bool) -> bytes:
             return _frame(message.rno, WHOLE_REQUEST, payload)
         return _frame(message.rno, Request.TYPE, payload) + HEADER.pack(message.rno, End.TYPE, 0)
     if isinstance(message, Response):
-        return _response_frames(message.rno, _response_payload(message.status, message.headers),
+        return _response_frames(message.rno, _response_payload(message.status, message.headers,
+                                                               message.elapsed),
                                 message.body, message.end, whole)
     if isinstance(message, (Ping, Pong)):
         return HEADER.pack(0, message.TYPE, 0)
@@ -275,13 +278,16 @@ def _encode(message: Message, whole: bool) -> bytes:
     raise LocalProtocolError("cannot encode %r" % (message,))
 
 
-def _response_payload(status: str, headers: List[Tuple[str, str]]) -> bytes:
+def _response_payload(status: str, headers: List[Tuple[str, str]],
+                      elapsed: Optional[float] = None) -> bytes:
     # orjson writes tuples as arrays: no list(h) copy per header.  Names
     # and values must be strings, as the peer checks.
     for header in headers:
         if len(header) != 2 or type(header[0]) is not str or type(header[1]) is not str:
             raise LocalProtocolError("response header %r is not a pair of strings" % (header,))
-    return _json([status, headers])
+    if elapsed is None:
+        return _json([status, headers])
+    return _json([status, headers, round(elapsed, 6)])
 
 
 def _response_frames(rno: int, head: bytes, body: bytes, end: bool, whole: bool) -> bytes:
@@ -376,22 +382,33 @@ def _decode_request(rno: int, payload: bytes) -> Request:
     return Request(rno, _string_dict(_load_json(payload, "request"), "environ"))
 
 
-def _response_head(payload) -> Tuple[str, List[Tuple[str, str]]]:
+def _response_head(payload) -> Tuple[str, List[Tuple[str, str]], Optional[float]]:
+    """Status, headers and, from a worker that offers ``timing``, the
+    application's seconds: ``[status, headers]`` or ``[status, headers,
+    elapsed]``."""
     obj = _load_json(payload, "response")
-    if not (isinstance(obj, list) and len(obj) == 2 and isinstance(obj[0], str)
+    if not (isinstance(obj, list) and len(obj) in (2, 3) and isinstance(obj[0], str)
             and isinstance(obj[1], list)):
         raise RemoteProtocolError("malformed response start")
+    elapsed = None
+    if len(obj) == 3:
+        elapsed = obj[2]
+        if (isinstance(elapsed, bool) or not isinstance(elapsed, (int, float))
+                or not 0 <= elapsed < 1e9):
+            raise RemoteProtocolError("malformed response time %r" % (elapsed,))
+        elapsed = float(elapsed)
     headers = []
     for header in obj[1]:
         if not (isinstance(header, list) and len(header) == 2
                 and isinstance(header[0], str) and isinstance(header[1], str)):
             raise RemoteProtocolError("malformed response header %r" % (header,))
         headers.append((header[0], header[1]))
-    return obj[0], headers
+    return obj[0], headers, elapsed
 
 
 def _decode_response(rno: int, payload: bytes) -> Response:
-    return Response(rno, *_response_head(payload))
+    status, headers, elapsed = _response_head(payload)
+    return Response(rno, status, headers, elapsed=elapsed)
 
 
 def _decode_whole_request(rno: int, payload: bytes) -> Request:
@@ -411,8 +428,8 @@ def _decode_whole_response(max_message: int, max_body: int, rno: int,
         raise RemoteProtocolError("whole response with a %d-byte head and a %d-byte body, "
                                   "over the limits of %d and %d"
                                   % (length, len(payload) - start, max_message, max_body))
-    status, headers = _response_head(memoryview(payload)[HEAD_LENGTH.size:start])
-    return Response(rno, status, headers, payload[start:], True)
+    status, headers, elapsed = _response_head(memoryview(payload)[HEAD_LENGTH.size:start])
+    return Response(rno, status, headers, payload[start:], True, elapsed)
 
 
 def _decode_credit(rno: int, payload: bytes) -> Credit:

@@ -73,6 +73,7 @@ from .frames import (  # noqa: F401  (the frames' names are the protocol's too)
     RequestMessage,
     Response,
     Resume,
+    TIMING,
     VERSION,
     WHOLE,
     WHOLE_REQUEST,
@@ -256,6 +257,7 @@ class Connection:
         self.our_hello = new_hello(role, secret, app_version, features)
         self.peer_hello: Optional[Hello] = None
         self.whole = False  # send whole frames: the peer offered them
+        self.timing = False  # say the application's seconds: the peer offered it
         self.streams: Dict[int, Stream] = {}
         self.last_rno = 0
         self.we_go_away = False
@@ -366,6 +368,7 @@ class Connection:
         check_hello(self.our_hello, theirs)
         self.peer_hello = theirs
         self.whole = WHOLE in theirs.features
+        self.timing = TIMING in theirs.features
         if self.secret is None:
             return self._open()
         self._out.append(encode(Auth(auth_digest(self.secret, theirs.nonce, self.role))))
@@ -483,11 +486,13 @@ class Connection:
         return data
 
     def respond(self, rno: int, status: str, headers: List[Tuple[str, str]],
-                body: bytes = b"", end: bool = False) -> bytes:
+                body: bytes = b"", end: bool = False,
+                elapsed: Optional[float] = None) -> bytes:
         """Worker side: the bytes of Response(status, headers, body, end),
-        one whole frame when it ends and the peer takes them; the checks
-        of ``send``, made before anything changes (the whole response is
-        refused or sent)."""
+        one whole frame when it ends and the peer takes them, with the
+        application's ``elapsed`` seconds when the peer offered
+        ``timing``; the checks of ``send``, made before anything changes
+        (the whole response is refused or sent)."""
         if self.phase not in (OPEN_PHASE, CLOSING):
             raise LocalProtocolError("cannot send Response while %s" % self.phase)
         stream = self.streams.get(rno)
@@ -506,7 +511,7 @@ class Connection:
             raise LocalProtocolError("request %d: %d body bytes past our credit of %d"
                                      % (rno, size, stream.credit))
         try:
-            payload = _response_payload(status, headers)
+            payload = _response_payload(status, headers, elapsed if self.timing else None)
         except (ValueError, TypeError) as exc:
             raise LocalProtocolError("cannot encode the response to %d: %s" % (rno, exc))
         data = _response_frames(rno, payload, body, end, self.whole)

@@ -139,6 +139,13 @@ class ResponseWriter:
         self.status: Optional[str] = None
         self.headers: List[Tuple[str, str]] = []
         self.started = False
+        self.began: Optional[float] = None  # perf_counter() when the app began
+
+    def _elapsed(self) -> Optional[float]:
+        """The application's seconds until its response starts: the LB
+        learns from it what a key's cached data buys (``locality.py``)."""
+        began = self.began
+        return None if began is None else time.perf_counter() - began
 
     def start_response(self, status, headers, exc_info=None):
         if exc_info is not None:
@@ -159,13 +166,14 @@ class ResponseWriter:
         exchange = self.exchange
         if not self.started:
             self.started = True
+            elapsed = self._elapsed()
             if self.head or not data:
-                exchange.respond(self.status, self.headers)
+                exchange.respond(self.status, self.headers, elapsed=elapsed)
                 return
             if len(data) <= min(exchange.credit, MAX_BODY):
-                exchange.respond(self.status, self.headers, data)
+                exchange.respond(self.status, self.headers, data, elapsed=elapsed)
                 return
-            exchange.respond(self.status, self.headers)
+            exchange.respond(self.status, self.headers, elapsed=elapsed)
         if data and not self.head:
             exchange.send_body(data)
 
@@ -179,7 +187,8 @@ class ResponseWriter:
                 raise AssertionError("application returned without start_response()")
             if self.head or not data or len(data) <= min(exchange.credit, MAX_BODY):
                 self.started = True
-                exchange.respond(self.status, self.headers, b"" if self.head else data, True)
+                exchange.respond(self.status, self.headers, b"" if self.head else data, True,
+                                 self._elapsed())
                 return
         if data:
             self.write(data)
@@ -561,7 +570,7 @@ class Worker(Handler):
         slots = self.slots
         if slots is not None:
             slots.acquire()
-        start = time.perf_counter()
+        writer.began = start = time.perf_counter()
         self.loopwatch.serving(environ["REQUEST_METHOD"] + " "  # type: ignore[operator]
                                + environ["PATH_INFO"])  # type: ignore[operator]
         try:
@@ -589,7 +598,7 @@ class Worker(Handler):
         deferred: list = []
 
         def run() -> Optional[ZcLbError]:
-            started[0] = time.perf_counter()
+            writer.began = started[0] = time.perf_counter()
             try:
                 self._run_app(environ, writer, send, start_response, deferred)
             except ZcLbError as exc:  # the LB went away: raised here, not printed there
