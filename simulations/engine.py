@@ -154,14 +154,16 @@ class Simulation:
             self.sample()
         site, label, objects, key = self.workload.next()
         lb = self.issued % len(self.lbs)  # clients spread over the LBs evenly
-        self.route([site, label, objects, self.now, client, key, lb])
+        self.route([site, label, objects, self.now, client, key, lb, None])
 
     def route(self, request: list) -> None:
         """Ask the policy for a worker and hand the request over."""
-        wid = self.lbs[request[6]].get(request[1], request[5])
+        lb = self.lbs[request[6]]
+        wid = lb.get(request[1], request[5])
         if wid is None:
             self.waiting.append(request)
             return
+        request[7] = lb.placed  # (for ``served``, as the LB keeps it)
         worker = self.workers[wid]
         worker.outstanding += 1
         if request[0] == self.workload.hot_site:
@@ -189,7 +191,9 @@ class Simulation:
         worker.served += 1
         if request[0] == self.workload.hot_site:
             worker.hot -= 1
-        self.lbs[request[6]].put(worker.id)
+        lb = self.lbs[request[6]]
+        lb.served(request[7], service)  # as the worker's response says
+        lb.put(worker.id)
         resume = worker.skills.record(request[1], service)
         if resume is not None and self.resumes and worker.alive:
             for lb in self.lbs:

@@ -77,6 +77,11 @@ class Policy:
     def choose(self, rclass: str) -> Hashable:
         raise NotImplementedError
 
+    placed = None  # (what the pool's ``get`` leaves for ``served``)
+
+    def served(self, placed: object, elapsed: float) -> None:
+        """Service times are ignored."""
+
     def put(self, handle: Hashable) -> None:
         """A request on ``handle`` ended."""
         if self.backlog.get(handle, 0) > 0:

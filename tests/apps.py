@@ -68,6 +68,10 @@ def app(environ, start_response):
         gevent.sleep(float(query or 1))
     elif path == "/block":
         time.sleep(float(query or 1))
+    elif path == "/cpu":  # a CPU-bound view: this many ms of the thread's CPU
+        end = time.thread_time() + float(query or 1) / 1000
+        while time.thread_time() < end:
+            pass
     elif path == "/count":
         return _text(start_response, str(_count(environ)))
     elif path == "/big":

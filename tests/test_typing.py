@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PURE = ["pool.py", "affinity.py", "classstats.py", "slowstart.py", "relearn.py", "outlier.py",
+PURE = ["pool.py", "affinity.py", "classstats.py", "locality.py", "slowstart.py", "relearn.py", "outlier.py",
         "resume.py", "frames.py", "protocol.py", "classifier.py",
         "settings.py", "tree.py", "httpparse.py", "h1.py"]
 

@@ -126,7 +126,8 @@ class ClassStats:
 
     __slots__ = ("count", "seen", "footprint", "salt", "members", "uses", "version",
                  "joins", "holders", "held", "floors", "fresh", "moved", "following",
-                 "senders", "reset", "work", "cost", "key_width", "extra", "pressure")
+                 "senders", "reset", "work", "cost", "key_width", "extra", "pressure",
+                 "home_time", "home_count", "away_time", "away_count")
 
     def __init__(self, rclass: str, window: int, seed: int = 0) -> None:
         self.members: Optional[Dict[PoolWorker, float]] = None  # as last worked out
@@ -144,6 +145,10 @@ class ClassStats:
         self.key_width = 0  # the workers its keys last asked for (``AffinityPool._widths``)
         self.extra = 0  # 1 while it has a member over its width (``AffinityPool._widen``)
         self.pressure = 1.0  # its members' mean backlog over the pool's, decayed
+        # decayed service times and counts of its requests placed where
+        # their key last went and elsewhere (``locality.py``)
+        self.home_time = self.home_count = 0.0
+        self.away_time = self.away_count = 0.0
         self.footprint = Footprint(window)
         self.salt = stable_hash(rclass) ^ seed
         # workers that joined while starting -> pool request when they did

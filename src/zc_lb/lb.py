@@ -440,6 +440,7 @@ class LB(LinkEvents):
         try:
             for attempt in range(self.max_retries + 1):
                 connection = self._get_worker(rclass, key)
+                placed = self.pool.placed  # (``get`` has just set it: no switch since)
                 counts, peer = self.worker_counts, connection.peer
                 counts[peer, "requests"] = counts.get((peer, "requests"), 0) + 1
                 environ["zc_lb.worker"] = peer
@@ -449,6 +450,8 @@ class LB(LinkEvents):
                     if has_body:
                         upload = _send_body(exchange, environ["wsgi.input"])
                     response = self._await_response(exchange, upload, environ, retryable)
+                    if placed is not None and response.elapsed is not None:
+                        self.pool.served(placed, response.elapsed)
                     length = self._start(connection, response, environ, start_response)
                 except (ConnectionLost, ConnectionClosed):
                     self._abort(connection, exchange, upload)

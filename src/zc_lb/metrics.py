@@ -139,10 +139,19 @@ def lb_families(doc: dict, top_classes: int = TOP_CLASSES) -> Iterator[Metric]:
                            ("backlog_history", "The pool's backlog_history setting."),
                            ("unskilled_score", "The pool's unskilled_score setting."),
                            ("backlog", "Requests in flight on the pool's workers."),
-                           ("mean_backlog", "The pool's decayed mean backlog.")):
+                           ("mean_backlog", "The pool's decayed mean backlog."),
+                           ("locality_gain", "How many times longer a request takes away "
+                            "from its key's home (the affinity policy; absent until "
+                            "measured).")):
         value = pool.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             yield GaugeMetricFamily("zc_lb_pool_" + key, help_text, value=value)
+    for key, help_text in (("bounded", "Requests sent to the least busy worker because "
+                            "their key's worker was past the bound of what locality buys."),
+                           ("spills", "Requests no member of their class could take.")):
+        value = pool.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            yield CounterMetricFamily("zc_lb_pool_" + key, help_text, value=value)
 
     yield from worker_families(workers)
     yield from class_families(doc.get("classes", {}), workers, top_classes)

@@ -50,7 +50,7 @@ when there is none is the caller's business (``get`` returns None).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Dict, Hashable, Iterable, Mapping, Optional, Tuple
+from typing import Any, Dict, Hashable, Iterable, Mapping, Optional, Set, Tuple
 
 from .settings import LB_SETTINGS, check
 
@@ -59,7 +59,7 @@ class PoolWorker:
     """The pool's record of one worker: backlog, decayed backlog, skills."""
 
     __slots__ = ("handle", "backlog", "mbacklog", "dsum", "dcount", "resume",
-                 "version", "name", "salt")
+                 "version", "name", "salt", "given")
 
     def __init__(self, handle: Hashable, version: Optional[str] = None,
                  name: Optional[str] = None) -> None:
@@ -72,6 +72,9 @@ class PoolWorker:
         self.version = version
         self.name = str(handle) if name is None else name
         self.salt = 0  # the affinity policy's per-worker hash salt
+        # classes the pool made it skilled in at ``unskilled_score``, which
+        # its résumé has not scored yet
+        self.given: Set[str] = set()
 
     def __repr__(self) -> str:
         return "<PoolWorker %r backlog=%d mbacklog=%.2f skills=%d>" % (
@@ -106,6 +109,9 @@ class Pool:
         self.mbacklog = 0.0
         self.dsum = 0.0
         self.dcount = 0.0
+        # What the last ``get`` placed, for ``served``; None when there is
+        # nothing to learn from its service time.
+        self.placed: Any = None
         self._settings_changed()
 
     # -- settings -----------------------------------------------------
@@ -205,6 +211,7 @@ class Pool:
                 if not skilled:
                     del skilled_map[rclass]
         worker.resume = {}
+        worker.given.clear()
 
     def __contains__(self, handle: Hashable) -> bool:
         return handle in self.workers
@@ -221,11 +228,16 @@ class Pool:
         ``rclass`` None means the request has no class: it goes to the
         least loaded worker.  The published algorithm ignores ``key``.
         """
-        lru = self._lru
-        if not lru:
+        if not self._lru:
             return None
         if rclass is None:
             return self._least_backlog()
+        return self._chosen(self._published(rclass))
+
+    def _published(self, rclass: str) -> PoolWorker:
+        """The published choice for a request of ``rclass`` (steps 1 to
+        3 of the module docstring), not yet accounted."""
+        lru = self._lru
         oldest = next(iter(lru))
         max_backlog = self.variance * self.mbacklog / len(self.workers)
         if max_backlog < 1.0:
@@ -251,11 +263,11 @@ class Pool:
             if rclass not in best_worker.resume:
                 score = self.unskilled_score
                 best_worker.resume[rclass] = score
+                best_worker.given.add(rclass)
                 if skilled is None:
                     skilled = self.skilled[rclass] = {}
                 skilled[best_worker] = score
-
-        return self._chosen(best_worker)
+        return best_worker
 
     def _chosen(self, worker: PoolWorker) -> Hashable:
         """Account a request given to ``worker``; its handle."""
@@ -267,15 +279,26 @@ class Pool:
 
     def _least_backlog(self) -> Optional[Hashable]:
         """The least loaded worker, ties to the least recently chosen: O(workers)."""
+        best = self._least_loaded()
+        if best is None:
+            return None
+        return self._chosen(best)
+
+    def _least_loaded(self) -> Optional[PoolWorker]:
+        """The worker with the least backlog, ties to the least recently
+        chosen, not yet accounted: O(workers)."""
         best = None
         for worker in self._lru:  # least recently chosen first
             if best is None or worker.backlog < best.backlog:
                 best = worker
                 if not worker.backlog:
                     break
-        if best is None:
-            return None
-        return self._chosen(best)
+        return best
+
+    def served(self, placed: Any, elapsed: float) -> None:
+        """The application took ``elapsed`` seconds for a request that
+        ``get`` placed, ``placed`` being the pool's ``placed`` right after
+        that ``get``.  The published policy learns from résumés alone."""
 
     def put(self, handle: Hashable) -> None:
         """A request given to ``handle`` by ``get`` has ended."""

@@ -110,6 +110,7 @@ class Relearning(PoolPart):
     def _forget_all_skills(self) -> None:
         for worker in self.workers.values():
             worker.resume = {}
+            worker.given.clear()
         self.skilled.clear()
         self.stale.clear()
         for stats in self.classes.values():
@@ -213,6 +214,7 @@ class Relearning(PoolPart):
         skilled = self.skilled.setdefault(rclass, {})
         self._fresh(worker, rclass)
         skilled[worker] = worker.resume[rclass] = self.unskilled_score
+        worker.given.add(rclass)
         self.skills_version += 1
 
     def _settled(self, stats: ClassStats) -> None:

@@ -1,0 +1,144 @@
+"""What keeping a key at home buys (locality.py), and how the affinity
+policy weighs it: a hot key spreads where it buys nothing and stays
+where it buys much."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+
+from zc_lb.affinity import MOVE_COST, AffinityPool
+from zc_lb.classstats import ClassStats
+from zc_lb.locality import MIN_SAMPLES, Locality
+
+
+def stats(name: str = "c") -> ClassStats:
+    return ClassStats(name, 0)
+
+
+def test_nothing_is_known_before_enough_of_each_kind():
+    locality, c = Locality(), stats()
+    assert locality.gain(c) is None and locality.pool_gain() is None
+    for _ in range(int(MIN_SAMPLES) + 4):  # (decayed: a few more than that)
+        locality.observe(c, True, 0.001)
+    assert locality.gain(c) is None  # (no away sample yet)
+    for _ in range(int(MIN_SAMPLES) - 1):
+        locality.observe(c, False, 0.004)
+    assert locality.gain(c) is None
+    for _ in range(5):
+        locality.observe(c, False, 0.004)
+    assert locality.gain(c) == pytest.approx(4.0)
+    assert locality.pool_gain() == pytest.approx(4.0)
+
+
+def test_a_class_without_its_own_samples_takes_the_pools_gain():
+    locality, a, b = Locality(), stats("a"), stats("b")
+    for _ in range(20):
+        locality.observe(a, True, 0.002)
+        locality.observe(a, False, 0.002)
+    assert locality.gain(a) == pytest.approx(1.0)
+    locality.observe(b, True, 1.0)
+    assert locality.gain(b) == pytest.approx(1.0)  # the pool's
+
+
+def test_the_pools_gain_weighs_each_away_request_by_its_own_class():
+    # A class of 100 ms requests and one of 1 ms: neither is faster at
+    # home, and the pool says so, whichever class its away samples are of.
+    locality, slow, fast = Locality(), stats("slow"), stats("fast")
+    for _ in range(20):
+        locality.observe(slow, True, 0.1)
+        locality.observe(fast, True, 0.001)
+    for _ in range(20):
+        locality.observe(slow, False, 0.1)
+    assert locality.pool_gain() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("elapsed", [float("nan"), -1.0])
+def test_a_time_that_is_no_time_is_ignored(elapsed):
+    locality, c = Locality(), stats()
+    locality.observe(c, True, elapsed)
+    locality.observe(c, False, elapsed)
+    assert c.home_count == c.away_count == 0.0
+
+
+def test_home_without_time_and_away_with_some_is_an_infinite_gain():
+    locality, c = Locality(), stats()
+    for _ in range(10):
+        locality.observe(c, True, 0.0)
+        locality.observe(c, False, 0.001)
+    assert math.isinf(locality.gain(c))
+
+
+# -- the policy ------------------------------------------------------------
+
+
+def run(pool: AffinityPool, requests: int, outstanding: int, home: float, away: float,
+        key: str = "/") -> Counter:
+    """Requests of one class and key, ``outstanding`` in flight, each
+    ending in arrival order and served in ``home`` seconds where the key
+    last went and ``away`` elsewhere; which worker took each."""
+    flight = []
+    taken: Counter = Counter()
+    for _ in range(requests):
+        handle = pool.get("c", key)
+        taken[handle] += 1
+        placed = pool.placed
+        flight.append((handle, placed))
+        if len(flight) >= outstanding:
+            handle, placed = flight.pop(0)
+            if placed is not None:
+                pool.served(placed, home if placed[1] else away)
+            pool.put(handle)
+    return taken
+
+
+def pool_of(n: int) -> AffinityPool:
+    pool = AffinityPool()
+    for i in range(n):
+        pool.add("w%d" % i)
+    return pool
+
+
+def test_a_hot_key_that_is_as_fast_anywhere_spreads_evenly():
+    pool = pool_of(2)
+    run(pool, 500, 20, 0.001, 0.001)
+    taken = run(pool, 2000, 20, 0.001, 0.001)
+    assert max(taken.values()) <= 0.55 * 2000, taken
+    assert pool.locality.pool_gain() == pytest.approx(1.0)
+
+
+def test_a_key_twenty_times_slower_away_stays_at_home():
+    pool = pool_of(2)
+    run(pool, 500, 20, 0.001, 0.02)
+    taken = run(pool, 2000, 20, 0.001, 0.02)
+    assert max(taken.values()) >= 0.75 * 2000, taken
+    assert pool.locality.pool_gain() == pytest.approx(20.0)
+
+
+def test_no_worker_holds_more_than_the_bound_over_the_least_busy():
+    # Before anything is measured, the bound is that of a prior gain of 2:
+    # no worker past 1 + MOVE_COST times the least busy one's backlog + 1.
+    pool = pool_of(4)
+    handles = [pool.get("c", "/") for _ in range(100)]
+    backlogs = sorted(Counter(handles).values())
+    assert max(backlogs) <= (1 + MOVE_COST) * (min(backlogs) + 1)
+    assert len(backlogs) == 4
+
+
+def test_a_worker_the_lb_made_skilled_is_not_taken_for_one_request_a_second():
+    # The published spill gave w2 the class at the unskilled score (1
+    # request a second); the members' learned 100 say how fast it may be.
+    pool = pool_of(3)
+    for handle in ("w0", "w1"):
+        pool.new_resume(handle, {"c": 100.0})
+    w0, w1, w2 = (pool.workers[h] for h in ("w0", "w1", "w2"))
+    w0.mbacklog = w1.mbacklog = 5.0  # over the published cap: the class spills
+    assert pool._published("c") is w2 and "c" in w2.given
+    assert pool._estimate("c", w2) == 100.0
+    w0.backlog, w1.backlog, w2.backlog = 6, 4, 0
+    assert pool._stay("c", {w0: 100.0, w1: 100.0}, w2) is w2  # 5/100 * 2 > 1/100
+    pool.new_resume("w2", {"c": 1.0})  # its own résumé says it is that slow
+    assert "c" not in w2.given
+    assert pool._stay("c", {w0: 100.0, w1: 100.0}, w2) is w1
