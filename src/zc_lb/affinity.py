@@ -294,7 +294,8 @@ class AffinityPool(SlowStart, Relearning):
         skilled = self.skilled.get(rclass)
         self._notice_unskilled(skilled, decay)
         if key is None:
-            return self._chosen(self._weighed(None, self._published(rclass)))
+            chosen = self._published(rclass)
+            return self._chosen(self._weighed(None, chosen) if chosen.backlog else chosen)
         stats, key_hash, book_hash = self._observe(rclass, key)
         entry = self.book.get(book_hash)
         self._moved(rclass, stats, entry)
@@ -322,9 +323,10 @@ class AffinityPool(SlowStart, Relearning):
             home = owner
         if chosen is None:
             chosen, away = self._spill(rclass, members, key_hash), True
-        weighed = self._weighed(stats, chosen, members)
-        if weighed is not chosen:
-            chosen, away = weighed, True
+        if chosen.backlog:  # (an idle worker is within every bound)
+            weighed = self._weighed(stats, chosen, members)
+            if weighed is not chosen:
+                chosen, away = weighed, True
         self._book(book_hash, entry, rclass, chosen, AWAY if away else stats.joins)
         if home is not None and home.handle in self.workers:
             self.placed = (stats, chosen is home)
@@ -357,19 +359,15 @@ class AffinityPool(SlowStart, Relearning):
         the least busy worker, where the request is expected to be served
         sooner, counting what the move costs the caches.  Before any gain
         is known, ``_explore`` may send it elsewhere to learn one."""
-        if chosen.backlog == 0:
-            return chosen
         own = None if stats is None else self.locality.class_gain(stats)
         gain = own if own is not None else self.locality.pool_gain()
         bound = None if gain is None else 1.0 + MOVE_COST * max(0.0, gain - 1.0 - NOISE)
-        if bound is not None and chosen.backlog + 1 <= bound:
+        if bound is None:
+            return chosen if stats is None else self._explore(chosen, members)
+        if chosen.backlog + 1 <= bound:
             return chosen  # (within the bound of an idle worker: no need to look)
         least = self._least_settled()
-        if least is None or least.backlog >= chosen.backlog:
-            return chosen
-        if bound is None:
-            return chosen if stats is None else self._explore(chosen, least, members)
-        if chosen.backlog + 1 > bound * (least.backlog + 1):
+        if least is not None and chosen.backlog + 1 > bound * (least.backlog + 1):
             self.bounded += 1
             return least
         return chosen
@@ -387,22 +385,23 @@ class AffinityPool(SlowStart, Relearning):
                     break
         return least
 
-    def _explore(self, chosen: PoolWorker, least: PoolWorker,
+    def _explore(self, chosen: PoolWorker,
                  members: Optional[Dict[PoolWorker, float]]) -> PoolWorker:
         """Before any gain is known: one in ``EXPLORE`` of the requests
-        that find ``chosen`` busier than ``least`` goes to the least busy
-        of the other ``members`` (where the balance bound would move it:
-        a key moved within its class loads less) or to ``least``, so that
-        its service time away from home teaches the pool a gain.  Without
-        this a hot key of two workers stayed at its owner: the balance
-        bound, relative to the members' mean, never moved it."""
+        that find ``chosen`` busy goes to the least busy of the other
+        ``members`` (where the balance bound would move it: a key moved
+        within its class loads less), or of all workers, if that one is
+        less busy, so that its service time away from home teaches the
+        pool a gain.  Without this a hot key of two workers stayed at
+        its owner: the balance bound, relative to the members' mean,
+        never moved it."""
         self.unexplored += 1
         if self.unexplored % EXPLORE:
             return chosen
         starting = self.starting
         other = min((w for w in members or () if w is not chosen and w not in starting),
-                    key=attrgetter("backlog"), default=least)
-        if other.backlog >= chosen.backlog:
+                    key=attrgetter("backlog"), default=None) or self._least_settled()
+        if other is None or other.backlog >= chosen.backlog:
             return chosen
         self.explored += 1
         return other
