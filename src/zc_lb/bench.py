@@ -17,6 +17,17 @@ absolute times.  Three targets serve the same trivial WSGI app
            doing none of the LB's work: what the design costs in Python
            before any of it, the yardstick for the LB's CPU.
 
+Then the realistic pair: an app that spends 1 ms of CPU on every request
+(``cpu_app``, a small view's worth) at one path, so that every request
+is one class and one affinity key, under ``wrk -c20``:
+
+  zc-lb-cpu    ``zc-lb lb`` (the chosen policy) in front of two
+               ``zc-lb worker`` processes in their default thread mode;
+  haproxy-cpu  HAProxy leastconn in front of two gevent.pywsgi servers.
+
+Its ratio says whether the default policy holds its own where locality
+buys nothing: a hot key must spread as least backlog would spread it.
+
 Each target gets a short wrk warm-up, then one measured wrk run with the
 same settings (``wrk -t1 -cC -dNs --latency``).  Requests per second and
 latency percentiles come from wrk; CPU per request is the balancer's (and
@@ -65,10 +76,13 @@ from .testing import ProcessError, free_port, stop_process, wait_for_port
 BODY = b"Hello, world\n"
 HAPROXY_TEMPLATE = Path(__file__).resolve().parents[2] / "etc" / "haproxy-bench.cfg"
 SERVE_READY = "zc-lb bench server listening on "
-TARGETS = ("zc-lb", "haproxy", "direct", "lb-1p", "lb-2p", "floor")
+TARGETS = ("zc-lb", "haproxy", "direct", "lb-1p", "lb-2p", "floor", "zc-lb-cpu",
+           "haproxy-cpu")
+REALISTIC = ("zc-lb-cpu", "haproxy-cpu")  # measured with CPU_CONNECTIONS
 SCALE_WORKERS = 4  # workers behind lb-1p and lb-2p: enough that the LB is the limit
 GOAL_LB_CPU_US = 50  # HAProxy's own cost per proxied request, in Python
 GOAL_WORKER_US = 50  # a worker's CPU per request beyond the app's
+GOAL_REALISTIC = 0.95  # the realistic pair's throughput, zc-lb over HAProxy
 IN_PROCESS_TIMEOUT = 120  # seconds for the in-process measure's requests
 
 
@@ -83,11 +97,29 @@ def hello_app(environ, start_response):
     return [BODY]
 
 
+CPU_SECONDS = 0.001  # the realistic app's CPU per request
+CPU_CONNECTIONS = 20  # wrk connections for the realistic pair
+
+
+def cpu_app(environ, start_response):
+    """The realistic app: 1 ms of CPU (this thread's), then a small body."""
+    import time
+
+    end = time.thread_time() + CPU_SECONDS
+    while time.thread_time() < end:
+        pass
+    return hello_app(environ, start_response)
+
+
+APPS = {"hello": hello_app, "cpu": cpu_app}
+
+
 # -- the pywsgi server behind HAProxy and for "direct" ------------------
 
 
-def serve(address: str) -> None:
-    """Serve ``hello_app`` with gevent.pywsgi on HOST:PORT until SIGTERM."""
+def serve(address: str, app: str = "hello") -> None:
+    """Serve ``hello_app`` (or ``APPS[app]``) with gevent.pywsgi on
+    HOST:PORT until SIGTERM."""
     import gevent
     import gevent.pywsgi
 
@@ -97,7 +129,7 @@ def serve(address: str) -> None:
             super().__init__(sock, *args, **kwargs)
 
     host, port = address.rsplit(":", 1)
-    server = gevent.pywsgi.WSGIServer((host, int(port)), hello_app, log=None,
+    server = gevent.pywsgi.WSGIServer((host, int(port)), APPS[app], log=None,
                                       handler_class=NoDelayHandler)
     server.start()
     print(SERVE_READY + "%s:%d" % server.address[:2], flush=True)
@@ -184,14 +216,37 @@ def lb_processes_target(processes: int):
     return target
 
 
-def serve_argv() -> List[str]:
-    return [sys.executable, "-m", "zc_lb.bench", "serve", "127.0.0.1:0"]
+def serve_argv(app: str = "hello") -> List[str]:
+    return [sys.executable, "-m", "zc_lb.bench", "serve", "127.0.0.1:0", app]
 
 
 @contextlib.contextmanager
-def haproxy_target(args: argparse.Namespace) -> Iterator[Target]:
+def zc_lb_cpu_target(args: argparse.Namespace) -> Iterator[Target]:
+    """The realistic pair's zc-lb: thread-mode workers running ``cpu_app``."""
     with contextlib.ExitStack() as stack:
-        servers = [stack.enter_context(running(serve_argv(), SERVE_READY)) for _ in range(2)]
+        workers = [stack.enter_context(running(
+            [sys.executable, "-m", "zc_lb.cli", "--log-level", "WARNING", "worker",
+             "zc_lb.bench:cpu_app"], "zc-lb worker listening on ")) for _ in range(2)]
+        argv = [sys.executable, "-m", "zc_lb.cli", "--log-level", "WARNING", "lb",
+                "--listen", "127.0.0.1:0", "--policy", args.policy]
+        for _, address in workers:
+            argv += ["--worker", address]
+        lb, address = stack.enter_context(running(argv, "zc-lb lb listening on "))
+        yield "http://%s/" % address, [lb.pid], [p.pid for p, _ in workers]
+
+
+@contextlib.contextmanager
+def haproxy_cpu_target(args: argparse.Namespace) -> Iterator[Target]:
+    """The realistic pair's HAProxy: pywsgi servers running ``cpu_app``."""
+    with haproxy_target(args, "cpu") as target:
+        yield target
+
+
+@contextlib.contextmanager
+def haproxy_target(args: argparse.Namespace, app: str = "hello") -> Iterator[Target]:
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(running(serve_argv(app), SERVE_READY))
+                   for _ in range(2)]
         listen = "127.0.0.1:%d" % free_port()
         cfg = stack.enter_context(tempfile.NamedTemporaryFile(
             "w", prefix="zc-lb-haproxy-", suffix=".cfg"))
@@ -233,7 +288,8 @@ def floor_target(args: argparse.Namespace) -> Iterator[Target]:
 
 TARGET_FACTORIES = {"zc-lb": zc_lb_target, "haproxy": haproxy_target, "direct": direct_target,
                     "lb-1p": lb_processes_target(1), "lb-2p": lb_processes_target(2),
-                    "floor": floor_target}
+                    "floor": floor_target, "zc-lb-cpu": zc_lb_cpu_target,
+                    "haproxy-cpu": haproxy_cpu_target}
 
 
 # -- measuring -------------------------------------------------------------
@@ -295,12 +351,13 @@ def check_response(url: str) -> None:
 
 def measure(name: str, args: argparse.Namespace) -> Dict[str, object]:
     """Start target ``name``, warm it up, measure it, stop it."""
+    connections = CPU_CONNECTIONS if name in REALISTIC else args.connections
     with TARGET_FACTORIES[name](args) as (url, lb_pids, worker_pids):
         check_response(url)
-        run_wrk(args.wrk, url, args.warmup, args.connections)
+        run_wrk(args.wrk, url, args.warmup, connections)
         before = cpu_seconds(lb_pids), cpu_seconds(worker_pids)
         result: Dict[str, object] = dict(parse_wrk(
-            run_wrk(args.wrk, url, args.seconds, args.connections)))
+            run_wrk(args.wrk, url, args.seconds, connections)))
         after = cpu_seconds(lb_pids), cpu_seconds(worker_pids)
     requests = max(int(result["requests"]), 1)  # type: ignore[call-overload]
     result["lb_cpu_us_per_req"] = (after[0] - before[0]) * 1e6 / requests if lb_pids else None
@@ -322,8 +379,10 @@ def ratios(results: List[Dict[str, object]]) -> Dict[str, Optional[float]]:
         return None
 
     scaling = (rps["lb-2p"] / rps["lb-1p"]) if rps.get("lb-1p") and "lb-2p" in rps else None
+    realistic = (rps["zc-lb-cpu"] / rps["haproxy-cpu"]
+                 if rps.get("haproxy-cpu") and "zc-lb-cpu" in rps else None)
     return {"zc-lb / HAProxy": ratio("haproxy"), "zc-lb / direct": ratio("direct"),
-            "lb-2p / lb-1p": scaling}
+            "lb-2p / lb-1p": scaling, "zc-lb-cpu / haproxy-cpu": realistic}
 
 
 def _cell(value: object, fmt: str) -> str:
@@ -332,11 +391,11 @@ def _cell(value: object, fmt: str) -> str:
 
 def format_table(results: List[Dict[str, object]]) -> str:
     """The results as a plain-text table followed by the ratios."""
-    head = "%-8s %10s %9s %9s %14s %15s %7s" % (
+    head = "%-11s %10s %9s %9s %14s %15s %7s" % (
         "target", "req/s", "p50 ms", "p99 ms", "LB CPU us/req", "wkr CPU us/req", "errors")
     lines = [head, "-" * len(head)]
     for r in results:
-        lines.append("%-8s %10.0f %9.2f %9.2f %14s %15s %7d" % (
+        lines.append("%-11s %10.0f %9.2f %9.2f %14s %15s %7d" % (
             r["target"], r["rps"], r["p50_ms"], r["p99_ms"],
             _cell(r["lb_cpu_us_per_req"], "%.1f"), _cell(r["worker_cpu_us_per_req"], "%.1f"),
             r["errors"]))
@@ -352,6 +411,12 @@ def format_table(results: List[Dict[str, object]]) -> str:
                      "%.1f)" % (overhead, zc_lb[0]["worker_cpu_us_per_req"], app))
         lines += goals(zc_lb[0], throughput["zc-lb / HAProxy"], overhead,
                        {r["target"]: r for r in results}.get("haproxy"))
+    realistic = throughput["zc-lb-cpu / haproxy-cpu"]
+    if realistic is not None:
+        lines.append("realistic (1 ms of CPU, one path, -c%d): zc-lb %.2fx HAProxy's "
+                     "throughput, goal >= %.2f: %s" % (
+                         CPU_CONNECTIONS, realistic, GOAL_REALISTIC,
+                         "met" if realistic >= GOAL_REALISTIC else "NOT met"))
     return "\n".join(lines)
 
 
@@ -583,8 +648,8 @@ def in_process(requests: int = 20000, batch: int = 8, clients: int = 4,
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["serve"] and len(argv) == 2:
-        serve(argv[1])
+    if argv[:1] == ["serve"] and len(argv) in (2, 3):
+        serve(*argv[1:])
         return 0
     if argv[:1] == ["floor-worker"] and len(argv) == 2:
         from . import floor
