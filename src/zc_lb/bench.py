@@ -174,18 +174,28 @@ Target = Tuple[str, List[int], List[int]]
 
 
 @contextlib.contextmanager
-def zc_lb_target(args: argparse.Namespace) -> Iterator[Target]:
+def zc_lb_cluster(args: argparse.Namespace, worker_args: List[str], workers: int = 2,
+                  lb_args: Tuple[str, ...] = ()
+                  ) -> Iterator[Tuple[str, subprocess.Popen, List[subprocess.Popen]]]:
+    """``workers`` zc-lb workers (``zc-lb worker`` + ``worker_args``) and
+    an LB in front of them: (the LB's address, the LB, the workers)."""
     with contextlib.ExitStack() as stack:
-        workers = [stack.enter_context(running(
+        started = [stack.enter_context(running(
             [sys.executable, "-m", "zc_lb.cli", "--log-level", "WARNING", "worker",
-             "zc_lb.bench:hello_app", "--greenlets"],  # a cooperative app
-            "zc-lb worker listening on ")) for _ in range(2)]
+             *worker_args], "zc-lb worker listening on ")) for _ in range(workers)]
         argv = [sys.executable, "-m", "zc_lb.cli", "--log-level", "WARNING", "lb",
-                "--listen", "127.0.0.1:0", "--policy", args.policy]
-        for _, address in workers:
+                "--listen", "127.0.0.1:0", "--policy", args.policy, *lb_args]
+        for _, address in started:
             argv += ["--worker", address]
         lb, address = stack.enter_context(running(argv, "zc-lb lb listening on "))
-        yield "http://%s/" % address, [lb.pid], [p.pid for p, _ in workers]
+        yield address, lb, [process for process, _ in started]
+
+
+@contextlib.contextmanager
+def zc_lb_target(args: argparse.Namespace) -> Iterator[Target]:
+    # (a cooperative app)
+    with zc_lb_cluster(args, ["zc_lb.bench:hello_app", "--greenlets"]) as (address, lb, workers):
+        yield "http://%s/" % address, [lb.pid], [p.pid for p in workers]
 
 
 def children(pid: int) -> List[int]:
@@ -199,19 +209,10 @@ def lb_processes_target(processes: int):
 
     @contextlib.contextmanager
     def target(args: argparse.Namespace) -> Iterator[Target]:
-        with contextlib.ExitStack() as stack:
-            workers = [stack.enter_context(running(
-                [sys.executable, "-m", "zc_lb.cli", "--log-level", "WARNING", "worker",
-                 "zc_lb.bench:hello_app", "--greenlets"],
-                "zc-lb worker listening on ")) for _ in range(SCALE_WORKERS)]
-            argv = [sys.executable, "-m", "zc_lb.cli", "--log-level", "WARNING", "lb",
-                    "--listen", "127.0.0.1:0", "--policy", args.policy,
-                    "--processes", str(processes)]
-            for _, address in workers:
-                argv += ["--worker", address]
-            lb, address = stack.enter_context(running(argv, "zc-lb lb listening on "))
+        with zc_lb_cluster(args, ["zc_lb.bench:hello_app", "--greenlets"], SCALE_WORKERS,
+                           ("--processes", str(processes))) as (address, lb, workers):
             pids = [lb.pid] + (children(lb.pid) if processes > 1 else [])
-            yield "http://%s/" % address, pids, [p.pid for p, _ in workers]
+            yield "http://%s/" % address, pids, [p.pid for p in workers]
 
     return target
 
@@ -223,16 +224,8 @@ def serve_argv(app: str = "hello") -> List[str]:
 @contextlib.contextmanager
 def zc_lb_cpu_target(args: argparse.Namespace) -> Iterator[Target]:
     """The realistic pair's zc-lb: thread-mode workers running ``cpu_app``."""
-    with contextlib.ExitStack() as stack:
-        workers = [stack.enter_context(running(
-            [sys.executable, "-m", "zc_lb.cli", "--log-level", "WARNING", "worker",
-             "zc_lb.bench:cpu_app"], "zc-lb worker listening on ")) for _ in range(2)]
-        argv = [sys.executable, "-m", "zc_lb.cli", "--log-level", "WARNING", "lb",
-                "--listen", "127.0.0.1:0", "--policy", args.policy]
-        for _, address in workers:
-            argv += ["--worker", address]
-        lb, address = stack.enter_context(running(argv, "zc-lb lb listening on "))
-        yield "http://%s/" % address, [lb.pid], [p.pid for p, _ in workers]
+    with zc_lb_cluster(args, ["zc_lb.bench:cpu_app"]) as (address, lb, workers):
+        yield "http://%s/" % address, [lb.pid], [p.pid for p in workers]
 
 
 @contextlib.contextmanager
@@ -545,7 +538,7 @@ def find_tool(name: str, package: str) -> str:
 
 def run_bench(args: argparse.Namespace) -> int:
     args.wrk = find_tool("wrk", "wrk")
-    if "haproxy" in args.targets:
+    if any(target.startswith("haproxy") for target in args.targets):
         args.haproxy = find_tool("haproxy", "haproxy")
     results = [measure(name, args) for name in args.targets]
     costs = {policy: pool_us(policy) for policy in ("affinity", "published")}
