@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from zc_lb.affinity import MOVE_COST, AffinityPool
+from zc_lb.affinity import MOVE_COST, NOISE, AffinityPool
 from zc_lb.classstats import ClassStats
 from zc_lb.locality import MIN_SAMPLES, Locality
 
@@ -117,14 +117,21 @@ def test_a_key_twenty_times_slower_away_stays_at_home():
     assert pool.locality.pool_gain() == pytest.approx(20.0)
 
 
-def test_no_worker_holds_more_than_the_bound_over_the_least_busy():
-    # Before anything is measured, the bound is that of a prior gain of 2:
-    # no worker past 1 + MOVE_COST times the least busy one's backlog + 1.
+@pytest.mark.parametrize("away", [0.001, 0.0015])
+def test_no_worker_holds_more_than_the_bound_over_the_least_busy(away):
+    # Once a gain is known, one request more may not take a worker past
+    # 1 + MOVE_COST * (gain - 1 - NOISE) times the least busy backlog + 1:
+    # with a gain of 1, within one request of the least busy worker.
     pool = pool_of(4)
-    handles = [pool.get("c", "/") for _ in range(100)]
-    backlogs = sorted(Counter(handles).values())
-    assert max(backlogs) <= (1 + MOVE_COST) * (min(backlogs) + 1)
-    assert len(backlogs) == 4
+    run(pool, 400, 20, 0.001, away)
+    gain = away / 0.001
+    bound = 1 + MOVE_COST * max(0.0, gain - 1 - NOISE)
+    for n in range(200):  # none ends: the bound alone spreads them
+        pool.get("c", "/")
+        backlogs = [worker.backlog for worker in pool.workers.values()]
+        assert max(backlogs) <= bound * (min(backlogs) + 1), (n, backlogs)
+    if gain == 1.0:
+        assert max(backlogs) - min(backlogs) <= 1
 
 
 def test_a_worker_the_lb_made_skilled_is_not_taken_for_one_request_a_second():
@@ -142,3 +149,26 @@ def test_a_worker_the_lb_made_skilled_is_not_taken_for_one_request_a_second():
     pool.new_resume("w2", {"c": 1.0})  # its own résumé says it is that slow
     assert "c" not in w2.given
     assert pool._stay("c", {w0: 100.0, w1: 100.0}, w2) is w1
+
+
+def test_keys_that_buy_nothing_stay_home_on_ties_and_go_back_to_members_when_they_do():
+    pool = pool_of(3)
+    run(pool, 400, 6, 0.001, 0.001, key="/a")  # a gain of 1: least backlog from now on
+    stats = pool.classes["c"]
+    assert pool._buys_nothing(stats)
+    worked_out = Counter()
+    members = pool._members
+    pool._members = lambda *args: worked_out.update(["members"]) or members(*args)
+    homes = {}
+    for _ in range(3):  # one at a time: every worker is idle, so keys stay home
+        for key in ("/x", "/y", "/z", "/w"):
+            handle = pool.get("c", key)
+            assert homes.setdefault(key, handle) == handle
+            pool.served(pool.placed, 0.001)
+            pool.put(handle)
+    assert not worked_out  # (members are not worked out for such a class)
+    # Away from home the class's requests take ten times as long: its
+    # keys buy something again, and its members decide once more.
+    run(pool, 400, 6, 0.001, 0.01, key="/a")
+    assert not pool._buys_nothing(stats)
+    assert worked_out["members"] > 0
