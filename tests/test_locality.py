@@ -172,3 +172,17 @@ def test_keys_that_buy_nothing_stay_home_on_ties_and_go_back_to_members_when_the
     run(pool, 400, 6, 0.001, 0.01, key="/a")
     assert not pool._buys_nothing(stats)
     assert worked_out["members"] > 0
+
+
+def test_a_worker_that_joins_under_load_takes_its_share_of_a_key_that_buys_nothing():
+    # The LB connected to its second worker after the load began: that
+    # one was starting, left out of exploration and of least backlog,
+    # and never served (810 requests a second from one worker of two).
+    pool = pool_of(1)
+    run(pool, 200, 5, 0.001, 0.001)
+    for _ in range(4):  # (the last requests in flight end)
+        pool.put("w0")
+    pool.add("late")
+    assert pool.status()["starting"] == 1
+    taken = run(pool, 2000, 20, 0.001, 0.001)
+    assert taken["late"] >= 0.4 * 2000, taken

@@ -353,11 +353,15 @@ class AffinityPool(SlowStart, Relearning):
         rendezvous and slow start cost the LB's time for nothing.  The
         key's last worker still counts as its home, so that the gain
         stays measured and the class goes back to its members if its
-        keys come to buy something (a cache warmed up, an app changed)."""
+        keys come to buy something (a cache warmed up, an app changed).
+        A worker that is starting takes its share at once: slow start
+        eases in a cold cache, and here there is none.  (Left out, a
+        worker that joined under load never served and never started.)"""
         home = entry[1] if entry is not None and entry[0] == rclass else None
         if home is not None and self.workers.get(home.handle) is not home:
             home = None
-        least = self._least_settled() or next(iter(self._lru))
+        least = self._least_loaded()  # (a starter too: it has no cache to warm)
+        assert least is not None
         chosen = home if home is not None and home.backlog <= least.backlog else least
         self._book(book_hash, entry, rclass, chosen, AWAY)
         if home is not None:
@@ -426,13 +430,14 @@ class AffinityPool(SlowStart, Relearning):
         less busy, so that its service time away from home teaches the
         pool a gain.  Without this a hot key of two workers stayed at
         its owner: the balance bound, relative to the members' mean,
-        never moved it."""
+        never moved it.  (To a starter too: a pool whose second worker
+        joined under load, still starting, else learned nothing and
+        served from one worker.)"""
         self.unexplored += 1
         if self.unexplored % EXPLORE:
             return chosen
-        starting = self.starting
-        other = min((w for w in members or () if w is not chosen and w not in starting),
-                    key=attrgetter("backlog"), default=None) or self._least_settled()
+        other = min((w for w in members or () if w is not chosen),
+                    key=attrgetter("backlog"), default=None) or self._least_loaded()
         if other is None or other.backlog >= chosen.backlog:
             return chosen
         self.explored += 1
