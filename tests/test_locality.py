@@ -186,3 +186,14 @@ def test_a_worker_that_joins_under_load_takes_its_share_of_a_key_that_buys_nothi
     assert pool.status()["starting"] == 1
     taken = run(pool, 2000, 20, 0.001, 0.001)
     assert taken["late"] >= 0.4 * 2000, taken
+
+
+def test_behind_several_lbs_nothing_is_measured_or_bounded():
+    # Each LB sees where its own requests went, not the others': a key's
+    # home is then only its rendezvous owner, and gains read too low
+    # (1.3-1.6 against a lone LB's 2.7 on many_lbs), which moved keys on.
+    pool = pool_of(3)
+    pool.lbs = 2
+    run(pool, 500, 20, 0.001, 0.001)
+    assert pool.placed is None and pool.locality.pool_gain() is None
+    assert pool.bounded == pool.explored == 0

@@ -123,7 +123,11 @@ over 1 (1.04-1.09 for a CPU-bound view on threads).  Until any gain is
 known, one in ``EXPLORE`` requests that find their worker busier than
 the least busy one goes to another member to learn one: with two
 workers the balance bound, relative to the members' mean, never moves
-a hot key, and without a request away nothing is learned.
+a hot key, and without a request away nothing is learned.  Only an LB
+alone measures and bounds: with several, a key's home is only its
+rendezvous owner, which the other LBs' moves leave without its data,
+and the gains read low (1.3-1.6 where a lone LB reads 2.7 on
+``many_lbs``): the bound moved keys on, and loads grew 16-33%.
 
 Slow start (``slowstart.py``).  A worker added to a running pool joins
 a class or two big enough for its fair share, its weight there floored
@@ -149,7 +153,9 @@ request queues behind another, the simulator shows less throughput than
 the published policy (a lower ``balance`` helps).  A class whose
 requests never go away from home keeps the pool's gain, which a site of
 cache-bound and cache-less classes blends: with two workers, a hot
-cache-less key of such a site may stay at its owner.  Shares
+cache-less key of such a site may stay at its owner.  So may one behind
+several LBs, which measure nothing yet (the balance bound spreads it
+over three members or more).  Shares
 and footprints are per LB: with k LBs each sees all of a class's keys
 but only its own load.  The footprint counts keys, not bytes.
 """
@@ -297,11 +303,12 @@ class AffinityPool(SlowStart, Relearning):
         self._notice_unskilled(skilled, decay)
         if key is None:
             published = self._published(rclass)
-            return self._chosen(self._weighed(None, published) if published.backlog
-                                else published)
+            return self._chosen(self._weighed(None, published)
+                                if published.backlog and self.lbs == 1 else published)
         stats, key_hash, book_hash = self._observe(rclass, key)
         entry = self.book.get(book_hash)
-        if self._buys_nothing(stats):
+        alone = self.lbs == 1  # (what locality buys is measured by a lone LB)
+        if alone and self._buys_nothing(stats):
             return self._balanced(rclass, stats, book_hash, entry)
         self._moved(rclass, stats, entry)
         if self.starting:
@@ -312,7 +319,7 @@ class AffinityPool(SlowStart, Relearning):
         if self.starting:
             self._offer(stats, members, key_hash)
         home = None  # the worker that holds the key's data, if any does
-        if self.lbs == 1 and self.stick:  # (other LBs keep books of their own)
+        if alone and self.stick:  # (other LBs keep books of their own)
             # The worker holding the key's data, unless the key went to
             # its owner there before the class grew: a new member may
             # own it now.
@@ -325,10 +332,10 @@ class AffinityPool(SlowStart, Relearning):
                 home = owner  # (a path of several classes: the book cannot say)
         else:
             chosen, away, owner = self._owner(members, key_hash)
-            home = owner
+            home = owner if alone else None
         if chosen is None:
             chosen, away = self._spill(rclass, members, key_hash), True
-        if chosen.backlog:  # (an idle worker is within every bound)
+        if chosen.backlog and alone:  # (an idle worker is within every bound)
             weighed = self._weighed(stats, chosen, members)
             if weighed is not chosen:
                 chosen, away = weighed, True

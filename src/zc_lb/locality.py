@@ -10,9 +10,9 @@ without such caches (a CPU-bound view, a request that waits on a remote
 service) serves every request as fast anywhere, and a key held at a busy
 owner while another worker idles is time lost for nothing.  So the pool
 measures it.  Each request the affinity policy places is *home* (the
-worker the key last went to, or its owner when several LBs share the
-workers and keep no book of keys), *away* (any other worker, for a key
-that has a home), or neither (a key no worker has served yet: cold
+worker the key last went to or, when the LB keeps no book of keys
+(``stick`` 0), its rendezvous owner), *away* (any other worker, for a
+key that has a home), or neither (a key no worker has served yet: cold
 everywhere, it tells nothing).  The worker says how long the application
 took for each response (its service time, without the worker's queue),
 and the pool keeps, per class, decayed means of the service times of
@@ -36,7 +36,9 @@ Weak spots, admitted.  A thread-mode worker's service time includes the
 time its request waited for the interpreter behind the worker's other
 threads, so home, usually the busier worker, looks slower than it is:
 that errs toward spreading, never toward pinning.  A home whose data
-was evicted looks like away.  Classes whose requests never go away keep
+was evicted looks like away.  Only a lone LB measures: behind several,
+a key's home is only its rendezvous owner, which the other LBs' moves
+leave without its data, and gains read far too low.  Classes whose requests never go away keep
 the pool's gain, which a site of mixed classes blends.
 """
 
