@@ -219,23 +219,33 @@ class ClientConnection:
             timeout = client_timeout
             if deadline is not None:
                 timeout = deadline - time.monotonic()
+                if timeout <= 0:  # (it passed while the last bytes came in)
+                    return self._head_timeout(header_timeout)
                 if client_timeout is not None:
                     timeout = min(timeout, client_timeout)
             sock.settimeout(timeout)
             try:
                 data = sock.recv(RECV_SIZE)
             except socket.timeout:
-                if deadline is not None and reader.in_head and time.monotonic() >= deadline:
-                    self._reset()
-                    self._refuse(HeadTimeout(
-                        "no complete request head within %gs" % header_timeout, 408))
-                return None  # idle (or never a byte): close quietly
+                if deadline is not None and time.monotonic() >= deadline:
+                    return self._head_timeout(header_timeout)
+                return None  # idle between requests: close quietly
             except OSError:
                 return None
             reader.receive_data(data)
             request = reader.next_request()
             if request is not None or reader.broken or not data:
                 return request
+
+    def _head_timeout(self, header_timeout: float) -> None:
+        """The header timeout passed: 408 for a head begun, and for one
+        never begun, nothing (it asked nothing).  None: the connection
+        ends."""
+        if self.reader.in_head:
+            self._reset()
+            self._refuse(HeadTimeout("no complete request head within %gs" % header_timeout,
+                                     408))
+        return None
 
     def fill(self) -> None:
         """Read more of the body of the request being served."""
