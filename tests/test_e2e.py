@@ -213,6 +213,44 @@ def test_sigkill_with_requests_in_flight_retries_gets_and_fails_posts(cluster):
     assert status(lb)["retries"] >= 1
 
 
+@pytest.mark.parametrize("content", [b"", b'{"a.example": 12.5, "b.exa', b"\xff\xfe garbage",
+                                     b'{"a.example": -1}', b"[1, 2]"])
+def test_a_corrupt_resume_file_is_moved_aside_and_the_worker_serves(tmp_path, content):
+    # The résumé file is a cache of skills: an empty or garbled one (a
+    # disk full, a crash mid-write on another file system) used to stop
+    # the worker with exit status 2, which the shipped unit does not
+    # restart after.
+    resume_file = tmp_path / "resume.json"
+    resume_file.write_bytes(content)
+    log = open(tmp_path / "worker.log", "w")
+    worker = WorkerProcess(APP, "--history", "5", "--resume-file", str(resume_file),
+                           env=ENV, stderr=log).start()
+    lb = LBProcess([worker.address]).start()
+    try:
+        wait_for(lambda: request(lb, host="a.example")[0] == 200, timeout=15)
+        assert (tmp_path / "resume.json.corrupt").read_bytes() == content
+        for _ in range(10):
+            assert request(lb, host="a.example")[0] == 200
+        wait_for(lambda: resume_file.exists())  # a good one is written again
+        assert "a.example" in json.loads(resume_file.read_text())
+    finally:
+        lb.kill()
+        worker.kill()
+    text = (tmp_path / "worker.log").read_text()
+    assert "moved it to %s.corrupt, starting with no skills" % resume_file in text
+
+
+def test_an_unreadable_resume_file_is_still_a_configuration_error(tmp_path):
+    resume_file = tmp_path / "resume.json"
+    resume_file.mkdir()  # (a directory: it could not be written either)
+    result = subprocess.run([sys.executable, "-m", "zc_lb.cli", "worker", APP,
+                             "--resume-file", str(resume_file)],
+                            env=dict(os.environ, **ENV), capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert "cannot read résumé file" in result.stderr
+
+
 def test_worker_restarted_with_its_resume_file_has_its_skills_back(cluster, tmp_path):
     resume_file = str(tmp_path / "resume.json")
     port = free_port()

@@ -44,6 +44,12 @@ class ConfigurationError(ZcLbError):
     exit_status = 2
 
 
+class CorruptResumeFile(ConfigurationError):
+    """A résumé file that is not a JSON object of positive, finite
+    scores: a cache gone bad, which a worker moves aside (it starts with
+    no skills) rather than refuse to start."""
+
+
 class ZooKeeperUnavailable(ZcLbError):
     """ZooKeeper could not be reached (wrong hosts, or down): an outage,
     not a mistake in the configuration."""

@@ -39,7 +39,7 @@ from typing import Dict, List, Mapping, Optional
 
 import orjson
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, CorruptResumeFile
 from .frames import MAX_RESUME
 from .settings import WORKER_SETTINGS, check
 
@@ -199,25 +199,28 @@ def _finite_rate(score: object) -> Optional[float]:
 def load_resume(path: str) -> Dict[str, float]:
     """Read a résumé file; a missing file is an empty résumé.
 
-    A file that is not a JSON object of positive, finite numbers raises
-    ConfigurationError, naming the file.
+    A file that cannot be read raises ConfigurationError; one that is not
+    a JSON object of positive, finite numbers (empty, cut short,
+    garbled) raises CorruptResumeFile, naming the file.
     """
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:  # (UnicodeDecodeError too)
+        raise CorruptResumeFile("résumé file %s is not JSON: %s" % (path, exc))
+    except OSError as exc:
         raise ConfigurationError("cannot read résumé file %s: %s" % (path, exc))
     if not isinstance(data, dict):
-        raise ConfigurationError("résumé file %s is not a JSON object" % path)
+        raise CorruptResumeFile("résumé file %s is not a JSON object" % path)
     resume = {}
     for rclass, score in data.items():
         value = _finite_rate(score)
         if value is not None:
             resume[str(rclass)] = value
         else:
-            raise ConfigurationError(
+            raise CorruptResumeFile(
                 "résumé file %s: class %r has a bad score %r" % (path, rclass, score)
             )
     return resume

@@ -36,7 +36,7 @@ import greenlet
 
 from . import resume as resume_module
 from .connection import Connection, Exchange, Handler
-from .errors import ConfigurationError, ZcLbError
+from .errors import ConfigurationError, CorruptResumeFile, ZcLbError
 from .loopwatch import LoopWatch
 from .httpparse import HOP_BY_HOP
 from .protocol import FEATURES, MAX_BODY, Body, End
@@ -398,7 +398,7 @@ class Worker(Handler):
         """Load the résumé file, bind, and start accepting LB connections."""
         initial = {}
         if self.resume_file:
-            initial = resume_module.load_resume(self.resume_file)
+            initial = self._load_resume(self.resume_file)
         self.skills = resume_module.Skills(self.history, self.max_skill_age, initial,
                                            self.max_classes)
         if self.threads:
@@ -409,6 +409,26 @@ class Worker(Handler):
         self.server = gevent.server.StreamServer(self.listen, self._accept)
         self.server.start()
         log.info("worker listening on %s:%d", *self.address)
+
+    @staticmethod
+    def _load_resume(path: str) -> Dict[str, float]:
+        """The skills in the résumé file at ``path``.  The file is a cache:
+        a corrupt one (empty, cut short, garbled) is moved aside to
+        ``path.corrupt`` and the worker starts with no skills, rather than
+        not at all (a unit that does not restart after exit status 2
+        would stay down).  One that cannot be read is a configuration
+        error, as it could not be written either."""
+        try:
+            return resume_module.load_resume(path)
+        except CorruptResumeFile as exc:
+            aside = path + ".corrupt"
+            try:
+                os.replace(path, aside)
+            except OSError as move:
+                log.error("%s; starting with no skills (cannot move it aside: %s)", exc, move)
+            else:
+                log.error("%s; moved it to %s, starting with no skills", exc, aside)
+            return {}
 
     def run(self) -> None:
         """Serve until stop()."""
