@@ -240,6 +240,53 @@ def test_a_corrupt_resume_file_is_moved_aside_and_the_worker_serves(tmp_path, co
     assert "moved it to %s.corrupt, starting with no skills" % resume_file in text
 
 
+ZC_LB = os.path.join(os.path.dirname(sys.executable), "zc-lb")  # the console script
+SITE_APP = """
+def app(environ, start_response):
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [("%s %s\\n" % (environ["zc_lb.worker"], environ["zc_lb.request_class"])).encode()]
+
+def classify(environ):
+    return "from-the-site"
+"""
+
+
+def _listening(argv, cwd):
+    """Start ``argv`` in ``cwd``; the process and the address it listens on."""
+    process = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    line = process.stdout.readline()
+    if "listening on" not in line:
+        process.kill()
+        raise AssertionError("%s: %r %s" % (argv, line, process.stderr.read()))
+    return process, line.split()[-1]
+
+
+def test_the_app_and_classifier_beside_the_command_are_imported_as_gunicorn_does(tmp_path):
+    # "zc-lb worker site:app" run in the folder holding site.py failed
+    # with "No module named 'site_app'": the console script, unlike
+    # python -m, does not put the working directory on sys.path.
+    (tmp_path / "site_app.py").write_text(SITE_APP)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    worker, worker_address = _listening([ZC_LB, "worker", "site_app:app"], tmp_path)
+    try:
+        lb, lb_address = _listening(
+            [ZC_LB, "lb", "--listen", "127.0.0.1:0", "--worker", worker_address,
+             "--chdir", str(tmp_path), "--classifier", "site_app:classify"], elsewhere)
+        try:
+            lb.address = lb_address
+            wait_for(lambda: request(lb)[0] == 200, timeout=15)
+            assert request(lb)[1] == "%s from-the-site\n" % worker_address
+        finally:
+            lb.kill()
+    finally:
+        worker.kill()
+    result = subprocess.run([ZC_LB, "worker", "--chdir", str(tmp_path / "nowhere"),
+                             "site_app:app"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "--chdir" in result.stderr
+
+
 def test_an_unreadable_resume_file_is_still_a_configuration_error(tmp_path):
     resume_file = tmp_path / "resume.json"
     resume_file.mkdir()  # (a directory: it could not be written either)

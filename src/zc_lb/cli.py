@@ -595,6 +595,27 @@ def _add_config_argument(p, section: str) -> None:
                    help="read options from the [%s] table of a TOML file (keys: the long "
                         "options with _ for -); the command line overrides it; SIGHUP "
                         "reads it again" % section)
+    p.add_argument("--chdir", metavar="DIR",
+                   help="change to DIR before loading anything; modules (the "
+                        "application, a classifier) are imported from the working "
+                        "directory first, as gunicorn does")
+
+
+def _enter_directory(directory: Optional[str]) -> None:
+    """Change to ``directory`` (--chdir), and put the working directory
+    first on sys.path, so that ``zc-lb worker app:application`` run
+    beside app.py imports it (the console script, unlike ``python -m``,
+    does not).  A ``--processes`` child, started in the directory its
+    parent changed to, stays there (ZC_LB_DIRECTORY says where that is)."""
+    if directory and os.environ.get("ZC_LB_DIRECTORY") != os.getcwd():
+        try:
+            os.chdir(directory)
+        except OSError as exc:
+            raise ConfigurationError("--chdir %s: %s" % (directory, exc.strerror or exc))
+        os.environ["ZC_LB_DIRECTORY"] = os.getcwd()
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
 
 
 def _add_lb_parser(sub) -> None:
@@ -766,6 +787,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if getattr(args, "config", None):
             args = read_config(args)
+        if "chdir" in args:
+            _enter_directory(args.chdir)
         return args.run(args)
     except ZcLbError as exc:  # a configuration error exits 2, ZooKeeper down 69
         print("zc-lb %s: error: %s" % (args.command, exc), file=sys.stderr)
