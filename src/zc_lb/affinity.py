@@ -303,12 +303,14 @@ class AffinityPool(SlowStart, Relearning):
         self._notice_unskilled(skilled, decay)
         if key is None:
             published = self._published(rclass)
-            return self._chosen(self._weighed(None, published)
-                                if published.backlog and self.lbs == 1 else published)
+            if published.backlog and self.lbs == 1:
+                published = self._weighed(published, self.locality.pool_gain())
+            return self._chosen(published)
         stats, key_hash, book_hash = self._observe(rclass, key)
         entry = self.book.get(book_hash)
         alone = self.lbs == 1  # (what locality buys is measured by a lone LB)
-        if alone and self._buys_nothing(stats):
+        gain = self.locality.gain(stats) if alone else None
+        if gain is not None and gain <= 1.0 + NOISE:  # (its keys buy nothing)
             return self._balanced(rclass, stats, book_hash, entry)
         self._moved(rclass, stats, entry)
         if self.starting:
@@ -336,21 +338,13 @@ class AffinityPool(SlowStart, Relearning):
         if chosen is None:
             chosen, away = self._spill(rclass, members, key_hash), True
         if chosen.backlog and alone:  # (an idle worker is within every bound)
-            weighed = self._weighed(stats, chosen, members)
+            weighed = self._weighed(chosen, gain, members)
             if weighed is not chosen:
                 chosen, away = weighed, True
         self._book(book_hash, entry, rclass, chosen, AWAY if away else stats.joins)
         if home is not None and home.handle in self.workers:
             self.placed = (stats, chosen is home)
         return self._chosen(chosen)
-
-    def _buys_nothing(self, stats: ClassStats) -> bool:
-        """Whether the class's gain (its own, else the pool's) is known
-        and within ``NOISE`` of 1: its keys buy nothing where they are."""
-        gain = self.locality.class_gain(stats)
-        if gain is None:
-            gain = self.locality.pool_gain()
-        return gain is not None and gain <= 1.0 + NOISE
 
     def _balanced(self, rclass: str, stats: ClassStats, book_hash: int,
                   entry: Optional[BookEntry]) -> Hashable:
@@ -393,43 +387,29 @@ class AffinityPool(SlowStart, Relearning):
             self._fresh(chosen, rclass)
         return chosen
 
-    def _weighed(self, stats: Optional[ClassStats], chosen: PoolWorker,
+    def _weighed(self, chosen: PoolWorker, gain: Optional[float],
                  members: Optional[Dict[PoolWorker, float]] = None) -> PoolWorker:
         """``chosen``, unless its backlog would pass the bound of what
-        locality buys (see "Locality" in the module docstring): one
-        request more there may not exceed ``1 + MOVE_COST * (gain - 1 -
-        NOISE)`` times the least busy worker's backlog plus one.  Past it,
-        the least busy worker, where the request is expected to be served
-        sooner, counting what the move costs the caches.  Before any gain
-        is known, ``_explore`` may send it elsewhere to learn one."""
-        own = None if stats is None else self.locality.class_gain(stats)
-        gain = own if own is not None else self.locality.pool_gain()
-        bound = None if gain is None else 1.0 + MOVE_COST * max(0.0, gain - 1.0 - NOISE)
-        if bound is None:
-            return chosen if stats is None else self._explore(chosen, members)
+        locality buys, ``gain`` (see "Locality" in the module docstring):
+        one request more there may not exceed ``1 + MOVE_COST * (gain - 1
+        - NOISE)`` times the least busy worker's backlog plus one.  Past
+        it, the least busy worker but for starters (slow start gives them
+        their keys, and holds their backlogs to the mean), where the
+        request is expected to be served sooner, counting what the move
+        costs the caches.  Before any gain is known, a keyed request
+        (``members`` given) may go elsewhere to learn one: ``_explore``."""
+        if gain is None:
+            return chosen if members is None else self._explore(chosen, members)
+        bound = 1.0 + MOVE_COST * max(0.0, gain - 1.0 - NOISE)
         if chosen.backlog + 1 <= bound:
             return chosen  # (within the bound of an idle worker: no need to look)
-        least = self._least_settled()
+        least = self._least_loaded(self.starting)
         if least is not None and chosen.backlog + 1 > bound * (least.backlog + 1):
             self.bounded += 1
             return least
         return chosen
 
-    def _least_settled(self) -> Optional[PoolWorker]:
-        """The least busy worker but for starters (slow start gives them
-        their keys, and holds their backlogs to the mean), ties to the
-        least recently chosen: O(workers)."""
-        least = None
-        starting = self.starting
-        for worker in self._lru:  # least recently chosen first
-            if (least is None or worker.backlog < least.backlog) and worker not in starting:
-                least = worker
-                if not worker.backlog:
-                    break
-        return least
-
-    def _explore(self, chosen: PoolWorker,
-                 members: Optional[Dict[PoolWorker, float]]) -> PoolWorker:
+    def _explore(self, chosen: PoolWorker, members: Dict[PoolWorker, float]) -> PoolWorker:
         """Before any gain is known: one in ``EXPLORE`` of the requests
         that find ``chosen`` busy goes to the least busy of the other
         ``members`` (where the balance bound would move it: a key moved
@@ -443,7 +423,7 @@ class AffinityPool(SlowStart, Relearning):
         self.unexplored += 1
         if self.unexplored % EXPLORE:
             return chosen
-        other = min((w for w in members or () if w is not chosen),
+        other = min((w for w in members if w is not chosen),
                     key=attrgetter("backlog"), default=None) or self._least_loaded()
         if other is None or other.backlog >= chosen.backlog:
             return chosen

@@ -79,11 +79,12 @@ class Locality:
             self.ratio = self.ratio * POOL_DECAY + elapsed / mean
             self.weight = self.weight * POOL_DECAY + 1.0
 
-    def gain(self, stats: ClassStats) -> Optional[float]:
+    def gain(self, stats: Optional[ClassStats]) -> Optional[float]:
         """How many times longer the class's requests take away from
         their key's home: the class's own ratio once known, else the
-        pool's, else None (nothing measured yet)."""
-        own = self.class_gain(stats)
+        pool's (for a request of no ``stats``, the pool's), else None
+        (nothing measured yet)."""
+        own = None if stats is None else self.class_gain(stats)
         return own if own is not None else self.pool_gain()
 
     @staticmethod

@@ -50,7 +50,7 @@ when there is none is the caller's business (``get`` returns None).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Dict, Hashable, Iterable, Mapping, Optional, Set, Tuple
+from typing import Any, Container, Dict, Hashable, Iterable, Mapping, Optional, Set, Tuple
 
 from .settings import LB_SETTINGS, check
 
@@ -284,12 +284,12 @@ class Pool:
             return None
         return self._chosen(best)
 
-    def _least_loaded(self) -> Optional[PoolWorker]:
-        """The worker with the least backlog, ties to the least recently
-        chosen, not yet accounted: O(workers)."""
+    def _least_loaded(self, skip: Container[PoolWorker] = ()) -> Optional[PoolWorker]:
+        """The worker with the least backlog but for those in ``skip``,
+        ties to the least recently chosen, not yet accounted: O(workers)."""
         best = None
         for worker in self._lru:  # least recently chosen first
-            if best is None or worker.backlog < best.backlog:
+            if (best is None or worker.backlog < best.backlog) and worker not in skip:
                 best = worker
                 if not worker.backlog:
                     break
