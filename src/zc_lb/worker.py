@@ -526,9 +526,9 @@ class Worker(Handler):
         writer = ResponseWriter(exchange, environ["REQUEST_METHOD"] == "HEAD")
         try:
             if self.threadpool is not None:
-                start = self._run_in_thread(environ, writer)
+                self._run_in_thread(environ, writer)
             else:
-                start = self._run_watched(environ, writer)
+                self._run_watched(environ, writer)
         except ZcLbError as exc:  # the LB went away or cancelled
             log.info("request %d from %s ended early: %s",
                      exchange.rno, exchange.connection.peer, exc)
@@ -541,7 +541,8 @@ class Worker(Handler):
             # A failure teaches nothing: answering 500 fast is no skill.
             self.failed += 1
             return
-        self._record(rclass, time.perf_counter() - start)
+        assert writer.began is not None  # (the application ran)
+        self._record(rclass, time.perf_counter() - writer.began)
 
     def _run_app(self, environ: Dict, writer: ResponseWriter,
                  send: Optional[Callable] = None,
@@ -581,16 +582,17 @@ class Worker(Handler):
             if close is not None:
                 close()
 
-    def _run_watched(self, environ: Dict, writer: ResponseWriter) -> float:
+    def _run_watched(self, environ: Dict, writer: ResponseWriter) -> None:
         """Greenlet mode: run the application in this greenlet, known to
-        the loop watch as serving this request; when it started.  Under
+        the loop watch as serving this request (``writer.began``: when it
+        started).  Under
         ``concurrency`` the wait for a slot comes first and, like the wait
         for a thread, is the worker's queue, not the app's time."""
         assert self.loopwatch is not None
         slots = self.slots
         if slots is not None:
             slots.acquire()
-        writer.began = start = time.perf_counter()
+        writer.began = time.perf_counter()
         self.loopwatch.serving(environ["REQUEST_METHOD"] + " "  # type: ignore[operator]
                                + environ["PATH_INFO"])  # type: ignore[operator]
         try:
@@ -599,15 +601,14 @@ class Worker(Handler):
             self.loopwatch.done()
             if slots is not None:
                 slots.release()
-        return start
 
-    def _run_in_thread(self, environ: Dict, writer: ResponseWriter) -> float:
-        """Run the app in a thread of the pool; when it started there.
+    def _run_in_thread(self, environ: Dict, writer: ResponseWriter) -> None:
+        """Run the app in a thread of the pool (``writer.began``: when it
+        started there).
         The wait for a free thread is the worker's queue, not the app's
         time: a résumé that counted it would call a busy worker unskilled
         (and the LB would move its keys away just as it is most useful)."""
         hub = gevent.get_hub()
-        started = [0.0]
         environ["wsgi.input"] = _HubProxy(hub, environ["wsgi.input"])
         send = lambda f, *a: call_in_hub(hub, f, *a)  # noqa: E731
 
@@ -618,7 +619,7 @@ class Worker(Handler):
         deferred: list = []
 
         def run() -> Optional[ZcLbError]:
-            writer.began = started[0] = time.perf_counter()
+            writer.began = time.perf_counter()
             try:
                 self._run_app(environ, writer, send, start_response, deferred)
             except ZcLbError as exc:  # the LB went away: raised here, not printed there
@@ -637,7 +638,6 @@ class Worker(Handler):
             except Exception:
                 log.exception("application error for %s", environ.get("PATH_INFO"))
                 self._error_500(writer)
-        return started[0]
 
     @staticmethod
     def _error_500(writer: ResponseWriter) -> None:
