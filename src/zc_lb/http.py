@@ -275,12 +275,17 @@ class ClientConnection:
             self.requestline = "%s %s %s" % (head.method, head.path, head.version)
         self.close = head.close or self.server.draining
         self._bodiless = head.method == "HEAD"
+        # From here each read and write may take the client timeout without
+        # progress: the head's deadline was for the head alone.
+        self.sock.settimeout(self.server.client_timeout)
         result = None
         try:
             result = self.server.application(environ, self.start_response)
             self._write_result(result)
         except ClientGone:
             self.close = True
+        except socket.timeout:
+            self._stalled()
         except OSError as exc:  # the client's socket failed: nobody to answer
             self.close = True
             if not self.status:
@@ -298,6 +303,17 @@ class ClientConnection:
                 except Exception:
                     log.exception("error closing the response of %s", head.path)
             self._log()
+
+    def _stalled(self) -> None:
+        """The client took nothing (or sent nothing) for the client timeout:
+        hang up, and say so, as the response is cut short."""
+        self.close = True
+        if not self.status:
+            self.status = "000"
+        environ = self.environ or {}
+        log.info("client %s made no progress for %gs (%s %s, %d body bytes sent): closing",
+                 _peer(self.client_address), self.server.client_timeout,
+                 environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"), self.response_length)
 
     def _failed(self, exc: Optional[Exception], status: int) -> None:
         """Answer ``status`` if nothing of the response is out yet, and
