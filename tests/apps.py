@@ -7,6 +7,7 @@ One app, dispatching on the path:
     /block?S     sleeps S seconds blocking the thread (time.sleep), as most apps do
     /count       reads the body in chunks; answers how many bytes came
     /big?MB      streams MB mebibytes
+    /bighead?KB  answers with a response head of KB kibibytes (one long header)
     /error       raises
     /upload-slow reads the body slowly; writes a mark file if cancelled
 
@@ -79,6 +80,10 @@ def app(environ, start_response):
         start_response("200 OK", [("Content-Type", "application/octet-stream"),
                                   ("Content-Length", str(megabytes * MIB))])
         return (CHUNK for _ in range(megabytes))
+    elif path == "/bighead":
+        start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "2"),
+                                  ("X-Big", "b" * (int(query or 300) * 1024))])
+        return [b"ok"]
     elif path == "/error":
         raise RuntimeError("application failure, on purpose")
     elif path == "/upload-slow":

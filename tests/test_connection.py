@@ -7,7 +7,8 @@ import pytest
 
 from zc_lb import protocol
 from zc_lb.connection import Connection, Handler
-from zc_lb.errors import AuthenticationError, ConnectionLost, RequestCancelled, WorkerLost
+from zc_lb.errors import (AuthenticationError, BadResponse, ConnectionLost, RequestCancelled,
+                          ResponseHeadTooLarge, WorkerLost)
 from zc_lb.protocol import WINDOW, Body, End, Response
 from zc_lb.testing import connection_pair, read_body, read_response
 
@@ -207,6 +208,34 @@ def test_body_past_the_credit_is_a_protocol_violation(pair):
     lb.write(protocol.encode(Body(exchange.rno, b"x" * protocol.MAX_BODY)) * 2)
     error = worker_handler.lost.get(timeout=3)
     assert "past the credit" in str(error)
+
+
+def test_a_frame_that_breaks_the_protocol_fails_its_request_as_a_bad_response(pair):
+    # An older worker sends a response head over the frame limit: the
+    # connection drops, but that request must not be retried elsewhere
+    # (BadResponse), while the others were merely lost with it.
+    import struct
+
+    lb, worker, lb_handler, _ = pair(respond=None)
+    culprit, bystander = lb.open_request({}, end=True), lb.open_request({}, end=True)
+    head = protocol.MAX_MESSAGE + 1
+    worker.write(struct.pack("!IBI", culprit.rno, Response.TYPE, head) + b"[" * head)
+    with pytest.raises(BadResponse, match="broke the protocol"):
+        culprit.receive(timeout=3)
+    with pytest.raises(WorkerLost):
+        bystander.receive(timeout=3)
+
+
+def test_a_response_head_too_large_for_a_frame_is_refused_before_anything_is_sent(pair):
+    lb, worker, _, worker_handler = pair(respond=None)
+    exchange = lb.open_request({}, end=True)
+    worker_handler.requested.wait(3)
+    on_worker = worker_handler.exchanges[0]
+    with pytest.raises(ResponseHeadTooLarge):
+        on_worker.respond("200 OK", [("X-Big", "b" * protocol.MAX_MESSAGE)], b"", True)
+    on_worker.respond("500 Internal Server Error", [], b"", True)  # the stream is untouched
+    assert read_response(exchange)[0].status.startswith("500")
+    assert not lb.closed and not worker.closed
 
 
 def test_shared_secret_handshake(pair):

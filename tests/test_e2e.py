@@ -213,6 +213,26 @@ def test_sigkill_with_requests_in_flight_retries_gets_and_fails_posts(cluster):
     assert status(lb)["retries"] >= 1
 
 
+def test_a_response_head_too_large_for_a_frame_fails_its_request_alone(cluster):
+    # A head over the frame limit was a protocol error for the whole
+    # LB-worker connection: every request in flight on it got 502, and
+    # the GET was retried on another worker, which dropped its connection
+    # too.
+    lb, workers = cluster(2, lb_args=("--policy", "classless"))
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        posts = [pool.submit(request, lb, "/slow?1", "a.example", "POST", b"x")
+                 for _ in range(12)]
+        wait_for(lambda: status(lb)["in_flight"] == 12, message="12 requests in flight")
+        big = request(lb, "/bighead?300")
+        post_statuses = [f.result(timeout=30)[0] for f in posts]
+    assert big[0] == 500
+    assert post_statuses == [200] * 12
+    doc = status(lb)
+    assert doc["retries"] == 0
+    assert all(w["connected"] and w["in_pool"] for w in doc["workers"].values())
+    assert sum(w["counts"].get("requests", 0) for w in doc["workers"].values()) == 13
+
+
 @pytest.mark.parametrize("content", [b"", b'{"a.example": 12.5, "b.exa', b"\xff\xfe garbage",
                                      b'{"a.example": -1}', b"[1, 2]"])
 def test_a_corrupt_resume_file_is_moved_aside_and_the_worker_serves(tmp_path, content):

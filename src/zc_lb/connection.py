@@ -42,6 +42,7 @@ from gevent.hub import Waiter, get_hub
 
 from . import protocol
 from .errors import (
+    BadResponse,
     CancelledHere,
     ConfigurationError,
     ConnectionClosed,
@@ -502,6 +503,10 @@ class Connection:
                     hub.wait(readable)
         except RemoteProtocolError as exc:
             log.warning("protocol error from %s, disconnecting: %s", self.peer, exc)
+            culprit = self.streams.get(exc.rno) if exc.rno else None
+            if culprit is not None:  # its request must not be tried again elsewhere
+                culprit.fail(BadResponse("%s broke the protocol answering it: %s"
+                                         % (self.peer, exc)))
             self._end(self._lost_error("%s: protocol error: %s" % (self.peer, exc)))
         except ZcLbError as exc:
             self._end(exc)

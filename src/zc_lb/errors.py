@@ -80,6 +80,13 @@ class MessageTooLarge(LocalProtocolError):
     http_status = 431
 
 
+class ResponseHeadTooLarge(LocalProtocolError):
+    """A response head too big for one frame: the worker answers 500 for
+    that request only, before anything of it is sent."""
+
+    http_status = 500
+
+
 class WorkerError(ZcLbError):
     """Base of what a worker (or, on a worker, the LB) did wrong or
     suffered: the client gets a 5xx."""
@@ -88,9 +95,11 @@ class WorkerError(ZcLbError):
 
 
 class RemoteProtocolError(ProtocolError, WorkerError):
-    """The peer sent bytes or messages the protocol forbids."""
+    """The peer sent bytes or messages the protocol forbids.  ``rno``: the
+    request whose frame broke it (0: none, or the connection's own)."""
 
     http_status = 502
+    rno = 0
 
 
 class AuthenticationError(RemoteProtocolError):

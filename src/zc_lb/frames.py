@@ -47,7 +47,8 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import orjson
 
-from .errors import LocalProtocolError, MessageTooLarge, RemoteProtocolError
+from .errors import (LocalProtocolError, MessageTooLarge, RemoteProtocolError,
+                     ResponseHeadTooLarge)
 
 VERSION = 1
 WINDOW = 256 * 1024
@@ -286,8 +287,13 @@ def _response_payload(status: str, headers: List[Tuple[str, str]],
         if len(header) != 2 or type(header[0]) is not str or type(header[1]) is not str:
             raise LocalProtocolError("response header %r is not a pair of strings" % (header,))
     if elapsed is None:
-        return _json([status, headers])
-    return _json([status, headers, round(elapsed, 6)])
+        head = _json([status, headers])
+    else:
+        head = _json([status, headers, round(elapsed, 6)])
+    if len(head) > MAX_MESSAGE:  # the LB would drop the whole connection
+        raise ResponseHeadTooLarge("response head of %d bytes, over the frame limit of %d"
+                                   % (len(head), MAX_MESSAGE))
+    return head
 
 
 def _response_frames(rno: int, head: bytes, body: bytes, end: bool, whole: bool) -> bytes:
@@ -478,6 +484,7 @@ class Decoder:
         self._buffer = bytearray()
         self._pos = 0
         self._error: Optional[RemoteProtocolError] = None
+        self._rno = 0  # the request number of the frame being decoded
         self._decoders = dict(_DECODERS)
         self._decoders[WHOLE_RESPONSE] = functools.partial(_decode_whole_response,
                                                            max_message, max_body)
@@ -510,6 +517,7 @@ class Decoder:
         try:
             return self._next()
         except RemoteProtocolError as exc:
+            exc.rno = exc.rno or self._rno  # the request whose frame broke it
             self._error = exc
             raise
 
@@ -519,6 +527,7 @@ class Decoder:
             self._compact()
             return NEED_DATA
         rno, mtype, length = HEADER.unpack_from(buf, pos)
+        self._rno = rno
         limit = self._limits.get(mtype)
         if limit is None:
             if mtype in _DECODERS:

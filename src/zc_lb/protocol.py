@@ -308,7 +308,11 @@ class Connection:
                         self.close()
                         return Closed()
                     return NEED_DATA
-                event = self._receive(message)  # type: ignore[arg-type]
+                try:
+                    event = self._receive(message)  # type: ignore[arg-type]
+                except RemoteProtocolError as exc:
+                    exc.rno = getattr(message, "rno", 0)  # the request it broke
+                    raise
                 if event is not None:
                     return event
         except RemoteProtocolError as exc:

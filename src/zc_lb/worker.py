@@ -36,7 +36,7 @@ import greenlet
 
 from . import resume as resume_module
 from .connection import Connection, Exchange, Handler
-from .errors import ConfigurationError, CorruptResumeFile, ZcLbError
+from .errors import ConfigurationError, CorruptResumeFile, ResponseHeadTooLarge, ZcLbError
 from .loopwatch import LoopWatch
 from .httpparse import HOP_BY_HOP
 from .protocol import FEATURES, MAX_BODY, Body, End
@@ -140,6 +140,7 @@ class ResponseWriter:
         self.headers: List[Tuple[str, str]] = []
         self.started = False
         self.began: Optional[float] = None  # perf_counter() when the app began
+        self.refused = False  # its head was too large: a 500 went instead
 
     def _elapsed(self) -> Optional[float]:
         """The application's seconds until its response starts: the LB
@@ -164,16 +165,18 @@ class ResponseWriter:
         if self.status is None:
             raise AssertionError("write() before start_response()")
         exchange = self.exchange
+        if self.refused:
+            return
         if not self.started:
             self.started = True
-            elapsed = self._elapsed()
             if self.head or not data:
-                exchange.respond(self.status, self.headers, elapsed=elapsed)
+                self._respond()
                 return
             if len(data) <= min(exchange.credit, MAX_BODY):
-                exchange.respond(self.status, self.headers, data, elapsed=elapsed)
+                self._respond(data)
                 return
-            exchange.respond(self.status, self.headers, elapsed=elapsed)
+            if not self._respond():
+                return
         if data and not self.head:
             exchange.send_body(data)
 
@@ -187,12 +190,30 @@ class ResponseWriter:
                 raise AssertionError("application returned without start_response()")
             if self.head or not data or len(data) <= min(exchange.credit, MAX_BODY):
                 self.started = True
-                exchange.respond(self.status, self.headers, b"" if self.head else data, True,
-                                 self._elapsed())
+                self._respond(b"" if self.head else data, True)
                 return
         if data:
             self.write(data)
-        exchange.send(End(exchange.rno))
+        if not self.refused:
+            exchange.send(End(exchange.rno))
+
+    def _respond(self, body: bytes = b"", end: bool = False) -> bool:
+        """Send the head (with ``body``, and End if ``end``); False if it
+        was refused as too large for a frame and a 500 went instead (the
+        request alone fails: the connection and its other requests go on)."""
+        exchange = self.exchange
+        try:
+            exchange.respond(self.status, self.headers, body, end,  # type: ignore[arg-type]
+                             self._elapsed())
+            return True
+        except ResponseHeadTooLarge as exc:
+            log.error("request %d from %s: %s; answering 500 instead",
+                      exchange.rno, exchange.connection.peer, exc)
+        self.refused = True
+        self.status = "500 Internal Server Error"
+        self.headers = [("Content-Type", "text/html"), ("Content-Length", str(len(ERROR_500)))]
+        exchange.respond(self.status, self.headers, ERROR_500, True, self._elapsed())
+        return False
 
 
 # -- threads ----------------------------------------------------------------
