@@ -213,6 +213,34 @@ def test_sigkill_with_requests_in_flight_retries_gets_and_fails_posts(cluster):
     assert status(lb)["retries"] >= 1
 
 
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_gets_lost_with_the_busiest_worker_are_all_retried_with_the_default_budget(
+        cluster, how):
+    # One worker held one class's requests (here all 16); the old budget
+    # (retries at once under half the requests in flight) refused some of
+    # the 12 GET retries while the other workers sat idle.
+    lb, workers = cluster(3, lb_args=("--policy", "published", "--variance", "4"))
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        gets = [pool.submit(request, lb, "/slow?2", "one.example") for _ in range(12)]
+        posts = [pool.submit(request, lb, "/slow?2", "one.example", "POST", b"x")
+                 for _ in range(4)]
+        wait_for(lambda: status(lb)["in_flight"] == 16, message="16 requests in flight")
+        victim, backlog = busiest_worker(lb, workers)
+        assert backlog >= 6
+        if how == "kill":
+            victim.kill()
+        else:
+            os.kill(victim.pid, signal.SIGSTOP)
+        try:
+            get_statuses = [f.result(timeout=30)[0] for f in gets]
+            [f.result(timeout=30) for f in posts]
+        finally:
+            if how == "stop":
+                os.kill(victim.pid, signal.SIGCONT)
+    assert get_statuses == [200] * 12
+    assert status(lb)["retries_refused"] == 0
+
+
 def test_a_response_head_too_large_for_a_frame_fails_its_request_alone(cluster):
     # A head over the frame limit was a protocol error for the whole
     # LB-worker connection: every request in flight on it got 502, and
@@ -493,7 +521,7 @@ def test_access_log_is_apache_combined_plus_the_lbs_fields(cluster, tmp_path):
     combined = (r'^127\.0\.0\.1 - - \[\d\d/\w{3}/\d{4}:\d\d:\d\d:\d\d [+-]\d{4}\] '
                 r'"GET /some/path\?q=1 HTTP/1\.1" 200 \d+ "http://r/" "tester/1\.0"')
     extra = (r' host="www\.Some\.example" class="some\.example" worker=%s '
-             r'upstream=0\.\d{6} time=0\.\d{6} retries=0$' % re.escape(workers[0].address))
+             r'upstream=0\.\d{6} time=0\.\d{6} retries=0 error=-$' % re.escape(workers[0].address))
     assert re.match(combined + extra, line), line
     # --access-log-format: Apache combined, exactly
     from zc_lb.testing import LBProcess

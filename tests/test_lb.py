@@ -67,19 +67,31 @@ def test_a_failing_classifier_is_logged_once_per_error_and_counted(caplog):
     assert lb.status()["classifier_errors"] == {"TypeError: bad type": 5, "KeyError: '/k'": 3}
 
 
-def test_the_retry_budget_bounds_retries_at_once():
+def test_the_retry_budget_is_the_room_the_healthy_workers_have():
     lb = make_lb(lambda environ: "a")
-    lb.in_flight = 4
-    lb.retrying = 2
-    assert lb._may_retry(False)  # at least 3 at once
-    lb.retrying = 3
-    assert not lb._may_retry(False) and lb.retries_refused == 1
-    assert lb._may_retry(True)  # a request already retrying goes on
-    lb.in_flight = 20
-    assert lb._may_retry(False)  # half of 20
-    lb.retrying = 10
-    assert not lb._may_retry(False)
-    assert lb.status()["retries_refused"] == 2
+    environ = {}
+    assert not lb._may_retry(environ)  # no worker: nowhere to go
+    assert "no worker has room" in environ["zc_lb.retry_refused"]
+    lb.pool.add("w1")
+    lb.pool.add("w2")
+    # 12 requests were lost with a third worker: with 15 still counted in
+    # flight, each healthy worker may reach ceil(16 / 2) = 8.
+    lb.in_flight = 15
+    for _ in range(4):
+        lb.pool.get("a")  # four on w1 or w2
+    placed = 0
+    while lb._may_retry({}):
+        lb.pool.get("a")
+        placed += 1
+    assert placed == 12 and lb.retries_refused == 2
+    assert max(w.backlog for w in lb.pool.workers.values()) == 8
+
+
+def test_an_idle_pool_has_room_for_three_retries_a_worker():
+    lb = make_lb(lambda environ: "a")
+    lb.pool.add("w1")
+    assert lb.pool.room(0, 3) == 3
+    assert lb.pool.room(0) == 1
 
 
 def test_drain_waits_for_a_quiet_spell_on_events():

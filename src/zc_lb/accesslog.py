@@ -25,6 +25,10 @@ Fields (Apache's meaning where Apache has the letter)::
     %{time}z      total seconds, from the request's head read to the
                   response's end
     %{retries}z   times the request was retried on another worker (0 mostly)
+    %{error}z     why the LB answered itself ("-": it did not): the cause, as
+                  counted in the status document (``NoWorkerAvailable``,
+                  ``HeadTimeout``...), with ``,retry-refused`` when a retry
+                  of a request lost with its worker was refused
     %%            a percent sign
 
 Escaped values have ``"`` and ``\\`` preceded by a backslash and control
@@ -43,7 +47,8 @@ from .errors import ConfigurationError
 
 DEFAULT_FORMAT = ('%h %l %u %t "%r" %>s %b "%{Referer}i" "%{User-Agent}i" '
                   'host="%{Host}i" class="%{class}z" worker=%{worker}z '
-                  'upstream=%{upstream}z time=%{time}z retries=%{retries}z')
+                  'upstream=%{upstream}z time=%{time}z retries=%{retries}z '
+                  'error=%{error}z')
 COMBINED = '%h %l %u %t "%r" %>s %b "%{Referer}i" "%{User-Agent}i"'
 
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun",
@@ -140,6 +145,8 @@ NAMED = {  # %{NAME}z
     "upstream": _upstream,
     "time": lambda handler, environ: "%.6f" % _elapsed(handler),
     "retries": lambda handler, environ: str(environ.get("zc_lb.retries", 0)),
+    "error": lambda handler, environ: (environ.get("zc_lb.error")
+                                       or getattr(handler, "error", None) or "-"),
 }
 
 _FIELD = re.compile(r"%(?:\{([^}]*)\})?(>?[A-Za-z%]?)")

@@ -61,8 +61,7 @@ WATCH_CLIENT_AFTER = 1.0  # seconds without a response before watching for a han
 WATCHDOG_INTERVAL = 0.25
 RETRY_METHODS = frozenset(("GET", "HEAD"))
 MAX_CLASSIFIER_ERRORS = 100  # distinct classifier errors kept in status
-RETRY_SHARE = 0.5  # of the requests in flight may be retries at once ...
-RETRY_MIN = 3  # ... but at least this many
+RETRY_ROOM = 3  # a healthy worker has room for at least this many retries
 DRAIN_QUIET = 0.5  # seconds without requests in flight that end a drain
 
 # The response latency histogram's upper bounds, in seconds (plus +Inf):
@@ -239,7 +238,6 @@ class LB(LinkEvents):
         self.ejector = Ejector(**(outlier or {}))
         self.worker_failures = 0  # worker 5xx and connections failing under a request
         self.max_retries = max_retries
-        self.retrying = 0  # requests being retried now
         self.retries_refused = 0  # retries the budget did not allow
         self.health_checks = 0
         self._health: Optional[gevent.Greenlet] = None
@@ -436,55 +434,55 @@ class LB(LinkEvents):
         has_body = _has_body(environ, self.max_request_body)
         retryable = not has_body and environ["REQUEST_METHOD"] in RETRY_METHODS
         forwarded = _forwarded_environ(environ, "" if rclass is None else rclass)
-        retrying = False
-        try:
-            for attempt in range(self.max_retries + 1):
-                connection = self._get_worker(rclass, key)
-                placed = self.pool.placed  # (``get`` has just set it: no switch since)
-                counts, peer = self.worker_counts, connection.peer
-                counts[peer, "requests"] = counts.get((peer, "requests"), 0) + 1
-                environ["zc_lb.worker"] = peer
-                exchange = upload = None
-                try:
-                    exchange = connection.open_request(forwarded, end=not has_body)
-                    if has_body:
-                        upload = _send_body(exchange, environ["wsgi.input"])
-                    response = self._await_response(exchange, upload, environ, retryable)
-                    if placed is not None and response.elapsed is not None:
-                        self.pool.served(placed, response.elapsed)
-                    length = self._start(connection, response, environ, start_response)
-                except (ConnectionLost, ConnectionClosed):
-                    self._abort(connection, exchange, upload)
-                    self._outcome(connection, ok=False)
-                    if retryable and attempt < self.max_retries and self._may_retry(retrying):
-                        self.retrying += not retrying
-                        retrying = True
-                        self.retries += 1
-                        counts[peer, "retries"] = counts.get((peer, "retries"), 0) + 1
-                        environ["zc_lb.retries"] = attempt + 1
-                        continue
-                    raise
-                except BaseException:
-                    self._abort(connection, exchange, upload)
-                    raise
-                if (response.end and upload is None
-                        and (length is None or length == len(response.body))):
-                    # The whole response came in one piece: the worker is
-                    # done with it, and the front sends it in one write.
-                    self._put(connection)
-                    return [response.body]
-                return ResponseBody(self, connection, exchange, upload, length, response)
-            raise NoWorkerAvailable("no worker answered")
-        finally:
-            self.retrying -= retrying
+        for attempt in range(self.max_retries + 1):
+            connection = self._get_worker(rclass, key)
+            placed = self.pool.placed  # (``get`` has just set it: no switch since)
+            counts, peer = self.worker_counts, connection.peer
+            counts[peer, "requests"] = counts.get((peer, "requests"), 0) + 1
+            environ["zc_lb.worker"] = peer
+            exchange = upload = None
+            try:
+                exchange = connection.open_request(forwarded, end=not has_body)
+                if has_body:
+                    upload = _send_body(exchange, environ["wsgi.input"])
+                response = self._await_response(exchange, upload, environ, retryable)
+                if placed is not None and response.elapsed is not None:
+                    self.pool.served(placed, response.elapsed)
+                length = self._start(connection, response, environ, start_response)
+            except (ConnectionLost, ConnectionClosed):
+                self._abort(connection, exchange, upload)
+                self._outcome(connection, ok=False)
+                if retryable and attempt < self.max_retries and self._may_retry(environ):
+                    self.retries += 1
+                    counts[peer, "retries"] = counts.get((peer, "retries"), 0) + 1
+                    environ["zc_lb.retries"] = attempt + 1
+                    continue
+                raise
+            except BaseException:
+                self._abort(connection, exchange, upload)
+                raise
+            if (response.end and upload is None
+                    and (length is None or length == len(response.body))):
+                # The whole response came in one piece: the worker is
+                # done with it, and the front sends it in one write.
+                self._put(connection)
+                return [response.body]
+            return ResponseBody(self, connection, exchange, upload, length, response)
+        raise NoWorkerAvailable("no worker answered")
 
-    def _may_retry(self, retrying: bool) -> bool:
-        """The retry budget: retries at once stay under RETRY_SHARE of the
-        requests in flight (at least RETRY_MIN), so a stalled pool is not
-        flooded with retries."""
-        if retrying or self.retrying < max(RETRY_MIN, RETRY_SHARE * self.in_flight):
+    def _may_retry(self, environ: dict) -> bool:
+        """The retry budget: a request lost with its worker is tried again
+        while the healthy workers have room for it (``Pool.room``: none
+        past the backlog cap of the load in flight, this request counted,
+        and at least RETRY_ROOM each), so work moves off a lost worker but
+        a pool at its cap is not flooded with retries.  A refusal is said
+        in the 502's log line and in the access log (``%{error}z``)."""
+        if self.pool.room(self.in_flight + 1, RETRY_ROOM) > 0:
             return True
         self.retries_refused += 1
+        environ["zc_lb.retry_refused"] = (
+            "retry refused: no worker has room (%d requests in flight over %d workers)"
+            % (self.in_flight, len(self.pool)))
         return False
 
     def _classify(self, environ: dict) -> Tuple[Optional[str], Optional[str]]:
@@ -599,15 +597,20 @@ class LB(LinkEvents):
                start_response: Callable) -> Iterable[bytes]:
         status = exc.http_status
         self.errors[status] = self.errors.get(status, 0) + 1
-        cause = type(exc).__name__
+        cause = environ["zc_lb.error"] = type(exc).__name__  # (for the access log)
         self.error_causes[cause] = self.error_causes.get(cause, 0) + 1
+        message = str(exc)
+        refused = environ.get("zc_lb.retry_refused")
+        if refused:
+            message = "%s; %s" % (message, refused)
+            environ["zc_lb.error"] = cause + ",retry-refused"
         self.recent_errors.append({
             "time": round(time.time(), 3), "status": status, "cause": cause,
             "method": environ.get("REQUEST_METHOD"), "path": environ.get("PATH_INFO"),
-            "message": str(exc)[:200]})
+            "message": message[:200]})
         page = self.pages.get(status) or self.pages[500 if status < 502 else 502]
         log.warning("%d for %s %s: %s", status, environ.get("REQUEST_METHOD"),
-                    environ.get("PATH_INFO"), exc)
+                    environ.get("PATH_INFO"), message)
         headers = [("Content-Type", "text/html; charset=utf-8"),
                    ("Content-Length", str(len(page)))]
         if not getattr(environ.get("wsgi.input"), "complete", True):

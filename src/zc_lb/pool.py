@@ -49,6 +49,7 @@ when there is none is the caller's business (``get`` returns None).
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from typing import Any, Container, Dict, Hashable, Iterable, Mapping, Optional, Set, Tuple
 
@@ -294,6 +295,19 @@ class Pool:
                 if not worker.backlog:
                     break
         return best
+
+    def room(self, load: float, floor: int = 1) -> int:
+        """Requests the workers can take before any of them passes the cap
+        that ``load`` requests spread over the pool would set: ``variance``
+        times the mean backlog per worker (the decayed mean, if higher),
+        and at least ``floor`` each.  What a retry may use: work moved
+        from a lost worker to others with room, never piled on a pool
+        already at its cap."""
+        if not self.workers:
+            return 0
+        load = max(load, self.mbacklog)
+        cap = max(math.ceil(self.variance * load / len(self.workers)), floor)
+        return sum(max(cap - worker.backlog, 0) for worker in self._lru)
 
     def served(self, placed: Any, elapsed: float) -> None:
         """The application took ``elapsed`` seconds for a request that

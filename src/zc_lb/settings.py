@@ -179,8 +179,8 @@ LB_SETTINGS = _table([
             "forever",
             minimum=0, metavar="S"),
     Setting("max_retries", int, 1,
-            "retry a GET or HEAD whose worker was lost at most N times; retries at "
-            "once stay under half the requests in flight (at least 3)",
+            "retry a GET or HEAD whose worker was lost at most N times, while "
+            "a healthy worker has room under the backlog cap",
             minimum=0, metavar="N"),
     Setting("health_interval", float, 5.0,
             "seconds between --health-check requests to each worker",
