@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from zc_lb.testing import LBProcess, WorkerProcess, wait_for
+from zc_lb.testing import LBProcess, WorkerProcess, free_port, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -103,3 +103,75 @@ def test_a_client_that_stops_reading_is_cut_after_the_client_timeout(procs, tmp_
     assert head.startswith(b"HTTP/1.1 200")
     assert 0.9 < took < 8, took
     assert rest[2] and received + rest[1] < 24 * MIB
+
+
+def latencies(address, seconds, path="/"):
+    """Latencies of GETs one after another for ``seconds`` (a failure or a
+    timeout counts as 10 s)."""
+    import http.client
+
+    host, port = address.split(":")
+    found = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and len(found) < 5000:
+        started = time.monotonic()
+        connection = http.client.HTTPConnection(host, int(port), timeout=5)
+        try:
+            connection.request("GET", path, headers={"Host": "normal.example"})
+            response = connection.getresponse()
+            response.read()
+            found.append(time.monotonic() - started if response.status == 200 else 10.0)
+        except OSError:
+            found.append(10.0)
+        finally:
+            connection.close()
+    return found
+
+
+def p99(values):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * 0.99))]
+
+
+def test_slow_downloaders_hold_no_worker_thread_and_stall_nobody(procs):
+    # 50 clients that stop reading an 8 MiB response held 50 worker threads
+    # (two workers of 16: the rest queued), and normal requests routed to
+    # them waited for a client.  Buffered, the workers are free as soon as
+    # they have produced the responses: 64 MiB in memory, the rest on disk.
+    workers = [procs(WorkerProcess("apps:app", env=ENV)) for _ in range(2)]
+    status_port = free_port()
+    lb = procs(LBProcess([w.address for w in workers], "--status",
+                         "127.0.0.1:%d" % status_port, env=ENV))
+    status_url = "http://127.0.0.1:%d/" % status_port
+    wait_for(lambda: sum(w.get("in_pool", False)
+                         for w in fetch_json(status_url)["workers"].values()) == 2)
+    before = latencies(lb.address, 2)
+    readers = []
+    try:
+        for _ in range(50):
+            sock = slow_socket(lb.address)
+            sock.sendall(b"GET /big?8 HTTP/1.1\r\nHost: big.example\r\n\r\n")
+            readers.append(sock)
+        for sock in readers:
+            sock.recv(1024)  # the response has started; then nothing more is read
+        wait_for(lambda: fetch_json(status_url)["in_flight"] == 0, timeout=20,
+                 message="every worker done with the slow clients' responses")
+        doc = fetch_json(status_url)
+        assert all(w["backlog"] == 0 for w in doc["workers"].values())
+        assert doc["buffers"]["disk"] > 0 and doc["buffers"]["memory"] <= 64 * MIB + MIB
+        during = latencies(lb.address, 3)
+    finally:
+        for sock in readers:
+            sock.close()
+    # Within 2x (timing on a shared machine: a baseline of at least 5 ms).
+    assert p99(during) <= 2 * max(p99(before), 0.005), (p99(before), p99(during))
+    wait_for(lambda: fetch_json(status_url)["buffers"] == dict(
+        fetch_json(status_url)["buffers"], memory=0, disk=0), message="buffers freed")
+
+
+def fetch_json(url):
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.load(response)

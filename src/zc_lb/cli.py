@@ -247,6 +247,16 @@ def run_worker(args: argparse.Namespace) -> int:
 # -- lb -----------------------------------------------------------------
 
 
+def _spool_limits(args: argparse.Namespace):
+    """The response buffers' bounds; the directory must be one."""
+    from .spool import SpoolLimits
+
+    if args.buffer_dir and not os.path.isdir(args.buffer_dir):
+        raise ConfigurationError("--buffer-dir %s is not a directory" % args.buffer_dir)
+    return SpoolLimits(args.buffer_memory, args.buffer_memory_total, args.buffer_disk,
+                       args.buffer_disk_total, args.buffer_dir or None)
+
+
 def build_lb(args: argparse.Namespace):
     """The LB object and its front and status servers, not started."""
     from .affinity import make_pool
@@ -271,7 +281,7 @@ def build_lb(args: argparse.Namespace):
             keepalive_timeout=args.keepalive_timeout,
             drain_timeout=args.drain_timeout,
             secret=_read_secret(args.secret_file), pages=pages,
-            max_request_body=args.max_request_body)
+            max_request_body=args.max_request_body, spool_limits=_spool_limits(args))
     tls = None
     if args.certfile:
         tls = tls_context(args.certfile, args.keyfile, args.tls_min_version, args.tls_ciphers)

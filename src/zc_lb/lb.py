@@ -53,6 +53,7 @@ from .outlier import Ejector
 from .pool import Pool
 from .protocol import MAX_BODY, Body, End, Response
 from .settings import LB_SETTINGS
+from .spool import Spool, SpoolLimits
 
 log = logging.getLogger(__name__)
 
@@ -147,10 +148,17 @@ class _Waiting:
 
 
 class ResponseBody:
-    """The response body as a WSGI iterable: granting credit back to the
-    worker as the client takes each chunk, holding the worker to its
-    Content-Length, and returning it to the pool when the body ends (or
-    cancelling the request if it did not)."""
+    """The response body as a WSGI iterable, buffered (spool.py).
+
+    A greenlet of its own takes the body from the worker as fast as it
+    comes, granting credit as it keeps each chunk, and gives the worker
+    back to the pool at the body's End; the client reads at its own pace
+    from the spool.  So a slow client holds memory or disk, never a
+    worker thread (and, past the spool's bounds, the worker waits, as flow
+    control makes it).  The worker is held to its Content-Length: bytes
+    past it are dropped, and a body that ends short, or a worker lost
+    mid-body, raises once the client has what came (the front server then
+    closes the connection, so a truncated body never looks complete)."""
 
     def __init__(self, lb: "LB", connection: Connection, exchange: Exchange,
                  upload: Optional[Upload], length: Optional[int], response: Response) -> None:
@@ -158,43 +166,106 @@ class ResponseBody:
         self.connection = connection
         self.exchange = exchange
         self.upload = upload
-        self.length = length
-        self.response = response  # its first body bytes, or all of it, may have come with it
+        self.remaining = length
+        self.spool = Spool(lb.spool_limits)
+        self.ended = False  # all of the body is here, or all that will come
+        self.error: Optional[ZcLbError] = None  # raised once the spool is read
+        self._released = False  # the worker is back in the pool
+        self._arrived = gevent.event.Event()  # the pump kept something, or ended
+        self._room = gevent.event.Event()  # the client took something
+        self._pump: Optional[gevent.Greenlet] = None
+        self._closed = False
+        lb.relaying += 1  # (a drain waits for the client to have it all)
+        if self._keep(response.body):
+            if response.end:
+                self._end()
+            else:
+                self._pump = gevent.spawn(self._take_body, len(response.body))
+
+    def _take_body(self, owed: int) -> None:
+        """The pump: receive the body, keep it, grant credit while there is
+        room (``owed``: bytes kept and not yet granted back)."""
+        exchange, spool = self.exchange, self.spool
+        try:
+            while True:
+                if owed:
+                    if spool.full:
+                        self.lb.spool_limits.stalled += 1
+                        while spool.full:
+                            self._room.clear()
+                            self._room.wait()
+                    exchange.consumed(owed)
+                message = exchange.receive()
+                if type(message) is End:
+                    self._end()
+                    return
+                data = message.data  # type: ignore[union-attr]
+                if not self._keep(data):
+                    return
+                owed = len(data)
+        except ZcLbError as exc:  # the worker lost, or the request cancelled
+            self.error = exc
+            self._arrived.set()
+
+    def _keep(self, data: bytes) -> bool:
+        """Spool ``data``; False (and the body over) if it goes past the
+        Content-Length, whose bytes would read as the next response on a
+        keep-alive connection."""
+        remaining = self.remaining
+        if remaining is not None and len(data) > remaining:
+            log.warning("worker %s sent a body longer than its Content-Length",
+                        self.connection.peer)
+            data, self.remaining = data[:remaining], 0
+            if data:
+                self.spool.put(data)
+            self.exchange.cancel()
+            self._end()
+            return False
+        if remaining is not None:
+            self.remaining = remaining - len(data)
+        if data:
+            self.spool.put(data)
+            self._arrived.set()
+        return True
+
+    def _end(self) -> None:
+        if self.remaining:
+            self.error = BadResponse("worker's body ended %d bytes short" % self.remaining)
+        self.ended = True
+        self._release()
+        self._arrived.set()
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.lb._put(self.connection)
 
     def __iter__(self):
-        exchange, remaining = self.exchange, self.length
-        data, end = self.response.body, self.response.end
+        spool, arrived = self.spool, self._arrived
         while True:
+            data = spool.take()
             if data:
-                size = len(data)
-                if remaining is not None:
-                    if size > remaining:
-                        # Bytes past Content-Length would be read as the next
-                        # response on a keep-alive connection: drop them.
-                        log.warning("worker %s sent a body longer than its Content-Length",
-                                    self.connection.peer)
-                        if remaining:
-                            yield data[:remaining]
-                        return
-                    remaining -= size
+                self._room.set()
                 yield data
-                if not end:
-                    exchange.consumed(size)
-            if end:
-                if remaining:
-                    raise BadResponse("worker's body ended %d bytes short" % remaining)
+            elif self.error is not None:
+                raise self.error
+            elif self.ended:
                 return
-            message = exchange.receive()
-            if isinstance(message, End):
-                data, end = b"", True
             else:
-                data = message.data  # type: ignore[union-attr]
+                arrived.clear()  # (no switch since the checks: no wake-up lost)
+                arrived.wait()
 
     def close(self) -> None:
+        if self._pump is not None:
+            self._pump.kill(block=False)
+        self.spool.close()
         if self.upload is not None:
             self.upload.stop()
         self.exchange.cancel()  # a no-op once both directions have ended
-        self.lb._put(self.connection)
+        self._release()
+        if not self._closed:
+            self._closed = True
+            self.lb._relayed()
 
 
 class LB(LinkEvents):
@@ -215,8 +286,10 @@ class LB(LinkEvents):
         affinity_key: Optional[Callable[[dict], Optional[str]]] = None,
         outlier: Optional[Dict[str, float]] = None,
         max_retries: int = LB_SETTINGS["max_retries"].default,
+        spool_limits: Optional[SpoolLimits] = None,
     ) -> None:
         self.pool = pool
+        self.spool_limits = spool_limits or SpoolLimits()
         self.affinity_key = affinity_key
         self.classifier_errors: Dict[str, int] = {}
         self.response_timeout = response_timeout
@@ -229,7 +302,8 @@ class LB(LinkEvents):
         self.pages.update(pages or {})
         self.links: Dict[str, WorkerLink] = {}
         self.in_flight = 0
-        self.idle = gevent.event.Event()  # set while no request is in flight
+        self.relaying = 0  # buffered responses a client is still being sent
+        self.idle = gevent.event.Event()  # set while none is in flight or relayed
         self.idle.set()
         self._woken = gevent.event.Event()  # set when a request ends an idle spell
         self.requests = 0
@@ -401,9 +475,15 @@ class LB(LinkEvents):
 
     def _put(self, connection: Connection) -> None:
         self.in_flight -= 1
-        if not self.in_flight:
+        if not self.in_flight and not self.relaying:
             self.idle.set()
         self.pool.put(connection)
+
+    def _relayed(self) -> None:
+        """A buffered response is all sent (or abandoned)."""
+        self.relaying -= 1
+        if not self.in_flight and not self.relaying:
+            self.idle.set()
 
     # -- forwarding ---------------------------------------------------
 
@@ -477,8 +557,8 @@ class LB(LinkEvents):
         and at least RETRY_ROOM each), so work moves off a lost worker but
         a pool at its cap is not flooded with retries.  A refusal is said
         in the 502's log line and in the access log (``%{error}z``)."""
-        if self.pool.room(self.in_flight + 1, RETRY_ROOM) > 0:
-            return True
+        if not len(self.pool) or self.pool.room(self.in_flight + 1, RETRY_ROOM) > 0:
+            return True  # (with no worker, it waits for one as a new request does)
         self.retries_refused += 1
         environ["zc_lb.retry_refused"] = (
             "retry refused: no worker has room (%d requests in flight over %d workers)"
@@ -660,6 +740,7 @@ class LB(LinkEvents):
             "worker_failures": self.worker_failures,
             "retries_refused": self.retries_refused,
             "health_checks": self.health_checks,
+            "buffers": self.spool_limits.status(),
             "ejections": self.ejector.total_ejections,
             "clients": getattr(server, "connections", 0),
             "latency": {"buckets": list(LATENCY_BUCKETS), "counts": list(self.latency),

@@ -92,6 +92,17 @@ def lb_families(doc: dict, top_classes: int = TOP_CLASSES) -> Iterator[Metric]:
                             value=doc.get("clients") or 0)
     yield GaugeMetricFamily("zc_lb_uptime_seconds", "Seconds since the LB started.",
                             value=doc.get("uptime") or 0)
+    buffers = doc.get("buffers") or {}
+    held = GaugeMetricFamily("zc_lb_buffer_bytes", "Response bytes held for slow clients.",
+                             labels=["where"])
+    for where in ("memory", "disk"):
+        held.add_metric([where], buffers.get(where) or 0)
+    yield held
+    yield _counter("zc_lb_buffer_spilled", "Responses buffered partly on disk.",
+                   buffers.get("spilled"))
+    yield _counter("zc_lb_buffer_stalled",
+                   "Times a response filled its buffers and its worker waited for the client.",
+                   buffers.get("stalled"))
 
     latency = doc.get("latency")
     if latency:

@@ -211,6 +211,25 @@ LB_SETTINGS = _table([
             "concurrent client connections; past it, 503 and close (0 no cap; the "
             "open-file limit is raised to fit)",
             minimum=0, metavar="N"),
+    Setting("buffer_memory", int, 1024 * 1024,
+            "bytes of one response the LB holds in memory for a slow client, so "
+            "the worker is free as soon as it has produced it",
+            minimum=0, metavar="BYTES"),
+    Setting("buffer_memory_total", int, 64 * 1024 * 1024,
+            "bytes of all responses held in memory; past this or --buffer-memory, "
+            "on disk",
+            minimum=0, metavar="BYTES"),
+    Setting("buffer_disk", int, 2**30,
+            "bytes of one response held on disk; past this, the worker waits for "
+            "the client (0: no disk)",
+            minimum=0, metavar="BYTES"),
+    Setting("buffer_disk_total", int, 16 * 2**30,
+            "bytes of all responses held on disk",
+            minimum=0, metavar="BYTES"),
+    Setting("buffer_dir", str, "",
+            "directory for responses buffered on disk (default: the system's "
+            "temporary directory)",
+            metavar="DIR"),
     Setting("max_request_body", int, 2**30,
             "answer 413 to a larger Content-Length (bytes)",
             minimum=0, metavar="BYTES"),

@@ -1,0 +1,93 @@
+"""spool.py: a response body held in memory, then on disk, in order."""
+
+import os
+
+import pytest
+
+from zc_lb.spool import Spool, SpoolLimits
+
+
+def drain(spool):
+    parts = []
+    while spool:
+        parts.append(spool.take())
+    return b"".join(parts)
+
+
+def test_memory_first_then_disk_and_the_body_comes_out_in_order(tmp_path):
+    limits = SpoolLimits(memory=10, total_memory=100, disk=1000, total_disk=1000,
+                         directory=str(tmp_path))
+    spool = Spool(limits)
+    chunks = [bytes([65 + i]) * 6 for i in range(5)]
+    for chunk in chunks:
+        spool.put(chunk)
+    assert spool.memory == 12 and spool.disk == 18  # two in memory (past 10), three on disk
+    assert limits.in_memory == 12 and limits.on_disk == 18 and limits.spilled == 1
+    assert spool.take() == chunks[0]  # memory has room again: the next goes there,
+    spool.put(b"F" * 6)  # after the three on disk
+    assert drain(spool) == b"".join(chunks[1:]) + b"F" * 6
+    assert limits.in_memory == limits.on_disk == 0
+    spool.close()
+
+
+def test_full_when_neither_memory_nor_disk_has_room():
+    limits = SpoolLimits(memory=4, total_memory=100, disk=4, total_disk=100)
+    spool = Spool(limits)
+    spool.put(b"1234")
+    assert not spool.full  # the disk has room
+    spool.put(b"5678")
+    assert spool.full
+    spool.put(b"9")  # still kept (flow control bounds the excess), in memory
+    assert drain(spool) == b"123456789"
+    assert not spool.full
+    spool.close()
+
+
+def test_the_totals_are_shared_by_every_spool():
+    limits = SpoolLimits(memory=100, total_memory=8, disk=0, total_disk=0)
+    first, second = Spool(limits), Spool(limits)
+    first.put(b"12345678")
+    assert second.full  # no memory left in all, and no disk
+    first.take()
+    assert not second.full
+
+
+def test_close_gives_back_what_the_spool_held(tmp_path):
+    limits = SpoolLimits(memory=2, total_memory=100, disk=100, total_disk=100,
+                         directory=str(tmp_path))
+    spool = Spool(limits)
+    for _ in range(5):
+        spool.put(b"abc")
+    spool.close()
+    assert limits.in_memory == limits.on_disk == 0
+    assert not spool
+    assert os.listdir(tmp_path) == []  # the file was unlinked from the start
+
+
+def test_a_disk_that_fails_leaves_the_body_in_memory(tmp_path, caplog):
+    limits = SpoolLimits(memory=2, total_memory=100, disk=100, total_disk=100,
+                         directory=str(tmp_path / "gone"))
+    spool = Spool(limits)
+    spool.put(b"ab")
+    spool.put(b"cd")  # the directory does not exist: memory it is, said once
+    spool.put(b"ef")
+    assert drain(spool) == b"abcdef"
+    assert [r.getMessage() for r in caplog.records if "on disk" in r.getMessage()]
+    assert limits.total_disk == 0
+
+
+@pytest.mark.parametrize("sizes", [[1] * 50, [7, 300, 1, 64, 1000], [4096] * 8])
+def test_any_mix_of_sizes_comes_out_whole(tmp_path, sizes):
+    limits = SpoolLimits(memory=100, total_memory=150, disk=3000, total_disk=3000,
+                         directory=str(tmp_path))
+    spool = Spool(limits)
+    body, out = b"", []
+    for i, size in enumerate(sizes):
+        chunk = bytes([i % 251]) * size
+        body += chunk
+        spool.put(chunk)
+        if i % 3 == 2:
+            out.append(spool.take())
+    out.append(drain(spool))
+    assert b"".join(out) == body
+    spool.close()
