@@ -117,6 +117,39 @@ def log_text(path):
         return f.read()
 
 
+def status_doc(status_address):
+    with urllib.request.urlopen("http://%s/" % status_address, timeout=5) as response:
+        return json.load(response)
+
+
+def test_every_answer_the_front_gives_itself_is_counted_by_status_and_cause(procs, tmp_path):
+    # 400, 408, 431 and 501 were counted nowhere: not in requests, errors,
+    # recent_errors or /metrics (a 413 or a 503 was).
+    access = tmp_path / "access.log"
+    lb, _ = lb_with_status(procs, "--header-timeout", "0.5", "--access-log", str(access))
+    before = status_doc(lb.status_address)
+    assert raw(lb.address, b"GET / HTTP/1.1\r\nHost: a\r\nBad Header: x\r\n\r\n")[:12] \
+        == b"HTTP/1.1 400"
+    assert raw(lb.address, b"GET / HTTP/1.1\r\nHost: a\r\n")[:12] == b"HTTP/1.1 408"
+    assert raw(lb.address, b"GET / HTTP/1.1\r\nHost: a\r\nX: " + b"y" * 70000
+               + b"\r\n\r\n")[:12] == b"HTTP/1.1 431"
+    assert raw(lb.address, b"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: h2c\r\n"
+               b"Connection: upgrade\r\n\r\n")[:12] == b"HTTP/1.1 501"
+    doc = status_doc(lb.status_address)
+    assert doc["requests"] - before["requests"] == 4
+    assert {k: v for k, v in doc["errors"].items() if k in ("400", "408", "431", "501")} == {
+        "400": 1, "408": 1, "431": 1, "501": 1}
+    assert doc["error_causes"] == {"BadRequest": 3, "HeadTimeout": 1}
+    assert sorted(e["status"] for e in doc["recent_errors"]) == [400, 408, 431, 501]
+    with urllib.request.urlopen("http://%s/metrics" % lb.status_address, timeout=5) as r:
+        metrics = r.read().decode()
+    assert 'zc_lb_errors_total{status="408"} 1.0' in metrics
+    assert 'zc_lb_error_causes_total{cause="BadRequest"} 3.0' in metrics
+    wait_for(lambda: log_text(access).count(" error=BadRequest") == 3
+             and " 408 " in log_text(access) and "error=HeadTimeout" in log_text(access),
+             message="the access log's error fields")
+
+
 # -- item 8: the front's head limit agrees with the Request frame limit --------
 
 

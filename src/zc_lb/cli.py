@@ -302,7 +302,8 @@ def build_lb(args: argparse.Namespace):
     front = FrontServer(listen, lb, access_log, tls=tls,
                         client_timeout=args.client_timeout or None,
                         header_timeout=args.header_timeout or None,
-                        max_connections=args.max_connections or None)
+                        max_connections=args.max_connections or None,
+                        counter=lb.count_answer)
     lb.front = front  # its client connections go in the status document
     status = None
     if args.status:

@@ -174,6 +174,7 @@ class ClientConnection:
         self.response_length = 0
         self.time_start = self.time_finish = 0.0
         self.headers_sent = False
+        self.error: Optional[str] = None  # why the front answered itself, if it did
         self._headers: List[Tuple[str, str]] = []
         self._chunked = False
         self._bodiless = False
@@ -326,12 +327,17 @@ class ClientConnection:
                         environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"), exc)
         if not self.headers_sent:
             self._send_refusal(status)
+            self.error = type(exc).__name__ if exc else "ApplicationError"
+            self.server.count(status, self.error, str(exc or "the application failed"),
+                              self.environ)
 
     def _refuse(self, refusal: ZcLbError) -> None:
         status = refusal.http_status
         log.info("%d for %s: %s", status, _peer(self.client_address), refusal)
         self.close = True
         self._send_refusal(status)
+        self.error = type(refusal).__name__  # (the access log's %{error}z)
+        self.server.count(status, self.error, str(refusal))
         self._log()
         self._linger()
 
@@ -592,6 +598,7 @@ class _Server(gevent.server.StreamServer):
     max_connections: Optional[int] = None
     tls = None
     draining = False
+    counter: Optional[Callable[[int, str, str, Optional[dict]], None]] = None
     connections = 0
     turning_away = 0
     _out_of_files_logged = 0.0
@@ -616,6 +623,14 @@ class _Server(gevent.server.StreamServer):
         self.base_objects = {
             "wsgi.version": (1, 0), "wsgi.errors": sys.stderr, "wsgi.multithread": False,
             "wsgi.multiprocess": False, "wsgi.run_once": False}
+
+    def count(self, status: int, cause: str, message: str,
+              environ: Optional[dict] = None) -> None:
+        """An answer the front gave itself (a refused request, a turned
+        away connection, a failed application): counted by ``counter``
+        (the LB's ``count_answer``) with the rest of the LB's errors."""
+        if self.counter is not None:
+            self.counter(status, cause, message, environ)
 
     def do_read(self):
         try:
@@ -676,6 +691,8 @@ class _Server(gevent.server.StreamServer):
         self.turning_away += 1
         log.info("503 for %s: %d client connections already", _peer(address),
                  self.connections)
+        self.count(503, "TooManyConnections",
+                   "%d client connections already" % self.connections)
         try:
             sock.settimeout(TURN_AWAY_LINGER)
             if self.tls is None:  # TLS clients cannot read a plain answer
@@ -696,15 +713,20 @@ class FrontServer:
     ``client_timeout`` bounds each read or write on a client connection,
     ``header_timeout`` the whole request head from its first byte;
     ``max_connections`` caps concurrent client connections (503 past it);
-    ``tls`` is an SSLContext from ``tls_context``, for HTTPS.
+    ``tls`` is an SSLContext from ``tls_context``, for HTTPS;
+    ``counter(status, cause, message, environ)`` counts the answers the
+    front gives itself (the LB's ``count_answer``).
     """
 
     def __init__(self, listen: Tuple[str, int], app: Callable,
                  access_log: Optional[AccessLog] = None, tls=None,
                  client_timeout: Optional[float] = None,
                  header_timeout: Optional[float] = LB_SETTINGS["header_timeout"].default,
-                 max_connections: Optional[int] = None) -> None:
+                 max_connections: Optional[int] = None,
+                 counter: Optional[Callable[[int, str, str, Optional[dict]], None]] = None
+                 ) -> None:
         self.listen = listen
+        self.counter = counter
         self.client_timeout = client_timeout
         self.header_timeout = header_timeout
         self.max_connections = max_connections
@@ -726,6 +748,7 @@ class FrontServer:
         server.client_timeout = self.client_timeout
         server.header_timeout = self.header_timeout
         server.tls = self.tls
+        server.counter = self.counter
         if self.max_connections is not None:
             server.max_connections = fit_open_files(self.max_connections)
         server.start()

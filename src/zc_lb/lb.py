@@ -676,18 +676,13 @@ class LB(LinkEvents):
     def _error(self, exc: ZcLbError, environ: dict,
                start_response: Callable) -> Iterable[bytes]:
         status = exc.http_status
-        self.errors[status] = self.errors.get(status, 0) + 1
         cause = environ["zc_lb.error"] = type(exc).__name__  # (for the access log)
-        self.error_causes[cause] = self.error_causes.get(cause, 0) + 1
         message = str(exc)
         refused = environ.get("zc_lb.retry_refused")
         if refused:
             message = "%s; %s" % (message, refused)
             environ["zc_lb.error"] = cause + ",retry-refused"
-        self.recent_errors.append({
-            "time": round(time.time(), 3), "status": status, "cause": cause,
-            "method": environ.get("REQUEST_METHOD"), "path": environ.get("PATH_INFO"),
-            "message": message[:200]})
+        self._count_error(status, cause, message, environ)
         page = self.pages.get(status) or self.pages[500 if status < 502 else 502]
         log.warning("%d for %s %s: %s", status, environ.get("REQUEST_METHOD"),
                     environ.get("PATH_INFO"), message)
@@ -698,6 +693,25 @@ class LB(LinkEvents):
             headers.append(("Connection", "close"))
         start_response("%d %s" % (status, REASONS.get(status, "Error")), headers)
         return [page]
+
+    def _count_error(self, status: int, cause: str, message: str,
+                     environ: Optional[dict]) -> None:
+        self.errors[status] = self.errors.get(status, 0) + 1
+        self.error_causes[cause] = self.error_causes.get(cause, 0) + 1
+        environ = environ or {}
+        self.recent_errors.append({
+            "time": round(time.time(), 3), "status": status, "cause": cause,
+            "method": environ.get("REQUEST_METHOD"), "path": environ.get("PATH_INFO"),
+            "message": message[:200]})
+
+    def count_answer(self, status: int, cause: str, message: str,
+                     environ: Optional[dict] = None) -> None:
+        """An answer the front server gave itself (400, 408, 431, 501, a
+        503 past --max-connections...): a request received and an error
+        made, counted as the LB's own are."""
+        if environ is None:  # (the LB's app saw it, and counted it, otherwise)
+            self.requests += 1
+        self._count_error(status, cause, message, environ)
 
     def reset_skills(self) -> None:
         """Forget the skills the pool holds; résumés teach them again."""

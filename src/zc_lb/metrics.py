@@ -37,6 +37,7 @@ CAUSES = {
     "ResponseTimeout": "timeout",
     "BadResponse": "bad_response", "RemoteProtocolError": "bad_response",
     "AuthenticationError": "bad_response",
+    "TooManyConnections": "overload",
 }
 CODE_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
 
@@ -122,8 +123,17 @@ def lb_families(doc: dict, top_classes: int = TOP_CLASSES) -> Iterator[Metric]:
         errors.add_metric([str(status)], count)
     yield errors
 
+    by_cause = CounterMetricFamily(
+        "zc_lb_error_causes", "Answers the LB made itself, by cause: the client's "
+        "(BadRequest, HeadTimeout, RequestTooLarge...) and the LB's (NoWorkerAvailable, "
+        "WorkerLost, TooManyConnections...).", labels=["cause"])
+    for name, count in sorted(doc.get("error_causes", {}).items()):
+        by_cause.add_metric([name], count)
+    yield by_cause
+
     causes: Dict[str, float] = dict.fromkeys(
-        ("no_worker", "worker_lost", "timeout", "bad_response", "worker", "other"), 0)
+        ("no_worker", "worker_lost", "timeout", "bad_response", "overload", "worker", "other"),
+        0)
     for name, count in doc.get("error_causes", {}).items():
         cause = CAUSES.get(name)
         if cause is None:
@@ -137,7 +147,8 @@ def lb_families(doc: dict, top_classes: int = TOP_CLASSES) -> Iterator[Metric]:
     causes["worker"] = sum(info.get("counts", {}).get("5xx", 0) for info in workers.values())
     family = CounterMetricFamily("zc_lb_5xx", "5xx responses to clients, by cause: no_worker "
                                  "(503), worker_lost (502), timeout (504), bad_response "
-                                 "(502), worker (the application's own 5xx), other.",
+                                 "(502), overload (503 past --max-connections), worker (the "
+                                 "application's own 5xx), other.",
                                  labels=["cause"])
     for cause, count in causes.items():
         family.add_metric([cause], count)
