@@ -44,7 +44,7 @@ import httptools
 
 from .errors import BadRequest, ClientError, ClientGone, RequestTooLarge
 from .httpparse import (HOP_BY_HOP, MAX_FIELD_LINE, MAX_FIELDS, MAX_HEAD, TARGET,
-                        RequestHead, check_head)
+                        RequestHead, check_head, check_trailer)
 
 REQUEST_LINE_EXTRA = len(b"  HTTP/1.1\r\n")  # what a request line adds to method and target
 MAX_TARGET = 8190  # a request line over 8 KiB is 414, as nginx and pywsgi have it
@@ -171,6 +171,7 @@ class RequestReader:
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if not self._in_head:
+            check_trailer(name.decode("latin-1"))  # (BadRequest: the body is malformed)
             return  # a chunked trailer: dropped
         fields = self._fields
         line = len(name) + len(value) + 2

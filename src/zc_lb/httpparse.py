@@ -39,9 +39,13 @@ Decisions (README.rst, "The HTTP front", says the same to operators):
   that the environ built from the largest head still fits one Request
   frame (protocol.MAX_MESSAGE), since the LB forwards it in one.
 
-Weak spot, admitted: chunked trailers are parsed by llhttp and dropped
-by h1.py, never checked here; since no trailer reaches the worker, a
-forbidden one (Host...) can do no harm.
+- a singleton field (``SINGLETONS``: Content-Type, Authorization,
+  Range...) sent twice with different values is 400; the same value
+  twice is kept once (RFC 9110 5.3);
+- chunked trailers are parsed by llhttp and dropped by h1.py (none
+  reaches the worker), but one that may not be a trailer
+  (``NOT_IN_TRAILERS``: Host, framing, authentication, request
+  modifiers, content format; RFC 9110 6.5.1) makes the request 400.
 """
 
 from __future__ import annotations
@@ -64,7 +68,21 @@ HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(:[0-9]*)?
 DIGITS = re.compile(r"[0-9]+\Z")
 HUGE = 10**18  # a longer Content-Length is only ever too large (413)
 PROTECTED = frozenset(("host", "content-length", "transfer-encoding"))
-CHECKED = frozenset(("host", "connection", "upgrade", "content-length", "transfer-encoding"))
+# Fields with one value (RFC 9110 5.3): sent twice with different values,
+# the request is refused (the worker would read one, a cache another).
+SINGLETONS = frozenset((
+    "content-type", "content-location", "content-range", "authorization",
+    "proxy-authorization", "if-modified-since", "if-unmodified-since", "if-range",
+    "max-forwards", "range", "referer", "user-agent", "from", "date"))
+CHECKED = frozenset(("host", "connection", "upgrade", "content-length",
+                     "transfer-encoding")) | SINGLETONS
+# Fields a chunked trailer may not hold (RFC 9110 6.5.1): framing, routing,
+# authentication, request modifiers, content format.
+NOT_IN_TRAILERS = frozenset((
+    "host", "content-length", "transfer-encoding", "content-type", "content-encoding",
+    "content-range", "trailer", "te", "expect", "connection", "upgrade", "authorization",
+    "proxy-authorization", "cookie", "range", "if-match", "if-none-match",
+    "if-modified-since", "if-unmodified-since", "if-range", "max-forwards", "cache-control"))
 UPGRADES = frozenset(("CONNECT",))
 # Headers about one hop, never forwarded (RFC 9110 7.6.1).
 HOP_BY_HOP = frozenset((
@@ -93,17 +111,42 @@ def check_head(method: str, target: bytes, version: str,
         raise BadRequest("%s is not supported" % method, 501)
     path, authority = _target(method, target)
     named: Dict[str, List[str]] = {}  # the fields the rules read, in one pass
+    repeated = False
     for name, value in fields:
         lowered = name.lower()
         if lowered in CHECKED:
-            named.setdefault(lowered, []).append(value)
+            values = named.get(lowered)
+            if values is None:
+                named[lowered] = [value]
+            else:
+                values.append(value)
+                repeated = True
     head = RequestHead(method, path, version, fields)
     _check_host(head, authority, named.get("host", []))
     _check_connection(head, named.get("connection"), "upgrade" in named)
     lengths, codings = named.get("content-length"), named.get("transfer-encoding")
     if lengths or codings:
         _check_framing(head, lengths or [], codings or [])
+    if repeated:
+        _check_singletons(head, named)
     return head
+
+
+def _check_singletons(head: RequestHead, named: Dict[str, List[str]]) -> None:
+    """A singleton field twice: the same value is kept once, another is 400."""
+    for name in SINGLETONS.intersection(named):
+        values = named[name]
+        if len(values) > 1:
+            if len(set(values)) > 1:
+                raise BadRequest("%s sent %d times with different values"
+                                 % (name.title(), len(values)))
+            _replace(head, name, values[:1])
+
+
+def check_trailer(name: str) -> None:
+    """BadRequest if a chunked trailer may not hold the field ``name``."""
+    if name.lower() in NOT_IN_TRAILERS:
+        raise BadRequest("%s in a chunked trailer" % name)
 
 
 def _target(method: str, target: bytes) -> Tuple[str, Optional[str]]:
