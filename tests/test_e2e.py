@@ -764,3 +764,24 @@ def test_health_checks_eject_a_broken_worker_before_traffic_does():
     finally:
         for process in (lb, broken, good):
             process.kill()
+
+
+@pytest.mark.parametrize("workers", [[], ["127.0.0.1:%d" % free_port()]])
+def test_an_lb_without_a_worker_says_so_and_answers_503_with_retry_after_soon(tmp_path, workers):
+    # It started silently, and each request waited 30 s for a 503 without
+    # Retry-After.
+    log_path = tmp_path / "lb.log"
+    with open(log_path, "w") as log:
+        lb = LBProcess(workers, env=ENV, stderr=log).start()
+    try:
+        started = time.monotonic()
+        status_code, _, headers = request(lb, timeout=20)
+        took = time.monotonic() - started
+        assert status_code == 503 and headers["Retry-After"] == "5"
+        assert took < 7, took
+        wait_for(lambda: "no worker in the pool" in log_path.read_text(), timeout=10,
+                 message="the warning")
+        text = log_path.read_text()
+        assert ("none known" in text) if not workers else (workers[0] in text)
+    finally:
+        lb.kill()

@@ -335,6 +335,7 @@ def run_lb(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     lb, front, status = build_lb(args)
     lb.set_workers(args.worker or [])
+    lb.watch_workers()
     if args.health_check:
         lb.start_health_checks(args.health_check, args.health_interval)
     front.start()

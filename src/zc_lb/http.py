@@ -136,8 +136,9 @@ def refusal(status: int) -> bytes:
     """A complete response refusing a request, closing the connection."""
     reason = REASONS[status]
     return (b"HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Type: text/plain\r\n"
-            b"Content-Length: %d\r\n\r\n%s\n" % (
-                status, reason.encode(), len(reason) + 1, reason.encode()))
+            b"%sContent-Length: %d\r\n\r\n%s\n" % (
+                status, reason.encode(), b"Retry-After: 1\r\n" if status == 503 else b"",
+                len(reason) + 1, reason.encode()))
 
 
 RECV_SIZE = 64 * 1024

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import socket
 import time
 from bisect import bisect_left
@@ -64,6 +65,7 @@ RETRY_METHODS = frozenset(("GET", "HEAD"))
 MAX_CLASSIFIER_ERRORS = 100  # distinct classifier errors kept in status
 RETRY_ROOM = 3  # a healthy worker has room for at least this many retries
 DRAIN_QUIET = 0.5  # seconds without requests in flight that end a drain
+NO_WORKER_GRACE = 5.0  # seconds after the start before an empty pool is said
 
 # The response latency histogram's upper bounds, in seconds (plus +Inf):
 # fixed, so that a request costs one bisect and one list increment.
@@ -318,6 +320,7 @@ class LB(LinkEvents):
         self._workers_changed = gevent.event.Event()
         self._waiting: Dict[Exchange, _Waiting] = {}
         self._watchdog: Optional[gevent.Greenlet] = None
+        self._no_worker_watch: Optional[gevent.Greenlet] = None
         self.started = time.time()
         # Counters for metrics, read at scrape time (metrics.py): each is a
         # plain increment or dict update per request, no lock, no labels.
@@ -343,6 +346,33 @@ class LB(LinkEvents):
         for address in sorted(wanted - set(self.links)):
             link = self.links[address] = WorkerLink(address, self.link_config, self)
             link.start()
+
+    def watch_workers(self, interval: float = NO_WORKER_GRACE) -> None:
+        """Say when the pool has no worker: ``interval`` seconds after the
+        start if none came (a missing --worker, a worker down, ZooKeeper
+        with none registered), and whenever the last one goes; and say
+        when one is back.  Requests meanwhile get 503 with Retry-After
+        after ``no_worker_timeout``."""
+        def watch() -> None:
+            had = True
+            while True:
+                gevent.sleep(interval)
+                has = bool(len(self.pool))
+                if has != had:
+                    if has:
+                        log.info("%d worker(s) in the pool again", len(self.pool))
+                    else:
+                        log.warning("no worker in the pool (%s): requests get 503 after "
+                                    "%gs", self._known_workers(), self.no_worker_timeout)
+                    had = has
+        self._no_worker_watch = gevent.spawn(watch)
+
+    def _known_workers(self) -> str:
+        if not self.links:
+            return "none known: give --worker, or register workers in ZooKeeper"
+        return "known: " + ", ".join(
+            "%s%s" % (address, " (%s)" % link.last_error if link.last_error else "")
+            for address, link in sorted(self.links.items())[:10])
 
     def wait_for_workers(self, timeout: float) -> bool:
         """Wait until every known worker is connected and in the pool, at
@@ -377,6 +407,8 @@ class LB(LinkEvents):
             self._health.kill(block=False)
         if self._watchdog is not None:
             self._watchdog.kill(block=False)
+        if self._no_worker_watch is not None:
+            self._no_worker_watch.kill(block=False)
         for link in list(self.links.values()):
             link.stop()
         self.links.clear()
@@ -688,6 +720,8 @@ class LB(LinkEvents):
                     environ.get("PATH_INFO"), message)
         headers = [("Content-Type", "text/html; charset=utf-8"),
                    ("Content-Length", str(len(page)))]
+        if status == 503:  # when to ask again: about when a worker may be back
+            headers.append(("Retry-After", str(max(1, math.ceil(self.no_worker_timeout)))))
         if not getattr(environ.get("wsgi.input"), "complete", True):
             # Reading a body nobody wants could take forever; hang up instead.
             headers.append(("Connection", "close"))

@@ -163,8 +163,8 @@ LB_SETTINGS = _table([
             "over 1 + WIDEN times the pool's mean, and gives it back under 1 / (1 + WIDEN) "
             "times; 0: never",
             minimum=0, where=EVERYWHERE),
-    Setting("no_worker_timeout", float, 30.0,
-            "seconds to wait for a worker before answering 503",
+    Setting("no_worker_timeout", float, 5.0,
+            "seconds to wait for a worker before answering 503 (with Retry-After)",
             minimum=0, where=EVERYWHERE, metavar="S"),
     Setting("single_version", bool, False,
             "serve only from the worker version most workers run",
