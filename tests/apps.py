@@ -7,6 +7,7 @@ One app, dispatching on the path:
     /block?S     sleeps S seconds blocking the thread (time.sleep), as most apps do
     /count       reads the body in chunks; answers how many bytes came
     /big?MB      streams MB mebibytes
+    /headers     the forwarding headers it got, as JSON
     /bighead?KB  answers with a response head of KB kibibytes (one long header)
     /error       raises
     /upload-slow reads the body slowly; writes a mark file if cancelled
@@ -80,6 +81,12 @@ def app(environ, start_response):
         start_response("200 OK", [("Content-Type", "application/octet-stream"),
                                   ("Content-Length", str(megabytes * MIB))])
         return (CHUNK for _ in range(megabytes))
+    elif path == "/headers":
+        import json
+        return _text(start_response, json.dumps({
+            name: environ.get(name) for name in (
+                "REMOTE_ADDR", "HTTP_X_FORWARDED_FOR", "HTTP_X_FORWARDED_PROTO",
+                "HTTP_X_FORWARDED_HOST", "HTTP_X_REQUEST_ID")}))
     elif path == "/bighead":
         start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", "2"),
                                   ("X-Big", "b" * (int(query or 300) * 1024))])

@@ -34,15 +34,15 @@ def test_default_format_is_combined_plus_the_lbs_fields():
     assert line.startswith('10.0.0.1 - - [')
     assert line.endswith('] "GET /a?b=1 HTTP/1.1" 200 12 "-" "say \\"hi\\"" '
                          'host="Alpha.example" class="alpha.example" worker=127.0.0.1:9001 '
-                         'upstream=0.125000 time=0.250000 retries=1 error=-')
+                         'upstream=0.125000 time=0.250000 retries=1 error=- request_id="-"')
     assert LogFormat(COMBINED).format(handler(environ)).endswith('200 12 "-" "say \\"hi\\""')
 
 
 def test_a_request_refused_before_the_lb_saw_it():
-    line = LogFormat().format(handler(None, requestline="",
-                                      status="400", response_length=0))
+    line = LogFormat().format(handler(None, requestline="", status="400",
+                                      response_length=0, error="BadRequest"))
     assert '"-" 400 - "-" "-" host="-" class="-" worker=- upstream=- ' in line
-    assert line.endswith("retries=0 error=-")
+    assert line.endswith('retries=0 error=BadRequest request_id="-"')
 
 
 def test_custom_format_fields():

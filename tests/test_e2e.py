@@ -521,7 +521,8 @@ def test_access_log_is_apache_combined_plus_the_lbs_fields(cluster, tmp_path):
     combined = (r'^127\.0\.0\.1 - - \[\d\d/\w{3}/\d{4}:\d\d:\d\d:\d\d [+-]\d{4}\] '
                 r'"GET /some/path\?q=1 HTTP/1\.1" 200 \d+ "http://r/" "tester/1\.0"')
     extra = (r' host="www\.Some\.example" class="some\.example" worker=%s '
-             r'upstream=0\.\d{6} time=0\.\d{6} retries=0 error=-$' % re.escape(workers[0].address))
+             r'upstream=0\.\d{6} time=0\.\d{6} retries=0 error=- request_id="[0-9a-f]{32}"$'
+             % re.escape(workers[0].address))
     assert re.match(combined + extra, line), line
     # --access-log-format: Apache combined, exactly
     from zc_lb.testing import LBProcess

@@ -738,3 +738,59 @@ def test_mutated_requests_get_an_answer_or_a_close_never_a_crash():
         sent, _ = serve_pieces(_forwarding_echo, pieces)
         for status, _, _ in responses(sent) if sent else ():
             assert 200 <= status < 600
+
+
+# -- forwarding headers ------------------------------------------------------
+
+FORGED = {"X-Forwarded-For": "6.6.6.6", "X-Forwarded-Proto": "https",
+          "X-Forwarded-Host": "evil.example"}
+
+
+def forwarded(lb, headers):
+    status, body = get(lb.address, "/headers", headers=headers)
+    assert status == 200, body
+    return json.loads(body)
+
+
+def test_forwarding_headers_tell_the_app_the_client_not_a_forgery(procs):
+    # A client's X-Forwarded-For reached the app untouched, and the LB
+    # added nothing: an app trusting the last value believed the forgery.
+    lb, _ = lb_with_worker(procs)
+    seen = forwarded(lb, FORGED)
+    assert seen["HTTP_X_FORWARDED_FOR"] == "6.6.6.6, 127.0.0.1"
+    assert seen["HTTP_X_FORWARDED_PROTO"] == "http"
+    assert seen["HTTP_X_FORWARDED_HOST"] == "a.example"
+    assert len(seen["HTTP_X_REQUEST_ID"]) == 32
+    assert forwarded(lb, {"X-Request-ID": "abc-1"})["HTTP_X_REQUEST_ID"] == "abc-1"
+
+
+def test_a_trusted_proxy_keeps_its_proto_and_host_and_none_sets_nothing(procs):
+    lb, _ = lb_with_worker(procs, "--trusted-proxies", "127.0.0.0/8,::1")
+    seen = forwarded(lb, FORGED)
+    assert (seen["HTTP_X_FORWARDED_PROTO"], seen["HTTP_X_FORWARDED_HOST"]) == (
+        "https", "evil.example")
+    assert seen["HTTP_X_FORWARDED_FOR"] == "6.6.6.6, 127.0.0.1"
+    plain, _ = lb_with_worker(procs, "--forwarded", "none")
+    assert forwarded(plain, FORGED) == dict(
+        REMOTE_ADDR="127.0.0.1", HTTP_X_FORWARDED_FOR="6.6.6.6", HTTP_X_FORWARDED_PROTO="https",
+        HTTP_X_FORWARDED_HOST="evil.example", HTTP_X_REQUEST_ID=None)
+
+
+def test_a_flask_app_behind_proxyfix_sees_the_real_client(procs, tmp_path):
+    access = tmp_path / "access.log"
+    lb, _ = lb_with_worker(procs, "--access-log", str(access), app="flask_app:app")
+    status, body = get(lb.address, "/whoami", headers=FORGED)
+    assert status == 200, body
+    seen = json.loads(body)
+    assert (seen["remote_addr"], seen["scheme"], seen["host"]) == (
+        "127.0.0.1", "http", "a.example")
+    wait_for(lambda: 'request_id="%s"' % seen["request_id"] in log_text(access),
+             message="the request id in the access log")
+
+
+@pytest.mark.parametrize("argv", [["--forwarded", "for,via"], ["--trusted-proxies", "10.0.0/8"]])
+def test_bad_forwarding_options_stop_the_lb_at_start(argv):
+    result = subprocess.run([sys.executable, "-m", "zc_lb.cli", "lb", "--listen", "127.0.0.1:0"]
+                            + argv, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") <= 2 and argv[0] in result.stderr

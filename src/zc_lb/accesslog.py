@@ -48,7 +48,7 @@ from .errors import ConfigurationError
 DEFAULT_FORMAT = ('%h %l %u %t "%r" %>s %b "%{Referer}i" "%{User-Agent}i" '
                   'host="%{Host}i" class="%{class}z" worker=%{worker}z '
                   'upstream=%{upstream}z time=%{time}z retries=%{retries}z '
-                  'error=%{error}z')
+                  'error=%{error}z request_id="%{X-Request-ID}i"')
 COMBINED = '%h %l %u %t "%r" %>s %b "%{Referer}i" "%{User-Agent}i"'
 
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun",

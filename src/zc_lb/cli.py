@@ -262,6 +262,7 @@ def build_lb(args: argparse.Namespace):
     from .affinity import make_pool
     from .classifier import get_classifier, get_key_function
     from .accesslog import LogFormat
+    from .forwarding import Forwarding, parse_headers, parse_networks
     from .http import AccessLog, FrontServer, tls_context
     from .lb import LB
     from .connection import parse_address
@@ -303,7 +304,9 @@ def build_lb(args: argparse.Namespace):
                         client_timeout=args.client_timeout or None,
                         header_timeout=args.header_timeout or None,
                         max_connections=args.max_connections or None,
-                        counter=lb.count_answer)
+                        counter=lb.count_answer,
+                        forwarding=Forwarding(parse_headers(args.forwarded),
+                                              parse_networks([args.trusted_proxies])))
     lb.front = front  # its client connections go in the status document
     status = None
     if args.status:

@@ -37,6 +37,7 @@ import gevent.server
 from .accesslog import LogFormat
 from .connection import send_all
 from .errors import ClientError, ClientGone, ConfigurationError, HeadTimeout, ZcLbError
+from .forwarding import Forwarding
 from .h1 import (BODILESS_STATUS, REASONS, Request, RequestReader, check_response, date_line,
                  request_variables, response_head)
 from .settings import LB_SETTINGS
@@ -166,6 +167,9 @@ class ClientConnection:
             self.base_variables.update(REMOTE_ADDR=address[0], REMOTE_PORT=str(address[1]))
         self.base_objects = dict(server.base_objects)
         self.base_objects["zc_lb.client_socket"] = sock  # to notice a hang-up
+        forwarding = server.forwarding
+        self.peer = address[0] if isinstance(address, tuple) else None
+        self.trusted = forwarding is not None and forwarding.trusts(self.peer)
         self._reset()
 
     def _reset(self) -> None:
@@ -267,6 +271,9 @@ class ClientConnection:
         # fields) are also what the LB forwards, as "zc_lb.forward".
         forward = dict(self.base_variables)
         hop = request_variables(forward, head)
+        forwarding = self.server.forwarding
+        if forwarding is not None:
+            forwarding.apply(forward, self.peer, self.trusted)
         environ = self.environ = dict(self.base_objects)
         environ.update(forward)
         if hop is not None:
@@ -600,6 +607,7 @@ class _Server(gevent.server.StreamServer):
     tls = None
     draining = False
     counter: Optional[Callable[[int, str, str, Optional[dict]], None]] = None
+    forwarding: Optional[Forwarding] = None
     connections = 0
     turning_away = 0
     _out_of_files_logged = 0.0
@@ -716,7 +724,8 @@ class FrontServer:
     ``max_connections`` caps concurrent client connections (503 past it);
     ``tls`` is an SSLContext from ``tls_context``, for HTTPS;
     ``counter(status, cause, message, environ)`` counts the answers the
-    front gives itself (the LB's ``count_answer``).
+    front gives itself (the LB's ``count_answer``); ``forwarding``
+    (forwarding.py) sets X-Forwarded-* and X-Request-ID.
     """
 
     def __init__(self, listen: Tuple[str, int], app: Callable,
@@ -724,10 +733,11 @@ class FrontServer:
                  client_timeout: Optional[float] = None,
                  header_timeout: Optional[float] = LB_SETTINGS["header_timeout"].default,
                  max_connections: Optional[int] = None,
-                 counter: Optional[Callable[[int, str, str, Optional[dict]], None]] = None
-                 ) -> None:
+                 counter: Optional[Callable[[int, str, str, Optional[dict]], None]] = None,
+                 forwarding: Optional[Forwarding] = None) -> None:
         self.listen = listen
         self.counter = counter
+        self.forwarding = forwarding or None  # (one that sets nothing is none)
         self.client_timeout = client_timeout
         self.header_timeout = header_timeout
         self.max_connections = max_connections
@@ -750,6 +760,7 @@ class FrontServer:
         server.header_timeout = self.header_timeout
         server.tls = self.tls
         server.counter = self.counter
+        server.forwarding = self.forwarding
         if self.max_connections is not None:
             server.max_connections = fit_open_files(self.max_connections)
         server.start()

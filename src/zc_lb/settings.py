@@ -230,6 +230,15 @@ LB_SETTINGS = _table([
             "directory for responses buffered on disk (default: the system's "
             "temporary directory)",
             metavar="DIR"),
+    Setting("forwarded", str, "for,proto,host,request-id",
+            "forwarding headers the LB sets: X-Forwarded-For (appended to), "
+            "X-Forwarded-Proto and -Host (overwritten), X-Request-ID (when absent); "
+            "a comma list, or none",
+            metavar="LIST"),
+    Setting("trusted_proxies", str, "",
+            "addresses or CIDR networks of proxies in front of the LB, whose "
+            "X-Forwarded-Proto and -Host are kept (comma list)",
+            metavar="CIDRS"),
     Setting("max_request_body", int, 2**30,
             "answer 413 to a larger Content-Length (bytes)",
             minimum=0, metavar="BYTES"),

@@ -1,0 +1,103 @@
+"""Forwarding headers: what the application learns of the client.
+
+Behind a proxy, an application sees the proxy's address, not the
+client's.  The de facto headers tell it (nginx, HAProxy and Werkzeug's
+ProxyFix read them the same way):
+
+``X-Forwarded-For``
+    the client's address is appended to whatever list came in, so the
+    last value is always the address the LB saw; an application that
+    trusts one proxy (ProxyFix's ``x_for=1``) reads that one, and a
+    client's forged value before it is harmless.
+``X-Forwarded-Proto``, ``X-Forwarded-Host``
+    the scheme the client used and the Host it sent, overwriting what
+    the client said, unless it is a trusted proxy (``trusted``: an LB
+    behind another proxy keeps what that proxy set).
+``X-Request-ID``
+    a random id when the request has none, for the access log and the
+    application's own logs to share.
+
+Which of them the LB sets is ``headers`` (``--forwarded``).  The work is
+a few dict operations per request; whether the peer is trusted is worked
+out once per connection.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from typing import Dict, Iterable, List, Optional, Union
+
+from .errors import ConfigurationError
+
+HEADERS = ("for", "proto", "host", "request-id")
+Network = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
+
+
+def parse_headers(text: str) -> frozenset:
+    """``for,proto,host,request-id`` (any of them), or ``none``."""
+    names = {name.strip().lower() for name in text.split(",") if name.strip()}
+    if names == {"none"}:
+        return frozenset()
+    unknown = names - set(HEADERS)
+    if unknown:
+        raise ConfigurationError("--forwarded: unknown %s (known: %s, or none)"
+                                 % (", ".join(sorted(unknown)), ",".join(HEADERS)))
+    return frozenset(names)
+
+
+def parse_networks(texts: Iterable[str]) -> List[Network]:
+    """Addresses or CIDR networks (``10.0.0.0/8``, ``::1``)."""
+    networks = []
+    for text in texts:
+        for part in text.split(","):
+            if part.strip():
+                try:
+                    networks.append(ipaddress.ip_network(part.strip(), strict=False))
+                except ValueError as exc:
+                    raise ConfigurationError("--trusted-proxies %r: %s" % (part.strip(), exc))
+    return networks
+
+
+class Forwarding:
+    """Sets the forwarding headers in the variables a worker gets."""
+
+    def __init__(self, headers: Iterable[str] = HEADERS,
+                 trusted: Iterable[Network] = ()) -> None:
+        names = frozenset(headers)
+        self.set_for = "for" in names
+        self.set_proto = "proto" in names
+        self.set_host = "host" in names
+        self.set_request_id = "request-id" in names
+        self.trusted = list(trusted)
+
+    def __bool__(self) -> bool:
+        return self.set_for or self.set_proto or self.set_host or self.set_request_id
+
+    def trusts(self, address: Optional[str]) -> bool:
+        """Whether the peer at ``address`` is a trusted proxy."""
+        if not self.trusted or not address:
+            return False
+        try:
+            ip = ipaddress.ip_address(address.split("%", 1)[0])
+        except ValueError:
+            return False
+        return any(ip in network for network in self.trusted)
+
+    def apply(self, variables: Dict[str, str], client: Optional[str], trusted: bool) -> None:
+        """Set the headers in ``variables`` (CGI names) for a request from
+        ``client`` (the peer's address; ``trusted``: a trusted proxy)."""
+        if self.set_for and client:
+            previous = variables.get("HTTP_X_FORWARDED_FOR")
+            variables["HTTP_X_FORWARDED_FOR"] = (
+                "%s, %s" % (previous, client) if previous else client)
+        if self.set_proto and not (trusted and "HTTP_X_FORWARDED_PROTO" in variables):
+            variables["HTTP_X_FORWARDED_PROTO"] = variables.get("wsgi.url_scheme", "http")
+        if self.set_host and not (trusted and "HTTP_X_FORWARDED_HOST" in variables):
+            host = variables.get("HTTP_HOST")
+            if host is None:
+                variables.pop("HTTP_X_FORWARDED_HOST", None)
+            else:
+                variables["HTTP_X_FORWARDED_HOST"] = host
+        if self.set_request_id and not variables.get("HTTP_X_REQUEST_ID"):
+            variables["HTTP_X_REQUEST_ID"] = os.urandom(16).hex()

@@ -1,0 +1,68 @@
+"""forwarding.py: X-Forwarded-* and X-Request-ID in the worker's variables."""
+
+import pytest
+
+from zc_lb.errors import ConfigurationError
+from zc_lb.forwarding import Forwarding, parse_headers, parse_networks
+
+
+def variables(**headers):
+    found = {"wsgi.url_scheme": "https", "HTTP_HOST": "a.example"}
+    found.update({"HTTP_" + k.upper(): v for k, v in headers.items()})
+    return found
+
+
+def test_the_client_is_appended_and_proto_and_host_overwritten():
+    seen = variables(x_forwarded_for="6.6.6.6", x_forwarded_proto="gopher",
+                     x_forwarded_host="evil")
+    Forwarding().apply(seen, "10.1.2.3", trusted=False)
+    assert seen["HTTP_X_FORWARDED_FOR"] == "6.6.6.6, 10.1.2.3"
+    assert seen["HTTP_X_FORWARDED_PROTO"] == "https"
+    assert seen["HTTP_X_FORWARDED_HOST"] == "a.example"
+    assert len(seen["HTTP_X_REQUEST_ID"]) == 32
+
+
+def test_a_trusted_proxy_keeps_what_it_set_but_never_the_client_list():
+    seen = variables(x_forwarded_for="1.1.1.1", x_forwarded_proto="https",
+                     x_forwarded_host="www.example")
+    Forwarding().apply(seen, "10.0.0.9", trusted=True)
+    assert seen["HTTP_X_FORWARDED_FOR"] == "1.1.1.1, 10.0.0.9"
+    assert (seen["HTTP_X_FORWARDED_PROTO"], seen["HTTP_X_FORWARDED_HOST"]) == (
+        "https", "www.example")
+    bare = variables()
+    Forwarding().apply(bare, "10.0.0.9", trusted=True)  # it set none: ours
+    assert bare["HTTP_X_FORWARDED_PROTO"] == "https"
+
+
+def test_no_host_no_forwarded_host_and_an_id_is_kept():
+    seen = variables(x_forwarded_host="evil", x_request_id="given")
+    del seen["HTTP_HOST"]  # an HTTP/1.0 request
+    Forwarding().apply(seen, "10.1.2.3", trusted=False)
+    assert "HTTP_X_FORWARDED_HOST" not in seen
+    assert seen["HTTP_X_REQUEST_ID"] == "given"
+
+
+def test_only_the_chosen_headers_are_set():
+    seen = variables()
+    Forwarding(parse_headers("for")).apply(seen, "10.1.2.3", trusted=False)
+    assert set(seen) == {"wsgi.url_scheme", "HTTP_HOST", "HTTP_X_FORWARDED_FOR"}
+    assert not Forwarding(parse_headers("none"))
+
+
+def test_trust_by_address_or_network():
+    forwarding = Forwarding(trusted=parse_networks(["10.0.0.0/8, ::1", "192.0.2.7"]))
+    assert forwarding.trusts("10.200.3.4") and forwarding.trusts("::1")
+    assert forwarding.trusts("192.0.2.7") and not forwarding.trusts("192.0.2.8")
+    assert not forwarding.trusts(None) and not forwarding.trusts("not an address")
+    assert not Forwarding().trusts("10.0.0.1")
+
+
+@pytest.mark.parametrize("text", ["for,via", "x"])
+def test_unknown_headers_are_refused(text):
+    with pytest.raises(ConfigurationError, match="unknown"):
+        parse_headers(text)
+
+
+def test_a_bad_network_is_refused():
+    with pytest.raises(ConfigurationError, match="--trusted-proxies '10.0.0/8'"):
+        parse_networks(["10.0.0/8"])
