@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -786,3 +787,40 @@ def test_an_lb_without_a_worker_says_so_and_answers_503_with_retry_after_soon(tm
         assert ("none known" in text) if not workers else (workers[0] in text)
     finally:
         lb.kill()
+
+
+def zc_lb(*argv):
+    return subprocess.run([sys.executable, "-m", "zc_lb.cli"] + list(argv), env=dict(
+        os.environ, **ENV), capture_output=True, text=True, timeout=30)
+
+
+def test_an_operator_drains_and_enables_one_worker_with_the_admin_token(cluster, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    lb, workers = cluster(2, lb_args=("--admin-token-file", str(token),
+                                      "--policy", "classless"))
+    first, second = workers[0].address, workers[1].address
+    refused = zc_lb("drain", lb.status_address, first)  # no token
+    assert refused.returncode == 2 and "401" in refused.stderr
+    done = zc_lb("drain", lb.status_address, first, "--token-file", str(token))
+    assert done.returncode == 0, done.stderr
+    assert {served_by(request(lb)[1]) for _ in range(10)} == {second}
+    doc = status(lb)["workers"][first]
+    assert (doc["drained"], doc["in_pool"], doc["connected"]) == (True, False, True)
+    assert "drained" in zc_lb("status", lb.status_address).stdout
+    unknown = zc_lb("drain", lb.status_address, "10.9.9.9:1", "--token-file", str(token))
+    assert unknown.returncode == 2 and "no worker 10.9.9.9:1" in unknown.stderr
+    assert zc_lb("enable", lb.status_address, first, "--token-file", str(token)).returncode == 0
+    wait_for(lambda: status(lb)["workers"][first]["in_pool"], message="back in the pool")
+    assert first in {served_by(request(lb)[1]) for _ in range(10)}
+
+
+def test_a_down_worker_keeps_every_key_and_unknown_status_pages_are_404(cluster):
+    lb, workers = cluster(2)
+    workers[1].kill()
+    wait_for(lambda: not status(lb)["workers"][workers[1].address]["connected"])
+    doc = status(lb)["workers"]
+    assert set(doc[workers[0].address]) <= set(doc[workers[1].address])
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen("http://%s/nothing-here" % lb.status_address, timeout=5)
+    assert error.value.code == 404

@@ -18,7 +18,7 @@ from zc_lb.classifier import host_classifier
 from zc_lb.errors import ConfigurationError
 from zc_lb.lb import LB
 from zc_lb.pool import Pool
-from zc_lb.status import fetch, format_status, status_app
+from zc_lb.status import bound_skills, fetch, format_status, status_app
 
 DOCUMENT = {
     "pool": {"policy": "resume", "variance": 1.0, "backlog_history": 9,
@@ -31,6 +31,10 @@ DOCUMENT = {
                            "mean_backlog": 1.5,
                            "skills": {"a": 10.0, "b": 200.0, "c": 3.0}},
         "127.0.0.1:8003": {"connected": False, "last_error": "refused"},
+        "127.0.0.1:8004": {"connected": True, "in_pool": False, "drained": True,
+                           "backlog": 0, "mean_backlog": 0.0, "skills": {}, "version": "7"},
+        "127.0.0.1:8005": {"connected": False, "in_pool": False, "standby": True,
+                           "backlog": 0, "mean_backlog": 0.0, "skills": {}, "version": "8"},
     },
 }
 
@@ -39,13 +43,15 @@ def cells(line):
     return re.split(r"\s{2,}", line)
 
 
-def call(app, method="GET", path="/"):
+def call(app, method="GET", path="/", query="", remote="127.0.0.1", **extra):
     """(status, headers, document) of one call of a WSGI app."""
     started = {}
 
     def start_response(status, headers):
         started.update(status=status, headers=dict(headers))
-    body = b"".join(app({"REQUEST_METHOD": method, "PATH_INFO": path}, start_response))
+    environ = dict({"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query,
+                    "REMOTE_ADDR": remote}, **extra)
+    body = b"".join(app(environ, start_response))
     assert int(started["headers"]["Content-Length"]) == len(body)
     return started["status"], started["headers"], json.loads(body)
 
@@ -82,11 +88,26 @@ def serve():
 def test_every_get_is_a_fresh_document_as_uncached_json():
     documents = iter([{"requests": 1}, {"requests": 2}])
     app = status_app(lambda: next(documents))
-    status, headers, document = call(app, path="/anything")
+    status, headers, document = call(app, path="/status.json")
     assert (status, document) == ("200 OK", {"requests": 1})
     assert headers["Content-Type"] == "application/json"
     assert headers["Cache-Control"] == "no-store"
     assert call(app)[2] == {"requests": 2}
+
+
+def test_an_unknown_page_is_404_naming_the_pages():
+    status, _, document = call(status_app(lambda: {}), path="/anything")
+    assert status == "404 Not Found" and "/status.json" in document["pages"]
+
+
+def test_the_document_bounds_each_workers_skills_unless_asked_for_all():
+    skills = {"c%d" % i: float(i) for i in range(250)}
+    app = status_app(lambda: {"workers": {"w": {"skills": dict(skills)}}})
+    worker = call(app, path="/status.json")[2]["workers"]["w"]
+    assert worker["skills_count"] == 250
+    assert sorted(worker["skills"]) == sorted("c%d" % i for i in range(150, 250))  # the best
+    full = call(app, path="/status.json", query="skills=all")[2]["workers"]["w"]
+    assert full["skills"] == skills
 
 
 def test_a_post_runs_its_action_and_only_a_known_one():
@@ -95,9 +116,42 @@ def test_a_post_runs_its_action_and_only_a_known_one():
     status, _, document = call(app, "POST", "/reset-skills")
     assert (status, document, done) == ("200 OK", {"done": "reset-skills"}, ["reset"])
     status, _, document = call(app, "POST", "/shutdown")
-    assert (status, document) == ("404 Not Found", {"error": "no such action"})
+    assert (status, document) == ("404 Not Found", {"error": "no such action",
+                                                    "actions": ["reset-skills"]})
     assert call(status_app(lambda: {}), "POST", "/reset-skills")[0] == "404 Not Found"
     assert done == ["reset"]
+
+
+def test_actions_take_parameters_and_say_what_is_wrong():
+    drained = []
+
+    def drain(worker):
+        if worker == "nowhere":
+            raise ConfigurationError("no worker nowhere")
+        drained.append(worker)
+        return {"worker": worker}
+    app = status_app(lambda: {}, {"drain": drain})
+    status, _, document = call(app, "POST", "/drain", query="worker=10.0.0.1:9001")
+    assert (status, document) == ("200 OK", {"done": "drain", "worker": "10.0.0.1:9001"})
+    assert call(app, "POST", "/drain", query="worker=nowhere")[:3:2] == (
+        "400 Bad Request", {"error": "drain: no worker nowhere"})
+    assert call(app, "POST", "/drain")[0] == "400 Bad Request"  # no worker named
+    assert drained == ["10.0.0.1:9001"]
+
+
+def test_actions_need_the_token_or_else_a_loopback_client():
+    done = []
+    open_app = status_app(lambda: {}, {"reset-skills": lambda: done.append(1)})
+    assert call(open_app, "POST", "/reset-skills", remote="10.1.2.3")[0] == "403 Forbidden"
+    assert call(open_app, "POST", "/reset-skills", remote="::1")[0] == "200 OK"
+    app = status_app(lambda: {}, {"reset-skills": lambda: done.append(2)}, token=b"s3cret")
+    status, headers, _ = call(app, "POST", "/reset-skills")  # loopback is not enough
+    assert status == "401 Unauthorized" and headers["WWW-Authenticate"] == "Bearer"
+    assert call(app, "POST", "/reset-skills", remote="10.1.2.3",
+                HTTP_AUTHORIZATION="Bearer s3cret")[0] == "200 OK"
+    assert call(app, "POST", "/reset-skills", HTTP_AUTHORIZATION="Bearer nope")[0] \
+        == "401 Unauthorized"
+    assert done == [1, 2]
 
 
 # -- fetch -----------------------------------------------------------------------
@@ -106,8 +160,8 @@ def test_a_post_runs_its_action_and_only_a_known_one():
 def test_fetch_gets_the_document_or_posts_an_action(serve):
     done = []
     address = serve(status_app(lambda: DOCUMENT, {"reset-skills": lambda: done.append(1)}))
-    assert fetch(address) == DOCUMENT
-    assert fetch("http://%s/" % address) == DOCUMENT  # a URL will do too
+    assert fetch(address) == bound_skills(DOCUMENT)
+    assert fetch("http://%s/" % address) == bound_skills(DOCUMENT)  # a URL will do too
     assert fetch(address, action="reset-skills") == {"done": "reset-skills"}
     assert done == [1]
 
@@ -123,7 +177,7 @@ def test_fetch_failures_are_configuration_errors_naming_the_url(serve):
         return [b"<html>"]
     with pytest.raises(ConfigurationError, match="cannot get status"):
         fetch(serve(not_json))
-    with pytest.raises(ConfigurationError, match="404"):
+    with pytest.raises(ConfigurationError, match="404: no such action"):
         fetch(serve(status_app(lambda: {})), action="shutdown")
 
 
@@ -137,12 +191,14 @@ def test_the_table_has_a_row_per_worker_with_its_state_and_top_skills():
                         "  errors={'502': 1}")
     assert lines[2] == ""
     header, *rows = lines[3:]
-    assert cells(header) == ["worker", "state", "backlog", "mean", "classes",
+    assert cells(header) == ["worker", "state", "version", "backlog", "mean", "classes",
                              "top skills (req/s)"]
     assert [cells(row) for row in rows] == [  # sorted by address
-        ["127.0.0.1:8001", "in pool", "3", "1.5", "3", "b=200, a=10"],  # the 2 best of 3
-        ["127.0.0.1:8002", "draining", "0", "0.0", "0"],
-        ["127.0.0.1:8003", "down", "-", "-", "0"]]
+        ["127.0.0.1:8001", "in pool", "-", "3", "1.5", "3", "b=200, a=10"],  # 2 best of 3
+        ["127.0.0.1:8002", "draining", "-", "0", "0.0", "0"],
+        ["127.0.0.1:8003", "down", "-", "-", "-", "0"],
+        ["127.0.0.1:8004", "drained", "7", "0", "0.0", "0"],
+        ["127.0.0.1:8005", "idle (other version)", "8", "0", "0.0", "0"]]
     column = header.index("state")  # columns aligned under their header
     assert all(row[column - 2:column] == "  " and row[column] != " " for row in rows)
 
@@ -159,7 +215,7 @@ def test_zc_lb_status_prints_the_table_or_the_json(serve, capsys):
     assert cli.main(["status", address]) == 0
     assert capsys.readouterr().out == format_status(DOCUMENT) + "\n"
     assert cli.main(["status", "--json", address]) == 0
-    assert json.loads(capsys.readouterr().out) == DOCUMENT
+    assert json.loads(capsys.readouterr().out) == bound_skills(DOCUMENT)
 
 
 def test_zc_lb_status_of_an_unreachable_address_is_a_one_line_error(capsys):

@@ -192,10 +192,16 @@ def test_single_version_follows_the_majority(site):
     new = [site.worker("--version", "2")]
     lb = site.lb("--single-version")
     wait_for(lambda: in_pool(lb) == sorted(w.address for w in old))
+    # The other version's worker is shown idle, with its version (it
+    # disappeared from the page, the JSON and the CLI).
+    idle = status(lb)["workers"][new[0].address]
+    assert (idle["standby"], idle["version"], idle["in_pool"]) == (True, "2", False)
     new += [site.worker("--version", "2"), site.worker("--version", "2")]
     wait_for(lambda: in_pool(lb) == sorted(w.address for w in new), timeout=15)
     text = get(lb)[1]
     assert text.split()[0] in {w.address for w in new}
+    doc = status(lb)["workers"]
+    assert all(doc[w.address]["standby"] and doc[w.address]["version"] == "1" for w in old)
 
 
 def test_reset_skills_through_zookeeper_resets_lbs_and_workers(site):

@@ -311,21 +311,30 @@ def build_lb(args: argparse.Namespace):
     status = None
     if args.status:
         status = FrontServer(parse_address(args.status), lb_status_app(
-            lb.status, {"reset-skills": lb.reset_skills}, lambda: lb.requests))
+            lb.status, lb_actions(lb), lambda: lb.requests,
+            _read_secret(args.admin_token_file)))
     return lb, front, status
 
 
-def lb_status_app(get_status, actions, get_requests):
+def lb_actions(lb) -> dict:
+    """What an operator may POST to an LB's status address."""
+    return {"reset-skills": lb.reset_skills,
+            "drain": lambda worker: lb.drain_worker(worker) or {"worker": worker},
+            "enable": lambda worker: lb.enable_worker(worker) or {"worker": worker}}
+
+
+def lb_status_app(get_status, actions, get_requests, token=None):
     """The status app of an LB (or a supervisor): JSON, the HTML page,
-    /metrics from the document, /healthz; the request rate sampled every
-    5 s for the page's sparkline."""
+    /metrics from the document, /healthz, the actions (with the admin
+    ``token``, if any); the request rate sampled every 5 s for the page's
+    sparkline."""
     from .metrics import LBCollector
     from .status import RequestHistory, status_app
     from .statuspage import render
 
     history = RequestHistory(get_requests).start()
     return status_app(get_status, actions, collector=LBCollector(get_status),
-                      page=render, history=history)
+                      page=render, history=history, token=token)
 
 
 def run_lb(args: argparse.Namespace) -> int:
@@ -667,6 +676,10 @@ def _add_lb_parser(sub) -> None:
     p.add_argument("--status", metavar="HOST:PORT",
                    help="serve the status document (JSON), a status page, Prometheus "
                         "/metrics and /healthz")
+    p.add_argument("--admin-token-file", metavar="FILE",
+                   help="a token the status address's actions (drain, enable, "
+                        "reset-skills) need, as 'Authorization: Bearer TOKEN'; without "
+                        "it they are taken from this host only")
     p.add_argument("--error-page", metavar="FILE", help="HTML page for 502 and 503")
     p.add_argument("--certfile", help="TLS certificate (serve HTTPS)")
     p.add_argument("--keyfile", help="TLS private key (default: in the certfile)")
@@ -685,6 +698,28 @@ def _add_status_parser(sub) -> None:
     p.add_argument("address", help="the LB's --status HOST:PORT")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.set_defaults(run=run_status)
+
+
+def _add_worker_state_parsers(sub) -> None:
+    for name, help_text in (
+            ("drain", "send one worker nothing new through an LB (its requests finish)"),
+            ("enable", "let an LB send a drained worker requests again")):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("address", help="the LB's --status HOST:PORT")
+        p.add_argument("worker", help="the worker's HOST:PORT, as the LB knows it")
+        p.add_argument("--token-file", metavar="FILE",
+                       help="the LB's --admin-token-file")
+        p.set_defaults(run=run_worker_state, action=name)
+
+
+def run_worker_state(args: argparse.Namespace) -> int:
+    from .status import fetch
+
+    fetch(args.address, action=args.action, params={"worker": args.worker},
+          token=_read_secret(args.token_file))
+    print("%s %s on the LB at %s" % ("drained" if args.action == "drain" else "enabled",
+                                     args.worker, args.address))
+    return 0
 
 
 def _add_reset_skills_parser(sub) -> None:
@@ -783,7 +818,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parser.commands = sub.choices  # type: ignore[attr-defined]  # name -> its parser
     for add in (_add_worker_parser, _add_lb_parser, _add_status_parser, _add_zk_parser,
-                _add_reset_skills_parser, _add_demo_parser, _add_pass_through_parsers):
+                _add_worker_state_parsers, _add_reset_skills_parser, _add_demo_parser,
+                _add_pass_through_parsers):
         add(sub)
     return parser
 

@@ -26,7 +26,7 @@ import math
 import socket
 import time
 from bisect import bisect_left
-from typing import Callable, Dict, Iterable, Optional, Tuple
+from typing import Callable, Dict, Iterable, Optional, Set, Tuple
 
 import gevent
 import gevent.event
@@ -37,6 +37,7 @@ from .connection import KEEPALIVE_INTERVAL, Connection, Exchange
 from .links import LinkConfig, LinkEvents, WorkerLink
 from .errors import (
     BadResponse,
+    ConfigurationError,
     ClientError,
     ClientGone,
     ConnectionClosed,
@@ -303,6 +304,8 @@ class LB(LinkEvents):
                       for status, text in DEFAULT_PAGES.items()}
         self.pages.update(pages or {})
         self.links: Dict[str, WorkerLink] = {}
+        self.drained: Set[str] = set()  # addresses an operator drained
+        self.standby: Dict[str, Optional[str]] = {}  # other-version workers: their versions
         self.in_flight = 0
         self.relaying = 0  # buffered responses a client is still being sent
         self.idle = gevent.event.Event()  # set while none is in flight or relayed
@@ -334,8 +337,12 @@ class LB(LinkEvents):
 
     # -- membership ---------------------------------------------------
 
-    def set_workers(self, addresses: Iterable[str]) -> None:
-        """Make the known worker addresses exactly ``addresses``."""
+    def set_workers(self, addresses: Iterable[str],
+                    standby: Optional[Dict[str, Optional[str]]] = None) -> None:
+        """Make the known worker addresses exactly ``addresses``;
+        ``standby``: workers of another version, not served (ZooKeeper's
+        ``single_version``), with their versions, shown in the status."""
+        self.standby = dict(standby or {})
         wanted = set(addresses)
         for address in list(self.links):
             if address not in wanted:
@@ -416,10 +423,40 @@ class LB(LinkEvents):
     # -- what the links tell (LinkEvents) ------------------------------
 
     def worker_up(self, connection: Connection) -> None:
-        if self.ejector.ejected(connection.peer):
-            return  # readmitted when its ejection is over
-        self.pool.add(connection, version=_app_version(connection))
+        self._admit(connection)
+
+    def _admit(self, connection: Connection, resume: Optional[Dict[str, float]] = None) -> bool:
+        """Put a connected worker in the pool, unless it is ejected (it is
+        readmitted when its ejection is over) or an operator drained it."""
+        address = connection.peer
+        if self.ejector.ejected(address) or address in self.drained:
+            return False
+        self.pool.add(connection, resume, version=_app_version(connection))
         self._workers_changed.set()
+        return True
+
+    def drain_worker(self, address: str) -> None:
+        """An operator's drain: send the worker nothing new (its requests in
+        flight finish) until ``enable_worker``; it stays connected."""
+        link = self.links.get(address)
+        if link is None:
+            raise ConfigurationError("no worker %s (known: %s)"
+                                     % (address, ", ".join(sorted(self.links)) or "none"))
+        self.drained.add(address)
+        if link.connection is not None:
+            self.pool.remove(link.connection)
+        log.warning("worker %s drained by an operator: nothing new goes to it", address)
+
+    def enable_worker(self, address: str) -> None:
+        """Undo ``drain_worker``."""
+        link = self.links.get(address)
+        if link is None or address not in self.drained:
+            raise ConfigurationError("worker %s is not drained (drained: %s)"
+                                     % (address, ", ".join(sorted(self.drained)) or "none"))
+        self.drained.discard(address)
+        if link.connection is not None and not link.connection.closed:
+            self._admit(link.connection, link.resume)
+        log.warning("worker %s enabled by an operator", address)
 
     def _outcome(self, connection: Connection, ok: bool) -> None:
         """Count a request's outcome on its worker; eject a failing one."""
@@ -457,9 +494,7 @@ class LB(LinkEvents):
                 or link.draining is connection):
             return
         log.info("worker %s speaks again", connection.peer)
-        if not self.ejector.ejected(connection.peer):
-            self.pool.add(connection, link.resume, version=_app_version(connection))
-            self._workers_changed.set()
+        self._admit(connection, link.resume)
 
     def start_health_checks(self, path: str, interval: float = 5.0,
                             timeout: float = 2.0) -> None:
@@ -497,10 +532,8 @@ class LB(LinkEvents):
         for address in self.ejector.readmit(now):
             link = self.links.get(address)
             if link is not None and link.connection is not None:
-                self.pool.add(link.connection, link.resume,
-                              version=_app_version(link.connection))
-                self._workers_changed.set()
-                log.info("readmitted worker %s on probation", address)
+                if self._admit(link.connection, link.resume):
+                    log.info("readmitted worker %s on probation", address)
 
     def worker_down(self, connection: Connection) -> None:
         self.pool.remove(connection)
@@ -762,16 +795,22 @@ class LB(LinkEvents):
         workers = pool_status.pop("workers")
         links = {}
         for address, link in sorted(self.links.items()):
-            info: Dict[str, object] = {"connected": link.connection is not None}
+            info: Dict[str, object] = dict(_DOWN, connected=link.connection is not None,
+                                           drained=address in self.drained)
             info.update(self.ejector.status(address, time.monotonic()))
             info["counts"] = {}
             if link.connection is not None:
                 info["in_pool"] = link.connection in self.pool
+                info["version"] = _app_version(link.connection)
                 info.update(workers.get(str(link.connection), {}))
                 info["streams"] = len(link.connection.streams)
             else:
                 info["last_error"] = link.last_error
             links[address] = info
+        for address, version in sorted(self.standby.items()):
+            if address not in links:  # idle: another version than the one served
+                links[address] = dict(_DOWN, version=version, standby=True, counts={},
+                                      last_error="version %s is not the one served" % version)
         for (address, what), count in list(self.worker_counts.items()):
             if address in links:
                 links[address]["counts"][what] = count  # type: ignore[index]
@@ -800,6 +839,13 @@ class LB(LinkEvents):
 
     def __repr__(self) -> str:
         return "<LB workers=%d in_flight=%d %r>" % (len(self.links), self.in_flight, self.pool)
+
+
+# What the status document says of a worker not in the pool: every key a
+# pooled one has, so that a reader need not guess.
+_DOWN = {"connected": False, "in_pool": False, "drained": False, "standby": False,
+         "backlog": 0, "mean_backlog": 0.0, "skills": {}, "version": None, "streams": 0,
+         "last_error": None}
 
 
 def top_classes(counts: Dict[str, int], n: int) -> Dict[str, int]:

@@ -250,7 +250,7 @@ class LBMembership:
         self._update_workers()
 
     def _update_workers(self) -> None:
-        providers = self.providers
+        providers, standby = self.providers, {}
         if self.single_version:
             version = recipes.majority_version(providers, self.version)
             if version != self.version:
@@ -258,5 +258,8 @@ class LBMembership:
                             version, self.version,
                             len(recipes.of_version(providers, version)), len(providers))
                 self.version = version
-            providers = recipes.of_version(providers, version)
-        self.lb.set_workers(providers)
+            served = recipes.of_version(providers, version)
+            standby = {address: data.get("version") for address, data in providers.items()
+                       if address not in served}  # shown idle, with their version
+            providers = served
+        self.lb.set_workers(providers, standby)

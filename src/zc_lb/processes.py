@@ -195,11 +195,15 @@ class Supervisor:
             for child in self.children]
         return merged
 
-    def action(self, name: str):
-        def run() -> None:
+    def action(self, name: str, token: Optional[bytes] = None):
+        """An action of the status address, done by every child."""
+        def run(**params: str) -> dict:
+            answer: dict = {}
             for child in self.children:
                 if child.status is not None:
-                    fetch(child.status, action=name)
+                    answer = fetch(child.status, action=name, params=params, token=token)
+            answer.pop("done", None)
+            return answer
         return run
 
 
@@ -207,7 +211,7 @@ def run(args, argv: Sequence[str]) -> int:
     """``zc-lb lb --processes N`` (N > 1)."""
     from .cli import wait_for_signal
     from .connection import parse_address
-    from .cli import lb_status_app
+    from .cli import _read_secret, lb_status_app
     from .http import FrontServer
 
     supervisor = Supervisor(args.processes, lb_argv(argv), parse_address(args.listen),
@@ -215,9 +219,11 @@ def run(args, argv: Sequence[str]) -> int:
     supervisor.start()
     status = None
     if args.status:
+        token = _read_secret(args.admin_token_file)
         status = FrontServer(parse_address(args.status), lb_status_app(
-            supervisor.status, {"reset-skills": supervisor.action("reset-skills")},
-            lambda: supervisor.status()["requests"]))
+            supervisor.status, {name: supervisor.action(name, token)
+                                for name in ("reset-skills", "drain", "enable")},
+            lambda: supervisor.status()["requests"], token))
         status.start()
     log.info("%d LB processes, pids %s", len(supervisor.children),
              " ".join(str(c.process.pid) for c in supervisor.children if c.process))

@@ -9,9 +9,13 @@ Prometheus metrics at ``/metrics`` (metrics.py) and ``/healthz``;
 from __future__ import annotations
 
 import collections
+import hmac
+import ipaddress
 import json
 import logging
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -22,6 +26,7 @@ from .errors import ConfigurationError
 log = logging.getLogger(__name__)
 
 RECENT_ERRORS = 20  # in a merged document
+STATUS_SKILLS = 100  # skills a worker in the document, unless ?skills=all
 
 
 class RequestHistory:
@@ -71,18 +76,46 @@ def _wants_html(request: Request) -> bool:
     return bool(offers) and offers[0][0] == "text/html"
 
 
+def bound_skills(document: dict, n: int = STATUS_SKILLS) -> dict:
+    """``document`` with at most ``n`` skills a worker (the best), and each
+    worker's ``skills_count``: a site with 40,000 classes made a document
+    of megabytes."""
+    workers = document.get("workers")
+    if not workers:
+        return document
+    bounded = dict(document, workers=dict(workers))
+    for address, info in workers.items():
+        skills = info.get("skills")
+        if skills is not None:
+            info = bounded["workers"][address] = dict(info, skills_count=len(skills))
+            if len(skills) > n:
+                info["skills"] = dict(sorted(skills.items(), key=lambda item: -item[1])[:n])
+    return bounded
+
+
+def _is_loopback(address: Optional[str]) -> bool:
+    try:
+        return ipaddress.ip_address((address or "").split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
 def status_app(get_status: Callable[[], dict],
-               actions: Optional[Dict[str, Callable[[], None]]] = None,
+               actions: Optional[Dict[str, Callable[..., object]]] = None,
                collector=None, page: Optional[Callable[..., str]] = None,
-               history: Optional[RequestHistory] = None) -> Callable:
+               history: Optional[RequestHistory] = None,
+               token: Optional[bytes] = None) -> Callable:
     """The status address's WSGI app (operators only: not for the public).
 
-    GET ``/status.json``: the status document as JSON; GET ``/``: the same
-    document, or the HTML status page (``page(doc, history)``) for a client
-    that asks for text/html; ``/metrics``: ``collector``'s metrics in the
-    Prometheus text format; ``/healthz``: 200 "ok" while this process
-    answers; any other GET: the document as JSON (what every GET was
-    before).  A POST to ``/NAME`` runs ``actions[NAME]``.
+    GET ``/status.json``: the status document as JSON, with at most
+    STATUS_SKILLS skills a worker (``?skills=all``: every one); GET ``/``:
+    the same document, or the HTML status page (``page(doc, history)``)
+    for a client that asks for text/html; ``/metrics``: ``collector``'s
+    metrics in the Prometheus text format; ``/healthz``: 200 "ok" while
+    this process answers; any other GET: 404.  A POST to ``/NAME`` runs
+    ``actions[NAME](**query)`` (``/drain?worker=HOST:PORT``), answering
+    what it returns; with a ``token`` it needs ``Authorization: Bearer
+    TOKEN``, without one it is taken from loopback addresses only.
     """
     actions = actions or {}
 
@@ -98,14 +131,31 @@ def status_app(get_status: Callable[[], dict],
         body = json.dumps(document, indent=2, sort_keys=True).encode() + b"\n"
         return respond(body, "application/json", status)
 
+    def post(request: Request) -> Response:
+        name = request.path_info.strip("/")
+        if token is not None:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode("latin-1"), b"Bearer " + token):
+                response = as_json({"error": "this action needs the admin token"}, 401)
+                response.headers["WWW-Authenticate"] = "Bearer"
+                return response
+        elif not _is_loopback(request.remote_addr):
+            return as_json({"error": "actions from other hosts than this one need "
+                                     "--admin-token-file"}, 403)
+        action = actions.get(name)
+        if action is None:
+            return as_json({"error": "no such action", "actions": sorted(actions)}, 404)
+        try:
+            result = action(**dict(request.GET))
+        except (ConfigurationError, TypeError) as exc:
+            return as_json({"error": "%s: %s" % (name, exc)}, 400)
+        log.warning("status action %s %s by %s", name, dict(request.GET), request.remote_addr)
+        return as_json(dict(result or {}, done=name))
+
     def handle(request: Request) -> Response:
         path = request.path_info
         if request.method == "POST":
-            action = actions.get(path.strip("/"))
-            if action is None:
-                return as_json({"error": "no such action"}, 404)
-            action()
-            return as_json({"done": path.strip("/")})
+            return post(request)
         if path == "/healthz":
             return respond(b"ok\n", "text/plain")
         if path == "/metrics" and collector is not None:
@@ -114,7 +164,12 @@ def status_app(get_status: Callable[[], dict],
             response = respond(exposition(collector), "text/plain")
             response.headers["Content-Type"] = CONTENT_TYPE_LATEST
             return response
+        if path not in ("/", "/status.json"):
+            return as_json({"error": "no such page", "pages": [
+                "/", "/status.json", "/metrics", "/healthz"]}, 404)
         document = get_status()
+        if request.GET.get("skills") != "all":
+            document = bound_skills(document)
         if path == "/" and page is not None and _wants_html(request):
             return respond(page(document, history).encode("utf-8"), "text/html")
         return as_json(document)
@@ -179,24 +234,54 @@ def merge_status(docs: List[dict]) -> dict:
     return merged
 
 
-def fetch(address: str, timeout: float = 5.0, action: Optional[str] = None) -> dict:
+def fetch(address: str, timeout: float = 5.0, action: Optional[str] = None,
+          params: Optional[Dict[str, str]] = None, token: Optional[bytes] = None) -> dict:
     """Get the status document from an LB's status address (or POST to
-    one of its actions and get the answer)."""
+    one of its actions, with ``params`` and the admin ``token``, and get
+    the answer)."""
     url = address if "://" in address else "http://%s/" % address
     data = None
     if action is not None:
         url, data = url.rstrip("/") + "/" + action, b""
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+    request = urllib.request.Request(url, data=data)
+    if token is not None:
+        request.add_header("Authorization", "Bearer " + token.decode("latin-1"))
     try:
-        with urllib.request.urlopen(url, data=data, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             return json.load(response)
+    except urllib.error.HTTPError as exc:
+        raise ConfigurationError("%s answered %s: %s" % (url, exc.code, _said(exc)))
     except (OSError, ValueError) as exc:
         raise ConfigurationError("cannot get status from %s: %s" % (url, exc))
+
+
+def _said(error) -> str:
+    """The ``error`` of a JSON answer, or the HTTP reason."""
+    try:
+        return json.loads(error.read())["error"]
+    except Exception:
+        return str(error.reason)
 
 
 def _table(rows: List[List[str]]) -> List[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
             for row in rows]
+
+
+def worker_state(info: dict) -> str:
+    """One word or two for a worker's standing in the status document."""
+    if info.get("standby"):
+        return "idle (other version)"
+    if info.get("drained"):
+        return "drained"
+    if not info.get("connected"):
+        return "down"
+    if info.get("in_pool"):
+        return "in pool"
+    return "ejected" if info.get("ejected") else "draining"
 
 
 def format_status(doc: dict, max_skills: int = 5) -> str:
@@ -211,15 +296,15 @@ def format_status(doc: dict, max_skills: int = 5) -> str:
             doc.get("requests"), doc.get("retries"), doc.get("errors")),
         "",
     ]
-    rows = [["worker", "state", "backlog", "mean", "classes", "top skills (req/s)"]]
+    rows = [["worker", "state", "version", "backlog", "mean", "classes",
+             "top skills (req/s)"]]
     workers: Dict[str, dict] = doc.get("workers", {})
     for address, info in sorted(workers.items()):
         skills = info.get("skills") or {}
         top = sorted(skills.items(), key=lambda item: -item[1])[:max_skills]
-        state = ("in pool" if info.get("in_pool") else "draining") if info.get(
-            "connected") else "down"
-        rows.append([address, state, str(info.get("backlog", "-")),
-                     str(info.get("mean_backlog", "-")), str(len(skills)),
+        rows.append([address, worker_state(info), str(info.get("version") or "-"),
+                     str(info.get("backlog", "-")), str(info.get("mean_backlog", "-")),
+                     str(info.get("skills_count", len(skills))),
                      ", ".join("%s=%.3g" % item for item in top)])
     lines.extend(_table(rows))
     for process in doc.get("processes", ()):

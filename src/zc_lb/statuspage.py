@@ -13,6 +13,8 @@ import time
 from html import escape
 from typing import Dict, List, Sequence, Tuple
 
+from .status import worker_state
+
 REFRESH = 10  # seconds
 TOP_SKILLS = 5
 TOP_CLASSES = 20
@@ -33,14 +35,6 @@ def sparkline(rates: Sequence[Tuple[float, float]], width: int = 300,
             'aria-label="request rate, peak %.1f/s"><polyline fill="none" stroke="#2a6" '
             'stroke-width="1.5" points="%s"/></svg>' % (width, height, width, height, top,
                                                          points))
-
-
-def _state(info: dict) -> str:
-    if not info.get("connected"):
-        return "down"
-    if info.get("ejected"):
-        return "ejected"
-    return "in pool" if info.get("in_pool") else "draining"
 
 
 def _table(header: List[str], rows: List[List[str]], css: str) -> str:
@@ -73,7 +67,7 @@ def render(doc: dict, history=None) -> str:
         "body{font-family:sans-serif;margin:1em 2em}table{border-collapse:collapse;"
         "margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:2px 8px;text-align:left;"
         "vertical-align:top}th{background:#eee}.down,.ejected{color:#b00}"
-        ".draining{color:#a60}dl.summary{display:flex;flex-wrap:wrap;gap:0 2em}"
+        ".draining,.drained,.idle{color:#a60}dl.summary{display:flex;flex-wrap:wrap;gap:0 2em}"
         "dl.summary div{display:flex;gap:.4em}svg.sparkline{border-bottom:1px solid #ccc}dt{font-weight:bold}dd{margin:0}",
         "</style></head><body><h1>zc-lb status</h1>",
         '<dl class="summary">%s</dl>' % "".join(
@@ -88,7 +82,7 @@ def render(doc: dict, history=None) -> str:
         counts = info.get("counts", {})
         skills = info.get("skills") or {}
         top = sorted(skills.items(), key=lambda item: -item[1])[:TOP_SKILLS]
-        state = _state(info)
+        state = worker_state(info)
         rows.append([
             '<span class="address">%s</span>' % escape(address),
             '<span class="%s">%s</span>' % (escape(state.split()[0]), escape(state)),
@@ -96,7 +90,8 @@ def render(doc: dict, history=None) -> str:
             escape(" ".join("%s:%s" % (code, counts[code]) for code in
                             ("1xx", "2xx", "3xx", "4xx", "5xx") if counts.get(code)) or "-"),
             escape(str(counts.get("errors", 0))), escape(str(info.get("backlog", "-"))),
-            escape(str(info.get("mean_backlog", "-"))), escape(str(len(skills))),
+            escape(str(info.get("mean_backlog", "-"))),
+            escape(str(info.get("skills_count", len(skills)))),
             escape(", ".join("%s=%.3g" % item for item in top)),
             escape(str(info.get("version") or info.get("last_error") or "")),
         ])
