@@ -474,7 +474,7 @@ def format_header(args: argparse.Namespace, parse: dict, counts: Dict[str, int])
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="compare.py", description="Replay one log through zc-lb and through HAProxy "
+        prog="zc-lb compare", description="Replay one log through zc-lb and through HAProxy "
         "(leastconn, consistent hash) in front of the same cache-model workers.")
     parser.add_argument("logs", nargs="+", metavar="LOG", help="log files ('.gz' ok)")
     log = parser.add_argument_group("log")

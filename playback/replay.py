@@ -276,7 +276,7 @@ def reset_caches(stats_urls: Sequence[str], timeout: float = 10.0) -> List[str]:
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="replay.py", description="Replay access logs against a live URL.")
+        prog="zc-lb replay", description="Replay access logs against a live URL.")
     parser.add_argument("logs", nargs="+", metavar="LOG", help="log files ('-': stdin, .gz ok)")
     parser.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8080")
     log = parser.add_argument_group("log")

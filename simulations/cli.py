@@ -27,7 +27,7 @@ from .engine import simulate
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCENARIOS = os.path.join(HERE, "scenarios")
-DEFAULT_OUT = os.path.join(HERE, "out")
+DEFAULT_OUT = os.path.join("simulations", "out")  # under the working directory
 
 
 def option_type(field: dataclasses.Field):
@@ -59,12 +59,14 @@ def field_default(field: dataclasses.Field) -> Any:
 def parser() -> argparse.ArgumentParser:
     """The argument parser, one option per parameter."""
     p = argparse.ArgumentParser(
-        prog="python -m simulations.cli",
+        prog="zc-lb simulate",
         description="Simulate zc-lb's résumé pool against other policies.")
     p.add_argument("scenario", nargs="?",
                    help="scenario file, or name in simulations/scenarios/")
     p.add_argument("--json", action="store_true", help="print JSON, not a table")
-    p.add_argument("--out", default=DEFAULT_OUT, help="directory for PNG plots")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help="directory for PNG plots (default: simulations/out under the "
+                        "working directory)")
     p.add_argument("--no-plots", action="store_true", help="do not draw PNGs")
     p.add_argument("--list", action="store_true", help="list shipped scenarios")
     p.add_argument("--scale", type=float, default=1.0,

@@ -17,6 +17,7 @@ from importlib import metadata
 
 import pytest
 
+from zc_lb import cli
 from zc_lb.testing import LBProcess, WorkerProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,6 +82,30 @@ def test_replay_and_compare_take_every_argument_after_their_name(command, usage,
     wrong = zc_lb(command, *required, "--no-such-option")
     assert wrong.returncode == 2
     assert "--no-such-option" in wrong.stderr
+
+
+@pytest.mark.parametrize("command", ["replay", "compare", "simulate"])
+def test_the_tools_name_themselves_as_zc_lb_commands(command):
+    # They printed "usage: replay.py", "compare.py", "python -m simulations.cli".
+    assert zc_lb(command, "--help").stdout.startswith("usage: zc-lb %s " % command)
+
+
+def test_simulate_writes_its_plots_under_the_working_directory(tmp_path):
+    # Without --out it wrote into the installed package (site-packages).
+    run = zc_lb("simulate", "--scale", "0.005", "steady", "--policies", "affinity",
+                cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert os.listdir(tmp_path / "simulations" / "out")
+
+
+def test_log_level_may_follow_the_command_and_demo_explains_its_options():
+    # "--log-level" after the subcommand was refused; demo --help said nothing.
+    assert "--log-level" in zc_lb("status", "--help").stdout
+    args = cli.build_parser().parse_args(["lb", "--log-level", "DEBUG"])
+    assert args.log_level == "DEBUG"
+    assert cli.build_parser().parse_args(["--log-level", "ERROR", "lb"]).log_level == "ERROR"
+    demo = zc_lb("demo", "--help").stdout
+    assert "demo worker processes to start" in demo and "status address" in demo
 
 
 def test_other_commands_still_refuse_unknown_arguments():

@@ -8,7 +8,7 @@ Specs, as given on the command line or in ZooKeeper:
 ``re:ENVKEY:PATTERN``
     A regular expression with a named group ``class``, searched in
     ``environ[ENVKEY]``; no match (or no such key) gives the empty class.
-``module:expr``
+``module:dotted.name``
     Any importable callable taking the environ, e.g. ``myapp.lb:classify``.
 
 A classifier may return None: the request has no class, and the pool
@@ -113,10 +113,10 @@ def regex_classifier(envkey: str, pattern: str) -> Classifier:
 
 
 def import_object(spec: str) -> object:
-    """Import ``module:expr``; the expression is attribute access only."""
+    """Import ``module:dotted.name``: attribute access from the module, nothing else."""
     module_name, sep, expr = spec.partition(":")
     if not sep or not module_name or not expr:
-        raise ConfigurationError("expected module:expr, got %r" % spec)
+        raise ConfigurationError("expected module:dotted.name, got %r" % spec)
     try:
         obj: object = importlib.import_module(module_name)
     except (ImportError, TypeError, ValueError) as exc:

@@ -544,6 +544,7 @@ def version() -> str:
 
 
 # command: (module, extra that installs it, what it does)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 PASS_THROUGH = {
     "replay": ("playback.replay", "playback",
                "replay access logs against a live URL (playback/replay.py)"),
@@ -654,7 +655,7 @@ def _add_lb_parser(sub) -> None:
     p.add_argument("--process-index", type=int, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="append", metavar="HOST:PORT", help="a worker address")
     p.add_argument("--classifier", default="host",
-                   help="host, re:ENVKEY:PATTERN or module:expr (default host)")
+                   help="host, re:ENVKEY:PATTERN or module:dotted.name (default host)")
     p.add_argument("--policy", choices=("affinity", "published", "classless", "resume"),
                    default="affinity",
                    help="affinity (default): résumés pick a class's workers, affinity "
@@ -802,18 +803,23 @@ def run_zk(args: argparse.Namespace) -> int:
 
 
 def _add_demo_parser(sub) -> None:
-    p = sub.add_parser("demo", help="an LB on 127.0.0.1:8080 with 4 local demo workers")
-    p.add_argument("--workers", type=_positive_int, default=4)
-    p.add_argument("--listen", default="127.0.0.1:8080")
-    p.add_argument("--status", default="127.0.0.1:8079")
+    text = "an LB on 127.0.0.1:8080 with 4 local demo workers (what make run starts)"
+    p = sub.add_parser("demo", help=text, description=text + "; Ctrl-C stops them all.")
+    p.add_argument("--workers", type=_positive_int, default=4,
+                   help="demo worker processes to start (default 4)")
+    p.add_argument("--listen", default="127.0.0.1:8080",
+                   help="the LB's HOST:PORT (default 127.0.0.1:8080)")
+    p.add_argument("--status", default="127.0.0.1:8079",
+                   help="the LB's status address: page, JSON, /metrics (default "
+                        "127.0.0.1:8079)")
     p.set_defaults(run=run_demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zc-lb", description="A résumé-based load balancer for WSGI applications.")
-    parser.add_argument("--log-level", default="INFO",
-                        choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
+                        help="before or after the command (default INFO)")
     parser.add_argument("--version", action="version", version="zc-lb %s" % version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parser.commands = sub.choices  # type: ignore[attr-defined]  # name -> its parser
@@ -821,6 +827,10 @@ def build_parser() -> argparse.ArgumentParser:
                 _add_worker_state_parsers, _add_reset_skills_parser, _add_demo_parser,
                 _add_pass_through_parsers):
         add(sub)
+    for name, command in sub.choices.items():
+        if name not in PASS_THROUGH:  # (those parse their own options)
+            command.add_argument("--log-level", choices=LOG_LEVELS, default=argparse.SUPPRESS,
+                                 help="as before the command (default INFO)")
     return parser
 
 

@@ -238,8 +238,9 @@ def class_families(classes: Dict[str, int], workers: Dict[str, dict],
             skilled.add_metric([name], sum(1 for info in workers.values()
                                            if name in (info.get("skills") or {})))
     yield skilled
-    yield GaugeMetricFamily("zc_lb_classes", "Distinct classes counted (up to the "
-                            "status document's limit).", value=len(classes))
+    yield GaugeMetricFamily("zc_lb_classes", "Classes in the status document: the "
+                            "distinct ones up to its 100 busiest, plus 'other'.",
+                            value=len(classes))
 
 
 class WorkerCollector:
