@@ -143,13 +143,24 @@ def test_a_flood_of_classes_seen_once_keeps_the_resume_at_max_classes():
     assert resume is not None and len(resume) == MAX_CLASSES and "site" in resume
 
 
+def test_between_prunes_the_classes_and_any_resume_stay_near_max_classes():
+    # The dict reached max_classes + history classes between prunes (13,767
+    # against 10,000), and a résumé sent then (to a new LB) carried them all.
+    skills = Skills(history=5000, max_skill_age=10**6, max_classes=1000)
+    for n in range(4000):
+        skills.record("site" if n % 4 == 0 else "new%d" % n, 0.01)
+        assert len(skills) <= skills.prune_at == 1100
+    resume = skills.resume()
+    assert len(resume) == 1000 and "site" in resume
+
+
 def test_max_classes_is_a_live_setting():
     skills = Skills(history=10)
     for n in range(10):
         skills.record("c%d" % n, 0.01)
     assert len(skills) == 10 and skills.max_classes == MAX_CLASSES
     skills.configure(10, None, 4)  # fewer classes kept from the next résumé on
-    assert len(skills) == 10
+    assert len(skills) == 10 and len(skills.resume()) == 4
     resume = None
     for _ in range(10):
         resume = skills.record("c9", 0.01) or resume

@@ -93,6 +93,9 @@ class Skills:
         history = check(WORKER_SETTINGS, "history", history)
         max_skill_age = check(WORKER_SETTINGS, "max_skill_age", max_skill_age)
         self.max_classes = check(WORKER_SETTINGS, "max_classes", max_classes)
+        # Past this many classes, a new one prunes at once (a client sending
+        # a new Host with every request): the slack keeps that amortised.
+        self.prune_at = self.max_classes + max(self.max_classes // 10, 16)
         self.history = history
         self.max_skill_age = 10 * history if max_skill_age is None else max_skill_age
         self.decay = 1.0 - 1.0 / history
@@ -108,6 +111,8 @@ class Skills:
         elapsed = max(elapsed, MIN_ELAPSED)
         if skill is None:
             self._skills[rclass] = _Skill(1.0, elapsed, generation)
+            if len(self._skills) > self.prune_at:
+                self.prune()
         else:
             factor = self.decay ** (generation - skill.generation)
             skill.count = skill.count * factor + 1.0
@@ -147,10 +152,10 @@ class Skills:
         it keeps the classes with the most requests, decayed, that fit,
         and says so: an LB would refuse the whole and drop the
         connection, and do so again on every reconnection."""
-        resume = {
-            rclass: skill.count / skill.seconds
-            for rclass, skill in self._skills.items()
-        }
+        skills = self._skills
+        classes = (heapq.nlargest(self.max_classes, skills, key=self._requests)
+                   if len(skills) > self.max_classes else skills)  # (between prunes)
+        resume = {rclass: skills[rclass].count / skills[rclass].seconds for rclass in classes}
         size = len(orjson.dumps(resume))
         if size <= max_bytes:
             return resume
