@@ -824,3 +824,42 @@ def test_a_down_worker_keeps_every_key_and_unknown_status_pages_are_404(cluster)
     with pytest.raises(urllib.error.HTTPError) as error:
         urllib.request.urlopen("http://%s/nothing-here" % lb.status_address, timeout=5)
     assert error.value.code == 404
+
+
+def test_connections_held_in_their_handshake_cannot_crowd_out_an_lb(tmp_path):
+    # The worker accepted any number of unauthenticated connections: 3,000
+    # held ones added 38 MB.  Past 64 in their handshake, the oldest go.
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "w") as log:
+        worker = WorkerProcess(APP, env=ENV, stderr=log).start()
+    held = []
+    try:
+        rss = worker.rss()
+        host, port = worker.address.split(":")
+        for _ in range(600):
+            held.append(socket.create_connection((host, int(port)), timeout=5))
+        for sock in held[-10:]:
+            sock.recv(1024)  # its Hello: the newest are served
+        lb = LBProcess([worker.address], env=ENV).start()
+        try:
+            wait_for(lambda: request(lb)[0] == 200, timeout=15, message="the LB served")
+        finally:
+            lb.kill()
+        open_now = 0
+        for sock in held:
+            sock.setblocking(False)
+            try:
+                while sock.recv(65536):
+                    pass
+                continue  # closed by the worker
+            except BlockingIOError:
+                open_now += 1
+            except OSError:
+                continue
+        assert open_now <= 64
+        assert worker.rss() - rss < 20 * 1024 * 1024
+        assert "connections closed in their handshake" in log_path.read_text()
+    finally:
+        for sock in held:
+            sock.close()
+        worker.kill()

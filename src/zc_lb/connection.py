@@ -63,6 +63,7 @@ KEEPALIVE_INTERVAL = 1.0
 SUSPECT_AFTER = 2  # keepalive intervals of silence before a peer is suspected
 KEEPALIVE_TIMEOUT = LB_SETTINGS["keepalive_timeout"].default
 HANDSHAKE_TIMEOUT = 10.0
+HANDSHAKE_RECV = 16 * 1024  # Hello and Auth are small: no quarter megabyte per wait
 RECYCLE_RNO = protocol.MAX_RNO - 100000
 RECV_SIZE = 256 * 1024
 _TIMED_OUT = object()  # what an Exchange's wait timer hands its waiter
@@ -362,7 +363,7 @@ class Connection:
                 if out:
                     self.sock.sendall(out)
                 if event is protocol.NEED_DATA:
-                    data = self.sock.recv(RECV_SIZE)
+                    data = self.sock.recv(HANDSHAKE_RECV)
                     if not data:
                         raise self._lost_error("%s closed during handshake" % self.peer)
                     proto.receive_data(data)

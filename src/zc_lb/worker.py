@@ -18,6 +18,7 @@ serves until ``stop()``, which tells every LB to send nothing new
 
 from __future__ import annotations
 
+import collections
 import io
 import logging
 import os
@@ -44,6 +45,8 @@ from .protocol import FEATURES, MAX_BODY, Body, End
 log = logging.getLogger(__name__)
 
 ERROR_500 = b"<html><body><h1>500 Internal Server Error</h1></body></html>"
+MAX_HANDSHAKING = 64  # connections in their handshake at once; the oldest makes room
+CROWDED_LOG_EVERY = 10.0
 
 
 def load_app(spec: str) -> Callable:
@@ -396,6 +399,12 @@ class Worker(Handler):
         self.max_classes = max_classes
         self.skills: Optional[resume_module.Skills] = None
         self.connections: Set[Connection] = set()
+        # Connections not yet through their handshake, oldest first: at most
+        # MAX_HANDSHAKING (an LB's takes milliseconds; held ones cost memory).
+        self._handshaking: "collections.OrderedDict[Connection, None]" = (
+            collections.OrderedDict())
+        self._crowded = 0
+        self._crowded_logged = -CROWDED_LOG_EVERY
         self._no_lbs = gevent.event.Event()  # set while no LB is connected
         self._no_lbs.set()
         self.server: Optional[gevent.server.StreamServer] = None
@@ -504,12 +513,21 @@ class Worker(Handler):
         peer = "%s:%s" % address[:2]
         connection = Connection(sock, "worker", self, peer=peer, secret=self.secret,
                                 app_version=self.version, features=self.protocol_features)
+        handshaking = self._handshaking
+        if len(handshaking) >= MAX_HANDSHAKING:  # unauthenticated, and held: make room
+            oldest, _ = handshaking.popitem(last=False)
+            oldest.close("too many connections in their handshake")
+            self._say_crowded(peer)
+        handshaking[connection] = None
         try:
             connection.handshake()
         except (ZcLbError, OSError) as exc:
-            log.warning("rejected connection from %s: %s", peer, exc)
-            connection.close("handshake failed")
+            if not connection.closed:  # (closed: it made room for a newer one)
+                log.warning("rejected connection from %s: %s", peer, exc)
+                connection.close("handshake failed")
             return
+        finally:
+            handshaking.pop(connection, None)
         if self.stopping:
             connection.close("worker stopping")
             return
@@ -523,6 +541,16 @@ class Worker(Handler):
         except ZcLbError:
             pass
         connection.join()
+
+    def _say_crowded(self, peer: str) -> None:
+        """Log connections crowding the handshake, at most every 10 s."""
+        now = time.monotonic()
+        self._crowded += 1
+        if now - self._crowded_logged >= CROWDED_LOG_EVERY:
+            log.warning("%d connections closed in their handshake to make room for "
+                        "newer ones (more than %d at once; the latest from %s)",
+                        self._crowded, MAX_HANDSHAKING, peer)
+            self._crowded, self._crowded_logged = 0, now
 
     def connection_lost(self, connection: Connection, error: ZcLbError) -> None:
         if connection in self.connections:
