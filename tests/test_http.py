@@ -262,34 +262,39 @@ def test_an_idle_keepalive_connection_is_not_cut_by_the_header_timeout(procs):
     connection.close()
 
 
-def test_connections_past_the_cap_get_503_and_close(procs):
-    # (a long header timeout, so a loaded machine does not cut the idle ones)
+def test_connections_past_the_cap_get_503_when_none_waits_for_a_head(procs):
     lb, _ = lb_with_worker(procs, "--max-connections", "3", "--header-timeout", "60")
-    idle = []
-
-    def full() -> bool:
-        """Three idle connections of ours hold the cap.  One may have been
-        turned away while the LB still counted the connection lb_with_worker
-        used: it is replaced until none was."""
-        replaced = False
-        for sock in list(idle):
-            if select.select([sock], [], [], 0)[0]:  # a 503, or closed
-                idle.remove(sock)
-                sock.close()
-        while len(idle) < 3:
-            idle.append(connect(lb.address))
-            replaced = True
-        refused = raw(lb.address, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").startswith(b"HTTP/1.1 503")
-        return refused and not replaced and not any(select.select(idle, [], [], 0)[0])
-
+    busy = []  # three connections with a request in flight: none to evict
     try:
-        wait_for(full, timeout=15, message="503 past the cap")
+        for _ in range(3):
+            sock = connect(lb.address, timeout=20)
+            sock.sendall(b"GET /slow?3 HTTP/1.1\r\nHost: a\r\n\r\n")
+            busy.append(sock)
+        wait_for(lambda: raw(lb.address, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+                 .startswith(b"HTTP/1.1 503"), timeout=10, message="503 past the cap")
         reply = raw(lb.address, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-        assert reply.startswith(b"HTTP/1.1 503") and b"Connection: close" in reply, reply
+        assert b"Connection: close" in reply and b"Retry-After: 1" in reply, reply
+        for sock in busy:  # the requests in flight were not disturbed
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
     finally:
-        for sock in idle:
+        for sock in busy:
             sock.close()
     wait_for(lambda: get(lb.address)[0] == 200, timeout=15, message="served again")
+
+
+def test_slow_heads_make_room_for_a_client_that_sends_its_head_promptly(procs):
+    # --max-connections 1000 with a 10 s head deadline let 1,000 slow
+    # connections deny new clients (44% got 503).
+    lb, _ = lb_with_worker(procs, "--max-connections", "20", "--header-timeout", "60")
+    attack = Slowloris(lb.address, 20)
+    try:
+        time.sleep(1)  # past EVICT_AFTER: the slow ones have waited longest
+        outcomes = [get(lb.address, timeout=5)[0] for _ in range(10)]
+        assert outcomes == [200] * 10, outcomes
+        # (one made room; the prompt clients then took turns in its place)
+        wait_for(lambda: len(attack.open) < len(attack.socks), message="a slow head evicted")
+    finally:
+        attack.close()
 
 
 def _start_lb_with_open_files(limit, worker, *args, stderr=None):
@@ -345,10 +350,11 @@ class Slowloris:
 
 def test_normal_requests_are_served_while_slow_clients_are_cut(procs, tmp_path):
     worker = procs(WorkerProcess("apps:app", env=ENV))
-    # 200 descriptors: the default --max-connections of 1000 must shrink to fit
+    # 200 descriptors: --max-connections 1000 must shrink to fit
     stderr = open(tmp_path / "lb.log", "w")
     process, lb_address = _start_lb_with_open_files(
-        200, worker.address, "--header-timeout", "1", stderr=stderr)
+        200, worker.address, "--header-timeout", "1", "--max-connections", "1000",
+        stderr=stderr)
     try:
         wait_for(lambda: get(lb_address)[0] == 200, message="LB serving")
         attack = Slowloris(lb_address, 250)  # more than the LB has descriptors

@@ -263,7 +263,7 @@ def build_lb(args: argparse.Namespace):
     from .classifier import get_classifier, get_key_function
     from .accesslog import LogFormat
     from .forwarding import Forwarding, parse_headers, parse_networks
-    from .http import AccessLog, FrontServer, tls_context
+    from .http import AccessLog, FrontServer, default_max_connections, tls_context
     from .lb import LB
     from .connection import parse_address
 
@@ -303,7 +303,9 @@ def build_lb(args: argparse.Namespace):
     front = FrontServer(listen, lb, access_log, tls=tls,
                         client_timeout=args.client_timeout or None,
                         header_timeout=args.header_timeout or None,
-                        max_connections=args.max_connections or None,
+                        max_connections=(default_max_connections()
+                                         if args.max_connections is None
+                                         else args.max_connections or None),
                         counter=lb.count_answer,
                         forwarding=Forwarding(parse_headers(args.forwarded),
                                               parse_networks([args.trusted_proxies])))

@@ -24,6 +24,7 @@ found without reading it.
 
 from __future__ import annotations
 
+import collections
 import errno
 import logging
 import socket
@@ -120,8 +121,10 @@ class AccessLog:
 
 
 RESERVED_FILES = 100  # descriptors kept for worker links, ZooKeeper, logs
+MAX_DEFAULT_CONNECTIONS = 50000  # --max-connections by default, at most
 TURN_AWAY_LINGER = 0.5  # seconds to read a refused client's request
 MAX_TURNING_AWAY = 50  # past this, refused clients are closed unanswered
+EVICT_AFTER = 0.5  # seconds a connection waits for a head before it may make room
 OUT_OF_FILES = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))
 ACCEPT_PAUSE = 0.1  # seconds without accepting when out of descriptors
 OUT_OF_FILES_LOG_EVERY = 10.0
@@ -169,6 +172,7 @@ class ClientConnection:
         self.base_objects["zc_lb.client_socket"] = sock  # to notice a hang-up
         forwarding = server.forwarding
         self.peer = address[0] if isinstance(address, tuple) else None
+        self.evicted = False  # ended by the server to make room
         self.trusted = forwarding is not None and forwarding.trusts(self.peer)
         self._reset()
 
@@ -216,7 +220,15 @@ class ClientConnection:
         request = reader.next_request()
         if request is not None or reader.broken:
             return request
-        server, sock = self.server, self.sock
+        server = self.server
+        server.waiting[self] = time.monotonic()  # (the oldest may be evicted for a newcomer)
+        try:
+            return self._wait_for_request(first)
+        finally:
+            server.waiting.pop(self, None)
+
+    def _wait_for_request(self, first: bool) -> Optional[Request]:
+        reader, server, sock = self.reader, self.server, self.sock
         header_timeout, client_timeout = server.header_timeout, server.client_timeout
         deadline = time.monotonic() + header_timeout if first and header_timeout else None
         while True:
@@ -238,10 +250,22 @@ class ClientConnection:
                 return None  # idle between requests: close quietly
             except OSError:
                 return None
+            if self.evicted:
+                return self._evict()
             reader.receive_data(data)
             request = reader.next_request()
             if request is not None or reader.broken or not data:
                 return request
+
+    def _evict(self) -> None:
+        """The server made room for a new connection by ending this one,
+        the longest waiting for a request: 408 for a head begun (counted),
+        silence for an idle one.  None: the connection ends."""
+        if self.reader.in_head:
+            self._reset()
+            self._refuse(HeadTimeout("evicted: the slowest request head when the "
+                                     "connections ran out", 408))
+        return None
 
     def _head_timeout(self, header_timeout: float) -> None:
         """The header timeout passed: 408 for a head begun, and for one
@@ -576,6 +600,18 @@ def tls_context(certfile: str, keyfile: Optional[str] = None,
     return context
 
 
+def default_max_connections() -> int:
+    """Half the open-file hard limit (a client connection may hold a
+    buffer file too) less what RESERVED_FILES keeps, at most
+    MAX_DEFAULT_CONNECTIONS."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard == resource.RLIM_INFINITY:
+        return MAX_DEFAULT_CONNECTIONS
+    return max(min((hard - RESERVED_FILES) // 2, MAX_DEFAULT_CONNECTIONS), 16)
+
+
 def fit_open_files(connections: int) -> int:
     """Raise the open-file limit so ``connections`` fit, as far as the hard
     limit allows; the number of connections that do fit."""
@@ -614,6 +650,9 @@ class _Server(gevent.server.StreamServer):
 
     def __init__(self, listener, application: Callable, scheme: str) -> None:
         super().__init__(listener)
+        # Connections waiting for a request head, longest waiting first.
+        self.waiting: "collections.OrderedDict[ClientConnection, float]" = (
+            collections.OrderedDict())
         self.application = application
         self.scheme = scheme
         self._set_base(*self.address[:2])
@@ -660,7 +699,8 @@ class _Server(gevent.server.StreamServer):
         return None
 
     def handle(self, sock, address) -> None:
-        if self.max_connections is not None and self.connections >= self.max_connections:
+        if (self.max_connections is not None and self.connections >= self.max_connections
+                and not self._make_room()):
             self._turn_away(sock, address)
             return
         self.connections += 1
@@ -676,6 +716,25 @@ class _Server(gevent.server.StreamServer):
         finally:
             self.connections -= 1
             sock.close()
+
+    def _make_room(self) -> bool:
+        """Out of connections: end the one that has waited longest for a
+        request head (a slow or idle client), if it has waited EVICT_AFTER
+        seconds, so that a client sending its head promptly still gets in;
+        whether there was one."""
+        waiting = self.waiting
+        if not waiting:
+            return False
+        oldest, since = next(iter(waiting.items()))
+        if time.monotonic() - since < EVICT_AFTER:
+            return False
+        del waiting[oldest]
+        oldest.evicted = True
+        try:
+            oldest.sock.shutdown(socket.SHUT_RD)  # its recv returns: it ends itself
+        except OSError:
+            pass
+        return True
 
     def _handshake(self, sock, address):
         """The TLS socket, or None (logged, closed) if the handshake failed."""

@@ -207,9 +207,11 @@ LB_SETTINGS = _table([
             "answer 408 and close if a request head is not complete this long after "
             "the accept (or, on keep-alive, its first byte); 0 never",
             minimum=0, metavar="S"),
-    Setting("max_connections", int, 1000,
-            "concurrent client connections; past it, 503 and close (0 no cap; the "
-            "open-file limit is raised to fit)",
+    Setting("max_connections", int, None,
+            "concurrent client connections (default: half the open-file hard limit, "
+            "at most 50,000); past it, the connection waiting longest for a request "
+            "head makes room, else 503 (0 no cap; the open-file limit is raised to "
+            "fit)",
             minimum=0, metavar="N"),
     Setting("buffer_memory", int, 1024 * 1024,
             "bytes of one response the LB holds in memory for a slow client, so "
