@@ -863,3 +863,15 @@ def test_connections_held_in_their_handshake_cannot_crowd_out_an_lb(tmp_path):
         for sock in held:
             sock.close()
         worker.kill()
+
+
+def test_a_classifier_that_blocks_the_lb_for_6s_costs_no_worker_connection(cluster, tmp_path):
+    # A 6 s block made every worker drop the LB (their keepalive).
+    lb, workers = cluster(2, lb_args=("--chdir", TESTS, "--classifier", "classifiers:blocking"))
+    before = {address: info["streams"] for address, info in status(lb)["workers"].items()}
+    assert request(lb, "/block-lb?6", timeout=30)[0] == 200
+    assert [request(lb)[0] for _ in range(5)] == [200] * 5
+    doc = status(lb)
+    assert doc["classifier"]["threaded"] and doc["classifier"]["slow_calls"] == 1
+    assert all(info["connected"] and info["in_pool"] for info in doc["workers"].values())
+    assert doc["worker_failures"] == 0 and set(doc["workers"]) == set(before)

@@ -10,6 +10,8 @@ Specs, as given on the command line or in ZooKeeper:
     ``environ[ENVKEY]``; no match (or no such key) gives the empty class.
 ``module:dotted.name``
     Any importable callable taking the environ, e.g. ``myapp.lb:classify``.
+    It must not block: it runs in the LB's event loop, timed, and is moved
+    to threads the first time it is slow (guard.py).
 
 A classifier may return None: the request has no class, and the pool
 sends it to the least loaded worker.
@@ -141,7 +143,9 @@ def get_classifier(spec: str) -> Classifier:
     obj = import_object(spec)
     if not callable(obj):
         raise ConfigurationError("classifier %r is not callable" % spec)
-    return obj  # type: ignore[return-value]
+    from .guard import Guarded  # a site's function: timed, and off the loop if it blocks
+
+    return Guarded(obj)
 
 
 def path_key(environ: Dict[str, object]) -> Optional[str]:

@@ -824,6 +824,7 @@ class LB(LinkEvents):
             "errors": {str(k): v for k, v in sorted(self.errors.items())},
             "uptime": round(time.time() - self.started, 1),
             "classifier_errors": dict(self.classifier_errors),
+            "classifier": getattr(self.classifier, "status", dict)(),
             "worker_failures": self.worker_failures,
             "retries_refused": self.retries_refused,
             "health_checks": self.health_checks,

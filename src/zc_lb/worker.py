@@ -45,6 +45,10 @@ from .protocol import FEATURES, MAX_BODY, Body, End
 log = logging.getLogger(__name__)
 
 ERROR_500 = b"<html><body><h1>500 Internal Server Error</h1></body></html>"
+# Seconds of silence before a worker drops an LB: long, since an LB whose
+# loop was blocked (a site's classifier) must not lose every worker, and
+# a dead LB costs a worker only the requests it had sent.
+LB_SILENCE = 60.0
 MAX_HANDSHAKING = 64  # connections in their handshake at once; the oldest makes room
 CROWDED_LOG_EVERY = 10.0
 
@@ -512,7 +516,8 @@ class Worker(Handler):
     def _accept(self, sock, address) -> None:
         peer = "%s:%s" % address[:2]
         connection = Connection(sock, "worker", self, peer=peer, secret=self.secret,
-                                app_version=self.version, features=self.protocol_features)
+                                app_version=self.version, features=self.protocol_features,
+                                keepalive_timeout=LB_SILENCE)
         handshaking = self._handshaking
         if len(handshaking) >= MAX_HANDSHAKING:  # unauthenticated, and held: make room
             oldest, _ = handshaking.popitem(last=False)
