@@ -538,6 +538,28 @@ def test_a_starter_joins_one_class_that_covers_its_due():
     assert set(pool.workers["new"].resume) == {"big"}
 
 
+def test_under_light_load_with_small_classes_a_starter_still_gets_traffic():
+    # No class worth a whole worker and never a backlog past 1: a fourth
+    # worker got no request at all (0 in 60 s live), and its slow start
+    # ended without it ever serving.  The class a starter joins may be
+    # smaller the longer it waits.
+    pool = pool_of(3, slow_start=2000)
+    rng = random.Random(1)
+    classes = "abcdefghij"
+
+    def one():
+        rclass = rng.choice(classes)
+        handle = pool.get(rclass, "/%s/%d" % (rclass, int(rng.paretovariate(1.2) * 3) % 200))
+        pool.put(handle)  # light load: done before the next comes
+        return handle
+    for _ in range(3000):
+        one()
+    pool.add("new")
+    got = Counter(one() for _ in range(2000))
+    assert got["new"] > 0.02 * 2000, got
+    assert len(pool.workers["new"].resume) >= 2  # it joined small classes
+
+
 def test_a_starter_is_not_spilled_to():
     # Requests of a class whose workers are all over the cap spill to the
     # least recently chosen worker: not a starter, which would pay a load

@@ -9,7 +9,9 @@ of the pool.  While its recent share of requests is under its due (its
 fair share times the ramp) it joins the next class that comes big enough
 for the rest of its fair share with at most half its keys (once
 ``PRIOR`` requests per worker have passed without one: the next worth a
-whole worker), taking enough of the class's keys for the rest of its
+whole worker, then half a worker, a quarter..., halving every ``PRIOR``
+requests per worker without a join, so that many small classes or a
+light load still give it its share), taking enough of the class's keys for the rest of its
 fair share: its weight is floored at a ratio of the other members' mean
 score, so its cold cache, which ranks it last in its own résumé, does
 not cost it the keys before it has warmed them.  Few classes warm a cold
@@ -62,10 +64,11 @@ FADE = 4  # slow starts in which its floors change by e while it is off
 class Starter:
     """A worker in slow start: when it came, and its recent requests."""
 
-    __slots__ = ("added", "recent", "seen", "joined", "offered", "most")
+    __slots__ = ("added", "recent", "seen", "joined", "offered", "most", "last_join")
 
     def __init__(self, added: int) -> None:
         self.added = added  # pool requests when it was added
+        self.last_join = added  # pool requests when it last joined a class
         self.joined: Dict[ClassStats, float] = {}  # classes joined -> share expected
         self.recent = 0.0  # its requests, decayed over the slow start
         self.seen = added
@@ -133,7 +136,7 @@ class SlowStart(PoolPart):
             if self.requests - starter.added <= PRIOR * len(self.workers):
                 big = cshare * CLASS_TAKE >= due
             else:
-                big = cshare * len(self.workers) >= BIG_CLASS
+                big = cshare * len(self.workers) >= self._big(starter)
             if worker not in skilled and big and not busy:
                 # Take enough of this class's keys for the rest of its due,
                 # at most half.
@@ -146,8 +149,18 @@ class SlowStart(PoolPart):
                 stats.floors[worker] = take / (1.0 - take) * max(members, 1)
                 starter.joined[stats] = take * cshare
                 starter.offered[stats] = [0, 0]
+                starter.last_join = self.requests
                 self.skills_version += 1
                 return
+
+    def _big(self, starter: Starter) -> float:
+        """How many workers' worth a class must be for a starter to join it:
+        BIG_CLASS, halved every PRIOR requests per worker that pass without
+        a join, so that a site of many small classes (none worth a whole
+        worker), or a light load, still gives a new worker its share."""
+        per_worker = PRIOR * len(self.workers)
+        waited = self.requests - max(starter.added + per_worker, starter.last_join)
+        return BIG_CLASS * 0.5 ** max(waited / per_worker, 0.0)
 
     def _offer(self, stats: ClassStats, members: Dict[PoolWorker, float],
                key_hash: int) -> None:
