@@ -18,7 +18,7 @@ import sys
 import time
 from typing import List, Optional
 
-from . import settings
+from . import restart, settings
 from .accesslog import DEFAULT_FORMAT
 from .errors import ConfigurationError, ZcLbError
 
@@ -294,11 +294,12 @@ def build_lb(args: argparse.Namespace):
     elif args.access_log_format != DEFAULT_FORMAT:
         LogFormat(args.access_log_format)  # refuse a bad one all the same
         log.warning("--access-log-format without --access-log: no access log is written")
-    if args.listen_fd is not None:  # one of --processes N, on the supervisor's socket
+    listen = restart.inherited("front")  # from the LB this one replaces (SIGUSR2)
+    if listen is None and args.listen_fd is not None:  # one of --processes N
         from .processes import inherited_socket
 
         listen = inherited_socket(args.listen_fd)
-    else:
+    elif listen is None:
         listen = parse_address(args.listen)
     front = FrontServer(listen, lb, access_log, tls=tls,
                         client_timeout=args.client_timeout or None,
@@ -312,10 +313,32 @@ def build_lb(args: argparse.Namespace):
     lb.front = front  # its client connections go in the status document
     status = None
     if args.status:
-        status = FrontServer(parse_address(args.status), lb_status_app(
+        status = FrontServer(restart.inherited("status") or parse_address(args.status),
+                             lb_status_app(
             lb.status, lb_actions(lb), lambda: lb.requests,
             _read_secret(args.admin_token_file)))
     return lb, front, status
+
+
+def _ready_when_serving(lb, timeout: float = 10.0) -> None:
+    """Say we are ready (to an LB we replace, and to systemd) once the
+    workers are connected, at most ``timeout`` seconds after the start."""
+    lb.wait_until_serving(timeout)
+    restart.announce_ready()
+
+
+def hand_over(args: argparse.Namespace, sockets: dict) -> bool:
+    """SIGUSR2: start a new LB on our ``sockets`` and wait until it
+    serves; whether it does (then this one drains and exits)."""
+    restart.sd_notify("RELOADING=1")
+    successor = restart.Successor(restart.command_line(args.argv), sockets)
+    log.info("SIGUSR2: starting a new LB on our sockets")
+    if not successor.start():
+        restart.sd_notify("READY=1")
+        return False
+    log.info("the new LB (pid %d) serves: this one (pid %d) stops accepting and drains",
+             successor.process.pid, os.getpid())  # type: ignore[union-attr]
+    return True
 
 
 def lb_actions(lb) -> dict:
@@ -345,8 +368,10 @@ def run_lb(args: argparse.Namespace) -> int:
 
         return run(args, args.argv)
 
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until wait_for_signal says so
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    import gevent
+
+    for name in ("SIGHUP", "SIGUSR1", "SIGUSR2"):  # until wait_for_signal says so
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
     lb, front, status = build_lb(args)
     lb.set_workers(args.worker or [])
     lb.watch_workers()
@@ -367,6 +392,7 @@ def run_lb(args: argparse.Namespace) -> int:
     print("zc-lb lb listening on %s:%d" % front.address, flush=True)
     if status is not None:
         print("zc-lb status on %s:%d" % status.address, flush=True)
+    gevent.spawn(_ready_when_serving, lb)
 
     def stop() -> bool:
         front.drain()  # stop accepting; finish what is in flight
@@ -396,9 +422,15 @@ def run_lb(args: argparse.Namespace) -> int:
         if "no_worker_timeout" in live:
             lb.no_worker_timeout = live["no_worker_timeout"]
 
+    def upgrade() -> bool:
+        sockets = {"front": front.server.socket}
+        if status is not None:
+            sockets["status"] = status.server.socket
+        return hand_over(args, sockets) and stop()
+
     static = frozenset() if args.zookeeper else frozenset({"worker"})
     wait_for_signal({"SIGTERM": stop, "SIGINT": stop, "SIGHUP": _sighup(args, apply, static),
-                     "SIGUSR1": reopen})
+                     "SIGUSR1": reopen, "SIGUSR2": upgrade})
     log.info("lb stopped")
     return 0
 

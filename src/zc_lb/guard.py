@@ -69,7 +69,7 @@ class Guarded:
         self.slow_calls += 1
         self.slowest = max(self.slowest, elapsed)
         if self.pool is None:
-            import gevent.threadpool
+            import gevent.threadpool  # type: ignore[import-untyped]
 
             self.pool = gevent.threadpool.ThreadPool(self.threads)
             log.warning("%s %s took %.0f ms, blocking the LB's event loop: it runs in "

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import os
 import socket
 import time
 from bisect import bisect_left
@@ -387,6 +388,19 @@ class LB(LinkEvents):
         deadline = time.monotonic() + timeout
         while not all(link.connection is not None and link.connection in self.pool
                       for link in self.links.values()):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._workers_changed.clear()
+            self._workers_changed.wait(min(remaining, 0.1))
+        return True
+
+    def wait_until_serving(self, timeout: float) -> bool:
+        """Wait until the pool has a worker and every known worker is in
+        it (ZooKeeper may name them later than the start), at most
+        ``timeout`` seconds; whether it got there."""
+        deadline = time.monotonic() + timeout
+        while not len(self.pool) or not self.wait_for_workers(0):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
@@ -823,6 +837,7 @@ class LB(LinkEvents):
             "retries": self.retries,
             "errors": {str(k): v for k, v in sorted(self.errors.items())},
             "uptime": round(time.time() - self.started, 1),
+            "pid": os.getpid(),
             "classifier_errors": dict(self.classifier_errors),
             "classifier": getattr(self.classifier, "status", dict)(),
             "worker_failures": self.worker_failures,

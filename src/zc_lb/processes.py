@@ -81,8 +81,10 @@ class Child:
         import gevent.subprocess
 
         self.started = time.monotonic()
+        env = dict(os.environ)
+        env.pop("NOTIFY_SOCKET", None)  # the supervisor is the service's main process
         self.process = gevent.subprocess.Popen(
-            self.argv, pass_fds=(self.fd,), stdout=subprocess.PIPE, text=True,
+            self.argv, pass_fds=(self.fd,), stdout=subprocess.PIPE, text=True, env=env,
             preexec_fn=_die_with_parent(os.getpid()))
         self.status = None
         for line in self.process.stdout:  # type: ignore[union-attr]
@@ -107,10 +109,13 @@ class Supervisor:
                  backlog: int = 1024) -> None:
         if count < 1:
             raise ConfigurationError("--processes must be at least 1, got %d" % count)
-        self.sock = socket.socket(socket.AF_INET6 if ":" in listen[0] else socket.AF_INET)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(listen)
-        self.sock.listen(backlog)
+        if isinstance(listen, tuple):
+            self.sock = socket.socket(socket.AF_INET6 if ":" in listen[0] else socket.AF_INET)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.sock.bind(listen)
+            self.sock.listen(backlog)
+        else:  # handed down by the supervisor this one replaces (SIGUSR2)
+            self.sock = listen
         self.sock.set_inheritable(True)
         self.children = [Child(i, child_argv(argv), self.sock.fileno(), log_level)
                          for i in range(count)]
@@ -211,16 +216,18 @@ def run(args, argv: Sequence[str]) -> int:
     """``zc-lb lb --processes N`` (N > 1)."""
     from .cli import wait_for_signal
     from .connection import parse_address
-    from .cli import _read_secret, lb_status_app
+    from . import restart
+    from .cli import _read_secret, hand_over, lb_status_app
     from .http import FrontServer
 
-    supervisor = Supervisor(args.processes, lb_argv(argv), parse_address(args.listen),
-                            args.log_level)
+    listen = restart.inherited("front") or parse_address(args.listen)
+    supervisor = Supervisor(args.processes, lb_argv(argv), listen, args.log_level)
     supervisor.start()
     status = None
     if args.status:
         token = _read_secret(args.admin_token_file)
-        status = FrontServer(parse_address(args.status), lb_status_app(
+        status = FrontServer(restart.inherited("status") or parse_address(args.status),
+                             lb_status_app(
             supervisor.status, {name: supervisor.action(name, token)
                                 for name in ("reset-skills", "drain", "enable")},
             lambda: supervisor.status()["requests"], token))
@@ -231,15 +238,24 @@ def run(args, argv: Sequence[str]) -> int:
     if status is not None:
         print("zc-lb status on %s:%d" % status.address, flush=True)
 
+    restart.announce_ready()
+
     def stop() -> bool:
         supervisor.stop(args.drain_timeout + 5)
         if status is not None:
             status.stop(timeout=1)
         return True
 
+    def upgrade() -> bool:
+        sockets = {"front": supervisor.sock}
+        if status is not None:
+            sockets["status"] = status.server.socket  # type: ignore[union-attr]
+        return hand_over(args, sockets) and stop()
+
     wait_for_signal({"SIGTERM": stop, "SIGINT": stop,
                      "SIGHUP": lambda: supervisor.send_signal(signal.SIGHUP),
-                     "SIGUSR1": lambda: supervisor.send_signal(signal.SIGUSR1)})
+                     "SIGUSR1": lambda: supervisor.send_signal(signal.SIGUSR1),
+                     "SIGUSR2": upgrade})
     log.info("lb stopped (%d processes)", len(supervisor.children))
     return 0
 

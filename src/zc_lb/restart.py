@@ -1,0 +1,163 @@
+"""Hitless restart and upgrade: SIGUSR2 starts a new LB on the same sockets.
+
+As nginx and gunicorn do on USR2: the running LB (the old one) starts a
+new process of the same command line, whatever version of zc-lb is
+installed now, handing it its listening sockets (the front's and the
+status address's) as inherited descriptors.  The new LB uses them
+instead of binding, connects to its workers, and says it is ready on a
+pipe.  Only then does the old one stop accepting and drain, exactly as
+on SIGTERM: connections the kernel has queued are taken by the new one,
+which shares the very sockets, so no client is refused at any moment.
+If the new LB fails to become ready within ``READY_TIMEOUT`` seconds (a
+bad option in a new version, a crash), the old one kills it, logs why,
+and goes on serving.
+
+Under systemd (``Type=notify``, ``NotifyAccess=all``), every LB tells
+the service manager ``READY=1`` and its pid (``MAINPID``) when it is
+ready, so ``ExecReload=/bin/kill -USR2 $MAINPID`` hands the service over
+to the new process (etc/systemd/zc-lb.service).
+
+The handover travels in the environment: ``ZC_LB_INHERIT`` names the
+sockets (``front=5,status=6``) and ``ZC_LB_READY_FD`` the pipe's end.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+from typing import Dict, List, Optional, Sequence
+
+log = logging.getLogger(__name__)
+
+INHERIT_ENV = "ZC_LB_INHERIT"
+READY_FD_ENV = "ZC_LB_READY_FD"
+READY_TIMEOUT = 60.0  # seconds a new LB has to connect and say it is ready
+READY = b"ready\n"
+
+_inherited: Optional[Dict[str, int]] = None
+_ready_fd: Optional[int] = None
+
+
+def _take_handover() -> Dict[str, int]:
+    """What the old LB handed down, taken out of the environment once, so
+    that no process this one starts (a --processes child) believes it."""
+    global _inherited, _ready_fd
+    if _inherited is None:
+        _inherited = {}
+        for item in os.environ.pop(INHERIT_ENV, "").split(","):
+            key, _, fd = item.partition("=")
+            if key and fd.isdigit():
+                _inherited[key] = int(fd)
+        ready = os.environ.pop(READY_FD_ENV, "")
+        _ready_fd = int(ready) if ready.isdigit() else None
+    return _inherited
+
+
+def inherited(name: str):
+    """The listening socket called ``name`` that the old LB handed down
+    (a gevent socket), or None: bind as usual."""
+    fd = _take_handover().pop(name, None)
+    if fd is None:
+        return None
+    import gevent.socket
+
+    return gevent.socket.socket(fileno=fd)
+
+
+def announce_ready() -> None:
+    """Tell the old LB (if one started us) and systemd (if it runs us)
+    that this LB serves now."""
+    global _ready_fd
+    _take_handover()
+    if _ready_fd is not None:
+        try:
+            os.write(_ready_fd, READY)
+            os.close(_ready_fd)
+        except OSError as exc:
+            log.warning("cannot tell the old LB we are ready: %s", exc)
+        _ready_fd = None
+    sd_notify("READY=1\nMAINPID=%d" % os.getpid())
+
+
+def sd_notify(state: str) -> bool:
+    """Send ``state`` to systemd's notify socket, if there is one."""
+    path = os.environ.get("NOTIFY_SOCKET")
+    if not path:
+        return False
+    address = "\0" + path[1:] if path.startswith("@") else path
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(state.encode(), address)
+        return True
+    except OSError as exc:
+        log.warning("cannot notify systemd at %s: %s", path, exc)
+        return False
+
+
+class Successor:
+    """The new LB that an old one starts on SIGUSR2."""
+
+    def __init__(self, argv: Sequence[str], sockets: Dict[str, socket.socket]) -> None:
+        self.argv = [sys.executable, "-m", "zc_lb.cli"] + list(argv)
+        self.sockets = sockets
+        self.process: Optional[subprocess.Popen] = None
+
+    def start(self, timeout: float = READY_TIMEOUT) -> bool:
+        """Start it and wait until it is ready, at most ``timeout``
+        seconds; whether it is (if not, it is killed)."""
+        import gevent
+        import gevent.os
+        import gevent.subprocess
+
+        fds = {name: sock.fileno() for name, sock in self.sockets.items()}
+        for fd in fds.values():
+            os.set_inheritable(fd, True)
+        read_end, write_end = os.pipe()
+        env = dict(os.environ)
+        env[INHERIT_ENV] = ",".join("%s=%d" % item for item in sorted(fds.items()))
+        env[READY_FD_ENV] = str(write_end)
+        try:
+            self.process = gevent.subprocess.Popen(
+                self.argv, env=env, pass_fds=list(fds.values()) + [write_end])
+        finally:
+            os.close(write_end)
+        try:
+            gevent.os.make_nonblocking(read_end)
+            with gevent.Timeout(timeout, False):
+                if gevent.os.nb_read(read_end, len(READY)) == READY:
+                    return True  # (b"": it exited without a word)
+        finally:
+            os.close(read_end)
+        self._failed(timeout)
+        return False
+
+    def _failed(self, timeout: float) -> None:
+        process = self.process
+        assert process is not None
+        status = process.poll()
+        if status is None:
+            log.error("the new LB (pid %d) was not ready within %gs: killed it; this "
+                      "one goes on serving", process.pid, timeout)
+            process.kill()
+            process.wait()
+        else:
+            log.error("the new LB (pid %d) exited with status %s before it was ready; "
+                      "this one goes on serving", process.pid, status)
+
+
+def command_line(argv: List[str]) -> List[str]:
+    """The arguments a successor gets: the same, less what only this
+    process was given (``--listen-fd`` from a supervisor)."""
+    out: List[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg.split("=", 1)[0] == "--listen-fd":
+            skip = "=" not in arg
+        else:
+            out.append(arg)
+    return out

@@ -1,0 +1,155 @@
+"""Hitless restart (SIGUSR2), end to end: real worker and LB processes.
+
+While a client opens a new connection for every request, the LB is told
+to restart: a new LB takes over the listening sockets, the old one
+drains, and no request is refused or fails.
+"""
+
+import http.client
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from zc_lb.testing import LBProcess, WorkerProcess, free_port, wait_for
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def status(address):
+    with urllib.request.urlopen("http://%s/" % address, timeout=5) as response:
+        return json.load(response)
+
+
+class Clients:
+    """A client loop: a new connection for each GET, until stopped."""
+
+    def __init__(self, address):
+        self.host, port = address.split(":")
+        self.port = int(port)
+        self.outcomes = []
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        deadline = time.monotonic() + 60
+        while not self.stopped.is_set() and time.monotonic() < deadline:
+            connection = http.client.HTTPConnection(self.host, self.port, timeout=10)
+            try:
+                connection.request("GET", "/", headers={"Host": "a.example"})
+                response = connection.getresponse()
+                response.read()
+                self.outcomes.append(response.status)
+            except (OSError, http.client.HTTPException) as exc:
+                self.outcomes.append(repr(exc))
+            finally:
+                connection.close()
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join(15)
+        return self.outcomes
+
+
+@pytest.fixture
+def worker():
+    process = WorkerProcess("apps:app", env=ENV).start()
+    yield process
+    process.kill()
+
+
+def kill_pid(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_sigusr2_hands_the_sockets_to_a_new_lb_and_no_request_fails(worker, tmp_path, processes):
+    # A restart refused connections for about 1.2 s, and SIGUSR2 killed the LB.
+    status_address = "127.0.0.1:%d" % free_port()
+    log_path = tmp_path / "lb.log"
+    with open(log_path, "w") as log:
+        lb = LBProcess([worker.address], "--status", status_address,
+                       "--processes", str(processes), env=ENV, stderr=log).start()
+    new_pid = None
+    try:
+        wait_for(lambda: status(status_address)["requests"] >= 0)
+        old_pid = lb.pid
+        clients = Clients(lb.address)
+        wait_for(lambda: len(clients.outcomes) > 20, message="the clients going")
+        os.kill(old_pid, signal.SIGUSR2)
+        assert lb.process.wait(40) == 0  # the old one drained and exited
+        served = len(clients.outcomes)
+        wait_for(lambda: len(clients.outcomes) > served + 20, message="served by the new one")
+        outcomes = clients.stop()
+        doc = status(status_address)
+        new_pid = doc["pid"] if processes == 1 else None
+        assert set(outcomes) == {200}, [o for o in outcomes if o != 200][:5]
+        text = log_path.read_text()
+        assert "this one (pid %d) stops accepting and drains" % old_pid in text
+        if processes == 1:
+            assert new_pid != old_pid
+    finally:
+        lb.kill()
+        for line in log_path.read_text().splitlines():
+            if "the new LB (pid " in line:
+                kill_pid(int(line.split("the new LB (pid ")[1].split(")")[0]))
+
+
+def test_a_new_lb_that_cannot_start_leaves_the_old_one_serving(worker, tmp_path):
+    config = tmp_path / "lb.toml"
+    config.write_text('[lb]\nworker = ["%s"]\n' % worker.address)
+    log_path = tmp_path / "lb.log"
+    with open(log_path, "w") as log:
+        lb = LBProcess([], "--config", str(config), env=ENV, stderr=log).start()
+    try:
+        connection = http.client.HTTPConnection(*lb.address.split(":"), timeout=10)
+        connection.request("GET", "/", headers={"Host": "a.example"})
+        assert connection.getresponse().status == 200  # (serving: its signals are set)
+        config.write_text("[lb]\nvariance = 'not a number'\n")  # the new one refuses it
+        os.kill(lb.pid, signal.SIGUSR2)
+        wait_for(lambda: "before it was ready; this one goes on serving" in log_path.read_text(),
+                 timeout=30, message="the failure said")
+        assert lb.process.poll() is None
+        connection = http.client.HTTPConnection(*lb.address.split(":"), timeout=10)
+        connection.request("GET", "/", headers={"Host": "a.example"})
+        assert connection.getresponse().status == 200
+    finally:
+        lb.kill()
+
+
+def test_systemd_hears_ready_reloading_and_the_new_main_pid(worker, tmp_path):
+    # etc/systemd/zc-lb.service: Type=notify, NotifyAccess=all, and
+    # ExecReload=/bin/kill -USR2 $MAINPID.
+    import socket
+
+    path = str(tmp_path / "notify")
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(path)
+    notify.settimeout(20)
+    lb = LBProcess([worker.address], env=dict(ENV, NOTIFY_SOCKET=path)).start()
+    new_pid = None
+    try:
+        assert notify.recv(1024).decode() == "READY=1\nMAINPID=%d" % lb.pid
+        os.kill(lb.pid, signal.SIGUSR2)
+        assert notify.recv(1024) == b"RELOADING=1"
+        said = notify.recv(1024).decode()
+        assert said.startswith("READY=1\nMAINPID=")
+        new_pid = int(said.split("=")[-1])
+        assert new_pid != lb.pid
+        assert lb.process.wait(40) == 0
+    finally:
+        lb.kill()
+        notify.close()
+        if new_pid:
+            kill_pid(new_pid)
