@@ -57,12 +57,12 @@ app = "apps:app"
 greenlets = true
 """
     args = parse(tmp_path, text)
-    assert (args.listen, args.variance, args.single_version) == ("0.0.0.0:8080", 2.0, True)
+    assert (args.listen, args.variance, args.single_version) == (["0.0.0.0:8080"], 2.0, True)
     assert args.worker == ["10.0.0.5:9001", "10.0.0.6:9001"]
     assert args.access_log_format == '%h "%r" %{class}z'
     assert args.spread == 1.0  # not in the file: the default
     args = parse(tmp_path, text, "--variance", "3", "--worker", "w:1", "--listen", "l:1")
-    assert (args.variance, args.worker, args.listen) == (3.0, ["w:1"], "l:1")
+    assert (args.variance, args.worker, args.listen) == (3.0, ["w:1"], ["l:1"])
     assert args.single_version is True
     worker = parse(tmp_path, text, command="worker")
     assert (worker.app, worker.threads) == ("apps:app", None)  # greenlets

@@ -470,6 +470,73 @@ def test_failed_handshakes_are_one_line_each_and_https_still_works(procs, certs,
 # -- item 6: SIGHUP ---------------------------------------------------------------
 
 
+def _certificate(directory, name):
+    """A self-signed certificate and key for 127.0.0.1, as NAME.pem and NAME-key.pem."""
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1/O=%s" % name, "-keyout",
+                    str(directory / ("%s-key.pem" % name)), "-out",
+                    str(directory / ("%s.pem" % name))], check=True, capture_output=True)
+
+
+def _served_certificate(lb_address):
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    with connect(lb_address) as sock:
+        with context.wrap_socket(sock, server_hostname="127.0.0.1") as tls:
+            return tls.getpeercert(binary_form=True)
+
+
+def test_http_and_https_in_one_lb_with_a_redirect_and_certificates_reloaded_on_sighup(
+        procs, tmp_path):
+    # --listen took one address: HTTP and HTTPS needed two LBs, with no
+    # redirect between them, and a new certificate needed a restart.
+    for name in ("one", "two"):
+        _certificate(tmp_path, name)
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.write_bytes((tmp_path / "one.pem").read_bytes())
+    key.write_bytes((tmp_path / "one-key.pem").read_bytes())
+    plain, secure = "127.0.0.1:%d" % free_port(), "127.0.0.1:%d" % free_port()
+    log = tmp_path / "lb.log"
+    with open(log, "w") as stderr:
+        worker = procs(WorkerProcess("apps:app", env=ENV))
+        lb = procs(LBProcess([worker.address], "--listen", "http://" + plain, "--listen",
+                             "https://" + secure, "--redirect-https", "--certfile", str(cert),
+                             "--keyfile", str(key), env=ENV, stderr=stderr))
+    reply = raw(plain, b"GET /a/b?c=1 HTTP/1.1\r\nHost: www.example:8080\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 301"), reply
+    # (to the first HTTPS listener: LBProcess's own --listen 127.0.0.1:0, bare, so HTTPS)
+    assert b"\r\nLocation: https://www.example:%d/a/b?c=1\r\n" % address(lb.address)[1] \
+        in reply
+    assert raw(plain, b"POST /f HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n"
+               ).startswith(b"HTTP/1.1 308")
+    connection = http.client.HTTPSConnection(*address(secure), timeout=5,
+                                             context=_tls_client(str(cert)))
+    connection.request("GET", "/", headers={"Host": "a.example"})
+    assert connection.getresponse().status == 200
+    first = _served_certificate(secure)
+    cert.write_bytes((tmp_path / "two.pem").read_bytes())
+    key.write_bytes((tmp_path / "two-key.pem").read_bytes())
+    lb.process.send_signal(signal.SIGHUP)
+    wait_for(lambda: _served_certificate(secure) != first, message="the new certificate")
+    key.write_text("not a key")  # a broken pair is logged; the last good one stays
+    lb.process.send_signal(signal.SIGHUP)
+    wait_for(lambda: "still serving the certificate loaded before" in log_text(log))
+    assert _served_certificate(secure) != first
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--listen", "https://127.0.0.1:0"], "needs --certfile"),
+    (["--listen", "ftp://127.0.0.1:0"], "the scheme is http:// or https://"),
+    (["--redirect-https"], "needs an HTTPS --listen"),
+    (["--listen", "127.0.0.1:0", "--listen", "127.0.0.1:0", "--processes", "2"],
+     "takes one --listen"),
+])
+def test_listeners_that_cannot_work_stop_the_lb_at_start(argv, said):
+    result = subprocess.run([sys.executable, "-m", "zc_lb.cli", "lb"] + argv,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and said in result.stderr, result.stderr
+
+
 def test_sighup_is_logged_and_ignored_by_the_lb_and_the_worker(procs, tmp_path):
     log = tmp_path / "lb.log"
     with open(log, "w") as stderr:

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from . import restart, settings
 from .accesslog import DEFAULT_FORMAT
@@ -263,7 +263,8 @@ def build_lb(args: argparse.Namespace):
     from .classifier import get_classifier, get_key_function
     from .accesslog import LogFormat
     from .forwarding import Forwarding, parse_headers, parse_networks
-    from .http import AccessLog, FrontServer, default_max_connections, tls_context
+    from .http import (AccessLog, FrontServer, default_max_connections, https_redirect,
+                       tls_context)
     from .lb import LB
     from .connection import parse_address
 
@@ -294,30 +295,74 @@ def build_lb(args: argparse.Namespace):
     elif args.access_log_format != DEFAULT_FORMAT:
         LogFormat(args.access_log_format)  # refuse a bad one all the same
         log.warning("--access-log-format without --access-log: no access log is written")
-    listen = restart.inherited("front")  # from the LB this one replaces (SIGUSR2)
-    if listen is None and args.listen_fd is not None:  # one of --processes N
-        from .processes import inherited_socket
+    forwarding = Forwarding(parse_headers(args.forwarded),
+                            parse_networks([args.trusted_proxies]))
+    max_connections = (default_max_connections() if args.max_connections is None
+                       else args.max_connections or None)
+    listeners = parse_listeners(args)
+    fronts: list = []
 
-        listen = inherited_socket(args.listen_fd)
-    elif listen is None:
-        listen = parse_address(args.listen)
-    front = FrontServer(listen, lb, access_log, tls=tls,
-                        client_timeout=args.client_timeout or None,
-                        header_timeout=args.header_timeout or None,
-                        max_connections=(default_max_connections()
-                                         if args.max_connections is None
-                                         else args.max_connections or None),
-                        counter=lb.count_answer,
-                        forwarding=Forwarding(parse_headers(args.forwarded),
-                                              parse_networks([args.trusted_proxies])))
-    lb.front = front  # its client connections go in the status document
+    def https_port() -> int:  # (where the first HTTPS listener is bound, once it is)
+        return next(front.address[1] for front in fronts if front.tls is not None)
+    for index, (scheme, where) in enumerate(listeners):
+        listen = restart.inherited("front%d" % index)  # from the LB this one replaces
+        if listen is None and args.listen_fd is not None:  # one of --processes N
+            from .processes import inherited_socket
+
+            listen = inherited_socket(args.listen_fd)
+        elif listen is None:
+            listen = parse_address(where)
+        app = lb if scheme == "https" or not args.redirect_https else https_redirect(https_port)
+        fronts.append(FrontServer(
+            listen, app, access_log, tls=tls if scheme == "https" else None,
+            client_timeout=args.client_timeout or None,
+            header_timeout=args.header_timeout or None, max_connections=max_connections,
+            counter=lb.count_answer, forwarding=forwarding))
+    lb.fronts = fronts  # their client connections go in the status document
     status = None
     if args.status:
         status = FrontServer(restart.inherited("status") or parse_address(args.status),
                              lb_status_app(
             lb.status, lb_actions(lb), lambda: lb.requests,
             _read_secret(args.admin_token_file)))
-    return lb, front, status
+    return lb, fronts, status
+
+
+def parse_listeners(args: argparse.Namespace) -> List[Tuple[str, str]]:
+    """(scheme, HOST:PORT) of every ``--listen``: ``https://`` is HTTPS,
+    ``http://`` plain HTTP, and a bare HOST:PORT HTTPS with --certfile."""
+    found = []
+    for text in args.listen or [DEFAULT_LISTEN]:
+        scheme, sep, where = text.partition("://")
+        if not sep:
+            scheme, where = ("https" if args.certfile else "http"), text
+        if scheme not in ("http", "https"):
+            raise ConfigurationError("--listen %s: the scheme is http:// or https://" % text)
+        if scheme == "https" and not args.certfile:
+            raise ConfigurationError("--listen %s needs --certfile" % text)
+        found.append((scheme, where))
+    if args.redirect_https and not any(scheme == "https" for scheme, _ in found):
+        raise ConfigurationError("--redirect-https needs an HTTPS --listen")
+    if len(found) > 1 and getattr(args, "processes", 1) > 1:
+        raise ConfigurationError("--processes takes one --listen address")
+    return found
+
+
+
+def _reload_tls(args: argparse.Namespace, servers: list) -> None:
+    """SIGHUP: load the certificate and key again; a pair that does not
+    load is logged and the one in use stays."""
+    from .http import tls_context
+
+    try:
+        context = tls_context(args.certfile, args.keyfile, args.tls_min_version,
+                              args.tls_ciphers)
+    except ConfigurationError as exc:
+        log.error("SIGHUP: %s; still serving the certificate loaded before", exc)
+        return
+    for server in servers:
+        server.set_tls(context)
+    log.info("SIGHUP: certificate %s loaded again for new connections", args.certfile)
 
 
 def _ready_when_serving(lb, timeout: float = 10.0) -> None:
@@ -372,12 +417,14 @@ def run_lb(args: argparse.Namespace) -> int:
 
     for name in ("SIGHUP", "SIGUSR1", "SIGUSR2"):  # until wait_for_signal says so
         signal.signal(getattr(signal, name), signal.SIG_IGN)
-    lb, front, status = build_lb(args)
+    lb, fronts, status = build_lb(args)
+    front = fronts[0]  # (the address registered in ZooKeeper)
     lb.set_workers(args.worker or [])
     lb.watch_workers()
     if args.health_check:
         lb.start_health_checks(args.health_check, args.health_interval)
-    front.start()
+    for server in fronts:
+        server.start()
     if status is not None:
         status.start()
     membership = None
@@ -389,15 +436,18 @@ def run_lb(args: argparse.Namespace) -> int:
             status.address if status is not None else None,
             base_settings=_lb_settings(args), instance=args.process_index)
         membership.start()
-    print("zc-lb lb listening on %s:%d" % front.address, flush=True)
+    for server in fronts:
+        print("zc-lb lb listening on %s:%d" % server.address, flush=True)
     if status is not None:
         print("zc-lb status on %s:%d" % status.address, flush=True)
     gevent.spawn(_ready_when_serving, lb)
 
     def stop() -> bool:
-        front.drain()  # stop accepting; finish what is in flight
+        for server in fronts:
+            server.drain()  # stop accepting; finish what is in flight
         lb.drain(args.drain_timeout)
-        front.stop(timeout=1)
+        for server in fronts:
+            server.stop(timeout=1)
         if status is not None:
             status.stop(timeout=1)
         if membership is not None:
@@ -423,13 +473,22 @@ def run_lb(args: argparse.Namespace) -> int:
             lb.no_worker_timeout = live["no_worker_timeout"]
 
     def upgrade() -> bool:
-        sockets = {"front": front.server.socket}
+        sockets = {"front%d" % i: server.server.socket for i, server in enumerate(fronts)}
         if status is not None:
             sockets["status"] = status.server.socket
         return hand_over(args, sockets) and stop()
 
     static = frozenset() if args.zookeeper else frozenset({"worker"})
-    wait_for_signal({"SIGTERM": stop, "SIGINT": stop, "SIGHUP": _sighup(args, apply, static),
+    reload = _sighup(args, apply, static)
+
+    def hangup() -> bool:
+        if args.certfile:  # new certificates, for new connections
+            _reload_tls(args, [server for server in fronts if server.tls is not None])
+            if not args.config:
+                return False
+        return reload()  # --config read again (without one: logged and ignored)
+
+    wait_for_signal({"SIGTERM": stop, "SIGINT": stop, "SIGHUP": hangup,
                      "SIGUSR1": reopen, "SIGUSR2": upgrade})
     log.info("lb stopped")
     return 0
@@ -518,7 +577,7 @@ def run_demo(args: argparse.Namespace) -> int:
         lb_args = build_parser().parse_args(
             ["lb", "--listen", args.listen, "--status", args.status, "--access-log", "-",
              "--variance", "2"] + [a for address in addresses for a in ("--worker", address)])
-        lb, front, status = build_lb(lb_args)
+        lb, (front,), status = build_lb(lb_args)
         lb.set_workers(addresses)
         front.start()
         status.start()
@@ -579,6 +638,7 @@ def version() -> str:
 
 # command: (module, extra that installs it, what it does)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+DEFAULT_LISTEN = "127.0.0.1:8080"
 PASS_THROUGH = {
     "replay": ("playback.replay", "playback",
                "replay access logs against a live URL (playback/replay.py)"),
@@ -680,7 +740,13 @@ def _enter_directory(directory: Optional[str]) -> None:
 def _add_lb_parser(sub) -> None:
     p = sub.add_parser("lb", help="run a load balancer")
     _add_config_argument(p, "lb")
-    p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT for HTTP(S)")
+    p.add_argument("--listen", action="append", metavar="[SCHEME://]HOST:PORT",
+                   help="where to serve, repeatable (default %s): http://HOST:PORT or "
+                        "https://HOST:PORT; a bare HOST:PORT is HTTPS with --certfile, "
+                        "else HTTP" % DEFAULT_LISTEN)
+    p.add_argument("--redirect-https", action="store_true",
+                   help="the HTTP listeners answer every request with a redirect to the "
+                        "HTTPS one")
     p.add_argument("--processes", type=_positive_int, default=1, metavar="N",
                    help="run N LB processes accepting on the one --listen address, each "
                         "with its own pool and worker connections (default 1); --status "

@@ -77,7 +77,8 @@ class AccessLog:
             raise ConfigurationError("cannot open the access log %s: %s" % (path, exc))
 
     def start(self) -> None:
-        self._greenlet = gevent.spawn(self._flush_loop)
+        if self._greenlet is None:  # (several listeners share one log)
+            self._greenlet = gevent.spawn(self._flush_loop)
 
     def write(self, line: str) -> None:
         self._lines.append(line)
@@ -115,6 +116,7 @@ class AccessLog:
     def close(self) -> None:
         if self._greenlet is not None:
             self._greenlet.kill()
+            self._greenlet = None
         self.flush()
         if self.stream not in (sys.stdout, sys.stderr):
             self.stream.close()
@@ -826,6 +828,12 @@ class FrontServer:
         if self.access_log is not None:
             self.access_log.start()
 
+    def set_tls(self, context) -> None:
+        """Serve new connections with another SSLContext (new certificates)."""
+        self.tls = context
+        if self.server is not None:
+            self.server.tls = context
+
     def drain(self) -> None:
         """Stop accepting; answer what is in flight with Connection: close."""
         if self.server is not None:
@@ -839,6 +847,32 @@ class FrontServer:
             self.server.stop(timeout=timeout)
         if self.access_log is not None:
             self.access_log.close()
+
+
+def https_redirect(port: Callable[[], int]) -> Callable:
+    """The app of a plain HTTP listener with --redirect-https: every request
+    is sent to the same URL over HTTPS on ``port()`` (301 for GET and
+    HEAD, 308, which keeps the method and body, for the others)."""
+    def app(environ: dict, start_response: Callable) -> List[bytes]:
+        number = port()
+        suffix = "" if number == 443 else ":%d" % number
+        host = environ.get("HTTP_HOST") or environ.get("SERVER_NAME") or "localhost"
+        if host.startswith("["):  # [v6]:port
+            host = host[:host.find("]") + 1]
+        else:
+            host = host.rsplit(":", 1)[0]
+        query = environ.get("QUERY_STRING")
+        location = "https://%s%s%s%s" % (host, suffix, environ.get("RAW_URI") or
+                                         environ.get("PATH_INFO", "/"),
+                                         "" if environ.get("RAW_URI") or not query
+                                         else "?" + query)
+        status = "301 Moved Permanently" if environ.get("REQUEST_METHOD") in (
+            "GET", "HEAD") else "308 Permanent Redirect"
+        body = b"Moved to " + location.encode("latin-1") + b"\n"
+        start_response(status, [("Location", location), ("Content-Type", "text/plain"),
+                                ("Content-Length", str(len(body)))])
+        return [body]
+    return app
 
 
 def _peer(address) -> str:

@@ -334,7 +334,7 @@ class LB(LinkEvents):
         self.latency_sum = 0.0
         self.error_causes: Dict[str, int] = {}  # exception class name -> count
         self.recent_errors: "collections.deque[dict]" = collections.deque(maxlen=RECENT_ERRORS)
-        self.front = None  # the front server, if any: its client connections go in status
+        self.fronts: list = []  # the front servers: their client connections go in status
 
     # -- membership ---------------------------------------------------
 
@@ -828,7 +828,7 @@ class LB(LinkEvents):
         for (address, what), count in list(self.worker_counts.items()):
             if address in links:
                 links[address]["counts"][what] = count  # type: ignore[index]
-        server = getattr(self.front, "server", None)
+
         return {
             "pool": pool_status,
             "workers": links,
@@ -845,7 +845,7 @@ class LB(LinkEvents):
             "health_checks": self.health_checks,
             "buffers": self.spool_limits.status(),
             "ejections": self.ejector.total_ejections,
-            "clients": getattr(server, "connections", 0),
+            "clients": sum(getattr(front.server, "connections", 0) for front in self.fronts),
             "latency": {"buckets": list(LATENCY_BUCKETS), "counts": list(self.latency),
                         "sum": round(self.latency_sum, 6)},
             "error_causes": dict(self.error_causes),

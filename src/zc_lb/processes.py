@@ -106,7 +106,7 @@ class Supervisor:
     """Starts, watches and stops the LB processes; serves their status."""
 
     def __init__(self, count: int, argv: Sequence[str], listen, log_level: str = "INFO",
-                 backlog: int = 1024) -> None:
+                 backlog: int = 1024, scheme: str = "http") -> None:
         if count < 1:
             raise ConfigurationError("--processes must be at least 1, got %d" % count)
         if isinstance(listen, tuple):
@@ -117,8 +117,9 @@ class Supervisor:
         else:  # handed down by the supervisor this one replaces (SIGUSR2)
             self.sock = listen
         self.sock.set_inheritable(True)
-        self.children = [Child(i, child_argv(argv), self.sock.fileno(), log_level)
-                         for i in range(count)]
+        # (each child serves the socket as the one --listen said: HTTP or HTTPS)
+        argv = child_argv(argv) + ["--listen", scheme + "://127.0.0.1:0"]
+        self.children = [Child(i, argv, self.sock.fileno(), log_level) for i in range(count)]
         self.stopping = False
 
     @property
@@ -217,11 +218,13 @@ def run(args, argv: Sequence[str]) -> int:
     from .cli import wait_for_signal
     from .connection import parse_address
     from . import restart
-    from .cli import _read_secret, hand_over, lb_status_app
+    from .cli import _read_secret, hand_over, lb_status_app, parse_listeners
     from .http import FrontServer
 
-    listen = restart.inherited("front") or parse_address(args.listen)
-    supervisor = Supervisor(args.processes, lb_argv(argv), listen, args.log_level)
+    (scheme, where), = parse_listeners(args)
+    listen = restart.inherited("front0") or parse_address(where)
+    supervisor = Supervisor(args.processes, lb_argv(argv), listen, args.log_level,
+                            scheme=scheme)
     supervisor.start()
     status = None
     if args.status:
@@ -247,7 +250,7 @@ def run(args, argv: Sequence[str]) -> int:
         return True
 
     def upgrade() -> bool:
-        sockets = {"front": supervisor.sock}
+        sockets = {"front0": supervisor.sock}
         if status is not None:
             sockets["status"] = status.server.socket  # type: ignore[union-attr]
         return hand_over(args, sockets) and stop()
