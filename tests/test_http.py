@@ -502,13 +502,14 @@ def test_http_and_https_in_one_lb_with_a_redirect_and_certificates_reloaded_on_s
         lb = procs(LBProcess([worker.address], "--listen", "http://" + plain, "--listen",
                              "https://" + secure, "--redirect-https", "--certfile", str(cert),
                              "--keyfile", str(key), env=ENV, stderr=stderr))
-    reply = raw(plain, b"GET /a/b?c=1 HTTP/1.1\r\nHost: www.example:8080\r\n\r\n")
+    reply = raw(plain, b"GET /a/b?c=1 HTTP/1.1\r\nHost: www.example:8080\r\n"
+                       b"Connection: close\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 301"), reply
     # (to the first HTTPS listener: LBProcess's own --listen 127.0.0.1:0, bare, so HTTPS)
     assert b"\r\nLocation: https://www.example:%d/a/b?c=1\r\n" % address(lb.address)[1] \
         in reply
-    assert raw(plain, b"POST /f HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n"
-               ).startswith(b"HTTP/1.1 308")
+    assert raw(plain, b"POST /f HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n"
+               b"Connection: close\r\n\r\n").startswith(b"HTTP/1.1 308")
     connection = http.client.HTTPSConnection(*address(secure), timeout=5,
                                              context=_tls_client(str(cert)))
     connection.request("GET", "/", headers={"Host": "a.example"})
