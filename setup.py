@@ -11,16 +11,19 @@ setup(
     long_description_content_type="text/x-rst",
     license="ZPL-2.1",
     license_files=["LICENSE.txt"],
-    # zc_lb from src/; playback and simulations from the top level, so that
-    # "pip install zc-lb[playback,simulations]" gives zc-lb replay, compare
+    # zc_lb from src/; playback and simulations from the top level, installed
+    # as zc_lb.playback and zc_lb.simulations (not top-level names that could
+    # collide), so that "pip install zc-lb[playback,simulations]" gives zc-lb
+    # replay, compare
     # and simulate outside a checkout.
-    package_dir={"": "src", "playback": "playback", "simulations": "simulations"},
-    packages=find_packages("src") + ["playback", "simulations"],
+    package_dir={"": "src", "zc_lb.playback": "playback",
+                 "zc_lb.simulations": "simulations"},
+    packages=find_packages("src") + ["zc_lb.playback", "zc_lb.simulations"],
     # The sample logs are 4.5 MB: small enough to ship, and the shipped
     # scenarios (nasa, elastic) read them.
     package_data={
-        "playback": ["README.rst", "logs/*.log", "logs/README.rst", "haproxy/*.cfg"],
-        "simulations": ["README.rst", "scenarios/*.json"],
+        "zc_lb.playback": ["README.rst", "logs/*.log", "logs/README.rst", "haproxy/*.cfg"],
+        "zc_lb.simulations": ["README.rst", "scenarios/*.json"],
     },
     python_requires=">=3.11",
     install_requires=["gevent>=23", "kazoo>=2.9", "webob>=1.8", "orjson>=3.9",

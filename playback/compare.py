@@ -60,6 +60,8 @@ import sys
 
 if __name__ == "__main__" and not __package__:  # run as playback/compare.py
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import playback  # noqa: F401  (the package of the relative imports below)
+    __package__ = "playback"
 
 import argparse
 import contextlib
@@ -74,10 +76,14 @@ import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-from playback.cacheapp import ENV_PREFIX, STATS_PATH
-from playback.logparse import DEFAULT_HOST_SUFFIX, FORMATS, read_entries
-from playback.replay import replay
+from .cacheapp import ENV_PREFIX, STATS_PATH
+from .logparse import DEFAULT_HOST_SUFFIX, FORMATS, read_entries
+from .replay import replay
 from zc_lb.testing import ProcessError, free_port, stop_process, wait_for_port
+
+# The cache model's module, as this package is named: zc_lb.playback when
+# installed, playback when run in a checkout.
+CACHEAPP = __package__ + ".cacheapp"
 
 ROOT = Path(__file__).resolve().parents[1]
 HAPROXY = Path(__file__).resolve().parent / "haproxy"  # package data: found when installed too
@@ -190,7 +196,7 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path, name: str = "zc-lb"
                        ZC_LB_CACHEAPP_STATS_LISTEN=stats, ZC_LB_CACHEAPP_CONCURRENCY="0")
             log = run_dir / ("%s-worker%d.log" % (name.replace(":", "-"), i))
             process = stack.enter_context(spawned(
-                zc_lb + ["worker", "playback.cacheapp:app", "--listen", "127.0.0.1:0",
+                zc_lb + ["worker", CACHEAPP + ":app", "--listen", "127.0.0.1:0",
                          "--greenlets",  # the cache app cooperates with gevent
                          "--concurrency", str(args.worker_concurrency),
                          "--history", str(args.history)], log, env, stdout=subprocess.PIPE))
@@ -239,7 +245,7 @@ def haproxy_target(name: str, args: argparse.Namespace, run_dir: Path) -> Iterat
         for i in range(1, args.workers + 1):
             address = "127.0.0.1:%d" % free_port()
             process = stack.enter_context(spawned(
-                [sys.executable, "-m", "playback.cacheapp", "--listen", address,
+                [sys.executable, "-m", CACHEAPP, "--listen", address,
                  "--worker-id", "%s%d" % (name[0], i)] + app_argv(args),
                 run_dir / ("%s-app%d.log" % (name, i))))
             wait_for_port(address, process, START_TIMEOUT)
@@ -576,7 +582,7 @@ def floor_loads(warmup: list, measured: list, args: argparse.Namespace) -> float
     the same objects touched, nothing loaded twice.  With caches of a
     useful size no balancer does better; with tiny ones LRU's quirks can
     let one."""
-    from playback.cacheapp import CacheModel, objects_for, request_class
+    from .cacheapp import CacheModel, objects_for, request_class
 
     model = CacheModel(args.workers * args.cache_size)
     for n, entry in enumerate(warmup + measured):

@@ -39,7 +39,11 @@ import geventhttpclient.connectionpool  # noqa: E402
 from locust import FastHttpUser, constant, events, task  # noqa: E402
 from locust.exception import StopUser  # noqa: E402
 
-from playback.logparse import DEFAULT_HOST_SUFFIX, FORMATS, Entry, LogReader  # noqa: E402
+try:  # installed (pip install zc-lb[playback])
+    from zc_lb.playback.logparse import (DEFAULT_HOST_SUFFIX, FORMATS, Entry,  # noqa: E402
+                                         LogReader)
+except ImportError:  # a checkout: the path above
+    from playback.logparse import DEFAULT_HOST_SUFFIX, FORMATS, Entry, LogReader  # noqa: E402
 
 log = logging.getLogger("playback.locustfile")
 

@@ -6,8 +6,8 @@ Usage (from the repository root)::
 
 Library use (what compare.py calls)::
 
-    from playback.logparse import read_entries
-    from playback.replay import replay
+    from zc_lb.playback.logparse import read_entries   # playback.logparse in a checkout
+    from zc_lb.playback.replay import replay
     entries, parse_stats = read_entries(["access.log"], segment=1)
     report = replay(entries, "http://127.0.0.1:8080", concurrency=16,
                     max_requests=2000, parse_stats=parse_stats,
@@ -38,6 +38,8 @@ import sys
 
 if __name__ == "__main__" and not __package__:  # run as playback/replay.py
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import playback  # noqa: F401  (the package of the relative imports below)
+    __package__ = "playback"
 
 import argparse
 import time
@@ -47,11 +49,11 @@ import gevent
 import gevent.queue
 import gevent.ssl
 
-from playback import cacheapp
-from playback.httpclient import Connection, HTTPError, get_json, parse_url
-from playback.logparse import DEFAULT_HOST_SUFFIX, FORMATS, Entry, LogReader, ParseStats
-from playback.pacing import Pacer
-from playback.report import Recorder, format_text, to_json
+from . import cacheapp
+from .httpclient import Connection, HTTPError, get_json, parse_url
+from .logparse import DEFAULT_HOST_SUFFIX, FORMATS, Entry, LogReader, ParseStats
+from .pacing import Pacer
+from .report import Recorder, format_text, to_json
 
 _STOP = object()
 

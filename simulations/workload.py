@@ -39,6 +39,7 @@ policy sees the same sequence of requests.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import math
 import os
@@ -67,7 +68,11 @@ def read_log(path: str) -> Tuple[List[Tuple[int, int]], int, int]:
     """A log's requests as (site, page) pairs; how many sites and pages.
     A relative path not found here is taken from the repository's root
     (scenario files name ``playback/logs/...``)."""
-    from playback.logparse import read_entries  # only log workloads need it
+    # only log workloads need it: playback, beside this package (zc_lb.playback
+    # installed, playback in a checkout)
+    parent = (__package__ or "").rpartition(".")[0]
+    read_entries = importlib.import_module(
+        (parent + "." if parent else "") + "playback.logparse").read_entries
 
     if not os.path.exists(path) and os.path.exists(os.path.join(ROOT, path)):
         path = os.path.join(ROOT, path)

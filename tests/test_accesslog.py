@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from playback.logparse import FORMATS, LogReader, parse_pairs, read_entries
+from zc_lb.playback.logparse import FORMATS, LogReader, parse_pairs, read_entries
 from zc_lb.accesslog import COMBINED, LogFormat, quote
 from zc_lb.errors import ConfigurationError
 from zc_lb.testing import LBProcess, WorkerProcess, http_get, wait_for
@@ -105,7 +105,7 @@ def _get(address, host, path="/"):
 def test_a_replay_of_an_lb_log_keeps_every_requests_class(tmp_path):
     import gevent
 
-    from playback.replay import replay
+    from zc_lb.playback.replay import replay
 
     first, second = tmp_path / "first.log", tmp_path / "second.log"
     workers = _workers(2)

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from playback import compare  # noqa: E402
+from zc_lb.playback import compare  # noqa: E402
 
 HAVE_HAPROXY = shutil.which("haproxy", path="/usr/sbin:/usr/bin")
 NUMBER = r"(\d+(?:\.\d+)?)"

@@ -218,8 +218,11 @@ def test_wheel_installed_outside_the_checkout_has_the_tools_and_the_licence(tmp_
     assert b"Provides-Extra: playback" in meta and b"Provides-Extra: simulations" in meta
     for name in ["playback/logs/nasa_aug95_first20k.log", "playback/haproxy/haproxy-hash.cfg",
                  "simulations/scenarios/steady.json", "playback/replay.py",
-                 "simulations/cli.py", "zc_lb/cli.py"]:
-        assert name in names
+                 "simulations/cli.py"]:
+        assert "zc_lb/" + name in names  # under the project's name
+    assert "zc_lb/cli.py" in names
+    # The tools are not top-level packages, whose generic names could collide.
+    assert {name.split("/")[0] for name in names} == {"zc_lb", dist_info}
 
     # A fresh venv with the wheel alone; its dependencies (gevent, kazoo,
     # webob, matplotlib) come from this interpreter's site-packages through
@@ -253,7 +256,9 @@ def test_wheel_installed_outside_the_checkout_has_the_tools_and_the_licence(tmp_
     doc = json.loads(run("--log-level", "WARNING", "simulate", "nasa", "--scale", "0.005",
                          "--no-plots", "--json", "--policies", "affinity"))
     assert doc["runs"][0]["summary"]["requests"] > 0
-    where = subprocess.run([python, "-c", "import zc_lb, playback, simulations; "
-                            "print(zc_lb.__file__, playback.__file__, simulations.__file__)"],
+    where = subprocess.run([python, "-c", "import zc_lb.playback, zc_lb.simulations as s; "
+                            "print(zc_lb.__file__, zc_lb.playback.__file__, s.__file__)"],
                            cwd=outside, env=env, capture_output=True, text=True).stdout
-    assert all(path.startswith(purelib) for path in where.split()), where
+    assert len(where.split()) == 3 and all(path.startswith(purelib) for path in where.split())
+    assert subprocess.run([python, "-c", "import playback"], cwd=outside, env=env,
+                          capture_output=True).returncode == 1  # no top-level name taken

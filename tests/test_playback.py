@@ -19,13 +19,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from playback import cacheapp  # noqa: E402
-from playback.httpclient import Connection, HTTPError  # noqa: E402
-from playback.logparse import (  # noqa: E402
+from zc_lb.playback import cacheapp  # noqa: E402
+from zc_lb.playback.httpclient import Connection, HTTPError  # noqa: E402
+from zc_lb.playback.logparse import (  # noqa: E402
     Entry, LogReader, encode_target, host_from_segment, parse_clf_time, read_entries)
-from playback.pacing import Pacer  # noqa: E402
-from playback.replay import cache_overlap, main, replay, reset_caches  # noqa: E402
-from playback.report import format_text  # noqa: E402
+from zc_lb.playback.pacing import Pacer  # noqa: E402
+from zc_lb.playback.replay import cache_overlap, main, replay, reset_caches  # noqa: E402
+from zc_lb.playback.report import format_text  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 COMMON = str(DATA / "playback_common.log")

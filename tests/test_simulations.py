@@ -13,11 +13,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from simulations import cli, config as config_module  # noqa: E402
-from simulations.cache import Holders, LRUCache  # noqa: E402
-from simulations.config import POLICIES, Config  # noqa: E402
-from simulations.engine import simulate  # noqa: E402
-from simulations.policies import BoundedHash  # noqa: E402
+from zc_lb.simulations import cli, config as config_module  # noqa: E402
+from zc_lb.simulations.cache import Holders, LRUCache  # noqa: E402
+from zc_lb.simulations.config import POLICIES, Config  # noqa: E402
+from zc_lb.simulations.engine import simulate  # noqa: E402
+from zc_lb.simulations.policies import BoundedHash  # noqa: E402
 
 # small enough to run in well under a second per policy
 SMALL = dict(requests=3000, workers=4, sites=12, objects_per_site=200,
@@ -215,7 +215,7 @@ def test_the_log_workload_takes_classes_and_keys_from_the_log(tmp_path):
     config = small(log=str(log), requests=200)
     run = simulate(config, "affinity")
     assert run["summary"]["requests"] > 0
-    from simulations.workload import Workload
+    from zc_lb.simulations.workload import Workload
     workload = Workload(config, random.Random(1))
     assert len(workload.labels) == 2 and workload.pages == 10
     site, label, objects, key = workload.next()
@@ -224,7 +224,7 @@ def test_the_log_workload_takes_classes_and_keys_from_the_log(tmp_path):
 
 
 def test_with_fixed_draws_a_page_touches_the_same_shared_objects_each_time():
-    from simulations.workload import Workload
+    from zc_lb.simulations.workload import Workload
     draws = {}
     for fixed in (False, True):
         config = small(fixed_draws=fixed, sites=1, pages_per_site=2, objects_per_site=50,
@@ -284,7 +284,7 @@ def test_a_new_worker_gets_more_under_affinity_slow_start():
 def test_reset_skills_forgets_on_the_lbs_and_the_workers():
     config = small(actions=[{"at": 1500, "do": "change_classifier", "mode": "permute",
                              "reset_skills": True}], lbs=2)
-    from simulations.engine import Simulation
+    from zc_lb.simulations.engine import Simulation
     simulation = Simulation(config, "affinity")
     simulation.run()
     assert all(lb.resets == 1 for lb in simulation.lbs)
@@ -309,7 +309,7 @@ def test_a_pool_setting_out_of_bounds_is_a_clear_error():
 
 def served(config, policy):
     """A run's summary and the busiest worker's share of the requests."""
-    from simulations.engine import Simulation
+    from zc_lb.simulations.engine import Simulation
     simulation = Simulation(config, policy)
     summary = simulation.run()["summary"]
     counts = [worker.served for worker in simulation.workers]

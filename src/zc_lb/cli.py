@@ -640,11 +640,11 @@ def version() -> str:
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 DEFAULT_LISTEN = "127.0.0.1:8080"
 PASS_THROUGH = {
-    "replay": ("playback.replay", "playback",
+    "replay": ("zc_lb.playback.replay", "playback",
                "replay access logs against a live URL (playback/replay.py)"),
-    "compare": ("playback.compare", "playback",
+    "compare": ("zc_lb.playback.compare", "playback",
                 "compare zc-lb with HAProxy on the same log (playback/compare.py)"),
-    "simulate": ("simulations.cli", "simulations",
+    "simulate": ("zc_lb.simulations.cli", "simulations",
                  "simulate routing policies on virtual time (simulations)"),
 }
 
@@ -658,7 +658,7 @@ def run_pass_through(args: argparse.Namespace) -> int:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigurationError("zc-lb %s needs %s (%s): pip install 'zc-lb[%s]'" % (
-            args.command, module_name.split(".")[0], exc, extra))
+            args.command, module_name, exc, extra))
     return module.main(args.pass_through) or 0
 
 
