@@ -193,6 +193,15 @@ def busiest_worker(lb, workers):
     return next(w for w in workers if w.address == address), doc[address].get("backlog", 0)
 
 
+def one_class_in_flight(lb, pool, path):
+    """12 GETs and 4 POSTs of one class sent from ``pool``, once all 16
+    are in flight: (the GETs' futures, the POSTs')."""
+    gets = [pool.submit(request, lb, path, "one.example") for _ in range(12)]
+    posts = [pool.submit(request, lb, path, "one.example", "POST", b"x") for _ in range(4)]
+    wait_for(lambda: status(lb)["in_flight"] == 16, message="16 requests in flight")
+    return gets, posts
+
+
 def test_sigkill_with_requests_in_flight_retries_gets_and_fails_posts(cluster):
     lb, workers = cluster(3, lb_args=("--variance", "4"))
     with concurrent.futures.ThreadPoolExecutor(24) as pool:
@@ -222,10 +231,7 @@ def test_gets_lost_with_the_busiest_worker_are_all_retried_with_the_default_budg
     # the 12 GET retries while the other workers sat idle.
     lb, workers = cluster(3, lb_args=("--policy", "published", "--variance", "4"))
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        gets = [pool.submit(request, lb, "/slow?2", "one.example") for _ in range(12)]
-        posts = [pool.submit(request, lb, "/slow?2", "one.example", "POST", b"x")
-                 for _ in range(4)]
-        wait_for(lambda: status(lb)["in_flight"] == 16, message="16 requests in flight")
+        gets, posts = one_class_in_flight(lb, pool, "/slow?1.5")
         victim, backlog = busiest_worker(lb, workers)
         assert backlog >= 6
         if how == "kill":
@@ -685,10 +691,7 @@ def test_a_blocking_application_in_the_default_mode_loses_no_get(cluster):
     # The issue's run: with the old greenlet default only 2 of 12 GETs got 200.
     lb, workers = cluster(3)
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        gets = [pool.submit(request, lb, "/block?1.5", "one.example") for _ in range(12)]
-        posts = [pool.submit(request, lb, "/block?1.5", "one.example", "POST", b"x")
-                 for _ in range(4)]
-        wait_for(lambda: status(lb)["in_flight"] == 16, message="16 requests in flight")
+        gets, posts = one_class_in_flight(lb, pool, "/block?1.5")
         victim, backlog = busiest_worker(lb, workers)
         assert backlog > 0
         victim.kill()

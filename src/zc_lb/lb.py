@@ -385,22 +385,23 @@ class LB(LinkEvents):
     def wait_for_workers(self, timeout: float) -> bool:
         """Wait until every known worker is connected and in the pool, at
         most ``timeout`` seconds; whether they all are."""
-        deadline = time.monotonic() + timeout
-        while not all(link.connection is not None and link.connection in self.pool
-                      for link in self.links.values()):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            self._workers_changed.clear()
-            self._workers_changed.wait(min(remaining, 0.1))
-        return True
+        return self._wait_until(self._all_in_pool, timeout)
 
     def wait_until_serving(self, timeout: float) -> bool:
         """Wait until the pool has a worker and every known worker is in
         it (ZooKeeper may name them later than the start), at most
         ``timeout`` seconds; whether it got there."""
+        return self._wait_until(lambda: bool(len(self.pool)) and self._all_in_pool(), timeout)
+
+    def _all_in_pool(self) -> bool:
+        return all(link.connection is not None and link.connection in self.pool
+                   for link in self.links.values())
+
+    def _wait_until(self, condition: Callable[[], bool], timeout: float) -> bool:
+        """Wait, as workers come and go, until ``condition()``, at most
+        ``timeout`` seconds; whether it came true."""
         deadline = time.monotonic() + timeout
-        while not len(self.pool) or not self.wait_for_workers(0):
+        while not condition():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
