@@ -560,6 +560,25 @@ def test_under_light_load_with_small_classes_a_starter_still_gets_traffic():
     assert len(pool.workers["new"].resume) >= 2  # it joined small classes
 
 
+def test_a_starter_that_joins_one_member_classes_is_not_taken_for_an_adopted_worker():
+    # Half the keys of a one-member class make a starter's floor 1.0, the
+    # value that marked a worker that followed moved keys: the starter was
+    # then left out of the class's members, and got nothing (as live: 0
+    # requests in 40 s, 10 sites at 20 requests a second).
+    pool = pool_of(3)
+    rng = random.Random(1)
+
+    def one():
+        handle = pool.get("h%d" % rng.randrange(10), "/p%d" % rng.randrange(20))
+        pool.put(handle)
+        return handle
+    for _ in range(300):
+        one()
+    pool.add("new")
+    got = Counter(one() for _ in range(800))
+    assert got["new"] > 40, got
+
+
 def test_a_starter_is_not_spilled_to():
     # Requests of a class whose workers are all over the cap spill to the
     # least recently chosen worker: not a starter, which would pay a load

@@ -175,7 +175,7 @@ from .classstats import PRIOR, ClassStats, Footprint, mix, rendezvous_draw, stab
 from .errors import ConfigurationError
 from .locality import Locality
 from .pool import ClasslessPool, Pool, PoolWorker
-from .relearn import ADOPTED, AWAY, BookEntry, Relearning
+from .relearn import AWAY, BookEntry, Relearning, adopted
 from .settings import LB_SETTINGS
 from .slowstart import SlowStart, Starter
 
@@ -622,14 +622,14 @@ class AffinityPool(SlowStart, Relearning):
             stats.floors = None
         # Workers that followed moved keys count among the ``width``;
         # starters come on top, as they take their share.
-        width += sum(1 for ratio in floors.values() if ratio != ADOPTED)
+        width += sum(1 for ratio in floors.values() if not adopted(ratio))
         if len(members) <= width:
             return members
         senders = stats.senders
         if stats.following and senders:
             # Starters first, then the workers most moved keys came from.
             return dict(nlargest(width, members.items(), key=lambda item: (
-                floors.get(item[0], ADOPTED) != ADOPTED, senders.get(item[0], 0.0),
+                not adopted(floors.get(item[0])), senders.get(item[0], 0.0),
                 item[1], item[0].salt)))
         return dict(nlargest(width, members.items(), key=_by_score))
 

@@ -49,7 +49,7 @@ from typing import Dict, Hashable, List
 
 from .classstats import PRIOR, ClassStats, PoolPart, rendezvous_weight
 from .pool import PoolWorker
-from .relearn import ADOPTED
+from .relearn import adopted
 
 STARTED = 0.9  # a starter is behind while under 90% of its ramp's share
 BIG_CLASS = 1.0  # a starter joins classes worth a whole worker or more
@@ -180,7 +180,7 @@ class SlowStart(PoolPart):
             floors = stats.floors
             joined = starter.joined.get(stats)
             if (counts[0] == OFFERED and floors and joined is not None
-                    and floors.get(worker, ADOPTED) != ADOPTED):
+                    and not adopted(floors.get(worker))):
                 expected = joined * self.total / stats.count
                 got = max(counts[1], 1) / counts[0]
                 if got < expected:
@@ -193,7 +193,7 @@ class SlowStart(PoolPart):
         del self.starting[worker]
         for stats in starter.joined:
             floors = stats.floors
-            if floors and floors.get(worker, ADOPTED) != ADOPTED:
+            if floors and not adopted(floors.get(worker)):
                 starter.most[stats] = floors[worker]
         if starter.most:
             self.fading[worker] = starter
@@ -222,7 +222,7 @@ class SlowStart(PoolPart):
             factor = fade if off > 0 else 1.0 / fade
             for stats, most in starter.most.items():
                 floors = stats.floors
-                if floors and floors.get(worker, ADOPTED) != ADOPTED:
+                if floors and not adopted(floors.get(worker)):
                     floors[worker] = min(floors[worker] * factor, most)
 
     def _ramp(self, worker: PoolWorker) -> float:
