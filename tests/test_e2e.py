@@ -9,6 +9,7 @@ import concurrent.futures
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import ssl
@@ -882,3 +883,40 @@ def test_a_classifier_that_blocks_the_lb_for_6s_costs_no_worker_connection(clust
     assert doc["classifier"]["threaded"] and doc["classifier"]["slow_calls"] == 1
     assert all(info["connected"] and info["in_pool"] for info in doc["workers"].values())
     assert doc["worker_failures"] == 0 and set(doc["workers"]) == set(before)
+
+
+def test_a_worker_added_under_light_load_gets_requests(tmp_path):
+    # A fourth worker joining under light load (one request at a time,
+    # every backlog 0 or 1) got 0 requests in 60 s: a starter's floor was
+    # taken for an adopted worker's and left it out of every class.
+    workers = start_workers(4)
+    config = tmp_path / "lb.toml"
+
+    def configure(n):
+        config.write_text("[lb]\nworker = [%s]\n" % ", ".join(
+            '"%s"' % w.address for w in workers[:n]))
+    configure(3)
+    status_address = "127.0.0.1:%d" % free_port()
+    lb = LBProcess([], "--config", str(config), "--status", status_address,
+                   "--slow-start", "300", env=ENV).start()
+    lb.status_address = status_address
+    try:
+        wait_for(lambda: connected(lb) == 3)
+        rng = random.Random(1)
+
+        def light(n):
+            for _ in range(n):
+                assert request(lb, "/p%d" % rng.randrange(20),
+                               "h%d.example" % rng.randrange(10))[0] == 200
+        light(300)
+        configure(4)
+        lb.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: connected(lb) == 4, message="the fourth worker in the pool")
+        light(600)
+        counts = {address: info["counts"].get("requests", 0)
+                  for address, info in status(lb)["workers"].items()}
+        assert counts[workers[3].address] > 30, counts
+    finally:
+        lb.kill()
+        for worker in workers:
+            worker.kill()
