@@ -446,8 +446,10 @@ def run_lb(args: argparse.Namespace) -> int:
         for server in fronts:
             server.drain()  # stop accepting; finish what is in flight
         lb.drain(args.drain_timeout)
-        for server in fronts:
-            server.stop(timeout=1)
+        for server in fronts:  # (they share the access log: closed once all are done)
+            server.stop(timeout=1, close_log=False)
+        if front.access_log is not None:
+            front.access_log.close()
         if status is not None:
             status.stop(timeout=1)
         if membership is not None:

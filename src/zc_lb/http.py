@@ -61,6 +61,7 @@ class AccessLog:
         self.path = path
         self._lines: List[str] = []
         self._greenlet: Optional[gevent.Greenlet] = None
+        self.closed = False
 
     @classmethod
     def open(cls, path: str, fmt: Optional[LogFormat] = None) -> "AccessLog":
@@ -114,6 +115,11 @@ class AccessLog:
         log.info("access log %s reopened", self.path)
 
     def close(self) -> None:
+        """Write what is held and close the file; once (several listeners
+        may share the log, each closing it as it stops)."""
+        if self.closed:
+            return
+        self.closed = True
         if self._greenlet is not None:
             self._greenlet.kill()
             self._greenlet = None
@@ -840,12 +846,13 @@ class FrontServer:
             self.server.draining = True
             self.server.close()
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop accepting, wait up to ``timeout`` for requests in flight."""
+    def stop(self, timeout: float = 30.0, close_log: bool = True) -> None:
+        """Stop accepting, wait up to ``timeout`` for requests in flight,
+        and (unless another listener still writes it) close the access log."""
         if self.server is not None:
             self.server.close()
             self.server.stop(timeout=timeout)
-        if self.access_log is not None:
+        if self.access_log is not None and close_log:
             self.access_log.close()
 
 
