@@ -77,7 +77,7 @@ HAVE_TOOLS = shutil.which("wrk") and shutil.which("haproxy", path="/usr/sbin:/us
 @pytest.mark.skipif(not HAVE_TOOLS, reason="needs wrk and haproxy (apt-get install wrk haproxy)")
 def test_bench_tiny_run_prints_table():
     done = subprocess.run(
-        [sys.executable, "-m", "zc_lb.bench", "--seconds", "1", "--warmup", "1",
+        [sys.executable, "-m", "zc_lb.bench", "--seconds", "1", "--warmup", "0",
          "--connections", "4", "--targets", "zc-lb,haproxy,direct,floor"],
         capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

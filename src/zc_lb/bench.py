@@ -347,7 +347,8 @@ def measure(name: str, args: argparse.Namespace) -> Dict[str, object]:
     connections = CPU_CONNECTIONS if name in REALISTIC else args.connections
     with TARGET_FACTORIES[name](args) as (url, lb_pids, worker_pids):
         check_response(url)
-        run_wrk(args.wrk, url, args.warmup, connections)
+        if args.warmup:
+            run_wrk(args.wrk, url, args.warmup, connections)
         before = cpu_seconds(lb_pids), cpu_seconds(worker_pids)
         result: Dict[str, object] = dict(parse_wrk(
             run_wrk(args.wrk, url, args.seconds, connections)))
@@ -563,7 +564,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m zc_lb.bench",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=int, default=5, help="measured seconds per target")
-    parser.add_argument("--warmup", type=int, default=1, help="warm-up seconds per target")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="warm-up seconds per target (0: none)")
     parser.add_argument("--connections", type=int, default=50, help="wrk connections")
     parser.add_argument("--policy", choices=("affinity", "published", "classless"),
                         default="affinity")
@@ -662,8 +664,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     unknown = set(args.targets) - set(TARGETS)
     if unknown:
         build_parser().error("unknown targets: %s" % ",".join(sorted(unknown)))
-    if min(args.seconds, args.warmup, args.connections) < 1:
-        build_parser().error("--seconds, --warmup and --connections must be at least 1")
+    if min(args.seconds, args.connections) < 1 or args.warmup < 0:
+        build_parser().error("--seconds and --connections must be at least 1, --warmup 0")
     try:
         return run_bench(args)
     except ProcessError as exc:
