@@ -868,3 +868,41 @@ def test_bad_forwarding_options_stop_the_lb_at_start(argv):
                             + argv, capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
     assert result.stderr.count("\n") <= 2 and argv[0] in result.stderr
+
+
+def test_the_proxy_protocol_names_the_client_behind_a_tcp_proxy(procs, tmp_path):
+    # An LB behind a TCP load balancer saw only that balancer's address.
+    import struct
+
+    lb, _ = lb_with_worker_raw(procs, "--proxy-protocol")
+    request_bytes = b"GET /headers HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
+
+    def seen(header):
+        reply = raw(lb.address, header + request_bytes)
+        assert reply.startswith(b"HTTP/1.1 200"), reply
+        return json.loads(reply.split(b"\r\n\r\n", 1)[1])
+    v1 = seen(b"PROXY TCP4 203.0.113.7 198.51.100.1 56324 80\r\n")
+    assert (v1["REMOTE_ADDR"], v1["HTTP_X_FORWARDED_FOR"]) == ("203.0.113.7", "203.0.113.7")
+    body = (socket.inet_aton("192.0.2.9") + socket.inet_aton("198.51.100.1")
+            + struct.pack("!HH", 1234, 80))
+    v2 = seen(b"\r\n\r\n\x00\r\nQUIT\n\x21\x11" + struct.pack("!H", len(body)) + body)
+    assert v2["REMOTE_ADDR"] == "192.0.2.9"
+    assert seen(b"PROXY UNKNOWN\r\n")["REMOTE_ADDR"] == "127.0.0.1"
+    # No header, or a bad one: closed without an answer (its address would be a claim).
+    assert raw(lb.address, request_bytes) == b""
+    assert raw(lb.address, b"PROXY TCP4 nonsense\r\n" + request_bytes) == b""
+
+
+def test_the_proxy_protocol_is_taken_from_trusted_proxies_only(procs):
+    lb, _ = lb_with_worker_raw(procs, "--proxy-protocol", "--trusted-proxies", "10.0.0.0/8")
+    reply = raw(lb.address, b"PROXY TCP4 203.0.113.7 198.51.100.1 1 80\r\n"
+                b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+    assert reply == b""  # 127.0.0.1 is not 10.0.0.0/8
+
+
+def lb_with_worker_raw(procs, *lb_args):
+    """An LB in front of one apps:app worker, started without a plain GET
+    (which the PROXY protocol would refuse)."""
+    worker = procs(WorkerProcess("apps:app", env=ENV))
+    lb = procs(LBProcess([worker.address], *lb_args, env=ENV))
+    return lb, worker

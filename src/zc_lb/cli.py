@@ -317,7 +317,8 @@ def build_lb(args: argparse.Namespace):
             listen, app, access_log, tls=tls if scheme == "https" else None,
             client_timeout=args.client_timeout or None,
             header_timeout=args.header_timeout or None, max_connections=max_connections,
-            counter=lb.count_answer, forwarding=forwarding))
+            counter=lb.count_answer, forwarding=forwarding,
+            proxy_protocol=args.proxy_protocol))
     lb.fronts = fronts  # their client connections go in the status document
     status = None
     if args.status:

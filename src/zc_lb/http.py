@@ -38,6 +38,7 @@ import gevent.server
 from .accesslog import LogFormat
 from .connection import send_all
 from .errors import ClientError, ClientGone, ConfigurationError, HeadTimeout, ZcLbError
+from . import proxyproto
 from .forwarding import Forwarding
 from .h1 import (BODILESS_STATUS, REASONS, Request, RequestReader, check_response, date_line,
                  request_variables, response_head)
@@ -133,6 +134,7 @@ MAX_DEFAULT_CONNECTIONS = 50000  # --max-connections by default, at most
 TURN_AWAY_LINGER = 0.5  # seconds to read a refused client's request
 MAX_TURNING_AWAY = 50  # past this, refused clients are closed unanswered
 EVICT_AFTER = 0.5  # seconds a connection waits for a head before it may make room
+ACCEPT_HEADER_WAIT = 10.0  # seconds for a PROXY header when no timeout is set
 OUT_OF_FILES = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))
 ACCEPT_PAUSE = 0.1  # seconds without accepting when out of descriptors
 OUT_OF_FILES_LOG_EVERY = 10.0
@@ -652,6 +654,7 @@ class _Server(gevent.server.StreamServer):
     draining = False
     counter: Optional[Callable[[int, str, str, Optional[dict]], None]] = None
     forwarding: Optional[Forwarding] = None
+    proxy_protocol = False
     connections = 0
     turning_away = 0
     _out_of_files_logged = 0.0
@@ -717,6 +720,10 @@ class _Server(gevent.server.StreamServer):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+            if self.proxy_protocol:
+                address = self._proxied(sock, address)
+                if address is None:
+                    return
             client = sock if self.tls is None else self._handshake(sock, address)
             if client is not None:
                 ClientConnection(self, client, address).run()
@@ -724,6 +731,31 @@ class _Server(gevent.server.StreamServer):
         finally:
             self.connections -= 1
             sock.close()
+
+    def _proxied(self, sock, address):
+        """The client's address from the PROXY protocol header the
+        connection must begin with (read to its last byte, and no further:
+        a TLS handshake may follow), or the connection's own for UNKNOWN
+        and LOCAL; None, the connection closed and logged, if the header
+        is missing or bad, or the peer is not a trusted proxy."""
+        forwarding = self.forwarding
+        if forwarding is not None and forwarding.trusted and not forwarding.trusts(address[0]):
+            log.info("PROXY protocol from %s, not a trusted proxy: closed", _peer(address))
+            return None
+        try:
+            sock.settimeout(self.header_timeout or self.client_timeout or ACCEPT_HEADER_WAIT)
+            data = b""
+            length = None
+            while length is None:  # v1 a byte at a time, to its CRLF; v2 its fixed part
+                v2 = data[:1] == proxyproto.V2_SIGNATURE[:1]
+                data += _read_exactly(sock, proxyproto.V2_FIXED - len(data) if v2 else 1)
+                length = proxyproto.header_length(data)
+            data += _read_exactly(sock, length - len(data))
+            client = proxyproto.parse(data)
+        except (ClientError, OSError) as exc:
+            log.info("PROXY protocol from %s: %s; closed", _peer(address), exc)
+            return None
+        return address if client is None else client
 
     def _make_room(self) -> bool:
         """Out of connections: end the one that has waited longest for a
@@ -801,8 +833,10 @@ class FrontServer:
                  header_timeout: Optional[float] = LB_SETTINGS["header_timeout"].default,
                  max_connections: Optional[int] = None,
                  counter: Optional[Callable[[int, str, str, Optional[dict]], None]] = None,
-                 forwarding: Optional[Forwarding] = None) -> None:
+                 forwarding: Optional[Forwarding] = None,
+                 proxy_protocol: bool = False) -> None:
         self.listen = listen
+        self.proxy_protocol = proxy_protocol
         self.counter = counter
         self.forwarding = forwarding or None  # (one that sets nothing is none)
         self.client_timeout = client_timeout
@@ -828,6 +862,7 @@ class FrontServer:
         server.tls = self.tls
         server.counter = self.counter
         server.forwarding = self.forwarding
+        server.proxy_protocol = self.proxy_protocol
         if self.max_connections is not None:
             server.max_connections = fit_open_files(self.max_connections)
         server.start()
@@ -880,6 +915,17 @@ def https_redirect(port: Callable[[], int]) -> Callable:
                                 ("Content-Length", str(len(body)))])
         return [body]
     return app
+
+
+def _read_exactly(sock, size: int) -> bytes:
+    """``size`` bytes from ``sock`` (OSError if it ends first)."""
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionResetError("the connection ended")
+        data += chunk
+    return data
 
 
 def _peer(address) -> str:

@@ -237,6 +237,9 @@ LB_SETTINGS = _table([
             "X-Forwarded-Proto and -Host (overwritten), X-Request-ID (when absent); "
             "a comma list, or none",
             metavar="LIST"),
+    Setting("proxy_protocol", bool, False,
+            "every client connection begins with a PROXY protocol header (v1 or v2) "
+            "naming the client: from --trusted-proxies only, if given"),
     Setting("trusted_proxies", str, "",
             "addresses or CIDR networks of proxies in front of the LB, whose "
             "X-Forwarded-Proto and -Host are kept (comma list)",
