@@ -12,7 +12,7 @@ import pytest
 from zc_lb.playback.logparse import FORMATS, LogReader, parse_pairs, read_entries
 from zc_lb.accesslog import COMBINED, LogFormat, quote
 from zc_lb.errors import ConfigurationError
-from zc_lb.testing import LBProcess, WorkerProcess, http_get, wait_for
+from zc_lb.testing import LBProcess, WorkerProcess, http_get, start_all, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -95,7 +95,7 @@ def test_logparse_reads_the_default_format_with_its_class():
 
 
 def _workers(n):
-    return [WorkerProcess("apps:app", env=ENV).start() for _ in range(n)]
+    return start_all([WorkerProcess("apps:app", env=ENV) for _ in range(n)])
 
 
 def _get(address, host, path="/"):

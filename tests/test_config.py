@@ -16,7 +16,7 @@ import pytest
 from zc_lb import config
 from zc_lb.cli import build_parser, read_config
 from zc_lb.errors import ConfigurationError
-from zc_lb.testing import Process, WorkerProcess, free_port, wait_for
+from zc_lb.testing import Process, WorkerProcess, free_port, start_all, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -114,7 +114,7 @@ def status(address):
 
 
 def test_sighup_under_load_applies_the_file_and_loses_no_request(tmp_path):
-    workers = [WorkerProcess("apps:app", env=ENV).start() for _ in range(2)]
+    workers = start_all([WorkerProcess("apps:app", env=ENV) for _ in range(2)])
     status_address = "127.0.0.1:%d" % free_port()
     path = tmp_path / "lb.toml"
     stderr = open(tmp_path / "lb.stderr", "w")

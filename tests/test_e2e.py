@@ -22,7 +22,7 @@ import urllib.request
 
 import pytest
 
-from zc_lb.testing import LBProcess, WorkerProcess, free_port, wait_for
+from zc_lb.testing import LBProcess, WorkerProcess, free_port, start_all, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 APP = "apps:app"
@@ -30,10 +30,8 @@ ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
 def start_workers(n, *args, env=None):
-    workers = []
-    for _ in range(n):
-        workers.append(WorkerProcess(APP, *args, env=dict(ENV, **(env or {}))).start())
-    return workers
+    return start_all([WorkerProcess(APP, *args, env=dict(ENV, **(env or {})))
+                      for _ in range(n)])
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 
 from zc_lb.processes import child_argv, lb_argv
 from zc_lb.status import merge_status
-from zc_lb.testing import LBProcess, WorkerProcess, free_port, wait_for
+from zc_lb.testing import LBProcess, WorkerProcess, free_port, start_all, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -56,7 +56,7 @@ def get(address, path="/"):
 
 @pytest.fixture
 def processes_lb():
-    workers = [WorkerProcess("apps:app", env=ENV).start() for _ in range(2)]
+    workers = start_all([WorkerProcess("apps:app", env=ENV) for _ in range(2)])
     status_address = "127.0.0.1:%d" % free_port()
     lb = LBProcess([w.address for w in workers], "--processes", "2",
                    "--status", status_address, env=ENV).start()

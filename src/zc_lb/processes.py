@@ -77,7 +77,12 @@ class Child:
         self.started = 0.0
 
     def start(self) -> None:
-        import gevent
+        self.launch()
+        self.wait_started()
+
+    def launch(self) -> None:
+        """Start the process (``wait_started`` waits for its status address:
+        several children import at once)."""
         import gevent.subprocess
 
         self.started = time.monotonic()
@@ -86,6 +91,11 @@ class Child:
         self.process = gevent.subprocess.Popen(
             self.argv, pass_fds=(self.fd,), stdout=subprocess.PIPE, text=True, env=env,
             preexec_fn=_die_with_parent(os.getpid()))
+
+    def wait_started(self) -> None:
+        import gevent
+
+        assert self.process is not None
         self.status = None
         for line in self.process.stdout:  # type: ignore[union-attr]
             if line.startswith(STATUS_READY):
@@ -131,7 +141,9 @@ class Supervisor:
 
         try:
             for child in self.children:
-                child.start()
+                child.launch()
+            for child in self.children:
+                child.wait_started()
         except BaseException:
             self.stop(timeout=5)  # no orphans when one of them cannot start
             raise
