@@ -267,24 +267,23 @@ class ClientConnection:
             if request is not None or reader.broken or not data:
                 return request
 
+    def _head_timeout(self, header_timeout: float) -> None:
+        """The header timeout passed: see ``_end_waiting``."""
+        return self._end_waiting("no complete request head within %gs" % header_timeout)
+
     def _evict(self) -> None:
         """The server made room for a new connection by ending this one,
-        the longest waiting for a request: 408 for a head begun (counted),
-        silence for an idle one.  None: the connection ends."""
-        if self.reader.in_head:
-            self._reset()
-            self._refuse(HeadTimeout("evicted: the slowest request head when the "
-                                     "connections ran out", 408))
-        return None
+        the longest waiting for a request: see ``_end_waiting``."""
+        return self._end_waiting("evicted: the slowest request head when the connections "
+                                 "ran out")
 
-    def _head_timeout(self, header_timeout: float) -> None:
-        """The header timeout passed: 408 for a head begun, and for one
-        never begun, nothing (it asked nothing).  None: the connection
-        ends."""
+    def _end_waiting(self, why: str) -> None:
+        """End a connection waiting for a request: 408 (counted) for a head
+        begun, and for one never begun, nothing (it asked nothing).  None:
+        the connection ends."""
         if self.reader.in_head:
             self._reset()
-            self._refuse(HeadTimeout("no complete request head within %gs" % header_timeout,
-                                     408))
+            self._refuse(HeadTimeout(why, 408))
         return None
 
     def fill(self) -> None:
