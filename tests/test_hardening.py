@@ -201,6 +201,23 @@ def test_response_rejected_by_start_response_does_not_leak_in_flight(stack):
          timeout=2, message="in_flight, backlog and streams back to 0")
 
 
+def _bad_length_app(environ, start_response):
+    start_response("200 OK", [("Content-Length", "2, 2")])
+    return [b"hi"]
+
+
+def test_an_invalid_content_length_from_the_app_is_a_500_from_its_worker(stack):
+    # The worker makes the head ready for the client and checks it there:
+    # a Content-Length that is not one number never reaches the client.
+    s = stack(routes({"/bad": _bad_length_app}))
+    client = s.client()
+    status, headers, body = client.request(path="/bad")
+    assert status == 500 and "2, 2" not in str(headers)
+    assert client.request(path="/next")[:3:2] == (200, b"ok /next")  # still in sync
+    poll(lambda: s.lb.in_flight == 0 and s.backlog() == 0 and s.streams() == 0,
+         timeout=2, message="in_flight, backlog and streams back to 0")
+
+
 def _not_modified_app(environ, start_response):
     # RFC 9110 8.6: a 304 MAY carry the Content-Length a 200 would have had.
     start_response("304 Not Modified", [("ETag", '"v1"'), ("Content-Length", "1234")])

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zc_lb import protocol
-from zc_lb.errors import AuthenticationError, LocalProtocolError, RemoteProtocolError
+from zc_lb.errors import (AuthenticationError, BadResponseHead, LocalProtocolError,
+                          RemoteProtocolError, ResponseHeadTooLarge)
 from zc_lb.protocol import (
     CONNECTION_TYPES,
     HEADER,
@@ -255,6 +256,137 @@ def test_the_apps_time_goes_with_a_response_when_the_lb_offers_timing(old):
     assert lb.streams == {} and worker.streams == {}
 
 
+def ready_pair(lb_features=protocol.LB_FEATURES, worker_features=protocol.FEATURES):
+    lb = protocol.Connection("lb", features=lb_features)
+    worker = protocol.Connection("worker", features=worker_features)
+    for side, peer in ((lb, worker), (worker, lb)):
+        peer.receive_data(side.data_to_send())
+        assert isinstance(peer.next_event(), protocol.Ready)
+    return lb, worker
+
+
+def ready_request(lb, worker):
+    rno, data = lb.start_request({}, end=True)
+    worker.receive_data(data)
+    drain(worker)
+    return rno
+
+
+def test_an_lb_that_offers_ready_heads_gets_the_head_as_the_client_will():
+    lb, worker = ready_pair()
+    assert worker.ready and not lb.ready
+    rno = ready_request(lb, worker)
+    headers = [("Content-Type", "text/plain"), ("Date", "Thu, 26 Nov 2026 10:00:00 GMT"),
+               ("Connection", "close"), ("Content-Length", "5")]
+    data = worker.respond(rno, "200 OK", headers, b"hello", end=True, elapsed=0.25)
+    assert HEADER.unpack_from(data)[1] == protocol.READY_RESPONSE
+    lb.receive_data(data)
+    [response] = drain(lb)
+    # Hop-by-hop fields stay with the worker; the LB frames the body.
+    assert response.head == (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+                             b"Date: Thu, 26 Nov 2026 10:00:00 GMT\r\nContent-Length: 5\r\n")
+    assert (response.status, response.length, response.body, response.end, response.elapsed) == (
+        "200 OK", 5, b"hello", True, 0.25)
+    assert protocol.head_fields(response.head) == [h for h in headers if h[0] != "Connection"]
+    assert lb.streams == {} and worker.streams == {}
+
+
+def test_a_ready_head_that_does_not_end_the_response():
+    lb, worker = ready_pair()
+    rno = ready_request(lb, worker)
+    lb.receive_data(worker.respond(rno, "304 Not Modified", [("Content-Length", "9")]))
+    [response] = drain(lb)
+    assert (response.status, response.length, response.end, response.elapsed) == (
+        "304 Not Modified", None, False, None)
+    assert response.head.startswith(b"HTTP/1.1 304 Not Modified\r\nDate: ")
+    lb.receive_data(worker.send(End(rno)))
+    assert drain(lb) == [End(rno)] and lb.streams == {}
+
+
+@pytest.mark.parametrize("status, headers, error", [
+    ("200 OK", [("X-Bad", "a\r\nSet-Cookie: stolen")], "invalid header"),
+    ("200 OK\r\nX: y", [], "invalid status"),
+    ("200 OK", [("Content-Length", "-1")], "invalid Content-Length"),
+    ("200 OK", [("Content-Length", "+5")], "invalid Content-Length"),
+    ("200 OK", [("Content-Length", "5"), ("Content-Length", "6")], "invalid Content-Length"),
+    ("200 OK", [("X", "\u20ac")], "not latin-1"),
+    ("200 OK", [("X", 1)], "not a pair of str"),
+    ("200 OK", [("X", "a", "b")], "refused"),
+])
+def test_a_worker_refuses_a_head_http_forbids(status, headers, error):
+    lb, worker = ready_pair()
+    rno = ready_request(lb, worker)
+    with pytest.raises(BadResponseHead, match=error):
+        worker.respond(rno, status, headers, b"x", end=True)
+    # Refused before anything changed: a 500 can go instead.
+    lb.receive_data(worker.respond(rno, "500 Internal Server Error", [], b"", end=True))
+    assert drain(lb)[0].status == "500 Internal Server Error"
+
+
+def test_a_ready_head_over_the_frame_limit_is_refused_at_the_worker():
+    lb, worker = ready_pair()
+    rno = ready_request(lb, worker)
+    with pytest.raises(ResponseHeadTooLarge):
+        worker.respond(rno, "200 OK", [("X", "y" * MAX_MESSAGE)], end=True)
+
+
+@pytest.mark.parametrize("old", ["lb", "worker"])
+def test_ready_heads_between_versions(old):
+    # An LB of the version before offers no ready heads and gets JSON; a
+    # worker of the version before sends JSON to an LB that offers them.
+    lb, worker = ready_pair(protocol.FEATURES if old == "lb" else protocol.LB_FEATURES)
+    if old == "worker":
+        worker.ready = False  # (what a worker that does not know the feature does)
+    rno = ready_request(lb, worker)
+    lb.receive_data(worker.respond(rno, "200 OK", [("A", "b")], b"hi", end=True))
+    assert drain(lb) == [Response(rno, "200 OK", [("A", "b")], b"hi", True)]
+
+
+def test_a_ready_frame_is_refused_where_it_was_not_offered():
+    for lb_features, worker_role in ((protocol.FEATURES, False), (protocol.LB_FEATURES, True)):
+        lb, worker = ready_pair(lb_features)
+        data = protocol.ready_frame(1, b"HTTP/1.1 200 OK\r\n", None, None, b"", True)
+        receiver = worker if worker_role else lb
+        if not worker_role:
+            ready_request(lb, worker)
+        receiver.receive_data(data)
+        with pytest.raises(RemoteProtocolError, match="ready Response frame not allowed"):
+            receiver.next_event()
+
+
+def ready_payload(head, flags=1, length=-1, elapsed=-1.0, body=b""):
+    return protocol.READY_PREFIX.pack(flags, length, elapsed, len(head)) + head + body
+
+
+@pytest.mark.parametrize("payload, error", [
+    (b"\x01", "without its prefix"),
+    (protocol.READY_PREFIX.pack(1, -1, -1.0, 100) + b"HTTP/1.1 200 OK\r\n", "over the frame"),
+    (ready_payload(b"HTTP/1.0 200 OK\r\n"), "malformed ready"),
+    (ready_payload(b"HTTP/1.1 2x0 OK\r\n"), "malformed ready"),
+    (ready_payload(b"HTTP/1.1 200 OK"), "malformed ready"),
+    (ready_payload(b"HTTP/1.1 200 OK\r\n\r\nHTTP/1.1 200 OK\r\n"), "malformed ready"),
+    (ready_payload(b"HTTP/1.1 200 OK\r\nA: b\nC: d\r\n"), "malformed ready"),
+    (ready_payload(b"HTTP/1.1 200 OK\r\nA: b\rC: d\r\n"), "malformed ready"),
+    (ready_payload(b"HTTP/1.1 200 OK\r\n", flags=2), "malformed ready"),
+    (ready_payload(b"HTTP/1.1 200 OK\r\n", length=-2), "malformed ready"),
+    (ready_payload(b"HTTP/1.1 200 OK\r\n", elapsed=-0.5), "malformed ready"),
+    (ready_payload(b"HTTP/1.1 200 OK\r\n", elapsed=float("nan")), "malformed ready"),
+])
+def test_malformed_ready_responses(payload, error):
+    assert error in str(decode_error(frame(1, protocol.READY_RESPONSE, payload)))
+
+
+def test_a_ready_response_within_its_limits():
+    head = b"HTTP/1.1 200 OK\r\nA: b\r\n"
+    ok = frame(1, protocol.READY_RESPONSE, ready_payload(head, length=10, body=b"x" * 10))
+    decoder = Decoder(max_message=len(head), max_body=10)
+    decoder.receive_data(ok)
+    [response] = drain(decoder)
+    assert (response.head, response.length, response.body) == (head, 10, b"x" * 10)
+    assert "over the frame" in str(decode_error(ok, max_message=len(head) - 1))
+    assert "over the frame" in str(decode_error(ok, max_body=9))
+
+
 def test_a_whole_frame_to_a_peer_that_did_not_offer_it_is_refused():
     lb = protocol.Connection("lb")
     worker = protocol.Connection("worker", features=())
@@ -410,7 +542,7 @@ def test_body_limit_does_not_apply_to_messages_and_vice_versa():
     assert decoder.next_message() == Resume({"a": 1.0, "b": 2.0})
 
 
-@pytest.mark.parametrize("mtype", [0, 7, 8, 9, 18, 100, 255])
+@pytest.mark.parametrize("mtype", [0, 7, 8, 9, 19, 100, 255])
 def test_unknown_frame_type(mtype):
     for rno in (0, 1):
         error = decode_error(HEADER.pack(rno, mtype, 0))

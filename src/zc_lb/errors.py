@@ -80,11 +80,16 @@ class MessageTooLarge(LocalProtocolError):
     http_status = 431
 
 
-class ResponseHeadTooLarge(LocalProtocolError):
-    """A response head too big for one frame: the worker answers 500 for
-    that request only, before anything of it is sent."""
+class BadResponseHead(LocalProtocolError):
+    """An application's response head HTTP forbids (a newline in a field,
+    say, which would split the response): the worker answers 500 for that
+    request only, before anything of it is sent."""
 
     http_status = 500
+
+
+class ResponseHeadTooLarge(BadResponseHead):
+    """A response head too big for one frame: see BadResponseHead."""
 
 
 class WorkerError(ZcLbError):

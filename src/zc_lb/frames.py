@@ -32,6 +32,21 @@ three.  The receiver sees one ``Request`` or ``Response`` message with
 it (an older version) gets and sends the separate frames, so mixed
 versions still talk.
 
+Ready response heads: when the LB's Hello offers the feature ``ready``,
+a worker sends a response's start as one ``READY_RESPONSE`` frame whose
+head is ready for the client: the status line and header lines in
+HTTP/1.1's bytes, checked by the worker against response splitting (it
+is authenticated), with what the LB needs in a fixed prefix (flags: the
+response ends here; the Content-Length the head says, -1 for none; the
+application's seconds, -1 for unknown; the head's length), then the
+head, then the first body bytes.  The LB adds only its own lines
+(Connection, the body's framing) and writes head and body to the client
+in one send: no JSON of headers decoded, re-checked and encoded again
+per response.  The message is a ``Response`` whose ``head`` and
+``length`` are set and whose ``headers`` are empty; ``head_fields``
+parses the fields back for a reader that wants them.  An LB that does
+not offer it (an older version) gets JSON heads.
+
 ``encode`` turns a message into bytes; a ``Decoder`` turns bytes into
 messages, checking each frame's type and size from its header.  What
 may be sent when is ``protocol.py``'s business.
@@ -65,9 +80,15 @@ HEAD_LENGTH = struct.Struct("!I")  # of the status and headers in a WHOLE_RESPON
 
 WHOLE = "whole"  # the Hello feature: whole requests and responses in one frame
 TIMING = "timing"  # the Hello feature: a response head says the app's seconds
-FEATURES = (WHOLE, TIMING)
+READY = "ready"  # the Hello feature: response heads ready for the client
+FEATURES = (WHOLE, TIMING)  # what either side takes beyond version 1
+LB_FEATURES = FEATURES + (READY,)  # what an LB takes: ready heads too
 WHOLE_REQUEST = 16  # Request and End
 WHOLE_RESPONSE = 17  # Response, Body and End
+READY_RESPONSE = 18  # Response with a ready head, perhaps Body, perhaps End
+READY_PREFIX = struct.Struct("!BqdI")  # flags, Content-Length, elapsed, head length
+READY_END = 1  # the flag: the response ends with this frame
+HTTP11 = b"HTTP/1.1 "
 
 
 # -- messages -----------------------------------------------------------
@@ -167,6 +188,8 @@ class Response:
     body: bytes = field(default=b"", repr=False)
     end: bool = False
     elapsed: Optional[float] = None  # the application's seconds, if the worker said
+    head: Optional[bytes] = field(default=None, repr=False)  # ready for the client
+    length: Optional[int] = None  # with ``head``: the Content-Length it says, if any
     TYPE = 13
 
 
@@ -199,7 +222,8 @@ REQUEST_TYPES: Dict[int, type] = {
 }
 FRAME_NAMES: Dict[int, str] = {mtype: cls.__name__
                                for mtype, cls in {**CONNECTION_TYPES, **REQUEST_TYPES}.items()}
-FRAME_NAMES.update({WHOLE_REQUEST: "whole Request", WHOLE_RESPONSE: "whole Response"})
+FRAME_NAMES.update({WHOLE_REQUEST: "whole Request", WHOLE_RESPONSE: "whole Response",
+                    READY_RESPONSE: "ready Response"})
 
 
 class NeedData:
@@ -309,6 +333,26 @@ def _response_frames(rno: int, head: bytes, body: bytes, end: bool, whole: bool)
     if end:
         parts.append(pack(rno, End.TYPE, 0))
     return b"".join(parts)
+
+
+def ready_frame(rno: int, head: bytes, length: Optional[int], elapsed: Optional[float],
+                body: bytes, end: bool) -> bytes:
+    """A READY_RESPONSE frame: ``head`` (status line and header lines,
+    each ending in CRLF, checked by the caller) and the first ``body``
+    bytes, ending the response if ``end``."""
+    prefix = READY_PREFIX.pack(READY_END if end else 0, -1 if length is None else length,
+                               -1.0 if elapsed is None else elapsed, len(head))
+    return b"".join((HEADER.pack(rno, READY_RESPONSE, len(prefix) + len(head) + len(body)),
+                     prefix, head, body))
+
+
+def head_fields(head: bytes) -> List[Tuple[str, str]]:
+    """The header fields of a ready head, as WSGI's list of pairs."""
+    fields = []
+    for line in head.decode("latin-1").split("\r\n")[1:-1]:
+        name, _, value = line.partition(":")
+        fields.append((name, value.strip()))
+    return fields
 
 
 def body_header(rno: int, length: int) -> bytes:
@@ -438,6 +482,38 @@ def _decode_whole_response(max_message: int, max_body: int, rno: int,
     return Response(rno, status, headers, payload[start:], True, elapsed)
 
 
+def _decode_ready_response(max_message: int, max_body: int, rno: int,
+                           payload: bytes) -> Response:
+    """A READY_RESPONSE: its prefix and head are checked for framing
+    only (the worker checked the fields): a status line of three digits,
+    lines that end in CRLF, and no empty line, which would end the head
+    early and let the rest pass as a body or a second response."""
+    size = READY_PREFIX.size
+    if len(payload) < size:
+        raise RemoteProtocolError("ready response of %d bytes, without its prefix" % len(payload))
+    flags, length, elapsed, head_size = READY_PREFIX.unpack_from(payload)
+    start = size + head_size
+    if start > len(payload) or head_size > max_message or len(payload) - start > max_body:
+        raise RemoteProtocolError("ready response with a %d-byte head in %d bytes, over the "
+                                  "frame or the limits of %d and %d"
+                                  % (head_size, len(payload), max_message, max_body))
+    head = payload[size:start]
+    eol = head.find(b"\r\n")
+    if (not head.startswith(HTTP11) or not head[9:12].isdigit() or eol < 12
+            or not _framed(head) or length < -1 or flags & ~READY_END
+            or not (elapsed == -1.0 or 0 <= elapsed < 1e9)):
+        raise RemoteProtocolError("malformed ready response head %r" % head[:200])
+    return Response(rno, head[9:eol].decode("latin-1"), [], payload[start:], bool(flags),
+                    None if elapsed == -1.0 else elapsed, head, None if length == -1 else length)
+
+
+def _framed(head: bytes) -> bool:
+    """Lines that each end in CRLF, no bare CR or LF, and no empty line."""
+    crlf = head.count(b"\r\n")
+    return (head.endswith(b"\r\n") and b"\r\n\r\n" not in head
+            and head.count(b"\r") == crlf and head.count(b"\n") == crlf)
+
+
 def _decode_credit(rno: int, payload: bytes) -> Credit:
     if len(payload) != CREDIT_PAYLOAD.size:
         raise RemoteProtocolError("credit payload must be 4 bytes")
@@ -468,6 +544,7 @@ _DECODERS = {
     Credit.TYPE: _decode_credit,
     WHOLE_REQUEST: _decode_whole_request,
     WHOLE_RESPONSE: None,  # per decoder, with its limits
+    READY_RESPONSE: None,  # per decoder, with its limits
 }
 
 
@@ -488,10 +565,13 @@ class Decoder:
         self._decoders = dict(_DECODERS)
         self._decoders[WHOLE_RESPONSE] = functools.partial(_decode_whole_response,
                                                            max_message, max_body)
+        self._decoders[READY_RESPONSE] = functools.partial(_decode_ready_response,
+                                                           max_message, max_body)
         limits = {mtype: max_message for mtype in _DECODERS}
         limits[Body.TYPE] = max_body
         limits[Resume.TYPE] = max_resume
         limits[WHOLE_RESPONSE] = HEAD_LENGTH.size + max_message + max_body
+        limits[READY_RESPONSE] = READY_PREFIX.size + max_message + max_body
         self.allow(limits)
 
     def allow(self, limits: Dict[int, int], why: str = "") -> None:

@@ -338,6 +338,45 @@ def response_head(status: str, headers: List[Tuple[str, str]],
     return "".join(lines).encode("latin-1") + extra + b"\r\n"
 
 
+def ready_head(status: str, headers: List[Tuple[str, str]]) -> Tuple[bytes, Optional[int]]:
+    """A worker's response head ready for the client, and the
+    Content-Length it says (None: none): the status line and header
+    lines, each ending in CRLF, without the empty line (the LB adds its
+    own lines first).  Checked as ``check_response`` checks; hop-by-hop
+    fields are left out (they are the LB's and the client's business), a
+    Content-Length too where the status has no body, and a Date is added
+    if the application gave none.  ResponseError for a head HTTP forbids,
+    an invalid Content-Length included."""
+    check_response(status, headers)
+    bodiless = status[:3] in BODILESS_STATUS
+    lines = ["HTTP/1.1 ", status, "\r\n"]
+    length = None
+    dated = False
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered == "content-length":
+            if bodiless:
+                continue
+            length = _content_length(value, length)
+        elif lowered in HOP_BY_HOP:
+            continue
+        elif lowered == "date":
+            dated = True
+        lines += (name, ": ", value, "\r\n")
+    try:
+        head = "".join(lines).encode("latin-1")
+    except UnicodeEncodeError as exc:
+        raise ResponseError("a status or header that is not latin-1: %s" % exc)
+    return (head if dated else head + date_line()), length
+
+
+def _content_length(value: str, before: Optional[int]) -> int:
+    length = int(value) if value.isdigit() and value.isascii() else -1
+    if length < 0 or (before is not None and length != before):
+        raise ResponseError("invalid Content-Length %r" % value)
+    return length
+
+
 _date_cache = [0, b""]
 
 

@@ -180,6 +180,7 @@ class ClientConnection:
             self.base_variables.update(REMOTE_ADDR=address[0], REMOTE_PORT=str(address[1]))
         self.base_objects = dict(server.base_objects)
         self.base_objects["zc_lb.client_socket"] = sock  # to notice a hang-up
+        self.base_objects["zc_lb.start_ready"] = self.start_ready  # (the LB's fast way)
         forwarding = server.forwarding
         self.peer = address[0] if isinstance(address, tuple) else None
         self.evicted = False  # ended by the server to make room
@@ -195,6 +196,8 @@ class ClientConnection:
         self.headers_sent = False
         self.error: Optional[str] = None  # why the front answered itself, if it did
         self._headers: List[Tuple[str, str]] = []
+        self._ready: Optional[bytes] = None  # a head ready for the client (start_ready)
+        self._ready_length: Optional[int] = None
         self._chunked = False
         self._bodiless = False
         self.close = False
@@ -448,23 +451,28 @@ class ClientConnection:
         else:
             self._send(data)
 
+    def start_ready(self, status: str, head: bytes, length: Optional[int]) -> None:
+        """The LB's start_response for a worker's head ready for the client
+        (``frames.READY_RESPONSE``): its status line and fields, checked
+        by the worker, with a Date; ``length``, the Content-Length it
+        says.  The front adds its own lines (framing, Connection)."""
+        if self.status is not None:
+            raise AssertionError("start_response called twice")
+        self.status, self._ready, self._ready_length = status, head, length
+        return self.write
+
     def _send_head(self, data: bytes, total: Optional[int]) -> None:
         """The response head, with the first body bytes in the same send.
         ``total``: the body's whole length, when the app gave it all."""
         status = self.status
         if status is None:
             raise AssertionError("the application did not call start_response")
-        length = date = None
-        for name, value in self._headers:
-            lowered = name.lower()
-            if lowered == "content-length":
-                length = value
-            elif lowered == "connection":
-                if "close" in value.lower():
-                    self.close = True
-            elif lowered == "date":
-                date = value
-        extra = date_line() if date is None else b""
+        ready = self._ready
+        if ready is None:
+            length, dated = self._scan_headers()
+        else:
+            length, dated = self._ready_length, True
+        extra = b"" if dated else date_line()
         bodiless = self._bodiless or status[:3] in BODILESS_STATUS
         if length is None and not bodiless:
             if total is not None:
@@ -478,7 +486,10 @@ class ClientConnection:
             extra += b"Connection: close\r\n"
         elif self.environ["SERVER_PROTOCOL"] == "HTTP/1.0":  # type: ignore[index]
             extra += b"Connection: keep-alive\r\n"
-        head = response_head(status, self._headers, extra)
+        if ready is None:
+            head = response_head(status, self._headers, extra)
+        else:
+            head = b"%s%s\r\n" % (ready, extra)
         self.headers_sent = True
         self._bodiless = bodiless
         if bodiless or not data:
@@ -487,6 +498,23 @@ class ClientConnection:
             self._send_raw(head + b"%x\r\n%s\r\n" % (len(data), data), len(data))
         else:
             self._send_raw(head + data, len(data))
+
+    def _scan_headers(self) -> Tuple[object, bool]:
+        """What the application's headers say of the framing: their
+        Content-Length (None: none), and whether they have a Date; a
+        ``Connection: close`` among them closes the connection after."""
+        length: object = None
+        dated = False
+        for name, value in self._headers:
+            lowered = name.lower()
+            if lowered == "content-length":
+                length = value
+            elif lowered == "connection":
+                if "close" in value.lower():
+                    self.close = True
+            elif lowered == "date":
+                dated = True
+        return length, dated
 
     def _send(self, data: bytes) -> None:
         self._send_raw(data, len(data))

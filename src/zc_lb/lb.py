@@ -54,7 +54,7 @@ from .h1 import BODILESS_STATUS, HOP_BY_HOP_KEYS, REASONS
 from .httpparse import HOP_BY_HOP
 from .outlier import Ejector
 from .pool import Pool
-from .protocol import MAX_BODY, Body, End, Response
+from .protocol import MAX_BODY, Body, End, Response, head_fields
 from .settings import LB_SETTINGS
 from .spool import Spool, SpoolLimits
 
@@ -729,14 +729,23 @@ class LB(LinkEvents):
         key = (connection.peer, code[0] + "xx")
         self.worker_counts[key] = self.worker_counts.get(key, 0) + 1
         bodiless = code in BODILESS_STATUS or environ["REQUEST_METHOD"] == "HEAD"
-        headers, length = [], None
-        for name, value in response.headers:
-            lowered = name.lower()
-            if lowered in HOP_BY_HOP or (code in BODILESS_STATUS and lowered == "content-length"):
-                continue
-            if lowered == "content-length":
-                length = _content_length(value)
-            headers.append((name, value))
+        if response.head is not None:  # ready for the client: the worker checked it
+            length = response.length
+            start_ready = environ.get("zc_lb.start_ready")
+            if start_ready is not None:
+                start_ready(response.status, response.head, length)
+                return 0 if bodiless else length
+            headers = head_fields(response.head)  # (run by another WSGI server)
+        else:
+            headers, length = [], None
+            for name, value in response.headers:
+                lowered = name.lower()
+                if lowered in HOP_BY_HOP or (code in BODILESS_STATUS
+                                             and lowered == "content-length"):
+                    continue
+                if lowered == "content-length":
+                    length = _content_length(value)
+                headers.append((name, value))
         try:
             start_response(response.status, headers)
         except Exception as exc:  # the front refused the status or a header

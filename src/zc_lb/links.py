@@ -24,6 +24,7 @@ import gevent.socket
 
 from .connection import KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, Connection, Handler, parse_address
 from .errors import ZcLbError
+from .protocol import LB_FEATURES
 from .settings import LB_SETTINGS
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,8 @@ class WorkerLink(Handler):
         config = self.config
         connection = Connection(sock, "lb", self, peer=self.address, secret=config.secret,
                                 keepalive_interval=config.keepalive_interval,
-                                keepalive_timeout=config.keepalive_timeout)
+                                keepalive_timeout=config.keepalive_timeout,
+                                features=LB_FEATURES)  # (ready response heads)
         try:
             connection.handshake()
         except (OSError, ZcLbError) as exc:

@@ -40,7 +40,8 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple, Type, Union
 
-from .errors import AuthenticationError, LocalProtocolError, RemoteProtocolError
+from .errors import (AuthenticationError, BadResponseHead, LocalProtocolError,
+                     RemoteProtocolError, ResponseHeadTooLarge)
 from .frames import (  # noqa: F401  (the frames' names are the protocol's too)
     Auth,
     Body,
@@ -58,6 +59,10 @@ from .frames import (  # noqa: F401  (the frames' names are the protocol's too)
     HEADER,
     HEADER_SIZE,
     HEAD_LENGTH,
+    LB_FEATURES,
+    READY,
+    READY_PREFIX,
+    READY_RESPONSE,
     Hello,
     MAX_BODY,
     MAX_MESSAGE,
@@ -81,8 +86,11 @@ from .frames import (  # noqa: F401  (the frames' names are the protocol's too)
     WINDOW,
     body_header,
     encode,
+    head_fields,
+    ready_frame,
 )
 from .frames import _response_frames, _response_payload
+from .h1 import ready_head
 
 # -- handshake ----------------------------------------------------------
 
@@ -258,6 +266,7 @@ class Connection:
         self.peer_hello: Optional[Hello] = None
         self.whole = False  # send whole frames: the peer offered them
         self.timing = False  # say the application's seconds: the peer offered it
+        self.ready = False  # send response heads ready for the client: the LB offered it
         self.streams: Dict[int, Stream] = {}
         self.last_rno = 0
         self.we_go_away = False
@@ -269,11 +278,13 @@ class Connection:
         open_limits = dict(self._decoder._limits)
         refused = {Hello.TYPE, Auth.TYPE}  # once is enough
         if role == "worker":
-            refused |= {Resume.TYPE, Response.TYPE, WHOLE_RESPONSE}
+            refused |= {Resume.TYPE, Response.TYPE, WHOLE_RESPONSE, READY_RESPONSE}
         else:
             refused |= {Request.TYPE, WHOLE_REQUEST}
         if WHOLE not in features:  # a peer must not send what we did not offer
             refused |= {WHOLE_REQUEST, WHOLE_RESPONSE}
+        if READY not in features:
+            refused.add(READY_RESPONSE)
         for mtype in refused:
             del open_limits[mtype]
         self._open_limits = open_limits
@@ -373,6 +384,7 @@ class Connection:
         self.peer_hello = theirs
         self.whole = WHOLE in theirs.features
         self.timing = TIMING in theirs.features
+        self.ready = READY in theirs.features and theirs.role == "lb"
         if self.secret is None:
             return self._open()
         self._out.append(encode(Auth(auth_digest(self.secret, theirs.nonce, self.role))))
@@ -514,11 +526,14 @@ class Connection:
         if size > stream.credit or size > MAX_BODY:
             raise LocalProtocolError("request %d: %d body bytes past our credit of %d"
                                      % (rno, size, stream.credit))
-        try:
-            payload = _response_payload(status, headers, elapsed if self.timing else None)
-        except (ValueError, TypeError) as exc:
-            raise LocalProtocolError("cannot encode the response to %d: %s" % (rno, exc))
-        data = _response_frames(rno, payload, body, end, self.whole)
+        if self.ready:
+            data = self._ready(rno, status, headers, body, end, elapsed)
+        else:
+            try:
+                payload = _response_payload(status, headers, elapsed if self.timing else None)
+            except (ValueError, TypeError) as exc:
+                raise LocalProtocolError("cannot encode the response to %d: %s" % (rno, exc))
+            data = _response_frames(rno, payload, body, end, self.whole)
         stream.credit -= size
         if end:
             stream.sending = DONE
@@ -527,6 +542,20 @@ class Connection:
         else:
             stream.sending = OPEN
         return data
+
+    @staticmethod
+    def _ready(rno: int, status: str, headers: List[Tuple[str, str]], body: bytes,
+               end: bool, elapsed: Optional[float]) -> bytes:
+        """A READY_RESPONSE frame (``frames.py``): the head made and
+        checked here, so that the LB need not."""
+        try:
+            head, length = ready_head(status, headers)
+        except (ValueError, TypeError) as exc:  # (ResponseError, a malformed list)
+            raise BadResponseHead("response head refused: %s" % exc)
+        if len(head) > MAX_MESSAGE:  # the LB would drop the whole connection
+            raise ResponseHeadTooLarge("response head of %d bytes, over the frame limit of %d"
+                                       % (len(head), MAX_MESSAGE))
+        return ready_frame(rno, head, length, elapsed, body, end)
 
     def cancel(self, rno: int) -> bytes:
         """Cancel request ``rno``: the bytes to send, or nothing when it

@@ -37,7 +37,7 @@ import greenlet
 
 from . import resume as resume_module
 from .connection import Connection, Exchange, Handler
-from .errors import ConfigurationError, CorruptResumeFile, ResponseHeadTooLarge, ZcLbError
+from .errors import BadResponseHead, ConfigurationError, CorruptResumeFile, ZcLbError
 from .loopwatch import LoopWatch
 from .httpparse import HOP_BY_HOP
 from .protocol import FEATURES, MAX_BODY, Body, End
@@ -213,7 +213,7 @@ class ResponseWriter:
             exchange.respond(self.status, self.headers, body, end,  # type: ignore[arg-type]
                              self._elapsed())
             return True
-        except ResponseHeadTooLarge as exc:
+        except BadResponseHead as exc:  # (too large, or one HTTP forbids)
             log.error("request %d from %s: %s; answering 500 instead",
                       exchange.rno, exchange.connection.peer, exc)
         self.refused = True
