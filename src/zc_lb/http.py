@@ -34,6 +34,8 @@ from typing import IO, Callable, List, Optional, Tuple
 
 import gevent
 import gevent.server
+import gevent.ssl
+from gevent.hub import Waiter, get_hub
 
 from .accesslog import LogFormat
 from .connection import send_all
@@ -156,6 +158,7 @@ def refusal(status: int) -> bytes:
 
 
 RECV_SIZE = 64 * 1024
+_TIMED_OUT = object()  # what a wait's timer wakes it with
 LINGER = 0.5  # seconds to read and drop a refused client's bytes before closing
 LINGER_BYTES = 1024 * 1024
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -185,6 +188,13 @@ class ClientConnection:
         self.peer = address[0] if isinstance(address, tuple) else None
         self.evicted = False  # ended by the server to make room
         self.trusted = forwarding is not None and forwarding.trusts(self.peer)
+        # Reads and writes wait at most the client timeout for progress
+        # (gevent's socket timeout); a request head's wait has a deadline
+        # of its own (``_recv``).
+        sock.settimeout(server.client_timeout)
+        raw = getattr(sock, "_sock", None)
+        self._raw_recv = None if isinstance(sock, gevent.ssl.SSLSocket) or raw is None else raw.recv
+        self._readable = None  # the socket's read watcher, made at the first wait
         self._reset()
 
     def _reset(self) -> None:
@@ -241,7 +251,7 @@ class ClientConnection:
             server.waiting.pop(self, None)
 
     def _wait_for_request(self, first: bool) -> Optional[Request]:
-        reader, server, sock = self.reader, self.server, self.sock
+        reader, server = self.reader, self.server
         header_timeout, client_timeout = server.header_timeout, server.client_timeout
         deadline = time.monotonic() + header_timeout if first and header_timeout else None
         while True:
@@ -254,9 +264,8 @@ class ClientConnection:
                     return self._head_timeout(header_timeout)
                 if client_timeout is not None:
                     timeout = min(timeout, client_timeout)
-            sock.settimeout(timeout)
             try:
-                data = sock.recv(RECV_SIZE)
+                data = self._recv(timeout)
             except socket.timeout:
                 if deadline is not None and time.monotonic() >= deadline:
                     return self._head_timeout(header_timeout)
@@ -269,6 +278,44 @@ class ClientConnection:
             request = reader.next_request()
             if request is not None or reader.broken or not data:
                 return request
+
+    def _recv(self, timeout: Optional[float]) -> bytes:
+        """``sock.recv`` within ``timeout`` seconds (socket.timeout past it).
+        gevent's own made a Timeout object for every wait, and changing
+        the socket's timeout for the wait cost as much again; here a
+        wait is a timer on the loop.  (A TLS socket reads through gevent.)"""
+        raw_recv = self._raw_recv
+        if raw_recv is None:
+            sock = self.sock
+            sock.settimeout(timeout)
+            try:
+                return sock.recv(RECV_SIZE)
+            finally:
+                sock.settimeout(self.server.client_timeout)
+        while True:
+            try:
+                return raw_recv(RECV_SIZE)
+            except BlockingIOError:
+                self._wait_readable(timeout)
+
+    def _wait_readable(self, timeout: Optional[float]) -> None:
+        hub = get_hub()
+        readable = self._readable
+        if readable is None:
+            readable = self._readable = hub.loop.io(self.sock.fileno(), 1)
+        waiter = Waiter(hub)
+        readable.start(waiter.switch, None)
+        timer = None
+        if timeout is not None:
+            timer = hub.loop.timer(timeout)
+            timer.start(waiter.switch, _TIMED_OUT, update=True)  # (from now, not the loop's time)
+        try:
+            if waiter.get() is _TIMED_OUT:
+                raise socket.timeout("timed out")
+        finally:
+            readable.stop()
+            if timer is not None:
+                timer.close()
 
     def _head_timeout(self, header_timeout: float) -> None:
         """The header timeout passed: see ``_end_waiting``."""
@@ -291,7 +338,6 @@ class ClientConnection:
 
     def fill(self) -> None:
         """Read more of the body of the request being served."""
-        self.sock.settimeout(self.server.client_timeout)
         self.reader.receive_data(self.sock.recv(RECV_SIZE))
 
     def send_continue(self) -> None:
@@ -320,9 +366,6 @@ class ClientConnection:
             self.requestline = "%s %s %s" % (head.method, head.path, head.version)
         self.close = head.close or self.server.draining
         self._bodiless = head.method == "HEAD"
-        # From here each read and write may take the client timeout without
-        # progress: the head's deadline was for the head alone.
-        self.sock.settimeout(self.server.client_timeout)
         result = None
         try:
             result = self.server.application(environ, self.start_response)
