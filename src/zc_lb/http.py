@@ -176,14 +176,9 @@ class ClientConnection:
         self.sock = sock
         self.client_address = address
         self.reader = RequestReader(time.time if server.access_log is not None else None)
-        # What each request's environ starts from: the variables a worker
-        # gets too (str), and the objects only the LB sees.
-        self.base_variables = dict(server.base_variables)
-        if isinstance(address, tuple):
-            self.base_variables.update(REMOTE_ADDR=address[0], REMOTE_PORT=str(address[1]))
-        self.base_objects = dict(server.base_objects)
-        self.base_objects["zc_lb.client_socket"] = sock  # to notice a hang-up
-        self.base_objects["zc_lb.start_ready"] = self.start_ready  # (the LB's fast way)
+        # The client's address, for each request's environ (set there, not
+        # kept in dicts of this connection's own: an idle client costs less).
+        self.remote = (address[0], str(address[1])) if isinstance(address, tuple) else None
         forwarding = server.forwarding
         self.peer = address[0] if isinstance(address, tuple) else None
         self.evicted = False  # ended by the server to make room
@@ -231,6 +226,9 @@ class ClientConnection:
                 return
             if self.close:
                 return
+            # An idle keep-alive client holds nothing of its last request.
+            request = None
+            self._reset()
 
     # -- reading --------------------------------------------------------
 
@@ -351,12 +349,18 @@ class ClientConnection:
         head = request.head
         # The environ is built once: its variables (less the hop-by-hop
         # fields) are also what the LB forwards, as "zc_lb.forward".
-        forward = dict(self.base_variables)
+        server = self.server
+        forward = dict(server.base_variables)
+        if self.remote is not None:
+            forward["REMOTE_ADDR"], forward["REMOTE_PORT"] = self.remote
         hop = request_variables(forward, head)
-        forwarding = self.server.forwarding
+        forwarding = server.forwarding
         if forwarding is not None:
             forwarding.apply(forward, self.peer, self.trusted)
-        environ = self.environ = dict(self.base_objects)
+        # What the worker gets too (str), and the objects only the LB sees.
+        environ = self.environ = dict(server.base_objects)
+        environ["zc_lb.client_socket"] = self.sock  # to notice a hang-up
+        environ["zc_lb.start_ready"] = self.start_ready  # (the LB's fast way)
         environ.update(forward)
         if hop is not None:
             environ.update(hop)
