@@ -906,3 +906,114 @@ def lb_with_worker_raw(procs, *lb_args):
     worker = procs(WorkerProcess("apps:app", env=ENV))
     lb = procs(LBProcess([worker.address], *lb_args, env=ENV))
     return lb, worker
+
+
+# -- idle keep-alive clients park: no greenlet while they idle ---------------------
+
+
+@pytest.fixture
+def parking_front(monkeypatch):
+    """A FrontServer in process, serving path_app, whose keep-alive clients
+    park after 0.2 s idle; yields (front, connect)."""
+    import gevent.socket
+    from zc_lb import http as front_http
+
+    monkeypatch.setattr(front_http, "PARK_AFTER", 0.2)
+    front = front_http.FrontServer(("127.0.0.1", 0), path_app, client_timeout=1.5,
+                                   max_connections=3)
+    front.start()
+    opened = []
+
+    def connect():
+        sock = gevent.socket.create_connection(front.address, timeout=5)
+        opened.append(sock)
+        return sock
+
+    yield front, connect
+    for sock in opened:
+        sock.close()
+    front.stop(timeout=1)
+
+
+def _ask(sock, path):
+    sock.sendall(b"GET %s HTTP/1.1\r\nHost: a\r\n\r\n" % path)
+    data = b""
+    while not data.endswith(path):
+        chunk = sock.recv(4096)
+        if not chunk:
+            return data + b"(closed)"
+        data += chunk
+    return data
+
+
+def _parked(server):
+    """Client connections parked (they wait for a request, as in ``waiting``)."""
+    return sum(1 for connection in server.waiting if connection.parked)
+
+
+def _until(predicate, message, timeout=5.0):
+    """wait_for, yielding to the hub (the front runs in this process)."""
+    import gevent
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting for " + message
+        gevent.sleep(0.02)
+
+
+def _closed(sock):
+    import gevent.socket
+    try:
+        return gevent.socket.wait_read(sock.fileno(), 0.3) is None and sock.recv(100) == b""
+    except socket.timeout:
+        return False
+
+
+def test_an_idle_keepalive_client_parks_and_is_served_when_it_asks_again(parking_front):
+    import gevent
+    front, connect = parking_front
+    sock = connect()
+    assert _ask(sock, b"/one").endswith(b"/one")
+    gevent.sleep(0.5)  # past PARK_AFTER: its greenlet is gone
+    assert front.server.connections == 1 and _parked(front.server) == 1
+    assert _ask(sock, b"/two").endswith(b"/two")  # resumed in a new greenlet
+    assert _parked(front.server) == 0
+    gevent.sleep(0.5)
+    assert _ask(sock, b"/three").endswith(b"/three")  # parked and resumed again
+
+
+def test_a_parked_client_is_closed_at_the_client_timeout_and_counted_out(parking_front):
+    import gevent
+    front, connect = parking_front
+    sock = connect()
+    _ask(sock, b"/one")
+    gevent.sleep(0.5)
+    assert _parked(front.server) == 1
+    started = time.monotonic()
+    assert sock.recv(100) == b""  # closed, quietly
+    assert 0.8 < time.monotonic() - started + 0.5 < 2.5  # at the client timeout
+    _until(lambda: front.server.connections == 0, message="the closed one counted out")
+    assert not front.server.waiting
+
+
+def test_a_parked_client_is_evicted_for_a_new_one_past_the_cap(parking_front):
+    import gevent
+    front, connect = parking_front
+    idle = [connect() for _ in range(3)]  # the cap
+    for n, sock in enumerate(idle):
+        _ask(sock, b"/%d" % n)
+    gevent.sleep(0.7)  # all parked, and past the eviction's grace
+    newcomer = connect()
+    assert _ask(newcomer, b"/new").endswith(b"/new")
+    assert [_closed(sock) for sock in idle] == [True, False, False]  # the oldest made room
+    _until(lambda: front.server.connections == 3, message="the evicted one counted out")
+
+
+def test_a_client_hanging_up_while_parked_is_counted_out(parking_front):
+    import gevent
+    front, connect = parking_front
+    sock = connect()
+    _ask(sock, b"/one")
+    gevent.sleep(0.5)
+    sock.close()
+    _until(lambda: front.server.connections == 0, message="counted out")
+    assert not front.server.waiting

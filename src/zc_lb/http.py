@@ -158,6 +158,8 @@ def refusal(status: int) -> bytes:
 
 
 RECV_SIZE = 64 * 1024
+PARK_AFTER = 2.0  # seconds a keep-alive client idles before its greenlet is let go
+PARKED = object()  # what ``_next_request`` says of a connection it parked
 _TIMED_OUT = object()  # what a wait's timer wakes it with
 LINGER = 0.5  # seconds to read and drop a refused client's bytes before closing
 LINGER_BYTES = 1024 * 1024
@@ -190,6 +192,8 @@ class ClientConnection:
         raw = getattr(sock, "_sock", None)
         self._raw_recv = None if isinstance(sock, gevent.ssl.SSLSocket) or raw is None else raw.recv
         self._readable = None  # the socket's read watcher, made at the first wait
+        self._idle = None  # while parked, the client timeout's timer
+        self.parked = False  # its greenlet let go while the client idles
         self._reset()
 
     def _reset(self) -> None:
@@ -207,25 +211,28 @@ class ClientConnection:
         self._bodiless = False
         self.close = False
 
-    def run(self) -> None:
-        """Serve requests until the client leaves, errs, or keep-alive ends."""
-        first = True
+    def run(self, first: bool = True) -> bool:
+        """Serve requests until the client leaves, errs, or keep-alive ends
+        (False), or until it idles PARK_AFTER seconds between requests
+        (True: parked, see ``_park``).  ``first``: no request yet."""
         while True:
             request = self._next_request(first)
+            if request is PARKED:
+                return True
             if request is None:
-                return
+                return False
             first = False
             self._reset()
             self.time_start = request.started
             if request.refusal is not None:
                 self._refuse(request.refusal)
-                return
+                return False
             self._serve(request)
             if not request.complete:  # a body left unread cannot be skipped
                 self._linger()  # safely: hang up, once the client has our answer
-                return
+                return False
             if self.close:
-                return
+                return False
             # An idle keep-alive client holds nothing of its last request.
             request = None
             self._reset()
@@ -241,12 +248,17 @@ class ClientConnection:
         request = reader.next_request()
         if request is not None or reader.broken:
             return request
-        server = self.server
-        server.waiting[self] = time.monotonic()  # (the oldest may be evicted for a newcomer)
+        waiting = self.server.waiting
+        if self not in waiting:  # (one resumed from parking is there since it parked)
+            waiting[self] = time.monotonic()  # (the oldest may be evicted for a newcomer)
         try:
-            return self._wait_for_request(first)
-        finally:
-            server.waiting.pop(self, None)
+            request = self._wait_for_request(first)
+        except BaseException:
+            waiting.pop(self, None)
+            raise
+        if request is not PARKED:
+            waiting.pop(self, None)
+        return request
 
     def _wait_for_request(self, first: bool) -> Optional[Request]:
         reader, server = self.reader, self.server
@@ -262,11 +274,16 @@ class ClientConnection:
                     return self._head_timeout(header_timeout)
                 if client_timeout is not None:
                     timeout = min(timeout, client_timeout)
+            # Idle between requests: park after PARK_AFTER (plain sockets).
+            park = (deadline is None and not reader.in_head and self._raw_recv is not None
+                    and (timeout is None or timeout > PARK_AFTER))
             try:
-                data = self._recv(timeout)
+                data = self._recv(PARK_AFTER if park else timeout)
             except socket.timeout:
                 if deadline is not None and time.monotonic() >= deadline:
                     return self._head_timeout(header_timeout)
+                if park:
+                    return self._park(None if timeout is None else timeout - PARK_AFTER)
                 return None  # idle between requests: close quietly
             except OSError:
                 return None
@@ -276,6 +293,40 @@ class ClientConnection:
             request = reader.next_request()
             if request is not None or reader.broken or not data:
                 return request
+
+    def _park(self, timeout: Optional[float]):
+        """Let this connection's greenlet go while its client idles, and
+        resume it in a new one (``_unpark``) when the client sends again
+        or the server evicts it, or close it after ``timeout`` more
+        seconds (``_expire``).  A greenlet's saved stack and its frames
+        were a third of what an idle keep-alive client cost; a busy
+        client never parks.  PARKED: the caller must let the connection be."""
+        assert self._readable is not None  # (made by the wait that timed out)
+        self.parked = True
+        self._readable.start(self._unpark)
+        if timeout is not None:
+            self._idle = get_hub().loop.timer(timeout)
+            self._idle.start(self._expire, update=True)
+        return PARKED
+
+    def _stop_parking(self) -> None:
+        assert self._readable is not None
+        self.parked = False
+        self._readable.stop()
+        if self._idle is not None:
+            self._idle.close()
+            self._idle = None
+
+    def _unpark(self) -> None:
+        """(From the hub) the client sent, or hung up, or was evicted."""
+        self._stop_parking()
+        gevent.spawn(self.server.serve, self, False)
+
+    def _expire(self) -> None:
+        """(From the hub) the client timeout passed while parked: close quietly."""
+        self._stop_parking()
+        self.server.waiting.pop(self, None)
+        self.server.ended(self.sock)
 
     def _recv(self, timeout: Optional[float]) -> bytes:
         """``sock.recv`` within ``timeout`` seconds (socket.timeout past it).
@@ -789,6 +840,7 @@ class _Server(gevent.server.StreamServer):
             self._turn_away(sock, address)
             return
         self.connections += 1
+        client = connection = None
         try:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -800,11 +852,33 @@ class _Server(gevent.server.StreamServer):
                     return
             client = sock if self.tls is None else self._handshake(sock, address)
             if client is not None:
-                ClientConnection(self, client, address).run()
-                client.close()
+                connection = ClientConnection(self, client, address)
         finally:
-            self.connections -= 1
-            sock.close()
+            if connection is None:
+                if client is not None:
+                    client.close()
+                self.ended(sock)
+        if connection is not None:
+            self.serve(connection, True)
+
+    def do_close(self, sock, *args) -> None:
+        """gevent closes a connection when its handler returns; here the
+        connection does (``ended``), as a parked one outlives its handler."""
+
+    def serve(self, connection: ClientConnection, first: bool) -> None:
+        """Run ``connection`` in this greenlet until it ends (closed and
+        counted out here) or parks (it resumes in another)."""
+        parked = False
+        try:
+            parked = connection.run(first)
+        finally:
+            if not parked:
+                self.ended(connection.sock)
+
+    def ended(self, sock) -> None:
+        """A client connection is over: close it, count it out."""
+        self.connections -= 1
+        sock.close()
 
     def _proxied(self, sock, address):
         """The client's address from the PROXY protocol header the
