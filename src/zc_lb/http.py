@@ -221,8 +221,7 @@ class ClientConnection:
                 return True
             if request is None:
                 return False
-            first = False
-            self._reset()
+            first = False  # (the state of the last request is reset: see below)
             self.time_start = request.started
             if request.refusal is not None:
                 self._refuse(request.refusal)
