@@ -158,3 +158,43 @@ def test_the_table_sets_the_lb_against_the_floor():
            "lb_cpu_us_per_req": 120.0, "worker_cpu_us_per_req": 40.0, "errors": 0}
     text = bench.format_table([row, dict(row, target="floor", lb_cpu_us_per_req=40.0)])
     assert "zc-lb LB CPU / the floor proxy's: 3.00" in text
+
+
+def test_the_bodies_app_sends_and_counts_large_bodies():
+    import io
+
+    seen = []
+    body = bench.bodies_app({"REQUEST_METHOD": "GET", "QUERY_STRING": "size=600000"},
+                            lambda status, headers: seen.append(headers))
+    data = b"".join(body)
+    assert len(data) == 600000 and data == bench.big_body(600000)
+    assert ("Content-Length", "600000") in seen[0]
+    answer = bench.bodies_app({"REQUEST_METHOD": "POST", "CONTENT_LENGTH": "150000",
+                               "wsgi.input": io.BytesIO(b"x" * 150001)},
+                              lambda status, headers: None)
+    assert answer == [b"150000\n"]
+
+
+def test_the_bodies_line_says_each_way_and_the_goal():
+    result = {"mb": 20, "transfers": 5, "met": False,
+              "download": {"direct_mb_s": 1000.0, "zc_lb_mb_s": 250.0, "ratio": 4.0},
+              "upload": {"direct_mb_s": 900.0, "zc_lb_mb_s": 600.0, "ratio": 1.5}}
+    assert bench.bodies_line(result) == (
+        "bodies (20 MB, 5 each): download direct 1000 MB/s, zc-lb 250 MB/s, 4.0x slower; "
+        "upload direct 900 MB/s, zc-lb 600 MB/s, 1.5x slower; goal <= 2.0x: NOT met")
+
+
+def test_bench_bodies_tiny_run_prints_its_line():
+    # No wrk needed: the bodies measure has a client of its own.
+    done = subprocess.run(
+        [sys.executable, "-m", "zc_lb.bench", "--targets", "bodies", "--body-mb", "1",
+         "--body-transfers", "1"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    number = r"([\d.]+)"
+    line = re.search(
+        r"^bodies \(1 MB, 1 each\): download direct {0} MB/s, zc-lb {0} MB/s, {0}x slower; "
+        r"upload direct {0} MB/s, zc-lb {0} MB/s, {0}x slower; goal <= 2\.0x: (?:NOT )?met$"
+        .format(number), done.stdout, re.M)
+    assert line, done.stdout
+    assert all(float(value) > 0 for value in line.groups()), done.stdout
+    assert "req/s" not in done.stdout  # no wrk table without wrk targets

@@ -28,6 +28,18 @@ is one class and one affinity key, under ``wrk -c20``:
 Its ratio says whether the default policy holds its own where locality
 buys nothing: a hot key must spread as least backlog would spread it.
 
+Then large bodies (``bodies``, issue 27): an app (``bodies_app``) that
+answers a GET with 20 MB (one bytes object made once, yielded in 256 KB
+slices, as an app streaming a file yields its reads) and reads a POST's
+body in 64 KB reads, answering the byte count, served directly by
+gevent.pywsgi and through zc-lb (one worker, ``--greenlets``).  A plain
+client on one keep-alive connection to each (TCP_NODELAY, bodies
+received with ``recv_into`` into one buffer) makes one warm-up transfer
+each way (the download's bytes checked), then times 5 downloads and 5
+uploads from each, one transfer at a time, taking turns between the two
+so that the machine's other work weighs on both alike; the line says the
+MB/s of each and zc-lb's time over the direct server's, each way.
+
 Each target gets a short wrk warm-up, then one measured wrk run with the
 same settings (``wrk -t1 -cC -dNs --latency``).  Requests per second and
 latency percentiles come from wrk; CPU per request is the balancer's (and
@@ -57,6 +69,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -68,6 +81,7 @@ import string
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
@@ -77,7 +91,8 @@ BODY = b"Hello, world\n"
 HAPROXY_TEMPLATE = Path(__file__).resolve().parents[2] / "etc" / "haproxy-bench.cfg"
 SERVE_READY = "zc-lb bench server listening on "
 TARGETS = ("zc-lb", "haproxy", "direct", "lb-1p", "lb-2p", "floor", "zc-lb-cpu",
-           "haproxy-cpu")
+           "haproxy-cpu", "bodies")
+BODIES = "bodies"  # the large-body measure's name in --targets (not a wrk target)
 REALISTIC = ("zc-lb-cpu", "haproxy-cpu")  # measured with CPU_CONNECTIONS
 SCALE_WORKERS = 4  # workers behind lb-1p and lb-2p: enough that the LB is the limit
 GOAL_LB_CPU_US = 50  # HAProxy's own cost per proxied request, in Python
@@ -111,7 +126,64 @@ def cpu_app(environ, start_response):
     return hello_app(environ, start_response)
 
 
-APPS = {"hello": hello_app, "cpu": cpu_app}
+MB = 1024 * 1024
+BODIES_MB = 20  # the large bodies' size
+BODIES_TRANSFERS = 5  # timed transfers each way, after one warm-up
+BODIES_CHUNK = 256 * 1024  # the app yields a download in slices this size
+BODIES_READ = 64 * 1024  # and reads an upload this much at a time
+BODIES_MAX = 1024 * MB  # the largest body the app makes
+BODIES_TIMEOUT = 60.0  # seconds for one transfer
+GOAL_BODIES = 2.0  # zc-lb's time for a large body over the direct server's, at most
+
+
+@functools.lru_cache(maxsize=2)
+def big_body(size: int) -> bytes:
+    """``size`` bytes, made once (per size) for every download."""
+    return (bytes(range(256)) * (size // 256 + 1))[:size]
+
+
+def _query_size(query: str) -> int:
+    """The ``size=N`` of a query string (BODIES_MB MB without one)."""
+    import urllib.parse
+
+    try:
+        size = int(urllib.parse.parse_qs(query).get("size", [BODIES_MB * MB])[0])
+    except ValueError:
+        size = BODIES_MB * MB
+    return max(0, min(size, BODIES_MAX))
+
+
+def _slices(data: bytes, size: int) -> Iterator[bytes]:
+    """``data`` in pieces of ``size`` bytes, each a copy, as reads of a
+    file would be."""
+    for start in range(0, len(data), size):
+        yield data[start:start + size]
+
+
+def bodies_app(environ, start_response):
+    """Large bodies: a GET gets ``?size=N`` bytes (BODIES_MB MB without
+    it), yielded in BODIES_CHUNK slices of one bytes object, with a
+    Content-Length; a POST's body is read in BODIES_READ reads, up to
+    its Content-Length, and answered with the byte count."""
+    if environ["REQUEST_METHOD"] == "POST":
+        read, count = environ["wsgi.input"].read, 0
+        remaining = int(environ.get("CONTENT_LENGTH") or 0)
+        while remaining > 0:
+            data = read(min(BODIES_READ, remaining))
+            if not data:
+                break
+            count, remaining = count + len(data), remaining - len(data)
+        answer = b"%d\n" % count
+        start_response("200 OK", [("Content-Type", "text/plain"),
+                                  ("Content-Length", str(len(answer)))])
+        return [answer]
+    body = big_body(_query_size(environ.get("QUERY_STRING", "")))
+    start_response("200 OK", [("Content-Type", "application/octet-stream"),
+                              ("Content-Length", str(len(body)))])
+    return _slices(body, BODIES_CHUNK)
+
+
+APPS = {"hello": hello_app, "cpu": cpu_app, "bodies": bodies_app}
 
 
 # -- the pywsgi server behind HAProxy and for "direct" ------------------
@@ -360,6 +432,143 @@ def measure(name: str, args: argparse.Namespace) -> Dict[str, object]:
     return result
 
 
+# -- large bodies -----------------------------------------------------------
+
+
+class BodyClient:
+    """A plain HTTP/1.1 client on one keep-alive connection, quick enough
+    not to be what a large body waits for: TCP_NODELAY, the upload one
+    ``sendall`` of one bytes object, a response received with
+    ``recv_into`` into one buffer made beforehand."""
+
+    def __init__(self, address: str, size: int) -> None:
+        host, port = address.rsplit(":", 1)
+        self.address = address
+        self.size = size
+        self.sock = socket.create_connection((host, int(port)), timeout=BODIES_TIMEOUT)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buffer = bytearray(size + 65536)  # the body and its head
+        self.payload = big_body(size)
+
+    def download(self) -> float:
+        """GET the body; the seconds it took."""
+        started = time.perf_counter()
+        self.sock.sendall(b"GET /?size=%d HTTP/1.1\r\nHost: %s\r\n\r\n"
+                          % (self.size, self.address.encode()))
+        self._expect(self.size, started)
+        return time.perf_counter() - started
+
+    def upload(self) -> float:
+        """POST the body; the seconds until the app's answer came."""
+        started = time.perf_counter()
+        self.sock.sendall(b"POST / HTTP/1.1\r\nHost: %s\r\nContent-Type: application/"
+                          b"octet-stream\r\nContent-Length: %d\r\n\r\n"
+                          % (self.address.encode(), self.size))
+        self.sock.sendall(self.payload)
+        length, start = self._expect(None, started)
+        answer = bytes(self.buffer[start:start + length])
+        if answer != b"%d\n" % self.size:
+            raise BenchError("%s counted %r of a %d-byte upload" % (self.address, answer,
+                                                                    self.size))
+        return time.perf_counter() - started
+
+    def warm_up(self) -> None:
+        """One download, its body checked, and one upload: a target that
+        answers fast with the wrong bytes must not pass for a fast one."""
+        self.download()
+        start = self.buffer.find(b"\r\n\r\n") + 4
+        if self.buffer[start:start + self.size] != self.payload:
+            raise BenchError("%s sent a body other than the app's" % self.address)
+        self.upload()
+
+    def _expect(self, length: Optional[int], started: float) -> Tuple[int, int]:
+        """Receive a 200 response (of ``length`` body bytes, if given):
+        (its body's length, where its body starts in the buffer)."""
+        view, got, deadline = memoryview(self.buffer), 0, started + BODIES_TIMEOUT
+        end = -1
+        while end < 0 and got < 65536:
+            got += self._recv(view[got:], deadline)
+            end = self.buffer.find(b"\r\n\r\n", 0, got)
+        head = bytes(self.buffer[:max(end, 0)]).decode("latin-1")
+        found = re.search(r"^content-length:\s*(\d+)", head, re.I | re.M)
+        if end < 0 or not head.startswith("HTTP/1.1 200 ") or not found or (
+                length is not None and int(found.group(1)) != length):
+            raise BenchError("%s answered %r" % (self.address, head[:200]))
+        total = end + 4 + int(found.group(1))
+        if total > len(self.buffer):
+            raise BenchError("%s answered a body of %s bytes" % (self.address, found.group(1)))
+        while got < total:
+            got += self._recv(view[got:total], deadline)
+        return total - end - 4, end + 4
+
+    def _recv(self, view: memoryview, deadline: float) -> int:
+        """Receive into ``view``: how many bytes came."""
+        if time.perf_counter() > deadline:
+            raise BenchError("a transfer from %s took over %gs" % (self.address, BODIES_TIMEOUT))
+        received = self.sock.recv_into(view)
+        if not received:
+            raise BenchError("%s closed the connection" % self.address)
+        return received
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def time_bodies(addresses: List[str], size: int, transfers: int) -> List[Dict[str, float]]:
+    """Seconds, for each of ``addresses``, of ``transfers`` downloads and
+    as many uploads of ``size`` bytes, after one of each to warm up.  The
+    transfers go one at a time, taking turns between the addresses, so
+    that whatever else the machine does weighs on each alike."""
+    clients: List[BodyClient] = []
+    try:
+        clients += [BodyClient(address, size) for address in addresses]
+        for client in clients:
+            client.warm_up()
+        times = [{"download": 0.0, "upload": 0.0} for _ in clients]
+        for way in ("download", "upload"):
+            for _ in range(transfers):
+                for client, spent in zip(clients, times):
+                    spent[way] += getattr(client, way)()
+        return times
+    except OSError as exc:
+        raise BenchError("large bodies from %s: %s" % (" and ".join(addresses), exc))
+    finally:
+        for client in clients:
+            client.close()
+
+
+def measure_bodies(args: argparse.Namespace) -> Dict[str, object]:
+    """Large bodies through zc-lb (one worker) against the app served
+    directly: each way, MB/s of each and zc-lb's time over the direct's."""
+    size, transfers = args.body_mb * MB, args.body_transfers
+    with contextlib.ExitStack() as stack:
+        _, direct_address = stack.enter_context(running(serve_argv("bodies"), SERVE_READY))
+        lb_address, _, _ = stack.enter_context(zc_lb_cluster(
+            args, ["zc_lb.bench:bodies_app", "--greenlets"], 1))
+        direct, zc_lb = time_bodies([direct_address, lb_address], size, transfers)
+    result: Dict[str, object] = {"mb": args.body_mb, "transfers": transfers}
+    for way in ("download", "upload"):
+        result[way] = {"direct_mb_s": transfers * size / MB / direct[way],
+                       "zc_lb_mb_s": transfers * size / MB / zc_lb[way],
+                       "ratio": zc_lb[way] / direct[way]}
+    result["goal_ratio"] = GOAL_BODIES
+    result["met"] = all(result[way]["ratio"] <= GOAL_BODIES  # type: ignore[index]
+                        for way in ("download", "upload"))
+    return result
+
+
+def bodies_line(result: Dict[str, object]) -> str:
+    """The large-body measure's line, with its goal."""
+    ways = []
+    for way in ("download", "upload"):
+        numbers: Dict[str, float] = result[way]  # type: ignore[assignment]
+        ways.append("%s direct %.0f MB/s, zc-lb %.0f MB/s, %.1fx slower" % (
+            way, numbers["direct_mb_s"], numbers["zc_lb_mb_s"], numbers["ratio"]))
+    return "bodies (%s MB, %s each): %s; goal <= %.1fx: %s" % (
+        result["mb"], result["transfers"], "; ".join(ways), GOAL_BODIES,
+        "met" if result["met"] else "NOT met")
+
+
 # -- reporting ------------------------------------------------------------
 
 
@@ -538,22 +747,30 @@ def find_tool(name: str, package: str) -> str:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    args.wrk = find_tool("wrk", "wrk")
+    wrk_targets = [name for name in args.targets if name != BODIES]
+    if wrk_targets:
+        args.wrk = find_tool("wrk", "wrk")
     if any(target.startswith("haproxy") for target in args.targets):
         args.haproxy = find_tool("haproxy", "haproxy")
-    results = [measure(name, args) for name in args.targets]
+    results = [measure(name, args) for name in wrk_targets]
+    bodies = measure_bodies(args) if BODIES in args.targets else None
     costs = {policy: pool_us(policy) for policy in ("affinity", "published")}
     if args.json:
         print(json.dumps({"settings": {"seconds": args.seconds, "connections": args.connections,
                                        "warmup": args.warmup, "policy": args.policy,
+                                       "body_mb": args.body_mb,
+                                       "body_transfers": args.body_transfers,
                                        "cpus": os.cpu_count()},
-                          "results": results, "ratios": ratios(results),
+                          "results": results, "ratios": ratios(results), "bodies": bodies,
                           "pool_us_per_request": costs}, indent=2))
-    else:
+        return 0
+    if results:
         print("wrk -t1 -c%d -d%ds, %ds warm-up, %s CPUs, zc-lb policy %s" % (
             args.connections, args.seconds, args.warmup, os.cpu_count(), args.policy))
         print(format_table(results))
-        print(pool_line(costs))
+    if bodies is not None:
+        print(bodies_line(bodies))
+    print(pool_line(costs))
     return 0
 
 
@@ -573,6 +790,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma-separated subset of %s" % ",".join(TARGETS))
     parser.add_argument("--haproxy-config", default=str(HAPROXY_TEMPLATE),
                         help="HAProxy config template ($listen, $server1, $server2)")
+    parser.add_argument("--body-mb", type=int, default=BODIES_MB,
+                        help="MB of each large body (the bodies target)")
+    parser.add_argument("--body-transfers", type=int, default=BODIES_TRANSFERS,
+                        help="timed large-body transfers each way")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     return parser
 
@@ -664,8 +885,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     unknown = set(args.targets) - set(TARGETS)
     if unknown:
         build_parser().error("unknown targets: %s" % ",".join(sorted(unknown)))
-    if min(args.seconds, args.connections) < 1 or args.warmup < 0:
-        build_parser().error("--seconds and --connections must be at least 1, --warmup 0")
+    if min(args.seconds, args.connections, args.body_mb, args.body_transfers) < 1 \
+            or args.warmup < 0:
+        build_parser().error("--seconds, --connections, --body-mb and --body-transfers "
+                             "must be at least 1, --warmup 0")
     try:
         return run_bench(args)
     except ProcessError as exc:
