@@ -64,9 +64,11 @@ def test_the_goals_say_met_or_not():
            "lb_cpu_us_per_req": 50.0, "worker_cpu_us_per_req": 40.0, "errors": 0}
     haproxy = dict(row, target="haproxy", rps=90.0, p99_ms=3.0, lb_cpu_us_per_req=30.0)
     lines = bench.goals(row, 100 / 90, 60.0, haproxy)
-    assert lines[1:] == ["  LB CPU 50.0 us/req, goal <= 50: met",
+    assert lines[1:] == ["  LB CPU 50.0 us/req, 1.67x HAProxy's 30.0, goal <= 2.0x: met",
                          "  throughput 1.11x HAProxy's, goal >= 1.0, p99 no worse: met",
-                         "  worker overhead 60.0 us/req, goal <= 50: NOT met"]
+                         "  worker overhead 60.0 us/req, goal <= 40: NOT met"]
+    costly = bench.goals(dict(row, lb_cpu_us_per_req=61.0), 100 / 90, 10.0, haproxy)
+    assert costly[1] == "  LB CPU 61.0 us/req, 2.03x HAProxy's 30.0, goal <= 2.0x: NOT met"
     slower = bench.goals(dict(row, p99_ms=4.0), 100 / 90, 10.0, haproxy)
     assert slower[2].endswith("p99 no worse: NOT met")
 
@@ -93,7 +95,10 @@ def test_bench_tiny_run_prints_table():
         assert ratio and float(ratio.group(1)) > 0, out
     assert re.search(r"^zc-lb LB CPU / the floor proxy's: [\d.]+$", out, re.M), out
     assert re.search(r"^pool choice \(get \+ put, 6 workers, 32 classes\): affinity [\d.]+ us/req, "
-                     r"published [\d.]+ us/req; affinity / published [\d.]+$", out, re.M), out
+                     r"published [\d.]+ us/req; affinity / published [\d.]+; "
+                     r"goal <= 3 us: (NOT )?met$", out, re.M), out
+    assert re.search(r"^  LB CPU [\d.]+ us/req, [\d.]+x HAProxy's [\d.]+, goal <= 2.0x: "
+                     r"(NOT )?met$", out, re.M), out
 
 
 def test_bench_without_wrk_says_how_to_get_it(monkeypatch, capsys):
@@ -108,7 +113,9 @@ def test_the_pool_bench_times_every_policy_on_the_same_requests():
     for policy in ("affinity", "published"):
         assert 0 < bench.pool_us(policy, requests=2000) < 100000
     assert bench.pool_line({"affinity": 12.0, "published": 3.0}).endswith(
-        "affinity 12.0 us/req, published 3.0 us/req; affinity / published 4.0")
+        "affinity 12.0 us/req, published 3.0 us/req; affinity / published 4.0; "
+        "goal <= 3 us: NOT met")
+    assert bench.pool_line({"affinity": 2.5, "published": 1.0}).endswith("goal <= 3 us: met")
 
 
 def test_the_in_process_measure_serves_every_request_and_gives_a_cost():
