@@ -26,6 +26,7 @@ from zc_lb.http import FrontServer
 from zc_lb.lb import LB
 from zc_lb.pool import Pool
 from zc_lb.protocol import Body, End, GoAway, Response
+from zc_lb.spool import SpoolLimits
 from zc_lb.testing import LBProcess, WorkerProcess
 from zc_lb.worker import Worker
 
@@ -216,6 +217,29 @@ def test_an_invalid_content_length_from_the_app_is_a_500_from_its_worker(stack):
     assert client.request(path="/next")[:3:2] == (200, b"ok /next")  # still in sync
     poll(lambda: s.lb.in_flight == 0 and s.backlog() == 0 and s.streams() == 0,
          timeout=2, message="in_flight, backlog and streams back to 0")
+
+
+def _big_stream_app(environ, start_response):
+    start_response("200 OK", [("Content-Length", str(64 * 256 * 1024))])
+    return (b"x" * (256 * 1024) for _ in range(64))
+
+
+def test_what_waits_for_a_client_that_stopped_reading_stays_within_the_window(stack):
+    # A body the client keeps up with is let come a wide window ahead (it
+    # took what came first, here into its socket's buffers); when it
+    # stops reading and its spool is full, what waits in the LB for room
+    # stays within that window: the worker is held by flow control.
+    s = stack(routes({"/big": _big_stream_app}),
+              spool_limits=SpoolLimits(memory=64 * 1024, disk=0))
+    client = s.client()
+    client.send(b"GET /big HTTP/1.1\r\nHost: a.example\r\n\r\n")
+    poll(lambda: s.lb.spool_limits.stalled > 0, message="the spool full")
+    gevent.sleep(0.2)
+    [link] = s.lb.links.values()
+    [stream] = link.connection.protocol.streams.values()
+    waiting = sum(len(m.data) for x in link.connection.streams.values()
+                  for m in x.inbox if isinstance(m, Body))
+    assert stream.window + waiting <= protocol.WIDE_WINDOW
 
 
 def _not_modified_app(environ, start_response):

@@ -387,6 +387,25 @@ def test_a_ready_response_within_its_limits():
     assert "over the frame" in str(decode_error(ok, max_body=9))
 
 
+def test_widen_lets_the_peer_send_a_wide_window_ahead_once():
+    wire = Wire()
+    wire.take(wire.lb), wire.take(wire.worker)
+    rno, data = wire.lb.start_request({})  # a body to come from the LB...
+    wire.deliver(wire.lb, data)
+    wire.take(wire.worker)
+    credit = wire.worker.widen(rno)  # ...which the worker lets come faster
+    assert credit and wire.worker.widen(rno) == b""  # once
+    wire.deliver(wire.worker, credit)
+    assert wire.lb.credit(rno) == protocol.WIDE_WINDOW
+    # And the other way: the worker's response body, to the LB.
+    data = wire.worker.respond(rno, "200 OK", [], b"", end=False)
+    wire.deliver(wire.worker, data)
+    wire.deliver(wire.lb, wire.lb.widen(rno))
+    assert wire.worker.credit(rno) == protocol.WIDE_WINDOW
+    wire.deliver(wire.worker, wire.worker.send(End(rno)))
+    assert wire.lb.widen(rno) == b""  # (nothing more to receive)
+
+
 def test_a_whole_frame_to_a_peer_that_did_not_offer_it_is_refused():
     lb = protocol.Connection("lb")
     worker = protocol.Connection("worker", features=())

@@ -259,3 +259,23 @@ def test_the_wait_for_a_thread_is_not_counted_as_the_apps_time(serve):
     assert len(recorded) == 3
     # Counting the wait, they would read 0.2, 0.4 and 0.6 s.
     assert all(0.15 < elapsed < 0.5 for elapsed in recorded), recorded
+
+
+def _chunked_reader_app(environ, start_response):
+    """Reads its body in uneven pieces, lines and reads mixed."""
+    stream = environ["wsgi.input"]
+    parts = [stream.read(3), stream.readline(), stream.read(300000), stream.readline(5),
+             stream.readline(), stream.read()]
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"|".join(parts)]
+
+
+def test_reads_across_the_bodys_frames_give_its_bytes_in_order(serve):
+    # The body comes in frames of at most credit bytes; reads, lines and
+    # whole-frame takes must neither drop nor repeat a byte at their edges.
+    worker, connection, _ = serve(_chunked_reader_app)
+    body = b"abcdef\n" + b"x" * 600000 + b"\nline\nlast line\ntail"  # (three frames)
+    start, data = call(connection, {"REQUEST_METHOD": "POST",
+                                    "CONTENT_LENGTH": str(len(body))}, body)
+    assert data.split(b"|") == [b"abc", b"def\n", b"x" * 300000, b"x" * 5,
+                                b"x" * (600000 - 300005) + b"\n", b"line\nlast line\ntail"]

@@ -195,7 +195,8 @@ class Exchange:
             if stop_on_response and self.inbox:
                 return False
             n = min(len(view), credit(self.rno), protocol.MAX_BODY)
-            self.send(Body(self.rno, bytes(view[:n])))
+            whole = n == len(data) and type(data) is bytes  # (sent as it is: no copy)
+            self.send(Body(self.rno, data if whole else bytes(view[:n])))
             view = view[n:]
         return True
 
@@ -233,6 +234,16 @@ class Exchange:
         connection = self.connection
         if self.error is None and not connection.closed:
             data = connection.protocol.consumed(self.rno, n)
+            if data:
+                connection.write(data)
+
+    def widen(self) -> None:
+        """A body is coming to us: let the peer send WIDE_WINDOW bytes of it
+        ahead, not the WINDOW both sides start from, so that it is not
+        sent a window at a time, waiting for each Credit."""
+        connection = self.connection
+        if self.error is None and not connection.closed:
+            data = connection.protocol.widen(self.rno)
             if data:
                 connection.write(data)
 

@@ -66,12 +66,14 @@ from .errors import (LocalProtocolError, MessageTooLarge, RemoteProtocolError,
                      ResponseHeadTooLarge)
 
 VERSION = 1
-WINDOW = 256 * 1024
+WINDOW = 256 * 1024  # body bytes each side may send a request ahead, at the start
+WIDE_WINDOW = 1024 * 1024  # a large body's, granted as Credit (``protocol.widen``)
 MAX_BODY = 256 * 1024
 MAX_MESSAGE = 256 * 1024
 MAX_RESUME = 64 * 1024 * 1024
 MAX_RNO = 2**32 - 1
 COMPACT_AT = 64 * 1024  # decoded bytes kept at the buffer's head at most
+COPY_ONCE_AT = 4096  # payloads from this size are copied out through a memoryview
 
 HEADER = struct.Struct("!IBI")
 HEADER_SIZE = HEADER.size
@@ -624,7 +626,11 @@ class Decoder:
             if pos > COMPACT_AT:
                 self._compact()
             return NEED_DATA
-        payload = bytes(buf[pos + HEADER_SIZE:end])
+        if length < COPY_ONCE_AT:
+            payload = bytes(buf[pos + HEADER_SIZE:end])
+        else:  # (a slice of the bytearray, then bytes of it, copied a body twice)
+            with memoryview(buf) as view:
+                payload = bytes(view[pos + HEADER_SIZE:end])
         self._pos = end
         try:
             return self._decoders[mtype](rno, payload)

@@ -60,7 +60,7 @@ from .spool import Spool, SpoolLimits
 
 log = logging.getLogger(__name__)
 
-UPLOAD_CHUNK = 64 * 1024
+UPLOAD_CHUNK = MAX_BODY  # a request body is read and sent a frame at a time
 WATCH_CLIENT_AFTER = 1.0  # seconds without a response before watching for a hang-up
 WATCHDOG_INTERVAL = 0.25
 RETRY_METHODS = frozenset(("GET", "HEAD"))
@@ -190,6 +190,7 @@ class ResponseBody:
         """The pump: receive the body, keep it, grant credit while there is
         room (``owed``: bytes kept and not yet granted back)."""
         exchange, spool = self.exchange, self.spool
+        widened = False
         try:
             while True:
                 if owed:
@@ -199,6 +200,13 @@ class ResponseBody:
                             self._room.clear()
                             self._room.wait()
                     exchange.consumed(owed)
+                if not widened and not spool:
+                    # The client keeps up (it took all so far): let the
+                    # body come at full speed.  A slow client's body
+                    # comes a window at a time, so what waits here for
+                    # room in its spool stays within WINDOW.
+                    exchange.widen()
+                    widened = True
                 message = exchange.receive()
                 if type(message) is End:
                     self._end()

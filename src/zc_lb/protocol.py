@@ -83,6 +83,7 @@ from .frames import (  # noqa: F401  (the frames' names are the protocol's too)
     WHOLE,
     WHOLE_REQUEST,
     WHOLE_RESPONSE,
+    WIDE_WINDOW,
     WINDOW,
     body_header,
     encode,
@@ -575,6 +576,16 @@ class Connection:
             return b""
         n, stream.unacked = stream.unacked, 0
         return self.send(Credit(rno, n))
+
+    def widen(self, rno: int) -> bytes:
+        """The Credit that lets the peer send ``WIDE_WINDOW`` body bytes of
+        ``rno`` ahead (``WINDOW`` at the start): for a large body, so it
+        streams instead of waiting a round trip each window.  A Credit,
+        which every version takes; b"" if the request is not receiving."""
+        stream = self.streams.get(rno)
+        if stream is None or stream.receiving in ENDED or stream.window >= WIDE_WINDOW:
+            return b""
+        return self.send(Credit(rno, WIDE_WINDOW - stream.window))
 
     def credit(self, rno: int) -> int:
         """Body bytes we may send on ``rno`` now (0 once it has ended)."""

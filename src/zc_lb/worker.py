@@ -84,7 +84,9 @@ class RequestInput(io.RawIOBase):
     def __init__(self, exchange: Exchange, ended: bool = False) -> None:
         self._exchange = exchange
         self._buffer = b""
+        self._pos = 0  # bytes of the buffer read already (not cut off: no copy)
         self._eof = ended  # the request came whole: it has no body
+        self._widened = False
 
     def readable(self) -> bool:
         return True
@@ -93,26 +95,45 @@ class RequestInput(io.RawIOBase):
         """Get the next chunk into the buffer; False at end of body."""
         if self._eof:
             return False
+        if not self._widened and not self._exchange.inbox:
+            # The application keeps up (it read all that came): let the
+            # body come at full speed, not a window at a time.
+            self._exchange.widen()
+            self._widened = True
         message = self._exchange.receive()
         if isinstance(message, End):
             self._eof = True
             return False
         assert isinstance(message, Body)
-        self._buffer += message.data
+        if self._pos == len(self._buffer):
+            self._buffer, self._pos = message.data, 0
+        else:
+            self._buffer = self._buffer[self._pos:] + message.data
+            self._pos = 0
         # Buffered here only because the application asked for it.
         self._exchange.consumed(len(message.data))
         return True
 
+    @property
+    def _buffered(self) -> int:
+        return len(self._buffer) - self._pos
+
     def _take(self, n: int) -> bytes:
-        data, self._buffer = self._buffer[:n], self._buffer[n:]
+        """The next ``n`` buffered bytes (a whole chunk is not copied)."""
+        buffer, pos = self._buffer, self._pos
+        if pos == 0 and n >= len(buffer):
+            data = buffer
+        else:
+            data = buffer[pos:pos + n]
+        self._pos = min(pos + n, len(buffer))
         return data
 
     def read(self, size: Optional[int] = -1) -> bytes:
         if size is None or size < 0:
             size = -1
-        while (size < 0 or len(self._buffer) < size) and self._fill():
+        while (size < 0 or self._buffered < size) and self._fill():
             pass
-        return self._take(len(self._buffer) if size < 0 else size)
+        return self._take(self._buffered if size < 0 else size)
 
     def readinto(self, b) -> int:  # type: ignore[override]
         data = self.read(len(b))
@@ -120,11 +141,11 @@ class RequestInput(io.RawIOBase):
         return len(data)
 
     def readline(self, size: Optional[int] = -1) -> bytes:
-        while b"\n" not in self._buffer and (size is None or size < 0
-                                             or len(self._buffer) < size):
+        while self._buffer.find(b"\n", self._pos) < 0 and (size is None or size < 0
+                                                          or self._buffered < size):
             if not self._fill():
                 break
-        end = self._buffer.find(b"\n") + 1 or len(self._buffer)
+        end = (self._buffer.find(b"\n", self._pos) + 1 or len(self._buffer)) - self._pos
         if size is not None and size >= 0:
             end = min(end, size)
         return self._take(end)
