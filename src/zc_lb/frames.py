@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple, Union
@@ -90,7 +91,10 @@ WHOLE_RESPONSE = 17  # Response, Body and End
 READY_RESPONSE = 18  # Response with a ready head, perhaps Body, perhaps End
 READY_PREFIX = struct.Struct("!BqdI")  # flags, Content-Length, elapsed, head length
 READY_END = 1  # the flag: the response ends with this frame
-HTTP11 = b"HTTP/1.1 "
+# A ready head's framing (the worker checked its fields): an HTTP/1.1
+# status line, then lines that each end in CRLF, with no bare CR or LF
+# and no empty line, which would end the head early.
+READY_HEAD = re.compile(rb"HTTP/1\.1 [0-9]{3}[^\r\n]*\r\n(?:[^\r\n]+\r\n)*")
 
 
 # -- messages -----------------------------------------------------------
@@ -500,20 +504,12 @@ def _decode_ready_response(max_message: int, max_body: int, rno: int,
                                   "frame or the limits of %d and %d"
                                   % (head_size, len(payload), max_message, max_body))
     head = payload[size:start]
-    eol = head.find(b"\r\n")
-    if (not head.startswith(HTTP11) or not head[9:12].isdigit() or eol < 12
-            or not _framed(head) or length < -1 or flags & ~READY_END
+    if (READY_HEAD.fullmatch(head) is None or length < -1 or flags & ~READY_END
             or not (elapsed == -1.0 or 0 <= elapsed < 1e9)):
         raise RemoteProtocolError("malformed ready response head %r" % head[:200])
-    return Response(rno, head[9:eol].decode("latin-1"), [], payload[start:], bool(flags),
+    status = head[9:head.find(b"\r\n")].decode("latin-1")
+    return Response(rno, status, [], payload[start:], bool(flags),
                     None if elapsed == -1.0 else elapsed, head, None if length == -1 else length)
-
-
-def _framed(head: bytes) -> bool:
-    """Lines that each end in CRLF, no bare CR or LF, and no empty line."""
-    crlf = head.count(b"\r\n")
-    return (head.endswith(b"\r\n") and b"\r\n\r\n" not in head
-            and head.count(b"\r") == crlf and head.count(b"\n") == crlf)
 
 
 def _decode_credit(rno: int, payload: bytes) -> Credit:
