@@ -18,7 +18,7 @@ run: venv
 	$(VENV)/bin/zc-lb demo
 
 test: sysdeps venv
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 bench: sysdeps venv
 	$(PY) -m zc_lb.bench

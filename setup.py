@@ -31,8 +31,10 @@ setup(
     extras_require={
         # selenium drives Debian's chromium (make sysdeps) in the status page's test;
         # PyYAML reads etc/prometheus.yml back; flask is the third-party framework
-        # the forwarding headers are tried with (Werkzeug's ProxyFix)
-        "test": ["pytest>=7", "pytest-timeout>=2", "hypothesis>=6", "mypy>=1.0", "pastedeploy>=3",
+        # the forwarding headers are tried with (Werkzeug's ProxyFix); pytest-xdist
+        # runs the suite in two processes, each with its own ZooKeeper
+        "test": ["pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3", "hypothesis>=6",
+                 "mypy>=1.0", "pastedeploy>=3",
                  "selenium>=4.10", "PyYAML>=6", "flask>=2"],
         # replay and compare need only gevent; the Locust front end
         # (playback/locustfile.py) needs locust and its geventhttpclient.
