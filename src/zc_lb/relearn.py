@@ -43,6 +43,11 @@ RELEARN_SHARE = 0.5  # "most requests hit classes no worker is skilled in"
 BOOK_SIZE = 1 << 16  # keys the book remembers, least recently seen forgotten
 MOVED_WINDOW = 32  # new keys of a class over which moves count
 SETTLE = 0.995  # moves and new keys of a class fade with each key it had before
+SETTLED = 0.1  # moves below which a class that followed its keys is settled
+MOVED_LEAST = 2  # keys moved in before a class follows them
+FOLLOW_SHARE = 0.5  # a worker is followed once it sent half the top sender's keys
+
+
 class Adopted(float):
     """The floor of a worker that followed a class's moved keys: 1 (the
     mean), and marked as such by its type, not its value (a starter's floor,
@@ -57,9 +62,6 @@ def adopted(ratio: Optional[float]) -> bool:
     """Whether a floor is ``ADOPTED`` (None, no floor, counts as adopted:
     nothing to fade or raise)."""
     return ratio is None or type(ratio) is Adopted
-SETTLED = 0.1  # moves below which a class that followed its keys is settled
-MOVED_LEAST = 2  # keys moved in before a class follows them
-FOLLOW_SHARE = 0.5  # a worker is followed once it sent half the top sender's keys
 
 
 # (class, worker a key last went to, whether it moved between classes,
