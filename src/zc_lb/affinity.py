@@ -171,7 +171,8 @@ from heapq import nlargest
 from operator import attrgetter, itemgetter
 from typing import Dict, Hashable, List, Mapping, Optional, Set, Tuple
 
-from .classstats import PRIOR, ClassStats, Footprint, mix, rendezvous_draw, stable_hash
+from .classstats import (PRIOR, ClassStats, Footprint, mix, mixed, rendezvous_draw,
+                         stable_hash)
 from .errors import ConfigurationError
 from .locality import Locality
 from .pool import ClasslessPool, Pool, PoolWorker
@@ -492,11 +493,11 @@ class AffinityPool(SlowStart, Relearning):
         self.work = self.work * self.rate_decay + cost
         stats.seen = self.requests
         crc = crc32(key.encode("utf-8", "surrogateescape"))
-        key_hash = mix(stats.salt ^ crc)
+        key_hash = mixed(stats.salt ^ crc)
         if stats.footprint.add(key_hash, window) and stats.members:
             self._hold(stats, stats.members)  # (its keys held, counted again)
         self.footprint.add(key_hash, window)
-        return stats, key_hash, mix(crc ^ self.hash_seed)
+        return stats, key_hash, mixed(crc ^ self.hash_seed)
 
     def width(self, stats: ClassStats) -> int:
         """How many workers the class should be spread over."""

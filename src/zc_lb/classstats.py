@@ -39,6 +39,22 @@ def mix(x: int) -> int:
     return x ^ (x >> 31)
 
 
+_MIXED: Dict[int, int] = {}
+MAX_MIXED = 1 << 15  # remembered mixes: hot keys' hashes
+
+
+def mixed(x: int) -> int:
+    """``mix(x)``, remembered: a pool hashes every request's key twice, and
+    hot keys come back (a dict lookup instead of 64-bit arithmetic on
+    Python integers, 0.75 us)."""
+    result = _MIXED.get(x)
+    if result is None:
+        if len(_MIXED) >= MAX_MIXED:
+            _MIXED.clear()
+        result = _MIXED[x] = mix(x)
+    return result
+
+
 def rendezvous_weight(key_hash: int, salt: int, score: float) -> float:
     """Weighted rendezvous: the owner of a key is the highest ``score/-ln(u)``."""
     return score / rendezvous_draw(key_hash ^ salt)
@@ -109,6 +125,9 @@ class Footprint:
                              if window == self.window + 1 else 0.0)
             self.current = Sketch()
             self.window = window
+        smallest = self.current.smallest
+        if len(smallest) >= SKETCH_SIZE and value >= smallest[-1]:
+            return False  # (most keys: not among the smallest, and no call)
         return self.current.add(value)
 
     def estimate(self, window: int) -> float:
