@@ -66,7 +66,7 @@ HANDSHAKE_TIMEOUT = 10.0
 HANDSHAKE_RECV = 16 * 1024  # Hello and Auth are small: no quarter megabyte per wait
 RECYCLE_RNO = protocol.MAX_RNO - 100000
 RECV_SIZE = 256 * 1024
-_TIMED_OUT = object()  # what an Exchange's wait timer hands its waiter
+_TIMED_OUT = object()  # what a wait's timer hands its waiter (``wait``)
 
 
 def parse_address(text: str, default_host: str = "127.0.0.1") -> Tuple[str, int]:
@@ -92,6 +92,23 @@ def send_all(sock, data) -> None:
         view = memoryview(data)[sent:]
         while view:
             view = view[sock.send(view):]
+
+
+def wait(waiter: Waiter, timeout: Optional[float], error: type, *args) -> None:
+    """``waiter.get()``, or ``error(*args)`` raised after ``timeout``
+    seconds, counted from now (not from the loop's time at the start of
+    its turn, which would end the wait early): a timer on the loop, not
+    a gevent Timeout object."""
+    timer = None
+    if timeout is not None:
+        timer = waiter.hub.loop.timer(timeout)
+        timer.start(waiter.switch, _TIMED_OUT, update=True)
+    try:
+        if waiter.get() is _TIMED_OUT:
+            raise error(*args)
+    finally:
+        if timer is not None:
+            timer.close()
 
 
 def set_nodelay(sock: socket.socket) -> None:
@@ -259,21 +276,14 @@ class Exchange:
         other = self._waiter
         self._waiter = waiter if other is None else (
             other + [waiter] if type(other) is list else [other, waiter])
-        timer = None
-        if timeout is not None:
-            timer = hub.loop.timer(timeout)
-            timer.start(waiter.switch, _TIMED_OUT)
         try:
-            if waiter.get() is _TIMED_OUT:
-                raise gevent.Timeout(timeout)
+            wait(waiter, timeout, gevent.Timeout, timeout)
         finally:
             waiting = self._waiter
             if waiting is waiter:
                 self._waiter = None
             elif type(waiting) is list and waiter in waiting:
                 waiting.remove(waiter)
-            if timer is not None:
-                timer.close()
 
     def _wake(self) -> None:
         """Wake whoever waits, once: from the hub's next turn, as the

@@ -38,7 +38,7 @@ import gevent.ssl
 from gevent.hub import Waiter, get_hub
 
 from .accesslog import LogFormat
-from .connection import send_all
+from .connection import send_all, wait
 from .errors import ClientError, ClientGone, ConfigurationError, HeadTimeout, ZcLbError
 from . import proxyproto
 from .forwarding import Forwarding
@@ -160,7 +160,6 @@ def refusal(status: int) -> bytes:
 RECV_SIZE = 64 * 1024
 PARK_AFTER = 2.0  # seconds a keep-alive client idles before its greenlet is let go
 PARKED = object()  # what ``_next_request`` says of a connection it parked
-_TIMED_OUT = object()  # what a wait's timer wakes it with
 LINGER = 0.5  # seconds to read and drop a refused client's bytes before closing
 LINGER_BYTES = 1024 * 1024
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -293,7 +292,7 @@ class ClientConnection:
             if request is not None or reader.broken or not data:
                 return request
 
-    def _park(self, timeout: Optional[float]):
+    def _park(self, timeout: Optional[float]) -> object:
         """Let this connection's greenlet go while its client idles, and
         resume it in a new one (``_unpark``) when the client sends again
         or the server evicts it, or close it after ``timeout`` more
@@ -353,17 +352,10 @@ class ClientConnection:
             readable = self._readable = hub.loop.io(self.sock.fileno(), 1)
         waiter = Waiter(hub)
         readable.start(waiter.switch, None)
-        timer = None
-        if timeout is not None:
-            timer = hub.loop.timer(timeout)
-            timer.start(waiter.switch, _TIMED_OUT, update=True)  # (from now, not the loop's time)
         try:
-            if waiter.get() is _TIMED_OUT:
-                raise socket.timeout("timed out")
+            wait(waiter, timeout, socket.timeout, "timed out")
         finally:
             readable.stop()
-            if timer is not None:
-                timer.close()
 
     def _head_timeout(self, header_timeout: float) -> None:
         """The header timeout passed: see ``_end_waiting``."""

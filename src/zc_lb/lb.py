@@ -202,9 +202,9 @@ class ResponseBody:
                     exchange.consumed(owed)
                 if not widened and not spool:
                     # The client keeps up (it took all so far): let the
-                    # body come at full speed.  A slow client's body
-                    # comes a window at a time, so what waits here for
-                    # room in its spool stays within WINDOW.
+                    # body come at full speed.  If it stops reading, what
+                    # waits here for room in its spool stays within
+                    # WIDE_WINDOW (flow control holds the worker).
                     exchange.widen()
                     widened = True
                 message = exchange.receive()
