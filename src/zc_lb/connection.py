@@ -147,7 +147,8 @@ class Exchange:
     sends and receives through it; the connection's reader fills its
     inbox and wakes it."""
 
-    __slots__ = ("connection", "rno", "inbox", "error", "_waiter", "on_cancel", "__weakref__")
+    __slots__ = ("connection", "rno", "inbox", "error", "_waiter", "on_cancel", "_widened",
+                 "__weakref__")
 
     def __init__(self, connection: "Connection", rno: int) -> None:
         self.connection = connection
@@ -158,6 +159,7 @@ class Exchange:
         # hub (an Event per request cost several microseconds more).
         self._waiter: Union[None, Waiter, List[Waiter]] = None
         self.on_cancel: Optional[Callable[[], None]] = None  # the peer cancelled
+        self._widened = False  # (``widen`` grants once)
 
     @property
     def credit(self) -> int:
@@ -255,11 +257,13 @@ class Exchange:
                 connection.write(data)
 
     def widen(self) -> None:
-        """A body is coming to us: let the peer send WIDE_WINDOW bytes of it
-        ahead, not the WINDOW both sides start from, so that it is not
-        sent a window at a time, waiting for each Credit."""
+        """A body is coming to us and its reader keeps up: let the peer send
+        WIDE_WINDOW bytes of it ahead, not the WINDOW both sides start
+        from, so that it is not sent a window at a time, waiting for each
+        Credit.  Once a request: later calls do nothing."""
         connection = self.connection
-        if self.error is None and not connection.closed:
+        if not self._widened and self.error is None and not connection.closed:
+            self._widened = True
             data = connection.protocol.widen(self.rno)
             if data:
                 connection.write(data)

@@ -190,7 +190,6 @@ class ResponseBody:
         """The pump: receive the body, keep it, grant credit while there is
         room (``owed``: bytes kept and not yet granted back)."""
         exchange, spool = self.exchange, self.spool
-        widened = False
         try:
             while True:
                 if owed:
@@ -200,13 +199,12 @@ class ResponseBody:
                             self._room.clear()
                             self._room.wait()
                     exchange.consumed(owed)
-                if not widened and not spool:
+                if not spool:
                     # The client keeps up (it took all so far): let the
                     # body come at full speed.  If it stops reading, what
                     # waits here for room in its spool stays within
                     # WIDE_WINDOW (flow control holds the worker).
                     exchange.widen()
-                    widened = True
                 message = exchange.receive()
                 if type(message) is End:
                     self._end()

@@ -86,7 +86,6 @@ class RequestInput(io.RawIOBase):
         self._buffer = b""
         self._pos = 0  # bytes of the buffer read already (not cut off: no copy)
         self._eof = ended  # the request came whole: it has no body
-        self._widened = False
 
     def readable(self) -> bool:
         return True
@@ -95,11 +94,10 @@ class RequestInput(io.RawIOBase):
         """Get the next chunk into the buffer; False at end of body."""
         if self._eof:
             return False
-        if not self._widened and not self._exchange.inbox:
+        if not self._exchange.inbox:
             # The application keeps up (it read all that came): let the
             # body come at full speed, not a window at a time.
             self._exchange.widen()
-            self._widened = True
         message = self._exchange.receive()
         if isinstance(message, End):
             self._eof = True
