@@ -114,6 +114,25 @@ def test_one_class_sticks_to_one_worker_under_light_load(cluster):
     assert skilled == list(other)
 
 
+def test_light_traffic_teaches_the_lb_skills_within_seconds(cluster):
+    # The default history is 9999 requests between résumés: 30 requests
+    # left every class at the unskilled score, in make run's demo as well.
+    lb, workers = cluster(2, worker_args=("--resume-interval", "0.5"))
+    hosts = ("a.example", "b.example", "c.example")
+    for _ in range(10):
+        for host in hosts:
+            assert request(lb, host=host)[0] == 200
+    unskilled = status(lb)["pool"].get("unskilled_score", 1.0)
+
+    def learned():
+        scores = {}
+        for worker in status(lb)["workers"].values():
+            for rclass, score in worker["skills"].items():
+                scores[rclass] = max(scores.get(rclass, 0), score)
+        return all(scores.get(host, 0) > unskilled for host in hosts)
+    wait_for(learned, timeout=5, message="learned scores for every class")
+
+
 def test_a_workers_version_reaches_the_lbs_status_and_metrics(cluster):
     # Without ZooKeeper too: the worker says it in its Hello.
     lb, workers = cluster(1, worker_args=("--version", "2026.11-3"))

@@ -61,13 +61,16 @@ def test_a_new_reset_skills_value_resets_the_pool_once():
 
 def test_worker_settings_apply_each_good_value():
     configured = []
-    worker = SimpleNamespace(history=100, max_skill_age=None, max_classes=10_000,
-                             configure=lambda h, m, c: configured.append((h, m, c)),
-                             reset_skills=lambda: configured.append("reset"))
+    live = ("history", "max_skill_age", "max_classes", "resume_interval")
+    worker = SimpleNamespace(
+        history=100, max_skill_age=None, max_classes=10_000, resume_interval=10.0, LIVE=live,
+        configure=lambda changes: configured.append(tuple(changes[name] for name in live)),
+        reset_skills=lambda: configured.append("reset"))
     membership = WorkerMembership(worker, "127.0.0.1:1", "/lb/workers")
-    membership._settings_changed({"history": "x", "max_skill_age": 50, "max_classes": 0})
-    assert configured == [(100, 50, 10_000)]
-    membership._settings_changed({"max_classes": 500})
-    assert configured[-1] == (100, None, 500)
+    membership._settings_changed({"history": "x", "max_skill_age": 50, "max_classes": 0,
+                                  "resume_interval": -1})
+    assert configured == [(100, 50, 10_000, 10.0)]
+    membership._settings_changed({"max_classes": 500, "resume_interval": 2.5})
+    assert configured[-1] == (100, None, 500, 2.5)
     membership._settings_changed({"reset_skills": "now"})
     assert configured[-1] == "reset"

@@ -46,7 +46,7 @@ def test_zookeeper_nodes_take_only_the_settings_marked_for_them():
         "slow_start", "balance", "stick", "widen", "no_worker_timeout", "single_version",
         "reset_skills"}
     assert set(WORKER_NODE_SETTINGS) == {"history", "max_skill_age", "max_classes",
-                                         "reset_skills"}
+                                         "resume_interval", "reset_skills"}
     assert all(ZOOKEEPER in s.where for s in LB_NODE_SETTINGS.values())
 
 

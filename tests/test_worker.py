@@ -140,6 +140,30 @@ def test_resume_is_sent_on_connect_and_every_history_requests(serve, tmp_path):
     assert "new.example" in resume_file.read_text()
 
 
+def test_resume_goes_out_on_a_timer_after_light_traffic_and_not_when_idle(serve):
+    # With the default history of 9999, a lightly used worker sent no
+    # résumé for minutes: the LBs knew no skill of it.
+    app = lambda e, s: (s("200 OK", []), [b"ok"])[1]
+    worker, connection, handler = serve(app, resume_interval=0.2)
+    gevent.sleep(0.05)
+    assert handler.resumes == [{}]  # on connect
+    for _ in range(2):
+        call(connection, {"zc_lb.request_class": "light.example"})
+    deadline = time.monotonic() + 3
+    while len(handler.resumes) < 2 and time.monotonic() < deadline:
+        gevent.sleep(0.02)
+    assert set(handler.resumes[-1]) == {"light.example"}
+    gevent.sleep(0.7)  # nothing served since: nothing more to say
+    assert len(handler.resumes) == 2
+    worker.configure({"resume_interval": 0})  # live: only every history requests
+    call(connection, {"zc_lb.request_class": "other.example"})
+    gevent.sleep(0.5)
+    assert len(handler.resumes) == 2
+    with pytest.raises(ConfigurationError):
+        worker.configure({"resume_interval": -1, "history": 5})
+    assert (worker.resume_interval, worker.history) == (0, 9999)  # nothing changed
+
+
 def test_load_app_spec_forms(tmp_path):
     assert load_app("zc_lb.demo:app") is not None
     ini = tmp_path / "app.ini"

@@ -193,6 +193,7 @@ def run_worker(args: argparse.Namespace) -> int:
         history=args.history,
         max_skill_age=args.max_skill_age,
         max_classes=args.max_classes,
+        resume_interval=args.resume_interval,
         resume_file=args.resume_file,
         threads=args.threads,
         concurrency=args.concurrency,
@@ -235,9 +236,7 @@ def run_worker(args: argparse.Namespace) -> int:
         if membership is not None:  # ZooKeeper's values still win
             membership.rebase(live)
         else:
-            worker.configure(live.get("history", worker.history),
-                             live.get("max_skill_age", worker.max_skill_age),
-                             live.get("max_classes", worker.max_classes))
+            worker.configure(live)
 
     wait_for_signal({"SIGTERM": stop, "SIGINT": stop, "SIGHUP": _sighup(args, apply)})
     log.info("worker stopped")

@@ -1,8 +1,8 @@
 """How LBs and workers take part in a ZooKeeper tree.
 
 A worker registers ``<path>/providers/HOST:PORT`` (pid, version,
-description) and follows ``history``, ``max_skill_age`` and ``max_classes`` in
-``<path>``.
+description) and follows its live settings (``history``, ``max_skill_age``,
+``max_classes``, ``resume_interval``) in ``<path>``.
 An LB follows its settings in ``<path>``, the workers registered under
 ``<path>/workers/providers``, and registers itself at
 ``<path>/providers/HOST:PORT`` with its status address.
@@ -53,8 +53,8 @@ class WorkerMembership:
         self.path = path
         self.version = version
         self.description = description
-        self.base = {"history": worker.history, "max_skill_age": worker.max_skill_age,
-                     "max_classes": worker.max_classes, "reset_skills": ""}
+        self.base: Dict[str, Any] = {name: getattr(worker, name) for name in worker.LIVE}
+        self.base["reset_skills"] = ""
         self.reset_token: Optional[str] = None  # the reset_skills value last seen
         self.properties: Optional[Dict[str, Any]] = None  # the node's, last seen
         self.client = None
@@ -115,8 +115,7 @@ class WorkerMembership:
         unless the node sets them."""
         _rebase(self, changes)
         if self.properties is None:
-            self.worker.configure(self.base["history"], self.base["max_skill_age"],
-                                  self.base["max_classes"])
+            self.worker.configure(self.base)
 
     def _settings_changed(self, properties: Dict[str, Any]) -> None:
         self.properties = properties
@@ -125,12 +124,10 @@ class WorkerMembership:
             log.error("ignoring a bad worker setting in %s: %s", self.path, message)
         settings = dict(self.base, **good)
         try:
-            self.worker.configure(settings["history"], settings["max_skill_age"],
-                                  settings["max_classes"])
+            self.worker.configure(settings)
         except ConfigurationError as exc:
             log.error("ignoring bad worker settings in %s: %s", self.path, exc)
             return
-        log.info("worker settings: %s", settings)
         token = settings["reset_skills"]
         if self.reset_token is not None and token != self.reset_token:
             log.warning("skills reset (reset_skills=%r)", token)

@@ -259,6 +259,11 @@ WORKER_SETTINGS = _table([
     Setting("history", int, 9999,
             "requests between résumé updates; the skill decay horizon",
             minimum=1, where=EVERYWHERE, metavar="N"),
+    Setting("resume_interval", float, 10.0,
+            "also send the résumé every S seconds while something was served since "
+            "the last, so that LBs learn skills within seconds of light traffic "
+            "(0: only every history requests)",
+            minimum=0, where=EVERYWHERE, metavar="S"),
     Setting("max_skill_age", int, None,
             "drop classes unseen for N requests (default 10 x history)",
             minimum=1, where=EVERYWHERE, metavar="N"),

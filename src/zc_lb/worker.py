@@ -8,8 +8,10 @@ back within the LB's credit.  It never parses HTTP.
 
 Skills: every request's class and elapsed time go into a
 ``resume.Skills``; every ``history`` requests the résumé is pushed to
-every connected LB and saved to the résumé file.  A new LB connection
-gets the current résumé at once.
+every connected LB and saved to the résumé file, and also every
+``resume_interval`` seconds while something was served since the last
+(so that LBs learn within seconds of light traffic, not after thousands
+of requests).  A new LB connection gets the current résumé at once.
 
 Lifecycle: construct (nothing happens), ``start()`` binds, ``run()``
 serves until ``stop()``, which tells every LB to send nothing new
@@ -25,7 +27,7 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 import gevent
 import gevent.event
@@ -41,6 +43,7 @@ from .errors import BadResponseHead, ConfigurationError, CorruptResumeFile, ZcLb
 from .loopwatch import LoopWatch
 from .httpparse import HOP_BY_HOP
 from .protocol import FEATURES, MAX_BODY, Body, End
+from .settings import WORKER_SETTINGS, check
 
 log = logging.getLogger(__name__)
 
@@ -402,6 +405,7 @@ class Worker(Handler):
         history: int = resume_module.DEFAULT_HISTORY,
         max_skill_age: Optional[int] = None,
         max_classes: int = resume_module.MAX_CLASSES,
+        resume_interval: float = WORKER_SETTINGS["resume_interval"].default,
         resume_file: Optional[str] = None,
         threads: Optional[int] = None,
         secret: Optional[bytes] = None,
@@ -420,7 +424,12 @@ class Worker(Handler):
         self.history = history
         self.max_skill_age = max_skill_age
         self.max_classes = max_classes
+        self.resume_interval = check(WORKER_SETTINGS, "resume_interval", resume_interval)
         self.skills: Optional[resume_module.Skills] = None
+        self._published_at = time.monotonic()
+        self._published_generation = 0  # the skills' generation the last résumé had
+        self._timer_changed = gevent.event.Event()  # resume_interval set anew
+        self._timer: Optional[gevent.Greenlet] = None
         self.connections: Set[Connection] = set()
         # Connections not yet through their handshake, oldest first: at most
         # MAX_HANDSHAKING (an LB's takes milliseconds; held ones cost memory).
@@ -461,6 +470,7 @@ class Worker(Handler):
             self.loopwatch.start()
         self.server = gevent.server.StreamServer(self.listen, self._accept)
         self.server.start()
+        self._timer = gevent.spawn(self._publish_on_time)
         log.info("worker listening on %s:%d", *self.address)
 
     @staticmethod
@@ -516,19 +526,49 @@ class Worker(Handler):
             connection.close("worker stopped", flush_timeout=max(deadline - time.monotonic(), 1))
         if self.loopwatch is not None:
             self.loopwatch.stop()
+        if self._timer is not None:
+            self._timer.kill()
         self._stopped.set()
 
-    def configure(self, history: Optional[int] = None,
-                  max_skill_age: Optional[int] = None,
-                  max_classes: Optional[int] = None) -> None:
-        """Change ``history``/``max_skill_age``/``max_classes`` at run time
-        (None: ``history`` and ``max_classes`` as they are, ``max_skill_age``
-        its default)."""
-        self.history = history if history is not None else self.history
-        self.max_skill_age = max_skill_age
-        self.max_classes = max_classes if max_classes is not None else self.max_classes
+    LIVE = ("history", "max_skill_age", "max_classes", "resume_interval")
+
+    def configure(self, changes: Mapping[str, Any]) -> None:
+        """Apply live settings from any source (the command line's file
+        read again, ZooKeeper): those of ``changes`` named in ``LIVE``,
+        each checked against the settings table first (ConfigurationError,
+        and nothing changed, if one is bad), and each change logged.  A
+        ``max_skill_age`` of None is its default, 10 x ``history``."""
+        checked = {name: check(WORKER_SETTINGS, name, changes[name])
+                   for name in self.LIVE if name in changes}
         if self.skills is not None:
-            self.skills.configure(self.history, self.max_skill_age, self.max_classes)
+            merged = {name: getattr(self, name) for name in self.LIVE}
+            merged.update(checked)
+            self.skills.configure(merged["history"], merged["max_skill_age"],
+                                  merged["max_classes"])
+        for name, value in checked.items():
+            old = getattr(self, name)
+            if value != old:
+                log.info("worker setting %s: %s -> %s", name, old, value)
+                setattr(self, name, value)
+        self._timer_changed.set()
+
+    def _publish_on_time(self) -> None:
+        """Send the résumé ``resume_interval`` seconds after the last one
+        went out, if something was served since; else look again an
+        interval later.  (0: only every ``history`` requests.)"""
+        changed = self._timer_changed
+        while True:
+            interval = self.resume_interval
+            due = self._published_at + interval - time.monotonic()
+            if not interval or due > 0:
+                changed.wait(due if interval else None)
+                changed.clear()
+                continue
+            assert self.skills is not None
+            if self.skills.generation != self._published_generation:
+                self.publish()
+            else:
+                self._published_at = time.monotonic()
 
     # -- connections --------------------------------------------------
 
@@ -763,6 +803,8 @@ class Worker(Handler):
         """Send the résumé to every LB and save it."""
         assert self.skills is not None
         skills = self.skills.resume() if skills is None else skills
+        self._published_at = time.monotonic()
+        self._published_generation = self.skills.generation
         for connection in list(self.connections):
             try:
                 connection.send_resume(skills)
