@@ -109,6 +109,33 @@ def test_two_lbs_with_the_same_resumes_partition_keys_alike():
     assert owners(["a:1", "b:1", "c:1"]) == owners(["c:1", "a:1", "b:1"])
 
 
+def test_a_resume_works_out_again_the_members_of_the_classes_it_changed_alone():
+    pool = pool_of(4)
+    for handle in list(pool.workers):
+        pool.new_resume(handle, {"x.example": 5.0, "y.example": 5.0})
+    for rclass in ("x.example", "y.example"):
+        pool.put(pool.get(rclass, "/1"))
+    x, y = pool.classes["x.example"], pool.classes["y.example"]
+    version = x.version
+    assert version == y.version != -1
+    pool.new_resume("w0", {"x.example": 5.0, "y.example": 7.0})
+    assert (x.version, y.version) == (version, -1)
+    pool.put(pool.get("y.example", "/1"))
+    assert y.members is not None and y.version != -1
+
+
+def test_members_do_not_depend_on_the_order_resumes_came_in():
+    def members(order):
+        pool = AffinityPool()
+        for name in ("a:1", "b:1", "c:1", "d:1"):
+            pool.add(name)
+        for handle in order:  # equal scores: ties go by each worker's salt
+            pool.new_resume(handle, {"site": 5.0, "other": float(len(handle))})
+        pool.put(pool.get("site", "/p"))
+        return {worker.name for worker in pool.classes["site"].members}
+    assert members(["a:1", "b:1", "c:1", "d:1"]) == members(["d:1", "c:1", "b:1", "a:1", "c:1"])
+
+
 def test_without_a_key_the_published_choice_is_made():
     pool = pool_of(3)
     pool.new_resume("w0", {"x": 3.0})

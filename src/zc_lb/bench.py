@@ -100,6 +100,7 @@ SCALE_WORKERS = 4  # workers behind lb-1p and lb-2p: enough that the LB is the l
 GOAL_LB_CPU = 2.0  # the LB's CPU per request over HAProxy's, in the same run
 GOAL_WORKER_US = 40  # a worker's CPU per request beyond the app's
 GOAL_POOL_US = 3.0  # the affinity pool's get and put
+GOAL_INTAKE_MS = 2.0  # the affinity pool's intake of a 10,000-class résumé, 1% changed
 GOAL_REALISTIC = 0.95  # the realistic pair's throughput, zc-lb over HAProxy
 IN_PROCESS_TIMEOUT = 120  # seconds for the in-process measure's requests
 
@@ -746,6 +747,60 @@ def pool_line(costs: Dict[str, float]) -> str:
     return line
 
 
+INTAKE_CLASSES = 10_000
+INTAKE_CHANGED = 0.01
+
+
+def intake_ms(policy: str = "affinity", resumes: int = 60, seed: int = 1) -> Dict[str, float]:
+    """Milliseconds the pool takes in a worker's résumé of ``INTAKE_CLASSES``
+    classes of which ``INTAKE_CHANGED`` have a new score (what a busy
+    site's worker sends: the idle classes' scores do not move), between
+    requests of 200 of the classes: the median and the worst of
+    ``resumes``; and the LB's decoding of such a frame."""
+    import random
+    import statistics
+    import time
+
+    from .affinity import make_pool
+    from .frames import Decoder, encode
+    from .protocol import Resume
+
+    rng = random.Random(seed)
+    pool = make_pool(policy, {})
+    scores = {}
+    for handle in range(POOL_WORKERS):
+        scores[handle] = {"c%d.example" % i: 100.0 + rng.random() for i in range(INTAKE_CLASSES)}
+        pool.add(handle, dict(scores[handle]))
+    names = list(scores[0])
+    times = []
+    for n in range(resumes):
+        for _ in range(200):
+            pool.put(pool.get(names[rng.randrange(200)], "/p%d" % rng.randrange(50)))
+        resume = scores[n % POOL_WORKERS]
+        for rclass in rng.sample(names, int(INTAKE_CLASSES * INTAKE_CHANGED)):
+            resume[rclass] = 100.0 + rng.random()
+        new = dict(resume)
+        started = time.perf_counter()
+        pool.new_resume(n % POOL_WORKERS, new)
+        times.append((time.perf_counter() - started) * 1e3)
+    frame = encode(Resume(scores[0]))
+    decoder = Decoder()
+    started = time.perf_counter()
+    for _ in range(10):
+        decoder.receive_data(frame)
+        decoder.next_message()
+    decode = (time.perf_counter() - started) * 1e3 / 10
+    return {"median": statistics.median(times), "max": max(times), "decode": decode}
+
+
+def intake_line(intake: Dict[str, float]) -> str:
+    return ("résumé intake (%d classes, %d%% changed, %d workers): pool median %.2f ms, "
+            "worst %.2f ms; goal <= %g ms: %s; decoding the frame %.2f ms" % (
+                INTAKE_CLASSES, INTAKE_CHANGED * 100, POOL_WORKERS, intake["median"],
+                intake["max"], GOAL_INTAKE_MS,
+                "met" if intake["median"] <= GOAL_INTAKE_MS else "NOT met", intake["decode"]))
+
+
 def find_tool(name: str, package: str) -> str:
     """The path of a required program, or a BenchError saying how to get it."""
     path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin")
@@ -763,6 +818,7 @@ def run_bench(args: argparse.Namespace) -> int:
     results = [measure(name, args) for name in wrk_targets]
     bodies = measure_bodies(args) if BODIES in args.targets else None
     costs = {policy: pool_us(policy) for policy in ("affinity", "published")}
+    intake = intake_ms()
     if args.json:
         print(json.dumps({"settings": {"seconds": args.seconds, "connections": args.connections,
                                        "warmup": args.warmup, "policy": args.policy,
@@ -770,7 +826,8 @@ def run_bench(args: argparse.Namespace) -> int:
                                        "body_transfers": args.body_transfers,
                                        "cpus": os.cpu_count()},
                           "results": results, "ratios": ratios(results), "bodies": bodies,
-                          "pool_us_per_request": costs}, indent=2))
+                          "pool_us_per_request": costs, "resume_intake_ms": intake},
+                         indent=2))
         return 0
     if results:
         print("wrk -t1 -c%d -d%ds, %ds warm-up, %s CPUs, zc-lb policy %s" % (
@@ -779,6 +836,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if bodies is not None:
         print(bodies_line(bodies))
     print(pool_line(costs))
+    print(intake_line(intake))
     return 0
 
 

@@ -416,6 +416,8 @@ def _decode_resume(rno: int, payload: bytes) -> Resume:
     obj = _load_json(payload, "resume")
     if not isinstance(obj, dict):
         raise RemoteProtocolError("résumé must be an object")
+    if set(map(type, obj.values())) <= {float}:
+        return Resume(obj)  # (what workers send: a check in C, no copy)
     skills = {}
     for rclass, score in obj.items():
         if isinstance(score, bool) or not isinstance(score, (int, float)):

@@ -185,23 +185,49 @@ class Pool:
         worker.backlog = 0
         self._update_decays()
 
-    def new_resume(self, handle: Hashable, resume: Mapping[str, float]) -> None:
-        """Replace a worker's skills by those of its new résumé."""
+    def new_resume(self, handle: Hashable, resume: Mapping[str, float]) -> Set[str]:
+        """Replace a worker's skills by those of its new résumé; the
+        classes whose skill changed.  Only those are touched: an idle
+        class's score does not move (resume.py), so a résumé of 10,000
+        classes of which a hundred were served costs a hundred updates,
+        and set differences in C to find them.  A score that is not a
+        positive finite number drops the class, as does its absence.
+        The LB's own skills (``given``) give way to the résumé's."""
         worker = self.workers.get(handle)
         if worker is None:
-            return
-        self._forget_skills(worker)
-        clean = {}
-        for rclass, score in resume.items():
-            score = float(score)
-            if score > 0 and score != float("inf"):
-                clean[str(rclass)] = score
-        worker.resume = clean
-        for rclass, score in clean.items():
-            skilled = self.skilled.get(rclass)
+            return set()
+        old, skilled_map = worker.resume, self.skilled
+        new = dict(resume)
+        touched = set(worker.given)
+        known = old.get
+        added = 0
+        for rclass in [rclass for rclass, score in new.items() if known(rclass) != score]:
+            score = new.pop(rclass)
+            try:
+                score = float(score)
+            except (TypeError, ValueError):
+                continue
+            if not 0.0 < score < math.inf:  # (NaN too)
+                continue
+            rclass = str(rclass)
+            new[rclass] = score
+            added += rclass not in old
+            skilled = skilled_map.get(rclass)
             if skilled is None:
-                skilled = self.skilled[rclass] = {}
+                skilled = skilled_map[rclass] = {}
             skilled[worker] = score
+            touched.add(rclass)
+        if len(new) - added < len(old):  # some classes left the résumé
+            for rclass in [rclass for rclass in old if rclass not in new]:
+                skilled = skilled_map.get(rclass)
+                if skilled is not None:
+                    skilled.pop(worker, None)
+                    if not skilled:
+                        del skilled_map[rclass]
+                touched.add(rclass)
+        worker.resume = new
+        worker.given.clear()
+        return touched
 
     def _forget_skills(self, worker: PoolWorker) -> None:
         skilled_map = self.skilled
@@ -375,8 +401,9 @@ class ClasslessPool(Pool):
     recently chosen worker.  For applications without a useful classifier.
     """
 
-    def new_resume(self, handle: Hashable, resume: Mapping[str, float]) -> None:
+    def new_resume(self, handle: Hashable, resume: Mapping[str, float]) -> Set[str]:
         """Résumés are ignored."""
+        return set()
 
     def get(self, rclass: Optional[str], key: Optional[str] = None
             ) -> Optional[Hashable]:

@@ -83,16 +83,15 @@ class Relearning(PoolPart):
     adoptions: int
     stale: Dict[PoolWorker, Set[str]]
 
-    def new_resume(self, handle: Hashable, resume: Mapping[str, float]) -> None:
+    def new_resume(self, handle: Hashable, resume: Mapping[str, float]) -> Set[str]:
         """Replace a worker's skills by those of its new résumé, but for
         classes whose keys moved away from it (see ``_moved``): it holds
         their old data, so its score for them means nothing until its
         résumé has dropped them."""
-        super().new_resume(handle, resume)
-        self.skills_version += 1
+        touched = super().new_resume(handle, resume)
         worker = self.workers.get(handle)
         if worker is None:
-            return
+            return touched
         stale = self.stale.get(worker)
         if stale:
             for rclass in list(stale):
@@ -102,10 +101,17 @@ class Relearning(PoolPart):
                     del skilled[worker]
                     if not skilled:
                         del self.skilled[rclass]
+                    touched.add(rclass)
                 else:
                     stale.discard(rclass)
             if not stale:
                 del self.stale[worker]
+        classes = self.classes
+        for rclass in touched:  # their members are worked out again
+            stats = classes.get(rclass)
+            if stats is not None:
+                stats.version = -1
+        return touched
 
     def _fresh(self, worker: PoolWorker, rclass: str) -> None:
         """The LB made ``worker`` skilled in ``rclass`` itself: its skill
