@@ -14,7 +14,7 @@ import dataclasses
 import json
 from typing import Any, Dict, List
 
-from zc_lb.settings import LB_SETTINGS
+from zc_lb.settings import LB_SETTINGS, WORKER_SETTINGS
 
 POLICIES = ("affinity", "published", "least_backlog", "round_robin", "two_choices",
             "bounded_hash", "lard")
@@ -34,6 +34,8 @@ class Config:
     concurrency: int = 1
     cache_size: int = 10_000
     history: int = 200
+    # virtual seconds; 0: résumés every history requests only
+    resume_interval: float = WORKER_SETTINGS["resume_interval"].default
     max_skill_age: int = 0  # 0: resume.py's default, 10 * history
     # costs, seconds
     base_cost: float = 0.001
@@ -55,6 +57,7 @@ class Config:
     think_time: float = 0.0  # mean, exponential, closed loop
     arrival_rate: float = 0.0  # requests per second, open loop
     lbs: int = 1  # LBs sharing the workers, each with its own pool
+    lbs_told: int = 0  # how many each is told there are (0: lbs; 1: each thinks it alone)
     # policies
     variance: float = LB_SETTINGS["variance"].default  # the LB's defaults
     backlog_history: int = LB_SETTINGS["backlog_history"].default

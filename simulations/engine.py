@@ -13,6 +13,11 @@ number breaks ties so runs are deterministic.  Two kinds:
   worker's :class:`zc_lb.resume.Skills` records (class, service time) and,
   every ``history`` requests, the résumé goes to the policy exactly as a
   real worker's would (``new_resume``).
+- TIMER: with ``resume_interval``, a worker that has served something
+  since its last résumé sends one when the interval since then is up, as
+  a real worker's timer does (the checks that found nothing new count as
+  the timer's restarts).  A timer moves no clock: a run's length is its
+  requests'.
 
 A worker serves ``concurrency`` requests at once and queues the rest in
 order.  Serving touches the request's objects in the worker's LRU cache
@@ -31,6 +36,7 @@ its ``put`` is ignored) and its cache no longer counts for the overlap.
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections import deque
 from typing import Any, Dict, List, Optional
@@ -43,14 +49,14 @@ from .config import Config
 from .metrics import Recorder, recovery
 from .workload import Workload
 
-ARRIVE, DONE = 0, 1
+ARRIVE, DONE, TIMER = 0, 1, 2
 
 
 class SimWorker:
     """One worker: a cache, skills, a queue and a few service slots."""
 
     __slots__ = ("id", "cache", "skills", "busy", "queue", "outstanding",
-                 "hot", "alive", "served")
+                 "hot", "alive", "served", "published_at", "published", "timer")
 
     def __init__(self, wid: int, config: Config, holders: Holders) -> None:
         self.id = wid
@@ -62,6 +68,9 @@ class SimWorker:
         self.hot = 0  # outstanding requests of the hot site
         self.alive = True
         self.served = 0
+        self.published_at = 0.0  # when its last résumé went out
+        self.published = 0  # the skills' generation it had
+        self.timer = False  # a TIMER event is pending
 
     def __repr__(self) -> str:
         return "<SimWorker %d outstanding=%d>" % (self.id, self.outstanding)
@@ -81,8 +90,8 @@ class Simulation:
         self.lbs = [policies.make(policy_name, config, random.Random(seed * 31 + 2 + i))
                     for i in range(config.lbs)]
         for lb in self.lbs:
-            if hasattr(lb, "lbs"):
-                lb.lbs = config.lbs  # as ZooKeeper tells a real LB
+            if hasattr(lb, "lbs"):  # as ZooKeeper (or --processes) tells a real LB
+                lb.lbs = config.lbs_told or config.lbs
                 lb.hash_seed = config.seed  # so that seeds vary the hashing too
         self.policy = self.lbs[0]
         self.resumes = policies.uses_resumes(self.policy)
@@ -117,6 +126,9 @@ class Simulation:
         pop = heapq.heappop
         while heap:
             now, _, kind, data = pop(heap)
+            if kind == TIMER:
+                self.timer(data, now)
+                continue
             self.now = now
             if kind == DONE:
                 self.done(data)
@@ -195,15 +207,45 @@ class Simulation:
         lb.served(request[7], service)  # as the worker's response says
         lb.put(worker.id)
         resume = worker.skills.record(request[1], service)
-        if resume is not None and self.resumes and worker.alive:
-            for lb in self.lbs:
-                lb.new_resume(worker.id, resume)
+        if resume is not None:
+            self.publish(worker, resume, self.now)
+        elif self.config.resume_interval and not worker.timer:
+            self.arm(worker)
         if worker.queue:
             self.serve(worker, worker.queue.popleft())
         self.recorder.request(self.now, self.now - request[3], misses,
                               worker.id in self.joined)
         if request[4] >= 0:
             self.push(self.now + self.think(), ARRIVE, request[4])
+
+    def publish(self, worker: SimWorker, resume: Dict[str, float], now: float) -> None:
+        """The worker's résumé goes to every LB."""
+        worker.published_at, worker.published = now, worker.skills.generation
+        if self.resumes and worker.alive:
+            for lb in self.lbs:
+                lb.new_resume(worker.id, resume)
+
+    def arm(self, worker: SimWorker) -> None:
+        """Schedule the worker's timer: the first of its checks, an
+        interval apart since its last résumé, that is not yet past."""
+        interval = self.config.resume_interval
+        checks = max(1, math.ceil((self.now - worker.published_at) / interval))
+        worker.timer = True
+        self.push(worker.published_at + checks * interval, TIMER, worker)
+
+    def timer(self, worker: SimWorker, now: float) -> None:
+        """The worker's timer: a résumé, if something was served since the
+        last and the interval since it is up (one every ``history``
+        requests may have gone out meanwhile: then wait for its interval)."""
+        worker.timer = False
+        if worker.skills.generation == worker.published:
+            return
+        due = worker.published_at + self.config.resume_interval
+        if now < due:
+            worker.timer = True
+            self.push(due, TIMER, worker)
+        else:
+            self.publish(worker, worker.skills.resume(), now)
 
     # -- measurement ----------------------------------------------------
 

@@ -253,7 +253,6 @@ class AffinityPool(SlowStart, Relearning):
         # worker -> classes whose keys moved away from it, while its
         # résumé still lists them
         self.stale: Dict[PoolWorker, Set[str]] = {}
-        self.lbs = 1  # LBs sharing the workers (ZooKeeper tells)
         self.hash_seed = 0  # the same on every LB; the simulator varies it
         self._ring: Optional[List[Tuple[int, PoolWorker]]] = None
         super().__init__(*args, **kw)

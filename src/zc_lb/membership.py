@@ -239,8 +239,7 @@ class LBMembership:
     def _lbs_changed(self, providers: Dict[str, dict]) -> None:
         """How many LBs share the workers: the affinity pool recruits alike
         on every LB when there are several."""
-        if hasattr(self.lb.pool, "lbs"):
-            self.lb.pool.lbs = max(len(providers), 1)
+        self.lb.pool.lbs = max(len(providers), 1)
 
     def _providers_changed(self, providers: Dict[str, dict]) -> None:
         self.providers = providers

@@ -113,6 +113,9 @@ class Pool:
         # What the last ``get`` placed, for ``served``; None when there is
         # nothing to learn from its service time.
         self.placed: Any = None
+        # LBs sharing the workers, ZooKeeper's count or --processes N (the
+        # affinity policy routes alike on every one when there are several)
+        self.lbs = 1
         self._settings_changed()
 
     # -- settings -----------------------------------------------------
