@@ -6,7 +6,7 @@ import gevent.socket
 import pytest
 
 from zc_lb import protocol
-from zc_lb.connection import Connection, Handler
+from zc_lb.connection import Connection, Handler, send_pieces, unsent
 from zc_lb.errors import (AuthenticationError, BadResponse, ConnectionLost, RequestCancelled,
                           ResponseHeadTooLarge, WorkerLost)
 from zc_lb.protocol import WINDOW, Body, End, Response
@@ -256,3 +256,21 @@ def test_secret_mismatch_fails_the_handshake(lb_secret, worker_secret):
     assert any(isinstance(e, AuthenticationError) for e in errors), errors
     lb.close()
     worker.close()
+
+
+def test_pieces_left_after_a_partial_vectored_send_are_the_unsent_bytes():
+    pieces = [b"head", b"body bytes", b"end"]
+    for sent in range(len(b"".join(pieces)) + 1):
+        assert b"".join(bytes(p) for p in unsent(list(pieces), sent)) == b"headbody bytesend"[sent:]
+    taken = []
+
+    def sendmsg(buffers):  # a socket that takes 6 bytes at a time
+        data = b"".join(bytes(b) for b in buffers)[:6]
+        taken.append(data)
+        return len(data)
+    rest = list(pieces)
+    while rest:
+        rest = send_pieces(None, sendmsg, rest)
+    assert b"".join(taken) == b"headbody bytesend"
+    rest = send_pieces(lambda data: 2, None, [b"ab", b"cd"])  # no sendmsg: joined
+    assert [bytes(piece) for piece in rest] == [b"cd"]

@@ -65,6 +65,7 @@ KEEPALIVE_TIMEOUT = LB_SETTINGS["keepalive_timeout"].default
 HANDSHAKE_TIMEOUT = 10.0
 HANDSHAKE_RECV = 16 * 1024  # Hello and Auth are small: no quarter megabyte per wait
 RECYCLE_RNO = protocol.MAX_RNO - 100000
+BIG_CHUNK = 16 * 1024  # body chunks from this size go out without a copy into their frame
 RECV_SIZE = 256 * 1024
 _TIMED_OUT = object()  # what a wait's timer hands its waiter (``wait``)
 
@@ -92,6 +93,36 @@ def send_all(sock, data) -> None:
         view = memoryview(data)[sent:]
         while view:
             view = view[sock.send(view):]
+
+
+MAX_PIECES = 512  # buffers per sendmsg, well under IOV_MAX
+
+
+def unsent(pieces: List, sent: int) -> List:
+    """What of ``pieces`` is left after ``sent`` bytes of them went out."""
+    for i, piece in enumerate(pieces):
+        size = len(piece)
+        if sent < size:
+            rest = pieces[i:]
+            if sent:
+                rest[0] = memoryview(piece)[sent:]
+            return rest
+        sent -= size
+    return []
+
+
+def send_pieces(send: Callable, sendmsg: Optional[Callable], pieces: List) -> List:
+    """Send ``pieces`` (bytes and memoryviews) with one system call, a
+    body chunk not copied into a joined buffer; what the socket did not
+    take.  ``send`` and ``sendmsg`` are the socket's (non-blocking or
+    gevent's)."""
+    if len(pieces) == 1:
+        data = pieces[0]
+        sent = send(data)
+        return [] if sent == len(data) else [memoryview(data)[sent:]]
+    if len(pieces) > MAX_PIECES or sendmsg is None:
+        return send_pieces(send, sendmsg, [b"".join(pieces)])
+    return unsent(pieces, sendmsg(pieces))
 
 
 def wait(waiter: Waiter, timeout: Optional[float], error: type, *args) -> None:
@@ -214,10 +245,18 @@ class Exchange:
             if stop_on_response and self.inbox:
                 return False
             n = min(len(view), credit(self.rno), protocol.MAX_BODY)
-            whole = n == len(data) and type(data) is bytes  # (sent as it is: no copy)
-            self.send(Body(self.rno, data if whole else bytes(view[:n])))
+            if n < BIG_CHUNK:
+                self.send(Body(self.rno, bytes(view[:n])))
+            else:  # header and chunk as they are, not copied into one frame
+                self._send_chunk(view[:n] if type(data) is bytes else bytes(view[:n]))
             view = view[n:]
         return True
+
+    def _send_chunk(self, chunk) -> None:
+        if self.error is not None:
+            raise self.error
+        connection = self.connection
+        connection.write(connection.protocol.body_header(self.rno, len(chunk)), chunk)
 
     def cancel(self, error: Optional[ZcLbError] = None) -> None:
         """Abandon the request, telling the peer; idempotent.  ``error``
@@ -367,7 +406,9 @@ class Connection:
         self._flush_scheduled = False  # a _flush callback is pending
         self._writer_busy = False  # the writer greenlet has bytes the socket did not take
         # The non-blocking socket under gevent's, for sending from the hub.
-        self._raw_send = getattr(getattr(sock, "_sock", None), "send", None)
+        raw = getattr(sock, "_sock", None)
+        self._raw_send = getattr(raw, "send", None)
+        self._raw_sendmsg = getattr(raw, "sendmsg", None)
         self._flushed = gevent.event.Event()  # set while nothing is queued or being sent
         self._flushed.set()
         self._greenlets: List[gevent.Greenlet] = []
@@ -449,13 +490,14 @@ class Connection:
 
     # -- writing ------------------------------------------------------
 
-    def write(self, data: bytes) -> None:
+    def write(self, *data: bytes) -> None:
         """Queue bytes; everything queued in one loop turn goes out with
-        one ``send``, from a loop callback (no greenlet switch), or from
-        the writer greenlet when the socket cannot take it all at once."""
+        one system call, from a loop callback (no greenlet switch), or
+        from the writer greenlet when the socket cannot take it all at
+        once.  (Pieces are not joined: a body chunk is not copied.)"""
         if self.closed:
             raise self.error or self._closed_error(self.peer)
-        self._outgoing.append(data)
+        self._outgoing.extend(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._flushed.clear()
@@ -472,36 +514,35 @@ class Connection:
         outgoing = self._outgoing
         if self.closed or self._writer_busy or not outgoing:
             return
-        data = outgoing[0] if len(outgoing) == 1 else b"".join(outgoing)
-        outgoing.clear()
+        pieces, self._outgoing = outgoing, []
         try:
-            sent = self._raw_send(data)  # type: ignore[misc]
+            rest = send_pieces(self._raw_send, self._raw_sendmsg, pieces)
         except (BlockingIOError, InterruptedError):
-            sent = 0
+            rest = pieces
         except OSError:
-            sent = 0  # the writer greenlet meets the error and ends the connection
-        if sent < len(data):
-            outgoing.append(data[sent:])
+            rest = pieces  # the writer greenlet meets the error and ends the connection
+        if rest:
+            self._outgoing[:0] = rest
             self._writer_busy = True
             self._wake_writer.set()
         else:
             self._flushed.set()
 
     def _write_loop(self) -> None:
-        outgoing, wake, sock = self._outgoing, self._wake_writer, self.sock
+        wake, sock = self._wake_writer, self.sock
         try:
             while not self.closed:
                 wake.wait()
                 wake.clear()
                 self._flush_scheduled = False
-                while outgoing:
-                    chunk = outgoing[0] if len(outgoing) == 1 else b"".join(outgoing)
-                    outgoing.clear()
-                    send_all(sock, chunk)
+                while self._outgoing:
+                    pieces, self._outgoing = self._outgoing, []
+                    while pieces:  # (gevent's: waits until the socket takes more)
+                        pieces = send_pieces(sock.send, getattr(sock, "sendmsg", None), pieces)
                 self._writer_busy = False
                 self._flushed.set()
         except OSError as exc:
-            outgoing.clear()
+            self._outgoing.clear()
             self._flushed.set()
             self._end(self._lost_error("%s: write failed: %s" % (self.peer, exc)))
 

@@ -470,12 +470,7 @@ class Connection:
             self.last_rno = rno
             stream = self.streams[rno] = Stream(rno, self.window)
         if mtype is Body:
-            size = len(message.data)  # type: ignore[union-attr]
-            if size > stream.credit:
-                raise LocalProtocolError("request %d: %d body bytes past our credit of %d"
-                                         % (rno, size, stream.credit))
-            stream.step("sending", BODY, LocalProtocolError)
-            stream.credit -= size
+            self._body_sent(stream, len(message.data))  # type: ignore[union-attr]
         elif mtype is Credit:
             stream.step("receiving", CREDIT, LocalProtocolError)
             stream.window += message.n  # type: ignore[union-attr]
@@ -501,6 +496,28 @@ class Connection:
             if stream.sending in ENDED and stream.receiving in ENDED:
                 del self.streams[rno]
         return data
+
+    def body_header(self, rno: int, size: int) -> bytes:
+        """The header of a Body frame of ``size`` bytes, after the checks
+        of ``send``: its sender sends the bytes after it as they are,
+        not copied into one frame with it."""
+        if self.phase not in (OPEN_PHASE, CLOSING):
+            raise LocalProtocolError("cannot send Body while %s" % self.phase)
+        stream = self.streams.get(rno)
+        if stream is None:
+            raise LocalProtocolError("Body for request %d, which is not open here" % rno)
+        if size > MAX_BODY:
+            raise LocalProtocolError("a Body of %d bytes is over %d" % (size, MAX_BODY))
+        self._body_sent(stream, size)
+        return body_header(rno, size)
+
+    @staticmethod
+    def _body_sent(stream: Stream, size: int) -> None:
+        if size > stream.credit:
+            raise LocalProtocolError("request %d: %d body bytes past our credit of %d"
+                                     % (stream.rno, size, stream.credit))
+        stream.step("sending", BODY, LocalProtocolError)
+        stream.credit -= size
 
     def respond(self, rno: int, status: str, headers: List[Tuple[str, str]],
                 body: bytes = b"", end: bool = False,
