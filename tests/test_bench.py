@@ -118,6 +118,14 @@ def test_the_pool_bench_times_every_policy_on_the_same_requests():
     assert bench.pool_line({"affinity": 2.5, "published": 1.0}).endswith("goal <= 3 us: met")
 
 
+def test_the_resume_intake_measure_times_the_pool_and_the_decoder():
+    intake = bench.intake_ms(resumes=4)
+    assert 0 < intake["median"] <= intake["max"] and intake["decode"] > 0
+    line = bench.intake_line({"median": 1.5, "max": 2.5, "decode": 3.0})
+    assert "pool median 1.50 ms, worst 2.50 ms; goal <= 2 ms: met" in line
+    assert "NOT met" in bench.intake_line({"median": 2.5, "max": 2.5, "decode": 3.0})
+
+
 def test_the_in_process_measure_serves_every_request_and_gives_a_cost():
     cost = bench.in_process(requests=400, batch=4, clients=2)
     assert 0 < cost < 100000  # CPU microseconds per request, whatever this machine gives

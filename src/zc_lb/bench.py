@@ -49,7 +49,10 @@ TCP_NODELAY on accepted sockets and do not log.
 
 After the table, the pool's own cost: ``get`` and ``put`` of each policy
 for the same 60,000 requests (32 classes and 200 paths each, both Zipf,
-24 outstanding, six workers pushing résumés), timed in this process.
+24 outstanding, six workers pushing résumés), timed in this process;
+and its intake of a worker's résumé of 10,000 classes of which 1% have
+new scores (the median and the worst of 60, between requests), with the
+LB's decoding of such a frame.
 
 ``python -m zc_lb.bench in-process [--profile FILE]`` runs a worker, an
 LB and its front in one process with client greenlets pipelining
