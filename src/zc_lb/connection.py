@@ -257,6 +257,7 @@ class Exchange:
             raise self.error
         connection = self.connection
         connection.write(connection.protocol.body_header(self.rno, len(chunk)), chunk)
+        connection.vectored = True
 
     def cancel(self, error: Optional[ZcLbError] = None) -> None:
         """Abandon the request, telling the peer; idempotent.  ``error``
@@ -406,6 +407,7 @@ class Connection:
         self._flush_scheduled = False  # a _flush callback is pending
         self._writer_busy = False  # the writer greenlet has bytes the socket did not take
         # The non-blocking socket under gevent's, for sending from the hub.
+        self.vectored = False  # a body chunk is queued: send the pieces with sendmsg
         raw = getattr(sock, "_sock", None)
         self._raw_send = getattr(raw, "send", None)
         self._raw_sendmsg = getattr(raw, "sendmsg", None)
@@ -515,6 +517,9 @@ class Connection:
         if self.closed or self._writer_busy or not outgoing:
             return
         pieces, self._outgoing = outgoing, []
+        if not self.vectored:  # (small frames: one join costs less than sendmsg's buffers)
+            pieces = [pieces[0] if len(pieces) == 1 else b"".join(pieces)]
+        self.vectored = False
         try:
             rest = send_pieces(self._raw_send, self._raw_sendmsg, pieces)
         except (BlockingIOError, InterruptedError):
