@@ -1,4 +1,4 @@
-"""Tests for zc_lb.pool: the routing algorithm (DESIGN.md, "The routing algorithm").
+"""Tests for zc_lb.pool: the routing algorithm (docs/design.rst, "The routing algorithm").
 
 Scenarios are walked step by step; a reference model written from the
 docstring checks every choice of a long seeded random run; a cost test

@@ -1,7 +1,7 @@
 """Tests for zc_lb.frames and zc_lb.protocol: framing, Decoder, encode, handshake, Stream.
 
-Every reader is tested three ways (STYLE.md): input whole, one byte at a
-time, and followed by more input.  Hypothesis properties feed arbitrary
+Every reader is tested three ways (docs/design.rst, "How the code is
+written"): input whole, one byte at a time, and followed by more input.  Hypothesis properties feed arbitrary
 bytes and arbitrary valid message sequences in arbitrary chunkings.
 """
 

@@ -1,4 +1,5 @@
-"""The pure core is type-checked (STYLE.md): mypy must accept it."""
+"""The pure core is type-checked (docs/design.rst, "How the code is
+written"): mypy must accept it."""
 
 import os
 import subprocess

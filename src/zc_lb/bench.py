@@ -1,6 +1,6 @@
 """``make bench``: zc-lb against HAProxy, measured side by side in one run.
 
-Method (see "Performance method" in DESIGN.md): every number is taken in
+Method (see "Performance method" in docs/design.rst): every number is taken in
 one process run on one machine, and the ones that matter are ratios, not
 absolute times.  Three targets serve the same trivial WSGI app
 (``hello_app``, a fixed 13-byte body), one after the other, all on

@@ -11,9 +11,9 @@ classify, get a worker from the pool (waiting up to
 ``no_worker_timeout``), forward environ and body, stream the response
 back, and ``put`` the worker when the response ends.
 
-Failure semantics (DESIGN.md): a worker lost before the response starts
-means a transparent retry for a GET or HEAD without a body, and 502
-otherwise; lost mid-body, the iterator raises and the front server closes
+Failure semantics (docs/design.rst, "Failure semantics"): a worker lost
+before the response starts means a transparent retry for a GET or HEAD
+without a body, and 502 otherwise; lost mid-body, the iterator raises and the front server closes
 the client's connection, so a truncated body never looks complete; no
 worker in time gives 503.  All errors become responses in ``_error``.
 """

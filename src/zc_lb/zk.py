@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 
-Tree (DESIGN.md)::
+Tree (docs/design.rst, "The ZooKeeper tree")::
 
     /lb                         LB settings: variance = 4, ...
       /providers/HOST:PORT      ephemeral, one per LB
