@@ -23,6 +23,7 @@ from .pool import Pool, PoolWorker
 MASK64 = (1 << 64) - 1
 SKETCH_SIZE = 64  # k of the k-minimum-values sketch: ~1/sqrt(k) error
 UNIT = float(1 << 53)
+LEAST_DRAW = 2.0 ** -54  # -ln(1 - 2**-54), the draw of the largest u
 PRIOR = 16  # requests and keys per worker before shares and footprints count
 
 
@@ -73,7 +74,10 @@ def rendezvous_draw(x: int) -> float:
     if draw is None:
         if len(_DRAWS) >= MAX_DRAWS:
             _DRAWS.clear()
-        draw = _DRAWS[x] = -math.log(((mix(x) >> 11) + 0.5) / UNIT)
+        draw = -math.log(((mix(x) >> 11) + 0.5) / UNIT)
+        if draw <= 0.0:  # (u of 1 - 2**-54 rounds to 1.0: its draw, not -0.0)
+            draw = LEAST_DRAW
+        _DRAWS[x] = draw
     return draw
 
 
