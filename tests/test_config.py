@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 
 from zc_lb import config
+from zc_lb.worker import Worker
 from zc_lb.cli import build_parser, read_config
 from zc_lb.errors import ConfigurationError
 from zc_lb.testing import Process, WorkerProcess, free_port, start_all, wait_for
@@ -195,16 +196,21 @@ def test_reload_applies_live_settings_and_names_the_rest(tmp_path, caplog):
     args.argv = argv
     args = read_config(args)
     applied = []
+    worker = Worker(lambda environ, start_response: [], history=100)  # (not started)
+
+    def apply(live):
+        applied.append(live)
+        worker.configure(live, str(path))  # which logs each change
     path.write_text('[worker]\napp = "apps:app"\nhistory = 200\nthreads = 8\n')
     with caplog.at_level("INFO", logger="zc_lb"):
-        assert reload_config(args, applied.append) is False
-    assert applied == [{"history": 200}] and args.history == 200
+        assert reload_config(args, apply) is False
+    assert applied == [{"history": 200}] and args.history == 200 == worker.history
     assert "history 100 -> 200 (%s)" % path in caplog.text
     assert "threads changed in %s; restart to apply (4 stays in force)" % path in caplog.text
     assert args.threads == 4  # reported again at the next SIGHUP
     caplog.clear()
     path.write_text('[worker]\nhistory = 0\n')
     with caplog.at_level("INFO", logger="zc_lb"):
-        reload_config(args, applied.append)
+        reload_config(args, apply)
     assert "%s:2: history must be at least 1" % path in caplog.text
     assert len(applied) == 1 and args.history == 200

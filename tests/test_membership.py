@@ -7,12 +7,15 @@ import logging
 from types import SimpleNamespace
 
 from zc_lb.affinity import AffinityPool
+from zc_lb.lb import LB
 from zc_lb.membership import LBMembership, WorkerMembership
 
 
 def lb_membership(**base):
     lb = SimpleNamespace(pool=AffinityPool(), no_worker_timeout=30.0,
                          set_workers=lambda providers: None)
+    lb.configure = lambda changes, source="": LB.configure(lb, changes, source)
+    lb.reset_skills = lambda why="": LB.reset_skills(lb, why)
     settings = dict(variance=1.0, backlog_history=9, unskilled_score=1.0,
                     no_worker_timeout=30.0, single_version=False, spread=1.0,
                     footprint_window=5000, slow_start=2000, balance=1.5, stick=1.5, widen=0.3,
@@ -64,7 +67,7 @@ def test_worker_settings_apply_each_good_value():
     live = ("history", "max_skill_age", "max_classes", "resume_interval")
     worker = SimpleNamespace(
         history=100, max_skill_age=None, max_classes=10_000, resume_interval=10.0, LIVE=live,
-        configure=lambda changes: configured.append(tuple(changes[name] for name in live)),
+        configure=lambda changes, source: configured.append(tuple(changes[n] for n in live)),
         reset_skills=lambda: configured.append("reset"))
     membership = WorkerMembership(worker, "127.0.0.1:1", "/lb/workers")
     membership._settings_changed({"history": "x", "max_skill_age": 50, "max_classes": 0,
@@ -74,3 +77,15 @@ def test_worker_settings_apply_each_good_value():
     assert configured[-1] == (100, None, 500, 2.5)
     membership._settings_changed({"reset_skills": "now"})
     assert configured[-1] == "reset"
+
+
+def test_a_setting_changed_in_zookeeper_is_logged_as_a_file_change_is(caplog):
+    # Each source applied settings itself, and ZooKeeper's logged the whole
+    # dict where a file's logged "variance 1 -> 2.5 (file)".
+    membership = lb_membership()
+    with caplog.at_level("INFO", logger="zc_lb"):
+        membership._settings_changed({"variance": "2.5", "no_worker_timeout": 3})
+    assert "variance 1 -> 2.5 (ZooKeeper /lb)" in caplog.text
+    assert "no_worker_timeout 30 -> 3 (ZooKeeper /lb)" in caplog.text
+    assert "balance" not in caplog.text  # (unchanged: not logged)
+    assert membership.lb.pool.variance == 2.5 and membership.lb.no_worker_timeout == 3

@@ -96,17 +96,15 @@ def read_config(args: argparse.Namespace) -> argparse.Namespace:
     return new
 
 
-def _show(value) -> str:
-    if isinstance(value, list):
-        return " ".join(map(str, value)) or "(none)"
-    return settings._format(value) if value is not None else "(none)"
+_show = settings._shown
 
 
 def reload_config(args: argparse.Namespace, apply, live_extra=frozenset()) -> bool:
     """SIGHUP with --config: read the file again; pass the changed settings
     that may change live (``where`` has "live", and ``live_extra``) to
-    ``apply`` and log each as "name old -> new"; log the others as needing
-    a restart.  A bad file is logged and changes nothing.  Never exits."""
+    ``apply``, whose configure method logs each as "name old -> new
+    (file)" (``live_extra`` is logged here); log the others as needing a
+    restart.  A bad file is logged and changes nothing.  Never exits."""
     try:
         new = read_config(args)
     except ConfigurationError as exc:
@@ -124,7 +122,8 @@ def reload_config(args: argparse.Namespace, apply, live_extra=frozenset()) -> bo
         setting = table.get(dest)
         if dest in live_extra or (setting is not None and settings.LIVE in setting.where):
             live[dest] = after
-            log.info("%s %s -> %s (%s)", dest, _show(before), _show(after), args.config)
+            if dest in live_extra:
+                settings.log_change(dest, before, after, args.config)
         else:
             restart.append(dest)
             log.warning("%s changed in %s; restart to apply (%s stays in force)",
@@ -234,9 +233,9 @@ def run_worker(args: argparse.Namespace) -> int:
 
     def apply(live: dict) -> None:
         if membership is not None:  # ZooKeeper's values still win
-            membership.rebase(live)
+            membership.rebase(live, args.config)
         else:
-            worker.configure(live)
+            worker.configure(live, args.config)
 
     wait_for_signal({"SIGTERM": stop, "SIGINT": stop, "SIGHUP": _sighup(args, apply)})
     log.info("worker stopped")
@@ -468,11 +467,9 @@ def run_lb(args: argparse.Namespace) -> int:
         if not live:
             return
         if membership is not None:  # ZooKeeper's values still win
-            membership.rebase(live)
+            membership.rebase(live, args.config)
             return
-        lb.pool.configure(live)
-        if "no_worker_timeout" in live:
-            lb.no_worker_timeout = live["no_worker_timeout"]
+        lb.configure(live, args.config)
 
     def upgrade() -> bool:
         sockets = {"front%d" % i: server.server.socket for i, server in enumerate(fronts)}

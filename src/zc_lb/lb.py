@@ -27,7 +27,7 @@ import os
 import socket
 import time
 from bisect import bisect_left
-from typing import Callable, Dict, Iterable, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Set, Tuple
 
 import gevent
 import gevent.event
@@ -55,7 +55,7 @@ from .httpparse import HOP_BY_HOP
 from .outlier import Ejector
 from .pool import Pool
 from .protocol import MAX_BODY, Body, End, Response, head_fields
-from .settings import LB_SETTINGS
+from .settings import LB_SETTINGS, check, log_change
 from .spool import Spool, SpoolLimits
 
 log = logging.getLogger(__name__)
@@ -810,12 +810,32 @@ class LB(LinkEvents):
             self.requests += 1
         self._count_error(status, cause, message, environ)
 
-    def reset_skills(self) -> None:
+    def configure(self, changes: Mapping[str, Any], source: str = "") -> None:
+        """Apply live settings from any source (the command line's file
+        read again, ZooKeeper): the pool's (its policy's ``SETTINGS``) and
+        ``no_worker_timeout`` of ``changes``, each checked against the
+        settings table first (ConfigurationError, and nothing changed, if
+        one is bad), each change logged as "name old -> new (source)"."""
+        names = [name for name in self.pool.SETTINGS if name in changes]
+        checked = {name: check(LB_SETTINGS, name, changes[name]) for name in names}
+        timeout = changes.get("no_worker_timeout")
+        if timeout is not None:
+            timeout = check(LB_SETTINGS, "no_worker_timeout", timeout)
+        old = {name: getattr(self.pool, name) for name in names}
+        old["no_worker_timeout"] = self.no_worker_timeout
+        self.pool.update_settings(**checked)
+        if timeout is not None:
+            checked["no_worker_timeout"] = self.no_worker_timeout = timeout
+        for name, value in checked.items():
+            if value != old[name]:
+                log_change(name, old[name], value, source)
+
+    def reset_skills(self, why: str = "by an operator") -> None:
         """Forget the skills the pool holds; résumés teach them again."""
         reset = getattr(self.pool, "reset_skills", None)
         if reset is not None:
             reset()
-            log.warning("skills reset by an operator: learning them again from résumés")
+            log.warning("skills reset %s: learning them again from résumés", why)
 
     # -- introspection ------------------------------------------------
 

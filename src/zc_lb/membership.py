@@ -110,21 +110,21 @@ class WorkerMembership:
             self.client.stop()
             self.client.close()
 
-    def rebase(self, changes: Mapping[str, Any]) -> None:
+    def rebase(self, changes: Mapping[str, Any], source: str = "") -> None:
         """New values under ZooKeeper's (a config file read again): applied
         unless the node sets them."""
-        _rebase(self, changes)
+        _rebase(self, changes, source)
         if self.properties is None:
-            self.worker.configure(self.base)
+            self.worker.configure(self.base, source)
 
-    def _settings_changed(self, properties: Dict[str, Any]) -> None:
+    def _settings_changed(self, properties: Dict[str, Any], source: str = "") -> None:
         self.properties = properties
         good, bad = parse_each(WORKER_NODE_SETTINGS, properties)
         for message in bad:
             log.error("ignoring a bad worker setting in %s: %s", self.path, message)
         settings = dict(self.base, **good)
         try:
-            self.worker.configure(settings)
+            self.worker.configure(settings, source or "ZooKeeper %s" % self.path)
         except ConfigurationError as exc:
             log.error("ignoring bad worker settings in %s: %s", self.path, exc)
             return
@@ -135,7 +135,7 @@ class WorkerMembership:
         self.reset_token = token
 
 
-def _rebase(membership, changes: Mapping[str, Any]) -> None:
+def _rebase(membership, changes: Mapping[str, Any], source: str = "") -> None:
     """Change a membership's base settings and apply what ZooKeeper does
     not set (its node's properties win, as over the command line)."""
     membership.base.update(changes)
@@ -144,7 +144,7 @@ def _rebase(membership, changes: Mapping[str, Any]) -> None:
         log.warning("%s set in ZooKeeper (%s): the node's value stays in force",
                     ", ".join(overridden), membership.path)
     if membership.properties is not None:
-        membership._settings_changed(membership.properties)
+        membership._settings_changed(membership.properties, source)
 
 
 class LBMembership:
@@ -198,15 +198,14 @@ class LBMembership:
     def _join(self, relative: str) -> str:
         return "%s/%s" % ("" if self.path == "/" else self.path, relative)
 
-    def rebase(self, changes: Mapping[str, Any]) -> None:
+    def rebase(self, changes: Mapping[str, Any], source: str = "") -> None:
         """New values under ZooKeeper's (a config file read again): applied
         unless the node sets them."""
-        _rebase(self, changes)
+        _rebase(self, changes, source)
         if self.properties is None:
-            self.lb.pool.configure(self.base)
-            self.lb.no_worker_timeout = self.base["no_worker_timeout"]
+            self.lb.configure(self.base, source)
 
-    def _settings_changed(self, properties: Dict[str, Any]) -> None:
+    def _settings_changed(self, properties: Dict[str, Any], source: str = "") -> None:
         self.properties = properties
         good, bad = parse_each(LB_NODE_SETTINGS, properties)
         for message in bad:
@@ -217,11 +216,9 @@ class LBMembership:
         settings.update((name, value) for name, value in self.applied.items()
                         if name in properties)
         settings.update(good)  # checked by the table, as the pool checks them
-        self.lb.pool.configure(settings)
+        self.lb.configure(settings, source or "ZooKeeper %s" % self.path)
         self.applied = settings
-        self.lb.no_worker_timeout = settings["no_worker_timeout"]
         self._reset_skills(settings["reset_skills"])
-        log.info("LB settings: %s", settings)
         if bool(settings["single_version"]) != self.single_version:
             self.single_version = bool(settings["single_version"])
             self._update_workers()
@@ -229,11 +226,7 @@ class LBMembership:
     def _reset_skills(self, token: str) -> None:
         """A new ``reset_skills`` value (not the first one seen) resets skills."""
         if self.reset_token is not None and token != self.reset_token:
-            reset = getattr(self.lb.pool, "reset_skills", None)
-            if reset is not None:
-                reset()
-                log.warning("skills reset (reset_skills=%r): learning them again "
-                            "from résumés", token)
+            self.lb.reset_skills("(reset_skills=%r in ZooKeeper)" % token)
         self.reset_token = token
 
     def _lbs_changed(self, providers: Dict[str, dict]) -> None:

@@ -25,12 +25,15 @@ A bad value raises ConfigurationError naming the setting.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 from dataclasses import dataclass
 from typing import (Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional,
                     Tuple)
 
 from .errors import ConfigurationError
+
+log = logging.getLogger(__name__)
 
 CLI, ZOOKEEPER, LIVE = "cli", "zookeeper", "live"
 COMMAND_LINE = frozenset({CLI})
@@ -116,6 +119,18 @@ class Setting:
             raise ConfigurationError("%s must be one of %s, got %r"
                                      % (self.name, ", ".join(self.choices), value))
         return converted
+
+
+def log_change(name: str, old: Any, new: Any, source: str = "") -> None:
+    """A live setting changed: one format, whatever its source."""
+    log.info("%s %s -> %s%s", name, _shown(old), _shown(new),
+             " (%s)" % source if source else "")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return " ".join(map(str, value)) or "(none)"
+    return _format(value) if value is not None else "(none)"
 
 
 def _table(settings: Iterable[Setting]) -> Dict[str, Setting]:

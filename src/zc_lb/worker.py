@@ -43,7 +43,7 @@ from .errors import BadResponseHead, ConfigurationError, CorruptResumeFile, ZcLb
 from .loopwatch import LoopWatch
 from .httpparse import HOP_BY_HOP
 from .protocol import FEATURES, MAX_BODY, Body, End
-from .settings import WORKER_SETTINGS, check
+from .settings import WORKER_SETTINGS, check, log_change
 
 log = logging.getLogger(__name__)
 
@@ -532,12 +532,13 @@ class Worker(Handler):
 
     LIVE = ("history", "max_skill_age", "max_classes", "resume_interval")
 
-    def configure(self, changes: Mapping[str, Any]) -> None:
+    def configure(self, changes: Mapping[str, Any], source: str = "") -> None:
         """Apply live settings from any source (the command line's file
         read again, ZooKeeper): those of ``changes`` named in ``LIVE``,
         each checked against the settings table first (ConfigurationError,
-        and nothing changed, if one is bad), and each change logged.  A
-        ``max_skill_age`` of None is its default, 10 x ``history``."""
+        and nothing changed, if one is bad), and each change logged as
+        "name old -> new (source)".  A ``max_skill_age`` of None is its
+        default, 10 x ``history``."""
         checked = {name: check(WORKER_SETTINGS, name, changes[name])
                    for name in self.LIVE if name in changes}
         if self.skills is not None:
@@ -548,7 +549,7 @@ class Worker(Handler):
         for name, value in checked.items():
             old = getattr(self, name)
             if value != old:
-                log.info("worker setting %s: %s -> %s", name, old, value)
+                log_change(name, old, value, source)
                 setattr(self, name, value)
         self._timer_changed.set()
 
