@@ -16,27 +16,16 @@ import signal
 import subprocess
 import sys
 import time
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 from . import restart, settings
 from .accesslog import DEFAULT_FORMAT
 from .errors import ConfigurationError, ZcLbError
+from .service import (DEFAULT_LISTEN, hand_over, ignore_sighup, lb_status_app,
+                      parse_listeners, read_secret, wait_for_signal)
 
 log = logging.getLogger("zc_lb")
 
-
-
-def _read_secret(path: Optional[str]) -> Optional[bytes]:
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as f:
-            secret = f.read().strip()
-    except OSError as exc:
-        raise ConfigurationError("cannot read secret file %s: %s" % (path, exc))
-    if not secret:
-        raise ConfigurationError("secret file %s is empty" % path)
-    return secret
 
 
 def _read_page(path: str) -> bytes:
@@ -45,33 +34,6 @@ def _read_page(path: str) -> bytes:
             return f.read()
     except OSError as exc:
         raise ConfigurationError("cannot read error page %s: %s" % (path, exc))
-
-
-def _ignore_sighup() -> bool:
-    # A terminal hang-up or a habitual "reload" must not kill a server with
-    # requests in flight; SIGHUP has no meaning yet, so say so and go on.
-    log.warning("SIGHUP ignored: zc-lb has no configuration to reload "
-                "(SIGTERM drains and stops)")
-    return False
-
-
-def wait_for_signal(handlers: dict) -> None:
-    """Queue SIGTERM/SIGINT/SIGHUP (and any other signal ``handlers``
-    names, e.g. SIGUSR1); dispatch each to ``handlers[name]`` until a
-    handler returns True (meaning: exit)."""
-    import gevent
-    import gevent.queue
-
-    signals: "gevent.queue.Queue[str]" = gevent.queue.Queue()
-    handlers = dict(handlers)
-    handlers.setdefault("SIGHUP", _ignore_sighup)  # its default would kill us
-    for name in handlers:
-        gevent.signal_handler(getattr(signal, name), signals.put, name)
-    while True:
-        name = signals.get()
-        log.info("got %s", name)
-        if handlers[name]():
-            return
 
 
 # -- --config and SIGHUP --------------------------------------------------
@@ -149,7 +111,7 @@ def _sighup(args: argparse.Namespace, apply, live_extra=frozenset()):
     """The SIGHUP handler: reload ``--config``, or without one, say SIGHUP
     means nothing."""
     if not getattr(args, "config", None):
-        return _ignore_sighup
+        return ignore_sighup
     return lambda: reload_config(args, apply, live_extra)
 
 
@@ -184,7 +146,7 @@ def run_worker(args: argparse.Namespace) -> int:
         raise ConfigurationError("--concurrency bounds --greenlets; with threads, --threads N "
                                  "is the bound")
     listen = parse_address(args.listen)
-    secret = _read_secret(args.secret_file)
+    secret = read_secret(args.secret_file)
     _check_exposure(listen, secret, args.insecure)
     worker = Worker(
         load_app(args.app),
@@ -280,7 +242,7 @@ def build_lb(args: argparse.Namespace):
             response_timeout=args.response_timeout or None,
             keepalive_timeout=args.keepalive_timeout,
             drain_timeout=args.drain_timeout,
-            secret=_read_secret(args.secret_file), pages=pages,
+            secret=read_secret(args.secret_file), pages=pages,
             max_request_body=args.max_request_body, spool_limits=_spool_limits(args))
     tls = None
     if args.certfile:
@@ -323,29 +285,8 @@ def build_lb(args: argparse.Namespace):
         status = FrontServer(restart.inherited("status") or parse_address(args.status),
                              lb_status_app(
             lb.status, lb_actions(lb), lambda: lb.requests,
-            _read_secret(args.admin_token_file)))
+            read_secret(args.admin_token_file)))
     return lb, fronts, status
-
-
-def parse_listeners(args: argparse.Namespace) -> List[Tuple[str, str]]:
-    """(scheme, HOST:PORT) of every ``--listen``: ``https://`` is HTTPS,
-    ``http://`` plain HTTP, and a bare HOST:PORT HTTPS with --certfile."""
-    found = []
-    for text in args.listen or [DEFAULT_LISTEN]:
-        scheme, sep, where = text.partition("://")
-        if not sep:
-            scheme, where = ("https" if args.certfile else "http"), text
-        if scheme not in ("http", "https"):
-            raise ConfigurationError("--listen %s: the scheme is http:// or https://" % text)
-        if scheme == "https" and not args.certfile:
-            raise ConfigurationError("--listen %s needs --certfile" % text)
-        found.append((scheme, where))
-    if args.redirect_https and not any(scheme == "https" for scheme, _ in found):
-        raise ConfigurationError("--redirect-https needs an HTTPS --listen")
-    if len(found) > 1 and getattr(args, "processes", 1) > 1:
-        raise ConfigurationError("--processes takes one --listen address")
-    return found
-
 
 
 def _reload_tls(args: argparse.Namespace, servers: list) -> None:
@@ -371,39 +312,11 @@ def _ready_when_serving(lb, timeout: float = 10.0) -> None:
     restart.announce_ready()
 
 
-def hand_over(args: argparse.Namespace, sockets: dict) -> bool:
-    """SIGUSR2: start a new LB on our ``sockets`` and wait until it
-    serves; whether it does (then this one drains and exits)."""
-    restart.sd_notify("RELOADING=1")
-    successor = restart.Successor(restart.command_line(args.argv), sockets)
-    log.info("SIGUSR2: starting a new LB on our sockets")
-    if not successor.start():
-        restart.sd_notify("READY=1")
-        return False
-    log.info("the new LB (pid %d) serves: this one (pid %d) stops accepting and drains",
-             successor.process.pid, os.getpid())  # type: ignore[union-attr]
-    return True
-
-
 def lb_actions(lb) -> dict:
     """What an operator may POST to an LB's status address."""
     return {"reset-skills": lb.reset_skills,
             "drain": lambda worker: lb.drain_worker(worker) or {"worker": worker},
             "enable": lambda worker: lb.enable_worker(worker) or {"worker": worker}}
-
-
-def lb_status_app(get_status, actions, get_requests, token=None):
-    """The status app of an LB (or a supervisor): JSON, the HTML page,
-    /metrics from the document, /healthz, the actions (with the admin
-    ``token``, if any); the request rate sampled every 5 s for the page's
-    sparkline."""
-    from .metrics import LBCollector
-    from .status import RequestHistory, status_app
-    from .statuspage import render
-
-    history = RequestHistory(get_requests).start()
-    return status_app(get_status, actions, collector=LBCollector(get_status),
-                      page=render, history=history, token=token)
 
 
 def run_lb(args: argparse.Namespace) -> int:
@@ -637,7 +550,6 @@ def version() -> str:
 
 # command: (module, extra that installs it, what it does)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-DEFAULT_LISTEN = "127.0.0.1:8080"
 PASS_THROUGH = {
     "replay": ("zc_lb.playback.replay", "playback",
                "replay access logs against a live URL (playback/replay.py)"),
@@ -816,7 +728,7 @@ def run_worker_state(args: argparse.Namespace) -> int:
     from .status import fetch
 
     fetch(args.address, action=args.action, params={"worker": args.worker},
-          token=_read_secret(args.token_file))
+          token=read_secret(args.token_file))
     print("%s %s on the LB at %s" % ("drained" if args.action == "drain" else "enabled",
                                      args.worker, args.address))
     return 0

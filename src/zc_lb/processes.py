@@ -227,11 +227,10 @@ class Supervisor:
 
 def run(args, argv: Sequence[str]) -> int:
     """``zc-lb lb --processes N`` (N > 1)."""
-    from .cli import wait_for_signal
     from .connection import parse_address
     from . import restart
-    from .cli import _read_secret, hand_over, lb_status_app, parse_listeners
     from .http import FrontServer
+    from .service import hand_over, lb_status_app, parse_listeners, read_secret, wait_for_signal
 
     (scheme, where), = parse_listeners(args)
     listen = restart.inherited("front0") or parse_address(where)
@@ -240,7 +239,7 @@ def run(args, argv: Sequence[str]) -> int:
     supervisor.start()
     status = None
     if args.status:
-        token = _read_secret(args.admin_token_file)
+        token = read_secret(args.admin_token_file)
         status = FrontServer(restart.inherited("status") or parse_address(args.status),
                              lb_status_app(
             supervisor.status, {name: supervisor.action(name, token)

@@ -1,0 +1,111 @@
+"""What every zc-lb process does around its own work: read its secret,
+parse its listeners, wait for signals and dispatch them, hand its
+sockets over to a successor (SIGUSR2), serve an LB's status address.
+
+``cli.py`` (one LB or worker) and ``processes.py`` (the supervisor of
+``lb --processes N``) both build on these, and neither imports the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+from typing import List, Optional, Tuple
+
+from . import restart
+from .errors import ConfigurationError
+
+log = logging.getLogger("zc_lb")
+
+DEFAULT_LISTEN = "127.0.0.1:8080"
+
+
+def read_secret(path: Optional[str]) -> Optional[bytes]:
+    """The shared secret (or admin token) in the file at ``path``, if any."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            secret = f.read().strip()
+    except OSError as exc:
+        raise ConfigurationError("cannot read secret file %s: %s" % (path, exc))
+    if not secret:
+        raise ConfigurationError("secret file %s is empty" % path)
+    return secret
+
+
+def ignore_sighup() -> bool:
+    # A terminal hang-up or a habitual "reload" must not kill a server with
+    # requests in flight; SIGHUP has no meaning yet, so say so and go on.
+    log.warning("SIGHUP ignored: zc-lb has no configuration to reload "
+                "(SIGTERM drains and stops)")
+    return False
+
+
+def wait_for_signal(handlers: dict) -> None:
+    """Queue SIGTERM/SIGINT/SIGHUP (and any other signal ``handlers``
+    names, e.g. SIGUSR1); dispatch each to ``handlers[name]`` until a
+    handler returns True (meaning: exit)."""
+    import gevent
+    import gevent.queue
+
+    signals: "gevent.queue.Queue[str]" = gevent.queue.Queue()
+    handlers = dict(handlers)
+    handlers.setdefault("SIGHUP", ignore_sighup)  # its default would kill us
+    for name in handlers:
+        gevent.signal_handler(getattr(signal, name), signals.put, name)
+    while True:
+        name = signals.get()
+        log.info("got %s", name)
+        if handlers[name]():
+            return
+
+
+def parse_listeners(args: argparse.Namespace) -> List[Tuple[str, str]]:
+    """(scheme, HOST:PORT) of every ``--listen``: ``https://`` is HTTPS,
+    ``http://`` plain HTTP, and a bare HOST:PORT HTTPS with --certfile."""
+    found = []
+    for text in args.listen or [DEFAULT_LISTEN]:
+        scheme, sep, where = text.partition("://")
+        if not sep:
+            scheme, where = ("https" if args.certfile else "http"), text
+        if scheme not in ("http", "https"):
+            raise ConfigurationError("--listen %s: the scheme is http:// or https://" % text)
+        if scheme == "https" and not args.certfile:
+            raise ConfigurationError("--listen %s needs --certfile" % text)
+        found.append((scheme, where))
+    if args.redirect_https and not any(scheme == "https" for scheme, _ in found):
+        raise ConfigurationError("--redirect-https needs an HTTPS --listen")
+    if len(found) > 1 and getattr(args, "processes", 1) > 1:
+        raise ConfigurationError("--processes takes one --listen address")
+    return found
+
+
+def hand_over(args: argparse.Namespace, sockets: dict) -> bool:
+    """SIGUSR2: start a new LB on our ``sockets`` and wait until it
+    serves; whether it does (then this one drains and exits)."""
+    restart.sd_notify("RELOADING=1")
+    successor = restart.Successor(restart.command_line(args.argv), sockets)
+    log.info("SIGUSR2: starting a new LB on our sockets")
+    if not successor.start():
+        restart.sd_notify("READY=1")
+        return False
+    log.info("the new LB (pid %d) serves: this one (pid %d) stops accepting and drains",
+             successor.process.pid, os.getpid())  # type: ignore[union-attr]
+    return True
+
+
+def lb_status_app(get_status, actions, get_requests, token=None):
+    """The status app of an LB (or a supervisor): JSON, the HTML page,
+    /metrics from the document, /healthz, the actions (with the admin
+    ``token``, if any); the request rate sampled every 5 s for the page's
+    sparkline."""
+    from .metrics import LBCollector
+    from .status import RequestHistory, status_app
+    from .statuspage import render
+
+    history = RequestHistory(get_requests).start()
+    return status_app(get_status, actions, collector=LBCollector(get_status),
+                      page=render, history=history, token=token)
