@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Any, Container, Dict, Hashable, Iterable, Mapping, Optional, Set, Tuple
+from typing import Any, Container, Dict, Hashable, Iterable, List, Mapping, Optional, Set, Tuple
 
 from .settings import LB_SETTINGS, check
 
@@ -221,16 +221,21 @@ class Pool:
             skilled[worker] = score
             touched.add(rclass)
         if len(new) - added < len(old):  # some classes left the résumé
-            for rclass in [rclass for rclass in old if rclass not in new]:
-                skilled = skilled_map.get(rclass)
-                if skilled is not None:
-                    skilled.pop(worker, None)
-                    if not skilled:
-                        del skilled_map[rclass]
-                touched.add(rclass)
+            touched.update(self._unskill(worker, [c for c in old if c not in new]))
         worker.resume = new
         worker.given.clear()
         return touched
+
+    def _unskill(self, worker: PoolWorker, classes: List[str]) -> List[str]:
+        """Take ``worker`` out of the skilled workers of ``classes``."""
+        skilled_map = self.skilled
+        for rclass in classes:
+            skilled = skilled_map.get(rclass)
+            if skilled is not None:
+                skilled.pop(worker, None)
+                if not skilled:
+                    del skilled_map[rclass]
+        return classes
 
     def _forget_skills(self, worker: PoolWorker) -> None:
         skilled_map = self.skilled
