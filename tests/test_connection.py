@@ -6,7 +6,8 @@ import gevent.socket
 import pytest
 
 from zc_lb import protocol
-from zc_lb.connection import Connection, Handler, send_pieces, unsent
+from zc_lb.connection import Connection, Handler
+from zc_lb.sockets import send_pieces, unsent
 from zc_lb.errors import (AuthenticationError, BadResponse, ConnectionLost, RequestCancelled,
                           ResponseHeadTooLarge, WorkerLost)
 from zc_lb.protocol import WINDOW, Body, End, Response

@@ -11,7 +11,7 @@ import pytest
 from zc_lb.connection import Connection, Handler
 from zc_lb.errors import ConfigurationError
 from zc_lb.protocol import End
-from zc_lb.connection import parse_address
+from zc_lb.sockets import parse_address
 from zc_lb.testing import read_response
 from zc_lb.worker import Worker, load_app
 

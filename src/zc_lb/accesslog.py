@@ -31,6 +31,9 @@ Fields (Apache's meaning where Apache has the letter)::
                   of a request lost with its worker was refused
     %%            a percent sign
 
+``AccessLog`` writes the lines: buffered, once a second, reopened by
+name on SIGUSR1.
+
 Escaped values have ``"`` and ``\\`` preceded by a backslash and control
 characters written ``\\xNN``, as Apache does, so a quoted field stays one
 field.  The default is Apache's combined format followed by ``key=value``
@@ -39,11 +42,17 @@ fields (``DEFAULT_FORMAT``), which playback/logparse.py reads back.
 
 from __future__ import annotations
 
+import logging
 import re
+import sys
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import IO, Callable, List, Optional, Tuple
+
+import gevent
 
 from .errors import ConfigurationError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_FORMAT = ('%h %l %u %t "%r" %>s %b "%{Referer}i" "%{User-Agent}i" '
                   'host="%{Host}i" class="%{class}z" worker=%{worker}z '
@@ -200,3 +209,86 @@ class LogFormat:
 
     def __repr__(self) -> str:
         return "<LogFormat %r>" % self.text
+
+
+FLUSH_INTERVAL = 1.0
+
+
+class AccessLog:
+    """A buffered access log: lines are kept in memory and written once a
+    second (and at close), so requests never wait on the disk.  ``fmt``
+    (accesslog.py) makes each line; ``reopen`` (SIGUSR1) opens the file
+    again by its name, after logrotate moved it."""
+
+    def __init__(self, stream: IO[str], fmt: Optional[LogFormat] = None,
+                 path: Optional[str] = None) -> None:
+        self.stream = stream
+        self.format = fmt or LogFormat()
+        self.path = path
+        self._lines: List[str] = []
+        self._greenlet: Optional[gevent.Greenlet] = None
+        self.closed = False
+
+    @classmethod
+    def open(cls, path: str, fmt: Optional[LogFormat] = None) -> "AccessLog":
+        """``-`` for standard output, else a file opened for appending."""
+        if path == "-":
+            return cls(sys.stdout, fmt)
+        return cls(cls._open(path), fmt, path)
+
+    @staticmethod
+    def _open(path: str) -> IO[str]:
+        try:
+            return open(path, "a", encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise ConfigurationError("cannot open the access log %s: %s" % (path, exc))
+
+    def start(self) -> None:
+        if self._greenlet is None:  # (several listeners share one log)
+            self._greenlet = gevent.spawn(self._flush_loop)
+
+    def write(self, line: str) -> None:
+        self._lines.append(line)
+
+    def _flush_loop(self) -> None:
+        while True:
+            gevent.sleep(FLUSH_INTERVAL)
+            self.flush()
+
+    def flush(self) -> None:
+        if self._lines:
+            lines, self._lines = self._lines, []
+            try:
+                self.stream.write("".join(lines))
+                self.stream.flush()
+            except (OSError, ValueError) as exc:
+                log.error("cannot write the access log: %s", exc)
+
+    def reopen(self) -> None:
+        """Write what is buffered to the old file, then continue in a file
+        opened by name (logrotate's postrotate sends SIGUSR1).  If it cannot
+        be opened, keep writing to the old one and say so."""
+        if self.path is None:
+            return
+        self.flush()
+        try:
+            stream = self._open(self.path)
+        except ConfigurationError as exc:
+            log.error("%s; still writing to the old file", exc)
+            return
+        old, self.stream = self.stream, stream
+        old.close()
+        log.info("access log %s reopened", self.path)
+
+    def close(self) -> None:
+        """Write what is held and close the file; once (several listeners
+        may share the log, each closing it as it stops)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._greenlet is not None:
+            self._greenlet.kill()
+            self._greenlet = None
+        self.flush()
+        if self.stream not in (sys.stdout, sys.stderr):
+            self.stream.close()

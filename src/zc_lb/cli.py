@@ -135,7 +135,7 @@ def _check_exposure(listen, secret: Optional[bytes], insecure: bool) -> None:
 
 
 def run_worker(args: argparse.Namespace) -> int:
-    from .connection import parse_address
+    from .sockets import parse_address
     from .worker import Worker, load_app
 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until wait_for_signal says so
@@ -221,12 +221,11 @@ def build_lb(args: argparse.Namespace):
     """The LB object and its front and status servers, not started."""
     from .affinity import make_pool
     from .classifier import get_classifier, get_key_function
-    from .accesslog import LogFormat
+    from .accesslog import AccessLog, LogFormat
     from .forwarding import Forwarding, parse_headers, parse_networks
-    from .http import (AccessLog, FrontServer, default_max_connections, https_redirect,
-                       tls_context)
+    from .http import FrontServer, default_max_connections, https_redirect, tls_context
     from .lb import LB
-    from .connection import parse_address
+    from .sockets import parse_address
 
     pool = make_pool(args.policy, _lb_settings(args))
     pages = {}

@@ -44,7 +44,6 @@ from . import protocol
 from .errors import (
     BadResponse,
     CancelledHere,
-    ConfigurationError,
     ConnectionClosed,
     ConnectionLost,
     PeerCancelled,
@@ -56,6 +55,7 @@ from .errors import (
 )
 from .protocol import Body, Credit, GoAway, Ping, Request, Resume, StreamEnded
 from .settings import LB_SETTINGS
+from .sockets import send_pieces, set_nodelay
 
 log = logging.getLogger(__name__)
 
@@ -68,61 +68,6 @@ RECYCLE_RNO = protocol.MAX_RNO - 100000
 BIG_CHUNK = 16 * 1024  # body chunks from this size go out without a copy into their frame
 RECV_SIZE = 256 * 1024
 _TIMED_OUT = object()  # what a wait's timer hands its waiter (``wait``)
-
-
-def parse_address(text: str, default_host: str = "127.0.0.1") -> Tuple[str, int]:
-    """``HOST:PORT`` (or ``:PORT``, or ``[v6]:PORT``) -> (host, port)."""
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        raise ConfigurationError("expected HOST:PORT, got %r" % text)
-    host = host.strip("[]") or default_host
-    try:
-        number = int(port)
-    except ValueError:
-        raise ConfigurationError("bad port in %r" % text)
-    if not 0 <= number <= 65535:
-        raise ConfigurationError("port out of range in %r" % text)
-    return host, number
-
-
-def send_all(sock, data) -> None:
-    """``sendall`` without gevent's per-call ``getsockopt(SO_SNDBUF)``,
-    which profiling showed to be a sixth of the LB's time."""
-    sent = sock.send(data)
-    if sent < len(data):
-        view = memoryview(data)[sent:]
-        while view:
-            view = view[sock.send(view):]
-
-
-MAX_PIECES = 512  # buffers per sendmsg, well under IOV_MAX
-
-
-def unsent(pieces: List, sent: int) -> List:
-    """What of ``pieces`` is left after ``sent`` bytes of them went out."""
-    for i, piece in enumerate(pieces):
-        size = len(piece)
-        if sent < size:
-            rest = pieces[i:]
-            if sent:
-                rest[0] = memoryview(piece)[sent:]
-            return rest
-        sent -= size
-    return []
-
-
-def send_pieces(send: Callable, sendmsg: Optional[Callable], pieces: List) -> List:
-    """Send ``pieces`` (bytes and memoryviews) with one system call, a
-    body chunk not copied into a joined buffer; what the socket did not
-    take.  ``send`` and ``sendmsg`` are the socket's (non-blocking or
-    gevent's)."""
-    if len(pieces) == 1:
-        data = pieces[0]
-        sent = send(data)
-        return [] if sent == len(data) else [memoryview(data)[sent:]]
-    if len(pieces) > MAX_PIECES or sendmsg is None:
-        return send_pieces(send, sendmsg, [b"".join(pieces)])
-    return unsent(pieces, sendmsg(pieces))
 
 
 def wait(waiter: Waiter, timeout: Optional[float], error: type, *args) -> None:
@@ -140,14 +85,6 @@ def wait(waiter: Waiter, timeout: Optional[float], error: type, *args) -> None:
     finally:
         if timer is not None:
             timer.close()
-
-
-def set_nodelay(sock: socket.socket) -> None:
-    """TCP_NODELAY: small frames must not wait 40 ms for a delayed ACK."""
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except OSError:
-        pass  # not TCP (a unix socket in a test)
 
 
 class Handler:

@@ -22,7 +22,8 @@ from typing import Dict, Optional
 import gevent
 import gevent.socket
 
-from .connection import KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, Connection, Handler, parse_address
+from .connection import KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, Connection, Handler
+from .sockets import parse_address
 from .errors import ZcLbError
 from .protocol import LB_FEATURES
 from .settings import LB_SETTINGS

@@ -227,7 +227,7 @@ class Supervisor:
 
 def run(args, argv: Sequence[str]) -> int:
     """``zc-lb lb --processes N`` (N > 1)."""
-    from .connection import parse_address
+    from .sockets import parse_address
     from . import restart
     from .http import FrontServer
     from .service import hand_over, lb_status_app, parse_listeners, read_secret, wait_for_signal
