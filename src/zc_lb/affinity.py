@@ -271,7 +271,7 @@ class AffinityPool(SlowStart, Relearning):
         self.held[worker] = 0.0
         self.skills_version += 1
         self._ring = None
-        if self.requests and self.slow_start:
+        if self.requests:  # (a running pool: eased in, or at once with slow_start 0)
             self.starting[worker] = Starter(self.requests)
 
     def remove(self, handle: Hashable) -> None:

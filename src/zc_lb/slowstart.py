@@ -59,6 +59,7 @@ GIVE_UP = 25  # slow starts after which a worker is done starting anyway
 CLASS_TAKE = 0.5  # the most of a class's keys a starter takes
 OFF_FAIR = 0.05  # a worker done starting is off its share beyond 5% of fair
 FADE = 4  # slow starts in which its floors change by e while it is off
+AT_ONCE = 100  # pool requests of a slow start with slow_start 0 ("at once")
 
 
 class Starter:
@@ -102,7 +103,7 @@ class SlowStart(PoolPart):
         if self.starting or self.fading:
             starter = self.starting.get(worker) or self.fading.get(worker)
             if starter is not None:
-                starter.got(self.requests, self.slow_start)
+                starter.got(self.requests, self._horizon)
         return super()._chosen(worker)
 
     def _slow_start(self, rclass: str, stats: ClassStats) -> None:
@@ -116,12 +117,12 @@ class SlowStart(PoolPart):
         fair = 1.0 / len(self.workers)
         for worker, starter in list(self.starting.items()):
             ramp = self._ramp(worker)
-            share = starter.share(self.requests, self.slow_start)
+            share = starter.share(self.requests, self._horizon)
             if share >= ramp * fair * STARTED:
                 if ramp >= 1.0:
                     self._done(worker, starter)
                 continue
-            if self.requests - starter.added > GIVE_UP * self.slow_start:
+            if self.requests - starter.added > GIVE_UP * self._horizon:
                 del self.starting[worker]
                 continue
             if sum(starter.joined.values()) >= fair * STARTED:
@@ -211,12 +212,12 @@ class SlowStart(PoolPart):
         when next worked out); ``GIVE_UP`` slow starts after the worker
         came, they stay as they are."""
         fair = 1.0 / len(self.workers)
-        fade = 1.0 - 1.0 / (FADE * self.slow_start)
+        fade = 1.0 - 1.0 / (FADE * self._horizon)
         for worker, starter in list(self.fading.items()):
-            if self.requests - starter.added > GIVE_UP * self.slow_start:
+            if self.requests - starter.added > GIVE_UP * self._horizon:
                 del self.fading[worker]
                 continue
-            off = starter.share(self.requests, self.slow_start) / fair - 1.0
+            off = starter.share(self.requests, self._horizon) / fair - 1.0
             if -OFF_FAIR <= off <= OFF_FAIR:
                 continue
             factor = fade if off > 0 else 1.0 / fade
@@ -225,7 +226,14 @@ class SlowStart(PoolPart):
                 if floors and not adopted(floors.get(worker)):
                     floors[worker] = min(floors[worker] * factor, most)
 
+    @property
+    def _horizon(self) -> int:
+        """The pool requests a slow start takes: ``slow_start``, and for 0
+        ("at once") ``AT_ONCE``, enough for the joins that give a new
+        worker its share (without them it was given none at all)."""
+        return self.slow_start or AT_ONCE
+
     def _ramp(self, worker: PoolWorker) -> float:
         """How far a starting worker is into its slow start, in (0, 1]."""
-        done = (self.requests - self.starting[worker].added) / self.slow_start
+        done = (self.requests - self.starting[worker].added) / self._horizon
         return min(max(done, 0.01), 1.0)
