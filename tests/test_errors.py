@@ -127,7 +127,7 @@ def test_a_bad_request_carries_the_status_it_was_given(status):
 def test_a_bad_requests_status_is_its_own_not_its_classes():
     # (another request's refusal does not change what this one says)
     version = BadRequest("version", 505)
-    timeout = HeadTimeout("slow head", 408)
+    timeout = HeadTimeout("slow head")  # (408 Request Timeout unless told otherwise)
     plain = BadRequest("plain")
     assert (version.http_status, timeout.http_status, plain.http_status) == (505, 408, 400)
     assert BadRequest.http_status == 400

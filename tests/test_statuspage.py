@@ -167,6 +167,7 @@ def test_a_document_missing_its_optional_fields_still_renders():
     assert page.rows("workers") == [] and page.rows("classes") == []
     assert "none" in page.paragraphs  # no recent errors
     assert page.summary["errors"] == "none"
+    assert page.summary["uptime"] == "-"  # (not "Nones")
     sparse = {"workers": {"w:1": {}}, "recent_errors": [{}], "processes": [{}],
               "classes": {"a": 1}}
     page = Page(render(sparse))

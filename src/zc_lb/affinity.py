@@ -413,9 +413,9 @@ class AffinityPool(SlowStart, Relearning):
         """Before any gain is known: one in ``EXPLORE`` of the requests
         that find ``chosen`` busy goes to the least busy of the other
         ``members`` (where the balance bound would move it: a key moved
-        within its class loads less), or of all workers, if that one is
-        less busy, so that its service time away from home teaches the
-        pool a gain.  Without this a hot key of two workers stayed at
+        within its class loads less), or, for a class of one member, of
+        all workers, if that one is less busy than ``chosen``, so that
+        its service time away from home teaches the pool a gain.  Without this a hot key of two workers stayed at
         its owner: the balance bound, relative to the members' mean,
         never moved it.  (To a starter too: a pool whose second worker
         joined under load, still starting, else learned nothing and

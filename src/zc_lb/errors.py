@@ -176,7 +176,11 @@ class BadRequest(ClientError):
 
 
 class HeadTimeout(BadRequest):
-    """The client did not send a whole request head within the header timeout."""
+    """The client did not send a whole request head within the header
+    timeout: 408 Request Timeout."""
+
+    def __init__(self, message: str, status: int = 408) -> None:
+        super().__init__(message, status)
 
 
 class RequestTooLarge(ClientError):

@@ -291,7 +291,7 @@ class ClientConnection:
         the connection ends."""
         if self.reader.in_head:
             self._reset()
-            self._refuse(HeadTimeout(why, 408))
+            self._refuse(HeadTimeout(why))
         return None
 
     def fill(self) -> None:

@@ -58,7 +58,7 @@ def render(doc: dict, history=None) -> str:
          or "none"),
         ("policy", pool.get("policy")), ("variance", pool.get("variance")),
         ("backlog", pool.get("backlog")), ("mean backlog", pool.get("mean_backlog")),
-        ("uptime", "%ss" % doc.get("uptime")),
+        ("uptime", "%ss" % doc["uptime"] if doc.get("uptime") is not None else "-"),
     ]
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
