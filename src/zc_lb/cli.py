@@ -21,8 +21,8 @@ from typing import List, Optional
 from . import restart, settings
 from .accesslog import DEFAULT_FORMAT
 from .errors import ConfigurationError, ZcLbError
-from .service import (DEFAULT_LISTEN, hand_over, ignore_sighup, lb_status_app,
-                      parse_listeners, read_secret, wait_for_signal)
+from .service import (DEFAULT_LISTEN, LBService, WorkerService, ignore_sighup,
+                      lb_status_app, parse_listeners, read_secret, wait_for_signal)
 
 log = logging.getLogger("zc_lb")
 
@@ -75,21 +75,7 @@ def reload_config(args: argparse.Namespace, apply, live_extra=frozenset()) -> bo
     except Exception:  # a reload must never stop a serving process
         log.exception("SIGHUP: cannot read %s; keeping the running settings", args.config)
         return False
-    table = COMMAND_SETTINGS[args.command]
-    live, restart = {}, []
-    for dest in sorted(set(vars(args)) | set(vars(new))):
-        before, after = getattr(args, dest, None), getattr(new, dest, None)
-        if dest in NOT_COMPARED or before == after:
-            continue
-        setting = table.get(dest)
-        if dest in live_extra or (setting is not None and settings.LIVE in setting.where):
-            live[dest] = after
-            if dest in live_extra:
-                settings.log_change(dest, before, after, args.config)
-        else:
-            restart.append(dest)
-            log.warning("%s changed in %s; restart to apply (%s stays in force)",
-                        dest, args.config, _show(before))
+    live, restart = _changes(args, new, live_extra)
     if live:
         try:
             apply(live)
@@ -105,6 +91,27 @@ def reload_config(args: argparse.Namespace, apply, live_extra=frozenset()) -> bo
     if not live and not restart:
         log.info("SIGHUP: %s read again; nothing changed", args.config)
     return False
+
+
+def _changes(args: argparse.Namespace, new: argparse.Namespace, live_extra) -> tuple:
+    """What ``new`` changes of ``args``: the live settings' new values,
+    and the names of the others (each logged as needing a restart)."""
+    table = COMMAND_SETTINGS[args.command]
+    live, restart = {}, []
+    for dest in sorted(set(vars(args)) | set(vars(new))):
+        before, after = getattr(args, dest, None), getattr(new, dest, None)
+        if dest in NOT_COMPARED or before == after:
+            continue
+        setting = table.get(dest)
+        if dest in live_extra or (setting is not None and settings.LIVE in setting.where):
+            live[dest] = after
+            if dest in live_extra:
+                settings.log_change(dest, before, after, args.config)
+        else:
+            restart.append(dest)
+            log.warning("%s changed in %s; restart to apply (%s stays in force)",
+                        dest, args.config, _show(before))
+    return live, restart
 
 
 def _sighup(args: argparse.Namespace, apply, live_extra=frozenset()):
@@ -135,10 +142,29 @@ def _check_exposure(listen, secret: Optional[bytes], insecure: bool) -> None:
 
 
 def run_worker(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until wait_for_signal says so
+    service = build_worker(args)
+    service.start()
+    # Ready for LBs that know our address, whatever ZooKeeper is doing.
+    print("zc-lb worker listening on %s:%d" % service.worker.address, flush=True)
+    if service.status is not None:
+        print("zc-lb worker status on %s:%d" % service.status.address, flush=True)
+    service.register()
+
+    def apply(live: dict) -> None:
+        service.configure(live, args.config)
+
+    wait_for_signal({"SIGTERM": service.stop, "SIGINT": service.stop,
+                     "SIGHUP": _sighup(args, apply)})
+    log.info("worker stopped")
+    return 0
+
+
+def build_worker(args: argparse.Namespace) -> WorkerService:
+    """The worker, its status server and membership, not started."""
     from .sockets import parse_address
     from .worker import Worker, load_app
 
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until wait_for_signal says so
     if not args.app:
         raise ConfigurationError("no application: give module:callable (or a PasteDeploy "
                                  ".ini file) on the command line, or app in --config")
@@ -148,20 +174,11 @@ def run_worker(args: argparse.Namespace) -> int:
     listen = parse_address(args.listen)
     secret = read_secret(args.secret_file)
     _check_exposure(listen, secret, args.insecure)
-    worker = Worker(
-        load_app(args.app),
-        listen=listen,
-        history=args.history,
-        max_skill_age=args.max_skill_age,
-        max_classes=args.max_classes,
-        resume_interval=args.resume_interval,
-        resume_file=args.resume_file,
-        threads=args.threads,
-        concurrency=args.concurrency,
-        secret=secret,
-        version=args.version,
-    )
-    worker.start()
+    worker = Worker(load_app(args.app), listen=listen, history=args.history,
+                    max_skill_age=args.max_skill_age, max_classes=args.max_classes,
+                    resume_interval=args.resume_interval, resume_file=args.resume_file,
+                    threads=args.threads, concurrency=args.concurrency, secret=secret,
+                    version=args.version)
     status = None
     if args.status:
         from .http import FrontServer
@@ -170,38 +187,13 @@ def run_worker(args: argparse.Namespace) -> int:
 
         status = FrontServer(parse_address(args.status),
                              status_app(worker.status, collector=WorkerCollector(worker.status)))
-        status.start()
-    # Ready for LBs that know our address, whatever ZooKeeper is doing.
-    print("zc-lb worker listening on %s:%d" % worker.address, flush=True)
-    if status is not None:
-        print("zc-lb worker status on %s:%d" % status.address, flush=True)
     membership = None
     if args.zookeeper:
         from .membership import WorkerMembership
 
         membership = WorkerMembership(worker, args.zookeeper, args.path,
                                       args.version, args.description)
-        membership.start()
-
-    def stop() -> bool:
-        if membership is not None:
-            membership.deregister()  # LBs stop sending before we drain
-        worker.stop(timeout=args.drain_timeout)
-        if status is not None:
-            status.stop(timeout=1)
-        if membership is not None:
-            membership.stop()
-        return True
-
-    def apply(live: dict) -> None:
-        if membership is not None:  # ZooKeeper's values still win
-            membership.rebase(live, args.config)
-        else:
-            worker.configure(live, args.config)
-
-    wait_for_signal({"SIGTERM": stop, "SIGINT": stop, "SIGHUP": _sighup(args, apply)})
-    log.info("worker stopped")
-    return 0
+    return WorkerService(worker, status, membership, args.drain_timeout)
 
 
 # -- lb -----------------------------------------------------------------
@@ -219,30 +211,11 @@ def _spool_limits(args: argparse.Namespace):
 
 def build_lb(args: argparse.Namespace):
     """The LB object and its front and status servers, not started."""
-    from .affinity import make_pool
-    from .classifier import get_classifier, get_key_function
     from .accesslog import AccessLog, LogFormat
-    from .forwarding import Forwarding, parse_headers, parse_networks
-    from .http import FrontServer, default_max_connections, https_redirect, tls_context
-    from .lb import LB
+    from .http import FrontServer, tls_context
     from .sockets import parse_address
 
-    pool = make_pool(args.policy, _lb_settings(args))
-    pages = {}
-    if args.error_page:
-        page = _read_page(args.error_page)
-        pages = {502: page, 503: page}
-    lb = LB(pool, get_classifier(args.classifier),
-            affinity_key=get_key_function(args.affinity_key),
-            max_retries=args.max_retries,
-            outlier=dict(consecutive=args.eject_after or 10**9, base_time=args.eject_time,
-                         max_time=10 * args.eject_time, max_share=args.max_ejected),
-            no_worker_timeout=args.no_worker_timeout,
-            response_timeout=args.response_timeout or None,
-            keepalive_timeout=args.keepalive_timeout,
-            drain_timeout=args.drain_timeout,
-            secret=read_secret(args.secret_file), pages=pages,
-            max_request_body=args.max_request_body, spool_limits=_spool_limits(args))
+    lb = _make_lb(args)
     tls = None
     if args.certfile:
         tls = tls_context(args.certfile, args.keyfile, args.tls_min_version, args.tls_ciphers)
@@ -254,6 +227,48 @@ def build_lb(args: argparse.Namespace):
     elif args.access_log_format != DEFAULT_FORMAT:
         LogFormat(args.access_log_format)  # refuse a bad one all the same
         log.warning("--access-log-format without --access-log: no access log is written")
+    fronts = _build_fronts(args, lb, tls, access_log)
+    lb.fronts = fronts  # their client connections go in the status document
+    status = None
+    if args.status:
+        status = FrontServer(restart.inherited("status") or parse_address(args.status),
+                             lb_status_app(
+            lb.status, lb_actions(lb), lambda: lb.requests,
+            read_secret(args.admin_token_file)))
+    return lb, fronts, status
+
+
+def _make_lb(args: argparse.Namespace):
+    """The LB of the options: its pool, classifier, limits, error pages."""
+    from .affinity import make_pool
+    from .classifier import get_classifier, get_key_function
+    from .lb import LB
+
+    pool = make_pool(args.policy, _lb_settings(args))
+    pages = {}
+    if args.error_page:
+        page = _read_page(args.error_page)
+        pages = {502: page, 503: page}
+    return LB(pool, get_classifier(args.classifier),
+              affinity_key=get_key_function(args.affinity_key),
+              max_retries=args.max_retries,
+              outlier=dict(consecutive=args.eject_after or 10**9, base_time=args.eject_time,
+                           max_time=10 * args.eject_time, max_share=args.max_ejected),
+              no_worker_timeout=args.no_worker_timeout,
+              response_timeout=args.response_timeout or None,
+              keepalive_timeout=args.keepalive_timeout,
+              drain_timeout=args.drain_timeout,
+              secret=read_secret(args.secret_file), pages=pages,
+              max_request_body=args.max_request_body, spool_limits=_spool_limits(args))
+
+
+def _build_fronts(args: argparse.Namespace, lb, tls, access_log) -> list:
+    """A front server per ``--listen``, on the socket inherited from the
+    LB this one replaces or from the supervisor, if any, not started."""
+    from .forwarding import Forwarding, parse_headers, parse_networks
+    from .http import FrontServer, default_max_connections, https_redirect
+    from .sockets import parse_address
+
     forwarding = Forwarding(parse_headers(args.forwarded),
                             parse_networks([args.trusted_proxies]))
     max_connections = (default_max_connections() if args.max_connections is None
@@ -278,14 +293,7 @@ def build_lb(args: argparse.Namespace):
             header_timeout=args.header_timeout or None, max_connections=max_connections,
             counter=lb.count_answer, forwarding=forwarding,
             proxy_protocol=args.proxy_protocol))
-    lb.fronts = fronts  # their client connections go in the status document
-    status = None
-    if args.status:
-        status = FrontServer(restart.inherited("status") or parse_address(args.status),
-                             lb_status_app(
-            lb.status, lb_actions(lb), lambda: lb.requests,
-            read_secret(args.admin_token_file)))
-    return lb, fronts, status
+    return fronts
 
 
 def _reload_tls(args: argparse.Namespace, servers: list) -> None:
@@ -329,68 +337,22 @@ def run_lb(args: argparse.Namespace) -> int:
     for name in ("SIGHUP", "SIGUSR1", "SIGUSR2"):  # until wait_for_signal says so
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     lb, fronts, status = build_lb(args)
-    front = fronts[0]  # (the address registered in ZooKeeper)
-    lb.set_workers(args.worker or [])
-    lb.watch_workers()
-    if args.health_check:
-        lb.start_health_checks(args.health_check, args.health_interval)
-    for server in fronts:
-        server.start()
-    if status is not None:
-        status.start()
-    membership = None
+    service = LBService(lb, fronts, status, args.drain_timeout)
+    service.start(args.worker or [], args.health_check, args.health_interval)
     if args.zookeeper:
         from .membership import LBMembership
 
-        membership = LBMembership(
-            lb, args.zookeeper, args.path, front.address,
+        service.register(LBMembership(
+            lb, args.zookeeper, args.path, fronts[0].address,
             status.address if status is not None else None,
-            base_settings=_lb_settings(args), instance=args.process_index)
-        membership.start()
+            base_settings=_lb_settings(args), instance=args.process_index))
     for server in fronts:
         print("zc-lb lb listening on %s:%d" % server.address, flush=True)
     if status is not None:
         print("zc-lb status on %s:%d" % status.address, flush=True)
     gevent.spawn(_ready_when_serving, lb)
-
-    def stop() -> bool:
-        for server in fronts:
-            server.drain()  # stop accepting; finish what is in flight
-        lb.drain(args.drain_timeout)
-        for server in fronts:  # (they share the access log: closed once all are done)
-            server.stop(timeout=1, close_log=False)
-        if front.access_log is not None:
-            front.access_log.close()
-        if status is not None:
-            status.stop(timeout=1)
-        if membership is not None:
-            membership.stop()
-        lb.stop()
-        return True
-
-    def reopen() -> bool:
-        if front.access_log is not None:
-            front.access_log.reopen()
-        return False
-
-    def apply(live: dict) -> None:
-        if "worker" in live:
-            lb.set_workers(live.pop("worker") or [])
-        if not live:
-            return
-        if membership is not None:  # ZooKeeper's values still win
-            membership.rebase(live, args.config)
-            return
-        lb.configure(live, args.config)
-
-    def upgrade() -> bool:
-        sockets = {"front%d" % i: server.server.socket for i, server in enumerate(fronts)}
-        if status is not None:
-            sockets["status"] = status.server.socket
-        return hand_over(args, sockets) and stop()
-
-    static = frozenset() if args.zookeeper else frozenset({"worker"})
-    reload = _sighup(args, apply, static)
+    reload = _sighup(args, lambda live: service.configure(live, args.config),
+                     frozenset() if args.zookeeper else frozenset({"worker"}))
 
     def hangup() -> bool:
         if args.certfile:  # new certificates, for new connections
@@ -399,8 +361,8 @@ def run_lb(args: argparse.Namespace) -> int:
                 return False
         return reload()  # --config read again (without one: logged and ignored)
 
-    wait_for_signal({"SIGTERM": stop, "SIGINT": stop, "SIGHUP": hangup,
-                     "SIGUSR1": reopen, "SIGUSR2": upgrade})
+    wait_for_signal({"SIGTERM": service.stop, "SIGINT": service.stop, "SIGHUP": hangup,
+                     "SIGUSR1": service.reopen, "SIGUSR2": lambda: service.hand_over(args)})
     log.info("lb stopped")
     return 0
 

@@ -109,3 +109,120 @@ def lb_status_app(get_status, actions, get_requests, token=None):
     history = RequestHistory(get_requests).start()
     return status_app(get_status, actions, collector=LBCollector(get_status),
                       page=render, history=history, token=token)
+
+
+class WorkerService:
+    """A worker process's parts and their lifecycle: the worker, and
+    perhaps its status server and its ZooKeeper membership.  ``start()``
+    serves (LBs that know the address may connect at once); ``register()``
+    joins ZooKeeper; ``configure()`` applies live settings (ZooKeeper's
+    values win over a file's); ``stop()`` leaves ZooKeeper first, so
+    LBs send nothing new, then drains and closes."""
+
+    def __init__(self, worker, status=None, membership=None,
+                 drain_timeout: float = 30.0) -> None:
+        self.worker = worker
+        self.status = status
+        self.membership = membership
+        self.drain_timeout = drain_timeout
+
+    def start(self) -> None:
+        self.worker.start()
+        if self.status is not None:
+            self.status.start()
+
+    def register(self) -> None:
+        if self.membership is not None:
+            self.membership.start()
+
+    def configure(self, live: dict, source: str = "") -> None:
+        if self.membership is not None:
+            self.membership.rebase(live, source)
+        else:
+            self.worker.configure(live, source)
+
+    def stop(self) -> bool:
+        """Leave, drain, close; True (the process may exit)."""
+        if self.membership is not None:
+            self.membership.deregister()  # LBs stop sending before we drain
+        self.worker.stop(timeout=self.drain_timeout)
+        if self.status is not None:
+            self.status.stop(timeout=1)
+        if self.membership is not None:
+            self.membership.stop()
+        return True
+
+
+class LBService:
+    """An LB process's parts and their lifecycle: the LB, its front
+    servers (the first one's address is the one registered), perhaps a
+    status server and a ZooKeeper membership.  ``start()`` serves;
+    ``register()`` joins ZooKeeper; ``configure()`` applies live
+    settings; ``reopen()`` the access log (SIGUSR1); ``hand_over()`` its
+    sockets to a successor (SIGUSR2); ``stop()`` stops accepting, drains
+    what is in flight, then closes everything."""
+
+    def __init__(self, lb, fronts: list, status=None, drain_timeout: float = 30.0) -> None:
+        self.lb = lb
+        self.fronts = fronts
+        self.status = status
+        self.membership = None
+        self.drain_timeout = drain_timeout
+
+    def start(self, workers: List[str], health_check: Optional[str] = None,
+              health_interval: float = 5.0) -> None:
+        lb = self.lb
+        lb.set_workers(workers)
+        lb.watch_workers()
+        if health_check:
+            lb.start_health_checks(health_check, health_interval)
+        for server in self.fronts:
+            server.start()
+        if self.status is not None:
+            self.status.start()
+
+    def register(self, membership) -> None:
+        """Join ZooKeeper through ``membership`` (made after ``start()``:
+        it registers the bound addresses)."""
+        self.membership = membership
+        membership.start()
+
+    def configure(self, live: dict, source: str = "") -> None:
+        """Live settings, and for a static LB its ``worker`` list."""
+        if "worker" in live:
+            self.lb.set_workers(live.pop("worker") or [])
+        if not live:
+            return
+        if self.membership is not None:  # ZooKeeper's values still win
+            self.membership.rebase(live, source)
+        else:
+            self.lb.configure(live, source)
+
+    def reopen(self) -> bool:
+        access_log = self.fronts[0].access_log
+        if access_log is not None:
+            access_log.reopen()
+        return False
+
+    def hand_over(self, args: argparse.Namespace) -> bool:
+        """SIGUSR2: a new LB on our sockets; once it serves, we stop."""
+        sockets = {"front%d" % i: server.server.socket for i, server in enumerate(self.fronts)}
+        if self.status is not None:
+            sockets["status"] = self.status.server.socket
+        return hand_over(args, sockets) and self.stop()
+
+    def stop(self) -> bool:
+        """Stop accepting, finish what is in flight, close; True."""
+        for server in self.fronts:
+            server.drain()
+        self.lb.drain(self.drain_timeout)
+        for server in self.fronts:  # (they share the access log: closed once all are done)
+            server.stop(timeout=1, close_log=False)
+        if self.fronts[0].access_log is not None:
+            self.fronts[0].access_log.close()
+        if self.status is not None:
+            self.status.stop(timeout=1)
+        if self.membership is not None:
+            self.membership.stop()
+        self.lb.stop()
+        return True
