@@ -875,12 +875,6 @@ def in_process(requests: int = 20000, batch: int = 8, clients: int = 4,
     hops' system calls included), free of the scheduling noise of
     separate processes on a busy machine.  ``profile``: write cProfile
     stats there."""
-    import cProfile
-    import time
-
-    import gevent
-    import gevent.socket
-
     from .affinity import make_pool
     from .classifier import get_classifier, get_key_function
     from .http import FrontServer
@@ -897,38 +891,57 @@ def in_process(requests: int = 20000, batch: int = 8, clients: int = 4,
     if not lb.wait_for_workers(10):
         raise BenchError("the in-process worker did not connect")
     head = b"GET / HTTP/1.1\r\nHost: bench.example\r\n\r\n" * batch
-
-    def client(n: int) -> None:
-        sock = gevent.socket.create_connection(front.address)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for _ in range(0, n, batch):
-            sock.sendall(head)
-            received = b""
-            while received.count(BODY) < batch:
-                data = sock.recv(65536)
-                if not data:
-                    raise BenchError("the in-process LB closed the connection")
-                received += data
-        sock.close()
-
     try:
-        client(batch * 100)  # warm up
-        profiler = cProfile.Profile() if profile else None
-        started = time.process_time()
-        if profiler is not None:
-            profiler.enable()
-        greenlets = [gevent.spawn(client, requests // clients) for _ in range(clients)]
-        gevent.joinall(greenlets, timeout=IN_PROCESS_TIMEOUT, raise_error=True)
-        if not all(g.successful() for g in greenlets):
-            raise BenchError("in-process clients not done within %ds" % IN_PROCESS_TIMEOUT)
-        if profiler is not None:
-            profiler.disable()
-            profiler.dump_stats(profile)
-        return (time.process_time() - started) * 1e6 / (requests // clients * clients)
+        in_process_client(front.address, head, batch, batch * 100)  # warm up
+        seconds = time_in_process_clients(front.address, head, batch,
+                                          requests // clients, clients, profile)
+        return seconds * 1e6 / (requests // clients * clients)
     finally:
         front.stop(timeout=1)
         lb.stop()
         worker.stop(timeout=1)
+
+
+def in_process_client(address: Tuple[str, int], head: bytes, batch: int, n: int) -> None:
+    """One in-process client: sends ``head`` (``batch`` pipelined
+    requests) and reads the ``batch`` answers, until ``n`` are done."""
+    import gevent.socket
+
+    sock = gevent.socket.create_connection(address)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for _ in range(0, n, batch):
+        sock.sendall(head)
+        received = b""
+        while received.count(BODY) < batch:
+            data = sock.recv(65536)
+            if not data:
+                raise BenchError("the in-process LB closed the connection")
+            received += data
+    sock.close()
+
+
+def time_in_process_clients(address: Tuple[str, int], head: bytes, batch: int, n: int,
+                            clients: int, profile: Optional[str]) -> float:
+    """CPU seconds of this process while ``clients`` greenlets each run an
+    ``in_process_client`` of ``n`` requests; ``profile``: write cProfile
+    stats there."""
+    import cProfile
+
+    import gevent
+
+    profiler = cProfile.Profile() if profile else None
+    started = time.process_time()
+    if profiler is not None:
+        profiler.enable()
+    greenlets = [gevent.spawn(in_process_client, address, head, batch, n)
+                 for _ in range(clients)]
+    gevent.joinall(greenlets, timeout=IN_PROCESS_TIMEOUT, raise_error=True)
+    if not all(g.successful() for g in greenlets):
+        raise BenchError("in-process clients not done within %ds" % IN_PROCESS_TIMEOUT)
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(profile)
+    return time.process_time() - started
 
 
 def main(argv: Optional[List[str]] = None) -> int:

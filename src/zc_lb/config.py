@@ -114,27 +114,34 @@ def _convert(key: str, action: argparse.Action, value: Any,
         if not all(isinstance(item, str) for item in items):
             raise ValueError("%s must be a string or a list of strings, got %r" % (key, value))
         return action.dest, list(items)
-    setting = table.get(action.dest)
-    if setting is not None and (setting.option[2:].replace("-", "_") == key):
-        try:
-            converted = setting.convert(value)
-        except ConfigurationError as exc:
-            raise ValueError(str(exc))
-    elif action.type is not None:
-        if isinstance(value, (bool, float)):
-            raise ValueError("bad value for %s: %r" % (key, value))
-        try:
-            converted = action.type(str(value))
-        except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
-            raise ValueError("bad value for %s: %r (%s)" % (key, value, exc))
-    else:
-        if not isinstance(value, str):
-            raise ValueError("%s must be a string, got %r" % (key, value))
-        converted = value
+    converted = _convert_one(key, action, value, table)
     if action.choices is not None and converted not in action.choices:
         raise ValueError("%s must be one of %s, got %r"
                          % (key, ", ".join(map(str, action.choices)), value))
     return action.dest, converted
+
+
+def _convert_one(key: str, action: argparse.Action, value: Any,
+                 table: Mapping[str, settings_module.Setting]) -> Any:
+    """A single value, converted by its setting if it has one, else by its
+    option's type, else taken as it is if a string; ValueError saying why
+    not."""
+    setting = table.get(action.dest)
+    if setting is not None and (setting.option[2:].replace("-", "_") == key):
+        try:
+            return setting.convert(value)
+        except ConfigurationError as exc:
+            raise ValueError(str(exc))
+    if action.type is not None:
+        if isinstance(value, (bool, float)):
+            raise ValueError("bad value for %s: %r" % (key, value))
+        try:
+            return action.type(str(value))
+        except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
+            raise ValueError("bad value for %s: %r (%s)" % (key, value, exc))
+    if not isinstance(value, str):
+        raise ValueError("%s must be a string, got %r" % (key, value))
+    return value
 
 
 def load(path: str, section: str, parser: argparse.ArgumentParser,
@@ -142,18 +149,7 @@ def load(path: str, section: str, parser: argparse.ArgumentParser,
     """The ``[section]`` of ``path`` as parser defaults (dest -> value);
     ConfigurationError ``FILE:LINE: reason`` for the first bad key or value."""
     document, lines = read(path)
-
-    def where(table_name: str, key: str = "") -> str:
-        line = lines.get((table_name, key))
-        return "%s:%d" % (path, line) if line else path
-
-    for name, value in document.items():
-        if name not in ("lb", "worker"):
-            raise ConfigurationError("%s: unknown %s %r: put the settings in an [lb] or "
-                                     "[worker] table" % (
-                                         where("", name) if not isinstance(value, dict)
-                                         else where(name), "key" if not isinstance(
-                                             value, dict) else "table", name))
+    _check_tables(path, document, lines)
     if section not in document:
         raise ConfigurationError("%s has no [%s] table" % (path, section))
     known = options(parser)
@@ -162,22 +158,52 @@ def load(path: str, section: str, parser: argparse.ArgumentParser,
     for key, value in document[section].items():
         action = known.get(key)
         if action is None:
-            import difflib
-
-            close = difflib.get_close_matches(key.replace("-", "_"), known, 1)
-            hint = " (did you mean %s?)" % close[0] if close else ""
-            raise ConfigurationError("%s: unknown key %r in [%s]%s; known: %s" % (
-                where(section, key), key, section, hint, ", ".join(sorted(known))))
+            raise _unknown_key(_where(path, lines, section, key), key, section, known)
         try:
             dest, converted = _convert(key, action, value, table)
         except ValueError as exc:
-            raise ConfigurationError("%s: %s" % (where(section, key), exc))
+            raise ConfigurationError("%s: %s" % (_where(path, lines, section, key), exc))
         if dest in given:
             raise ConfigurationError("%s: %s and %s exclude each other" % (
-                where(section, key), given[dest], key))
+                _where(path, lines, section, key), given[dest], key))
         given[dest] = key
         values[dest] = converted
     return values
+
+
+def _where(path: str, lines: Dict[Tuple[str, str], int], table_name: str,
+           key: str = "") -> str:
+    """``FILE:LINE`` of a table or key for a message, ``FILE`` if its line
+    is unknown."""
+    line = lines.get((table_name, key))
+    return "%s:%d" % (path, line) if line else path
+
+
+def _check_tables(path: str, document: Mapping[str, Any],
+                  lines: Dict[Tuple[str, str], int]) -> None:
+    """ConfigurationError for a top-level key, or a table other than
+    ``[lb]`` and ``[worker]``."""
+    for name, value in document.items():
+        if name in ("lb", "worker"):
+            continue
+        if isinstance(value, dict):
+            where, what = _where(path, lines, name), "table"
+        else:
+            where, what = _where(path, lines, "", name), "key"
+        raise ConfigurationError("%s: unknown %s %r: put the settings in an [lb] or "
+                                 "[worker] table" % (where, what, name))
+
+
+def _unknown_key(where: str, key: str, section: str,
+                 known: Mapping[str, argparse.Action]) -> ConfigurationError:
+    """The error for a key that is none of the command's options, with
+    the closest one as a hint."""
+    import difflib
+
+    close = difflib.get_close_matches(key.replace("-", "_"), known, 1)
+    hint = " (did you mean %s?)" % close[0] if close else ""
+    return ConfigurationError("%s: unknown key %r in [%s]%s; known: %s" % (
+        where, key, section, hint, ", ".join(sorted(known))))
 
 
 def apply(parser: argparse.ArgumentParser, argv: List[str], command_parser:

@@ -13,7 +13,7 @@ request count keep their own ``class`` label; the rest are summed under
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterator
+from typing import Callable, Dict, Iterator, Optional
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -77,7 +77,19 @@ def _counter(name: str, doc: str, value, labels=None) -> CounterMetricFamily:
 
 
 def lb_families(doc: dict, top_classes: int = TOP_CLASSES) -> Iterator[Metric]:
-    pool = doc.get("pool", {})
+    """Every metric family of an LB's status document, in exposition order."""
+    workers = doc.get("workers", {})
+    yield from traffic_families(doc)
+    yield from buffer_families(doc.get("buffers") or {})
+    yield from latency_families(doc.get("latency"))
+    yield from error_families(doc, workers)
+    yield from pool_families(doc.get("pool", {}))
+    yield from worker_families(workers)
+    yield from class_families(doc.get("classes", {}), workers, top_classes)
+
+
+def traffic_families(doc: dict) -> Iterator[Metric]:
+    """The LB's request, retry, failure, health check and client counts, and its uptime."""
     yield _counter("zc_lb_requests", "Requests the LB received.", doc.get("requests"))
     yield GaugeMetricFamily("zc_lb_in_flight", "Requests forwarded and not yet answered.",
                             value=doc.get("in_flight") or 0)
@@ -93,7 +105,10 @@ def lb_families(doc: dict, top_classes: int = TOP_CLASSES) -> Iterator[Metric]:
                             value=doc.get("clients") or 0)
     yield GaugeMetricFamily("zc_lb_uptime_seconds", "Seconds since the LB started.",
                             value=doc.get("uptime") or 0)
-    buffers = doc.get("buffers") or {}
+
+
+def buffer_families(buffers: dict) -> Iterator[Metric]:
+    """The response bytes held for slow clients, and how often buffering spilled or stalled."""
     held = GaugeMetricFamily("zc_lb_buffer_bytes", "Response bytes held for slow clients.",
                              labels=["where"])
     for where in ("memory", "disk"):
@@ -105,18 +120,24 @@ def lb_families(doc: dict, top_classes: int = TOP_CLASSES) -> Iterator[Metric]:
                    "Times a response filled its buffers and its worker waited for the client.",
                    buffers.get("stalled"))
 
-    latency = doc.get("latency")
-    if latency:
-        buckets, cumulative = [], 0
-        for bound, count in zip(list(latency["buckets"]) + ["+Inf"], latency["counts"]):
-            cumulative += count
-            buckets.append((bound if bound == "+Inf" else repr(float(bound)), cumulative))
-        yield HistogramMetricFamily(
-            "zc_lb_response_seconds",
-            "Seconds from a request's arrival until its response starts (the head "
-            "is with the front server), for every request answered.",
-            buckets=buckets, sum_value=latency.get("sum", 0.0))
 
+def latency_families(latency: Optional[dict]) -> Iterator[Metric]:
+    """The response time histogram, if the document has one."""
+    if not latency:
+        return
+    buckets, cumulative = [], 0
+    for bound, count in zip(list(latency["buckets"]) + ["+Inf"], latency["counts"]):
+        cumulative += count
+        buckets.append((bound if bound == "+Inf" else repr(float(bound)), cumulative))
+    yield HistogramMetricFamily(
+        "zc_lb_response_seconds",
+        "Seconds from a request's arrival until its response starts (the head "
+        "is with the front server), for every request answered.",
+        buckets=buckets, sum_value=latency.get("sum", 0.0))
+
+
+def error_families(doc: dict, workers: Dict[str, dict]) -> Iterator[Metric]:
+    """The LB's error responses by status and by cause, and the 5xx to clients by cause."""
     errors = CounterMetricFamily("zc_lb_errors", "Error responses the LB made, by status.",
                                  labels=["status"])
     for status, count in sorted(doc.get("errors", {}).items()):
@@ -131,6 +152,18 @@ def lb_families(doc: dict, top_classes: int = TOP_CLASSES) -> Iterator[Metric]:
         by_cause.add_metric([name], count)
     yield by_cause
 
+    family = CounterMetricFamily("zc_lb_5xx", "5xx responses to clients, by cause: no_worker "
+                                 "(503), worker_lost (502), timeout (504), bad_response "
+                                 "(502), overload (503 past --max-connections), worker (the "
+                                 "application's own 5xx), other.",
+                                 labels=["cause"])
+    for cause, count in causes_of_5xx(doc, workers).items():
+        family.add_metric([cause], count)
+    yield family
+
+
+def causes_of_5xx(doc: dict, workers: Dict[str, dict]) -> Dict[str, float]:
+    """The 5xx responses to clients, counted by cause (the zc_lb_5xx label values)."""
     causes: Dict[str, float] = dict.fromkeys(
         ("no_worker", "worker_lost", "timeout", "bad_response", "overload", "worker", "other"),
         0)
@@ -143,18 +176,12 @@ def lb_families(doc: dict, top_classes: int = TOP_CLASSES) -> Iterator[Metric]:
     made = sum(count for status, count in doc.get("errors", {}).items()
                if str(status)[:1] == "5")
     causes["other"] += max(made - sum(causes.values()), 0)
-    workers = doc.get("workers", {})
     causes["worker"] = sum(info.get("counts", {}).get("5xx", 0) for info in workers.values())
-    family = CounterMetricFamily("zc_lb_5xx", "5xx responses to clients, by cause: no_worker "
-                                 "(503), worker_lost (502), timeout (504), bad_response "
-                                 "(502), overload (503 past --max-connections), worker (the "
-                                 "application's own 5xx), other.",
-                                 labels=["cause"])
-    for cause, count in causes.items():
-        family.add_metric([cause], count)
-    yield family
+    return causes
 
-    # pool settings and state
+
+def pool_families(pool: dict) -> Iterator[Metric]:
+    """The pool's policy, its numeric settings and state, and its counters."""
     yield InfoMetricFamily("zc_lb_pool", "The pool's routing policy.",
                            value={"policy": str(pool.get("policy", ""))})
     for key, help_text in (("variance", "The pool's variance setting."),
@@ -174,9 +201,6 @@ def lb_families(doc: dict, top_classes: int = TOP_CLASSES) -> Iterator[Metric]:
         value = pool.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
             yield CounterMetricFamily("zc_lb_pool_" + key, help_text, value=value)
-
-    yield from worker_families(workers)
-    yield from class_families(doc.get("classes", {}), workers, top_classes)
 
 
 def worker_families(workers: Dict[str, dict]) -> Iterator[Metric]:

@@ -100,6 +100,74 @@ def _is_loopback(address: Optional[str]) -> bool:
         return False
 
 
+def _respond(body: bytes, content_type: str, status: int = 200) -> Response:
+    """An uncached response of ``body`` (text in UTF-8)."""
+    response = Response(body=body, status=status, content_type=content_type,
+                        charset=None)
+    if "charset" not in content_type and content_type.startswith("text/"):
+        response.charset = "utf-8"
+    response.cache_control = "no-store"
+    return response
+
+
+def _as_json(document, status: int = 200) -> Response:
+    """An uncached response of ``document`` as indented JSON."""
+    body = json.dumps(document, indent=2, sort_keys=True).encode() + b"\n"
+    return _respond(body, "application/json", status)
+
+
+def _refusal(request: Request, token: Optional[bytes]) -> Optional[Response]:
+    """The 401 or 403 answer to an action the client may not run, or None if it may."""
+    if token is not None:
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode("latin-1"), b"Bearer " + token):
+            response = _as_json({"error": "this action needs the admin token"}, 401)
+            response.headers["WWW-Authenticate"] = "Bearer"
+            return response
+    elif not _is_loopback(request.remote_addr):
+        return _as_json({"error": "actions from other hosts than this one need "
+                                  "--admin-token-file"}, 403)
+    return None
+
+
+def _post(request: Request, actions: Dict[str, Callable[..., object]],
+          token: Optional[bytes]) -> Response:
+    """The answer to a POST: the action it names run with its query, or why not."""
+    name = request.path_info.strip("/")
+    refusal = _refusal(request, token)
+    if refusal is not None:
+        return refusal
+    action = actions.get(name)
+    if action is None:
+        return _as_json({"error": "no such action", "actions": sorted(actions)}, 404)
+    try:
+        result = action(**dict(request.GET))
+    except (ConfigurationError, TypeError) as exc:
+        return _as_json({"error": "%s: %s" % (name, exc)}, 400)
+    log.warning("status action %s %s by %s", name, dict(request.GET), request.remote_addr)
+    return _as_json(dict(result or {}, done=name))
+
+
+def _metrics(collector) -> Response:
+    """``collector``'s metrics in the Prometheus text format."""
+    from .metrics import CONTENT_TYPE_LATEST, exposition
+
+    response = _respond(exposition(collector), "text/plain")
+    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    return response
+
+
+def _document(request: Request, document: dict, page: Optional[Callable[..., str]],
+              history: Optional[RequestHistory]) -> Response:
+    """The status document as JSON (its skills bounded unless ``?skills=all``), or
+    as the HTML page for a browser at ``/``."""
+    if request.GET.get("skills") != "all":
+        document = bound_skills(document)
+    if request.path_info == "/" and page is not None and _wants_html(request):
+        return _respond(page(document, history).encode("utf-8"), "text/html")
+    return _as_json(document)
+
+
 def status_app(get_status: Callable[[], dict],
                actions: Optional[Dict[str, Callable[..., object]]] = None,
                collector=None, page: Optional[Callable[..., str]] = None,
@@ -119,60 +187,18 @@ def status_app(get_status: Callable[[], dict],
     """
     actions = actions or {}
 
-    def respond(body: bytes, content_type: str, status: int = 200) -> Response:
-        response = Response(body=body, status=status, content_type=content_type,
-                            charset=None)
-        if "charset" not in content_type and content_type.startswith("text/"):
-            response.charset = "utf-8"
-        response.cache_control = "no-store"
-        return response
-
-    def as_json(document, status: int = 200) -> Response:
-        body = json.dumps(document, indent=2, sort_keys=True).encode() + b"\n"
-        return respond(body, "application/json", status)
-
-    def post(request: Request) -> Response:
-        name = request.path_info.strip("/")
-        if token is not None:
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode("latin-1"), b"Bearer " + token):
-                response = as_json({"error": "this action needs the admin token"}, 401)
-                response.headers["WWW-Authenticate"] = "Bearer"
-                return response
-        elif not _is_loopback(request.remote_addr):
-            return as_json({"error": "actions from other hosts than this one need "
-                                     "--admin-token-file"}, 403)
-        action = actions.get(name)
-        if action is None:
-            return as_json({"error": "no such action", "actions": sorted(actions)}, 404)
-        try:
-            result = action(**dict(request.GET))
-        except (ConfigurationError, TypeError) as exc:
-            return as_json({"error": "%s: %s" % (name, exc)}, 400)
-        log.warning("status action %s %s by %s", name, dict(request.GET), request.remote_addr)
-        return as_json(dict(result or {}, done=name))
-
     def handle(request: Request) -> Response:
         path = request.path_info
         if request.method == "POST":
-            return post(request)
+            return _post(request, actions, token)
         if path == "/healthz":
-            return respond(b"ok\n", "text/plain")
+            return _respond(b"ok\n", "text/plain")
         if path == "/metrics" and collector is not None:
-            from .metrics import CONTENT_TYPE_LATEST, exposition
-
-            response = respond(exposition(collector), "text/plain")
-            response.headers["Content-Type"] = CONTENT_TYPE_LATEST
-            return response
+            return _metrics(collector)
         if path not in ("/", "/status.json"):
-            return as_json({"error": "no such page", "pages": [
+            return _as_json({"error": "no such page", "pages": [
                 "/", "/status.json", "/metrics", "/healthz"]}, 404)
-        document = get_status()
-        if request.GET.get("skills") != "all":
-            document = bound_skills(document)
-        if path == "/" and page is not None and _wants_html(request):
-            return respond(page(document, history).encode("utf-8"), "text/html")
-        return as_json(document)
+        return _document(request, get_status(), page, history)
 
     def app(environ, start_response):
         return handle(Request(environ))(environ, start_response)
@@ -187,8 +213,17 @@ def merge_status(docs: List[dict]) -> dict:
     good = [doc for doc in docs if "workers" in doc]
     if not good:
         return {"workers": {}, "errors": {}, "pool": {}}
+    merged = _merge_totals(good)
+    merged["workers"] = _merge_workers(good)
+    merged["uptime"] = min(doc.get("uptime", 0) for doc in good)
+    return merged
+
+
+def _merge_totals(docs: List[dict]) -> dict:
+    """The documents' top-level entries merged: numbers, latency histograms and
+    counts by name added up, recent errors interleaved, the rest the first's."""
     merged: dict = {}
-    for doc in good:
+    for doc in docs:
         for key, value in doc.items():
             if isinstance(value, bool) or key in ("pool", "workers", "uptime"):
                 merged.setdefault(key, value)
@@ -210,8 +245,14 @@ def merge_status(docs: List[dict]) -> dict:
                     total[name] = total.get(name, 0) + count
             else:
                 merged.setdefault(key, value)
+    return merged
+
+
+def _merge_workers(docs: List[dict]) -> Dict[str, dict]:
+    """The documents' workers merged: backlogs, streams and counts added up,
+    connected and in_pool only if so in every document, the rest the first's."""
     workers: Dict[str, dict] = {}
-    for doc in good:
+    for doc in docs:
         for address, info in doc["workers"].items():
             into = workers.get(address)
             if into is None:
@@ -229,9 +270,7 @@ def merge_status(docs: List[dict]) -> dict:
             for key in ("connected", "in_pool"):
                 if key in info:
                     into[key] = bool(into.get(key)) and bool(info[key])
-    merged["workers"] = workers
-    merged["uptime"] = min(doc.get("uptime", 0) for doc in good)
-    return merged
+    return workers
 
 
 def fetch(address: str, timeout: float = 5.0, action: Optional[str] = None,

@@ -47,20 +47,19 @@ def _table(header: List[str], rows: List[List[str]], css: str) -> str:
 
 def render(doc: dict, history=None) -> str:
     """The HTML page of a status document (``history``: a RequestHistory)."""
-    pool = doc.get("pool", {})
     workers: Dict[str, dict] = doc.get("workers", {})
     rates = history.rates() if history is not None else []
-    rate = rates[-1][1] if rates else None
-    summary = [
-        ("requests", doc.get("requests")), ("in flight", doc.get("in_flight")),
-        ("retries", doc.get("retries")), ("clients", doc.get("clients")),
-        ("errors", ", ".join("%s: %s" % item for item in sorted(doc.get("errors", {}).items()))
-         or "none"),
-        ("policy", pool.get("policy")), ("variance", pool.get("variance")),
-        ("backlog", pool.get("backlog")), ("mean backlog", pool.get("mean_backlog")),
-        ("uptime", "%ss" % doc["uptime"] if doc.get("uptime") is not None else "-"),
-    ]
-    parts = [
+    return "".join([
+        _head(), _summary(doc), _request_rate(rates), _workers(workers),
+        _busiest_classes(doc, workers), _recent_errors(doc), _processes(doc),
+        '<p><a href="/status.json">status.json</a> · <a href="/metrics">metrics</a>'
+        "</p></body></html>",
+    ])
+
+
+def _head() -> str:
+    """The page's doctype, head (refresh, title, style) and heading."""
+    return "".join([
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         "<meta http-equiv='refresh' content='%d'>" % REFRESH,
         "<title>zc-lb status</title><style>",
@@ -70,13 +69,36 @@ def render(doc: dict, history=None) -> str:
         ".draining,.drained,.idle{color:#a60}dl.summary{display:flex;flex-wrap:wrap;gap:0 2em}"
         "dl.summary div{display:flex;gap:.4em}svg.sparkline{border-bottom:1px solid #ccc}dt{font-weight:bold}dd{margin:0}",
         "</style></head><body><h1>zc-lb status</h1>",
-        '<dl class="summary">%s</dl>' % "".join(
-            '<div><dt>%s</dt><dd id="%s">%s</dd></div>' % (
-                escape(name), escape(name.replace(" ", "-")), escape(str(value)))
-            for name, value in summary),
-        '<h2>Request rate</h2><p id="rate">%s %s</p>' % (
-            sparkline(rates), "" if rate is None else escape("%.1f requests/s now" % rate)),
+    ])
+
+
+def _summary(doc: dict) -> str:
+    """The summary list: the document's counters and the pool's settings."""
+    pool = doc.get("pool", {})
+    summary = [
+        ("requests", doc.get("requests")), ("in flight", doc.get("in_flight")),
+        ("retries", doc.get("retries")), ("clients", doc.get("clients")),
+        ("errors", ", ".join("%s: %s" % item for item in sorted(doc.get("errors", {}).items()))
+         or "none"),
+        ("policy", pool.get("policy")), ("variance", pool.get("variance")),
+        ("backlog", pool.get("backlog")), ("mean backlog", pool.get("mean_backlog")),
+        ("uptime", "%ss" % doc["uptime"] if doc.get("uptime") is not None else "-"),
     ]
+    return '<dl class="summary">%s</dl>' % "".join(
+        '<div><dt>%s</dt><dd id="%s">%s</dd></div>' % (
+            escape(name), escape(name.replace(" ", "-")), escape(str(value)))
+        for name, value in summary)
+
+
+def _request_rate(rates: Sequence[Tuple[float, float]]) -> str:
+    """The request rate section: the sparkline and the latest rate."""
+    rate = rates[-1][1] if rates else None
+    return '<h2>Request rate</h2><p id="rate">%s %s</p>' % (
+        sparkline(rates), "" if rate is None else escape("%.1f requests/s now" % rate))
+
+
+def _workers(workers: Dict[str, dict]) -> str:
+    """The workers section: a row per worker with its state, counts and best classes."""
     rows = []
     for address, info in sorted(workers.items()):
         counts = info.get("counts", {})
@@ -95,10 +117,13 @@ def render(doc: dict, history=None) -> str:
             escape(", ".join("%s=%.3g" % item for item in top)),
             escape(str(info.get("version") or info.get("last_error") or "")),
         ])
-    parts.append("<h2>Workers</h2>")
-    parts.append(_table(["worker", "state", "requests", "responses", "errors", "backlog",
-                         "mean backlog", "classes", "best classes (score, req/s)",
-                         "version / last error"], rows, "workers"))
+    return "<h2>Workers</h2>" + _table(
+        ["worker", "state", "requests", "responses", "errors", "backlog", "mean backlog",
+         "classes", "best classes (score, req/s)", "version / last error"], rows, "workers")
+
+
+def _busiest_classes(doc: dict, workers: Dict[str, dict]) -> str:
+    """The busiest classes section: each with its workers, best scored first."""
     classes = sorted(doc.get("classes", {}).items(), key=lambda item: -item[1])[:TOP_CLASSES]
     rows = []
     for name, count in classes:
@@ -107,23 +132,29 @@ def render(doc: dict, history=None) -> str:
         rows.append([escape(name or "(no class)"), escape(str(count)),
                      escape(", ".join("%s=%.3g" % (address, score)
                                       for score, address in reversed(skilled)) or "-")])
-    parts.append("<h2>Busiest classes</h2>")
-    parts.append(_table(["class", "requests", "workers (score)"], rows, "classes"))
+    return "<h2>Busiest classes</h2>" + _table(
+        ["class", "requests", "workers (score)"], rows, "classes")
+
+
+def _recent_errors(doc: dict) -> str:
+    """The recent errors section: the LB's error responses, newest first."""
     rows = [[escape(time.strftime("%H:%M:%S", time.localtime(error.get("time", 0)))),
              escape(str(error.get("status"))), escape(str(error.get("cause"))),
              escape("%s %s" % (error.get("method"), error.get("path"))),
              escape(str(error.get("message")))]
             for error in reversed(doc.get("recent_errors", []))]
-    parts.append("<h2>Recent errors</h2><p>Error responses the LB made; the "
-                 "application's own 5xx are counted per worker above.</p>")
-    parts.append(_table(["time", "status", "cause", "request", "message"], rows, "errors")
-                 if rows else '<p class="errors">none</p>')
-    for process in doc.get("processes", ()):
-        parts.append("<p>process %s (pid %s, status %s): %s requests</p>" % tuple(
-            escape(str(process.get(key))) for key in ("index", "pid", "status", "requests")))
-    parts.append('<p><a href="/status.json">status.json</a> · <a href="/metrics">metrics</a>'
-                 "</p></body></html>")
-    return "".join(parts)
+    return ("<h2>Recent errors</h2><p>Error responses the LB made; the "
+            "application's own 5xx are counted per worker above.</p>"
+            + (_table(["time", "status", "cause", "request", "message"], rows, "errors")
+               if rows else '<p class="errors">none</p>'))
+
+
+def _processes(doc: dict) -> str:
+    """A paragraph per LB process of a summed document (none otherwise)."""
+    return "".join(
+        "<p>process %s (pid %s, status %s): %s requests</p>" % tuple(
+            escape(str(process.get(key))) for key in ("index", "pid", "status", "requests"))
+        for process in doc.get("processes", ()))
 
 
 __all__ = ["render", "sparkline"]

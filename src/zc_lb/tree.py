@@ -138,13 +138,7 @@ def parse(text: str, check: Callable[[str, str, Any], None] | None = None) -> No
             continue
         try:
             indent = _indent_of(line)
-            while stack[-1].indent >= indent:
-                stack.pop()
-            frame = stack[-1]
-            if frame.child_indent is None:
-                frame.child_indent = indent
-            elif frame.child_indent != indent:
-                raise ValueError("indentation does not match the lines above")
+            frame = _frame_for(stack, indent)
             if stripped.startswith("/"):
                 name, child = _parse_node(stripped, frame.node)
                 stack.append(_Frame(child, indent, None,
@@ -159,13 +153,23 @@ def parse(text: str, check: Callable[[str, str, Any], None] | None = None) -> No
                 prop = _parse_member(stripped, frame.node)
                 if prop is not None and check is not None and "/providers" not in frame.path:
                     check(frame.path, *prop)
-        except ConfigurationError as e:
-            raise ConfigurationError(
-                f"line {number}: {e}: {line.strip()!r}") from None
-        except ValueError as e:
+        except (ConfigurationError, ValueError) as e:
             raise ConfigurationError(
                 f"line {number}: {e}: {line.strip()!r}") from None
     return root
+
+
+def _frame_for(stack: list[_Frame], indent: int) -> _Frame:
+    """The frame a line indented by ``indent`` belongs to, popping the
+    frames it closes; ValueError if the indent is not its siblings'."""
+    while stack[-1].indent >= indent:
+        stack.pop()
+    frame = stack[-1]
+    if frame.child_indent is None:
+        frame.child_indent = indent
+    elif frame.child_indent != indent:
+        raise ValueError("indentation does not match the lines above")
+    return frame
 
 
 def _indent_of(line: str) -> int:
