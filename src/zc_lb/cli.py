@@ -640,6 +640,16 @@ def _add_lb_parser(sub) -> None:
     p.add_argument("--health-check", metavar="PATH",
                    help="GET PATH from every worker every --health-interval seconds; "
                         "failures count toward ejection as failed requests do")
+    _add_lb_operator_arguments(p)
+    p.add_argument("--zookeeper", metavar="HOSTS",
+                   help="discover workers and settings in ZooKeeper (host:port,...)")
+    p.add_argument("--path", default="/lb", help="ZooKeeper node of the LB (default /lb)")
+    settings.add_arguments(p, settings.LB_SETTINGS)
+    p.set_defaults(run=run_lb)
+
+
+def _add_lb_operator_arguments(p) -> None:
+    """The LB's logs, status address, error page, TLS and secret options."""
     p.add_argument("--access-log", metavar="FILE|-",
                    help="write an access log (reopened on SIGUSR1)")
     p.add_argument("--access-log-format", default=DEFAULT_FORMAT, metavar="FORMAT",
@@ -659,11 +669,6 @@ def _add_lb_parser(sub) -> None:
     p.add_argument("--tls-ciphers", default=None, metavar="OPENSSL-CIPHERS",
                    help="TLS 1.2 cipher list (default: Mozilla's intermediate list)")
     p.add_argument("--secret-file", help="shared secret for worker authentication")
-    p.add_argument("--zookeeper", metavar="HOSTS",
-                   help="discover workers and settings in ZooKeeper (host:port,...)")
-    p.add_argument("--path", default="/lb", help="ZooKeeper node of the LB (default /lb)")
-    settings.add_arguments(p, settings.LB_SETTINGS)
-    p.set_defaults(run=run_lb)
 
 
 def _add_status_parser(sub) -> None:

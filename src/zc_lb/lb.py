@@ -842,32 +842,9 @@ class LB(LinkEvents):
     def status(self) -> dict:
         """The status document: workers, backlogs, skills, requests in flight."""
         pool_status = self.pool.status()
-        workers = pool_status.pop("workers")
-        links = {}
-        for address, link in sorted(self.links.items()):
-            info: Dict[str, object] = dict(_DOWN, connected=link.connection is not None,
-                                           drained=address in self.drained)
-            info.update(self.ejector.status(address, time.monotonic()))
-            info["counts"] = {}
-            if link.connection is not None:
-                info["in_pool"] = link.connection in self.pool
-                info["version"] = _app_version(link.connection)
-                info.update(workers.get(str(link.connection), {}))
-                info["streams"] = len(link.connection.streams)
-            else:
-                info["last_error"] = link.last_error
-            links[address] = info
-        for address, version in sorted(self.standby.items()):
-            if address not in links:  # idle: another version than the one served
-                links[address] = dict(_DOWN, version=version, standby=True, counts={},
-                                      last_error="version %s is not the one served" % version)
-        for (address, what), count in list(self.worker_counts.items()):
-            if address in links:
-                links[address]["counts"][what] = count  # type: ignore[index]
-
         return {
             "pool": pool_status,
-            "workers": links,
+            "workers": self._workers_status(pool_status.pop("workers")),
             "in_flight": self.in_flight,
             "requests": self.requests,
             "retries": self.retries,
@@ -888,6 +865,32 @@ class LB(LinkEvents):
             "recent_errors": list(self.recent_errors),
             "classes": top_classes(self.class_requests, STATUS_CLASSES),
         }
+
+    def _workers_status(self, pooled: Dict[str, dict]) -> Dict[str, dict]:
+        """Each known worker's part of the status document, by address:
+        its link, ejection, the pool's view of it (``pooled``), counts."""
+        links: Dict[str, dict] = {}
+        for address, link in sorted(self.links.items()):
+            info: Dict[str, object] = dict(_DOWN, connected=link.connection is not None,
+                                           drained=address in self.drained)
+            info.update(self.ejector.status(address, time.monotonic()))
+            info["counts"] = {}
+            if link.connection is not None:
+                info["in_pool"] = link.connection in self.pool
+                info["version"] = _app_version(link.connection)
+                info.update(pooled.get(str(link.connection), {}))
+                info["streams"] = len(link.connection.streams)
+            else:
+                info["last_error"] = link.last_error
+            links[address] = info
+        for address, version in sorted(self.standby.items()):
+            if address not in links:  # idle: another version than the one served
+                links[address] = dict(_DOWN, version=version, standby=True, counts={},
+                                      last_error="version %s is not the one served" % version)
+        for (address, what), count in list(self.worker_counts.items()):
+            if address in links:
+                links[address]["counts"][what] = count
+        return links
 
     def __repr__(self) -> str:
         return "<LB workers=%d in_flight=%d %r>" % (len(self.links), self.in_flight, self.pool)

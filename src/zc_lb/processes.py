@@ -229,23 +229,14 @@ def run(args, argv: Sequence[str]) -> int:
     """``zc-lb lb --processes N`` (N > 1)."""
     from .sockets import parse_address
     from . import restart
-    from .http import FrontServer
-    from .service import hand_over, lb_status_app, parse_listeners, read_secret, wait_for_signal
+    from .service import hand_over, parse_listeners, wait_for_signal
 
     (scheme, where), = parse_listeners(args)
     listen = restart.inherited("front0") or parse_address(where)
     supervisor = Supervisor(args.processes, lb_argv(argv), listen, args.log_level,
                             scheme=scheme)
     supervisor.start()
-    status = None
-    if args.status:
-        token = read_secret(args.admin_token_file)
-        status = FrontServer(restart.inherited("status") or parse_address(args.status),
-                             lb_status_app(
-            supervisor.status, {name: supervisor.action(name, token)
-                                for name in ("reset-skills", "drain", "enable")},
-            lambda: supervisor.status()["requests"], token))
-        status.start()
+    status = _status_server(args, supervisor)
     log.info("%d LB processes, pids %s", len(supervisor.children),
              " ".join(str(c.process.pid) for c in supervisor.children if c.process))
     print("zc-lb lb listening on %s:%d" % supervisor.address, flush=True)
@@ -272,6 +263,26 @@ def run(args, argv: Sequence[str]) -> int:
                      "SIGUSR2": upgrade})
     log.info("lb stopped (%d processes)", len(supervisor.children))
     return 0
+
+
+def _status_server(args, supervisor: "Supervisor"):
+    """The supervisor's status server (started), summing its children's
+    documents, its actions reaching every child; None without --status."""
+    from . import restart
+    from .http import FrontServer
+    from .service import lb_status_app, read_secret
+    from .sockets import parse_address
+
+    if not args.status:
+        return None
+    token = read_secret(args.admin_token_file)
+    status = FrontServer(restart.inherited("status") or parse_address(args.status),
+                         lb_status_app(
+        supervisor.status, {name: supervisor.action(name, token)
+                            for name in ("reset-skills", "drain", "enable")},
+        lambda: supervisor.status()["requests"], token))
+    status.start()
+    return status
 
 
 def _die_with_parent(parent: int):
