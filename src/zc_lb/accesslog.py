@@ -48,8 +48,6 @@ import sys
 import time
 from typing import IO, Callable, List, Optional, Tuple
 
-import gevent
-
 from .errors import ConfigurationError
 
 log = logging.getLogger(__name__)
@@ -226,7 +224,7 @@ class AccessLog:
         self.format = fmt or LogFormat()
         self.path = path
         self._lines: List[str] = []
-        self._greenlet: Optional[gevent.Greenlet] = None
+        self._greenlet = None  # its flushing greenlet, once started
         self.closed = False
 
     @classmethod
@@ -245,12 +243,16 @@ class AccessLog:
 
     def start(self) -> None:
         if self._greenlet is None:  # (several listeners share one log)
+            import gevent  # (the formats need no gevent: zc-lb --version imports them)
+
             self._greenlet = gevent.spawn(self._flush_loop)
 
     def write(self, line: str) -> None:
         self._lines.append(line)
 
     def _flush_loop(self) -> None:
+        import gevent
+
         while True:
             gevent.sleep(FLUSH_INTERVAL)
             self.flush()
