@@ -5,7 +5,8 @@ request records it hands out.  The grammar case by case is the corpus
 import pytest
 
 from zc_lb.errors import ClientGone
-from zc_lb.h1 import MAX_TARGET, RequestReader, check_response, ResponseError
+from zc_lb.errors import BadResponseHead
+from zc_lb.h1 import MAX_TARGET, RequestReader, check_response
 from zc_lb.httpparse import MAX_FIELD_LINE, MAX_FIELDS, MAX_HEAD
 
 
@@ -113,5 +114,5 @@ def test_expect_100_continue_is_noted_on_http_1_1_only():
     ("OK", []), (b"200 OK", []), ("200 OK", [("X", 1)]),
 ])
 def test_a_response_head_that_could_split_is_refused(status, headers):
-    with pytest.raises(ResponseError):
+    with pytest.raises(BadResponseHead):
         check_response(status, headers)

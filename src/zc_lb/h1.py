@@ -42,7 +42,7 @@ from urllib.parse import unquote_to_bytes
 
 import httptools
 
-from .errors import BadRequest, ClientError, ClientGone, RequestTooLarge
+from .errors import BadRequest, BadResponseHead, ClientError, ClientGone, RequestTooLarge
 from .httpparse import (HOP_BY_HOP, MAX_FIELD_LINE, MAX_FIELDS, MAX_HEAD, TARGET,
                         RequestHead, check_head, check_trailer)
 
@@ -313,19 +313,15 @@ FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 FIELD_VALUE_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
-class ResponseError(ValueError):
-    """A WSGI application gave a status or header HTTP forbids."""
-
-
 def check_response(status: str, headers: List[Tuple[str, str]]) -> None:
     """Refuse a status or header that could split or smuggle a response."""
     if type(status) is not str or not STATUS.match(status):
-        raise ResponseError("invalid status %r" % (status,))
+        raise BadResponseHead("invalid status %r" % (status,))
     for name, value in headers:
         if type(name) is not str or type(value) is not str:
-            raise ResponseError("header %r: %r is not a pair of str" % (name, value))
+            raise BadResponseHead("header %r: %r is not a pair of str" % (name, value))
         if not FIELD_NAME.match(name) or FIELD_VALUE_BAD.search(value):
-            raise ResponseError("invalid header %r: %r" % (name, value))
+            raise BadResponseHead("invalid header %r: %r" % (name, value))
 
 
 def response_head(status: str, headers: List[Tuple[str, str]],
@@ -346,7 +342,7 @@ def ready_head(status: str, headers: List[Tuple[str, str]]) -> Tuple[bytes, Opti
     own lines first).  Checked as ``check_response`` checks; hop-by-hop
     fields are left out (they are the LB's and the client's business), a
     Content-Length too where the status has no body, and a Date is added
-    if the application gave none.  ResponseError for a head HTTP forbids,
+    if the application gave none.  BadResponseHead for a head HTTP forbids,
     an invalid Content-Length included."""
     check_response(status, headers)
     bodiless = status[:3] in BODILESS_STATUS
@@ -367,14 +363,14 @@ def ready_head(status: str, headers: List[Tuple[str, str]]) -> Tuple[bytes, Opti
     try:
         head = "".join(lines).encode("latin-1")
     except UnicodeEncodeError as exc:
-        raise ResponseError("a status or header that is not latin-1: %s" % exc)
+        raise BadResponseHead("a status or header that is not latin-1: %s" % exc)
     return (head if dated else head + date_line()), length
 
 
 def _content_length(value: str, before: Optional[int]) -> int:
     length = int(value) if value.isdigit() and value.isascii() else -1
     if length < 0 or (before is not None and length != before):
-        raise ResponseError("invalid Content-Length %r" % value)
+        raise BadResponseHead("invalid Content-Length %r" % value)
     return length
 
 

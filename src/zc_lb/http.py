@@ -40,7 +40,8 @@ from gevent.hub import Waiter, get_hub
 from .accesslog import AccessLog
 from .connection import wait
 from .sockets import send_all
-from .errors import ClientError, ClientGone, ConfigurationError, HeadTimeout, ZcLbError
+from .errors import (BadResponseHead, ClientError, ClientGone, ConfigurationError, HeadTimeout,
+                     ZcLbError)
 from . import proxyproto
 from .forwarding import Forwarding
 from .h1 import (BODILESS_STATUS, REASONS, Request, RequestReader, check_response, date_line,
@@ -343,8 +344,9 @@ class ClientConnection:
             if not self.status:
                 self.status = "000"
             log.debug("client %s: %s", _peer(self.client_address), exc)
-        except ZcLbError as exc:
-            self._failed(exc, exc.http_status if isinstance(exc, ClientError) else 502)
+        except ZcLbError as exc:  # (a head the app gave that HTTP forbids: its 500)
+            ours = isinstance(exc, (ClientError, BadResponseHead))
+            self._failed(exc, exc.http_status if ours else 502)
         except Exception:
             log.exception("error serving %s %s", head.method, head.path)
             self._failed(None, 500)

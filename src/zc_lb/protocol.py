@@ -568,7 +568,7 @@ class Connection:
         checked here, so that the LB need not."""
         try:
             head, length = ready_head(status, headers)
-        except (ValueError, TypeError) as exc:  # (ResponseError, a malformed list)
+        except (BadResponseHead, ValueError, TypeError) as exc:  # (or a malformed list)
             raise BadResponseHead("response head refused: %s" % exc)
         if len(head) > MAX_MESSAGE:  # the LB would drop the whole connection
             raise ResponseHeadTooLarge("response head of %d bytes, over the frame limit of %d"
