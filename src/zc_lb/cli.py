@@ -825,6 +825,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if getattr(args, "config", None):
             args = read_config(args)
+            # (SIGHUP reads it again, after --chdir: by where it was)
+            args.config = os.path.abspath(args.config)
         if "chdir" in args:
             _enter_directory(args.chdir)
         return args.run(args)

@@ -1,0 +1,353 @@
+"""Tests for zc_lb.cli: the parser, exit statuses and messages, --config and SIGHUP reloads."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import types
+
+import pytest
+
+from zc_lb import cli, service, settings, status
+from zc_lb.cli import build_parser, main, read_config, reload_config
+from zc_lb.errors import ConfigurationError
+from zc_lb.settings import CLI, LIVE, ZOOKEEPER
+
+COMMANDS = {"lb", "worker", "status", "zk", "drain", "enable", "reset-skills", "demo",
+            "replay", "compare", "simulate"}
+NO_SUCH_MODULE = "no_such_module_for_zc_lb_cli_tests"
+
+
+@pytest.fixture
+def in_process(monkeypatch):
+    """Run ``main`` here: put back what its commands change in the process
+    (signal dispositions, sys.path, the --chdir marker)."""
+    saved = {name: signal.getsignal(getattr(signal, name))
+             for name in ("SIGHUP", "SIGUSR1", "SIGUSR2")}
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delenv("ZC_LB_DIRECTORY", raising=False)
+    yield
+    for name, handler in saved.items():
+        signal.signal(getattr(signal, name), handler)
+
+
+def error_line(capsys, command: str) -> str:
+    """What main printed for an error: one line on stderr, nothing on stdout."""
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err, (out, err)
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    prefix = "zc-lb %s: error: " % command
+    assert lines[0].startswith(prefix), lines[0]
+    return lines[0][len(prefix):]
+
+
+def parsed(tmp_path, text: str, *argv: str, command: str = "lb"):
+    """The arguments of ``zc-lb COMMAND --config FILE ARGV...``, FILE holding ``text``."""
+    path = tmp_path / "zc-lb.toml"
+    path.write_text(text)
+    argv = [command, "--config", str(path)] + list(argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    return read_config(args), path
+
+
+# -- the parser --------------------------------------------------------------
+
+
+def test_the_parser_knows_every_subcommand_and_what_runs_it():
+    parser = build_parser()
+    assert set(parser.commands) == COMMANDS
+    runs = {
+        ("lb",): cli.run_lb,
+        ("worker", "app:app"): cli.run_worker,
+        ("status", "127.0.0.1:1"): cli.run_status,
+        ("zk", "ls"): cli.run_zk,
+        ("reset-skills",): cli.run_reset_skills,
+        ("demo",): cli.run_demo,
+        ("drain", "127.0.0.1:1", "10.0.0.1:9001"): cli.run_worker_state,
+        ("enable", "127.0.0.1:1", "10.0.0.1:9001"): cli.run_worker_state,
+    }
+    for argv, run in runs.items():
+        args = parser.parse_args(list(argv))
+        assert args.command == argv[0] and args.run is run, argv
+    assert parser.parse_args(["drain", "a:1", "w:2"]).action == "drain"
+    assert parser.parse_args(["enable", "a:1", "w:2"]).action == "enable"
+    for name in ("replay", "compare", "simulate"):
+        args, rest = parser.parse_known_args([name, "x"])
+        assert args.run is cli.run_pass_through and rest == ["x"]
+
+
+@pytest.mark.parametrize("argv", [
+    [name] for name in sorted(COMMANDS - set(cli.PASS_THROUGH))
+] + [["zk", sub] for sub in ("import", "export", "get", "set", "ls")])
+def test_help_of_every_own_subcommand_exits_0_with_its_usage(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(argv + ["--help"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: zc-lb %s " % " ".join(argv))
+
+
+def _help_entries(text: str) -> dict:
+    """Option -> its help, from argparse's --help output."""
+    entries: dict = {}
+    current = None
+    for line in text.splitlines():
+        match = re.match(r"^  (-\S+)", line)
+        if match:
+            current = entries.setdefault(match.group(1).rstrip(","), [])
+            current.append(line)
+        elif current is not None and line.startswith("   "):
+            current.append(line)
+        else:
+            current = None
+    return {option: "".join("".join(lines).split()) for option, lines in entries.items()}
+
+
+@pytest.mark.parametrize("argv, table", [(["lb"], settings.LB_SETTINGS),
+                                         (["worker", "app:app"], settings.WORKER_SETTINGS)])
+def test_every_setting_is_in_help_with_its_default_and_whether_it_is_live(argv, table, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv + ["--help"])
+    entries = _help_entries(capsys.readouterr().out)
+    shown = settings.given_in(table, CLI)
+    assert shown
+    for name, setting in shown.items():
+        text = entries[setting.option]  # (whitespace removed: argparse wraps lines)
+        assert "".join(setting.help.split()) in text, name
+        if setting.default is not None and setting.type is not bool:
+            assert "(default%s)" % settings._format(setting.default) in text, name
+        if ZOOKEEPER in setting.where:
+            assert "[ZooKeeper:%s%s]" % (name, ",live" if LIVE in setting.where else "") \
+                in text, name
+        else:
+            assert "[ZooKeeper" not in text and "live]" not in text, name
+
+
+# -- main's exit statuses --------------------------------------------------------
+
+
+def test_a_bad_option_value_exits_2_with_one_error_line_and_no_traceback():
+    result = subprocess.run([sys.executable, "-m", "zc_lb.cli", "lb", "--variance", "0"],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and result.stdout == ""
+    assert "Traceback" not in result.stderr
+    assert [line for line in result.stderr.splitlines() if "error:" in line] == [
+        "zc-lb lb: error: argument --variance: variance must be at least 1e-09, got '0'"]
+
+
+# Each command below would fail another way (an application that does not
+# import, a --listen that does not parse, a résumé file that cannot be
+# read) were its error not caught first: a regression fails at once
+# instead of serving here.
+APP = "%s:app" % NO_SUCH_MODULE
+NOWHERE = ["--listen", "nowhere"]
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["worker"], "no application: give module:callable"),
+    (["worker", APP, "--listen", "nowhere"], "expected HOST:PORT, got 'nowhere'"),
+    (["worker", APP, "--listen", "127.0.0.1:70000"], "port out of range in"),
+    (["worker", APP], "cannot import %r" % NO_SUCH_MODULE),
+    (["worker", "zc_lb.cli:LOG_LEVELS", "--resume-file", "/"],  # (a directory: unreadable)
+     "application 'zc_lb.cli:LOG_LEVELS' is not callable"),
+    (["lb"] + NOWHERE, "expected HOST:PORT, got 'nowhere'"),
+    (["lb", "--keyfile", "key.pem"] + NOWHERE, "--keyfile needs --certfile"),
+    (["lb", "--error-page", "/nonexistent/sorry.html"] + NOWHERE,
+     "cannot read error page /nonexistent/sorry.html"),
+    (["lb", "--buffer-dir", "/nonexistent/spool"] + NOWHERE,
+     "--buffer-dir /nonexistent/spool is not a directory"),
+    (["reset-skills"], "give --zookeeper or --status"),
+])
+def test_a_configuration_error_exits_2_with_one_line_naming_it(argv, said, in_process, capsys):
+    assert main(argv) == 2
+    assert said in error_line(capsys, argv[0])
+
+
+@pytest.mark.parametrize("command", ["lb", "worker"])
+def test_an_unreadable_or_empty_secret_file_exits_2(command, tmp_path, in_process, capsys):
+    argv = [command] + ([APP] if command == "worker" else NOWHERE)
+    missing = tmp_path / "missing"
+    assert main(argv + ["--secret-file", str(missing)]) == 2
+    assert error_line(capsys, command).startswith("cannot read secret file %s: " % missing)
+    empty = tmp_path / "empty"
+    empty.write_text("\n  \n")
+    assert main(argv + ["--secret-file", str(empty)]) == 2
+    assert error_line(capsys, command) == "secret file %s is empty" % empty
+
+
+@pytest.mark.parametrize("command", ["lb", "worker"])
+def test_an_address_in_use_exits_1(command):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        argv = [command] + (["zc_lb.demo:app"] if command == "worker" else [])
+        result = subprocess.run(
+            [sys.executable, "-m", "zc_lb.cli"] + argv + ["--listen", "127.0.0.1:%d" % port],
+            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1 and "listening" not in result.stdout, result
+    assert result.stderr.startswith("zc-lb %s: error: " % command), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_pass_through_tool_gets_every_argument_after_its_name_and_gives_the_status(
+        monkeypatch, in_process):
+    calls = []
+    tool = types.ModuleType("fake_simulate_tool")
+    tool.main = lambda argv: calls.append(argv) or (3 if "--fail" in argv else None)
+    monkeypatch.setitem(sys.modules, tool.__name__, tool)
+    monkeypatch.setitem(cli.PASS_THROUGH, "simulate", (tool.__name__, "simulations", "a tool"))
+    argv = ["--help", "--version", "--log-level", "DEBUG", "steady", "--scale", "2"]
+    assert main(["simulate"] + argv) == 0  # None: success
+    assert main(["--log-level", "WARNING", "simulate", "--fail"]) == 3
+    assert calls == [argv, ["--fail"]]
+
+
+def test_a_pass_through_tool_not_installed_exits_2_saying_which_extra(
+        monkeypatch, in_process, capsys):
+    monkeypatch.setitem(cli.PASS_THROUGH, "compare", (NO_SUCH_MODULE, "playback", "a tool"))
+    assert main(["compare", "x.log"]) == 2
+    said = error_line(capsys, "compare")
+    assert said.startswith("zc-lb compare needs %s (" % NO_SUCH_MODULE)
+    assert said.endswith("pip install 'zc-lb[playback]'")
+
+
+def test_reset_skills_asks_every_status_address_given(monkeypatch, in_process, capsys):
+    asked = []
+    monkeypatch.setattr(status, "fetch", lambda address, **kw: asked.append((address, kw)))
+    assert main(["reset-skills", "--status", "10.0.0.1:8079",
+                 "--status", "10.0.0.2:8079"]) == 0
+    assert asked == [("10.0.0.1:8079", {"action": "reset-skills"}),
+                     ("10.0.0.2:8079", {"action": "reset-skills"})]
+    assert capsys.readouterr().out.splitlines() == [
+        "reset skills on the LB at 10.0.0.1:8079", "reset skills on the LB at 10.0.0.2:8079"]
+
+
+# -- --config and the exposure check ---------------------------------------------------
+
+
+def test_a_worker_configured_on_a_public_address_without_a_secret_exits_2(
+        tmp_path, in_process, capsys):
+    # The app cannot be imported: past the exposure check, main says so instead.
+    path = tmp_path / "worker.toml"
+    path.write_text('[worker]\napp = "%s:app"\nlisten = "0.0.0.0:0"\n' % NO_SUCH_MODULE)
+    config = ["worker", "--config", str(path)]
+    assert main(config) == 2
+    said = error_line(capsys, "worker")
+    assert said.startswith("a worker listening on 0.0.0.0 without --secret-file")
+    assert "--insecure" in said
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret\n")
+    for extra in (["--listen", "127.0.0.1:0"], ["--insecure"], ["--secret-file", str(secret)]):
+        assert main(config + extra) == 2, extra  # the command line over the file
+        assert error_line(capsys, "worker").startswith("cannot import %r" % NO_SUCH_MODULE)
+
+
+def test_without_config_sighup_is_ignored_and_with_it_the_file_is_read_again(
+        tmp_path, caplog):
+    args = build_parser().parse_args(["lb"])
+    assert cli._sighup(args, lambda live: None) is service.ignore_sighup
+    args, path = parsed(tmp_path, "[lb]\nvariance = 2.0\n")
+    hangup = cli._sighup(args, lambda live: None)
+    with caplog.at_level("INFO", logger="zc_lb"):
+        assert hangup() is False
+    assert "SIGHUP: %s read again; nothing changed" % path in caplog.text
+
+
+def test_reload_of_an_unchanged_file_applies_nothing_and_says_so(tmp_path, caplog):
+    args, path = parsed(tmp_path, '[lb]\nvariance = 2.0\nworker = ["a:1"]\n')
+    applied = []
+    with caplog.at_level("INFO", logger="zc_lb"):
+        assert reload_config(args, applied.append, frozenset({"worker"})) is False
+    assert applied == []
+    assert "SIGHUP: %s read again; nothing changed" % path in caplog.text
+    assert "restart" not in caplog.text
+
+
+def test_reload_of_a_restart_only_option_says_restart_and_keeps_it(tmp_path, caplog):
+    args, path = parsed(tmp_path, "[lb]\nresponse_timeout = 300\n")
+    path.write_text("[lb]\nresponse_timeout = 60\n")
+    applied = []
+    with caplog.at_level("INFO", logger="zc_lb"):
+        assert reload_config(args, applied.append) is False
+    assert applied == [] and args.response_timeout == 300.0
+    assert ("response_timeout changed in %s; restart to apply (300 stays in force)" % path
+            in caplog.text)
+    assert "nothing changed" not in caplog.text
+
+
+def test_reload_keeps_a_value_the_command_line_gave(tmp_path, caplog):
+    args, path = parsed(tmp_path, "[lb]\nvariance = 1.0\n", "--variance", "3")
+    assert args.variance == 3.0
+    path.write_text("[lb]\nvariance = 2.0\n")
+    applied = []
+    with caplog.at_level("INFO", logger="zc_lb"):
+        reload_config(args, applied.append)
+    assert applied == [] and args.variance == 3.0
+    assert "nothing changed" in caplog.text
+
+
+def test_reload_passes_a_live_extra_and_logs_its_change(tmp_path, caplog):
+    args, path = parsed(tmp_path, '[lb]\nworker = ["a:1"]\nvariance = 1.0\n')
+    path.write_text('[lb]\nworker = ["a:1", "b:2"]\nvariance = 2.0\n')
+    applied = []
+    with caplog.at_level("INFO", logger="zc_lb"):
+        reload_config(args, applied.append, frozenset({"worker"}))
+    assert applied == [{"variance": 2.0, "worker": ["a:1", "b:2"]}]
+    assert (args.variance, args.worker) == (2.0, ["a:1", "b:2"])
+    assert "worker a:1 -> a:1 b:2 (%s)" % path in caplog.text
+    # Without it in live_extra, the worker list is a restart's business.
+    path.write_text('[lb]\nworker = ["c:3"]\nvariance = 2.0\n')
+    with caplog.at_level("INFO", logger="zc_lb"):
+        reload_config(args, applied.append)
+    assert len(applied) == 1 and args.worker == ["a:1", "b:2"]
+    assert "worker changed in %s; restart to apply (a:1 b:2 stays in force)" % path \
+        in caplog.text
+
+
+@pytest.mark.parametrize("error, logged", [
+    (ConfigurationError("no such thing"), "SIGHUP: cannot apply {path}: no such thing; "
+                                          "keeping the running settings"),
+    (RuntimeError("boom"), "SIGHUP: cannot apply {path}"),
+])
+def test_a_reload_that_cannot_be_applied_keeps_the_settings_and_never_raises(
+        tmp_path, caplog, error, logged):
+    args, path = parsed(tmp_path, "[lb]\nvariance = 1.0\n")
+    path.write_text("[lb]\nvariance = 2.0\n")
+    tried = []
+
+    def apply(live):
+        tried.append(live)
+        raise error
+    with caplog.at_level("INFO", logger="zc_lb"):
+        assert reload_config(args, apply) is False
+        assert args.variance == 1.0
+        reload_config(args, apply)  # tried again at the next SIGHUP
+    assert tried == [{"variance": 2.0}] * 2
+    assert logged.format(path=path) in caplog.text
+
+
+def test_a_relative_config_path_is_read_again_on_sighup_after_chdir(tmp_path, monkeypatch):
+    # SIGHUP read "rel.toml" again in the --chdir directory: not found (or
+    # another file of that name).
+    from zc_lb import cli
+
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    here.mkdir()
+    elsewhere.mkdir()
+    (here / "rel.toml").write_text('[worker]\nhistory = 100\n')
+    monkeypatch.chdir(here)
+    seen = {}
+
+    def run(args):  # (what run_worker would do on SIGHUP, without a server)
+        (here / "rel.toml").write_text('[worker]\nhistory = 200\n')
+        seen["reloaded"] = cli.reload_config(args, lambda live: seen.update(live))
+        return 0
+    monkeypatch.setattr(cli, "run_worker", run)  # (build_parser reads it when main runs)
+    assert cli.main(["worker", "--config", "rel.toml", "--chdir", str(elsewhere),
+                     "apps:app"]) == 0
+    assert seen.get("history") == 200

@@ -1,0 +1,244 @@
+"""Tests for zc_lb.relearn: the book of keys, moved keys followed, stale skills and resets."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from zc_lb import relearn
+from zc_lb.affinity import AffinityPool
+from zc_lb.relearn import ADOPTED, SHARED, Adopted, adopted
+
+
+def pool_of(n: int, **settings) -> AffinityPool:
+    pool = AffinityPool(**settings)
+    for i in range(n):
+        pool.add("w%d" % i)
+    return pool
+
+
+def booked(pool: AffinityPool, rclass: str, key: str):
+    """Route one request; its handle, and the book's hash and entry for
+    its key (the most recently seen key: the book's last)."""
+    handle = pool.get(rclass, key)
+    pool.put(handle)
+    book_hash, entry = next(reversed(pool.book.items()))
+    return handle, book_hash, entry
+
+
+def small_class_on_one_worker():
+    """Four workers; "big" (300 keys, nine requests in ten) spreads over
+    them, "b" (five keys) lives on one: the pool, and that worker's handle."""
+    pool = pool_of(4)
+    served = Counter()
+    for i in range(2000):
+        if i % 10 == 0:
+            handle = pool.get("b", "/b/%d" % (i // 10 % 5))
+            served[handle] += 1
+        else:
+            handle = pool.get("big", "/big/%d" % (i % 300))
+        pool.put(handle)
+    assert len(served) == 1, served  # (the scenario: "b" is a one-worker class)
+    return pool, next(iter(served))
+
+
+def rename(pool: AffinityPool, new: str, requests: int) -> Counter:
+    """A changed classifier: "b"'s keys now come as class ``new``."""
+    served = Counter()
+    for i in range(requests):
+        handle = pool.get(new, "/b/%d" % (i % 5))
+        pool.put(handle)
+        served[handle] += 1
+    return served
+
+
+# -- the book ---------------------------------------------------------------
+
+
+def test_the_book_remembers_the_class_and_worker_a_key_last_went_to():
+    pool = pool_of(3)
+    hashes = {}
+    for i in range(12):
+        rclass, key = "abc"[i % 3], "/%d" % i
+        handle, hashes[key], entry = booked(pool, rclass, key)
+        assert entry[:3] == (rclass, pool.workers[handle], False)
+    assert len(pool.book) == 12 and len(set(hashes.values())) == 12
+    assert len({pool.book[h][1] for h in hashes.values()}) > 1  # (several workers)
+    again, same_hash, entry = booked(pool, "a", "/0")  # seen again: the same entry
+    assert same_hash == hashes["/0"] and len(pool.book) == 12
+    assert entry[:3] == ("a", pool.workers[again], False)
+
+
+def test_a_key_seen_in_a_second_class_is_moved_and_in_a_third_is_shared_for_good():
+    pool = pool_of(3)
+    _, book_hash, _ = booked(pool, "a", "/x")
+    handle, same_hash, entry = booked(pool, "b", "/x")  # the same path: one entry
+    assert same_hash == book_hash and len(pool.book) == 1
+    assert entry[:3] == ("b", pool.workers[handle], True)
+    assert booked(pool, "c", "/x")[2] is SHARED  # moved twice: in several classes
+    assert booked(pool, "a", "/x")[2] is SHARED  # and it stays so
+    assert booked(pool, "c", "/x")[2] is SHARED
+
+
+def test_the_book_is_bounded_and_forgets_the_least_recently_seen_key_first(monkeypatch):
+    monkeypatch.setattr(relearn, "BOOK_SIZE", 8)
+    pool = pool_of(3)
+    hashes = {key: booked(pool, "a", key)[1] for key in ("/k%d" % i for i in range(8))}
+    assert len(pool.book) == 8
+    booked(pool, "a", "/k0")  # seen again: the most recent now
+    hashes["/k8"] = booked(pool, "a", "/k8")[1]
+    assert len(pool.book) == 8
+    assert hashes["/k1"] not in pool.book  # the least recently seen went
+    assert hashes["/k0"] in pool.book and hashes["/k8"] in pool.book
+    for i in range(9, 40):
+        booked(pool, "a", "/k%d" % i)
+    assert len(pool.book) == 8
+
+
+# -- a changed classifier -------------------------------------------------------
+
+
+def test_a_renamed_class_follows_its_keys_to_the_worker_that_holds_them():
+    pool, holder = small_class_on_one_worker()
+    elsewhere = next(h for h in pool.workers if h != holder)
+    pool.new_resume(elsewhere, {"c": 10.0})  # "c"'s old member, with other data
+    served = rename(pool, "c", 20)
+    assert served[holder] >= 18  # the first key came before the move was known
+    worker = pool.workers[holder]
+    assert set(pool.skilled["c"]) == {worker} and pool.adoptions == 1
+    floors = pool.classes["c"].floors
+    assert floors == {worker: 1.0} and type(floors[worker]) is Adopted
+    assert pool.classes["c"].following
+    old = pool.workers[elsewhere]
+    assert "c" not in old.resume and pool.stale == {old: {"c"}}
+
+
+def test_the_old_member_the_keys_came_from_is_followed_not_left_stale():
+    pool, holder = small_class_on_one_worker()
+    elsewhere = next(h for h in pool.workers if h != holder)
+    for handle in (holder, elsewhere):  # both skilled in "c" before the change
+        pool.new_resume(handle, {"c": 10.0})
+    rename(pool, "c", 20)
+    worker, old = pool.workers[holder], pool.workers[elsewhere]
+    assert pool.stale == {old: {"c"}}
+    assert set(pool.skilled["c"]) == {worker}
+    pool.new_resume(holder, {"c": 12.0})  # its next résumé counts
+    assert pool.skilled["c"][worker] == 12.0
+
+
+def test_a_stale_skill_counts_for_nothing_until_the_workers_resume_drops_it():
+    pool, holder = small_class_on_one_worker()
+    elsewhere = next(h for h in pool.workers if h != holder)
+    pool.new_resume(elsewhere, {"c": 10.0})
+    rename(pool, "c", 20)
+    old = pool.workers[elsewhere]
+    version = pool.classes["c"].version
+    touched = pool.new_resume(elsewhere, {"c": 50.0, "d": 3.0})  # it still lists "c"
+    assert "c" in touched and pool.classes["c"].version == -1 != version
+    assert "c" not in old.resume and old not in pool.skilled["c"]
+    assert old.resume == {"d": 3.0} and pool.stale == {old: {"c"}}
+    pool.new_resume(elsewhere, {"d": 3.0})  # dropped: no longer stale
+    assert pool.stale == {}
+    pool.new_resume(elsewhere, {"c": 50.0, "d": 3.0})  # learned again: it counts
+    assert pool.skilled["c"][old] == 50.0
+
+
+def test_a_class_that_followed_its_keys_settles_and_drops_the_floors():
+    pool, holder = small_class_on_one_worker()
+    rename(pool, "c", 20)
+    stats = pool.classes["c"]
+    assert stats.following and stats.floors
+    rename(pool, "c", 1000)  # keys it already had: the moves fade
+    assert not stats.following and stats.senders is None
+    assert not stats.floors or not any(adopted(ratio) for ratio in stats.floors.values())
+    assert pool.workers[holder] in pool.skilled["c"]
+
+
+def test_keys_from_a_worker_that_is_gone_are_not_followed():
+    pool, holder = small_class_on_one_worker()
+    gone = pool.workers[holder]
+    pool.remove(holder)
+    served = rename(pool, "c", 20)
+    assert holder not in served and set(served) <= set(pool.workers)
+    assert pool.adoptions == 0 and not pool.classes["c"].following
+    assert gone not in pool.skilled["c"]
+
+
+def test_removing_a_worker_forgets_its_stale_skills():
+    pool, holder = small_class_on_one_worker()
+    elsewhere = next(h for h in pool.workers if h != holder)
+    pool.new_resume(elsewhere, {"c": 10.0})
+    rename(pool, "c", 20)
+    assert pool.stale
+    pool.remove(elsewhere)
+    assert pool.stale == {}
+
+
+def test_adopted_is_told_by_the_floors_type_not_its_value():
+    # A starter's floor may be 1.0 too: it must not pass for an adopted one.
+    assert adopted(ADOPTED) and adopted(Adopted(1.0)) and adopted(None)
+    assert not adopted(1.0) and ADOPTED == 1.0
+
+
+# -- resets --------------------------------------------------------------------
+
+
+def test_reset_skills_forgets_every_skill_and_stale_mark_and_keeps_the_book():
+    pool, holder = small_class_on_one_worker()
+    elsewhere = next(h for h in pool.workers if h != holder)
+    pool.new_resume(elsewhere, {"c": 10.0})
+    rename(pool, "c", 20)
+    assert pool.stale and pool.skilled
+    book = list(pool.book.items())
+    version = pool.skills_version
+    pool.reset_skills()
+    assert pool.stale == {} and pool.skilled == {}
+    assert all(not w.resume for w in pool.workers.values())
+    assert pool.book and list(pool.book.items()) == book
+    assert all(stats.reset for stats in pool.classes.values())
+    assert pool.skills_version > version and pool.resets == 1 and pool.unskilled == 0.0
+    rename(pool, "c", 1)  # the book sends "c" back: a skill the LB gave
+    assert pool.workers[holder].given == {"c"}
+    pool.reset_skills()
+    assert not pool.workers[holder].given and pool.resets == 2
+
+
+def test_after_a_reset_a_key_whose_last_worker_is_gone_goes_to_a_live_one():
+    pool = pool_of(4, footprint_window=500)
+    last = None
+    for i in range(300):
+        last = pool.get("a", "/a/%d" % (i % 10))
+        pool.put(last)
+    before = pool.get("a", "/a/9")
+    pool.put(before)
+    pool.reset_skills()
+    gone = pool.workers[before]
+    pool.remove(before)
+    handle = pool.get("a", "/a/9")  # the book says: the worker removed
+    pool.put(handle)
+    assert handle in pool.workers and handle != before
+    assert gone not in pool.skilled.get("a", {})
+
+
+def test_a_new_pool_does_not_reset_itself_in_its_first_footprint_window():
+    # Every request of a pool just started hits a class nobody knows yet.
+    pool = pool_of(4, footprint_window=100)
+    for i in range(100):
+        pool.put(pool.get("n%d" % i, "/"))
+    assert pool.resets == 0 and pool.relearn_armed
+    assert pool.unskilled > relearn.RELEARN_SHARE * pool.total  # (it would have, else)
+
+
+def test_an_automatic_reset_disarms_until_few_requests_hit_unknown_classes():
+    pool = pool_of(3, footprint_window=100)
+    for i in range(300):
+        pool.put(pool.get("site", "/p%d" % (i % 20)))
+    for i in range(400):  # a new classifier: every class unknown
+        pool.put(pool.get("new%d" % i, "/"))
+    assert pool.resets == 1 and not pool.relearn_armed
+    for i in range(30):  # known classes again, but not yet for long
+        pool.put(pool.get("site", "/p%d" % (i % 20)))
+    assert not pool.relearn_armed
+    for i in range(300):
+        pool.put(pool.get("site", "/p%d" % (i % 20)))
+    assert pool.relearn_armed
+    assert pool.unskilled < relearn.RELEARN_SHARE / 2 * pool.total
