@@ -140,6 +140,16 @@ when a changed classifier moved a class's keys, and where their data
 went; ``reset_skills()`` forgets every skill, and the pool resets by
 itself when most requests hit classes no worker is skilled in.
 
+Structure.  ``AffinityPool`` is a ``pool.Pool`` that holds its parts and
+calls them, each with state of its own: ``slowstart``, a ``SlowStart``
+(the starters and the workers whose floors fade), ``relearning``, a
+``Relearning`` (the book of keys, stale skills, resets), and
+``locality``, a ``Locality`` (the pool's measure of gains).  The pool
+owns the classes' records (``classstats.ClassStats``, which the parts
+read and change), the counts of requests and the ``skills_version`` that
+any change of skills bumps: the parts' calls say when theirs changed
+some.  Each part's module says what it is given and what it does.
+
 Requests without a key (``key=None``, affinity turned off) go as in the
 published algorithm: best score per unit of backlog among all skilled
 workers, within the pool's gain's bound.  ``get`` costs O(workers skilled in the class), plus
@@ -165,7 +175,6 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-from collections import OrderedDict
 from zlib import crc32
 from heapq import nlargest
 from operator import attrgetter, itemgetter
@@ -178,7 +187,7 @@ from .locality import Locality
 from .pool import ClasslessPool, Pool, PoolWorker
 from .relearn import AWAY, BookEntry, Relearning, adopted
 from .settings import LB_SETTINGS
-from .slowstart import SlowStart, Starter
+from .slowstart import SlowStart
 
 log = logging.getLogger(__name__)
 
@@ -205,9 +214,21 @@ def _by_score(item: Tuple[PoolWorker, float]) -> Tuple[float, int]:
     return item[1], item[0].salt
 
 
-class AffinityPool(SlowStart, Relearning):
+class AffinityPool(Pool):
     """Résumé routing with affinity keys, footprint-sized classes, slow
-    start and re-learning; see the module docstring."""
+    start and re-learning; see the module docstring.
+
+    The pool owns the classes (``classes``: name -> ``ClassStats``),
+    the counts every part reads (``requests``, ``total``, ``work``,
+    ``skills_version``), the keys each worker is counted to hold
+    (``held``), the recruiting ring, the measure of locality
+    (``locality``) and its own counters.  Two parts own the rest and are
+    called with what they need: ``slowstart`` (a ``SlowStart``: the
+    starters and the workers whose floors fade) and ``relearning`` (a
+    ``Relearning``: the book of keys, stale skills, resets).  Their
+    dicts ``starting``, ``fading`` and ``book`` are read here as
+    attributes of the pool, and their counts (``resets``,
+    ``adoptions``, ``unskilled``, ``relearn_armed``) are properties."""
 
     SETTINGS = Pool.SETTINGS + ("spread", "footprint_window", "slow_start", "balance",
                                 "stick", "widen")
@@ -226,14 +247,11 @@ class AffinityPool(SlowStart, Relearning):
                  widen: float = LB_SETTINGS["widen"].default, **kw) -> None:
         self._set_settings(spread=spread, footprint_window=footprint_window,
                            slow_start=slow_start, balance=balance, stick=stick, widen=widen)
-        self.requests = 0
+        self.requests = 0  # requests routed with a class
         self.classes: Dict[str, ClassStats] = {}
         self.total = 0.0  # decayed requests of every class
         self.work = 0.0  # decayed seconds of work of every class
         self.footprint = Footprint(0)  # distinct (class, key) pairs
-        self.unskilled = 0.0  # decayed requests whose class had no skilled worker
-        self.relearn_armed = True  # may reset skills by itself
-        self.resets = 0
         self.spills = 0
         self.bounded = 0  # requests moved off a worker past the bound of locality
         self.unexplored = 0  # requests that could have gone away to learn a gain
@@ -245,21 +263,44 @@ class AffinityPool(SlowStart, Relearning):
         # worker -> distinct keys of its classes it is counted to hold
         self.held: Dict[PoolWorker, float] = {}
         self.held_window = 0  # the footprint window ``held`` was counted in
-        self.starting: Dict[PoolWorker, Starter] = {}
-        self.fading: Dict[PoolWorker, Starter] = {}  # done starting, floors fading
-        # key -> (class, worker) it last went to, whether it moved
-        self.book: OrderedDict[int, BookEntry] = OrderedDict()
-        self.adoptions = 0
-        # worker -> classes whose keys moved away from it, while its
-        # résumé still lists them
-        self.stale: Dict[PoolWorker, Set[str]] = {}
+        self.slowstart = SlowStart(slow_start)
+        self.starting = self.slowstart.starting  # (read on every request)
+        self.fading = self.slowstart.fading  # done starting, floors fading
         self.hash_seed = 0  # the same on every LB; the simulator varies it
         self._ring: Optional[List[Tuple[int, PoolWorker]]] = None
         super().__init__(*args, **kw)
+        self.relearning = Relearning(self.workers, self.skilled, self.classes)
+        self.book = self.relearning.book  # (read on every request)
+
+    @property
+    def resets(self) -> int:
+        """Times every skill was forgotten (``reset_skills``, or by itself)."""
+        return self.relearning.resets
+
+    @property
+    def adoptions(self) -> int:
+        """Workers that classes took following their moved keys."""
+        return self.relearning.adoptions
+
+    @property
+    def unskilled(self) -> float:
+        """Decayed requests whose class had no skilled worker."""
+        return self.relearning.unskilled
+
+    @property
+    def relearn_armed(self) -> bool:
+        """Whether the pool may reset skills by itself."""
+        return self.relearning.armed
+
+    @property
+    def stale(self) -> Dict[PoolWorker, Set[str]]:
+        """Worker -> classes whose keys moved away from it (``relearn.py``)."""
+        return self.relearning.stale
 
     def _settings_changed(self) -> None:
         super()._settings_changed()
         self._update_rate_decay()
+        self.slowstart.configure(self.slow_start)
 
     def _update_rate_decay(self) -> None:
         self.rate_decay = 1.0 - 1.0 / self.footprint_window
@@ -272,18 +313,41 @@ class AffinityPool(SlowStart, Relearning):
         self.skills_version += 1
         self._ring = None
         if self.requests:  # (a running pool: eased in, or at once with slow_start 0)
-            self.starting[worker] = Starter(self.requests)
+            self.slowstart.add(worker, self.requests)
 
     def remove(self, handle: Hashable) -> None:
         """Forget a worker entirely, even with requests in flight on it."""
         worker = self.workers.get(handle)
         if worker is not None:
-            self.starting.pop(worker, None)
-            self.fading.pop(worker, None)
-            self.stale.pop(worker, None)
+            self.slowstart.remove(worker)
+            self.relearning.remove(worker)
             self.held.pop(worker, None)
             self._ring = None
         super().remove(handle)
+        self.skills_version += 1
+
+    def new_resume(self, handle: Hashable, resume: Mapping[str, float]) -> Set[str]:
+        """Replace a worker's skills by those of its new résumé, but for
+        classes whose keys moved away from it (see ``relearn.py``): it
+        holds their old data, so its score for them means nothing until
+        its résumé has dropped them.  The classes touched work out their
+        members again."""
+        touched = super().new_resume(handle, resume)
+        worker = self.workers.get(handle)
+        if worker is None:
+            return touched
+        self.relearning.drop_stale(worker, touched)
+        classes = self.classes
+        for rclass in touched:  # their members are worked out again
+            stats = classes.get(rclass)
+            if stats is not None:
+                stats.version = -1
+        return touched
+
+    def reset_skills(self) -> None:
+        """Forget every skill: résumés from now on teach the pool again
+        (an operator's switch: what requests hit before counts no more)."""
+        self.relearning.reset()
         self.skills_version += 1
 
     # -- routing ------------------------------------------------------
@@ -298,35 +362,73 @@ class AffinityPool(SlowStart, Relearning):
             return self._least_backlog()
         self.requests += 1
         decay = self.rate_decay
-        self.total = self.total * decay + 1.0
+        self.total = total = self.total * decay + 1.0
         skilled = self.skilled.get(rclass)
-        self._notice_unskilled(skilled, decay)
+        relearning = self.relearning
+        if relearning.notice_unskilled(skilled, decay, self.requests, total,
+                                       self.footprint_window):
+            self.skills_version += 1
         if key is None:
-            published = self._published(rclass)
-            if published.backlog and self.lbs == 1:
-                published = self._weighed(published, self.locality.pool_gain())
-            return self._chosen(published)
+            return self._unkeyed(rclass)
         stats, key_hash, book_hash = self._observe(rclass, key)
         entry = self.book.get(book_hash)
         alone = self.lbs == 1  # (what locality buys is measured by a lone LB)
         gain = self.locality.gain(stats) if alone else None
         if gain is not None and gain <= 1.0 + NOISE:  # (its keys buy nothing)
             return self._balanced(rclass, stats, book_hash, entry)
-        self._moved(rclass, stats, entry)
-        if self.starting:
+        if relearning.moved(rclass, stats, entry, self.unskilled_score):
+            self.skills_version += 1
+        if self.starting or self.fading:
             self._slow_start(rclass, stats)
-        if self.fading:
-            self._fade()
         members = self._members(rclass, stats)
         if self.starting:
-            self._offer(stats, members, key_hash)
-        home = None  # the worker that holds the key's data, if any does
+            self.skills_version += self.slowstart.offer(stats, members, key_hash, self.total)
+        chosen, away, home = self._place(rclass, stats, members, key_hash, entry, alone)
+        if chosen.backlog and alone:  # (an idle worker is within every bound)
+            weighed = self._weighed(chosen, gain, members)
+            if weighed is not chosen:
+                chosen, away = weighed, True
+        relearning.remember(book_hash, entry, rclass, chosen, AWAY if away else stats.joins)
+        if home is not None and home.handle in self.workers:
+            self.placed = (stats, chosen is home)
+        return self._chosen(chosen)
+
+    def _unkeyed(self, rclass: str) -> Hashable:
+        """A request without a key goes as in the published algorithm,
+        within the bound of the pool's gain (see "Locality")."""
+        published = self._published(rclass)
+        if published.backlog and self.lbs == 1:
+            published = self._weighed(published, self.locality.pool_gain())
+        return self._chosen(published)
+
+    def _slow_start(self, rclass: str, stats: ClassStats) -> None:
+        """Slow start's part in a request of ``rclass`` (``slowstart.py``):
+        a starter behind its ramp may join the class; the floors of the
+        workers done starting follow their shares."""
+        slowstart = self.slowstart
+        if self.starting:
+            skilled = self.skilled.get(rclass)
+            if skilled is None:
+                skilled = self.skilled[rclass] = {}
+            if slowstart.join(rclass, stats, skilled, self.requests, len(self.workers),
+                              self.backlog, self.total, self.unskilled_score):
+                self.skills_version += 1
+        if self.fading:
+            slowstart.fade(self.requests, len(self.workers))
+
+    def _place(self, rclass: str, stats: ClassStats, members: Dict[PoolWorker, float],
+               key_hash: int, entry: Optional[BookEntry], alone: bool
+               ) -> Tuple[PoolWorker, bool, Optional[PoolWorker]]:
+        """Where a key goes among the class's ``members`` (``_owner``), or
+        else where it spills: the worker, whether it is not the key's
+        owner, and the key's home, the worker that holds its data if any
+        does (None behind other LBs, whose moves it cannot know).
+        ``entry`` is what the book holds for the key."""
         if alone and self.stick:  # (other LBs keep books of their own)
             # The worker holding the key's data, unless the key went to
             # its owner there before the class grew: a new member may
             # own it now.
-            if entry is not None and entry[0] == rclass:
-                home = entry[1]
+            home = entry[1] if entry is not None and entry[0] == rclass else None
             last = home if entry is not None and (
                 entry[3] == AWAY or entry[3] == stats.joins) else None
             chosen, away, owner = self._owner(members, key_hash, last, entry is None)
@@ -337,14 +439,14 @@ class AffinityPool(SlowStart, Relearning):
             home = owner if alone else None
         if chosen is None:
             chosen, away = self._spill(rclass, members, key_hash), True
-        if chosen.backlog and alone:  # (an idle worker is within every bound)
-            weighed = self._weighed(chosen, gain, members)
-            if weighed is not chosen:
-                chosen, away = weighed, True
-        self._book(book_hash, entry, rclass, chosen, AWAY if away else stats.joins)
-        if home is not None and home.handle in self.workers:
-            self.placed = (stats, chosen is home)
-        return self._chosen(chosen)
+        return chosen, away, home
+
+    def _chosen(self, worker: PoolWorker) -> Hashable:
+        """Account a request given to ``worker`` (and to slow start, see
+        ``slowstart.py``); its handle."""
+        if self.starting or self.fading:
+            self.slowstart.got(worker, self.requests)
+        return super()._chosen(worker)
 
     def _balanced(self, rclass: str, stats: ClassStats, book_hash: int,
                   entry: Optional[BookEntry]) -> Hashable:
@@ -364,7 +466,7 @@ class AffinityPool(SlowStart, Relearning):
         least = self._least_loaded()  # (a starter too: it has no cache to warm)
         assert least is not None
         chosen = home if home is not None and home.backlog <= least.backlog else least
-        self._book(book_hash, entry, rclass, chosen, AWAY)
+        self.relearning.remember(book_hash, entry, rclass, chosen, AWAY)
         if home is not None:
             self.placed = (stats, chosen is home)
         return self._chosen(chosen)
@@ -384,7 +486,7 @@ class AffinityPool(SlowStart, Relearning):
             for worker in self.starting:  # a cold cache spills worst
                 self._lru.move_to_end(worker)
             chosen = self._published(rclass)
-            self._fresh(chosen, rclass)
+            self.relearning.fresh(chosen, rclass)
         return chosen
 
     def _weighed(self, chosen: PoolWorker, gain: Optional[float],
@@ -551,6 +653,17 @@ class AffinityPool(SlowStart, Relearning):
             members = skilled
         else:
             members = dict(nlargest(width, skilled.items(), key=_by_score))
+        self._new_members(stats, members, share)
+        if len(members) < width:
+            stats.uses = REFRESH  # still recruiting: again on the next request
+        return members
+
+    def _new_members(self, stats: ClassStats, members: Dict[PoolWorker, float],
+                     share: int) -> None:
+        """The class's members were worked out again (``share``: the width
+        its share of requests and keys asks for): note them, what a
+        request of the class costs them, whether the class grew (its
+        ``joins``), and the keys they hold."""
         stats.members, stats.version = members, self.skills_version
         times = [1.0 / score for score in members.values() if score > self.unskilled_score]
         stats.cost = sum(times) / len(times) if times else None
@@ -562,9 +675,6 @@ class AffinityPool(SlowStart, Relearning):
                 stats.extra and len(stats.holders) >= share):
             stats.joins += 1
         self._hold(stats, members)
-        if len(members) < width:
-            stats.uses = REFRESH  # still recruiting: again on the next request
-        return members
 
     def _widen(self, rclass: str, stats: ClassStats, members: Dict[PoolWorker, float],
                width: int) -> int:
@@ -613,9 +723,7 @@ class AffinityPool(SlowStart, Relearning):
             score = skilled.get(worker)
             if score is None:
                 del floors[worker]
-                starter = self.starting.get(worker)
-                if starter is not None:
-                    starter.joined.pop(stats, None)
+                self.slowstart.left(worker, stats)
                 continue
             members[worker] = max(score, ratio * mean)
         if not floors:
@@ -653,7 +761,7 @@ class AffinityPool(SlowStart, Relearning):
             if worker is None:
                 return
         skilled[worker] = worker.resume[rclass] = score
-        self._fresh(worker, rclass)
+        self.relearning.fresh(worker, rclass)
         self.skills_version += 1
 
     def _hold(self, stats: ClassStats, members: Dict[PoolWorker, float]) -> None:
@@ -733,7 +841,7 @@ class AffinityPool(SlowStart, Relearning):
                ) -> Tuple[Optional[PoolWorker], bool, Optional[PoolWorker]]:
         """The worker for ``key_hash`` among ``members`` under the cap,
         whether it is not the key's owner, and the owner: the first of
-        all members in the key's rendezvous order.
+        all members in the key's rendezvous order (see ``_ranked``).
 
         Bounded-load hashing, as HAProxy's ``hash-balance-factor``: the
         first member in rendezvous order whose backlog is under the
@@ -746,13 +854,38 @@ class AffinityPool(SlowStart, Relearning):
         the bound moved on stays where it went instead of coming back to
         be loaded again.  A ``new`` key, one the book does not know, goes
         to the least busy member (ties in rendezvous order): no one holds
-        it yet.
+        it yet."""
+        ranked, total, first, kept, owner = self._ranked(members, key_hash, last)
+        if first is None:
+            return None, False, owner
+        bound = self.balance * (total + 1) / len(ranked)
+        if bound < MIN_BOUND:
+            bound = MIN_BOUND
+        starting = self.starting
+        if (kept is not None and kept.backlog < self.stick * bound
+                and not (starting and owner in starting)):
+            return kept, kept is not owner, owner
+        if new:
+            chosen = min(ranked, key=_least_busy)[1]
+        elif len(ranked) == 1 or first.backlog < bound:
+            chosen = first
+        else:
+            ranked.sort(key=itemgetter(0), reverse=True)
+            chosen = next((w for _, w in ranked if w.backlog < bound), first)
+        return chosen, chosen is not owner, owner
 
-        The pool-wide cap is ``balance`` times the published one: the
-        bound already keeps the members even among themselves, so the cap
-        only has to catch members far over the pool's mean, and a key's
-        owner, which holds its data, is worth a longer queue than the
-        published policy lets a skilled worker have."""
+    def _ranked(self, members: Dict[PoolWorker, float], key_hash: int,
+                last: Optional[PoolWorker]
+                ) -> Tuple[List[Tuple[float, PoolWorker]], int, Optional[PoolWorker],
+                           Optional[PoolWorker], Optional[PoolWorker]]:
+        """The members under the cap as (rendezvous weight, worker), and
+        their total backlog; the first of them in the key's rendezvous
+        order, ``last`` if one of them, and the key's owner, the first of
+        all members.  (Not a starter busier than the pool's mean.)  The
+        cap is ``balance`` times the published one: the bound keeps the
+        members even among themselves, so the cap only has to catch
+        members far over the pool's mean, and a key's owner, which holds
+        its data, is worth a longer queue than a skilled worker."""
         n = len(self.workers)
         max_backlog = self.balance * self.variance * self.mbacklog / n
         if max_backlog < 1.0:
@@ -779,22 +912,7 @@ class AffinityPool(SlowStart, Relearning):
             total += worker.backlog
             if weight > best:
                 first, best = worker, weight
-        if first is None:
-            return None, False, owner
-        bound = self.balance * (total + 1) / len(ranked)
-        if bound < MIN_BOUND:
-            bound = MIN_BOUND
-        if (kept is not None and kept.backlog < self.stick * bound
-                and not (starting and owner in starting)):
-            return kept, kept is not owner, owner
-        if new:
-            chosen = min(ranked, key=_least_busy)[1]
-        elif len(ranked) == 1 or first.backlog < bound:
-            chosen = first
-        else:
-            ranked.sort(key=itemgetter(0), reverse=True)
-            chosen = next((w for _, w in ranked if w.backlog < bound), first)
-        return chosen, chosen is not owner, owner
+        return ranked, total, first, kept, owner
 
     # -- introspection ------------------------------------------------
 

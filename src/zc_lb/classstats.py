@@ -8,7 +8,9 @@ smallest hashes seen, from which the number of distinct ones follows with
 an error of about 1/sqrt(k).  ``ClassStats`` holds, per class, what the
 LB sees of it: its decayed request count, its footprint, its members as
 last worked out, the floors of the workers that joined it while starting
-(``slowstart.py``) or followed its moved keys (``relearn.py``).
+(``slowstart.py``) or followed its moved keys (``relearn.py``).  These
+are plain records and functions: the pool (``affinity.AffinityPool``)
+and its parts keep them and act on them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import hashlib
 import math
 from typing import Dict, List, Optional, Tuple
 
-from .pool import Pool, PoolWorker
+from .pool import PoolWorker
 
 MASK64 = (1 << 64) - 1
 SKETCH_SIZE = 64  # k of the k-minimum-values sketch: ~1/sqrt(k) error
@@ -184,12 +186,3 @@ class ClassStats:
         self.senders: Optional[Dict[PoolWorker, float]] = None
         self.reset = False  # its skills were reset: the book knows better
 
-
-class PoolPart(Pool):
-    """A part of ``affinity.AffinityPool`` (slow start, re-learning): not
-    a pool of its own.  The state every part reads, declared once."""
-
-    requests: int  # requests routed with a class
-    total: float  # decayed requests of every class
-    skills_version: int  # changes whenever any skill or worker does
-    classes: Dict[str, ClassStats]

@@ -1,5 +1,6 @@
 """Re-learning: after a classifier change, the pool finds where each
-class's data went.  A part of ``affinity.AffinityPool``.
+class's data went: ``Relearning``, a part that ``affinity.AffinityPool``
+holds and calls.
 
 Theory of operation
 -------------------
@@ -26,6 +27,19 @@ its first key the book knows last went to, which may still hold its
 data, before it recruits a stranger.  (Not a class whose résumés merely
 dropped it: its data is likely gone too.)
 
+Structure.  ``Relearning`` owns the book, the stale skills, the measure
+of unskilled requests that arms and fires a reset, and the counts of
+resets and adoptions.  It is built with the pool's maps of workers,
+skills and classes (the same dicts, which the pool never replaces): it
+reads them, and changes skills in them.  The pool calls it with each
+request's class and key (``notice_unskilled``, ``moved``,
+``remember``), with each new résumé (``drop_stale``), for a reset
+(``reset``), and when it makes a worker skilled itself (``fresh``) or
+loses one (``remove``).  ``notice_unskilled`` and ``moved`` say whether
+they changed skills (a reset always does), so that the pool, which
+counts changes of skills (``skills_version``), marks them.  The pool
+reads ``book`` (the same dict) on its own path.
+
 Weak spot, admitted.  A path shared by two classes may look moved before
 it is seen moving twice: such a class may follow a few of its keys once,
 at start.
@@ -34,9 +48,9 @@ at start.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Dict, Hashable, Mapping, Optional, Set, Tuple
+from typing import Dict, Hashable, Optional, Set, Tuple
 
-from .classstats import ClassStats, PoolPart
+from .classstats import ClassStats
 from .pool import PoolWorker
 
 RELEARN_SHARE = 0.5  # "most requests hit classes no worker is skilled in"
@@ -72,26 +86,44 @@ AWAY = -1
 SHARED: BookEntry = (None, None, True, AWAY)  # a key of several classes
 
 
-class Relearning(PoolPart):
-    """The affinity pool's re-learning (see the module docstring)."""
+class Relearning:
+    """The affinity pool's re-learning (see the module docstring).  It
+    owns ``book`` (key -> ``BookEntry``, least recently seen first),
+    ``stale`` (worker -> classes whose keys moved away from it, while
+    its résumé still lists them), ``unskilled`` (decayed requests whose
+    class had no skilled worker), ``armed`` (whether it may reset by
+    itself, see ``notice_unskilled``) and the counts of ``resets`` and
+    ``adoptions``.  ``workers``, ``skilled`` and ``classes`` are the
+    pool's maps, which it reads and changes skills in."""
 
-    footprint_window: int
-    unskilled: float  # decayed requests whose class had no skilled worker
-    relearn_armed: bool  # may reset by itself (see ``_notice_unskilled``)
-    resets: int
-    book: OrderedDict[int, BookEntry]
-    adoptions: int
-    stale: Dict[PoolWorker, Set[str]]
+    __slots__ = ("workers", "skilled", "classes", "book", "stale", "unskilled", "armed",
+                 "resets", "adoptions")
 
-    def new_resume(self, handle: Hashable, resume: Mapping[str, float]) -> Set[str]:
-        """Replace a worker's skills by those of its new résumé, but for
-        classes whose keys moved away from it (see ``_moved``): it holds
-        their old data, so its score for them means nothing until its
-        résumé has dropped them."""
-        touched = super().new_resume(handle, resume)
-        worker = self.workers.get(handle)
-        if worker is None:
-            return touched
+    def __init__(self, workers: Dict[Hashable, PoolWorker],
+                 skilled: Dict[str, Dict[PoolWorker, float]],
+                 classes: Dict[str, ClassStats]) -> None:
+        self.workers = workers
+        self.skilled = skilled
+        self.classes = classes
+        # key -> (class, worker) it last went to, whether it moved
+        self.book: OrderedDict[int, BookEntry] = OrderedDict()
+        # worker -> classes whose keys moved away from it, while its
+        # résumé still lists them
+        self.stale: Dict[PoolWorker, Set[str]] = {}
+        self.unskilled = 0.0
+        self.armed = True
+        self.resets = 0
+        self.adoptions = 0
+
+    def remove(self, worker: PoolWorker) -> None:
+        """``worker`` left the pool: its stale skills go with it."""
+        self.stale.pop(worker, None)
+
+    def drop_stale(self, worker: PoolWorker, touched: Set[str]) -> None:
+        """``worker`` has a new résumé: take back its skills in classes
+        whose keys moved away from it (see ``moved``), adding them to
+        ``touched``: it holds their old data, so its score for them means
+        nothing until its résumé has dropped them."""
         stale = self.stale.get(worker)
         if stale:
             for rclass in list(stale):
@@ -106,14 +138,8 @@ class Relearning(PoolPart):
                     stale.discard(rclass)
             if not stale:
                 del self.stale[worker]
-        classes = self.classes
-        for rclass in touched:  # their members are worked out again
-            stats = classes.get(rclass)
-            if stats is not None:
-                stats.version = -1
-        return touched
 
-    def _fresh(self, worker: PoolWorker, rclass: str) -> None:
+    def fresh(self, worker: PoolWorker, rclass: str) -> None:
         """The LB made ``worker`` skilled in ``rclass`` itself: its skill
         there is no longer stale."""
         stale = self.stale.get(worker)
@@ -122,7 +148,7 @@ class Relearning(PoolPart):
             if not stale:
                 del self.stale[worker]
 
-    def reset_skills(self) -> None:
+    def reset(self) -> None:
         """Forget every skill: résumés from now on teach the pool again
         (an operator's switch: what requests hit before counts no more)."""
         self._forget_all_skills()
@@ -136,11 +162,10 @@ class Relearning(PoolPart):
         self.stale.clear()
         for stats in self.classes.values():
             stats.reset = True
-        self.skills_version += 1
         self.resets += 1
 
-    def _book(self, book_hash: int, entry: Optional[BookEntry], rclass: str,
-              worker: PoolWorker, where: int) -> None:
+    def remember(self, book_hash: int, entry: Optional[BookEntry], rclass: str,
+                 worker: PoolWorker, where: int) -> None:
         """Note which class and worker a key last went to, and ``where``
         (``AWAY`` or the class's joins, see ``BookEntry``); ``entry`` is
         what the book held for it (looked up once per request); a key seen
@@ -159,29 +184,38 @@ class Relearning(PoolPart):
             book[book_hash] = (rclass, worker, entry[2], where)
         book.move_to_end(book_hash)
 
-    def _moved(self, rclass: str, stats: ClassStats,
-               entry: Optional[BookEntry]) -> None:
+    def moved(self, rclass: str, stats: ClassStats, entry: Optional[BookEntry],
+              unskilled_score: float) -> bool:
         """A key of ``rclass`` last went to ``entry``: (class,
         worker, whether it moved before), or None.  When keys new to a
         class come from other classes (``MOVED_LEAST`` of them, and more
         than a quarter of its new keys, decayed), its data is where they
         went (a changed classifier): the workers that sent it at least
-        ``FOLLOW_SHARE`` times as many as the top one become its members,
-        floored at the members' mean, and its old members,
-        which hold other data, no longer count for it until their
-        résumés drop it."""
+        ``FOLLOW_SHARE`` times as many as the top one become its members
+        (``_follow``).  Whether skills or floors changed."""
         if entry is SHARED:
-            return
+            return False
         if entry is not None and entry[0] == rclass:
             stats.fresh *= SETTLE  # a key it already had: the class is settling
             stats.moved *= SETTLE
             if stats.following and stats.moved < SETTLED:
-                self._settled(stats)
-            elif stats.reset:  # the first of its keys the book knows since
+                return self._settled(stats)
+            if stats.reset:  # the first of its keys the book knows since
                 stats.reset = False
                 if not self.skilled.get(rclass):
-                    self._returned(rclass, entry[1])
-            return
+                    return self._returned(rclass, entry[1], unskilled_score)
+            return False
+        worker = self._sender(stats, entry)
+        if worker is None:
+            return False
+        return self._follow(rclass, stats, worker, unskilled_score)
+
+    def _sender(self, stats: ClassStats, entry: Optional[BookEntry]) -> Optional[PoolWorker]:
+        """Count a key new to the class (``entry`` None: never seen) or
+        moved in from another class (over the last ``MOVED_WINDOW`` or
+        so); the worker the class should follow for it, if any: the one
+        the moved key went to, once enough keys moved in and it sent at
+        least ``FOLLOW_SHARE`` times as many as the top sender."""
         senders = stats.senders
         if stats.fresh + stats.moved > MOVED_WINDOW:
             stats.fresh /= 2.0
@@ -191,11 +225,11 @@ class Relearning(PoolPart):
                     senders[sender] /= 2.0
         if entry is None:
             stats.fresh += 1.0
-            return
+            return None
         stats.moved += 1.0
         worker = entry[1]
         if worker is None or self.workers.get(worker.handle) is not worker:
-            return
+            return None
         if senders is None:
             senders = stats.senders = {}
         votes = senders[worker] = senders.get(worker, 0.0) + 1.0
@@ -203,7 +237,15 @@ class Relearning(PoolPart):
         # or moved on by the balance bound) does not make a member.
         if (stats.moved < MOVED_LEAST or stats.moved * 4 <= stats.fresh
                 or votes < FOLLOW_SHARE * max(senders.values())):
-            return
+            return None
+        return worker
+
+    def _follow(self, rclass: str, stats: ClassStats, worker: PoolWorker,
+                unskilled_score: float) -> bool:
+        """The class follows its moved keys to ``worker``: it becomes a
+        member, floored at the members' mean (``ADOPTED``), and the first
+        time, the old members, which hold other data, no longer count for
+        the class until their résumés drop it.  Whether skills changed."""
         skilled = self.skilled.get(rclass)
         if skilled is None:
             skilled = self.skilled[rclass] = {}
@@ -216,31 +258,33 @@ class Relearning(PoolPart):
             skilled.clear()
             stats.floors = None
         if worker in skilled:
-            return
-        self._fresh(worker, rclass)
-        score = max(skilled.values()) if skilled else self.unskilled_score
+            return False
+        self.fresh(worker, rclass)
+        score = max(skilled.values()) if skilled else unskilled_score
         skilled[worker] = worker.resume[rclass] = score
         if stats.floors is None:
             stats.floors = {}
         stats.floors[worker] = ADOPTED
         self.adoptions += 1
-        self.skills_version += 1
+        return True
 
-    def _returned(self, rclass: str, worker: Optional[PoolWorker]) -> None:
+    def _returned(self, rclass: str, worker: Optional[PoolWorker],
+                  unskilled_score: float) -> bool:
         """A class no worker is skilled in since skills were reset takes
         the worker its key last went to, which may still hold its data,
-        before it recruits a stranger."""
+        before it recruits a stranger.  Whether skills changed."""
         if worker is None or self.workers.get(worker.handle) is not worker:
-            return
+            return False
         skilled = self.skilled.setdefault(rclass, {})
-        self._fresh(worker, rclass)
-        skilled[worker] = worker.resume[rclass] = self.unskilled_score
+        self.fresh(worker, rclass)
+        skilled[worker] = worker.resume[rclass] = unskilled_score
         worker.given.add(rclass)
-        self.skills_version += 1
+        return True
 
-    def _settled(self, stats: ClassStats) -> None:
+    def _settled(self, stats: ClassStats) -> bool:
         """A class that followed its moved keys has them all: the workers
-        it took lose their floors, and résumés rank its members again."""
+        it took lose their floors, and résumés rank its members again.
+        Whether floors changed."""
         stats.following = False
         stats.senders = None
         floors = stats.floors
@@ -249,19 +293,25 @@ class Relearning(PoolPart):
                 del floors[worker]
             if not floors:
                 stats.floors = None
-            self.skills_version += 1
+            return True
+        return False
 
-    def _notice_unskilled(self, skilled: Optional[dict], decay: float) -> None:
+    def notice_unskilled(self, skilled: Optional[dict], decay: float, requests: int,
+                         total: float, window: int) -> bool:
         """Reset skills when most requests hit classes no worker knows;
         then not again until fewer than half as many do.  A second reset
         while they still do cannot help, and a flood of classes seen once
         (a client sending a new Host with every request) would otherwise
-        reset the pool over and over, moving every other class's keys."""
+        reset the pool over and over, moving every other class's keys.
+        ``skilled``: the request's class's skilled workers; ``requests``,
+        ``total``: the pool's requests and decayed requests of every
+        class; ``window``: its footprint window.  Whether it reset."""
         self.unskilled = unskilled = self.unskilled * decay + (0.0 if skilled else 1.0)
-        if not self.relearn_armed:
-            self.relearn_armed = unskilled < RELEARN_SHARE / 2 * self.total
-        elif (self.requests > self.footprint_window and self.skilled
-                and unskilled > RELEARN_SHARE * self.total):
+        if not self.armed:
+            self.armed = unskilled < RELEARN_SHARE / 2 * total
+        elif (requests > window and self.skilled
+                and unskilled > RELEARN_SHARE * total):
             self._forget_all_skills()  # (``unskilled`` still measured, to re-arm)
-            self.relearn_armed = False
-
+            self.armed = False
+            return True
+        return False

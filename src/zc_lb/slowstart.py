@@ -1,5 +1,6 @@
 """Slow start: a worker added to a running pool takes its share without a
-storm of misses.  A part of ``affinity.AffinityPool``.
+storm of misses: ``SlowStart``, a part that ``affinity.AffinityPool``
+holds and calls.
 
 Theory of operation
 -------------------
@@ -38,6 +39,18 @@ share.  A floor fades only down to the résumé's ranking, below which it
 no longer counts: a worker whose score alone ranks it high keeps what
 its score earns.
 
+Structure.  ``SlowStart`` owns the starters and the workers whose floors
+fade (``Starter`` records), and keeps nothing of the pool's: the pool
+tells it of workers added and removed (``add``, ``remove``), of each
+request given (``got``) and of a worker no longer skilled in a class it
+joined (``left``), and asks it to let a starter join a request's class
+(``join``, given the class's skilled workers and the pool's numbers it
+needs), to check the starters' keys (``offer``) and to fade floors
+(``fade``).  ``join`` says whether a worker joined and ``offer`` how
+many floors it raised, so that the pool, which counts changes of skills
+(``skills_version``), marks them.  The pool reads ``starting`` and
+``fading`` (the same dicts) on its own path.
+
 Weak spot, admitted.  ``GIVE_UP`` ramps after a worker came, its floors
 stay as they are whatever its résumé says later, so a worker that is
 slow for good keeps the keys it then holds.
@@ -45,9 +58,9 @@ slow for good keeps the keys it then holds.
 
 from __future__ import annotations
 
-from typing import Dict, Hashable, List
+from typing import Dict, List
 
-from .classstats import PRIOR, ClassStats, PoolPart, rendezvous_weight
+from .classstats import PRIOR, ClassStats, rendezvous_weight
 from .pool import PoolWorker
 from .relearn import adopted
 
@@ -92,83 +105,132 @@ class Starter:
         return self.recent * decay ** (now - self.seen) / total
 
 
-class SlowStart(PoolPart):
-    """The affinity pool's slow start (see the module docstring)."""
+class SlowStart:
+    """The affinity pool's slow start (see the module docstring).  It
+    owns ``starting`` (workers in slow start -> their ``Starter``),
+    ``fading`` (workers done starting whose floors still follow their
+    share) and ``horizon`` (the pool requests a slow start takes, from
+    the pool's ``slow_start`` setting); the floors it sets are kept in
+    the classes' ``ClassStats``."""
 
-    slow_start: int
-    starting: Dict[PoolWorker, Starter]
-    fading: Dict[PoolWorker, Starter]
+    __slots__ = ("starting", "fading", "horizon")
 
-    def _chosen(self, worker: PoolWorker) -> Hashable:
-        if self.starting or self.fading:
-            starter = self.starting.get(worker) or self.fading.get(worker)
-            if starter is not None:
-                starter.got(self.requests, self._horizon)
-        return super()._chosen(worker)
+    def __init__(self, slow_start: int) -> None:
+        self.starting: Dict[PoolWorker, Starter] = {}
+        self.fading: Dict[PoolWorker, Starter] = {}  # done starting, floors fading
+        self.horizon = AT_ONCE
+        self.configure(slow_start)
 
-    def _slow_start(self, rclass: str, stats: ClassStats) -> None:
+    def configure(self, slow_start: int) -> None:
+        """Take the pool's ``slow_start`` setting: a slow start takes that
+        many pool requests, and for 0 ("at once") ``AT_ONCE``, enough for
+        the joins that give a new worker its share (without them it was
+        given none at all)."""
+        self.horizon = slow_start or AT_ONCE
+
+    def add(self, worker: PoolWorker, now: int) -> None:
+        """``worker`` was added to the running pool at pool request ``now``."""
+        self.starting[worker] = Starter(now)
+
+    def remove(self, worker: PoolWorker) -> None:
+        """``worker`` left the pool."""
+        self.starting.pop(worker, None)
+        self.fading.pop(worker, None)
+
+    def got(self, worker: PoolWorker, now: int) -> None:
+        """``worker`` was given a request at pool request ``now``."""
+        starter = self.starting.get(worker) or self.fading.get(worker)
+        if starter is not None:
+            starter.got(now, self.horizon)
+
+    def left(self, worker: PoolWorker, stats: ClassStats) -> None:
+        """``worker`` is no longer skilled in the class of ``stats``: if it
+        is starting, that class no longer counts toward its share."""
+        starter = self.starting.get(worker)
+        if starter is not None:
+            starter.joined.pop(stats, None)
+
+    def join(self, rclass: str, stats: ClassStats, skilled: Dict[PoolWorker, float],
+             now: int, n: int, backlog: int, total: float, unskilled_score: float) -> bool:
         """Make a starting worker that is behind its ramp, and not busier
-        than the mean, one of ``rclass``'s members, so it takes
-        whole keys of warm classes; one that has its share after the ramp
-        is done starting."""
-        skilled = self.skilled.get(rclass)
-        if skilled is None:
-            skilled = self.skilled[rclass] = {}
-        fair = 1.0 / len(self.workers)
+        than the mean, one of ``rclass``'s members (``skilled``: its
+        skilled workers, floored in ``stats``), so it takes whole keys of
+        warm classes; one that has its share after the ramp is done
+        starting.  ``now``, ``n``, ``backlog`` and ``total``: the pool's
+        requests, workers, backlog and decayed requests of every class.
+        Whether a worker joined (a skill changed)."""
+        fair = 1.0 / n
         for worker, starter in list(self.starting.items()):
-            ramp = self._ramp(worker)
-            share = starter.share(self.requests, self._horizon)
-            if share >= ramp * fair * STARTED:
-                if ramp >= 1.0:
-                    self._done(worker, starter)
+            if not self._behind(worker, starter, now, fair):
                 continue
-            if self.requests - starter.added > GIVE_UP * self._horizon:
-                del self.starting[worker]
-                continue
-            if sum(starter.joined.values()) >= fair * STARTED:
-                continue  # what it holds is enough once its cache is warm
-            busy = worker.backlog * len(self.workers) > self.backlog
-            cshare = stats.count / self.total
+            busy = worker.backlog * n > backlog
+            cshare = stats.count / total
             due = fair - sum(starter.joined.values())
-            # One class whose keys cover the rest of its due, or once any
-            # such class would have come (PRIOR requests per worker), any
-            # worth a whole worker: a cold cache warms soonest on few
-            # classes' data.
-            if self.requests - starter.added <= PRIOR * len(self.workers):
-                big = cshare * CLASS_TAKE >= due
-            else:
-                big = cshare * len(self.workers) >= self._big(starter)
-            if worker not in skilled and big and not busy:
+            if (worker not in skilled and self._worth(starter, cshare, due, now, n)
+                    and not busy):
                 # Take enough of this class's keys for the rest of its due,
                 # at most half.
                 take = min(CLASS_TAKE, due / cshare)
                 members = len(stats.members) if stats.members else len(skilled)
-                score = min(skilled.values()) if skilled else self.unskilled_score
+                score = min(skilled.values()) if skilled else unskilled_score
                 skilled[worker] = worker.resume[rclass] = score
                 if stats.floors is None:
                     stats.floors = {}
                 stats.floors[worker] = take / (1.0 - take) * max(members, 1)
                 starter.joined[stats] = take * cshare
                 starter.offered[stats] = [0, 0]
-                starter.last_join = self.requests
-                self.skills_version += 1
-                return
+                starter.last_join = now
+                return True
+        return False
 
-    def _big(self, starter: Starter) -> float:
+    def _behind(self, worker: PoolWorker, starter: Starter, now: int, fair: float) -> bool:
+        """Whether a starter is behind its ramp and short of what it needs
+        once its cache is warm, so that it may join a class (``fair``: a
+        worker's fair share).  One that has its share after the ramp is
+        done starting (``_done``), one that came ``GIVE_UP`` slow starts
+        ago is done anyway."""
+        ramp = self._ramp(starter, now)
+        share = starter.share(now, self.horizon)
+        if share >= ramp * fair * STARTED:
+            if ramp >= 1.0:
+                self._done(worker, starter)
+            return False
+        if now - starter.added > GIVE_UP * self.horizon:
+            del self.starting[worker]
+            return False
+        if sum(starter.joined.values()) >= fair * STARTED:
+            return False  # what it holds is enough once its cache is warm
+        return True
+
+    def _worth(self, starter: Starter, cshare: float, due: float, now: int, n: int) -> bool:
+        """Whether a class with ``cshare`` of the pool's requests is big
+        enough for a starter still ``due`` that share: one whose keys
+        cover the rest of its due, or once any such class would have come
+        (``PRIOR`` requests per worker), any worth a whole worker (see
+        ``_big``).  A cold cache warms soonest on few classes' data."""
+        if now - starter.added <= PRIOR * n:
+            return cshare * CLASS_TAKE >= due
+        return cshare * n >= self._big(starter, now, n)
+
+    @staticmethod
+    def _big(starter: Starter, now: int, n: int) -> float:
         """How many workers' worth a class must be for a starter to join it:
         BIG_CLASS, halved every PRIOR requests per worker that pass without
         a join, so that a site of many small classes (none worth a whole
         worker), or a light load, still gives a new worker its share."""
-        per_worker = PRIOR * len(self.workers)
-        waited = self.requests - max(starter.added + per_worker, starter.last_join)
+        per_worker = PRIOR * n
+        waited = now - max(starter.added + per_worker, starter.last_join)
         return BIG_CLASS * 0.5 ** max(waited / per_worker, 0.0)
 
-    def _offer(self, stats: ClassStats, members: Dict[PoolWorker, float],
-               key_hash: int) -> None:
+    def offer(self, stats: ClassStats, members: Dict[PoolWorker, float],
+              key_hash: int, total: float) -> int:
         """Count, for a starter that joined the class, whether it owns the
         key; after ``OFFERED`` requests of the class, raise its floor once
         if its keys carry less than the share it came for (keys are not
-        alike: a third of them may carry a fifth of the requests)."""
+        alike: a third of them may carry a fifth of the requests).
+        ``total``: the pool's decayed requests of every class.  How many
+        floors it raised."""
+        raised = 0
         for worker, starter in self.starting.items():
             counts = starter.offered.get(stats)
             if counts is None or worker not in members:
@@ -182,15 +244,16 @@ class SlowStart(PoolPart):
             joined = starter.joined.get(stats)
             if (counts[0] == OFFERED and floors and joined is not None
                     and not adopted(floors.get(worker))):
-                expected = joined * self.total / stats.count
+                expected = joined * total / stats.count
                 got = max(counts[1], 1) / counts[0]
                 if got < expected:
                     floors[worker] *= min(expected / got, MOST_RAISED)
-                    self.skills_version += 1
+                    raised += 1
+        return raised
 
     def _done(self, worker: PoolWorker, starter: Starter) -> None:
         """The worker has its share after the ramp: it is done starting,
-        and its floors start fading (see ``_fade``)."""
+        and its floors start fading (see ``fade``)."""
         del self.starting[worker]
         for stats in starter.joined:
             floors = stats.floors
@@ -199,25 +262,27 @@ class SlowStart(PoolPart):
         if starter.most:
             self.fading[worker] = starter
 
-    def _fade(self) -> None:
+    def fade(self, now: int, n: int) -> None:
         """Move the floors of the workers done starting toward their fair
-        share: down while a worker takes more than ``OFF_FAIR`` over it, up
-        (to at most where they were) while it takes that much less.  A
-        floor that made up for a cold cache is worth too much once the
-        cache is warm, and a starter's keys may carry more than the share
-        it came for (keys are not alike), so without this it would keep
-        more than its share for good.  Floors change by e every ``FADE``
-        slow starts, slower than its share is measured, so they follow
-        the share rather than its noise (a class's members pick them up
-        when next worked out); ``GIVE_UP`` slow starts after the worker
-        came, they stay as they are."""
-        fair = 1.0 / len(self.workers)
-        fade = 1.0 - 1.0 / (FADE * self._horizon)
+        share (``now``, ``n``: the pool's requests and workers): down
+        while a worker takes more than ``OFF_FAIR`` over it, up (to at
+        most where they were) while it takes that much less.  A floor that
+        made up for a cold cache is worth too much once the cache is warm,
+        and a starter's keys may carry more than the share it came for
+        (keys are not alike), so without this it would keep more than its
+        share for good.  Floors change by e every ``FADE`` slow starts,
+        slower than its share is measured, so they follow the share rather
+        than its noise (a class's members pick them up when next worked
+        out); ``GIVE_UP`` slow starts after the worker came, they stay as
+        they are."""
+        horizon = self.horizon
+        fair = 1.0 / n
+        fade = 1.0 - 1.0 / (FADE * horizon)
         for worker, starter in list(self.fading.items()):
-            if self.requests - starter.added > GIVE_UP * self._horizon:
+            if now - starter.added > GIVE_UP * horizon:
                 del self.fading[worker]
                 continue
-            off = starter.share(self.requests, self._horizon) / fair - 1.0
+            off = starter.share(now, horizon) / fair - 1.0
             if -OFF_FAIR <= off <= OFF_FAIR:
                 continue
             factor = fade if off > 0 else 1.0 / fade
@@ -226,14 +291,7 @@ class SlowStart(PoolPart):
                 if floors and not adopted(floors.get(worker)):
                     floors[worker] = min(floors[worker] * factor, most)
 
-    @property
-    def _horizon(self) -> int:
-        """The pool requests a slow start takes: ``slow_start``, and for 0
-        ("at once") ``AT_ONCE``, enough for the joins that give a new
-        worker its share (without them it was given none at all)."""
-        return self.slow_start or AT_ONCE
-
-    def _ramp(self, worker: PoolWorker) -> float:
-        """How far a starting worker is into its slow start, in (0, 1]."""
-        done = (self.requests - self.starting[worker].added) / self._horizon
+    def _ramp(self, starter: Starter, now: int) -> float:
+        """How far a starter is into its slow start, in (0, 1]."""
+        done = (now - starter.added) / self.horizon
         return min(max(done, 0.01), 1.0)
