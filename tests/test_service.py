@@ -1,0 +1,112 @@
+"""Tests for zc_lb.service: what every process does around its work, and
+the lifecycle of a worker's and an LB's parts (order of start, register,
+configure, stop)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from zc_lb.errors import ConfigurationError
+from zc_lb.service import (DEFAULT_LISTEN, LBService, WorkerService, parse_listeners,
+                           read_secret)
+
+
+def test_a_secret_file_is_read_stripped_and_an_empty_or_missing_one_refused(tmp_path):
+    assert read_secret(None) is None and read_secret("") is None
+    path = tmp_path / "secret"
+    path.write_bytes(b"  s3cret\n")
+    assert read_secret(str(path)) == b"s3cret"
+    path.write_bytes(b"\n")
+    with pytest.raises(ConfigurationError, match="is empty"):
+        read_secret(str(path))
+    with pytest.raises(ConfigurationError, match="cannot read secret file"):
+        read_secret(str(tmp_path / "missing"))
+
+
+def listeners(*listen, certfile=None, redirect=False, processes=1):
+    return parse_listeners(argparse.Namespace(listen=list(listen) or None, certfile=certfile,
+                                              redirect_https=redirect, processes=processes))
+
+
+def test_listeners_take_their_scheme_from_the_address_or_from_certfile():
+    assert listeners() == [("http", DEFAULT_LISTEN)]
+    assert listeners("h:1") == [("http", "h:1")]
+    assert listeners("h:1", certfile="c.pem") == [("https", "h:1")]
+    assert listeners("http://h:1", "https://h:2", certfile="c.pem") == [
+        ("http", "h:1"), ("https", "h:2")]
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(listen=("ftp://h:1",)), "the scheme is http:// or https://"),
+    (dict(listen=("https://h:1",)), "needs --certfile"),
+    (dict(listen=("h:1",), redirect=True), "--redirect-https needs an HTTPS --listen"),
+    (dict(listen=("h:1", "h:2"), processes=2), "--processes takes one --listen address"),
+])
+def test_listeners_that_cannot_work_are_refused_saying_why(kw, message):
+    with pytest.raises(ConfigurationError, match=message):
+        listeners(*kw.pop("listen"), **kw)
+
+
+class Part:
+    """A fake part that writes what is done to it in a shared journal."""
+
+    def __init__(self, name, journal, **attributes):
+        self.name, self.journal = name, journal
+        self.__dict__.update(attributes)
+
+    def __getattr__(self, method):
+        return lambda *args, **kw: self.journal.append((self.name, method) + args)
+
+
+def test_a_worker_service_leaves_zookeeper_before_it_drains_and_stops_last():
+    journal = []
+    service = WorkerService(Part("worker", journal), Part("status", journal),
+                            Part("zk", journal), drain_timeout=7)
+    service.start()
+    service.register()
+    assert journal == [("worker", "start"), ("status", "start"), ("zk", "start")]
+    journal.clear()
+    assert service.stop() is True
+    assert [entry[:2] for entry in journal] == [("zk", "deregister"), ("worker", "stop"),
+                                                ("status", "stop"), ("zk", "stop")]
+
+
+def test_live_settings_go_through_zookeeper_when_there_is_one_else_to_the_worker():
+    journal = []
+    alone = WorkerService(Part("worker", journal))
+    alone.configure({"history": 5}, "f.toml")
+    member = WorkerService(Part("worker", journal), membership=Part("zk", journal))
+    member.configure({"history": 6}, "f.toml")
+    assert journal == [("worker", "configure", {"history": 5}, "f.toml"),
+                       ("zk", "rebase", {"history": 6}, "f.toml")]
+
+
+def test_an_lb_service_starts_workers_before_fronts_and_drains_before_it_closes():
+    journal = []
+    log = Part("log", journal)
+    fronts = [Part("front0", journal, access_log=log), Part("front1", journal, access_log=log)]
+    service = LBService(Part("lb", journal), fronts, Part("status", journal), drain_timeout=3)
+    service.start(["w:1"], "/health", 2.0)
+    assert journal == [("lb", "set_workers", ["w:1"]), ("lb", "watch_workers"),
+                       ("lb", "start_health_checks", "/health", 2.0),
+                       ("front0", "start"), ("front1", "start"), ("status", "start")]
+    service.register(Part("zk", journal))
+    journal.clear()
+    assert service.stop() is True
+    assert [entry[:2] for entry in journal] == [
+        ("front0", "drain"), ("front1", "drain"), ("lb", "drain"),
+        ("front0", "stop"), ("front1", "stop"), ("log", "close"),  # once, after both
+        ("status", "stop"), ("zk", "stop"), ("lb", "stop")]
+
+
+def test_an_lb_service_takes_a_new_worker_list_and_passes_the_rest_on():
+    journal = []
+    service = LBService(Part("lb", journal), [Part("front", journal, access_log=None)])
+    service.configure({"worker": ["w:2"], "variance": 2.0}, "f.toml")
+    service.configure({"worker": []}, "f.toml")  # (nothing else: no configure call)
+    assert journal == [("lb", "set_workers", ["w:2"]), ("lb", "configure", {"variance": 2.0},
+                                                       "f.toml"),
+                       ("lb", "set_workers", [])]
+    assert service.reopen() is False  # no access log: nothing to reopen
