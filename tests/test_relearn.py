@@ -195,7 +195,9 @@ def test_reset_skills_forgets_every_skill_and_stale_mark_and_keeps_the_book():
     assert all(not w.resume for w in pool.workers.values())
     assert pool.book and list(pool.book.items()) == book
     assert all(stats.reset for stats in pool.classes.values())
-    assert pool.skills_version > version and pool.resets == 1 and pool.unskilled == 0.0
+    assert pool.skills_version > version and pool.resets == 1
+    # every class unknown now: no reset by itself until most are known again
+    assert pool.unskilled == pool.total and not pool.relearn_armed
     rename(pool, "c", 1)  # the book sends "c" back: a skill the LB gave
     assert pool.workers[holder].given == {"c"}
     pool.reset_skills()
@@ -224,8 +226,32 @@ def test_a_new_pool_does_not_reset_itself_in_its_first_footprint_window():
     pool = pool_of(4, footprint_window=100)
     for i in range(100):
         pool.put(pool.get("n%d" % i, "/"))
-    assert pool.resets == 0 and pool.relearn_armed
-    assert pool.unskilled > relearn.RELEARN_SHARE * pool.total  # (it would have, else)
+    assert pool.resets == 0 and not pool.relearn_armed
+    assert pool.unskilled > relearn.RELEARN_SHARE * pool.total  # (it would have, armed)
+
+
+def test_a_pool_that_never_knew_most_of_its_classes_never_resets_itself():
+    # 64 classes over 4 workers with a window of 100: every class's
+    # requests are few, so most hit one no worker knew yet.  It reset all
+    # skills at request 101 with no classifier change.
+    pool = pool_of(4, footprint_window=100)
+    for i in range(1000):
+        pool.put(pool.get("c%d" % (i % 64), "/"))
+    assert pool.resets == 0
+
+
+def test_an_operators_reset_is_not_followed_by_one_of_the_pools_own():
+    # After reset_skills every class is unknown; with many classes most
+    # requests then hit one, and the pool reset itself again, losing what
+    # résumés had taught it since.
+    pool = pool_of(4, footprint_window=100)
+    for i in range(2000):
+        pool.put(pool.get("c%d" % (i % 8), "/p%d" % (i % 30)))
+    assert pool.relearn_armed
+    pool.reset_skills()
+    for i in range(300):
+        pool.put(pool.get("c%d" % (i % 70), "/"))
+    assert pool.resets == 1
 
 
 def test_an_automatic_reset_disarms_until_few_requests_hit_unknown_classes():

@@ -347,7 +347,7 @@ class AffinityPool(Pool):
     def reset_skills(self) -> None:
         """Forget every skill: résumés from now on teach the pool again
         (an operator's switch: what requests hit before counts no more)."""
-        self.relearning.reset()
+        self.relearning.reset(self.total)
         self.skills_version += 1
 
     # -- routing ------------------------------------------------------

@@ -111,7 +111,11 @@ class Relearning:
         # résumé still lists them
         self.stale: Dict[PoolWorker, Set[str]] = {}
         self.unskilled = 0.0
-        self.armed = True
+        # Armed once most requests hit known classes: a pool that never
+        # knew most of its classes has nothing a reset could bring back
+        # (a site of thousands of classes each seen once reset itself at
+        # the end of its first footprint window).
+        self.armed = False
         self.resets = 0
         self.adoptions = 0
 
@@ -148,11 +152,16 @@ class Relearning:
             if not stale:
                 del self.stale[worker]
 
-    def reset(self) -> None:
+    def reset(self, total: float) -> None:
         """Forget every skill: résumés from now on teach the pool again
-        (an operator's switch: what requests hit before counts no more)."""
+        (an operator's switch).  Every class is unknown now: as after a
+        reset of its own, the pool may reset by itself again only once
+        most requests hit known classes (``total``: the pool's decayed
+        requests; without this a site of many classes reset itself right
+        after the operator did, losing what résumés had taught since)."""
         self._forget_all_skills()
-        self.unskilled = 0.0
+        self.unskilled = total
+        self.armed = False
 
     def _forget_all_skills(self) -> None:
         for worker in self.workers.values():
