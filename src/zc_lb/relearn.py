@@ -20,7 +20,9 @@ member.  A path seen moving twice is in several classes (the same path
 under several hosts) and is ignored from then on.  ``reset_skills()``
 forgets every skill the LB holds (an operator's switch); the pool also
 resets by itself when, over a window, most requests hit classes no
-worker is skilled in (once, until fewer than half as many do).
+worker is skilled in after most had hit known ones (once, until fewer
+than half as many do; not in a new pool, nor right after an operator's
+reset, while the classes are learned).
 Résumés then teach it again, and the book, which a reset keeps, comes
 first: a class no worker is skilled in since the reset takes the worker
 its first key the book knows last went to, which may still hold its
