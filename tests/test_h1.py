@@ -116,3 +116,19 @@ def test_expect_100_continue_is_noted_on_http_1_1_only():
 def test_a_response_head_that_could_split_is_refused(status, headers):
     with pytest.raises(BadResponseHead):
         check_response(status, headers)
+
+
+def test_start_response_again_follows_pep_3333():
+    from zc_lb.h1 import start_again
+
+    try:
+        raise KeyError("the app's")
+    except KeyError:
+        import sys
+        exc_info = sys.exc_info()
+    start_again(None, started=False, status_set=False)  # the first call
+    start_again(exc_info, started=False, status_set=True)  # an error page replaces the head
+    with pytest.raises(KeyError, match="the app's"):  # the head is out: the error goes on
+        start_again(exc_info, started=True, status_set=True)
+    with pytest.raises(AssertionError, match="twice without exc_info"):
+        start_again(None, started=False, status_set=True)

@@ -313,6 +313,21 @@ FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 FIELD_VALUE_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
+def start_again(exc_info, started: bool, status_set: bool) -> None:
+    """PEP 3333's rule for ``start_response`` called again: with
+    ``exc_info``, the application's error is raised again if the head is
+    out (``started``), else the new status and headers replace the old;
+    without it, a second call (``status_set``) is the application's bug."""
+    if exc_info:
+        try:
+            if started:
+                raise exc_info[1].with_traceback(exc_info[2])
+        finally:
+            exc_info = None  # (no cycle through the traceback)
+    elif status_set:
+        raise AssertionError("start_response called twice without exc_info")
+
+
 def check_response(status: str, headers: List[Tuple[str, str]]) -> None:
     """Refuse a status or header that could split or smuggle a response."""
     if type(status) is not str or not STATUS.match(status):

@@ -45,7 +45,7 @@ from .errors import (BadResponseHead, ClientError, ClientGone, ConfigurationErro
 from . import proxyproto
 from .forwarding import Forwarding
 from .h1 import (BODILESS_STATUS, REASONS, Request, RequestReader, check_response, date_line,
-                 request_variables, response_head)
+                 request_variables, response_head, start_again)
 from .settings import LB_SETTINGS
 
 log = logging.getLogger(__name__)
@@ -425,14 +425,7 @@ class ClientConnection:
 
     def start_response(self, status: str, headers: List[Tuple[str, str]], exc_info=None):
         """WSGI's start_response."""
-        if exc_info:
-            try:
-                if self.headers_sent:
-                    raise exc_info[1].with_traceback(exc_info[2])
-            finally:
-                exc_info = None
-        elif self.status is not None:
-            raise AssertionError("start_response called twice")
+        start_again(exc_info, self.headers_sent, self.status is not None)
         check_response(status, headers)
         self.status, self._headers = status, headers
         return self.write

@@ -41,6 +41,7 @@ from . import resume as resume_module
 from .connection import Connection, Exchange, Handler
 from .errors import BadResponseHead, ConfigurationError, CorruptResumeFile, ZcLbError
 from .loopwatch import LoopWatch
+from .h1 import start_again
 from .httpparse import HOP_BY_HOP
 from .protocol import FEATURES, MAX_BODY, Body, End
 from .settings import WORKER_SETTINGS, check, log_change
@@ -178,14 +179,7 @@ class ResponseWriter:
         return None if began is None else time.perf_counter() - began
 
     def start_response(self, status, headers, exc_info=None):
-        if exc_info is not None:
-            try:
-                if self.started:
-                    raise exc_info[1].with_traceback(exc_info[2])
-            finally:
-                exc_info = None
-        elif self.status is not None:
-            raise AssertionError("start_response called twice without exc_info")
+        start_again(exc_info, self.started, self.status is not None)
         self.status = status
         self.headers = [(k, v) for (k, v) in headers if k.lower() not in HOP_BY_HOP]
         return self.write
