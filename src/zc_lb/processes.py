@@ -113,32 +113,32 @@ class Child:
 
 
 class Supervisor:
-    """Starts, watches and stops the LB processes; serves their status."""
+    """Starts, watches and stops the LB processes; serves their status.
+    Constructing one does nothing; ``start()`` binds the address (or
+    takes the socket handed down) and starts the children."""
 
     def __init__(self, count: int, argv: Sequence[str], listen, log_level: str = "INFO",
                  backlog: int = 1024, scheme: str = "http") -> None:
         if count < 1:
             raise ConfigurationError("--processes must be at least 1, got %d" % count)
-        if isinstance(listen, tuple):
-            self.sock = socket.socket(socket.AF_INET6 if ":" in listen[0] else socket.AF_INET)
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self.sock.bind(listen)
-            self.sock.listen(backlog)
-        else:  # handed down by the supervisor this one replaces (SIGUSR2)
-            self.sock = listen
-        self.sock.set_inheritable(True)
+        self.count, self.listen, self.log_level, self.backlog = count, listen, log_level, backlog
         # (each child serves the socket as the one --listen said: HTTP or HTTPS)
-        argv = child_argv(argv) + ["--listen", scheme + "://127.0.0.1:0"]
-        self.children = [Child(i, argv, self.sock.fileno(), log_level) for i in range(count)]
+        self.argv = child_argv(argv) + ["--listen", scheme + "://127.0.0.1:0"]
+        self.sock: Optional[socket.socket] = None
+        self.children: List[Child] = []
         self.stopping = False
 
     @property
     def address(self):
+        assert self.sock is not None, "not started"
         return self.sock.getsockname()[:2]
 
     def start(self) -> None:
         import gevent
 
+        self.sock = self._socket()
+        self.children = [Child(i, self.argv, self.sock.fileno(), self.log_level)
+                         for i in range(self.count)]
         try:
             for child in self.children:
                 child.launch()
@@ -147,26 +147,41 @@ class Supervisor:
         except BaseException:
             self.stop(timeout=5)  # no orphans when one of them cannot start
             raise
-        gevent.spawn(self._watch)
+        for child in self.children:
+            gevent.spawn(self._watch, child)
 
-    def _watch(self) -> None:
-        """Start a child again when it dies (not when we stop them)."""
+    def _socket(self) -> socket.socket:
+        listen = self.listen
+        if isinstance(listen, tuple):
+            sock = socket.socket(socket.AF_INET6 if ":" in listen[0] else socket.AF_INET)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(listen)
+            sock.listen(self.backlog)
+        else:  # handed down by the supervisor this one replaces (SIGUSR2)
+            sock = listen
+        sock.set_inheritable(True)
+        return sock
+
+    def _watch(self, child: Child) -> None:
+        """Start ``child`` again whenever it dies (not when we stop them),
+        at most once every RESTART_EVERY seconds: a greenlet per child,
+        waiting on its exit (gevent's child watcher), not polling."""
         import gevent
 
         while not self.stopping:
-            gevent.sleep(0.2)
-            for child in self.children:
-                process = child.process
-                if self.stopping or process is None or process.poll() is None:
-                    continue
-                log.warning("LB process %d (pid %d) exited with status %s; starting it again",
-                            child.index, process.pid, process.returncode)
-                gevent.sleep(max(0.0, child.started + RESTART_EVERY - time.monotonic()))
-                if not self.stopping:
-                    try:
-                        child.start()
-                    except ZcLbError as exc:
-                        log.error("%s", exc)
+            process = child.process
+            assert process is not None
+            process.wait()
+            if self.stopping:
+                return
+            log.warning("LB process %d (pid %d) exited with status %s; starting it again",
+                        child.index, process.pid, process.returncode)
+            gevent.sleep(max(0.0, child.started + RESTART_EVERY - time.monotonic()))
+            if not self.stopping:
+                try:
+                    child.start()
+                except ZcLbError as exc:
+                    log.error("%s", exc)
 
     def stop(self, timeout: float) -> None:
         """SIGTERM every child (each drains) and wait for them all."""
@@ -184,7 +199,8 @@ class Supervisor:
                 log.warning("LB process %d did not drain in time; killing it", child.index)
                 child.process.kill()
                 child.process.wait()
-        self.sock.close()
+        if self.sock is not None:
+            self.sock.close()
 
     def send_signal(self, signum: int) -> bool:
         """Pass a signal on to every child (SIGHUP: each reads its --config
