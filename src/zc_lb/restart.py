@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 INHERIT_ENV = "ZC_LB_INHERIT"
 READY_FD_ENV = "ZC_LB_READY_FD"
 READY_TIMEOUT = 60.0  # seconds a new LB has to connect and say it is ready
+EXIT_WAIT = 5.0  # seconds for a new LB that closed its ready pipe to be seen exiting
 READY = b"ready\n"
 
 _inherited: Optional[Dict[str, int]] = None
@@ -124,13 +125,18 @@ class Successor:
                 self.argv, env=env, pass_fds=list(fds.values()) + [write_end])
         finally:
             os.close(write_end)
+        said = None
         try:
             gevent.os.make_nonblocking(read_end)
             with gevent.Timeout(timeout, False):
-                if gevent.os.nb_read(read_end, len(READY)) == READY:
-                    return True  # (b"": it exited without a word)
+                said = gevent.os.nb_read(read_end, len(READY))
+                if said == READY:
+                    return True
         finally:
             os.close(read_end)
+        if said == b"":  # it closed the pipe: it exits, or has (not yet reaped)
+            with gevent.Timeout(EXIT_WAIT, False):
+                self.process.wait()
         self._failed(timeout)
         return False
 
