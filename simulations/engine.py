@@ -92,6 +92,7 @@ class Simulation:
         for lb in self.lbs:
             if hasattr(lb, "lbs"):  # as ZooKeeper (or --processes) tells a real LB
                 lb.lbs = config.lbs_told or config.lbs
+            if hasattr(lb, "hash_seed"):
                 lb.hash_seed = config.seed  # so that seeds vary the hashing too
         self.policy = self.lbs[0]
         self.resumes = policies.uses_resumes(self.policy)
