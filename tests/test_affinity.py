@@ -12,7 +12,8 @@ from zlib import crc32
 import pytest
 
 from zc_lb import affinity, classstats
-from zc_lb.affinity import AffinityPool, make_pool
+from zc_lb.affinity import AffinityPool
+from zc_lb.policies import make_pool
 from zc_lb.classstats import Footprint, Sketch, mix, rendezvous_weight, stable_hash
 from zc_lb.errors import ConfigurationError
 from zc_lb.pool import ClasslessPool, Pool

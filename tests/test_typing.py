@@ -9,7 +9,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PURE = ["pool.py", "affinity.py", "classstats.py", "locality.py", "slowstart.py", "relearn.py", "outlier.py",
         "resume.py", "frames.py", "protocol.py", "classifier.py",
         "settings.py", "tree.py", "httpparse.py", "h1.py", "spool.py", "forwarding.py",
-        "guard.py", "proxyproto.py"]
+        "guard.py", "proxyproto.py", "policies.py"]
 
 
 def test_the_pure_core_type_checks(tmp_path):

@@ -182,9 +182,8 @@ from typing import Dict, Hashable, List, Mapping, Optional, Set, Tuple
 
 from .classstats import (PRIOR, ClassStats, Footprint, mix, mixed, rendezvous_draw,
                          stable_hash)
-from .errors import ConfigurationError
 from .locality import Locality
-from .pool import ClasslessPool, Pool, PoolWorker
+from .pool import Pool, PoolWorker
 from .relearn import AWAY, BookEntry, Relearning, adopted
 from .settings import LB_SETTINGS
 from .slowstart import SlowStart
@@ -929,19 +928,3 @@ class AffinityPool(Pool):
                       slow_start=self.slow_start, skill_resets=self.resets,
                       starting=len(self.starting), lbs=self.lbs)
         return status
-
-
-POLICIES = {"affinity": AffinityPool, "published": Pool, "classless": ClasslessPool,
-            "resume": Pool}  # resume: the published policy's old name
-
-
-def make_pool(policy: str, settings: Mapping[str, object]) -> Pool:
-    """The pool of ``policy``, with those of ``settings`` it takes."""
-    try:
-        pool_class = POLICIES[policy]
-    except KeyError:
-        raise ConfigurationError("unknown policy %r (one of %s)"
-                                 % (policy, ", ".join(POLICIES)))
-    pool = pool_class()
-    pool.configure(settings)
-    return pool

@@ -713,7 +713,7 @@ def pool_us(policy: str, requests: int = 60000) -> float:
     import collections
     import time
 
-    from .affinity import make_pool
+    from .policies import make_pool
 
     workload = pool_workload(requests)
     pool = make_pool(policy, {})
@@ -764,7 +764,7 @@ def intake_ms(policy: str = "affinity", resumes: int = 60, seed: int = 1) -> Dic
     import statistics
     import time
 
-    from .affinity import make_pool
+    from .policies import make_pool
     from .frames import Decoder, encode
     from .protocol import Resume
 
@@ -875,7 +875,7 @@ def in_process(requests: int = 20000, batch: int = 8, clients: int = 4,
     hops' system calls included), free of the scheduling noise of
     separate processes on a busy machine.  ``profile``: write cProfile
     stats there."""
-    from .affinity import make_pool
+    from .policies import make_pool
     from .classifier import get_classifier, get_key_function
     from .http import FrontServer
     from .lb import LB

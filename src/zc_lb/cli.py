@@ -240,7 +240,7 @@ def build_lb(args: argparse.Namespace):
 
 def _make_lb(args: argparse.Namespace):
     """The LB of the options: its pool, classifier, limits, error pages."""
-    from .affinity import make_pool
+    from .policies import make_pool
     from .classifier import get_classifier, get_key_function
     from .lb import LB
 
