@@ -58,9 +58,6 @@ def read_config(args: argparse.Namespace) -> argparse.Namespace:
     return new
 
 
-_show = settings._shown
-
-
 def reload_config(args: argparse.Namespace, apply, live_extra=frozenset()) -> bool:
     """SIGHUP with --config: read the file again; pass the changed settings
     that may change live (``where`` has "live", and ``live_extra``) to
@@ -110,7 +107,7 @@ def _changes(args: argparse.Namespace, new: argparse.Namespace, live_extra) -> t
         else:
             restart.append(dest)
             log.warning("%s changed in %s; restart to apply (%s stays in force)",
-                        dest, args.config, _show(before))
+                        dest, args.config, settings.shown(before))
     return live, restart
 
 

@@ -193,8 +193,7 @@ class Exchange:
         if self.error is not None:
             raise self.error
         connection = self.connection
-        connection.write(connection.protocol.body_header(self.rno, len(chunk)), chunk)
-        connection.vectored = True
+        connection.write_chunk(connection.protocol.body_header(self.rno, len(chunk)), chunk)
 
     def cancel(self, error: Optional[ZcLbError] = None) -> None:
         """Abandon the request, telling the peer; idempotent.  ``error``
@@ -344,7 +343,7 @@ class Connection:
         self._flush_scheduled = False  # a _flush callback is pending
         self._writer_busy = False  # the writer greenlet has bytes the socket did not take
         # The non-blocking socket under gevent's, for sending from the hub.
-        self.vectored = False  # a body chunk is queued: send the pieces with sendmsg
+        self._vectored = False  # a body chunk is queued: send the pieces with sendmsg
         raw = getattr(sock, "_sock", None)
         self._raw_send = getattr(raw, "send", None)
         self._raw_sendmsg = getattr(raw, "sendmsg", None)
@@ -429,14 +428,22 @@ class Connection:
 
     # -- writing ------------------------------------------------------
 
-    def write(self, *data: bytes) -> None:
+    def write_chunk(self, header: bytes, chunk) -> None:
+        """Queue a Body frame's header and its large chunk as they are: the
+        loop turn's writes then go out with one sendmsg, the chunk not
+        copied into a joined buffer."""
+        self._vectored = True
+        self.write(header)
+        self._outgoing.append(chunk)
+
+    def write(self, data: bytes) -> None:
         """Queue bytes; everything queued in one loop turn goes out with
         one system call, from a loop callback (no greenlet switch), or
         from the writer greenlet when the socket cannot take it all at
-        once.  (Pieces are not joined: a body chunk is not copied.)"""
+        once."""
         if self.closed:
             raise self.error or self._closed_error(self.peer)
-        self._outgoing.extend(data)
+        self._outgoing.append(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._flushed.clear()
@@ -454,9 +461,9 @@ class Connection:
         if self.closed or self._writer_busy or not outgoing:
             return
         pieces, self._outgoing = outgoing, []
-        if not self.vectored:  # (small frames: one join costs less than sendmsg's buffers)
+        if not self._vectored:  # (small frames: one join costs less than sendmsg's buffers)
             pieces = [pieces[0] if len(pieces) == 1 else b"".join(pieces)]
-        self.vectored = False
+        self._vectored = False
         try:
             rest = send_pieces(self._raw_send, self._raw_sendmsg, pieces)
         except (BlockingIOError, InterruptedError):

@@ -123,11 +123,11 @@ class Setting:
 
 def log_change(name: str, old: Any, new: Any, source: str = "") -> None:
     """A live setting changed: one format, whatever its source."""
-    log.info("%s %s -> %s%s", name, _shown(old), _shown(new),
+    log.info("%s %s -> %s%s", name, shown(old), shown(new),
              " (%s)" % source if source else "")
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
     if isinstance(value, list):
         return " ".join(map(str, value)) or "(none)"
     return _format(value) if value is not None else "(none)"
