@@ -6,7 +6,7 @@ from collections import Counter
 
 from zc_lb import relearn
 from zc_lb.affinity import AffinityPool
-from zc_lb.relearn import ADOPTED, SHARED, Adopted, adopted
+from zc_lb.relearn import ADOPTED, SHARED, adopted, floor_weight
 
 
 def pool_of(n: int, **settings) -> AffinityPool:
@@ -74,9 +74,9 @@ def test_a_key_seen_in_a_second_class_is_moved_and_in_a_third_is_shared_for_good
     handle, same_hash, entry = booked(pool, "b", "/x")  # the same path: one entry
     assert same_hash == book_hash and len(pool.book) == 1
     assert entry[:3] == ("b", pool.workers[handle], True)
-    assert booked(pool, "c", "/x")[2] is SHARED  # moved twice: in several classes
-    assert booked(pool, "a", "/x")[2] is SHARED  # and it stays so
-    assert booked(pool, "c", "/x")[2] is SHARED
+    assert booked(pool, "c", "/x")[2] == SHARED  # moved twice: in several classes
+    assert booked(pool, "a", "/x")[2] == SHARED  # and it stays so
+    assert booked(pool, "c", "/x")[2] == SHARED
 
 
 def test_the_book_is_bounded_and_forgets_the_least_recently_seen_key_first(monkeypatch):
@@ -106,7 +106,7 @@ def test_a_renamed_class_follows_its_keys_to_the_worker_that_holds_them():
     worker = pool.workers[holder]
     assert set(pool.skilled["c"]) == {worker} and pool.adoptions == 1
     floors = pool.classes["c"].floors
-    assert floors == {worker: 1.0} and type(floors[worker]) is Adopted
+    assert floors == {worker: ADOPTED} and floor_weight(floors[worker]) == 1.0
     assert pool.classes["c"].following
     old = pool.workers[elsewhere]
     assert "c" not in old.resume and pool.stale == {old: {"c"}}
@@ -173,10 +173,11 @@ def test_removing_a_worker_forgets_its_stale_skills():
     assert pool.stale == {}
 
 
-def test_adopted_is_told_by_the_floors_type_not_its_value():
+def test_adopted_is_a_mark_no_starters_floor_takes_and_weighs_the_mean():
     # A starter's floor may be 1.0 too: it must not pass for an adopted one.
-    assert adopted(ADOPTED) and adopted(Adopted(1.0)) and adopted(None)
-    assert not adopted(1.0) and ADOPTED == 1.0
+    assert adopted(ADOPTED) and adopted(None)
+    assert not adopted(1.0) and not adopted(0.0) and not adopted(2.5)
+    assert floor_weight(ADOPTED) == 1.0 and floor_weight(0.75) == 0.75
 
 
 # -- resets --------------------------------------------------------------------

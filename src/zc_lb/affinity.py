@@ -178,13 +178,13 @@ import math
 from zlib import crc32
 from heapq import nlargest
 from operator import attrgetter, itemgetter
-from typing import Dict, Hashable, List, Mapping, Optional, Set, Tuple
+from typing import Any, ClassVar, Dict, Hashable, List, Mapping, Optional, Set, Tuple
 
 from .classstats import (PRIOR, ClassStats, Footprint, mix, mixed, rendezvous_draw,
                          stable_hash)
 from .locality import Locality
 from .pool import Pool, PoolWorker
-from .relearn import AWAY, BookEntry, Relearning, adopted
+from .relearn import AWAY, BookEntry, Relearning, adopted, floor_weight
 from .settings import LB_SETTINGS
 from .slowstart import SlowStart
 
@@ -229,7 +229,7 @@ class AffinityPool(Pool):
     attributes of the pool, and their counts (``resets``,
     ``adoptions``, ``unskilled``, ``relearn_armed``) are properties."""
 
-    SETTINGS = Pool.SETTINGS + ("spread", "footprint_window", "slow_start", "balance",
+    SETTINGS: ClassVar[Tuple[str, ...]] = Pool.SETTINGS + ("spread", "footprint_window", "slow_start", "balance",
                                 "stick", "widen")
     spread: float
     footprint_window: int
@@ -238,12 +238,16 @@ class AffinityPool(Pool):
     stick: float
     widen: float
 
-    def __init__(self, *args, spread: float = LB_SETTINGS["spread"].default,
-                 footprint_window: int = LB_SETTINGS["footprint_window"].default,
-                 slow_start: int = LB_SETTINGS["slow_start"].default,
-                 balance: float = LB_SETTINGS["balance"].default,
-                 stick: float = LB_SETTINGS["stick"].default,
-                 widen: float = LB_SETTINGS["widen"].default, **kw) -> None:
+    def __init__(self, variance: Any = LB_SETTINGS["variance"].default,
+                 backlog_history: Any = LB_SETTINGS["backlog_history"].default,
+                 unskilled_score: Any = LB_SETTINGS["unskilled_score"].default,
+                 spread: Any = LB_SETTINGS["spread"].default,
+                 footprint_window: Any = LB_SETTINGS["footprint_window"].default,
+                 slow_start: Any = LB_SETTINGS["slow_start"].default,
+                 balance: Any = LB_SETTINGS["balance"].default,
+                 stick: Any = LB_SETTINGS["stick"].default,
+                 widen: Any = LB_SETTINGS["widen"].default) -> None:
+        # (Any: checked by the settings table, as ``Pool``'s are)
         self._set_settings(spread=spread, footprint_window=footprint_window,
                            slow_start=slow_start, balance=balance, stick=stick, widen=widen)
         self.requests = 0  # requests routed with a class
@@ -267,7 +271,7 @@ class AffinityPool(Pool):
         self.fading = self.slowstart.fading  # done starting, floors fading
         self.hash_seed = 0  # the same on every LB; the simulator varies it
         self._ring: Optional[List[Tuple[int, PoolWorker]]] = None
-        super().__init__(*args, **kw)
+        super().__init__(variance, backlog_history, unskilled_score)
         self.relearning = Relearning(self.workers, self.skilled, self.classes)
         self.book = self.relearning.book  # (read on every request)
 
@@ -724,7 +728,7 @@ class AffinityPool(Pool):
                 del floors[worker]
                 self.slowstart.left(worker, stats)
                 continue
-            members[worker] = max(score, ratio * mean)
+            members[worker] = max(score, floor_weight(ratio) * mean)
         if not floors:
             stats.floors = None
         # Workers that followed moved keys count among the ``width``;

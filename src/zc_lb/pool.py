@@ -51,7 +51,8 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Any, Container, Dict, Hashable, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import (Any, ClassVar, Container, Dict, Hashable, Iterable, List, Mapping, Optional,
+                    Set, Tuple)
 
 from .settings import LB_SETTINGS, check
 
@@ -89,16 +90,19 @@ class PoolWorker:
 class Pool:
     """Résumé-based routing: skilled workers first, backlog capped."""
 
-    SETTINGS: Tuple[str, ...] = ("variance", "backlog_history", "unskilled_score")
+    SETTINGS: ClassVar[Tuple[str, ...]] = ("variance", "backlog_history", "unskilled_score")
     variance: float
     backlog_history: int
     unskilled_score: float
 
+    # The constructors' settings are Any: each is checked against the
+    # settings table, and a bad one is a ConfigurationError that names it
+    # (compiled code would refuse a wrong type first, with a bare TypeError).
     def __init__(
         self,
-        variance: float = LB_SETTINGS["variance"].default,
-        backlog_history: int = LB_SETTINGS["backlog_history"].default,
-        unskilled_score: float = LB_SETTINGS["unskilled_score"].default,
+        variance: Any = LB_SETTINGS["variance"].default,
+        backlog_history: Any = LB_SETTINGS["backlog_history"].default,
+        unskilled_score: Any = LB_SETTINGS["unskilled_score"].default,
     ) -> None:
         self._set_settings(variance=variance, backlog_history=backlog_history,
                            unskilled_score=unskilled_score)
@@ -200,7 +204,7 @@ class Pool:
         if worker is None:
             return set()
         old, skilled_map = worker.resume, self.skilled
-        new = dict(resume)
+        new: Dict[Any, Any] = dict(resume)  # (cleaned below: any key, any score)
         touched = set(worker.given)
         known = old.get
         added = 0

@@ -64,20 +64,22 @@ MOVED_LEAST = 2  # keys moved in before a class follows them
 FOLLOW_SHARE = 0.5  # a worker is followed once it sent half the top sender's keys
 
 
-class Adopted(float):
-    """The floor of a worker that followed a class's moved keys: 1 (the
-    mean), and marked as such by its type, not its value (a starter's floor,
-    a ratio of keys, may be 1.0 too: taken for adopted, the starter was
-    left out of a one-member class and got no request)."""
-
-
-ADOPTED = Adopted(1.0)
+ADOPTED = -1.0
+"""The floor of a worker that followed a class's moved keys.  It is a mark,
+not a ratio: the worker weighs the members' mean (``floor_weight``).  A
+starter's floor, a ratio of keys, may be 1.0 too, so the mark is a value no
+ratio takes; a value, not a type, as compiled code keeps floats unboxed."""
 
 
 def adopted(ratio: Optional[float]) -> bool:
     """Whether a floor is ``ADOPTED`` (None, no floor, counts as adopted:
     nothing to fade or raise)."""
-    return ratio is None or type(ratio) is Adopted
+    return ratio is None or ratio < 0.0
+
+
+def floor_weight(ratio: float) -> float:
+    """How many times the members' mean a floor weighs."""
+    return 1.0 if ratio < 0.0 else ratio
 
 
 # (class, worker a key last went to, whether it moved between classes,
@@ -204,8 +206,8 @@ class Relearning:
         went (a changed classifier): the workers that sent it at least
         ``FOLLOW_SHARE`` times as many as the top one become its members
         (``_follow``).  Whether skills or floors changed."""
-        if entry is SHARED:
-            return False
+        if entry is not None and entry[0] is None:  # SHARED (told by value:
+            return False                           # compiled code copies tuples)
         if entry is not None and entry[0] == rclass:
             stats.fresh *= SETTLE  # a key it already had: the class is settling
             stats.moved *= SETTLE
