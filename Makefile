@@ -5,26 +5,48 @@
 #   make test   set up, then run the whole test suite
 #   make bench  set up, then run the benchmarks (ratios, side by side)
 #   make soak   set up, then ten minutes at half capacity, watching for leaks
+#
+# Each compiles the routing pool first (make compile: mypyc, from the same
+# source); make test runs the suite on it, then the pool's tests on the source.
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-APT_PACKAGES := zookeeper haproxy wrk systemd logrotate chromium chromium-driver
+APT_PACKAGES := zookeeper haproxy wrk systemd logrotate chromium chromium-driver gcc python3-dev
 
-.PHONY: run test bench soak sysdeps venv zookeeper mypy clean
+# The routing pool's modules (zc_lb.COMPILED), compiled by mypyc from the
+# same source; the shared library holds their code, the other .so files
+# are small shims.  ZC_LB_PURE=1 runs the source instead.
+POOL_SOURCES := $(addprefix src/zc_lb/,pool.py classstats.py locality.py slowstart.py relearn.py affinity.py)
+EXT_SUFFIX := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+COMPILED_POOL := src/zc_lb/_compiled__mypyc$(EXT_SUFFIX)
+# the tests of the pool and of routing, run once more on the source
+POOL_TESTS := tests/test_pool.py tests/test_affinity.py tests/test_classstats.py \
+	tests/test_locality.py tests/test_slowstart.py tests/test_relearn.py \
+	tests/test_compiled.py tests/test_simulations.py
+
+.PHONY: run test bench soak sysdeps venv compile zookeeper mypy clean
 
 run: venv
+	@$(MAKE) --no-print-directory compile || echo "zc-lb: could not compile the pool; running its source"
 	$(VENV)/bin/zc-lb demo
 
-test: sysdeps venv
-	$(PY) -m pytest -q -n 2 --dist loadfile tests
+test: sysdeps venv compile
+	ZC_LB_EXPECT_POOL=compiled $(PY) -m pytest -q -n 2 --dist loadfile tests
+	ZC_LB_PURE=1 ZC_LB_EXPECT_POOL=source $(PY) -m pytest -q -n 2 --dist loadfile $(POOL_TESTS)
 
-bench: sysdeps venv
+bench: sysdeps venv compile
 	$(PY) -m zc_lb.bench
 
-soak: venv
+soak: venv compile
 	$(PY) -m zc_lb.soak
+
+compile: venv $(COMPILED_POOL)
+
+$(COMPILED_POOL): $(POOL_SOURCES) setup.py
+	ZC_LB_COMPILE=1 $(PY) setup.py -q build_ext --inplace
+	touch $@
 
 mypy: venv
 	$(VENV)/bin/mypy src/zc_lb/pool.py src/zc_lb/affinity.py src/zc_lb/classstats.py src/zc_lb/locality.py src/zc_lb/slowstart.py src/zc_lb/relearn.py src/zc_lb/outlier.py src/zc_lb/resume.py src/zc_lb/frames.py src/zc_lb/protocol.py src/zc_lb/classifier.py src/zc_lb/settings.py src/zc_lb/tree.py src/zc_lb/httpparse.py src/zc_lb/h1.py src/zc_lb/spool.py src/zc_lb/forwarding.py src/zc_lb/guard.py src/zc_lb/proxyproto.py
@@ -61,4 +83,4 @@ zookeeper: sysdeps
 	  org.apache.zookeeper.server.ZooKeeperServerMain etc/zoo.cfg
 
 clean:
-	rm -rf $(VENV) .zk src/*.egg-info .pytest_cache .mypy_cache
+	rm -rf $(VENV) .zk src/*.egg-info .pytest_cache .mypy_cache build src/zc_lb/*.so

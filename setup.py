@@ -1,7 +1,26 @@
+import ast
+import os
+
 from setuptools import find_packages, setup
 
 with open("README.rst") as f:
     long_description = f.read()
+
+
+def compiled_pool():
+    """With ZC_LB_COMPILE=1, the routing pool's modules compiled by mypyc
+    from the same source (``zc_lb.COMPILED``); ``make`` builds them in place
+    (``setup.py build_ext --inplace``), and ZC_LB_PURE=1 runs the source."""
+    if os.environ.get("ZC_LB_COMPILE") != "1":
+        return []
+    from mypyc.build import mypycify
+
+    with open("src/zc_lb/__init__.py") as f:
+        modules = [ast.literal_eval(line.split("=", 1)[1])
+                   for line in f if line.startswith("COMPILED =")][0]
+    return mypycify(["src/zc_lb/%s.py" % name for name in modules],
+                    group_name="zc_lb._compiled", opt_level="3")
+
 
 setup(
     name="zc-lb",
@@ -25,6 +44,7 @@ setup(
         "zc_lb.playback": ["README.rst", "logs/*.log", "logs/README.rst", "haproxy/*.cfg"],
         "zc_lb.simulations": ["README.rst", "scenarios/*.json"],
     },
+    ext_modules=compiled_pool(),
     python_requires=">=3.11",
     install_requires=["gevent>=23", "kazoo>=2.9", "webob>=1.8", "orjson>=3.9",
                       "httptools>=0.6.2", "prometheus-client>=0.17"],

@@ -11,6 +11,8 @@ from zlib import crc32
 
 import pytest
 
+from conftest import source_only
+
 from zc_lb import affinity, classstats
 from zc_lb.affinity import AffinityPool
 from zc_lb.policies import make_pool
@@ -251,6 +253,7 @@ def test_a_flood_of_classes_seen_once_resets_skills_once_not_over_and_over():
     assert pool.resets == 2
 
 
+@source_only
 def test_get_touches_only_the_workers_skilled_in_the_class():
     pool = pool_of(100)
     rng = random.Random(4)

@@ -22,6 +22,7 @@ import urllib.request
 
 import pytest
 
+from zc_lb import pool_build
 from zc_lb.testing import LBProcess, WorkerProcess, free_port, start_all, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -157,6 +158,7 @@ def test_affinity_keys_stick_to_a_worker_and_split_a_class(cluster):
     assert all(len(servers) == 1 for servers in owners.values()), owners
     assert len(set().union(*owners.values())) >= 2
     assert status(lb)["pool"]["policy"] == "AffinityPool"
+    assert status(lb)["pool_build"] == pool_build()  # the LB runs what the tests do
 
 
 def test_a_class_over_its_cap_spreads_to_more_workers(cluster):

@@ -9,6 +9,8 @@ from collections import Counter
 
 import pytest
 
+from conftest import source_only
+
 from zc_lb.affinity import MOVE_COST, NOISE, AffinityPool
 from zc_lb.classstats import ClassStats
 from zc_lb.locality import MIN_SAMPLES, Locality
@@ -151,6 +153,7 @@ def test_a_worker_the_lb_made_skilled_is_not_taken_for_one_request_a_second():
     assert pool._stay("c", {w0: 100.0, w1: 100.0}, w2) is w1
 
 
+@source_only
 def test_keys_that_buy_nothing_stay_home_on_ties_and_go_back_to_members_when_they_do():
     pool = pool_of(3)
     run(pool, 400, 6, 0.001, 0.001, key="/a")  # a gain of 1: least backlog from now on

@@ -1,3 +1,78 @@
-"""zc-lb: a résumé-based load balancer for WSGI applications."""
+"""zc-lb: a résumé-based load balancer for WSGI applications.
+
+The routing pool's modules (``COMPILED``) may run compiled by mypyc from
+this same source: ``make`` builds them in place, and ``ZC_LB_COMPILE=1 pip
+install`` builds them into a wheel.  ``ZC_LB_PURE=1`` runs the source even
+where they are built, and so does a checkout whose compiled modules are
+older than their source (``make`` builds them again); ``pool_build()``
+says which runs.  It is all of them or none: a compiled class cannot
+derive from an interpreted one.
+"""
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
 
 __version__ = "0.1.0"
+
+COMPILED = ("pool", "classstats", "locality", "slowstart", "relearn", "affinity")
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _built(name):
+    """The compiled module ``name`` beside the source, or None: the shared
+    library ``_compiled__mypyc`` holds the code, and each module's own is a
+    shim that loads it."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = os.path.join(_HERE, name + suffix)
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def _stale():
+    """Whether, in a checkout, the compiled code is older than some of its
+    source (in an installed wheel, times say nothing)."""
+    library = _built("_compiled__mypyc")
+    if library is None or not os.path.exists(
+            os.path.join(_HERE, os.pardir, os.pardir, "setup.py")):
+        return False
+    built = os.path.getmtime(library)
+    return any(os.path.getmtime(os.path.join(_HERE, name + ".py")) > built
+               for name in COMPILED)
+
+
+class _SourceFinder:
+    """Finds the ``COMPILED`` modules' source before their compiled form."""
+
+    names = {__name__ + "." + name: name for name in COMPILED}
+
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        name = cls.names.get(fullname)
+        if name is None:
+            return None
+        return importlib.util.spec_from_file_location(
+            fullname, os.path.join(_HERE, name + ".py"))
+
+
+def pool_build():
+    """How the routing pool runs: "compiled", "source" (none built), or
+    why it runs its source although it is built."""
+    if _built("_compiled__mypyc") is None:
+        return "source"
+    if _SourceFinder in sys.meta_path:
+        return _pure_reason
+    return "compiled"
+
+
+_pure_reason = None
+if os.environ.get("ZC_LB_PURE") == "1":
+    _pure_reason = "source (ZC_LB_PURE=1)"
+elif _stale():
+    _pure_reason = "source (the compiled modules are older than it: make builds them again)"
+    sys.stderr.write("zc-lb: running the routing pool's " + _pure_reason + "\n")
+if _pure_reason:
+    sys.meta_path.insert(0, _SourceFinder)
