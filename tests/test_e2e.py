@@ -568,6 +568,7 @@ def test_status_command_prints_a_table(cluster):
     output = subprocess.run([sys.executable, "-m", "zc_lb.cli", "status", lb.status_address],
                             capture_output=True, text=True, timeout=30).stdout
     assert "t.example" in output
+    assert output.startswith("pool: AffinityPool (%s)" % pool_build())
     for worker in workers:
         assert worker.address in output
 
