@@ -162,6 +162,37 @@ def test_a_big_class_spreads_over_more_workers_than_a_small_one():
     assert pool.width(small) == 3  # half the requests: half the pool
 
 
+@pytest.mark.parametrize("changed", [20000, 500])
+def test_a_live_change_of_footprint_window_keeps_the_footprints(changed):
+    # The windows are numbered on: raised, the pool's window number would
+    # fall behind each class's and wipe its footprint (and lowered, jump
+    # past it), and the big class would drop to one member.
+    pool = pool_of(6, footprint_window=2000)
+    rng = random.Random(1)
+
+    def run(n):
+        for _ in range(n):
+            if rng.random() < 0.5:
+                handle = pool.get("big", "/b%d" % rng.randrange(3000))
+            else:
+                handle = pool.get("small", "/s%d" % rng.randrange(3))
+            pool.put(handle)
+    run(5000)  # into the third window
+    big = pool.classes["big"]
+    window = pool._window()
+    before = (pool.width(big), big.footprint.estimate(window),
+              pool.footprint.estimate(window))
+    assert before[0] >= 5
+    pool.update_settings(footprint_window=changed)
+    assert pool._window() == window
+    run(1)
+    window = pool._window()
+    assert (pool.width(big), big.footprint.estimate(window),
+            pool.footprint.estimate(window)) == pytest.approx(before, rel=0.01)
+    run(4 * changed)  # and new windows go on from there
+    assert pool._window() >= window + 3 and pool.width(big) >= 5
+
+
 def test_a_hot_class_grows_while_needed_and_shrinks_back():
     pool = pool_of(8, footprint_window=500)
     rng = random.Random(2)

@@ -266,6 +266,11 @@ class AffinityPool(Pool):
         # worker -> distinct keys of its classes it is counted to hold
         self.held: Dict[PoolWorker, float] = {}
         self.held_window = 0  # the footprint window ``held`` was counted in
+        # Footprint windows are numbered on across a change of
+        # ``footprint_window``: from ``window_base`` at ``window_start``
+        # requests, in windows of ``window_size`` (see ``_window``).
+        self.window_base = self.window_start = 0
+        self.window_size = self.footprint_window
         self.slowstart = SlowStart(slow_start)
         self.starting = self.slowstart.starting  # (read on every request)
         self.fading = self.slowstart.fading  # done starting, floors fading
@@ -302,11 +307,19 @@ class AffinityPool(Pool):
 
     def _settings_changed(self) -> None:
         super()._settings_changed()
-        self._update_rate_decay()
+        self.rate_decay = 1.0 - 1.0 / self.footprint_window
+        if self.footprint_window != self.window_size:  # (changed live)
+            self.window_base = self._window()
+            self.window_start = self.requests
+            self.window_size = self.footprint_window
         self.slowstart.configure(self.slow_start)
 
-    def _update_rate_decay(self) -> None:
-        self.rate_decay = 1.0 - 1.0 / self.footprint_window
+    def _window(self) -> int:
+        """The footprint window the pool is in.  Numbered from where the
+        last change of ``footprint_window`` left them, not from the
+        first request: renumbered, a class's footprint would count from
+        nothing again, and its width would fall to one member."""
+        return self.window_base + (self.requests - self.window_start) // self.window_size
 
     # -- membership ---------------------------------------------------
 
@@ -583,7 +596,7 @@ class AffinityPool(Pool):
         """Count the request and its key in the class's statistics; the
         class's stats, the key's hash in the class, and its hash in the
         book (the same in every class)."""
-        window = self.requests // self.footprint_window
+        window = self._window()
         stats = self.classes.get(rclass)
         if stats is None:
             stats = self.classes[rclass] = ClassStats(rclass, window, self.hash_seed)
@@ -618,7 +631,7 @@ class AffinityPool(Pool):
         # worker, a class is judged against that many.
         least = PRIOR * n
         load = math.ceil(n * self.spread * stats.count / max(self.total, least))
-        window = self.requests // self.footprint_window
+        window = self._window()
         all_keys = max(self.footprint.estimate(window), least)
         need = n * stats.footprint.estimate(window) / all_keys
         footprint = math.ceil(need)
@@ -774,7 +787,7 @@ class AffinityPool(Pool):
         classes no longer requested, whose footprints have gone, count
         for nothing."""
         held = self.held
-        window = self.requests // self.footprint_window
+        window = self._window()
         if window != self.held_window:
             self.held_window = window
             self._forget_idle(window)
@@ -799,7 +812,7 @@ class AffinityPool(Pool):
         grow the LB, and its window's work, without end.  At most the
         classes of two windows and those worth a request are kept.  (Not
         a class a starter or moved keys gave floors: those outlive it.)"""
-        horizon = (window - 1) * self.footprint_window
+        horizon = self.window_start + (window - 1 - self.window_base) * self.window_size
         decay = self.rate_decay
         requests = self.requests
         idle = [name for name, stats in self.classes.items()
