@@ -6,8 +6,8 @@
 #   make bench  set up, then run the benchmarks (ratios, side by side)
 #   make soak   set up, then ten minutes at half capacity, watching for leaks
 #
-# Each compiles the routing pool first (make compile: mypyc, from the same
-# source); make test runs the suite on it, then the pool's tests on the source.
+# Each compiles zc_lb.COMPILED first (make compile: mypyc, from the same
+# source); make test runs the suite on it, then those modules' tests on the source.
 
 PYTHON ?= python3
 VENV := .venv
@@ -15,26 +15,30 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 APT_PACKAGES := zookeeper haproxy wrk systemd logrotate chromium chromium-driver gcc python3-dev
 
-# The routing pool's modules (zc_lb.COMPILED), compiled by mypyc from the
-# same source; the shared library holds their code, the other .so files
-# are small shims.  ZC_LB_PURE=1 runs the source instead.
-POOL_SOURCES := $(addprefix src/zc_lb/,pool.py classstats.py locality.py slowstart.py relearn.py affinity.py)
+# The modules of zc_lb.COMPILED (the routing pool, the HTTP head's parsing
+# and checks), compiled by mypyc from the same source; the shared library
+# holds their code, the other .so files are small shims.  ZC_LB_PURE=1
+# runs the source instead.
+COMPILED_SOURCES := $(addprefix src/zc_lb/,pool.py classstats.py locality.py slowstart.py \
+	relearn.py affinity.py h1.py httpparse.py forwarding.py classifier.py)
 EXT_SUFFIX := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
-COMPILED_POOL := src/zc_lb/_compiled__mypyc$(EXT_SUFFIX)
-# the tests of the pool and of routing, run once more on the source
-POOL_TESTS := tests/test_pool.py tests/test_affinity.py tests/test_classstats.py \
+COMPILED := src/zc_lb/_compiled__mypyc$(EXT_SUFFIX)
+# their tests, run once more on the source (the simulator's golden results
+# in test_compiled.py stand for the simulator's tests)
+SOURCE_TESTS := tests/test_pool.py tests/test_affinity.py tests/test_classstats.py \
 	tests/test_locality.py tests/test_slowstart.py tests/test_relearn.py \
-	tests/test_compiled.py tests/test_simulations.py
+	tests/test_compiled.py tests/test_h1.py tests/test_httpparse.py \
+	tests/test_forwarding.py tests/test_classifier.py tests/test_http_corpus.py
 
 .PHONY: run test bench soak sysdeps venv compile zookeeper mypy clean
 
 run: venv
-	@$(MAKE) --no-print-directory compile || echo "zc-lb: could not compile the pool; running its source"
+	@$(MAKE) --no-print-directory compile || echo "zc-lb: could not compile; running the source"
 	$(VENV)/bin/zc-lb demo
 
 test: sysdeps venv compile
-	ZC_LB_EXPECT_POOL=compiled $(PY) -m pytest -q -n 2 --dist loadfile tests
-	ZC_LB_PURE=1 ZC_LB_EXPECT_POOL=source $(PY) -m pytest -q -n 2 --dist loadfile $(POOL_TESTS)
+	ZC_LB_EXPECT_BUILD=compiled $(PY) -m pytest -q -n 2 --dist loadfile tests
+	ZC_LB_PURE=1 ZC_LB_EXPECT_BUILD=source $(PY) -m pytest -q -n 2 --dist loadfile $(SOURCE_TESTS)
 
 bench: sysdeps venv compile
 	$(PY) -m zc_lb.bench
@@ -42,9 +46,9 @@ bench: sysdeps venv compile
 soak: venv compile
 	$(PY) -m zc_lb.soak
 
-compile: venv $(COMPILED_POOL)
+compile: venv $(COMPILED)
 
-$(COMPILED_POOL): $(POOL_SOURCES) setup.py
+$(COMPILED): $(COMPILED_SOURCES) setup.py
 	ZC_LB_COMPILE=1 $(PY) setup.py -q build_ext --inplace
 	touch $@
 

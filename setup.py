@@ -7,17 +7,17 @@ with open("README.rst") as f:
     long_description = f.read()
 
 
-def compiled_pool():
-    """With ZC_LB_COMPILE=1, the routing pool's modules compiled by mypyc
-    from the same source (``zc_lb.COMPILED``); ``make`` builds them in place
-    (``setup.py build_ext --inplace``), and ZC_LB_PURE=1 runs the source."""
+def compiled_modules():
+    """With ZC_LB_COMPILE=1, the modules of ``zc_lb.COMPILED`` compiled by
+    mypyc from the same source; ``make`` builds them in place (``setup.py
+    build_ext --inplace``), and ZC_LB_PURE=1 runs the source."""
     if os.environ.get("ZC_LB_COMPILE") != "1":
         return []
     from mypyc.build import mypycify
 
     with open("src/zc_lb/__init__.py") as f:
-        modules = [ast.literal_eval(line.split("=", 1)[1])
-                   for line in f if line.startswith("COMPILED =")][0]
+        modules = next(ast.literal_eval(node.value) for node in ast.parse(f.read()).body
+                       if isinstance(node, ast.Assign) and node.targets[0].id == "COMPILED")
     return mypycify(["src/zc_lb/%s.py" % name for name in modules],
                     group_name="zc_lb._compiled", opt_level="3")
 
@@ -44,7 +44,7 @@ setup(
         "zc_lb.playback": ["README.rst", "logs/*.log", "logs/README.rst", "haproxy/*.cfg"],
         "zc_lb.simulations": ["README.rst", "scenarios/*.json"],
     },
-    ext_modules=compiled_pool(),
+    ext_modules=compiled_modules(),
     python_requires=">=3.11",
     install_requires=["gevent>=23", "kazoo>=2.9", "webob>=1.8", "orjson>=3.9",
                       "httptools>=0.6.2", "prometheus-client>=0.17"],

@@ -12,12 +12,12 @@ from zkserver import ZooKeeperServer
 # instance, which compiled classes do not allow: it runs on the source, as
 # make test's second pass does (ZC_LB_PURE=1).
 source_only = pytest.mark.skipif(
-    zc_lb.pool_build() == "compiled",
+    zc_lb.build() == "compiled",
     reason="replaces a method of the compiled pool: run with ZC_LB_PURE=1")
 
 
 def pytest_report_header(config):
-    return "zc-lb routing pool: " + zc_lb.pool_build()
+    return "zc-lb build: " + zc_lb.build()
 
 _chroots = itertools.count(1)
 

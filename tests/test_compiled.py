@@ -1,9 +1,11 @@
-"""The routing pool runs compiled (mypyc) or from its source, all of it or
-none, and says which; both route alike, to the bit (the simulator's
-golden results below are checked in both builds by ``make test``)."""
+"""The modules of ``zc_lb.COMPILED`` (the routing pool, the HTTP head's
+parsing and checks) run compiled (mypyc) or from their source, all or
+none, and say which; both route alike, to the bit (the simulator's golden
+results below are checked in both builds by ``make test``)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -47,19 +49,25 @@ def without_wall_time(results):
     return results
 
 
-def test_the_pool_is_all_compiled_or_all_source_and_says_which():
-    build = zc_lb.pool_build()
+def test_make_compiles_the_modules_the_package_names():
+    makefile = (ROOT / "Makefile").read_text()
+    sources = re.search(r"COMPILED_SOURCES :=((?:.*\\\n)*.*)", makefile).group(1)
+    assert re.findall(r"(\w+)\.py", sources) == list(zc_lb.COMPILED)
+
+
+def test_the_modules_are_all_compiled_or_all_source_and_say_which():
+    build = zc_lb.build()
     modules = [__import__("zc_lb." + name, fromlist=["_"]) for name in zc_lb.COMPILED]
     compiled = [not module.__file__.endswith(".py") for module in modules]
     assert all(compiled) if build == "compiled" else not any(compiled), (build, compiled)
-    expected = os.environ.get("ZC_LB_EXPECT_POOL")
+    expected = os.environ.get("ZC_LB_EXPECT_BUILD")
     if expected:  # make test runs the suite on each build
         assert build.split()[0] == expected, build
 
 
 def test_pure_runs_the_source_where_the_pool_is_built():
     code = ("import zc_lb, zc_lb.affinity as a; "
-            "print(zc_lb.pool_build(), a.__file__.endswith('.py'))")
+            "print(zc_lb.build(), a.__file__.endswith('.py'))")
     env = dict(os.environ, ZC_LB_PURE="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=60, check=True).stdout.split()
@@ -80,7 +88,7 @@ def test_a_checkout_whose_source_is_newer_than_its_build_runs_the_source(tmp_pat
         (package / (name + suffix)).write_bytes(b"not a library")
     library = package / ("_compiled__mypyc" + suffix)
     library.write_bytes(b"not a library")
-    code = "import zc_lb, zc_lb.pool; print(zc_lb.pool_build(), zc_lb.pool.BUILT)"
+    code = "import zc_lb, zc_lb.pool; print(zc_lb.build(), zc_lb.pool.BUILT)"
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "src"))
     env.pop("ZC_LB_PURE", None)
     built = time.time() - 10

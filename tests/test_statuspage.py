@@ -167,7 +167,7 @@ def test_a_document_missing_its_optional_fields_still_renders():
     assert page.rows("workers") == [] and page.rows("classes") == []
     assert "none" in page.paragraphs  # no recent errors
     assert page.summary["errors"] == "none"
-    assert page.summary["uptime"] == page.summary["pool-build"] == "-"  # (not "Nones")
+    assert page.summary["uptime"] == page.summary["build"] == "-"  # (not "Nones")
     sparse = {"workers": {"w:1": {}}, "recent_errors": [{}], "processes": [{}],
               "classes": {"a": 1}}
     page = Page(render(sparse))
@@ -179,13 +179,13 @@ def test_a_document_missing_its_optional_fields_still_renders():
 
 def test_the_summary_shows_the_documents_counters():
     doc = {"requests": 1234, "in_flight": 7, "retries": 2, "clients": 40,
-           "errors": {"503": 1, "502": 2}, "uptime": 12.5, "pool_build": "compiled",
+           "errors": {"503": 1, "502": 2}, "uptime": 12.5, "build": "compiled",
            "pool": {"policy": "AffinityPool", "variance": 4.0, "backlog": 9,
                     "mean_backlog": 2.5}}
     summary = Page(render(doc)).summary
     assert summary == {"requests": "1234", "in-flight": "7", "retries": "2", "clients": "40",
                        "errors": "502: 2, 503: 1", "policy": "AffinityPool",
-                       "pool-build": "compiled", "variance": "4.0", "backlog": "9", "mean-backlog": "2.5",
+                       "build": "compiled", "variance": "4.0", "backlog": "9", "mean-backlog": "2.5",
                        "uptime": "12.5s"}
 
 

@@ -1,12 +1,13 @@
 """zc-lb: a résumé-based load balancer for WSGI applications.
 
-The routing pool's modules (``COMPILED``) may run compiled by mypyc from
-this same source: ``make`` builds them in place, and ``ZC_LB_COMPILE=1 pip
-install`` builds them into a wheel.  ``ZC_LB_PURE=1`` runs the source even
-where they are built, and so does a checkout whose compiled modules are
-older than their source (``make`` builds them again); ``pool_build()``
-says which runs.  It is all of them or none: a compiled class cannot
-derive from an interpreted one.
+The modules of the per-request path that pay for it (``COMPILED``: the
+routing pool, and the HTTP head's parsing and checks) may run compiled by
+mypyc from this same source: ``make`` builds them in place, and
+``ZC_LB_COMPILE=1 pip wheel`` builds them into a wheel.  ``ZC_LB_PURE=1``
+runs the source even where they are built, and so does a checkout whose
+compiled modules are older than their source (``make`` builds them
+again); ``build()`` says which runs.  It is all of them or none: a
+compiled class cannot derive from an interpreted one.
 """
 
 import importlib.machinery
@@ -16,7 +17,8 @@ import sys
 
 __version__ = "0.1.0"
 
-COMPILED = ("pool", "classstats", "locality", "slowstart", "relearn", "affinity")
+COMPILED = ("pool", "classstats", "locality", "slowstart", "relearn", "affinity",
+            "h1", "httpparse", "forwarding", "classifier")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -58,9 +60,9 @@ class _SourceFinder:
             fullname, os.path.join(_HERE, name + ".py"))
 
 
-def pool_build():
-    """How the routing pool runs: "compiled", "source" (none built), or
-    why it runs its source although it is built."""
+def build():
+    """How the ``COMPILED`` modules run: "compiled", "source" (none
+    built), or why they run from source although they are built."""
     if _built("_compiled__mypyc") is None:
         return "source"
     if _SourceFinder in sys.meta_path:

@@ -37,7 +37,7 @@ import collections
 import re
 import time
 from email.utils import formatdate
-from typing import Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, Iterable, List, Optional, Tuple
 from urllib.parse import unquote_to_bytes
 
 import httptools
@@ -328,8 +328,9 @@ def start_again(exc_info, started: bool, status_set: bool) -> None:
         raise AssertionError("start_response called twice without exc_info")
 
 
-def check_response(status: str, headers: List[Tuple[str, str]]) -> None:
-    """Refuse a status or header that could split or smuggle a response."""
+def check_response(status: object, headers: Iterable[Any]) -> None:
+    """Refuse a status or header that could split or smuggle a response
+    (or is not a str: an application's, so of any type)."""
     if type(status) is not str or not STATUS.match(status):
         raise BadResponseHead("invalid status %r" % (status,))
     for name, value in headers:

@@ -33,7 +33,7 @@ import gevent
 import gevent.event
 import gevent.socket
 
-from . import pool_build
+from . import build
 from .classifier import bounded_class
 from .connection import KEEPALIVE_INTERVAL, Connection, Exchange
 from .links import LinkConfig, LinkEvents, WorkerLink
@@ -852,7 +852,7 @@ class LB(LinkEvents):
             "errors": {str(k): v for k, v in sorted(self.errors.items())},
             "uptime": round(time.time() - self.started, 1),
             "pid": os.getpid(),
-            "pool_build": pool_build(),  # compiled, or its source (and why)
+            "build": build(),  # compiled, or the source (and why)
             "classifier_errors": dict(self.classifier_errors),
             "classifier": getattr(self.classifier, "status", dict)(),
             "worker_failures": self.worker_failures,

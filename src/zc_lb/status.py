@@ -327,9 +327,9 @@ def format_status(doc: dict, max_skills: int = 5) -> str:
     """The status document as text tables."""
     pool = doc.get("pool", {})
     lines = [
-        "pool: %s%s  variance=%s  backlog_history=%s  unskilled_score=%s" % (
-            pool.get("policy"), " (%s)" % doc["pool_build"] if doc.get("pool_build") else "",
-            pool.get("variance"), pool.get("backlog_history"), pool.get("unskilled_score")),
+        "pool: %s  variance=%s  backlog_history=%s  unskilled_score=%s%s" % (
+            pool.get("policy"), pool.get("variance"), pool.get("backlog_history"),
+            pool.get("unskilled_score"), "  build: %s" % doc["build"] if doc.get("build") else ""),
         "backlog=%s  mean backlog=%s  in flight=%s  requests=%s  retries=%s  errors=%s" % (
             pool.get("backlog"), pool.get("mean_backlog"), doc.get("in_flight"),
             doc.get("requests"), doc.get("retries"), doc.get("errors")),

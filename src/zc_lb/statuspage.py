@@ -80,7 +80,7 @@ def _summary(doc: dict) -> str:
         ("retries", doc.get("retries")), ("clients", doc.get("clients")),
         ("errors", ", ".join("%s: %s" % item for item in sorted(doc.get("errors", {}).items()))
          or "none"),
-        ("policy", pool.get("policy")), ("pool build", doc.get("pool_build") or "-"),
+        ("policy", pool.get("policy")), ("build", doc.get("build") or "-"),
         ("variance", pool.get("variance")),
         ("backlog", pool.get("backlog")), ("mean backlog", pool.get("mean_backlog")),
         ("uptime", "%ss" % doc["uptime"] if doc.get("uptime") is not None else "-"),
