@@ -71,7 +71,8 @@ def test_encode_refuses_what_cannot_be_framed_as_a_local_protocol_error(message)
         encode(message)
 
 
-@pytest.mark.parametrize("score", [float("inf"), float("-inf"), float("nan")])
+@pytest.mark.parametrize("score", [float("inf"), float("-inf"), float("nan"), True, "1.0",
+                                   None])
 def test_a_resume_with_a_score_that_is_not_finite_is_refused_before_sending(score):
     # orjson would write it as null, which the LB refuses, dropping the connection.
     with pytest.raises(LocalProtocolError, match="not finite"):
@@ -143,6 +144,18 @@ def test_whole_and_ready_frames_over_their_limits_are_refused_from_the_header_al
 
 
 # -- ready frames ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("elapsed", [float("nan"), float("inf"), -0.5, 1e9, True])
+def test_a_response_time_the_lb_would_refuse_is_refused_before_sending(elapsed):
+    # The LB drops the whole connection over a malformed response time.
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n"
+    for make in (lambda: ready_frame(1, head, 1, elapsed, b"x", True),
+                 lambda: encode(Response(1, "200 OK", [], b"x", True, elapsed)),
+                 lambda: encode(Response(1, "200 OK", [], b"x", True, elapsed), whole=True)):
+        with pytest.raises(LocalProtocolError, match="response time"):
+            make()
+    ready_frame(1, head, 1, 1e9 - 1, b"x", True)  # (the largest a peer takes)
 
 
 def test_a_ready_frame_keeps_a_zero_length_and_a_zero_time_apart_from_none():

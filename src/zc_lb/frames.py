@@ -90,6 +90,7 @@ WHOLE_REQUEST = 16  # Request and End
 WHOLE_RESPONSE = 17  # Response, Body and End
 READY_RESPONSE = 18  # Response with a ready head, perhaps Body, perhaps End
 READY_PREFIX = struct.Struct("!BqdI")  # flags, Content-Length, elapsed, head length
+MAX_ELAPSED = 1e9  # seconds: a response time past it is malformed
 READY_END = 1  # the flag: the response ends with this frame
 # A ready head's framing (the worker checked its fields): an HTTP/1.1
 # status line, then lines that each end in CRLF, with no bare CR or LF
@@ -290,8 +291,11 @@ def _encode(message: Message, whole: bool) -> bytes:
     if isinstance(message, (Ping, Pong)):
         return HEADER.pack(0, message.TYPE, 0)
     if isinstance(message, Resume):
-        if not all(math.isfinite(score) for score in message.skills.values()):
-            raise LocalProtocolError("résumé with a score that is not finite")
+        for score in message.skills.values():  # (what the LB would refuse)
+            if (type(score) is bool or not isinstance(score, (int, float))
+                    or not math.isfinite(score)):
+                raise LocalProtocolError("résumé with a score that is not finite: %r"
+                                         % (score,))
         return _frame(0, Resume.TYPE, _json(message.skills))
     if isinstance(message, Hello):
         hello = {"version": message.version, "role": message.role,
@@ -319,6 +323,7 @@ def _response_payload(status: str, headers: List[Tuple[str, str]],
     if elapsed is None:
         head = _json([status, headers])
     else:
+        _check_elapsed(elapsed)
         head = _json([status, headers, round(elapsed, 6)])
     if len(head) > MAX_MESSAGE:  # the LB would drop the whole connection
         raise ResponseHeadTooLarge("response head of %d bytes, over the frame limit of %d"
@@ -341,11 +346,21 @@ def _response_frames(rno: int, head: bytes, body: bytes, end: bool, whole: bool)
     return b"".join(parts)
 
 
+def _check_elapsed(elapsed: float) -> None:
+    """Refuse a response time the peer would refuse (dropping the whole
+    connection): one that is not in [0, ``MAX_ELAPSED``) seconds."""
+    if type(elapsed) is bool or not 0.0 <= elapsed < MAX_ELAPSED:  # (NaN too)
+        raise LocalProtocolError("response time %r is not in [0, %g) seconds"
+                                 % (elapsed, MAX_ELAPSED))
+
+
 def ready_frame(rno: int, head: bytes, length: Optional[int], elapsed: Optional[float],
                 body: bytes, end: bool) -> bytes:
     """A READY_RESPONSE frame: ``head`` (status line and header lines,
     each ending in CRLF, checked by the caller) and the first ``body``
     bytes, ending the response if ``end``."""
+    if elapsed is not None:
+        _check_elapsed(elapsed)
     prefix = READY_PREFIX.pack(READY_END if end else 0, -1 if length is None else length,
                                -1.0 if elapsed is None else elapsed, len(head))
     return b"".join((HEADER.pack(rno, READY_RESPONSE, len(prefix) + len(head) + len(body)),
@@ -452,7 +467,7 @@ def _response_head(payload) -> Tuple[str, List[Tuple[str, str]], Optional[float]
     if len(obj) == 3:
         elapsed = obj[2]
         if (isinstance(elapsed, bool) or not isinstance(elapsed, (int, float))
-                or not 0 <= elapsed < 1e9):
+                or not 0 <= elapsed < MAX_ELAPSED):
             raise RemoteProtocolError("malformed response time %r" % (elapsed,))
         elapsed = float(elapsed)
     headers = []
@@ -507,7 +522,7 @@ def _decode_ready_response(max_message: int, max_body: int, rno: int,
                                   % (head_size, len(payload), max_message, max_body))
     head = payload[size:start]
     if (READY_HEAD.fullmatch(head) is None or length < -1 or flags & ~READY_END
-            or not (elapsed == -1.0 or 0 <= elapsed < 1e9)):
+            or not (elapsed == -1.0 or 0 <= elapsed < MAX_ELAPSED)):
         raise RemoteProtocolError("malformed ready response head %r" % head[:200])
     status = head[9:head.find(b"\r\n")].decode("latin-1")
     return Response(rno, status, [], payload[start:], bool(flags),
