@@ -87,6 +87,19 @@ class PoolWorker:
         )
 
 
+def unskill(skilled_map: Dict[str, Dict[PoolWorker, float]], worker: PoolWorker,
+            classes: Iterable[str]) -> None:
+    """Take ``worker`` out of the skilled workers of ``classes`` in
+    ``skilled_map`` (class -> worker -> score), and a class left with
+    none out of the map."""
+    for rclass in classes:
+        skilled = skilled_map.get(rclass)
+        if skilled is not None:
+            skilled.pop(worker, None)
+            if not skilled:
+                del skilled_map[rclass]
+
+
 class Pool:
     """Résumé-based routing: skilled workers first, backlog capped."""
 
@@ -232,23 +245,11 @@ class Pool:
 
     def _unskill(self, worker: PoolWorker, classes: List[str]) -> List[str]:
         """Take ``worker`` out of the skilled workers of ``classes``."""
-        skilled_map = self.skilled
-        for rclass in classes:
-            skilled = skilled_map.get(rclass)
-            if skilled is not None:
-                skilled.pop(worker, None)
-                if not skilled:
-                    del skilled_map[rclass]
+        unskill(self.skilled, worker, classes)
         return classes
 
     def _forget_skills(self, worker: PoolWorker) -> None:
-        skilled_map = self.skilled
-        for rclass in worker.resume:
-            skilled = skilled_map.get(rclass)
-            if skilled is not None:
-                skilled.pop(worker, None)
-                if not skilled:
-                    del skilled_map[rclass]
+        unskill(self.skilled, worker, worker.resume)
         worker.resume = {}
         worker.given.clear()
 

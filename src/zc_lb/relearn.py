@@ -53,7 +53,7 @@ from collections import OrderedDict
 from typing import Dict, Hashable, Optional, Set, Tuple
 
 from .classstats import ClassStats
-from .pool import PoolWorker
+from .pool import PoolWorker, unskill
 
 RELEARN_SHARE = 0.5  # "most requests hit classes no worker is skilled in"
 BOOK_SIZE = 1 << 16  # keys the book remembers, least recently seen forgotten
@@ -134,16 +134,12 @@ class Relearning:
         nothing until its résumé has dropped them."""
         stale = self.stale.get(worker)
         if stale:
-            for rclass in list(stale):
-                if rclass in worker.resume:
-                    del worker.resume[rclass]
-                    skilled = self.skilled[rclass]
-                    del skilled[worker]
-                    if not skilled:
-                        del self.skilled[rclass]
-                    touched.add(rclass)
-                else:
-                    stale.discard(rclass)
+            held = [rclass for rclass in stale if rclass in worker.resume]
+            stale.intersection_update(held)  # (those its résumé dropped are done)
+            for rclass in held:
+                del worker.resume[rclass]
+            unskill(self.skilled, worker, held)
+            touched.update(held)
             if not stale:
                 del self.stale[worker]
 
