@@ -24,11 +24,10 @@ NO_SUCH_MODULE = "no_such_module_for_zc_lb_cli_tests"
 @pytest.fixture
 def in_process(monkeypatch):
     """Run ``main`` here: put back what its commands change in the process
-    (signal dispositions, sys.path, the --chdir marker)."""
+    (signal dispositions, sys.path)."""
     saved = {name: signal.getsignal(getattr(signal, name))
              for name in ("SIGHUP", "SIGUSR1", "SIGUSR2")}
     monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.delenv("ZC_LB_DIRECTORY", raising=False)
     yield
     for name, handler in saved.items():
         signal.signal(getattr(signal, name), handler)
@@ -316,19 +315,20 @@ def test_reload_passes_a_live_extra_and_logs_its_change(tmp_path, caplog):
 ])
 def test_a_reload_that_cannot_be_applied_keeps_the_settings_and_never_raises(
         tmp_path, caplog, error, logged):
-    args, path = parsed(tmp_path, "[lb]\nvariance = 1.0\n")
-    path.write_text("[lb]\nvariance = 2.0\n")
+    args, path = parsed(tmp_path, '[lb]\nvariance = 1.0\nworker = ["a:1"]\n')
+    path.write_text('[lb]\nvariance = 2.0\nworker = ["a:1", "b:2"]\n')
     tried = []
 
     def apply(live):
         tried.append(live)
         raise error
     with caplog.at_level("INFO", logger="zc_lb"):
-        assert reload_config(args, apply) is False
-        assert args.variance == 1.0
-        reload_config(args, apply)  # tried again at the next SIGHUP
-    assert tried == [{"variance": 2.0}] * 2
+        assert reload_config(args, apply, frozenset({"worker"})) is False
+        assert (args.variance, args.worker) == (1.0, ["a:1"])
+        reload_config(args, apply, frozenset({"worker"}))  # tried again at the next SIGHUP
+    assert tried == [{"variance": 2.0, "worker": ["a:1", "b:2"]}] * 2
     assert logged.format(path=path) in caplog.text
+    assert "worker a:1 -> a:1 b:2" not in caplog.text  # (a change that did not happen)
 
 
 def test_a_relative_config_path_is_read_again_on_sighup_after_chdir(tmp_path, monkeypatch):

@@ -76,11 +76,16 @@ def kill_pid(pid):
 @pytest.mark.parametrize("processes", [1, 2])
 def test_sigusr2_hands_the_sockets_to_a_new_lb_and_no_request_fails(worker, tmp_path, processes):
     # A restart refused connections for about 1.2 s, and SIGUSR2 killed the LB.
+    # (A relative --config and --chdir: the new LB, and each of --processes,
+    # starts where the first did, or it would look for lb.toml in "sub".)
     status_address = "127.0.0.1:%d" % free_port()
     log_path = tmp_path / "lb.log"
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "lb.toml").write_text('[lb]\nworker = ["%s"]\n' % worker.address)
     with open(log_path, "w") as log:
-        lb = LBProcess([worker.address], "--status", status_address,
-                       "--processes", str(processes), env=ENV, stderr=log).start()
+        lb = LBProcess([], "--status", status_address, "--config", "lb.toml", "--chdir", "sub",
+                       "--processes", str(processes), env=ENV, stderr=log,
+                       cwd=str(tmp_path)).start()
     new_pid = None
     try:
         wait_for(lambda: status(status_address)["requests"] >= 0)

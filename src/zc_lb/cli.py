@@ -39,7 +39,7 @@ def _read_page(path: str) -> bytes:
 # -- --config and SIGHUP --------------------------------------------------
 
 COMMAND_SETTINGS = {"lb": settings.LB_SETTINGS, "worker": settings.WORKER_SETTINGS}
-NOT_COMPARED = frozenset({"argv", "run", "config", "command", "log_level"})
+NOT_COMPARED = frozenset({"argv", "start_dir", "run", "config", "command", "log_level"})
 
 
 def read_config(args: argparse.Namespace) -> argparse.Namespace:
@@ -54,7 +54,7 @@ def read_config(args: argparse.Namespace) -> argparse.Namespace:
                            COMMAND_SETTINGS[args.command])
     except SystemExit:  # argparse refused the command line (it said why)
         raise ConfigurationError("the command line is no longer valid with %s" % args.config)
-    new.argv = args.argv
+    new.argv, new.start_dir = args.argv, getattr(args, "start_dir", None)
     return new
 
 
@@ -84,6 +84,8 @@ def reload_config(args: argparse.Namespace, apply, live_extra=frozenset()) -> bo
             log.exception("SIGHUP: cannot apply %s", args.config)
             return False
         for dest, value in live.items():
+            if dest in live_extra:  # (logged once applied, as configure logs the others)
+                settings.log_change(dest, getattr(args, dest, None), value, args.config)
             setattr(args, dest, value)
     if not live and not restart:
         log.info("SIGHUP: %s read again; nothing changed", args.config)
@@ -102,8 +104,6 @@ def _changes(args: argparse.Namespace, new: argparse.Namespace, live_extra) -> t
         setting = table.get(dest)
         if dest in live_extra or (setting is not None and settings.LIVE in setting.where):
             live[dest] = after
-            if dest in live_extra:
-                settings.log_change(dest, before, after, args.config)
         else:
             restart.append(dest)
             log.warning("%s changed in %s; restart to apply (%s stays in force)",
@@ -593,14 +593,14 @@ def _enter_directory(directory: Optional[str]) -> None:
     """Change to ``directory`` (--chdir), and put the working directory
     first on sys.path, so that ``zc-lb worker app:application`` run
     beside app.py imports it (the console script, unlike ``python -m``,
-    does not).  A ``--processes`` child, started in the directory its
-    parent changed to, stays there (ZC_LB_DIRECTORY says where that is)."""
-    if directory and os.environ.get("ZC_LB_DIRECTORY") != os.getcwd():
+    does not).  A ``--processes`` child and a successor (SIGUSR2) start
+    where this process started (``args.start_dir``), so that a relative
+    --chdir, --config or other path means the same to them."""
+    if directory:
         try:
             os.chdir(directory)
         except OSError as exc:
             raise ConfigurationError("--chdir %s: %s" % (directory, exc.strerror or exc))
-        os.environ["ZC_LB_DIRECTORY"] = os.getcwd()
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
@@ -817,6 +817,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     elif rest:
         parser.error("unrecognized arguments: %s" % " ".join(rest))
     args.argv = argv  # lb --processes starts copies; SIGHUP parses it again
+    args.start_dir = os.getcwd()  # where copies start, so that --chdir means the same
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

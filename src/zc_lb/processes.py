@@ -66,8 +66,10 @@ def child_argv(argv: Sequence[str]) -> List[str]:
 class Child:
     """One LB process and what it said when it started."""
 
-    def __init__(self, index: int, argv: List[str], fd: int, log_level: str) -> None:
+    def __init__(self, index: int, argv: List[str], fd: int, log_level: str,
+                 cwd: Optional[str] = None) -> None:
         self.index = index
+        self.cwd = cwd  # where the supervisor started: --chdir means the same there
         self.argv = [sys.executable, "-m", "zc_lb.cli", "--log-level", log_level, "lb"] + argv + [
             "--listen-fd", str(fd), "--status", "127.0.0.1:0", "--process-index", str(index),
             "--processes", "1"]  # whatever a --config file says
@@ -90,7 +92,7 @@ class Child:
         env.pop("NOTIFY_SOCKET", None)  # the supervisor is the service's main process
         self.process = gevent.subprocess.Popen(
             self.argv, pass_fds=(self.fd,), stdout=subprocess.PIPE, text=True, env=env,
-            preexec_fn=_die_with_parent(os.getpid()))
+            preexec_fn=_die_with_parent(os.getpid()), cwd=self.cwd)
 
     def wait_started(self) -> None:
         import gevent
@@ -118,12 +120,13 @@ class Supervisor:
     takes the socket handed down) and starts the children."""
 
     def __init__(self, count: int, argv: Sequence[str], listen, log_level: str = "INFO",
-                 backlog: int = 1024, scheme: str = "http") -> None:
+                 backlog: int = 1024, scheme: str = "http", cwd: Optional[str] = None) -> None:
         if count < 1:
             raise ConfigurationError("--processes must be at least 1, got %d" % count)
         self.count, self.listen, self.log_level, self.backlog = count, listen, log_level, backlog
         # (each child serves the socket as the one --listen said: HTTP or HTTPS)
         self.argv = child_argv(argv) + ["--listen", scheme + "://127.0.0.1:0"]
+        self.cwd = cwd
         self.sock: Optional[socket.socket] = None
         self.children: List[Child] = []
         self.stopping = False
@@ -137,7 +140,7 @@ class Supervisor:
         import gevent
 
         self.sock = self._socket()
-        self.children = [Child(i, self.argv, self.sock.fileno(), self.log_level)
+        self.children = [Child(i, self.argv, self.sock.fileno(), self.log_level, self.cwd)
                          for i in range(self.count)]
         try:
             for child in self.children:
@@ -250,7 +253,7 @@ def run(args, argv: Sequence[str]) -> int:
     (scheme, where), = parse_listeners(args)
     listen = restart.inherited("front0") or parse_address(where)
     supervisor = Supervisor(args.processes, lb_argv(argv), listen, args.log_level,
-                            scheme=scheme)
+                            scheme=scheme, cwd=getattr(args, "start_dir", None))
     supervisor.start()
     status = _status_server(args, supervisor)
     log.info("%d LB processes, pids %s", len(supervisor.children),

@@ -101,9 +101,11 @@ def sd_notify(state: str) -> bool:
 class Successor:
     """The new LB that an old one starts on SIGUSR2."""
 
-    def __init__(self, argv: Sequence[str], sockets: Dict[str, socket.socket]) -> None:
+    def __init__(self, argv: Sequence[str], sockets: Dict[str, socket.socket],
+                 cwd: Optional[str] = None) -> None:
         self.argv = [sys.executable, "-m", "zc_lb.cli"] + list(argv)
         self.sockets = sockets
+        self.cwd = cwd  # where this LB started: its --chdir and paths mean the same there
         self.process: Optional[subprocess.Popen] = None
 
     def start(self, timeout: float = READY_TIMEOUT) -> bool:
@@ -122,7 +124,7 @@ class Successor:
         env[READY_FD_ENV] = str(write_end)
         try:
             self.process = gevent.subprocess.Popen(
-                self.argv, env=env, pass_fds=list(fds.values()) + [write_end])
+                self.argv, env=env, pass_fds=list(fds.values()) + [write_end], cwd=self.cwd)
         finally:
             os.close(write_end)
         said = None

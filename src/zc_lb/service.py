@@ -87,7 +87,8 @@ def hand_over(args: argparse.Namespace, sockets: dict) -> bool:
     """SIGUSR2: start a new LB on our ``sockets`` and wait until it
     serves; whether it does (then this one drains and exits)."""
     restart.sd_notify("RELOADING=1")
-    successor = restart.Successor(restart.command_line(args.argv), sockets)
+    successor = restart.Successor(restart.command_line(args.argv), sockets,
+                                  cwd=getattr(args, "start_dir", None))
     log.info("SIGUSR2: starting a new LB on our sockets")
     if not successor.start():
         restart.sd_notify("READY=1")

@@ -67,9 +67,10 @@ class Process:
     command = ""
 
     def __init__(self, args: Sequence[str], env: Optional[Dict[str, str]] = None,
-                 stderr=None) -> None:
+                 stderr=None, cwd: Optional[str] = None) -> None:
         self.args = list(args)
         self.env = env
+        self.cwd = cwd
         self.stderr = stderr
         self.process: Optional[subprocess.Popen] = None
         self.address = ""
@@ -86,7 +87,7 @@ class Process:
         env.update(self.env or {})
         self.process = subprocess.Popen(
             [sys.executable, "-m", "zc_lb.cli", self.command] + self.args,
-            stdout=subprocess.PIPE, stderr=self.stderr, env=env, text=True)
+            stdout=subprocess.PIPE, stderr=self.stderr, env=env, text=True, cwd=self.cwd)
         return self
 
     def wait_started(self, timeout: float = 30.0) -> "Process":
