@@ -30,12 +30,18 @@ SCENARIOS = os.path.join(HERE, "scenarios")
 DEFAULT_OUT = os.path.join("simulations", "out")  # under the working directory
 
 
+LISTS = {"cache_sizes": int, "speeds": float}  # lists of numbers: "300,900"
+
+
 def option_type(field: dataclasses.Field):
     """How to parse a parameter given on the command line."""
     if field.name == "actions":
         return json.loads
     if field.name == "policies":
         return lambda text: [p for p in text.split(",") if p]
+    if field.name in LISTS:
+        of = LISTS[field.name]
+        return lambda text: [of(item) for item in text.split(",") if item]
     if isinstance(field_default(field), bool):
         return yes_or_no
     return type(field_default(field))

@@ -33,6 +33,10 @@ class Config:
     workers: int = 16
     concurrency: int = 1
     cache_size: int = 10_000
+    # A mixed fleet: worker i has cache_sizes[i % len] objects of cache and
+    # serves speeds[i % len] times as fast (empty: cache_size, and 1)
+    cache_sizes: List[int] = dataclasses.field(default_factory=list)
+    speeds: List[float] = dataclasses.field(default_factory=list)
     history: int = 200
     # virtual seconds; 0: résumés every history requests only
     resume_interval: float = WORKER_SETTINGS["resume_interval"].default
@@ -122,6 +126,10 @@ def build(overrides: Dict[str, Any]) -> Config:
         raise ValueError("need clients > 0 (closed loop) or arrival_rate > 0")
     if config.lbs < 1:
         raise ValueError("need lbs >= 1")
+    if not all(size > 0 for size in config.cache_sizes):
+        raise ValueError("cache_sizes must be positive")
+    if not all(speed > 0 for speed in config.speeds):
+        raise ValueError("speeds must be positive")
     if config.popularity not in ("zipf", "exponential"):
         raise ValueError("popularity must be zipf or exponential")
     return config

@@ -55,12 +55,15 @@ ARRIVE, DONE, TIMER = 0, 1, 2
 class SimWorker:
     """One worker: a cache, skills, a queue and a few service slots."""
 
-    __slots__ = ("id", "cache", "skills", "busy", "queue", "outstanding",
-                 "hot", "alive", "served", "published_at", "published", "timer")
+    __slots__ = ("id", "cache", "speed", "skills", "busy", "queue", "outstanding",
+                 "hot", "alive", "served", "published_at", "published", "timer",
+                 "measured", "measured_misses", "measured_big")
 
     def __init__(self, wid: int, config: Config, holders: Holders) -> None:
         self.id = wid
-        self.cache = LRUCache(config.cache_size, holders)
+        sizes, speeds = config.cache_sizes, config.speeds
+        self.cache = LRUCache(sizes[wid % len(sizes)] if sizes else config.cache_size, holders)
+        self.speed = speeds[wid % len(speeds)] if speeds else 1.0
         self.skills = Skills(config.history, config.max_skill_age or None)
         self.busy = 0
         self.queue: deque = deque()
@@ -71,6 +74,9 @@ class SimWorker:
         self.published_at = 0.0  # when its last résumé went out
         self.published = 0  # the skills' generation it had
         self.timer = False  # a TIMER event is pending
+        # after the warm-up: requests served, their misses, and those of
+        # the biggest classes (``Simulation.big_sites``)
+        self.measured = self.measured_misses = self.measured_big = 0
 
     def __repr__(self) -> str:
         return "<SimWorker %d outstanding=%d>" % (self.id, self.outstanding)
@@ -110,6 +116,8 @@ class Simulation:
         self.joined: Dict[int, int] = {}  # added worker -> completions before
         self.join_completed = 0
         self.events: List[Dict[str, Any]] = []  # actions taken, with times
+        # the biggest classes: the top tenth of the sites by popularity
+        self.big_sites = max(1, len(self.workload.site_ids) // 10)
         for _ in range(config.workers):
             self.add_worker()
 
@@ -192,7 +200,7 @@ class Simulation:
         objects = request[2]
         misses = worker.cache.touch_all(objects)
         service = (config.base_cost + misses * config.miss_cost
-                   + (len(objects) - misses) * config.hit_cost)
+                   + (len(objects) - misses) * config.hit_cost) / worker.speed
         worker.busy += 1
         self.push(self.now + service, DONE, (worker, request, service, misses))
 
@@ -216,6 +224,10 @@ class Simulation:
             self.serve(worker, worker.queue.popleft())
         self.recorder.request(self.now, self.now - request[3], misses,
                               worker.id in self.joined)
+        if self.recorder.summary is not None:
+            worker.measured += 1
+            worker.measured_misses += misses
+            worker.measured_big += request[0] < self.big_sites
         if request[4] >= 0:
             self.push(self.now + self.think(), ARRIVE, request[4])
 
@@ -279,8 +291,29 @@ class Simulation:
             since = self.recorder.completed - self.join_completed
             summary["new_worker_share"] = added / since if since else 0.0
             summary["fair_share"] = len(self.joined) / len(self.live)
+        if self.config.cache_sizes or self.config.speeds:
+            summary["by_kind"] = self.by_kind()
         return {"policy": self.policy_name, "summary": summary,
                 "windows": self.recorder.windows, "events": self.events}
+
+    def by_kind(self) -> Dict[str, Dict[str, float]]:
+        """For a mixed fleet, per kind of worker (cache size and speed):
+        its share of the requests after the warm-up against its share of
+        the workers, its misses per request, and its share of the biggest
+        classes' requests."""
+        kinds: Dict[str, List[SimWorker]] = {}
+        for worker in self.live:
+            kinds.setdefault("cache %d speed %g" % (worker.cache.size, worker.speed),
+                             []).append(worker)
+        served = sum(w.measured for w in self.live) or 1
+        big = sum(w.measured_big for w in self.live) or 1
+        return {kind: {"workers": len(workers),
+                       "fair_share": len(workers) / len(self.live),
+                       "share": sum(w.measured for w in workers) / served,
+                       "big_class_share": sum(w.measured_big for w in workers) / big,
+                       "misses_per_request": (sum(w.measured_misses for w in workers)
+                                              / max(1, sum(w.measured for w in workers)))}
+                for kind, workers in sorted(kinds.items())}
 
     # -- actions --------------------------------------------------------
 

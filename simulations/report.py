@@ -62,6 +62,24 @@ def table(name: str, runs: List[Dict[str, Any]], out: TextIO) -> None:
     if fair is not None:
         out.write("(new wk: share of requests served by the added worker; "
                   "a fair share is %.3f)\n" % fair)
+    if any("by_kind" in r["summary"] for r in runs):
+        kinds(runs, out)
+
+
+def kinds(runs: List[Dict[str, Any]], out: TextIO) -> None:
+    """A mixed fleet's table: per policy and kind of worker, its share of
+    the requests, of the biggest classes' requests, and its misses."""
+    names = list(next(r["summary"]["by_kind"] for r in runs if "by_kind" in r["summary"]))
+    out.write("by kind of worker: share of the requests / of the top tenth of the "
+              "classes' / misses per request\n")
+    out.write("%-14s" % "policy" + "".join(" %20s" % name for name in names) + "\n")
+    for run in runs:
+        by_kind = run["summary"].get("by_kind", {})
+        out.write("%-14s" % run["policy"] + "".join(
+            " %20s" % ("%.2f / %.2f / %.2f" % (by_kind[name]["share"],
+                                               by_kind[name]["big_class_share"],
+                                               by_kind[name]["misses_per_request"])
+                       if name in by_kind else "") for name in names) + "\n")
 
 
 def dump(name: str, config: Dict[str, Any], runs: List[Dict[str, Any]],

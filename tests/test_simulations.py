@@ -259,6 +259,30 @@ def test_affinity_loads_less_than_published_on_the_nasa_log():
     assert totals["affinity"][1] < totals["published"][1]
 
 
+def test_a_mixed_fleet_serves_by_speed_and_cache_and_affinity_favours_the_big_caches():
+    # Without a hand-set weight: résumé scores carry a worker's speed, and
+    # its cache shows in them as hits.  Least backlog sees only the speed.
+    config = scenario("mixed_fleet", requests=60000)
+    kinds = {policy: simulate(config, policy)["summary"]["by_kind"]
+             for policy in ("affinity", "least_backlog")}
+    for by_kind in kinds.values():
+        assert sorted(by_kind) == ["cache 20000 speed 1", "cache 20000 speed 2",
+                                   "cache 5000 speed 1", "cache 5000 speed 2"]
+        assert all(kind["workers"] == 2 and kind["fair_share"] == 0.25
+                   for kind in by_kind.values())
+        fast = sum(kind["share"] for name, kind in by_kind.items() if name.endswith("2"))
+        assert fast > 0.6  # (half the workers)
+    least = kinds["least_backlog"]
+    assert least["cache 20000 speed 1"]["misses_per_request"] < \
+        least["cache 5000 speed 1"]["misses_per_request"]
+    affinity = kinds["affinity"]
+    big = sum(kind["share"] for name, kind in affinity.items() if "20000" in name)
+    assert big > 0.55 and big > sum(kind["share"] for name, kind in least.items()
+                                    if "20000" in name)
+    assert all(affinity[name]["misses_per_request"] < least[name]["misses_per_request"]
+               for name in affinity)
+
+
 def test_affinity_degrades_no_more_than_published_as_lbs_are_added():
     # Many classes for the requests: each LB recruits for them, which is
     # where LBs that recruit differently copy classes.
