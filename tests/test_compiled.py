@@ -31,13 +31,13 @@ RUNS = {
 
 
 def simulate(args):
-    """The affinity pool's results of a simulator run, as JSON without its
-    wall time."""
+    """The affinity pool's results of a simulator run (its runs, not the
+    parameters, which grow), as JSON without its wall time."""
     out = subprocess.run(
         [sys.executable, "-m", "zc_lb.simulations", *args, "--json", "--no-plots",
          "--policies", "affinity"],
         capture_output=True, text=True, timeout=120, check=True).stdout
-    return without_wall_time(json.loads(out))
+    return without_wall_time(json.loads(out)["runs"])
 
 
 def without_wall_time(results):
