@@ -75,6 +75,7 @@ if os.environ.get("ZC_LB_PURE") == "1":
     _pure_reason = "source (ZC_LB_PURE=1)"
 elif _stale():
     _pure_reason = "source (the compiled modules are older than it: make builds them again)"
-    sys.stderr.write("zc-lb: running the routing pool's " + _pure_reason + "\n")
+    sys.stderr.write("zc-lb: the compiled modules are older than their source: running "
+                     "the source (make builds them again)\n")
 if _pure_reason:
     sys.meta_path.insert(0, _SourceFinder)
