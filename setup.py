@@ -17,7 +17,8 @@ def compiled_modules():
 
     with open("src/zc_lb/__init__.py") as f:
         modules = next(ast.literal_eval(node.value) for node in ast.parse(f.read()).body
-                       if isinstance(node, ast.Assign) and node.targets[0].id == "COMPILED")
+                       if isinstance(node, ast.Assign)
+                       and getattr(node.targets[0], "id", None) == "COMPILED")
     return mypycify(["src/zc_lb/%s.py" % name for name in modules],
                     group_name="zc_lb._compiled", opt_level="3")
 
