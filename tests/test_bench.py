@@ -213,3 +213,15 @@ def test_bench_bodies_tiny_run_prints_its_line():
     assert line, done.stdout
     assert all(float(value) > 0 for value in line.groups()), done.stdout
     assert "req/s" not in done.stdout  # no wrk table without wrk targets
+
+
+def test_the_idle_measure_holds_clients_open_and_weighs_the_lb():
+    args = bench.build_parser().parse_args([])
+    result = bench.measure_idle(args, clients=40)
+    assert result["clients"] == 40
+    assert result["lb_rss_kb_after"] > result["lb_rss_kb_before"] > 0
+    assert result["kb_per_client"] == pytest.approx(
+        (result["lb_rss_kb_after"] - result["lb_rss_kb_before"]) / 40)
+    assert result["met"] == (result["kb_per_client"] <= bench.GOAL_IDLE_KB)
+    assert re.match(r"idle keep-alive clients \(40\): [\d.]+ KB of LB memory each "
+                    r"\(LB \d+ -> \d+ KB\); goal <= 8 KB: (NOT )?met$", bench.idle_line(result))

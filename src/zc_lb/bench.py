@@ -96,8 +96,12 @@ BODY = b"Hello, world\n"
 HAPROXY_TEMPLATE = Path(__file__).resolve().parents[2] / "etc" / "haproxy-bench.cfg"
 SERVE_READY = "zc-lb bench server listening on "
 TARGETS = ("zc-lb", "haproxy", "direct", "lb-1p", "lb-2p", "floor", "zc-lb-cpu",
-           "haproxy-cpu", "bodies")
+           "haproxy-cpu", "bodies", "idle")
 BODIES = "bodies"  # the large-body measure's name in --targets (not a wrk target)
+IDLE = "idle"  # and the idle clients' memory measure's
+IDLE_CLIENTS = 900  # keep-alive clients held idle
+IDLE_SETTLE = 3.0  # seconds idle before the LB is measured (it parks them after 2)
+GOAL_IDLE_KB = 8.0  # the LB's memory per idle keep-alive client
 REALISTIC = ("zc-lb-cpu", "haproxy-cpu")  # measured with CPU_CONNECTIONS
 SCALE_WORKERS = 4  # workers behind lb-1p and lb-2p: enough that the LB is the limit
 GOAL_LB_CPU = 2.0  # the LB's CPU per request over HAProxy's, in the same run
@@ -576,6 +580,65 @@ def bodies_line(result: Dict[str, object]) -> str:
         "met" if result["met"] else "NOT met")
 
 
+def rss_kb(pid: int) -> int:
+    """A process's resident memory, in KB (Linux /proc)."""
+    with open("/proc/%d/status" % pid) as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def measure_idle(args: argparse.Namespace, clients: int = IDLE_CLIENTS) -> Dict[str, object]:
+    """The LB's memory per idle keep-alive client: ``clients`` connections
+    each make one request, then stay open and quiet; the LB's resident
+    memory after they settle, less before they came, over their number."""
+    request = b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n"
+    with zc_lb_cluster(args, ["zc_lb.bench:hello_app", "--greenlets"], 1) as (address, lb, _):
+        host, port = address.rsplit(":", 1)
+        with contextlib.ExitStack() as stack:
+            warm = stack.enter_context(socket.create_connection((host, int(port)), timeout=10))
+            for _ in range(200):  # (the LB's own first-request allocations)
+                warm.sendall(request)
+                _read_response(warm)
+            time.sleep(IDLE_SETTLE)
+            before = rss_kb(lb.pid)
+            socks = [stack.enter_context(socket.create_connection((host, int(port)), timeout=10))
+                     for _ in range(clients)]
+            for sock in socks:
+                sock.sendall(request)
+            for sock in socks:
+                _read_response(sock)
+            time.sleep(IDLE_SETTLE)
+            after = rss_kb(lb.pid)
+    kb = (after - before) / clients
+    return {"clients": clients, "lb_rss_kb_before": before, "lb_rss_kb_after": after,
+            "kb_per_client": kb, "goal_kb": GOAL_IDLE_KB, "met": kb <= GOAL_IDLE_KB}
+
+
+def _read_response(sock: socket.socket) -> None:
+    """Read one small response with a Content-Length, whole."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise BenchError("the LB closed a keep-alive connection")
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise BenchError("the LB closed a keep-alive connection mid-response")
+        body += chunk
+
+
+def idle_line(result: Dict[str, object]) -> str:
+    """The idle clients' memory line, with its goal."""
+    return ("idle keep-alive clients (%s): %.1f KB of LB memory each (LB %s -> %s KB); "
+            "goal <= %.0f KB: %s" % (
+                result["clients"], result["kb_per_client"], result["lb_rss_kb_before"],
+                result["lb_rss_kb_after"], GOAL_IDLE_KB, "met" if result["met"] else "NOT met"))
+
+
 # -- reporting ------------------------------------------------------------
 
 
@@ -813,13 +876,14 @@ def find_tool(name: str, package: str) -> str:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    wrk_targets = [name for name in args.targets if name != BODIES]
+    wrk_targets = [name for name in args.targets if name not in (BODIES, IDLE)]
     if wrk_targets:
         args.wrk = find_tool("wrk", "wrk")
     if any(target.startswith("haproxy") for target in args.targets):
         args.haproxy = find_tool("haproxy", "haproxy")
     results = [measure(name, args) for name in wrk_targets]
     bodies = measure_bodies(args) if BODIES in args.targets else None
+    idle = measure_idle(args) if IDLE in args.targets else None
     costs = {policy: pool_us(policy) for policy in ("affinity", "published")}
     intake = intake_ms()
     if args.json:
@@ -829,6 +893,7 @@ def run_bench(args: argparse.Namespace) -> int:
                                        "body_transfers": args.body_transfers,
                                        "cpus": os.cpu_count()},
                           "results": results, "ratios": ratios(results), "bodies": bodies,
+                          "idle": idle,
                           "pool_us_per_request": costs, "resume_intake_ms": intake},
                          indent=2))
         return 0
@@ -838,6 +903,8 @@ def run_bench(args: argparse.Namespace) -> int:
         print(format_table(results))
     if bodies is not None:
         print(bodies_line(bodies))
+    if idle is not None:
+        print(idle_line(idle))
     print(pool_line(costs))
     print(intake_line(intake))
     return 0
