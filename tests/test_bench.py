@@ -224,3 +224,15 @@ def test_the_idle_measure_holds_clients_open_and_weighs_the_lb():
     assert re.match(r"idle keep-alive clients \(40\): [\d.]+ KB of LB memory each, parked in "
                     r"batches of 20; [\d.]+ KB when all came at once \(the burst's peak, which "
                     r"the allocator keeps\); goal <= 8 KB: (NOT )?met$", bench.idle_line(result))
+
+
+def test_the_slow_measure_holds_clients_that_read_nothing_and_times_another():
+    args = bench.build_parser().parse_args([])
+    result = bench.measure_slow(args, clients=20, kb=64)
+    assert (result["clients"], result["response_kb"]) == (20, 64)
+    assert result["p99_ms_without"] > 0 and result["p99_ms_with"] > 0
+    assert result["met"] == (result["kb_per_client"] <= bench.GOAL_SLOW_KB
+                             and result["p99_ms_with"] <= 2 * result["p99_ms_without"])
+    assert re.match(r"slow clients \(20, 64 KB each, reading nothing\): -?[\d.]+ KB of LB "
+                    r"memory each; another client's p99 [\d.]+ ms with them, [\d.]+ without; "
+                    r"goal <= 64 KB, p99 within 2x: (NOT )?met$", bench.slow_line(result))

@@ -96,13 +96,18 @@ BODY = b"Hello, world\n"
 HAPROXY_TEMPLATE = Path(__file__).resolve().parents[2] / "etc" / "haproxy-bench.cfg"
 SERVE_READY = "zc-lb bench server listening on "
 TARGETS = ("zc-lb", "haproxy", "direct", "lb-1p", "lb-2p", "floor", "zc-lb-cpu",
-           "haproxy-cpu", "bodies", "idle")
+           "haproxy-cpu", "bodies", "idle", "slow")
 BODIES = "bodies"  # the large-body measure's name in --targets (not a wrk target)
 IDLE = "idle"  # and the idle clients' memory measure's
 IDLE_CLIENTS = 900  # keep-alive clients held idle
 IDLE_BATCH = 100  # of them at once, each batch parked before the next comes
 IDLE_SETTLE = 2.5  # seconds idle before the LB is measured (it parks them after 2)
 GOAL_IDLE_KB = 8.0  # the LB's memory per idle keep-alive client
+SLOW = "slow"  # and the slow clients' measure's
+SLOW_CLIENTS = 1000  # clients that stop reading a response
+SLOW_KB = 256  # the response each of them asks for
+GOAL_SLOW_KB = 64.0  # the LB's memory per slow client
+SLOW_P99 = 2.0  # other clients' p99 with them, over without, at most (timing noise)
 REALISTIC = ("zc-lb-cpu", "haproxy-cpu")  # measured with CPU_CONNECTIONS
 SCALE_WORKERS = 4  # workers behind lb-1p and lb-2p: enough that the LB is the limit
 GOAL_LB_CPU = 2.0  # the LB's CPU per request over HAProxy's, in the same run
@@ -625,6 +630,66 @@ def _idle_kb(args: argparse.Namespace, clients: int, batch: int) -> float:
             return (rss_kb(lb.pid) - before) / clients
 
 
+def measure_slow(args: argparse.Namespace, clients: int = SLOW_CLIENTS,
+                 kb: int = SLOW_KB) -> Dict[str, object]:
+    """The LB's memory per slow client, and what they do to the others:
+    ``clients`` connections ask for ``kb`` KB each and read nothing more
+    once it has started; the workers are freed by the LB's buffers (in
+    memory up to ``--buffer-memory-total``, then on disk).  The LB's
+    resident memory with them, less before, over their number; another
+    client's p99 over sequential small requests, without them and with."""
+    request = b"GET /?size=%d HTTP/1.1\r\nHost: bench\r\n\r\n" % (kb * 1024)
+    with zc_lb_cluster(args, ["zc_lb.bench:bodies_app", "--greenlets"]) as (address, lb, _):
+        host, port = address.rsplit(":", 1)
+        before_p99 = _p99_ms(host, int(port))
+        time.sleep(IDLE_SETTLE)
+        before = rss_kb(lb.pid)
+        with contextlib.ExitStack() as stack:
+            for _ in range(clients):
+                sock = stack.enter_context(socket.socket())
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.settimeout(10)
+                sock.connect((host, int(port)))
+                sock.sendall(request)
+            deadline = time.monotonic() + 60
+            settled, last = 0, -1  # until the LB holds what it will hold
+            while settled < 4 and time.monotonic() < deadline:
+                time.sleep(0.5)
+                now = rss_kb(lb.pid)
+                settled = settled + 1 if abs(now - last) < 0.005 * now else 0
+                last = now
+            during = rss_kb(lb.pid)
+            during_p99 = _p99_ms(host, int(port))
+    kb_each = (during - before) / clients
+    return {"clients": clients, "response_kb": kb, "kb_per_client": kb_each,
+            "p99_ms_without": before_p99, "p99_ms_with": during_p99, "goal_kb": GOAL_SLOW_KB,
+            "met": kb_each <= GOAL_SLOW_KB and during_p99 <= SLOW_P99 * before_p99}
+
+
+def _p99_ms(host: str, port: int, requests: int = 400) -> float:
+    """p99 of sequential small requests on one keep-alive connection, ms."""
+    request = b"GET /?size=100 HTTP/1.1\r\nHost: bench\r\n\r\n"
+    times = []
+    with socket.create_connection((host, port), timeout=10) as sock:
+        for _ in range(requests):
+            start = time.perf_counter()
+            sock.sendall(request)
+            _read_response(sock)
+            times.append(time.perf_counter() - start)
+    times.sort()
+    return 1000 * times[int(0.99 * len(times))]
+
+
+def slow_line(result: Dict[str, object]) -> str:
+    """The slow clients' line, with its goal."""
+    return ("slow clients (%s, %s KB each, reading nothing): %.1f KB of LB memory each; "
+            "another client's p99 %.2f ms with them, %.2f without; goal <= %.0f KB, "
+            "p99 within %.0fx: %s" % (
+                result["clients"], result["response_kb"], result["kb_per_client"],
+                result["p99_ms_with"], result["p99_ms_without"], GOAL_SLOW_KB, SLOW_P99,
+                "met" if result["met"] else "NOT met"))
+
+
 def _read_response(sock: socket.socket) -> None:
     """Read one small response with a Content-Length, whole."""
     data = b""
@@ -890,7 +955,7 @@ def find_tool(name: str, package: str) -> str:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    wrk_targets = [name for name in args.targets if name not in (BODIES, IDLE)]
+    wrk_targets = [name for name in args.targets if name not in (BODIES, IDLE, SLOW)]
     if wrk_targets:
         args.wrk = find_tool("wrk", "wrk")
     if any(target.startswith("haproxy") for target in args.targets):
@@ -898,6 +963,7 @@ def run_bench(args: argparse.Namespace) -> int:
     results = [measure(name, args) for name in wrk_targets]
     bodies = measure_bodies(args) if BODIES in args.targets else None
     idle = measure_idle(args) if IDLE in args.targets else None
+    slow = measure_slow(args) if SLOW in args.targets else None
     costs = {policy: pool_us(policy) for policy in ("affinity", "published")}
     intake = intake_ms()
     if args.json:
@@ -907,7 +973,7 @@ def run_bench(args: argparse.Namespace) -> int:
                                        "body_transfers": args.body_transfers,
                                        "cpus": os.cpu_count()},
                           "results": results, "ratios": ratios(results), "bodies": bodies,
-                          "idle": idle,
+                          "idle": idle, "slow": slow,
                           "pool_us_per_request": costs, "resume_intake_ms": intake},
                          indent=2))
         return 0
@@ -919,6 +985,8 @@ def run_bench(args: argparse.Namespace) -> int:
         print(bodies_line(bodies))
     if idle is not None:
         print(idle_line(idle))
+    if slow is not None:
+        print(slow_line(slow))
     print(pool_line(costs))
     print(intake_line(intake))
     return 0
