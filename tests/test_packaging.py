@@ -262,3 +262,20 @@ def test_wheel_installed_outside_the_checkout_has_the_tools_and_the_licence(tmp_
     assert len(where.split()) == 3 and all(path.startswith(purelib) for path in where.split())
     assert subprocess.run([python, "-c", "import playback"], cwd=outside, env=env,
                           capture_output=True).returncode == 1  # no top-level name taken
+
+
+@pytest.mark.parametrize("path", ["README.rst", "docs/design.rst", "playback/README.rst",
+                                  "playback/logs/README.rst", "simulations/README.rst"])
+def test_the_documents_are_valid_restructuredtext(path):
+    # A malformed table is not an error to a reader's eye, but PyPI and
+    # docutils drop it (make bench's table overflowed its columns once).
+    import docutils.core
+    import docutils.utils
+
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        text = f.read()
+    try:
+        docutils.core.publish_string(text, source_path=path, writer_name="null",
+                                     settings_overrides={"report_level": 2, "halt_level": 2})
+    except docutils.utils.SystemMessage as exc:
+        pytest.fail("%s: %s" % (path, exc))
