@@ -587,9 +587,9 @@ def bodies_line(result: Dict[str, object]) -> str:
 
 
 def rss_kb(pid: int) -> int:
-    """A process's resident memory, in KB (Linux /proc)."""
-    with open("/proc/%d/status" % pid) as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    """A process's resident memory, in KiB (Linux /proc)."""
+    with open("/proc/%d/statm" % pid) as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 
 
 def measure_idle(args: argparse.Namespace, clients: int = IDLE_CLIENTS,
@@ -615,7 +615,7 @@ def _idle_kb(args: argparse.Namespace, clients: int, batch: int) -> float:
             warm = stack.enter_context(socket.create_connection((host, int(port)), timeout=10))
             for _ in range(200):  # (the LB's own first-request allocations)
                 warm.sendall(request)
-                _read_response(warm)
+                read_response(warm)
             time.sleep(IDLE_SETTLE)
             before = rss_kb(lb.pid)
             for start in range(0, clients, batch):
@@ -625,7 +625,7 @@ def _idle_kb(args: argparse.Namespace, clients: int, batch: int) -> float:
                 for sock in socks:
                     sock.sendall(request)
                 for sock in socks:
-                    _read_response(sock)
+                    read_response(sock)
                 time.sleep(IDLE_SETTLE)
             return (rss_kb(lb.pid) - before) / clients
 
@@ -674,7 +674,7 @@ def _p99_ms(host: str, port: int, requests: int = 400) -> float:
         for _ in range(requests):
             start = time.perf_counter()
             sock.sendall(request)
-            _read_response(sock)
+            read_response(sock)
             times.append(time.perf_counter() - start)
     times.sort()
     return 1000 * times[int(0.99 * len(times))]
@@ -690,22 +690,28 @@ def slow_line(result: Dict[str, object]) -> str:
                 "met" if result["met"] else "NOT met"))
 
 
-def _read_response(sock: socket.socket) -> None:
-    """Read one small response with a Content-Length, whole."""
+def read_response(sock: socket.socket) -> str:
+    """Read one response framed by its Content-Length, whole; its status
+    code.  ConnectionError if the peer closes before it is all there."""
     data = b""
     while b"\r\n\r\n" not in data:
-        chunk = sock.recv(4096)
+        chunk = sock.recv(65536)
         if not chunk:
-            raise BenchError("the LB closed a keep-alive connection")
+            raise ConnectionError("connection closed before a response")
         data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:"))
-    while len(body) < length:
-        chunk = sock.recv(4096)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    length = 0
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value)
+    while len(rest) < length:
+        chunk = sock.recv(65536)
         if not chunk:
-            raise BenchError("the LB closed a keep-alive connection mid-response")
-        body += chunk
+            raise ConnectionError("connection closed in a body")
+        rest += chunk
+    return lines[0].split()[1]
 
 
 def idle_line(result: Dict[str, object]) -> str:

@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Dict, Iterator, List, Tuple
 
-from .bench import running
+from .bench import read_response, rss_kb, running
 
 FLAT = 0.05  # memory may grow this much after warm-up and still be flat
 FD_SLACK = 8  # descriptors a busy process may hold more at one moment
@@ -112,7 +112,7 @@ class Client:
                 sock = gevent.socket.create_connection(self.address, timeout=30)
                 sock.setsockopt(gevent.socket.IPPROTO_TCP, gevent.socket.TCP_NODELAY, 1)
             sock.sendall(head.encode() + b"\r\n" + body)
-            status = _read_response(sock)
+            status = read_response(sock)
             self._count(status)
             self.done += 1
         except (OSError, ValueError) as exc:
@@ -126,37 +126,12 @@ class Client:
         return sock
 
 
-def _read_response(sock) -> str:
-    """Read one response (Content-Length framed); its status code."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ValueError("connection closed before a response")
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    length = 0
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        if name.strip().lower() == "content-length":
-            length = int(value)
-    while len(rest) < length:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ValueError("connection closed in a body")
-        rest += chunk
-    return lines[0].split()[1]
-
-
 # -- watching the processes ---------------------------------------------------
 
 
 def sample(pid: int) -> Tuple[int, int]:
     """(RSS in KiB, open file descriptors) of ``pid``."""
-    with open("/proc/%d/statm" % pid) as f:
-        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
-    return rss, len(os.listdir("/proc/%d/fd" % pid))
+    return rss_kb(pid), len(os.listdir("/proc/%d/fd" % pid))
 
 
 def verdict(series: List[Tuple[int, int]], warm: int) -> str:
