@@ -56,7 +56,7 @@ setup(
         # runs the suite in two processes, each with its own ZooKeeper
         "test": ["pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3", "hypothesis>=6",
                  "mypy>=1.0", "pastedeploy>=3",
-                 "selenium>=4.10", "PyYAML>=6", "flask>=2", "docutils>=0.20"],
+                 "selenium>=4.10", "PyYAML>=6", "flask>=2", "docutils>=0.22"],
         # replay and compare need only gevent; the Locust front end
         # (playback/locustfile.py) needs locust and its geventhttpclient.
         "playback": ["locust>=2.20"],

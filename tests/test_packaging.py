@@ -275,7 +275,7 @@ def test_the_documents_are_valid_restructuredtext(path):
     with open(os.path.join(ROOT, path), encoding="utf-8") as f:
         text = f.read()
     try:
-        docutils.core.publish_string(text, source_path=path, writer_name="null",
+        docutils.core.publish_string(text, source_path=path, writer="null",
                                      settings_overrides={"report_level": 2, "halt_level": 2})
     except docutils.utils.SystemMessage as exc:
         pytest.fail("%s: %s" % (path, exc))

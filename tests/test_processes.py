@@ -12,7 +12,7 @@ import pytest
 
 from zc_lb.processes import child_argv, lb_argv
 from zc_lb.status import merge_status
-from zc_lb.testing import LBProcess, WorkerProcess, free_port, start_all, wait_for
+from zc_lb.testing import LBProcess, WorkerProcess, start_all, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -57,10 +57,10 @@ def get(address, path="/"):
 @pytest.fixture
 def processes_lb():
     workers = start_all([WorkerProcess("apps:app", env=ENV) for _ in range(2)])
-    status_address = "127.0.0.1:%d" % free_port()
     lb = LBProcess([w.address for w in workers], "--processes", "2",
-                   "--status", status_address, env=ENV).start()
-    lb.status_address = status_address
+                   "--status", "127.0.0.1:0", env=ENV).start()
+    # (port 0: a port picked here and bound there was once taken in between)
+    status_address = lb.status_address = lb.said("zc-lb status on ")
     wait_for(lambda: len(status(status_address)["processes"]) == 2
              and all(w["connected"] for w in status(status_address)["workers"].values()),
              message="both processes connected to both workers")

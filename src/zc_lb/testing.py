@@ -101,6 +101,18 @@ class Process:
         threading.Thread(target=self._drain, daemon=True).start()
         return self
 
+    def said(self, prefix: str, timeout: float = 10.0) -> str:
+        """The address that ends the first line the process printed
+        starting with ``prefix`` (e.g. "zc-lb status on "): an address it
+        chose itself (port 0) cannot be taken before it binds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if line.startswith(prefix):
+                    return line[len(prefix):].strip()
+            time.sleep(0.02)
+        raise RuntimeError("%s never said %r" % (self.command, prefix))
+
     def _first_line(self, timeout: float) -> str:
         assert self.process is not None and self.process.stdout is not None
         result: List[str] = []
