@@ -43,10 +43,9 @@ def cluster(request):
     def make(n_workers=2, lb_args=(), worker_args=(), env=None):
         workers = start_workers(n_workers, *worker_args, env=env)
         started.extend(workers)
-        status_port = free_port()
-        lb = LBProcess([w.address for w in workers], "--status", "127.0.0.1:%d" % status_port,
+        lb = LBProcess([w.address for w in workers], "--status", "127.0.0.1:0",
                        *lb_args).start()
-        lb.status_address = "127.0.0.1:%d" % status_port
+        lb.status_address = lb.said("zc-lb status on ")  # (its own port: none to race for)
         started.append(lb)
         wait_for(lambda: connected(lb) == len(workers), message="LB connected to workers")
         return lb, workers
@@ -378,8 +377,8 @@ def test_worker_restarted_with_its_resume_file_has_its_skills_back(cluster, tmp_
     port = free_port()
     worker = WorkerProcess(APP, "--listen", "127.0.0.1:%d" % port, "--history", "5",
                            "--resume-file", resume_file, env=ENV).start()
-    lb = LBProcess([worker.address], "--status", "127.0.0.1:%d" % free_port()).start()
-    lb.status_address = lb.args[lb.args.index("--status") + 1]
+    lb = LBProcess([worker.address], "--status", "127.0.0.1:0").start()
+    lb.status_address = lb.said("zc-lb status on ")
     try:
         wait_for(lambda: connected(lb) == 1)
         for _ in range(10):
@@ -675,9 +674,9 @@ def test_a_failing_worker_is_ejected_and_healthy_ones_serve(cluster):
         assert broken.address not in status_doc["workers"]
         lb_addresses = [w.address for w in workers] + [broken.address]
         lb2 = LBProcess(lb_addresses, "--eject-after", "3", "--eject-time", "60",
-                        "--status", "127.0.0.1:%d" % free_port())
-        lb2.status_address = lb2.args[lb2.args.index("--status") + 1]
+                        "--status", "127.0.0.1:0")
         lb2.start()
+        lb2.status_address = lb2.said("zc-lb status on ")
         try:
             wait_for(lambda: connected(lb2) == 3, message="LB connected to workers")
             codes = [request(lb2, "/", host="h%d.example" % (i % 4))[0] for i in range(60)]
@@ -778,9 +777,9 @@ def test_health_checks_eject_a_broken_worker_before_traffic_does():
     good = WorkerProcess(APP, env=ENV).start()
     lb = LBProcess([broken.address, good.address], "--health-check", "/",
                    "--health-interval", "0.2", "--eject-after", "2",
-                   "--status", "127.0.0.1:%d" % free_port())
-    lb.status_address = lb.args[lb.args.index("--status") + 1]
+                   "--status", "127.0.0.1:0")
     lb.start()
+    lb.status_address = lb.said("zc-lb status on ")
     try:
         wait_for(lambda: status(lb)["workers"][broken.address].get("ejected"), timeout=10,
                  message="the broken worker ejected by health checks alone")
@@ -917,10 +916,9 @@ def test_a_worker_added_under_light_load_gets_requests(tmp_path):
         config.write_text("[lb]\nworker = [%s]\n" % ", ".join(
             '"%s"' % w.address for w in workers[:n]))
     configure(3)
-    status_address = "127.0.0.1:%d" % free_port()
-    lb = LBProcess([], "--config", str(config), "--status", status_address,
+    lb = LBProcess([], "--config", str(config), "--status", "127.0.0.1:0",
                    "--slow-start", "300", env=ENV).start()
-    lb.status_address = status_address
+    lb.status_address = lb.said("zc-lb status on ")
     try:
         wait_for(lambda: connected(lb) == 3)
         rng = random.Random(1)

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 from kazoo.client import KazooClient
 
-from zc_lb.testing import LBProcess, WorkerProcess, free_port, http_get, wait_for
+from zc_lb.testing import LBProcess, WorkerProcess, http_get, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -39,10 +39,9 @@ def site(zk_hosts):
         return process
 
     def lb(*args):
-        status_port = free_port()
         process = LBProcess([], "--zookeeper", zk_hosts, "--path", "/lb",
-                            "--status", "127.0.0.1:%d" % status_port, *args).start()
-        process.status_address = "127.0.0.1:%d" % status_port
+                            "--status", "127.0.0.1:0", *args).start()
+        process.status_address = process.said("zc-lb status on ")
         started.append(process)
         return process
 
@@ -233,10 +232,9 @@ def test_single_version_still_follows_after_a_zookeeper_blip(site, zookeeper, tm
     log_path = tmp_path / "lb.log"
     workers = [site.worker("--version", "1"), site.worker("--version", "1")]
     with open(log_path, "w") as log:
-        status_port = free_port()
         lb = LBProcess([], "--zookeeper", site.hosts, "--path", "/lb", "--single-version",
-                       "--status", "127.0.0.1:%d" % status_port, stderr=log).start()
-    lb.status_address = "127.0.0.1:%d" % status_port
+                       "--status", "127.0.0.1:0", stderr=log).start()
+    lb.status_address = lb.said("zc-lb status on ")
     try:
         wait_for(lambda: in_pool(lb) == sorted(w.address for w in workers))
         zookeeper.stop()
