@@ -64,9 +64,8 @@ def in_flight(status_address):
 
 def lb_with_status(procs, *lb_args, stderr=None):
     """An LB (with a status server) in front of one apps:app worker."""
-    status = "127.0.0.1:%d" % free_port()
-    lb, worker = lb_with_worker(procs, "--status", status, *lb_args, stderr=stderr)
-    lb.status_address = status
+    lb, worker = lb_with_worker(procs, "--status", "127.0.0.1:0", *lb_args, stderr=stderr)
+    lb.status_address = lb.said("zc-lb status on ")  # (its own port: none to race for)
     return lb, worker
 
 
@@ -542,8 +541,9 @@ def test_sighup_is_logged_and_ignored_by_the_lb_and_the_worker(procs, tmp_path):
     log = tmp_path / "lb.log"
     with open(log, "w") as stderr:
         worker = procs(WorkerProcess("apps:app", env=ENV, stderr=stderr))
-        status = "127.0.0.1:%d" % free_port()
-        lb = procs(LBProcess([worker.address], "--status", status, env=ENV, stderr=stderr))
+        lb = procs(LBProcess([worker.address], "--status", "127.0.0.1:0", env=ENV,
+                             stderr=stderr))
+    status = lb.said("zc-lb status on ")
     wait_for(lambda: get(lb.address)[0] == 200, message="LB serving")
     slow = []
     thread = threading.Thread(target=lambda: slow.append(get(lb.address, "/slow?1")))

@@ -21,7 +21,7 @@ from zc_lb.lb import LB
 from zc_lb.metrics import LBCollector, bound_classes, exposition
 from zc_lb.status import RequestHistory, merge_status, status_app
 from zc_lb.statuspage import render, sparkline
-from zc_lb.testing import LBProcess, WorkerProcess, free_port, wait_for
+from zc_lb.testing import LBProcess, WorkerProcess, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -139,15 +139,14 @@ def cluster():
         for _ in range(n_workers):
             args = ["apps:app"]
             if worker_status:
-                port = free_port()
-                args += ["--status", "127.0.0.1:%d" % port]
+                args += ["--status", "127.0.0.1:0"]
             worker = WorkerProcess(*args, env=ENV).start()
-            worker.status_address = "127.0.0.1:%d" % port if worker_status else None
+            worker.status_address = (worker.said("zc-lb worker status on ") if worker_status
+                                     else None)
             started.append(worker)
             workers.append(worker)
-        status = "127.0.0.1:%d" % free_port()
-        lb = LBProcess([w.address for w in workers], "--status", status).start()
-        lb.status_address = status
+        lb = LBProcess([w.address for w in workers], "--status", "127.0.0.1:0").start()
+        lb.status_address = status = lb.said("zc-lb status on ")
         started.append(lb)
 
         def connected():

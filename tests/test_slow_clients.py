@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from zc_lb.testing import LBProcess, WorkerProcess, free_port, wait_for
+from zc_lb.testing import LBProcess, WorkerProcess, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -139,10 +139,8 @@ def test_slow_downloaders_hold_no_worker_thread_and_stall_nobody(procs):
     # them waited for a client.  Buffered, the workers are free as soon as
     # they have produced the responses: 64 MiB in memory, the rest on disk.
     workers = [procs(WorkerProcess("apps:app", env=ENV)) for _ in range(2)]
-    status_port = free_port()
-    lb = procs(LBProcess([w.address for w in workers], "--status",
-                         "127.0.0.1:%d" % status_port, env=ENV))
-    status_url = "http://127.0.0.1:%d/" % status_port
+    lb = procs(LBProcess([w.address for w in workers], "--status", "127.0.0.1:0", env=ENV))
+    status_url = "http://%s/" % lb.said("zc-lb status on ")
     wait_for(lambda: sum(w.get("in_pool", False)
                          for w in fetch_json(status_url)["workers"].values()) == 2)
     before = latencies(lb.address, 1)
