@@ -229,8 +229,8 @@ class AffinityPool(Pool):
     attributes of the pool, and their counts (``resets``,
     ``adoptions``, ``unskilled``, ``relearn_armed``) are properties."""
 
-    SETTINGS: ClassVar[Tuple[str, ...]] = Pool.SETTINGS + ("spread", "footprint_window", "slow_start", "balance",
-                                "stick", "widen")
+    SETTINGS: ClassVar[Tuple[str, ...]] = Pool.SETTINGS + (
+        "spread", "footprint_window", "slow_start", "balance", "stick", "widen")
     spread: float
     footprint_window: int
     slow_start: int

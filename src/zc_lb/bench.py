@@ -633,8 +633,8 @@ def _idle_kb(args: argparse.Namespace, clients: int, batch: int) -> float:
 def measure_slow(args: argparse.Namespace, clients: int = SLOW_CLIENTS,
                  kb: int = SLOW_KB) -> Dict[str, object]:
     """The LB's memory per slow client, and what they do to the others:
-    ``clients`` connections ask for ``kb`` KB each and read nothing more
-    once it has started; the workers are freed by the LB's buffers (in
+    ``clients`` connections ask for ``kb`` KB each and read none of it
+    (a 4 KB receive buffer); the workers are freed by the LB's buffers (in
     memory up to ``--buffer-memory-total``, then on disk).  The LB's
     resident memory with them, less before, over their number; another
     client's p99 over sequential small requests, without them and with."""

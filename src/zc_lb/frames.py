@@ -292,8 +292,7 @@ def _encode(message: Message, whole: bool) -> bytes:
         return HEADER.pack(0, message.TYPE, 0)
     if isinstance(message, Resume):
         for score in message.skills.values():  # (what the LB would refuse)
-            if (type(score) is bool or not isinstance(score, (int, float))
-                    or not math.isfinite(score)):
+            if not _is_number(score) or not math.isfinite(score):
                 raise LocalProtocolError("résumé with a score that is not finite: %r"
                                          % (score,))
         return _frame(0, Resume.TYPE, _json(message.skills))
@@ -346,10 +345,21 @@ def _response_frames(rno: int, head: bytes, body: bytes, end: bool, whole: bool)
     return b"".join(parts)
 
 
+def _is_number(value: object) -> bool:
+    """An int or a float, not a bool: what a score or a time may be."""
+    return isinstance(value, (int, float)) and type(value) is not bool
+
+
+def _good_elapsed(value: object) -> bool:
+    """A response time the peer takes: in [0, ``MAX_ELAPSED``) seconds."""
+    return (isinstance(value, (int, float)) and type(value) is not bool
+            and 0.0 <= value < MAX_ELAPSED)
+
+
 def _check_elapsed(elapsed: float) -> None:
-    """Refuse a response time the peer would refuse (dropping the whole
-    connection): one that is not in [0, ``MAX_ELAPSED``) seconds."""
-    if type(elapsed) is bool or not 0.0 <= elapsed < MAX_ELAPSED:  # (NaN too)
+    """Refuse a response time the peer would refuse, dropping the whole
+    connection (NaN included)."""
+    if not _good_elapsed(elapsed):
         raise LocalProtocolError("response time %r is not in [0, %g) seconds"
                                  % (elapsed, MAX_ELAPSED))
 
@@ -435,7 +445,7 @@ def _decode_resume(rno: int, payload: bytes) -> Resume:
         return Resume(obj)  # (what workers send: a check in C, no copy)
     skills = {}
     for rclass, score in obj.items():
-        if isinstance(score, bool) or not isinstance(score, (int, float)):
+        if not _is_number(score):
             raise RemoteProtocolError("résumé score for %r is not a number" % rclass)
         try:
             skills[rclass] = float(score)
@@ -466,8 +476,7 @@ def _response_head(payload) -> Tuple[str, List[Tuple[str, str]], Optional[float]
     elapsed = None
     if len(obj) == 3:
         elapsed = obj[2]
-        if (isinstance(elapsed, bool) or not isinstance(elapsed, (int, float))
-                or not 0 <= elapsed < MAX_ELAPSED):
+        if not _good_elapsed(elapsed):
             raise RemoteProtocolError("malformed response time %r" % (elapsed,))
         elapsed = float(elapsed)
     headers = []

@@ -51,8 +51,8 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import (Any, ClassVar, Container, Dict, Hashable, Iterable, List, Mapping, Optional,
-                    Set, Tuple)
+from typing import (Any, ClassVar, Container, Dict, Hashable, Iterable, Mapping, Optional, Set,
+                    Tuple)
 
 from .settings import LB_SETTINGS, check
 
@@ -238,15 +238,12 @@ class Pool:
             skilled[worker] = score
             touched.add(rclass)
         if len(new) - added < len(old):  # some classes left the résumé
-            touched.update(self._unskill(worker, [c for c in old if c not in new]))
+            dropped = [c for c in old if c not in new]
+            unskill(skilled_map, worker, dropped)
+            touched.update(dropped)
         worker.resume = new
         worker.given.clear()
         return touched
-
-    def _unskill(self, worker: PoolWorker, classes: List[str]) -> List[str]:
-        """Take ``worker`` out of the skilled workers of ``classes``."""
-        unskill(self.skilled, worker, classes)
-        return classes
 
     def _forget_skills(self, worker: PoolWorker) -> None:
         unskill(self.skilled, worker, worker.resume)
