@@ -275,15 +275,7 @@ def _encode(message: Message, whole: bool) -> bytes:
     if isinstance(message, Credit):
         return _frame(message.rno, Credit.TYPE, CREDIT_PAYLOAD.pack(message.n))
     if isinstance(message, Request):
-        payload = _json(message.environ)
-        if len(payload) > MAX_MESSAGE:  # the worker would drop the connection
-            raise MessageTooLarge("request head of %d bytes, over the frame limit of %d"
-                                  % (len(payload), MAX_MESSAGE))
-        if not message.end:
-            return _frame(message.rno, Request.TYPE, payload)
-        if whole:
-            return _frame(message.rno, WHOLE_REQUEST, payload)
-        return _frame(message.rno, Request.TYPE, payload) + HEADER.pack(message.rno, End.TYPE, 0)
+        return request_frames(message.rno, message.environ, message.end, whole)
     if isinstance(message, Response):
         return _response_frames(message.rno, _response_payload(message.status, message.headers,
                                                                message.elapsed),
@@ -310,6 +302,20 @@ def _encode(message: Message, whole: bool) -> bytes:
     if isinstance(message, GoAway):
         return _frame(0, GoAway.TYPE, _json({"reason": message.reason}))
     raise LocalProtocolError("cannot encode %r" % (message,))
+
+
+def request_frames(rno: int, environ: Dict[str, str], end: bool, whole: bool) -> bytes:
+    """A Request's frames: one whole frame when it ``end``s and the peer
+    takes them (``whole``), else Request, then End if it ``end``s."""
+    payload = _json(environ)
+    if len(payload) > MAX_MESSAGE:  # the worker would drop the connection
+        raise MessageTooLarge("request head of %d bytes, over the frame limit of %d"
+                              % (len(payload), MAX_MESSAGE))
+    if not end:
+        return _frame(rno, Request.TYPE, payload)
+    if whole:
+        return _frame(rno, WHOLE_REQUEST, payload)
+    return _frame(rno, Request.TYPE, payload) + HEADER.pack(rno, End.TYPE, 0)
 
 
 def _response_payload(status: str, headers: List[Tuple[str, str]],

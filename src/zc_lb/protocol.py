@@ -89,6 +89,7 @@ from .frames import (  # noqa: F401  (the frames' names are the protocol's too)
     encode,
     head_fields,
     ready_frame,
+    request_frames,
 )
 from .frames import _response_frames, _response_payload
 from .h1 import ready_head
@@ -291,9 +292,9 @@ class Connection:
         self._open_limits = open_limits
         self._decoder.allow({Hello.TYPE: HANDSHAKE_LIMIT}, " before the handshake")
         if role == "lb":
-            self._send_kinds, self._receive_kinds = REQUEST_KINDS, RESPONSE_KINDS
+            self._receive_kinds = RESPONSE_KINDS
         else:
-            self._send_kinds, self._receive_kinds = RESPONSE_KINDS, REQUEST_KINDS
+            self._receive_kinds = REQUEST_KINDS
 
     def __repr__(self) -> str:
         return "<protocol.Connection %s %s streams=%d>" % (self.role, self.phase, len(self.streams))
@@ -348,6 +349,8 @@ class Connection:
         if stream is None:
             return self._unknown_stream(message)
         mtype = type(message)
+        if mtype is Response:  # (to an LB only: see the limits)
+            return self._response(stream, message)  # type: ignore[arg-type]
         if mtype is Body:
             size = len(message.data)  # type: ignore[union-attr]
             if size > stream.window:
@@ -367,18 +370,26 @@ class Connection:
             if what is None:
                 raise RemoteProtocolError("request %d: unexpected %s" % (rno, mtype.__name__))
             stream.step("receiving", what, RemoteProtocolError)
-            if mtype is Response:
-                size = len(message.body)  # type: ignore[union-attr]
-                if size:
-                    if size > stream.window:
-                        raise RemoteProtocolError("request %d: %d body bytes past the credit "
-                                                  "of %d" % (rno, size, stream.window))
-                    stream.window -= size
-                if message.end:  # type: ignore[union-attr]
-                    stream.receiving = DONE
             if stream.sending in ENDED and stream.receiving in ENDED:
                 del self.streams[rno]
         return message
+
+    def _response(self, stream: Stream, response: Response) -> Response:
+        """A response starts (and perhaps ends) on ``stream``."""
+        if stream.receiving != IDLE:
+            stream.step("receiving", START, RemoteProtocolError)  # (raises)
+        size = len(response.body)
+        if size > stream.window:
+            raise RemoteProtocolError("request %d: %d body bytes past the credit of %d"
+                                      % (stream.rno, size, stream.window))
+        stream.window -= size
+        if not response.end:
+            stream.receiving = OPEN
+        else:
+            stream.receiving = DONE
+            if stream.sending in ENDED:
+                del self.streams[stream.rno]
+        return response
 
     def _hello(self, theirs: Hello) -> Optional[Event]:
         check_hello(self.our_hello, theirs)
@@ -440,16 +451,43 @@ class Connection:
     def start_request(self, environ: Dict[str, str], end: bool = False) -> Tuple[int, bytes]:
         """LB side: a new request's number and its bytes (the whole request
         when ``end``: it has no body).  MessageTooLarge changes nothing."""
+        if self.phase not in (OPEN_PHASE, CLOSING):
+            raise LocalProtocolError("cannot send Request while %s" % self.phase)
+        if self.role != "lb":
+            raise LocalProtocolError("a worker cannot send Request")
+        if self.peer_goes_away:
+            raise LocalProtocolError("the worker is going away: no new requests")
         rno = self.last_rno + 1
-        return rno, self.send(Request(rno, environ, end))
+        if rno > MAX_RNO:
+            raise LocalProtocolError("request number %d after %d" % (rno, self.last_rno))
+        try:
+            data = request_frames(rno, environ, end, self.whole)
+        except (ValueError, TypeError) as exc:  # (orjson: keys or values not strings)
+            raise LocalProtocolError("cannot encode the request environ: %s" % exc)
+        self.last_rno = rno
+        stream = self.streams[rno] = Stream(rno, self.window)
+        stream.sending = DONE if end else OPEN
+        return rno, data
 
     def send(self, message: Message) -> bytes:
-        """The bytes of ``message``, after checking that we may send it."""
+        """The bytes of ``message``, after checking that we may send it.
+        A request starts with ``start_request``; a response, here or with
+        ``respond`` (a worker's, ready for the client where the LB takes it)."""
         if self.phase not in (OPEN_PHASE, CLOSING):
             raise LocalProtocolError("cannot send %s while %s" % (type(message).__name__, self.phase))
+        if isinstance(message, Request):
+            if message.rno != self.last_rno + 1:
+                raise LocalProtocolError("request number %d after %d"
+                                         % (message.rno, self.last_rno))
+            return self.start_request(message.environ, message.end)[1]
+        if isinstance(message, Response):
+            started = self._response_stream(message.rno, message.body)
+            data = encode(message, self.whole)
+            self._response_sent(started, len(message.body), message.end)
+            return data
+        mtype = type(message)
         data = encode(message, self.whole)  # first: a message too large changes nothing
         rno = getattr(message, "rno", 0)
-        mtype = type(message)
         if not rno:
             if mtype is GoAway:
                 self.we_go_away = True
@@ -460,15 +498,8 @@ class Connection:
             return data
         stream = self.streams.get(rno)
         if stream is None:
-            if mtype is not Request or self.role != "lb":
-                raise LocalProtocolError("%s for request %d, which is not open here"
-                                         % (mtype.__name__, rno))
-            if rno != self.last_rno + 1 or rno > MAX_RNO:
-                raise LocalProtocolError("request number %d after %d" % (rno, self.last_rno))
-            if self.peer_goes_away:
-                raise LocalProtocolError("the worker is going away: no new requests")
-            self.last_rno = rno
-            stream = self.streams[rno] = Stream(rno, self.window)
+            raise LocalProtocolError("%s for request %d, which is not open here"
+                                     % (mtype.__name__, rno))
         if mtype is Body:
             self._body_sent(stream, len(message.data))  # type: ignore[union-attr]
         elif mtype is Credit:
@@ -477,23 +508,9 @@ class Connection:
         elif mtype is Cancel:
             stream.sending = stream.receiving = CANCELLED
             del self.streams[rno]
-        else:
-            what = self._send_kinds.get(mtype)
-            if what is None:
-                raise LocalProtocolError("a%s %s cannot send %s" % (
-                    "n" if self.role == "lb" else "", self.role, mtype.__name__))
-            if what is START:  # a Request or Response: perhaps body bytes, perhaps the end
-                size = len(getattr(message, "body", b""))
-                if size > stream.credit or size > MAX_BODY:
-                    raise LocalProtocolError("request %d: %d body bytes past our credit of %d"
-                                             % (rno, size, stream.credit))
-                stream.step("sending", what, LocalProtocolError)
-                stream.credit -= size
-                if message.end:  # type: ignore[union-attr]
-                    stream.sending = DONE
-            else:
-                stream.step("sending", what, LocalProtocolError)
-            if stream.sending in ENDED and stream.receiving in ENDED:
+        else:  # End
+            stream.step("sending", END, LocalProtocolError)
+            if stream.receiving in ENDED:
                 del self.streams[rno]
         return data
 
@@ -529,21 +546,12 @@ class Connection:
         (the whole response is refused or sent)."""
         if self.phase not in (OPEN_PHASE, CLOSING):
             raise LocalProtocolError("cannot send Response while %s" % self.phase)
-        stream = self.streams.get(rno)
-        if stream is None or self.role != "worker":
-            raise LocalProtocolError("Response for request %d, which is not open here" % rno)
-        if stream.sending != IDLE:
-            raise LocalProtocolError("request %d: start not allowed while sending is %s"
-                                     % (rno, stream.sending))
         if type(body) is not bytes:
             try:
                 body = bytes(body)
             except TypeError as exc:
                 raise LocalProtocolError("cannot send body %r: %s" % (type(body), exc))
-        size = len(body)
-        if size > stream.credit or size > MAX_BODY:
-            raise LocalProtocolError("request %d: %d body bytes past our credit of %d"
-                                     % (rno, size, stream.credit))
+        stream = self._response_stream(rno, body)
         if self.ready:
             data = self._ready(rno, status, headers, body, end, elapsed)
         else:
@@ -552,14 +560,33 @@ class Connection:
             except (ValueError, TypeError) as exc:
                 raise LocalProtocolError("cannot encode the response to %d: %s" % (rno, exc))
             data = _response_frames(rno, payload, body, end, self.whole)
-        stream.credit -= size
-        if end:
-            stream.sending = DONE
-            if stream.receiving in ENDED:
-                del self.streams[rno]
-        else:
-            stream.sending = OPEN
+        self._response_sent(stream, len(body), end)
         return data
+
+    def _response_stream(self, rno: int, body: bytes) -> Stream:
+        """The stream a worker may start its response to ``rno`` on, with
+        ``body``'s first bytes: it is open here, the response not yet
+        started, and the body within our credit."""
+        stream = self.streams.get(rno)
+        if stream is None or self.role != "worker":
+            raise LocalProtocolError("Response for request %d, which is not open here" % rno)
+        if stream.sending != IDLE:
+            raise LocalProtocolError("request %d: start not allowed while sending is %s"
+                                     % (rno, stream.sending))
+        size = len(body)
+        if size > stream.credit or size > MAX_BODY:
+            raise LocalProtocolError("request %d: %d body bytes past our credit of %d"
+                                     % (rno, size, stream.credit))
+        return stream
+
+    def _response_sent(self, stream: Stream, size: int, end: bool) -> None:
+        stream.credit -= size
+        if not end:
+            stream.sending = OPEN
+            return
+        stream.sending = DONE
+        if stream.receiving in ENDED:
+            del self.streams[stream.rno]
 
     @staticmethod
     def _ready(rno: int, status: str, headers: List[Tuple[str, str]], body: bytes,
