@@ -303,3 +303,39 @@ def test_reads_across_the_bodys_frames_give_its_bytes_in_order(serve):
                                     "CONTENT_LENGTH": str(len(body))}, body)
     assert data.split(b"|") == [b"abc", b"def\n", b"x" * 300000, b"x" * 5,
                                 b"x" * (600000 - 300005) + b"\n", b"line\nlast line\ntail"]
+
+
+def _leftover_garbage(make_requests):
+    """The objects the cyclic garbage collector finds after ``make_requests``:
+    what was freed only by it, not by reference counting."""
+    import gc
+
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        make_requests()
+        gc.collect()
+        return list(gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
+@pytest.mark.parametrize("threads", [None, 2])
+def test_a_served_request_leaves_no_garbage_cycle(serve, threads):
+    # Each request once left a cycle (its exchange, the task that served
+    # it and the exchange's cancel callback) for the garbage collector.
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    worker, connection, handler = serve(app, threads=threads)
+    call(connection, {})  # (the first request's one-time state)
+
+    def requests():
+        for _ in range(50):
+            assert call(connection, {})[0].status == "200 OK"
+
+    from zc_lb.connection import Exchange
+    leftover = _leftover_garbage(requests)
+    assert not [o for o in leftover if isinstance(o, Exchange)]

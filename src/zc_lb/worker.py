@@ -350,6 +350,10 @@ class Requests:
                 log.exception("request greenlet failed")
             finally:
                 task.done = True
+                # Its arguments (the exchange, whose on_cancel holds the
+                # task) go now: a cycle left per request for the garbage
+                # collector was most of what it collected.
+                task.args = ()
                 if running.get(current) is task:
                     del running[current]
                 if not running:
