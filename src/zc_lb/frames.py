@@ -95,7 +95,7 @@ READY_END = 1  # the flag: the response ends with this frame
 # A ready head's framing (the worker checked its fields): an HTTP/1.1
 # status line, then lines that each end in CRLF, with no bare CR or LF
 # and no empty line, which would end the head early.
-READY_HEAD = re.compile(rb"HTTP/1\.1 [0-9]{3}[^\r\n]*\r\n(?:[^\r\n]+\r\n)*")
+READY_HEAD = re.compile(rb"HTTP/1\.1 ([0-9]{3}[^\r\n]*)\r\n(?:[^\r\n]+\r\n)*")  # (the status)
 
 
 # -- messages -----------------------------------------------------------
@@ -536,10 +536,11 @@ def _decode_ready_response(max_message: int, max_body: int, rno: int,
                                   "frame or the limits of %d and %d"
                                   % (head_size, len(payload), max_message, max_body))
     head = payload[size:start]
-    if (READY_HEAD.fullmatch(head) is None or length < -1 or flags & ~READY_END
+    framed = READY_HEAD.fullmatch(head)
+    if (framed is None or length < -1 or flags & ~READY_END
             or not (elapsed == -1.0 or 0 <= elapsed < MAX_ELAPSED)):
         raise RemoteProtocolError("malformed ready response head %r" % head[:200])
-    status = head[9:head.find(b"\r\n")].decode("latin-1")
+    status = framed.group(1).decode("latin-1")
     return Response(rno, status, [], payload[start:], bool(flags),
                     None if elapsed == -1.0 else elapsed, head, None if length == -1 else length)
 
