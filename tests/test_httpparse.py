@@ -36,3 +36,17 @@ def test_keepalive_follows_the_version_and_connection_tokens():
         return check_head("GET", b"/", version, fields).close
     assert not close("HTTP/1.1", None) and close("HTTP/1.1", "Close")
     assert close("HTTP/1.0", None) and not close("HTTP/1.0", "Keep-Alive")
+
+
+def test_hosts_found_valid_are_remembered_within_a_bound_and_never_excuse_a_bad_one():
+    import pytest
+
+    from zc_lb import httpparse
+    from zc_lb.errors import BadRequest
+
+    for n in range(httpparse.MAX_VALID_HOSTS + 10):
+        check_head("GET", b"/", "HTTP/1.1", [("Host", "h%d.example" % n)])
+    assert 0 < len(httpparse._VALID_HOSTS) <= httpparse.MAX_VALID_HOSTS
+    with pytest.raises(BadRequest, match="invalid Host"):
+        check_head("GET", b"/", "HTTP/1.1", [("Host", "h1.example/x")])
+    assert check_head("GET", b"/", "HTTP/1.1", [("Host", "h1.example")]).path == "/"
