@@ -132,3 +132,22 @@ def test_start_response_again_follows_pep_3333():
         start_again(exc_info, started=True, status_set=True)
     with pytest.raises(AssertionError, match="twice without exc_info"):
         start_again(None, started=False, status_set=True)
+
+
+def test_statuses_and_names_found_valid_are_remembered_apart_and_within_a_bound():
+    from zc_lb import h1
+
+    check_response("200 OK", [("X-A", "1")])
+    # A status remembered as valid is no valid field name, nor the reverse.
+    with pytest.raises(BadResponseHead):
+        check_response("200 OK", [("200 OK", "1")])
+    with pytest.raises(BadResponseHead):
+        check_response("X-A", [])
+    for n in range(h1.MAX_VALID + 10):
+        check_response("200 OK", [("X-%d" % n, "v\t%d" % n)])
+    assert 0 < len(h1._VALID_NAMES) <= h1.MAX_VALID
+    # A value is searched whenever it is not plain printable text.
+    for value in ("a\rb", "a\nb", "\x00", "a\x7f"):
+        with pytest.raises(BadResponseHead):
+            check_response("200 OK", [("X-A", value)])
+    check_response("200 OK", [("X-A", "tab\there, and \xa0 or \x85 as before")])
