@@ -108,7 +108,9 @@ class ClientConnection:
         # of its own (``_recv``).
         sock.settimeout(server.client_timeout)
         raw = getattr(sock, "_sock", None)
-        self._raw_recv = None if isinstance(sock, gevent.ssl.SSLSocket) or raw is None else raw.recv
+        plain = not isinstance(sock, gevent.ssl.SSLSocket) and raw is not None
+        self._raw_recv = raw.recv if plain else None
+        self._raw_send = raw.send if plain else None
         self._readable = None  # the socket's read watcher, made at the first wait
         self._idle = None  # while parked, the client timeout's timer
         self.parked = False  # its greenlet let go while the client idles
@@ -522,7 +524,19 @@ class ClientConnection:
         self._send_raw(data, len(data))
 
     def _send_raw(self, data: bytes, body_bytes: int) -> None:
-        send_all(self.sock, data)
+        """Send ``data``: straight to the non-blocking socket first (a
+        response's one send, without gevent's wrapper), what it does not
+        take through gevent's, which waits for the socket."""
+        raw_send = self._raw_send
+        if raw_send is None:
+            send_all(self.sock, data)
+        else:
+            try:
+                sent = raw_send(data)
+            except BlockingIOError:
+                sent = 0
+            if sent < len(data):
+                send_all(self.sock, memoryview(data)[sent:])
         self.response_length += body_bytes
 
     def _log(self) -> None:
