@@ -90,6 +90,7 @@ WHOLE_REQUEST = 16  # Request and End
 WHOLE_RESPONSE = 17  # Response, Body and End
 READY_RESPONSE = 18  # Response with a ready head, perhaps Body, perhaps End
 READY_PREFIX = struct.Struct("!BqdI")  # flags, Content-Length, elapsed, head length
+READY_START = struct.Struct("!IBIBqdI")  # HEADER and READY_PREFIX, packed at once
 MAX_ELAPSED = 1e9  # seconds: a response time past it is malformed
 READY_END = 1  # the flag: the response ends with this frame
 # A ready head's framing (the worker checked its fields): an HTTP/1.1
@@ -375,12 +376,14 @@ def ready_frame(rno: int, head: bytes, length: Optional[int], elapsed: Optional[
     """A READY_RESPONSE frame: ``head`` (status line and header lines,
     each ending in CRLF, checked by the caller) and the first ``body``
     bytes, ending the response if ``end``."""
-    if elapsed is not None:
+    if elapsed is None:
+        elapsed = -1.0
+    elif not (type(elapsed) is float and 0.0 <= elapsed < MAX_ELAPSED):  # (the usual, at once)
         _check_elapsed(elapsed)
-    prefix = READY_PREFIX.pack(READY_END if end else 0, -1 if length is None else length,
-                               -1.0 if elapsed is None else elapsed, len(head))
-    return b"".join((HEADER.pack(rno, READY_RESPONSE, len(prefix) + len(head) + len(body)),
-                     prefix, head, body))
+    return b"".join((READY_START.pack(
+        rno, READY_RESPONSE, READY_PREFIX.size + len(head) + len(body),
+        READY_END if end else 0, -1 if length is None else length, elapsed, len(head)),
+        head, body))
 
 
 def head_fields(head: bytes) -> List[Tuple[str, str]]:
