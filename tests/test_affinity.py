@@ -78,6 +78,32 @@ def test_footprint_forgets_keys_two_windows_old():
     assert footprint.estimate(3) == 0  # idle for a whole window: gone
 
 
+def test_keys_seen_in_a_window_keep_their_hashes_until_the_next_one(monkeypatch):
+    # A key seen again in a footprint window is neither hashed again nor
+    # added to the sketches (where it would change nothing); the classes
+    # forget their keys with each new window, and keep at most
+    # MAX_KEYS_SEEN of them.
+    pool = pool_of(3, footprint_window=100)
+    for i in range(60):
+        pool.put(pool.get("a" if i % 2 else "b", "/k%d" % (i % 7)))
+    stats = pool.classes["a"]
+    crc = crc32(b"/k1")
+    assert stats.keys["/k1"] == (classstats.mix(stats.salt ^ crc), classstats.mix(crc))
+    assert len(stats.keys) == len(pool.classes["b"].keys) == 7
+    estimates = stats.footprint.estimate(0), pool.footprint.estimate(0)
+    pool.put(pool.get("a", "/k1"))
+    assert (stats.footprint.estimate(0), pool.footprint.estimate(0)) == estimates == (7, 14)
+    for i in range(40):  # into the next window
+        pool.put(pool.get("a", "/k1"))
+    assert list(stats.keys) == ["/k1"] and not pool.classes["b"].keys
+    monkeypatch.setattr(affinity, "MAX_KEYS_SEEN", 3)
+    for i in range(10):  # ten new keys, three remembered, all counted
+        pool.put(pool.get("a", "/n%d" % i))
+    assert list(stats.keys) == ["/k1", "/n0", "/n1"] and stats.footprint.estimate(1) == 11
+    pool.put(pool.get("a", "/n9"))
+    assert stats.footprint.estimate(1) == 11
+
+
 def test_same_key_goes_to_the_same_worker_and_a_class_is_partitioned():
     pool = pool_of(4)
     for handle in ("w0", "w1", "w2"):

@@ -152,10 +152,15 @@ some.  Each part's module says what it is given and what it does.
 
 Requests without a key (``key=None``, affinity turned off) go as in the
 published algorithm: best score per unit of backlog among all skilled
-workers, within the pool's gain's bound.  ``get`` costs O(workers skilled in the class), plus
-O(log k) for the sketch.  Memory is bounded: the book and the sketches
-have sizes, and a class not requested for two footprint windows, worth
-less than a request by then, is forgotten (``_forget_idle``).
+workers, within the pool's gain's bound.  ``get`` costs O(workers
+skilled in the class), plus, for a key's first request in a footprint
+window, its hashes and O(log k) for the sketches: the classes remember
+the keys of the window with their hashes (most requests are of keys
+seen already, and a key added to a sketch twice changes nothing).
+Memory is bounded: the book, the sketches and the keys remembered
+(``MAX_KEYS_SEEN``) have sizes, and a class not requested for two
+footprint windows, worth less than a request by then, is forgotten
+(``_forget_idle``).
 
 Weak spots, admitted.  Keys pinned to owners balance load worse than
 the published choice by backlog: on single-threaded workers, where a
@@ -201,6 +206,7 @@ WIDEN_SHARE = 0.5  # of a worker's fair share of work, per member, before a clas
 MOVE_COST = 64.0  # a key moved costs its request's gain this many times over
 EXPLORE = 16  # before any gain is known, one in this many busy requests goes away
 NOISE = 0.2  # of a gain: what a measurement of no gain at all may read over 1
+MAX_KEYS_SEEN = 1 << 16  # keys of a footprint window whose hashes the classes keep
 
 
 def _least_busy(item: Tuple[float, PoolWorker]) -> Tuple[int, float]:
@@ -271,6 +277,9 @@ class AffinityPool(Pool):
         # requests, in windows of ``window_size`` (see ``_window``).
         self.window_base = self.window_start = 0
         self.window_size = self.footprint_window
+        # the window whose keys the classes remember (``_observe``), and
+        # how many they do, at most MAX_KEYS_SEEN
+        self.keys_window = self.keys_seen = 0
         self.slowstart = SlowStart(slow_start)
         self.starting = self.slowstart.starting  # (read on every request)
         self.fading = self.slowstart.fading  # done starting, floors fading
@@ -609,12 +618,31 @@ class AffinityPool(Pool):
         stats.work = stats.work * decay + cost
         self.work = self.work * self.rate_decay + cost
         stats.seen = self.requests
+        if window != self.keys_window:
+            self._forget_keys(window)
+        hashes = stats.keys.get(key)
+        if hashes is not None:  # (most requests: no hashing, and no sketch moves)
+            return stats, hashes[0], hashes[1]
         crc = crc32(key.encode("utf-8", "surrogateescape"))
         key_hash = mixed(stats.salt ^ crc)
         if stats.footprint.add(key_hash, window) and stats.members:
             self._hold(stats, stats.members)  # (its keys held, counted again)
         self.footprint.add(key_hash, window)
-        return stats, key_hash, mixed(crc ^ self.hash_seed)
+        book_hash = mixed(crc ^ self.hash_seed)
+        if self.keys_seen < MAX_KEYS_SEEN:
+            stats.keys[key] = key_hash, book_hash
+            self.keys_seen += 1
+        return stats, key_hash, book_hash
+
+    def _forget_keys(self, window: int) -> None:
+        """A new footprint window: the keys seen in the last one, which
+        spare a key seen again its hashing and its sketches (a key added
+        to a sketch a second time in a window changes nothing), are
+        forgotten, as the sketches start anew."""
+        self.keys_window = window
+        self.keys_seen = 0
+        for stats in self.classes.values():
+            stats.keys.clear()
 
     def width(self, stats: ClassStats) -> int:
         """How many workers the class should be spread over."""

@@ -152,7 +152,7 @@ class ClassStats:
     __slots__ = ("count", "seen", "footprint", "salt", "members", "uses", "version",
                  "joins", "holders", "held", "floors", "fresh", "moved", "following",
                  "senders", "reset", "work", "cost", "key_width", "extra", "pressure",
-                 "home_time", "home_count", "away_time", "away_count")
+                 "home_time", "home_count", "away_time", "away_count", "keys")
 
     def __init__(self, rclass: str, window: int, seed: int = 0) -> None:
         self.members: Optional[Dict[PoolWorker, float]] = None  # as last worked out
@@ -175,6 +175,9 @@ class ClassStats:
         self.home_time = self.home_count = 0.0
         self.away_time = self.away_count = 0.0
         self.footprint = Footprint(window)
+        # keys requested in the pool's footprint window -> (hash in the
+        # class, hash in the book): the sketches have counted them already
+        self.keys: Dict[str, Tuple[int, int]] = {}
         self.salt = stable_hash(rclass) ^ seed
         # workers that joined while starting -> pool request when they did
         self.floors: Optional[Dict[PoolWorker, float]] = None
