@@ -183,7 +183,7 @@ import math
 from zlib import crc32
 from heapq import nlargest
 from operator import attrgetter, itemgetter
-from typing import Any, ClassVar, Dict, Hashable, List, Mapping, Optional, Set, Tuple
+from typing import Any, ClassVar, Dict, Final, Hashable, List, Mapping, Optional, Set, Tuple
 
 from .classstats import (PRIOR, ClassStats, Footprint, mix, mixed, rendezvous_draw,
                          stable_hash)
@@ -195,17 +195,21 @@ from .slowstart import SlowStart
 
 log = logging.getLogger(__name__)
 
-RING_CHOICES = 2  # ring recruiting: the less loaded of the first two
-RING_POINTS = 16  # points per worker on the recruiting ring
-REFRESH = 16  # requests of a class between working out its members again
-MIN_BOUND = 2.0  # a key may always wait behind one request at its owner
-STAY = 2.0  # a capped member twice as quick as the spill target keeps a request
-PRESSURE_DECAY = 0.95  # per member refresh: a class's pressure follows some 20 of them
-NARROW = 0.25  # of a worker, under one member fewer, before a class's keys give one back
-WIDEN_SHARE = 0.5  # of a worker's fair share of work, per member, before a class widens
-MOVE_COST = 64.0  # a key moved costs its request's gain this many times over
-EXPLORE = 16  # before any gain is known, one in this many busy requests goes away
-NOISE = 0.2  # of a gain: what a measurement of no gain at all may read over 1
+# (Final: compiled code has them as constants, where it would look a plain
+# module name up in the module's dict each time, some 30 times a request
+# in all the pool's modules.  Those the tests change stay plain: MAX_KEYS_SEEN
+# here, PRIOR, MAX_MIXED and MAX_DRAWS in classstats, BOOK_SIZE in relearn.)
+RING_CHOICES: Final = 2  # ring recruiting: the less loaded of the first two
+RING_POINTS: Final = 16  # points per worker on the recruiting ring
+REFRESH: Final = 16  # requests of a class between working out its members again
+MIN_BOUND: Final = 2.0  # a key may always wait behind one request at its owner
+STAY: Final = 2.0  # a capped member twice as quick as the spill target keeps a request
+PRESSURE_DECAY: Final = 0.95  # per member refresh: a class's pressure follows some 20 of them
+NARROW: Final = 0.25  # of a worker, under one member fewer, before a class's keys give one back
+WIDEN_SHARE: Final = 0.5  # of a worker's fair share of work, per member, before a class widens
+MOVE_COST: Final = 64.0  # a key moved costs its request's gain this many times over
+EXPLORE: Final = 16  # before any gain is known, one in this many busy requests goes away
+NOISE: Final = 0.2  # of a gain: what a measurement of no gain at all may read over 1
 MAX_KEYS_SEEN = 1 << 16  # keys of a footprint window whose hashes the classes keep
 
 

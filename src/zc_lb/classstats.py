@@ -18,14 +18,16 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Final, List, Optional, Tuple
 
 from .pool import PoolWorker
 
-MASK64 = (1 << 64) - 1
-SKETCH_SIZE = 64  # k of the k-minimum-values sketch: ~1/sqrt(k) error
-UNIT = float(1 << 53)
-LEAST_DRAW = 2.0 ** -54  # -ln(1 - 2**-54), the draw of the largest u
+# (Final: constants in compiled code, see affinity.py; PRIOR stays plain,
+# for the tests to change)
+MASK64: Final = (1 << 64) - 1
+SKETCH_SIZE: Final = 64  # k of the k-minimum-values sketch: ~1/sqrt(k) error
+UNIT: Final = float(1 << 53)
+LEAST_DRAW: Final = 2.0 ** -54  # -ln(1 - 2**-54), the draw of the largest u
 PRIOR = 16  # requests and keys per worker before shares and footprints count
 
 
