@@ -617,7 +617,7 @@ class AffinityPool(Pool):
         cost = stats.cost
         if cost is None:
             cost = self.work / self.total
-        decay = self.rate_decay ** (self.requests - stats.seen)
+        decay = math.pow(self.rate_decay, float(self.requests - stats.seen))
         stats.count = stats.count * decay + 1.0
         stats.work = stats.work * decay + cost
         self.work = self.work * self.rate_decay + cost
@@ -700,7 +700,9 @@ class AffinityPool(Pool):
         elif len(skilled) <= width:
             members = skilled
         else:
-            members = dict(nlargest(width, skilled.items(), key=_by_score))
+            # (``nlargest``, which is equivalent, is Python code: several
+            # times slower for a handful of workers)
+            members = dict(sorted(skilled.items(), key=_by_score, reverse=True)[:width])
         self._new_members(stats, members, share)
         if len(members) < width:
             stats.uses = REFRESH  # still recruiting: again on the next request
@@ -857,7 +859,7 @@ class AffinityPool(Pool):
                     window: int) -> None:
         held = self.held
         stats.holders = tuple(members)
-        stats.held = (stats.footprint.estimate(window) / len(members)) if members else 0.0
+        stats.held = (stats.footprint.estimate(window) / float(len(members))) if members else 0.0
         for worker in stats.holders:
             if worker in held:
                 held[worker] += stats.held
@@ -906,7 +908,8 @@ class AffinityPool(Pool):
         ranked, total, first, kept, owner = self._ranked(members, key_hash, last)
         if first is None:
             return None, False, owner
-        bound = self.balance * (total + 1) / len(ranked)
+        # (float(): compiled, a float over an int is worked out on objects)
+        bound = self.balance * float(total + 1) / float(len(ranked))
         if bound < MIN_BOUND:
             bound = MIN_BOUND
         starting = self.starting
@@ -938,7 +941,7 @@ class AffinityPool(Pool):
         max_backlog = self.balance * self.variance * self.mbacklog / n
         if max_backlog < 1.0:
             max_backlog = 1.0
-        min_backlog = next(iter(self._lru)).mbacklog + 1.0
+        min_backlog = self._oldest().mbacklog + 1.0
         starting = self.starting
         busy = self.backlog / n  # a starter takes no more than the mean
         ranked = []

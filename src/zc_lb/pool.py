@@ -274,9 +274,8 @@ class Pool:
     def _published(self, rclass: str) -> PoolWorker:
         """The published choice for a request of ``rclass`` (steps 1 to
         3 of the module docstring), not yet accounted."""
-        lru = self._lru
-        oldest = next(iter(lru))
-        max_backlog = self.variance * self.mbacklog / len(self.workers)
+        oldest = self._oldest()
+        max_backlog = self.variance * self.mbacklog / float(len(self.workers))
         if max_backlog < 1.0:
             max_backlog = 1.0
         min_backlog = oldest.mbacklog + 1.0
@@ -313,6 +312,13 @@ class Pool:
         self.backlog += 1
         self._decay(worker)
         return worker.handle
+
+    def _oldest(self) -> PoolWorker:
+        """The least recently chosen worker (there is one).  (A loop:
+        compiled, ``next(iter(...))`` looks up two builtins by name.)"""
+        for worker in self._lru:
+            return worker
+        raise LookupError("the pool has no workers")
 
     def _least_backlog(self) -> Optional[Hashable]:
         """The least loaded worker, ties to the least recently chosen: O(workers)."""
