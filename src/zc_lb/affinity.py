@@ -513,7 +513,7 @@ class AffinityPool(Pool):
             self.spills += 1
         if chosen is None:
             for worker in self.starting:  # a cold cache spills worst
-                self._lru.move_to_end(worker)
+                self._to_end(worker)
             chosen = self._published(rclass)
             self.relearning.fresh(chosen, rclass)
         return chosen
