@@ -554,8 +554,12 @@ class AffinityPool(Pool):
         self.unexplored += 1
         if self.unexplored % EXPLORE:
             return chosen
-        other = min((w for w in members if w is not chosen),
-                    key=attrgetter("backlog"), default=None) or self._least_loaded()
+        other = None  # the least busy other member, the first of equals
+        for worker in members:
+            if worker is not chosen and (other is None or worker.backlog < other.backlog):
+                other = worker
+        if other is None:
+            other = self._least_loaded()
         if other is None or other.backlog >= chosen.backlog:
             return chosen
         self.explored += 1
@@ -949,8 +953,11 @@ class AffinityPool(Pool):
         owner = first = None  # first: the owner among those under the cap
         top = best = 0.0
         kept = None  # ``last``, if under the cap
+        # A class of one member (most requests) has no order to draw:
+        # its weights are only compared with one another.
+        single = len(members) == 1
         for worker, score in members.items():
-            weight = score / rendezvous_draw(key_hash ^ worker.salt)
+            weight = score if single else score / rendezvous_draw(key_hash ^ worker.salt)
             if weight > top:
                 owner, top = worker, weight
             if worker.mbacklog - min_backlog > max_backlog:
