@@ -273,8 +273,8 @@ class AffinityPool(Pool):
         self.widenings = 0  # classes given a member for their pressure
         self.narrowings = 0  # and given it back
         self.skills_version = 0  # changes whenever any skill or worker does
-        # worker -> distinct keys of its classes it is counted to hold
-        self.held: Dict[PoolWorker, float] = {}
+        # (each worker's distinct keys of its classes, which it is counted
+        # to hold, are its ``held``: see the property)
         self.held_window = 0  # the footprint window ``held`` was counted in
         # Footprint windows are numbered on across a change of
         # ``footprint_window``: from ``window_base`` at ``window_start``
@@ -292,6 +292,13 @@ class AffinityPool(Pool):
         super().__init__(variance, backlog_history, unskilled_score)
         self.relearning = Relearning(self.workers, self.skilled, self.classes)
         self.book = self.relearning.book  # (read on every request)
+
+    @property
+    def held(self) -> Dict[PoolWorker, float]:
+        """Worker -> distinct keys of its classes it is counted to hold
+        (``_hold``).  Kept on the workers (``PoolWorker.held``): in a dict,
+        each change cost two lookups and a float object."""
+        return {worker: worker.held for worker in self.workers.values()}
 
     @property
     def resets(self) -> int:
@@ -338,7 +345,6 @@ class AffinityPool(Pool):
 
     def _added(self, worker: PoolWorker) -> None:
         worker.salt = stable_hash(worker.name)
-        self.held[worker] = 0.0
         self.skills_version += 1
         self._ring = None
         if self.requests:  # (a running pool: eased in, or at once with slow_start 0)
@@ -350,7 +356,6 @@ class AffinityPool(Pool):
         if worker is not None:
             self.slowstart.remove(worker)
             self.relearning.remove(worker)
-            self.held.pop(worker, None)
             self._ring = None
         super().remove(handle)
         self.skills_version += 1
@@ -810,7 +815,7 @@ class AffinityPool(Pool):
             # starter, whose cold cache would relieve no one)
             worker = min((w for w in self._lru if w not in skilled
                           and not (busiest and w in self.starting)),
-                         key=attrgetter("mbacklog") if busiest else self.held.__getitem__,
+                         key=attrgetter("mbacklog" if busiest else "held"),
                          default=None)
             if worker is None:
                 return
@@ -824,21 +829,19 @@ class AffinityPool(Pool):
         each new footprint window every class is counted again, so that
         classes no longer requested, whose footprints have gone, count
         for nothing."""
-        held = self.held
         window = self._window()
         if window != self.held_window:
             self.held_window = window
             self._forget_idle(window)
-            for worker in held:
-                held[worker] = 0.0
+            for worker in self.workers.values():
+                worker.held = 0.0
             for other in self.classes.values():
                 other.holders, other.held = (), 0.0
                 if other.members and other is not stats:
                     self._count_held(other, other.members, window)
         else:
-            for worker in stats.holders:
-                if worker in held:
-                    held[worker] -= stats.held
+            for worker in stats.holders:  # (one removed since counts for no one)
+                worker.held -= stats.held
         self._count_held(stats, members, window)
 
     def _forget_idle(self, window: int) -> None:
@@ -861,12 +864,11 @@ class AffinityPool(Pool):
 
     def _count_held(self, stats: ClassStats, members: Dict[PoolWorker, float],
                     window: int) -> None:
-        held = self.held
         stats.holders = tuple(members)
-        stats.held = (stats.footprint.estimate(window) / float(len(members))) if members else 0.0
+        stats.held = held = (stats.footprint.estimate(window) / float(len(members))
+                             if members else 0.0)
         for worker in stats.holders:
-            if worker in held:
-                held[worker] += stats.held
+            worker.held += held
 
     def _ring_recruit(self, rclass: str, skilled: Dict[PoolWorker, float]
                       ) -> Optional[PoolWorker]:

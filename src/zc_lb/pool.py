@@ -61,7 +61,7 @@ class PoolWorker:
     """The pool's record of one worker: backlog, decayed backlog, skills."""
 
     __slots__ = ("handle", "backlog", "mbacklog", "dsum", "dcount", "resume",
-                 "version", "name", "salt", "given")
+                 "version", "name", "salt", "given", "held")
 
     def __init__(self, handle: Hashable, version: Optional[str] = None,
                  name: Optional[str] = None) -> None:
@@ -74,6 +74,7 @@ class PoolWorker:
         self.version = version
         self.name = str(handle) if name is None else name
         self.salt = 0  # the affinity policy's per-worker hash salt
+        self.held = 0.0  # and the distinct keys it counts the worker to hold
         # classes the pool made it skilled in at ``unskilled_score``, which
         # its résumé has not scored yet
         self.given: Set[str] = set()
