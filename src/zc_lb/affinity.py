@@ -153,10 +153,9 @@ some.  Each part's module says what it is given and what it does.
 Requests without a key (``key=None``, affinity turned off) go as in the
 published algorithm: best score per unit of backlog among all skilled
 workers, within the pool's gain's bound.  ``get`` costs O(workers
-skilled in the class), plus, for a key's first request in a footprint
-window, its hashes and O(log k) for the sketches: the classes remember
-the keys of the window with their hashes (most requests are of keys
-seen already, and a key added to a sketch twice changes nothing).
+skilled in the class), plus O(log k) for the sketches on a key's first
+request in a footprint window (again, it would change nothing there),
+and its hashes on its first request (the classes remember them).
 Memory is bounded: the book, the sketches and the keys remembered
 (``MAX_KEYS_SEEN``) have sizes, and a class not requested for two
 footprint windows, worth less than a request by then, is forgotten
@@ -185,8 +184,8 @@ from heapq import nlargest
 from operator import attrgetter, itemgetter
 from typing import Any, ClassVar, Dict, Final, Hashable, List, Mapping, Optional, Set, Tuple
 
-from .classstats import (PRIOR, ClassStats, Footprint, mix, mixed, rendezvous_draw,
-                         stable_hash)
+from .classstats import (PRIOR, ClassStats, Footprint, KeyHashes, mix, mixed,
+                         rendezvous_draw, stable_hash)
 from .locality import Locality
 from .pool import Pool, PoolWorker
 from .relearn import AWAY, BookEntry, Relearning, adopted, floor_weight
@@ -210,7 +209,7 @@ WIDEN_SHARE: Final = 0.5  # of a worker's fair share of work, per member, before
 MOVE_COST: Final = 64.0  # a key moved costs its request's gain this many times over
 EXPLORE: Final = 16  # before any gain is known, one in this many busy requests goes away
 NOISE: Final = 0.2  # of a gain: what a measurement of no gain at all may read over 1
-MAX_KEYS_SEEN = 1 << 16  # keys of a footprint window whose hashes the classes keep
+MAX_KEYS_SEEN = 1 << 16  # keys whose hashes the classes remember, in all
 
 
 def _least_busy(item: Tuple[float, PoolWorker]) -> Tuple[int, float]:
@@ -281,9 +280,7 @@ class AffinityPool(Pool):
         # requests, in windows of ``window_size`` (see ``_window``).
         self.window_base = self.window_start = 0
         self.window_size = self.footprint_window
-        # the window whose keys the classes remember (``_observe``), and
-        # how many they do, at most MAX_KEYS_SEEN
-        self.keys_window = self.keys_seen = 0
+        self.keys_seen = 0  # keys the classes remember (``_observe``)
         self.slowstart = SlowStart(slow_start)
         self.starting = self.slowstart.starting  # (read on every request)
         self.fading = self.slowstart.fading  # done starting, floors fading
@@ -631,28 +628,25 @@ class AffinityPool(Pool):
         stats.work = stats.work * decay + cost
         self.work = self.work * self.rate_decay + cost
         stats.seen = self.requests
-        if window != self.keys_window:
-            self._forget_keys(window)
         hashes = stats.keys.get(key)
-        if hashes is not None:  # (most requests: no hashing, and no sketch moves)
-            return stats, hashes[0], hashes[1]
-        crc = crc32(key.encode("utf-8", "surrogateescape"))
-        key_hash = mixed(stats.salt ^ crc)
-        if stats.footprint.add(key_hash, window) and stats.members:
-            self._hold(stats, stats.members)  # (its keys held, counted again)
-        self.footprint.add(key_hash, window)
-        book_hash = mixed(crc ^ self.hash_seed)
-        if self.keys_seen < MAX_KEYS_SEEN:
-            stats.keys[key] = key_hash, book_hash
+        if hashes is None:  # (most keys come back: no hashing then)
+            crc = crc32(key.encode("utf-8", "surrogateescape"))
+            hashes = KeyHashes(mixed(stats.salt ^ crc), mixed(crc ^ self.hash_seed))
+            if self.keys_seen >= MAX_KEYS_SEEN:
+                self._forget_keys()
+            stats.keys[key] = hashes
             self.keys_seen += 1
-        return stats, key_hash, book_hash
+        if hashes.window != window:  # (again in a window, it would change nothing)
+            hashes.window = window
+            key_hash = hashes.key_hash
+            if stats.footprint.add(key_hash, window) and stats.members:
+                self._hold(stats, stats.members)  # (its keys held, counted again)
+            self.footprint.add(key_hash, window)
+        return stats, hashes.key_hash, hashes.book_hash
 
-    def _forget_keys(self, window: int) -> None:
-        """A new footprint window: the keys seen in the last one, which
-        spare a key seen again its hashing and its sketches (a key added
-        to a sketch a second time in a window changes nothing), are
-        forgotten, as the sketches start anew."""
-        self.keys_window = window
+    def _forget_keys(self) -> None:
+        """The classes remember ``MAX_KEYS_SEEN`` keys: forget them all,
+        to start again."""
         self.keys_seen = 0
         for stats in self.classes.values():
             stats.keys.clear()
@@ -860,6 +854,7 @@ class AffinityPool(Pool):
                 if stats.seen < horizon and not stats.floors
                 and stats.count * decay ** (requests - stats.seen) < 1.0]
         for name in idle:
+            self.keys_seen -= len(self.classes[name].keys)
             del self.classes[name]
 
     def _count_held(self, stats: ClassStats, members: Dict[PoolWorker, float],

@@ -148,6 +148,19 @@ class Footprint:
 
 
 
+class KeyHashes:
+    """A key's hash in its class and in the book, and the last footprint
+    window it was requested in (its first request there counts it in the
+    sketches; the others would change nothing)."""
+
+    __slots__ = ("key_hash", "book_hash", "window")
+
+    def __init__(self, key_hash: int, book_hash: int) -> None:
+        self.key_hash = key_hash
+        self.book_hash = book_hash
+        self.window = -1
+
+
 class ClassStats:
     """What the LB sees of one class: its decayed request count, its keys."""
 
@@ -177,9 +190,8 @@ class ClassStats:
         self.home_time = self.home_count = 0.0
         self.away_time = self.away_count = 0.0
         self.footprint = Footprint(window)
-        # keys requested in the pool's footprint window -> (hash in the
-        # class, hash in the book): the sketches have counted them already
-        self.keys: Dict[str, Tuple[int, int]] = {}
+        # keys requested -> their hashes, remembered (``AffinityPool._observe``)
+        self.keys: Dict[str, KeyHashes] = {}
         self.salt = stable_hash(rclass) ^ seed
         # workers that joined while starting -> pool request when they did
         self.floors: Optional[Dict[PoolWorker, float]] = None
