@@ -181,7 +181,7 @@ import logging
 import math
 from zlib import crc32
 from heapq import nlargest
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import Any, ClassVar, Dict, Final, Hashable, List, Mapping, Optional, Set, Tuple
 
 from .classstats import (PRIOR, ClassStats, Footprint, KeyHashes, mix, mixed,
@@ -210,11 +210,6 @@ MOVE_COST: Final = 64.0  # a key moved costs its request's gain this many times 
 EXPLORE: Final = 16  # before any gain is known, one in this many busy requests goes away
 NOISE: Final = 0.2  # of a gain: what a measurement of no gain at all may read over 1
 MAX_KEYS_SEEN = 1 << 16  # keys whose hashes the classes remember, in all
-
-
-def _least_busy(item: Tuple[float, PoolWorker]) -> Tuple[int, float]:
-    """Least backlog first; ties by rendezvous weight, highest first."""
-    return item[1].backlog, -item[0]
 
 
 def _by_score(item: Tuple[PoolWorker, float]) -> Tuple[float, int]:
@@ -906,11 +901,11 @@ class AffinityPool(Pool):
         be loaded again.  A ``new`` key, one the book does not know, goes
         to the least busy member (ties in rendezvous order): no one holds
         it yet."""
-        ranked, total, first, kept, owner = self._ranked(members, key_hash, last)
+        count, total, first, kept, owner, least = self._ranked(members, key_hash, last)
         if first is None:
             return None, False, owner
         # (float(): compiled, a float over an int is worked out on objects)
-        bound = self.balance * float(total + 1) / float(len(ranked))
+        bound = self.balance * float(total + 1) / float(count)
         if bound < MIN_BOUND:
             bound = MIN_BOUND
         starting = self.starting
@@ -918,26 +913,28 @@ class AffinityPool(Pool):
                 and not (starting and owner in starting)):
             return kept, kept is not owner, owner
         if new:
-            chosen = min(ranked, key=_least_busy)[1]
-        elif len(ranked) == 1 or first.backlog < bound:
+            chosen = least
+        elif count == 1 or first.backlog < bound:
             chosen = first
-        else:
-            ranked.sort(key=itemgetter(0), reverse=True)
-            chosen = next((w for _, w in ranked if w.backlog < bound), first)
+        else:  # the first in rendezvous order under the bound, if any
+            chosen = self._ranked(members, key_hash, None, bound)[2] or first
         return chosen, chosen is not owner, owner
 
     def _ranked(self, members: Dict[PoolWorker, float], key_hash: int,
-                last: Optional[PoolWorker]
-                ) -> Tuple[List[Tuple[float, PoolWorker]], int, Optional[PoolWorker],
+                last: Optional[PoolWorker], below: float = math.inf
+                ) -> Tuple[int, int, Optional[PoolWorker], Optional[PoolWorker],
                            Optional[PoolWorker], Optional[PoolWorker]]:
-        """The members under the cap as (rendezvous weight, worker), and
-        their total backlog; the first of them in the key's rendezvous
-        order, ``last`` if one of them, and the key's owner, the first of
-        all members.  (Not a starter busier than the pool's mean.)  The
-        cap is ``balance`` times the published one: the bound keeps the
-        members even among themselves, so the cap only has to catch
-        members far over the pool's mean, and a key's owner, which holds
-        its data, is worth a longer queue than a skilled worker."""
+        """How many members are under the cap (and with a backlog
+        ``below``), and their total backlog; the first of them in the
+        key's rendezvous order, ``last`` if one of them, the key's owner
+        (the first of all members), and the least busy of them (ties to
+        the first in rendezvous order).  (Not a starter busier than the
+        pool's mean.)  The cap is ``balance`` times the published one:
+        the bound keeps the members even among themselves, so the cap
+        only has to catch members far over the pool's mean, and a key's
+        owner, which holds its data, is worth a longer queue than a
+        skilled worker.  (No list of them: three requests in four want
+        only these.)"""
         n = len(self.workers)
         max_backlog = self.balance * self.variance * self.mbacklog / n
         if max_backlog < 1.0:
@@ -945,10 +942,9 @@ class AffinityPool(Pool):
         min_backlog = self._oldest().mbacklog + 1.0
         starting = self.starting
         busy = self.backlog / n  # a starter takes no more than the mean
-        ranked = []
-        total = 0
-        owner = first = None  # first: the owner among those under the cap
-        top = best = 0.0
+        count = total = 0
+        owner = first = least = None  # first: the owner among those under the cap
+        top = best = least_weight = 0.0
         kept = None  # ``last``, if under the cap
         # A class of one member (most requests) has no order to draw:
         # its weights are only compared with one another.
@@ -959,15 +955,19 @@ class AffinityPool(Pool):
                 owner, top = worker, weight
             if worker.mbacklog - min_backlog > max_backlog:
                 continue
-            if starting and worker in starting and worker.backlog > busy:
+            backlog = worker.backlog
+            if starting and worker in starting and backlog > busy or backlog >= below:
                 continue
             if worker is last:
                 kept = worker
-            ranked.append((weight, worker))
-            total += worker.backlog
+            count += 1
+            total += backlog
             if weight > best:
                 first, best = worker, weight
-        return ranked, total, first, kept, owner
+            if least is None or backlog < least.backlog or (
+                    backlog == least.backlog and weight > least_weight):
+                least, least_weight = worker, weight
+        return count, total, first, kept, owner, least
 
     # -- introspection ------------------------------------------------
 
