@@ -626,7 +626,9 @@ class AffinityPool(Pool):
         hashes = stats.keys.get(key)
         if hashes is None:  # (most keys come back: no hashing then)
             crc = crc32(key.encode("utf-8", "surrogateescape"))
-            hashes = KeyHashes(mixed(stats.salt ^ crc), mixed(crc ^ self.hash_seed))
+            # (the hash in the book is the same in every class, and a path
+            # like / is in many: remembered)
+            hashes = KeyHashes(mix(stats.salt ^ crc), mixed(crc ^ self.hash_seed))
             if self.keys_seen >= MAX_KEYS_SEEN:
                 self._forget_keys()
             stats.keys[key] = hashes
