@@ -217,6 +217,18 @@ def _by_score(item: Tuple[PoolWorker, float]) -> Tuple[float, int]:
     return item[1], item[0].salt
 
 
+def _best_scored(skilled: Dict[PoolWorker, float]) -> Dict[PoolWorker, float]:
+    """The first of ``skilled`` by ``_by_score``, without sorting (a
+    class of one member, most of them: the sort called ``_by_score`` for
+    every worker)."""
+    best: Optional[PoolWorker] = None
+    top = 0.0
+    for worker, score in skilled.items():
+        if best is None or score > top or (score == top and worker.salt > best.salt):
+            best, top = worker, score
+    return {} if best is None else {best: top}
+
+
 class AffinityPool(Pool):
     """Résumé routing with affinity keys, footprint-sized classes, slow
     start and re-learning; see the module docstring.
@@ -699,6 +711,8 @@ class AffinityPool(Pool):
             members = self._floored(stats, skilled, width)
         elif len(skilled) <= width:
             members = skilled
+        elif width == 1:
+            members = _best_scored(skilled)
         else:
             # (``nlargest``, which is equivalent, is Python code: several
             # times slower for a handful of workers)
