@@ -15,7 +15,7 @@ and its parts keep them and act on them.
 
 from __future__ import annotations
 
-import bisect
+from bisect import bisect_left
 import hashlib
 import math
 from typing import Dict, Final, List, Optional, Tuple
@@ -28,6 +28,10 @@ MASK64: Final = (1 << 64) - 1
 SKETCH_SIZE: Final = 64  # k of the k-minimum-values sketch: ~1/sqrt(k) error
 UNIT: Final = float(1 << 53)
 LEAST_DRAW: Final = 2.0 ** -54  # -ln(1 - 2**-54), the draw of the largest u
+# (k - 1) * 2**64, over the k-th smallest hash plus one, estimates distinct
+# hashes; a float over an int, compiled, is worked out on objects: the
+# int is made a float first, as Python does
+SPAN: Final = (SKETCH_SIZE - 1) * float(MASK64)
 PRIOR = 16  # requests and keys per worker before shares and footprints count
 
 
@@ -99,7 +103,7 @@ class Sketch:
         smallest = self.smallest
         if len(smallest) >= SKETCH_SIZE and value >= smallest[-1]:
             return False
-        i = bisect.bisect_left(smallest, value)
+        i = bisect_left(smallest, value)
         if i < len(smallest) and smallest[i] == value:
             return False
         smallest.insert(i, value)
@@ -112,7 +116,7 @@ class Sketch:
         smallest = self.smallest
         if len(smallest) < SKETCH_SIZE:
             return float(len(smallest))
-        return (SKETCH_SIZE - 1) * float(MASK64) / (smallest[-1] + 1)
+        return SPAN / float(smallest[-1] + 1)  # (float(): see SPAN)
 
 
 class Footprint:
