@@ -841,7 +841,7 @@ class AffinityPool(Pool):
             for worker in self.workers.values():
                 worker.held = 0.0
             for other in self.classes.values():
-                other.holders, other.held = (), 0.0
+                other.holders, other.held = [], 0.0
                 if other.members and other is not stats:
                     self._count_held(other, other.members, window)
         else:
@@ -870,7 +870,7 @@ class AffinityPool(Pool):
 
     def _count_held(self, stats: ClassStats, members: Dict[PoolWorker, float],
                     window: int) -> None:
-        stats.holders = tuple(members)
+        stats.holders = list(members.keys())  # (compiled, the dict's own copy)
         stats.held = held = (stats.footprint.estimate(window) / float(len(members))
                              if members else 0.0)
         for worker in stats.holders:

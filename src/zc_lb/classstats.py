@@ -180,7 +180,7 @@ class ClassStats:
         self.joins = 0  # times its members grew in number (``AffinityPool.get``)
         # the members its keys were last counted on (``AffinityPool.held``),
         # and how many keys each was counted to hold
-        self.holders: Tuple[PoolWorker, ...] = ()
+        self.holders: List[PoolWorker] = []
         self.held = 0.0
         self.count = 0.0  # decayed requests, as of pool request ``seen``
         self.seen = 0
