@@ -8,7 +8,9 @@ smallest hashes seen, from which the number of distinct ones follows with
 an error of about 1/sqrt(k).  ``ClassStats`` holds, per class, what the
 LB sees of it: its decayed request count, its footprint, its members as
 last worked out, the floors of the workers that joined it while starting
-(``slowstart.py``) or followed its moved keys (``relearn.py``).  These
+(``slowstart.py``) or followed its moved keys (``relearn.py``), and the
+hashes of the keys requested (``KeyHashes``: hashed once, and counted in
+the sketches once a window, where a second time changes nothing).  These
 are plain records and functions: the pool (``affinity.AffinityPool``)
 and its parts keep them and act on them.
 """
