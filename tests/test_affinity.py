@@ -78,6 +78,36 @@ def test_footprint_forgets_keys_two_windows_old():
     assert footprint.estimate(3) == 0  # idle for a whole window: gone
 
 
+def test_classes_remember_their_keys_hashes_and_count_a_key_once_a_window(monkeypatch):
+    # A key seen again is not hashed again, and in the same footprint
+    # window not added to the sketches again (where it would change
+    # nothing); the classes remember at most MAX_KEYS_SEEN keys in all.
+    pool = pool_of(3, footprint_window=100)
+    for i in range(60):
+        pool.put(pool.get("a" if i % 2 else "b", "/k%d" % (i % 7)))
+    stats = pool.classes["a"]
+    crc = crc32(b"/k1")
+    hashes = stats.keys["/k1"]
+    assert (hashes.key_hash, hashes.book_hash, hashes.window) == (
+        classstats.mix(stats.salt ^ crc), classstats.mix(crc), 0)
+    assert len(stats.keys) == len(pool.classes["b"].keys) == pool.keys_seen // 2 == 7
+    estimates = stats.footprint.estimate(0), pool.footprint.estimate(0)
+    pool.put(pool.get("a", "/k1"))
+    assert (stats.footprint.estimate(0), pool.footprint.estimate(0)) == estimates == (7, 14)
+    for i in range(40):  # into the next window, where it counts again
+        pool.put(pool.get("a", "/k1"))
+    assert stats.keys["/k1"] is hashes and hashes.window == 1
+    assert stats.keys["/k2"].window == 0 and len(stats.footprint.current.smallest) == 1
+    pool.put(pool.get("a", "/k2"))
+    assert stats.keys["/k2"].window == 1 and len(stats.footprint.current.smallest) == 2
+    monkeypatch.setattr(affinity, "MAX_KEYS_SEEN", 16)
+    for i in range(3):  # the third of these finds 16 remembered: all forgotten
+        pool.put(pool.get("a", "/n%d" % i))
+    assert list(stats.keys) == ["/n2"] and not pool.classes["b"].keys and pool.keys_seen == 1
+    pool.put(pool.get("a", "/k1"))  # hashed again, and counted again to no effect
+    assert stats.keys["/k1"].window == 1 and len(stats.footprint.current.smallest) == 5
+
+
 def test_same_key_goes_to_the_same_worker_and_a_class_is_partitioned():
     pool = pool_of(4)
     for handle in ("w0", "w1", "w2"):

@@ -152,10 +152,14 @@ some.  Each part's module says what it is given and what it does.
 
 Requests without a key (``key=None``, affinity turned off) go as in the
 published algorithm: best score per unit of backlog among all skilled
-workers, within the pool's gain's bound.  ``get`` costs O(workers skilled in the class), plus
-O(log k) for the sketch.  Memory is bounded: the book and the sketches
-have sizes, and a class not requested for two footprint windows, worth
-less than a request by then, is forgotten (``_forget_idle``).
+workers, within the pool's gain's bound.  ``get`` costs O(workers
+skilled in the class), plus O(log k) for the sketches on a key's first
+request in a footprint window (again, it would change nothing there),
+and its hashes on its first request (the classes remember them).
+Memory is bounded: the book, the sketches and the keys remembered
+(``MAX_KEYS_SEEN``) have sizes, and a class not requested for two
+footprint windows, worth less than a request by then, is forgotten
+(``_forget_idle``).
 
 Weak spots, admitted.  Keys pinned to owners balance load worse than
 the published choice by backlog: on single-threaded workers, where a
@@ -177,11 +181,11 @@ import logging
 import math
 from zlib import crc32
 from heapq import nlargest
-from operator import attrgetter, itemgetter
-from typing import Any, ClassVar, Dict, Hashable, List, Mapping, Optional, Set, Tuple
+from operator import attrgetter
+from typing import Any, ClassVar, Dict, Final, Hashable, List, Mapping, Optional, Set, Tuple
 
-from .classstats import (PRIOR, ClassStats, Footprint, mix, mixed, rendezvous_draw,
-                         stable_hash)
+from .classstats import (PRIOR, ClassStats, Footprint, KeyHashes, mix, mixed,
+                         rendezvous_draw, stable_hash)
 from .locality import Locality
 from .pool import Pool, PoolWorker
 from .relearn import AWAY, BookEntry, Relearning, adopted, floor_weight
@@ -190,27 +194,39 @@ from .slowstart import SlowStart
 
 log = logging.getLogger(__name__)
 
-RING_CHOICES = 2  # ring recruiting: the less loaded of the first two
-RING_POINTS = 16  # points per worker on the recruiting ring
-REFRESH = 16  # requests of a class between working out its members again
-MIN_BOUND = 2.0  # a key may always wait behind one request at its owner
-STAY = 2.0  # a capped member twice as quick as the spill target keeps a request
-PRESSURE_DECAY = 0.95  # per member refresh: a class's pressure follows some 20 of them
-NARROW = 0.25  # of a worker, under one member fewer, before a class's keys give one back
-WIDEN_SHARE = 0.5  # of a worker's fair share of work, per member, before a class widens
-MOVE_COST = 64.0  # a key moved costs its request's gain this many times over
-EXPLORE = 16  # before any gain is known, one in this many busy requests goes away
-NOISE = 0.2  # of a gain: what a measurement of no gain at all may read over 1
-
-
-def _least_busy(item: Tuple[float, PoolWorker]) -> Tuple[int, float]:
-    """Least backlog first; ties by rendezvous weight, highest first."""
-    return item[1].backlog, -item[0]
+# (Final: compiled code has them as constants, where it would look a plain
+# module name up in the module's dict each time, some 30 times a request
+# in all the pool's modules.  Those the tests change stay plain: MAX_KEYS_SEEN
+# here, PRIOR, MAX_MIXED and MAX_DRAWS in classstats, BOOK_SIZE in relearn.)
+RING_CHOICES: Final = 2  # ring recruiting: the less loaded of the first two
+RING_POINTS: Final = 16  # points per worker on the recruiting ring
+REFRESH: Final = 16  # requests of a class between working out its members again
+MIN_BOUND: Final = 2.0  # a key may always wait behind one request at its owner
+STAY: Final = 2.0  # a capped member twice as quick as the spill target keeps a request
+PRESSURE_DECAY: Final = 0.95  # per member refresh: a class's pressure follows some 20 of them
+NARROW: Final = 0.25  # of a worker, under one member fewer, before a class's keys give one back
+WIDEN_SHARE: Final = 0.5  # of a worker's fair share of work, per member, before a class widens
+MOVE_COST: Final = 64.0  # a key moved costs its request's gain this many times over
+EXPLORE: Final = 16  # before any gain is known, one in this many busy requests goes away
+NOISE: Final = 0.2  # of a gain: what a measurement of no gain at all may read over 1
+MAX_KEYS_SEEN = 1 << 16  # keys whose hashes the classes remember, in all
 
 
 def _by_score(item: Tuple[PoolWorker, float]) -> Tuple[float, int]:
     """Best score first; ties by the worker's salt, alike on every LB."""
     return item[1], item[0].salt
+
+
+def _best_scored(skilled: Dict[PoolWorker, float]) -> Dict[PoolWorker, float]:
+    """The first of ``skilled`` by ``_by_score``, without sorting (a
+    class of one member, most of them: the sort called ``_by_score`` for
+    every worker)."""
+    best: Optional[PoolWorker] = None
+    top = 0.0
+    for worker, score in skilled.items():
+        if best is None or score > top or (score == top and worker.salt > best.salt):
+            best, top = worker, score
+    return {} if best is None else {best: top}
 
 
 class AffinityPool(Pool):
@@ -263,14 +279,15 @@ class AffinityPool(Pool):
         self.widenings = 0  # classes given a member for their pressure
         self.narrowings = 0  # and given it back
         self.skills_version = 0  # changes whenever any skill or worker does
-        # worker -> distinct keys of its classes it is counted to hold
-        self.held: Dict[PoolWorker, float] = {}
+        # (each worker's distinct keys of its classes, which it is counted
+        # to hold, are its ``held``: see the property)
         self.held_window = 0  # the footprint window ``held`` was counted in
         # Footprint windows are numbered on across a change of
         # ``footprint_window``: from ``window_base`` at ``window_start``
         # requests, in windows of ``window_size`` (see ``_window``).
         self.window_base = self.window_start = 0
         self.window_size = self.footprint_window
+        self.keys_seen = 0  # keys the classes remember (``_observe``)
         self.slowstart = SlowStart(slow_start)
         self.starting = self.slowstart.starting  # (read on every request)
         self.fading = self.slowstart.fading  # done starting, floors fading
@@ -279,6 +296,13 @@ class AffinityPool(Pool):
         super().__init__(variance, backlog_history, unskilled_score)
         self.relearning = Relearning(self.workers, self.skilled, self.classes)
         self.book = self.relearning.book  # (read on every request)
+
+    @property
+    def held(self) -> Dict[PoolWorker, float]:
+        """Worker -> distinct keys of its classes it is counted to hold
+        (``_hold``).  Kept on the workers (``PoolWorker.held``): in a dict,
+        each change cost two lookups and a float object."""
+        return {worker: worker.held for worker in self.workers.values()}
 
     @property
     def resets(self) -> int:
@@ -325,7 +349,6 @@ class AffinityPool(Pool):
 
     def _added(self, worker: PoolWorker) -> None:
         worker.salt = stable_hash(worker.name)
-        self.held[worker] = 0.0
         self.skills_version += 1
         self._ring = None
         if self.requests:  # (a running pool: eased in, or at once with slow_start 0)
@@ -337,7 +360,6 @@ class AffinityPool(Pool):
         if worker is not None:
             self.slowstart.remove(worker)
             self.relearning.remove(worker)
-            self.held.pop(worker, None)
             self._ring = None
         super().remove(handle)
         self.skills_version += 1
@@ -500,7 +522,7 @@ class AffinityPool(Pool):
             self.spills += 1
         if chosen is None:
             for worker in self.starting:  # a cold cache spills worst
-                self._lru.move_to_end(worker)
+                self._to_end(worker)
             chosen = self._published(rclass)
             self.relearning.fresh(chosen, rclass)
         return chosen
@@ -541,8 +563,12 @@ class AffinityPool(Pool):
         self.unexplored += 1
         if self.unexplored % EXPLORE:
             return chosen
-        other = min((w for w in members if w is not chosen),
-                    key=attrgetter("backlog"), default=None) or self._least_loaded()
+        other = None  # the least busy other member, the first of equals
+        for worker in members:
+            if worker is not chosen and (other is None or worker.backlog < other.backlog):
+                other = worker
+        if other is None:
+            other = self._least_loaded()
         if other is None or other.backlog >= chosen.backlog:
             return chosen
         self.explored += 1
@@ -604,17 +630,35 @@ class AffinityPool(Pool):
         cost = stats.cost
         if cost is None:
             cost = self.work / self.total
-        decay = self.rate_decay ** (self.requests - stats.seen)
+        decay = math.pow(self.rate_decay, float(self.requests - stats.seen))
         stats.count = stats.count * decay + 1.0
         stats.work = stats.work * decay + cost
         self.work = self.work * self.rate_decay + cost
         stats.seen = self.requests
-        crc = crc32(key.encode("utf-8", "surrogateescape"))
-        key_hash = mixed(stats.salt ^ crc)
-        if stats.footprint.add(key_hash, window) and stats.members:
-            self._hold(stats, stats.members)  # (its keys held, counted again)
-        self.footprint.add(key_hash, window)
-        return stats, key_hash, mixed(crc ^ self.hash_seed)
+        hashes = stats.keys.get(key)
+        if hashes is None:  # (most keys come back: no hashing then)
+            crc = crc32(key.encode("utf-8", "surrogateescape"))
+            # (the hash in the book is the same in every class, and a path
+            # like / is in many: remembered)
+            hashes = KeyHashes(mix(stats.salt ^ crc), mixed(crc ^ self.hash_seed))
+            if self.keys_seen >= MAX_KEYS_SEEN:
+                self._forget_keys()
+            stats.keys[key] = hashes
+            self.keys_seen += 1
+        if hashes.window != window:  # (again in a window, it would change nothing)
+            hashes.window = window
+            key_hash = hashes.key_hash
+            if stats.footprint.add(key_hash, window) and stats.members:
+                self._hold(stats, stats.members)  # (its keys held, counted again)
+            self.footprint.add(key_hash, window)
+        return stats, hashes.key_hash, hashes.book_hash
+
+    def _forget_keys(self) -> None:
+        """The classes remember ``MAX_KEYS_SEEN`` keys: forget them all,
+        to start again."""
+        self.keys_seen = 0
+        for stats in self.classes.values():
+            stats.keys.clear()
 
     def width(self, stats: ClassStats) -> int:
         """How many workers the class should be spread over."""
@@ -667,8 +711,12 @@ class AffinityPool(Pool):
             members = self._floored(stats, skilled, width)
         elif len(skilled) <= width:
             members = skilled
+        elif width == 1:
+            members = _best_scored(skilled)
         else:
-            members = dict(nlargest(width, skilled.items(), key=_by_score))
+            # (``nlargest``, which is equivalent, is Python code: several
+            # times slower for a handful of workers)
+            members = dict(sorted(skilled.items(), key=_by_score, reverse=True)[:width])
         self._new_members(stats, members, share)
         if len(members) < width:
             stats.uses = REFRESH  # still recruiting: again on the next request
@@ -772,7 +820,7 @@ class AffinityPool(Pool):
             # starter, whose cold cache would relieve no one)
             worker = min((w for w in self._lru if w not in skilled
                           and not (busiest and w in self.starting)),
-                         key=attrgetter("mbacklog") if busiest else self.held.__getitem__,
+                         key=attrgetter("mbacklog" if busiest else "held"),
                          default=None)
             if worker is None:
                 return
@@ -786,21 +834,19 @@ class AffinityPool(Pool):
         each new footprint window every class is counted again, so that
         classes no longer requested, whose footprints have gone, count
         for nothing."""
-        held = self.held
         window = self._window()
         if window != self.held_window:
             self.held_window = window
             self._forget_idle(window)
-            for worker in held:
-                held[worker] = 0.0
+            for worker in self.workers.values():
+                worker.held = 0.0
             for other in self.classes.values():
-                other.holders, other.held = (), 0.0
+                other.holders, other.held = [], 0.0
                 if other.members and other is not stats:
                     self._count_held(other, other.members, window)
         else:
-            for worker in stats.holders:
-                if worker in held:
-                    held[worker] -= stats.held
+            for worker in stats.holders:  # (one removed since counts for no one)
+                worker.held -= stats.held
         self._count_held(stats, members, window)
 
     def _forget_idle(self, window: int) -> None:
@@ -819,16 +865,16 @@ class AffinityPool(Pool):
                 if stats.seen < horizon and not stats.floors
                 and stats.count * decay ** (requests - stats.seen) < 1.0]
         for name in idle:
+            self.keys_seen -= len(self.classes[name].keys)
             del self.classes[name]
 
     def _count_held(self, stats: ClassStats, members: Dict[PoolWorker, float],
                     window: int) -> None:
-        held = self.held
-        stats.holders = tuple(members)
-        stats.held = (stats.footprint.estimate(window) / len(members)) if members else 0.0
+        stats.holders = list(members.keys())  # (compiled, the dict's own copy)
+        stats.held = held = (stats.footprint.estimate(window) / float(len(members))
+                             if members else 0.0)
         for worker in stats.holders:
-            if worker in held:
-                held[worker] += stats.held
+            worker.held += held
 
     def _ring_recruit(self, rclass: str, skilled: Dict[PoolWorker, float]
                       ) -> Optional[PoolWorker]:
@@ -871,10 +917,11 @@ class AffinityPool(Pool):
         be loaded again.  A ``new`` key, one the book does not know, goes
         to the least busy member (ties in rendezvous order): no one holds
         it yet."""
-        ranked, total, first, kept, owner = self._ranked(members, key_hash, last)
+        count, total, first, kept, owner, least = self._ranked(members, key_hash, last)
         if first is None:
             return None, False, owner
-        bound = self.balance * (total + 1) / len(ranked)
+        # (float(): compiled, a float over an int is worked out on objects)
+        bound = self.balance * float(total + 1) / float(count)
         if bound < MIN_BOUND:
             bound = MIN_BOUND
         starting = self.starting
@@ -882,53 +929,61 @@ class AffinityPool(Pool):
                 and not (starting and owner in starting)):
             return kept, kept is not owner, owner
         if new:
-            chosen = min(ranked, key=_least_busy)[1]
-        elif len(ranked) == 1 or first.backlog < bound:
+            chosen = least
+        elif count == 1 or first.backlog < bound:
             chosen = first
-        else:
-            ranked.sort(key=itemgetter(0), reverse=True)
-            chosen = next((w for _, w in ranked if w.backlog < bound), first)
+        else:  # the first in rendezvous order under the bound, if any
+            chosen = self._ranked(members, key_hash, None, bound)[2] or first
         return chosen, chosen is not owner, owner
 
     def _ranked(self, members: Dict[PoolWorker, float], key_hash: int,
-                last: Optional[PoolWorker]
-                ) -> Tuple[List[Tuple[float, PoolWorker]], int, Optional[PoolWorker],
+                last: Optional[PoolWorker], below: float = math.inf
+                ) -> Tuple[int, int, Optional[PoolWorker], Optional[PoolWorker],
                            Optional[PoolWorker], Optional[PoolWorker]]:
-        """The members under the cap as (rendezvous weight, worker), and
-        their total backlog; the first of them in the key's rendezvous
-        order, ``last`` if one of them, and the key's owner, the first of
-        all members.  (Not a starter busier than the pool's mean.)  The
-        cap is ``balance`` times the published one: the bound keeps the
-        members even among themselves, so the cap only has to catch
-        members far over the pool's mean, and a key's owner, which holds
-        its data, is worth a longer queue than a skilled worker."""
+        """How many members are under the cap (and with a backlog
+        ``below``), and their total backlog; the first of them in the
+        key's rendezvous order, ``last`` if one of them, the key's owner
+        (the first of all members), and the least busy of them (ties to
+        the first in rendezvous order).  (Not a starter busier than the
+        pool's mean.)  The cap is ``balance`` times the published one:
+        the bound keeps the members even among themselves, so the cap
+        only has to catch members far over the pool's mean, and a key's
+        owner, which holds its data, is worth a longer queue than a
+        skilled worker.  (No list of them: three requests in four want
+        only these.)"""
         n = len(self.workers)
         max_backlog = self.balance * self.variance * self.mbacklog / n
         if max_backlog < 1.0:
             max_backlog = 1.0
-        min_backlog = next(iter(self._lru)).mbacklog + 1.0
+        min_backlog = self._oldest().mbacklog + 1.0
         starting = self.starting
         busy = self.backlog / n  # a starter takes no more than the mean
-        ranked = []
-        total = 0
-        owner = first = None  # first: the owner among those under the cap
-        top = best = 0.0
+        count = total = 0
+        owner = first = least = None  # first: the owner among those under the cap
+        top = best = least_weight = 0.0
         kept = None  # ``last``, if under the cap
+        # A class of one member (most requests) has no order to draw:
+        # its weights are only compared with one another.
+        single = len(members) == 1
         for worker, score in members.items():
-            weight = score / rendezvous_draw(key_hash ^ worker.salt)
+            weight = score if single else score / rendezvous_draw(key_hash ^ worker.salt)
             if weight > top:
                 owner, top = worker, weight
             if worker.mbacklog - min_backlog > max_backlog:
                 continue
-            if starting and worker in starting and worker.backlog > busy:
+            backlog = worker.backlog
+            if starting and worker in starting and backlog > busy or backlog >= below:
                 continue
             if worker is last:
                 kept = worker
-            ranked.append((weight, worker))
-            total += worker.backlog
+            count += 1
+            total += backlog
             if weight > best:
                 first, best = worker, weight
-        return ranked, total, first, kept, owner
+            if least is None or backlog < least.backlog or (
+                    backlog == least.backlog and weight > least_weight):
+                least, least_weight = worker, weight
+        return count, total, first, kept, owner, least
 
     # -- introspection ------------------------------------------------
 

@@ -8,24 +8,32 @@ smallest hashes seen, from which the number of distinct ones follows with
 an error of about 1/sqrt(k).  ``ClassStats`` holds, per class, what the
 LB sees of it: its decayed request count, its footprint, its members as
 last worked out, the floors of the workers that joined it while starting
-(``slowstart.py``) or followed its moved keys (``relearn.py``).  These
+(``slowstart.py``) or followed its moved keys (``relearn.py``), and the
+hashes of the keys requested (``KeyHashes``: hashed once, and counted in
+the sketches once a window, where a second time changes nothing).  These
 are plain records and functions: the pool (``affinity.AffinityPool``)
 and its parts keep them and act on them.
 """
 
 from __future__ import annotations
 
-import bisect
+from bisect import bisect_left
 import hashlib
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Final, List, Optional, Tuple
 
 from .pool import PoolWorker
 
-MASK64 = (1 << 64) - 1
-SKETCH_SIZE = 64  # k of the k-minimum-values sketch: ~1/sqrt(k) error
-UNIT = float(1 << 53)
-LEAST_DRAW = 2.0 ** -54  # -ln(1 - 2**-54), the draw of the largest u
+# (Final: constants in compiled code, see affinity.py; PRIOR stays plain,
+# for the tests to change)
+MASK64: Final = (1 << 64) - 1
+SKETCH_SIZE: Final = 64  # k of the k-minimum-values sketch: ~1/sqrt(k) error
+UNIT: Final = float(1 << 53)
+LEAST_DRAW: Final = 2.0 ** -54  # -ln(1 - 2**-54), the draw of the largest u
+# (k - 1) * 2**64, over the k-th smallest hash plus one, estimates distinct
+# hashes; a float over an int, compiled, is worked out on objects: the
+# int is made a float first, as Python does
+SPAN: Final = (SKETCH_SIZE - 1) * float(MASK64)
 PRIOR = 16  # requests and keys per worker before shares and footprints count
 
 
@@ -97,7 +105,7 @@ class Sketch:
         smallest = self.smallest
         if len(smallest) >= SKETCH_SIZE and value >= smallest[-1]:
             return False
-        i = bisect.bisect_left(smallest, value)
+        i = bisect_left(smallest, value)
         if i < len(smallest) and smallest[i] == value:
             return False
         smallest.insert(i, value)
@@ -110,7 +118,7 @@ class Sketch:
         smallest = self.smallest
         if len(smallest) < SKETCH_SIZE:
             return float(len(smallest))
-        return (SKETCH_SIZE - 1) * float(MASK64) / (smallest[-1] + 1)
+        return SPAN / float(smallest[-1] + 1)  # (float(): see SPAN)
 
 
 class Footprint:
@@ -146,13 +154,26 @@ class Footprint:
 
 
 
+class KeyHashes:
+    """A key's hash in its class and in the book, and the last footprint
+    window it was requested in (its first request there counts it in the
+    sketches; the others would change nothing)."""
+
+    __slots__ = ("key_hash", "book_hash", "window")
+
+    def __init__(self, key_hash: int, book_hash: int) -> None:
+        self.key_hash = key_hash
+        self.book_hash = book_hash
+        self.window = -1
+
+
 class ClassStats:
     """What the LB sees of one class: its decayed request count, its keys."""
 
     __slots__ = ("count", "seen", "footprint", "salt", "members", "uses", "version",
                  "joins", "holders", "held", "floors", "fresh", "moved", "following",
                  "senders", "reset", "work", "cost", "key_width", "extra", "pressure",
-                 "home_time", "home_count", "away_time", "away_count")
+                 "home_time", "home_count", "away_time", "away_count", "keys")
 
     def __init__(self, rclass: str, window: int, seed: int = 0) -> None:
         self.members: Optional[Dict[PoolWorker, float]] = None  # as last worked out
@@ -161,7 +182,7 @@ class ClassStats:
         self.joins = 0  # times its members grew in number (``AffinityPool.get``)
         # the members its keys were last counted on (``AffinityPool.held``),
         # and how many keys each was counted to hold
-        self.holders: Tuple[PoolWorker, ...] = ()
+        self.holders: List[PoolWorker] = []
         self.held = 0.0
         self.count = 0.0  # decayed requests, as of pool request ``seen``
         self.seen = 0
@@ -175,6 +196,8 @@ class ClassStats:
         self.home_time = self.home_count = 0.0
         self.away_time = self.away_count = 0.0
         self.footprint = Footprint(window)
+        # keys requested -> their hashes, remembered (``AffinityPool._observe``)
+        self.keys: Dict[str, KeyHashes] = {}
         self.salt = stable_hash(rclass) ^ seed
         # workers that joined while starting -> pool request when they did
         self.floors: Optional[Dict[PoolWorker, float]] = None

@@ -44,13 +44,13 @@ the pool's gain, which a site of mixed classes blends.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Final, Optional
 
 from .classstats import ClassStats
 
-MIN_SAMPLES = 8.0  # decayed samples of each kind before a gain counts
-CLASS_DECAY = 1.0 - 1.0 / 64  # per sample of the class: its last hundred or so
-POOL_DECAY = 1.0 - 1.0 / 256  # per away sample of any class
+MIN_SAMPLES: Final = 8.0  # decayed samples of each kind before a gain counts
+CLASS_DECAY: Final = 1.0 - 1.0 / 64  # per sample of the class: its last hundred or so
+POOL_DECAY: Final = 1.0 - 1.0 / 256  # per away sample of any class
 HOME, AWAY = True, False
 
 

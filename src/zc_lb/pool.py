@@ -61,7 +61,7 @@ class PoolWorker:
     """The pool's record of one worker: backlog, decayed backlog, skills."""
 
     __slots__ = ("handle", "backlog", "mbacklog", "dsum", "dcount", "resume",
-                 "version", "name", "salt", "given")
+                 "version", "name", "salt", "given", "held")
 
     def __init__(self, handle: Hashable, version: Optional[str] = None,
                  name: Optional[str] = None) -> None:
@@ -74,6 +74,7 @@ class PoolWorker:
         self.version = version
         self.name = str(handle) if name is None else name
         self.salt = 0  # the affinity policy's per-worker hash salt
+        self.held = 0.0  # and the distinct keys it counts the worker to hold
         # classes the pool made it skilled in at ``unskilled_score``, which
         # its résumé has not scored yet
         self.given: Set[str] = set()
@@ -122,6 +123,7 @@ class Pool:
         self.workers: Dict[Hashable, PoolWorker] = {}
         # least recently chosen first
         self._lru: "OrderedDict[PoolWorker, None]" = OrderedDict()
+        self._first: Optional[PoolWorker] = None  # its first, if known (``_oldest``)
         self.skilled: Dict[str, Dict[PoolWorker, float]] = {}
         self.backlog = 0
         self.mbacklog = 0.0
@@ -187,6 +189,7 @@ class Pool:
         self.workers[handle] = worker
         self._lru[worker] = None
         self._lru.move_to_end(worker, last=False)
+        self._first = worker
         self._update_decays()
         if resume:
             self.new_resume(handle, resume)
@@ -201,6 +204,7 @@ class Pool:
             return
         self._forget_skills(worker)
         del self._lru[worker]
+        self._first = None
         self.backlog -= worker.backlog
         worker.backlog = 0
         self._update_decays()
@@ -274,9 +278,8 @@ class Pool:
     def _published(self, rclass: str) -> PoolWorker:
         """The published choice for a request of ``rclass`` (steps 1 to
         3 of the module docstring), not yet accounted."""
-        lru = self._lru
-        oldest = next(iter(lru))
-        max_backlog = self.variance * self.mbacklog / len(self.workers)
+        oldest = self._oldest()
+        max_backlog = self.variance * self.mbacklog / float(len(self.workers))
         if max_backlog < 1.0:
             max_backlog = 1.0
         min_backlog = oldest.mbacklog + 1.0
@@ -308,11 +311,31 @@ class Pool:
 
     def _chosen(self, worker: PoolWorker) -> Hashable:
         """Account a request given to ``worker``; its handle."""
-        self._lru.move_to_end(worker)
+        self._to_end(worker)
         worker.backlog += 1
         self.backlog += 1
         self._decay(worker)
         return worker.handle
+
+    def _to_end(self, worker: PoolWorker) -> None:
+        """Make ``worker`` the most recently chosen."""
+        if worker is self._first:
+            self._first = None
+        self._lru.move_to_end(worker)
+
+    def _oldest(self) -> PoolWorker:
+        """The least recently chosen worker (there is one).  Remembered
+        until it is chosen or removed: the first of an ordered dict costs
+        an iterator (compiled, some 600 instructions), and most requests
+        do not change it."""
+        oldest = self._first
+        if oldest is None:
+            for oldest in self._lru:
+                break
+            else:
+                raise LookupError("the pool has no workers")
+            self._first = oldest
+        return oldest
 
     def _least_backlog(self) -> Optional[Hashable]:
         """The least loaded worker, ties to the least recently chosen: O(workers)."""

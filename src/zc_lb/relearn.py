@@ -50,21 +50,21 @@ at start.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Dict, Hashable, Optional, Set, Tuple
+from typing import Dict, Final, Hashable, Optional, Set, Tuple
 
 from .classstats import ClassStats
 from .pool import PoolWorker, unskill
 
-RELEARN_SHARE = 0.5  # "most requests hit classes no worker is skilled in"
+RELEARN_SHARE: Final = 0.5  # "most requests hit classes no worker is skilled in"
 BOOK_SIZE = 1 << 16  # keys the book remembers, least recently seen forgotten
-MOVED_WINDOW = 32  # new keys of a class over which moves count
-SETTLE = 0.995  # moves and new keys of a class fade with each key it had before
-SETTLED = 0.1  # moves below which a class that followed its keys is settled
-MOVED_LEAST = 2  # keys moved in before a class follows them
-FOLLOW_SHARE = 0.5  # a worker is followed once it sent half the top sender's keys
+MOVED_WINDOW: Final = 32  # new keys of a class over which moves count
+SETTLE: Final = 0.995  # moves and new keys of a class fade with each key it had before
+SETTLED: Final = 0.1  # moves below which a class that followed its keys is settled
+MOVED_LEAST: Final = 2  # keys moved in before a class follows them
+FOLLOW_SHARE: Final = 0.5  # a worker is followed once it sent half the top sender's keys
 
 
-ADOPTED = -1.0
+ADOPTED: Final = -1.0
 """The floor of a worker that followed a class's moved keys.  It is a mark,
 not a ratio: the worker weighs the members' mean (``floor_weight``).  A
 starter's floor, a ratio of keys, may be 1.0 too, so the mark is a value no
@@ -86,7 +86,7 @@ def floor_weight(ratio: float) -> float:
 # AWAY if that worker is not its owner in rendezvous order, else the
 # class's ``joins`` then: see ``AffinityPool.get``)
 BookEntry = Tuple[Optional[str], Optional[PoolWorker], bool, int]
-AWAY = -1
+AWAY: Final = -1
 SHARED: BookEntry = (None, None, True, AWAY)  # a key of several classes
 
 

@@ -58,21 +58,21 @@ slow for good keeps the keys it then holds.
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, Final, List
 
 from .classstats import PRIOR, ClassStats, rendezvous_weight
 from .pool import PoolWorker
 from .relearn import adopted
 
-STARTED = 0.9  # a starter is behind while under 90% of its ramp's share
-BIG_CLASS = 1.0  # a starter joins classes worth a whole worker or more
-OFFERED = 400  # requests of a joined class before a starter checks its keys
-MOST_RAISED = 4.0  # the most that check raises its floor by
-GIVE_UP = 25  # slow starts after which a worker is done starting anyway
-CLASS_TAKE = 0.5  # the most of a class's keys a starter takes
-OFF_FAIR = 0.05  # a worker done starting is off its share beyond 5% of fair
-FADE = 4  # slow starts in which its floors change by e while it is off
-AT_ONCE = 100  # pool requests of a slow start with slow_start 0 ("at once")
+STARTED: Final = 0.9  # a starter is behind while under 90% of its ramp's share
+BIG_CLASS: Final = 1.0  # a starter joins classes worth a whole worker or more
+OFFERED: Final = 400  # requests of a joined class before a starter checks its keys
+MOST_RAISED: Final = 4.0  # the most that check raises its floor by
+GIVE_UP: Final = 25  # slow starts after which a worker is done starting anyway
+CLASS_TAKE: Final = 0.5  # the most of a class's keys a starter takes
+OFF_FAIR: Final = 0.05  # a worker done starting is off its share beyond 5% of fair
+FADE: Final = 4  # slow starts in which its floors change by e while it is off
+AT_ONCE: Final = 100  # pool requests of a slow start with slow_start 0 ("at once")
 
 
 class Starter:
