@@ -92,8 +92,8 @@ HOP_BY_HOP = frozenset((
 
 class RequestHead:
     """A checked request head: what the WSGI environ is built from.  (A
-    plain class: compiled, a dataclass's generated __init__ cost 0.9 us
-    a request, this one's 0.1.)"""
+    plain class: compiled, a dataclass's generated __init__ is Python,
+    0.9 us a request; this one is 0.37 called from Python, less from h1.)"""
 
     __slots__ = ("method", "path", "version", "fields", "content_length", "chunked", "close")
 
