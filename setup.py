@@ -48,7 +48,9 @@ setup(
     ext_modules=compiled_modules(),
     python_requires=">=3.11",
     install_requires=["gevent>=23", "kazoo>=2.9", "webob>=1.8", "orjson>=3.9",
-                      "httptools>=0.6.2", "prometheus-client>=0.17"],
+                      "httptools>=0.6.2", "prometheus-client>=0.17",
+                      # mypyc_attr: how the compiled protocol treats its messages
+                      "mypy_extensions>=1.0"],
     extras_require={
         # selenium drives Debian's chromium (make sysdeps) in the status page's test;
         # PyYAML reads etc/prometheus.yml back; flask is the third-party framework

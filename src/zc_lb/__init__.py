@@ -1,7 +1,8 @@
 """zc-lb: a résumé-based load balancer for WSGI applications.
 
 The modules of the per-request path that pay for it (``COMPILED``: the
-routing pool, the HTTP head's parsing and checks, ejection) may run compiled by
+routing pool, the HTTP head's parsing and checks, ejection, the worker
+protocol) may run compiled by
 mypyc from this same source: ``make`` builds them in place, and
 ``ZC_LB_COMPILE=1 pip wheel`` builds them into a wheel.  ``ZC_LB_PURE=1``
 runs the source even where they are built, and so does a checkout whose
@@ -18,7 +19,7 @@ import sys
 __version__ = "0.1.0"
 
 COMPILED = ("pool", "classstats", "locality", "slowstart", "relearn", "affinity",
-            "h1", "httpparse", "forwarding", "classifier", "outlier")
+            "h1", "httpparse", "forwarding", "classifier", "outlier", "frames", "protocol")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 

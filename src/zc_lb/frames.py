@@ -59,9 +59,10 @@ import math
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import orjson
+from mypy_extensions import mypyc_attr
 
 from .errors import (LocalProtocolError, MessageTooLarge, RemoteProtocolError,
                      ResponseHeadTooLarge)
@@ -103,10 +104,14 @@ READY_HEAD = re.compile(rb"HTTP/1\.1 ([0-9]{3}[^\r\n]*)\r\n(?:[^\r\n]+\r\n)*")  
 
 # Messages are values: never change one.  They are not frozen dataclasses
 # only because a frozen one costs four times as much to build (1.6 us
-# against 0.4 here), and a request builds three.
+# against 0.4 here), and a request builds three.  Compiled (mypyc), this
+# module's functions run natively and its messages stay Python classes
+# (``native_class=False``): a compiled dataclass cannot hold their class
+# constant ``TYPE``, and ``slots=True`` would make it a slot.
 
 
-@dataclass(slots=True)
+@mypyc_attr(native_class=False)
+@dataclass
 class Hello:
     """First message on a connection, from each side."""
 
@@ -119,7 +124,8 @@ class Hello:
     TYPE = 1
 
 
-@dataclass(slots=True)
+@mypyc_attr(native_class=False)
+@dataclass
 class Auth:
     """HMAC proof of the shared secret."""
 
@@ -127,7 +133,8 @@ class Auth:
     TYPE = 2
 
 
-@dataclass(slots=True)
+@mypyc_attr(native_class=False)
+@dataclass
 class Resume:
     """A worker's résumé: request class -> requests per second."""
 
@@ -135,21 +142,24 @@ class Resume:
     TYPE = 3
 
 
-@dataclass(slots=True)
+@mypyc_attr(native_class=False)
+@dataclass
 class Ping:
     """Keepalive; answered by Pong."""
 
     TYPE = 4
 
 
-@dataclass(slots=True)
+@mypyc_attr(native_class=False)
+@dataclass
 class Pong:
     """Answer to Ping."""
 
     TYPE = 5
 
 
-@dataclass(slots=True)
+@mypyc_attr(native_class=False)
+@dataclass
 class GoAway:
     """The sender is draining: send it no new requests."""
 
@@ -157,7 +167,8 @@ class GoAway:
     TYPE = 6
 
 
-@dataclass(slots=True)
+@mypyc_attr(native_class=False)
+@dataclass
 class Request:
     """Start of a request: its CGI/WSGI environ, strings only; with
     ``end``, the whole request (it has no body)."""
@@ -168,7 +179,8 @@ class Request:
     TYPE = 10
 
 
-@dataclass(slots=True)
+@mypyc_attr(native_class=False)
+@dataclass
 class Body:
     """A chunk of request or response body."""
 
@@ -177,7 +189,8 @@ class Body:
     TYPE = 11
 
 
-@dataclass(slots=True)
+@mypyc_attr(native_class=False)
+@dataclass
 class End:
     """End of the sender's direction of a request."""
 
@@ -185,7 +198,8 @@ class End:
     TYPE = 12
 
 
-@dataclass(slots=True)
+@mypyc_attr(native_class=False)
+@dataclass
 class Response:
     """Start of a response: status line and headers, perhaps the first
     body bytes; with ``end``, the whole response."""
@@ -201,7 +215,8 @@ class Response:
     TYPE = 13
 
 
-@dataclass(slots=True)
+@mypyc_attr(native_class=False)
+@dataclass
 class Cancel:
     """Abandon a request, both directions."""
 
@@ -209,7 +224,8 @@ class Cancel:
     TYPE = 14
 
 
-@dataclass(slots=True)
+@mypyc_attr(native_class=False)
+@dataclass
 class Credit:
     """Permission to send ``n`` more body bytes on request ``rno``."""
 
@@ -258,7 +274,7 @@ def _frame(rno: int, mtype: int, payload: bytes) -> bytes:
     return HEADER.pack(rno, mtype, len(payload)) + payload
 
 
-def encode(message: Message, whole: bool = False) -> bytes:
+def encode(message: Any, whole: bool = False) -> bytes:
     """The bytes of one message, header included: a Request or Response
     with ``end`` as one whole frame if ``whole`` (the peer offered it),
     else as the separate frames."""
@@ -268,7 +284,7 @@ def encode(message: Message, whole: bool = False) -> bytes:
         raise LocalProtocolError("cannot encode %r: %s" % (message, exc))
 
 
-def _encode(message: Message, whole: bool) -> bytes:
+def _encode(message: Any, whole: bool) -> bytes:
     if isinstance(message, Body):
         return _frame(message.rno, Body.TYPE, message.data)
     if isinstance(message, (End, Cancel)):
@@ -284,7 +300,8 @@ def _encode(message: Message, whole: bool) -> bytes:
     if isinstance(message, (Ping, Pong)):
         return HEADER.pack(0, message.TYPE, 0)
     if isinstance(message, Resume):
-        for score in message.skills.values():  # (what the LB would refuse)
+        scores: List[Any] = list(message.skills.values())
+        for score in scores:  # (what the LB would refuse)
             if not _is_number(score) or not math.isfinite(score):
                 raise LocalProtocolError("résumé with a score that is not finite: %r"
                                          % (score,))
@@ -319,8 +336,8 @@ def request_frames(rno: int, environ: Dict[str, str], end: bool, whole: bool) ->
     return _frame(rno, Request.TYPE, payload) + HEADER.pack(rno, End.TYPE, 0)
 
 
-def _response_payload(status: str, headers: List[Tuple[str, str]],
-                      elapsed: Optional[float] = None) -> bytes:
+def _response_payload(status: Any, headers: List[Any],
+                      elapsed: Any = None) -> bytes:
     # orjson writes tuples as arrays: no list(h) copy per header.  Names
     # and values must be strings, as the peer checks.
     for header in headers:
@@ -363,7 +380,7 @@ def _good_elapsed(value: object) -> bool:
             and 0.0 <= value < MAX_ELAPSED)
 
 
-def _check_elapsed(elapsed: float) -> None:
+def _check_elapsed(elapsed: object) -> None:
     """Refuse a response time the peer would refuse, dropping the whole
     connection (NaN included)."""
     if not _good_elapsed(elapsed):
@@ -371,7 +388,7 @@ def _check_elapsed(elapsed: float) -> None:
                                  % (elapsed, MAX_ELAPSED))
 
 
-def ready_frame(rno: int, head: bytes, length: Optional[int], elapsed: Optional[float],
+def ready_frame(rno: int, head: bytes, length: Optional[int], elapsed: Any,
                 body: bytes, end: bool) -> bytes:
     """A READY_RESPONSE frame: ``head`` (status line and header lines,
     each ending in CRLF, checked by the caller) and the first ``body``
@@ -403,7 +420,7 @@ def body_header(rno: int, length: int) -> bytes:
 # -- decoding -----------------------------------------------------------
 
 
-def _load_json(payload: bytes, what: str) -> object:
+def _load_json(payload: Union[bytes, memoryview], what: str) -> Any:
     """Strict JSON (orjson: RFC 8259, valid UTF-8, no NaN or Infinity,
     integers within 64 bits, nesting within 1024 levels)."""
     try:
@@ -615,7 +632,7 @@ class Decoder:
         self._limits = limits
         self._why = why
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: Union[bytes, memoryview]) -> None:
         """Add bytes received from the peer."""
         self._buffer += data
 

@@ -40,6 +40,8 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple, Type, Union
 
+from mypy_extensions import mypyc_attr
+
 from .errors import (AuthenticationError, BadResponseHead, LocalProtocolError,
                      RemoteProtocolError, ResponseHeadTooLarge)
 from .frames import (  # noqa: F401  (the frames' names are the protocol's too)
@@ -189,6 +191,7 @@ HANDSHAKE, AUTHENTICATING, OPEN_PHASE, CLOSING, CLOSED = (
 HANDSHAKE_LIMIT = 1024  # payload bytes of a Hello or Auth: nothing more before it
 
 
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True)
 class Ready:
     """The handshake is done (the peer proved the secret, if there is one)."""
@@ -196,6 +199,7 @@ class Ready:
     peer: Hello
 
 
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True)
 class StreamEnded:
     """A request ended before it completed: ``by`` "peer" (it sent Cancel)
@@ -206,6 +210,7 @@ class StreamEnded:
     reason: str
 
 
+@mypyc_attr(native_class=False)
 @dataclass(frozen=True)
 class Closed:
     """The peer closed the connection (end of file)."""
@@ -301,7 +306,7 @@ class Connection:
 
     # -- receiving ----------------------------------------------------
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: Union[bytes, memoryview]) -> None:
         """Bytes from the peer; ``b""`` when it closed its side."""
         if data:
             self._decoder.receive_data(data)
