@@ -339,3 +339,53 @@ def test_a_served_request_leaves_no_garbage_cycle(serve, threads):
     from zc_lb.connection import Exchange
     leftover = _leftover_garbage(requests)
     assert not [o for o in leftover if isinstance(o, Exchange)]
+
+
+def test_threads_run_calls_concurrently_and_hand_back_results_and_exceptions():
+    import threading as real_threading
+
+    from zc_lb.worker import Threads
+
+    threads = Threads(4)
+    try:
+        barrier = real_threading.Barrier(4, timeout=5)
+
+        def call(n):
+            barrier.wait()  # (four at once, or none)
+            return n * n, real_threading.get_ident()
+
+        results = [gevent.spawn(threads.apply, lambda n=n: call(n)) for n in range(4)]
+        gevent.joinall(results, timeout=10, raise_error=True)
+        assert [g.value[0] for g in results] == [0, 1, 4, 9]
+        assert len({g.value[1] for g in results}) == 4  # four threads, not the hub's
+        assert real_threading.get_ident() not in {g.value[1] for g in results}
+
+        def fail():
+            raise KeyError("from the app")
+
+        with pytest.raises(KeyError, match="from the app"):
+            threads.apply(fail)
+        # More calls than threads wait their turn, each result to its caller.
+        many = [gevent.spawn(threads.apply, lambda n=n: (time.sleep(0.001), n)[1])
+                for n in range(40)]
+        gevent.joinall(many, timeout=10, raise_error=True)
+        assert [g.value for g in many] == list(range(40))
+    finally:
+        threads.stop()
+
+
+def test_a_call_whose_greenlet_is_killed_does_not_disturb_the_next():
+    import threading as real_threading
+
+    from zc_lb.worker import Threads
+
+    threads = Threads(1)
+    try:
+        release = real_threading.Event()
+        waiting = gevent.spawn(threads.apply, lambda: release.wait(5) and "late")
+        gevent.sleep(0.05)
+        waiting.kill()  # (as a cancelled request's greenlet is)
+        release.set()
+        assert threads.apply(lambda: "next") == "next"
+    finally:
+        threads.stop()

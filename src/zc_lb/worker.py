@@ -34,8 +34,8 @@ import gevent.event
 import gevent.lock
 import gevent.hub
 import gevent.server
-import gevent.threadpool
 import greenlet
+from gevent.monkey import get_original
 
 from . import resume as resume_module
 from .connection import Connection, Exchange, Handler
@@ -241,6 +241,74 @@ class ResponseWriter:
 
 # -- threads ----------------------------------------------------------------
 
+# The real ones, even where an application patched them for gevent.
+_start_thread = get_original("_thread", "start_new_thread")
+_SimpleQueue = get_original("queue", "SimpleQueue")
+
+
+class Threads:
+    """The threads a thread-mode worker runs its application in.  A call
+    goes to them through a queue written in C; results come back to the
+    hub through one async watcher, which wakes the hub once for however
+    many have finished since.  gevent's ThreadPool made a result object,
+    an async watcher and a Python condition variable's round per call,
+    and woke the hub for each."""
+
+    def __init__(self, size: int) -> None:
+        self._hub = gevent.get_hub()
+        self._calls = _SimpleQueue()
+        self._results: collections.deque = collections.deque()  # (waiter, ok, value)
+        self._wake = self._hub.loop.async_()
+        self._wake.start(self._deliver)
+        self._wake.ref = False  # (it keeps the loop alive only while calls run)
+        self._running = 0
+        self.size = size
+        for _ in range(size):
+            _start_thread(self._run, ())
+
+    def apply(self, func: Callable[[], Any]) -> Any:
+        """``func()``, run in one of the threads (from a greenlet of the
+        hub's); what it raises is raised here."""
+        waiter = gevent.hub.Waiter(self._hub)
+        self._calls.put((func, waiter))
+        self._running += 1
+        if self._running == 1:
+            self._wake.ref = True
+        return waiter.get()
+
+    def _run(self) -> None:
+        calls, results, wake = self._calls, self._results, self._wake
+        while True:
+            call = calls.get()
+            if call is None:
+                return
+            func, waiter = call
+            try:
+                outcome = (waiter, True, func())
+            except BaseException as exc:  # (raised in the waiting greenlet)
+                outcome = (waiter, False, exc)
+            results.append(outcome)
+            wake.send()
+
+    def _deliver(self) -> None:
+        """(In the hub) hand each finished call's result to its greenlet."""
+        results = self._results
+        while results:
+            waiter, ok, value = results.popleft()
+            self._running -= 1
+            if not self._running:
+                self._wake.ref = False
+            if ok:
+                waiter.switch(value)
+            else:
+                waiter.throw(value)
+
+    def stop(self) -> None:
+        """End the threads once they are done with what they run."""
+        for _ in range(self.size):
+            self._calls.put(None)
+        self._wake.stop()
+
 
 def call_in_hub(hub, func, *args):
     """From a pool thread: run ``func`` in a greenlet in the hub's thread
@@ -440,7 +508,7 @@ class Worker(Handler):
         self.server: Optional[gevent.server.StreamServer] = None
         self.requests = Requests()
         self._environ_fixed: Dict[str, object] = {}
-        self.threadpool: Optional[gevent.threadpool.ThreadPool] = None
+        self.threadpool: Optional[Threads] = None
         self.loopwatch: Optional[LoopWatch] = None
         self.stopping = False
         self._stopped = gevent.event.Event()
@@ -462,7 +530,7 @@ class Worker(Handler):
         self.skills = resume_module.Skills(self.history, self.max_skill_age, initial,
                                            self.max_classes)
         if self.threads:
-            self.threadpool = gevent.threadpool.ThreadPool(self.threads)
+            self.threadpool = Threads(self.threads)
         else:  # greenlet mode: say so when the application blocks the loop
             self.loopwatch = LoopWatch()
             self.loopwatch.start()
@@ -524,6 +592,8 @@ class Worker(Handler):
             connection.close("worker stopped", flush_timeout=max(deadline - time.monotonic(), 1))
         if self.loopwatch is not None:
             self.loopwatch.stop()
+        if self.threadpool is not None:
+            self.threadpool.stop()
         if self._timer is not None:
             self._timer.kill()
         self._stopped.set()
