@@ -44,9 +44,9 @@ def test_hosts_found_valid_are_remembered_within_a_bound_and_never_excuse_a_bad_
     from zc_lb import httpparse
     from zc_lb.errors import BadRequest
 
-    for n in range(httpparse.MAX_VALID_HOSTS + 10):
+    for n in range(httpparse.MAX_VALID + 10):
         check_head("GET", b"/", "HTTP/1.1", [("Host", "h%d.example" % n)])
-    assert 0 < len(httpparse._VALID_HOSTS) <= httpparse.MAX_VALID_HOSTS
+    assert 0 < len(httpparse._VALID_HOSTS) <= httpparse.MAX_VALID
     with pytest.raises(BadRequest, match="invalid Host"):
         check_head("GET", b"/", "HTTP/1.1", [("Host", "h1.example/x")])
     assert check_head("GET", b"/", "HTTP/1.1", [("Host", "h1.example")]).path == "/"

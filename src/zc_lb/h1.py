@@ -44,7 +44,7 @@ import httptools
 
 from .errors import BadRequest, BadResponseHead, ClientError, ClientGone, RequestTooLarge
 from .httpparse import (HOP_BY_HOP, MAX_FIELD_LINE, MAX_FIELDS, MAX_HEAD, TARGET,
-                        RequestHead, check_head, check_trailer)
+                        RequestHead, check_head, check_trailer, matches)
 
 REQUEST_LINE_EXTRA = len(b"  HTTP/1.1\r\n")  # what a request line adds to method and target
 MAX_TARGET = 8190  # a request line over 8 KiB is 414, as nginx and pywsgi have it
@@ -331,33 +331,21 @@ def start_again(exc_info, started: bool, status_set: bool) -> None:
 def check_response(status: object, headers: Iterable[Any]) -> None:
     """Refuse a status or header that could split or smuggle a response
     (or is not a str: an application's, so of any type)."""
-    if type(status) is not str or (status not in _VALID_STATUS
-                                   and not _valid(STATUS, status, _VALID_STATUS)):
+    if type(status) is not str or not matches(STATUS, status, _VALID_STATUS):
         raise BadResponseHead("invalid status %r" % (status,))
     for name, value in headers:
         if type(name) is not str or type(value) is not str:
             raise BadResponseHead("header %r: %r is not a pair of str" % (name, value))
-        if ((name not in _VALID_NAMES and not _valid(FIELD_NAME, name, _VALID_NAMES))
+        if (not matches(FIELD_NAME, name, _VALID_NAMES)
                 # (printable text has no control character: the search is for the rest)
                 or (not value.isprintable() and FIELD_VALUE_BAD.search(value))):
             raise BadResponseHead("invalid header %r: %r" % (name, value))
 
 
-# The statuses and field names an application sends are few: once matched,
-# they are looked up here rather than matched again (0.4 us each).
+# The statuses and the field names found valid (``matches``): apart, as a
+# status is no field name.
 _VALID_STATUS: Dict[str, bool] = {}
 _VALID_NAMES: Dict[str, bool] = {}
-MAX_VALID = 1024  # of each
-
-
-def _valid(pattern: "re.Pattern[str]", text: str, valid: Dict[str, bool]) -> bool:
-    """Whether ``pattern`` matches ``text``; if so, ``valid`` remembers it."""
-    if not pattern.match(text):
-        return False
-    if len(valid) >= MAX_VALID:
-        valid.clear()
-    valid[text] = True
-    return True
 
 
 def response_head(status: str, headers: List[Tuple[str, str]],
