@@ -395,7 +395,7 @@ def ready_frame(rno: int, head: bytes, length: Optional[int], elapsed: Any,
     bytes, ending the response if ``end``."""
     if elapsed is None:
         elapsed = -1.0
-    elif not (type(elapsed) is float and 0.0 <= elapsed < MAX_ELAPSED):  # (the usual, at once)
+    else:
         _check_elapsed(elapsed)
     return b"".join((READY_START.pack(
         rno, READY_RESPONSE, READY_PREFIX.size + len(head) + len(body),
