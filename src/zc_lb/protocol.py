@@ -145,8 +145,6 @@ DIRECTION: Dict[str, Dict[str, str]] = {
     DONE: {CREDIT: DONE, CANCEL: CANCELLED},
     CANCELLED: {},
 }
-REQUEST_KINDS: Dict[type, str] = {Request: START, Body: BODY, End: END}
-RESPONSE_KINDS: Dict[type, str] = {Response: START, Body: BODY, End: END}
 ENDED = (DONE, CANCELLED)
 
 
@@ -296,10 +294,6 @@ class Connection:
             del open_limits[mtype]
         self._open_limits = open_limits
         self._decoder.allow({Hello.TYPE: HANDSHAKE_LIMIT}, " before the handshake")
-        if role == "lb":
-            self._receive_kinds = RESPONSE_KINDS
-        else:
-            self._receive_kinds = REQUEST_KINDS
 
     def __repr__(self) -> str:
         return "<protocol.Connection %s %s streams=%d>" % (self.role, self.phase, len(self.streams))
@@ -370,13 +364,12 @@ class Connection:
             stream.sending = stream.receiving = CANCELLED
             del self.streams[rno]
             return StreamEnded(rno, "peer", "cancelled")
-        else:
-            what = self._receive_kinds.get(mtype)
-            if what is None:
-                raise RemoteProtocolError("request %d: unexpected %s" % (rno, mtype.__name__))
-            stream.step("receiving", what, RemoteProtocolError)
+        elif mtype is End:
+            stream.step("receiving", END, RemoteProtocolError)
             if stream.sending in ENDED and stream.receiving in ENDED:
                 del self.streams[rno]
+        else:  # a Request on one open already (the limits let no other type here)
+            stream.step("receiving", START, RemoteProtocolError)  # (raises)
         return message
 
     def _response(self, stream: Stream, response: Response) -> Response:
