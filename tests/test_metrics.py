@@ -230,6 +230,7 @@ def test_healthz_status_json_and_the_worker_metrics(cluster):
         assert metrics["zc_lb_app_lbs", ()] == 1
         assert ("zc_lb_app_seconds_total", ()) in metrics
         assert ("zc_lb_app_resume_classes", ()) in metrics
+        assert 2 <= metrics["zc_lb_app_threads_taking_requests", ()] <= 16  # (thread mode)
 
     def served():  # a worker counts a request just after its last byte went out
         return sum(samples(get(w.status_address, "/metrics")[2])[

@@ -168,13 +168,16 @@ def build_worker(args: argparse.Namespace) -> WorkerService:
     if args.concurrency and args.threads:
         raise ConfigurationError("--concurrency bounds --greenlets; with threads, --threads N "
                                  "is the bound")
+    if args.threads_fixed and not args.threads:
+        raise ConfigurationError("--threads-fixed is for thread mode, not --greenlets")
     listen = parse_address(args.listen)
     secret = read_secret(args.secret_file)
     _check_exposure(listen, secret, args.insecure)
     worker = Worker(load_app(args.app), listen=listen, history=args.history,
                     max_skill_age=args.max_skill_age, max_classes=args.max_classes,
                     resume_interval=args.resume_interval, resume_file=args.resume_file,
-                    threads=args.threads, concurrency=args.concurrency, secret=secret,
+                    threads=args.threads, threads_fixed=args.threads_fixed,
+                    concurrency=args.concurrency, secret=secret,
                     version=args.version)
     status = None
     if args.status:

@@ -292,6 +292,12 @@ class WorkerCollector:
                                 value=len(doc.get("resume") or {}))
         yield GaugeMetricFamily("zc_lb_app_lbs", "LBs connected to the worker.",
                                 value=len(doc.get("lbs") or ()))
+        threads = doc.get("threads")
+        if threads:
+            yield GaugeMetricFamily(
+                "zc_lb_app_threads_taking_requests", "Threads of the pool that take "
+                "requests now (thread mode): two more than are blocked outside the "
+                "interpreter, at most --threads.", value=threads["taking_requests"])
 
 
 def exposition(collector) -> bytes:

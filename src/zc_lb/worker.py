@@ -25,7 +25,6 @@ import io
 import logging
 import os
 import sys
-import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
@@ -35,7 +34,6 @@ import gevent.lock
 import gevent.hub
 import gevent.server
 import greenlet
-from gevent.monkey import get_original
 
 from . import resume as resume_module
 from .connection import Connection, Exchange, Handler
@@ -45,6 +43,7 @@ from .h1 import start_again
 from .httpparse import HOP_BY_HOP
 from .protocol import FEATURES, MAX_BODY, Body, End
 from .settings import WORKER_SETTINGS, check, log_change
+from .threads import HubProxy, Threads, call_in_hub
 
 log = logging.getLogger(__name__)
 
@@ -239,116 +238,6 @@ class ResponseWriter:
         return False
 
 
-# -- threads ----------------------------------------------------------------
-
-# The real ones, even where an application patched them for gevent.
-_start_thread = get_original("_thread", "start_new_thread")
-_SimpleQueue = get_original("queue", "SimpleQueue")
-
-
-class Threads:
-    """The threads a thread-mode worker runs its application in.  A call
-    goes to them through a queue written in C; results come back to the
-    hub through one async watcher, which wakes the hub once for however
-    many have finished since.  gevent's ThreadPool made a result object,
-    an async watcher and a Python condition variable's round per call,
-    and woke the hub for each."""
-
-    def __init__(self, size: int) -> None:
-        self._hub = gevent.get_hub()
-        self._calls = _SimpleQueue()
-        self._results: collections.deque = collections.deque()  # (waiter, ok, value)
-        self._wake = self._hub.loop.async_()
-        self._wake.start(self._deliver)
-        self._wake.ref = False  # (it keeps the loop alive only while calls run)
-        self._running = 0
-        self.size = size
-        for _ in range(size):
-            _start_thread(self._run, ())
-
-    def apply(self, func: Callable[[], Any]) -> Any:
-        """``func()``, run in one of the threads (from a greenlet of the
-        hub's); what it raises is raised here."""
-        waiter = gevent.hub.Waiter(self._hub)
-        self._calls.put((func, waiter))
-        self._running += 1
-        if self._running == 1:
-            self._wake.ref = True
-        return waiter.get()
-
-    def _run(self) -> None:
-        calls, results, wake = self._calls, self._results, self._wake
-        while True:
-            call = calls.get()
-            if call is None:
-                return
-            func, waiter = call
-            try:
-                outcome = (waiter, True, func())
-            except BaseException as exc:  # (raised in the waiting greenlet)
-                outcome = (waiter, False, exc)
-            results.append(outcome)
-            wake.send()
-
-    def _deliver(self) -> None:
-        """(In the hub) hand each finished call's result to its greenlet."""
-        results = self._results
-        while results:
-            waiter, ok, value = results.popleft()
-            self._running -= 1
-            if not self._running:
-                self._wake.ref = False
-            if ok:
-                waiter.switch(value)
-            else:
-                waiter.throw(value)
-
-    def stop(self) -> None:
-        """End the threads once they are done with what they run."""
-        for _ in range(self.size):
-            self._calls.put(None)
-        self._wake.stop()
-
-
-def call_in_hub(hub, func, *args):
-    """From a pool thread: run ``func`` in a greenlet in the hub's thread
-    and return its result (or raise its exception)."""
-    done = threading.Event()
-    outcome: list = []
-
-    def run():
-        try:
-            outcome.append((True, func(*args)))
-        except BaseException as exc:
-            outcome.append((False, exc))
-        finally:
-            done.set()
-
-    hub.loop.run_callback_threadsafe(lambda: gevent.spawn(run))
-    done.wait()
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return value
-
-
-class _HubProxy:
-    """Wraps wsgi.input so that a pool thread calls its methods in the hub."""
-
-    def __init__(self, hub, target) -> None:
-        self._hub = hub
-        self._target = target
-
-    def __getattr__(self, name):
-        attr = getattr(self._target, name)
-        if not callable(attr):
-            return attr
-        return lambda *args, **kw: call_in_hub(self._hub, lambda: attr(*args, **kw))
-
-    def __iter__(self):
-        return iter(self.readline, b"")
-
-
 def _call(func: Callable, *args):
     return func(*args)
 
@@ -474,6 +363,7 @@ class Worker(Handler):
         resume_interval: float = WORKER_SETTINGS["resume_interval"].default,
         resume_file: Optional[str] = None,
         threads: Optional[int] = None,
+        threads_fixed: bool = False,
         secret: Optional[bytes] = None,
         version: Optional[str] = None,
         concurrency: int = 0,
@@ -482,6 +372,7 @@ class Worker(Handler):
         self.listen = listen
         self.resume_file = resume_file
         self.threads = threads
+        self.threads_fixed = threads_fixed  # (all of them take requests: threads.py)
         # Greenlet mode's bound: requests past it wait for a slot (thread
         # mode's bound is its pool).
         self.slots = gevent.lock.Semaphore(concurrency) if concurrency else None
@@ -530,7 +421,7 @@ class Worker(Handler):
         self.skills = resume_module.Skills(self.history, self.max_skill_age, initial,
                                            self.max_classes)
         if self.threads:
-            self.threadpool = Threads(self.threads)
+            self.threadpool = Threads(self.threads, fixed=self.threads_fixed)
         else:  # greenlet mode: say so when the application blocks the loop
             self.loopwatch = LoopWatch()
             self.loopwatch.start()
@@ -791,7 +682,7 @@ class Worker(Handler):
         time: a résumé that counted it would call a busy worker unskilled
         (and the LB would move its keys away just as it is most useful)."""
         hub = gevent.get_hub()
-        environ["wsgi.input"] = _HubProxy(hub, environ["wsgi.input"])
+        environ["wsgi.input"] = HubProxy(hub, environ["wsgi.input"])
         send = lambda f, *a: call_in_hub(hub, f, *a)  # noqa: E731
 
         def start_response(status, headers, exc_info=None):
@@ -902,6 +793,7 @@ class Worker(Handler):
             "failed": self.failed,
             "app_seconds": round(self.app_seconds, 6),
             "resume": self.skills.resume() if self.skills else {},
+            "threads": self.threadpool.status() if self.threadpool else None,
         }
 
     def __repr__(self) -> str:

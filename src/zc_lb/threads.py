@@ -1,0 +1,234 @@
+"""The threads a thread-mode worker runs its application in.
+
+A call goes to the threads through a queue written in C, and its result
+comes back to the hub through one async watcher, which wakes the hub
+once for however many calls have finished since.  (gevent's ThreadPool
+made a result object, an async watcher and a Python condition
+variable's round per call, and woke the hub for each.)
+
+Only the first ``limit.value`` threads take calls; the others are
+parked, each on a lock of its own.  concurrency.py says how many, from
+what the pool samples every ``SAMPLE`` seconds: which of its threads
+running a call are blocked outside the interpreter (the kernel's
+``/proc/thread-self/syscall``, and for a lock wait, whether the thread
+got CPU time lately: ``/proc/thread-self/schedstat``).  A thread past
+the limit parks after the call it has (or, waiting for one when the
+limit fell, gives the call it gets back to the queue); one let in again
+is woken at once.  Calls wait in the queue, not in the threads, and a
+thread that finishes one takes the next without the hub.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import gevent
+import gevent.hub
+from gevent.monkey import get_original
+
+from .concurrency import FUTEX, SAMPLE, Limit, blocked, syscall, turns
+
+log = logging.getLogger(__name__)
+
+# The real ones, even where an application patched them for gevent.
+_start_thread = get_original("_thread", "start_new_thread")
+_allocate_lock = get_original("_thread", "allocate_lock")
+_SimpleQueue = get_original("queue", "SimpleQueue")
+
+
+class _Thread:
+    """What the pool knows of one of its threads."""
+
+    __slots__ = ("gate", "busy", "syscall", "schedstat", "cpu", "cpu_at")
+
+    def __init__(self) -> None:
+        self.gate = _allocate_lock()  # held while the thread may run: it parks on it
+        self.gate.acquire()
+        self.busy = False  # running a call
+        self.syscall: Optional[int] = None  # its /proc files, opened by the thread
+        self.schedstat: Optional[int] = None
+        self.cpu = b""  # its CPU time when last sampled, and when that changed
+        self.cpu_at = 0.0
+
+
+class Threads:
+    """``size`` threads, of which ``limit.value`` take calls."""
+
+    def __init__(self, size: int, fixed: bool = False) -> None:
+        self._hub = gevent.get_hub()
+        self._calls = _SimpleQueue()
+        self._results: collections.deque = collections.deque()
+        self._wake = self._hub.loop.async_()
+        self._wake.start(self._deliver)
+        self._wake.ref = False  # (it keeps the loop alive only while calls run)
+        self._in_pool = 0  # calls given and not yet handed back
+        self.size = size
+        self.limit = Limit(size)
+        self._active = size  # threads numbered below this take calls
+        self._threads = [_Thread() for _ in range(size)]
+        self._futex = FUTEX.get(os.uname().machine)
+        self._sampler = None  # (started by a call, stopped when the pool is idle)
+        if not fixed and self._futex is not None and os.path.exists("/proc/thread-self/syscall"):
+            self._sampler = self._hub.loop.timer(SAMPLE, SAMPLE)
+            self._sampler.ref = False
+        for index in range(size):
+            _start_thread(self._run, (index,))
+
+    def apply(self, func: Callable[[], Any]) -> Any:
+        """``func()``, run in one of the threads (from a greenlet of the
+        hub's); what it raises is raised here."""
+        waiter = gevent.hub.Waiter(self._hub)
+        self._calls.put((func, waiter))
+        self._in_pool += 1
+        if self._in_pool == 1:
+            self._wake.ref = True
+            if self._sampler is not None and not self._sampler.active:
+                self._sampler.start(self._sample)
+        return waiter.get()
+
+    def _run(self, index: int) -> None:
+        calls, results, wake = self._calls, self._results, self._wake
+        thread = self._threads[index]
+        if self._sampler is not None:
+            thread.syscall = _open("/proc/thread-self/syscall")
+            thread.schedstat = _open("/proc/thread-self/schedstat")
+        while True:
+            while index >= self._active:
+                thread.gate.acquire()  # (parked until _let_in releases it)
+            call = calls.get()
+            if call is None:
+                break
+            if index >= self._active:  # the limit fell while this one waited
+                calls.put(call)  # (for a thread let in; behind the others)
+                continue
+            func, waiter = call
+            thread.busy = True
+            try:
+                outcome = (waiter, True, func())
+            except BaseException as exc:  # (raised in the waiting greenlet)
+                outcome = (waiter, False, exc)
+            thread.busy = False
+            results.append(outcome)
+            wake.send()
+        files, thread.syscall, thread.schedstat = (thread.syscall, thread.schedstat), None, None
+        for fd in files:
+            if fd is not None:
+                os.close(fd)
+
+    def _deliver(self) -> None:
+        """(In the hub) hand each finished call's result to its greenlet."""
+        results = self._results
+        while results:
+            waiter, ok, value = results.popleft()
+            self._in_pool -= 1
+            if not self._in_pool:
+                self._wake.ref = False
+            if ok:
+                waiter.switch(value)
+            else:
+                waiter.throw(value)
+
+    # -- the limit ------------------------------------------------------
+
+    def _sample(self) -> None:
+        """(A timer in the hub) count the threads blocked outside the
+        interpreter, and let in or park threads as the limit says."""
+        if not self._in_pool:
+            self._sampler.stop()  # type: ignore[union-attr]  # (idle: no wakeups)
+            return
+        now = time.monotonic()
+        busy = [thread for thread in self._threads if thread.busy and thread.syscall is not None]
+        turn = turns(len(busy), sys.getswitchinterval())
+        count = 0
+        try:
+            for thread in busy:
+                count += self._blocked(thread, now, turn)
+        except OSError as exc:  # (not expected once the files opened)
+            log.warning("cannot sample the threads (%s); all of them take requests", exc)
+            self._sampler.stop()  # type: ignore[union-attr]
+            self._let_in(self.size)
+            return
+        self._let_in(self.limit.update(count))
+
+    def _blocked(self, thread: _Thread, now: float, turn: float) -> bool:
+        call = syscall(os.pread(thread.syscall, 32, 0))  # type: ignore[arg-type]
+        if call == self._futex:  # a lock: the interpreter's, or longer?
+            cpu = os.pread(thread.schedstat, 64, 0).split(b" ", 1)[0]  # type: ignore[arg-type]
+            if cpu != thread.cpu:
+                thread.cpu, thread.cpu_at = cpu, now
+        return blocked(call, self._futex, now - thread.cpu_at, turn)  # type: ignore[arg-type]
+
+    def _let_in(self, active: int) -> None:
+        """Let the first ``active`` threads take calls: those past it park
+        after their call; those let in again are woken."""
+        for thread in self._threads[self._active:active]:
+            if thread.gate.locked():  # (only the hub releases, so this is no race)
+                thread.gate.release()
+        self._active = active
+
+    def stop(self) -> None:
+        """End the threads once they are done with what they run."""
+        if self._sampler is not None:
+            self._sampler.stop()
+        self._let_in(self.size)
+        for _ in range(self.size):
+            self._calls.put(None)
+        self._wake.stop()
+
+    def status(self) -> dict:
+        """The pool's size, and how many of its threads take requests now."""
+        return {"size": self.size, "taking_requests": self._active,
+                "blocked": round(self.limit.blocked, 2),
+                "adapts": self._sampler is not None}
+
+
+def _open(path: str) -> Optional[int]:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+
+
+def call_in_hub(hub, func, *args):
+    """From a pool thread: run ``func`` in a greenlet in the hub's thread
+    and return its result (or raise its exception)."""
+    done = threading.Event()
+    outcome: list = []
+
+    def run():
+        try:
+            outcome.append((True, func(*args)))
+        except BaseException as exc:
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    hub.loop.run_callback_threadsafe(lambda: gevent.spawn(run))
+    done.wait()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
+
+
+class HubProxy:
+    """Wraps wsgi.input so that a pool thread calls its methods in the hub."""
+
+    def __init__(self, hub, target) -> None:
+        self._hub = hub
+        self._target = target
+
+    def __getattr__(self, name):
+        attr = getattr(self._target, name)
+        if not callable(attr):
+            return attr
+        return lambda *args, **kw: call_in_hub(self._hub, lambda: attr(*args, **kw))
+
+    def __iter__(self):
+        return iter(self.readline, b"")

@@ -1,0 +1,66 @@
+"""The thread-mode worker's limit: which threads are blocked, and how
+many threads take requests (concurrency.py; threads.py samples)."""
+
+import pytest
+
+from zc_lb import concurrency
+from zc_lb.concurrency import COMPUTING, LOCK_TURNS, RUNNING, Limit, blocked, syscall, turns
+
+FUTEX = 202
+
+
+def test_the_kernels_syscall_line_is_read_as_a_number_or_running():
+    assert syscall(b"running\n") == RUNNING
+    assert syscall(b"202 0x7f 0x80 0x0 0x0 0x0 0x0 0x7ffd 0x7f\n") == 202
+    assert syscall(b"7 0x1 0x2 0x3 0x0 0x0 0x0 0x7ffd 0x7f") == 7
+    assert syscall(b"-1 0x7ffd 0x7f\n") == -1  # (blocked in no system call: in the kernel)
+    assert syscall(b"") is None
+    assert syscall(b"garbage") is None
+
+
+def test_a_thread_is_blocked_in_io_or_on_a_lock_it_waits_long_for():
+    turn = LOCK_TURNS
+    assert not blocked(RUNNING, FUTEX, 10.0, turn)  # computing
+    assert not blocked(None, FUTEX, 10.0, turn)  # (the kernel did not say)
+    assert blocked(7, FUTEX, 0.0, turn)  # poll: a socket, a database
+    assert blocked(230, FUTEX, 0.0, turn)  # clock_nanosleep
+    # A lock wait with CPU time lately is a turn at the interpreter lock...
+    assert not blocked(FUTEX, FUTEX, turn / 2, turn)
+    # ...and a longer one the application's lock, or the hub.
+    assert blocked(FUTEX, FUTEX, turn * 2, turn)
+
+
+def test_a_turn_at_the_interpreter_lock_takes_longer_the_more_threads_want_it():
+    assert turns(1, 0.005) == LOCK_TURNS
+    assert turns(16, 0.005) == pytest.approx(0.16)  # 16 threads, 5 ms each, twice
+
+
+def test_the_limit_keeps_two_computing_and_lets_in_one_for_each_blocked():
+    limit = Limit(16)
+    assert limit.value == 16  # all, until a sample says otherwise
+    assert limit.update(0) == COMPUTING == 2
+    assert limit.update(5) == 7  # let in at once
+    assert limit.update(30) == 16  # never past the pool
+    limit = Limit(1)
+    assert limit.update(0) == 1  # (a pool of one: that one)
+
+
+def test_threads_park_as_the_average_blocked_count_falls():
+    limit = Limit(16)
+    for _ in range(100):  # ten blocked, for a second of samples
+        limit.update(10)
+    assert limit.value == 12
+    values = [limit.update(0) for _ in range(60)]
+    assert values[0] > 8  # not at once: the next request may block again
+    assert values == sorted(values, reverse=True)
+    assert values[-1] == COMPUTING
+    # Some 0.1 s of samples to halve.
+    half = next(i for i, value in enumerate(values) if value <= 2 + 5)
+    assert 0.05 <= half * concurrency.SAMPLE <= 0.2
+
+
+def test_a_steady_share_of_blocked_threads_settles_the_limit_between():
+    limit = Limit(16)
+    for _ in range(100):  # half of the threads let in are blocked, each sample
+        limit.update(limit.value // 2)
+    assert 3 <= limit.value <= 4  # two computing, and about as many blocked

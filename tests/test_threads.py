@@ -1,0 +1,147 @@
+"""The worker's thread pool (threads.py): calls in order, results and
+errors to their greenlets, and as many threads taking calls as keep two
+computing (concurrency.py decides from what the pool samples)."""
+
+import os
+import threading as real_threading
+import time
+
+import gevent
+import pytest
+
+from zc_lb.concurrency import COMPUTING
+from zc_lb.threads import Threads
+
+
+def _compute(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+    return real_threading.get_ident()
+
+
+def _run_all(threads, calls, timeout=10):
+    started = time.monotonic()
+    greenlets = [gevent.spawn(threads.apply, call) for call in calls]
+    gevent.joinall(greenlets, timeout=timeout, raise_error=True)
+    assert all(g.ready() for g in greenlets), "calls still waiting"
+    return [g.value for g in greenlets], time.monotonic() - started
+
+
+def _settle(pool):
+    """Run computing calls until the pool lets in two threads."""
+    for _ in range(50):  # (the hub samples between, as it does between requests)
+        _run_all(pool, [lambda: _compute(0.005)] * 4)
+        if pool.status()["taking_requests"] == COMPUTING:
+            return
+    assert pool.status()["taking_requests"] == COMPUTING
+
+
+@pytest.fixture
+def pool():
+    threads = Threads(16)
+    yield threads
+    threads.stop()
+
+
+def test_threads_run_calls_concurrently_and_hand_back_results_and_exceptions():
+    threads = Threads(4)
+    try:
+        barrier = real_threading.Barrier(4, timeout=5)
+
+        def call(n):
+            barrier.wait()  # (four at once, or none)
+            return n * n, real_threading.get_ident()
+
+        results = [gevent.spawn(threads.apply, lambda n=n: call(n)) for n in range(4)]
+        gevent.joinall(results, timeout=10, raise_error=True)
+        assert [g.value[0] for g in results] == [0, 1, 4, 9]
+        assert len({g.value[1] for g in results}) == 4  # four threads, not the hub's
+        assert real_threading.get_ident() not in {g.value[1] for g in results}
+
+        def fail():
+            raise KeyError("from the app")
+
+        with pytest.raises(KeyError, match="from the app"):
+            threads.apply(fail)
+        # More calls than threads wait their turn, each result to its caller.
+        many = [gevent.spawn(threads.apply, lambda n=n: (time.sleep(0.001), n)[1])
+                for n in range(40)]
+        gevent.joinall(many, timeout=10, raise_error=True)
+        assert [g.value for g in many] == list(range(40))
+    finally:
+        threads.stop()
+
+
+def test_a_call_whose_greenlet_is_killed_does_not_disturb_the_next():
+    threads = Threads(1)
+    try:
+        release = real_threading.Event()
+        waiting = gevent.spawn(threads.apply, lambda: release.wait(5) and "late")
+        gevent.sleep(0.05)
+        waiting.kill()  # (as a cancelled request's greenlet is)
+        release.set()
+        assert threads.apply(lambda: "next") == "next"
+    finally:
+        threads.stop()
+
+
+def test_computing_calls_run_two_at_a_time(pool):
+    assert pool.status() == {"size": 16, "taking_requests": 16, "blocked": 0.0,
+                             "adapts": True}
+    _settle(pool)
+    idents, _ = _run_all(pool, [lambda: _compute(0.005)] * 8)
+    assert len(set(idents)) <= COMPUTING  # the others are parked
+
+
+def test_calls_blocked_in_io_let_in_more_threads(pool):
+    _settle(pool)
+    # Sixteen waits of 0.3 s: two at a time would take 2.4 s.
+    _, elapsed = _run_all(pool, [lambda: time.sleep(0.3)] * 16)
+    assert elapsed < 1.2
+    assert pool.status()["taking_requests"] > COMPUTING
+
+
+def test_calls_waiting_on_each_other_are_not_held_back(pool):
+    """A call that waits on a lock (here an Event) for one still queued
+    is blocked, not computing: the one it waits for gets a thread."""
+    _settle(pool)
+    ready = real_threading.Event()
+    waiting = [lambda: ready.wait(5)] * 3  # (more than the two let in)
+    results, elapsed = _run_all(pool, waiting + [ready.set])
+    assert results == [True, True, True, None]
+    assert elapsed < 2
+
+
+def test_fixed_threads_all_take_calls():
+    threads = Threads(4, fixed=True)
+    try:
+        _run_all(threads, [lambda: _compute(0.01)] * 20)
+        assert threads.status()["taking_requests"] == 4
+        assert not threads.status()["adapts"]
+    finally:
+        threads.stop()
+
+
+def test_stopped_threads_close_their_proc_files():
+    def proc_files():  # (this process's files of its threads' states)
+        names = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                names.append(os.readlink("/proc/self/fd/" + fd))
+            except OSError:
+                pass  # (the listing's own descriptor)
+        return sum(name.endswith(("/syscall", "/schedstat")) for name in names)
+
+    def wait_for(condition):
+        deadline = time.monotonic() + 5
+        while not condition() and time.monotonic() < deadline:
+            gevent.sleep(0.01)
+        return condition()
+
+    assert wait_for(lambda: proc_files() == 0)  # (earlier tests' threads are gone)
+    threads = Threads(4)
+    _run_all(threads, [lambda: _compute(0.001)] * 8)
+    assert wait_for(lambda: proc_files() == 8)  # (two a thread, as each starts)
+    threads.stop()
+    assert wait_for(lambda: proc_files() == 0)
