@@ -64,3 +64,13 @@ def test_a_steady_share_of_blocked_threads_settles_the_limit_between():
     for _ in range(100):  # half of the threads let in are blocked, each sample
         limit.update(limit.value // 2)
     assert 3 <= limit.value <= 4  # two computing, and about as many blocked
+
+
+def test_requests_waiting_behind_a_stall_get_one_more_thread_each_stall():
+    limit = Limit(16)
+    assert limit.update(0, waiting=True, since_finished=0.1) == 2
+    assert limit.update(0, waiting=True, since_finished=0.6) == 3
+    assert limit.update(0, waiting=True, since_finished=0.9) == 3  # (one a stall)
+    assert limit.update(0, waiting=True, since_finished=1.1) == 4
+    assert limit.update(0, waiting=True, since_finished=0.0) == 4  # kept while they wait
+    assert limit.update(0, waiting=False) == 2  # the queue is empty: back to the rule

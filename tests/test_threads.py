@@ -29,12 +29,15 @@ def _run_all(threads, calls, timeout=10):
 
 
 def _settle(pool):
-    """Run computing calls until the pool lets in two threads."""
+    """Run computing calls until the pool lets in two threads, and the
+    others have parked (a thread that waited for a call when the limit
+    fell gives back the first it gets, then parks)."""
     for _ in range(50):  # (the hub samples between, as it does between requests)
         _run_all(pool, [lambda: _compute(0.005)] * 4)
         if pool.status()["taking_requests"] == COMPUTING:
-            return
+            break
     assert pool.status()["taking_requests"] == COMPUTING
+    _run_all(pool, [lambda: None] * 2 * pool.size)
 
 
 @pytest.fixture
@@ -88,7 +91,7 @@ def test_a_call_whose_greenlet_is_killed_does_not_disturb_the_next():
 
 def test_computing_calls_run_two_at_a_time(pool):
     assert pool.status() == {"size": 16, "taking_requests": 16, "blocked": 0.0,
-                             "adapts": True}
+                             "stalls": 0, "adapts": True}
     _settle(pool)
     idents, _ = _run_all(pool, [lambda: _compute(0.005)] * 8)
     assert len(set(idents)) <= COMPUTING  # the others are parked
@@ -111,6 +114,40 @@ def test_calls_waiting_on_each_other_are_not_held_back(pool):
     results, elapsed = _run_all(pool, waiting + [ready.set])
     assert results == [True, True, True, None]
     assert elapsed < 2
+
+
+def test_short_calls_are_not_held_behind_long_computing_ones(pool):
+    _settle(pool)
+    done = []
+
+    def call(name, seconds):
+        _compute(seconds)
+        done.append(name)
+
+    calls = [lambda: call("long", 1.5)] * 2 + [lambda: call("short", 0.001)] * 5
+    _run_all(pool, calls)
+    assert done == ["short"] * 5 + ["long"] * 2  # (one more thread a stall, 0.5 s)
+
+
+def test_threads_that_cannot_read_their_states_all_take_calls(monkeypatch):
+    real_open = os.open
+
+    def refuse(path, *args):
+        if path.startswith("/proc/thread-self/"):
+            raise PermissionError(13, "Permission denied", path)
+        return real_open(path, *args)
+
+    monkeypatch.setattr(os, "open", refuse)
+    threads = Threads(4)
+    try:
+        _run_all(threads, [lambda: _compute(0.005)] * 8)
+        gevent.sleep(0.05)  # (a sample)
+        assert not threads.status()["adapts"]
+        for _ in range(3):
+            _run_all(threads, [lambda: _compute(0.005)] * 8)
+            assert threads.status()["taking_requests"] == 4
+    finally:
+        threads.stop()
 
 
 def test_fixed_threads_all_take_calls():

@@ -35,7 +35,12 @@ answers with the threads to let in: ``COMPUTING`` more than the blocked
 ones.  It lets them in at once (a burst of blocked requests must not
 queue the rest) and parks them slowly, following a moving average of
 the blocked count (``SMOOTHING`` a sample), since a blocked thread's
-request may end and the next one block again within a sample.
+request may end and the next one block again within a sample.  And
+while requests wait and none has finished for ``STALL`` seconds, it
+lets in one more, and one more each ``STALL`` after, until the queue is
+empty: requests that compute for seconds (a report) take turns with the
+short ones queued behind them rather than hold them, and a wait this
+sampling misjudges cannot hold the rest for longer.
 
 Weak spots, admitted: sampling sees a moment, not the time between, so
 a thread that blocks briefly and often is seen blocked in proportion;
@@ -56,6 +61,7 @@ from typing import Optional
 COMPUTING = 2  # requests computing at once: two, so that a long one does not stop the rest
 SAMPLE = 0.01  # seconds between samples of the threads
 SMOOTHING = 0.1  # the moving average's weight for a new sample (some 0.1 s)
+STALL = 0.5  # seconds with requests waiting and none finished: let in one more
 LOCK_TURNS = 0.03  # seconds: a lock wait with CPU time since is a turn, at least
 # The lock wait's system call number, by machine (os.uname().machine).
 FUTEX = {"x86_64": 202, "aarch64": 98, "arm64": 98, "riscv64": 98,
@@ -102,10 +108,17 @@ class Limit:
         self.computing = min(computing, size)
         self.value = size  # (all, until the first sample)
         self.blocked = 0.0  # the moving average of blocked threads
+        self.stalls = 0  # threads let in for a stall, until no request waits
 
-    def update(self, blocked: int) -> int:
-        """Take a sample's count of blocked threads; the threads to let in."""
+    def update(self, blocked: int, waiting: bool = False, since_finished: float = 0.0) -> int:
+        """Take a sample: the count of blocked threads, whether requests
+        wait for a thread, and the seconds since one last finished; the
+        threads to let in."""
         self.blocked += SMOOTHING * (blocked - self.blocked)
-        wanted = self.computing + max(blocked, int(self.blocked + 0.5))
+        if not waiting:
+            self.stalls = 0
+        elif since_finished > STALL * (self.stalls + 1):
+            self.stalls += 1
+        wanted = self.computing + self.stalls + max(blocked, int(self.blocked + 0.5))
         self.value = min(self.size, wanted)
         return self.value

@@ -68,12 +68,14 @@ class Threads:
         self._wake.start(self._deliver)
         self._wake.ref = False  # (it keeps the loop alive only while calls run)
         self._in_pool = 0  # calls given and not yet handed back
+        self._finished = time.monotonic()  # when a call last finished
         self.size = size
         self.limit = Limit(size)
         self._active = size  # threads numbered below this take calls
         self._threads = [_Thread() for _ in range(size)]
         self._futex = FUTEX.get(os.uname().machine)
         self._sampler = None  # (started by a call, stopped when the pool is idle)
+        self._blind: Optional[OSError] = None  # a thread could not open its states
         if not fixed and self._futex is not None and os.path.exists("/proc/thread-self/syscall"):
             self._sampler = self._hub.loop.timer(SAMPLE, SAMPLE)
             self._sampler.ref = False
@@ -88,6 +90,7 @@ class Threads:
         self._in_pool += 1
         if self._in_pool == 1:
             self._wake.ref = True
+            self._finished = time.monotonic()  # (an idle pool has not stalled)
             if self._sampler is not None and not self._sampler.active:
                 self._sampler.start(self._sample)
         return waiter.get()
@@ -96,8 +99,11 @@ class Threads:
         calls, results, wake = self._calls, self._results, self._wake
         thread = self._threads[index]
         if self._sampler is not None:
-            thread.syscall = _open("/proc/thread-self/syscall")
-            thread.schedstat = _open("/proc/thread-self/schedstat")
+            try:
+                thread.syscall = os.open("/proc/thread-self/syscall", os.O_RDONLY)
+                thread.schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            except OSError as exc:  # (the sampler gives up: see _sample)
+                self._blind = exc
         while True:
             while index >= self._active:
                 thread.gate.acquire()  # (parked until _let_in releases it)
@@ -124,6 +130,7 @@ class Threads:
     def _deliver(self) -> None:
         """(In the hub) hand each finished call's result to its greenlet."""
         results = self._results
+        self._finished = time.monotonic()  # (for the limit: no stall)
         while results:
             waiter, ok, value = results.popleft()
             self._in_pool -= 1
@@ -139,22 +146,28 @@ class Threads:
     def _sample(self) -> None:
         """(A timer in the hub) count the threads blocked outside the
         interpreter, and let in or park threads as the limit says."""
-        if not self._in_pool:
+        if not self._in_pool and self._blind is None:
             self._sampler.stop()  # type: ignore[union-attr]  # (idle: no wakeups)
             return
         now = time.monotonic()
-        busy = [thread for thread in self._threads if thread.busy and thread.syscall is not None]
+        busy = [thread for thread in self._threads
+                if thread.busy and thread.schedstat is not None]
         turn = turns(len(busy), sys.getswitchinterval())
         count = 0
         try:
+            if self._blind is not None:
+                raise self._blind
             for thread in busy:
                 count += self._blocked(thread, now, turn)
-        except OSError as exc:  # (not expected once the files opened)
-            log.warning("cannot sample the threads (%s); all of them take requests", exc)
+        except OSError as exc:
+            log.warning("cannot read the threads' states (%s); all of them take "
+                        "requests", exc)
             self._sampler.stop()  # type: ignore[union-attr]
+            self._sampler = None
             self._let_in(self.size)
             return
-        self._let_in(self.limit.update(count))
+        self._let_in(self.limit.update(count, self._calls.qsize() > 0,
+                                       now - self._finished))
 
     def _blocked(self, thread: _Thread, now: float, turn: float) -> bool:
         call = syscall(os.pread(thread.syscall, 32, 0))  # type: ignore[arg-type]
@@ -184,15 +197,8 @@ class Threads:
     def status(self) -> dict:
         """The pool's size, and how many of its threads take requests now."""
         return {"size": self.size, "taking_requests": self._active,
-                "blocked": round(self.limit.blocked, 2),
+                "blocked": round(self.limit.blocked, 2), "stalls": self.limit.stalls,
                 "adapts": self._sampler is not None}
-
-
-def _open(path: str) -> Optional[int]:
-    try:
-        return os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
 
 
 def call_in_hub(hub, func, *args):
