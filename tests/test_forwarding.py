@@ -66,3 +66,38 @@ def test_unknown_headers_are_refused(text):
 def test_a_bad_network_is_refused():
     with pytest.raises(ConfigurationError, match="--trusted-proxies '10.0.0/8'"):
         parse_networks(["10.0.0/8"])
+
+
+def _request_ids(n):
+    forwarding = Forwarding()
+    ids = []
+    for _ in range(n):
+        seen = variables()
+        forwarding.apply(seen, "10.1.2.3", trusted=False)
+        ids.append(seen["HTTP_X_REQUEST_ID"])
+    return ids
+
+
+def test_request_ids_are_distinct_hex_across_batches_of_randomness():
+    ids = _request_ids(1000)  # (some four batches drawn from the OS)
+    assert len(set(ids)) == 1000
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+def test_a_forked_child_draws_request_ids_of_its_own():
+    import os
+
+    _request_ids(1)  # (the parent holds a batch)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next ids, to the parent
+        try:
+            os.write(write, " ".join(_request_ids(3)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = os.read(read, 4096).decode().split()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert len(child) == 3
+    assert not set(child) & set(_request_ids(3))  # not the parent's next ones
