@@ -296,8 +296,8 @@ class WorkerCollector:
         if threads:
             yield GaugeMetricFamily(
                 "zc_lb_app_threads_taking_requests", "Threads of the pool that take "
-                "requests now (thread mode): two more than are blocked outside the "
-                "interpreter, at most --threads.", value=threads["taking_requests"])
+                "requests now (thread mode): two, and two for each request blocked "
+                "outside the interpreter, at most --threads.", value=threads["taking_requests"])
 
 
 def exposition(collector) -> bytes:

@@ -296,8 +296,8 @@ WORKER_SETTINGS = _table([
             minimum=1, metavar="N"),
     Setting("threads_fixed", bool, False,
             "let all --threads threads take requests at once; by default the worker "
-            "lets in as many as keep two requests computing, the others being "
-            "blocked on I/O (the interpreter runs one thread at a time)"),
+            "lets in two for requests that compute and two for each request blocked "
+            "on I/O (the interpreter runs one thread at a time)"),
     Setting("concurrency", int, 0,
             "with --greenlets, serve at most N requests at once, the others waiting "
             "their turn (a wait résumés do not count); 0: no bound",
