@@ -182,3 +182,16 @@ def test_stopped_threads_close_their_proc_files():
     assert wait_for(lambda: proc_files() == 8)  # (two a thread, as each starts)
     threads.stop()
     assert wait_for(lambda: proc_files() == 0)
+
+
+def test_an_interpreter_without_its_lock_lets_all_threads_take_calls(monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: False, raising=False)
+    threads = Threads(4)
+    try:
+        _run_all(threads, [lambda: _compute(0.005)] * 8)
+        assert threads.status()["taking_requests"] == 4
+        assert not threads.status()["adapts"]
+    finally:
+        threads.stop()

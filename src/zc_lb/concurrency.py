@@ -57,7 +57,8 @@ interpreter lock (a C library that releases it) counts as computing, so
 such an application runs ``COMPUTING`` of them at once, however many
 cores there are; it can run more workers, or more threads with
 ``--threads-fixed``.  Where the kernel does not say (no /proc, or a
-machine whose lock system call is not in ``FUTEX``), every thread takes
+machine whose lock system call is not in ``FUTEX``), or the interpreter
+has no lock to share (a free-threaded build), every thread takes
 requests, as ``--threads-fixed`` asks.  No I/O here: threads.py samples
 and applies.
 """

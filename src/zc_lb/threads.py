@@ -76,7 +76,9 @@ class Threads:
         self._futex = FUTEX.get(os.uname().machine)
         self._sampler = None  # (started by a call, stopped when the pool is idle)
         self._blind: Optional[OSError] = None  # a thread could not open its states
-        if not fixed and self._futex is not None and os.path.exists("/proc/thread-self/syscall"):
+        gil = getattr(sys, "_is_gil_enabled", lambda: True)()  # (False: free-threaded)
+        if (not fixed and gil and self._futex is not None
+                and os.path.exists("/proc/thread-self/syscall")):
             self._sampler = self._hub.loop.timer(SAMPLE, SAMPLE)
             self._sampler.ref = False
         for index in range(size):
