@@ -24,8 +24,19 @@ def _run_all(threads, calls, timeout=10):
     started = time.monotonic()
     greenlets = [gevent.spawn(threads.apply, call) for call in calls]
     gevent.joinall(greenlets, timeout=timeout, raise_error=True)
-    assert all(g.ready() for g in greenlets), "calls still waiting"
+    assert all(g.ready() for g in greenlets), "calls still waiting: " + _inside(threads)
     return [g.value for g in greenlets], time.monotonic() - started
+
+
+def _inside(threads):
+    """The pool's state, for a test that finds calls unfinished."""
+    sampler = threads._sampler
+    return ("active %d, in pool %d, queued %d, results %d, sampler %s, limit %r, "
+            "threads (busy, files) %r" % (
+                threads._active, threads._in_pool, threads._calls.qsize(),
+                len(threads._results), sampler is not None and sampler.active,
+                vars(threads.limit) if hasattr(threads.limit, "__dict__") else threads.limit,
+                [(t.busy, t.syscall is not None) for t in threads._threads]))
 
 
 def _settle(pool):
@@ -58,6 +69,7 @@ def test_threads_run_calls_concurrently_and_hand_back_results_and_exceptions():
 
         results = [gevent.spawn(threads.apply, lambda n=n: call(n)) for n in range(4)]
         gevent.joinall(results, timeout=10, raise_error=True)
+        assert all(g.ready() for g in results), _inside(threads)
         assert [g.value[0] for g in results] == [0, 1, 4, 9]
         assert len({g.value[1] for g in results}) == 4  # four threads, not the hub's
         assert real_threading.get_ident() not in {g.value[1] for g in results}
