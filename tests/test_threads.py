@@ -3,6 +3,7 @@ errors to their greenlets, and as many threads taking calls as keep two
 computing (concurrency.py decides from what the pool samples)."""
 
 import os
+import sys
 import threading as real_threading
 import time
 
@@ -167,16 +168,6 @@ def test_threads_that_cannot_read_their_states_all_take_calls(monkeypatch):
         threads.stop()
 
 
-def test_fixed_threads_all_take_calls():
-    threads = Threads(4, fixed=True)
-    try:
-        _run_all(threads, [lambda: _compute(0.01)] * 20)
-        assert threads.status()["taking_requests"] == 4
-        assert not threads.status()["adapts"]
-    finally:
-        threads.stop()
-
-
 def test_stopped_threads_close_their_proc_files():
     def proc_files():  # (this process's files of its threads' states)
         names = []
@@ -201,13 +192,13 @@ def test_stopped_threads_close_their_proc_files():
     assert wait_for(lambda: proc_files() == 0)
 
 
-def test_an_interpreter_without_its_lock_lets_all_threads_take_calls(monkeypatch):
-    import sys
-
-    monkeypatch.setattr(sys, "_is_gil_enabled", lambda: False, raising=False)
-    threads = Threads(4)
+@pytest.mark.parametrize("why", ["--threads-fixed", "no interpreter lock"])
+def test_a_pool_that_does_not_adapt_lets_all_its_threads_take_calls(why, monkeypatch):
+    if why == "no interpreter lock":  # (a free-threaded build)
+        monkeypatch.setattr(sys, "_is_gil_enabled", lambda: False, raising=False)
+    threads = Threads(4, fixed=why == "--threads-fixed")
     try:
-        _run_all(threads, [lambda: _compute(0.005)] * 8)
+        _run_all(threads, [lambda: _compute(0.005)] * 20)
         assert threads.status()["taking_requests"] == 4
         assert not threads.status()["adapts"]
     finally:
