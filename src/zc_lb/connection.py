@@ -55,7 +55,7 @@ from .errors import (
 )
 from .protocol import Body, Credit, GoAway, Ping, Request, Resume, StreamEnded
 from .settings import LB_SETTINGS
-from .sockets import send_pieces, set_nodelay
+from .sockets import send_pieces, set_nodelay, wait
 
 log = logging.getLogger(__name__)
 
@@ -67,26 +67,6 @@ HANDSHAKE_RECV = 16 * 1024  # Hello and Auth are small: no quarter megabyte per 
 RECYCLE_RNO = protocol.MAX_RNO - 100000
 BIG_CHUNK = 16 * 1024  # body chunks from this size go out without a copy into their frame
 RECV_SIZE = 256 * 1024
-_TIMED_OUT = object()  # what a wait's timer hands its waiter (``wait``)
-
-
-def wait(waiter: Waiter, timeout: Optional[float], error: type, *args) -> None:
-    """``waiter.get()``, or ``error(*args)`` raised after ``timeout``
-    seconds, counted from now (not from the loop's time at the start of
-    its turn, which would end the wait early): a timer on the loop, not
-    a gevent Timeout object."""
-    timer = None
-    if timeout is not None:
-        timer = waiter.hub.loop.timer(timeout)
-        timer.start(waiter.switch, _TIMED_OUT, update=True)
-    try:
-        if waiter.get() is _TIMED_OUT:
-            raise error(*args)
-    finally:
-        if timer is not None:
-            timer.close()
-
-
 class Handler:
     """What a connection tells its owner; subclass and override."""
 

@@ -1,11 +1,11 @@
 """Socket helpers every part uses: addresses (``HOST:PORT``), TCP_NODELAY,
-and sending all of some bytes, or of a batch of buffers in one system
-call, without gevent's per-call costs."""
+sending all of some bytes, or of a batch of buffers in one system call,
+without gevent's per-call costs, and waiting with a timeout on the loop."""
 
 from __future__ import annotations
 
 import socket
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from .errors import ConfigurationError
 
@@ -71,3 +71,23 @@ def set_nodelay(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except OSError:
         pass  # not TCP (a unix socket in a test)
+
+
+_TIMED_OUT = object()  # what a wait's timer hands its waiter (``wait``)
+
+
+def wait(waiter: Any, timeout: Optional[float], error: type, *args: Any) -> None:
+    """``waiter.get()``, or ``error(*args)`` raised after ``timeout``
+    seconds, counted from now (not from the loop's time at the start of
+    its turn, which would end the wait early): a timer on the loop, not
+    a gevent Timeout object.  (``waiter``: a gevent Waiter.)"""
+    timer = None
+    if timeout is not None:
+        timer = waiter.hub.loop.timer(timeout)
+        timer.start(waiter.switch, _TIMED_OUT, update=True)
+    try:
+        if waiter.get() is _TIMED_OUT:
+            raise error(*args)
+    finally:
+        if timer is not None:
+            timer.close()
