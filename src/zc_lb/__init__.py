@@ -19,7 +19,8 @@ import sys
 __version__ = "0.1.0"
 
 COMPILED = ("pool", "classstats", "locality", "slowstart", "relearn", "affinity",
-            "h1", "httpparse", "forwarding", "classifier", "outlier", "frames", "protocol")
+            "h1", "httpparse", "forwarding", "classifier", "outlier", "frames", "protocol",
+            "front")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 

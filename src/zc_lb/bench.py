@@ -596,7 +596,7 @@ def measure_idle(args: argparse.Namespace, clients: int = IDLE_CLIENTS,
                  batch: int = IDLE_BATCH) -> Dict[str, object]:
     """The LB's memory per idle keep-alive client: ``clients`` connections
     each make one request and stay open and quiet, in batches of
-    ``batch`` that each park (``http.PARK_AFTER``) before the next comes;
+    ``batch`` that each park (``front.PARK_AFTER``) before the next comes;
     the LB's resident memory after, less before, over their number.  Then
     the same with all of them at once: a burst's greenlets all live until
     they park, and the allocator keeps that peak."""

@@ -1,0 +1,363 @@
+"""The front's client connection (front.py) in process, without a
+socket or another process: the request corpus (data/http_requests.json)
+fed in chunks, pipelining, split heads, 100-continue, chunked bodies,
+HTTP/1.0, HEAD, refused response heads, failing applications, mutated
+requests, and idle keep-alive clients that park.  test_http.py runs the
+front on real processes; test_http_corpus.py sends the corpus to a real LB.
+"""
+
+import http.client
+import io
+import random
+import socket
+import time
+
+import pytest
+
+import echo_app
+from corpus import CASES, CHUNKINGS, IDS, FileSock, check_answer, chunks, request_bytes
+from zc_lb.front import ClientConnection
+from zc_lb.http import _Server
+from zc_lb.lb import _forwarded_environ
+
+
+# -- the request corpus, in process ---------------------------------------------
+
+
+class _PieceSocket:
+    """A client socket that gives ``pieces`` one read at a time, as a
+    socket gives what has arrived, then its end of file, and keeps what
+    the server sends."""
+
+    def __init__(self, pieces):
+        self.pieces = [bytes(piece) for piece in pieces if piece]
+        self.sent = bytearray()
+
+    def recv(self, size):
+        if not self.pieces:
+            return b""
+        piece = self.pieces.pop(0)
+        if len(piece) > size:
+            self.pieces.insert(0, piece[size:])
+        return piece[:size]
+
+    def send(self, data):
+        self.sent += data
+        return len(data)
+
+    def sendall(self, data):
+        self.sent += data
+
+    def settimeout(self, timeout):
+        pass
+
+    def setsockopt(self, *args):
+        pass
+
+    def shutdown(self, how):
+        pass
+
+    def close(self):
+        pass
+
+
+def _forwarding_echo(environ, start_response):
+    """echo_app.py behind the LB: it sees what the LB forwards."""
+    forwarded = _forwarded_environ(environ, "")
+    forwarded["wsgi.input"] = environ["wsgi.input"]
+    return echo_app.app(forwarded, start_response)
+
+
+@pytest.fixture(scope="module")
+def front_handler():
+    """handle(pieces) -> (status, body, closed) of one request read by a
+    ClientConnection (http.py: the head through h1.py, llhttp and
+    httpparse.py) in front of _forwarding_echo; ``closed``: the
+    connection is ended after its answer."""
+    server = _Server(("127.0.0.1", 0), _forwarding_echo, "http")  # never started
+
+    def handle(pieces):
+        sock = _PieceSocket(pieces)
+        connection = ClientConnection(server, sock, ("127.0.0.1", 40000))
+        connection.run()
+        response = http.client.HTTPResponse(FileSock(io.BytesIO(bytes(sock.sent))))
+        response.begin()
+        return response.status, response.read(), connection.close
+
+    return handle
+
+
+
+@pytest.mark.parametrize("how", CHUNKINGS)
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_corpus_in_process(front_handler, case, how):
+    check_answer(case, *front_handler(chunks(request_bytes(case), how, case["name"])))
+
+
+# -- the front's HTTP/1.1, in process (h1.py and ClientConnection) ----------------
+
+
+def serve_pieces(app, pieces):
+    """(bytes sent back, whether the server chose to close) when a client
+    sends ``pieces`` on one connection to a ClientConnection running ``app``."""
+    server = _Server(("127.0.0.1", 0), app, "http")  # never started
+    sock = _PieceSocket(pieces)
+    connection = ClientConnection(server, sock, ("127.0.0.1", 40000))
+    connection.run()
+    return bytes(sock.sent), connection.close
+
+
+def responses(data, methods=()):
+    """The (status, headers, body) of each response in ``data``, in order."""
+    class Unclosed(io.BytesIO):
+        def close(self):  # http.client closes what it read to the end
+            pass
+
+    stream, found = Unclosed(data), []
+    methods = list(methods)
+    while stream.tell() < len(data):
+        response = http.client.HTTPResponse(FileSock(stream),
+                                            method=methods.pop(0) if methods else "GET")
+        response.begin()
+        found.append((response.status, dict(response.getheaders()), response.read()))
+    return found
+
+
+def path_app(environ, start_response):
+    body = environ["PATH_INFO"].encode()
+    start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def test_pipelined_requests_are_answered_in_order_on_one_connection():
+    data = b"".join(b"GET /%d HTTP/1.1\r\nHost: a\r\n\r\n" % i for i in range(3))
+    sent, _ = serve_pieces(path_app, [data])
+    assert [body for _, _, body in responses(sent)] == [b"/0", b"/1", b"/2"]
+
+
+def test_a_request_split_anywhere_is_read_the_same():
+    data = b"GET /split HTTP/1.1\r\nHost: a\r\n\r\nGET /two HTTP/1.1\r\nHost: a\r\n\r\n"
+    for cut in range(1, len(data)):
+        sent, _ = serve_pieces(path_app, [data[:cut], data[cut:]])
+        assert [body for _, _, body in responses(sent)] == [b"/split", b"/two"], cut
+
+
+def body_app(environ, start_response):
+    body = environ["wsgi.input"].read()
+    start_response("200 OK", [("Content-Length", str(len(body)))])
+    return [body]
+
+
+def test_expect_100_continue_is_answered_when_the_app_reads_the_body():
+    head = (b"POST /up HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n"
+            b"Content-Length: 5\r\n\r\n")
+    sent, _ = serve_pieces(body_app, [head, b"hello"])
+    assert sent.startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+    [(status, _, body)] = responses(sent[len(b"HTTP/1.1 100 Continue\r\n\r\n"):])
+    assert (status, body) == (200, b"hello")
+
+
+def test_no_100_continue_when_the_app_answers_without_the_body():
+    head = (b"POST /up HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n"
+            b"Content-Length: 5\r\n\r\n")
+    sent, _ = serve_pieces(path_app, [head])
+    assert b"100 Continue" not in sent
+    [(status, headers, body)] = responses(sent)
+    assert (status, body) == (200, b"/up")
+
+
+def test_chunked_upload_and_chunked_response():
+    def app(environ, start_response):
+        body = environ["wsgi.input"].read()
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return iter([body[:3], body[3:]])  # no length: chunked
+
+    request = (b"POST /up HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"3\r\nhel\r\n2\r\nlo\r\n0\r\n\r\n")
+    sent, _ = serve_pieces(app, [request])
+    [(status, headers, body)] = responses(sent)
+    assert headers["Transfer-Encoding"] == "chunked" and body == b"hello"
+    assert sent.endswith(b"0\r\n\r\n")
+
+
+def test_http_1_0_keep_alive_and_close():
+    request = b"GET /a HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /b HTTP/1.0\r\n\r\n"
+    sent, closed = serve_pieces(path_app, [request])
+    (_, first, a), (_, second, b) = responses(sent)
+    assert (a, first["Connection"], b, second["Connection"]) == (
+        b"/a", "keep-alive", b"/b", "close")
+    assert closed
+
+
+def test_head_responses_have_no_body():
+    sent, _ = serve_pieces(path_app, [b"HEAD /x HTTP/1.1\r\nHost: a\r\n\r\n"
+                                      b"GET /y HTTP/1.1\r\nHost: a\r\n\r\n"])
+    (_, head_headers, head_body), (_, _, body) = responses(sent, ["HEAD", "GET"])
+    assert head_headers["Content-Length"] == "2" and head_body == b"" and body == b"/y"
+
+
+@pytest.mark.parametrize("status, headers", [
+    ("200 OK", [("X-Evil", "a\r\nSet-Cookie: stolen=1")]),
+    ("200 OK\r\nSet-Cookie: stolen=1", []),
+    ("200 OK", [("X Evil", "a")]),
+    ("2000 OK", []),
+])
+def test_a_response_head_that_would_split_is_refused_with_500(status, headers):
+    def app(environ, start_response):
+        start_response(status, headers)
+        return [b"body"]
+
+    sent, closed = serve_pieces(app, [b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"])
+    assert sent.startswith(b"HTTP/1.1 500 ") and b"stolen" not in sent and closed
+
+
+def test_an_app_failing_before_or_during_its_body():
+    def before(environ, start_response):
+        raise RuntimeError("boom")
+
+    def during(environ, start_response):
+        start_response("200 OK", [])
+        yield b"part"
+        raise RuntimeError("boom")
+
+    sent, closed = serve_pieces(before, [b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"])
+    assert sent.startswith(b"HTTP/1.1 500 ") and closed
+    sent, closed = serve_pieces(during, [b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"
+                                         b"GET /next HTTP/1.1\r\nHost: a\r\n\r\n"])
+    assert sent.startswith(b"HTTP/1.1 200 ") and not sent.endswith(b"0\r\n\r\n") and closed
+    assert b"/next" not in sent
+
+
+def test_mutated_requests_get_an_answer_or_a_close_never_a_crash():
+    """Seeded fuzzing: corpus requests with bytes flipped, cut, repeated
+    or inserted; whatever comes in, run() returns and what went out is
+    whole HTTP/1.1 responses."""
+    rng = random.Random(20261123)
+    for _ in range(400):
+        data = bytearray(request_bytes(rng.choice(CASES)))
+        for _ in range(rng.randint(1, 4)):
+            where = rng.randrange(len(data) + 1)
+            what = rng.randrange(4)
+            if what == 0 and where < len(data):
+                data[where] = rng.randrange(256)
+            elif what == 1:
+                data[where:where] = bytes(rng.choice(b"\r\n :\t\x00\x7f0aZ") for _ in range(3))
+            elif what == 2:
+                del data[where:where + rng.randint(1, 8)]
+            else:
+                data += data[:where]  # a second, partial, pipelined request
+        pieces = chunks(bytes(data), rng.choice(CHUNKINGS), rng.random())
+        sent, _ = serve_pieces(_forwarding_echo, pieces)
+        for status, _, _ in responses(sent) if sent else ():
+            assert 200 <= status < 600
+
+
+# -- idle keep-alive clients park: no greenlet while they idle ---------------------
+
+
+@pytest.fixture
+def parking_front(monkeypatch):
+    """A FrontServer in process, serving path_app, whose keep-alive clients
+    park after 0.2 s idle; yields (front, connect)."""
+    import gevent.socket
+    from zc_lb import http as front_http
+
+    monkeypatch.setattr(front_http._Server, "park_after", 0.2)
+    front = front_http.FrontServer(("127.0.0.1", 0), path_app, client_timeout=1.5,
+                                   max_connections=3)
+    front.start()
+    opened = []
+
+    def connect():
+        sock = gevent.socket.create_connection(front.address, timeout=5)
+        opened.append(sock)
+        return sock
+
+    yield front, connect
+    for sock in opened:
+        sock.close()
+    front.stop(timeout=1)
+
+
+def _ask(sock, path):
+    sock.sendall(b"GET %s HTTP/1.1\r\nHost: a\r\n\r\n" % path)
+    data = b""
+    while not data.endswith(path):
+        chunk = sock.recv(4096)
+        if not chunk:
+            return data + b"(closed)"
+        data += chunk
+    return data
+
+
+def _parked(server):
+    """Client connections parked (they wait for a request, as in ``waiting``)."""
+    return sum(1 for connection in server.waiting if connection.parked)
+
+
+def _until(predicate, message, timeout=5.0):
+    """wait_for, yielding to the hub (the front runs in this process)."""
+    import gevent
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting for " + message
+        gevent.sleep(0.02)
+
+
+def _closed(sock):
+    import gevent.socket
+    try:
+        return gevent.socket.wait_read(sock.fileno(), 0.3) is None and sock.recv(100) == b""
+    except socket.timeout:
+        return False
+
+
+def test_an_idle_keepalive_client_parks_and_is_served_when_it_asks_again(parking_front):
+    import gevent
+    front, connect = parking_front
+    sock = connect()
+    assert _ask(sock, b"/one").endswith(b"/one")
+    gevent.sleep(0.5)  # past park_after: its greenlet is gone
+    assert front.server.connections == 1 and _parked(front.server) == 1
+    assert _ask(sock, b"/two").endswith(b"/two")  # resumed in a new greenlet
+    assert _parked(front.server) == 0
+    gevent.sleep(0.5)
+    assert _ask(sock, b"/three").endswith(b"/three")  # parked and resumed again
+
+
+def test_a_parked_client_is_closed_at_the_client_timeout_and_counted_out(parking_front):
+    import gevent
+    front, connect = parking_front
+    sock = connect()
+    _ask(sock, b"/one")
+    gevent.sleep(0.5)
+    assert _parked(front.server) == 1
+    started = time.monotonic()
+    assert sock.recv(100) == b""  # closed, quietly
+    assert 0.8 < time.monotonic() - started + 0.5 < 2.5  # at the client timeout
+    _until(lambda: front.server.connections == 0, message="the closed one counted out")
+    assert not front.server.waiting
+
+
+def test_a_parked_client_is_evicted_for_a_new_one_past_the_cap(parking_front):
+    import gevent
+    front, connect = parking_front
+    idle = [connect() for _ in range(3)]  # the cap
+    for n, sock in enumerate(idle):
+        _ask(sock, b"/%d" % n)
+    gevent.sleep(0.7)  # all parked, and past the eviction's grace
+    newcomer = connect()
+    assert _ask(newcomer, b"/new").endswith(b"/new")
+    assert [_closed(sock) for sock in idle] == [True, False, False]  # the oldest made room
+    _until(lambda: front.server.connections == 3, message="the evicted one counted out")
+
+
+def test_a_client_hanging_up_while_parked_is_counted_out(parking_front):
+    import gevent
+    front, connect = parking_front
+    sock = connect()
+    _ask(sock, b"/one")
+    gevent.sleep(0.5)
+    sock.close()
+    _until(lambda: front.server.connections == 0, message="counted out")
+    assert not front.server.waiting
