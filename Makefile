@@ -21,7 +21,7 @@ APT_PACKAGES := zookeeper haproxy wrk systemd logrotate chromium chromium-driver
 # runs the source instead.
 COMPILED_SOURCES := $(addprefix src/zc_lb/,pool.py classstats.py locality.py slowstart.py \
 	relearn.py affinity.py h1.py httpparse.py forwarding.py classifier.py outlier.py \
-	frames.py protocol.py front.py)
+	frames.py protocol.py)
 EXT_SUFFIX := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 COMPILED := src/zc_lb/_compiled__mypyc$(EXT_SUFFIX)
 # their tests, run once more on the source (the simulator's golden results
@@ -30,7 +30,7 @@ SOURCE_TESTS := tests/test_pool.py tests/test_affinity.py tests/test_classstats.
 	tests/test_locality.py tests/test_slowstart.py tests/test_relearn.py \
 	tests/test_compiled.py tests/test_h1.py tests/test_httpparse.py \
 	tests/test_forwarding.py tests/test_classifier.py tests/test_http_corpus.py \
-	tests/test_outlier.py tests/test_frames.py tests/test_protocol.py tests/test_front.py
+	tests/test_outlier.py tests/test_frames.py tests/test_protocol.py
 
 .PHONY: run test bench soak sysdeps venv compile zookeeper mypy clean
 

@@ -19,8 +19,7 @@ import sys
 __version__ = "0.1.0"
 
 COMPILED = ("pool", "classstats", "locality", "slowstart", "relearn", "affinity",
-            "h1", "httpparse", "forwarding", "classifier", "outlier", "frames", "protocol",
-            "front")
+            "h1", "httpparse", "forwarding", "classifier", "outlier", "frames", "protocol")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -1,12 +1,11 @@
 """One client connection of the front server (http.py): its requests
 read, the LB's WSGI app called for each, its responses written.
 
-Kept apart from the server so that it compiles (``zc_lb.COMPILED``):
-http.py's server derives from gevent's StreamServer, which a compiled
-class cannot.  What each request costs in the front is here: the head's
-wait and read (parking an idle client's greenlet), the environ built
-once from a per-connection base, the application's call, and the
-response written with its head and first body bytes in one send.
+The server (http.py) accepts, caps and hands over connections; what
+each request costs in the front is here: the head's wait and read
+(parking an idle client's greenlet), the environ built once from a
+per-connection base, the application's call, and the response written
+with its head and first body bytes in one send.
 """
 
 from __future__ import annotations
