@@ -43,10 +43,10 @@ test: sysdeps venv compile
 	ZC_LB_PURE=1 ZC_LB_EXPECT_BUILD=source $(PY) -m pytest -q -n 2 --dist loadfile $(SOURCE_TESTS)
 
 bench: sysdeps venv compile
-	$(PY) -m zc_lb.bench
+	$(PY) -m benchmarks.bench
 
 soak: venv compile
-	$(PY) -m zc_lb.soak
+	$(PY) -m benchmarks.soak
 
 compile: venv $(COMPILED)
 

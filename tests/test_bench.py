@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from zc_lb import bench, floor
+from benchmarks import bench, floor
 
 WRK_OUTPUT = """\
 Running 1s test @ http://127.0.0.1:8080/
@@ -79,7 +79,7 @@ HAVE_TOOLS = shutil.which("wrk") and shutil.which("haproxy", path="/usr/sbin:/us
 @pytest.mark.skipif(not HAVE_TOOLS, reason="needs wrk and haproxy (apt-get install wrk haproxy)")
 def test_bench_tiny_run_prints_table():
     done = subprocess.run(
-        [sys.executable, "-m", "zc_lb.bench", "--seconds", "1", "--warmup", "0",
+        [sys.executable, "-m", "benchmarks.bench", "--seconds", "1", "--warmup", "0",
          "--connections", "4", "--targets", "zc-lb,haproxy,direct,floor"],
         capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
@@ -144,10 +144,10 @@ def test_the_floor_proxy_answers_pipelined_requests_and_refuses_a_body():
     # Real processes, as the bench runs them.
     with contextlib.ExitStack() as stack:
         workers = [stack.enter_context(bench.running(
-            [sys.executable, "-m", "zc_lb.bench", "floor-worker", "127.0.0.1:0"],
+            [sys.executable, "-m", "benchmarks.bench", "floor-worker", "127.0.0.1:0"],
             floor.READY)) for _ in range(2)]
         _, address = stack.enter_context(bench.running(
-            [sys.executable, "-m", "zc_lb.bench", "floor-proxy", "127.0.0.1:0"]
+            [sys.executable, "-m", "benchmarks.bench", "floor-proxy", "127.0.0.1:0"]
             + [a for _, a in workers], floor.READY))
         host, port = address.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=10) as sock:
@@ -202,7 +202,7 @@ def test_the_bodies_line_says_each_way_and_the_goal():
 def test_bench_bodies_tiny_run_prints_its_line():
     # No wrk needed: the bodies measure has a client of its own.
     done = subprocess.run(
-        [sys.executable, "-m", "zc_lb.bench", "--targets", "bodies", "--body-mb", "1",
+        [sys.executable, "-m", "benchmarks.bench", "--targets", "bodies", "--body-mb", "1",
          "--body-transfers", "1"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     number = r"([\d.]+)"

@@ -1,7 +1,7 @@
 """``make soak`` in a few seconds: it runs, samples and judges; the ten
 minute run is the real one (README, "Evaluating it")."""
 
-from zc_lb import soak
+from benchmarks import soak
 
 
 def test_a_short_soak_samples_and_says_flat(capsys):

@@ -12,7 +12,7 @@ absolute times.  Three targets serve the same trivial WSGI app
   direct   one gevent.pywsgi server, no balancer: the ceiling;
   lb-1p    ``zc-lb lb`` alone in front of four workers, one process;
   lb-2p    the same with ``--processes 2``: what a second core buys;
-  floor    ``zc_lb.floor``: a bare proxy of zc-lb's design (gevent,
+  floor    ``benchmarks/floor.py``: a bare proxy of zc-lb's design (gevent,
            httptools, one multiplexed connection to each of two workers)
            doing none of the LB's work: what the design costs in Python
            before any of it, the yardstick for the LB's CPU.
@@ -54,7 +54,7 @@ and its intake of a worker's résumé of 10,000 classes of which 1% have
 new scores (the median and the worst of 60, between requests), with the
 LB's decoding of such a frame.
 
-``python -m zc_lb.bench in-process [--profile FILE]`` runs a worker, an
+``python -m benchmarks.bench in-process [--profile FILE]`` runs a worker, an
 LB and its front in one process with client greenlets pipelining
 requests, and prints the CPU per request: a steadier measure of the
 Python cost than the wrk runs on a busy machine, and a place to profile
@@ -90,10 +90,11 @@ import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from .testing import ProcessError, free_port, stop_process, wait_for_port
+from zc_lb.testing import ProcessError, free_port, stop_process, wait_for_port
 
 BODY = b"Hello, world\n"
-HAPROXY_TEMPLATE = Path(__file__).resolve().parents[2] / "etc" / "haproxy-bench.cfg"
+ROOT = Path(__file__).resolve().parents[1]  # the checkout
+HAPROXY_TEMPLATE = ROOT / "etc" / "haproxy-bench.cfg"
 SERVE_READY = "zc-lb bench server listening on "
 TARGETS = ("zc-lb", "haproxy", "direct", "lb-1p", "lb-2p", "floor", "zc-lb-cpu",
            "haproxy-cpu", "bodies", "idle", "slow")
@@ -232,8 +233,12 @@ def serve(address: str, app: str = "hello") -> None:
 def start_process(argv: List[str], ready: str,
                   timeout: float = 30.0) -> Tuple[subprocess.Popen, str]:
     """Start ``argv``, wait for the stdout line starting with ``ready``,
-    return (process, the HOST:PORT that ends that line)."""
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    return (process, the HOST:PORT that ends that line).  The checkout is
+    on its path, so a worker finds its application here (``benchmarks.bench:
+    hello_app``) from any directory."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
+                               env=dict(os.environ, PYTHONPATH=path))
     assert process.stdout is not None
     # The line is printed and flushed whole, so once readable it is there.
     readable, _, _ = select.select([process.stdout], [], [], timeout)
@@ -283,7 +288,7 @@ def zc_lb_cluster(args: argparse.Namespace, worker_args: List[str], workers: int
 @contextlib.contextmanager
 def zc_lb_target(args: argparse.Namespace) -> Iterator[Target]:
     # (a cooperative app)
-    with zc_lb_cluster(args, ["zc_lb.bench:hello_app", "--greenlets"]) as (address, lb, workers):
+    with zc_lb_cluster(args, ["benchmarks.bench:hello_app", "--greenlets"]) as (address, lb, workers):
         yield "http://%s/" % address, [lb.pid], [p.pid for p in workers]
 
 
@@ -298,7 +303,7 @@ def lb_processes_target(processes: int):
 
     @contextlib.contextmanager
     def target(args: argparse.Namespace) -> Iterator[Target]:
-        with zc_lb_cluster(args, ["zc_lb.bench:hello_app", "--greenlets"], SCALE_WORKERS,
+        with zc_lb_cluster(args, ["benchmarks.bench:hello_app", "--greenlets"], SCALE_WORKERS,
                            ("--processes", str(processes))) as (address, lb, workers):
             pids = [lb.pid] + (children(lb.pid) if processes > 1 else [])
             yield "http://%s/" % address, pids, [p.pid for p in workers]
@@ -307,13 +312,13 @@ def lb_processes_target(processes: int):
 
 
 def serve_argv(app: str = "hello") -> List[str]:
-    return [sys.executable, "-m", "zc_lb.bench", "serve", "127.0.0.1:0", app]
+    return [sys.executable, "-m", "benchmarks.bench", "serve", "127.0.0.1:0", app]
 
 
 @contextlib.contextmanager
 def zc_lb_cpu_target(args: argparse.Namespace) -> Iterator[Target]:
     """The realistic pair's zc-lb: thread-mode workers running ``cpu_app``."""
-    with zc_lb_cluster(args, ["zc_lb.bench:cpu_app"]) as (address, lb, workers):
+    with zc_lb_cluster(args, ["benchmarks.bench:cpu_app"]) as (address, lb, workers):
         yield "http://%s/" % address, [lb.pid], [p.pid for p in workers]
 
 
@@ -360,10 +365,10 @@ def floor_target(args: argparse.Namespace) -> Iterator[Target]:
 
     with contextlib.ExitStack() as stack:
         workers = [stack.enter_context(running(
-            [sys.executable, "-m", "zc_lb.bench", "floor-worker", "127.0.0.1:0"],
+            [sys.executable, "-m", "benchmarks.bench", "floor-worker", "127.0.0.1:0"],
             floor.READY)) for _ in range(2)]
         proxy, address = stack.enter_context(running(
-            [sys.executable, "-m", "zc_lb.bench", "floor-proxy", "127.0.0.1:0"]
+            [sys.executable, "-m", "benchmarks.bench", "floor-proxy", "127.0.0.1:0"]
             + [a for _, a in workers], floor.READY))
         yield "http://%s/" % address, [proxy.pid], [p.pid for p, _ in workers]
 
@@ -561,7 +566,7 @@ def measure_bodies(args: argparse.Namespace) -> Dict[str, object]:
     with contextlib.ExitStack() as stack:
         _, direct_address = stack.enter_context(running(serve_argv("bodies"), SERVE_READY))
         lb_address, _, _ = stack.enter_context(zc_lb_cluster(
-            args, ["zc_lb.bench:bodies_app", "--greenlets"], 1))
+            args, ["benchmarks.bench:bodies_app", "--greenlets"], 1))
         direct, zc_lb = time_bodies([direct_address, lb_address], size, transfers)
     result: Dict[str, object] = {"mb": args.body_mb, "transfers": transfers}
     for way in ("download", "upload"):
@@ -596,7 +601,7 @@ def measure_idle(args: argparse.Namespace, clients: int = IDLE_CLIENTS,
                  batch: int = IDLE_BATCH) -> Dict[str, object]:
     """The LB's memory per idle keep-alive client: ``clients`` connections
     each make one request and stay open and quiet, in batches of
-    ``batch`` that each park (``front.PARK_AFTER``) before the next comes;
+    ``batch`` that each park (``zc_lb.front.PARK_AFTER``) before the next comes;
     the LB's resident memory after, less before, over their number.  Then
     the same with all of them at once: a burst's greenlets all live until
     they park, and the allocator keeps that peak."""
@@ -609,7 +614,7 @@ def measure_idle(args: argparse.Namespace, clients: int = IDLE_CLIENTS,
 
 def _idle_kb(args: argparse.Namespace, clients: int, batch: int) -> float:
     request = b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n"
-    with zc_lb_cluster(args, ["zc_lb.bench:hello_app", "--greenlets"], 1) as (address, lb, _):
+    with zc_lb_cluster(args, ["benchmarks.bench:hello_app", "--greenlets"], 1) as (address, lb, _):
         host, port = address.rsplit(":", 1)
         with contextlib.ExitStack() as stack:
             warm = stack.enter_context(socket.create_connection((host, int(port)), timeout=10))
@@ -639,7 +644,7 @@ def measure_slow(args: argparse.Namespace, clients: int = SLOW_CLIENTS,
     resident memory with them, less before, over their number; another
     client's p99 over sequential small requests, without them and with."""
     request = b"GET /?size=%d HTTP/1.1\r\nHost: bench\r\n\r\n" % (kb * 1024)
-    with zc_lb_cluster(args, ["zc_lb.bench:bodies_app", "--greenlets"]) as (address, lb, _):
+    with zc_lb_cluster(args, ["benchmarks.bench:bodies_app", "--greenlets"]) as (address, lb, _):
         host, port = address.rsplit(":", 1)
         before_p99 = _p99_ms(host, int(port))
         time.sleep(IDLE_SETTLE)
@@ -861,7 +866,7 @@ def pool_us(policy: str, requests: int = 60000) -> float:
     import collections
     import time
 
-    from .policies import make_pool
+    from zc_lb.policies import make_pool
 
     workload = pool_workload(requests)
     pool = make_pool(policy, {})
@@ -912,9 +917,9 @@ def intake_ms(policy: str = "affinity", resumes: int = 60, seed: int = 1) -> Dic
     import statistics
     import time
 
-    from .policies import make_pool
-    from .frames import Decoder, encode
-    from .protocol import Resume
+    from zc_lb.policies import make_pool
+    from zc_lb.frames import Decoder, encode
+    from zc_lb.protocol import Resume
 
     rng = random.Random(seed)
     pool = make_pool(policy, {})
@@ -1002,7 +1007,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m zc_lb.bench",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=int, default=5, help="measured seconds per target")
     parser.add_argument("--warmup", type=int, default=1,
@@ -1030,11 +1035,11 @@ def in_process(requests: int = 20000, batch: int = 8, clients: int = 4,
     hops' system calls included), free of the scheduling noise of
     separate processes on a busy machine.  ``profile``: write cProfile
     stats there."""
-    from .policies import make_pool
-    from .classifier import get_classifier, get_key_function
-    from .http import FrontServer
-    from .lb import LB
-    from .worker import Worker
+    from zc_lb.policies import make_pool
+    from zc_lb.classifier import get_classifier, get_key_function
+    from zc_lb.http import FrontServer
+    from zc_lb.lb import LB
+    from zc_lb.worker import Worker
 
     worker = Worker(hello_app)
     worker.start()

@@ -151,7 +151,7 @@ def deployment() -> Iterator[Tuple[Tuple[str, int], Dict[str, int]]]:
     zc_lb = [sys.executable, "-m", "zc_lb.cli", "--log-level", "WARNING"]
     with contextlib.ExitStack() as stack:
         workers = [stack.enter_context(running(
-            zc_lb + ["worker", "zc_lb.soak:soak_app"], "zc-lb worker listening on "))
+            zc_lb + ["worker", "benchmarks.soak:soak_app"], "zc-lb worker listening on "))
             for _ in range(2)]
         argv = zc_lb + ["lb", "--listen", "127.0.0.1:0"]
         for _, address in workers:
@@ -165,7 +165,7 @@ def deployment() -> Iterator[Tuple[Tuple[str, int], Dict[str, int]]]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m zc_lb.soak", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=float, default=600.0, help="seconds (default 600)")
     parser.add_argument("--every", type=float, default=30.0, help="seconds between samples")
     parser.add_argument("--connections", type=int, default=32)
