@@ -86,7 +86,7 @@ def quote(value: Optional[str]) -> str:
     return value.translate(_CONTROL)
 
 
-# A field's function takes the request's ClientConnection (http.py) and
+# A field's function takes the request's ClientConnection (front.py) and
 # its environ ({} for a request refused before it had one) and returns text.
 
 Field = Callable[[object, dict], str]

@@ -24,7 +24,7 @@ from .h1 import (BODILESS_STATUS, REASONS, Request, RequestReader, check_respons
                  request_variables, response_head, start_again)
 from .sockets import send_all, wait
 
-log = logging.getLogger("zc_lb.http")
+log = logging.getLogger("zc_lb.http")  # the front server's log, as before the split
 
 
 def refusal(status: int) -> bytes:

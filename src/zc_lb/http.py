@@ -1,7 +1,7 @@
 """The HTTP(S) front server that feeds the LB's WSGI app.
 
-A gevent StreamServer whose connection greenlet (``ClientConnection``)
-reads requests with h1.py (llhttp, through httptools, plus the rules of
+A gevent StreamServer whose connection greenlet (``ClientConnection``,
+front.py) reads requests with h1.py (llhttp, through httptools, plus the rules of
 httpparse.py), builds each request's PEP 3333 environ once from a
 per-connection base, calls the WSGI app in the same greenlet and writes
 the response: the head and the first body bytes in one send, chunked
