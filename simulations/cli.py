@@ -22,7 +22,7 @@ from zc_lb.errors import ConfigurationError
 from zc_lb.settings import CONVERTERS
 
 from . import config as config_module
-from . import report
+from . import bound, report
 from .engine import simulate
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -162,11 +162,13 @@ def sweep_values(text: Optional[str]) -> List[Any]:
 
 def report_runs(config: config_module.Config, runs: List[Dict[str, Any]],
                 as_json: bool, out: Optional[str]) -> None:
-    """Print one configuration's runs; plot them into ``out`` if given."""
+    """Print one configuration's runs, with the perfect partition's
+    misses (bound.py); plot them into ``out`` if given."""
+    partition = bound.partition_misses(config)
     if as_json:
-        report.dump(config.name, dataclasses.asdict(config), runs, sys.stdout)
+        report.dump(config.name, dataclasses.asdict(config), runs, sys.stdout, partition)
     else:
-        report.table(config.name, runs, sys.stdout)
+        report.table(config.name, runs, sys.stdout, partition)
     if out is not None:
         from . import plots  # matplotlib is slow to import; only when needed
         sys.stderr.write("plot: %s\n" % plots.plot(config.name.replace(" ", "_"), runs, out))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, TextIO
+from typing import Any, Dict, List, Optional, TextIO
 
 COLUMNS = [  # (key, heading, format)
     ("throughput", "req/s", "%9.0f"),
@@ -37,8 +37,11 @@ def add_ratios(runs: List[Dict[str, Any]]) -> None:
             s["misses_ratio"] = s["misses_per_request"] / base["misses_per_request"]
 
 
-def table(name: str, runs: List[Dict[str, Any]], out: TextIO) -> None:
-    """Print one row per policy, with the columns any run has."""
+def table(name: str, runs: List[Dict[str, Any]], out: TextIO,
+          partition: Optional[float] = None) -> None:
+    """Print one row per policy, with the columns any run has, and
+    ``partition``, the perfect partition's misses per request (None:
+    not defined for this run)."""
     columns = [c for c in COLUMNS if any(c[0] in r["summary"] for r in runs)]
     widths = [len(fmt % 0) for _, _, fmt in columns]
     out.write("scenario %s\n" % name)
@@ -62,6 +65,14 @@ def table(name: str, runs: List[Dict[str, Any]], out: TextIO) -> None:
     if fair is not None:
         out.write("(new wk: share of requests served by the added worker; "
                   "a fair share is %.3f)\n" % fair)
+    if partition is not None:
+        out.write("(partition: the caches as one LRU, the same requests: %.3f misses/request"
+                  % partition)
+        if partition > 0:
+            out.write("; each policy's misses over it: %s" % ", ".join(
+                "%s %.2fx" % (r["policy"], r["summary"]["misses_per_request"] / partition)
+                for r in runs))
+        out.write(")\n")
     if any("by_kind" in r["summary"] for r in runs):
         kinds(runs, out)
 
@@ -83,7 +94,9 @@ def kinds(runs: List[Dict[str, Any]], out: TextIO) -> None:
 
 
 def dump(name: str, config: Dict[str, Any], runs: List[Dict[str, Any]],
-         out: TextIO) -> None:
-    """Everything as one JSON document."""
-    json.dump({"scenario": name, "config": config, "runs": runs}, out, indent=1)
+         out: TextIO, partition: Optional[float] = None) -> None:
+    """Everything as one JSON document (``partition_misses_per_request``:
+    null where the perfect partition is not defined)."""
+    json.dump({"scenario": name, "config": config, "runs": runs,
+               "partition_misses_per_request": partition}, out, indent=1)
     out.write("\n")

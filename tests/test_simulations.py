@@ -13,11 +13,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from zc_lb.simulations import cli, config as config_module  # noqa: E402
+from zc_lb.simulations import bound, cli, config as config_module  # noqa: E402
 from zc_lb.simulations.cache import Holders, LRUCache  # noqa: E402
 from zc_lb.simulations.config import POLICIES, Config  # noqa: E402
 from zc_lb.simulations.engine import simulate  # noqa: E402
 from zc_lb.simulations.policies import BoundedHash  # noqa: E402
+from zc_lb.simulations.workload import Workload  # noqa: E402
 
 # small enough to run in well under a second per policy
 SMALL = dict(requests=3000, workers=4, sites=12, objects_per_site=200,
@@ -185,6 +186,44 @@ def test_shipped_scenarios():
     assert set(cli.shipped()) >= {"steady", "add_worker", "remove_worker",
                                   "hot_class", "changed_classifier",
                                   "light_load"}
+
+
+def test_the_perfect_partition_is_one_lru_of_all_the_caches():
+    # LRU is a stack algorithm: a bigger cache holds what a smaller one
+    # would, so its misses never exceed the smaller one's.
+    bounds = [bound.partition_misses(small(cache_size=size)) for size in (50, 200, 800, 5000)]
+    assert bounds == sorted(bounds, reverse=True) and bounds[0] > bounds[2]
+    # With room for every object (7,200 of them), only first touches miss.
+    big = small(cache_size=5000)
+    workload, seen, first = Workload(big, random.Random(big.seed)), set(), 0
+    for issued in range(big.requests):
+        objects = workload.next()[2]
+        if issued >= int(big.warmup * big.requests):
+            first += len(set(objects) - seen)
+        seen.update(objects)
+    assert bounds[-1] == first / (big.requests - int(big.warmup * big.requests)) > 0
+    # Scenarios whose caches change have none; those whose requests change
+    # take the change at the same request as the engine.
+    assert bound.partition_misses(small(actions=[{"at": 1000, "do": "add_worker"}])) is None
+    hot = small(actions=[{"at": 1500, "do": "hot_site", "site": 3, "fraction": 0.9}])
+    assert bound.partition_misses(hot) != bound.partition_misses(small())
+    # A mixed fleet pools all its caches.
+    assert (bound.partition_misses(small(cache_sizes=[100, 300]))
+            == bound.partition_misses(small(cache_size=200)))
+
+
+def test_the_table_and_json_say_the_perfect_partition(capsys):
+    argv = ["steady", "--scale", "0.005", "--no-plots", "--policies", "affinity,least_backlog"]
+    assert cli.main(argv) == 0
+    line = [line for line in capsys.readouterr().out.splitlines() if "partition" in line]
+    assert len(line) == 1 and "affinity" in line[0] and "least_backlog" in line[0], line
+    assert cli.main(argv + ["--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    partition = result["partition_misses_per_request"]
+    assert 0 < partition < min(r["summary"]["misses_per_request"] for r in result["runs"])
+    assert cli.main(["add_worker", "--scale", "0.005", "--no-plots", "--json",
+                     "--policies", "least_backlog"]) == 0
+    assert json.loads(capsys.readouterr().out)["partition_misses_per_request"] is None
 
 
 def test_table_and_plot(tmp_path, capsys):
