@@ -1,11 +1,12 @@
-"""The perfect partition: what no routing policy can beat on a workload.
+"""The perfect partition: the loads routing aims at on a workload.
 
 All the workers' caches taken as one LRU, fed the same requests in the
 order they were issued: its misses per request, counted after the same
 warm-up, are the loads a perfect partition of the caches would cause
 (``playback/compare.py`` prints the same bound for a real log as its
 "floor").  A policy's misses over this bound say how far its routing is
-from perfect locality.
+from perfect locality.  With caches of a useful size no policy does
+better; with tiny ones LRU's quirks can let one.
 
 The bound is not defined while the caches' total changes (a scenario
 that adds or removes a worker): ``partition_misses`` then says None.
