@@ -26,8 +26,10 @@ on I/O queued behind those that compute.  Measured with a Flask
 application, half its requests spending about 1 ms of CPU and half
 waiting 20 ms on a "database", ``wrk -c40``: one for one served 1,690-
 1,759 a second against all 16 threads' 1,929-1,951; two for one
-1,899-1,913 against 1,702-1,935 (taking turns).  The kernel says, for each thread, whether it is in a system
-call and which (``/proc/thread-self/syscall``).  A request's thread is:
+1,899-1,913 against 1,702-1,935 (taking turns).
+
+The kernel says, for each thread, whether it is in a system call and
+which (``/proc/thread-self/syscall``).  A request's thread is:
 
 - computing when it runs, or waits on a lock (a futex) while it got CPU
   time lately: it takes turns at the interpreter lock, which comes round
