@@ -293,6 +293,8 @@ class AffinityPool(Pool):
         self.fading = self.slowstart.fading  # done starting, floors fading
         self.hash_seed = 0  # the same on every LB; the simulator varies it
         self._ring: Optional[List[Tuple[int, PoolWorker]]] = None
+        self.siblings: Any = None  # the other processes of --processes (``share_with``)
+        self._by_hash: Dict[int, PoolWorker] = {}  # (their hashes of the workers' names)
         super().__init__(variance, backlog_history, unskilled_score)
         self.relearning = Relearning(self.workers, self.skilled, self.classes)
         self.book = self.relearning.book  # (read on every request)
@@ -349,6 +351,8 @@ class AffinityPool(Pool):
 
     def _added(self, worker: PoolWorker) -> None:
         worker.salt = stable_hash(worker.name)
+        if self.siblings is not None:
+            self._by_hash[self.siblings.worker_hash(worker.name)] = worker
         self.skills_version += 1
         self._ring = None
         if self.requests:  # (a running pool: eased in, or at once with slow_start 0)
@@ -361,6 +365,8 @@ class AffinityPool(Pool):
             self.slowstart.remove(worker)
             self.relearning.remove(worker)
             self._ring = None
+            if self.siblings is not None:
+                self._by_hash.pop(self.siblings.worker_hash(worker.name), None)
         super().remove(handle)
         self.skills_version += 1
 
@@ -409,11 +415,17 @@ class AffinityPool(Pool):
         if key is None:
             return self._unkeyed(rclass)
         stats, key_hash, book_hash = self._observe(rclass, key)
-        entry = self.book.get(book_hash)
+        entry = booked = self.book.get(book_hash)
         alone = self.lbs == 1  # (what locality buys is measured by a lone LB)
+        siblings = self.siblings
+        placed = 0  # (the worker a sibling LB last sent the key to, hashed)
+        if siblings is not None and alone:
+            placed = siblings.placed(book_hash, stats.salt)
+            if placed:
+                entry = self._siblings_entry(rclass, entry, placed)
         gain = self.locality.gain(stats) if alone else None
         if gain is not None and gain <= 1.0 + NOISE:  # (its keys buy nothing)
-            return self._balanced(rclass, stats, book_hash, entry)
+            return self._balanced(rclass, stats, book_hash, entry, booked)
         if relearning.moved(rclass, stats, entry, self.unskilled_score):
             self.skills_version += 1
         if self.starting or self.fading:
@@ -426,10 +438,37 @@ class AffinityPool(Pool):
             weighed = self._weighed(chosen, gain, members)
             if weighed is not chosen:
                 chosen, away = weighed, True
-        relearning.remember(book_hash, entry, rclass, chosen, AWAY if away else stats.joins)
+        relearning.remember(book_hash, booked, rclass, chosen, AWAY if away else stats.joins)
+        if siblings is not None and alone:
+            chosen_hash = siblings.worker_hash(chosen.name)
+            if chosen_hash != placed:
+                siblings.place(book_hash, stats.salt, chosen_hash)
         if home is not None and home.handle in self.workers:
             self.placed = (stats, chosen is home)
         return self._chosen(chosen)
+
+    def _siblings_entry(self, rclass: str, entry: Optional[BookEntry], placed: int
+                        ) -> Optional[BookEntry]:
+        """The book's ``entry`` for a key, with the worker a sibling LB
+        last sent it to in ``rclass`` (``placed``, its name hashed) as the
+        worker that holds its data (siblings.py): the siblings keep one
+        book of where keys are, each its own of the rest."""
+        worker = self._by_hash.get(placed)
+        if worker is None:
+            return entry
+        if entry is None:
+            return (rclass, worker, False, AWAY)
+        if entry[0] == rclass and entry[1] is not worker:
+            return (rclass, worker, entry[2], AWAY)
+        return entry
+
+    def share_with(self, siblings: Any) -> None:
+        """Route as one LB with the other processes of ``--processes``
+        (a ``siblings.Siblings``): one book of where keys went, and the
+        backlogs counted over all (``take_elsewhere``)."""
+        self.siblings = siblings
+        self._by_hash = {siblings.worker_hash(worker.name): worker
+                         for worker in self.workers.values()}
 
     def _unkeyed(self, rclass: str) -> Hashable:
         """A request without a key goes as in the published algorithm,
@@ -487,7 +526,7 @@ class AffinityPool(Pool):
         return super()._chosen(worker)
 
     def _balanced(self, rclass: str, stats: ClassStats, book_hash: int,
-                  entry: Optional[BookEntry]) -> Hashable:
+                  entry: Optional[BookEntry], booked: Optional[BookEntry]) -> Hashable:
         """Least backlog, the worker the key last went to on ties: for a
         class whose keys buy nothing where they are, the bound of
         ``_weighed`` would send every request there anyway, and members,
@@ -497,14 +536,16 @@ class AffinityPool(Pool):
         keys come to buy something (a cache warmed up, an app changed).
         A worker that is starting takes its share at once: slow start
         eases in a cold cache, and here there is none.  (Left out, a
-        worker that joined under load never served and never started.)"""
+        worker that joined under load never served and never started.)
+        ``booked`` is this LB's own book's entry, ``entry`` the same with
+        its siblings' worker (``_siblings_entry``)."""
         home = entry[1] if entry is not None and entry[0] == rclass else None
         if home is not None and self.workers.get(home.handle) is not home:
             home = None
         least = self._least_loaded()  # (a starter too: it has no cache to warm)
         assert least is not None
         chosen = home if home is not None and home.backlog <= least.backlog else least
-        self.relearning.remember(book_hash, entry, rclass, chosen, AWAY)
+        self.relearning.remember(book_hash, booked, rclass, chosen, AWAY)
         if home is not None:
             self.placed = (stats, chosen is home)
         return self._chosen(chosen)
@@ -815,6 +856,12 @@ class AffinityPool(Pool):
         from the class's point, so that every LB recruits alike."""
         score = min(skilled.values()) if skilled else self.unskilled_score
         worker = self._ring_recruit(rclass, skilled) if self.lbs > 1 else None
+        siblings = self.siblings
+        if worker is None and siblings is not None:
+            recruit = self._by_hash.get(siblings.recruited(stable_hash(rclass)))
+            if recruit is not None and recruit not in skilled and not (
+                    busiest and recruit in self.starting):
+                worker = recruit
         if worker is None:
             # (ties go to the least recently chosen; for a busy class not a
             # starter, whose cold cache would relieve no one)
@@ -824,6 +871,8 @@ class AffinityPool(Pool):
                          default=None)
             if worker is None:
                 return
+        if siblings is not None:
+            siblings.recruit(stable_hash(rclass), siblings.worker_hash(worker.name))
         skilled[worker] = worker.resume[rclass] = score
         self.relearning.fresh(worker, rclass)
         self.skills_version += 1

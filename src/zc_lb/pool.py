@@ -61,12 +61,13 @@ class PoolWorker:
     """The pool's record of one worker: backlog, decayed backlog, skills."""
 
     __slots__ = ("handle", "backlog", "mbacklog", "dsum", "dcount", "resume",
-                 "version", "name", "salt", "given", "held")
+                 "version", "name", "salt", "given", "held", "elsewhere")
 
     def __init__(self, handle: Hashable, version: Optional[str] = None,
                  name: Optional[str] = None) -> None:
         self.handle = handle
-        self.backlog = 0
+        self.backlog = 0  # requests in flight on it, sibling LBs' (``elsewhere``) included
+        self.elsewhere = 0  # sibling LBs' requests in flight on it (siblings.py)
         self.mbacklog = 0.0  # dsum / dcount
         self.dsum = 0.0  # decayed sum of backlogs
         self.dcount = 0.0  # decayed count of events
@@ -376,11 +377,33 @@ class Pool:
     def put(self, handle: Hashable) -> None:
         """A request given to ``handle`` by ``get`` has ended."""
         worker = self.workers.get(handle)
-        if worker is None or worker.backlog <= 0:
+        if worker is None or worker.backlog <= worker.elsewhere:
             return  # removed while the request was in flight
         worker.backlog -= 1
         self.backlog -= 1
         self._decay(worker)
+
+    def share_with(self, siblings: Any) -> None:
+        """Route as one LB with the other processes of ``--processes``
+        (a ``siblings.Siblings``): here, the backlogs counted over all
+        (``take_elsewhere``), which the LB brings; a policy with more to
+        share takes it."""
+
+    def take_elsewhere(self, elsewhere: Mapping[str, int]) -> Dict[str, int]:
+        """Count the requests sibling LBs have in flight on the workers
+        (worker name -> requests; siblings.py) into their backlogs, in
+        place of the last such count; this pool's own requests in flight,
+        by worker name, for the siblings."""
+        own: Dict[str, int] = {}
+        for worker in self.workers.values():
+            count = elsewhere.get(worker.name, 0)
+            change = count - worker.elsewhere
+            if change:
+                worker.elsewhere = count
+                worker.backlog += change
+                self.backlog += change
+            own[worker.name] = worker.backlog - count
+        return own
 
     def _decay(self, worker: PoolWorker) -> None:
         decay = self.worker_decay
@@ -405,11 +428,12 @@ class Pool:
             "variance": self.variance,
             "backlog_history": self.backlog_history,
             "unskilled_score": self.unskilled_score,
-            "backlog": self.backlog,
+            "backlog": self.backlog - sum(w.elsewhere for w in self._lru),
             "mean_backlog": round(self.mbacklog, 4),
             "workers": {
                 str(worker.handle): {
-                    "backlog": worker.backlog,
+                    "backlog": worker.backlog - worker.elsewhere,
+                    "siblings_backlog": worker.elsewhere,  # (--processes: siblings.py)
                     "mean_backlog": round(worker.mbacklog, 4),
                     "version": worker.version,
                     "skills": dict(sorted(worker.resume.items())),
