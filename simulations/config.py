@@ -62,6 +62,7 @@ class Config:
     arrival_rate: float = 0.0  # requests per second, open loop
     lbs: int = 1  # LBs sharing the workers, each with its own pool
     lbs_told: int = 0  # how many each is told there are (0: lbs; 1: each thinks it alone)
+    siblings: bool = False  # the LBs are one host's --processes, sharing keys and backlogs
     # policies
     variance: float = LB_SETTINGS["variance"].default  # the LB's defaults
     backlog_history: int = LB_SETTINGS["backlog_history"].default

@@ -42,6 +42,7 @@ from collections import deque
 from typing import Any, Dict, List, Optional
 
 from zc_lb.resume import Skills
+from zc_lb.siblings import SYNC_INTERVAL, Siblings, sync
 
 from . import policies
 from .cache import Holders, LRUCache
@@ -100,6 +101,15 @@ class Simulation:
                 lb.lbs = config.lbs_told or config.lbs
             if hasattr(lb, "hash_seed"):
                 lb.hash_seed = config.seed  # so that seeds vary the hashing too
+        self.now = 0.0
+        self.siblings: List[Any] = [None] * len(self.lbs)
+        if config.siblings and len(self.lbs) > 1 and hasattr(self.lbs[0], "share_with"):
+            # the LBs are one host's processes, sharing a book of keys and
+            # their backlogs (zc_lb/siblings.py), on the simulation's clock
+            self.siblings = list(Siblings.in_memory(len(self.lbs), lambda: self.now))
+            for lb, siblings in zip(self.lbs, self.siblings):
+                lb.share_with(siblings)
+        self.synced = [-1.0] * len(self.lbs)  # when each LB last took in its siblings'
         self.policy = self.lbs[0]
         self.resumes = policies.uses_resumes(self.policy)
         self.holders = Holders(self.workload.total_objects)
@@ -180,6 +190,10 @@ class Simulation:
     def route(self, request: list) -> None:
         """Ask the policy for a worker and hand the request over."""
         lb = self.lbs[request[6]]
+        siblings = self.siblings[request[6]]
+        if siblings is not None and self.now - self.synced[request[6]] >= SYNC_INTERVAL:
+            self.synced[request[6]] = self.now  # (as the LB does, on a request)
+            sync(siblings, lb)
         wid = lb.get(request[1], request[5])
         if wid is None:
             self.waiting.append(request)

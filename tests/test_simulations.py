@@ -398,3 +398,18 @@ def test_cache_less_traffic_runs_as_fast_as_least_backlog(name):
     least, _ = served(config, "least_backlog")
     assert affinity["throughput"] >= 0.95 * least["throughput"]
     assert affinity["p99_ms"] <= least["p99_ms"]
+
+
+def test_sibling_processes_load_less_than_lbs_routing_alone():
+    # Two processes of one LB (--processes 2) each routing alone place a
+    # key apart and judge workers by half their load; sharing a book of
+    # keys, their recruits and their backlogs (zc_lb/siblings.py), they
+    # route as one LB does, nearly.
+    misses = {}
+    for label, changes in (("one", dict(lbs=1)), ("alone", dict(lbs=2, lbs_told=1)),
+                           ("siblings", dict(lbs=2, lbs_told=1, siblings=True))):
+        misses[label] = sum(simulate(scenario("nasa", seed=seed, requests=8000, **changes),
+                                     "affinity")["summary"]["misses_per_request"]
+                            for seed in (1, 2))
+    assert misses["siblings"] < 0.9 * misses["alone"], misses
+    assert misses["siblings"] < 1.15 * misses["one"], misses
