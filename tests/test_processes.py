@@ -137,3 +137,25 @@ def test_no_lb_process_outlives_a_killed_supervisor(processes_lb):
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     wait_for(lambda: all(gone(pid) for pid in pids), timeout=15,
              message="the children exited with their supervisor")
+
+
+def test_the_processes_see_each_others_requests_in_flight(processes_lb):
+    """Each child counts its siblings' requests into its workers' backlogs
+    (siblings.py): with slow requests in flight, every child's own count
+    plus the siblings' it took in is the whole LB's, on every worker."""
+    lb = processes_lb
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        slow = [pool.submit(get, lb.address, "/slow?1.5") for _ in range(8)]
+        wait_for(lambda: status(lb.status_address)["in_flight"] == 8,
+                 message="eight slow requests in flight")
+        children = [status(p["status"]) for p in status(lb.status_address)["processes"]]
+        assert all(child["in_flight"] for child in children), "both children serve some"
+
+        def seen_alike():  # (the children exchange their counts every 0.25 s at most)
+            children = [status(p["status"]) for p in status(lb.status_address)["processes"]]
+            own = {name: sum(child["workers"][name]["backlog"] for child in children)
+                   for name in children[0]["workers"]}
+            return all(w["backlog"] + w["siblings_backlog"] == own[name]
+                       for child in children for name, w in child["workers"].items())
+        wait_for(seen_alike, timeout=5, message="each child sees the others' requests")
+        assert [f.result()[0] for f in slow] == [200] * 8

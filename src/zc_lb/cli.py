@@ -216,6 +216,10 @@ def build_lb(args: argparse.Namespace):
     from .sockets import parse_address
 
     lb = _make_lb(args)
+    if args.siblings_fd is not None:  # one of --processes N: they route as one
+        from .siblings import Siblings
+
+        lb.share_with(Siblings.attach(args.siblings_fd, args.process_index or 0))
     tls = None
     if args.certfile:
         tls = tls_context(args.certfile, args.keyfile, args.tls_min_version, args.tls_ciphers)
@@ -625,6 +629,7 @@ def _add_lb_parser(sub) -> None:
                         "then sums them")
     p.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)  # a --processes child
     p.add_argument("--process-index", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--siblings-fd", type=int, help=argparse.SUPPRESS)  # their shared memory
     p.add_argument("--worker", action="append", metavar="HOST:PORT", help="a worker address")
     p.add_argument("--classifier", default="host",
                    help="host, re:ENVKEY:PATTERN or module:dotted.name (default host)")

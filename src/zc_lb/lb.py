@@ -57,6 +57,7 @@ from .outlier import Ejector
 from .pool import Pool
 from .protocol import MAX_BODY, Body, End, Response, head_fields
 from .settings import LB_SETTINGS, check, log_change
+from .siblings import SYNC_INTERVAL, Siblings, sync
 from .spool import Spool, SpoolLimits
 
 log = logging.getLogger(__name__)
@@ -300,6 +301,8 @@ class LB(LinkEvents):
         spool_limits: Optional[SpoolLimits] = None,
     ) -> None:
         self.pool = pool
+        self.siblings: Optional[Siblings] = None  # the other processes of --processes
+        self._next_sync = 0.0  # when to exchange requests in flight with them next
         self.spool_limits = spool_limits or SpoolLimits()
         self.affinity_key = affinity_key
         self.classifier_errors: Dict[str, int] = {}
@@ -674,8 +677,20 @@ class LB(LinkEvents):
             log.error("classifier failed (routing such requests without a class; "
                       "logged once, counted in status)", exc_info=exc)
 
+    def share_with(self, siblings: Siblings) -> None:
+        """Route as one LB with the other processes of ``--processes``
+        (siblings.py): their requests in flight counted in the backlogs,
+        exchanged on requests at most every ``SYNC_INTERVAL``, and what
+        the pool shares besides."""
+        self.siblings = siblings
+        self.pool.share_with(siblings)
+
     def _get_worker(self, rclass: Optional[str], key: Optional[str]) -> Connection:
-        deadline = time.monotonic() + self.no_worker_timeout
+        now = time.monotonic()
+        if self.siblings is not None and now >= self._next_sync:
+            self._next_sync = now + SYNC_INTERVAL
+            sync(self.siblings, self.pool)
+        deadline = now + self.no_worker_timeout
         while True:
             connection = self.pool.get(rclass, key)
             if connection is not None:
@@ -720,6 +735,8 @@ class LB(LinkEvents):
             gevent.sleep(WATCHDOG_INTERVAL)
             now = time.monotonic()
             self._readmit(now)
+            if self.siblings is not None:  # (a sibling idle since still says what ended)
+                sync(self.siblings, self.pool)
             timeout = self.response_timeout
             for exchange, entry in list(self._waiting.items()):
                 age = now - entry.started

@@ -34,6 +34,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
+from . import siblings
 from .errors import ConfigurationError, ZcLbError
 from .status import fetch, merge_status
 
@@ -67,12 +68,15 @@ class Child:
     """One LB process and what it said when it started."""
 
     def __init__(self, index: int, argv: List[str], fd: int, log_level: str,
-                 cwd: Optional[str] = None) -> None:
+                 cwd: Optional[str] = None, siblings_fd: Optional[int] = None) -> None:
         self.index = index
         self.cwd = cwd  # where the supervisor started: --chdir means the same there
         self.argv = [sys.executable, "-m", "zc_lb.cli", "--log-level", log_level, "lb"] + argv + [
             "--listen-fd", str(fd), "--status", "127.0.0.1:0", "--process-index", str(index),
             "--processes", "1"]  # whatever a --config file says
+        if siblings_fd is not None:
+            self.argv += ["--siblings-fd", str(siblings_fd)]
+        self.fds = (fd,) if siblings_fd is None else (fd, siblings_fd)
         self.fd = fd
         self.process: Optional[subprocess.Popen] = None
         self.status: Optional[str] = None
@@ -91,7 +95,7 @@ class Child:
         env = dict(os.environ)
         env.pop("NOTIFY_SOCKET", None)  # the supervisor is the service's main process
         self.process = gevent.subprocess.Popen(
-            self.argv, pass_fds=(self.fd,), stdout=subprocess.PIPE, text=True, env=env,
+            self.argv, pass_fds=self.fds, stdout=subprocess.PIPE, text=True, env=env,
             preexec_fn=_die_with_parent(os.getpid()), cwd=self.cwd)
 
     def wait_started(self) -> None:
@@ -128,6 +132,7 @@ class Supervisor:
         self.argv = child_argv(argv) + ["--listen", scheme + "://127.0.0.1:0"]
         self.cwd = cwd
         self.sock: Optional[socket.socket] = None
+        self.siblings_fd: Optional[int] = None  # the children's shared memory (siblings.py)
         self.children: List[Child] = []
         self.stopping = False
 
@@ -140,7 +145,10 @@ class Supervisor:
         import gevent
 
         self.sock = self._socket()
-        self.children = [Child(i, self.argv, self.sock.fileno(), self.log_level, self.cwd)
+        if self.siblings_fd is None:  # (one segment for the supervisor's life: a
+            self.siblings_fd = siblings.create(self.count)  # child restarted finds it)
+        self.children = [Child(i, self.argv, self.sock.fileno(), self.log_level, self.cwd,
+                               self.siblings_fd)
                          for i in range(self.count)]
         try:
             for child in self.children:
