@@ -88,7 +88,11 @@ worker is busy or gone, a key whose owner is starting (slow start gives
 a starter its keys by rendezvous), and a key that went to its owner
 before the class grew (``joins``): at light load nothing else would
 give a new member its share of the keys.  Several LBs keep
-different books, so they go by rendezvous alone and still agree.
+different books, so they go by rendezvous alone and still agree.  The
+children of one ``--processes`` are not several LBs: they keep one book
+of where keys went and one record of each class's last recruit in
+shared memory, and count each other's requests in flight
+(``siblings.py``, ``share_with``), so they route as this one LB.
 
 Spill.  When no member is under the cap, the request goes, as in the
 published algorithm, to the best skilled worker under the cap, unless
