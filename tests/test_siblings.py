@@ -117,6 +117,8 @@ def test_another_layout_or_index_is_refused_with_a_clear_message():
             Siblings.attach(read, 0)
     finally:
         os.close(read), os.close(write)
+    with pytest.raises(ConfigurationError, match="--siblings-fd %d: .*Bad file" % read):
+        Siblings.attach(read, 0)  # (closed)
 
 
 def test_a_pool_counts_its_siblings_requests_in_its_backlogs():

@@ -117,10 +117,14 @@ class Siblings:
     @classmethod
     def attach(cls, fd: int, index: int) -> "Siblings":
         """A child's view of the supervisor's segment (``create``)."""
-        size = os.fstat(fd).st_size
-        if size < HEADER_SIZE:
+        try:
+            size = os.fstat(fd).st_size
+            segment = mmap.mmap(fd, size) if size >= HEADER_SIZE else None
+        except (OSError, ValueError) as exc:
+            raise ConfigurationError("--siblings-fd %d: %s" % (fd, exc))
+        if segment is None:
             raise ConfigurationError("--siblings-fd %d is not a zc-lb shared segment" % fd)
-        return cls(mmap.mmap(fd, size), index)
+        return cls(segment, index)
 
     @classmethod
     def in_memory(cls, count: int, clock: Callable[[], float] = time.monotonic
