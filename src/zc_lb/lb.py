@@ -918,8 +918,8 @@ class LB(LinkEvents):
 # What the status document says of a worker not in the pool: every key a
 # pooled one has, so that a reader need not guess.
 _DOWN = {"connected": False, "in_pool": False, "drained": False, "standby": False,
-         "backlog": 0, "mean_backlog": 0.0, "skills": {}, "version": None, "streams": 0,
-         "last_error": None}
+         "backlog": 0, "siblings_backlog": 0, "mean_backlog": 0.0, "skills": {},
+         "version": None, "streams": 0, "last_error": None}
 
 
 def top_classes(counts: Dict[str, int], n: int) -> Dict[str, int]:

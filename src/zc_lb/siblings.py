@@ -181,7 +181,7 @@ class Siblings:
         segment = self.segment
         self.seq += 1  # odd: being written
         struct.pack_into("<Q", segment, row, self.seq)
-        struct.pack_into("<%dQ" % len(pairs), segment, row + ROW_HEAD_SIZE, *pairs)
+        struct.pack_into("<" + "Qq" * (len(pairs) // 2), segment, row + ROW_HEAD_SIZE, *pairs)
         struct.pack_into("<dI", segment, row + 8, self.clock(), len(pairs) // 2)
         self.seq += 1  # even: written
         struct.pack_into("<Q", segment, row, self.seq)
