@@ -157,6 +157,21 @@ def test_expect_100_continue_is_answered_when_the_app_reads_the_body():
     assert (status, body) == (200, b"hello")
 
 
+def test_a_request_without_a_body_reads_nothing_and_one_with_a_body_reads_it():
+    def lines_app(environ, start_response):
+        body = environ["wsgi.input"]
+        read = [body.read(), body.read(3), body.readline(), body.readlines(), list(body)]
+        answer = repr((read, body.complete, body.buffered)).encode()
+        start_response("200 OK", [("Content-Length", str(len(answer)))])
+        return [answer]
+    sent, _ = serve_pieces(lines_app, [b"GET /a HTTP/1.1\r\nHost: a\r\n\r\n"
+                                       b"POST /b HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n"
+                                       b"\r\nab\ncd"])
+    [(_, _, empty), (_, _, posted)] = responses(sent)
+    assert empty == repr(([b"", b"", b"", [], []], True, 0)).encode()
+    assert posted == repr(([b"ab\ncd", b"", b"", [], []], True, 0)).encode()
+
+
 def test_no_100_continue_when_the_app_answers_without_the_body():
     head = (b"POST /up HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n"
             b"Content-Length: 5\r\n\r\n")

@@ -290,7 +290,8 @@ class ClientConnection:
         if hop is not None:
             environ.update(hop)
         environ["zc_lb.forward"] = forward
-        environ["wsgi.input"] = Input(self, request)
+        environ["wsgi.input"] = (NO_BODY if request.complete and not request.body_size
+                                 else Input(self, request))
         if self.server.access_log is not None:
             self.requestline = "%s %s %s" % (head.method, head.path, head.version)
         self.close = head.close or self.server.draining
@@ -589,6 +590,30 @@ class Input:
             taken += len(part)
         self._request.body_size -= taken
         return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+class NoBody:
+    """wsgi.input of a request that has no body (most): one for all,
+    since it keeps nothing (an ``Input`` cost a call of its ``__init__``
+    on every request)."""
+
+    complete = True
+    buffered = 0
+
+    def read(self, size: int = -1) -> bytes:
+        return b""
+
+    def readline(self, size: int = -1) -> bytes:
+        return b""
+
+    def readlines(self, hint: int = -1) -> List[bytes]:
+        return []
+
+    def __iter__(self):
+        return iter(())
+
+
+NO_BODY = NoBody()
 
 
 def _peer(address) -> str:

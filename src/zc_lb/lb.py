@@ -131,26 +131,11 @@ class Upload:
         self.greenlet.kill()
 
 
-class _Waiting:
-    """A request waiting for its response to start."""
-
-    __slots__ = ("started", "environ", "upload", "watcher", "connection", "retryable")
-
-    def __init__(self, started: float, environ: dict, upload: Optional[Upload],
-                 connection: Connection, retryable: bool) -> None:
-        self.started = started
-        self.environ = environ
-        self.upload = upload
-        self.connection = connection
-        self.retryable = retryable  # a GET or HEAD without a body
-        self.watcher: Optional[gevent.Greenlet] = None
-
-    def watch(self, exchange: Exchange) -> None:
-        """Cancel the exchange if the client hangs up (once the upload,
-        which reads the same socket, is over)."""
-        sock = self.environ.get("zc_lb.client_socket")
-        if sock is not None and (self.upload is None or self.upload.done):
-            self.watcher = gevent.spawn(_watch_client, sock, exchange)
+_Waiting = Tuple[float, dict, Optional[Upload], bool]
+"""A request waiting for its response to start: when it was sent, its
+environ, its upload if it has a body, and whether it may be retried (a
+GET or HEAD without a body).  A tuple: an object of a class of its own
+cost a call of its ``__init__`` on every request."""
 
 
 class ResponseBody:
@@ -333,6 +318,8 @@ class LB(LinkEvents):
         self._health: Optional[gevent.Greenlet] = None
         self._workers_changed = gevent.event.Event()
         self._waiting: Dict[Exchange, _Waiting] = {}
+        # Of those, the ones whose client is watched for a hang-up (``_watch``).
+        self._watchers: Dict[Exchange, gevent.Greenlet] = {}
         self._watchdog: Optional[gevent.Greenlet] = None
         self._no_worker_watch: Optional[gevent.Greenlet] = None
         self.started = time.time()
@@ -507,7 +494,7 @@ class LB(LinkEvents):
         self.pool.remove(connection)
         moved = 0
         for exchange, entry in list(self._waiting.items()):
-            if entry.connection is connection and entry.retryable:
+            if exchange.connection is connection and entry[3]:  # (retryable)
                 exchange.fail(WorkerLost("%s silent for %.1fs" % (connection.peer, seconds)))
                 moved += 1
         log.warning("worker %s silent for %.1fs: sending it nothing new, %d GET/HEAD "
@@ -709,7 +696,7 @@ class LB(LinkEvents):
                         environ: dict, retryable: bool) -> Response:
         waiting = self._waiting
         started = time.monotonic()
-        waiting[exchange] = _Waiting(started, environ, upload, exchange.connection, retryable)
+        waiting[exchange] = (started, environ, upload, retryable)
         if self._watchdog is None:
             self._watchdog = gevent.spawn(self._watch_slow_responses)
         try:
@@ -720,9 +707,11 @@ class LB(LinkEvents):
                 raise failure
             raise
         finally:
-            entry = waiting.pop(exchange, None)
-            if entry is not None and entry.watcher is not None:
-                entry.watcher.kill(block=False)
+            waiting.pop(exchange, None)
+            if self._watchers:
+                watcher = self._watchers.pop(exchange, None)
+                if watcher is not None:
+                    watcher.kill(block=False)
         if not isinstance(response, Response):
             raise BadResponse("worker sent %s before a response" % type(response).__name__)
         environ["zc_lb.upstream_time"] = time.monotonic() - started
@@ -738,12 +727,19 @@ class LB(LinkEvents):
             if self.siblings is not None:  # (a sibling idle since still says what ended)
                 sync(self.siblings, self.pool)
             timeout = self.response_timeout
-            for exchange, entry in list(self._waiting.items()):
-                age = now - entry.started
+            for exchange, (started, environ, upload, _) in list(self._waiting.items()):
+                age = now - started
                 if timeout is not None and age > timeout:
                     exchange.fail(ResponseTimeout("no response within %gs" % timeout))
-                elif age > WATCH_CLIENT_AFTER and entry.watcher is None:
-                    entry.watch(exchange)
+                elif age > WATCH_CLIENT_AFTER and exchange not in self._watchers:
+                    self._watch(exchange, environ, upload)
+
+    def _watch(self, exchange: Exchange, environ: dict, upload: Optional[Upload]) -> None:
+        """Cancel the exchange if the client hangs up (once the upload,
+        which reads the same socket, is over)."""
+        sock = environ.get("zc_lb.client_socket")
+        if sock is not None and (upload is None or upload.done):
+            self._watchers[exchange] = gevent.spawn(_watch_client, sock, exchange)
 
     def _start(self, connection: Connection, response: Response, environ: dict,
                start_response: Callable) -> Optional[int]:
