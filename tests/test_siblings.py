@@ -52,9 +52,23 @@ def test_requests_in_flight_add_up_over_the_other_siblings():
     two.publish({"w:1": 2, "w:2": 0})
     three.publish({"w:1": 1, "w:2": 4, "w:3": 5})
     # w:3 is a worker one does not know (yet): left out
-    assert one.elsewhere() == {"w:1": 3, "w:2": 4}
+    assert one.elsewhere()[0] == {"w:1": 3, "w:2": 4}
     one.publish({"w:1": 1})
-    assert two.elsewhere() == {"w:1": 2, "w:2": 4}
+    assert two.elsewhere()[0] == {"w:1": 2, "w:2": 4}
+
+
+def test_the_measures_of_locality_add_up_over_the_other_siblings():
+    one, two, three = Siblings.in_memory(3)
+    two.publish({}, (6.0, 2.0))
+    three.publish({}, (3.0, 1.0))
+    one.publish({}, (100.0, 1.0))
+    assert one.elsewhere()[1:] == (9.0, 3.0)
+    pools = sibling_pools(2)
+    pools[1].locality.ratio, pools[1].locality.weight = 40.0, 10.0
+    assert pools[0].locality.pool_gain() is None  # (no away request of its own yet)
+    for pool in pools[::-1] + pools:
+        sync(pool.siblings, pool)
+    assert pools[0].locality.pool_gain() == 4.0  # the sibling's measure counts
 
 
 def test_a_row_not_written_for_a_second_counts_nothing():
@@ -63,9 +77,9 @@ def test_a_row_not_written_for_a_second_counts_nothing():
     one.worker_hash("w:1")
     two.publish({"w:1": 3})
     clock.now += siblings.STALE / 2
-    assert one.elsewhere() == {"w:1": 3}
+    assert one.elsewhere()[0] == {"w:1": 3}
     clock.now += siblings.STALE  # (a child that died: nothing in flight any more)
-    assert one.elsewhere() == {}
+    assert one.elsewhere()[0] == {}
 
 
 def test_a_row_being_written_is_not_read():
@@ -74,7 +88,7 @@ def test_a_row_being_written_is_not_read():
     two.publish({"w:1": 3})
     row = siblings.HEADER_SIZE + 1 * (siblings.ROW_HEAD_SIZE + siblings.MAX_WORKERS * 16)
     struct.pack_into("<Q", two.segment, row, two.seq + 1)  # odd: in the middle of a write
-    assert one.elsewhere() == {}
+    assert one.elsewhere()[0] == {}
     assert one.torn == 3  # read again twice, then left for the next exchange
 
 
@@ -85,9 +99,9 @@ def test_a_child_started_again_forgets_what_it_had_in_flight():
     one, two = Siblings(segment, 0), Siblings(segment, 1)
     one.worker_hash("w:1")
     two.publish({"w:1": 3})
-    assert one.elsewhere() == {"w:1": 3}
+    assert one.elsewhere()[0] == {"w:1": 3}
     Siblings(segment, 1)  # the child started again, with the same index
-    assert one.elsewhere() == {}
+    assert one.elsewhere()[0] == {}
 
 
 def test_the_supervisors_segment_is_shared_through_its_descriptor():

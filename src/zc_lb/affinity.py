@@ -468,11 +468,22 @@ class AffinityPool(Pool):
 
     def share_with(self, siblings: Any) -> None:
         """Route as one LB with the other processes of ``--processes``
-        (a ``siblings.Siblings``): one book of where keys went, and the
-        backlogs counted over all (``take_elsewhere``)."""
+        (a ``siblings.Siblings``): one book of where keys went, each
+        class's last recruit, and the backlogs and the pool's measure of
+        locality counted over all (``take_elsewhere``, ``take_measure``)."""
         self.siblings = siblings
         self._by_hash = {siblings.worker_hash(worker.name): worker
                          for worker in self.workers.values()}
+
+    def measure(self) -> Tuple[float, float]:
+        """The pool's measure of locality (its decayed sums of away time
+        over home time, and their count), for the siblings: each sees a
+        part of the requests, and the pool's gain counts all of them."""
+        return self.locality.ratio, self.locality.weight
+
+    def take_measure(self, ratio: float, weight: float) -> None:
+        self.locality.ratio_elsewhere = ratio
+        self.locality.weight_elsewhere = weight
 
     def _unkeyed(self, rclass: str) -> Hashable:
         """A request without a key goes as in the published algorithm,

@@ -57,11 +57,15 @@ HOME, AWAY = True, False
 class Locality:
     """Service times at home and away, per class and for the pool."""
 
-    __slots__ = ("ratio", "weight")
+    __slots__ = ("ratio", "weight", "ratio_elsewhere", "weight_elsewhere")
 
     def __init__(self) -> None:
         self.ratio = 0.0  # decayed sum of away time over the class's home mean
         self.weight = 0.0  # decayed count of those
+        # The same sums of the other processes of --processes (siblings.py),
+        # which the pool's gain counts too: each sees a part of the requests.
+        self.ratio_elsewhere = 0.0
+        self.weight_elsewhere = 0.0
 
     def observe(self, stats: ClassStats, home: bool, elapsed: float) -> None:
         """A request of ``stats``'s class placed ``home`` (or away) took
@@ -98,9 +102,10 @@ class Locality:
 
     def pool_gain(self) -> Optional[float]:
         """The gain over every class, or None before ``MIN_SAMPLES``."""
-        if self.weight < MIN_SAMPLES:
+        weight = self.weight + self.weight_elsewhere
+        if weight < MIN_SAMPLES:
             return None
-        return self.ratio / self.weight
+        return (self.ratio + self.ratio_elsewhere) / weight
 
     def __repr__(self) -> str:
         gain = self.pool_gain()

@@ -389,6 +389,14 @@ class Pool:
         (``take_elsewhere``), which the LB brings; a policy with more to
         share takes it."""
 
+    def measure(self) -> Tuple[float, float]:
+        """What this pool measured that its siblings count too (see
+        ``take_measure``): nothing here."""
+        return 0.0, 0.0
+
+    def take_measure(self, ratio: float, weight: float) -> None:
+        """The siblings' measures (``measure``), summed: nothing here."""
+
     def take_elsewhere(self, elsewhere: Mapping[str, int]) -> Dict[str, int]:
         """Count the requests sibling LBs have in flight on the workers
         (worker name -> requests; siblings.py) into their backlogs, in

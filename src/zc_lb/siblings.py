@@ -28,9 +28,16 @@ memfd, mapped by each), and they share two things through it:
   so every child's bound and cap see the site's load, late by at most
   one interval.
 
+- With its row, each sibling's measure of locality over every class
+  (``locality.py``: its decayed sums of away time over home time), which
+  every pool's gain counts: alone, each learned it from half the
+  requests (in the simulator, sharing it took two siblings on the NASA
+  log, 12 seeds, from 2,591 to 2,706 requests a second and 0.115 to
+  0.109 loads).
+
 What stays each child's own: a class's statistics (its share, its
-footprint, its measure of locality), which each measures from the
-requests it sees, a random half of the same traffic.
+footprint, its own gain), which each measures from the requests it
+sees, a random half of the same traffic.
 
 The segment's layout is versioned (``MAGIC``): a child that finds
 another layout refuses to start, saying so.
@@ -53,8 +60,8 @@ HEADER_SIZE = 64
 BOOK_SLOTS = 1 << 16  # keys the shared book holds (a power of two)
 SLOT = struct.Struct("<QQQQ")  # key hash, class hash, worker hash, check
 MAX_WORKERS = 1024  # workers a sibling's row counts
-ROW_HEAD = struct.Struct("<QdI")  # sequence, time written, workers in the row
-ROW_HEAD_SIZE = 24
+ROW_HEAD = struct.Struct("<QdddI")  # sequence, time written, locality's two sums, workers
+ROW_HEAD_SIZE = 40
 PAIR_SIZE = 16  # worker hash (Q), requests in flight (q)
 SYNC_INTERVAL = 0.001  # seconds between a sibling's row written and the others' read
 STALE = 1.0  # seconds after which a row not written again counts nothing
@@ -173,8 +180,10 @@ class Siblings:
     def _row(self, index: int) -> int:
         return HEADER_SIZE + index * _row_size()
 
-    def publish(self, in_flight: Mapping[str, int]) -> None:
-        """Write this sibling's requests in flight, worker name -> count."""
+    def publish(self, in_flight: Mapping[str, int],
+                measure: Tuple[float, float] = (0.0, 0.0)) -> None:
+        """Write this sibling's requests in flight, worker name -> count,
+        and its pool's measure of locality (``Pool.measure``)."""
         pairs = [item for name, count in in_flight.items()
                  for item in (self.worker_hash(name), count)][:2 * MAX_WORKERS]
         row = self._row(self.index)
@@ -182,23 +191,26 @@ class Siblings:
         self.seq += 1  # odd: being written
         struct.pack_into("<Q", segment, row, self.seq)
         struct.pack_into("<" + "Qq" * (len(pairs) // 2), segment, row + ROW_HEAD_SIZE, *pairs)
-        struct.pack_into("<dI", segment, row + 8, self.clock(), len(pairs) // 2)
+        struct.pack_into("<dddI", segment, row + 8, self.clock(), measure[0], measure[1],
+                         len(pairs) // 2)
         self.seq += 1  # even: written
         struct.pack_into("<Q", segment, row, self.seq)
 
-    def elsewhere(self) -> Dict[str, int]:
+    def elsewhere(self) -> Tuple[Dict[str, int], float, float]:
         """Worker name -> requests the other siblings have in flight on it
-        (workers this sibling has not named yet are left out)."""
+        (workers this sibling has not named yet are left out), and the
+        sums of their measures of locality."""
         segment = self.segment
         names = self.names
         now = self.clock()
         total: Dict[str, int] = {}
+        ratio = weight = 0.0
         for index in range(self.count):
             if index == self.index:
                 continue
             row = self._row(index)
             for _ in range(3):
-                seq, written, n = ROW_HEAD.unpack_from(segment, row)
+                seq, written, row_ratio, row_weight, n = ROW_HEAD.unpack_from(segment, row)
                 if seq & 1:
                     self.torn += 1
                     continue
@@ -210,15 +222,20 @@ class Siblings:
                 continue  # (written all along: read it next time)
             if not seq or now - written > STALE:
                 continue
+            ratio += row_ratio
+            weight += row_weight
             for i in range(0, len(pairs), 2):
                 name = names.get(pairs[i] & MASK64)
                 if name is not None and pairs[i + 1] > 0:
                     total[name] = total.get(name, 0) + pairs[i + 1]
-        return total
+        return total, ratio, weight
 
 
 def sync(siblings: Optional[Siblings], pool) -> None:
     """One exchange with the siblings: their requests in flight counted
-    into ``pool``'s backlogs, and this pool's own published."""
+    into ``pool``'s backlogs and their measures of locality into its
+    gain, and this pool's own published."""
     if siblings is not None:
-        siblings.publish(pool.take_elsewhere(siblings.elsewhere()))
+        in_flight, ratio, weight = siblings.elsewhere()
+        pool.take_measure(ratio, weight)
+        siblings.publish(pool.take_elsewhere(in_flight), pool.measure())
