@@ -10,7 +10,7 @@ such LBs on the NASA log load 33% more per request than one LB, with a
 fifth less throughput.)
 
 So the supervisor gives its children one shared memory segment (a
-memfd, mapped by each), and they share two things through it:
+memfd, mapped by each), and they share through it:
 
 - Where each key last went: a table of ``BOOK_SLOTS`` slots, one per key
   by its hash, holding the key's hash, its class's, the worker's name's,
@@ -19,6 +19,12 @@ memfd, mapped by each), and they share two things through it:
   at once (its check fails) says nothing: the pool then places the key as
   it would alone.  The pool reads its key's slot once a request, and
   writes it when the key goes somewhere new.
+- Each class's last recruit, in the same table (as a key of a class of
+  its own, ``RECRUITS``): a child short of members for a class takes the
+  worker a sibling took, so that their members agree.  (With the book
+  alone, on 10,000 small classes each child recruited its own, the keys
+  went to and fro between them, and the siblings loaded more than
+  children routing alone.)
 - The requests each has in flight on each worker: a row per sibling,
   written by that sibling only, every ``SYNC_INTERVAL``, with a sequence
   number that is odd while it is written (a reader that finds it odd or
@@ -27,7 +33,6 @@ memfd, mapped by each), and they share two things through it:
   siblings' requests into its workers' backlogs (``Pool.take_elsewhere``),
   so every child's bound and cap see the site's load, late by at most
   one interval.
-
 - With its row, each sibling's measure of locality over every class
   (``locality.py``: its decayed sums of away time over home time), which
   every pool's gain counts: alone, each learned it from half the
@@ -156,14 +161,14 @@ class Siblings:
         """The hash of the worker a sibling last sent the key to in this
         class, or 0: none did, or its slot says nothing."""
         key, rclass, worker, check = SLOT.unpack_from(
-            self.segment, self.book_offset + (key_hash & self.mask) * 32)
+            self.segment, self.book_offset + (key_hash & self.mask) * SLOT.size)
         if key != key_hash or rclass != class_hash or check != _check(key, rclass, worker):
             return 0
         return worker
 
     def place(self, key_hash: int, class_hash: int, worker_hash: int) -> None:
         """The key of the class went to the worker."""
-        SLOT.pack_into(self.segment, self.book_offset + (key_hash & self.mask) * 32,
+        SLOT.pack_into(self.segment, self.book_offset + (key_hash & self.mask) * SLOT.size,
                        key_hash, class_hash, worker_hash,
                        _check(key_hash, class_hash, worker_hash))
 
@@ -214,7 +219,8 @@ class Siblings:
                 if seq & 1:
                     self.torn += 1
                     continue
-                pairs = struct.unpack_from("<%dq" % (2 * n), segment, row + ROW_HEAD_SIZE)
+                pairs = struct.unpack_from("<%dq" % (2 * min(n, MAX_WORKERS)), segment,
+                                           row + ROW_HEAD_SIZE)
                 if ROW_HEAD.unpack_from(segment, row)[0] == seq:
                     break
                 self.torn += 1
