@@ -5,7 +5,11 @@ started is a supervisor: it binds the listening socket, then starts N
 children (``zc-lb lb`` with the same options and ``--listen-fd``), each
 accepting on that one inherited socket with its own pool and its own
 connections to every worker; workers send their résumés to each, as to
-any LB.  The kernel hands each new client connection to one child.
+any LB.  The kernel hands each new client connection to one child.  The
+children route as one LB: the supervisor gives them a shared memory
+segment (``--siblings-fd``, see siblings.py) for where keys went, the
+classes' recruits, their measures of locality and their requests in
+flight.
 
 The supervisor serves ``--status`` itself: one summed view of the
 children's documents (counters added, each worker's backlog summed over
@@ -19,7 +23,8 @@ LB for good.
 
 In ZooKeeper mode each child registers as an LB of its own
 (``HOST:PORT#I``), so the pool's count of LBs, which ring recruiting
-uses, counts processes, as it should: each has its own backlogs.
+uses, counts processes: LBs on other hosts keep no book the children
+could share, and every LB recruits from the same ring.
 """
 
 from __future__ import annotations
