@@ -240,8 +240,9 @@ def test_greenlets_under_a_bound_wait_their_turn_and_the_wait_is_not_the_apps_ti
     # run one after another, and each one's skill is its own 0.2 s.
     worker, connection, _ = serve(_napping_app, threads=None, concurrency=1)
     recorded = []
-    record = worker._record
-    worker._record = lambda rclass, elapsed: (recorded.append(elapsed), record(rclass, elapsed))
+    record = worker.skills.record
+    worker.skills.record = lambda rclass, elapsed: (recorded.append(elapsed),
+                                                    record(rclass, elapsed))[1]
     started = time.monotonic()
     calls = [gevent.spawn(call, connection, {}) for _ in range(3)]
     gevent.joinall(calls, timeout=10, raise_error=True)
@@ -273,8 +274,9 @@ def test_the_wait_for_a_thread_is_not_counted_as_the_apps_time(serve):
     # thread, but its skill is measured over the 0.2 s the app took.
     worker, connection, _ = serve(_blocking_app, threads=1)
     recorded = []
-    record = worker._record
-    worker._record = lambda rclass, elapsed: (recorded.append(elapsed), record(rclass, elapsed))
+    record = worker.skills.record
+    worker.skills.record = lambda rclass, elapsed: (recorded.append(elapsed),
+                                                    record(rclass, elapsed))[1]
     calls = [gevent.spawn(call, connection, {}) for _ in range(3)]
     gevent.joinall(calls, timeout=10, raise_error=True)
     deadline = time.monotonic() + 5  # a skill is recorded after its response is out

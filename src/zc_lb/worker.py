@@ -37,7 +37,8 @@ import greenlet
 
 from . import resume as resume_module
 from .connection import Connection, Exchange, Handler
-from .errors import BadResponseHead, ConfigurationError, CorruptResumeFile, ZcLbError
+from .errors import (BadResponseHead, ConfigurationError, CorruptResumeFile, RequestCancelled,
+                     ZcLbError)
 from .loopwatch import LoopWatch
 from .h1 import start_again
 from .httpparse import HOP_BY_HOP
@@ -210,7 +211,9 @@ class ResponseWriter:
         if not self.started:
             if self.status is None:
                 raise AssertionError("application returned without start_response()")
-            if self.head or not data or len(data) <= min(exchange.credit, MAX_BODY):
+            if self.head or not data or (  # (``exchange.credit``, without its call)
+                    len(data) <= MAX_BODY
+                    and len(data) <= exchange.connection.protocol.credit(exchange.rno)):
                 self.started = True
                 self._respond(b"" if self.head else data, True)
                 return
@@ -224,9 +227,10 @@ class ResponseWriter:
         was refused as too large for a frame and a 500 went instead (the
         request alone fails: the connection and its other requests go on)."""
         exchange = self.exchange
+        began = self.began  # (``_elapsed``, without a call a request)
         try:
             exchange.respond(self.status, self.headers, body, end,  # type: ignore[arg-type]
-                             self._elapsed())
+                             None if began is None else time.perf_counter() - began)
             return True
         except BadResponseHead as exc:  # (too large, or one HTTP forbids)
             log.error("request %d from %s: %s; answering 500 instead",
@@ -610,12 +614,19 @@ class Worker(Handler):
         except gevent.GreenletExit:
             exchange.cancel()
             return
-        if writer.status is None or writer.status[:1] == "5" or exchange.cancelled:
+        if (writer.status is None or writer.status[:1] == "5"
+                or isinstance(exchange.error, RequestCancelled)):  # (``exchange.cancelled``)
             # A failure teaches nothing: answering 500 fast is no skill.
             self.failed += 1
             return
         assert writer.began is not None  # (the application ran)
-        self._record(rclass, time.perf_counter() - writer.began)
+        elapsed = time.perf_counter() - writer.began
+        self.served += 1
+        self.app_seconds += elapsed
+        assert self.skills is not None
+        new = self.skills.record(rclass, elapsed)
+        if new is not None:
+            self.publish(new)
 
     def _run_app(self, environ: Dict, writer: ResponseWriter,
                  send: Optional[Callable] = None,
@@ -624,14 +635,13 @@ class Worker(Handler):
         """Run the app and send its response.  With ``deferred`` (a pool
         thread), a one-piece body is appended to it instead, for the hub
         to finish: two thread handoffs fewer per request."""
-        send = send or _call
         try:
             result = self.app(environ, start_response or writer.start_response)
         except ZcLbError:
             raise
         except Exception:
             log.exception("application error for %s", environ.get("PATH_INFO"))
-            send(self._error_500, writer)
+            (send or _call)(self._error_500, writer)
             return
         try:
             if type(result) in (list, tuple) and len(result) <= 1:
@@ -639,8 +649,12 @@ class Worker(Handler):
                 if deferred is not None:
                     deferred.append(result[0] if result else b"")
                     return
-                send(writer.finish, result[0] if result else b"")
+                if send is None:  # (in this greenlet: no call through ``_call``)
+                    writer.finish(result[0] if result else b"")
+                else:
+                    send(writer.finish, result[0] if result else b"")
             else:
+                send = send or _call
                 for data in result:
                     if data:
                         send(writer.write, data)
@@ -649,7 +663,7 @@ class Worker(Handler):
             raise
         except Exception:
             log.exception("application error for %s", environ.get("PATH_INFO"))
-            send(self._error_500, writer)
+            (send or _call)(self._error_500, writer)
         finally:
             close = getattr(result, "close", None)
             if close is not None:
@@ -666,12 +680,13 @@ class Worker(Handler):
         if slots is not None:
             slots.acquire()
         writer.began = time.perf_counter()
-        self.loopwatch.serving(environ["REQUEST_METHOD"] + " "  # type: ignore[operator]
-                               + environ["PATH_INFO"])  # type: ignore[operator]
+        # (``loopwatch.serving`` and ``done``, without two calls a request)
+        serving, current = self.loopwatch.requests, gevent.getcurrent()
+        serving[current] = environ["REQUEST_METHOD"] + " " + environ["PATH_INFO"]
         try:
             self._run_app(environ, writer)
         finally:
-            self.loopwatch.done()
+            serving.pop(current, None)
             if slots is not None:
                 slots.release()
 
@@ -750,14 +765,6 @@ class Worker(Handler):
         environ["wsgi.input"] = RequestInput(exchange, ended)
         environ["wsgi.errors"] = sys.stderr
         return environ
-
-    def _record(self, rclass: str, elapsed: float) -> None:
-        self.served += 1
-        self.app_seconds += elapsed
-        assert self.skills is not None
-        new = self.skills.record(rclass, elapsed)
-        if new is not None:
-            self.publish(new)
 
     def publish(self, skills: Optional[Dict[str, float]] = None) -> None:
         """Send the résumé to every LB and save it."""
