@@ -1,4 +1,4 @@
-"""Tests for zc_lb.lb that need no worker: classifying, retry budget, drains."""
+"""Tests for zc_lb.lb: classifying, retry budget, drains, and what it forwards."""
 
 from __future__ import annotations
 
@@ -127,3 +127,47 @@ def test_drain_gives_up_at_its_timeout():
     lb.pool.add("w")
     lb._get_worker("a", "/x")  # never ends
     assert lb.drain(0.1, quiet=0.05) is False
+
+
+def test_past_the_classes_it_counts_the_lb_still_forwards_each_requests_own_class(monkeypatch):
+    # The status counts the first classes by name and the rest as
+    # "other"; the worker is told each request's own class all the same.
+    import gevent.socket
+
+    import zc_lb.lb
+    from zc_lb.http import FrontServer
+    from zc_lb.worker import Worker
+
+    def app(environ, start_response):
+        body = environ["zc_lb.request_class"].encode()
+        start_response("200 OK", [("Content-Length", str(len(body)))])
+        return [body]
+
+    monkeypatch.setattr(zc_lb.lb, "MAX_COUNTED_CLASSES", 2)
+    worker = Worker(app)
+    worker.start()
+    lb = make_lb(get_classifier("host"))
+    lb.set_workers(["%s:%d" % worker.address[:2]])
+    front = FrontServer(("127.0.0.1", 0), lb)
+    front.start()
+    try:
+        assert lb.wait_for_workers(10)
+        bodies = []
+        for host in ("a.example", "b.example", "c.example", "d.example"):
+            sock = gevent.socket.create_connection(front.address)
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n"
+                         % host.encode())
+            data = b""
+            while True:
+                more = sock.recv(65536)
+                if not more:
+                    break
+                data += more
+            sock.close()
+            bodies.append(data.split(b"\r\n\r\n", 1)[1])
+        assert bodies == [b"a.example", b"b.example", b"c.example", b"d.example"]
+        assert lb.class_requests == {"a.example": 1, "b.example": 1, "other": 2}
+    finally:
+        front.stop(timeout=1)
+        lb.stop()
+        worker.stop(timeout=1)

@@ -299,7 +299,10 @@ class ClientConnection:
         result = None
         try:
             result = self.server.application(environ, self.start_response)
-            self._write_result(result)
+            if type(result) is list and len(result) == 1 and not self.headers_sent:
+                self._send_head(result[0], len(result[0]))  # (most: one piece)
+            else:
+                self._write_result(result)
         except ClientGone:
             self.close = True
         except socket.timeout:
@@ -321,7 +324,8 @@ class ClientConnection:
                     result.close()
                 except Exception:
                     log.exception("error closing the response of %s", head.path)
-            self._log()
+            if server.access_log is not None:
+                self._log()
 
     def _stalled(self) -> None:
         """The client took nothing (or sent nothing) for the client timeout:
@@ -356,7 +360,8 @@ class ClientConnection:
         self._send_refusal(status)
         self.error = type(refusal).__name__  # (the access log's %{error}z)
         self.server.count(status, self.error, str(refusal))
-        self._log()
+        if self.server.access_log is not None:
+            self._log()
         self._linger()
 
     def _linger(self) -> None:
@@ -396,9 +401,7 @@ class ClientConnection:
         return self.write
 
     def _write_result(self, result: Any) -> None:
-        if type(result) is list and len(result) == 1 and not self.headers_sent:
-            self._send_head(result[0], len(result[0]))
-            return
+        """A result of several pieces (``_serve`` sends one of one itself)."""
         for data in result:
             if data:
                 self.write(data)
@@ -503,10 +506,10 @@ class ClientConnection:
         self.response_length += body_bytes
 
     def _log(self) -> None:
+        """The request's access log line (the server has an access log)."""
         access_log = self.server.access_log
-        if access_log is not None:
-            self.time_finish = time.time()
-            access_log.write(access_log.format.format(self) + "\n")
+        self.time_finish = time.time()
+        access_log.write(access_log.format.format(self) + "\n")
 
 
 class Input:

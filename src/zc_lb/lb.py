@@ -582,15 +582,20 @@ class LB(LinkEvents):
     def _forward(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         rclass, key = self._classify(environ)
         environ["zc_lb.class"] = rclass  # for the access log, as are the zc_lb.* below
-        name = "" if rclass is None else rclass
+        name = request_class = "" if rclass is None else rclass
         classes = self.class_requests
         count = classes.get(name)
         if count is None and len(classes) >= MAX_COUNTED_CLASSES:
             name, count = OTHER_CLASS, classes.get(OTHER_CLASS)
         classes[name] = (count or 0) + 1
-        has_body = _has_body(environ, self.max_request_body)
+        has_body = (("CONTENT_LENGTH" in environ or "HTTP_TRANSFER_ENCODING" in environ)
+                    and _has_body(environ, self.max_request_body))  # (most have neither)
         retryable = not has_body and environ["REQUEST_METHOD"] in RETRY_METHODS
-        forwarded = _forwarded_environ(environ, "" if rclass is None else rclass)
+        forwarded = environ.get("zc_lb.forward")  # (the front server's: see _forwarded_environ)
+        if forwarded is not None:
+            forwarded["zc_lb.request_class"] = request_class
+        else:
+            forwarded = _forwarded_environ(environ, request_class)
         for attempt in range(self.max_retries + 1):
             connection = self._get_worker(rclass, key)
             placed = self.pool.placed  # (``get`` has just set it: no switch since)
@@ -745,7 +750,10 @@ class LB(LinkEvents):
                start_response: Callable) -> Optional[int]:
         """Start the client's response; the body length to hold the worker to."""
         code = response.status[:3]
-        self._outcome(connection, ok=code[0] != "5")
+        if code[0] != "5":
+            self.ejector.success(connection.peer)  # (``_outcome``, without its call)
+        else:
+            self._outcome(connection, ok=False)
         key = (connection.peer, code[0] + "xx")
         self.worker_counts[key] = self.worker_counts.get(key, 0) + 1
         bodiless = code in BODILESS_STATUS or environ["REQUEST_METHOD"] == "HEAD"
