@@ -237,7 +237,10 @@ class Exchange:
         self._waiter = waiter if other is None else (
             other + [waiter] if type(other) is list else [other, waiter])
         try:
-            wait(waiter, timeout, gevent.Timeout, timeout)
+            if timeout is None:
+                waiter.get()  # (most waits: ``wait`` without its call)
+            else:
+                wait(waiter, timeout, gevent.Timeout, timeout)
         finally:
             waiting = self._waiter
             if waiting is waiter:
@@ -263,7 +266,12 @@ class Exchange:
     def _received(self, event: protocol.Message) -> None:
         if type(event) is not Credit:
             self.inbox.append(event)
-        self._wake()
+        waiting = self._waiter
+        if waiting is not None and type(waiting) is not list:  # (``_wake``, inlined)
+            self._waiter = None
+            get_hub().loop.run_callback(waiting.switch, None)
+        elif waiting is not None:
+            self._wake()
 
     def _cancelled_by_peer(self) -> None:
         if self.error is None:
