@@ -139,8 +139,12 @@ def test_a_site_classifier_that_blocks_is_logged_once_and_moved_to_threads(caplo
     # A 20 ms classifier cut an LB from about 1,560 requests/s to 69.
     import gevent
 
-    classify = get_classifier("test_classifier:slow_classifier")
-    assert classify({}) == "slow" and classify.pool is None  # fast: inline
+    for _ in range(5):  # (a fast call preempted past 5 ms on a busy machine reads slow)
+        classify = get_classifier("test_classifier:slow_classifier")
+        if classify({}) == "slow" and classify.pool is None:  # fast: inline
+            break
+        caplog.clear()
+    assert classify.pool is None
     assert classify({"SLEEP": "0.02"}) == "slow" and classify.pool is not None
     logged = [r.getMessage() for r in caplog.records if "blocking" in r.getMessage()]
     assert len(logged) == 1 and "test_classifier:slow_classifier took" in logged[0]
