@@ -172,12 +172,6 @@ class ResponseWriter:
         self.began: Optional[float] = None  # perf_counter() when the app began
         self.refused = False  # its head was too large: a 500 went instead
 
-    def _elapsed(self) -> Optional[float]:
-        """The application's seconds until its response starts: the LB
-        learns from it what a key's cached data buys (``locality.py``)."""
-        began = self.began
-        return None if began is None else time.perf_counter() - began
-
     def start_response(self, status, headers, exc_info=None):
         start_again(exc_info, self.started, self.status is not None)
         self.status = status
@@ -227,10 +221,13 @@ class ResponseWriter:
         was refused as too large for a frame and a 500 went instead (the
         request alone fails: the connection and its other requests go on)."""
         exchange = self.exchange
-        began = self.began  # (``_elapsed``, without a call a request)
+        # The application's seconds until its response starts: the LB learns
+        # from them what a key's cached data buys (``locality.py``).
+        began = self.began
+        elapsed = None if began is None else time.perf_counter() - began
         try:
             exchange.respond(self.status, self.headers, body, end,  # type: ignore[arg-type]
-                             None if began is None else time.perf_counter() - began)
+                             elapsed)
             return True
         except BadResponseHead as exc:  # (too large, or one HTTP forbids)
             log.error("request %d from %s: %s; answering 500 instead",
@@ -238,7 +235,7 @@ class ResponseWriter:
         self.refused = True
         self.status = "500 Internal Server Error"
         self.headers = [("Content-Type", "text/html"), ("Content-Length", str(len(ERROR_500)))]
-        exchange.respond(self.status, self.headers, ERROR_500, True, self._elapsed())
+        exchange.respond(self.status, self.headers, ERROR_500, True, elapsed)
         return False
 
 
