@@ -91,8 +91,9 @@ give a new member its share of the keys.  Several LBs keep
 different books, so they go by rendezvous alone and still agree.  The
 children of one ``--processes`` are not several LBs: they keep one book
 of where keys went and one record of each class's last recruit in
-shared memory, and count each other's requests in flight
-(``siblings.py``, ``share_with``), so they route as this one LB.
+shared memory, and count each other's requests in flight and measures
+of locality (``siblings.py``, ``share_with``), so they route as this
+one LB.
 
 Spill.  When no member is under the cap, the request goes, as in the
 published algorithm, to the best skilled worker under the cap, unless
@@ -872,8 +873,9 @@ class AffinityPool(Pool):
         score = min(skilled.values()) if skilled else self.unskilled_score
         worker = self._ring_recruit(rclass, skilled) if self.lbs > 1 else None
         siblings = self.siblings
+        class_hash = 0 if siblings is None else stable_hash(rclass)
         if worker is None and siblings is not None:
-            recruit = self._by_hash.get(siblings.recruited(stable_hash(rclass)))
+            recruit = self._by_hash.get(siblings.recruited(class_hash))
             if recruit is not None and recruit not in skilled and not (
                     busiest and recruit in self.starting):
                 worker = recruit
@@ -887,7 +889,7 @@ class AffinityPool(Pool):
             if worker is None:
                 return
         if siblings is not None:
-            siblings.recruit(stable_hash(rclass), siblings.worker_hash(worker.name))
+            siblings.recruit(class_hash, siblings.worker_hash(worker.name))
         skilled[worker] = worker.resume[rclass] = score
         self.relearning.fresh(worker, rclass)
         self.skills_version += 1
