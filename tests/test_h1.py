@@ -4,6 +4,8 @@ request records it hands out.  The grammar case by case is the corpus
 
 import pytest
 
+from corpus import CASES, request_bytes
+
 from zc_lb.errors import ClientGone
 from zc_lb.errors import BadResponseHead
 from zc_lb.h1 import MAX_TARGET, RequestReader, check_response
@@ -151,3 +153,83 @@ def test_statuses_and_names_found_valid_are_remembered_apart_and_within_a_bound(
         with pytest.raises(BadResponseHead):
             check_response("200 OK", [("X-A", value)])
     check_response("200 OK", [("X-A", "tab\there, and \xa0 or \x85 as before")])
+
+
+def _outcome(requests, reader):
+    """What a reader made of a request, for comparing two ways of reading it."""
+    found = []
+    for request in requests:
+        head = request.head
+        found.append(None if head is None else (
+            head.method, head.path, head.version, head.fields, head.content_length,
+            head.chunked, head.close, request.complete, request.expect_continue))
+        found.append(None if request.refusal is None else (
+            type(request.refusal), request.refusal.http_status, str(request.refusal)))
+    return found, reader.broken
+
+
+SIMPLE_VARIANTS = [
+    b"GET / HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"GET / HTTP/1.0\r\n\r\n",
+    b"HEAD /x?y=1&z HTTP/1.1\r\nHost: a:80\r\nX-A:v\r\nX-B:   spaced  value  \r\nX-C:\r\n\r\n",
+    b"DELETE http://other:8080/p?q HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"GET * HTTP/1.1\r\nHost: a\r\n\r\n",  # asterisk-form with GET: 400
+    b"GET / HTTP/1.1\r\n\r\n",  # no Host: 400
+    b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n",
+    b"GET /%zz HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"GET /a#frag HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close, x-a\r\nX-A: 1\r\n\r\n",
+    b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: a\r\nRange: a\r\nRange: b\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: a\r\nRange: a\r\nrange: a\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n",
+    b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n",
+    b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
+    b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: a\r\nX_A: underscore\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: a\r\nX-A : space\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: a\r\nX-A: tab\there\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: a\r\nX-A: del\x7f\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: a\r\nX-A: obs\xe9text\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: a\r\n folded\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: a\r\nno colon\r\n\r\n",
+    b"GET  / HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"GET / HTTP/1.2\r\nHost: a\r\n\r\n",
+    b"GET / HTTP/2.0\r\nHost: a\r\n\r\n",
+    b"get / HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"GET /\x01 HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: a\r\n" + b"".join(b"X-%d: v\r\n" % i for i in range(101)) + b"\r\n",
+]
+
+
+@pytest.mark.parametrize("data", [request_bytes(case) for case in CASES] + SIMPLE_VARIANTS)
+def test_a_head_read_whole_is_what_llhttp_makes_of_it_in_pieces(data):
+    """A head that comes whole in one read may be read without llhttp
+    (``RequestReader._simple``); it must come out exactly as llhttp's
+    reading makes it, fed the same bytes in two pieces, whatever it is."""
+    whole = _outcome(*read(data))
+    assert whole == _outcome(*read(data[:-1], data[-1:]))
+    assert whole == _outcome(*read(data[:3], data[3:]))
+
+
+def test_the_simple_way_reads_the_commonest_heads():
+    """Not a test of what comes out (the one above is), but that the
+    quick way is taken where it should be, and not where it should not:
+    llhttp's parser, fresh, says DELETE (method 0) until it parses a head."""
+    def llhttp_read(data):
+        reader = RequestReader()
+        reader.receive_data(data)
+        assert reader.next_request() is not None
+        return reader._parser.get_method() == data.split(b" ")[0]
+
+    simple = [SIMPLE_VARIANTS[i].replace(b"GET", b"HEAD", 1) for i in (0, 1, 2, 4)]
+    assert not any(llhttp_read(data) for data in simple)
+    assert llhttp_read(SIMPLE_VARIANTS[0].replace(b"GET", b"HEAD") * 2)  # two in one read
+    assert llhttp_read(b"HEAD / HTTP/1.1\r\nHost: a\r\nX-A: tab\there\r\n\r\n")
+    assert llhttp_read(b"HEAD / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n")
