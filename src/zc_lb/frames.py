@@ -549,7 +549,9 @@ def _decode_ready_response(max_message: int, max_body: int, rno: int,
     size = READY_PREFIX.size
     if len(payload) < size:
         raise RemoteProtocolError("ready response of %d bytes, without its prefix" % len(payload))
-    flags, length, elapsed, head_size = READY_PREFIX.unpack_from(payload)
+    # (Typed, so that compiled code compares them natively.)
+    prefix: Tuple[int, int, float, int] = READY_PREFIX.unpack_from(payload)
+    flags, length, elapsed, head_size = prefix
     start = size + head_size
     if start > len(payload) or head_size > max_message or len(payload) - start > max_body:
         raise RemoteProtocolError("ready response with a %d-byte head in %d bytes, over the "
@@ -558,10 +560,10 @@ def _decode_ready_response(max_message: int, max_body: int, rno: int,
     head = payload[size:start]
     framed = READY_HEAD.fullmatch(head)
     if (framed is None or length < -1 or flags & ~READY_END
-            or not (elapsed == -1.0 or 0 <= elapsed < MAX_ELAPSED)):
+            or not (elapsed == -1.0 or 0.0 <= elapsed < MAX_ELAPSED)):
         raise RemoteProtocolError("malformed ready response head %r" % head[:200])
     status = framed.group(1).decode("latin-1")
-    return Response(rno, status, [], payload[start:], bool(flags),
+    return Response(rno, status, [], payload[start:], flags != 0,
                     None if elapsed == -1.0 else elapsed, head, None if length == -1 else length)
 
 
@@ -613,6 +615,7 @@ class Decoder:
         self._pos = 0
         self._error: Optional[RemoteProtocolError] = None
         self._rno = 0  # the request number of the frame being decoded
+        self._max_message, self._max_body = max_message, max_body
         self._decoders = dict(_DECODERS)
         self._decoders[WHOLE_RESPONSE] = functools.partial(_decode_whole_response,
                                                            max_message, max_body)
@@ -657,7 +660,9 @@ class Decoder:
         if len(buf) - pos < HEADER_SIZE:
             self._compact()
             return NEED_DATA
-        rno, mtype, length = HEADER.unpack_from(buf, pos)
+        # (Typed, so that compiled code compares them natively.)
+        header: Tuple[int, int, int] = HEADER.unpack_from(buf, pos)
+        rno, mtype, length = header
         self._rno = rno
         limit = self._limits.get(mtype)
         if limit is None:
@@ -682,6 +687,11 @@ class Decoder:
                 payload = bytes(view[pos + HEADER_SIZE:end])
         self._pos = end
         try:
+            # (The commonest two called directly: compiled, a native call.)
+            if mtype == READY_RESPONSE:
+                return _decode_ready_response(self._max_message, self._max_body, rno, payload)
+            if mtype == WHOLE_REQUEST:
+                return _decode_whole_request(rno, payload)
             return self._decoders[mtype](rno, payload)
         except RemoteProtocolError:
             raise
