@@ -42,15 +42,15 @@ from __future__ import annotations
 import hashlib
 import importlib
 import re
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Final, Optional
 
 from .errors import ConfigurationError
 
 Classifier = Callable[[Dict[str, object]], Optional[str]]
 KeyFunction = Callable[[Dict[str, object]], Optional[str]]
 
-MAX_CLASS = 256  # characters (a DNS name has at most 253)
-CLASS_HASH = 16  # hex digits of the hash that ends a class cut short
+MAX_CLASS: Final = 256  # characters (a DNS name has at most 253)
+CLASS_HASH: Final = 16  # hex digits of the hash that ends a class cut short
 
 
 def bounded_class(rclass: str) -> str:

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from typing import Dict, Iterable, List, Optional, Union
+from typing import Dict, Final, Iterable, List, Optional, Union
 
 from .errors import ConfigurationError
 
-HEADERS = ("for", "proto", "host", "request-id")
+HEADERS: Final = ("for", "proto", "host", "request-id")
 Network = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
 
 
@@ -103,7 +103,7 @@ class Forwarding:
             variables["HTTP_X_REQUEST_ID"] = _RANDOM.request_id()
 
 
-RANDOM_BATCH = 4096  # bytes drawn from the OS at once: 256 request ids
+RANDOM_BATCH: Final = 4096  # bytes drawn from the OS at once: 256 request ids
 
 
 class _Randomness:

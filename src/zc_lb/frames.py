@@ -59,7 +59,7 @@ import math
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, Final, List, Optional, Tuple, Union
 
 import orjson
 from mypy_extensions import mypyc_attr
@@ -67,37 +67,37 @@ from mypy_extensions import mypyc_attr
 from .errors import (LocalProtocolError, MessageTooLarge, RemoteProtocolError,
                      ResponseHeadTooLarge)
 
-VERSION = 1
-WINDOW = 256 * 1024  # body bytes each side may send a request ahead, at the start
-WIDE_WINDOW = 1024 * 1024  # a large body's, granted as Credit (``protocol.widen``)
-MAX_BODY = 256 * 1024
-MAX_MESSAGE = 256 * 1024
-MAX_RESUME = 64 * 1024 * 1024
-MAX_RNO = 2**32 - 1
-COMPACT_AT = 64 * 1024  # decoded bytes kept at the buffer's head at most
-COPY_ONCE_AT = 4096  # payloads from this size are copied out through a memoryview
+VERSION: Final = 1
+WINDOW: Final = 256 * 1024  # body bytes each side may send a request ahead, at the start
+WIDE_WINDOW: Final = 1024 * 1024  # a large body's, granted as Credit (``protocol.widen``)
+MAX_BODY: Final = 256 * 1024
+MAX_MESSAGE: Final = 256 * 1024
+MAX_RESUME: Final = 64 * 1024 * 1024
+MAX_RNO: Final = 2**32 - 1
+COMPACT_AT: Final = 64 * 1024  # decoded bytes kept at the buffer's head at most
+COPY_ONCE_AT: Final = 4096  # payloads from this size are copied out through a memoryview
 
-HEADER = struct.Struct("!IBI")
-HEADER_SIZE = HEADER.size
-CREDIT_PAYLOAD = struct.Struct("!I")
-HEAD_LENGTH = struct.Struct("!I")  # of the status and headers in a WHOLE_RESPONSE
+HEADER: Final = struct.Struct("!IBI")
+HEADER_SIZE: Final = HEADER.size
+CREDIT_PAYLOAD: Final = struct.Struct("!I")
+HEAD_LENGTH: Final = struct.Struct("!I")  # of the status and headers in a WHOLE_RESPONSE
 
-WHOLE = "whole"  # the Hello feature: whole requests and responses in one frame
-TIMING = "timing"  # the Hello feature: a response head says the app's seconds
-READY = "ready"  # the Hello feature: response heads ready for the client
-FEATURES = (WHOLE, TIMING)  # what either side takes beyond version 1
-LB_FEATURES = FEATURES + (READY,)  # what an LB takes: ready heads too
-WHOLE_REQUEST = 16  # Request and End
-WHOLE_RESPONSE = 17  # Response, Body and End
-READY_RESPONSE = 18  # Response with a ready head, perhaps Body, perhaps End
-READY_PREFIX = struct.Struct("!BqdI")  # flags, Content-Length, elapsed, head length
-READY_START = struct.Struct("!IBIBqdI")  # HEADER and READY_PREFIX, packed at once
-MAX_ELAPSED = 1e9  # seconds: a response time past it is malformed
-READY_END = 1  # the flag: the response ends with this frame
+WHOLE: Final = "whole"  # the Hello feature: whole requests and responses in one frame
+TIMING: Final = "timing"  # the Hello feature: a response head says the app's seconds
+READY: Final = "ready"  # the Hello feature: response heads ready for the client
+FEATURES: Final = (WHOLE, TIMING)  # what either side takes beyond version 1
+LB_FEATURES: Final = FEATURES + (READY,)  # what an LB takes: ready heads too
+WHOLE_REQUEST: Final = 16  # Request and End
+WHOLE_RESPONSE: Final = 17  # Response, Body and End
+READY_RESPONSE: Final = 18  # Response with a ready head, perhaps Body, perhaps End
+READY_PREFIX: Final = struct.Struct("!BqdI")  # flags, Content-Length, elapsed, head length
+READY_START: Final = struct.Struct("!IBIBqdI")  # HEADER and READY_PREFIX, packed at once
+MAX_ELAPSED: Final = 1e9  # seconds: a response time past it is malformed
+READY_END: Final = 1  # the flag: the response ends with this frame
 # A ready head's framing (the worker checked its fields): an HTTP/1.1
 # status line, then lines that each end in CRLF, with no bare CR or LF
 # and no empty line, which would end the head early.
-READY_HEAD = re.compile(rb"HTTP/1\.1 ([0-9]{3}[^\r\n]*)\r\n(?:[^\r\n]+\r\n)*")  # (the status)
+READY_HEAD: Final = re.compile(rb"HTTP/1\.1 ([0-9]{3}[^\r\n]*)\r\n(?:[^\r\n]+\r\n)*")  # the status
 
 
 # -- messages -----------------------------------------------------------
@@ -238,13 +238,13 @@ ConnectionMessage = Union[Hello, Auth, Resume, Ping, Pong, GoAway]
 RequestMessage = Union[Request, Body, End, Response, Cancel, Credit]
 Message = Union[ConnectionMessage, RequestMessage]
 
-CONNECTION_TYPES: Dict[int, type] = {
+CONNECTION_TYPES: Final[Dict[int, type]] = {
     cls.TYPE: cls for cls in (Hello, Auth, Resume, Ping, Pong, GoAway)
 }
-REQUEST_TYPES: Dict[int, type] = {
+REQUEST_TYPES: Final[Dict[int, type]] = {
     cls.TYPE: cls for cls in (Request, Body, End, Response, Cancel, Credit)
 }
-FRAME_NAMES: Dict[int, str] = {mtype: cls.__name__
+FRAME_NAMES: Final[Dict[int, str]] = {mtype: cls.__name__
                                for mtype, cls in {**CONNECTION_TYPES, **REQUEST_TYPES}.items()}
 FRAME_NAMES.update({WHOLE_REQUEST: "whole Request", WHOLE_RESPONSE: "whole Response",
                     READY_RESPONSE: "ready Response"})
@@ -257,7 +257,7 @@ class NeedData:
         return "NEED_DATA"
 
 
-NEED_DATA = NeedData()
+NEED_DATA: Final = NeedData()
 
 
 # -- encoding -----------------------------------------------------------

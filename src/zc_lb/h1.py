@@ -41,7 +41,7 @@ import collections
 import re
 import time
 from email.utils import formatdate
-from typing import Any, Deque, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Deque, Dict, Final, Iterable, List, Optional, Tuple
 from urllib.parse import unquote_to_bytes
 
 import httptools
@@ -50,13 +50,13 @@ from .errors import BadRequest, BadResponseHead, ClientError, ClientGone, Reques
 from .httpparse import (HOP_BY_HOP, MAX_FIELD_LINE, MAX_FIELDS, MAX_HEAD, TARGET,
                         RequestHead, check_head, check_trailer, matches)
 
-REQUEST_LINE_EXTRA = len(b"  HTTP/1.1\r\n")  # what a request line adds to method and target
-MAX_TARGET = 8190  # a request line over 8 KiB is 414, as nginx and pywsgi have it
-MAX_ENVIRON_KEYS = 4096  # header names whose environ key is remembered
+REQUEST_LINE_EXTRA: Final = len(b"  HTTP/1.1\r\n")  # what a request line adds to method and target
+MAX_TARGET: Final = 8190  # a request line over 8 KiB is 414, as nginx and pywsgi have it
+MAX_ENVIRON_KEYS: Final = 4096  # header names whose environ key is remembered
 # A head of the commonest shape is read without llhttp (``_simple``):
-SIMPLE_METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"))
-SIMPLE_VERSIONS = frozenset(("HTTP/1.1", "HTTP/1.0"))
-MAX_SIMPLE = 8190  # bytes: within every limit on a head, its target and its field lines
+SIMPLE_METHODS: Final = frozenset(("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"))
+SIMPLE_VERSIONS: Final = frozenset(("HTTP/1.1", "HTTP/1.0"))
+MAX_SIMPLE: Final = 8190  # bytes: within every limit on a head, its target and its field lines
 
 
 class Request:
@@ -290,7 +290,7 @@ def _version(version: str) -> str:
 # -- the environ ------------------------------------------------------------
 
 # The environ keys of the fields about one hop (RFC 9110 7.6.1).
-HOP_BY_HOP_KEYS = frozenset(
+HOP_BY_HOP_KEYS: Final = frozenset(
     "HTTP_" + name.upper().replace("-", "_") for name in HOP_BY_HOP) | {"HTTP_PROXY_CONNECTION"}
 _ENVIRON_KEYS: Dict[str, Optional[str]] = {
     "content-type": "CONTENT_TYPE", "content-length": "CONTENT_LENGTH"}
@@ -351,15 +351,15 @@ def request_variables(forward: dict, head: RequestHead) -> Optional[Dict[str, st
 
 # Statuses whose responses never have a body (RFC 9110 6.4.1), and the
 # reason phrases of those the front and the LB answer themselves.
-BODILESS_STATUS = frozenset(("204", "304")) | {"1%02d" % n for n in range(100)}
-REASONS = {400: "Bad Request", 408: "Request Timeout", 413: "Request Entity Too Large",
+BODILESS_STATUS: Final = frozenset(("204", "304")) | {"1%02d" % n for n in range(100)}
+REASONS: Final = {400: "Bad Request", 408: "Request Timeout", 413: "Request Entity Too Large",
            414: "URI Too Long", 431: "Request Header Fields Too Large",
            500: "Internal Server Error", 501: "Not Implemented", 502: "Bad Gateway",
            503: "Service Unavailable", 504: "Gateway Timeout",
            505: "HTTP Version Not Supported"}
-STATUS = re.compile(r"[1-9][0-9][0-9] [^\x00-\x08\x0a-\x1f\x7f]*\Z")
-FIELD_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
-FIELD_VALUE_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+STATUS: Final = re.compile(r"[1-9][0-9][0-9] [^\x00-\x08\x0a-\x1f\x7f]*\Z")
+FIELD_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+FIELD_VALUE_BAD: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 def start_again(exc_info, started: bool, status_set: bool) -> None:

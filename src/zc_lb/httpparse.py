@@ -51,40 +51,40 @@ Decisions (README.rst, "The HTTP front", says the same to operators):
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Final, List, Optional, Tuple
 
 from .errors import BadRequest
 
-MAX_FIELDS = 100
-MAX_FIELD_LINE = 8190
-MAX_HEAD = 64 * 1024  # twice this (JSON escapes) fits protocol.MAX_MESSAGE
+MAX_FIELDS: Final = 100
+MAX_FIELD_LINE: Final = 8190
+MAX_HEAD: Final = 64 * 1024  # twice this (JSON escapes) fits protocol.MAX_MESSAGE
 
-TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
-TARGET = re.compile(rb"[\x21-\x7e]+\Z")
-BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
-ABSOLUTE = re.compile(rb"([A-Za-z][A-Za-z0-9+.\-]*)://([^/?#]*)(.*)\Z", re.S)
-HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(:[0-9]*)?\Z")
-DIGITS = re.compile(r"[0-9]+\Z")
-HUGE = 10**18  # a longer Content-Length is only ever too large (413)
-PROTECTED = frozenset(("host", "content-length", "transfer-encoding"))
+TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+TARGET: Final = re.compile(rb"[\x21-\x7e]+\Z")
+BAD_PERCENT: Final = re.compile(r"%(?![0-9A-Fa-f]{2})")
+ABSOLUTE: Final = re.compile(rb"([A-Za-z][A-Za-z0-9+.\-]*)://([^/?#]*)(.*)\Z", re.S)
+HOST: Final = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(:[0-9]*)?\Z")
+DIGITS: Final = re.compile(r"[0-9]+\Z")
+HUGE: Final = 10**18  # a longer Content-Length is only ever too large (413)
+PROTECTED: Final = frozenset(("host", "content-length", "transfer-encoding"))
 # Fields with one value (RFC 9110 5.3): sent twice with different values,
 # the request is refused (the worker would read one, a cache another).
-SINGLETONS = frozenset((
+SINGLETONS: Final = frozenset((
     "content-type", "content-location", "content-range", "authorization",
     "proxy-authorization", "if-modified-since", "if-unmodified-since", "if-range",
     "max-forwards", "range", "referer", "user-agent", "from", "date"))
-CHECKED = frozenset(("host", "connection", "upgrade", "content-length",
+CHECKED: Final = frozenset(("host", "connection", "upgrade", "content-length",
                      "transfer-encoding")) | SINGLETONS
 # Fields a chunked trailer may not hold (RFC 9110 6.5.1): framing, routing,
 # authentication, request modifiers, content format.
-NOT_IN_TRAILERS = frozenset((
+NOT_IN_TRAILERS: Final = frozenset((
     "host", "content-length", "transfer-encoding", "content-type", "content-encoding",
     "content-range", "trailer", "te", "expect", "connection", "upgrade", "authorization",
     "proxy-authorization", "cookie", "range", "if-match", "if-none-match",
     "if-modified-since", "if-unmodified-since", "if-range", "max-forwards", "cache-control"))
-UPGRADES = frozenset(("CONNECT",))
+UPGRADES: Final = frozenset(("CONNECT",))
 # Headers about one hop, never forwarded (RFC 9110 7.6.1).
-HOP_BY_HOP = frozenset((
+HOP_BY_HOP: Final = frozenset((
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
     "te", "trailer", "trailers", "transfer-encoding", "upgrade",
 ))
@@ -200,7 +200,7 @@ def _check_host(head: RequestHead, authority: Optional[str], hosts: List[str]) -
         raise BadRequest("invalid Host %r" % hosts[0][:100])
 
 
-MAX_VALID = 1024  # texts a memory of valid ones keeps (``matches``)
+MAX_VALID: Final = 1024  # texts a memory of valid ones keeps (``matches``)
 _VALID_HOSTS: Dict[str, bool] = {}  # a site has a few
 
 

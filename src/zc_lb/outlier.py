@@ -25,14 +25,14 @@ ejection, which compares workers with each other, is not done here.
 
 from __future__ import annotations
 
-from typing import Dict, Hashable, List
+from typing import Dict, Final, Hashable, List
 
 from .settings import LB_SETTINGS
 
-DEFAULT_CONSECUTIVE = LB_SETTINGS["eject_after"].default
-DEFAULT_BASE_TIME = LB_SETTINGS["eject_time"].default
-DEFAULT_MAX_TIME = 10 * DEFAULT_BASE_TIME  # as the command line sets it
-DEFAULT_MAX_SHARE = LB_SETTINGS["max_ejected"].default
+DEFAULT_CONSECUTIVE: Final = LB_SETTINGS["eject_after"].default
+DEFAULT_BASE_TIME: Final = LB_SETTINGS["eject_time"].default
+DEFAULT_MAX_TIME: Final = 10 * DEFAULT_BASE_TIME  # as the command line sets it
+DEFAULT_MAX_SHARE: Final = LB_SETTINGS["max_ejected"].default
 
 
 class _Record:

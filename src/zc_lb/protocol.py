@@ -38,7 +38,7 @@ import hashlib
 import hmac
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple, Type, Union
+from typing import Dict, Final, List, Optional, Tuple, Type, Union
 
 from mypy_extensions import mypyc_attr
 
@@ -132,20 +132,27 @@ def check_auth(secret: bytes, ours: Hello, theirs: Hello, auth: Auth) -> None:
 
 # -- one request's state ------------------------------------------------
 
-IDLE, OPEN, DONE, CANCELLED = "IDLE", "OPEN", "DONE", "CANCELLED"
-START, BODY, END, CANCEL, CREDIT = "start", "body", "end", "cancel", "credit"
+IDLE: Final = "IDLE"
+OPEN: Final = "OPEN"
+DONE: Final = "DONE"
+CANCELLED: Final = "CANCELLED"
+START: Final = "start"
+BODY: Final = "body"
+END: Final = "end"
+CANCEL: Final = "cancel"
+CREDIT: Final = "credit"
 
 # One direction of a request: state -> what happens -> next state.  START
 # is the Request one way and the Response the other; CREDIT is credit for
 # this direction's body, which travels the other way; CANCEL, from either
 # side, ends both directions.
-DIRECTION: Dict[str, Dict[str, str]] = {
+DIRECTION: Final[Dict[str, Dict[str, str]]] = {
     IDLE: {START: OPEN, CREDIT: IDLE, CANCEL: CANCELLED},
     OPEN: {BODY: OPEN, END: DONE, CREDIT: OPEN, CANCEL: CANCELLED},
     DONE: {CREDIT: DONE, CANCEL: CANCELLED},
     CANCELLED: {},
 }
-ENDED = (DONE, CANCELLED)
+ENDED: Final = (DONE, CANCELLED)
 
 
 class Stream:
@@ -184,9 +191,12 @@ class Stream:
 
 # -- the connection -----------------------------------------------------
 
-HANDSHAKE, AUTHENTICATING, OPEN_PHASE, CLOSING, CLOSED = (
-    "handshake", "authenticating", "open", "closing", "closed")
-HANDSHAKE_LIMIT = 1024  # payload bytes of a Hello or Auth: nothing more before it
+HANDSHAKE: Final = "handshake"
+AUTHENTICATING: Final = "authenticating"
+OPEN_PHASE: Final = "open"
+CLOSING: Final = "closing"
+CLOSED: Final = "closed"
+HANDSHAKE_LIMIT: Final = 1024  # payload bytes of a Hello or Auth: nothing more before it
 
 
 @mypyc_attr(native_class=False)
