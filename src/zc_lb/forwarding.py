@@ -128,5 +128,5 @@ class _Randomness:
         self.drawn, self.used = b"", 0
 
 
-_RANDOM = _Randomness()
+_RANDOM: Final = _Randomness()
 os.register_at_fork(after_in_child=_RANDOM.forget)

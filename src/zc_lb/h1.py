@@ -292,7 +292,7 @@ def _version(version: str) -> str:
 # The environ keys of the fields about one hop (RFC 9110 7.6.1).
 HOP_BY_HOP_KEYS: Final = frozenset(
     "HTTP_" + name.upper().replace("-", "_") for name in HOP_BY_HOP) | {"HTTP_PROXY_CONNECTION"}
-_ENVIRON_KEYS: Dict[str, Optional[str]] = {
+_ENVIRON_KEYS: Final[Dict[str, Optional[str]]] = {
     "content-type": "CONTENT_TYPE", "content-length": "CONTENT_LENGTH"}
 
 
@@ -393,8 +393,8 @@ def check_response(status: object, headers: Iterable[Any]) -> None:
 
 # The statuses and the field names found valid (``matches``): apart, as a
 # status is no field name.
-_VALID_STATUS: Dict[str, bool] = {}
-_VALID_NAMES: Dict[str, bool] = {}
+_VALID_STATUS: Final[Dict[str, bool]] = {}
+_VALID_NAMES: Final[Dict[str, bool]] = {}
 
 
 def response_head(status: str, headers: List[Tuple[str, str]],
@@ -447,7 +447,7 @@ def _content_length(value: str, before: Optional[int]) -> int:
     return length
 
 
-_date_cache = [0, b""]
+_date_cache: Final[List[Any]] = [0, b""]
 
 
 def date_line() -> bytes:

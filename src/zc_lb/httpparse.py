@@ -201,7 +201,7 @@ def _check_host(head: RequestHead, authority: Optional[str], hosts: List[str]) -
 
 
 MAX_VALID: Final = 1024  # texts a memory of valid ones keeps (``matches``)
-_VALID_HOSTS: Dict[str, bool] = {}  # a site has a few
+_VALID_HOSTS: Final[Dict[str, bool]] = {}  # a site has a few
 
 
 def matches(pattern: "re.Pattern[str]", text: str, valid: Dict[str, bool]) -> bool:
