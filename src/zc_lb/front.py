@@ -127,11 +127,27 @@ class ClientConnection:
         request: object = reader.next_request()  # (or PARKED, below)
         if request is not None or reader.broken:
             return request
+        drained = False
         waiting = self.server.waiting
+        if (self._raw_recv is not None and not first and not reader.in_head
+                and self not in waiting):  # (not one resumed from parking: see below)
+            # Between requests the next is often here already (a busy
+            # client): read it without the wait's bookkeeping.
+            try:
+                data = self._raw_recv(RECV_SIZE)
+            except BlockingIOError:
+                drained = True  # (the wait below starts by waiting, not reading)
+            except OSError:
+                return None
+            else:
+                reader.receive_data(data)
+                request = reader.next_request()
+                if request is not None or reader.broken or not data:
+                    return request
         if self not in waiting:  # (one resumed from parking is there since it parked)
             waiting[self] = time.monotonic()  # (the oldest may be evicted for a newcomer)
         try:
-            request = self._wait_for_request(first)
+            request = self._wait_for_request(first, drained)
         except BaseException:
             waiting.pop(self, None)
             raise
@@ -139,7 +155,8 @@ class ClientConnection:
             waiting.pop(self, None)
         return request
 
-    def _wait_for_request(self, first: bool) -> Any:
+    def _wait_for_request(self, first: bool, drained: bool = False) -> Any:
+        """``drained``: the socket was just found empty."""
         reader, server = self.reader, self.server
         header_timeout, client_timeout = server.header_timeout, server.client_timeout
         park_after = server.park_after
@@ -158,7 +175,7 @@ class ClientConnection:
             park = (deadline is None and not reader.in_head and self._raw_recv is not None
                     and (timeout is None or timeout > park_after))
             try:
-                data = self._recv(park_after if park else timeout)
+                data = self._recv(park_after if park else timeout, drained)
             except socket.timeout:
                 if deadline is not None and time.monotonic() >= deadline:
                     return self._head_timeout(header_timeout)
@@ -169,6 +186,7 @@ class ClientConnection:
                 return None
             if self.evicted:
                 return self._evict()
+            drained = False
             reader.receive_data(data)
             request = reader.next_request()
             if request is not None or reader.broken or not data:
@@ -208,11 +226,13 @@ class ClientConnection:
         self.server.waiting.pop(self, None)
         self.server.ended(self.sock)
 
-    def _recv(self, timeout: Optional[float]) -> bytes:
-        """``sock.recv`` within ``timeout`` seconds (socket.timeout past it).
-        gevent's own made a Timeout object for every wait, and changing
-        the socket's timeout for the wait cost as much again; here a
-        wait is a timer on the loop.  (A TLS socket reads through gevent.)"""
+    def _recv(self, timeout: Optional[float], drained: bool = False) -> bytes:
+        """``sock.recv`` within ``timeout`` seconds (socket.timeout past it);
+        ``drained``: the socket was just found empty, so wait before
+        reading.  gevent's own made a Timeout object for every wait, and
+        changing the socket's timeout for the wait cost as much again;
+        here a wait is a timer on the loop.  (A TLS socket reads through
+        gevent.)"""
         raw_recv = self._raw_recv
         if raw_recv is None:
             sock = self.sock
@@ -221,6 +241,8 @@ class ClientConnection:
                 return sock.recv(RECV_SIZE)
             finally:
                 sock.settimeout(self.server.client_timeout)
+        if drained:
+            self._wait_readable(timeout)
         while True:
             try:
                 return raw_recv(RECV_SIZE)
