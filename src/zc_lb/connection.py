@@ -201,7 +201,17 @@ class Exchange:
         while not inbox:
             if self.error is not None:
                 raise self.error
-            self._wait(timeout)
+            if timeout is not None or self._waiter is not None:
+                self._wait(timeout)
+                continue
+            # (Most waits: the owner's alone, without a timeout; ``_wait``
+            # without its call.)
+            waiter = self._waiter = Waiter(get_hub())
+            try:
+                waiter.get()
+            finally:
+                if self._waiter is waiter:
+                    self._waiter = None
         return inbox.popleft()
 
     def consumed(self, n: int) -> None:
