@@ -27,7 +27,7 @@ import os
 import socket
 import time
 from bisect import bisect_left
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, DefaultDict, Dict, Iterable, Mapping, Optional, Set, Tuple
 
 import gevent
 import gevent.event
@@ -325,7 +325,8 @@ class LB(LinkEvents):
         self.started = time.time()
         # Counters for metrics, read at scrape time (metrics.py): each is a
         # plain increment or dict update per request, no lock, no labels.
-        self.worker_counts: Dict[Tuple[str, str], int] = {}  # (address, what) -> count
+        # address -> what -> count (a dict each: no key tuple to build and hash a request)
+        self.worker_counts: DefaultDict[str, Dict[str, int]] = collections.defaultdict(dict)
         self.class_requests: Dict[str, int] = {}
         self.latency = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
@@ -345,8 +346,7 @@ class LB(LinkEvents):
         for address in list(self.links):
             if address not in wanted:
                 self.links.pop(address).stop(self.link_config.drain_timeout)
-                for key in [key for key in self.worker_counts if key[0] == address]:
-                    del self.worker_counts[key]  # its series end with it
+                self.worker_counts.pop(address, None)  # its series end with it
                 log.info("worker %s removed", address)
         for address in sorted(wanted - set(self.links)):
             link = self.links[address] = WorkerLink(address, self.link_config, self)
@@ -599,8 +599,9 @@ class LB(LinkEvents):
         for attempt in range(self.max_retries + 1):
             connection = self._get_worker(rclass, key)
             placed = self.pool.placed  # (``get`` has just set it: no switch since)
-            counts, peer = self.worker_counts, connection.peer
-            counts[peer, "requests"] = counts.get((peer, "requests"), 0) + 1
+            peer = connection.peer
+            counts = self.worker_counts[peer]
+            counts["requests"] = counts.get("requests", 0) + 1
             environ["zc_lb.worker"] = peer
             exchange = upload = None
             try:
@@ -616,7 +617,7 @@ class LB(LinkEvents):
                 self._outcome(connection, ok=False)
                 if retryable and attempt < self.max_retries and self._may_retry(environ):
                     self.retries += 1
-                    counts[peer, "retries"] = counts.get((peer, "retries"), 0) + 1
+                    counts["retries"] = counts.get("retries", 0) + 1
                     environ["zc_lb.retries"] = attempt + 1
                     continue
                 raise
@@ -754,8 +755,8 @@ class LB(LinkEvents):
             self.ejector.success(connection.peer)  # (``_outcome``, without its call)
         else:
             self._outcome(connection, ok=False)
-        key = (connection.peer, code[0] + "xx")
-        self.worker_counts[key] = self.worker_counts.get(key, 0) + 1
+        counts, what = self.worker_counts[connection.peer], code[0] + "xx"
+        counts[what] = counts.get(what, 0) + 1
         bodiless = code in BODILESS_STATUS or environ["REQUEST_METHOD"] == "HEAD"
         if response.head is not None:  # ready for the client: the worker checked it
             length = response.length
@@ -782,8 +783,8 @@ class LB(LinkEvents):
 
     def _abort(self, connection: Connection, exchange: Optional[Exchange],
                upload: Optional[Upload]) -> None:
-        key = (connection.peer, "errors")  # failed here before its response started
-        self.worker_counts[key] = self.worker_counts.get(key, 0) + 1
+        counts = self.worker_counts[connection.peer]  # failed here before its response started
+        counts["errors"] = counts.get("errors", 0) + 1
         if upload is not None:
             upload.stop()
         if exchange is not None:
@@ -910,9 +911,9 @@ class LB(LinkEvents):
             if address not in links:  # idle: another version than the one served
                 links[address] = dict(_DOWN, version=version, standby=True, counts={},
                                       last_error="version %s is not the one served" % version)
-        for (address, what), count in list(self.worker_counts.items()):
+        for address, counts in list(self.worker_counts.items()):
             if address in links:
-                links[address]["counts"][what] = count
+                links[address]["counts"].update(counts)
         return links
 
     def __repr__(self) -> str:
