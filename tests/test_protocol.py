@@ -371,6 +371,9 @@ def ready_payload(head, flags=1, length=-1, elapsed=-1.0, body=b""):
     (ready_payload(b"HTTP/1.1 200 OK\r\n", length=-2), "malformed ready"),
     (ready_payload(b"HTTP/1.1 200 OK\r\n", elapsed=-0.5), "malformed ready"),
     (ready_payload(b"HTTP/1.1 200 OK\r\n", elapsed=float("nan")), "malformed ready"),
+    (ready_payload(b"HTTP/1.1 200 OK\r\n", elapsed=float("inf")), "malformed ready"),
+    (ready_payload(b"HTTP/1.1 200 OK\r\n", elapsed=1e9), "malformed ready"),  # (frames.MAX_ELAPSED)
+    (ready_payload(b"HTTP/1.1 200 OK\r\n", flags=255), "malformed ready"),
 ])
 def test_malformed_ready_responses(payload, error):
     assert error in str(decode_error(frame(1, protocol.READY_RESPONSE, payload)))
