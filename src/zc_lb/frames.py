@@ -244,8 +244,8 @@ CONNECTION_TYPES: Final[Dict[int, type]] = {
 REQUEST_TYPES: Final[Dict[int, type]] = {
     cls.TYPE: cls for cls in (Request, Body, End, Response, Cancel, Credit)
 }
-FRAME_NAMES: Final[Dict[int, str]] = {mtype: cls.__name__
-                               for mtype, cls in {**CONNECTION_TYPES, **REQUEST_TYPES}.items()}
+FRAME_NAMES: Final[Dict[int, str]] = {
+    mtype: cls.__name__ for mtype, cls in {**CONNECTION_TYPES, **REQUEST_TYPES}.items()}
 FRAME_NAMES.update({WHOLE_REQUEST: "whole Request", WHOLE_RESPONSE: "whole Response",
                     READY_RESPONSE: "ready Response"})
 

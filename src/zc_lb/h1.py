@@ -11,10 +11,10 @@ strict; the rules that span fields are ours, from httpparse.py
 alone in one read and has the commonest shape (``_simple``: printable
 ASCII, a common method, plain field names, no body) is split by hand
 instead, since llhttp's callbacks cost a call a field; what it accepts
-is a subset of llhttp's grammar, and anything else goes to llhttp.  A request is handed
-out as soon as its head is complete; its body arrives in ``Request.body``
-as more bytes are fed, and ``Request.complete`` says when it has all come.
-Pipelined requests queue up behind the one being served; the reader is
+is a subset of llhttp's grammar, and anything else goes to llhttp.  A
+request is handed out as soon as its head is complete; its body arrives
+in ``Request.body`` as more bytes are fed, and ``Request.complete`` says
+when it has all come.  Pipelined requests queue up behind the one being served; the reader is
 fed only when the server needs more (a head, or body bytes the
 application asks for), so at most one read past the current request is
 ever buffered.
@@ -353,10 +353,10 @@ def request_variables(forward: dict, head: RequestHead) -> Optional[Dict[str, st
 # reason phrases of those the front and the LB answer themselves.
 BODILESS_STATUS: Final = frozenset(("204", "304")) | {"1%02d" % n for n in range(100)}
 REASONS: Final = {400: "Bad Request", 408: "Request Timeout", 413: "Request Entity Too Large",
-           414: "URI Too Long", 431: "Request Header Fields Too Large",
-           500: "Internal Server Error", 501: "Not Implemented", 502: "Bad Gateway",
-           503: "Service Unavailable", 504: "Gateway Timeout",
-           505: "HTTP Version Not Supported"}
+                  414: "URI Too Long", 431: "Request Header Fields Too Large",
+                  500: "Internal Server Error", 501: "Not Implemented", 502: "Bad Gateway",
+                  503: "Service Unavailable", 504: "Gateway Timeout",
+                  505: "HTTP Version Not Supported"}
 STATUS: Final = re.compile(r"[1-9][0-9][0-9] [^\x00-\x08\x0a-\x1f\x7f]*\Z")
 FIELD_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 FIELD_VALUE_BAD: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")

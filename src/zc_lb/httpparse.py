@@ -74,7 +74,7 @@ SINGLETONS: Final = frozenset((
     "proxy-authorization", "if-modified-since", "if-unmodified-since", "if-range",
     "max-forwards", "range", "referer", "user-agent", "from", "date"))
 CHECKED: Final = frozenset(("host", "connection", "upgrade", "content-length",
-                     "transfer-encoding")) | SINGLETONS
+                            "transfer-encoding")) | SINGLETONS
 # Fields a chunked trailer may not hold (RFC 9110 6.5.1): framing, routing,
 # authentication, request modifiers, content format.
 NOT_IN_TRAILERS: Final = frozenset((
