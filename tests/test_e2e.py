@@ -198,7 +198,12 @@ def test_a_hot_key_of_a_cpu_bound_app_spreads_over_both_workers(cluster):
         runs = list(pool.map(lambda _: _keep_alive_client(lb, "/cpu?1", 60), range(20)))
     counts = collections.Counter(server for run in runs for server in run)
     assert sum(counts.values()) == 1200
-    assert max(counts.values()) <= 0.6 * 1200, counts
+    assert max(counts.values()) <= 0.75 * 1200, counts
+    # Once the pool has learned (each client's first 20 requests, 400 in
+    # all; on a loaded machine the whole run's share read 64% twice in
+    # full suites on two cores), an even spread.
+    later = collections.Counter(server for run in runs for server in run[20:])
+    assert max(later.values()) <= 0.6 * 800, (later, counts)
     pool_status = status(lb)["pool"]
     assert pool_status["locality_gain"] is not None and pool_status["locality_gain"] < 1.5
 
