@@ -65,9 +65,12 @@ HEADER_SIZE = 64
 BOOK_SLOTS = 1 << 16  # keys the shared book holds (a power of two)
 SLOT = struct.Struct("<QQQQ")  # key hash, class hash, worker hash, check
 MAX_WORKERS = 1024  # workers a sibling's row counts
+SEQUENCE = struct.Struct("<Q")  # a row's first word: odd while it is written
 ROW_HEAD = struct.Struct("<QdddI")  # sequence, time written, locality's two sums, workers
+ROW_TAIL = struct.Struct("<dddI")  # the same less the sequence, written before it
 ROW_HEAD_SIZE = 40
-PAIR_SIZE = 16  # worker hash (Q), requests in flight (q)
+PAIR = "Qq"  # a row's pairs: worker hash, requests in flight
+PAIR_SIZE = struct.calcsize("<" + PAIR)
 SYNC_INTERVAL = 0.001  # seconds between a sibling's row written and the others' read
 STALE = 1.0  # seconds after which a row not written again counts nothing
 MASK64 = (1 << 64) - 1
@@ -194,12 +197,12 @@ class Siblings:
         row = self._row(self.index)
         segment = self.segment
         self.seq += 1  # odd: being written
-        struct.pack_into("<Q", segment, row, self.seq)
-        struct.pack_into("<" + "Qq" * (len(pairs) // 2), segment, row + ROW_HEAD_SIZE, *pairs)
-        struct.pack_into("<dddI", segment, row + 8, self.clock(), measure[0], measure[1],
-                         len(pairs) // 2)
+        SEQUENCE.pack_into(segment, row, self.seq)
+        struct.pack_into("<" + PAIR * (len(pairs) // 2), segment, row + ROW_HEAD_SIZE, *pairs)
+        ROW_TAIL.pack_into(segment, row + SEQUENCE.size, self.clock(), measure[0], measure[1],
+                           len(pairs) // 2)
         self.seq += 1  # even: written
-        struct.pack_into("<Q", segment, row, self.seq)
+        SEQUENCE.pack_into(segment, row, self.seq)
 
     def elsewhere(self) -> Tuple[Dict[str, int], float, float]:
         """Worker name -> requests the other siblings have in flight on it
@@ -219,9 +222,9 @@ class Siblings:
                 if seq & 1:
                     self.torn += 1
                     continue
-                pairs = struct.unpack_from("<%dq" % (2 * min(n, MAX_WORKERS)), segment,
+                pairs = struct.unpack_from("<" + PAIR * min(n, MAX_WORKERS), segment,
                                            row + ROW_HEAD_SIZE)
-                if ROW_HEAD.unpack_from(segment, row)[0] == seq:
+                if SEQUENCE.unpack_from(segment, row)[0] == seq:
                     break
                 self.torn += 1
             else:
@@ -231,7 +234,7 @@ class Siblings:
             ratio += row_ratio
             weight += row_weight
             for i in range(0, len(pairs), 2):
-                name = names.get(pairs[i] & MASK64)
+                name = names.get(pairs[i])
                 if name is not None and pairs[i + 1] > 0:
                     total[name] = total.get(name, 0) + pairs[i + 1]
         return total, ratio, weight
