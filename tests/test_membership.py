@@ -12,10 +12,7 @@ from zc_lb.membership import LBMembership, WorkerMembership
 
 
 def lb_membership(**base):
-    lb = SimpleNamespace(pool=AffinityPool(), no_worker_timeout=30.0,
-                         set_workers=lambda providers: None)
-    lb.configure = lambda changes, source="": LB.configure(lb, changes, source)
-    lb.reset_skills = lambda why="": LB.reset_skills(lb, why)
+    lb = LB(AffinityPool(), lambda environ: None, no_worker_timeout=30.0)
     settings = dict(variance=1.0, backlog_history=9, unskilled_score=1.0,
                     no_worker_timeout=30.0, single_version=False, spread=1.0,
                     footprint_window=5000, slow_start=2000, balance=1.5, stick=1.5, widen=0.3,

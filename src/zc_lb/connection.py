@@ -36,9 +36,10 @@ import socket
 import time
 from typing import Callable, Deque, Dict, List, Optional, Tuple, Union
 
-import gevent
-import gevent.event
-from gevent.hub import Waiter, get_hub
+import gevent  # type: ignore[import-untyped]
+import gevent.event  # type: ignore[import-untyped]
+from gevent.hub import Waiter, get_hub  # type: ignore[import-untyped]
+from mypy_extensions import mypyc_attr
 
 from . import protocol
 from .errors import (
@@ -67,6 +68,9 @@ HANDSHAKE_RECV = 16 * 1024  # Hello and Auth are small: no quarter megabyte per 
 RECYCLE_RNO = protocol.MAX_RNO - 100000
 BIG_CHUNK = 16 * 1024  # body chunks from this size go out without a copy into their frame
 RECV_SIZE = 256 * 1024
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)  # (the LB's links and the worker, interpreted)
 class Handler:
     """What a connection tells its owner; subclass and override."""
 
@@ -265,7 +269,7 @@ class Exchange:
         if waiting is not None:
             self._waiter = None
             run_callback = get_hub().loop.run_callback
-            if type(waiting) is list:
+            if isinstance(waiting, list):
                 for waiter in waiting:
                     run_callback(waiter.switch, None)
             else:
@@ -277,7 +281,7 @@ class Exchange:
         if type(event) is not Credit:
             self.inbox.append(event)
         waiting = self._waiter
-        if waiting is not None and type(waiting) is not list:  # (``_wake``, inlined)
+        if waiting is not None and not isinstance(waiting, list):  # (``_wake``, inlined)
             self._waiter = None
             get_hub().loop.run_callback(waiting.switch, None)
         elif waiting is not None:
@@ -456,14 +460,15 @@ class Connection:
         (or an error) goes to the writer greenlet."""
         self._flush_scheduled = False
         outgoing = self._outgoing
-        if self.closed or self._writer_busy or not outgoing:
+        send = self._raw_send  # (not None: ``write`` schedules no flush without it)
+        if self.closed or self._writer_busy or not outgoing or send is None:
             return
         pieces, self._outgoing = outgoing, []
         if not self._vectored:  # (small frames: one join costs less than sendmsg's buffers)
             pieces = [pieces[0] if len(pieces) == 1 else b"".join(pieces)]
         self._vectored = False
         try:
-            rest = send_pieces(self._raw_send, self._raw_sendmsg, pieces)
+            rest = send_pieces(send, self._raw_sendmsg, pieces)
         except (BlockingIOError, InterruptedError):
             rest = pieces
         except OSError:

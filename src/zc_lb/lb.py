@@ -27,11 +27,11 @@ import os
 import socket
 import time
 from bisect import bisect_left
-from typing import Any, Callable, DefaultDict, Dict, Iterable, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, DefaultDict, Dict, Hashable, Iterable, Mapping, Optional, Set, Tuple, cast
 
-import gevent
-import gevent.event
-import gevent.socket
+import gevent  # type: ignore[import-untyped]
+import gevent.event  # type: ignore[import-untyped]
+import gevent.socket  # type: ignore[import-untyped]
 
 from . import build
 from .classifier import bounded_class
@@ -271,7 +271,7 @@ class LB(LinkEvents):
     def __init__(
         self,
         pool: Pool,
-        classifier: Callable[[dict], Optional[str]],
+        classifier: Callable[[dict], object],
         no_worker_timeout: float = LB_SETTINGS["no_worker_timeout"].default,
         secret: Optional[bytes] = None,
         pages: Optional[Dict[int, bytes]] = None,
@@ -280,8 +280,8 @@ class LB(LinkEvents):
         keepalive_timeout: float = LB_SETTINGS["keepalive_timeout"].default,
         response_timeout: Optional[float] = LB_SETTINGS["response_timeout"].default,
         drain_timeout: float = LB_SETTINGS["drain_timeout"].default,
-        affinity_key: Optional[Callable[[dict], Optional[str]]] = None,
-        outlier: Optional[Dict[str, float]] = None,
+        affinity_key: Optional[Callable[[dict], object]] = None,
+        outlier: Optional[Dict[str, Any]] = None,
         max_retries: int = LB_SETTINGS["max_retries"].default,
         spool_limits: Optional[SpoolLimits] = None,
     ) -> None:
@@ -542,7 +542,7 @@ class LB(LinkEvents):
 
     def _readmit(self, now: float) -> None:
         for address in self.ejector.readmit(now):
-            link = self.links.get(address)
+            link = self.links.get(cast(str, address))  # (ejected by address: see _outcome)
             if link is not None and link.connection is not None:
                 if self._admit(link.connection, link.resume):
                     log.info("readmitted worker %s on probation", address)
@@ -550,7 +550,7 @@ class LB(LinkEvents):
     def worker_down(self, connection: Connection) -> None:
         self.pool.remove(connection)
 
-    def _put(self, connection: Connection) -> None:
+    def _put(self, connection: Hashable) -> None:
         self.in_flight -= 1
         if not self.in_flight and not self.relaying:
             self.idle.set()
@@ -597,7 +597,7 @@ class LB(LinkEvents):
         else:
             forwarded = _forwarded_environ(environ, request_class)
         for attempt in range(self.max_retries + 1):
-            connection = self._get_worker(rclass, key)
+            connection = cast(Connection, self._get_worker(rclass, key))
             placed = self.pool.placed  # (``get`` has just set it: no switch since)
             peer = connection.peer
             counts = self.worker_counts[peer]
@@ -652,13 +652,14 @@ class LB(LinkEvents):
         """The request's class (None: no class) and affinity key.  A failing
         classifier or key function routes the request without either, and
         is logged once per distinct error, then counted."""
-        try:
+        try:  # (a user's function may return any object: its str is used)
             rclass = self.classifier(environ)
             key = self.affinity_key(environ) if self.affinity_key else None
         except Exception as exc:
             self._classifier_failed(exc)
             return None, None
-        return (None if rclass is None else bounded_class(str(rclass))), key
+        return (None if rclass is None else bounded_class(str(rclass)),
+                None if key is None else str(key))
 
     def _classifier_failed(self, exc: Exception) -> None:
         error = "%s: %s" % (type(exc).__name__, exc)
@@ -678,7 +679,8 @@ class LB(LinkEvents):
         self.siblings = siblings
         self.pool.share_with(siblings)
 
-    def _get_worker(self, rclass: Optional[str], key: Optional[str]) -> Connection:
+    def _get_worker(self, rclass: Optional[str], key: Optional[str]) -> Hashable:
+        """The pool's choice (a worker's connection; tests pool other handles)."""
         now = time.monotonic()
         if self.siblings is not None and now >= self._next_sync:
             self._next_sync = now + SYNC_INTERVAL
@@ -691,7 +693,7 @@ class LB(LinkEvents):
                 if self.in_flight == 1:
                     self.idle.clear()
                     self._woken.set()
-                return connection  # type: ignore[return-value]
+                return connection
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise NoWorkerAvailable("no worker available after %gs" % self.no_worker_timeout)

@@ -19,8 +19,8 @@ import random
 from dataclasses import dataclass
 from typing import Dict, Optional
 
-import gevent
-import gevent.socket
+import gevent  # type: ignore[import-untyped]
+import gevent.socket  # type: ignore[import-untyped]
 
 from .connection import KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, Connection, Handler
 from .sockets import parse_address
