@@ -34,9 +34,9 @@ import sys
 import time
 from typing import Dict, Optional
 
-import gevent
-import greenlet
-from gevent.monkey import get_original
+import gevent  # type: ignore[import-untyped]
+import greenlet  # type: ignore[import-untyped]
+from gevent.monkey import get_original  # type: ignore[import-untyped]
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-import gevent
-import gevent.hub
-from gevent.monkey import get_original
+import gevent  # type: ignore[import-untyped]
+import gevent.hub  # type: ignore[import-untyped]
+from gevent.monkey import get_original  # type: ignore[import-untyped]
 
 from .concurrency import FUTEX, SAMPLE, Limit, blocked, syscall, turns
 
@@ -207,7 +207,7 @@ def call_in_hub(hub, func, *args):
     """From a pool thread: run ``func`` in a greenlet in the hub's thread
     and return its result (or raise its exception)."""
     done = threading.Event()
-    outcome: list = []
+    outcome = []  # (ok, the result or the exception)
 
     def run():
         try:

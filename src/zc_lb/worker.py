@@ -21,19 +21,21 @@ serves until ``stop()``, which tells every LB to send nothing new
 from __future__ import annotations
 
 import collections
+import functools
 import io
 import logging
 import os
 import sys
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Set, Tuple, cast
 
-import gevent
-import gevent.event
-import gevent.lock
-import gevent.hub
-import gevent.server
-import greenlet
+import gevent  # type: ignore[import-untyped]
+import gevent.event  # type: ignore[import-untyped]
+import gevent.lock  # type: ignore[import-untyped]
+import gevent.hub  # type: ignore[import-untyped]
+import gevent.server  # type: ignore[import-untyped]
+import greenlet  # type: ignore[import-untyped]
+from mypy_extensions import mypyc_attr
 
 from . import resume as resume_module
 from .connection import Connection, Exchange, Handler
@@ -42,7 +44,7 @@ from .errors import (BadResponseHead, ConfigurationError, CorruptResumeFile, Req
 from .loopwatch import LoopWatch
 from .h1 import start_again
 from .httpparse import HOP_BY_HOP
-from .protocol import FEATURES, MAX_BODY, Body, End
+from .protocol import FEATURES, MAX_BODY, Body, End, Request
 from .settings import WORKER_SETTINGS, check, log_change
 from .threads import HubProxy, Threads, call_in_hub
 
@@ -61,7 +63,7 @@ def load_app(spec: str) -> Callable:
     """``module:callable`` or a PasteDeploy ``.ini`` file -> WSGI app."""
     if spec.endswith(".ini") or spec.startswith("config:"):
         try:
-            from paste.deploy import loadapp
+            from paste.deploy import loadapp  # type: ignore[import-untyped]
         except ImportError:
             raise ConfigurationError("%s needs PasteDeploy, which is not installed" % spec)
         path = spec[len("config:"):] if spec.startswith("config:") else spec
@@ -243,6 +245,22 @@ def _call(func: Callable, *args):
     return func(*args)
 
 
+class ThreadWriter:
+    """``start_response`` and ``write`` for an application in a pool
+    thread: each runs the ``ResponseWriter``'s in the hub (``send``)."""
+
+    def __init__(self, writer: ResponseWriter, send: Callable) -> None:
+        self.writer = writer
+        self.send = send
+
+    def start_response(self, status, headers, exc_info=None) -> Callable:
+        self.writer.start_response(status, headers, exc_info)
+        return self.write
+
+    def write(self, data: bytes) -> None:
+        self.send(self.writer.write, data)
+
+
 # -- request greenlets ------------------------------------------------------
 
 
@@ -349,10 +367,11 @@ class Requests:
 # -- the server -------------------------------------------------------------
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (one of an older version, in tests)
 class Worker(Handler):
     """A worker process's server: accepts LB connections, runs the app."""
 
-    protocol_features = FEATURES  # what we offer LBs beyond protocol version 1
+    protocol_features: ClassVar[Tuple[str, ...]] = FEATURES  # what we offer LBs beyond version 1
 
     def __init__(
         self,
@@ -593,9 +612,8 @@ class Worker(Handler):
     def _serve(self, exchange: Exchange) -> None:
         if exchange.error is not None:  # cancelled before it started
             return
-        request = exchange.receive()
-        environ = self._environ(request.environ, exchange,  # type: ignore[attr-defined]
-                                request.end)  # type: ignore[attr-defined]
+        request = cast(Request, exchange.receive())  # (an exchange's first message)
+        environ = self._environ(request.environ, exchange, request.end)
         rclass = environ.get("zc_lb.request_class", "")
         writer = ResponseWriter(exchange, environ["REQUEST_METHOD"] == "HEAD")
         try:
@@ -695,24 +713,14 @@ class Worker(Handler):
         (and the LB would move its keys away just as it is most useful)."""
         hub = gevent.get_hub()
         environ["wsgi.input"] = HubProxy(hub, environ["wsgi.input"])
-        send = lambda f, *a: call_in_hub(hub, f, *a)  # noqa: E731
-
-        def start_response(status, headers, exc_info=None):
-            writer.start_response(status, headers, exc_info)
-            return lambda data: send(writer.write, data)
-
+        # (No closures that call each other: compiled, they would make a
+        # reference cycle per request, for the garbage collector.)
+        send = functools.partial(call_in_hub, hub)
         deferred: list = []
-
-        def run() -> Optional[ZcLbError]:
-            writer.began = time.perf_counter()
-            try:
-                self._run_app(environ, writer, send, start_response, deferred)
-            except ZcLbError as exc:  # the LB went away: raised here, not printed there
-                return exc
-            return None
-
         assert self.threadpool is not None
-        error = self.threadpool.apply(run)
+        error = self.threadpool.apply(functools.partial(
+            self._in_thread, environ, writer, send, ThreadWriter(writer, send).start_response,
+            deferred))
         if error is not None:
             raise error
         if deferred:  # back in the hub: finish here, as _run_app would have
@@ -723,6 +731,15 @@ class Worker(Handler):
             except Exception:
                 log.exception("application error for %s", environ.get("PATH_INFO"))
                 self._error_500(writer)
+
+    def _in_thread(self, environ: Dict, writer: ResponseWriter, send: Callable,
+                   start_response: Callable, deferred: list) -> Optional[ZcLbError]:
+        writer.began = time.perf_counter()
+        try:
+            self._run_app(environ, writer, send, start_response, deferred)
+        except ZcLbError as exc:  # the LB went away: raised here, not printed there
+            return exc
+        return None
 
     @staticmethod
     def _error_500(writer: ResponseWriter) -> None:
@@ -736,7 +753,7 @@ class Worker(Handler):
         writer.write(ERROR_500)
         writer.finish()
 
-    ENVIRON_DEFAULTS = {
+    ENVIRON_DEFAULTS: ClassVar[Dict[str, object]] = {
         "REQUEST_METHOD": "GET", "SCRIPT_NAME": "", "PATH_INFO": "/", "QUERY_STRING": "",
         "SERVER_NAME": "localhost", "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1",
         "wsgi.url_scheme": "http", "zc_lb.request_class": "",
