@@ -305,10 +305,12 @@ class ClientConnection:
         if forwarding is not None:
             forwarding.apply(forward, self.peer, self.trusted)
         # What the worker gets too (str), and the objects only the LB sees.
-        environ = self.environ = dict(server.base_objects)
+        # (A copy of ``forward`` is one copy of its table; an update with
+        # it, a store a key.)
+        environ = self.environ = forward.copy()
+        environ.update(server.base_objects)
         environ["zc_lb.client_socket"] = self.sock  # to notice a hang-up
         environ["zc_lb.start_ready"] = self.start_ready  # (the LB's fast way)
-        environ.update(forward)
         if hop is not None:
             environ.update(hop)
         environ["zc_lb.forward"] = forward
