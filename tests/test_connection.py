@@ -71,7 +71,7 @@ def test_a_request_and_its_response(pair):
     start, body = read_response(exchange)
     assert start.status == "200 OK"
     assert body == b"hello " * 100000
-    assert not lb.streams and not worker.streams
+    assert not lb.protocol.streams and not worker.protocol.streams
 
 
 def test_many_requests_share_one_connection(pair):

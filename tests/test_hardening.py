@@ -143,7 +143,7 @@ class Stack:
         return sum(w.backlog for w in self.lb.pool.workers.values())
 
     def streams(self):
-        return sum(len(link.connection.streams) for link in self.lb.links.values()
+        return sum(len(link.connection.protocol.streams) for link in self.lb.links.values()
                    if link.connection is not None)
 
     def close(self):
@@ -237,8 +237,7 @@ def test_what_waits_for_a_client_that_stopped_reading_stays_within_the_window(st
     gevent.sleep(0.2)
     [link] = s.lb.links.values()
     [stream] = link.connection.protocol.streams.values()
-    waiting = sum(len(m.data) for x in link.connection.streams.values()
-                  for m in x.inbox if isinstance(m, Body))
+    waiting = sum(len(m.data) for m in stream.owner.inbox if isinstance(m, Body))
     assert stream.window + waiting <= protocol.WIDE_WINDOW
 
 

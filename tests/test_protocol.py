@@ -1191,7 +1191,7 @@ def test_end_of_file_and_close():
     wire.lb.receive_data(b"")
     assert wire.lb.next_event() == protocol.Closed()
     assert wire.lb.phase == "closed" and wire.lb.streams == {}
-    assert wire.worker.close() == [rno]
+    assert [stream.rno for stream in wire.worker.close()] == [rno]
     with pytest.raises(LocalProtocolError):
         wire.worker.send(Ping())
 
@@ -1228,3 +1228,41 @@ def test_any_bytes_in_any_chunking_give_events_or_the_remote_error(frames, sizes
     if opened and role == "worker":
         frames = [encode(Request(1, {}))] + frames  # so that frames for request 1 can mean something
     _checked_events(side, b"".join(frames), sizes)
+
+
+
+def test_the_connection_owns_its_requests_owners_and_whether_it_drains():
+    # The I/O layer keeps nothing of its own in step with the streams: it
+    # gives each request an owner and reads it back with each event of
+    # that request, the event that ends it included.
+    wire = Wire()
+    wire.take(wire.lb), wire.take(wire.worker)
+    rno, data = wire.lb.start_request({}, end=True)
+    owner = wire.lb.streams[rno].owner = object()
+    wire.worker.receive_data(data)
+    assert wire.worker.next_event() == Request(rno, {}, True)
+    assert wire.worker.event_owner is None  # a new request: no owner yet
+    wire.lb.receive_data(wire.worker.send(Response(rno, "200 OK", [])))
+    wire.lb.receive_data(wire.worker.send(End(rno)) + protocol.encode(Ping()))
+    owners = []
+    for expected in (Response(rno, "200 OK", []), End(rno)):
+        assert wire.lb.next_event() == expected
+        owners.append(wire.lb.event_owner)
+    assert owners == [owner, owner] and wire.lb.streams == {}  # the End ended it
+    assert wire.lb.next_event() is protocol.NEED_DATA  # (the Ping, answered)
+    assert wire.lb.event_owner is None
+    # Whether it drains: a GoAway either way, or request numbers running low.
+    assert not wire.lb.draining and not wire.lb.running_out()
+    wire.lb.last_rno = protocol.RECYCLE_RNO
+    assert wire.lb.draining
+    assert wire.lb.running_out() and not wire.lb.running_out()  # said once
+    other = Wire()
+    other.send(other.worker, GoAway("bye"))
+    other.take(other.lb)
+    other.lb.last_rno = protocol.RECYCLE_RNO
+    assert other.lb.draining and other.worker.draining and not other.lb.running_out()
+    # At the end, the requests still open, with their owners.
+    third = Wire()
+    rno = _started(third)
+    third.lb.streams[rno].owner = owner
+    assert [(stream.rno, stream.owner) for stream in third.lb.close()] == [(rno, owner)]

@@ -34,7 +34,7 @@ import collections
 import logging
 import socket
 import time
-from typing import Callable, Deque, Dict, List, Optional, Tuple, Union
+from typing import Callable, Deque, Dict, List, Optional, Tuple, Union, cast
 
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
@@ -65,7 +65,6 @@ SUSPECT_AFTER = 2  # keepalive intervals of silence before a peer is suspected
 KEEPALIVE_TIMEOUT = LB_SETTINGS["keepalive_timeout"].default
 HANDSHAKE_TIMEOUT = 10.0
 HANDSHAKE_RECV = 16 * 1024  # Hello and Auth are small: no quarter megabyte per wait
-RECYCLE_RNO = protocol.MAX_RNO - 100000
 BIG_CHUNK = 16 * 1024  # body chunks from this size go out without a copy into their frame
 RECV_SIZE = 256 * 1024
 
@@ -130,10 +129,11 @@ class Exchange:
         if self.error is not None:
             raise self.error
         connection = self.connection
-        send = connection.protocol.send
+        proto = connection.protocol
+        send = proto.send
         connection.write(b"".join([send(message) for message in messages]))
-        if self.rno not in connection.protocol.streams:  # both directions ended
-            connection.forget(self)
+        if not proto.streams:  # (this one ended with both its directions, and was the last)
+            connection.idle.set()
 
     def respond(self, status: str, headers: List[Tuple[str, str]], body: bytes = b"",
                 end: bool = False, elapsed: Optional[float] = None) -> None:
@@ -146,8 +146,8 @@ class Exchange:
         connection = self.connection
         proto = connection.protocol
         connection.write(proto.respond(self.rno, status, headers, body, end, elapsed))
-        if end and self.rno not in proto.streams:
-            connection.forget(self)
+        if end and not proto.streams:
+            connection.idle.set()
 
     def send_body(self, data: bytes, stop_on_response: bool = False) -> bool:
         """Send body bytes within credit, waiting for more as needed.
@@ -183,12 +183,14 @@ class Exchange:
         """Abandon the request, telling the peer; idempotent.  ``error``
         says why (a RequestCancelled subclass): waiters get it raised."""
         connection = self.connection
-        if connection.closed or self.rno not in connection.protocol.streams:
+        proto = connection.protocol
+        if connection.closed or self.rno not in proto.streams:
             return  # ended already
         if self.error is None:
             self.error = error or CancelledHere("request %d cancelled" % self.rno)
-        data = connection.protocol.cancel(self.rno)
-        connection.streams.pop(self.rno, None)
+        data = proto.cancel(self.rno)
+        if not proto.streams:
+            connection.idle.set()
         self._wake()
         try:
             connection.write(data)
@@ -330,11 +332,11 @@ class Connection:
         self.secret = secret
         self.keepalive_interval = keepalive_interval
         self.keepalive_timeout = keepalive_timeout
+        # (It holds the requests in flight, each with its Exchange as owner,
+        # and whether the connection is draining.)
         self.protocol = protocol.Connection(role, secret, app_version=app_version,
                                             features=features)
-        self.streams: Dict[int, Exchange] = {}
         self.closed = False
-        self.draining = False  # the peer said GoAway (or we ran out of request numbers)
         self.error: Optional[ZcLbError] = None
         self.peer_hello: Optional[protocol.Hello] = None
         self.idle = gevent.event.Event()  # set while no request is in flight
@@ -409,13 +411,13 @@ class Connection:
         proto = self.protocol
         if proto.peer_goes_away:
             raise self._closed_error("%s is going away" % self.peer)
-        if proto.last_rno >= RECYCLE_RNO and not self.draining:
-            self.draining = True  # out of request numbers soon: make way for a new one
+        if proto.last_rno >= protocol.RECYCLE_RNO and proto.running_out():
+            # (``proto.draining`` from now on): make way for a new connection
             self.handler.handle_goaway(self, "request numbers running out")
         if proto.last_rno >= protocol.MAX_RNO:
             raise self._closed_error("%s: no request numbers left" % self.peer)
         rno, data = proto.start_request(environ, end)  # MessageTooLarge: nothing sent
-        exchange = self.streams[rno] = Exchange(self, rno)
+        exchange = proto.streams[rno].owner = Exchange(self, rno)
         self.idle.clear()
         self.write(data)
         return exchange
@@ -522,7 +524,8 @@ class Connection:
                     hub.wait(readable)
         except RemoteProtocolError as exc:
             log.warning("protocol error from %s, disconnecting: %s", self.peer, exc)
-            culprit = self.streams.get(exc.rno) if exc.rno else None
+            stream = self.protocol.streams.get(exc.rno) if exc.rno else None
+            culprit = None if stream is None else cast(Exchange, stream.owner)
             if culprit is not None:  # its request must not be tried again elsewhere
                 culprit.fail(BadResponse("%s broke the protocol answering it: %s"
                                          % (self.peer, exc)))
@@ -537,7 +540,7 @@ class Connection:
 
     def _dispatch_events(self) -> None:
         """Hand every event the bytes so far make to whoever waits for it."""
-        proto, streams = self.protocol, self.streams
+        proto = self.protocol
         next_event, live = proto.next_event, proto.streams
         while True:
             event = next_event()
@@ -545,24 +548,20 @@ class Connection:
                 break
             rno = getattr(event, "rno", 0)
             if rno:
-                exchange = streams.get(rno)
-                if exchange is None:
+                exchange = cast(Optional[Exchange], proto.event_owner)
+                if exchange is None:  # (a late frame of an ended request is no event)
                     if type(event) is Request:
-                        self._new_request(event)  # type: ignore[arg-type]
+                        self._new_request(cast(Request, event))
                     continue
                 if type(event) is StreamEnded:
-                    del streams[rno]
                     exchange._cancelled_by_peer()
                 else:
                     exchange._received(event)  # type: ignore[arg-type]
-                    if rno not in live:
-                        del streams[rno]
-                if not streams:
+                if not live:
                     self.idle.set()
             elif type(event) is Resume:
                 self.handler.handle_resume(self, event.skills)  # type: ignore[union-attr]
             elif type(event) is GoAway:
-                self.draining = True
                 self.handler.handle_goaway(self, event.reason)  # type: ignore[union-attr]
             elif type(event) is protocol.Closed:
                 raise self._lost_error("%s closed the connection" % self.peer)
@@ -571,17 +570,10 @@ class Connection:
             self.write(out)
 
     def _new_request(self, message: Request) -> None:
-        exchange = self.streams[message.rno] = Exchange(self, message.rno)
+        exchange = self.protocol.streams[message.rno].owner = Exchange(self, message.rno)
         self.idle.clear()
         exchange.inbox.append(message)
         self.handler.handle_request(self, exchange)
-
-    def forget(self, exchange: Exchange) -> None:
-        """The owner of ``exchange`` is done with it (both directions ended)."""
-        if self.streams.get(exchange.rno) is exchange and exchange.rno not in self.protocol.streams:
-            del self.streams[exchange.rno]
-            if not self.streams:
-                self.idle.set()
 
     # -- keepalive and ending -----------------------------------------
 
@@ -619,14 +611,13 @@ class Connection:
             return
         self.closed = True
         self.error = error
-        self.protocol.close()
+        streams = self.protocol.close()
         try:
             self.sock.close()
         except OSError:
             pass
-        streams, self.streams = self.streams, {}
-        for exchange in streams.values():
-            exchange.fail(error)
+        for stream in streams:
+            cast(Exchange, stream.owner).fail(error)
         self.idle.set()
         self._flushed.set()
         current = gevent.getcurrent()
@@ -643,4 +634,4 @@ class Connection:
 
     def __repr__(self) -> str:
         return "<Connection %s %s streams=%d%s>" % (
-            self.role, self.peer, len(self.streams), " closed" if self.closed else "")
+            self.role, self.peer, len(self.protocol.streams), " closed" if self.closed else "")

@@ -905,7 +905,7 @@ class LB(LinkEvents):
                 info["in_pool"] = link.connection in self.pool
                 info["version"] = _app_version(link.connection)
                 info.update(pooled.get(str(link.connection), {}))
-                info["streams"] = len(link.connection.streams)
+                info["streams"] = len(link.connection.protocol.streams)
             else:
                 info["last_error"] = link.last_error
             links[address] = info

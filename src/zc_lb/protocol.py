@@ -157,9 +157,10 @@ ENDED: Final = (DONE, CANCELLED)
 
 class Stream:
     """One request on a connection as one side sees it: the state of each
-    direction, and the credit windows."""
+    direction, the credit windows, and its owner: what the I/O layer keeps
+    for it (``connection.Exchange``), which ends with it."""
 
-    __slots__ = ("rno", "sending", "receiving", "credit", "window", "unacked")
+    __slots__ = ("rno", "sending", "receiving", "credit", "window", "unacked", "owner")
 
     def __init__(self, rno: int, window: int = WINDOW) -> None:
         self.rno = rno
@@ -168,6 +169,7 @@ class Stream:
         self.credit = window  # body bytes we may still send
         self.window = window  # body bytes the peer may still send us
         self.unacked = 0  # bytes consumed here, not yet granted back
+        self.owner: object = None
 
     @property
     def finished(self) -> bool:
@@ -197,6 +199,9 @@ OPEN_PHASE: Final = "open"
 CLOSING: Final = "closing"
 CLOSED: Final = "closed"
 HANDSHAKE_LIMIT: Final = 1024  # payload bytes of a Hello or Auth: nothing more before it
+# An LB past this request number drains the connection for a new one
+# while numbers are left for the requests it still starts meanwhile.
+RECYCLE_RNO: Final = MAX_RNO - 100000
 
 
 @mypyc_attr(native_class=False)
@@ -254,7 +259,13 @@ class Connection:
     Request numbers: the LB numbers its requests 1, 2, ... (``start_request``);
     a worker refuses a number that does not increase.  A frame for a
     number that has ended here (a cancel crossing the peer's last frames)
-    is dropped; one for a number never used is an error.
+    is dropped; one for a number never used is an error.  Past
+    RECYCLE_RNO the connection is ``draining``, as after a GoAway: an LB
+    opens a new one before the numbers run out.
+
+    Requests in flight are ``streams``, each with the ``owner`` the I/O
+    layer gave it; ``event_owner`` is the owner of the request of the
+    event ``next_event`` returned last, even when that event ended it.
 
     Credit: each direction of each request may carry ``window`` body
     bytes before the receiver grants more; ``send`` refuses a Body past
@@ -284,8 +295,10 @@ class Connection:
         self.ready = False  # send response heads ready for the client: the LB offered it
         self.streams: Dict[int, Stream] = {}
         self.last_rno = 0
+        self.event_owner: object = None
         self.we_go_away = False
         self.peer_goes_away = False
+        self._recycling = False  # ``running_out`` has said so
         self._error: Optional[RemoteProtocolError] = None
         self._eof = False
         self._out: List[bytes] = [encode(self.our_hello)]
@@ -309,6 +322,21 @@ class Connection:
         return "<protocol.Connection %s %s streams=%d>" % (self.role, self.phase, len(self.streams))
 
     # -- receiving ----------------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        """No new requests should start here: either side said GoAway, or
+        the request numbers are running out."""
+        return self.we_go_away or self.peer_goes_away or self.last_rno >= RECYCLE_RNO
+
+    def running_out(self) -> bool:
+        """True once, when an LB's request numbers first run low (past
+        RECYCLE_RNO) with no GoAway said: time to open a new connection."""
+        if (self.last_rno < RECYCLE_RNO or self._recycling
+                or self.we_go_away or self.peer_goes_away):
+            return False
+        self._recycling = True
+        return True
 
     def receive_data(self, data: Union[bytes, memoryview]) -> None:
         """Bytes from the peer; ``b""`` when it closed its side."""
@@ -353,10 +381,13 @@ class Connection:
             return None
         rno = getattr(message, "rno", 0)
         if not rno:
+            self.event_owner = None
             return self._connection_message(message)
         stream = self.streams.get(rno)
         if stream is None:
+            self.event_owner = None
             return self._unknown_stream(message)
+        self.event_owner = stream.owner
         mtype = type(message)
         if mtype is Response:  # (to an LB only: see the limits)
             return self._response(stream, message)  # type: ignore[arg-type]
@@ -644,9 +675,9 @@ class Connection:
         stream = self.streams.get(rno)
         return stream.credit if stream is not None else 0
 
-    def close(self) -> List[int]:
+    def close(self) -> List[Stream]:
         """The connection is over: the requests that were still open."""
         self.phase = CLOSED
-        open_requests = list(self.streams)
+        open_requests = list(self.streams.values())
         self.streams.clear()
         return open_requests
