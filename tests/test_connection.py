@@ -194,6 +194,20 @@ def test_a_silent_peer_is_declared_lost(pair):
         exchange.receive(1)
 
 
+def test_a_peer_that_closes_fails_the_requests_in_flight_at_once(pair):
+    # The end of file closes the protocol's side; the requests still open
+    # there must reach their owners, not wait for an answer forever.
+    lb, worker, lb_handler, _ = pair(respond=None)
+    exchanges = [lb.open_request({}, end=True) for _ in range(3)]
+    waiting = [gevent.spawn(exchange.receive) for exchange in exchanges]
+    gevent.sleep(0.05)  # the worker has them, and their owners wait
+    worker.close()  # (its end of file, not a reset)
+    gevent.joinall(waiting, timeout=3)
+    assert [type(glet.exception) for glet in waiting] == [WorkerLost] * 3
+    assert isinstance(lb_handler.lost.get(timeout=3), WorkerLost)
+    assert lb.idle.is_set() and not lb.protocol.streams
+
+
 def test_a_protocol_violation_drops_the_connection(pair):
     lb, worker, lb_handler, worker_handler = pair()
     lb.write(b"\x00\x00\x00\x07\x63\x00\x00\x00\x00")  # an unknown frame type

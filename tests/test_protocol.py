@@ -1190,7 +1190,9 @@ def test_end_of_file_and_close():
     rno = _started(wire)
     wire.lb.receive_data(b"")
     assert wire.lb.next_event() == protocol.Closed()
-    assert wire.lb.phase == "closed" and wire.lb.streams == {}
+    assert wire.lb.phase == "closed"
+    assert [stream.rno for stream in wire.lb.close()] == [rno]  # left open by the end of file
+    assert wire.lb.streams == {} and wire.lb.close() == []
     assert [stream.rno for stream in wire.worker.close()] == [rno]
     with pytest.raises(LocalProtocolError):
         wire.worker.send(Ping())

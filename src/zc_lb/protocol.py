@@ -274,7 +274,9 @@ class Connection:
 
     Errors: RemoteProtocolError (or AuthenticationError) for what the peer
     did, after which the connection is dead and every call raises it
-    again; LocalProtocolError for what our own code tried.
+    again; LocalProtocolError for what our own code tried.  After either
+    end (``Closed``, or an error) the requests that were open stay in
+    ``streams`` until ``close()`` hands them over.
     """
 
     def __init__(self, role: str, secret: Optional[bytes] = None, *,
@@ -355,7 +357,7 @@ class Connection:
                 message = self._decoder.next_message()
                 if message is NEED_DATA:
                     if self._eof and self.phase != CLOSED:
-                        self.close()
+                        self.phase = CLOSED  # (its requests stay, for ``close`` to hand over)
                         return Closed()
                     return NEED_DATA
                 try:
