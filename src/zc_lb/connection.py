@@ -525,8 +525,8 @@ class Connection:
         except RemoteProtocolError as exc:
             log.warning("protocol error from %s, disconnecting: %s", self.peer, exc)
             stream = self.protocol.streams.get(exc.rno) if exc.rno else None
-            culprit = None if stream is None else cast(Exchange, stream.owner)
-            if culprit is not None:  # its request must not be tried again elsewhere
+            culprit = None if stream is None else stream.owner
+            if isinstance(culprit, Exchange):  # its request must not be tried again elsewhere
                 culprit.fail(BadResponse("%s broke the protocol answering it: %s"
                                          % (self.peer, exc)))
             self._end(self._lost_error("%s: protocol error: %s" % (self.peer, exc)))
@@ -549,7 +549,7 @@ class Connection:
             rno = getattr(event, "rno", 0)
             if rno:
                 exchange = cast(Optional[Exchange], proto.event_owner)
-                if exchange is None:  # (a late frame of an ended request is no event)
+                if exchange is None:  # (a new request: no owner yet)
                     if type(event) is Request:
                         self._new_request(cast(Request, event))
                     continue
@@ -617,7 +617,8 @@ class Connection:
         except OSError:
             pass
         for stream in streams:
-            cast(Exchange, stream.owner).fail(error)
+            if isinstance(stream.owner, Exchange):  # (every one, once its event was handed on)
+                stream.owner.fail(error)
         self.idle.set()
         self._flushed.set()
         current = gevent.getcurrent()

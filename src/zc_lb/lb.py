@@ -27,7 +27,8 @@ import os
 import socket
 import time
 from bisect import bisect_left
-from typing import Any, Callable, DefaultDict, Dict, Hashable, Iterable, Mapping, Optional, Set, Tuple, cast
+from typing import (Any, Callable, DefaultDict, Dict, Hashable, Iterable, Mapping, Optional, Set,
+                    Tuple, cast)
 
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
@@ -680,7 +681,8 @@ class LB(LinkEvents):
         self.pool.share_with(siblings)
 
     def _get_worker(self, rclass: Optional[str], key: Optional[str]) -> Hashable:
-        """The pool's choice (a worker's connection; tests pool other handles)."""
+        """The pool's choice: a handle, which the LB's own pool holds as
+        worker connections."""
         now = time.monotonic()
         if self.siblings is not None and now >= self._next_sync:
             self._next_sync = now + SYNC_INTERVAL

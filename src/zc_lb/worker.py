@@ -734,6 +734,8 @@ class Worker(Handler):
 
     def _in_thread(self, environ: Dict, writer: ResponseWriter, send: Callable,
                    start_response: Callable, deferred: list) -> Optional[ZcLbError]:
+        """In a pool thread: run the application; the error that ended it
+        early if the LB went away (raised in the hub, not here)."""
         writer.began = time.perf_counter()
         try:
             self._run_app(environ, writer, send, start_response, deferred)
