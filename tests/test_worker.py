@@ -112,6 +112,28 @@ def test_an_exception_before_the_response_is_a_500(serve, caplog):
     assert start.status.startswith("500")
 
 
+@pytest.mark.parametrize("threads", [None, 2])
+@pytest.mark.parametrize("body", [["text"], [None], [bytearray(b"x")], [memoryview(b"x")]])
+def test_a_body_that_is_not_bytes_is_the_applications_500(serve, caplog, threads, body):
+    # PEP 3333 bodies are bytes.  A str once went down to the protocol,
+    # broke the response half-made and came out as a 502 blaming the
+    # worker; a bytearray went through from the source and failed compiled.
+    def app(environ, start_response):
+        if environ["PATH_INFO"] == "/write":
+            start_response("200 OK", [])(body[0])
+            return []
+        start_response("200 OK", [])
+        return body
+
+    worker, connection, _ = serve(app, threads=threads)
+    for path in ("/", "/write"):
+        start, data = call(connection, {"PATH_INFO": path})
+        assert start.status.startswith("500")
+    assert "response body must be bytes, not %s" % type(body[0]).__name__ in caplog.text
+    start, data = call(connection, {})  # still serving
+    assert start.status.startswith("500")
+
+
 def test_threads_run_blocking_apps_concurrently(serve):
     def blocking(environ, start_response):
         time.sleep(0.5)  # not gevent-aware: only threads help

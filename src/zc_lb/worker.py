@@ -27,7 +27,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Set, Tuple, cast
+from typing import Any, Callable, ClassVar, Dict, Final, List, Mapping, Optional, Set, Tuple, cast
 
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
@@ -161,6 +161,11 @@ class RequestInput(io.RawIOBase):
 # -- response output --------------------------------------------------------
 
 
+# PEP 3333: a response body is bytes (gunicorn and gevent's server refuse
+# anything else too).
+_NOT_BYTES: Final = "the application's response body must be bytes, not %s"
+
+
 class ResponseWriter:
     """Sends one response: status and headers lazily with the first body
     bytes (PEP 3333), body within credit, End at the end."""
@@ -180,7 +185,9 @@ class ResponseWriter:
         self.headers = [(k, v) for (k, v) in headers if k.lower() not in HOP_BY_HOP]
         return self.write
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: object) -> None:
+        if type(data) is not bytes:
+            raise TypeError(_NOT_BYTES % type(data).__name__)
         if self.status is None:
             raise AssertionError("write() before start_response()")
         exchange = self.exchange
@@ -199,10 +206,12 @@ class ResponseWriter:
         if data and not self.head:
             exchange.send_body(data)
 
-    def finish(self, data: bytes = b"") -> None:
+    def finish(self, data: object = b"") -> None:
         """End the response, after ``data`` (the whole body, when the
         application returned it in one piece: head, body and End then go
         in one write)."""
+        if type(data) is not bytes:
+            raise TypeError(_NOT_BYTES % type(data).__name__)
         exchange = self.exchange
         if not self.started:
             if self.status is None:
