@@ -54,7 +54,6 @@ may be sent when is ``protocol.py``'s business.
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 import struct
@@ -596,8 +595,8 @@ _DECODERS = {
     Cancel.TYPE: _decode_empty(Cancel),
     Credit.TYPE: _decode_credit,
     WHOLE_REQUEST: _decode_whole_request,
-    WHOLE_RESPONSE: None,  # per decoder, with its limits
-    READY_RESPONSE: None,  # per decoder, with its limits
+    WHOLE_RESPONSE: None,  # (``Decoder._next``: with the decoder's limits)
+    READY_RESPONSE: None,  # (the same)
 }
 
 
@@ -616,11 +615,6 @@ class Decoder:
         self._error: Optional[RemoteProtocolError] = None
         self._rno = 0  # the request number of the frame being decoded
         self._max_message, self._max_body = max_message, max_body
-        self._decoders = dict(_DECODERS)
-        self._decoders[WHOLE_RESPONSE] = functools.partial(_decode_whole_response,
-                                                           max_message, max_body)
-        self._decoders[READY_RESPONSE] = functools.partial(_decode_ready_response,
-                                                           max_message, max_body)
         limits = {mtype: max_message for mtype in _DECODERS}
         limits[Body.TYPE] = max_body
         limits[Resume.TYPE] = max_resume
@@ -687,12 +681,14 @@ class Decoder:
                 payload = bytes(view[pos + HEADER_SIZE:end])
         self._pos = end
         try:
-            # (The commonest two called directly: compiled, a native call.)
+            # (The commonest two first: compiled, each a native call.)
             if mtype == READY_RESPONSE:
                 return _decode_ready_response(self._max_message, self._max_body, rno, payload)
             if mtype == WHOLE_REQUEST:
                 return _decode_whole_request(rno, payload)
-            return self._decoders[mtype](rno, payload)
+            if mtype == WHOLE_RESPONSE:
+                return _decode_whole_response(self._max_message, self._max_body, rno, payload)
+            return _DECODERS[mtype](rno, payload)
         except RemoteProtocolError:
             raise
         except Exception as exc:  # whatever a hostile payload provokes

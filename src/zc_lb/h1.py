@@ -14,10 +14,10 @@ instead, since llhttp's callbacks cost a call a field; what it accepts
 is a subset of llhttp's grammar, and anything else goes to llhttp.  A
 request is handed out as soon as its head is complete; its body arrives
 in ``Request.body`` as more bytes are fed, and ``Request.complete`` says
-when it has all come.  Pipelined requests queue up behind the one being served; the reader is
-fed only when the server needs more (a head, or body bytes the
-application asks for), so at most one read past the current request is
-ever buffered.
+when it has all come.  Pipelined requests queue up behind the one being
+served; the reader is fed only when the server needs more (a head, or
+body bytes the application asks for), so at most one read past the
+current request is ever buffered.
 
 A head the rules refuse becomes a ``Request`` whose ``refusal`` is the
 ``BadRequest`` to answer (400, 431, 501 or 505), after which the reader
