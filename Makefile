@@ -17,13 +17,13 @@ APT_PACKAGES := zookeeper haproxy wrk systemd logrotate chromium chromium-driver
 
 # The modules of zc_lb.COMPILED (the routing pool, the HTTP head's parsing
 # and checks, ejection, the worker protocol's frames and state, its gevent
-# connections, the front server's client connections, the LB's forwarding
-# and the worker's serving), compiled by mypyc from the same source; the shared library
+# connections, the front server's client connections, the relayed request
+# head, the LB's forwarding and the worker's serving), compiled by mypyc from the same source; the shared library
 # holds their code, the other .so files are small shims.  ZC_LB_PURE=1
 # runs the source instead.
 COMPILED_SOURCES := $(addprefix src/zc_lb/,pool.py classstats.py locality.py slowstart.py \
 	relearn.py affinity.py h1.py httpparse.py forwarding.py classifier.py outlier.py \
-	frames.py protocol.py connection.py front.py lb.py worker.py)
+	relay.py frames.py protocol.py connection.py front.py lb.py worker.py)
 EXT_SUFFIX := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 COMPILED := src/zc_lb/_compiled__mypyc$(EXT_SUFFIX)
 # their tests, run once more on the source (the simulator's golden results
@@ -34,7 +34,7 @@ SOURCE_TESTS := tests/test_pool.py tests/test_affinity.py tests/test_classstats.
 	tests/test_forwarding.py tests/test_classifier.py tests/test_http_corpus.py \
 	tests/test_outlier.py tests/test_frames.py tests/test_protocol.py \
 	tests/test_connection.py tests/test_front.py tests/test_lb.py tests/test_links.py \
-	tests/test_worker.py tests/test_threads.py tests/test_hardening.py
+	tests/test_worker.py tests/test_threads.py tests/test_hardening.py tests/test_relay.py
 
 .PHONY: run test bench soak sysdeps venv compile zookeeper mypy clean
 
@@ -59,7 +59,7 @@ $(COMPILED): $(COMPILED_SOURCES) setup.py
 	touch $@
 
 mypy: venv
-	$(VENV)/bin/mypy src/zc_lb/pool.py src/zc_lb/affinity.py src/zc_lb/classstats.py src/zc_lb/locality.py src/zc_lb/slowstart.py src/zc_lb/relearn.py src/zc_lb/outlier.py src/zc_lb/concurrency.py src/zc_lb/resume.py src/zc_lb/frames.py src/zc_lb/protocol.py src/zc_lb/classifier.py src/zc_lb/settings.py src/zc_lb/tree.py src/zc_lb/httpparse.py src/zc_lb/h1.py src/zc_lb/spool.py src/zc_lb/forwarding.py src/zc_lb/guard.py src/zc_lb/proxyproto.py src/zc_lb/connection.py src/zc_lb/front.py src/zc_lb/lb.py src/zc_lb/worker.py
+	$(VENV)/bin/mypy src/zc_lb/pool.py src/zc_lb/affinity.py src/zc_lb/classstats.py src/zc_lb/locality.py src/zc_lb/slowstart.py src/zc_lb/relearn.py src/zc_lb/outlier.py src/zc_lb/concurrency.py src/zc_lb/resume.py src/zc_lb/frames.py src/zc_lb/protocol.py src/zc_lb/classifier.py src/zc_lb/settings.py src/zc_lb/tree.py src/zc_lb/httpparse.py src/zc_lb/h1.py src/zc_lb/spool.py src/zc_lb/forwarding.py src/zc_lb/guard.py src/zc_lb/proxyproto.py src/zc_lb/connection.py src/zc_lb/front.py src/zc_lb/lb.py src/zc_lb/worker.py src/zc_lb/relay.py
 
 venv: $(STAMP)
 

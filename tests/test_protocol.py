@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zc_lb import protocol
+from zc_lb import protocol, relay
 from zc_lb.errors import (AuthenticationError, BadResponseHead, LocalProtocolError,
                           RemoteProtocolError, ResponseHeadTooLarge)
 from zc_lb.protocol import (
@@ -564,7 +564,7 @@ def test_body_limit_does_not_apply_to_messages_and_vice_versa():
     assert decoder.next_message() == Resume({"a": 1.0, "b": 2.0})
 
 
-@pytest.mark.parametrize("mtype", [0, 7, 8, 9, 19, 100, 255])
+@pytest.mark.parametrize("mtype", [0, 7, 8, 9, 20, 100, 255])
 def test_unknown_frame_type(mtype):
     for rno in (0, 1):
         error = decode_error(HEADER.pack(rno, mtype, 0))
@@ -1268,3 +1268,28 @@ def test_the_connection_owns_its_requests_owners_and_whether_it_drains():
     rno = _started(third)
     third.lb.streams[rno].owner = owner
     assert [(stream.rno, stream.owner) for stream in third.lb.close()] == [(rno, owner)]
+
+
+def test_head_requests_go_only_to_a_worker_that_offers_them():
+    # A worker of the version before gets JSON environs; one that offers
+    # ``head`` may get HEAD_REQUEST frames, which decode to a Request.
+    lb, worker = ready_pair(protocol.LB_FEATURES, protocol.FEATURES)
+    assert not lb.relay
+    with pytest.raises(LocalProtocolError, match="does not take head requests"):
+        lb.start_request(None, True, b"")
+    worker.receive_data(protocol.HEADER.pack(1, protocol.HEAD_REQUEST, 0))
+    with pytest.raises(RemoteProtocolError, match="head Request frame not allowed"):
+        worker.next_event()
+    lb, worker = ready_pair(protocol.LB_FEATURES, protocol.WORKER_FEATURES)
+    assert lb.relay and not worker.relay
+    head = (relay.HEAD_PREFIX.pack(1, 2, 1) + b'{}c' + b"GET /p HTTP/1.1\r\nHost: h\r\n")
+    rno, data = lb.start_request(None, True, head)
+    assert HEADER.unpack_from(data)[1] == protocol.HEAD_REQUEST
+    worker.receive_data(data)
+    [request] = drain(worker)
+    assert (request.rno, request.end) == (rno, True)
+    assert request.environ["PATH_INFO"] == "/p" and request.environ["zc_lb.request_class"] == "c"
+    # The worker's own HEAD_REQUEST goes nowhere: an LB refuses one.
+    lb.receive_data(protocol.HEADER.pack(1, protocol.HEAD_REQUEST, 0))
+    with pytest.raises(RemoteProtocolError, match="head Request frame not allowed"):
+        lb.next_event()

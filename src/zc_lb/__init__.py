@@ -3,7 +3,7 @@
 The modules of the per-request path that pay for it (``COMPILED``: the
 routing pool, the HTTP head's parsing and checks, ejection, the worker
 protocol and its connections, the front server's client connections, the
-LB's forwarding and the worker's serving) may run compiled by
+relayed request head, the LB's forwarding and the worker's serving) may run compiled by
 mypyc from this same source: ``make`` builds them in place, and
 ``ZC_LB_COMPILE=1 pip wheel`` builds them into a wheel.  ``ZC_LB_PURE=1``
 runs the source even where they are built, and so does a checkout whose
@@ -20,8 +20,8 @@ import sys
 __version__ = "0.1.0"
 
 COMPILED = ("pool", "classstats", "locality", "slowstart", "relearn", "affinity",
-            "h1", "httpparse", "forwarding", "classifier", "outlier", "frames", "protocol",
-            "connection", "front", "lb", "worker")
+            "h1", "httpparse", "forwarding", "classifier", "outlier", "relay", "frames",
+            "protocol", "connection", "front", "lb", "worker")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 

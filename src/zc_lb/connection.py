@@ -404,8 +404,11 @@ class Connection:
 
     # -- requests -----------------------------------------------------
 
-    def open_request(self, environ: Dict[str, str], end: bool = False) -> Exchange:
-        """LB side: start a request, with End at once when it has no body."""
+    def open_request(self, environ: Optional[Dict[str, str]], end: bool = False,
+                     head: Optional[bytes] = None) -> Exchange:
+        """LB side: start a request, with End at once when it has no body:
+        its ``environ``, or its ``head`` where the worker takes head
+        requests (``relays``; see ``protocol.Connection.start_request``)."""
         if self.closed:
             raise self.error or self._closed_error(self.peer)
         proto = self.protocol
@@ -416,7 +419,7 @@ class Connection:
             self.handler.handle_goaway(self, "request numbers running out")
         if proto.last_rno >= protocol.MAX_RNO:
             raise self._closed_error("%s: no request numbers left" % self.peer)
-        rno, data = proto.start_request(environ, end)  # MessageTooLarge: nothing sent
+        rno, data = proto.start_request(environ, end, head)  # MessageTooLarge: nothing sent
         exchange = proto.streams[rno].owner = Exchange(self, rno)
         self.idle.clear()
         self.write(data)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from typing import Dict, Final, Iterable, List, Optional, Union
+from typing import Dict, Final, Iterable, List, Optional, Tuple, Union
 
 from .errors import ConfigurationError
 
@@ -103,6 +103,51 @@ class Forwarding:
             variables["HTTP_X_REQUEST_ID"] = _RANDOM.request_id()
 
 
+    def fields(self, fields: List[Tuple[str, str]], client: Optional[str], trusted: bool,
+               scheme: str) -> Tuple[List[Tuple[str, str]], List[Tuple[str, str]]]:
+        """``apply`` for a head's header fields: those kept (``fields``
+        itself when none is replaced, as for most requests) and those
+        added.  The variables made of the two are those ``apply`` makes of
+        the variables of ``fields`` (tests/test_relay.py)."""
+        found: Optional[Dict[str, List[str]]] = None  # the forwarding fields sent, by name
+        for name, value in fields:
+            if name[:2] in ("X-", "x-") and name.lower() in FIELDS:
+                if found is None:
+                    found = {}
+                found.setdefault(name.lower(), []).append(value)
+        sent: Dict[str, List[str]] = NOTHING_SENT if found is None else found
+        kept: List[str] = []  # (the names of those sent that are kept as they are)
+        extra: List[Tuple[str, str]] = []
+        if self.set_for and client:
+            previous = ",".join(sent["x-forwarded-for"]) if "x-forwarded-for" in sent else ""
+            extra.append(("X-Forwarded-For", "%s, %s" % (previous, client) if previous
+                          else client))
+        else:
+            kept.append("x-forwarded-for")
+        if self.set_proto and not (trusted and "x-forwarded-proto" in sent):
+            extra.append(("X-Forwarded-Proto", scheme))
+        else:
+            kept.append("x-forwarded-proto")
+        if self.set_host and not (trusted and "x-forwarded-host" in sent):
+            for name, value in fields:
+                if len(name) == 4 and name.lower() == "host":  # (check_head leaves one)
+                    extra.append(("X-Forwarded-Host", value))
+        else:
+            kept.append("x-forwarded-host")
+        if self.set_request_id and not (
+                "x-request-id" in sent and ",".join(sent["x-request-id"])):
+            extra.append(("X-Request-ID", _RANDOM.request_id()))
+        else:
+            kept.append("x-request-id")
+        if found is not None and not all(name in kept for name in found):
+            fields = [(n, v) for n, v in fields if n.lower() not in found or n.lower() in kept]
+        return fields, extra
+
+
+# The forwarding fields, as ``fields`` finds them among a head's.
+FIELDS: Final = frozenset(("x-forwarded-for", "x-forwarded-proto", "x-forwarded-host",
+                           "x-request-id"))
+NOTHING_SENT: Final[Dict[str, List[str]]] = {}  # (never changed)
 RANDOM_BATCH: Final = 4096  # bytes drawn from the OS at once: 256 request ids
 
 

@@ -47,6 +47,14 @@ per response.  The message is a ``Response`` whose ``head`` and
 parses the fields back for a reader that wants them.  An LB that does
 not offer it (an older version) gets JSON heads.
 
+Head requests: when a worker's Hello offers the feature ``head``, the
+LB sends a request's start as one ``HEAD_REQUEST`` frame: the request
+head as the LB's front checked it, with the client connection's facts
+and the request's class (relay.py says how), not a JSON environ; the
+worker builds the same variables from it.  The message is a ``Request``
+(with ``end`` set when the frame says the request has no body).  A
+worker that does not offer it (an older version) gets JSON environs.
+
 ``encode`` turns a message into bytes; a ``Decoder`` turns bytes into
 messages, checking each frame's type and size from its header.  What
 may be sent when is ``protocol.py``'s business.
@@ -65,6 +73,7 @@ from mypy_extensions import mypyc_attr
 
 from .errors import (LocalProtocolError, MessageTooLarge, RemoteProtocolError,
                      ResponseHeadTooLarge)
+from .relay import decode_head_request
 
 VERSION: Final = 1
 WINDOW: Final = 256 * 1024  # body bytes each side may send a request ahead, at the start
@@ -84,11 +93,14 @@ HEAD_LENGTH: Final = struct.Struct("!I")  # of the status and headers in a WHOLE
 WHOLE: Final = "whole"  # the Hello feature: whole requests and responses in one frame
 TIMING: Final = "timing"  # the Hello feature: a response head says the app's seconds
 READY: Final = "ready"  # the Hello feature: response heads ready for the client
+HEAD: Final = "head"  # the Hello feature: requests as their checked heads (relay.py)
 FEATURES: Final = (WHOLE, TIMING)  # what either side takes beyond version 1
 LB_FEATURES: Final = FEATURES + (READY,)  # what an LB takes: ready heads too
+WORKER_FEATURES: Final = FEATURES + (HEAD,)  # what a worker takes: head requests too
 WHOLE_REQUEST: Final = 16  # Request and End
 WHOLE_RESPONSE: Final = 17  # Response, Body and End
 READY_RESPONSE: Final = 18  # Response with a ready head, perhaps Body, perhaps End
+HEAD_REQUEST: Final = 19  # Request as its checked head, perhaps End (relay.py)
 READY_PREFIX: Final = struct.Struct("!BqdI")  # flags, Content-Length, elapsed, head length
 READY_START: Final = struct.Struct("!IBIBqdI")  # HEADER and READY_PREFIX, packed at once
 MAX_ELAPSED: Final = 1e9  # seconds: a response time past it is malformed
@@ -246,7 +258,7 @@ REQUEST_TYPES: Final[Dict[int, type]] = {
 FRAME_NAMES: Final[Dict[int, str]] = {
     mtype: cls.__name__ for mtype, cls in {**CONNECTION_TYPES, **REQUEST_TYPES}.items()}
 FRAME_NAMES.update({WHOLE_REQUEST: "whole Request", WHOLE_RESPONSE: "whole Response",
-                    READY_RESPONSE: "ready Response"})
+                    READY_RESPONSE: "ready Response", HEAD_REQUEST: "head Request"})
 
 
 class NeedData:
@@ -333,6 +345,14 @@ def request_frames(rno: int, environ: Dict[str, str], end: bool, whole: bool) ->
     if whole:
         return _frame(rno, WHOLE_REQUEST, payload)
     return _frame(rno, Request.TYPE, payload) + HEADER.pack(rno, End.TYPE, 0)
+
+
+def head_request_frame(rno: int, payload: bytes) -> bytes:
+    """A HEAD_REQUEST frame of ``payload`` (``relay.Relay.payload``)."""
+    if len(payload) > MAX_MESSAGE:  # the worker would drop the connection
+        raise MessageTooLarge("request head of %d bytes, over the frame limit of %d"
+                              % (len(payload), MAX_MESSAGE))
+    return HEADER.pack(rno, HEAD_REQUEST, len(payload)) + payload
 
 
 def _response_payload(status: Any, headers: List[Any],
@@ -522,6 +542,11 @@ def _decode_whole_request(rno: int, payload: bytes) -> Request:
     return Request(rno, _string_dict(_load_json(payload, "request"), "environ"), True)
 
 
+def _decode_head_request(rno: int, payload: bytes) -> Request:
+    environ, end = decode_head_request(payload)
+    return Request(rno, environ, end)
+
+
 def _decode_whole_response(max_message: int, max_body: int, rno: int,
                            payload: bytes) -> Response:
     if len(payload) < HEAD_LENGTH.size:
@@ -595,6 +620,7 @@ _DECODERS = {
     Cancel.TYPE: _decode_empty(Cancel),
     Credit.TYPE: _decode_credit,
     WHOLE_REQUEST: _decode_whole_request,
+    HEAD_REQUEST: _decode_head_request,
     WHOLE_RESPONSE: None,  # (``Decoder._next``: with the decoder's limits)
     READY_RESPONSE: None,  # (the same)
 }
@@ -684,6 +710,8 @@ class Decoder:
             # (The commonest two first: compiled, each a native call.)
             if mtype == READY_RESPONSE:
                 return _decode_ready_response(self._max_message, self._max_body, rno, payload)
+            if mtype == HEAD_REQUEST:
+                return _decode_head_request(rno, payload)
             if mtype == WHOLE_REQUEST:
                 return _decode_whole_request(rno, payload)
             if mtype == WHOLE_RESPONSE:

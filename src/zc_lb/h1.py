@@ -165,6 +165,8 @@ class RequestReader:
             return False
         if head.content_length is not None or head.chunked:
             return False
+        if head.fields is fields and head.path == parts[1]:  # (check_head changed nothing)
+            head.raw = data[:-2]
         request = Request(head, None, self._clock() if self._clock is not None else 0.0)
         request.complete = True
         self._ready.append(request)
@@ -311,6 +313,12 @@ def environ_key(name: str) -> Optional[str]:
     return key
 
 
+def path_info(target: str) -> str:
+    """PATH_INFO of an origin-form target: its path, percent-decoded."""
+    path = target.partition("?")[0]
+    return unquote_to_bytes(path).decode("latin-1") if "%" in path else path
+
+
 def request_variables(forward: dict, head: RequestHead) -> Optional[Dict[str, str]]:
     """Put the CGI variables of ``head`` into ``forward``, the header
     fields about one hop (RFC 9110 7.6.1, and those ``Connection`` names)
@@ -318,10 +326,8 @@ def request_variables(forward: dict, head: RequestHead) -> Optional[Dict[str, st
     any, for the LB's own environ.  Repeated fields are joined with commas
     (RFC 9110 5.3)."""
     path, _, query = head.path.partition("?")
-    if "%" in path:
-        path = unquote_to_bytes(path).decode("latin-1")
     forward["REQUEST_METHOD"] = head.method
-    forward["PATH_INFO"] = path
+    forward["PATH_INFO"] = unquote_to_bytes(path).decode("latin-1") if "%" in path else path
     forward["QUERY_STRING"] = query
     forward["RAW_URI"] = head.path
     forward["SERVER_PROTOCOL"] = head.version

@@ -95,7 +95,8 @@ class RequestHead:
     plain class: compiled, a dataclass's generated __init__ is Python,
     0.9 us a request; this one is 0.37 called from Python, less from h1.)"""
 
-    __slots__ = ("method", "path", "version", "fields", "content_length", "chunked", "close")
+    __slots__ = ("method", "path", "version", "fields", "content_length", "chunked", "close",
+                 "raw")
 
     def __init__(self, method: str, path: str, version: str,
                  fields: List[Tuple[str, str]]) -> None:
@@ -106,6 +107,10 @@ class RequestHead:
         self.content_length: Optional[int] = None
         self.chunked = False
         self.close = False
+        # The head's bytes as they came, less the empty line, where they
+        # say exactly what the fields do (h1.py's ``_simple``): relay.py
+        # sends them on as they are.
+        self.raw: Optional[bytes] = None
 
     def __repr__(self) -> str:
         return "<RequestHead %s %s %s %r>" % (self.method, self.path, self.version, self.fields)

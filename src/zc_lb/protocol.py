@@ -58,9 +58,11 @@ from .frames import (  # noqa: F401  (the frames' names are the protocol's too)
     FEATURES,
     FRAME_NAMES,
     GoAway,
+    HEAD,
     HEADER,
     HEADER_SIZE,
     HEAD_LENGTH,
+    HEAD_REQUEST,
     LB_FEATURES,
     READY,
     READY_PREFIX,
@@ -87,9 +89,11 @@ from .frames import (  # noqa: F401  (the frames' names are the protocol's too)
     WHOLE_RESPONSE,
     WIDE_WINDOW,
     WINDOW,
+    WORKER_FEATURES,
     body_header,
     encode,
     head_fields,
+    head_request_frame,
     ready_frame,
     request_frames,
 )
@@ -295,6 +299,7 @@ class Connection:
         self.whole = False  # send whole frames: the peer offered them
         self.timing = False  # say the application's seconds: the peer offered it
         self.ready = False  # send response heads ready for the client: the LB offered it
+        self.relay = False  # send requests as HEAD_REQUEST frames: the worker offered it
         self.streams: Dict[int, Stream] = {}
         self.last_rno = 0
         self.event_owner: object = None
@@ -310,11 +315,13 @@ class Connection:
         if role == "worker":
             refused |= {Resume.TYPE, Response.TYPE, WHOLE_RESPONSE, READY_RESPONSE}
         else:
-            refused |= {Request.TYPE, WHOLE_REQUEST}
+            refused |= {Request.TYPE, WHOLE_REQUEST, HEAD_REQUEST}
         if WHOLE not in features:  # a peer must not send what we did not offer
             refused |= {WHOLE_REQUEST, WHOLE_RESPONSE}
         if READY not in features:
             refused.add(READY_RESPONSE)
+        if HEAD not in features:
+            refused.add(HEAD_REQUEST)
         for mtype in refused:
             del open_limits[mtype]
         self._open_limits = open_limits
@@ -438,6 +445,7 @@ class Connection:
         self.whole = WHOLE in theirs.features
         self.timing = TIMING in theirs.features
         self.ready = READY in theirs.features and theirs.role == "lb"
+        self.relay = HEAD in theirs.features and theirs.role == "worker"
         if self.secret is None:
             return self._open()
         self._out.append(encode(Auth(auth_digest(self.secret, theirs.nonce, self.role))))
@@ -489,9 +497,13 @@ class Connection:
         out.clear()
         return data
 
-    def start_request(self, environ: Dict[str, str], end: bool = False) -> Tuple[int, bytes]:
+    def start_request(self, environ: Optional[Dict[str, str]], end: bool = False,
+                      head: Optional[bytes] = None) -> Tuple[int, bytes]:
         """LB side: a new request's number and its bytes (the whole request
-        when ``end``: it has no body).  MessageTooLarge changes nothing."""
+        when ``end``: it has no body): its ``environ``, or, for a worker
+        that takes them (``relay``), the payload of a HEAD_REQUEST frame
+        (``relay.Relay.payload``, which says ``end`` too).  MessageTooLarge
+        changes nothing."""
         if self.phase not in (OPEN_PHASE, CLOSING):
             raise LocalProtocolError("cannot send Request while %s" % self.phase)
         if self.role != "lb":
@@ -501,10 +513,17 @@ class Connection:
         rno = self.last_rno + 1
         if rno > MAX_RNO:
             raise LocalProtocolError("request number %d after %d" % (rno, self.last_rno))
-        try:
-            data = request_frames(rno, environ, end, self.whole)
-        except (ValueError, TypeError) as exc:  # (orjson: keys or values not strings)
-            raise LocalProtocolError("cannot encode the request environ: %s" % exc)
+        if head is not None:
+            if not self.relay:
+                raise LocalProtocolError("the worker does not take head requests")
+            data = head_request_frame(rno, head)
+        elif environ is None:
+            raise LocalProtocolError("a request needs an environ or a head")
+        else:
+            try:
+                data = request_frames(rno, environ, end, self.whole)
+            except (ValueError, TypeError) as exc:  # (orjson: keys or values not strings)
+                raise LocalProtocolError("cannot encode the request environ: %s" % exc)
         self.last_rno = rno
         stream = self.streams[rno] = Stream(rno, self.window)
         stream.sending = DONE if end else OPEN

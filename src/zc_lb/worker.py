@@ -44,7 +44,7 @@ from .errors import (BadResponseHead, ConfigurationError, CorruptResumeFile, Req
 from .loopwatch import LoopWatch
 from .h1 import start_again
 from .httpparse import HOP_BY_HOP
-from .protocol import FEATURES, MAX_BODY, Body, End, Request
+from .protocol import MAX_BODY, WORKER_FEATURES, Body, End, Request
 from .settings import WORKER_SETTINGS, check, log_change
 from .threads import HubProxy, Threads, call_in_hub
 
@@ -380,7 +380,7 @@ class Requests:
 class Worker(Handler):
     """A worker process's server: accepts LB connections, runs the app."""
 
-    protocol_features: ClassVar[Tuple[str, ...]] = FEATURES  # what we offer LBs beyond version 1
+    protocol_features: ClassVar[Tuple[str, ...]] = WORKER_FEATURES  # what we offer LBs beyond version 1
 
     def __init__(
         self,
@@ -788,9 +788,10 @@ class Worker(Handler):
         # the environ, which costs a lookup per default, not a store per
         # forwarded variable into a copy of the defaults.
         environ = cast(Dict[str, object], forwarded)
-        for key, value in self.ENVIRON_DEFAULTS.items():
-            if key not in environ:
-                environ[key] = value
+        if "wsgi.input" not in environ:  # (a head request's has all, and room: relay.ROOM)
+            for key, value in self.ENVIRON_DEFAULTS.items():
+                if key not in environ:
+                    environ[key] = value
         environ.update(fixed)
         environ["wsgi.input"] = RequestInput(exchange, ended)
         environ["wsgi.errors"] = sys.stderr
