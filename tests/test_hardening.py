@@ -9,6 +9,7 @@ processes, like test_e2e.py.  Every wait is bounded.
 """
 
 import http.client
+import json
 import os
 import signal
 import socket
@@ -597,11 +598,17 @@ def _mixed_app(environ, start_response):
     return ok_app(environ, start_response)
 
 
-@pytest.mark.parametrize("worker_class", [Worker, _WorkerBeforeWholeFrames])
+class _WorkerBeforeHeadRequests(Worker):
+    protocol_features = protocol.FEATURES  # as a worker of a version before head requests
+
+
+@pytest.mark.parametrize("worker_class", [Worker, _WorkerBeforeWholeFrames,
+                                          _WorkerBeforeHeadRequests])
 def test_whole_frames_or_not_every_kind_of_response_gets_through(stack, worker_class):
     s = stack(_mixed_app, worker_class=worker_class)
     connection = next(iter(s.lb.links.values())).connection
-    assert connection.protocol.whole == (worker_class is Worker)
+    assert connection.protocol.whole == (worker_class is not _WorkerBeforeWholeFrames)
+    assert connection.protocol.relay == (worker_class is Worker)
     client = s.client()
     assert client.request(path="/page")[::2] == (200, b"ok /page")
     assert client.request("HEAD", "/page")[::2] == (200, b"")
@@ -610,3 +617,41 @@ def test_whole_frames_or_not_every_kind_of_response_gets_through(stack, worker_c
     assert client.request(path="/empty")[::2] == (204, b"")
     poll(lambda: s.lb.in_flight == 0 and s.backlog() == 0 and s.streams() == 0,
          timeout=2, message="every request over")
+
+
+def _environ_app(environ, start_response):
+    """The environ's strings, as JSON (less what differs by connection)."""
+    seen = {k: v for k, v in environ.items()
+            if type(v) is str and k not in ("REMOTE_PORT", "SERVER_PORT", "zc_lb.worker")}
+    seen["wsgi.input"] = type(environ["wsgi.input"]).__name__
+    seen["wsgi.version"] = environ["wsgi.version"]
+    seen["wsgi.body"] = environ["wsgi.input"].read().decode()
+    body = json.dumps(seen, sort_keys=True).encode()
+    start_response("200 OK", [("Content-Length", str(len(body)))])
+    return [body]
+
+
+def test_a_worker_builds_the_environ_the_lb_sent_before(stack):
+    # A request relayed as its head (relay.py) gives the application the
+    # environ a JSON one did, to a worker of the version before.
+    requests = [
+        ("GET", "/a%20b?x=1", "a.example", b"", ()),
+        ("GET", "/", "www.b.example:8080", b"", (("Accept", "*/*"), ("Cookie", "a=1"),
+                                                  ("Cookie", "b=2"))),
+        ("GET", "/hop", "a.example", b"", (("Connection", "X-Private, keep-alive"),
+                                           ("X-Private", "p"), ("Keep-Alive", "5"),
+                                           ("X-Forwarded-For", "1.2.3.4"))),
+        ("POST", "/form", "a.example", b"a=1&b=2", (("Content-Type", "text/plain"),)),
+        ("HEAD", "/h", "a.example", b"", (("X_Underscore", "dropped"),)),
+    ]
+    seen = {}
+    for worker_class in (Worker, _WorkerBeforeHeadRequests):
+        s = stack(_environ_app, worker_class=worker_class)
+        client = s.client()
+        seen[worker_class] = [client.request(*request)[::2] for request in requests]
+    assert seen[Worker] == seen[_WorkerBeforeHeadRequests]
+    environs = [json.loads(body) for status, body in seen[Worker] if body]
+    assert [e["PATH_INFO"] for e in environs] == ["/a b", "/", "/hop", "/form"]
+    assert environs[1]["HTTP_COOKIE"] == "a=1,b=2" and environs[0]["wsgi.version"] == [1, 0]
+    assert "HTTP_X_PRIVATE" not in environs[2] and "HTTP_KEEP_ALIVE" not in environs[2]
+    assert environs[3]["wsgi.body"] == "a=1&b=2" and environs[3]["CONTENT_LENGTH"] == "7"

@@ -29,6 +29,13 @@ class (see affinity.py):
     named group ``key`` if it has one, else the whole match; no match
     gives no key.
 
+What a classifier or key function receives is a mapping of the
+request's variables: PEP 3333's CGI variables (``HTTP_HOST``,
+``PATH_INFO``...) and ``wsgi.url_scheme``, as strings, read-only.  From
+the LB's own front server it is the request's ``relay.Relay``, which
+answers the Host and the path from the checked head and makes the rest
+at the first question; from another WSGI server, the environ.
+
 A bad spec raises ConfigurationError at start-up, never per request.
 
 A class longer than ``MAX_CLASS`` characters is cut to that length, its
@@ -42,12 +49,12 @@ from __future__ import annotations
 import hashlib
 import importlib
 import re
-from typing import Callable, Dict, Final, Optional
+from typing import Callable, Final, Mapping, Optional
 
 from .errors import ConfigurationError
 
-Classifier = Callable[[Dict[str, object]], Optional[str]]
-KeyFunction = Callable[[Dict[str, object]], Optional[str]]
+Classifier = Callable[[Mapping[str, object]], Optional[str]]
+KeyFunction = Callable[[Mapping[str, object]], Optional[str]]
 
 MAX_CLASS: Final = 256  # characters (a DNS name has at most 253)
 CLASS_HASH: Final = 16  # hex digits of the hash that ends a class cut short
@@ -63,7 +70,7 @@ def bounded_class(rclass: str) -> str:
     return "%s~%s" % (rclass[:MAX_CLASS - CLASS_HASH - 1], digest)
 
 
-def host_classifier(environ: Dict[str, object]) -> str:
+def host_classifier(environ: Mapping[str, object]) -> str:
     """The Host header, lower-cased, no leading ``www.``, no port."""
     host = environ.get("HTTP_HOST") or environ.get("SERVER_NAME") or ""
     host = str(host).lower()
@@ -101,7 +108,7 @@ def regex_classifier(envkey: str, pattern: str) -> Classifier:
         )
     search = compiled.search
 
-    def classify(environ: Dict[str, object]) -> str:
+    def classify(environ: Mapping[str, object]) -> str:
         value = environ.get(envkey)
         if value is None:
             return ""
@@ -148,12 +155,12 @@ def get_classifier(spec: str) -> Classifier:
     return Guarded(obj)
 
 
-def path_key(environ: Dict[str, object]) -> Optional[str]:
+def path_key(environ: Mapping[str, object]) -> Optional[str]:
     """The request's path, without the query."""
     return str(environ.get("PATH_INFO") or "/")
 
 
-def no_key(environ: Dict[str, object]) -> Optional[str]:
+def no_key(environ: Mapping[str, object]) -> Optional[str]:
     """No affinity key."""
     return None
 
@@ -164,7 +171,7 @@ def regex_key(envkey: str, pattern: str) -> KeyFunction:
     search = _compile(pattern, "affinity key").search
     group = "key" if "key" in re.compile(pattern).groupindex else 0
 
-    def key(environ: Dict[str, object]) -> Optional[str]:
+    def key(environ: Mapping[str, object]) -> Optional[str]:
         value = environ.get(envkey)
         match = search(str(value)) if value is not None else None
         return match.group(group) if match is not None else None

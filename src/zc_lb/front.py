@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, cast
 
 import gevent  # type: ignore[import-untyped]
 import gevent.ssl  # type: ignore[import-untyped]
@@ -22,6 +22,8 @@ from gevent.hub import Waiter, get_hub  # type: ignore[import-untyped]
 from .errors import BadResponseHead, ClientError, ClientGone, HeadTimeout, ZcLbError
 from .h1 import (BODILESS_STATUS, REASONS, Request, RequestReader, check_response, date_line,
                  request_variables, response_head, start_again)
+from .httpparse import RequestHead
+from .relay import Facts, Relay
 from .sockets import send_all, wait
 
 log = logging.getLogger("zc_lb.http")  # the front server's log, as before the split
@@ -59,6 +61,7 @@ class ClientConnection:
         # The client's address, for each request's environ (set there, not
         # kept in dicts of this connection's own: an idle client costs less).
         self.remote = (address[0], str(address[1])) if isinstance(address, tuple) else None
+        self.facts: Optional[Facts] = None  # (relay.py's, made at the first request)
         forwarding = server.forwarding
         self.peer = address[0] if isinstance(address, tuple) else None
         self.evicted = False  # ended by the server to make room
@@ -294,26 +297,13 @@ class ClientConnection:
     def _serve(self, request: Request) -> None:
         head = request.head
         assert head is not None  # (a request without a head is a refusal)
-        # The environ is built once: its variables (less the hop-by-hop
-        # fields) are also what the LB forwards, as "zc_lb.forward".
         server = self.server
-        forward = dict(server.base_variables)
-        if self.remote is not None:
-            forward["REMOTE_ADDR"], forward["REMOTE_PORT"] = self.remote
-        hop = request_variables(forward, head)
-        forwarding = server.forwarding
-        if forwarding is not None:
-            forwarding.apply(forward, self.peer, self.trusted)
-        # What the worker gets too (str), and the objects only the LB sees.
-        # (A copy of ``forward`` is one copy of its table; an update with
-        # it, a store a key.)
-        environ = self.environ = forward.copy()
-        environ.update(server.base_objects)
+        if server.relays:  # the LB: the head is relayed, not made an environ
+            environ = self.environ = self._relay_environ(head)
+        else:
+            environ = self.environ = self._environ(head)
         environ["zc_lb.client_socket"] = self.sock  # to notice a hang-up
         environ["zc_lb.start_ready"] = self.start_ready  # (the LB's fast way)
-        if hop is not None:
-            environ.update(hop)
-        environ["zc_lb.forward"] = forward
         environ["wsgi.input"] = (NO_BODY if request.complete and not request.body_size
                                  else Input(self, request))
         if self.server.access_log is not None:
@@ -351,13 +341,66 @@ class ClientConnection:
             if server.access_log is not None:
                 self._log()
 
+    def _environ(self, head: RequestHead) -> Dict[str, Any]:
+        """PEP 3333's environ of ``head``; its variables (less the
+        hop-by-hop fields) are also what the LB would forward, as
+        "zc_lb.forward"."""
+        server = self.server
+        forward = self._connection_variables()
+        hop = request_variables(forward, head)
+        forwarding = server.forwarding
+        if forwarding is not None:
+            forwarding.apply(forward, self.peer, self.trusted)
+        # What a worker gets too (str), and the objects only the app sees.
+        # (A copy of ``forward`` is one copy of its table; an update with
+        # it, a store a key.)
+        environ: Dict[str, Any] = dict(forward)
+        environ.update(server.base_objects)
+        if hop is not None:
+            environ.update(hop)
+        environ["zc_lb.forward"] = forward
+        return environ
+
+    def _connection_variables(self) -> Dict[str, str]:
+        """The variables common to this connection's requests."""
+        variables = dict(self.server.base_variables)
+        if self.remote is not None:
+            variables["REMOTE_ADDR"], variables["REMOTE_PORT"] = self.remote
+        return variables
+
+    def _relay_environ(self, head: RequestHead) -> Dict[str, Any]:
+        """The LB's environ: its objects, the method and version the front
+        and the LB read, and the Relay ("zc_lb.relay"), which makes the
+        rest when it is asked (``_complete``)."""
+        server = self.server
+        facts = self.facts
+        if facts is None:
+            facts = self.facts = Facts(self._connection_variables())
+        environ: Dict[str, Any] = server.base_objects.copy()
+        environ["REQUEST_METHOD"] = head.method
+        environ["SERVER_PROTOCOL"] = head.version
+        environ["zc_lb.relay"] = Relay(head, facts, server.base_variables, self.remote,
+                                       server.forwarding, self.peer, self.trusted)
+        return environ
+
+    def _complete(self) -> Dict[str, Any]:
+        """This request's environ, with all its variables (a relayed
+        request's are made now): for the access log and log lines."""
+        environ = self.environ
+        if environ is None:
+            return {}
+        relay = environ.get("zc_lb.relay")
+        if relay is not None:
+            cast(Relay, relay).complete(environ)
+        return environ
+
     def _stalled(self) -> None:
         """The client took nothing (or sent nothing) for the client timeout:
         hang up, and say so, as the response is cut short."""
         self.close = True
         if not self.status:
             self.status = "000"
-        environ = self.environ or {}
+        environ = self._complete()
         log.info("client %s made no progress for %gs (%s %s, %d body bytes sent): closing",
                  _peer(self.client_address), self.server.client_timeout,
                  environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"), self.response_length)
@@ -368,14 +411,14 @@ class ClientConnection:
         look complete)."""
         self.close = True
         if exc is not None:
-            environ = self.environ or {}
+            environ = self._complete()
             log.warning("closing client connection (%s %s): %s",
                         environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"), exc)
         if not self.headers_sent:
             self._send_refusal(status)
             self.error = type(exc).__name__ if exc else "ApplicationError"
             self.server.count(status, self.error, str(exc or "the application failed"),
-                              self.environ)
+                              self._complete())
 
     def _refuse(self, refusal: ZcLbError) -> None:
         status = refusal.http_status
@@ -532,6 +575,7 @@ class ClientConnection:
     def _log(self) -> None:
         """The request's access log line (the server has an access log)."""
         access_log = self.server.access_log
+        self._complete()
         self.time_finish = time.time()
         access_log.write(access_log.format.format(self) + "\n")
 

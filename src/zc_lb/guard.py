@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +51,12 @@ class Guarded:
         self.slow_calls = 0
         self.slowest = 0.0
 
-    def __call__(self, environ: dict) -> Optional[str]:
+    def __call__(self, environ: Mapping[str, object]) -> Optional[str]:
         if self.pool is not None:
             return self.pool.apply(self._timed, (environ,))
         return self._timed(environ)
 
-    def _timed(self, environ: dict) -> Optional[str]:
+    def _timed(self, environ: Mapping[str, object]) -> Optional[str]:
         started = time.perf_counter()
         try:
             return self.func(environ)

@@ -143,6 +143,9 @@ class _Server(gevent.server.StreamServer):
         self.waiting: "collections.OrderedDict[ClientConnection, float]" = (
             collections.OrderedDict())
         self.application = application
+        # An application that takes a Relay (the LB) gets one in place of
+        # the request's variables (relay.py).
+        self.relays = bool(getattr(application, "relays", False))
         self.scheme = scheme
         self._set_base(*self.address[:2])
 

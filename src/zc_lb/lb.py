@@ -27,8 +27,8 @@ import os
 import socket
 import time
 from bisect import bisect_left
-from typing import (Any, Callable, DefaultDict, Dict, Hashable, Iterable, Mapping, Optional, Set,
-                    Tuple, cast)
+from typing import (Any, Callable, ClassVar, DefaultDict, Dict, Hashable, Iterable, Mapping,
+                    Optional, Set, Tuple, cast)
 
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
@@ -57,6 +57,7 @@ from .httpparse import HOP_BY_HOP
 from .outlier import Ejector
 from .pool import Pool
 from .protocol import MAX_BODY, Body, End, Response, head_fields
+from .relay import Relay
 from .settings import LB_SETTINGS, check, log_change
 from .siblings import SYNC_INTERVAL, Siblings, sync
 from .spool import Spool, SpoolLimits
@@ -268,6 +269,8 @@ class ResponseBody:
 
 class LB(LinkEvents):
     """The load balancer: worker links, the pool, and the forwarding app."""
+
+    relays: ClassVar[bool] = True  # takes a front server's Relay (relay.py) in the environ
 
     def __init__(
         self,
@@ -581,7 +584,11 @@ class LB(LinkEvents):
         return result
 
     def _forward(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        rclass, key = self._classify(environ)
+        # From the front server, a Relay (relay.py): the checked head,
+        # classified from itself, and sent as it is to a worker that
+        # takes it; from elsewhere, an environ.
+        relay = environ.get("zc_lb.relay")
+        rclass, key = self._classify(environ if relay is None else relay)
         environ["zc_lb.class"] = rclass  # for the access log, as are the zc_lb.* below
         name = request_class = "" if rclass is None else rclass
         classes = self.class_requests
@@ -589,14 +596,13 @@ class LB(LinkEvents):
         if count is None and len(classes) >= MAX_COUNTED_CLASSES:
             name, count = OTHER_CLASS, classes.get(OTHER_CLASS)
         classes[name] = (count or 0) + 1
-        has_body = (("CONTENT_LENGTH" in environ or "HTTP_TRANSFER_ENCODING" in environ)
-                    and _has_body(environ, self.max_request_body))  # (most have neither)
-        retryable = not has_body and environ["REQUEST_METHOD"] in RETRY_METHODS
-        forwarded = environ.get("zc_lb.forward")  # (the front server's: see _forwarded_environ)
-        if forwarded is not None:
-            forwarded["zc_lb.request_class"] = request_class
+        if relay is not None:
+            has_body = cast(Relay, relay).has_body(self.max_request_body)
         else:
-            forwarded = _forwarded_environ(environ, request_class)
+            has_body = (("CONTENT_LENGTH" in environ or "HTTP_TRANSFER_ENCODING" in environ)
+                        and _has_body(environ, self.max_request_body))  # (most have neither)
+        retryable = not has_body and environ["REQUEST_METHOD"] in RETRY_METHODS
+        forwarded: Optional[Dict[str, str]] = None  # (the JSON environ, made if needed)
         for attempt in range(self.max_retries + 1):
             connection = cast(Connection, self._get_worker(rclass, key))
             placed = self.pool.placed  # (``get`` has just set it: no switch since)
@@ -606,7 +612,13 @@ class LB(LinkEvents):
             environ["zc_lb.worker"] = peer
             exchange = upload = None
             try:
-                exchange = connection.open_request(forwarded, end=not has_body)
+                if relay is not None and connection.protocol.relay:
+                    exchange = connection.open_request(
+                        None, not has_body, cast(Relay, relay).payload(request_class, not has_body))
+                else:
+                    if forwarded is None:
+                        forwarded = _forwarded_environ(environ, request_class)
+                    exchange = connection.open_request(forwarded, end=not has_body)
                 if has_body:
                     upload = _send_body(exchange, environ["wsgi.input"])
                 response = self._await_response(exchange, upload, environ, retryable)
@@ -649,8 +661,9 @@ class LB(LinkEvents):
             % (self.in_flight, len(self.pool)))
         return False
 
-    def _classify(self, environ: dict) -> Tuple[Optional[str], Optional[str]]:
-        """The request's class (None: no class) and affinity key.  A failing
+    def _classify(self, environ: Any) -> Tuple[Optional[str], Optional[str]]:
+        """The request's class (None: no class) and affinity key, from an
+        environ or a Relay (a mapping of the request's variables).  A failing
         classifier or key function routes the request without either, and
         is logged once per distinct error, then counted."""
         try:  # (a user's function may return any object: its str is used)
@@ -798,6 +811,9 @@ class LB(LinkEvents):
     def _error(self, exc: ZcLbError, environ: dict,
                start_response: Callable) -> Iterable[bytes]:
         status = exc.http_status
+        relay = environ.get("zc_lb.relay")
+        if relay is not None:  # (the log line and the count read the variables)
+            cast(Relay, relay).complete(environ)
         cause = environ["zc_lb.error"] = type(exc).__name__  # (for the access log)
         message = str(exc)
         refused = environ.get("zc_lb.retry_refused")
@@ -994,9 +1010,11 @@ def _content_length(value: str) -> Optional[int]:
 
 def _forwarded_environ(environ: dict, rclass: str) -> Dict[str, str]:
     """What the worker gets of ``environ``: its CGI variables less the
-    hop-by-hop fields.  The front server (http.py) builds them with the
-    environ, as "zc_lb.forward"; an environ from elsewhere is sifted."""
-    forwarded = environ.get("zc_lb.forward")
+    hop-by-hop fields.  The front server's Relay makes them (for a worker
+    that does not take head requests); an environ from elsewhere is
+    sifted."""
+    relay = environ.get("zc_lb.relay")
+    forwarded = relay.variables() if relay is not None else environ.get("zc_lb.forward")
     if forwarded is not None:
         forwarded["zc_lb.request_class"] = rclass
         return forwarded
