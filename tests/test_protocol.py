@@ -8,13 +8,14 @@ bytes and arbitrary valid message sequences in arbitrary chunkings.
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zc_lb import protocol, relay
+from zc_lb import frames, protocol, relay
 from zc_lb.errors import (AuthenticationError, BadResponseHead, LocalProtocolError,
                           RemoteProtocolError, ResponseHeadTooLarge)
 from zc_lb.protocol import (
@@ -1293,3 +1294,37 @@ def test_head_requests_go_only_to_a_worker_that_offers_them():
     lb.receive_data(protocol.HEADER.pack(1, protocol.HEAD_REQUEST, 0))
     with pytest.raises(RemoteProtocolError, match="head Request frame not allowed"):
         lb.next_event()
+
+
+# A ready head's framing, as a regular expression: what ``ready_status``
+# checks with string operations.
+READY_HEAD = re.compile(rb"HTTP/1\.1 ([0-9]{3}[^\r\n]*)\r\n(?:[^\r\n]+\r\n)*")
+head_pieces = st.sampled_from([b"HTTP/1.1 ", b"200", b"2", b" OK", b"\r\n", b"\r", b"\n",
+                               b"X: y", b":", b"\xb2", b"\x00", b"\r\n\r\n", b"HTTP/1.0 "])
+
+
+@settings(max_examples=2000)
+@given(pieces=st.lists(head_pieces, max_size=10))
+def test_ready_status_is_the_framing_rule(pieces):
+    head = b"".join(pieces)
+    match = READY_HEAD.fullmatch(head)
+    expected = None if match is None else match.group(1).decode("latin-1")
+    assert frames.ready_status(head) == expected
+
+
+@pytest.mark.parametrize("head, status", [
+    (b"HTTP/1.1 200 OK\r\nA: b\r\n", "200 OK"),
+    (b"HTTP/1.1 204\r\n", "204"),
+    (b"HTTP/1.1 2000 OK\r\n", "2000 OK"),  # (the worker checked the status itself)
+    (b"HTTP/1.1 20 OK\r\n", None),
+    (b"HTTP/1.1 2\xb20 OK\r\n", None),  # (a digit in Unicode, not in HTTP)
+    (b"HTTP/1.1 200 OK\r\nA: b\r\n\r\nHTTP/1.1 200 OK\r\n", None),
+    (b"HTTP/1.1 200 OK\r\nA: b\nC: d\r\n", None),
+    (b"HTTP/1.1 200 OK\r\nA: b\rC: d\r\n", None),
+    (b"HTTP/1.1 200 OK\r\nA: b", None),
+    (b"HTTP/1.0 200 OK\r\n", None),
+])
+def test_ready_status(head, status):
+    assert frames.ready_status(head) == status
+    match = READY_HEAD.fullmatch(head)
+    assert (match and match.group(1).decode("latin-1")) == status
