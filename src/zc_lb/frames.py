@@ -599,7 +599,7 @@ def ready_status(head: bytes) -> Optional[str]:
             or text.find("\r\n\r\n") >= 0):
         return None
     for i in range(9, 12):
-        if not "0" <= text[i] <= "9":
+        if not 48 <= ord(text[i]) <= 57:  # (ASCII digits; compiled, ints compare natively)
             return None
     return text[9:text.find("\r\n")]
 
