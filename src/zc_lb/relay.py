@@ -17,17 +17,23 @@ sends the worker one ``HEAD_REQUEST`` frame (frames.py) that holds:
 - the connection's facts: the variables that are the same for every
   request of one client connection (the client's address and port, the
   server's name and port, the scheme...), as a JSON object made once per
-  client connection (``connection_facts``);
+  client connection (``Facts``; their bytes go with each request, the
+  work of making them does not);
 - the request's class, in UTF-8;
 - the head: the request line and the header fields, in HTTP/1.1's
   bytes, each line ending in CRLF, with the fields about one hop left
   out (RFC 9110 7.6.1, and those ``Connection`` names) and the
-  forwarding headers (forwarding.py) applied.
+  forwarding headers (forwarding.py) applied.  Where the checks changed
+  nothing and no field is left out, these are the head's bytes as they
+  came (``RequestHead.raw``), the forwarding lines after them; otherwise
+  the lines are made again from the checked fields.
 
 The worker (``decode_head_request``) builds the variables from them with
 the front's own function (``h1.request_variables``), keeping the facts
 it decoded by their bytes, as a connection sends the same ones with
 every request: a connection's variables cost it a copy of a small dict.
+(That dict also holds, empty, the keys the worker is to set, ``ROOM``,
+so that the copy is not made larger key by key.)
 What the worker gets is exactly what the JSON environ of a ``Request``
 frame held (tests/test_relay.py checks a corpus both ways); the LB sends
 that instead to a worker that does not offer the feature ``head``.
