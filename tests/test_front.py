@@ -376,3 +376,25 @@ def test_a_client_hanging_up_while_parked_is_counted_out(parking_front):
     sock.close()
     _until(lambda: front.server.connections == 0, message="counted out")
     assert not front.server.waiting
+
+
+def test_read1_gives_a_piece_as_it_came_and_at_most_what_is_asked():
+    def pieces_app(environ, start_response):
+        body, pieces = environ["wsgi.input"], []
+        pieces.append(body.read1(2))  # (a piece cut to what is asked)
+        while True:
+            piece = body.read1()
+            if not piece:
+                break
+            pieces.append(piece)
+        answer = repr((pieces, body.read1(), body.complete)).encode()
+        start_response("200 OK", [("Content-Length", str(len(answer)))])
+        return [answer]
+    head = b"POST /b HTTP/1.1\r\nHost: a\r\nContent-Length: 11\r\n\r\n"
+    sent, _ = serve_pieces(pieces_app, [head + b"abcd", b"efg", b"hijk"])
+    [(_, _, answer)] = responses(sent)
+    pieces, after, complete = eval(answer)
+    assert pieces[0] == b"ab" and b"".join(pieces) == b"abcdefghijk"
+    assert len(pieces) >= 3 and after == b"" and complete  # (not joined into one)
+    sent, _ = serve_pieces(pieces_app, [b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"])
+    assert responses(sent)[0][2] == repr(([b""], b"", True)).encode()

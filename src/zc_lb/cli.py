@@ -22,7 +22,8 @@ from . import restart, settings
 from .accesslog import DEFAULT_FORMAT
 from .errors import ConfigurationError, ZcLbError
 from .service import (DEFAULT_LISTEN, LBService, WorkerService, ignore_sighup,
-                      lb_status_app, parse_listeners, read_secret, wait_for_signal)
+                      keep_freed_memory, lb_status_app, parse_listeners, read_secret,
+                      wait_for_signal)
 
 log = logging.getLogger("zc_lb")
 
@@ -835,6 +836,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             args.config = os.path.abspath(args.config)
         if "chdir" in args:
             _enter_directory(args.chdir)
+        keep_freed_memory()  # (large bodies: see there)
         return args.run(args)
     except ZcLbError as exc:  # a configuration error exits 2, ZooKeeper down 69
         print("zc-lb %s: error: %s" % (args.command, exc), file=sys.stderr)

@@ -622,6 +622,25 @@ class Input:
             pass
         return self._take(request.body_size if size < 0 else min(size, request.body_size))
 
+    def read1(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (with -1, a piece) of what has come,
+        waiting for more only while nothing has: ``io``'s read1.  The
+        LB's upload reads with it, so that a body goes on a piece at a
+        time as it comes, not joined into larger ones first (a copy of
+        the whole body)."""
+        request = self._request
+        while not request.body_size and self._more():
+            pass
+        body = request.body
+        if not body:
+            return b""
+        part = body[0]
+        if size < 0 or len(part) <= size:
+            body.popleft()
+            request.body_size -= len(part)
+            return part
+        return self._take(size)
+
     def readline(self, size: int = -1) -> bytes:
         request = self._request
         size = -1 if size is None else size
@@ -672,6 +691,9 @@ class NoBody:
     buffered = 0
 
     def read(self, size: int = -1) -> bytes:
+        return b""
+
+    def read1(self, size: int = -1) -> bytes:
         return b""
 
     def readline(self, size: int = -1) -> bytes:

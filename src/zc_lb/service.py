@@ -22,6 +22,38 @@ log = logging.getLogger("zc_lb")
 DEFAULT_LISTEN = "127.0.0.1:8080"
 
 
+# glibc's malloc: the free memory it keeps at the top of its heap before
+# giving it back to the kernel, and the size from which it maps an
+# allocation on its own (``keep_freed_memory``).
+MALLOC_TRIM_THRESHOLD = 16 * 1024 * 1024
+MALLOC_MMAP_THRESHOLD = 1024 * 1024
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # (glibc's malloc.h)
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc keep up to MALLOC_TRIM_THRESHOLD of freed
+    memory rather than give it back at once.  A large body moves in
+    frames of up to 256 KiB, each in a buffer made and freed in turn;
+    by default malloc gave each back to the kernel (its trim threshold
+    follows its mmap threshold, which grows to the largest buffer freed)
+    and took it again for the next: two ``brk`` calls a frame, and every
+    page of it faulted in and zeroed once more.  That was most of the
+    LB's system time for a 20 MB body, and the LB moved 1.1-1.3 GB/s;
+    with this, 1.5-2.0.  Nothing is done where an operator set
+    ``MALLOC_TRIM_THRESHOLD_`` or ``MALLOC_MMAP_THRESHOLD_``, or where
+    the C library is not glibc (False)."""
+    if "MALLOC_TRIM_THRESHOLD_" in os.environ or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # (not glibc: musl has no mallopt)
+        return False
+    return bool(mallopt(M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD)
+                and mallopt(M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD))
+
+
 def read_secret(path: Optional[str]) -> Optional[bytes]:
     """The shared secret (or admin token) in the file at ``path``, if any."""
     if not path:
