@@ -204,6 +204,7 @@ class ClientConnection:
         client never parks.  PARKED: the caller must let the connection be."""
         assert self._readable is not None  # (made by the wait that timed out)
         self.parked = True
+        self.facts = None  # (made again by the next request: an idle client keeps less)
         self._readable.start(self._unpark)
         if timeout is not None:
             self._idle = get_hub().loop.timer(timeout)
