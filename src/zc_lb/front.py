@@ -39,6 +39,7 @@ def refusal(status: int) -> bytes:
 
 
 RECV_SIZE = 64 * 1024
+BODY_RECV_SIZE = 256 * 1024  # a request body's reads: a quarter of them, for a large one
 PARK_AFTER = 2.0  # seconds a keep-alive client idles before its greenlet is let go
 PARKED = object()  # what ``_next_request`` says of a connection it parked
 LINGER = 0.5  # seconds to read and drop a refused client's bytes before closing
@@ -286,7 +287,7 @@ class ClientConnection:
 
     def fill(self) -> None:
         """Read more of the body of the request being served."""
-        self.reader.receive_data(self.sock.recv(RECV_SIZE))
+        self.reader.receive_data(self.sock.recv(BODY_RECV_SIZE))
 
     def send_continue(self) -> None:
         """Tell a client that waits (Expect: 100-continue) to send its body."""
