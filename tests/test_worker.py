@@ -8,6 +8,7 @@ import gevent.event
 import gevent.socket
 import pytest
 
+from conftest import source_only
 from zc_lb.connection import Connection, Handler
 from zc_lb.errors import ConfigurationError
 from zc_lb.protocol import End
@@ -364,3 +365,42 @@ def test_a_served_request_leaves_no_garbage_cycle(serve, threads):
     leftover = _leftover_garbage(requests)
     assert not [o for o in leftover if isinstance(o, Exchange)]
 
+
+
+class _Chunks:
+    """An exchange that hands out body chunks, then End."""
+
+    def __init__(self, *chunks):
+        from zc_lb.protocol import Body, End
+
+        self.inbox = [Body(1, chunk) for chunk in chunks] + [End(1)]
+        self.consumed_bytes = 0
+
+    def receive(self):
+        return self.inbox.pop(0)
+
+    def widen(self):
+        pass
+
+    def consumed(self, n):
+        self.consumed_bytes += n
+
+
+@source_only  # (compiled, RequestInput takes a real Exchange; make test runs it on the source)
+def test_request_input_reads_across_chunks_as_asked():
+    from zc_lb.worker import RequestInput
+
+    chunks = [b"ab", b"cde", b"f", b"ghij", b"klmnop"]
+    body = RequestInput(_Chunks(*chunks))
+    assert body.read(0) == b""
+    first = body.read(2)
+    assert first == b"ab" and first is chunks[0]  # (a whole chunk is not copied)
+    assert body.read(4) == b"cdef"
+    assert body.read(3) == b"ghi"
+    assert body.readline() == b"jklmnop"
+    assert body.read() == b"" and body.read(5) == b""
+    body = RequestInput(_Chunks(*chunks))
+    assert body.read(1) == b"a" and body.read() == b"bcdefghijklmnop"
+    exchange = _Chunks(*chunks)
+    body = RequestInput(exchange)
+    assert body.read(100) == b"".join(chunks) and exchange.consumed_bytes == 16

@@ -135,9 +135,25 @@ class RequestInput(io.RawIOBase):
     def read(self, size: Optional[int] = -1) -> bytes:
         if size is None or size < 0:
             size = -1
-        while (size < 0 or self._buffered < size) and self._fill():
-            pass
-        return self._take(self._buffered if size < 0 else size)
+        if 0 <= size <= self._buffered:
+            return self._take(size)
+        # More than is buffered: each chunk taken as it comes, and the
+        # pieces joined once (a buffer grown chunk by chunk was copied
+        # whole with each one: most of a worker's copies of an upload).
+        pieces: List[bytes] = []
+        wanted = size
+        while True:
+            buffered = self._buffered
+            if buffered:
+                n = buffered if wanted < 0 else min(buffered, wanted)
+                pieces.append(self._take(n))
+                if wanted >= 0:
+                    wanted -= n
+                    if not wanted:
+                        break
+            if not self._fill():
+                break
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def readinto(self, b) -> int:  # type: ignore[override]
         data = self.read(len(b))
