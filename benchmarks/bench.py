@@ -32,13 +32,16 @@ Then large bodies (``bodies``, issue 27): an app (``bodies_app``) that
 answers a GET with 20 MB (one bytes object made once, yielded in 256 KB
 slices, as an app streaming a file yields its reads) and reads a POST's
 body in 64 KB reads, answering the byte count, served directly by
-gevent.pywsgi and through zc-lb (one worker, ``--greenlets``).  A plain
+gevent.pywsgi, through zc-lb (one worker, ``--greenlets``) and, for
+comparison, through HAProxy in front of the same pywsgi server.  A plain
 client on one keep-alive connection to each (TCP_NODELAY, bodies
 received with ``recv_into`` into one buffer) makes one warm-up transfer
 each way (the download's bytes checked), then times 5 downloads and 5
-uploads from each, one transfer at a time, taking turns between the two
-so that the machine's other work weighs on both alike; the line says the
-MB/s of each and zc-lb's time over the direct server's, each way.
+uploads from each, one transfer at a time, taking turns between them
+so that the machine's other work weighs on each alike; the line says the
+MB/s of each and zc-lb's and HAProxy's time over the direct server's,
+each way (the goal is zc-lb's; HAProxy's says what a proxy in C makes
+of the same two cores).
 
 Each target gets a short wrk warm-up, then one measured wrk run with the
 same settings (``wrk -t1 -cC -dNs --latency``).  Requests per second and
@@ -346,6 +349,21 @@ def haproxy_target(args: argparse.Namespace, app: str = "hello") -> Iterator[Tar
         yield "http://%s/" % listen, [process.pid], [p.pid for p, _ in servers]
 
 
+@contextlib.contextmanager
+def haproxy_in_front(args: argparse.Namespace, haproxy: str, server: str) -> Iterator[str]:
+    """HAProxy (the bench's config) in front of ``server`` alone: its address."""
+    with contextlib.ExitStack() as stack:
+        listen = "127.0.0.1:%d" % free_port()
+        cfg = stack.enter_context(tempfile.NamedTemporaryFile(
+            "w", prefix="zc-lb-haproxy-", suffix=".cfg"))
+        cfg.write(haproxy_config(args.haproxy_config, listen, [server, server]))
+        cfg.flush()
+        process = subprocess.Popen([haproxy, "-f", cfg.name, "-db"], stdout=subprocess.DEVNULL)
+        stack.callback(stop_process, process)
+        wait_for_port(listen, process)
+        yield listen
+
+
 def haproxy_config(template: str, listen: str, servers: List[str]) -> str:
     """The HAProxy config: ``template`` with its ports filled in."""
     text = Path(template).read_text(encoding="utf-8")
@@ -560,19 +578,28 @@ def time_bodies(addresses: List[str], size: int, transfers: int) -> List[Dict[st
 
 
 def measure_bodies(args: argparse.Namespace) -> Dict[str, object]:
-    """Large bodies through zc-lb (one worker) against the app served
-    directly: each way, MB/s of each and zc-lb's time over the direct's."""
+    """Large bodies through zc-lb (one worker), and through HAProxy if
+    it is installed, against the app served directly: each way, MB/s of
+    each and the proxies' times over the direct's."""
     size, transfers = args.body_mb * MB, args.body_transfers
+    haproxy = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/bin")
     with contextlib.ExitStack() as stack:
         _, direct_address = stack.enter_context(running(serve_argv("bodies"), SERVE_READY))
-        lb_address, _, _ = stack.enter_context(zc_lb_cluster(
-            args, ["benchmarks.bench:bodies_app", "--greenlets"], 1))
-        direct, zc_lb = time_bodies([direct_address, lb_address], size, transfers)
+        addresses = [direct_address, stack.enter_context(zc_lb_cluster(
+            args, ["benchmarks.bench:bodies_app", "--greenlets"], 1))[0]]
+        if haproxy is not None:
+            addresses.append(stack.enter_context(haproxy_in_front(
+                args, haproxy, direct_address)))
+        times = time_bodies(addresses, size, transfers)
+    direct, zc_lb = times[:2]
     result: Dict[str, object] = {"mb": args.body_mb, "transfers": transfers}
     for way in ("download", "upload"):
-        result[way] = {"direct_mb_s": transfers * size / MB / direct[way],
-                       "zc_lb_mb_s": transfers * size / MB / zc_lb[way],
-                       "ratio": zc_lb[way] / direct[way]}
+        numbers = result[way] = {"direct_mb_s": transfers * size / MB / direct[way],
+                                 "zc_lb_mb_s": transfers * size / MB / zc_lb[way],
+                                 "ratio": zc_lb[way] / direct[way]}
+        if haproxy is not None:
+            numbers["haproxy_mb_s"] = transfers * size / MB / times[2][way]
+            numbers["haproxy_ratio"] = times[2][way] / direct[way]
     result["goal_ratio"] = GOAL_BODIES
     result["met"] = all(result[way]["ratio"] <= GOAL_BODIES  # type: ignore[index]
                         for way in ("download", "upload"))
@@ -586,6 +613,9 @@ def bodies_line(result: Dict[str, object]) -> str:
         numbers: Dict[str, float] = result[way]  # type: ignore[assignment]
         ways.append("%s direct %.0f MB/s, zc-lb %.0f MB/s, %.1fx slower" % (
             way, numbers["direct_mb_s"], numbers["zc_lb_mb_s"], numbers["ratio"]))
+        if "haproxy_mb_s" in numbers:
+            ways[-1] += " (HAProxy %.0f MB/s, %.1fx)" % (numbers["haproxy_mb_s"],
+                                                         numbers["haproxy_ratio"])
     return "bodies (%s MB, %s each): %s; goal <= %.1fx: %s" % (
         result["mb"], result["transfers"], "; ".join(ways), GOAL_BODIES,
         "met" if result["met"] else "NOT met")

@@ -197,6 +197,13 @@ def test_the_bodies_line_says_each_way_and_the_goal():
     assert bench.bodies_line(result) == (
         "bodies (20 MB, 5 each): download direct 1000 MB/s, zc-lb 250 MB/s, 4.0x slower; "
         "upload direct 900 MB/s, zc-lb 600 MB/s, 1.5x slower; goal <= 2.0x: NOT met")
+    # With HAProxy measured in the same turns, its figures follow zc-lb's.
+    result["download"].update(haproxy_mb_s=500.0, haproxy_ratio=2.0)
+    result["upload"].update(haproxy_mb_s=450.0, haproxy_ratio=2.0)
+    assert bench.bodies_line(result) == (
+        "bodies (20 MB, 5 each): download direct 1000 MB/s, zc-lb 250 MB/s, 4.0x slower "
+        "(HAProxy 500 MB/s, 2.0x); upload direct 900 MB/s, zc-lb 600 MB/s, 1.5x slower "
+        "(HAProxy 450 MB/s, 2.0x); goal <= 2.0x: NOT met")
 
 
 def test_bench_bodies_tiny_run_prints_its_line():
@@ -207,8 +214,10 @@ def test_bench_bodies_tiny_run_prints_its_line():
     assert done.returncode == 0, done.stderr
     number = r"([\d.]+)"
     line = re.search(
-        r"^bodies \(1 MB, 1 each\): download direct {0} MB/s, zc-lb {0} MB/s, {0}x slower; "
-        r"upload direct {0} MB/s, zc-lb {0} MB/s, {0}x slower; goal <= 2\.0x: (?:NOT )?met$"
+        r"^bodies \(1 MB, 1 each\): download direct {0} MB/s, zc-lb {0} MB/s, {0}x slower"
+        r" \(HAProxy {0} MB/s, {0}x\); "
+        r"upload direct {0} MB/s, zc-lb {0} MB/s, {0}x slower \(HAProxy {0} MB/s, {0}x\); "
+        r"goal <= 2\.0x: (?:NOT )?met$"
         .format(number), done.stdout, re.M)
     assert line, done.stdout
     assert all(float(value) > 0 for value in line.groups()), done.stdout
