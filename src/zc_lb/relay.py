@@ -167,20 +167,25 @@ class Relay:
         return variables
 
     def all_variables(self) -> Dict[str, str]:
-        """The LB's view: ``variables`` and the fields about one hop."""
+        """The LB's view: ``variables`` and the fields about one hop,
+        theirs where both have a name (as the front's environ had it: a
+        field the client named in Connection is its own, not the one
+        forwarding set)."""
         variables = self._all
         if variables is None:
             variables = self._all = dict(self.variables())
             variables.pop("zc_lb.request_class", None)
             self._split()  # (which finds the fields about one hop)
+            hop: Dict[str, str] = {}
             for name, value in self._hop or ():
                 key = environ_key(name)
                 if key is None:
                     continue
-                if key in variables and key[:5] == "HTTP_":
-                    variables[key] += "," + value
+                if key in hop and key[:5] == "HTTP_":
+                    hop[key] += "," + value
                 else:
-                    variables[key] = value
+                    hop[key] = value
+            variables.update(hop)
         return variables
 
     def complete(self, environ: Dict[str, Any]) -> None:
