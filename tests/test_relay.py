@@ -6,6 +6,8 @@ import re
 
 import orjson
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from zc_lb.errors import RemoteProtocolError, RequestTooLarge
 from zc_lb.forwarding import Forwarding, parse_networks
@@ -218,3 +220,41 @@ def test_facts_are_decoded_once_per_connection():
     assert first == second and first is not second  # (each request its own dict)
     first["REMOTE_PORT"] = "changed"
     assert decode_head_request(payload(facts=facts))[0]["REMOTE_PORT"] == "4242"
+
+
+# Heads made at random from pieces of every kind the front takes (and
+# some it refuses, which are skipped): the two ways agree on each.
+names = st.sampled_from(["Host", "host", "Accept", "Cookie", "Connection", "Keep-Alive", "TE",
+                         "X-Forwarded-For", "x-forwarded-proto", "X-Forwarded-Host",
+                         "X-Request-ID", "X-Custom", "X_Under", "Content-Type", "Upgrade",
+                         "Proxy-Connection", "Transfer-Encoding", "Content-Length"])
+values = st.sampled_from(["", "a", "1.2.3.4", "close", "keep-alive", "X-Custom, close",
+                          "x-forwarded-for", "TE, X-Request-ID", "chunked", "3", " spaced ",
+                          "t\tab", "caf\xe9", "h.example:80", "a=1; b=2"])
+targets = st.sampled_from(["/", "/a%20b?q=1", "/x#f", "*", "http://abs.example/p?x",
+                           "/%41?%zz"])
+
+
+@settings(max_examples=500, deadline=None)
+@given(method=st.sampled_from(["GET", "HEAD", "POST", "OPTIONS"]), target=targets,
+       version=st.sampled_from(["HTTP/1.1", "HTTP/1.0"]),
+       fields=st.lists(st.tuples(names, values), max_size=8),
+       forwarding=st.sampled_from(FORWARDINGS), trusted=st.booleans())
+def test_any_head_the_front_takes_relays_as_the_environ_had_it(method, target, version, fields,
+                                                               forwarding, trusted):
+    data = ("%s %s %s\r\n" % (method, target, version)
+            + "".join("%s: %s\r\n" % field for field in fields) + "\r\n").encode("latin-1")
+    reader = RequestReader()
+    reader.receive_data(data)
+    request = reader.next_request()
+    assume(request is not None and request.refusal is None)
+    head = request.head
+    expected, hop = environ_variables(head, forwarding, trusted)
+    relay = relay_of(head, forwarding, trusted)
+    assert ids_made(relay.variables()) == ids_made(expected)
+    variables, _ = decode_head_request(relay.payload("c", True))
+    variables.pop("zc_lb.request_class")
+    assert without_room(variables) == relay.variables()
+    assert ids_made(relay.all_variables()) == ids_made({**expected, **hop})
+    assert relay.get("HTTP_HOST") == expected.get("HTTP_HOST")
+    assert relay.get("PATH_INFO") == expected["PATH_INFO"]
