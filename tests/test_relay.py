@@ -125,6 +125,25 @@ def test_a_simple_head_goes_as_it_came():
         b"GET /x HTTP/1.1\r\nHost: h\r\n")
 
 
+def test_fields_about_one_hop_go_with_the_head_as_it_came():
+    # The worker leaves them out itself, as the front's environ did: a
+    # browser's Connection: keep-alive does not make the head be made again.
+    data = b"GET /x HTTP/1.1\r\nHost: h\r\nConnection: keep-alive, X-A\r\nX-A: 1\r\n\r\n"
+    relay = relay_of(head_of(data), Forwarding(), False)
+    payload = relay.payload("", True)
+    assert data[:-2] in payload and payload.endswith(b"X-Request-ID: %s\r\n" % (
+        relay.variables()["HTTP_X_REQUEST_ID"].encode()))
+    assert without_room(decode_head_request(payload)[0]) == relay.variables()
+    assert "HTTP_X_A" not in relay.variables() and relay.all_variables()["HTTP_X_A"] == "1"
+    # A forwarding header the client's Connection names: made again, or the
+    # worker would leave out the one forwarding sets.
+    data = b"GET /x HTTP/1.1\r\nHost: h\r\nConnection: X-Forwarded-For\r\n\r\n"
+    relay = relay_of(head_of(data), Forwarding(), False)
+    payload = relay.payload("", True)
+    assert b"Connection" not in payload
+    assert decode_head_request(payload)[0]["HTTP_X_FORWARDED_FOR"] == REMOTE[0]
+
+
 def test_the_classifiers_mapping():
     head = head_of(b"GET /a%2Fb?q=1 HTTP/1.1\r\nHost: Example.COM:80\r\nConnection: close\r\n\r\n")
     relay = relay_of(head, Forwarding(), False)

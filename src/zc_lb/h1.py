@@ -325,15 +325,26 @@ def request_variables(forward: dict, head: RequestHead) -> Optional[Dict[str, st
     excepted: what a worker may see.  Those are returned, if there are
     any, for the LB's own environ.  Repeated fields are joined with commas
     (RFC 9110 5.3)."""
-    path, _, query = head.path.partition("?")
-    forward["REQUEST_METHOD"] = head.method
+    line_variables(forward, head.method, head.path, head.version)
+    return field_variables(forward, [(environ_key(name), value) for name, value in head.fields])
+
+
+def line_variables(forward: dict, method: str, target: str, version: str) -> None:
+    """The request line's part of ``request_variables``."""
+    path, _, query = target.partition("?")
+    forward["REQUEST_METHOD"] = method
     forward["PATH_INFO"] = unquote_to_bytes(path).decode("latin-1") if "%" in path else path
     forward["QUERY_STRING"] = query
-    forward["RAW_URI"] = head.path
-    forward["SERVER_PROTOCOL"] = head.version
+    forward["RAW_URI"] = target
+    forward["SERVER_PROTOCOL"] = version
+
+
+def field_variables(forward: dict, fields: List[Tuple[Optional[str], str]]
+                    ) -> Optional[Dict[str, str]]:
+    """The header fields' part of ``request_variables``, each field given
+    by its environ key (``environ_key``; None: left out) and its value."""
     hop: Optional[Dict[str, str]] = None
-    for name, value in head.fields:
-        key = environ_key(name)
+    for key, value in fields:
         if key is None:
             continue
         into = forward

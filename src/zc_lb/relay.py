@@ -46,19 +46,24 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping
-from typing import Any, Dict, Final, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Final, Iterator, List, Optional, Set, Tuple
 
 import orjson
 
 from .errors import RemoteProtocolError, RequestTooLarge
 from .forwarding import Forwarding
-from .h1 import environ_key, path_info, request_variables
-from .httpparse import HOP_BY_HOP, RequestHead
+from .forwarding import FIELDS as FORWARDING_FIELDS
+from .h1 import (HOP_BY_HOP_KEYS, environ_key, field_variables, line_variables, path_info,
+                 request_variables)
+from .httpparse import RequestHead
 
 HEAD_PREFIX: Final = struct.Struct("!BHH")  # flags, facts' length, class's length
 HEAD_END: Final = 1  # the flag: the request has no body (it ends with this frame)
 MAX_FACTS: Final = 1024  # connections' facts a worker keeps decoded
-HOP: Final = HOP_BY_HOP | {"proxy-connection"}  # (as h1.HOP_BY_HOP_KEYS)
+# The environ keys of the forwarding fields: a Connection that names one
+# keeps the head's bytes from going as they came (``_split``).
+FORWARDING_KEYS: Final = frozenset("HTTP_" + name.upper().replace("-", "_")
+                                   for name in FORWARDING_FIELDS)
 
 
 class Facts:
@@ -104,6 +109,7 @@ class Relay:
         self._kept: Optional[List[Tuple[str, str]]] = None  # (``_split``)
         self._extra: List[Tuple[str, str]] = NO_FIELDS  # (the forwarding fields)
         self._hop: Optional[List[Tuple[str, str]]] = None  # (the fields about one hop)
+        self._as_it_came = True  # the head's bytes (and ``_extra``) say what the worker gets
         self._variables: Optional[Dict[str, str]] = None  # (``variables``)
         self._all: Optional[Dict[str, str]] = None  # (``all_variables``)
         self.completed = False
@@ -119,37 +125,49 @@ class Relay:
     def _split(self) -> List[Tuple[str, str]]:
         """The head's fields kept (``head.fields`` itself if all are),
         and, in ``_hop`` and ``_extra``, those about one hop and those
-        forwarding adds.  Worked out once."""
+        forwarding adds.  Worked out once.  Whether a field is about one
+        hop goes by its environ key, as the front's environ went."""
         kept = self._kept
         if kept is not None:
             return kept
         kept = fields = self.head.fields
         for name, value in fields:
-            if name.lower() in HOP:  # (rare: split the fields)
-                kept, self._hop = _without_hop(fields)
+            if environ_key(name) in HOP_BY_HOP_KEYS:  # (Connection: keep-alive, most often)
+                kept, self._hop, named = _without_hop(fields)
+                # The worker leaves out the fields about one hop itself
+                # (request_variables), but it would leave out a forwarding
+                # header the client's Connection named too.
+                self._as_it_came = FORWARDING_KEYS.isdisjoint(named)
                 break
         forwarding = self.forwarding
         if forwarding is not None and forwarding:
-            kept, self._extra = forwarding.fields(kept, self.peer, self.trusted,
-                                                  self.base.get("wsgi.url_scheme", "http"))
+            forwarded, self._extra = forwarding.fields(kept, self.peer, self.trusted,
+                                                       self.base.get("wsgi.url_scheme", "http"))
+            if forwarded is not kept:  # (the client's own forwarding fields replaced)
+                self._as_it_came = False
+            kept = forwarded
         self._kept = kept
         return kept
 
     def payload(self, rclass: str, end: bool) -> bytes:
         """A HEAD_REQUEST frame's payload (see the module docstring): the
-        head's bytes as they came where the worker gets all its fields
-        (``RequestHead.raw``), else its lines made again."""
+        head's bytes as they came (``RequestHead.raw``), the fields about
+        one hop among them (the worker leaves them out as the front did),
+        where the forwarding fields added after them are all that
+        changes; else its lines made again."""
         head = self.head
         kept = self._split()
         raw = head.raw
-        if raw is not None and kept is head.fields:
-            text = raw + "".join([f"{name}: {value}\r\n"
-                                  for name, value in self._extra]).encode("latin-1")
-        else:
-            text = "".join([f"{head.method} {head.path} {head.version}\r\n"]
-                           + [f"{name}: {value}\r\n" for name, value in kept]
-                           + [f"{name}: {value}\r\n" for name, value in self._extra]
-                           ).encode("latin-1")
+        parts: List[str] = []
+        if raw is None or not self._as_it_came:
+            parts += (head.method, " ", head.path, " ", head.version, "\r\n")
+            for name, value in kept:
+                parts += (name, ": ", value, "\r\n")
+        for name, value in self._extra:
+            parts += (name, ": ", value, "\r\n")
+        text = "".join(parts).encode("latin-1")
+        if raw is not None and self._as_it_came:
+            text = raw + text
         return self.facts.start(rclass, end) + text
 
     def variables(self) -> Dict[str, str]:
@@ -259,24 +277,26 @@ Mapping.register(Relay)
 
 
 def _without_hop(fields: List[Tuple[str, str]]
-                 ) -> Tuple[List[Tuple[str, str]], List[Tuple[str, str]]]:
+                 ) -> Tuple[List[Tuple[str, str]], List[Tuple[str, str]], Set[Optional[str]]]:
     """``fields`` split: those a worker gets, and those about one hop
-    (RFC 9110 7.6.1, and those ``Connection`` names)."""
+    (RFC 9110 7.6.1, and those ``Connection`` names), by their environ
+    keys (h1.request_variables's rule); and the keys Connection names."""
     kept: List[Tuple[str, str]] = []
     hop: List[Tuple[str, str]] = []
-    named: List[str] = []
-    for name, value in fields:
-        lowered = name.lower()
-        if lowered in HOP:
-            hop.append((name, value))
-            if lowered == "connection":
-                named += [token.strip(" \t").lower() for token in value.split(",")]
+    named: Set[Optional[str]] = set()
+    for field in fields:
+        key = environ_key(field[0])
+        if key in HOP_BY_HOP_KEYS:
+            hop.append(field)
+            if key == "HTTP_CONNECTION":
+                named.update(environ_key(token.strip(" \t")) for token in field[1].split(","))
         else:
-            kept.append((name, value))
+            kept.append(field)
+    named.discard(None)
     if named:
-        hop += [(n, v) for n, v in kept if n.lower() in named]
-        kept = [(n, v) for n, v in kept if n.lower() not in named]
-    return kept, hop
+        hop += [field for field in kept if environ_key(field[0]) in named]
+        kept = [field for field in kept if environ_key(field[0]) not in named]
+    return kept, hop, named
 
 
 # -- the worker's side --------------------------------------------------
@@ -325,15 +345,33 @@ def decode_head_request(payload: bytes) -> Tuple[Dict[str, Any], bool]:
     parts = lines[0].split(" ")
     if len(parts) != 3 or lines[-1] or len(lines) < 2:
         raise RemoteProtocolError("malformed head request %r" % text[:200])
-    fields: List[Tuple[str, str]] = []
-    for i in range(1, len(lines) - 1):
-        name, colon, value = lines[i].partition(":")
-        if not colon or not name:
-            raise RemoteProtocolError("malformed head request field %r" % lines[i][:200])
-        fields.append((name, value.strip(" \t")))
-    request_variables(environ, RequestHead(parts[0], parts[1], parts[2], fields))
+    line_variables(environ, parts[0], parts[1], parts[2])
+    field_variables(environ, [_keyed(lines[i]) for i in range(1, len(lines) - 1)])
     environ["zc_lb.request_class"] = rclass
     return environ, (flags & HEAD_END) != 0
+
+
+_LINES: Final[Dict[str, Tuple[Optional[str], str]]] = {}  # field lines, by their text
+MAX_LINES: Final = 4096  # field lines a worker keeps keyed (``_keyed``)
+MAX_LINE: Final = 512  # characters of the longest kept
+
+
+def _keyed(line: str) -> Tuple[Optional[str], str]:
+    """A head request's field line as its environ key (None: left out)
+    and its value.  A client sends most of its fields with each request
+    (User-Agent, Accept...): the short lines are kept, and each comes to
+    one lookup instead of a partition, a strip and the key's lookup."""
+    field = _LINES.get(line)
+    if field is None:
+        name, colon, value = line.partition(":")
+        if not colon or not name:
+            raise RemoteProtocolError("malformed head request field %r" % line[:200])
+        field = (environ_key(name), value.strip(" \t"))
+        if len(line) <= MAX_LINE:
+            if len(_LINES) >= MAX_LINES:
+                _LINES.clear()
+            _LINES[line] = field
+    return field
 
 
 def _decode_facts(facts: bytes) -> Dict[str, Any]:
