@@ -21,12 +21,15 @@ sends the worker one ``HEAD_REQUEST`` frame (frames.py) that holds:
   work of making them does not);
 - the request's class, in UTF-8;
 - the head: the request line and the header fields, in HTTP/1.1's
-  bytes, each line ending in CRLF, with the fields about one hop left
-  out (RFC 9110 7.6.1, and those ``Connection`` names) and the
-  forwarding headers (forwarding.py) applied.  Where the checks changed
-  nothing and no field is left out, these are the head's bytes as they
-  came (``RequestHead.raw``), the forwarding lines after them; otherwise
-  the lines are made again from the checked fields.
+  bytes, each line ending in CRLF, with the forwarding headers
+  (forwarding.py) applied.  Where the checks changed nothing, these are
+  the head's bytes as they came (``RequestHead.raw``), the forwarding
+  lines after them, unless forwarding replaced fields the client sent or
+  the client's ``Connection`` names a forwarding header; otherwise the
+  lines are made again from the checked fields, less those about one
+  hop.  The worker leaves out the fields about one hop (RFC 9110 7.6.1,
+  and those ``Connection`` names) as the front left them out of the
+  environ, by their environ keys.
 
 The worker (``decode_head_request``) builds the variables from them with
 the front's own function (``h1.request_variables``), keeping the facts
