@@ -6,7 +6,7 @@ import re
 
 import orjson
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from zc_lb.errors import RemoteProtocolError, RequestTooLarge
@@ -254,7 +254,8 @@ targets = st.sampled_from(["/", "/a%20b?q=1", "/x#f", "*", "http://abs.example/p
                            "/%41?%zz"])
 
 
-@settings(max_examples=500, deadline=None)
+# (Heads the front refuses are skipped, about three in four: expected.)
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 @given(method=st.sampled_from(["GET", "HEAD", "POST", "OPTIONS"]), target=targets,
        version=st.sampled_from(["HTTP/1.1", "HTTP/1.0"]),
        fields=st.lists(st.tuples(names, values), max_size=8),
@@ -275,5 +276,7 @@ def test_any_head_the_front_takes_relays_as_the_environ_had_it(method, target, v
     variables.pop("zc_lb.request_class")
     assert without_room(variables) == relay.variables()
     assert ids_made(relay.all_variables()) == ids_made({**expected, **hop})
-    assert relay.get("HTTP_HOST") == expected.get("HTTP_HOST")
-    assert relay.get("PATH_INFO") == expected["PATH_INFO"]
+    # The mapping answers some keys from the head itself: as the environ.
+    environ = ids_made({**expected, **hop})
+    for key in list(environ) + ["HTTP_HOST", "HTTP_NOPE", "REMOTE_USER"]:
+        assert ids_made({key: relay.get(key, "-")}) == {key: environ.get(key, "-")}, key

@@ -234,16 +234,28 @@ class Relay:
     # -- the classifier's mapping -------------------------------------
 
     def get(self, key: str, default: Any = None) -> Any:
-        """A variable of the request: the Host and the path straight from
-        the head (what the default classifier and key read), the rest
-        from ``all_variables``."""
+        """A variable of the request: the Host, the request line's and the
+        connection's straight from the head and the facts (what the
+        default classifier and key read, and ``re:`` classifiers most
+        often), the rest from ``all_variables``."""
+        head = self.head
         if key == "HTTP_HOST":
-            for name, value in self.head.fields:
+            for name, value in head.fields:
                 if len(name) == 4 and name.lower() == "host":
                     return value  # (check_head leaves one at most)
             return default
         if key == "PATH_INFO":
-            return path_info(self.head.path)
+            return path_info(head.path)
+        if key == "QUERY_STRING":
+            return head.path.partition("?")[2]
+        if key == "REQUEST_METHOD":
+            return head.method
+        if key == "RAW_URI":
+            return head.path
+        if key == "SERVER_PROTOCOL":
+            return head.version
+        if key in self.base:  # (SERVER_NAME...: no field has such a key)
+            return self.base[key]
         return self.all_variables().get(key, default)
 
     def __getitem__(self, key: str) -> Any:
