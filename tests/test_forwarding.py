@@ -4,18 +4,25 @@ import pytest
 
 from zc_lb.errors import ConfigurationError
 from zc_lb.forwarding import Forwarding, parse_headers, parse_networks
+from zc_lb.h1 import request_variables
+from zc_lb.httpparse import RequestHead
 
 
-def variables(**headers):
-    found = {"wsgi.url_scheme": "https", "HTTP_HOST": "a.example"}
-    found.update({"HTTP_" + k.upper(): v for k, v in headers.items()})
-    return found
+def forwarded(forwarding, client, trusted, host="a.example", **headers):
+    """The HTTP_ variables a worker gets of a request over https with a
+    Host (unless None) and ``headers`` (x_forwarded_for=...), from
+    ``client``, after ``forwarding``."""
+    fields = [] if host is None else [("Host", host)]
+    fields += [(name.replace("_", "-").title(), value) for name, value in headers.items()]
+    kept, extra = forwarding.fields(fields, client, trusted, "https")
+    seen = {}
+    request_variables(seen, RequestHead("GET", "/", "HTTP/1.1", kept + extra))
+    return {key: value for key, value in seen.items() if key.startswith("HTTP_")}
 
 
 def test_the_client_is_appended_and_proto_and_host_overwritten():
-    seen = variables(x_forwarded_for="6.6.6.6", x_forwarded_proto="gopher",
-                     x_forwarded_host="evil")
-    Forwarding().apply(seen, "10.1.2.3", trusted=False)
+    seen = forwarded(Forwarding(), "10.1.2.3", False, x_forwarded_for="6.6.6.6",
+                     x_forwarded_proto="gopher", x_forwarded_host="evil")
     assert seen["HTTP_X_FORWARDED_FOR"] == "6.6.6.6, 10.1.2.3"
     assert seen["HTTP_X_FORWARDED_PROTO"] == "https"
     assert seen["HTTP_X_FORWARDED_HOST"] == "a.example"
@@ -23,29 +30,25 @@ def test_the_client_is_appended_and_proto_and_host_overwritten():
 
 
 def test_a_trusted_proxy_keeps_what_it_set_but_never_the_client_list():
-    seen = variables(x_forwarded_for="1.1.1.1", x_forwarded_proto="https",
-                     x_forwarded_host="www.example")
-    Forwarding().apply(seen, "10.0.0.9", trusted=True)
+    seen = forwarded(Forwarding(), "10.0.0.9", True, x_forwarded_for="1.1.1.1",
+                     x_forwarded_proto="https", x_forwarded_host="www.example")
     assert seen["HTTP_X_FORWARDED_FOR"] == "1.1.1.1, 10.0.0.9"
     assert (seen["HTTP_X_FORWARDED_PROTO"], seen["HTTP_X_FORWARDED_HOST"]) == (
         "https", "www.example")
-    bare = variables()
-    Forwarding().apply(bare, "10.0.0.9", trusted=True)  # it set none: ours
+    bare = forwarded(Forwarding(), "10.0.0.9", True)  # it set none: ours
     assert bare["HTTP_X_FORWARDED_PROTO"] == "https"
 
 
 def test_no_host_no_forwarded_host_and_an_id_is_kept():
-    seen = variables(x_forwarded_host="evil", x_request_id="given")
-    del seen["HTTP_HOST"]  # an HTTP/1.0 request
-    Forwarding().apply(seen, "10.1.2.3", trusted=False)
+    seen = forwarded(Forwarding(), "10.1.2.3", False, host=None,  # an HTTP/1.0 request
+                     x_forwarded_host="evil", x_request_id="given")
     assert "HTTP_X_FORWARDED_HOST" not in seen
     assert seen["HTTP_X_REQUEST_ID"] == "given"
 
 
 def test_only_the_chosen_headers_are_set():
-    seen = variables()
-    Forwarding(parse_headers("for")).apply(seen, "10.1.2.3", trusted=False)
-    assert set(seen) == {"wsgi.url_scheme", "HTTP_HOST", "HTTP_X_FORWARDED_FOR"}
+    seen = forwarded(Forwarding(parse_headers("for")), "10.1.2.3", False)
+    assert set(seen) == {"HTTP_HOST", "HTTP_X_FORWARDED_FOR"}
     assert not Forwarding(parse_headers("none"))
 
 
@@ -70,12 +73,7 @@ def test_a_bad_network_is_refused():
 
 def _request_ids(n):
     forwarding = Forwarding()
-    ids = []
-    for _ in range(n):
-        seen = variables()
-        forwarding.apply(seen, "10.1.2.3", trusted=False)
-        ids.append(seen["HTTP_X_REQUEST_ID"])
-    return ids
+    return [forwarded(forwarding, "10.1.2.3", False)["HTTP_X_REQUEST_ID"] for _ in range(n)]
 
 
 def test_request_ids_are_distinct_hex_across_batches_of_randomness():

@@ -69,8 +69,26 @@ def environ_variables(head, forwarding, trusted):
     forward["REMOTE_ADDR"], forward["REMOTE_PORT"] = REMOTE
     hop = request_variables(forward, head)
     if forwarding is not None:
-        forwarding.apply(forward, REMOTE[0], trusted)
+        apply_forwarding(forwarding, forward, REMOTE[0], trusted)
     return forward, hop or {}
+
+
+def apply_forwarding(forwarding, variables, client, trusted):
+    """The forwarding rules over the variables, as the front applied them
+    before relay.py: what Forwarding.fields must come to, stated apart."""
+    if forwarding.set_for and client:
+        previous = variables.get("HTTP_X_FORWARDED_FOR")
+        variables["HTTP_X_FORWARDED_FOR"] = "%s, %s" % (previous, client) if previous else client
+    if forwarding.set_proto and not (trusted and "HTTP_X_FORWARDED_PROTO" in variables):
+        variables["HTTP_X_FORWARDED_PROTO"] = variables.get("wsgi.url_scheme", "http")
+    if forwarding.set_host and not (trusted and "HTTP_X_FORWARDED_HOST" in variables):
+        host = variables.get("HTTP_HOST")
+        if host is None:
+            variables.pop("HTTP_X_FORWARDED_HOST", None)
+        else:
+            variables["HTTP_X_FORWARDED_HOST"] = host
+    if forwarding.set_request_id and not variables.get("HTTP_X_REQUEST_ID"):
+        variables["HTTP_X_REQUEST_ID"] = "0" * 32  # (a made one: see ids_made)
 
 
 def ids_made(variables):

@@ -18,8 +18,8 @@ ProxyFix read them the same way):
     application's own logs to share.
 
 Which of them the LB sets is ``headers`` (``--forwarded``).  The work is
-a few dict operations per request; whether the peer is trusted is worked
-out once per connection.
+a pass over the head's fields per request; whether the peer is trusted
+is worked out once per connection.
 """
 
 from __future__ import annotations
@@ -84,31 +84,13 @@ class Forwarding:
             return False
         return any(ip in network for network in self.trusted)
 
-    def apply(self, variables: Dict[str, str], client: Optional[str], trusted: bool) -> None:
-        """Set the headers in ``variables`` (CGI names) for a request from
-        ``client`` (the peer's address; ``trusted``: a trusted proxy)."""
-        if self.set_for and client:
-            previous = variables.get("HTTP_X_FORWARDED_FOR")
-            variables["HTTP_X_FORWARDED_FOR"] = (
-                "%s, %s" % (previous, client) if previous else client)
-        if self.set_proto and not (trusted and "HTTP_X_FORWARDED_PROTO" in variables):
-            variables["HTTP_X_FORWARDED_PROTO"] = variables.get("wsgi.url_scheme", "http")
-        if self.set_host and not (trusted and "HTTP_X_FORWARDED_HOST" in variables):
-            host = variables.get("HTTP_HOST")
-            if host is None:
-                variables.pop("HTTP_X_FORWARDED_HOST", None)
-            else:
-                variables["HTTP_X_FORWARDED_HOST"] = host
-        if self.set_request_id and not variables.get("HTTP_X_REQUEST_ID"):
-            variables["HTTP_X_REQUEST_ID"] = _RANDOM.request_id()
-
-
     def fields(self, fields: List[Tuple[str, str]], client: Optional[str], trusted: bool,
                scheme: str) -> Tuple[List[Tuple[str, str]], List[Tuple[str, str]]]:
-        """``apply`` for a head's header fields: those kept (``fields``
-        itself when none is replaced, as for most requests) and those
-        added.  The variables made of the two are those ``apply`` makes of
-        the variables of ``fields`` (tests/test_relay.py)."""
+        """The headers set for a request from ``client`` (the peer's
+        address; ``trusted``: a trusted proxy) over ``scheme``, with the
+        head's ``fields``: those kept (``fields`` itself when none is
+        replaced, as for most requests) and those added
+        (tests/test_relay.py states the rules over the variables too)."""
         found: Optional[Dict[str, List[str]]] = None  # the forwarding fields sent, by name
         for name, value in fields:
             if name[:2] in ("X-", "x-") and name.lower() in FIELDS:

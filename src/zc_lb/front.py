@@ -21,9 +21,9 @@ from gevent.hub import Waiter, get_hub  # type: ignore[import-untyped]
 
 from .errors import BadResponseHead, ClientError, ClientGone, HeadTimeout, ZcLbError
 from .h1 import (BODILESS_STATUS, REASONS, Request, RequestReader, check_response, date_line,
-                 request_variables, response_head, start_again)
+                 response_head, start_again)
 from .httpparse import RequestHead
-from .relay import Facts, Relay
+from .relay import Facts, Relay, connection_variables
 from .sockets import send_all, wait
 
 log = logging.getLogger("zc_lb.http")  # the front server's log, as before the split
@@ -344,46 +344,34 @@ class ClientConnection:
                 self._log()
 
     def _environ(self, head: RequestHead) -> Dict[str, Any]:
-        """PEP 3333's environ of ``head``; its variables (less the
-        hop-by-hop fields) are also what the LB would forward, as
+        """PEP 3333's environ of ``head``, for an application that takes
+        no Relay: the Relay's variables, all made now, and the objects;
+        what a worker would get of them (less the hop-by-hop fields) is
         "zc_lb.forward"."""
-        server = self.server
-        forward = self._connection_variables()
-        hop = request_variables(forward, head)
-        forwarding = server.forwarding
-        if forwarding is not None:
-            forwarding.apply(forward, self.peer, self.trusted)
-        # What a worker gets too (str), and the objects only the app sees.
-        # (A copy of ``forward`` is one copy of its table; an update with
-        # it, a store a key.)
-        environ: Dict[str, Any] = dict(forward)
-        environ.update(server.base_objects)
-        if hop is not None:
-            environ.update(hop)
-        environ["zc_lb.forward"] = forward
+        relay = self._relay(head)
+        environ: Dict[str, Any] = dict(relay.all_variables())
+        environ.update(self.server.base_objects)
+        environ["zc_lb.forward"] = relay.variables()
         return environ
-
-    def _connection_variables(self) -> Dict[str, str]:
-        """The variables common to this connection's requests."""
-        variables = dict(self.server.base_variables)
-        if self.remote is not None:
-            variables["REMOTE_ADDR"], variables["REMOTE_PORT"] = self.remote
-        return variables
 
     def _relay_environ(self, head: RequestHead) -> Dict[str, Any]:
         """The LB's environ: its objects, the method and version the front
         and the LB read, and the Relay ("zc_lb.relay"), which makes the
         rest when it is asked (``_complete``)."""
+        environ: Dict[str, Any] = self.server.base_objects.copy()
+        environ["REQUEST_METHOD"] = head.method
+        environ["SERVER_PROTOCOL"] = head.version
+        environ["zc_lb.relay"] = self._relay(head)
+        return environ
+
+    def _relay(self, head: RequestHead) -> Relay:
+        """The request as relay.py has it, with this connection's facts."""
         server = self.server
         facts = self.facts
         if facts is None:
-            facts = self.facts = Facts(self._connection_variables())
-        environ: Dict[str, Any] = server.base_objects.copy()
-        environ["REQUEST_METHOD"] = head.method
-        environ["SERVER_PROTOCOL"] = head.version
-        environ["zc_lb.relay"] = Relay(head, facts, server.base_variables, self.remote,
-                                       server.forwarding, self.peer, self.trusted)
-        return environ
+            facts = self.facts = Facts(connection_variables(server.base_variables, self.remote))
+        return Relay(head, facts, server.base_variables, self.remote, server.forwarding,
+                     self.peer, self.trusted)
 
     def _complete(self) -> Dict[str, Any]:
         """This request's environ, with all its variables (a relayed

@@ -69,6 +69,16 @@ FORWARDING_KEYS: Final = frozenset("HTTP_" + name.upper().replace("-", "_")
                                    for name in FORWARDING_FIELDS)
 
 
+def connection_variables(base: Dict[str, str],
+                         remote: Optional[Tuple[str, str]]) -> Dict[str, str]:
+    """The variables common to a client connection's requests: the
+    server's ``base`` ones and the client's ``remote`` address and port."""
+    variables = dict(base)
+    if remote is not None:
+        variables["REMOTE_ADDR"], variables["REMOTE_PORT"] = remote
+    return variables
+
+
 class Facts:
     """A client connection's facts: its variables common to all its
     requests, encoded once (``encoded``), and the start of the last
@@ -180,9 +190,7 @@ class Relay:
         variables = self._variables
         if variables is None:
             head = self.head
-            variables = self._variables = dict(self.base)
-            if self.remote is not None:
-                variables["REMOTE_ADDR"], variables["REMOTE_PORT"] = self.remote
+            variables = self._variables = connection_variables(self.base, self.remote)
             request_variables(variables, RequestHead(head.method, head.path, head.version,
                                                      self.fields()))
         return variables
