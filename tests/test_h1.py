@@ -162,7 +162,8 @@ def _outcome(requests, reader):
         head = request.head
         found.append(None if head is None else (
             head.method, head.path, head.version, head.fields, head.content_length,
-            head.chunked, head.close, request.complete, request.expect_continue))
+            head.chunked, head.close, request.complete, request.expect_continue,
+            b"".join(request.body)))
         found.append(None if request.refusal is None else (
             type(request.refusal), request.refusal.http_status, str(request.refusal)))
     return found, reader.broken
@@ -208,7 +209,31 @@ SIMPLE_VARIANTS = [
 ]
 
 
-@pytest.mark.parametrize("data", [request_bytes(case) for case in CASES] + SIMPLE_VARIANTS)
+# Bodies of a Content-Length, read by hand after a head read by hand.
+BODY_VARIANTS = [
+    b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello",
+    b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhelloGET /b HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"PUT /a HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabcPUT /b HTTP/1.1\r\nHost: a\r\n"
+    b"Content-Length: 2\r\n\r\nde",
+    b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 005\r\n\r\nhello",
+    b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\nGET /b HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 9\r\n\r\nhello",  # the rest to come
+    b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 2, 2\r\n\r\nhi",
+    b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nhi",
+    b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: +2\r\n\r\nhi",
+    b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length:\r\n\r\nhi",
+    b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999\r\n\r\nhi",
+    b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 999999999999999999\r\n\r\nhi",
+    b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n",
+    b"POST /a HTTP/1.0\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\nhi",
+    b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhiGET / HTTP/1.1\r\n\r\n",
+    b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhi\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET /b HTTP/1.1\r\nHost: a\r\n\r\n",
+]
+
+
+@pytest.mark.parametrize("data", [request_bytes(case) for case in CASES] + SIMPLE_VARIANTS
+                         + BODY_VARIANTS)
 def test_a_head_read_whole_is_what_llhttp_makes_of_it_in_pieces(data):
     """A head that comes whole in one read may be read without llhttp
     (``RequestReader._simple``); it must come out exactly as llhttp's
@@ -230,6 +255,31 @@ def test_the_simple_way_reads_the_commonest_heads():
 
     simple = [SIMPLE_VARIANTS[i].replace(b"GET", b"HEAD", 1) for i in (0, 1, 2, 4)]
     assert not any(llhttp_read(data) for data in simple)
-    assert llhttp_read(SIMPLE_VARIANTS[0].replace(b"GET", b"HEAD") * 2)  # two in one read
+    assert not llhttp_read(SIMPLE_VARIANTS[0].replace(b"GET", b"HEAD") * 2)  # two in one read
+    assert not llhttp_read(b"HEAD / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n")
+    assert not llhttp_read(BODY_VARIANTS[0].replace(b"POST", b"HEAD"))
     assert llhttp_read(b"HEAD / HTTP/1.1\r\nHost: a\r\nX-A: tab\there\r\n\r\n")
-    assert llhttp_read(b"HEAD / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n")
+    assert llhttp_read(BODY_VARIANTS[6].replace(b"POST", b"HEAD"))  # "2, 2": llhttp's to refuse
+
+
+def test_a_counted_body_is_kept_as_it_came_and_ends_at_its_length():
+    """A body read by hand goes into the request a read at a time, each
+    read that lies within it kept as the same object (no copy), and the
+    bytes after it are the next request's."""
+    reader = RequestReader()
+    reader.receive_data(b"PUT /a HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n0123")
+    request = reader.next_request()
+    piece = b"4567"
+    reader.receive_data(piece)
+    assert request.body[-1] is piece and request.body_size == 8 and not request.complete
+    reader.receive_data(b"89GET /b HTTP/1.1\r\nHost: a\r\n\r\n")
+    assert b"".join(request.body) == b"0123456789" and request.complete
+    assert reader.next_request().head.path == "/b" and not reader.broken
+
+
+def test_thousands_of_requests_in_one_read_are_all_read():
+    """A read of many small pipelined requests is taken in a loop (no
+    recursion, no copy of the rest for each one)."""
+    data = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n" * 3000
+    found, reader = read(data)
+    assert len(found) == 3000 and not reader.broken

@@ -101,6 +101,7 @@ class RequestReader:
         self._head_size = 0
         self._started = 0.0
         self._refusal: Optional[ClientError] = None
+        self._counting = 0  # bytes to come of a body read without llhttp
         self.broken = False
 
     # -- what the server calls ------------------------------------------
@@ -112,9 +113,21 @@ class RequestReader:
         if not data:
             self._end_of_file()
             return
-        if (not self._in_head and self._current is None and len(data) <= MAX_SIMPLE
-                and data.find(b"\r\n\r\n") == len(data) - 4 and self._simple(data)):
-            return  # (most requests: see ``_simple``)
+        start = 0  # (what is read of ``data`` by hand, not by llhttp)
+        while True:
+            if self._counting:  # a body of a known length (see ``_simple``)
+                start = self._count(data, start)
+            elif self._in_head or self._current is not None:
+                break
+            else:
+                end = data.find(b"\r\n\r\n", start, start + MAX_SIMPLE) + 4
+                if end < 4 or not self._simple(data, start, end):
+                    break
+                start = end  # (most requests: see ``_simple``)
+            if start == len(data):
+                return
+        if start:
+            data = data[start:]
         if self._in_head:
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD + MAX_FIELD_LINE:
@@ -132,18 +145,21 @@ class RequestReader:
         """The next request whose head is complete, or None (feed more)."""
         return self._ready.pop(0) if self._ready else None
 
-    def _simple(self, data: bytes) -> bool:
-        """Take ``data``, one whole head and nothing more, as a request
+    def _simple(self, data: bytes, start: int, end: int) -> bool:
+        """Take the head from ``start`` to ``end`` in ``data`` as a request
         without llhttp if it has the commonest shape: printable ASCII, a
         method of ``SIMPLE_METHODS``, HTTP/1.1 or 1.0, field names of
-        letters, digits and hyphens, values without tabs, and no body.
-        Its fields then go through ``check_head`` as llhttp's do.  Each
-        of these is a grammar llhttp accepts, so the request is what
-        llhttp would have made of it (tests/test_h1.py checks the corpus
-        both ways), at less than half the cost of its callbacks: one
-        call a field.  Anything else, a request ``check_head`` refuses
-        included, is left to llhttp (False), for its refusal."""
-        text = data.decode("latin-1")
+        letters, digits and hyphens, values without tabs, and no body or
+        a body of one plain Content-Length (digits only).  Its fields
+        then go through ``check_head`` as llhttp's do.  Each of these is
+        a grammar llhttp accepts, so the request is what llhttp would
+        have made of it (tests/test_h1.py checks the corpus both ways),
+        at less than half the cost of its callbacks: one call a field.
+        Its body is then counted off the bytes as they come (``_count``)
+        instead of going through llhttp, which copied every piece of it.
+        Anything else, a request ``check_head`` refuses included, is
+        left to llhttp (False), for its refusal."""
+        text = data[start:end].decode("latin-1")
         if not text.isascii():
             return False
         lines = text.split("\r\n")  # (the head's lines, then "" and "")
@@ -154,23 +170,52 @@ class RequestReader:
                 or not parts[1].isprintable()):
             return False
         fields: List[Tuple[str, str]] = []
+        lengths = 0
         for i in range(1, len(lines) - 2):
             name, colon, value = lines[i].partition(":")
             if not colon or not name.replace("-", "").isalnum() or not value.isprintable():
                 return False
-            fields.append((name, value.strip(" ")))
+            value = value.strip(" ")
+            if len(name) == 14 and name.lower() == "content-length":
+                if not value.isdigit() or len(value) > 18:
+                    return False  # (llhttp's, for its grammar and its overflow)
+                lengths += 1
+            fields.append((name, value))
         try:
             head = check_head(parts[0], parts[1].encode("ascii"), parts[2], fields)
         except BadRequest:
             return False
-        if head.content_length is not None or head.chunked:
+        if head.chunked or lengths > 1:
             return False
         if head.fields is fields and head.path == parts[1]:  # (check_head changed nothing)
-            head.raw = data[:-2]
+            head.raw = data[start:end - 2]
         request = Request(head, None, self._clock() if self._clock is not None else 0.0)
-        request.complete = True
         self._ready.append(request)
+        length = head.content_length
+        if not length:
+            request.complete = True
+        else:
+            request.expect_continue = _expects_continue(head)
+            self._current, self._counting = request, length
         return True
+
+    def _count(self, data: bytes, start: int) -> int:
+        """Take what ``data`` has from ``start`` of the body being counted
+        into its request; where the body's bytes end in ``data``."""
+        current = self._current
+        assert current is not None
+        remaining = self._counting
+        if start == 0 and len(data) <= remaining:
+            piece = data  # (the commonest: a read within the body, kept as it came)
+        else:
+            piece = data[start:start + remaining]
+        current.body.append(piece)
+        current.body_size += len(piece)
+        self._counting = remaining - len(piece)
+        if not self._counting:
+            current.complete = True
+            self._current = None
+        return start + len(piece)
 
     @property
     def in_head(self) -> bool:
@@ -255,10 +300,8 @@ class RequestReader:
         request = Request(head, None, self._started)
         if head.content_length is None and not head.chunked:
             request.complete = True  # no body
-        elif version == "1.1":
-            for name, value in head.fields:
-                if len(name) == 6 and name.lower() == "expect":
-                    request.expect_continue = value.lower() == "100-continue"
+        else:
+            request.expect_continue = _expects_continue(head)
         self._current = request
         self._ready.append(request)
         self._fields, self._url = [], b""  # (an idle client keeps none of its last head)
@@ -274,6 +317,17 @@ class RequestReader:
         if current is not None:
             current.complete = True
             self._current = None
+
+
+def _expects_continue(head: RequestHead) -> bool:
+    """The client waits to be asked for the body (HTTP/1.1 only)."""
+    if head.version != "HTTP/1.1":
+        return False
+    expects = False
+    for name, value in head.fields:
+        if len(name) == 6 and name.lower() == "expect":
+            expects = value.lower() == "100-continue"
+    return expects
 
 
 def _target(url: bytes) -> bytes:
