@@ -246,3 +246,51 @@ def test_a_frame_split_after_many_decoded_frames_decodes_intact():
     assert feed(data[cut:], decoder, seed=3) == [large]
     assert decoder.buffered == 0
 
+
+
+def test_a_large_body_frame_is_handed_on_in_pieces_as_it_comes():
+    """From STREAM_AT bytes a Body frame goes on a piece per read, in
+    order, and the frames after it decode intact, however it is split."""
+    large = Body(7, bytes(range(256)) * 1024)  # 256 KiB
+    assert len(large.data) >= frames.STREAM_AT
+    after = [End(7), Body(8, b"x" * 100), Credit(8, 5)]
+    data = encode(Body(6, b"before")) + encode(large) + b"".join(encode(m) for m in after)
+    counts = []
+    for seed in range(6):
+        decoder, out, pos, rng = Decoder(), [], 0, random.Random(seed)
+        while pos < len(data):
+            size = rng.choice([1, 7, 1000, 70000, 300000])
+            decoder.receive_data(data[pos:pos + size])
+            pos += size
+            out.extend(drain(decoder))
+        pieces = [m for m in out if type(m) is Body and m.rno == 7]
+        assert b"".join(p.data for p in pieces) == large.data
+        assert [m for m in out if not (type(m) is Body and m.rno == 7)] == [Body(6, b"before")] + after
+        assert out.index(pieces[-1]) + 1 == out.index(after[0])
+        counts.append(len(pieces))
+    assert max(counts) > 1  # (a frame that came whole in one read goes on whole)
+
+
+def test_the_rest_of_a_large_body_frame_is_wanted_alone_and_kept_as_it_came():
+    """``wants``: the rest of a large frame, read by itself, goes on as
+    the very bytes object the read made; then a header alone."""
+    payload = b"y" * frames.STREAM_AT
+    data = encode(Body(3, payload))
+    decoder = Decoder()
+    decoder.receive_data(data[:frames.HEADER_SIZE + 10])
+    assert drain(decoder) == [Body(3, payload[:10])]
+    assert decoder.wants() == len(payload) - 10
+    rest = data[frames.HEADER_SIZE + 10:]
+    decoder.receive_data(rest)
+    [piece] = drain(decoder)
+    assert piece.data is rest
+    assert decoder.wants() == frames.HEADER_SIZE
+    decoder.receive_data(encode(End(3)))
+    assert decoder.wants() == 0 and drain(decoder) == [End(3)]
+
+
+def test_a_large_body_frame_over_its_limit_is_refused_from_the_header_alone():
+    decoder = Decoder(max_body=frames.STREAM_AT)
+    decoder.receive_data(HEADER.pack(4, Body.TYPE, frames.STREAM_AT + 1) + b"z" * 10)
+    with pytest.raises(RemoteProtocolError):
+        drain(decoder)

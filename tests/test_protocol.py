@@ -1150,6 +1150,19 @@ def test_a_peer_past_its_credit_is_an_error():
         wire.worker.next_event()
 
 
+def test_a_large_body_frame_past_the_credit_is_an_error_though_it_comes_in_pieces():
+    """A frame handed on in pieces as it comes (frames.STREAM_AT) is held
+    to the credit all the same: the piece that passes it is refused."""
+    wire = Wire(window=frames.STREAM_AT)
+    rno = _started(wire)
+    data = encode(Body(rno, b"x" * (frames.STREAM_AT + 1)))
+    wire.worker.receive_data(data[:1000])
+    assert isinstance(wire.worker.next_event(), Body)  # (the first piece is within it)
+    wire.worker.receive_data(data[1000:])
+    with pytest.raises(RemoteProtocolError, match="past the credit"):
+        wire.worker.next_event()
+
+
 def test_request_numbers():
     wire = Wire()
     rno = _started(wire)

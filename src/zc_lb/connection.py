@@ -506,9 +506,12 @@ class Connection:
     # -- reading ------------------------------------------------------
 
     def _read_loop(self) -> None:
-        proto, recv_into = self.protocol, self.sock.recv_into
+        sock = self.sock
+        proto, recv, recv_into = self.protocol, sock.recv, sock.recv_into
         # Into one buffer: recv(RECV_SIZE) allocated (and often mmapped)
-        # a quarter megabyte per read, then shrank it.
+        # a quarter megabyte per read, then shrank it.  But the rest of a
+        # large body frame is read by itself with recv, its bytes handed
+        # on as they are (see ``frames.Decoder.wants``).
         buffer = bytearray(RECV_SIZE)
         view = memoryview(buffer)
         # After a short read the socket is drained: wait for it to be
@@ -519,11 +522,18 @@ class Connection:
         try:
             self._dispatch_events()
             while not self.closed:
-                n = recv_into(buffer)
+                size = proto.wants()
+                if size:
+                    data = recv(min(size, RECV_SIZE))
+                    n = len(data)
+                    proto.receive_data(data)
+                else:
+                    size = RECV_SIZE
+                    n = recv_into(buffer)
+                    proto.receive_data(view[:n] if n else b"")
                 self._last_received = time.monotonic()
-                proto.receive_data(view[:n] if n else b"")
                 self._dispatch_events()
-                if 0 < n < RECV_SIZE and not self.closed:
+                if 0 < n < size and not self.closed:
                     hub.wait(readable)
         except RemoteProtocolError as exc:
             log.warning("protocol error from %s, disconnecting: %s", self.peer, exc)

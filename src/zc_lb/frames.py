@@ -83,6 +83,7 @@ MAX_RESUME: Final = 64 * 1024 * 1024
 MAX_RNO: Final = 2**32 - 1
 COMPACT_AT: Final = 64 * 1024  # decoded bytes kept at the buffer's head at most
 COPY_ONCE_AT: Final = 4096  # payloads from this size are copied out through a memoryview
+STREAM_AT: Final = 64 * 1024  # a Body frame this large is handed on in pieces as it comes
 
 HEADER: Final = struct.Struct("!IBI")
 HEADER_SIZE: Final = HEADER.size
@@ -651,6 +652,10 @@ class Decoder:
                  max_resume: int = MAX_RESUME) -> None:
         self._buffer = bytearray()
         self._pos = 0
+        self._pieces: List[Body] = []  # of a large Body frame, to hand on
+        self._body_left = 0  # bytes still to come of that frame
+        self._body_rno = 0
+        self._header_next = 0  # (see ``wants``)
         self._error: Optional[RemoteProtocolError] = None
         self._rno = 0  # the request number of the frame being decoded
         self._max_message, self._max_body = max_message, max_body
@@ -670,7 +675,29 @@ class Decoder:
 
     def receive_data(self, data: Union[bytes, memoryview]) -> None:
         """Add bytes received from the peer."""
+        self._header_next = 0
+        left = self._body_left
+        if left:  # the rest of a large Body frame: handed on as it comes
+            piece = data if len(data) <= left else data[:left]
+            self._pieces.append(Body(self._body_rno, piece if type(piece) is bytes
+                                     else bytes(piece)))
+            self._body_left = left - len(piece)
+            if not self._body_left and len(piece) == len(data):
+                self._header_next = HEADER_SIZE
+                return
+            data = data[len(piece):]
         self._buffer += data
+
+    def wants(self) -> int:
+        """How many bytes the next read should take, 0 for as many as
+        come.  A Body frame of STREAM_AT bytes or more is handed on in
+        pieces as its payload comes, not gathered first: while the rest
+        of one is to come this is its size, for a read of it alone whose
+        bytes (``recv``'s) become the next piece as they are; right after
+        one, a header's, since the next frame is often another.  (Read
+        into a buffer, a body was copied three times and more on its way
+        through the buffer to the application.)"""
+        return self._body_left or self._header_next
 
     @property
     def buffered(self) -> int:
@@ -681,6 +708,8 @@ class Decoder:
         """The next complete message, or NEED_DATA."""
         if self._error is not None:
             raise self._error
+        if self._pieces:
+            return self._pieces.pop(0)
         try:
             return self._next()
         except RemoteProtocolError as exc:
@@ -710,6 +739,8 @@ class Decoder:
             raise RemoteProtocolError("frame type %d with request number %d" % (mtype, rno))
         end = pos + HEADER_SIZE + length
         if len(buf) < end:
+            if mtype == Body.TYPE and length >= STREAM_AT:
+                return self._stream(rno, pos + HEADER_SIZE, length)
             if pos > COMPACT_AT:
                 self._compact()
             return NEED_DATA
@@ -734,6 +765,17 @@ class Decoder:
             raise
         except Exception as exc:  # whatever a hostile payload provokes
             raise RemoteProtocolError("bad payload in frame type %d: %r" % (mtype, exc))
+
+    def _stream(self, rno: int, start: int, length: int) -> Union[Message, NeedData]:
+        """Hand on the start of a large Body frame (what of it is here) and
+        take the rest as it comes (``receive_data``)."""
+        buf = self._buffer
+        with memoryview(buf) as view:
+            piece = bytes(view[start:])
+        self._body_rno, self._body_left = rno, length - len(piece)
+        self._pos = len(buf)
+        self._compact()
+        return Body(rno, piece) if piece else NEED_DATA
 
     def _compact(self) -> None:
         if self._pos:

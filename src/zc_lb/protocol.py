@@ -354,6 +354,11 @@ class Connection:
         else:
             self._eof = True
 
+    def wants(self) -> int:
+        """How many bytes the next read should take, 0 for as many as come
+        (see ``frames.Decoder.wants``)."""
+        return self._decoder.wants()
+
     def next_event(self) -> Union[Event, NeedData]:
         """The next event, or NEED_DATA; raises RemoteProtocolError (the
         same one on every later call) when the peer broke the protocol."""
