@@ -8,10 +8,12 @@ hands out ``Request`` objects in order (``next_request``).  The grammar
 and the framing are llhttp's (Node's C parser, through httptools), run
 strict; the rules that span fields are ours, from httpparse.py
 (``check_head``), applied to what llhttp parsed.  A head that comes
-alone in one read and has the commonest shape (``_simple``: printable
-ASCII, a common method, plain field names, no body) is split by hand
-instead, since llhttp's callbacks cost a call a field; what it accepts
-is a subset of llhttp's grammar, and anything else goes to llhttp.  A
+whole in one read and has the commonest shape (``_simple``: printable
+ASCII, a common method, plain field names, no body or one of a plain
+Content-Length) is split by hand instead, since llhttp's callbacks cost
+a call a field, and its body is counted off the reads as they come,
+since llhttp's copied it; what it accepts is a subset of llhttp's
+grammar, and anything else goes to llhttp.  A
 request is handed out as soon as its head is complete; its body arrives
 in ``Request.body`` as more bytes are fed, and ``Request.complete`` says
 when it has all come.  Pipelined requests queue up behind the one being
