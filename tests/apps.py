@@ -6,6 +6,7 @@ One app, dispatching on the path:
     /slow?S      sleeps S seconds (gevent) first
     /block?S     sleeps S seconds blocking the thread (time.sleep), as most apps do
     /count       reads the body in chunks; answers how many bytes came
+    /sha256      reads the body in odd-sized reads; answers its SHA-256, hex
     /big?MB      streams MB mebibytes
     /headers     the forwarding headers it got, as JSON
     /bighead?KB  answers with a response head of KB kibibytes (one long header)
@@ -76,6 +77,14 @@ def app(environ, start_response):
             pass
     elif path == "/count":
         return _text(start_response, str(_count(environ)))
+    elif path == "/sha256":
+        import hashlib
+        digest, read = hashlib.sha256(), environ["wsgi.input"].read
+        while True:
+            data = read(70001)
+            if not data:
+                return _text(start_response, digest.hexdigest())
+            digest.update(data)
     elif path == "/big":
         megabytes = int(query or 1)
         start_response("200 OK", [("Content-Type", "application/octet-stream"),

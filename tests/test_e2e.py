@@ -522,6 +522,38 @@ def test_client_disconnecting_mid_upload_cancels_the_workers_request(cluster, tm
     assert request(lb)[0] == 200
 
 
+def test_a_large_upload_arrives_intact_however_it_comes_and_the_next_request_follows(cluster):
+    """A large body of a plain Content-Length is counted off the LB's
+    reads as they come and handed on in pieces of the worker's reads
+    (h1.py, frames.py): in random pieces, with the next request right
+    behind it in the same send, it arrives whole and in order, and the
+    connection carries on."""
+    import hashlib
+    lb, workers = cluster(1)
+    rng = random.Random(7)
+    body = rng.randbytes(6 * 1024 * 1024 + 123)
+    head = b"POST /sha256 HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+    data = head + body + b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    host, port = lb.address.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        position = 0
+        while position < len(data):
+            size = rng.choice([1, 100, 5000, 65536, 300000, 2000000])
+            sock.sendall(data[position:position + size])
+            position += size
+            if rng.random() < 0.1:
+                time.sleep(0.01)
+        reply = b""
+        while True:
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            reply += piece
+    first, second = reply.split(b"HTTP/1.1 ")[1:]
+    assert first.startswith(b"200 ") and first.endswith(hashlib.sha256(body).hexdigest().encode())
+    assert second.startswith(b"200 ")
+
+
 def test_garbage_to_a_worker_port_drops_that_connection_only(cluster):
     lb, workers = cluster(1)
     reply = raw_exchange(workers[0].address, os.urandom(2000) + b"\xff" * 100)
