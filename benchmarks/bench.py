@@ -578,28 +578,35 @@ def time_bodies(addresses: List[str], size: int, transfers: int) -> List[Dict[st
 
 
 def measure_bodies(args: argparse.Namespace) -> Dict[str, object]:
-    """Large bodies through zc-lb (one worker), and through HAProxy if
-    it is installed, against the app served directly: each way, MB/s of
-    each and the proxies' times over the direct's."""
+    """Large bodies through zc-lb (one worker), through a bare TCP hop
+    (``floor.serve_hop``: what one more process in the way costs), and
+    through HAProxy if it is installed, against the app served directly:
+    each way, MB/s of each and their times over the direct's."""
+    from . import floor
+
     size, transfers = args.body_mb * MB, args.body_transfers
     haproxy = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/bin")
     with contextlib.ExitStack() as stack:
         _, direct_address = stack.enter_context(running(serve_argv("bodies"), SERVE_READY))
         addresses = [direct_address, stack.enter_context(zc_lb_cluster(
-            args, ["benchmarks.bench:bodies_app", "--greenlets"], 1))[0]]
+            args, ["benchmarks.bench:bodies_app", "--greenlets"], 1))[0],
+            stack.enter_context(running([sys.executable, "-m", "benchmarks.bench", "hop",
+                                         "127.0.0.1:0", direct_address], floor.READY))[1]]
         if haproxy is not None:
             addresses.append(stack.enter_context(haproxy_in_front(
                 args, haproxy, direct_address)))
         times = time_bodies(addresses, size, transfers)
-    direct, zc_lb = times[:2]
+    direct, zc_lb, hop = times[:3]
     result: Dict[str, object] = {"mb": args.body_mb, "transfers": transfers}
     for way in ("download", "upload"):
         numbers = result[way] = {"direct_mb_s": transfers * size / MB / direct[way],
                                  "zc_lb_mb_s": transfers * size / MB / zc_lb[way],
-                                 "ratio": zc_lb[way] / direct[way]}
+                                 "ratio": zc_lb[way] / direct[way],
+                                 "hop_mb_s": transfers * size / MB / hop[way],
+                                 "hop_ratio": hop[way] / direct[way]}
         if haproxy is not None:
-            numbers["haproxy_mb_s"] = transfers * size / MB / times[2][way]
-            numbers["haproxy_ratio"] = times[2][way] / direct[way]
+            numbers["haproxy_mb_s"] = transfers * size / MB / times[3][way]
+            numbers["haproxy_ratio"] = times[3][way] / direct[way]
     result["goal_ratio"] = GOAL_BODIES
     result["met"] = all(result[way]["ratio"] <= GOAL_BODIES  # type: ignore[index]
                         for way in ("download", "upload"))
@@ -613,9 +620,12 @@ def bodies_line(result: Dict[str, object]) -> str:
         numbers: Dict[str, float] = result[way]  # type: ignore[assignment]
         ways.append("%s direct %.0f MB/s, zc-lb %.0f MB/s, %.1fx slower" % (
             way, numbers["direct_mb_s"], numbers["zc_lb_mb_s"], numbers["ratio"]))
+        others = ["a bare TCP hop %.0f MB/s, %.1fx" % (numbers["hop_mb_s"],
+                                                       numbers["hop_ratio"])]
         if "haproxy_mb_s" in numbers:
-            ways[-1] += " (HAProxy %.0f MB/s, %.1fx)" % (numbers["haproxy_mb_s"],
-                                                         numbers["haproxy_ratio"])
+            others.append("HAProxy %.0f MB/s, %.1fx" % (numbers["haproxy_mb_s"],
+                                                        numbers["haproxy_ratio"]))
+        ways[-1] += " (%s)" % "; ".join(others)
     return "bodies (%s MB, %s each): %s; goal <= %.1fx: %s" % (
         result["mb"], result["transfers"], "; ".join(ways), GOAL_BODIES,
         "met" if result["met"] else "NOT met")
@@ -1142,6 +1152,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if argv[:1] == ["floor-worker"] and len(argv) == 2:
         from . import floor
         floor.serve_worker(argv[1], BODY)
+        return 0
+    if argv[:1] == ["hop"] and len(argv) == 3:
+        from . import floor
+        floor.serve_hop(argv[1], argv[2])
         return 0
     if argv[:1] == ["floor-proxy"] and len(argv) >= 3:
         from . import floor

@@ -171,6 +171,45 @@ def serve_worker(address: str, body: bytes) -> None:
     _serve(address, handle)
 
 
+HOP_RECV = 256 * 1024  # the hop's reads, as large as the LB's body reads
+
+
+def serve_hop(address: str, target: str) -> None:
+    """A bare TCP hop on HOST:PORT to ``target``: bytes copied both ways
+    by two greenlets a connection, read into one buffer each and sent
+    on whole; nothing parsed.  Large bodies through it are what one more
+    process in the way costs on this machine, before any proxy's work."""
+    host, port = target.rsplit(":", 1)
+
+    def pump(source, sink) -> None:
+        buffer = bytearray(HOP_RECV)
+        view = memoryview(buffer)
+        try:
+            while True:
+                n = source.recv_into(buffer)
+                if not n:
+                    break
+                sink.sendall(view[:n])
+        except OSError:
+            pass
+        for sock in (source, sink):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def handle(sock, client_address) -> None:
+        _nodelay(sock)
+        upstream = gevent.socket.create_connection((host, int(port)))
+        _nodelay(upstream)
+        back = gevent.spawn(pump, upstream, sock)
+        pump(sock, upstream)
+        back.join()
+        upstream.close()
+
+    _serve(address, handle)
+
+
 def _serve(address: str, handle) -> None:
     host, port = address.rsplit(":", 1)
     server = gevent.server.StreamServer((host, int(port)), handle)

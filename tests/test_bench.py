@@ -192,18 +192,22 @@ def test_the_bodies_app_sends_and_counts_large_bodies():
 
 def test_the_bodies_line_says_each_way_and_the_goal():
     result = {"mb": 20, "transfers": 5, "met": False,
-              "download": {"direct_mb_s": 1000.0, "zc_lb_mb_s": 250.0, "ratio": 4.0},
-              "upload": {"direct_mb_s": 900.0, "zc_lb_mb_s": 600.0, "ratio": 1.5}}
+              "download": {"direct_mb_s": 1000.0, "zc_lb_mb_s": 250.0, "ratio": 4.0,
+                           "hop_mb_s": 800.0, "hop_ratio": 1.25},
+              "upload": {"direct_mb_s": 900.0, "zc_lb_mb_s": 600.0, "ratio": 1.5,
+                         "hop_mb_s": 600.0, "hop_ratio": 1.5}}
     assert bench.bodies_line(result) == (
-        "bodies (20 MB, 5 each): download direct 1000 MB/s, zc-lb 250 MB/s, 4.0x slower; "
-        "upload direct 900 MB/s, zc-lb 600 MB/s, 1.5x slower; goal <= 2.0x: NOT met")
-    # With HAProxy measured in the same turns, its figures follow zc-lb's.
+        "bodies (20 MB, 5 each): download direct 1000 MB/s, zc-lb 250 MB/s, 4.0x slower "
+        "(a bare TCP hop 800 MB/s, 1.2x); upload direct 900 MB/s, zc-lb 600 MB/s, 1.5x "
+        "slower (a bare TCP hop 600 MB/s, 1.5x); goal <= 2.0x: NOT met")
+    # With HAProxy measured in the same turns, its figures follow the hop's.
     result["download"].update(haproxy_mb_s=500.0, haproxy_ratio=2.0)
     result["upload"].update(haproxy_mb_s=450.0, haproxy_ratio=2.0)
     assert bench.bodies_line(result) == (
         "bodies (20 MB, 5 each): download direct 1000 MB/s, zc-lb 250 MB/s, 4.0x slower "
-        "(HAProxy 500 MB/s, 2.0x); upload direct 900 MB/s, zc-lb 600 MB/s, 1.5x slower "
-        "(HAProxy 450 MB/s, 2.0x); goal <= 2.0x: NOT met")
+        "(a bare TCP hop 800 MB/s, 1.2x; HAProxy 500 MB/s, 2.0x); upload direct 900 MB/s, "
+        "zc-lb 600 MB/s, 1.5x slower (a bare TCP hop 600 MB/s, 1.5x; HAProxy 450 MB/s, "
+        "2.0x); goal <= 2.0x: NOT met")
 
 
 def test_bench_bodies_tiny_run_prints_its_line():
@@ -215,8 +219,9 @@ def test_bench_bodies_tiny_run_prints_its_line():
     number = r"([\d.]+)"
     line = re.search(
         r"^bodies \(1 MB, 1 each\): download direct {0} MB/s, zc-lb {0} MB/s, {0}x slower"
-        r" \(HAProxy {0} MB/s, {0}x\); "
-        r"upload direct {0} MB/s, zc-lb {0} MB/s, {0}x slower \(HAProxy {0} MB/s, {0}x\); "
+        r" \(a bare TCP hop {0} MB/s, {0}x; HAProxy {0} MB/s, {0}x\); "
+        r"upload direct {0} MB/s, zc-lb {0} MB/s, {0}x slower"
+        r" \(a bare TCP hop {0} MB/s, {0}x; HAProxy {0} MB/s, {0}x\); "
         r"goal <= 2\.0x: (?:NOT )?met$"
         .format(number), done.stdout, re.M)
     assert line, done.stdout
