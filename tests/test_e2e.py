@@ -88,16 +88,21 @@ def raw_exchange(address, data, timeout=5):
     host, port = address.split(":")
     with socket.create_connection((host, int(port)), timeout=timeout) as sock:
         sock.sendall(data)
-        chunks = []
-        try:
-            while True:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-        except socket.timeout:
-            pass
-        return b"".join(chunks)
+        return read_to_close(sock)
+
+
+def read_to_close(sock):
+    """What comes from ``sock`` until the server closes (or its timeout)."""
+    chunks = []
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except socket.timeout:
+        pass
+    return b"".join(chunks)
 
 
 # -- routing ----------------------------------------------------------------
@@ -543,12 +548,7 @@ def test_a_large_upload_arrives_intact_however_it_comes_and_the_next_request_fol
             position += size
             if rng.random() < 0.1:
                 time.sleep(0.01)
-        reply = b""
-        while True:
-            piece = sock.recv(65536)
-            if not piece:
-                break
-            reply += piece
+        reply = read_to_close(sock)
     first, second = reply.split(b"HTTP/1.1 ")[1:]
     assert first.startswith(b"200 ") and first.endswith(hashlib.sha256(body).hexdigest().encode())
     assert second.startswith(b"200 ")
