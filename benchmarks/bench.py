@@ -618,7 +618,7 @@ def bodies_line(result: Dict[str, object]) -> str:
     ways = []
     for way in ("download", "upload"):
         numbers: Dict[str, float] = result[way]  # type: ignore[assignment]
-        ways.append("%s direct %.0f MB/s, zc-lb %.0f MB/s, %.1fx slower" % (
+        ways.append("%s direct %.0f MB/s, zc-lb %.0f MB/s, %.1fx its time" % (
             way, numbers["direct_mb_s"], numbers["zc_lb_mb_s"], numbers["ratio"]))
         others = ["a bare TCP hop %.0f MB/s, %.1fx" % (numbers["hop_mb_s"],
                                                        numbers["hop_ratio"])]

@@ -197,16 +197,16 @@ def test_the_bodies_line_says_each_way_and_the_goal():
               "upload": {"direct_mb_s": 900.0, "zc_lb_mb_s": 600.0, "ratio": 1.5,
                          "hop_mb_s": 600.0, "hop_ratio": 1.5}}
     assert bench.bodies_line(result) == (
-        "bodies (20 MB, 5 each): download direct 1000 MB/s, zc-lb 250 MB/s, 4.0x slower "
+        "bodies (20 MB, 5 each): download direct 1000 MB/s, zc-lb 250 MB/s, 4.0x its time "
         "(a bare TCP hop 800 MB/s, 1.2x); upload direct 900 MB/s, zc-lb 600 MB/s, 1.5x "
-        "slower (a bare TCP hop 600 MB/s, 1.5x); goal <= 2.0x: NOT met")
+        "its time (a bare TCP hop 600 MB/s, 1.5x); goal <= 2.0x: NOT met")
     # With HAProxy measured in the same turns, its figures follow the hop's.
     result["download"].update(haproxy_mb_s=500.0, haproxy_ratio=2.0)
     result["upload"].update(haproxy_mb_s=450.0, haproxy_ratio=2.0)
     assert bench.bodies_line(result) == (
-        "bodies (20 MB, 5 each): download direct 1000 MB/s, zc-lb 250 MB/s, 4.0x slower "
+        "bodies (20 MB, 5 each): download direct 1000 MB/s, zc-lb 250 MB/s, 4.0x its time "
         "(a bare TCP hop 800 MB/s, 1.2x; HAProxy 500 MB/s, 2.0x); upload direct 900 MB/s, "
-        "zc-lb 600 MB/s, 1.5x slower (a bare TCP hop 600 MB/s, 1.5x; HAProxy 450 MB/s, "
+        "zc-lb 600 MB/s, 1.5x its time (a bare TCP hop 600 MB/s, 1.5x; HAProxy 450 MB/s, "
         "2.0x); goal <= 2.0x: NOT met")
 
 
@@ -218,9 +218,9 @@ def test_bench_bodies_tiny_run_prints_its_line():
     assert done.returncode == 0, done.stderr
     number = r"([\d.]+)"
     line = re.search(
-        r"^bodies \(1 MB, 1 each\): download direct {0} MB/s, zc-lb {0} MB/s, {0}x slower"
+        r"^bodies \(1 MB, 1 each\): download direct {0} MB/s, zc-lb {0} MB/s, {0}x its time"
         r" \(a bare TCP hop {0} MB/s, {0}x; HAProxy {0} MB/s, {0}x\); "
-        r"upload direct {0} MB/s, zc-lb {0} MB/s, {0}x slower"
+        r"upload direct {0} MB/s, zc-lb {0} MB/s, {0}x its time"
         r" \(a bare TCP hop {0} MB/s, {0}x; HAProxy {0} MB/s, {0}x\); "
         r"goal <= 2\.0x: (?:NOT )?met$"
         .format(number), done.stdout, re.M)
