@@ -11,7 +11,7 @@ import pytest
 
 from conftest import source_only
 
-from zc_lb.affinity import MOVE_COST, NOISE, AffinityPool
+from zc_lb.affinity import GAIN_BALANCE, MOVE_COST, NOISE, AffinityPool
 from zc_lb.classstats import ClassStats
 from zc_lb.locality import MIN_SAMPLES, Locality
 
@@ -134,6 +134,23 @@ def test_no_worker_holds_more_than_the_bound_over_the_least_busy(away):
         assert max(backlogs) <= bound * (min(backlogs) + 1), (n, backlogs)
     if gain == 1.0:
         assert max(backlogs) - min(backlogs) <= 1
+
+
+@pytest.mark.parametrize("away, stays", [(0.0025, False), (0.01, True)])
+def test_a_key_worth_more_at_home_waits_longer_there(away, stays):
+    # A class's balance is at least GAIN_BALANCE times its gain: with a
+    # gain of 10 (balance 5) a key stays at a member four requests deep
+    # while the others idle; with 2.5 (balance 1.5, the setting) it moves.
+    pool = pool_of(3)
+    run(pool, 400, 20, 0.001, away)
+    assert pool.locality.pool_gain() == pytest.approx(away / 0.001)
+    assert len(pool._members("c", pool.classes["c"])) == 3
+    home = pool.get("c", "/k")
+    pool.put(home)
+    for worker in pool.workers.values():
+        worker.backlog = 4 if worker.handle == home else 0
+    assert (pool.get("c", "/k") == home) == stays
+    assert away / 0.001 * GAIN_BALANCE > pool.balance or not stays
 
 
 def test_a_worker_the_lb_made_skilled_is_not_taken_for_one_request_a_second():

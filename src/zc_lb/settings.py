@@ -166,7 +166,8 @@ LB_SETTINGS = _table([
     Setting("balance", float, 1.5,
             "affinity: a key moves on from its worker while that one's backlog is "
             "past BALANCE x the class's mean; a member's cap is BALANCE x the "
-            "variance cap",
+            "variance cap (an LB alone raises a class's BALANCE to half its "
+            "measured gain)",
             minimum=1.0, where=EVERYWHERE),
     Setting("stick", float, 1.5,
             "affinity, an LB alone: a key stays with the worker it last went to while "
