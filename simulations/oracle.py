@@ -28,8 +28,8 @@ Placements:
 - ``learned``: ``packed`` planned from the warm-up's requests alone; a
   key first seen later goes to the emptiest worker of its class.
 
-What it found (scenarios ``nasa`` and ``elastic``, seed 1): see
-``simulations/README.rst``, "The oracle".
+What it found (scenarios ``nasa``, ``elastic`` and ``elastic_twice``,
+seed 1): see ``simulations/README.rst``, "The oracle".
 """
 
 from __future__ import annotations
