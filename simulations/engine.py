@@ -58,7 +58,7 @@ class SimWorker:
 
     __slots__ = ("id", "cache", "speed", "skills", "busy", "queue", "outstanding",
                  "hot", "alive", "served", "published_at", "published", "timer",
-                 "measured", "measured_misses", "measured_big")
+                 "measured", "measured_misses", "measured_big", "relayed_at")
 
     def __init__(self, wid: int, config: Config, holders: Holders) -> None:
         self.id = wid
@@ -78,6 +78,7 @@ class SimWorker:
         # after the warm-up: requests served, their misses, and those of
         # the biggest classes (``Simulation.big_sites``)
         self.measured = self.measured_misses = self.measured_big = 0
+        self.relayed_at = 0.0  # when the keys the LBs sent it were last relayed
 
     def __repr__(self) -> str:
         return "<SimWorker %d outstanding=%d>" % (self.id, self.outstanding)
@@ -110,6 +111,11 @@ class Simulation:
             for lb, siblings in zip(self.lbs, self.siblings):
                 lb.share_with(siblings)
         self.synced = [-1.0] * len(self.lbs)  # when each LB last took in its siblings'
+        self.relaying = config.key_relay and len(self.lbs) > 1 and hasattr(
+            self.lbs[0], "take_keys")
+        if self.relaying:
+            for lb in self.lbs:
+                lb.relayed = True
         self.policy = self.lbs[0]
         self.resumes = policies.uses_resumes(self.policy)
         self.holders = Holders(self.workload.total_objects)
@@ -229,6 +235,8 @@ class Simulation:
         lb = self.lbs[request[6]]
         lb.served(request[7], service)  # as the worker's response says
         lb.put(worker.id)
+        if self.relaying and self.now - worker.relayed_at >= self.config.relay_interval:
+            self.relay(worker)
         resume = worker.skills.record(request[1], service)
         if resume is not None:
             self.publish(worker, resume, self.now)
@@ -244,6 +252,19 @@ class Simulation:
             worker.measured_big += request[0] < self.big_sites
         if request[4] >= 0:
             self.push(self.now + self.think(), ARRIVE, request[4])
+
+    def relay(self, worker: SimWorker) -> None:
+        """Each LB's keys sent to ``worker`` since the last relay, to
+        every other LB, as the worker relays them."""
+        worker.relayed_at = self.now
+        if not worker.alive:
+            return
+        for i, lb in enumerate(self.lbs):
+            keys = lb.sent_keys(worker.id)
+            if keys:
+                for j, other in enumerate(self.lbs):
+                    if j != i:
+                        other.take_keys(worker.id, keys)
 
     def publish(self, worker: SimWorker, resume: Dict[str, float], now: float) -> None:
         """The worker's résumé goes to every LB."""

@@ -314,6 +314,10 @@ class AffinityPool(Pool):
         self.starting = self.slowstart.starting  # (read on every request)
         self.fading = self.slowstart.fading  # done starting, floors fading
         self.hash_seed = 0  # the same on every LB; the simulator varies it
+        # With several LBs, whether each hears, through the workers, where
+        # the others sent keys (``take_keys``): then their books agree
+        # enough to route as a lone LB does, recruiting from the ring.
+        self.relayed = False
         self._ring: Optional[List[Tuple[int, PoolWorker]]] = None
         self.siblings: Any = None  # the other processes of --processes (``share_with``)
         self._by_hash: Dict[int, PoolWorker] = {}  # (their hashes of the workers' names)
@@ -438,7 +442,9 @@ class AffinityPool(Pool):
             return self._unkeyed(rclass)
         stats, key_hash, book_hash = self._observe(rclass, key)
         entry = booked = self.book.get(book_hash)
-        alone = self.lbs == 1  # (what locality buys is measured by a lone LB)
+        # (what locality buys is measured by a lone LB, or by LBs whose
+        # books the workers' relays keep alike)
+        alone = self.lbs == 1 or self.relayed
         siblings = self.siblings
         placed = 0  # (the worker a sibling LB last sent the key to, hashed)
         if siblings is not None and alone:
@@ -465,6 +471,8 @@ class AffinityPool(Pool):
             if weighed is not chosen:
                 chosen, away = weighed, True
         relearning.remember(book_hash, booked, rclass, chosen, AWAY if away else stats.joins)
+        if self.relayed:
+            chosen.sent.append((rclass, book_hash))
         if siblings is not None and alone:
             chosen_hash = siblings.worker_hash(chosen.name)
             if chosen_hash != placed:
@@ -496,6 +504,29 @@ class AffinityPool(Pool):
         self.siblings = siblings
         self._by_hash = {siblings.worker_hash(worker.name): worker
                          for worker in self.workers.values()}
+
+    def sent_keys(self, handle: Hashable) -> List[Tuple[str, int]]:
+        """The (class, key hash) of the keys sent to worker ``handle``
+        since the last call, for the other LBs (``take_keys``), which the
+        worker relays them to; forgotten here."""
+        worker = self.workers.get(handle)
+        if worker is None or not worker.sent:
+            return []
+        sent, worker.sent = worker.sent, []
+        return sent
+
+    def take_keys(self, handle: Hashable, keys: List[Tuple[str, int]]) -> None:
+        """Another LB sent these keys (class, key hash in the book) to
+        worker ``handle``, which relayed them here: the book now says
+        they are there, as if this LB had sent them (moved on, so that
+        they stay)."""
+        worker = self.workers.get(handle)
+        if worker is None:
+            return
+        book = self.book
+        remember = self.relearning.remember
+        for rclass, book_hash in keys:
+            remember(book_hash, book.get(book_hash), rclass, worker, AWAY)
 
     def measure(self) -> Tuple[float, float]:
         """The pool's measure of locality (its decayed sums of away time
@@ -584,6 +615,8 @@ class AffinityPool(Pool):
         assert least is not None
         chosen = home if home is not None and home.backlog <= least.backlog else least
         self.relearning.remember(book_hash, booked, rclass, chosen, AWAY)
+        if self.relayed:
+            chosen.sent.append((rclass, book_hash))
         if home is not None:
             self.placed = (stats, chosen is home)
         return self._chosen(chosen)

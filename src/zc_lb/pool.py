@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import (Any, ClassVar, Container, Dict, Hashable, Iterable, Mapping, Optional, Set,
+from typing import (Any, ClassVar, Container, Dict, Hashable, Iterable, List, Mapping, Optional, Set,
                     Tuple)
 
 from .settings import LB_SETTINGS, check
@@ -61,7 +61,7 @@ class PoolWorker:
     """The pool's record of one worker: backlog, decayed backlog, skills."""
 
     __slots__ = ("handle", "backlog", "mbacklog", "dsum", "dcount", "resume",
-                 "version", "name", "salt", "given", "held", "elsewhere")
+                 "version", "name", "salt", "given", "held", "elsewhere", "sent")
 
     def __init__(self, handle: Hashable, version: Optional[str] = None,
                  name: Optional[str] = None) -> None:
@@ -79,6 +79,9 @@ class PoolWorker:
         # classes the pool made it skilled in at ``unskilled_score``, which
         # its résumé has not scored yet
         self.given: Set[str] = set()
+        # (class, key hash in the book) of the keys sent to it since the
+        # other LBs were last told (the affinity policy's ``relayed``)
+        self.sent: List[Tuple[str, int]] = []
 
     def __repr__(self) -> str:
         return "<PoolWorker %r backlog=%d mbacklog=%.2f skills=%d>" % (
