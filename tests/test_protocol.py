@@ -37,6 +37,7 @@ from zc_lb.protocol import (
     End,
     GoAway,
     Hello,
+    Keys,
     Ping,
     Pong,
     Request,
@@ -67,6 +68,8 @@ EXAMPLES = [
     Pong(),
     GoAway(),
     GoAway("draining \u2603"),
+    Keys({}),
+    Keys({"a.example": [0, 1, 2**64 - 1], "b\u00e9": [12345]}),
     Request(1, {}),
     Request(MAX_RNO, {"PATH_INFO": "/caf\u00e9", "HTTP_HOST": "a.example", "": ""}),
     Body(2, b""),
@@ -264,6 +267,44 @@ def ready_pair(lb_features=protocol.LB_FEATURES, worker_features=protocol.FEATUR
         peer.receive_data(side.data_to_send())
         assert isinstance(peer.next_event(), protocol.Ready)
     return lb, worker
+
+
+def test_keys_go_either_way_between_peers_that_offer_them_and_never_to_others():
+    lb, worker = ready_pair(protocol.LB_FEATURES, protocol.WORKER_FEATURES)
+    assert lb.keys and worker.keys
+    keys = Keys({"a.example": [1, 2**64 - 1]})
+    worker.receive_data(lb.send(keys))
+    assert drain(worker) == [keys]
+    lb.receive_data(worker.send(keys))
+    assert drain(lb) == [keys]
+    # An LB or a worker of the version before offers no keys: none go to it,
+    # and one that comes anyway breaks the connection.
+    for old in ("lb", "worker"):
+        lb, worker = ready_pair(protocol.LB_FEATURES if old == "worker" else protocol.FEATURES,
+                                protocol.WORKER_FEATURES if old == "lb" else protocol.FEATURES)
+        new, stale = (worker, lb) if old == "lb" else (lb, worker)
+        assert not new.keys and stale.keys
+        with pytest.raises(LocalProtocolError, match="did not offer"):
+            new.send(keys)
+        stale.receive_data(encode(keys))
+        with pytest.raises(RemoteProtocolError):
+            stale.next_event()
+
+
+@pytest.mark.parametrize("payload", [
+    b"[]", b"1", b'{"a": 1}', b'{"a": [1.5]}', b'{"a": [-1]}', b'{"a": [true]}',
+    b'{"a": ["1"]}', b'{"a": [18446744073709551616]}', b'{"a": [[1]]}', b"{",
+])
+def test_a_bad_keys_frame_is_a_protocol_error(payload):
+    error = decode_error(HEADER.pack(0, Keys.TYPE, len(payload)) + payload)
+    assert "key" in str(error).lower() or "bad" in str(error)
+
+
+@pytest.mark.parametrize("keys", [{"a": [-1]}, {"a": [2**64]}, {"a": [True]}, {"a": (1,)},
+                                  {1: [1]}, []])
+def test_keys_that_the_peer_would_refuse_are_not_sent(keys):
+    with pytest.raises(LocalProtocolError):
+        encode(Keys(keys))
 
 
 def ready_request(lb, worker):
@@ -565,7 +606,7 @@ def test_body_limit_does_not_apply_to_messages_and_vice_versa():
     assert decoder.next_message() == Resume({"a": 1.0, "b": 2.0})
 
 
-@pytest.mark.parametrize("mtype", [0, 7, 8, 9, 20, 100, 255])
+@pytest.mark.parametrize("mtype", [0, 8, 9, 20, 100, 255])
 def test_unknown_frame_type(mtype):
     for rno in (0, 1):
         error = decode_error(HEADER.pack(rno, mtype, 0))

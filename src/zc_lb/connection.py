@@ -54,7 +54,7 @@ from .errors import (
     WorkerLost,
     ZcLbError,
 )
-from .protocol import Body, Credit, GoAway, Ping, Request, Resume, StreamEnded
+from .protocol import Body, Credit, GoAway, Keys, Ping, Request, Resume, StreamEnded
 from .settings import LB_SETTINGS
 from .sockets import send_pieces, set_nodelay, wait
 
@@ -82,6 +82,10 @@ class Handler:
 
     def handle_goaway(self, connection: "Connection", reason: str) -> None:
         """The peer is draining."""
+
+    def handle_keys(self, connection: "Connection", keys: Dict[str, List[int]]) -> None:
+        """The peer sent keys (``frames.Keys``): an LB, the keys it sent
+        this worker; a worker, keys another LB sent it."""
 
     def handle_silent(self, connection: "Connection", seconds: float) -> None:
         """The peer has said nothing for a while: it may be stuck."""
@@ -429,6 +433,14 @@ class Connection:
         """Worker side: send our résumé."""
         self.write(self.protocol.send(Resume(skills)))
 
+    def send_keys(self, keys: Dict[str, List[int]]) -> bool:
+        """Send ``keys`` (``frames.Keys``), if the peer takes them; whether
+        it does."""
+        if not self.protocol.keys:
+            return False
+        self.write(self.protocol.send(Keys(keys)))
+        return True
+
     def send_goaway(self, reason: str = "") -> None:
         """Tell the peer we are draining."""
         self.write(self.protocol.send(GoAway(reason)))
@@ -576,6 +588,8 @@ class Connection:
                 self.handler.handle_resume(self, event.skills)  # type: ignore[union-attr]
             elif type(event) is GoAway:
                 self.handler.handle_goaway(self, event.reason)  # type: ignore[union-attr]
+            elif type(event) is Keys:
+                self.handler.handle_keys(self, event.keys)  # type: ignore[union-attr]
             elif type(event) is protocol.Closed:
                 raise self._lost_error("%s closed the connection" % self.peer)
         out = proto.data_to_send()  # our Pongs

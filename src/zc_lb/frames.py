@@ -12,8 +12,8 @@ Every frame is a 9-byte header and a payload::
     +----------------+--------+----------------+------------------+
 
 Request number 0 is the connection itself (hello, auth, résumé, ping,
-pong, goaway); any other number names one request, chosen by the LB,
-increasing, never reused on a connection.
+pong, goaway, keys); any other number names one request, chosen by the
+LB, increasing, never reused on a connection.
 
 Payloads: body chunks travel as raw bytes; credit as a u32; everything
 structured (hello, auth, résumé, environ, status and headers, goaway) as
@@ -55,6 +55,13 @@ worker builds the same variables from it.  The message is a ``Request``
 (with ``end`` set when the frame says the request has no body).  A
 worker that does not offer it (an older version) gets JSON environs.
 
+Keys: when both Hellos offer the feature ``keys``, an LB sends a worker,
+now and then, the keys it sent it since (``Keys``: JSON, class -> the
+keys' 64-bit hashes in the LB's book), and the worker sends the same to
+each of its other LBs that offered it.  A peer that does not offer it
+(an older version) gets none, and an LB that does not hear every
+worker's keys routes as several LBs always did.
+
 ``encode`` turns a message into bytes; a ``Decoder`` turns bytes into
 messages, checking each frame's type and size from its header.  What
 may be sent when is ``protocol.py``'s business.
@@ -94,9 +101,11 @@ WHOLE: Final = "whole"  # the Hello feature: whole requests and responses in one
 TIMING: Final = "timing"  # the Hello feature: a response head says the app's seconds
 READY: Final = "ready"  # the Hello feature: response heads ready for the client
 HEAD: Final = "head"  # the Hello feature: requests as their checked heads (relay.py)
+KEYS: Final = "keys"  # the Hello feature: Keys frames, relayed between the LBs
 FEATURES: Final = (WHOLE, TIMING)  # what either side takes beyond version 1
-LB_FEATURES: Final = FEATURES + (READY,)  # what an LB takes: ready heads too
-WORKER_FEATURES: Final = FEATURES + (HEAD,)  # what a worker takes: head requests too
+LB_FEATURES: Final = FEATURES + (READY, KEYS)  # what an LB takes: ready heads, keys
+WORKER_FEATURES: Final = FEATURES + (HEAD, KEYS)  # what a worker takes: head requests, keys
+MAX_KEY_HASH: Final = (1 << 64) - 1  # a key's hash in an LB's book is 64 bits
 WHOLE_REQUEST: Final = 16  # Request and End
 WHOLE_RESPONSE: Final = 17  # Response, Body and End
 READY_RESPONSE: Final = 18  # Response with a ready head, perhaps Body, perhaps End
@@ -176,6 +185,18 @@ class GoAway:
 
 @mypyc_attr(native_class=False)
 @dataclass
+class Keys:
+    """Keys an LB sent the worker, class -> the keys' hashes in its book:
+    from an LB, which the worker relays to its other LBs as they are, so
+    that every LB knows where every key's data is (``affinity.py``,
+    "Several LBs")."""
+
+    keys: Dict[str, List[int]]
+    TYPE = 7
+
+
+@mypyc_attr(native_class=False)
+@dataclass
 class Request:
     """Start of a request: its CGI/WSGI environ, strings only; with
     ``end``, the whole request (it has no body)."""
@@ -241,12 +262,12 @@ class Credit:
     TYPE = 15
 
 
-ConnectionMessage = Union[Hello, Auth, Resume, Ping, Pong, GoAway]
+ConnectionMessage = Union[Hello, Auth, Resume, Ping, Pong, GoAway, Keys]
 RequestMessage = Union[Request, Body, End, Response, Cancel, Credit]
 Message = Union[ConnectionMessage, RequestMessage]
 
 CONNECTION_TYPES: Final[Dict[int, type]] = {
-    cls.TYPE: cls for cls in (Hello, Auth, Resume, Ping, Pong, GoAway)
+    cls.TYPE: cls for cls in (Hello, Auth, Resume, Ping, Pong, GoAway, Keys)
 }
 REQUEST_TYPES: Final[Dict[int, type]] = {
     cls.TYPE: cls for cls in (Request, Body, End, Response, Cancel, Credit)
@@ -326,7 +347,24 @@ def _encode(message: Any, whole: bool) -> bytes:
         return _frame(0, Auth.TYPE, _json({"digest": message.digest}))
     if isinstance(message, GoAway):
         return _frame(0, GoAway.TYPE, _json({"reason": message.reason}))
+    if isinstance(message, Keys):
+        return _frame(0, Keys.TYPE, _json(_checked_keys(message.keys, LocalProtocolError)))
     raise LocalProtocolError("cannot encode %r" % (message,))
+
+
+def _checked_keys(keys: object, error: Any) -> Dict[str, List[int]]:
+    """``keys`` if it is class -> list of key hashes (ints in [0, 2**64)),
+    else raise ``error``."""
+    if type(keys) is not dict:
+        raise error("keys must be an object of lists of key hashes")
+    for rclass, hashes in keys.items():
+        if type(rclass) is not str or type(hashes) is not list:
+            raise error("keys of class %r must be a list of key hashes" % (rclass,))
+        for value in hashes:
+            if type(value) is not int or not 0 <= value <= MAX_KEY_HASH:
+                raise error("key hash %r of class %r is not in [0, 2**64)"
+                            % (value, rclass))
+    return keys
 
 
 def request_frames(rno: int, environ: Dict[str, str], end: bool, whole: bool) -> bytes:
@@ -502,6 +540,10 @@ def _decode_goaway(rno: int, payload: bytes) -> GoAway:
     return GoAway(obj.get("reason", ""))
 
 
+def _decode_keys(rno: int, payload: bytes) -> Keys:
+    return Keys(_checked_keys(_load_json(payload, "keys"), RemoteProtocolError))
+
+
 def _decode_request(rno: int, payload: bytes) -> Request:
     return Request(rno, _string_dict(_load_json(payload, "request"), "environ"))
 
@@ -627,6 +669,7 @@ _DECODERS = {
     Ping.TYPE: _decode_empty(Ping),
     Pong.TYPE: _decode_empty(Pong),
     GoAway.TYPE: _decode_goaway,
+    Keys.TYPE: _decode_keys,
     Request.TYPE: _decode_request,
     Body.TYPE: lambda rno, payload: Body(rno, payload),
     End.TYPE: _decode_empty(End),

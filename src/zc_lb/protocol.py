@@ -63,6 +63,8 @@ from .frames import (  # noqa: F401  (the frames' names are the protocol's too)
     HEADER_SIZE,
     HEAD_LENGTH,
     HEAD_REQUEST,
+    KEYS,
+    Keys,
     LB_FEATURES,
     READY,
     READY_PREFIX,
@@ -300,6 +302,7 @@ class Connection:
         self.timing = False  # say the application's seconds: the peer offered it
         self.ready = False  # send response heads ready for the client: the LB offered it
         self.relay = False  # send requests as HEAD_REQUEST frames: the worker offered it
+        self.keys = False  # send Keys: the peer offered it
         self.streams: Dict[int, Stream] = {}
         self.last_rno = 0
         self.event_owner: object = None
@@ -322,6 +325,8 @@ class Connection:
             refused.add(READY_RESPONSE)
         if HEAD not in features:
             refused.add(HEAD_REQUEST)
+        if KEYS not in features:
+            refused.add(Keys.TYPE)
         for mtype in refused:
             del open_limits[mtype]
         self._open_limits = open_limits
@@ -451,6 +456,7 @@ class Connection:
         self.timing = TIMING in theirs.features
         self.ready = READY in theirs.features and theirs.role == "lb"
         self.relay = HEAD in theirs.features and theirs.role == "worker"
+        self.keys = KEYS in theirs.features
         if self.secret is None:
             return self._open()
         self._out.append(encode(Auth(auth_digest(self.secret, theirs.nonce, self.role))))
@@ -475,7 +481,7 @@ class Connection:
         if mtype is GoAway:
             self.peer_goes_away = True
             self.phase = CLOSING
-        return message  # Resume (to an LB only: see the limits), GoAway
+        return message  # Resume (to an LB only: see the limits), GoAway, Keys
 
     def _unknown_stream(self, message: Message) -> Optional[Event]:
         rno = message.rno  # type: ignore[union-attr]
@@ -557,7 +563,10 @@ class Connection:
             if mtype is GoAway:
                 self.we_go_away = True
                 self.phase = CLOSING
-            elif mtype not in (Ping, Pong) and not (mtype is Resume and self.role == "worker"):
+            elif mtype is Keys and not self.keys:
+                raise LocalProtocolError("the peer did not offer %r" % KEYS)
+            elif mtype not in (Ping, Pong, Keys) and not (
+                    mtype is Resume and self.role == "worker"):
                 raise LocalProtocolError("a%s %s cannot send %s" % (
                     "n" if self.role == "lb" else "", self.role, mtype.__name__))
             return data
