@@ -63,9 +63,10 @@ class Config:
     lbs: int = 1  # LBs sharing the workers, each with its own pool
     lbs_told: int = 0  # how many each is told there are (0: lbs; 1: each thinks it alone)
     siblings: bool = False  # the LBs are one host's --processes, sharing keys and backlogs
-    # several LBs hear where the others sent keys, relayed by the workers
-    # every relay_interval virtual seconds (AffinityPool.take_keys)
-    key_relay: bool = False
+    separate_books: bool = LB_SETTINGS["separate_books"].default
+    # (several LBs hear where the others sent keys, relayed by the workers
+    # every relay_interval virtual seconds, as LBs and workers of this
+    # version do: frames.Keys, AffinityPool.take_keys)
     relay_interval: float = 0.05
     # policies
     variance: float = LB_SETTINGS["variance"].default  # the LB's defaults

@@ -111,7 +111,7 @@ class Simulation:
             for lb, siblings in zip(self.lbs, self.siblings):
                 lb.share_with(siblings)
         self.synced = [-1.0] * len(self.lbs)  # when each LB last took in its siblings'
-        self.relaying = config.key_relay and len(self.lbs) > 1 and hasattr(
+        self.relaying = not config.separate_books and len(self.lbs) > 1 and hasattr(
             self.lbs[0], "take_keys")
         if self.relaying:
             for lb in self.lbs:

@@ -205,6 +205,7 @@ def make(name: str, config: Config, rng: random.Random):
                             footprint_window=config.footprint_window,
                             slow_start=config.slow_start, balance=config.balance,
                             stick=config.stick, widen=config.widen,
+                            separate_books=config.separate_books,
                             **pool_settings)
     if name == "published":
         return Pool(**pool_settings)

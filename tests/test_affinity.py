@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections import Counter
+from collections import Counter, defaultdict
 from zlib import crc32
 
 import pytest
@@ -897,3 +897,56 @@ def test_a_class_whose_keys_hover_at_a_whole_number_of_workers_keeps_its_members
         rclass = "a" if rng.random() < 0.2 else "b"
         pool.put(pool.get(rclass, "/%s%d" % (rclass, rng.randrange(20 if rclass == "a" else 30))))
     assert len(pool.classes["a"].members) == pool.width(pool.classes["a"]) == 3
+
+
+def test_keys_another_lb_sent_go_where_it_sent_them():
+    # Two LBs whose keys the workers relay (frames.Keys: ``sent_keys`` on
+    # one, ``take_keys`` on the other) keep one book between them: a key
+    # the first placed under load goes where it went on the second too,
+    # where rendezvous alone would send many of them elsewhere.
+    first, second, unrelayed = pool_of(4), pool_of(4), pool_of(4)
+    for pool in (first, second, unrelayed):
+        pool.lbs = 2
+        for i in range(4):
+            pool.new_resume("w%d" % i, {"c": 100.0})
+    first.relayed = second.relayed = True
+    rng = random.Random(3)
+    flight = []
+    for _ in range(3000):
+        flight.append(first.get("c", "/%d" % rng.randrange(300)))
+        if len(flight) > 12:
+            first.put(flight.pop(0))
+        for pool in (second, unrelayed):  # (as busy with keys of their own: four members)
+            pool.put(pool.get("c", "/other/%d" % rng.randrange(300)))
+    for pool in (first, second, unrelayed):
+        assert len(pool._members("c", pool.classes["c"])) == 4
+    second.sent_keys("w0"), second.sent_keys("w1"), second.sent_keys("w2"), second.sent_keys("w3")
+    went = defaultdict(set)  # key hash -> the workers it was sent to
+    for handle in ("w0", "w1", "w2", "w3"):
+        keys = first.sent_keys(handle)
+        assert keys and set(keys) == {"c"}
+        second.take_keys(handle, keys)
+        assert first.sent_keys(handle) == {}  # (sent once)
+        for book_hash in keys["c"]:
+            went[book_hash].add(handle)
+    # A key sent to two workers between relays is where either says (the
+    # relays of two workers come in no order); the rest are where they went.
+    where = {book_hash: entry[1].handle for book_hash, entry in first.book.items()
+             if len(went[book_hash]) == 1}
+    assert len(where) >= 150  # (one relay for 3,000 requests: many moved meanwhile)
+    for book_hash, handles in went.items():
+        assert second.book[book_hash][1].handle in handles
+    moved = 0
+    for k in range(300):
+        key = "/%d" % k
+        book_hash = first.classes["c"].keys[key].book_hash
+        if book_hash not in where:
+            continue
+        for pool in (second, unrelayed):
+            handle = pool.get("c", key)
+            pool.put(handle)
+            if pool is second:
+                assert handle == where[book_hash], key
+            else:
+                moved += handle != where[book_hash]
+    assert moved >= 30, moved  # (of some 150: what the relays save)

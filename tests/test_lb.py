@@ -6,6 +6,7 @@ import logging
 import time
 
 import gevent
+import orjson
 
 from zc_lb.affinity import AffinityPool
 from zc_lb.classifier import MAX_CLASS, bounded_class, get_classifier, get_key_function
@@ -166,3 +167,65 @@ def test_past_the_classes_it_counts_the_lb_still_forwards_each_requests_own_clas
         front.stop(timeout=1)
         lb.stop()
         worker.stop(timeout=1)
+
+
+def test_two_lbs_hear_through_the_workers_where_each_sent_a_key():
+    # frames.Keys: each LB sends the workers the keys it sent them, and
+    # they relay them to the other LB, whose book then sends each key
+    # where its data is, as one LB would.
+    from zlib import crc32
+
+    from zc_lb.classstats import mixed
+    from zc_lb.lb import _parts
+    from zc_lb.worker import Worker
+
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        return [b""]
+
+    workers = [Worker(app) for _ in range(2)]
+    lbs = [make_lb(lambda environ: "c") for _ in range(2)]
+    try:
+        for worker in workers:
+            worker.start()
+        addresses = ["%s:%d" % worker.address for worker in workers]
+        for lb in lbs:
+            lb.pool.lbs = 2
+            lb.set_workers(addresses)
+            assert lb.wait_for_workers(10)
+            lb.relay_turn()
+            assert lb.pool.relayed
+        first, second = lbs
+        # A request held on one worker: the first LB's new keys go to the other.
+        busy = first.pool.get("c", "/busy")
+        placed = {}
+        for i in range(20):
+            handle = placed["/k%d" % i] = first.pool.get("c", "/k%d" % i)
+            first.pool.put(handle)
+        assert {handle.peer for handle in placed.values()} != {busy.peer}
+        first.relay_turn()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and len(second.pool.book) < len(placed):
+            gevent.sleep(0.01)
+        for key, handle in placed.items():  # (and the book decides, see test_affinity)
+            entry = second.pool.book[mixed(crc32(key.encode()) ^ second.pool.hash_seed)]
+            assert entry[0] == "c" and entry[1].handle.peer == handle.peer, key
+        first.pool.put(busy)
+        # One LB alone (ZooKeeper's count of 1) relays nothing.
+        first.pool.lbs = 1
+        first.relay_turn()
+        assert not first.pool.relayed
+    finally:
+        for lb in lbs:
+            lb.stop()
+        for worker in workers:
+            worker.stop(timeout=1)
+    # A frame's worth of keys at most in each part; all of them in all.
+    keys = {"c%d" % i: list(range(i * 10000, i * 10000 + 9000)) for i in range(3)}
+    parts = _parts(keys)
+    assert len(parts) > 1 and all(len(orjson.dumps(part)) < 256 * 1024 for part in parts)
+    merged = {}
+    for part in parts:
+        for rclass, hashes in part.items():
+            merged.setdefault(rclass, []).extend(hashes)
+    assert merged == keys

@@ -315,6 +315,17 @@ def test_affinity_loads_within_a_fifth_of_the_partition_on_the_logs(log):
             assert summary["p99_ms"] < least["p99_ms"], seed
 
 
+def test_several_lbs_that_hear_each_others_keys_load_less():
+    # frames.Keys: the workers relay the keys each LB sent them to the
+    # others, whose books then agree; NASA with two LBs, seeds 1-2.
+    for seed in (1, 2):
+        config = scenario("nasa", seed=seed, lbs=2)
+        relayed = simulate(config, "affinity")["summary"]
+        alone = simulate(config.replace(separate_books=True), "affinity")["summary"]
+        assert relayed["misses_per_request"] < 0.8 * alone["misses_per_request"], seed
+        assert relayed["throughput"] > alone["throughput"], seed
+
+
 def test_a_mixed_fleet_serves_by_speed_and_cache_and_affinity_favours_the_big_caches():
     # Without a hand-set weight: résumé scores carry a worker's speed, and
     # its cache shows in them as hits.  Least backlog sees only the speed.

@@ -11,7 +11,7 @@ import pytest
 from conftest import source_only
 from zc_lb.connection import Connection, Handler
 from zc_lb.errors import ConfigurationError
-from zc_lb.protocol import End
+from zc_lb.protocol import FEATURES, LB_FEATURES, End
 from zc_lb.sockets import parse_address
 from zc_lb.testing import read_response
 from zc_lb.worker import Worker, load_app
@@ -20,10 +20,14 @@ from zc_lb.worker import Worker, load_app
 class LBSide(Handler):
     def __init__(self):
         self.resumes = []
+        self.keys = []
         self.goaway = gevent.event.Event()
 
     def handle_resume(self, connection, skills):
         self.resumes.append(skills)
+
+    def handle_keys(self, connection, keys):
+        self.keys.append(keys)
 
     def handle_goaway(self, connection, reason):
         self.goaway.set()
@@ -48,6 +52,35 @@ def serve():
     for worker, connection in started:
         connection.close()
         worker.stop(timeout=1)
+
+
+def test_the_keys_an_lb_sent_go_to_the_other_lbs_that_take_them(serve):
+    # frames.Keys: the worker relays them as they are, to every other LB
+    # that offered the feature, and to no LB of the version before.
+    worker, first, first_side = serve(reader_app)
+    others = []
+    for features in (LB_FEATURES, LB_FEATURES, FEATURES):
+        sock = gevent.socket.create_connection(worker.address)
+        side = LBSide()
+        connection = Connection(sock, "lb", side, peer="worker", features=features)
+        connection.handshake()
+        connection.start()
+        others.append((connection, side))
+    first.close()
+    sock = gevent.socket.create_connection(worker.address)
+    first = Connection(sock, "lb", first_side, peer="worker", features=LB_FEATURES)
+    first.handshake()
+    first.start()
+    keys = {"a.example": [1, 2**64 - 1], "b.example": [7]}
+    assert first.send_keys(keys)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not all(side.keys for _, side in others[:2]):
+        gevent.sleep(0.01)
+    assert [side.keys for _, side in others] == [[keys], [keys], []]
+    assert first_side.keys == []
+    for connection, _ in others:
+        connection.close()
+    first.close()
 
 
 def call(connection, environ, body=b"", timeout=10):

@@ -103,13 +103,33 @@ cut loads by an eighth.  Rendezvous still decides a key whose last
 worker is busy or gone, a key whose owner is starting (slow start gives
 a starter its keys by rendezvous), and a key that went to its owner
 before the class grew (``joins``): at light load nothing else would
-give a new member its share of the keys.  Several LBs keep
-different books, so they go by rendezvous alone and still agree.  The
+give a new member its share of the keys.  The
 children of one ``--processes`` are not several LBs: they keep one book
 of where keys went and one record of each class's last recruit in
 shared memory, and count each other's requests in flight and measures
 of locality (``siblings.py``, ``share_with``), so they route as this
 one LB.
+
+Several LBs.  LBs on other hosts cannot share memory, but they share
+the workers, and each worker hears every LB.  So each LB notes the
+keys it sends each worker (``PoolWorker.sent``) and sends them to the
+worker now and then (``sent_keys``, ``frames.Keys``, every 50 ms); the
+worker relays them to its other LBs, which write them into their books
+(``take_keys``) as if they had sent them.  While every worker relays
+(``relayed``: several LBs, each worker's Hello offering ``keys``, and
+``separate_books`` off) the LBs' books agree to within a relay, and
+each routes as a lone LB does (its book, stickiness, the measured gain
+and its balance), recruiting from the ring all LBs share.  In the
+simulator that took NASA with 2 LBs from 0.145-0.161 loads a request
+to 0.100-0.116, with 4 from 0.166-0.175 to 0.111-0.117, elastic with 2
+from 0.173-0.198 to 0.114-0.125, and ``many_lbs`` with 2 from 4.16 to
+4.03, each with more throughput.  It costs where workers differ much
+(``mixed_fleet`` with 2 LBs: 17-23% less throughput, as one LB serves
+less than the published policy there): ``separate_books`` turns it off.
+Without relays (a worker of the version before, or the setting) LBs
+keep different books, so they go by rendezvous alone and still agree.
+A key sent to two workers within one relay may be booked at either:
+both hold its data for a while.
 
 Spill.  When no member is under the cap, the request goes, as in the
 published algorithm, to the best skilled worker under the cap, unless
@@ -145,7 +165,8 @@ known, one in ``EXPLORE`` requests that find their worker busier than
 the least busy one goes to another member to learn one: with two
 workers the balance bound, relative to the members' mean, never moves
 a hot key, and without a request away nothing is learned.  Only an LB
-alone measures and bounds: with several, a key's home is only its
+alone, or LBs whose keys are relayed (see "Several LBs"), measures and
+bounds: with several that go by rendezvous, a key's home is only its
 rendezvous owner, which the other LBs' moves leave without its data,
 and the gains read low (1.3-1.6 where a lone LB reads 2.7 on
 ``many_lbs``): the bound moved keys on, and loads grew 16-33%.
@@ -189,8 +210,8 @@ the published policy (a lower ``balance`` helps).  A class whose
 requests never go away from home keeps the pool's gain, which a site of
 cache-bound and cache-less classes blends: with two workers, a hot
 cache-less key of such a site may stay at its owner.  So may one behind
-several LBs, which measure nothing yet (the balance bound spreads it
-over three members or more).  Shares
+several LBs without relays, which measure nothing (the balance bound
+spreads it over three members or more).  Shares
 and footprints are per LB: with k LBs each sees all of a class's keys
 but only its own load.  The footprint counts keys, not bytes.
 """
@@ -232,6 +253,7 @@ MOVE_COST: Final = 64.0  # a key moved costs its request's gain this many times 
 EXPLORE: Final = 16  # before any gain is known, one in this many busy requests goes away
 NOISE: Final = 0.2  # of a gain: what a measurement of no gain at all may read over 1
 MAX_KEYS_SEEN = 1 << 16  # keys whose hashes the classes remember, in all
+MAX_SENT: Final = 1 << 16  # keys noted for a worker between two relays, at most
 
 
 def _by_score(item: Tuple[PoolWorker, float]) -> Tuple[float, int]:
@@ -268,13 +290,15 @@ class AffinityPool(Pool):
     ``adoptions``, ``unskilled``, ``relearn_armed``) are properties."""
 
     SETTINGS: ClassVar[Tuple[str, ...]] = Pool.SETTINGS + (
-        "spread", "footprint_window", "slow_start", "balance", "stick", "widen")
+        "spread", "footprint_window", "slow_start", "balance", "stick", "widen",
+        "separate_books")
     spread: float
     footprint_window: int
     slow_start: int
     balance: float
     stick: float
     widen: float
+    separate_books: bool
 
     def __init__(self, variance: Any = LB_SETTINGS["variance"].default,
                  backlog_history: Any = LB_SETTINGS["backlog_history"].default,
@@ -284,10 +308,12 @@ class AffinityPool(Pool):
                  slow_start: Any = LB_SETTINGS["slow_start"].default,
                  balance: Any = LB_SETTINGS["balance"].default,
                  stick: Any = LB_SETTINGS["stick"].default,
-                 widen: Any = LB_SETTINGS["widen"].default) -> None:
+                 widen: Any = LB_SETTINGS["widen"].default,
+                 separate_books: Any = LB_SETTINGS["separate_books"].default) -> None:
         # (Any: checked by the settings table, as ``Pool``'s are)
         self._set_settings(spread=spread, footprint_window=footprint_window,
-                           slow_start=slow_start, balance=balance, stick=stick, widen=widen)
+                           slow_start=slow_start, balance=balance, stick=stick, widen=widen,
+                           separate_books=separate_books)
         self.requests = 0  # requests routed with a class
         self.classes: Dict[str, ClassStats] = {}
         self.total = 0.0  # decayed requests of every class
@@ -471,7 +497,7 @@ class AffinityPool(Pool):
             if weighed is not chosen:
                 chosen, away = weighed, True
         relearning.remember(book_hash, booked, rclass, chosen, AWAY if away else stats.joins)
-        if self.relayed:
+        if self.relayed and len(chosen.sent) < MAX_SENT:
             chosen.sent.append((rclass, book_hash))
         if siblings is not None and alone:
             chosen_hash = siblings.worker_hash(chosen.name)
@@ -505,19 +531,26 @@ class AffinityPool(Pool):
         self._by_hash = {siblings.worker_hash(worker.name): worker
                          for worker in self.workers.values()}
 
-    def sent_keys(self, handle: Hashable) -> List[Tuple[str, int]]:
-        """The (class, key hash) of the keys sent to worker ``handle``
-        since the last call, for the other LBs (``take_keys``), which the
-        worker relays them to; forgotten here."""
+    def sent_keys(self, handle: Hashable) -> Dict[str, List[int]]:
+        """The keys sent to worker ``handle`` since the last call, class
+        -> their hashes in the book, for the other LBs (``take_keys``),
+        to which the worker relays them; forgotten here."""
         worker = self.workers.get(handle)
+        keys: Dict[str, List[int]] = {}
         if worker is None or not worker.sent:
-            return []
+            return keys
         sent, worker.sent = worker.sent, []
-        return sent
+        for rclass, book_hash in sent:
+            hashes = keys.get(rclass)
+            if hashes is None:
+                keys[rclass] = [book_hash]
+            else:
+                hashes.append(book_hash)
+        return keys
 
-    def take_keys(self, handle: Hashable, keys: List[Tuple[str, int]]) -> None:
-        """Another LB sent these keys (class, key hash in the book) to
-        worker ``handle``, which relayed them here: the book now says
+    def take_keys(self, handle: Hashable, keys: Mapping[str, List[int]]) -> None:
+        """Another LB sent these keys (class -> their hashes in the book)
+        to worker ``handle``, which relayed them here: the book now says
         they are there, as if this LB had sent them (moved on, so that
         they stay)."""
         worker = self.workers.get(handle)
@@ -525,8 +558,9 @@ class AffinityPool(Pool):
             return
         book = self.book
         remember = self.relearning.remember
-        for rclass, book_hash in keys:
-            remember(book_hash, book.get(book_hash), rclass, worker, AWAY)
+        for rclass, hashes in keys.items():
+            for book_hash in hashes:
+                remember(book_hash, book.get(book_hash), rclass, worker, AWAY)
 
     def measure(self) -> Tuple[float, float]:
         """The pool's measure of locality (its decayed sums of away time
@@ -615,7 +649,7 @@ class AffinityPool(Pool):
         assert least is not None
         chosen = home if home is not None and home.backlog <= least.backlog else least
         self.relearning.remember(book_hash, booked, rclass, chosen, AWAY)
-        if self.relayed:
+        if self.relayed and len(chosen.sent) < MAX_SENT:
             chosen.sent.append((rclass, book_hash))
         if home is not None:
             self.placed = (stats, chosen is home)
@@ -1114,10 +1148,11 @@ class AffinityPool(Pool):
         gain = self.locality.pool_gain()
         status.update(spread=self.spread, footprint_window=self.footprint_window,
                       balance=self.balance, stick=self.stick, widen=self.widen,
+                      separate_books=self.separate_books,
                       widened=sum(1 for stats in self.classes.values() if stats.extra),
                       widenings=self.widenings, narrowings=self.narrowings,
                       spills=self.spills, bounded=self.bounded, explored=self.explored,
                       locality_gain=(None if gain is None else round(gain, 3)),
                       slow_start=self.slow_start, skill_resets=self.resets,
-                      starting=len(self.starting), lbs=self.lbs)
+                      starting=len(self.starting), lbs=self.lbs, keys_relayed=self.relayed)
         return status

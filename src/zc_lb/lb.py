@@ -28,7 +28,7 @@ import socket
 import time
 from bisect import bisect_left
 from typing import (Any, Callable, ClassVar, DefaultDict, Dict, Hashable, Iterable, Mapping,
-                    Optional, Set, Tuple, cast)
+                    List, Optional, Set, Tuple, cast)
 
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
@@ -72,6 +72,8 @@ MAX_CLASSIFIER_ERRORS = 100  # distinct classifier errors kept in status
 RETRY_ROOM = 3  # a healthy worker has room for at least this many retries
 DRAIN_QUIET = 0.5  # seconds without requests in flight that end a drain
 NO_WORKER_GRACE = 5.0  # seconds after the start before an empty pool is said
+RELAY_INTERVAL = 0.05  # seconds between the keys an LB sends each worker to relay
+RELAY_FRAME = 128 * 1024  # bytes of keys in one frame, about (frames.Keys)
 
 # The response latency histogram's upper bounds, in seconds (plus +Inf):
 # fixed, so that a request costs one bisect and one list increment.
@@ -328,6 +330,7 @@ class LB(LinkEvents):
         self._watchers: Dict[Exchange, gevent.Greenlet] = {}
         self._watchdog: Optional[gevent.Greenlet] = None
         self._no_worker_watch: Optional[gevent.Greenlet] = None
+        self._relay: Optional[gevent.Greenlet] = None  # (``_relay_keys``)
         self.started = time.time()
         # Counters for metrics, read at scrape time (metrics.py): each is a
         # plain increment or dict update per request, no lock, no labels.
@@ -434,6 +437,8 @@ class LB(LinkEvents):
             self._watchdog.kill(block=False)
         if self._no_worker_watch is not None:
             self._no_worker_watch.kill(block=False)
+        if self._relay is not None:
+            self._relay.kill(block=False)
         for link in list(self.links.values()):
             link.stop()
         self.links.clear()
@@ -442,6 +447,47 @@ class LB(LinkEvents):
 
     def worker_up(self, connection: Connection) -> None:
         self._admit(connection)
+        if self._relay is None and hasattr(self.pool, "take_keys"):
+            self._relay = gevent.spawn(self._relay_keys)
+
+    def worker_keys(self, connection: Connection, keys: Dict[str, List[int]]) -> None:
+        """A worker relayed the keys another LB sent it: the pool's book
+        says they are there."""
+        pool: Any = self.pool  # (an AffinityPool: ``worker_up`` says)
+        if connection in pool:
+            pool.take_keys(connection, keys)
+
+    def _relay_keys(self) -> None:
+        """Every RELAY_INTERVAL: whether the pool hears where the other
+        LBs send keys (there are others, and every worker in the pool and
+        this LB take ``frames.Keys``: then the books agree, and the pool
+        routes as a lone LB does, see ``affinity.py``), and if it does,
+        the keys it sent each worker since, to the worker, which relays
+        them to the other LBs."""
+        while True:
+            gevent.sleep(RELAY_INTERVAL)
+            self.relay_turn()
+
+    def relay_turn(self) -> None:
+        """One turn of ``_relay_keys``."""
+        pool: Any = self.pool  # (an AffinityPool: ``worker_up`` says)
+        connections = []
+        if pool.lbs > 1 and not pool.separate_books:  # (an LB alone: nothing to do)
+            connections = [link.connection for link in list(self.links.values())
+                           if link.connection is not None and link.connection in pool]
+        relayed = bool(connections) and all(c.protocol.keys for c in connections)
+        if relayed != pool.relayed:
+            pool.relayed = relayed
+            log.info("keys %s relayed between the LBs through the workers",
+                     "are" if relayed else "are no longer")
+        if not relayed:
+            return
+        for connection in connections:
+            try:
+                for part in _parts(pool.sent_keys(connection)):
+                    connection.send_keys(part)
+            except ZcLbError:
+                pass
 
     def _admit(self, connection: Connection, resume: Optional[Dict[str, float]] = None) -> bool:
         """Put a connected worker in the pool, unless it is ejected (it is
@@ -992,6 +1038,27 @@ def _watch_client(sock, exchange: Exchange) -> None:
     except OSError:
         pass
     exchange.cancel(ClientGone("client went away while the worker worked"))
+
+
+def _parts(keys: Dict[str, List[int]]) -> List[Dict[str, List[int]]]:
+    """``keys`` (class -> key hashes) in parts of about RELAY_FRAME bytes
+    of JSON each, under the peer's frame limit."""
+    parts: List[Dict[str, List[int]]] = []
+    part: Dict[str, List[int]] = {}
+    size = 0
+    for rclass, hashes in keys.items():
+        step = max(1, (RELAY_FRAME - len(rclass)) // 21)  # (a hash: 20 digits and a comma)
+        for start in range(0, len(hashes), step):
+            chunk = hashes[start:start + step]
+            cost = len(rclass) * 2 + 8 + 21 * len(chunk)
+            if part and size + cost > RELAY_FRAME:
+                parts.append(part)
+                part, size = {}, 0
+            part.setdefault(rclass, []).extend(chunk)
+            size += cost
+    if part:
+        parts.append(part)
+    return parts
 
 
 def _app_version(connection: Connection) -> Optional[str]:

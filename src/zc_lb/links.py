@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import gevent  # type: ignore[import-untyped]
 import gevent.socket  # type: ignore[import-untyped]
@@ -53,6 +53,9 @@ class LinkEvents:
 
     def worker_resume(self, connection: Connection, skills: Dict[str, float]) -> None:
         """The worker sent its résumé."""
+
+    def worker_keys(self, connection: Connection, keys: Dict[str, List[int]]) -> None:
+        """The worker relayed the keys another LB sent it (``frames.Keys``)."""
 
     def worker_silent(self, connection: Connection, seconds: float) -> None:
         """The worker has said nothing for ``seconds``: it may be stuck."""
@@ -148,6 +151,9 @@ class WorkerLink(Handler):
     def handle_resume(self, connection: Connection, skills: Dict[str, float]) -> None:
         self.resume = skills  # kept for a readmission after an ejection
         self.events.worker_resume(connection, skills)
+
+    def handle_keys(self, connection: Connection, keys: Dict[str, List[int]]) -> None:
+        self.events.worker_keys(connection, keys)
 
     def handle_goaway(self, connection: Connection, reason: str) -> None:
         log.info("worker %s is draining: %s", self.address, reason)

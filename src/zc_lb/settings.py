@@ -174,6 +174,11 @@ LB_SETTINGS = _table([
             "that one's backlog is under STICK x the balance bound, and a new key goes "
             "to the least busy worker; 0: every key by rendezvous",
             minimum=0, where=EVERYWHERE),
+    Setting("separate_books", bool, False,
+            "affinity, several LBs: each keeps its own book of where keys went and "
+            "goes by rendezvous, instead of one book the workers relay between them "
+            "(on a fleet of very different machines that can serve more)",
+            where=EVERYWHERE),
     Setting("widen", float, 0.3,
             "affinity: a class takes one more worker while its workers' backlogs stay "
             "over 1 + WIDEN times the pool's mean, and gives it back under 1 / (1 + WIDEN) "

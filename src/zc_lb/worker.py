@@ -628,6 +628,16 @@ class Worker(Handler):
                 self._no_lbs.set()
             log.info("LB connection from %s ended: %s", connection.peer, error)
 
+    def handle_keys(self, connection: Connection, keys: Dict[str, List[int]]) -> None:
+        """An LB sent the keys it sent us: relay them to our other LBs
+        (``frames.Keys``), so that each knows where every key's data is."""
+        for other in list(self.connections):
+            if other is not connection:
+                try:
+                    other.send_keys(keys)
+                except ZcLbError:
+                    pass
+
     def handle_request(self, connection: Connection, exchange: Exchange) -> None:
         task = self.requests.spawn(self._serve, exchange)
         exchange.on_cancel = lambda: self.requests.kill_one(task)
