@@ -36,9 +36,11 @@ Weak spots, admitted.  A thread-mode worker's service time includes the
 time its request waited for the interpreter behind the worker's other
 threads, so home, usually the busier worker, looks slower than it is:
 that errs toward spreading, never toward pinning.  A home whose data
-was evicted looks like away.  Only a lone LB measures: behind several,
-a key's home is only its rendezvous owner, which the other LBs' moves
-leave without its data, and gains read far too low.  Classes whose requests never go away keep
+was evicted looks like away.  Only a lone LB measures, or several whose
+books the workers' relays keep alike (``affinity.py``, "Several LBs"):
+behind several without, a key's home is only its rendezvous owner,
+which the other LBs' moves leave without its data, and gains read far
+too low.  Classes whose requests never go away keep
 the pool's gain, which a site of mixed classes blends.
 """
 
