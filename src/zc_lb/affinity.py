@@ -253,7 +253,7 @@ MOVE_COST: Final = 64.0  # a key moved costs its request's gain this many times 
 EXPLORE: Final = 16  # before any gain is known, one in this many busy requests goes away
 NOISE: Final = 0.2  # of a gain: what a measurement of no gain at all may read over 1
 MAX_KEYS_SEEN = 1 << 16  # keys whose hashes the classes remember, in all
-MAX_SENT: Final = 1 << 16  # keys noted for a worker between two relays, at most
+MAX_SENT: Final = 4096  # keys noted for a worker between two relays (50 ms), at most
 
 
 def _by_score(item: Tuple[PoolWorker, float]) -> Tuple[float, int]:

@@ -466,7 +466,10 @@ class LB(LinkEvents):
         them to the other LBs."""
         while True:
             gevent.sleep(RELAY_INTERVAL)
-            self.relay_turn()
+            try:
+                self.relay_turn()
+            except Exception:  # (a bug here must not stop the relays for good)
+                log.exception("relaying keys failed")
 
     def relay_turn(self) -> None:
         """One turn of ``_relay_keys``."""
