@@ -140,6 +140,25 @@ def test_two_lbs_share_the_workers_and_both_get_resumes(site):
     assert sorted(site.client.get_children("/lb/providers")) == sorted([lb1.address, lb2.address])
 
 
+def test_two_lbs_hear_each_others_keys_until_an_operator_keeps_books_separate(site):
+    # frames.Keys: with two LBs counted and every worker relaying, each
+    # LB books where the other sent keys and routes as one LB would;
+    # separate_books, set live, turns it off.
+    site.worker(), site.worker()
+    lb1, lb2 = site.lb(), site.lb()
+    for lb in (lb1, lb2):
+        wait_for(lambda: len(in_pool(lb)) == 2)
+        wait_for(lambda: status(lb)["pool"]["keys_relayed"], message="keys relayed")
+    for i in range(20):
+        assert get(lb1, host="shared.example", path="/page/%d" % i)[0] == 200
+        assert get(lb2, host="shared.example", path="/page/%d" % i)[0] == 200
+    site.client.set("/lb", json.dumps({"separate_books": True}).encode())
+    for lb in (lb1, lb2):
+        wait_for(lambda: not status(lb)["pool"]["keys_relayed"], message="books separate")
+        assert status(lb)["pool"]["separate_books"] is True
+    assert get(lb2, host="shared.example", path="/page/1")[0] == 200
+
+
 def test_zookeeper_down_requests_flow_and_new_workers_found_after(site, zookeeper):
     w1 = site.worker()
     lb = site.lb()
