@@ -129,7 +129,10 @@ less than the published policy there): ``separate_books`` turns it off.
 Without relays (a worker of the version before, or the setting) LBs
 keep different books, so they go by rendezvous alone and still agree.
 A key sent to two workers within one relay may be booked at either:
-both hold its data for a while.
+both hold its data for a while.  The cost: booking a relayed key takes
+0.09 us compiled and decoding it 0.05, and each LB books the keys of
+every other LB's requests, so with 8 LBs about 1 us a request of its own
+(out of some 20 us of the LB's CPU a request).
 
 Spill.  When no member is under the cap, the request goes, as in the
 published algorithm, to the best skilled worker under the cap, unless
