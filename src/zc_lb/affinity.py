@@ -499,9 +499,7 @@ class AffinityPool(Pool):
             weighed = self._weighed(chosen, gain, members)
             if weighed is not chosen:
                 chosen, away = weighed, True
-        relearning.remember(book_hash, booked, rclass, chosen, AWAY if away else stats.joins)
-        if self.relayed and len(chosen.sent) < MAX_SENT:
-            chosen.sent.append((rclass, book_hash))
+        self._booked(book_hash, booked, rclass, chosen, AWAY if away else stats.joins)
         if siblings is not None and alone:
             chosen_hash = siblings.worker_hash(chosen.name)
             if chosen_hash != placed:
@@ -533,6 +531,15 @@ class AffinityPool(Pool):
         self.siblings = siblings
         self._by_hash = {siblings.worker_hash(worker.name): worker
                          for worker in self.workers.values()}
+
+    def _booked(self, book_hash: int, booked: Optional[BookEntry], rclass: str,
+                chosen: PoolWorker, where: int) -> None:
+        """A key of ``rclass`` goes to ``chosen``: the book says so
+        (``Relearning.remember``; ``booked``, what it said before), and
+        with relays, so will the other LBs (``sent_keys``)."""
+        self.relearning.remember(book_hash, booked, rclass, chosen, where)
+        if self.relayed and len(chosen.sent) < MAX_SENT:
+            chosen.sent.append((rclass, book_hash))
 
     def sent_keys(self, handle: Hashable) -> Dict[str, List[int]]:
         """The keys sent to worker ``handle`` since the last call, class
@@ -651,9 +658,7 @@ class AffinityPool(Pool):
         least = self._least_loaded()  # (a starter too: it has no cache to warm)
         assert least is not None
         chosen = home if home is not None and home.backlog <= least.backlog else least
-        self.relearning.remember(book_hash, booked, rclass, chosen, AWAY)
-        if self.relayed and len(chosen.sent) < MAX_SENT:
-            chosen.sent.append((rclass, book_hash))
+        self._booked(book_hash, booked, rclass, chosen, AWAY)
         if home is not None:
             self.placed = (stats, chosen is home)
         return self._chosen(chosen)
