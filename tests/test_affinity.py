@@ -14,7 +14,7 @@ import pytest
 from conftest import source_only
 
 from zc_lb import affinity, classstats
-from zc_lb.affinity import AffinityPool
+from zc_lb.affinity import MAX_SENT, AffinityPool
 from zc_lb.policies import make_pool
 from zc_lb.classstats import Footprint, Sketch, mix, rendezvous_weight, stable_hash
 from zc_lb.errors import ConfigurationError
@@ -950,3 +950,8 @@ def test_keys_another_lb_sent_go_where_it_sent_them():
             else:
                 moved += handle != where[book_hash]
     assert moved >= 30, moved  # (of some 150: what the relays save)
+    # A worker whose keys are not taken off (its connection stalled)
+    # holds at most MAX_SENT of them.
+    for i in range(MAX_SENT + 500):
+        second.put(second.get("c", "/stalled/%d" % i))
+    assert max(len(worker.sent) for worker in second.workers.values()) <= MAX_SENT

@@ -211,6 +211,17 @@ def test_two_lbs_hear_through_the_workers_where_each_sent_a_key():
             entry = second.pool.book[mixed(crc32(key.encode()) ^ second.pool.hash_seed)]
             assert entry[0] == "c" and entry[1].handle.peer == handle.peer, key
         first.pool.put(busy)
+        # A worker that dies: its keys are not sent, the relays go on for
+        # the other (a worker of the version before would stop them all).
+        for i in range(20):
+            first.pool.put(first.pool.get("c", "/k%d" % i))
+        workers[1].stop(timeout=0)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and len(first.pool) == 2:
+            gevent.sleep(0.01)
+        assert len(first.pool) == 1
+        first.relay_turn()
+        assert first.pool.relayed
         # One LB alone (ZooKeeper's count of 1) relays nothing.
         first.pool.lbs = 1
         first.relay_turn()
