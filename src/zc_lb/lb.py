@@ -447,7 +447,15 @@ class LB(LinkEvents):
 
     def worker_up(self, connection: Connection) -> None:
         self._admit(connection)
-        if self._relay is None and hasattr(self.pool, "take_keys"):
+        self.lbs_changed()
+
+    def lbs_changed(self) -> None:
+        """ZooKeeper counted the LBs anew (``pool.lbs``): with several,
+        the keys sent to workers are relayed from now on (``_relay_keys``,
+        which then runs for good: it notices when they are one again).
+        An LB alone starts nothing, and wakes for nothing."""
+        pool: Any = self.pool
+        if self._relay is None and pool.lbs > 1 and hasattr(pool, "take_keys"):
             self._relay = gevent.spawn(self._relay_keys)
 
     def worker_keys(self, connection: Connection, keys: Dict[str, List[int]]) -> None:

@@ -233,6 +233,7 @@ class LBMembership:
         """How many LBs share the workers: the affinity pool recruits alike
         on every LB when there are several."""
         self.lb.pool.lbs = max(len(providers), 1)
+        self.lb.lbs_changed()
 
     def _providers_changed(self, providers: Dict[str, dict]) -> None:
         self.providers = providers
