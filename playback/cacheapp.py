@@ -18,7 +18,15 @@ A hit costs ``hit_cost`` seconds, a miss ``miss_cost`` (a database load),
 both spent in ``gevent.sleep``.  ``concurrency`` (0: unbounded) is how
 many requests a process serves at once; the rest wait their turn, as
 requests wait for one of a Python worker's threads or database
-connections, or for the GIL when a load is CPU (unpickling).  With 1 a
+connections, or for the GIL when a load is CPU (unpickling).
+
+``blocking`` makes it an ordinary threaded application, as a user
+deploys behind ``zc-lb worker`` (thread mode, the default): the costs
+are spent in ``time.sleep`` and the ``concurrency`` bound is a
+``threading`` semaphore that the request threads queue on, as they
+would on an application's lock (1) or on a pool of N database
+connections.  The server's threads then wait *inside* the application,
+where the server cannot tell the wait from work.  With 1 a
 process's loads are its own time, so fewer misses mean more throughput;
 unbounded, a load costs only latency.  The response says what happened in its headers::
 
@@ -54,6 +62,7 @@ ZC_LB_CACHEAPP_OBJECTS_PER_CLASS      1000     objects in a class's space
 ZC_LB_CACHEAPP_SKEW                   0        0: uniform, >0: skewed
 ZC_LB_CACHEAPP_PAGE_OBJECTS           0        objects of the URL's own, touched too
 ZC_LB_CACHEAPP_CONCURRENCY            0        requests served at once (0: no bound)
+ZC_LB_CACHEAPP_BLOCKING               0        1: time.sleep and threading locks
 ZC_LB_CACHEAPP_WORKER_ID              host:pid name in X-Worker and stats
 ZC_LB_CACHEAPP_STATS_LISTEN           (none)   HOST:PORT of a side stats server
 ====================================  =======  ==========================
@@ -142,15 +151,27 @@ class CacheModel:
 
 def make_app(cache_size: int = 1000, miss_cost: float = 0.002, objects_per_request: int = 10,
              objects_per_class: int = 1000, hit_cost: float = 0.0, skew: float = 0.0,
-             worker_id: Optional[str] = None, page_objects: int = 0, concurrency: int = 0):
-    """A WSGI app with its own cache (one per process that calls this)."""
-    import gevent
-    import gevent.lock
-
+             worker_id: Optional[str] = None, page_objects: int = 0, concurrency: int = 0,
+             blocking: bool = False):
+    """A WSGI app with its own cache (one per process that calls this);
+    ``blocking``: an ordinary threaded app (time.sleep, threading locks)."""
     if concurrency < 0:
         raise ValueError("concurrency must be 0 (no bound) or more, not %r" % concurrency)
     model = CacheModel(cache_size)
-    slots = gevent.lock.Semaphore(concurrency) if concurrency else None
+    if blocking:
+        import threading
+        import time
+
+        sleep = time.sleep
+        slots = threading.BoundedSemaphore(concurrency) if concurrency else None
+        guard = threading.Lock()  # the LRU, shared by the threads (held for microseconds)
+    else:
+        import gevent
+        import gevent.lock
+
+        sleep = gevent.sleep
+        slots = gevent.lock.Semaphore(concurrency) if concurrency else None
+        guard = None
     hostname = socket.gethostname()
 
     def worker_name() -> str:  # computed late: the process may fork after make_app
@@ -164,10 +185,14 @@ def make_app(cache_size: int = 1000, miss_cost: float = 0.002, objects_per_reque
         }
 
     def serve(ids: List[str]) -> tuple:
-        hits, misses = model.touch(ids)
+        if guard is None:
+            hits, misses = model.touch(ids)
+        else:
+            with guard:
+                hits, misses = model.touch(ids)
         cost = hits * hit_cost + misses * miss_cost
         if cost > 0:
-            gevent.sleep(cost)
+            sleep(cost)
         return hits, misses
 
     def app(environ, start_response):
@@ -271,6 +296,7 @@ def app_from_environment(environ=os.environ):
         worker_id=get("WORKER_ID", str, None),
         page_objects=get("PAGE_OBJECTS", int, 0),
         concurrency=get("CONCURRENCY", int, 0),
+        blocking=get("BLOCKING", lambda v: v.lower() in ("1", "true", "yes"), False),
     )
     listen = get("STATS_LISTEN", str, None)
     if listen:

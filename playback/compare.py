@@ -188,18 +188,24 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path, name: str = "zc-lb"
         workers, stats_urls = [], []
         for i in range(1, args.workers + 1):
             stats = "127.0.0.1:%d" % free_port()
-            # The worker bounds what it serves at once, not the app: the
-            # wait for a turn is then the worker's queue, which résumés do
-            # not count (as a thread pool's), where a wait inside the app
-            # would read as the app's time and call a busy worker unskilled.
             env = dict(app_env(args), ZC_LB_CACHEAPP_WORKER_ID="zw%d" % i,
-                       ZC_LB_CACHEAPP_STATS_LISTEN=stats, ZC_LB_CACHEAPP_CONCURRENCY="0")
+                       ZC_LB_CACHEAPP_STATS_LISTEN=stats)
+            argv = zc_lb + ["worker", CACHEAPP + ":app", "--listen", "127.0.0.1:0",
+                            "--history", str(args.history)]
+            if args.zc_lb_workers == "greenlets":
+                # The worker bounds what it serves at once, not the app: the
+                # wait for a turn is then the worker's queue, which résumés
+                # do not count.  The cache app cooperates with gevent.
+                env["ZC_LB_CACHEAPP_CONCURRENCY"] = "0"
+                argv += ["--greenlets", "--concurrency", str(args.worker_concurrency)]
+            else:
+                # As a user deploys: the default (thread-mode) worker in front
+                # of an ordinary blocking app that bounds itself, so the
+                # threads wait inside the app (its lock, its pool of slots).
+                env["ZC_LB_CACHEAPP_BLOCKING"] = "1"
+            argv += args.zc_lb_worker_option
             log = run_dir / ("%s-worker%d.log" % (name.replace(":", "-"), i))
-            process = stack.enter_context(spawned(
-                zc_lb + ["worker", CACHEAPP + ":app", "--listen", "127.0.0.1:0",
-                         "--greenlets",  # the cache app cooperates with gevent
-                         "--concurrency", str(args.worker_concurrency),
-                         "--history", str(args.history)], log, env, stdout=subprocess.PIPE))
+            process = stack.enter_context(spawned(argv, log, env, stdout=subprocess.PIPE))
             workers.append(read_ready_line(process, "zc-lb worker listening on ", log))
             wait_for_port(stats, process, START_TIMEOUT)
             stats_urls.append("http://%s%s" % (stats, STATS_PATH))
@@ -468,9 +474,11 @@ def format_header(args: argparse.Namespace, parse: dict, counts: Dict[str, int])
         logs, parse["entries"], counts["warmup"], counts["measured"], counts["classes"],
         args.concurrency, args.workers)
     app = ("cache app: %d objects cached/worker, miss %g ms, %d objects/request of %d/class, "
-           "skew %g; zc-lb workers --history %d%s" % (
+           "skew %g, %s requests at once; zc-lb workers (%s) --history %d%s; LB%s" % (
                args.cache_size, args.miss_cost * 1000, args.objects_per_request,
-               args.objects_per_class, args.skew, args.history,
+               args.objects_per_class, args.skew, args.worker_concurrency or "any",
+               args.zc_lb_workers, args.history,
+               "".join(" " + o for o in args.zc_lb_worker_option),
                "".join(" " + o for o in args.zc_lb_option)))
     return "%s\n%s\nratios are the balancer's number / zc-lb's" % (replayed, app)
 
@@ -518,6 +526,15 @@ def make_parser() -> argparse.ArgumentParser:
                      help="requests a worker process serves at once, the rest wait (0: no "
                      "bound; default %(default)s: a Python process whose loads are its own "
                      "time, as the simulator's workers)")
+    app.add_argument("--zc-lb-workers", choices=("threads", "greenlets"), default="threads",
+                     help="how zc-lb's workers run the app: 'threads', the default worker "
+                     "in front of a blocking app that bounds itself with a threading "
+                     "semaphore of --worker-concurrency slots (as an app's lock or "
+                     "connection pool); 'greenlets', --greenlets --concurrency N in front "
+                     "of the app unbounded (default %(default)s)")
+    app.add_argument("--zc-lb-worker-option", action="append", default=[], metavar="OPT",
+                     help="extra `zc-lb worker` argument, e.g. --zc-lb-worker-option=--threads=1 "
+                     "(repeat)")
     app.add_argument("--history", type=int, default=100,
                      help="zc-lb workers: requests between résumés (default %(default)s)")
     app.add_argument("--zc-lb-option", action="append", default=[], metavar="OPT",
@@ -570,7 +587,8 @@ def run(args: argparse.Namespace, run_dir: Path) -> dict:
               "classes": len({e.host for e in measured})}
     settings = {key: getattr(args, key) for key in (
         "logs", "format", "host", "host_from_segment", "max_requests", "warmup", "concurrency",
-        "workers", "history", "zc_lb_option", "balancers") + tuple(APP_SETTINGS)}
+        "workers", "history", "zc_lb_option", "zc_lb_workers", "zc_lb_worker_option",
+        "balancers") + tuple(APP_SETTINGS)}
     return {"settings": settings, "counts": counts, "parse": parse_stats.as_dict(),
             "cpus": os.cpu_count(), "log_dir": str(run_dir), "results": rows,
             "floor_loads_per_request": floor}
