@@ -4,7 +4,8 @@ many threads take requests (concurrency.py; threads.py samples)."""
 import pytest
 
 from zc_lb import concurrency
-from zc_lb.concurrency import COMPUTING, LOCK_TURNS, RUNNING, Limit, blocked, syscall, turns
+from zc_lb.concurrency import (BLOCKED, COMPUTES, COMPUTING, LOCK_TURNS, PROBE, QUEUED, RUNNING,
+                                Limit, blocked, state, syscall, turns)
 
 FUTEX = 202
 
@@ -74,3 +75,49 @@ def test_requests_waiting_behind_a_stall_get_one_more_thread_each_stall():
     assert limit.update(0, waiting=True, since_finished=1.1) == 4
     assert limit.update(0, waiting=True, since_finished=0.0) == 4  # kept while they wait
     assert limit.update(0, waiting=False) == 2  # the queue is empty: back to the rule
+
+
+def test_a_long_lock_wait_is_a_queued_thread_io_is_blocked():
+    turn = LOCK_TURNS
+    assert state(RUNNING, FUTEX, 10.0, turn) == COMPUTES
+    assert state(FUTEX, FUTEX, turn / 2, turn) == COMPUTES  # a turn at the interpreter lock
+    assert state(FUTEX, FUTEX, turn * 2, turn) == QUEUED
+    assert state(230, FUTEX, 0.0, turn) == BLOCKED  # clock_nanosleep: a database, a sleep
+    assert state(None, FUTEX, 10.0, turn) == COMPUTES
+
+
+def test_threads_queued_behind_the_others_bring_the_ceiling_down_to_those_working():
+    # An application behind one lock: one thread holds it and waits on its
+    # database, three wait for the lock.  Two for the blocked one would
+    # let in four; the ceiling is the one that works.
+    limit = Limit(16)
+    assert limit.update(1, waiting=True, queued=3, working=1) == 1
+    # With it alone inside, nothing is seen queued: the ceiling holds.
+    for _ in range(PROBE - 1):
+        assert limit.update(1, waiting=True) == 1
+    # Requests still wait: after PROBE samples, one more is tried...
+    assert limit.update(1, waiting=True) == 2
+    # ...and seen queued behind the first: back to one.
+    assert limit.update(1, waiting=True, queued=1, working=1) == 1
+    # A pool of four database connections: four work, two wait.
+    limit = Limit(16)
+    assert limit.update(4, waiting=True, queued=2, working=4) == 4
+
+
+def test_the_ceiling_rises_only_while_requests_wait_and_stalls_pass_it():
+    limit = Limit(16)
+    limit.update(1, queued=1, working=1)
+    for _ in range(3 * PROBE):
+        limit.update(1, waiting=False)
+    assert limit.ceiling == 1  # no request waited: nothing to find out
+    # A request that holds the only thread for seconds: one more each stall.
+    assert limit.update(1, waiting=True, since_finished=0.6) == 2
+    assert limit.update(1, waiting=True, since_finished=1.1) == 3
+
+
+def test_an_application_that_never_queues_its_threads_has_no_ceiling():
+    limit = Limit(16)
+    for _ in range(3 * PROBE):
+        limit.update(5, waiting=True)
+    assert limit.ceiling == 16
+    assert limit.value == 12

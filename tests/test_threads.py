@@ -109,7 +109,7 @@ def test_a_call_whose_greenlet_is_killed_does_not_disturb_the_next():
 
 def test_computing_calls_run_two_at_a_time(pool):
     assert pool.status() == {"size": 16, "taking_requests": 16, "blocked": 0.0,
-                             "stalls": 0, "adapts": True}
+                             "stalls": 0, "ceiling": 16, "adapts": True}
     _settle(pool)
     idents, _ = _run_all(pool, [lambda: _compute(0.005)] * 8)
     assert len(set(idents)) <= COMPUTING  # the others are parked
@@ -203,3 +203,26 @@ def test_a_pool_that_does_not_adapt_lets_all_its_threads_take_calls(why, monkeyp
         assert not threads.status()["adapts"]
     finally:
         threads.stop()
+
+
+def test_calls_queued_on_the_apps_lock_are_kept_out_and_their_wait_measured(pool):
+    """An application behind one lock (one database connection): the
+    threads let in past the one holding it only queue inside the app.
+    The pool finds that the app serves one at a time and lets in one; the
+    time a call was seen queued is not counted as its own."""
+    app_lock = real_threading.Lock()
+    queued = []
+
+    def call():
+        with app_lock:
+            time.sleep(0.02)  # (its database load)
+        queued.append(pool.current().queued)
+
+    _run_all(pool, [call] * 16)  # (all sixteen let in, before the first sample)
+    assert max(queued) > 0.1  # the last waited behind some 15 x 20 ms
+    assert pool.status()["ceiling"] == 1
+    del queued[:]
+    _, elapsed = _run_all(pool, [call] * 20)
+    assert elapsed < 20 * 0.02 * 1.5  # one at a time, as fast as the app goes
+    assert pool.status()["ceiling"] <= 2  # (a probe: one more, until seen queued)
+    assert sum(queued) < 0.1

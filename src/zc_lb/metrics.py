@@ -297,7 +297,15 @@ class WorkerCollector:
             yield GaugeMetricFamily(
                 "zc_lb_app_threads_taking_requests", "Threads of the pool that take "
                 "requests now (thread mode): two, and two for each request blocked "
-                "outside the interpreter, at most --threads.", value=threads["taking_requests"])
+                "outside the interpreter, at most the ceiling.",
+                value=threads["taking_requests"])
+            yield GaugeMetricFamily(
+                "zc_lb_app_threads_ceiling", "Requests the application was last seen to "
+                "serve at once (thread mode): --threads until a thread is seen queued "
+                "on a lock inside it.", value=threads.get("ceiling", threads["size"]))
+        yield _counter("zc_lb_app_queued_seconds", "Seconds requests' threads were seen "
+                       "queued inside the application behind others (thread mode), "
+                       "taken off their time.", doc.get("queued_seconds", 0))
 
 
 def exposition(collector) -> bytes:

@@ -26,13 +26,14 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import gevent  # type: ignore[import-untyped]
 import gevent.hub  # type: ignore[import-untyped]
 from gevent.monkey import get_original  # type: ignore[import-untyped]
 
-from .concurrency import FUTEX, SAMPLE, Limit, blocked, syscall, turns
+from .concurrency import (BLOCKED, COMPUTES, FUTEX, QUEUED, QUICK_TURN, RUNNING, SAMPLE, Limit,
+                          state, syscall, turns)
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +41,18 @@ log = logging.getLogger(__name__)
 _start_thread = get_original("_thread", "start_new_thread")
 _allocate_lock = get_original("_thread", "allocate_lock")
 _SimpleQueue = get_original("queue", "SimpleQueue")
+_get_ident = get_original("_thread", "get_ident")
+
+# Every pool's threads, by ident (a thread is in one pool): ``current``,
+# and call_in_hub marks its thread as waiting on the hub.
+_records: Dict[int, "_Thread"] = {}
 
 
 class _Thread:
     """What the pool knows of one of its threads."""
 
-    __slots__ = ("gate", "busy", "syscall", "schedstat", "cpu", "cpu_at")
+    __slots__ = ("gate", "busy", "syscall", "schedstat", "cpu", "cpu_at", "futex",
+                 "in_hub", "began", "queued", "queued_until")
 
     def __init__(self) -> None:
         self.gate = _allocate_lock()  # held while the thread may run: it parks on it
@@ -55,6 +62,11 @@ class _Thread:
         self.schedstat: Optional[int] = None
         self.cpu = b""  # its CPU time when last sampled, and when that changed
         self.cpu_at = 0.0
+        self.futex = False  # in a lock wait when last sampled
+        self.in_hub = False  # waiting for the hub (call_in_hub): on the LB, not the app
+        self.began = 0.0  # (monotonic) when its call began
+        self.queued = 0.0  # seconds of its call seen queued on a lock (concurrency.py)
+        self.queued_until = 0.0  # (monotonic) how far ``queued`` counts
 
 
 class Threads:
@@ -97,9 +109,15 @@ class Threads:
                 self._sampler.start(self._sample)
         return waiter.get()
 
+    def current(self) -> Optional[_Thread]:
+        """(In a pool thread) its record, whose ``queued`` is the seconds
+        its call has been seen queued on a lock so far; None elsewhere."""
+        return _records.get(_get_ident())
+
     def _run(self, index: int) -> None:
         calls, results, wake = self._calls, self._results, self._wake
         thread = self._threads[index]
+        _records[_get_ident()] = thread
         if self._sampler is not None:
             try:
                 thread.syscall = os.open("/proc/thread-self/syscall", os.O_RDONLY)
@@ -116,6 +134,8 @@ class Threads:
                 calls.put(call)  # (for a thread let in; behind the others)
                 continue
             func, waiter = call
+            thread.began = thread.queued_until = time.monotonic()
+            thread.queued = 0.0
             thread.busy = True
             try:
                 outcome = (waiter, True, func())
@@ -124,6 +144,7 @@ class Threads:
             thread.busy = False
             results.append(outcome)
             wake.send()
+        _records.pop(_get_ident(), None)
         files, thread.syscall, thread.schedstat = (thread.syscall, thread.schedstat), None, None
         for fd in files:
             if fd is not None:
@@ -154,13 +175,24 @@ class Threads:
         now = time.monotonic()
         busy = [thread for thread in self._threads
                 if thread.busy and thread.schedstat is not None]
-        turn = turns(len(busy), sys.getswitchinterval())
-        count = 0
+        counts = [0, 0, 0]  # COMPUTES, BLOCKED, QUEUED
+        queued = []
         try:
             if self._blind is not None:
                 raise self._blind
-            for thread in busy:
-                count += self._blocked(thread, now, turn)
+            futex = self._futex
+            assert futex is not None  # (sampling needs it)
+            seen = [self._seen(thread, now) for thread in busy]
+            # A lock wait is a turn at the interpreter lock while another
+            # thread computes; while none does, a wait without CPU time
+            # for two samples is on something else.
+            turn = (turns(len(busy), sys.getswitchinterval())
+                    if any(call == RUNNING for call, _ in seen) else QUICK_TURN)
+            for thread, (call, since_cpu) in zip(busy, seen):
+                kind = BLOCKED if thread.in_hub else state(call, futex, since_cpu, turn)
+                counts[kind] += 1
+                if kind == QUEUED:
+                    queued.append(thread)
         except OSError as exc:
             log.warning("cannot read the threads' states (%s); all of them take "
                         "requests", exc)
@@ -168,16 +200,30 @@ class Threads:
             self._sampler = None
             self._let_in(self.size)
             return
-        self._let_in(self.limit.update(count, self._calls.qsize() > 0,
-                                       now - self._finished))
+        working = counts[COMPUTES] + counts[BLOCKED]
+        if working:  # queued behind the others: their wait is not the app's time
+            for thread in queued:
+                since = max(thread.cpu_at, thread.queued_until, thread.began)
+                thread.queued += now - since
+                thread.queued_until = now
+            blocked, waits = counts[BLOCKED], counts[QUEUED]
+        else:  # a lock wait beside no other request: on the process's own I/O
+            blocked, waits = counts[BLOCKED] + counts[QUEUED], 0
+        self._let_in(self.limit.update(blocked, self._calls.qsize() > 0,
+                                       now - self._finished, waits, working))
 
-    def _blocked(self, thread: _Thread, now: float, turn: float) -> bool:
+    def _seen(self, thread: _Thread, now: float) -> Tuple[Optional[int], float]:
+        """The system call ``thread`` is in, and, in a lock wait, the
+        seconds since it last got CPU time (since the wait began, at most)."""
         call = syscall(os.pread(thread.syscall, 32, 0))  # type: ignore[arg-type]
-        if call == self._futex:  # a lock: the interpreter's, or longer?
-            cpu = os.pread(thread.schedstat, 64, 0).split(b" ", 1)[0]  # type: ignore[arg-type]
-            if cpu != thread.cpu:
-                thread.cpu, thread.cpu_at = cpu, now
-        return blocked(call, self._futex, now - thread.cpu_at, turn)  # type: ignore[arg-type]
+        if call != self._futex:
+            thread.futex = False
+            return call, 0.0
+        cpu = os.pread(thread.schedstat, 64, 0).split(b" ", 1)[0]  # type: ignore[arg-type]
+        if cpu != thread.cpu or not thread.futex:  # (a new wait: not since before it)
+            thread.cpu, thread.cpu_at = cpu, now
+        thread.futex = True
+        return call, now - thread.cpu_at
 
     def _let_in(self, active: int) -> None:
         """Let the first ``active`` threads take calls: those past it park
@@ -200,7 +246,7 @@ class Threads:
         """The pool's size, and how many of its threads take requests now."""
         return {"size": self.size, "taking_requests": self._active,
                 "blocked": round(self.limit.blocked, 2), "stalls": self.limit.stalls,
-                "adapts": self._sampler is not None}
+                "ceiling": self.limit.ceiling, "adapts": self._sampler is not None}
 
 
 def call_in_hub(hub, func, *args):
@@ -208,6 +254,7 @@ def call_in_hub(hub, func, *args):
     and return its result (or raise its exception)."""
     done = threading.Event()
     outcome = []  # (ok, the result or the exception)
+    thread = _records.get(_get_ident())
 
     def run():
         try:
@@ -218,7 +265,14 @@ def call_in_hub(hub, func, *args):
             done.set()
 
     hub.loop.run_callback_threadsafe(lambda: gevent.spawn(run))
-    done.wait()
+    if thread is None:
+        done.wait()
+    else:  # (the sampler: a wait on the hub, not behind the app's other requests)
+        thread.in_hub = True
+        try:
+            done.wait()
+        finally:
+            thread.in_hub = False
     ok, value = outcome[0]
     if not ok:
         raise value

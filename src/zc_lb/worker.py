@@ -193,6 +193,11 @@ class ResponseWriter:
         self.headers: List[Tuple[str, str]] = []
         self.started = False
         self.began: Optional[float] = None  # perf_counter() when the app began
+        # In thread mode: the pool's record of the thread running the app
+        # while it runs, and the seconds it was seen queued inside the app
+        # behind the others (threads.py), which are not the app's time.
+        self.thread: Optional[Any] = None
+        self.queued = 0.0
         self.refused = False  # its head was too large: a 500 went instead
 
     def start_response(self, status, headers, exc_info=None):
@@ -251,7 +256,8 @@ class ResponseWriter:
         # The application's seconds until its response starts: the LB learns
         # from them what a key's cached data buys (``locality.py``).
         began = self.began
-        elapsed = None if began is None else time.perf_counter() - began
+        elapsed = None if began is None else time.perf_counter() - began - (
+            self.queued if self.thread is None else self.thread.queued)
         try:
             exchange.respond(self.status, self.headers, body, end,  # type: ignore[arg-type]
                              elapsed)
@@ -451,6 +457,7 @@ class Worker(Handler):
         self.served = 0
         self.failed = 0  # requests answered 5xx or cut short: not in the résumé
         self.app_seconds = 0.0  # the application's time on served requests
+        self.queued_seconds = 0.0  # its threads' waits inside it behind others (threads.py)
 
     @property
     def address(self) -> Tuple[str, int]:
@@ -670,9 +677,10 @@ class Worker(Handler):
             self.failed += 1
             return
         assert writer.began is not None  # (the application ran)
-        elapsed = time.perf_counter() - writer.began
+        elapsed = time.perf_counter() - writer.began - writer.queued
         self.served += 1
         self.app_seconds += elapsed
+        self.queued_seconds += writer.queued
         assert self.skills is not None
         new = self.skills.record(rclass, elapsed)
         if new is not None:
@@ -772,10 +780,14 @@ class Worker(Handler):
         """In a pool thread: run the application; the error that ended it
         early if the LB went away (raised in the hub, not here)."""
         writer.began = time.perf_counter()
+        writer.thread = thread = self.threadpool.current()  # type: ignore[union-attr]
         try:
             self._run_app(environ, writer, send, start_response, deferred)
         except ZcLbError as exc:  # the LB went away: raised here, not printed there
             return exc
+        finally:
+            if thread is not None:
+                writer.queued, writer.thread = thread.queued, None
         return None
 
     @staticmethod
@@ -856,6 +868,7 @@ class Worker(Handler):
             "served": self.served,
             "failed": self.failed,
             "app_seconds": round(self.app_seconds, 6),
+            "queued_seconds": round(self.queued_seconds, 6),
             "resume": self.skills.resume() if self.skills else {},
             "threads": self.threadpool.status() if self.threadpool else None,
         }
