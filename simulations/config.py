@@ -31,7 +31,19 @@ class Config:
     policies: List[str] = dataclasses.field(default_factory=lambda: list(POLICIES))
     # workers
     workers: int = 16
-    concurrency: int = 1
+    concurrency: int = 1  # requests the application serves at once
+    # Requests a worker lets in (its threads): 0, as many as the app serves
+    # (``--greenlets --concurrency N``, or a thread-mode worker once it has
+    # found the app's bound).  More: the app serves ``concurrency`` and the
+    # rest wait inside it, a wait the worker cannot tell from work and
+    # records in their time (a thread-mode worker blind to it, as before
+    # its pool learnt the app's bound).
+    threads: int = 0
+    # Each of the app's connections has a cache of its own (ZODB's
+    # per-connection object caches): a request touches the cache of the
+    # connection it got, the last one given back (the pool's stack), and a
+    # worker has as many connections as requests were ever inside at once.
+    connection_caches: bool = False
     cache_size: int = 10_000
     # A mixed fleet: worker i has cache_sizes[i % len] objects of cache and
     # serves speeds[i % len] times as fast (empty: cache_size, and 1)
@@ -132,6 +144,8 @@ def build(overrides: Dict[str, Any]) -> Config:
         raise ValueError("need clients > 0 (closed loop) or arrival_rate > 0")
     if config.lbs < 1:
         raise ValueError("need lbs >= 1")
+    if config.concurrency < 1 or config.threads < 0:
+        raise ValueError("need concurrency >= 1 and threads >= 0")
     if not all(size > 0 for size in config.cache_sizes):
         raise ValueError("cache_sizes must be positive")
     if not all(speed > 0 for speed in config.speeds):

@@ -23,7 +23,12 @@ A worker serves ``concurrency`` requests at once and queues the rest in
 order.  Serving touches the request's objects in the worker's LRU cache
 when service starts; it takes ``base + hits * hit_cost + misses *
 miss_cost``.  The backlog the policy sees is what it was given and has not
-seen end: queued plus in service.
+seen end: queued plus in service.  With ``threads`` the worker lets in
+that many and the application serves ``concurrency`` of them: the rest
+wait inside it, in order, and the time the worker records (its résumé,
+what it tells the LB) counts that wait.  With ``connection_caches`` the
+application's cache is per connection (ZODB): a request takes the
+connection given back last, or opens one, and touches its cache.
 
 Scheduled actions (add or remove a worker, make a site hot, change the
 classifier) happen just before the request numbered ``at`` is issued, so
@@ -58,7 +63,8 @@ class SimWorker:
 
     __slots__ = ("id", "cache", "speed", "skills", "busy", "queue", "outstanding",
                  "hot", "alive", "served", "published_at", "published", "timer",
-                 "measured", "measured_misses", "measured_big", "relayed_at")
+                 "measured", "measured_misses", "measured_big", "relayed_at",
+                 "serving", "inside", "connections", "free")
 
     def __init__(self, wid: int, config: Config, holders: Holders) -> None:
         self.id = wid
@@ -79,6 +85,13 @@ class SimWorker:
         # the biggest classes (``Simulation.big_sites``)
         self.measured = self.measured_misses = self.measured_big = 0
         self.relayed_at = 0.0  # when the keys the LBs sent it were last relayed
+        # With ``threads``: requests the application serves now, and those
+        # let in that wait inside it (request, when let in).  With
+        # ``connection_caches``: every connection's cache, and the free ones.
+        self.serving = 0
+        self.inside: deque = deque()
+        self.connections: List[LRUCache] = [self.cache]
+        self.free: List[LRUCache] = [self.cache]
 
     def __repr__(self) -> str:
         return "<SimWorker %d outstanding=%d>" % (self.id, self.outstanding)
@@ -209,25 +222,47 @@ class Simulation:
         worker.outstanding += 1
         if request[0] == self.workload.hot_site:
             worker.hot += 1
-        if worker.busy < self.config.concurrency:
+        if worker.busy < (self.config.threads or self.config.concurrency):
             self.serve(worker, request)
         else:
             worker.queue.append(request)
 
     def serve(self, worker: SimWorker, request: list) -> None:
+        """Let it in: serve it, or (``threads``) queue it inside the app."""
+        worker.busy += 1
+        if worker.serving < self.config.concurrency:
+            self.start(worker, request, self.now)
+        else:
+            worker.inside.append((request, self.now))
+
+    def start(self, worker: SimWorker, request: list, let_in: float) -> None:
         """Start serving: touch the objects, schedule the end."""
         config = self.config
         objects = request[2]
-        misses = worker.cache.touch_all(objects)
+        cache = worker.cache
+        if config.connection_caches:
+            if worker.free:
+                cache = worker.free.pop()
+            else:
+                cache = LRUCache(worker.cache.size, self.holders)
+                worker.connections.append(cache)
+        misses = cache.touch_all(objects)
         service = (config.base_cost + misses * config.miss_cost
                    + (len(objects) - misses) * config.hit_cost) / worker.speed
-        worker.busy += 1
-        self.push(self.now + service, DONE, (worker, request, service, misses))
+        worker.serving += 1
+        # (what the worker records: its service, and any wait inside the app)
+        self.push(self.now + service, DONE,
+                  (worker, request, service + (self.now - let_in), misses, cache))
 
     def done(self, data: tuple) -> None:
         """A worker finished a request."""
-        worker, request, service, misses = data
+        worker, request, service, misses, cache = data
         worker.busy -= 1
+        worker.serving -= 1
+        if self.config.connection_caches:
+            worker.free.append(cache)
+        if worker.inside:
+            self.start(worker, *worker.inside.popleft())
         worker.outstanding -= 1
         worker.served += 1
         if request[0] == self.workload.hot_site:
@@ -397,7 +432,8 @@ class Simulation:
         self.live.remove(worker)
         for lb in self.lbs:
             lb.remove(worker.id)
-        worker.cache.clear()
+        for cache in worker.connections:
+            cache.clear()
 
 
 def simulate(config: Config, policy_name: str) -> Dict[str, Any]:
