@@ -450,6 +450,30 @@ def format_loading(rows: List[dict]) -> str:
     return "\n".join(lines) if len(lines) > 1 else ""
 
 
+def served_shares(report: dict, workers: int) -> List[float]:
+    """Each worker's responses in the measured replay over a fair share
+    (all responses / ``workers``), least to most; a worker that served
+    none counts as 0."""
+    counts = list((report.get("workers") or {}).values())
+    total = sum(counts)
+    if not total or workers < 1:
+        return []
+    counts += [0] * max(0, workers - len(counts))
+    return sorted(count * workers / total for count in counts)
+
+
+def format_served(rows: List[dict], workers: int) -> str:
+    """A line per balancer: each worker's requests over a fair share."""
+    lines = ["requests each worker served, over a fair share, least to most:"]
+    width = max(len(row["balancer"]) for row in rows)
+    for row in rows:
+        shares = served_shares(row["report"], workers)
+        if shares:
+            lines.append("  %s  %s" % (row["balancer"].ljust(width),
+                                       " ".join("%4.2f" % share for share in shares)))
+    return "\n".join(lines) if len(lines) > 1 else ""
+
+
 def format_notes(rows: List[dict]) -> str:
     """Lines about anything unusual: statuses other than 200, error examples, LB counters."""
     notes = []
@@ -646,9 +670,10 @@ def text_report(args: argparse.Namespace, result: dict) -> str:
              format_table(result["results"])]
     parts.append("floor (the %d caches as one shared LRU, perfectly partitioned): %.3f "
                  "loads/request" % (args.workers, result["floor_loads_per_request"]))
-    shares = format_loading(result["results"])
-    if shares:
-        parts.append(shares)
+    for shares in (format_loading(result["results"]),
+                   format_served(result["results"], args.workers)):
+        if shares:
+            parts.append(shares)
     notes = format_notes(result["results"])
     if notes:
         parts += ["", notes]

@@ -158,3 +158,12 @@ def test_bad_balancer_name_is_refused(capsys):
     with pytest.raises(SystemExit):
         compare.main(["x.log", "--balancers", "nginx"])
     assert "--balancers" in capsys.readouterr().err
+
+
+def test_each_workers_requests_over_a_fair_share_count_an_idle_worker_as_none():
+    report = {"workers": {"a": 300, "b": 100}}
+    assert compare.served_shares(report, 2) == [0.5, 1.5]
+    assert compare.served_shares(report, 4) == [0.0, 0.0, 1.0, 3.0]  # two served nothing
+    assert compare.served_shares({"workers": {}}, 2) == []
+    rows = [{"balancer": "zc-lb", "report": report}, {"balancer": "hash", "report": {}}]
+    assert compare.format_served(rows, 2).splitlines()[1:] == ["  zc-lb  0.50 1.50"]
