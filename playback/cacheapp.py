@@ -20,6 +20,10 @@ many requests a process serves at once; the rest wait their turn, as
 requests wait for one of a Python worker's threads or database
 connections, or for the GIL when a load is CPU (unpickling).
 
+``cache_signal`` makes it tell a zc-lb worker whether its cache had
+what the request needed: ``environ["zc_lb.cache"]`` is "hit" when the
+request loaded nothing, else "miss".
+
 ``blocking`` makes it an ordinary threaded application, as a user
 deploys behind ``zc-lb worker`` (thread mode, the default): the costs
 are spent in ``time.sleep`` and the ``concurrency`` bound is a
@@ -63,6 +67,7 @@ ZC_LB_CACHEAPP_SKEW                   0        0: uniform, >0: skewed
 ZC_LB_CACHEAPP_PAGE_OBJECTS           0        objects of the URL's own, touched too
 ZC_LB_CACHEAPP_CONCURRENCY            0        requests served at once (0: no bound)
 ZC_LB_CACHEAPP_BLOCKING               0        1: time.sleep and threading locks
+ZC_LB_CACHEAPP_CACHE_SIGNAL           0        1: tell a zc-lb worker hit or miss
 ZC_LB_CACHEAPP_WORKER_ID              host:pid name in X-Worker and stats
 ZC_LB_CACHEAPP_STATS_LISTEN           (none)   HOST:PORT of a side stats server
 ====================================  =======  ==========================
@@ -152,7 +157,7 @@ class CacheModel:
 def make_app(cache_size: int = 1000, miss_cost: float = 0.002, objects_per_request: int = 10,
              objects_per_class: int = 1000, hit_cost: float = 0.0, skew: float = 0.0,
              worker_id: Optional[str] = None, page_objects: int = 0, concurrency: int = 0,
-             blocking: bool = False):
+             blocking: bool = False, cache_signal: bool = False):
     """A WSGI app with its own cache (one per process that calls this);
     ``blocking``: an ordinary threaded app (time.sleep, threading locks)."""
     if concurrency < 0:
@@ -212,6 +217,8 @@ def make_app(cache_size: int = 1000, miss_cost: float = 0.002, objects_per_reque
         else:
             with slots:
                 hits, misses = serve(ids)
+        if cache_signal:
+            environ["zc_lb.cache"] = "miss" if misses else "hit"
         body = ("%s %s: %d hits, %d misses\n" % (cls, url, hits, misses)).encode("utf-8", "replace")
         return _respond(start_response, environ, body, extra=[
             ("X-Cache-Hits", str(hits)), ("X-Cache-Misses", str(misses)),
@@ -279,6 +286,10 @@ def start_stats_server(app, listen: str):
     return server
 
 
+def _yes(value: str) -> bool:
+    return value.lower() in ("1", "true", "yes")
+
+
 def app_from_environment(environ=os.environ):
     """make_app() configured from ZC_LB_CACHEAPP_* variables (and its stats server)."""
 
@@ -296,7 +307,8 @@ def app_from_environment(environ=os.environ):
         worker_id=get("WORKER_ID", str, None),
         page_objects=get("PAGE_OBJECTS", int, 0),
         concurrency=get("CONCURRENCY", int, 0),
-        blocking=get("BLOCKING", lambda v: v.lower() in ("1", "true", "yes"), False),
+        blocking=get("BLOCKING", _yes, False),
+        cache_signal=get("CACHE_SIGNAL", _yes, False),
     )
     listen = get("STATS_LISTEN", str, None)
     if listen:

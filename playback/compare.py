@@ -203,6 +203,8 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path, name: str = "zc-lb"
                 # of an ordinary blocking app that bounds itself, so the
                 # threads wait inside the app (its lock, its pool of slots).
                 env["ZC_LB_CACHEAPP_BLOCKING"] = "1"
+            if args.cache_signal:
+                env["ZC_LB_CACHEAPP_CACHE_SIGNAL"] = "1"
             argv += args.zc_lb_worker_option
             log = run_dir / ("%s-worker%d.log" % (name.replace(":", "-"), i))
             process = stack.enter_context(spawned(argv, log, env, stdout=subprocess.PIPE))
@@ -498,9 +500,10 @@ def format_header(args: argparse.Namespace, parse: dict, counts: Dict[str, int])
         logs, parse["entries"], counts["warmup"], counts["measured"], counts["classes"],
         args.concurrency, args.workers)
     app = ("cache app: %d objects cached/worker, miss %g ms, %d objects/request of %d/class, "
-           "skew %g, %s requests at once; zc-lb workers (%s) --history %d%s; LB%s" % (
+           "skew %g, %s requests at once%s; zc-lb workers (%s) --history %d%s; LB%s" % (
                args.cache_size, args.miss_cost * 1000, args.objects_per_request,
                args.objects_per_class, args.skew, args.worker_concurrency or "any",
+               ", says hit or miss" if args.cache_signal else "",
                args.zc_lb_workers, args.history,
                "".join(" " + o for o in args.zc_lb_worker_option),
                "".join(" " + o for o in args.zc_lb_option)))
@@ -556,6 +559,9 @@ def make_parser() -> argparse.ArgumentParser:
                      "semaphore of --worker-concurrency slots (as an app's lock or "
                      "connection pool); 'greenlets', --greenlets --concurrency N in front "
                      "of the app unbounded (default %(default)s)")
+    app.add_argument("--cache-signal", action="store_true",
+                     help="the app tells zc-lb's workers whether its cache hit "
+                     "(environ['zc_lb.cache'])")
     app.add_argument("--zc-lb-worker-option", action="append", default=[], metavar="OPT",
                      help="extra `zc-lb worker` argument, e.g. --zc-lb-worker-option=--threads=1 "
                      "(repeat)")
@@ -612,6 +618,7 @@ def run(args: argparse.Namespace, run_dir: Path) -> dict:
     settings = {key: getattr(args, key) for key in (
         "logs", "format", "host", "host_from_segment", "max_requests", "warmup", "concurrency",
         "workers", "history", "zc_lb_option", "zc_lb_workers", "zc_lb_worker_option",
+        "cache_signal",
         "balancers") + tuple(APP_SETTINGS)}
     return {"settings": settings, "counts": counts, "parse": parse_stats.as_dict(),
             "cpus": os.cpu_count(), "log_dir": str(run_dir), "results": rows,

@@ -44,6 +44,9 @@ class Config:
     # connection it got, the last one given back (the pool's stack), and a
     # worker has as many connections as requests were ever inside at once.
     connection_caches: bool = False
+    # The app tells the worker whether its cache had what a request needed
+    # (``environ["zc_lb.cache"]``): a request with no miss is a hit.
+    cache_signal: bool = False
     cache_size: int = 10_000
     # A mixed fleet: worker i has cache_sizes[i % len] objects of cache and
     # serves speeds[i % len] times as fast (empty: cache_size, and 1)

@@ -28,7 +28,9 @@ that many and the application serves ``concurrency`` of them: the rest
 wait inside it, in order, and the time the worker records (its résumé,
 what it tells the LB) counts that wait.  With ``connection_caches`` the
 application's cache is per connection (ZODB): a request takes the
-connection given back last, or opens one, and touches its cache.
+connection given back last, or opens one, and touches its cache.  With
+``cache_signal`` the application says whether its cache hit (a request
+with no miss), and the worker passes that on to the LB.
 
 Scheduled actions (add or remove a worker, make a site hot, change the
 classifier) happen just before the request numbered ``at`` is issued, so
@@ -268,7 +270,11 @@ class Simulation:
         if request[0] == self.workload.hot_site:
             worker.hot -= 1
         lb = self.lbs[request[6]]
-        lb.served(request[7], service)  # as the worker's response says
+        # as the worker's response says
+        if self.config.cache_signal:
+            lb.served(request[7], service, misses == 0)
+        else:
+            lb.served(request[7], service)
         lb.put(worker.id)
         if self.relaying and self.now - worker.relayed_at >= self.config.relay_interval:
             self.relay(worker)

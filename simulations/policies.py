@@ -79,7 +79,7 @@ class Policy:
 
     placed = None  # (what the pool's ``get`` leaves for ``served``)
 
-    def served(self, placed: object, elapsed: float) -> None:
+    def served(self, placed: object, elapsed: float, cache: object = None) -> None:
         """Service times are ignored."""
 
     def put(self, handle: Hashable) -> None:

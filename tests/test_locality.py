@@ -217,3 +217,23 @@ def test_behind_several_lbs_nothing_is_measured_or_bounded():
     run(pool, 500, 20, 0.001, 0.001)
     assert pool.placed is None and pool.locality.pool_gain() is None
     assert pool.bounded == pool.explored == 0
+
+
+def test_what_the_app_says_of_its_cache_stands_for_where_a_request_went():
+    # The book says home or away, but the key's data is where the book
+    # does not know (evicted at home, loaded away): three requests in four
+    # hit the app's cache wherever they went, and take 0.001 s, the
+    # others load and take 0.02 s.  By placement, the key's data buys
+    # nothing; by what the app says, a miss takes 20 times longer.
+    blind, told = Locality(), Locality()
+    c_blind, c_told = stats(), stats()
+    for i in range(400):
+        hit, home = i % 4 != 0, i // 4 % 2 == 0
+        elapsed = 0.001 if hit else 0.02
+        blind.observe(c_blind, home, elapsed)
+    pool = pool_of(2)
+    for i in range(400):
+        hit, home = i % 4 != 0, i // 4 % 2 == 0
+        pool.served((c_told, home), 0.001 if hit else 0.02, hit)
+    assert blind.gain(c_blind) == pytest.approx(1.0, rel=0.05)
+    assert pool.locality.gain(c_told) == pytest.approx(20.0, rel=0.05)

@@ -396,6 +396,48 @@ def test_a_ready_frame_is_refused_where_it_was_not_offered():
             receiver.next_event()
 
 
+@pytest.mark.parametrize("cache", [True, False, None])
+def test_an_lb_that_offers_cache_hears_whether_the_apps_cache_hit(cache):
+    lb, worker = ready_pair()
+    assert worker.cache and not lb.cache  # (the LB takes it; the worker says it)
+    rno = ready_request(lb, worker)
+    lb.receive_data(worker.respond(rno, "200 OK", [], b"x", end=True, elapsed=0.5, cache=cache))
+    [response] = drain(lb)
+    assert (response.cache, response.end, response.elapsed) == (cache, True, 0.5)
+
+
+@pytest.mark.parametrize("old", ["lb", "worker"])
+def test_the_cache_signal_between_versions(old):
+    # An LB of the version before does not offer it: the worker says
+    # nothing (that LB refuses flags it does not know).  A worker of the
+    # version before says nothing to an LB that offers it.
+    lb_features = tuple(f for f in protocol.LB_FEATURES if f != protocol.CACHE)
+    lb, worker = ready_pair(lb_features if old == "lb" else protocol.LB_FEATURES)
+    if old == "worker":
+        worker.cache = False  # (what a worker that does not know the feature does)
+    assert not worker.cache
+    rno = ready_request(lb, worker)
+    lb.receive_data(worker.respond(rno, "200 OK", [], b"x", end=True, cache=True))
+    assert drain(lb)[0].cache is None
+    # A flag that comes unoffered breaks the connection.
+    lb, worker = ready_pair(lb_features)
+    rno = ready_request(lb, worker)
+    lb.receive_data(protocol.ready_frame(rno, b"HTTP/1.1 200 OK\r\n", None, None, b"", True,
+                                         cache=False))
+    with pytest.raises(RemoteProtocolError, match="malformed ready"):
+        lb.next_event()
+
+
+def test_a_ready_response_that_says_both_hit_and_miss_is_malformed():
+    lb, worker = ready_pair()
+    rno = ready_request(lb, worker)
+    payload = ready_payload(b"HTTP/1.1 200 OK\r\n",
+                            flags=protocol.READY_FLAGS)  # (end, hit and miss)
+    lb.receive_data(frame(rno, protocol.READY_RESPONSE, payload))
+    with pytest.raises(RemoteProtocolError, match="malformed ready"):
+        lb.next_event()
+
+
 def ready_payload(head, flags=1, length=-1, elapsed=-1.0, body=b""):
     return protocol.READY_PREFIX.pack(flags, length, elapsed, len(head)) + head + body
 

@@ -437,3 +437,57 @@ def test_request_input_reads_across_chunks_as_asked():
     exchange = _Chunks(*chunks)
     body = RequestInput(exchange)
     assert body.read(100) == b"".join(chunks) and exchange.consumed_bytes == 16
+
+
+def _one_connection_app(environ, start_response):
+    """An ordinary app with one database connection: one request at a
+    time, the others waiting inside it for the lock."""
+    with _DATABASE:
+        time.sleep(0.05)
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"done"]
+
+
+_DATABASE = __import__("threading").Lock()
+
+
+def test_a_wait_on_the_apps_own_lock_is_not_counted_as_the_apps_time(serve):
+    # Eight requests at once in the default thread mode: all are let in
+    # before the pool's first sample, and seven wait inside the app, up to
+    # 0.35 s.  What the pool sees of those waits is taken off their time.
+    worker, connection, _ = serve(_one_connection_app, threads=16)
+    recorded = []
+    record = worker.skills.record
+    worker.skills.record = lambda rclass, elapsed: (recorded.append(elapsed),
+                                                    record(rclass, elapsed))[1]
+    calls = [gevent.spawn(call, connection, {}) for _ in range(8)]
+    gevent.joinall(calls, timeout=10, raise_error=True)
+    deadline = time.monotonic() + 5
+    while len(recorded) < 8 and time.monotonic() < deadline:
+        gevent.sleep(0.01)
+    assert len(recorded) == 8
+    # Counting the wait, they would read 0.05, 0.1, ... 0.4 s.
+    assert max(recorded) < 0.15, recorded
+    assert worker.status()["queued_seconds"] > 0.5
+    assert worker.status()["threads"]["ceiling"] == 1  # the app serves one at a time
+
+
+@pytest.mark.parametrize("said, cache", [("hit", True), ("MISS", False), (True, True),
+                                         (False, False), ("maybe", None), (None, None)])
+def test_what_the_app_says_of_its_cache_goes_to_the_lb(serve, said, cache):
+    def app(environ, start_response):
+        if said is not None:
+            environ["zc_lb.cache"] = said
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    worker, _, _ = serve(app)
+    sock = gevent.socket.create_connection(worker.address)
+    connection = Connection(sock, "lb", LBSide(), peer="worker", features=LB_FEATURES)
+    connection.handshake()
+    connection.start()
+    try:
+        response, _ = call(connection, {})
+    finally:
+        connection.close()
+    assert response.cache is cache

@@ -739,11 +739,16 @@ class AffinityPool(Pool):
                   if rclass not in other.given]
         return sum(scores) / len(scores) if scores else self.unskilled_score
 
-    def served(self, placed: Optional[Tuple[ClassStats, bool]], elapsed: float) -> None:
+    def served(self, placed: Optional[Tuple[ClassStats, bool]], elapsed: float,
+               cache: Optional[bool] = None) -> None:
         """The application took ``elapsed`` seconds for a request that
-        ``get`` placed at its key's home, or away from it."""
+        ``get`` placed at its key's home, or away from it.  When the
+        application said whether its ``cache`` hit, that stands for where
+        the request was placed: a hit is a request served where its data
+        is, a miss one served where it is not, whatever the book said
+        (the data evicted at home, or already loaded away)."""
         if placed is not None:
-            self.locality.observe(placed[0], placed[1], elapsed)
+            self.locality.observe(placed[0], placed[1] if cache is None else cache, elapsed)
 
     def _stay(self, rclass: str, members: Dict[PoolWorker, float],
               target: PoolWorker) -> PoolWorker:

@@ -140,16 +140,17 @@ class Exchange:
             connection.idle.set()
 
     def respond(self, status: str, headers: List[Tuple[str, str]], body: bytes = b"",
-                end: bool = False, elapsed: Optional[float] = None) -> None:
+                end: bool = False, elapsed: Optional[float] = None,
+                cache: Optional[bool] = None) -> None:
         """Worker side: the response head, ``body`` (within credit) and End
         if ``end``, in one write: a small response is one frame batch;
-        ``elapsed``, the application's seconds so far, for an LB that
-        takes them."""
+        ``elapsed``, the application's seconds so far, and ``cache``,
+        whether its cache hit, for an LB that takes them."""
         if self.error is not None:
             raise self.error
         connection = self.connection
         proto = connection.protocol
-        connection.write(proto.respond(self.rno, status, headers, body, end, elapsed))
+        connection.write(proto.respond(self.rno, status, headers, body, end, elapsed, cache))
         if end and not proto.streams:
             connection.idle.set()
 

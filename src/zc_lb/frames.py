@@ -102,8 +102,9 @@ TIMING: Final = "timing"  # the Hello feature: a response head says the app's se
 READY: Final = "ready"  # the Hello feature: response heads ready for the client
 HEAD: Final = "head"  # the Hello feature: requests as their checked heads (relay.py)
 KEYS: Final = "keys"  # the Hello feature: Keys frames, relayed between the LBs
+CACHE: Final = "cache"  # the Hello feature: a ready head says if the app's cache hit
 FEATURES: Final = (WHOLE, TIMING)  # what either side takes beyond version 1
-LB_FEATURES: Final = FEATURES + (READY, KEYS)  # what an LB takes: ready heads, keys
+LB_FEATURES: Final = FEATURES + (READY, KEYS, CACHE)  # an LB takes ready heads, keys, cache
 WORKER_FEATURES: Final = FEATURES + (HEAD, KEYS)  # what a worker takes: head requests, keys
 MAX_KEY_HASH: Final = (1 << 64) - 1  # a key's hash in an LB's book is 64 bits
 WHOLE_REQUEST: Final = 16  # Request and End
@@ -114,6 +115,11 @@ READY_PREFIX: Final = struct.Struct("!BqdI")  # flags, Content-Length, elapsed, 
 READY_START: Final = struct.Struct("!IBIBqdI")  # HEADER and READY_PREFIX, packed at once
 MAX_ELAPSED: Final = 1e9  # seconds: a response time past it is malformed
 READY_END: Final = 1  # the flag: the response ends with this frame
+# With ``cache``: the application said its cache had what the request
+# needed (HIT) or had to load it (MISS); neither, it said nothing.
+READY_HIT: Final = 2
+READY_MISS: Final = 4
+READY_FLAGS: Final = READY_END | READY_HIT | READY_MISS
 
 
 # -- messages -----------------------------------------------------------
@@ -240,6 +246,7 @@ class Response:
     elapsed: Optional[float] = None  # the application's seconds, if the worker said
     head: Optional[bytes] = field(default=None, repr=False)  # ready for the client
     length: Optional[int] = None  # with ``head``: the Content-Length it says, if any
+    cache: Optional[bool] = None  # the app's cache hit (True) or missed, if it said
     TYPE = 13
 
 
@@ -442,17 +449,21 @@ def _check_elapsed(elapsed: object) -> None:
 
 
 def ready_frame(rno: int, head: bytes, length: Optional[int], elapsed: Any,
-                body: bytes, end: bool) -> bytes:
+                body: bytes, end: bool, cache: Optional[bool] = None) -> bytes:
     """A READY_RESPONSE frame: ``head`` (status line and header lines,
     each ending in CRLF, checked by the caller) and the first ``body``
-    bytes, ending the response if ``end``."""
+    bytes, ending the response if ``end``; ``cache``, whether the app's
+    cache hit, for a peer that offered ``cache``."""
     if elapsed is None:
         elapsed = -1.0
     else:
         _check_elapsed(elapsed)
+    flags = READY_END if end else 0
+    if cache is not None:
+        flags |= READY_HIT if cache else READY_MISS
     return b"".join((READY_START.pack(
         rno, READY_RESPONSE, READY_PREFIX.size + len(head) + len(body),
-        READY_END if end else 0, -1 if length is None else length, elapsed, len(head)),
+        flags, -1 if length is None else length, elapsed, len(head)),
         head, body))
 
 
@@ -603,11 +614,13 @@ def _decode_whole_response(max_message: int, max_body: int, rno: int,
 
 
 def _decode_ready_response(max_message: int, max_body: int, rno: int,
-                           payload: bytes) -> Response:
+                           payload: bytes, allowed: int = READY_END) -> Response:
     """A READY_RESPONSE: its prefix and head are checked for framing
     only (the worker checked the fields): a status line of three digits,
     lines that end in CRLF, and no empty line, which would end the head
-    early and let the rest pass as a body or a second response."""
+    early and let the rest pass as a body or a second response.  Flags
+    past ``allowed`` (what we offered) are refused, and so are HIT and
+    MISS together."""
     size = READY_PREFIX.size
     if len(payload) < size:
         raise RemoteProtocolError("ready response of %d bytes, without its prefix" % len(payload))
@@ -621,11 +634,13 @@ def _decode_ready_response(max_message: int, max_body: int, rno: int,
                                   % (head_size, len(payload), max_message, max_body))
     head = payload[size:start]
     status = ready_status(head)
-    if (status is None or length < -1 or flags & ~READY_END
+    if (status is None or length < -1 or flags & ~allowed
+            or flags & (READY_HIT | READY_MISS) == READY_HIT | READY_MISS
             or not (elapsed == -1.0 or 0.0 <= elapsed < MAX_ELAPSED)):
         raise RemoteProtocolError("malformed ready response head %r" % head[:200])
-    return Response(rno, status, [], payload[start:], flags != 0,
-                    None if elapsed == -1.0 else elapsed, head, None if length == -1 else length)
+    return Response(rno, status, [], payload[start:], flags & READY_END != 0,
+                    None if elapsed == -1.0 else elapsed, head, None if length == -1 else length,
+                    None if not flags & (READY_HIT | READY_MISS) else flags & READY_HIT != 0)
 
 
 def ready_status(head: bytes) -> Optional[str]:
@@ -702,6 +717,7 @@ class Decoder:
         self._error: Optional[RemoteProtocolError] = None
         self._rno = 0  # the request number of the frame being decoded
         self._max_message, self._max_body = max_message, max_body
+        self.ready_flags = READY_END  # a READY_RESPONSE's flags taken (READY_FLAGS: ``cache``)
         limits = {mtype: max_message for mtype in _DECODERS}
         limits[Body.TYPE] = max_body
         limits[Resume.TYPE] = max_resume
@@ -796,7 +812,8 @@ class Decoder:
         try:
             # (The commonest two first: compiled, each a native call.)
             if mtype == READY_RESPONSE:
-                return _decode_ready_response(self._max_message, self._max_body, rno, payload)
+                return _decode_ready_response(self._max_message, self._max_body, rno, payload,
+                                              self.ready_flags)
             if mtype == HEAD_REQUEST:
                 return _decode_head_request(rno, payload)
             if mtype == WHOLE_REQUEST:

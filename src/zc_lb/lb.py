@@ -682,7 +682,7 @@ class LB(LinkEvents):
                     upload = _send_body(exchange, environ["wsgi.input"])
                 response = self._await_response(exchange, upload, environ, retryable)
                 if placed is not None and response.elapsed is not None:
-                    self.pool.served(placed, response.elapsed)
+                    self.pool.served(placed, response.elapsed, response.cache)
                 length = self._start(connection, response, environ, start_response)
             except (ConnectionLost, ConnectionClosed):
                 self._abort(connection, exchange, upload)

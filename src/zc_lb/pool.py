@@ -372,10 +372,11 @@ class Pool:
         cap = max(math.ceil(self.variance * load / len(self.workers)), floor)
         return sum(max(cap - worker.backlog, 0) for worker in self._lru)
 
-    def served(self, placed: Any, elapsed: float) -> None:
+    def served(self, placed: Any, elapsed: float, cache: Optional[bool] = None) -> None:
         """The application took ``elapsed`` seconds for a request that
         ``get`` placed, ``placed`` being the pool's ``placed`` right after
-        that ``get``.  The published policy learns from résumés alone."""
+        that ``get``, and said whether its ``cache`` hit (None: it did
+        not say).  The published policy learns from résumés alone."""
 
     def put(self, handle: Hashable) -> None:
         """A request given to ``handle`` by ``get`` has ended."""

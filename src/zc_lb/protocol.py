@@ -63,10 +63,12 @@ from .frames import (  # noqa: F401  (the frames' names are the protocol's too)
     HEADER_SIZE,
     HEAD_LENGTH,
     HEAD_REQUEST,
+    CACHE,
     KEYS,
     Keys,
     LB_FEATURES,
     READY,
+    READY_FLAGS,
     READY_PREFIX,
     READY_RESPONSE,
     Hello,
@@ -303,6 +305,7 @@ class Connection:
         self.ready = False  # send response heads ready for the client: the LB offered it
         self.relay = False  # send requests as HEAD_REQUEST frames: the worker offered it
         self.keys = False  # send Keys: the peer offered it
+        self.cache = False  # say whether the app's cache hit: the LB offered it
         self.streams: Dict[int, Stream] = {}
         self.last_rno = 0
         self.event_owner: object = None
@@ -327,6 +330,8 @@ class Connection:
             refused.add(HEAD_REQUEST)
         if KEYS not in features:
             refused.add(Keys.TYPE)
+        if CACHE in features:
+            self._decoder.ready_flags = READY_FLAGS
         for mtype in refused:
             del open_limits[mtype]
         self._open_limits = open_limits
@@ -457,6 +462,7 @@ class Connection:
         self.ready = READY in theirs.features and theirs.role == "lb"
         self.relay = HEAD in theirs.features and theirs.role == "worker"
         self.keys = KEYS in theirs.features
+        self.cache = CACHE in theirs.features and self.ready
         if self.secret is None:
             return self._open()
         self._out.append(encode(Auth(auth_digest(self.secret, theirs.nonce, self.role))))
@@ -612,11 +618,12 @@ class Connection:
 
     def respond(self, rno: int, status: str, headers: List[Tuple[str, str]],
                 body: bytes = b"", end: bool = False,
-                elapsed: Optional[float] = None) -> bytes:
+                elapsed: Optional[float] = None, cache: Optional[bool] = None) -> bytes:
         """Worker side: the bytes of Response(status, headers, body, end),
         one whole frame when it ends and the peer takes them, with the
         application's ``elapsed`` seconds when the peer offered
-        ``timing``; the checks of ``send``, made before anything changes
+        ``timing``, and whether its ``cache`` hit when it offered
+        ``cache``; the checks of ``send``, made before anything changes
         (the whole response is refused or sent)."""
         if self.phase not in (OPEN_PHASE, CLOSING):
             raise LocalProtocolError("cannot send Response while %s" % self.phase)
@@ -627,7 +634,8 @@ class Connection:
                 raise LocalProtocolError("cannot send body %r: %s" % (type(body), exc))
         stream = self._response_stream(rno, body)
         if self.ready:
-            data = self._ready(rno, status, headers, body, end, elapsed)
+            data = self._ready(rno, status, headers, body, end, elapsed,
+                               cache if self.cache else None)
         else:
             try:
                 payload = _response_payload(status, headers, elapsed if self.timing else None)
@@ -664,7 +672,7 @@ class Connection:
 
     @staticmethod
     def _ready(rno: int, status: str, headers: List[Tuple[str, str]], body: bytes,
-               end: bool, elapsed: Optional[float]) -> bytes:
+               end: bool, elapsed: Optional[float], cache: Optional[bool] = None) -> bytes:
         """A READY_RESPONSE frame (``frames.py``): the head made and
         checked here, so that the LB need not."""
         try:
@@ -674,7 +682,7 @@ class Connection:
         if len(head) > MAX_MESSAGE:  # the LB would drop the whole connection
             raise ResponseHeadTooLarge("response head of %d bytes, over the frame limit of %d"
                                        % (len(head), MAX_MESSAGE))
-        return ready_frame(rno, head, length, elapsed, body, end)
+        return ready_frame(rno, head, length, elapsed, body, end, cache)
 
     def cancel(self, rno: int) -> bytes:
         """Cancel request ``rno``: the bytes to send, or nothing when it

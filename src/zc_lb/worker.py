@@ -182,13 +182,36 @@ class RequestInput(io.RawIOBase):
 _NOT_BYTES: Final = "the application's response body must be bytes, not %s"
 
 
+# The environ key an application may set, before its response starts, to
+# say whether its cache had what the request needed: "hit" (or True) or
+# "miss" (or False).  The worker tells the LB, which learns from it what
+# keeping a key where its data is buys (``locality.py``).
+CACHE_KEY: Final = "zc_lb.cache"
+
+
+def cache_said(value: object) -> Optional[bool]:
+    """What an application's ``zc_lb.cache`` says: True (a hit), False
+    (a miss), or None (nothing, or a value it does not know)."""
+    if value is True or value is False:
+        return value
+    if type(value) is str:
+        word = value.lower()
+        if word == "hit":
+            return True
+        if word == "miss":
+            return False
+    return None
+
+
 class ResponseWriter:
     """Sends one response: status and headers lazily with the first body
     bytes (PEP 3333), body within credit, End at the end."""
 
-    def __init__(self, exchange: Exchange, head: bool) -> None:
+    def __init__(self, exchange: Exchange, head: bool,
+                 environ: Optional[Dict[str, Any]] = None) -> None:
         self.exchange = exchange
         self.head = head
+        self.environ = environ  # (for what the app says of its cache: CACHE_KEY)
         self.status: Optional[str] = None
         self.headers: List[Tuple[str, str]] = []
         self.started = False
@@ -258,9 +281,11 @@ class ResponseWriter:
         began = self.began
         elapsed = None if began is None else time.perf_counter() - began - (
             self.queued if self.thread is None else self.thread.queued)
+        environ = self.environ
+        cache = None if environ is None else cache_said(environ.get(CACHE_KEY))
         try:
             exchange.respond(self.status, self.headers, body, end,  # type: ignore[arg-type]
-                             elapsed)
+                             elapsed, cache)
             return True
         except BadResponseHead as exc:  # (too large, or one HTTP forbids)
             log.error("request %d from %s: %s; answering 500 instead",
@@ -657,7 +682,7 @@ class Worker(Handler):
         request = cast(Request, exchange.receive())  # (an exchange's first message)
         environ = self._environ(request.environ, exchange, request.end)
         rclass = environ.get("zc_lb.request_class", "")
-        writer = ResponseWriter(exchange, environ["REQUEST_METHOD"] == "HEAD")
+        writer = ResponseWriter(exchange, environ["REQUEST_METHOD"] == "HEAD", environ)
         try:
             if self.threadpool is not None:
                 self._run_in_thread(environ, writer)
