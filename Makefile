@@ -66,7 +66,7 @@ venv: $(STAMP)
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,playback,simulations,paste]'
+	$(PY) -m pip install -q -e '.[test,playback,simulations,paste,zodb]'
 	touch $(STAMP)
 
 # Debian packages the tests and benchmarks use: a real ZooKeeper server,

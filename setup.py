@@ -65,6 +65,9 @@ setup(
         # the plots; simulate --no-plots needs nothing more
         "simulations": ["matplotlib>=3.7"],
         "paste": ["pastedeploy>=3"],
+        # playback's ZODB case (compare --app zodb): the database, its ZEO
+        # server, and gunicorn behind HAProxy
+        "zodb": ["ZODB>=6", "ZEO>=6", "gunicorn>=21"],
     },
     entry_points={
         "console_scripts": ["zc-lb = zc_lb.cli:main"],

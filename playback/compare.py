@@ -84,6 +84,8 @@ from zc_lb.testing import ProcessError, free_port, stop_process, wait_for_port
 # The cache model's module, as this package is named: zc_lb.playback when
 # installed, playback when run in a checkout.
 CACHEAPP = __package__ + ".cacheapp"
+ZODBAPP = __package__ + ".zodbapp"
+APPS = ("cache", "zodb")
 
 ROOT = Path(__file__).resolve().parents[1]
 HAPROXY = Path(__file__).resolve().parent / "haproxy"  # package data: found when installed too
@@ -107,6 +109,7 @@ class Target:
     stats_urls: List[str]
     lb_pids: List[int]
     status: Optional[str] = None  # zc-lb's status address
+    zeo: Optional[str] = None  # --app zodb: the ZEO server's address
 
 
 # -- processes ------------------------------------------------------------
@@ -186,7 +189,18 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path, name: str = "zc-lb"
     zc_lb = [sys.executable, "-m", "zc_lb.cli", "--log-level", args.zc_lb_log_level]
     with contextlib.ExitStack() as stack:
         workers, stats_urls = [], []
+        zeo = stack.enter_context(zeo_server(args, run_dir, name)) if args.app == "zodb" else None
         for i in range(1, args.workers + 1):
+            if zeo is not None:
+                stats = None
+                env = zodb_env(args, zeo, "zw%d" % i)
+                argv = zc_lb + ["worker", ZODBAPP + ":app", "--listen", "127.0.0.1:0",
+                                "--history", str(args.history)]
+                argv += args.zc_lb_worker_option
+                log = run_dir / ("%s-worker%d.log" % (name.replace(":", "-"), i))
+                process = stack.enter_context(spawned(argv, log, env, stdout=subprocess.PIPE))
+                workers.append(read_ready_line(process, "zc-lb worker listening on ", log))
+                continue
             stats = "127.0.0.1:%d" % free_port()
             env = dict(app_env(args), ZC_LB_CACHEAPP_WORKER_ID="zw%d" % i,
                        ZC_LB_CACHEAPP_STATS_LISTEN=stats)
@@ -223,7 +237,7 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path, name: str = "zc-lb"
         address = read_ready_line(lb, "zc-lb lb listening on ", log)
         wait_for_port(status, lb, START_TIMEOUT)
         wait_for_workers(status, workers, lb)
-        yield Target(name, "http://%s" % address, stats_urls, [lb.pid], status)
+        yield Target(name, "http://%s" % address, stats_urls, [lb.pid], status, zeo)
 
 
 def wait_for_workers(status: str, workers: Sequence[str], lb: subprocess.Popen,
@@ -249,13 +263,20 @@ def wait_for_workers(status: str, workers: Sequence[str], lb: subprocess.Popen,
 def haproxy_target(name: str, args: argparse.Namespace, run_dir: Path) -> Iterator[Target]:
     """HAProxy with config ``name`` in front of cache apps on gevent.pywsgi."""
     with contextlib.ExitStack() as stack:
+        zeo = stack.enter_context(zeo_server(args, run_dir, name)) if args.app == "zodb" else None
         servers = []
         for i in range(1, args.workers + 1):
             address = "127.0.0.1:%d" % free_port()
-            process = stack.enter_context(spawned(
-                [sys.executable, "-m", CACHEAPP, "--listen", address,
-                 "--worker-id", "%s%d" % (name[0], i)] + app_argv(args),
-                run_dir / ("%s-app%d.log" % (name, i))))
+            log = run_dir / ("%s-app%d.log" % (name, i))
+            if zeo is not None:  # gunicorn's threads, as a ZODB site runs them
+                process = stack.enter_context(spawned(
+                    [sys.executable, "-m", "gunicorn", "-k", "gthread", "--threads",
+                     str(args.gunicorn_threads), "-w", "1", "-b", address,
+                     ZODBAPP + ":app"], log, zodb_env(args, zeo, "%s%d" % (name[0], i))))
+            else:
+                process = stack.enter_context(spawned(
+                    [sys.executable, "-m", CACHEAPP, "--listen", address,
+                     "--worker-id", "%s%d" % (name[0], i)] + app_argv(args), log))
             wait_for_port(address, process, START_TIMEOUT)
             servers.append(address)
         listen = "127.0.0.1:%d" % free_port()
@@ -265,7 +286,8 @@ def haproxy_target(name: str, args: argparse.Namespace, run_dir: Path) -> Iterat
             [args.haproxy, "-f", str(cfg), "-db"], run_dir / ("haproxy-%s.log" % name)))
         wait_for_port(listen, process, START_TIMEOUT)
         yield Target(name, "http://%s" % listen,
-                     ["http://%s%s" % (s, STATS_PATH) for s in servers], [process.pid])
+                     [] if zeo else ["http://%s%s" % (s, STATS_PATH) for s in servers],
+                     [process.pid], zeo=zeo)
 
 
 def haproxy_config(template: Path, listen: str, servers: Sequence[str]) -> str:
@@ -273,6 +295,38 @@ def haproxy_config(template: Path, listen: str, servers: Sequence[str]) -> str:
     lines = "\n".join("    server w%d %s" % (i, s) for i, s in enumerate(servers, 1))
     return string.Template(template.read_text(encoding="utf-8")).substitute(
         listen=listen, servers=lines)
+
+
+# -- the ZODB case ----------------------------------------------------------
+
+
+def zodb_env(args: argparse.Namespace, zeo: str, worker_id: str) -> Dict[str, str]:
+    """The ZODB app's settings as ZC_LB_ZODBAPP_* variables."""
+    from .zodbapp import ENV_PREFIX as ZODB_PREFIX
+
+    env = {"ZEO": zeo, "CACHE_SIZE": str(args.zodb_cache_size),
+           "ZEO_CACHE_SIZE": str(args.zeo_cache_size), "LOAD_DELAY": str(args.load_delay),
+           "CACHE_SIGNAL": "1" if args.cache_signal else "0", "WORKER_ID": worker_id}
+    return {ZODB_PREFIX + key: value for key, value in env.items()}
+
+
+@contextlib.contextmanager
+def zeo_server(args: argparse.Namespace, run_dir: Path, name: str) -> Iterator[str]:
+    """A ZEO server of its own for balancer ``name``, on a copy of the
+    database ``run`` populated: every balancer starts from the same cold
+    storage.  Its address."""
+    from .zodbapp import start_server
+
+    filename = run_dir / ("zodb-%s.fs" % name.replace(":", "-"))
+    shutil.copyfile(args.zodb_file, filename)
+    address = "127.0.0.1:%d" % free_port()
+    with open(run_dir / ("zeo-%s.log" % name.replace(":", "-")), "w") as log:
+        process = start_server(str(filename), address, log)
+    try:
+        wait_for_port(address, process, START_TIMEOUT)
+        yield address
+    finally:
+        stop_process(process)
 
 
 def start_target(name: str, args: argparse.Namespace, run_dir: Path):
@@ -324,15 +378,23 @@ def measure(name: str, warmup: list, entries: list, args: argparse.Namespace,
     with start_target(name, args, run_dir) as target:
         if warmup:
             replay(warmup, target.url, **options)
+        if target.zeo is not None:
+            from .zodbapp import server_loads
+        loads = None if target.zeo is None else server_loads(target.zeo)
         before, clock = cpu_seconds(target.lb_pids), steal_clock()
-        report = replay(entries, target.url, stats_urls=target.stats_urls,
+        report = replay(entries, target.url, stats_urls=target.stats_urls or None,
                         progress=progress, **options)
         lb_cpu = cpu_seconds(target.lb_pids) - before
         steal = stolen(clock, steal_clock())
+        if loads is not None:  # the database's own count
+            report["server_loads"] = server_loads(target.zeo) - loads  # type: ignore[arg-type]
         status = lb_status(target)
     row = result_row(name, report, lb_cpu, status)
+    if "server_loads" in report and report["responses"]:
+        row["loads_per_request"] = report["server_loads"] / report["responses"]
     row["steal"] = steal
-    row["loading"] = loading(report, args.miss_cost)
+    # (the ZODB app's loads cost what the ZEO server takes, plus any delay)
+    row["loading"] = loading(report, args.miss_cost) if args.app == "cache" else {}
     return row
 
 
@@ -507,6 +569,16 @@ def format_header(args: argparse.Namespace, parse: dict, counts: Dict[str, int])
                args.zc_lb_workers, args.history,
                "".join(" " + o for o in args.zc_lb_worker_option),
                "".join(" " + o for o in args.zc_lb_option)))
+    if args.app == "zodb":
+        from .zodbapp import PARTS
+
+        app = ("ZODB app on ZEO: a page and %d parts per path, %d objects cached per "
+               "connection, ZEO client cache %d bytes, %g ms added per load%s; loads counted "
+               "by the ZEO server; zc-lb workers (default)%s; HAProxy in front of gunicorn "
+               "-k gthread --threads %d" % (
+                   PARTS, args.zodb_cache_size, args.zeo_cache_size, args.load_delay * 1000,
+                   ", says hit or miss" if args.cache_signal else "",
+                   "".join(" " + o for o in args.zc_lb_worker_option), args.gunicorn_threads))
     return "%s\n%s\nratios are the balancer's number / zc-lb's" % (replayed, app)
 
 
@@ -539,6 +611,12 @@ def make_parser() -> argparse.ArgumentParser:
                           "--policy POLICY (%s), several in one run" % (
                               ",".join(BALANCERS), ", ".join(ZC_LB_POLICIES)))
     app = parser.add_argument_group("workers (the same for every balancer)")
+    app.add_argument("--app", choices=APPS, default="cache",
+                     help="'cache', the cache model (playback.cacheapp); 'zodb', a ZODB "
+                     "application on a ZEO server the tool starts (playback.zodbapp: a "
+                     "page per path of the log; needs the zodb extra), behind zc-lb's "
+                     "default workers and, for HAProxy, gunicorn -k gthread "
+                     "(default %(default)s)")
     app.add_argument("-w", "--workers", type=int, default=4, help="processes (default %(default)s)")
     app.add_argument("--cache-size", type=int, default=1000, help="objects cached per worker "
                      "(default %(default)s)")
@@ -562,6 +640,19 @@ def make_parser() -> argparse.ArgumentParser:
     app.add_argument("--cache-signal", action="store_true",
                      help="the app tells zc-lb's workers whether its cache hit "
                      "(environ['zc_lb.cache'])")
+    zodb = parser.add_argument_group("--app zodb")
+    zodb.add_argument("--zodb-cache-size", type=int, default=0, metavar="N",
+                      help="objects in each ZODB connection's cache (default 0: the "
+                      "objects of the measured entries' pages over -w, each worker's "
+                      "share of a perfect partition)")
+    zodb.add_argument("--zeo-cache-size", type=int, default=65536, metavar="BYTES",
+                      help="each process's ZEO client cache (default %(default)s)")
+    zodb.add_argument("--load-delay", type=float, default=0.0, metavar="SECONDS",
+                      help="seconds added to each database load, for a database further "
+                      "away (default 0)")
+    zodb.add_argument("--gunicorn-threads", type=int, default=16,
+                      help="gunicorn's threads behind HAProxy (default %(default)s, as "
+                      "zc-lb's workers)")
     app.add_argument("--zc-lb-worker-option", action="append", default=[], metavar="OPT",
                      help="extra `zc-lb worker` argument, e.g. --zc-lb-worker-option=--threads=1 "
                      "(repeat)")
@@ -591,6 +682,13 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("-w, -c, -n and --cache-size must be at least 1, --warmup at least 0")
     if args.worker_concurrency < 0:
         parser.error("--worker-concurrency must be 0 (no bound) or more")
+    if args.app == "zodb":
+        try:
+            import gunicorn  # noqa: F401
+            import ZEO  # noqa: F401
+        except ImportError as exc:
+            parser.error("--app zodb needs ZODB, ZEO and gunicorn (pip install "
+                         "'zc-lb[zodb]'): %s" % exc)
     if set(args.balancers) & set(HAPROXY_CONFIGS) and not args.haproxy:
         parser.error("haproxy not found: install it (apt-get install haproxy) or pass --haproxy")
 
@@ -606,23 +704,47 @@ def run(args: argparse.Namespace, run_dir: Path) -> dict:
         raise CompareError("the log has %d entries, none left after %d of warm-up" % (
             len(entries), args.warmup))
     progress = sys.stderr if (args.progress if args.progress is not None else sys.stderr.isatty()) else None
+    if args.app == "zodb":
+        prepare_zodb(args, run_dir, warmup + measured, measured)
     rows = []
     for name in args.balancers:
         if progress is not None:
             progress.write("%s...\n" % name)
         rows.append(measure(name, warmup, measured, args, run_dir, progress))
     add_ratios(rows)
-    floor = floor_loads(warmup, measured, args)
+    floor = floor_loads(warmup, measured, args) if args.app == "cache" else None
     counts = {"warmup": len(warmup), "measured": len(measured),
               "classes": len({e.host for e in measured})}
     settings = {key: getattr(args, key) for key in (
         "logs", "format", "host", "host_from_segment", "max_requests", "warmup", "concurrency",
         "workers", "history", "zc_lb_option", "zc_lb_workers", "zc_lb_worker_option",
-        "cache_signal",
-        "balancers") + tuple(APP_SETTINGS)}
+        "cache_signal", "app", "zodb_cache_size", "zeo_cache_size", "load_delay",
+        "gunicorn_threads", "balancers") + tuple(APP_SETTINGS)}
     return {"settings": settings, "counts": counts, "parse": parse_stats.as_dict(),
             "cpus": os.cpu_count(), "log_dir": str(run_dir), "results": rows,
             "floor_loads_per_request": floor}
+
+
+def page_path(target: str) -> str:
+    """The PATH_INFO a WSGI server makes of a request target: its path,
+    percent-decoded, as latin-1 (PEP 3333)."""
+    from urllib.parse import unquote_to_bytes
+
+    return unquote_to_bytes(target.partition("?")[0]).decode("latin-1")
+
+
+def prepare_zodb(args: argparse.Namespace, run_dir: Path, entries: list, measured: list) -> None:
+    """Write the database every balancer's ZEO server starts from (a page
+    per path), and size the connection caches when not told: the objects
+    of the measured pages over the workers, as each worker would hold its
+    share of a perfect partition."""
+    from .zodbapp import PARTS, populate
+
+    args.zodb_file = str(run_dir / "zodb.fs")
+    populate(args.zodb_file, (page_path(e.path) for e in entries))
+    if not args.zodb_cache_size:
+        pages = len({page_path(e.path) for e in measured})
+        args.zodb_cache_size = max(10, pages * (1 + PARTS) // args.workers)
 
 
 def floor_loads(warmup: list, measured: list, args: argparse.Namespace) -> float:
@@ -675,8 +797,9 @@ def main(argv=None) -> int:
 def text_report(args: argparse.Namespace, result: dict) -> str:
     parts = [format_header(args, result["parse"], result["counts"]), "",
              format_table(result["results"])]
-    parts.append("floor (the %d caches as one shared LRU, perfectly partitioned): %.3f "
-                 "loads/request" % (args.workers, result["floor_loads_per_request"]))
+    if result["floor_loads_per_request"] is not None:
+        parts.append("floor (the %d caches as one shared LRU, perfectly partitioned): %.3f "
+                     "loads/request" % (args.workers, result["floor_loads_per_request"]))
     for shares in (format_loading(result["results"]),
                    format_served(result["results"], args.workers)):
         if shares:

@@ -167,3 +167,36 @@ def test_each_workers_requests_over_a_fair_share_count_an_idle_worker_as_none():
     assert compare.served_shares({"workers": {}}, 2) == []
     rows = [{"balancer": "zc-lb", "report": report}, {"balancer": "hash", "report": {}}]
     assert compare.format_served(rows, 2).splitlines()[1:] == ["  zc-lb  0.50 1.50"]
+
+
+@pytest.mark.skipif(not HAVE_HAPROXY, reason="needs haproxy (apt-get install haproxy)")
+def test_the_zodb_case_runs_each_balancer_on_its_own_zeo_server(tmp_path):
+    # A page per path in a ZEO server's database, zc-lb's default workers
+    # and gunicorn's threads in front of it; loads counted by the server.
+    log = tmp_path / "access.log"
+    write_log(log)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "playback" / "compare.py"), str(log), "--host-from-segment", "1",
+         "--app", "zodb", "-w", "2", "-c", "4", "-n", "150", "--warmup", "50",
+         "--history", "10", "--log-dir", str(tmp_path / "run"), "--no-progress",
+         "--balancers", "zc-lb,leastconn"],
+        capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr + done.stdout
+    out = done.stdout
+    assert "ZODB app on ZEO: a page and 10 parts per path" in out, out
+    assert "gunicorn -k gthread --threads 16" in out
+    for name in ("zc-lb", "leastconn"):
+        row = re.search(r"^%s\s+%s\s+%s\s+%s\s+%s\s+-\s+(\d+)" % (
+            re.escape(name), NUMBER, NUMBER, NUMBER, NUMBER), out, re.M)
+        assert row, "no row for %s in:\n%s" % (name, out)
+        loads, errors = float(row.group(4)), row.group(5)
+        # (the measured pages were read in the warm-up, some evicted since)
+        assert 0 < loads < 11, out
+        assert errors == "0", out
+    assert (tmp_path / "run" / "zeo-zc-lb.log").exists()
+    assert "floor" not in out  # (the cache model's; none for a real database)
+
+
+def test_a_page_path_is_the_targets_path_as_a_wsgi_server_decodes_it():
+    assert compare.page_path("/a%20b/c?x=1") == "/a b/c"
+    assert compare.page_path("/caf%C3%A9") == "/caf\xc3\xa9"  # (PEP 3333: bytes as latin-1)
