@@ -144,11 +144,18 @@ def test_the_processes_see_each_others_requests_in_flight(processes_lb):
     (siblings.py): with slow requests in flight, every child's own count
     plus the siblings' it took in is the whole LB's, on every worker."""
     lb = processes_lb
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        slow = [pool.submit(get, lb.address, "/slow?1.5") for _ in range(8)]
-        wait_for(lambda: status(lb.status_address)["in_flight"] == 8,
-                 message="eight slow requests in flight")
-        children = [status(p["status"]) for p in status(lb.status_address)["processes"]]
+    with concurrent.futures.ThreadPoolExecutor(24) as pool:
+        slow: list = []
+        # The kernel hands each new connection to either child: on a busy
+        # machine one child may take all of a batch, so batches go until
+        # both serve some (the precondition, not what is tested).
+        for _ in range(3):
+            slow += [pool.submit(get, lb.address, "/slow?1.5") for _ in range(8)]
+            wait_for(lambda: status(lb.status_address)["in_flight"] == len(slow),
+                     message="%d slow requests in flight" % len(slow))
+            children = [status(p["status"]) for p in status(lb.status_address)["processes"]]
+            if all(child["in_flight"] for child in children):
+                break
         assert all(child["in_flight"] for child in children), "both children serve some"
 
         def seen_alike():  # (the children exchange their counts every 0.25 s at most)
@@ -158,4 +165,4 @@ def test_the_processes_see_each_others_requests_in_flight(processes_lb):
             return all(w["backlog"] + w["siblings_backlog"] == own[name]
                        for child in children for name, w in child["workers"].items())
         wait_for(seen_alike, timeout=5, message="each child sees the others' requests")
-        assert [f.result()[0] for f in slow] == [200] * 8
+        assert [f.result()[0] for f in slow] == [200] * len(slow)
