@@ -32,18 +32,23 @@ def write_log(path: Path, lines: int = 200, seed: int = 7) -> None:
                       "200 %d\n" % (i % 7, i // 60, i % 60, section, rng.randrange(20), 100 + i))
 
 
-@pytest.mark.skipif(not HAVE_HAPROXY, reason="needs haproxy (apt-get install haproxy)")
-def test_tiny_run_prints_three_rows_without_errors(tmp_path):
+def tiny_run(tmp_path, *options, timeout=60):
+    """compare.py on a small log: two workers, 50 entries of warm-up and
+    150 measured; its output, once it exited 0."""
     log = tmp_path / "access.log"
     write_log(log)
     done = subprocess.run(
         [sys.executable, str(ROOT / "playback" / "compare.py"), str(log), "--host-from-segment", "1",
-         "-w", "2", "-c", "4", "-n", "150", "--warmup", "50", "--cache-size", "20",
-         "--miss-cost", "0.001", "--history", "10", "--log-dir", str(tmp_path / "run"),
-         "--no-progress"],
-        capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+         "-w", "2", "-c", "4", "-n", "150", "--warmup", "50", "--history", "10",
+         "--log-dir", str(tmp_path / "run"), "--no-progress"] + list(options),
+        capture_output=True, text=True, timeout=timeout, cwd=str(tmp_path))
     assert done.returncode == 0, done.stderr + done.stdout
-    out = done.stdout
+    return done.stdout
+
+
+@pytest.mark.skipif(not HAVE_HAPROXY, reason="needs haproxy (apt-get install haproxy)")
+def test_tiny_run_prints_three_rows_without_errors(tmp_path):
+    out = tiny_run(tmp_path, "--cache-size", "20", "--miss-cost", "0.001")
     assert "50 warm-up + 150 measured (5 classes)" in out, out
     for name in compare.BALANCERS:
         row = re.search(r"^%s\s+%s\s+%s\s+%s\s+%s\s+%s%%\s+(\d+)\s+%s\s+%s\s+%s\s+%s%%$" % (
@@ -173,16 +178,7 @@ def test_each_workers_requests_over_a_fair_share_count_an_idle_worker_as_none():
 def test_the_zodb_case_runs_each_balancer_on_its_own_zeo_server(tmp_path):
     # A page per path in a ZEO server's database, zc-lb's default workers
     # and gunicorn's threads in front of it; loads counted by the server.
-    log = tmp_path / "access.log"
-    write_log(log)
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "playback" / "compare.py"), str(log), "--host-from-segment", "1",
-         "--app", "zodb", "-w", "2", "-c", "4", "-n", "150", "--warmup", "50",
-         "--history", "10", "--log-dir", str(tmp_path / "run"), "--no-progress",
-         "--balancers", "zc-lb,leastconn"],
-        capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
-    assert done.returncode == 0, done.stderr + done.stdout
-    out = done.stdout
+    out = tiny_run(tmp_path, "--app", "zodb", "--balancers", "zc-lb,leastconn", timeout=120)
     assert "ZODB app on ZEO: a page and 10 parts per path" in out, out
     assert "gunicorn -k gthread --threads 16" in out
     for name in ("zc-lb", "leastconn"):

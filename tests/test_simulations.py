@@ -476,3 +476,28 @@ def test_an_oracle_placement_keeps_each_key_on_one_worker():
         for site, _, _, key in requests:
             homes[(site, key)].add(place(site, key))
         assert all(len(workers) == 1 for workers in homes.values())
+
+
+def test_waits_inside_the_app_the_worker_cannot_see_cost_loads_and_the_cache_signal_wins_them_back():
+    # NASA, seed 1: the app serves one request at a time.  A worker that
+    # lets in only that one (the default, once its pool found the bound)
+    # records the app's own times; one that lets in 16 records each wait
+    # inside the app as the app's time, and the LB's measure of what a
+    # key's data buys reads far too low.  The app's word on its cache
+    # (hit or miss) does not depend on those times.
+    config = scenario("nasa", seed=1)
+    default = simulate(config, "affinity")["summary"]["misses_per_request"]
+    blind = simulate(config.replace(threads=16), "affinity")["summary"]["misses_per_request"]
+    told = simulate(config.replace(threads=16, cache_signal=True),
+                    "affinity")["summary"]["misses_per_request"]
+    assert blind > 2 * default
+    assert told < 0.65 * blind
+
+
+def test_per_connection_caches_load_more_the_more_requests_a_worker_lets_in():
+    # ZODB: each connection has a cache of its own.
+    loads = [simulate(small(concurrency=n, connection_caches=True, seed=3),
+                      "affinity")["summary"]["misses_per_request"] for n in (1, 8)]
+    assert loads[1] > 1.3 * loads[0]
+    # (and with one request at a time, one connection: the plain cache)
+    assert loads[0] == simulate(small(seed=3), "affinity")["summary"]["misses_per_request"]

@@ -1,5 +1,6 @@
 """worker.py in process: PEP 3333 conformance, threads, app loading."""
 
+import threading
 import time
 import wsgiref.validate
 
@@ -319,6 +320,22 @@ def test_greenlets_without_a_bound_run_together(serve):
     assert time.monotonic() - started < 0.5
 
 
+def recorded_times(worker, connection, requests):
+    """Send ``requests`` at once; the seconds the worker recorded in its
+    résumé for each (after its response is out)."""
+    recorded = []
+    record = worker.skills.record
+    worker.skills.record = lambda rclass, elapsed: (recorded.append(elapsed),
+                                                    record(rclass, elapsed))[1]
+    calls = [gevent.spawn(call, connection, {}) for _ in range(requests)]
+    gevent.joinall(calls, timeout=10, raise_error=True)
+    deadline = time.monotonic() + 5  # a skill is recorded after its response is out
+    while len(recorded) < requests and time.monotonic() < deadline:
+        gevent.sleep(0.01)
+    assert len(recorded) == requests
+    return recorded
+
+
 def _blocking_app(environ, start_response):
     time.sleep(0.2)  # not gevent-aware: holds its thread
     start_response("200 OK", [("Content-Type", "text/plain")])
@@ -329,16 +346,7 @@ def test_the_wait_for_a_thread_is_not_counted_as_the_apps_time(serve):
     # One thread, three requests at once: the third waits 0.4 s for the
     # thread, but its skill is measured over the 0.2 s the app took.
     worker, connection, _ = serve(_blocking_app, threads=1)
-    recorded = []
-    record = worker.skills.record
-    worker.skills.record = lambda rclass, elapsed: (recorded.append(elapsed),
-                                                    record(rclass, elapsed))[1]
-    calls = [gevent.spawn(call, connection, {}) for _ in range(3)]
-    gevent.joinall(calls, timeout=10, raise_error=True)
-    deadline = time.monotonic() + 5  # a skill is recorded after its response is out
-    while len(recorded) < 3 and time.monotonic() < deadline:
-        gevent.sleep(0.01)
-    assert len(recorded) == 3
+    recorded = recorded_times(worker, connection, 3)
     # Counting the wait, they would read 0.2, 0.4 and 0.6 s.
     assert all(0.15 < elapsed < 0.5 for elapsed in recorded), recorded
 
@@ -448,7 +456,7 @@ def _one_connection_app(environ, start_response):
     return [b"done"]
 
 
-_DATABASE = __import__("threading").Lock()
+_DATABASE = threading.Lock()
 
 
 def test_a_wait_on_the_apps_own_lock_is_not_counted_as_the_apps_time(serve):
@@ -456,16 +464,7 @@ def test_a_wait_on_the_apps_own_lock_is_not_counted_as_the_apps_time(serve):
     # before the pool's first sample, and seven wait inside the app, up to
     # 0.35 s.  What the pool sees of those waits is taken off their time.
     worker, connection, _ = serve(_one_connection_app, threads=16)
-    recorded = []
-    record = worker.skills.record
-    worker.skills.record = lambda rclass, elapsed: (recorded.append(elapsed),
-                                                    record(rclass, elapsed))[1]
-    calls = [gevent.spawn(call, connection, {}) for _ in range(8)]
-    gevent.joinall(calls, timeout=10, raise_error=True)
-    deadline = time.monotonic() + 5
-    while len(recorded) < 8 and time.monotonic() < deadline:
-        gevent.sleep(0.01)
-    assert len(recorded) == 8
+    recorded = recorded_times(worker, connection, 8)
     # Counting the wait, they would read 0.05, 0.1, ... 0.4 s.
     assert max(recorded) < 0.15, recorded
     assert worker.status()["queued_seconds"] > 0.5

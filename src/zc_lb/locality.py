@@ -32,10 +32,18 @@ elsewhere.  A key with little data (a hot page) is served as fast by a
 second worker after its first request there: its gain falls and it
 spreads over as many workers as its load needs.
 
+An application that knows whether its cache had what a request needed
+says so (``environ["zc_lb.cache"]``, behind the Hello feature ``cache``),
+and then a hit counts as a home request and a miss as an away one,
+wherever the request was placed: where the data really was, whatever
+the book says, and whatever waits the times include.
+
 Weak spots, admitted.  A thread-mode worker's service time includes the
 time its request waited for the interpreter behind the worker's other
-threads, so home, usually the busier worker, looks slower than it is:
-that errs toward spreading, never toward pinning.  A home whose data
+threads, and any wait inside the application behind its other requests
+that the pool did not see (concurrency.py), so home, usually the busier
+worker, looks slower than it is: that errs toward spreading, never
+toward pinning.  A home whose data
 was evicted looks like away.  Only a lone LB measures, or several whose
 books the workers' relays keep alike (``affinity.py``, "Several LBs"):
 behind several without, a key's home is only its rendezvous owner,

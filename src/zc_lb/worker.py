@@ -778,7 +778,10 @@ class Worker(Handler):
         started there).
         The wait for a free thread is the worker's queue, not the app's
         time: a résumé that counted it would call a busy worker unskilled
-        (and the LB would move its keys away just as it is most useful)."""
+        (and the LB would move its keys away just as it is most useful).
+        Nor is a wait inside the app behind its other requests (its lock,
+        its connection pool), as far as the pool saw it (``writer.queued``,
+        threads.py)."""
         hub = gevent.get_hub()
         environ["wsgi.input"] = HubProxy(hub, environ["wsgi.input"])
         # (No closures that call each other: compiled, they would make a
