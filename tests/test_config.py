@@ -186,6 +186,62 @@ def test_sighup_under_load_applies_the_file_and_loses_no_request(tmp_path):
 
 
 
+def test_a_bad_worker_list_is_refused_whole_and_lists_are_compared_with_what_runs(tmp_path):
+    # SIGHUP with workers 3 -> a list with bad addresses -> 2 -> 3: the
+    # bad list changes nothing (it used to empty the pool), and each good
+    # one is compared with the list that runs (the second 3 used to be
+    # "nothing changed" against the start-up file, leaving 2).
+    workers = start_all([WorkerProcess("apps:app", env=ENV) for _ in range(3)])
+    status_address = "127.0.0.1:%d" % free_port()
+    path = tmp_path / "lb.toml"
+    stderr = open(tmp_path / "lb.stderr", "w")
+
+    def write(addresses):
+        path.write_text('[lb]\nlisten = "127.0.0.1:0"\nstatus = "%s"\nworker = %s\n' % (
+            status_address, json.dumps(addresses)))
+
+    def log():
+        stderr.flush()
+        return (tmp_path / "lb.stderr").read_text()
+
+    def in_pool():
+        return sorted(address for address, worker in status(status_address)["workers"].items()
+                      if worker.get("in_pool"))
+
+    addresses = sorted(w.address for w in workers)
+    write(addresses)
+    lb = LB(["--config", str(path)], stderr=stderr).start()
+    try:
+        wait_for(lambda: in_pool() == addresses, message="3 workers")
+        write(["nohost", "127.0.0.1:99999"] + addresses[:1])
+        os.kill(lb.pid, signal.SIGHUP)
+        wait_for(lambda: "keeping the running settings" in log(), message="the refusal logged")
+        assert "expected HOST:PORT, got 'nohost'" in log()
+        assert "port out of range in '127.0.0.1:99999'" in log()
+        assert in_pool() == addresses
+        write(addresses[:2])
+        os.kill(lb.pid, signal.SIGHUP)
+        wait_for(lambda: in_pool() == addresses[:2], message="2 workers")
+        write(addresses)
+        os.kill(lb.pid, signal.SIGHUP)
+        wait_for(lambda: in_pool() == addresses, message="3 workers again")
+    finally:
+        lb.kill()
+        for worker in workers:
+            worker.kill()
+        stderr.close()
+
+
+def test_bad_worker_addresses_on_the_command_line_exit_2():
+    done = subprocess.run(
+        [sys.executable, "-m", "zc_lb.cli", "lb", "--listen", "127.0.0.1:0",
+         "--worker", "127.0.0.1:9001", "--worker", "nohost", "--worker", "127.0.0.1:99999"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "expected HOST:PORT, got 'nohost'" in done.stderr
+    assert "port out of range in '127.0.0.1:99999'" in done.stderr
+
+
 def test_reload_applies_live_settings_and_names_the_rest(tmp_path, caplog):
     from zc_lb.cli import reload_config
 
@@ -214,3 +270,17 @@ def test_reload_applies_live_settings_and_names_the_rest(tmp_path, caplog):
         reload_config(args, apply)
     assert "%s:2: history must be at least 1" % path in caplog.text
     assert len(applied) == 1 and args.history == 200
+
+
+def test_a_worker_list_is_checked_whole():
+    from zc_lb.sockets import worker_addresses
+
+    assert worker_addresses(["10.0.0.5:9001", "[::1]:9002", "10.0.0.5:9001"]) == [
+        "10.0.0.5:9001", "[::1]:9002"]  # (duplicates once)
+    assert worker_addresses([]) == []
+    with pytest.raises(ConfigurationError) as refused:
+        worker_addresses(["nohost", "127.0.0.1:99999", "a:0", "b:x", 7, "ok:1"], "worker")
+    message = str(refused.value)
+    assert message.startswith("worker: ")
+    for part in ("'nohost'", "'127.0.0.1:99999'", "port 0 in 'a:0'", "bad port in 'b:x'", "7"):
+        assert part in message

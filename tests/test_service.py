@@ -104,9 +104,14 @@ def test_an_lb_service_starts_workers_before_fronts_and_drains_before_it_closes(
 def test_an_lb_service_takes_a_new_worker_list_and_passes_the_rest_on():
     journal = []
     service = LBService(Part("lb", journal), [Part("front", journal, access_log=None)])
-    service.configure({"worker": ["w:2"], "variance": 2.0}, "f.toml")
+    live = {"worker": ["w:2"], "variance": 2.0}
+    service.configure(live, "f.toml")
+    assert live == {"worker": ["w:2"], "variance": 2.0}  # (the caller records what runs)
     service.configure({"worker": []}, "f.toml")  # (nothing else: no configure call)
-    assert journal == [("lb", "set_workers", ["w:2"]), ("lb", "configure", {"variance": 2.0},
-                                                       "f.toml"),
+    # A list with a bad address changes nothing, the other settings neither.
+    with pytest.raises(ConfigurationError, match="'nohost'"):
+        service.configure({"worker": ["w:3", "nohost"], "variance": 3.0}, "f.toml")
+    assert journal == [("lb", "configure", {"variance": 2.0}, "f.toml"),
+                       ("lb", "set_workers", ["w:2"]),
                        ("lb", "set_workers", [])]
     assert service.reopen() is False  # no access log: nothing to reopen

@@ -332,6 +332,10 @@ def lb_actions(lb) -> dict:
 
 
 def run_lb(args: argparse.Namespace) -> int:
+    from .sockets import worker_addresses
+
+    # A bad address is refused here, with exit 2, not found later as 503s.
+    args.worker = worker_addresses(args.worker or []) or None
     if args.processes > 1:
         from .processes import run
 

@@ -16,6 +16,7 @@ from typing import List, Optional, Tuple
 
 from . import restart
 from .errors import ConfigurationError
+from .sockets import worker_addresses
 
 log = logging.getLogger("zc_lb")
 
@@ -222,15 +223,24 @@ class LBService:
         membership.start()
 
     def configure(self, live: dict, source: str = "") -> None:
-        """Live settings, and for a static LB its ``worker`` list."""
+        """Live settings, and for a static LB its ``worker`` list, taken
+        whole or not at all: a list with a bad address is refused
+        (ConfigurationError) before anything changes.  (``live`` is left
+        as it is: the caller records it as what runs.)"""
+        live = dict(live)
+        workers = None
         if "worker" in live:
-            self.lb.set_workers(live.pop("worker") or [])
-        if not live:
-            return
-        if self.membership is not None:  # ZooKeeper's values still win
-            self.membership.rebase(live, source)
-        else:
-            self.lb.configure(live, source)
+            workers = worker_addresses(live.pop("worker") or [], "worker")
+        if live:
+            if self.membership is not None:  # ZooKeeper's values still win
+                self.membership.rebase(live, source)
+            else:
+                self.lb.configure(live, source)
+        if workers is not None:
+            if not workers:
+                log.warning("the worker list in %s is empty: every worker leaves the pool",
+                            source or "the configuration")
+            self.lb.set_workers(workers)
 
     def reopen(self) -> bool:
         access_log = self.fronts[0].access_log

@@ -5,7 +5,7 @@ without gevent's per-call costs, and waiting with a timeout on the loop."""
 from __future__ import annotations
 
 import socket
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 from .errors import ConfigurationError
 
@@ -23,6 +23,28 @@ def parse_address(text: str, default_host: str = "127.0.0.1") -> Tuple[str, int]
     if not 0 <= number <= 65535:
         raise ConfigurationError("port out of range in %r" % text)
     return host, number
+
+
+def worker_addresses(texts: Iterable[str], what: str = "--worker") -> List[str]:
+    """A list of worker addresses, each checked (HOST:PORT, a port from 1
+    to 65535), duplicates dropped; ConfigurationError naming every bad
+    one, so that a list is taken whole or not at all."""
+    bad, seen = [], {}
+    for text in texts:
+        try:
+            if not isinstance(text, str):
+                raise ConfigurationError("expected HOST:PORT, got %r" % (text,))
+            host, port = parse_address(text)
+            if port == 0:
+                raise ConfigurationError("port 0 in %r: a worker listens on a port of "
+                                         "its own" % text)
+        except ConfigurationError as exc:
+            bad.append(str(exc))
+            continue
+        seen[text] = None
+    if bad:
+        raise ConfigurationError("%s: %s" % (what, "; ".join(bad)))
+    return list(seen)
 
 
 def send_all(sock, data) -> None:
