@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import time
+from pathlib import Path
 
 import gevent
 import gevent.event
@@ -655,3 +656,44 @@ def test_a_worker_builds_the_environ_the_lb_sent_before(stack):
     assert environs[1]["HTTP_COOKIE"] == "a=1,b=2" and environs[0]["wsgi.version"] == [1, 0]
     assert "HTTP_X_PRIVATE" not in environs[2] and "HTTP_KEEP_ALIVE" not in environs[2]
     assert environs[3]["wsgi.body"] == "a=1&b=2" and environs[3]["CONTENT_LENGTH"] == "7"
+
+
+def test_a_peer_that_floods_pings_loses_its_link_and_stalls_no_one(tmp_path):
+    """A peer on a worker address (a buggy or compromised worker, or
+    anything that answers there without --secret-file) completes the
+    handshake and floods Pings.  Its link alone breaks, and requests to
+    the good worker meanwhile wait no more than half a second."""
+    import subprocess
+    import sys
+
+    from zc_lb.testing import LBProcess, WorkerProcess, http_get
+
+    flooder = subprocess.Popen([sys.executable, str(Path(__file__).parent / "ping_flooder.py")],
+                               stdout=subprocess.PIPE, text=True)
+    good = WorkerProcess("apps:app", env={"PYTHONPATH": str(Path(__file__).parent)}).start()
+    stderr = open(tmp_path / "lb.stderr", "w")
+    lb = None
+    try:
+        flood_address = flooder.stdout.readline().split()[-1]
+        lb = LBProcess([good.address, flood_address], stderr=stderr).start()
+        worst, deadline = 0.0, time.monotonic() + 3
+        count = 0
+        while time.monotonic() < deadline and count < 2000:  # (bounded in time and count)
+            started = time.monotonic()
+            status, _ = http_get(lb.address, "/")
+            assert status == 200
+            worst = max(worst, time.monotonic() - started)
+            count += 1
+        assert worst < 0.5, worst
+        sent = flooder.stdout.readline()  # (the flood ends when the LB hangs up)
+        assert sent.startswith("sent "), sent
+        stderr.flush()
+        log = (tmp_path / "lb.stderr").read_text()
+        assert "a flood of Pings" in log, log[-2000:]
+    finally:
+        if lb is not None:
+            lb.kill()
+        good.kill()
+        flooder.kill()
+        flooder.wait()
+        stderr.close()

@@ -67,6 +67,10 @@ HANDSHAKE_TIMEOUT = 10.0
 HANDSHAKE_RECV = 16 * 1024  # Hello and Auth are small: no quarter megabyte per wait
 BIG_CHUNK = 16 * 1024  # body chunks from this size go out without a copy into their frame
 RECV_SIZE = 256 * 1024
+# A peer sends a Ping a keepalive interval (a second); more than this many
+# in a second is a flood, and a protocol error: answering each with a
+# Pong would give one peer the loop every other connection waits for.
+MAX_PINGS = 64
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # (the LB's links and the worker, interpreted)
@@ -347,6 +351,8 @@ class Connection:
         self.idle = gevent.event.Event()  # set while no request is in flight
         self.idle.set()
         self._last_received = time.monotonic()
+        self._pings_counted = 0  # the protocol's Ping count when ``_pings_since`` began
+        self._pings_since = self._last_received
         self._outgoing: List[bytes] = []
         self._wake_writer = gevent.event.Event()
         self._flush_scheduled = False  # a _flush callback is pending
@@ -548,6 +554,8 @@ class Connection:
                 self._dispatch_events()
                 if 0 < n < size and not self.closed:
                     hub.wait(readable)
+                elif n:  # (more waits: a turn for the rest of the loop first)
+                    gevent.sleep(0)
         except RemoteProtocolError as exc:
             log.warning("protocol error from %s, disconnecting: %s", self.peer, exc)
             stream = self.protocol.streams.get(exc.rno) if exc.rno else None
@@ -593,9 +601,21 @@ class Connection:
                 self.handler.handle_keys(self, event.keys)  # type: ignore[union-attr]
             elif type(event) is protocol.Closed:
                 raise self._lost_error("%s closed the connection" % self.peer)
+        if proto.pings - self._pings_counted > MAX_PINGS:
+            self._count_pings(proto.pings)
         out = proto.data_to_send()  # our Pongs
         if out:
             self.write(out)
+
+    def _count_pings(self, pings: int) -> None:
+        """More than MAX_PINGS Pings since ``_pings_since``: a flood if
+        that was within a second (RemoteProtocolError), else count anew."""
+        now = time.monotonic()
+        if now - self._pings_since < 1.0:
+            raise RemoteProtocolError("a flood of Pings: %d in %.2fs, more than %d a second"
+                                      % (pings - self._pings_counted, now - self._pings_since,
+                                         MAX_PINGS))
+        self._pings_counted, self._pings_since = pings, now
 
     def _new_request(self, message: Request) -> None:
         exchange = self.protocol.streams[message.rno].owner = Exchange(self, message.rno)

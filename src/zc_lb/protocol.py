@@ -308,6 +308,7 @@ class Connection:
         self.cache = False  # say whether the app's cache hit: the LB offered it
         self.streams: Dict[int, Stream] = {}
         self.last_rno = 0
+        self.pings = 0  # Pings received, all told
         self.event_owner: object = None
         self.we_go_away = False
         self.peer_goes_away = False
@@ -480,6 +481,7 @@ class Connection:
     def _connection_message(self, message: Message) -> Optional[Event]:
         mtype = type(message)
         if mtype is Ping:
+            self.pings += 1  # (the connection bounds them: connection.MAX_PINGS)
             self._out.append(encode(Pong()))
             return None
         if mtype is Pong:

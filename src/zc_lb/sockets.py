@@ -5,7 +5,7 @@ without gevent's per-call costs, and waiting with a timeout on the loop."""
 from __future__ import annotations
 
 import socket
-from typing import Any, Callable, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from .errors import ConfigurationError
 
@@ -29,7 +29,8 @@ def worker_addresses(texts: Iterable[str], what: str = "--worker") -> List[str]:
     """A list of worker addresses, each checked (HOST:PORT, a port from 1
     to 65535), duplicates dropped; ConfigurationError naming every bad
     one, so that a list is taken whole or not at all."""
-    bad, seen = [], {}
+    bad: List[str] = []
+    seen: Dict[str, None] = {}
     for text in texts:
         try:
             if not isinstance(text, str):
