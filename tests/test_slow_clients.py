@@ -173,3 +173,55 @@ def fetch_json(url):
 
     with urllib.request.urlopen(url, timeout=5) as response:
         return json.load(response)
+
+
+@pytest.fixture
+def failing_buffer_dir(tmp_path):
+    """A buffer directory that fills at 2 MB: a tmpfs of that size where
+    mounting is allowed (root, as here and in CI), else a directory no
+    file can be made in (/sys), so that the disk fails either way."""
+    import subprocess
+
+    directory = tmp_path / "small"
+    directory.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(directory)],
+                             capture_output=True).returncode == 0
+    yield str(directory) if mounted else "/sys"
+    if mounted:
+        subprocess.run(["umount", "-l", str(directory)], capture_output=True)
+
+
+def test_slow_downloads_complete_when_the_buffer_disk_fills(procs, tmp_path, failing_buffer_dir):
+    # Ten slow readers of 8 MiB each, past the memory bounds, with the
+    # buffer directory full: each response goes on in memory, within a
+    # credit window, and every download completes (0 of 10 used to: each
+    # response whose client had read its spool waited for room only the
+    # others' clients could make).
+    import threading
+
+    log_path = tmp_path / "lb.log"
+    worker = procs(WorkerProcess("apps:app", env=ENV))
+    with open(log_path, "w") as log:
+        lb = procs(LBProcess([worker.address], "--buffer-dir", failing_buffer_dir,
+                             "--buffer-memory", str(MIB), "--buffer-memory-total", str(4 * MIB),
+                             "--client-timeout", "20", env=ENV, stderr=log))
+    results = []
+
+    def download():
+        sock = slow_socket(lb.address, timeout=20)
+        try:
+            sock.sendall(b"GET /big?8 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            head, received, _ = read_response(sock, pause=0.002)
+            results.append((head.split(b"\r\n")[0], received))
+        except OSError as exc:
+            results.append((repr(exc), 0))
+        finally:
+            sock.close()
+
+    threads = [threading.Thread(target=download) for _ in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(45)
+    assert results == [(b"HTTP/1.1 200 OK", 8 * MIB)] * 10, results
+    assert "cannot buffer a response on disk" in log_path.read_text()

@@ -47,9 +47,25 @@ def test_the_totals_are_shared_by_every_spool():
     limits = SpoolLimits(memory=100, total_memory=8, disk=0, total_disk=0)
     first, second = Spool(limits), Spool(limits)
     first.put(b"12345678")
+    second.put(b"9")
     assert second.full  # no memory left in all, and no disk
     first.take()
     assert not second.full
+
+
+def test_a_spool_its_client_has_read_is_never_full():
+    # Every byte the bounds allow is held by other responses' spools and
+    # the disk has failed: a response whose client has read all it had
+    # must still take its worker's next bytes, or it waits for room only
+    # the others' clients can make, and its client for bytes that never
+    # come (ten slow 8 MB downloads with a full buffer disk hung for good).
+    limits = SpoolLimits(memory=100, total_memory=8, disk=100, total_disk=0)
+    others, mine = Spool(limits), Spool(limits)
+    others.put(b"12345678")
+    assert not mine.full
+    mine.put(b"abc")  # (past the total by what the worker may send unasked)
+    assert mine.full
+    assert mine.take() == b"abc" and not mine.full
 
 
 def test_close_gives_back_what_the_spool_held(tmp_path):

@@ -11,8 +11,11 @@ produces it and keeps it here until the client reads it: in memory up to
 temporary file (unlinked at once) up to ``disk`` bytes a response and
 ``total_disk`` in all.  Past those, the spool is ``full`` and the LB
 stops granting credit: the worker waits, as it did before (flow control
-is the last resort, never loss).  A disk that fails a write (full, say)
-is logged, and buffering goes on in memory alone.
+is the last resort, never loss).  A disk that fails a write (full,
+read-only, failing) is logged, and buffering goes on in memory alone,
+within the memory bounds; a response whose client has read all its
+spool holds is never held back, so that no response waits for room that
+only other responses' clients can make.
 
 A ``Spool`` keeps its parts in order, each either bytes in memory or the
 length of the next bytes in its file, so a body may go to disk and back
@@ -75,8 +78,11 @@ class Spool:
     @property
     def full(self) -> bool:
         """No room for more, in memory or on disk: take nothing more from
-        the worker until the client has read some."""
-        return not (self._memory_room() or self._disk_room())
+        the worker until the client has read some.  A spool that holds
+        nothing is never full, whatever the others hold: its client has
+        read all it has, and only the worker's next bytes wake either
+        (past the bounds by at most a credit window a response)."""
+        return bool(self._parts) and not (self._memory_room() or self._disk_room())
 
     def _memory_room(self) -> bool:
         limits = self.limits
@@ -96,7 +102,8 @@ class Spool:
             try:
                 self._write(data)
             except OSError as exc:  # a full disk: memory, and flow control, it is
-                log.error("cannot buffer a response on disk: %s", exc)
+                log.error("cannot buffer a response on disk (%s); buffering in memory "
+                          "alone from now on", exc)
                 self.limits.total_disk = 0
             else:
                 self._parts.append(size)
