@@ -121,9 +121,15 @@ def test_the_pool_bench_times_every_policy_on_the_same_requests():
 def test_the_resume_intake_measure_times_the_pool_and_the_decoder():
     intake = bench.intake_ms(resumes=4)
     assert 0 < intake["median"] <= intake["max"] and intake["decode"] > 0
-    line = bench.intake_line({"median": 1.5, "max": 2.5, "decode": 3.0})
+    assert 0 < intake["churned_stretch_max"] <= intake["churned_whole_median"] * 2
+    churned = {"churned_whole_median": 15.0, "churned_stretch_max": 12.5}
+    line = bench.intake_line(dict(churned, median=1.5, max=2.5, decode=3.0))
     assert "pool median 1.50 ms, worst 2.50 ms; goal <= 2 ms: met" in line
-    assert "NOT met" in bench.intake_line({"median": 2.5, "max": 2.5, "decode": 3.0})
+    assert "every class new: 15.0 ms a résumé (median), taken in steps; the longest the " \
+        "loop waited 12.5 ms" in line and "goal <= 20 ms: met" in line
+    assert "NOT met" in bench.intake_line(dict(churned, median=2.5, max=2.5, decode=3.0))
+    assert "NOT met" in bench.intake_line(dict(churned, churned_stretch_max=25.0, median=1.5,
+                                               max=2.5, decode=3.0))
 
 
 def test_the_in_process_measure_serves_every_request_and_gives_a_cost():

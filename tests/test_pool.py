@@ -628,3 +628,33 @@ def test_classless_random_operations_follow_least_backlog():
             pool.put(in_flight.pop(rng.randrange(len(in_flight))))
         check_invariants(pool)
         assert pool.skilled == {}
+
+
+def test_a_large_resume_is_taken_in_steps_with_the_same_result():
+    from zc_lb.pool import RESUME_STEP
+
+    resume = {"c%d" % i: float(i + 1) for i in range(2 * RESUME_STEP + 10)}
+    whole, stepped = Pool(), Pool()
+    for pool in (whole, stepped):
+        pool.add("w")
+        pool.new_resume("w", {"old": 1.0, "c0": 5.0})
+    pauses = []
+    assert stepped.new_resume("w", resume, lambda: pauses.append(len(stepped.skilled))) == \
+        whole.new_resume("w", resume)
+    assert len(pauses) == 2  # after each RESUME_STEP changed classes
+    assert stepped.skilled.keys() == whole.skilled.keys() and "old" not in stepped.skilled
+    assert stepped.workers["w"].resume == whole.workers["w"].resume == resume
+
+
+def test_a_worker_removed_while_its_resume_is_taken_leaves_no_skill_behind():
+    from zc_lb.pool import RESUME_STEP
+
+    pool = Pool()
+    pool.add("w")
+    pool.add("v", {"shared": 2.0})
+    resume = {"c%d" % i: 1.0 for i in range(3 * RESUME_STEP)}
+    resume["shared"] = 3.0
+    pool.new_resume("w", resume, lambda: pool.remove("w"))
+    assert "w" not in pool.workers
+    assert list(pool.skilled) == ["shared"]  # only v's
+    assert [worker.name for worker in pool.skilled["shared"]] == ["v"]

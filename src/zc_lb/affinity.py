@@ -227,7 +227,7 @@ import math
 from zlib import crc32
 from heapq import nlargest
 from operator import attrgetter
-from typing import Any, ClassVar, Dict, Final, Hashable, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, ClassVar, Dict, Final, Hashable, List, Mapping, Optional, Set, Tuple
 
 from .classstats import (PRIOR, ClassStats, Footprint, KeyHashes, mix, mixed,
                          rendezvous_draw, stable_hash)
@@ -425,13 +425,14 @@ class AffinityPool(Pool):
         super().remove(handle)
         self.skills_version += 1
 
-    def new_resume(self, handle: Hashable, resume: Mapping[str, float]) -> Set[str]:
+    def new_resume(self, handle: Hashable, resume: Mapping[str, float],
+                   pause: Optional[Callable[[], None]] = None) -> Set[str]:
         """Replace a worker's skills by those of its new résumé, but for
         classes whose keys moved away from it (see ``relearn.py``): it
         holds their old data, so its score for them means nothing until
         its résumé has dropped them.  The classes touched work out their
-        members again."""
-        touched = super().new_resume(handle, resume)
+        members again.  (``pause``: see ``Pool.new_resume``.)"""
+        touched = super().new_resume(handle, resume, pause)
         worker = self.workers.get(handle)
         if worker is None:
             return touched

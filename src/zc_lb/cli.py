@@ -10,6 +10,7 @@ dispatches it, as gunicorn's arbiter does.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -346,6 +347,11 @@ def run_lb(args: argparse.Namespace) -> int:
     for name in ("SIGHUP", "SIGUSR1", "SIGUSR2"):  # until wait_for_signal says so
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     lb, fronts, status = build_lb(args)
+    # What start-up made (modules, tables) lives as long as the process:
+    # out of the collector's passes, which then scan only what serving
+    # makes.  A full pass over a pool of large résumés took 25-40 ms of the
+    # loop with them in, under 15 without (benchmarks: résumé intake).
+    gc.freeze()
     service = LBService(lb, fronts, status, args.drain_timeout)
     service.start(args.worker or [], args.health_check, args.health_interval)
     if args.zookeeper:

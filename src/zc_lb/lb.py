@@ -55,7 +55,7 @@ from .errors import (
 from .h1 import BODILESS_STATUS, HOP_BY_HOP_KEYS, REASONS
 from .httpparse import HOP_BY_HOP
 from .outlier import Ejector
-from .pool import Pool
+from .pool import RESUME_STEP, Pool
 from .protocol import MAX_BODY, Body, End, Response, head_fields
 from .relay import Relay
 from .settings import LB_SETTINGS, check, log_change
@@ -548,7 +548,10 @@ class LB(LinkEvents):
                         self.ejector.consecutive, record.ejections)
 
     def worker_resume(self, connection: Connection, skills: Dict[str, float]) -> None:
-        self.pool.new_resume(connection, skills)
+        """A worker's new résumé: a large one is taken in steps, the rest
+        of the loop running between them (``Pool.new_resume``)."""
+        self.pool.new_resume(connection, skills,
+                             _let_others_run if len(skills) > RESUME_STEP else None)
 
     def worker_silent(self, connection: Connection, seconds: float) -> None:
         """A worker says nothing (stopped, or its loop blocked): send it
@@ -1004,6 +1007,11 @@ class LB(LinkEvents):
 _DOWN = {"connected": False, "in_pool": False, "drained": False, "standby": False,
          "backlog": 0, "siblings_backlog": 0, "mean_backlog": 0.0, "skills": {},
          "version": None, "streams": 0, "last_error": None}
+
+
+def _let_others_run() -> None:
+    """Between the steps of a large résumé: the rest of the loop's turn."""
+    gevent.sleep(0)
 
 
 def top_classes(counts: Dict[str, int], n: int) -> Dict[str, int]:

@@ -51,10 +51,12 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import (Any, ClassVar, Container, Dict, Hashable, Iterable, List, Mapping, Optional, Set,
-                    Tuple)
+from typing import (Any, Callable, ClassVar, Container, Dict, Hashable, Iterable, List, Mapping,
+                    Optional, Set, Tuple)
 
 from .settings import LB_SETTINGS, check
+
+RESUME_STEP = 1000  # changed classes of a résumé taken in between pauses (``new_resume``)
 
 
 class PoolWorker:
@@ -213,14 +215,22 @@ class Pool:
         worker.backlog = 0
         self._update_decays()
 
-    def new_resume(self, handle: Hashable, resume: Mapping[str, float]) -> Set[str]:
+    def new_resume(self, handle: Hashable, resume: Mapping[str, float],
+                   pause: Optional[Callable[[], None]] = None) -> Set[str]:
         """Replace a worker's skills by those of its new résumé; the
         classes whose skill changed.  Only those are touched: an idle
         class's score does not move (resume.py), so a résumé of 10,000
         classes of which a hundred were served costs a hundred updates,
         and set differences in C to find them.  A score that is not a
         positive finite number drops the class, as does its absence.
-        The LB's own skills (``given``) give way to the résumé's."""
+        The LB's own skills (``given``) give way to the résumé's.
+
+        ``pause``, if given, is called after every ``RESUME_STEP``
+        changed classes (the LB lets the rest of its loop run there: a
+        résumé whose 10,000 classes all changed takes some 20-60 ms).
+        Meanwhile ``worker.resume`` holds what the skilled workers hold,
+        so that a worker removed during a pause leaves nothing behind;
+        the intake then stops."""
         worker = self.workers.get(handle)
         if worker is None:
             return set()
@@ -229,6 +239,10 @@ class Pool:
         touched = set(worker.given)
         known = old.get
         added = 0
+        current: Optional[Dict[str, float]] = None  # (with ``pause``: what is skilled so far)
+        if pause is not None:
+            current = worker.resume = dict(old)
+        steps = 0
         for rclass in [rclass for rclass, score in new.items() if known(rclass) != score]:
             score = new.pop(rclass)
             try:
@@ -245,9 +259,28 @@ class Pool:
                 skilled = skilled_map[rclass] = {}
             skilled[worker] = score
             touched.add(rclass)
+            if current is not None:
+                current[rclass] = score
+                steps += 1
+                if steps == RESUME_STEP:
+                    steps = 0
+                    pause()  # type: ignore[misc]
+                    if self.workers.get(handle) is not worker:
+                        return touched  # (removed meanwhile: nothing of it is left)
         if len(new) - added < len(old):  # some classes left the résumé
             dropped = [c for c in old if c not in new]
-            unskill(skilled_map, worker, dropped)
+            if current is None:
+                unskill(skilled_map, worker, dropped)
+            else:  # (in steps too, each out of ``current`` as it goes)
+                for start in range(0, len(dropped), RESUME_STEP):
+                    if start:
+                        pause()  # type: ignore[misc]
+                        if self.workers.get(handle) is not worker:
+                            return touched
+                    part = dropped[start:start + RESUME_STEP]
+                    unskill(skilled_map, worker, part)
+                    for rclass in part:
+                        del current[rclass]
             touched.update(dropped)
         worker.resume = new
         worker.given.clear()
@@ -470,7 +503,8 @@ class ClasslessPool(Pool):
     recently chosen worker.  For applications without a useful classifier.
     """
 
-    def new_resume(self, handle: Hashable, resume: Mapping[str, float]) -> Set[str]:
+    def new_resume(self, handle: Hashable, resume: Mapping[str, float],
+                   pause: Optional[Callable[[], None]] = None) -> Set[str]:
         """Résumés are ignored."""
         return set()
 
