@@ -115,3 +115,31 @@ def test_an_lb_service_takes_a_new_worker_list_and_passes_the_rest_on():
                        ("lb", "set_workers", ["w:2"]),
                        ("lb", "set_workers", [])]
     assert service.reopen() is False  # no access log: nothing to reopen
+
+
+def test_signals_that_come_while_the_last_is_handled_are_logged_when_the_process_ends(caplog):
+    # A second SIGUSR2 during a restart used to vanish without a word.
+    import logging
+    import os
+    import signal
+
+    import gevent
+
+    from zc_lb.service import wait_for_signal
+
+    def restart():
+        os.kill(os.getpid(), signal.SIGUSR2)  # (a second one, while this one is handled)
+        gevent.sleep(0.2)
+        return True  # the new LB took over: this one ends
+
+    previous = signal.getsignal(signal.SIGUSR2)
+    keeper = gevent.spawn(gevent.sleep, 10)  # (signal watchers alone do not keep the loop)
+    try:
+        gevent.spawn_later(0.05, os.kill, os.getpid(), signal.SIGUSR2)
+        with caplog.at_level(logging.WARNING, logger="zc_lb"):
+            wait_for_signal({"SIGUSR2": restart})
+    finally:
+        keeper.kill()
+        signal.signal(signal.SIGUSR2, previous)
+    assert any("SIGUSR2 came while SIGUSR2 was handled" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]

@@ -151,7 +151,14 @@ def test_actions_need_the_token_or_else_a_loopback_client():
                 HTTP_AUTHORIZATION="Bearer s3cret")[0] == "200 OK"
     assert call(app, "POST", "/reset-skills", HTTP_AUTHORIZATION="Bearer nope")[0] \
         == "401 Unauthorized"
-    assert done == [1, 2]
+    # The scheme is case-insensitive; the token is not.
+    assert call(app, "POST", "/reset-skills", HTTP_AUTHORIZATION="bearer s3cret")[0] == "200 OK"
+    assert call(app, "POST", "/reset-skills", HTTP_AUTHORIZATION="BEARER  s3cret ")[0] \
+        == "200 OK"
+    for wrong in ("Bearer S3CRET", "Basic s3cret", "Bearers3cret", "s3cret", "Bearer"):
+        assert call(app, "POST", "/reset-skills", HTTP_AUTHORIZATION=wrong)[0] \
+            == "401 Unauthorized", wrong
+    assert done == [1, 2, 2, 2]
 
 
 # -- fetch -----------------------------------------------------------------------

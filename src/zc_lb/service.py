@@ -94,6 +94,11 @@ def wait_for_signal(handlers: dict) -> None:
         name = signals.get()
         log.info("got %s", name)
         if handlers[name]():
+            # Signals that came while the last one was handled (a second
+            # SIGUSR2 during a restart, say) go to no one: say so.
+            while not signals.empty():
+                log.warning("%s came while %s was handled, and is not acted on by this "
+                            "process, which is ending", signals.get(), name)
             return
 
 

@@ -119,8 +119,10 @@ def _as_json(document, status: int = 200) -> Response:
 def _refusal(request: Request, token: Optional[bytes]) -> Optional[Response]:
     """The 401 or 403 answer to an action the client may not run, or None if it may."""
     if token is not None:
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode("latin-1"), b"Bearer " + token):
+        # The scheme is case-insensitive (RFC 9110, 11.1); the token is not.
+        scheme, _, credentials = request.headers.get("Authorization", "").strip().partition(" ")
+        if not (scheme.lower() == "bearer" and hmac.compare_digest(
+                credentials.strip().encode("latin-1", "replace"), token)):
             response = _as_json({"error": "this action needs the admin token"}, 401)
             response.headers["WWW-Authenticate"] = "Bearer"
             return response
