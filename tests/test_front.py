@@ -398,3 +398,22 @@ def test_read1_gives_a_piece_as_it_came_and_at_most_what_is_asked():
     assert len(pieces) >= 3 and after == b"" and complete  # (not joined into one)
     sent, _ = serve_pieces(pieces_app, [b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"])
     assert responses(sent)[0][2] == repr(([b""], b"", True)).encode()
+
+
+def test_a_response_in_flight_when_a_drain_begins_says_connection_close():
+    # The drain (SIGTERM, a restart) began after the request's head was
+    # read and before its response: the response closes the connection,
+    # as the README says, rather than invite the next request.
+    server = _Server(("127.0.0.1", 0), None, "http")  # never started
+
+    def app(environ, start_response):
+        server.draining = True  # (what LBFront.drain does, mid-request)
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    server.application = app
+    sock = _PieceSocket([b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"])
+    connection = ClientConnection(server, sock, ("127.0.0.1", 40000))
+    connection.run()
+    head = bytes(sock.sent).split(b"\r\n\r\n")[0]
+    assert b"\r\nConnection: close" in head and connection.close

@@ -509,6 +509,8 @@ class ClientConnection:
                 extra += b"Transfer-Encoding: chunked\r\n"
             else:
                 self.close = True  # the body ends when the connection does
+        if self.server.draining:  # (a drain begun while the request was in flight)
+            self.close = True
         if self.close:
             extra += b"Connection: close\r\n"
         elif self.environ["SERVER_PROTOCOL"] == "HTTP/1.0":  # type: ignore[index]
