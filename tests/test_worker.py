@@ -490,3 +490,24 @@ def test_what_the_app_says_of_its_cache_goes_to_the_lb(serve, said, cache):
     finally:
         connection.close()
     assert response.cache is cache
+
+
+def test_a_flood_of_refused_connections_is_a_line_or_two_in_the_log(serve, caplog):
+    # Junk on the worker's port (a scan, a stray client): each connection
+    # is refused in its handshake, but the log says so once, then counts.
+    import logging
+    import socket
+
+    worker, _, _ = serve(reader_app)
+    with caplog.at_level(logging.WARNING, logger="zc_lb.worker"):
+        for _ in range(50):
+            sock = socket.create_connection(worker.address)
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 4)
+            sock.close()
+        deadline = time.monotonic() + 5
+        while worker._rejected + sum("rejected" in r.getMessage() for r in caplog.records) < 50 \
+                and time.monotonic() < deadline:
+            gevent.sleep(0.02)
+    lines = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+    assert 1 <= len(lines) <= 2, lines
+    assert worker._rejected >= 49 - len(lines)  # (counted, for the next line)

@@ -470,6 +470,8 @@ class Worker(Handler):
             collections.OrderedDict())
         self._crowded = 0
         self._crowded_logged = -CROWDED_LOG_EVERY
+        self._rejected = 0  # connections refused in their handshake since the last line
+        self._rejected_logged = -CROWDED_LOG_EVERY
         self._no_lbs = gevent.event.Event()  # set while no LB is connected
         self._no_lbs.set()
         self.server: Optional[gevent.server.StreamServer] = None
@@ -624,7 +626,7 @@ class Worker(Handler):
             connection.handshake()
         except (ZcLbError, OSError) as exc:
             if not connection.closed:  # (closed: it made room for a newer one)
-                log.warning("rejected connection from %s: %s", peer, exc)
+                self._say_rejected(peer, exc)
                 connection.close("handshake failed")
             return
         finally:
@@ -652,6 +654,21 @@ class Worker(Handler):
                         "newer ones (more than %d at once; the latest from %s)",
                         self._crowded, MAX_HANDSHAKING, peer)
             self._crowded, self._crowded_logged = 0, now
+
+    def _say_rejected(self, peer: str, error: Exception) -> None:
+        """Log a connection refused in its handshake (no secret, a wrong
+        one, junk): each at once, but in a flood one line every 10 s
+        with the count (a port scanned must not fill the log)."""
+        now = time.monotonic()
+        self._rejected += 1
+        if now - self._rejected_logged >= CROWDED_LOG_EVERY:
+            if self._rejected == 1:
+                log.warning("rejected connection from %s: %s", peer, error)
+            else:
+                log.warning("rejected %d connections in their handshake in %.0fs (the "
+                            "latest from %s: %s)", self._rejected,
+                            now - self._rejected_logged, peer, error)
+            self._rejected, self._rejected_logged = 0, now
 
     def connection_lost(self, connection: Connection, error: ZcLbError) -> None:
         if connection in self.connections:
