@@ -164,3 +164,64 @@ def test_cli_refuses_bad_and_unknown_settings(client, zk_hosts, tmp_path):
     assert client.exists("/lb")  # nothing deleted
     run("import", str(path), "/", "--delete", "--delete-at-root")
     assert not client.exists("/lb")
+
+
+# Credentials and ACLs ---------------------------------------------------------
+
+
+def test_credentials_are_one_line_user_colon_password(tmp_path):
+    good = tmp_path / "zk-auth"
+    good.write_text("site:s3cr:et\n")
+    assert zk.read_credentials(str(good)) == ("site", "s3cr:et")
+    for text in ("", "nocolon\n", ":pw\n", "user:\n", "a:b\nc:d\n"):
+        good.write_text(text)
+        with pytest.raises(ConfigurationError) as refused:
+            zk.read_credentials(str(good))
+        # (what is wrong, never what the file holds)
+        assert str(refused.value) == ("%s must hold one line, USER:PASSWORD (the ZooKeeper "
+                                      "credentials)" % good)
+    with pytest.raises(ConfigurationError, match="cannot read"):
+        zk.read_credentials(str(tmp_path / "missing"))
+
+
+def test_only_the_sites_credentials_read_or_change_what_they_created(zk_hosts, tmp_path):
+    from kazoo.exceptions import NoAuthError
+
+    auth = tmp_path / "zk-auth"
+    auth.write_text("site:s3cret\n")
+    other = tmp_path / "other-auth"
+    other.write_text("site:guess\n")
+    parser = cli.build_parser()
+
+    def run(*argv, auth_file=None):
+        out = io.StringIO()
+        extra = ["--zookeeper-auth-file", str(auth_file)] if auth_file else []
+        args = parser.parse_args(["zk", "--zookeeper", zk_hosts, *extra, *argv])
+        zk.run_zk_command(args, out)
+        return out.getvalue()
+
+    # A process with them registers: nobody else may touch what it made.
+    site = zk.connect(zk_hosts, credentials=("site", "s3cret"))
+    anonymous = zk.connect(zk_hosts)
+    try:
+        site.ensure_path("/lb/workers")
+        run("set", "/lb", "variance=3", auth_file=auth)
+        assert json.loads(run("get", "/lb", auth_file=auth))["variance"] == 3
+        for auth_file in (None, other):  # no credentials, or the wrong ones
+            with pytest.raises(ConfigurationError, match="ZooKeeper refused"):
+                run("set", "/lb", "variance=9", auth_file=auth_file)
+            with pytest.raises(ConfigurationError, match="ZooKeeper refused"):
+                run("get", "/lb", auth_file=auth_file)
+        site.create("/lb/workers/127.0.0.1:9001", b"{}", ephemeral=True)
+        acl, _ = site.get_acls("/lb/workers/127.0.0.1:9001")
+        assert [entry.id.scheme for entry in acl] == ["digest"]
+        for attempt in (lambda: anonymous.set("/lb/workers/127.0.0.1:9001", b"{}"),
+                        lambda: anonymous.delete("/lb/workers/127.0.0.1:9001"),
+                        lambda: anonymous.create("/lb/workers/10.6.6.6:80", b"{}")):
+            with pytest.raises(NoAuthError):
+                attempt()
+        assert json.loads(run("get", "/lb", auth_file=auth))["variance"] == 3
+    finally:
+        for client in (site, anonymous):
+            client.stop()
+            client.close()

@@ -304,3 +304,46 @@ def test_a_worker_started_while_zookeeper_is_down_serves_and_registers_later(
                  message="the registration is logged")
     finally:
         worker.kill()
+
+
+def test_a_site_with_credentials_runs_and_nobody_else_can_register_or_change_it(
+        zk_hosts, tmp_path):
+    # The tree made with the site's credentials (ACL: theirs alone), an LB
+    # and a worker given them: the worker registers, the LB finds it and
+    # serves.  A client without them cannot add a worker or set a setting.
+    from kazoo.exceptions import NoAuthError
+
+    from zc_lb import zk
+
+    auth = tmp_path / "zk-auth"
+    auth.write_text("site:s3cret\n")
+    owner = zk.connect(zk_hosts, credentials=("site", "s3cret"))
+    anonymous = KazooClient(zk_hosts)
+    anonymous.start(timeout=10)
+    started = []
+    try:
+        zk.import_tree(owner, TREE)
+        worker = WorkerProcess("apps:app", "--zookeeper", zk_hosts, "--path", "/lb/workers",
+                               "--zookeeper-auth-file", str(auth), env=ENV).start()
+        started.append(worker)
+        lb = LBProcess([], "--zookeeper", zk_hosts, "--path", "/lb", "--status", "127.0.0.1:0",
+                       "--zookeeper-auth-file", str(auth)).start()
+        started.append(lb)
+        lb.status_address = lb.said("zc-lb status on ")
+        wait_for(lambda: in_pool(lb) == [worker.address], message="the worker in the pool")
+        assert get(lb)[0] == 200
+        assert [a.id.scheme for a in owner.get_acls(
+            "/lb/workers/providers/" + worker.address)[0]] == ["digest"]
+        for attempt in (
+                lambda: anonymous.create("/lb/workers/providers/10.6.6.6:80", b"{}"),
+                lambda: anonymous.set("/lb", json.dumps({"variance": 99}).encode()),
+                lambda: anonymous.get("/lb")):
+            with pytest.raises(NoAuthError):
+                attempt()
+        assert status(lb)["pool"]["variance"] == 2
+    finally:
+        for process in reversed(started):
+            process.kill()
+        for client in (owner, anonymous):
+            client.stop()
+            client.close()

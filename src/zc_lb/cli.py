@@ -194,7 +194,8 @@ def build_worker(args: argparse.Namespace) -> WorkerService:
         from .membership import WorkerMembership
 
         membership = WorkerMembership(worker, args.zookeeper, args.path,
-                                      args.version, args.description)
+                                      args.version, args.description,
+                                      credentials=_zk_credentials(args))
     return WorkerService(worker, status, membership, args.drain_timeout)
 
 
@@ -332,6 +333,15 @@ def lb_actions(lb) -> dict:
             "enable": lambda worker: lb.enable_worker(worker) or {"worker": worker}}
 
 
+def _zk_credentials(args: argparse.Namespace):
+    """The ZooKeeper credentials of ``--zookeeper-auth-file``, or None."""
+    if not getattr(args, "zookeeper_auth_file", None):
+        return None
+    from .zk import read_credentials
+
+    return read_credentials(args.zookeeper_auth_file)
+
+
 def run_lb(args: argparse.Namespace) -> int:
     from .sockets import worker_addresses
 
@@ -360,7 +370,8 @@ def run_lb(args: argparse.Namespace) -> int:
         service.register(LBMembership(
             lb, args.zookeeper, args.path, fronts[0].address,
             status.address if status is not None else None,
-            base_settings=_lb_settings(args), instance=args.process_index))
+            base_settings=_lb_settings(args), instance=args.process_index,
+            credentials=_zk_credentials(args)))
     for server in fronts:
         print("zc-lb lb listening on %s:%d" % server.address, flush=True)
     if status is not None:
@@ -588,6 +599,9 @@ def _add_worker_parser(sub) -> None:
     p.add_argument("--insecure", action="store_true",
                    help="listen on a non-loopback address without --secret-file")
     p.add_argument("--zookeeper", metavar="HOSTS", help="register in ZooKeeper (host:port,...)")
+    p.add_argument("--zookeeper-auth-file", metavar="FILE",
+                   help="ZooKeeper credentials, one line USER:PASSWORD: nodes this "
+                   "creates only they may read or change")
     p.add_argument("--path", default="/lb/workers",
                    help="ZooKeeper node of the workers (default /lb/workers)")
     p.add_argument("--version", help="the application version: told to every LB (status, "
@@ -659,6 +673,9 @@ def _add_lb_parser(sub) -> None:
     _add_lb_operator_arguments(p)
     p.add_argument("--zookeeper", metavar="HOSTS",
                    help="discover workers and settings in ZooKeeper (host:port,...)")
+    p.add_argument("--zookeeper-auth-file", metavar="FILE",
+                   help="ZooKeeper credentials, one line USER:PASSWORD: nodes this "
+                   "creates only they may read or change")
     p.add_argument("--path", default="/lb", help="ZooKeeper node of the LB (default /lb)")
     settings.add_arguments(p, settings.LB_SETTINGS)
     p.set_defaults(run=run_lb)
@@ -721,6 +738,8 @@ def _add_reset_skills_parser(sub) -> None:
         "reset-skills", help="make LBs and workers forget skills (after a classifier change)")
     p.add_argument("--zookeeper", metavar="HOSTS",
                    help="set reset_skills in ZooKeeper: every LB and worker resets")
+    p.add_argument("--zookeeper-auth-file", metavar="FILE",
+                   help="ZooKeeper credentials, one line USER:PASSWORD")
     p.add_argument("--path", default="/lb",
                    help="the LBs' node; the workers' is PATH/workers (default /lb)")
     p.add_argument("--status", action="append", metavar="HOST:PORT", default=[],
@@ -742,7 +761,8 @@ def run_reset_skills(args: argparse.Namespace) -> int:
 
         logging.getLogger("kazoo").setLevel(logging.WARNING)
         token = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "-%d" % os.getpid()
-        client = zk.connect(args.zookeeper)
+        client = zk.connect(args.zookeeper, credentials=(
+            zk.read_credentials(args.zookeeper_auth_file) if args.zookeeper_auth_file else None))
         try:
             base = args.path.rstrip("/") or ""
             for path in (base + "/workers", base or "/"):  # workers first
@@ -758,6 +778,9 @@ def _add_zk_parser(sub) -> None:
     p = sub.add_parser("zk", help="import, export, read and set the ZooKeeper tree")
     p.add_argument("--zookeeper", default="127.0.0.1:2181", metavar="HOSTS",
                    help="host:port,...[/chroot] (default 127.0.0.1:2181)")
+    p.add_argument("--zookeeper-auth-file", metavar="FILE",
+                   help="ZooKeeper credentials, one line USER:PASSWORD: nodes this "
+                   "creates only they may read or change")
     p.add_argument("--timeout", type=float, default=10.0,
                    help="seconds to wait for ZooKeeper (default 10)")
     zk = p.add_subparsers(dest="zk_command", required=True, metavar="ZKCOMMAND")

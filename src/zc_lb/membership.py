@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import gevent
 
@@ -47,9 +47,11 @@ class WorkerMembership:
     """A worker's registration and live settings."""
 
     def __init__(self, worker, hosts: str, path: str, version: Optional[str] = None,
-                 description: Optional[str] = None) -> None:
+                 description: Optional[str] = None,
+                 credentials: Optional[Tuple[str, str]] = None) -> None:
         self.worker = worker
         self.hosts = hosts
+        self.credentials = credentials  # (zk.connect: digest auth, and ACLs on what it makes)
         self.path = path
         self.version = version
         self.description = description
@@ -84,7 +86,7 @@ class WorkerMembership:
             return
 
     def _start(self, timeout: float) -> None:
-        self.client = zk.connect(self.hosts, timeout=timeout)
+        self.client = zk.connect(self.hosts, timeout=timeout, credentials=self.credentials)
         self.watch = recipes.PropertiesWatch(self.client, self.path, self._settings_changed)
         self.watch.start()
         self.watch.wait(timeout)
@@ -152,10 +154,12 @@ class LBMembership:
 
     def __init__(self, lb, hosts: str, path: str, listen, status_address=None,
                  base_settings: Optional[Mapping[str, Any]] = None,
-                 instance: Optional[int] = None) -> None:
+                 instance: Optional[int] = None,
+                 credentials: Optional[Tuple[str, str]] = None) -> None:
         self.lb = lb
         self.instance = instance  # which of --processes N, each an LB of its own
         self.hosts = hosts
+        self.credentials = credentials
         self.path = path.rstrip("/") or "/"
         self.listen = listen
         self.status_address = status_address
@@ -171,7 +175,7 @@ class LBMembership:
 
     def start(self, timeout: float = 10.0) -> None:
         """Connect, follow settings and workers, register."""
-        self.client = zk.connect(self.hosts, timeout=timeout)
+        self.client = zk.connect(self.hosts, timeout=timeout, credentials=self.credentials)
         settings = recipes.PropertiesWatch(self.client, self.path, self._settings_changed)
         workers = recipes.ProvidersWatch(self.client, self._join("workers/providers"),
                                     self._providers_changed)

@@ -33,16 +33,17 @@ import json
 import logging
 import posixpath
 import sys
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Tuple
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
     BadVersionError, ConnectionClosedError, ConnectionLoss, NodeExistsError,
-    NoNodeError, NotEmptyError, OperationTimeoutError, RolledBackError,
+    NoAuthError, NoNodeError, NotEmptyError, OperationTimeoutError, RolledBackError,
     SessionExpiredError,
 )
 from kazoo.handlers.gevent import SequentialGeventHandler
 from kazoo.retry import KazooRetry, RetryFailedError
+from kazoo.security import make_digest_acl
 
 from zc_lb import tree
 from zc_lb.errors import ConfigurationError, ZooKeeperUnavailable
@@ -55,22 +56,50 @@ _DISCONNECTED = (ConnectionLoss, SessionExpiredError, ConnectionClosedError,
 _CONFLICTS = (BadVersionError, NodeExistsError, NoNodeError, NotEmptyError)
 
 
+def read_credentials(path: str) -> Tuple[str, str]:
+    """The site's ZooKeeper credentials from a file: one line,
+    ``USER:PASSWORD`` (ZooKeeper's digest scheme).  ConfigurationError,
+    saying what is wrong but never the password, for anything else."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [line.strip() for line in f.read().splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigurationError(f"cannot read the ZooKeeper credentials in {path}: {e}")
+    user, sep, password = lines[0].partition(":") if len(lines) == 1 else ("", "", "")
+    if not (sep and user and password):
+        raise ConfigurationError(
+            f"{path} must hold one line, USER:PASSWORD (the ZooKeeper credentials)")
+    return user, password
+
+
 def connect(hosts: str, timeout: float = 10.0, session_timeout: float = 10.0,
-            max_reconnect_delay: float = 2.0) -> KazooClient:
+            max_reconnect_delay: float = 2.0,
+            credentials: Optional[Tuple[str, str]] = None) -> KazooClient:
     """A started KazooClient on the gevent handler.
 
     ``hosts`` is kazoo's ``host:port,host:port[/chroot]``.  Reconnection
     retries forever, at most ``max_reconnect_delay`` apart (kazoo's default
     backs off to an hour); a command's retries give up after ``timeout``.
     Raises ZooKeeperUnavailable when no server answers within ``timeout``.
+
+    With ``credentials`` (user, password) the client authenticates
+    (ZooKeeper's digest scheme), and every node it creates gets an ACL
+    that gives those credentials all rights and nobody else any: only
+    the site's processes and operators then read or change its settings
+    and registrations.
     """
     handler = SequentialGeventHandler()
     retry = dict(max_tries=-1, delay=0.1, backoff=2, max_jitter=0.2,
                  max_delay=max_reconnect_delay, sleep_func=handler.sleep_func)
+    auth: dict[str, Any] = {}
+    if credentials is not None:
+        user, password = credentials
+        auth = dict(auth_data=[("digest", f"{user}:{password}")],
+                    default_acl=[make_digest_acl(user, password, all=True)])
     client = KazooClient(
         hosts=hosts, handler=handler, timeout=session_timeout,
         connection_retry=KazooRetry(**retry),
-        command_retry=KazooRetry(deadline=timeout, **retry))
+        command_retry=KazooRetry(deadline=timeout, **retry), **auth)
     try:
         client.start(timeout=timeout)
     except handler.timeout_exception:
@@ -355,9 +384,16 @@ def run_zk_command(args: argparse.Namespace, out: Any = None) -> int:
     elif args.zk_command == "set":  # so does a bad setting
         for assignment in args.assignments:
             check(normalize(args.path), *tree.parse_assignment(assignment))
-    client = connect(args.zookeeper, timeout=args.timeout)
+    credentials = (read_credentials(args.zookeeper_auth_file)
+                   if getattr(args, "zookeeper_auth_file", None) else None)
+    client = connect(args.zookeeper, timeout=args.timeout, credentials=credentials)
     try:
         _run_command(client, args, text, out)
+    except NoAuthError:
+        raise ConfigurationError(
+            "ZooKeeper refused: the nodes' ACL lets only the site's credentials read or "
+            "change them (%s)" % ("these are not they" if credentials
+                                  else "give them with --zookeeper-auth-file"))
     except (RetryFailedError, *_DISCONNECTED) as e:
         raise ZooKeeperUnavailable(f"lost ZooKeeper at {args.zookeeper}: {e!r}")
     finally:
