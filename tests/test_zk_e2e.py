@@ -347,3 +347,68 @@ def test_a_site_with_credentials_runs_and_nobody_else_can_register_or_change_it(
         for client in (owner, anonymous):
             client.stop()
             client.close()
+
+
+def test_the_zookeeper_leader_killed_under_load_fails_no_request(tmp_path):
+    # A 3-server ensemble on loopback, an LB and two workers on it, a
+    # client sending requests; the leader is killed: no request fails,
+    # a new leader is elected, and a setting changed after applies.
+    import threading
+
+    from zkserver import Ensemble
+
+    from zc_lb import zk
+
+    ensemble = Ensemble(str(tmp_path / "ensemble"))
+    started, results, stop = [], [], threading.Event()
+    client = None
+    try:
+        ensemble.start()
+        client = zk.connect(ensemble.hosts)
+        zk.import_tree(client, TREE)
+        for _ in range(2):
+            started.append(WorkerProcess("apps:app", "--zookeeper", ensemble.hosts, "--path",
+                                         "/lb/workers", env=ENV).start())
+        lb = LBProcess([], "--zookeeper", ensemble.hosts, "--path", "/lb",
+                       "--status", "127.0.0.1:0").start()
+        started.append(lb)
+        lb.status_address = lb.said("zc-lb status on ")
+        wait_for(lambda: len(in_pool(lb)) == 2, timeout=30, message="both workers in the pool")
+
+        def load():  # bounded in time and in count
+            deadline = time.monotonic() + 40
+            while not stop.is_set() and time.monotonic() < deadline and len(results) < 20000:
+                try:
+                    results.append(http_get(lb.address, "/", host="c%d.example" % (
+                        len(results) % 5), timeout=10)[0])
+                except OSError as exc:
+                    results.append(repr(exc))
+
+        clients = [threading.Thread(target=load) for _ in range(2)]
+        for thread in clients:
+            thread.start()
+        wait_for(lambda: len(results) > 100, message="requests flowing")
+        leader = ensemble.leader()
+        leader.process.kill()  # (SIGKILL: no goodbye)
+        leader.process.wait()
+        leader.process = None
+        ensemble.wait_for_quorum(2)
+        assert ensemble.leader() is not leader
+        count = len(results)
+        wait_for(lambda: len(results) > count + 100, message="requests after the election")
+        zk.set_properties(client, "/lb", ["variance=7"])
+        wait_for(lambda: status(lb)["pool"]["variance"] == 7, timeout=30,
+                 message="the setting changed after the election applied")
+        stop.set()
+        for thread in clients:
+            thread.join(30)
+        assert len(results) > 200 and set(results) == {200}, [
+            r for r in results if r != 200][:5]
+    finally:
+        stop.set()
+        for process in reversed(started):
+            process.kill()
+        if client is not None:
+            client.stop()
+            client.close()
+        ensemble.stop()

@@ -159,3 +159,106 @@ class ZooKeeperServer:
             if time.monotonic() > deadline:
                 raise ZooKeeperServerError(f"{self.address} still answers")
             time.sleep(0.05)
+
+
+QUORUM_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+
+ENSEMBLE_CONFIG = """\
+tickTime={tick_ms}
+initLimit=20
+syncLimit=10
+dataDir={data_dir}
+clientPort={port}
+clientPortAddress={host}
+maxClientCnxns=0
+admin.enableServer=false
+4lw.commands.whitelist=srvr,ruok,stat,mntr,cons,dump
+{servers}
+"""
+
+
+class EnsembleMember(ZooKeeperServer):
+    """One server of an ``Ensemble``: QuorumPeerMain, its myid, the
+    ensemble's server lines."""
+
+    def __init__(self, directory, myid, servers, **kw):
+        super().__init__(directory, **kw)
+        self.myid = myid
+        self.servers = servers  # the config's server.N lines, filled in by Ensemble
+
+    def command(self):
+        command = super().command()
+        command[command.index(MAIN)] = QUORUM_MAIN
+        return command
+
+    @property
+    def mode(self):
+        """'leader', 'follower', or '' (not serving: electing, or down)."""
+        for line in four_letter_word(self.host, self.port, "srvr").splitlines():
+            if line.startswith("Mode: "):
+                return line[len("Mode: "):].strip()
+        return ""
+
+    def start(self, timeout=60.0):
+        if self.running:
+            return
+        os.makedirs(self.data_dir, exist_ok=True)
+        with open(os.path.join(self.data_dir, "myid"), "w") as f:
+            f.write("%d\n" % self.myid)
+        with open(self.config_path, "w") as f:
+            f.write(ENSEMBLE_CONFIG.format(tick_ms=self.tick_ms, data_dir=self.data_dir,
+                                           port=self.port, host=self.host,
+                                           servers="\n".join(self.servers)))
+        command = self.command()
+        try:
+            self.process = subprocess.Popen(
+                command, cwd=self.directory, stdin=subprocess.DEVNULL,
+                stdout=open(self.log_path + ".out", "ab"),
+                stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as e:
+            raise ZooKeeperServerError(f"cannot run {command[0]}: {e}")
+
+
+class Ensemble:
+    """``size`` ZooKeeper servers on loopback ports, one quorum: what a
+    site runs, so that one server may die."""
+
+    def __init__(self, directory, size=3, host="127.0.0.1"):
+        lines = []
+        self.members = []
+        for myid in range(1, size + 1):
+            peer, election = free_port(host), free_port(host)
+            member = EnsembleMember(os.path.join(directory, "zk%d" % myid), myid, lines,
+                                    host=host)
+            lines.append("server.%d=%s:%d:%d" % (myid, host, peer, election))
+            self.members.append(member)
+
+    @property
+    def hosts(self):
+        """The client's hosts string: every member."""
+        return ",".join(member.address for member in self.members)
+
+    def start(self, timeout=60.0):
+        """Start every member; return once one leads and the rest follow."""
+        for member in self.members:
+            member.start()
+        self.wait_for_quorum(len(self.members), timeout)
+
+    def wait_for_quorum(self, serving, timeout=60.0):
+        """Wait until ``serving`` members serve, one of them the leader."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            modes = [member.mode for member in self.members if member.running]
+            if modes.count("leader") == 1 and modes.count("follower") == serving - 1:
+                return
+            time.sleep(0.1)
+        raise ZooKeeperServerError("no quorum of %d within %gs: %s\n%s" % (
+            serving, timeout, [m.mode for m in self.members],
+            "\n".join(m.log_tail(10) for m in self.members)))
+
+    def leader(self):
+        return next(member for member in self.members if member.mode == "leader")
+
+    def stop(self):
+        for member in self.members:
+            member.stop()
