@@ -732,6 +732,42 @@ def test_a_failing_worker_is_ejected_and_healthy_ones_serve(cluster):
         broken.kill()
 
 
+def test_five_500s_from_one_route_eject_no_worker(cluster):
+    # A route that raises on every worker (the application's bug) used to
+    # eject the healthy worker the affinity policy sent it to, for 30 s.
+    lb, workers = cluster(2, lb_args=("--eject-after", "3"))
+    codes = [request(lb, "/error")[0] for _ in range(8)]
+    assert codes == [500] * 8
+    doc = status(lb)
+    assert doc["ejections"] == 0
+    assert all(w["in_pool"] and not w["ejected"] for w in doc["workers"].values())
+    assert request(lb, "/")[0] == 200
+
+
+def test_an_operator_readmits_an_ejected_worker(cluster):
+    lb, workers = cluster(2, lb_args=("--eject-after", "3", "--eject-time", "60"))
+    broken = WorkerProcess(APP, env=dict(ENV, ZC_LB_TEST_FAIL="1")).start()
+    lb2 = LBProcess([w.address for w in workers] + [broken.address], "--eject-after", "3",
+                    "--eject-time", "60", "--status", "127.0.0.1:0").start()
+    try:
+        lb2.status_address = lb2.said("zc-lb status on ")
+        wait_for(lambda: connected(lb2) == 3, message="LB connected to workers")
+        for i in range(40):
+            request(lb2, "/", host="h%d.example" % (i % 4))
+        info = status(lb2)["workers"][broken.address]
+        assert info["ejected"] and info["ejected_for"] > 30
+        assert "failed requests in a row" in info["ejected_because"]
+        done = zc_lb("enable", lb2.status_address, broken.address)
+        assert done.returncode == 0, done.stderr
+        info = status(lb2)["workers"][broken.address]
+        assert not info["ejected"] and info["in_pool"]
+        refused = zc_lb("enable", lb2.status_address, workers[0].address)
+        assert refused.returncode == 2 and "neither drained nor ejected" in refused.stderr
+    finally:
+        lb2.kill()
+        broken.kill()
+
+
 def test_a_planned_worker_drain_is_no_warning(tmp_path):
     # A worker's SIGTERM used to be logged as "WARNING lost worker".
     worker = WorkerProcess(APP, env=ENV).start()

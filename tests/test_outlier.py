@@ -39,3 +39,42 @@ def test_at_most_a_share_of_workers_is_ejected():
     assert status["ejected"] and status["ejected_for"] == 25.0
     assert ejector.status("z", 0) == {"ejected": False, "consecutive_failures": 0,
                                       "ejections": 0}
+
+
+def test_a_route_that_raises_everywhere_ejects_no_worker():
+    # Five 500s from one route (Flask's view raising): the application's
+    # error, on one path, which no other worker answers well.
+    ejector = Ejector(consecutive=3)
+    for _ in range(5):
+        assert not ejector.failure("w1", 0.0, 2, "/broken")
+    assert not ejector.ejected("w1")
+    ejector.succeeded_on("/elsewhere", "w2")  # (a path that never failed: nothing noted)
+    assert "/elsewhere" not in ejector.watched
+
+
+def test_answered_failures_on_several_paths_eject_and_say_why():
+    ejector = Ejector(consecutive=3)
+    assert not ejector.failure("w1", 0.0, 4, "/a")
+    assert not ejector.failure("w1", 0.0, 4, "/a")
+    assert not ejector.failure("w1", 0.0, 4, "/b")  # three in a row, but two paths
+    assert ejector.failure("w1", 0.0, 4, "/c")
+    assert ejector.status("w1", 0.0)["ejected_because"] == (
+        "4 failed requests in a row, answered 5xx on 3 paths or more")
+
+
+def test_a_worker_failing_a_path_its_peers_answer_well_is_ejected():
+    ejector = Ejector(consecutive=3)
+    assert not ejector.failure("w1", 0.0, 2, "/")  # (the path is watched from here)
+    ejector.succeeded_on("/", "w2")  # a peer answers it well
+    assert not ejector.failure("w1", 0.0, 2, "/")
+    assert ejector.failure("w1", 0.0, 2, "/")
+    assert "not all of them answered" in ejector.status("w1", 0.0)["ejected_because"]
+
+
+def test_an_operator_readmits_an_ejected_worker_at_once_in_good_standing():
+    ejector = Ejector(consecutive=1)
+    assert ejector.failure("w1", 0.0, 4)  # (its connection failed)
+    assert ejector.readmit_now("w1") and not ejector.ejected("w1")
+    assert not ejector.status("w1", 1.0)["probation"]
+    assert not ejector.readmit_now("w1")  # (not ejected now)
+    assert not ejector.readmit_now("nobody")

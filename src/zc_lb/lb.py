@@ -523,29 +523,35 @@ class LB(LinkEvents):
         log.warning("worker %s drained by an operator: nothing new goes to it", address)
 
     def enable_worker(self, address: str) -> None:
-        """Undo ``drain_worker``."""
+        """Undo ``drain_worker``, or readmit an ejected worker at once (the
+        operator's word that it is healthy)."""
         link = self.links.get(address)
-        if link is None or address not in self.drained:
-            raise ConfigurationError("worker %s is not drained (drained: %s)"
-                                     % (address, ", ".join(sorted(self.drained)) or "none"))
+        readmitted = link is not None and self.ejector.readmit_now(address)
+        if link is None or not (readmitted or address in self.drained):
+            raise ConfigurationError(
+                "worker %s is neither drained nor ejected (drained: %s; ejected: %s)" % (
+                    address, ", ".join(sorted(self.drained)) or "none",
+                    ", ".join(sorted(str(a) for a in self.ejector.records
+                                     if self.ejector.ejected(a))) or "none"))
         self.drained.discard(address)
         if link.connection is not None and not link.connection.closed:
             self._admit(link.connection, link.resume)
-        log.warning("worker %s enabled by an operator", address)
+        log.warning("worker %s %s by an operator", address,
+                    "readmitted" if readmitted else "enabled")
 
-    def _outcome(self, connection: Connection, ok: bool) -> None:
-        """Count a request's outcome on its worker; eject a failing one."""
+    def _outcome(self, connection: Connection, ok: bool, path: Optional[str] = None) -> None:
+        """Count a request's outcome on its worker; eject a failing one.
+        ``path``: the request's, when the worker answered 5xx (outlier.py)."""
         address = connection.peer
         if ok:
             self.ejector.success(address)
             return
         self.worker_failures += 1
-        if self.ejector.failure(address, time.monotonic(), len(self.links)):
+        if self.ejector.failure(address, time.monotonic(), len(self.links), path):
             self.pool.remove(connection)
             record = self.ejector.records[address]
-            log.warning("ejected worker %s for %gs: %d failed requests in a row "
-                        "(ejection %d)", address, record.until - time.monotonic(),
-                        self.ejector.consecutive, record.ejections)
+            log.warning("ejected worker %s for %gs: %s (ejection %d)", address,
+                        record.until - time.monotonic(), record.reason, record.ejections)
 
     def worker_resume(self, connection: Connection, skills: Dict[str, float]) -> None:
         """A worker's new résumé: a large one is taken in steps, the rest
@@ -831,9 +837,12 @@ class LB(LinkEvents):
         """Start the client's response; the body length to hold the worker to."""
         code = response.status[:3]
         if code[0] != "5":
-            self.ejector.success(connection.peer)  # (``_outcome``, without its call)
+            ejector = self.ejector
+            ejector.success(connection.peer)  # (``_outcome``, without its call)
+            if ejector.watched:  # (paths failed lately: is this one among them?)
+                ejector.succeeded_on(_request_path(environ), connection.peer)
         else:
-            self._outcome(connection, ok=False)
+            self._outcome(connection, False, _request_path(environ))
         counts, what = self.worker_counts[connection.peer], code[0] + "xx"
         counts[what] = counts.get(what, 0) + 1
         bodiless = code in BODILESS_STATUS or environ["REQUEST_METHOD"] == "HEAD"
@@ -1007,6 +1016,17 @@ class LB(LinkEvents):
 _DOWN = {"connected": False, "in_pool": False, "drained": False, "standby": False,
          "backlog": 0, "siblings_backlog": 0, "mean_backlog": 0.0, "skills": {},
          "version": None, "streams": 0, "last_error": None}
+
+
+def _request_path(environ: dict) -> str:
+    """The request's path, without its query (a relayed request's environ
+    has no PATH_INFO until completed: its head has the target)."""
+    path = environ.get("PATH_INFO")
+    if path is None:
+        relay = environ.get("zc_lb.relay")
+        target = relay.head.path if relay is not None else "/"
+        path = target.partition("?")[0]
+    return path or "/"
 
 
 def _let_others_run() -> None:

@@ -15,17 +15,34 @@ its next ejection again.  At most ``max_share`` of the workers are ejected
 at once, so a bad deploy that fails everywhere degrades to errors instead
 of to no workers at all.
 
+A failure the application answered (a 5xx response, with the request's
+path) says less about the worker than one it could not answer: every
+worker runs the same application, and a route that raises raises
+everywhere.  And the affinity policy sends a path where it went before,
+so a broken route's errors all land on one worker, which comparing
+failure rates across workers would then take for the sick one.  So an
+answered failure counts against the worker when another worker answered
+the same path well since the path first failed (the peers do not fail
+there: ``watched`` paths, and ``succeeded_on``), and otherwise a run of
+them ejects only if its requests were for ``MIN_PATHS`` different paths:
+a worker whose database connection broke fails whatever it is asked, a
+broken route fails one path, everywhere.  A failure of the worker itself
+(its connection, a timeout, a health check) counts as before.  Why a worker was ejected is kept
+(``reason``), for the status, and an operator may readmit it at once
+(``readmit_now``).
+
 Pure: no clock of its own (``now`` comes in), no I/O; keys are whatever
 identifies a worker to the caller (its address).
 
-Weak spots: a worker that fails only some requests (one broken page)
-fails consecutively only if that page dominates; Envoy's success-rate
-ejection, which compares workers with each other, is not done here.
+Weak spots: a route that fails on one worker only (a file missing
+there) is not ejected for; neither is an application that fails on
+fewer than ``MIN_PATHS`` paths, all its requests, everywhere.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Final, Hashable, List
+from collections import OrderedDict
+from typing import Dict, Final, Hashable, List, Optional, Set
 
 from .settings import LB_SETTINGS
 
@@ -33,10 +50,13 @@ DEFAULT_CONSECUTIVE: Final = LB_SETTINGS["eject_after"].default
 DEFAULT_BASE_TIME: Final = LB_SETTINGS["eject_time"].default
 DEFAULT_MAX_TIME: Final = 10 * DEFAULT_BASE_TIME  # as the command line sets it
 DEFAULT_MAX_SHARE: Final = LB_SETTINGS["max_ejected"].default
+MIN_PATHS: Final = 3  # paths a run of the application's own errors must span to eject
+MAX_WATCHED: Final = 1024  # paths that failed lately, watched for a peer's success
 
 
 class _Record:
-    __slots__ = ("failures", "ejections", "until", "probation", "healthy")
+    __slots__ = ("failures", "ejections", "until", "probation", "healthy", "paths",
+                 "answered", "reason")
 
     def __init__(self) -> None:
         self.failures = 0  # in a row
@@ -44,6 +64,9 @@ class _Record:
         self.until = 0.0  # ejected until then (0: not ejected)
         self.probation = False  # readmitted, not yet proven
         self.healthy = 0  # successes in a row
+        self.paths: Set[str] = set()  # of the run's answered failures (MIN_PATHS at most)
+        self.answered = True  # every failure of the run was the application's answer
+        self.reason = ""  # why it was last ejected
 
 
 class Ejector:
@@ -58,6 +81,9 @@ class Ejector:
         self.max_share = max_share
         self.records: Dict[Hashable, _Record] = {}
         self.total_ejections = 0
+        # Paths that failed lately -> the worker that last answered one well
+        # since (None: none has), oldest first.
+        self.watched: "OrderedDict[str, Optional[Hashable]]" = OrderedDict()
 
     def _record(self, key: Hashable) -> _Record:
         record = self.records.get(key)
@@ -69,27 +95,73 @@ class Ejector:
         """A request on ``key`` succeeded."""
         record = self._record(key)
         record.failures = 0
+        record.paths.clear()
+        record.answered = True
         record.probation = False
         record.healthy += 1
         if record.healthy >= 4 * self.consecutive and record.ejections:
             record.ejections -= 1
             record.healthy = 0
 
-    def failure(self, key: Hashable, now: float, workers: int) -> bool:
+    def failure(self, key: Hashable, now: float, workers: int,
+                path: Optional[str] = None) -> bool:
         """A request on ``key`` failed; whether that ejects it now.
-        ``workers`` is how many there are, for the share cap."""
+        ``workers`` is how many there are, for the share cap; ``path``,
+        the request's, when the application answered it with a 5xx
+        (None: the worker did not answer)."""
         record = self._record(key)
         record.failures += 1
         record.healthy = 0
+        if path is not None:
+            watched = self.watched
+            fine = watched.get(path)
+            if fine is not None and fine != key:
+                path = None  # a peer answers this path well: the worker's failure
+            elif path not in watched:
+                watched[path] = None
+                if len(watched) > MAX_WATCHED:
+                    watched.popitem(last=False)
+        if path is None:
+            record.answered = False
+        elif len(record.paths) < MIN_PATHS:
+            record.paths.add(path)
         if record.until or (record.failures < self.consecutive and not record.probation):
             return False
+        if record.answered and len(record.paths) < MIN_PATHS:
+            return False  # (the application's errors, on too few paths to blame the worker)
         if self.ejected_count() + 1 > self.max_share * workers:
             return False
         record.ejections += 1
         record.until = now + min(self.base_time * 2 ** (record.ejections - 1), self.max_time)
+        record.reason = ("%d failed requests in a row%s" % (
+            record.failures, ", answered 5xx on %d paths or more" % MIN_PATHS
+            if record.answered else ", not all of them answered"))
+        if record.probation:
+            record.reason += ", on probation"
         record.failures = 0
+        record.paths.clear()
+        record.answered = True
         record.probation = False
         self.total_ejections += 1
+        return True
+
+    def succeeded_on(self, path: str, key: Hashable) -> None:
+        """``key`` answered a request for ``path`` well (worth saying only
+        while ``watched`` has paths)."""
+        if path in self.watched:
+            self.watched[path] = key
+
+    def readmit_now(self, key: Hashable) -> bool:
+        """An operator's word: ``key`` is healthy, back at once and in
+        good standing; whether it was ejected."""
+        record = self.records.get(key)
+        if record is None or not record.until:
+            return False
+        record.until = 0.0
+        record.probation = False
+        record.failures = 0
+        record.paths.clear()
+        record.answered = True
         return True
 
     def readmit(self, now: float) -> List[Hashable]:
@@ -121,4 +193,4 @@ class Ejector:
         return {"ejected": bool(record.until),
                 "ejected_for": round(max(record.until - now, 0.0), 1),
                 "consecutive_failures": record.failures, "ejections": record.ejections,
-                "probation": record.probation}
+                "probation": record.probation, "ejected_because": record.reason}
