@@ -99,7 +99,7 @@ BODY = b"Hello, world\n"
 ROOT = Path(__file__).resolve().parents[1]  # the checkout
 HAPROXY_TEMPLATE = ROOT / "etc" / "haproxy-bench.cfg"
 SERVE_READY = "zc-lb bench server listening on "
-TARGETS = ("zc-lb", "haproxy", "direct", "lb-1p", "lb-2p", "floor", "zc-lb-cpu",
+TARGETS = ("zc-lb", "zc-lb-tls", "haproxy", "direct", "lb-1p", "lb-2p", "floor", "zc-lb-cpu",
            "haproxy-cpu", "bodies", "idle", "slow")
 BODIES = "bodies"  # the large-body measure's name in --targets (not a wrk target)
 IDLE = "idle"  # and the idle clients' memory measure's
@@ -296,6 +296,42 @@ def zc_lb_target(args: argparse.Namespace) -> Iterator[Target]:
         yield "http://%s/" % address, [lb.pid], [p.pid for p in workers]
 
 
+@contextlib.contextmanager
+def zc_lb_tls_target(args: argparse.Namespace) -> Iterator[Target]:
+    """``zc-lb``, its LB and workers verifying each other over TLS (tls.py):
+    a CA and the two certificates made for the run with openssl."""
+    with tempfile.TemporaryDirectory(prefix="zc-lb-bench-pki-") as directory:
+        pki = make_pki(directory)
+        worker_tls = ["--tls-cert", pki["worker"] + ".pem", "--tls-key", pki["worker"] + ".key",
+                      "--tls-ca", pki["ca"]]
+        lb_tls = ("--worker-tls-cert", pki["lb"] + ".pem", "--worker-tls-key", pki["lb"] + ".key",
+                  "--worker-tls-ca", pki["ca"])
+        with zc_lb_cluster(args, ["benchmarks.bench:hello_app", "--greenlets"] + worker_tls,
+                           lb_args=lb_tls) as (address, lb, workers):
+            yield "http://%s/" % address, [lb.pid], [p.pid for p in workers]
+
+
+def make_pki(directory: str) -> Dict[str, str]:
+    """A CA, and a worker's and an LB's certificates of it for 127.0.0.1
+    (openssl, EC P-256): {"ca": its file, "worker"/"lb": path less .pem/.key}."""
+    def openssl(*argv: str) -> None:
+        subprocess.run(["openssl", *argv], cwd=directory, check=True, capture_output=True,
+                       timeout=60)
+
+    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", *curve, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+            "-subj", "/CN=bench-ca")
+    with open(os.path.join(directory, "san.ext"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1\n")
+    for name in ("worker", "lb"):
+        openssl("req", *curve, "-keyout", name + ".key", "-out", name + ".csr",
+                "-subj", "/CN=" + name)
+        openssl("x509", "-req", "-in", name + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-out", name + ".pem", "-days", "2", "-extfile", "san.ext")
+    return {"ca": os.path.join(directory, "ca.pem"), "worker": os.path.join(directory, "worker"),
+            "lb": os.path.join(directory, "lb")}
+
+
 def children(pid: int) -> List[int]:
     """The child processes of ``pid`` (Linux /proc)."""
     with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
@@ -392,7 +428,8 @@ def floor_target(args: argparse.Namespace) -> Iterator[Target]:
         yield "http://%s/" % address, [proxy.pid], [p.pid for p, _ in workers]
 
 
-TARGET_FACTORIES = {"zc-lb": zc_lb_target, "haproxy": haproxy_target, "direct": direct_target,
+TARGET_FACTORIES = {"zc-lb": zc_lb_target, "zc-lb-tls": zc_lb_tls_target,
+                    "haproxy": haproxy_target, "direct": direct_target,
                     "lb-1p": lb_processes_target(1), "lb-2p": lb_processes_target(2),
                     "floor": floor_target, "zc-lb-cpu": zc_lb_cpu_target,
                     "haproxy-cpu": haproxy_cpu_target}
@@ -593,21 +630,31 @@ def measure_bodies(args: argparse.Namespace) -> Dict[str, object]:
             args, ["benchmarks.bench:bodies_app", "--greenlets"], 1))[0],
             stack.enter_context(running([sys.executable, "-m", "benchmarks.bench", "hop",
                                          "127.0.0.1:0", direct_address], floor.READY))[1]]
+        # (the same through an LB and worker that verify each other over TLS)
+        pki = make_pki(stack.enter_context(tempfile.TemporaryDirectory(prefix="zc-lb-pki-")))
+        addresses.append(stack.enter_context(zc_lb_cluster(
+            args, ["benchmarks.bench:bodies_app", "--greenlets", "--tls-cert",
+                   pki["worker"] + ".pem", "--tls-key", pki["worker"] + ".key",
+                   "--tls-ca", pki["ca"]], 1,
+            ("--worker-tls-cert", pki["lb"] + ".pem", "--worker-tls-key", pki["lb"] + ".key",
+             "--worker-tls-ca", pki["ca"])))[0])
         if haproxy is not None:
             addresses.append(stack.enter_context(haproxy_in_front(
                 args, haproxy, direct_address)))
         times = time_bodies(addresses, size, transfers)
-    direct, zc_lb, hop = times[:3]
+    direct, zc_lb, hop, tls = times[:4]
     result: Dict[str, object] = {"mb": args.body_mb, "transfers": transfers}
     for way in ("download", "upload"):
         numbers = result[way] = {"direct_mb_s": transfers * size / MB / direct[way],
                                  "zc_lb_mb_s": transfers * size / MB / zc_lb[way],
                                  "ratio": zc_lb[way] / direct[way],
                                  "hop_mb_s": transfers * size / MB / hop[way],
-                                 "hop_ratio": hop[way] / direct[way]}
+                                 "hop_ratio": hop[way] / direct[way],
+                                 "tls_mb_s": transfers * size / MB / tls[way],
+                                 "tls_ratio": tls[way] / direct[way]}
         if haproxy is not None:
-            numbers["haproxy_mb_s"] = transfers * size / MB / times[3][way]
-            numbers["haproxy_ratio"] = times[3][way] / direct[way]
+            numbers["haproxy_mb_s"] = transfers * size / MB / times[4][way]
+            numbers["haproxy_ratio"] = times[4][way] / direct[way]
     result["goal_ratio"] = GOAL_BODIES
     result["met"] = all(result[way]["ratio"] <= GOAL_BODIES  # type: ignore[index]
                         for way in ("download", "upload"))
@@ -623,6 +670,9 @@ def bodies_line(result: Dict[str, object]) -> str:
             way, numbers["direct_mb_s"], numbers["zc_lb_mb_s"], numbers["ratio"]))
         others = ["a bare TCP hop %.0f MB/s, %.1fx" % (numbers["hop_mb_s"],
                                                        numbers["hop_ratio"])]
+        if "tls_mb_s" in numbers:
+            others.append("zc-lb with TLS to the worker %.0f MB/s, %.1fx" % (
+                numbers["tls_mb_s"], numbers["tls_ratio"]))
         if "haproxy_mb_s" in numbers:
             others.append("HAProxy %.0f MB/s, %.1fx" % (numbers["haproxy_mb_s"],
                                                         numbers["haproxy_ratio"]))
@@ -785,8 +835,10 @@ def ratios(results: List[Dict[str, object]]) -> Dict[str, Optional[float]]:
     scaling = (rps["lb-2p"] / rps["lb-1p"]) if rps.get("lb-1p") and "lb-2p" in rps else None
     realistic = (rps["zc-lb-cpu"] / rps["haproxy-cpu"]
                  if rps.get("haproxy-cpu") and "zc-lb-cpu" in rps else None)
+    tls = rps["zc-lb-tls"] / rps["zc-lb"] if rps.get("zc-lb") and "zc-lb-tls" in rps else None
     return {"zc-lb / HAProxy": ratio("haproxy"), "zc-lb / direct": ratio("direct"),
-            "lb-2p / lb-1p": scaling, "zc-lb-cpu / haproxy-cpu": realistic}
+            "lb-2p / lb-1p": scaling, "zc-lb-cpu / haproxy-cpu": realistic,
+            "zc-lb-tls / zc-lb": tls}
 
 
 def _cell(value: object, fmt: str) -> str:

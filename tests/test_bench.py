@@ -225,9 +225,11 @@ def test_bench_bodies_tiny_run_prints_its_line():
     number = r"([\d.]+)"
     line = re.search(
         r"^bodies \(1 MB, 1 each\): download direct {0} MB/s, zc-lb {0} MB/s, {0}x its time"
-        r" \(a bare TCP hop {0} MB/s, {0}x; HAProxy {0} MB/s, {0}x\); "
+        r" \(a bare TCP hop {0} MB/s, {0}x; zc-lb with TLS to the worker {0} MB/s, {0}x; "
+        r"HAProxy {0} MB/s, {0}x\); "
         r"upload direct {0} MB/s, zc-lb {0} MB/s, {0}x its time"
-        r" \(a bare TCP hop {0} MB/s, {0}x; HAProxy {0} MB/s, {0}x\); "
+        r" \(a bare TCP hop {0} MB/s, {0}x; zc-lb with TLS to the worker {0} MB/s, {0}x; "
+        r"HAProxy {0} MB/s, {0}x\); "
         r"goal <= 2\.0x: (?:NOT )?met$"
         .format(number), done.stdout, re.M)
     assert line, done.stdout

@@ -124,8 +124,9 @@ def _sighup(args: argparse.Namespace, apply, live_extra=frozenset()):
 # -- worker -------------------------------------------------------------
 
 
-def _check_exposure(listen, secret: Optional[bytes], insecure: bool) -> None:
-    """Refuse a worker reachable from other hosts that anyone could use."""
+def _check_exposure(listen, secret: Optional[bytes], insecure: bool, tls=None) -> None:
+    """Refuse a worker reachable from other hosts that anyone could use
+    (mutual TLS, like the secret, lets in only the site's LBs)."""
     import ipaddress
 
     host = listen[0]
@@ -133,11 +134,12 @@ def _check_exposure(listen, secret: Optional[bytes], insecure: bool) -> None:
         loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:  # a host name: assume others can reach it
         loopback = False
-    if not (loopback or secret or insecure):
+    if not (loopback or secret or insecure or tls is not None):
         raise ConfigurationError(
             "a worker listening on %s without --secret-file lets anyone who reaches it "
             "send requests (with any REMOTE_ADDR) and read its résumé; give "
-            "--secret-file, or --insecure if that is what you want" % (host or "*"))
+            "--secret-file (or --tls-cert), or --insecure if that is what you want"
+            % (host or "*"))
 
 
 def run_worker(args: argparse.Namespace) -> int:
@@ -172,15 +174,18 @@ def build_worker(args: argparse.Namespace) -> WorkerService:
                                  "is the bound")
     if args.threads_fixed and not args.threads:
         raise ConfigurationError("--threads-fixed is for thread mode, not --greenlets")
+    from .tls import worker_context
+
     listen = parse_address(args.listen)
     secret = read_secret(args.secret_file)
-    _check_exposure(listen, secret, args.insecure)
+    tls = worker_context(args.tls_cert, args.tls_key, args.tls_ca)
+    _check_exposure(listen, secret, args.insecure, tls)
     worker = Worker(load_app(args.app), listen=listen, history=args.history,
                     max_skill_age=args.max_skill_age, max_classes=args.max_classes,
                     resume_interval=args.resume_interval, resume_file=args.resume_file,
                     threads=args.threads, threads_fixed=args.threads_fixed,
                     concurrency=args.concurrency, secret=secret,
-                    version=args.version)
+                    version=args.version, tls=tls)
     status = None
     if args.status:
         from .http import FrontServer
@@ -219,6 +224,13 @@ def build_lb(args: argparse.Namespace):
     from .sockets import parse_address
 
     lb = _make_lb(args)
+    from .tls import lb_context
+
+    workers_tls = lb_context(args.worker_tls_cert, args.worker_tls_key, args.worker_tls_ca)
+    if workers_tls is not None:  # (every link, from its first connection)
+        import dataclasses
+
+        lb.link_config = dataclasses.replace(lb.link_config, tls=workers_tls)
     if args.siblings_fd is not None:  # one of --processes N: they route as one
         from .siblings import Siblings
 
@@ -596,6 +608,11 @@ def _add_worker_parser(sub) -> None:
     p.add_argument("--status", metavar="HOST:PORT",
                    help="serve the worker's status (JSON) and Prometheus /metrics")
     p.add_argument("--secret-file", help="shared secret for LB authentication")
+    p.add_argument("--tls-cert", metavar="FILE",
+                   help="serve LBs over TLS with this certificate (naming the address "
+                   "they connect to); needs --tls-ca: LBs must show a certificate of it")
+    p.add_argument("--tls-key", metavar="FILE", help="its key (default: in --tls-cert)")
+    p.add_argument("--tls-ca", metavar="FILE", help="the CA of the LBs' certificates")
     p.add_argument("--insecure", action="store_true",
                    help="listen on a non-loopback address without --secret-file")
     p.add_argument("--zookeeper", metavar="HOSTS", help="register in ZooKeeper (host:port,...)")
@@ -702,6 +719,12 @@ def _add_lb_operator_arguments(p) -> None:
     p.add_argument("--tls-ciphers", default=None, metavar="OPENSSL-CIPHERS",
                    help="TLS 1.2 cipher list (default: Mozilla's intermediate list)")
     p.add_argument("--secret-file", help="shared secret for worker authentication")
+    p.add_argument("--worker-tls-cert", metavar="FILE",
+                   help="connect to workers over TLS, showing this certificate; needs "
+                   "--worker-tls-ca: workers must show a certificate of it")
+    p.add_argument("--worker-tls-key", metavar="FILE",
+                   help="its key (default: in --worker-tls-cert)")
+    p.add_argument("--worker-tls-ca", metavar="FILE", help="the CA of the workers' certificates")
 
 
 def _add_status_parser(sub) -> None:

@@ -73,6 +73,13 @@ RECV_SIZE = 256 * 1024
 MAX_PINGS = 64
 
 
+def looks_like_tls(data: bytes) -> bool:
+    """Whether bytes a peer sent first are a TLS record (a handshake or an
+    alert, version 3.x), not a Hello frame (whose first bytes, request
+    number 0, are zeros)."""
+    return len(data) >= 2 and data[0] in (0x15, 0x16) and data[1] == 0x03
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # (the LB's links and the worker, interpreted)
 class Handler:
     """What a connection tells its owner; subclass and override."""
@@ -359,7 +366,11 @@ class Connection:
         self._writer_busy = False  # the writer greenlet has bytes the socket did not take
         # The non-blocking socket under gevent's, for sending from the hub.
         self._vectored = False  # a body chunk is queued: send the pieces with sendmsg
-        raw = getattr(sock, "_sock", None)
+        # Over TLS (``tls.py``) every byte goes through the SSL object: no
+        # raw sends from the hub, no sendmsg, and decrypted bytes it holds
+        # (``pending``) are read before waiting on the socket.
+        self._pending: Optional[Callable[[], int]] = getattr(sock, "pending", None)
+        raw = None if self._pending is not None else getattr(sock, "_sock", None)
         self._raw_send = getattr(raw, "send", None)
         self._raw_sendmsg = getattr(raw, "sendmsg", None)
         self._flushed = gevent.event.Event()  # set while nothing is queued or being sent
@@ -385,6 +396,12 @@ class Connection:
                     data = self.sock.recv(HANDSHAKE_RECV)
                     if not data:
                         raise self._lost_error("%s closed during handshake" % self.peer)
+                    if self._pending is None and looks_like_tls(data):
+                        raise RemoteProtocolError(
+                            "%s speaks TLS and this side does not: %s" % (self.peer, (
+                                "give the LB --worker-tls-cert, --worker-tls-key and "
+                                "--worker-tls-ca" if self.role == "lb" else
+                                "give the worker --tls-cert, --tls-key and --tls-ca")))
                     proto.receive_data(data)
                 elif isinstance(event, protocol.Ready):
                     self.peer_hello = event.peer
@@ -511,10 +528,11 @@ class Connection:
                 wake.wait()
                 wake.clear()
                 self._flush_scheduled = False
+                sendmsg = None if self._pending is not None else getattr(sock, "sendmsg", None)
                 while self._outgoing:
                     pieces, self._outgoing = self._outgoing, []
                     while pieces:  # (gevent's: waits until the socket takes more)
-                        pieces = send_pieces(sock.send, getattr(sock, "sendmsg", None), pieces)
+                        pieces = send_pieces(sock.send, sendmsg, pieces)
                 self._writer_busy = False
                 self._flushed.set()
         except OSError as exc:
@@ -538,6 +556,7 @@ class Connection:
         # (a system call and a Python exception per batch) and then wait.
         hub = gevent.get_hub()
         readable = hub.loop.io(self.sock.fileno(), 1)
+        pending = self._pending
         try:
             self._dispatch_events()
             while not self.closed:
@@ -552,7 +571,7 @@ class Connection:
                     proto.receive_data(view[:n] if n else b"")
                 self._last_received = time.monotonic()
                 self._dispatch_events()
-                if 0 < n < size and not self.closed:
+                if 0 < n < size and not self.closed and not (pending and pending()):
                     hub.wait(readable)
                 elif n:  # (more waits: a turn for the rest of the loop first)
                     gevent.sleep(0)

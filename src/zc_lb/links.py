@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import gevent  # type: ignore[import-untyped]
 import gevent.socket  # type: ignore[import-untyped]
@@ -43,6 +43,7 @@ class LinkConfig:
     keepalive_interval: float = KEEPALIVE_INTERVAL
     keepalive_timeout: float = KEEPALIVE_TIMEOUT
     drain_timeout: float = LB_SETTINGS["drain_timeout"].default  # for a draining worker's requests
+    tls: Any = None  # the client SSLContext for workers (tls.lb_context), or None: cleartext
 
 
 class LinkEvents:
@@ -112,14 +113,22 @@ class WorkerLink(Handler):
             backoff = min(backoff * 2, BACKOFF_MAX)
 
     def _connect(self) -> Optional[Connection]:
+        config = self.config
         try:
-            sock = gevent.socket.create_connection(
-                parse_address(self.address), timeout=CONNECT_TIMEOUT)
-            sock.settimeout(None)
+            host, port = parse_address(self.address)
+            sock = gevent.socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
         except (OSError, ZcLbError) as exc:
             self._failed(str(exc))
             return None
-        config = self.config
+        if config.tls is not None:
+            try:  # (the handshake, within the connect timeout)
+                sock = config.tls.wrap_socket(sock, server_hostname=host.strip("[]"))
+            except OSError as exc:  # (ssl.SSLError too)
+                sock.close()
+                self._failed("TLS handshake: %s%s" % (exc, "" if "CERTIFICATE" in str(exc)
+                                                     else " (does the worker have --tls-cert?)"))
+                return None
+        sock.settimeout(None)
         connection = Connection(sock, "lb", self, peer=self.address, secret=config.secret,
                                 keepalive_interval=config.keepalive_interval,
                                 keepalive_timeout=config.keepalive_timeout,
@@ -128,7 +137,13 @@ class WorkerLink(Handler):
             connection.handshake()
         except (OSError, ZcLbError) as exc:
             connection.close("handshake failed")
-            self._failed("handshake: %s" % exc)
+            hint = ""
+            if config.tls is None and (isinstance(exc, ConnectionResetError)
+                                       or "closed during handshake" in str(exc)):
+                # (a worker that takes TLS only drops a cleartext Hello unread)
+                hint = (" (if the worker takes TLS only, give the LB --worker-tls-cert, "
+                        "--worker-tls-key and --worker-tls-ca)")
+            self._failed("handshake: %s%s" % (exc, hint))
             return None
         if self.stopped:
             connection.close("worker removed")

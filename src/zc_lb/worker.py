@@ -38,7 +38,7 @@ import greenlet  # type: ignore[import-untyped]
 from mypy_extensions import mypyc_attr
 
 from . import resume as resume_module
-from .connection import Connection, Exchange, Handler
+from .connection import HANDSHAKE_TIMEOUT, Connection, Exchange, Handler
 from .errors import (BadResponseHead, ConfigurationError, CorruptResumeFile, RequestCancelled,
                      ZcLbError)
 from .loopwatch import LoopWatch
@@ -443,8 +443,10 @@ class Worker(Handler):
         secret: Optional[bytes] = None,
         version: Optional[str] = None,
         concurrency: int = 0,
+        tls: Any = None,
     ) -> None:
         self.app = app
+        self.tls = tls  # the server SSLContext (tls.worker_context), or None: cleartext
         self.listen = listen
         self.resume_file = resume_file
         self.threads = threads
@@ -613,6 +615,16 @@ class Worker(Handler):
 
     def _accept(self, sock, address) -> None:
         peer = "%s:%s" % address[:2]
+        if self.tls is not None:
+            try:  # (bounded: a peer that stalls it holds nothing for long)
+                with gevent.Timeout(HANDSHAKE_TIMEOUT):
+                    sock = self.tls.wrap_socket(sock, server_side=True)
+            except (OSError, gevent.Timeout) as exc:  # (ssl.SSLError too)
+                sock.close()
+                self._say_rejected(peer, "TLS handshake: %s%s" % (
+                    exc or "timed out", " (a cleartext LB? give it --worker-tls-cert)"
+                    if "WRONG_VERSION" in str(exc) or "HTTP_REQUEST" in str(exc) else ""))
+                return
         connection = Connection(sock, "worker", self, peer=peer, secret=self.secret,
                                 app_version=self.version, features=self.protocol_features,
                                 keepalive_timeout=LB_SILENCE)
@@ -655,7 +667,7 @@ class Worker(Handler):
                         self._crowded, MAX_HANDSHAKING, peer)
             self._crowded, self._crowded_logged = 0, now
 
-    def _say_rejected(self, peer: str, error: Exception) -> None:
+    def _say_rejected(self, peer: str, error: object) -> None:
         """Log a connection refused in its handshake (no secret, a wrong
         one, junk): each at once, but in a flood one line every 10 s
         with the count (a port scanned must not fill the log)."""

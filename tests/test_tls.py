@@ -1,0 +1,134 @@
+"""Mutual TLS between LBs and workers (tls.py), end to end: real worker
+and LB processes on loopback, certificates made here with openssl."""
+
+import json
+import os
+import subprocess
+import urllib.request
+
+import pytest
+
+from zc_lb.errors import ConfigurationError
+from zc_lb.testing import LBProcess, WorkerProcess, http_get, wait_for
+from zc_lb.tls import lb_context, worker_context
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def make_ca(directory, name):
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-nodes", "-keyout", name + ".key", "-out", name + ".pem", "-days", "2",
+            "-subj", "/CN=" + name, cwd=directory)
+    return os.path.join(directory, name)
+
+
+def make_cert(directory, ca, name):
+    """A certificate for 127.0.0.1 (and localhost) signed by ``ca``."""
+    ext = os.path.join(directory, name + ".ext")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", name + ".key", "-out", name + ".csr", "-subj", "/CN=" + name,
+            cwd=directory)
+    openssl("x509", "-req", "-in", name + ".csr", "-CA", ca + ".pem", "-CAkey", ca + ".key",
+            "-CAcreateserial", "-out", name + ".pem", "-days", "2", "-extfile", ext,
+            cwd=directory)
+    return os.path.join(directory, name)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("pki"))
+    site, other = make_ca(directory, "site-ca"), make_ca(directory, "other-ca")
+    return {"ca": site + ".pem", "worker": make_cert(directory, site, "worker"),
+            "lb": make_cert(directory, site, "lb"),
+            "stranger": make_cert(directory, other, "stranger")}
+
+
+def worker_tls(pki, name="worker"):
+    return ["--tls-cert", pki[name] + ".pem", "--tls-key", pki[name] + ".key",
+            "--tls-ca", pki["ca"]]
+
+
+def lb_tls(pki):
+    return ["--worker-tls-cert", pki["lb"] + ".pem", "--worker-tls-key", pki["lb"] + ".key",
+            "--worker-tls-ca", pki["ca"]]
+
+
+@pytest.fixture
+def procs(tmp_path):
+    started = []
+
+    def start(process):
+        started.append(process.start())
+        return process
+
+    yield start
+    for process in reversed(started):
+        process.kill()
+
+
+def link(lb, address):
+    with urllib.request.urlopen("http://%s/" % lb.status_address, timeout=5) as response:
+        return json.load(response)["workers"].get(address, {})
+
+
+def lb_with(procs, worker, *args):
+    lb = procs(LBProcess([worker.address], "--status", "127.0.0.1:0", *args))
+    lb.status_address = lb.said("zc-lb status on ")
+    return lb
+
+
+def test_an_lb_and_a_worker_that_verify_each_other_serve(procs, pki):
+    worker = procs(WorkerProcess("apps:app", *worker_tls(pki), env=ENV))
+    lb = lb_with(procs, worker, *lb_tls(pki))
+    wait_for(lambda: link(lb, worker.address).get("in_pool"), message="the worker in the pool")
+    for _ in range(20):
+        assert http_get(lb.address, "/")[0] == 200
+    status, body = http_get(lb.address, "/big?1")  # (a body of many TLS records)
+    assert status == 200 and len(body) == 1024 * 1024
+
+
+def test_a_worker_with_a_certificate_from_another_ca_is_refused(procs, pki):
+    worker = procs(WorkerProcess("apps:app", *worker_tls(pki, "stranger"), env=ENV))
+    lb = lb_with(procs, worker, *lb_tls(pki))
+    wait_for(lambda: "certificate verify failed" in (link(lb, worker.address).get(
+        "last_error") or ""), message="the refusal")
+    assert not link(lb, worker.address).get("in_pool")
+    assert http_get(lb.address, "/", timeout=30)[0] == 503
+
+
+def test_a_cleartext_lb_meets_a_tls_worker_with_a_clear_error(procs, pki, tmp_path):
+    with open(tmp_path / "worker.log", "w") as log:
+        worker = procs(WorkerProcess("apps:app", *worker_tls(pki), env=ENV, stderr=log))
+    lb = lb_with(procs, worker)  # (no TLS)
+    wait_for(lambda: "TLS handshake" in (tmp_path / "worker.log").read_text(),
+             message="the worker saying why")
+    wait_for(lambda: "if the worker takes TLS only, give the LB --worker-tls-cert" in (
+        link(lb, worker.address).get("last_error") or ""), message="the LB saying why")
+    assert not link(lb, worker.address).get("in_pool")
+
+
+def test_a_tls_lb_meets_a_cleartext_worker_with_a_clear_error(procs, pki, tmp_path):
+    with open(tmp_path / "worker.log", "w") as log:
+        worker = procs(WorkerProcess("apps:app", env=ENV, stderr=log))
+    lb = lb_with(procs, worker, *lb_tls(pki))
+    wait_for(lambda: "speaks TLS and this side does not" in (tmp_path / "worker.log").read_text(),
+             message="the worker saying why")
+    wait_for(lambda: "does the worker have --tls-cert?" in (link(lb, worker.address).get(
+        "last_error") or ""), message="the LB saying why")
+
+
+def test_half_configured_tls_is_refused(pki):
+    with pytest.raises(ConfigurationError, match="CA"):
+        worker_context(pki["worker"] + ".pem", pki["worker"] + ".key", None)
+    with pytest.raises(ConfigurationError, match="go with --worker-tls-cert"):
+        lb_context(None, None, pki["ca"])
+    with pytest.raises(ConfigurationError, match="cannot use certificate"):
+        lb_context(pki["ca"], pki["worker"] + ".key", pki["ca"])  # (a key of another)
+    assert worker_context(None, None, None) is None
