@@ -79,6 +79,20 @@ def test_routes_of_the_status_app():
     assert json.loads(call(plain, "/", accept="text/html")[2]) == doc
 
 
+def test_healthz_says_not_ready_while_the_lb_has_no_worker_in_its_pool():
+    # An LB that can only answer 503 is not ready: a balancer or an
+    # orchestrator in front of several should send elsewhere.
+    from zc_lb.service import lb_status_app
+
+    doc = {"pool": {}, "workers": {}, "requests": 0}
+    in_pool = [0]
+    app = lb_status_app(lambda: doc, {}, lambda: 0, None, lambda: in_pool[0])
+    assert call(app, "/healthz")[::2] == ("503 Service Unavailable",
+                                          "not ready: no worker in the pool\n")
+    in_pool[0] = 2
+    assert call(app, "/healthz")[::2] == ("200 OK", "ok\n")
+
+
 def test_class_labels_are_bounded_to_the_busiest_and_other():
     classes = {"c%02d" % i: i for i in range(1, 51)}
     bounded = bound_classes(classes, 20)
@@ -312,3 +326,13 @@ def test_the_dashboard_uses_only_metrics_that_exist():
 
     config = yaml.safe_load(text)
     assert {job["job_name"] for job in config["scrape_configs"]} == {"zc-lb", "zc-lb-worker"}
+
+
+def test_the_build_info_says_the_version_and_whether_compiled():
+    from zc_lb import build
+    from zc_lb.cli import version
+    from zc_lb.metrics import WorkerCollector, exposition
+
+    for collector in (LBCollector(lambda: {"workers": {}}), WorkerCollector(lambda: {})):
+        text = exposition(collector).decode()
+        assert 'zc_lb_build_info{build="%s",version="%s"} 1.0' % (build(), version()) in text

@@ -202,3 +202,31 @@ def test_help_shows_the_default_and_where_a_setting_lives(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "(default 9) [ZooKeeper: backlog_history, live]" in out
     assert "0 waits forever (default 300)" in out
+
+
+@pytest.mark.parametrize("text, size", [("1M", 1 << 20), ("512K", 512 << 10), ("64mb", 64 << 20),
+                                        ("1.5GiB", 3 << 29), ("4096", 4096), (4096, 4096)])
+def test_sizes_take_units(text, size):
+    from zc_lb.settings import LB_SETTINGS
+
+    assert LB_SETTINGS["buffer_memory"].convert(text) == size
+
+
+@pytest.mark.parametrize("text", ["1X", "-1M", "1.3", "M", "1 M B"])
+def test_a_size_that_is_none_is_refused(text):
+    from zc_lb.settings import LB_SETTINGS
+
+    with pytest.raises(ConfigurationError, match="buffer_memory"):
+        LB_SETTINGS["buffer_memory"].convert(text)
+
+
+def test_sizes_with_units_on_the_command_line_and_in_a_file(tmp_path):
+    from zc_lb import cli
+
+    args = cli.build_parser().parse_args(["lb", "--buffer-memory", "1M"])
+    assert args.buffer_memory == 1 << 20
+    path = tmp_path / "lb.toml"
+    path.write_text('[lb]\nbuffer_memory_total = "64M"\n')
+    args = cli.build_parser().parse_args(["lb", "--config", str(path)])
+    args.argv, args.command = ["lb", "--config", str(path)], "lb"
+    assert cli.read_config(args).buffer_memory_total == 64 << 20

@@ -253,7 +253,7 @@ def build_lb(args: argparse.Namespace):
         status = FrontServer(restart.inherited("status") or parse_address(args.status),
                              lb_status_app(
             lb.status, lb_actions(lb), lambda: lb.requests,
-            read_secret(args.admin_token_file)))
+            read_secret(args.admin_token_file), lambda: len(lb.pool)))
     return lb, fronts, status
 
 
@@ -528,6 +528,14 @@ def _print_demo_help(address, status_address, workers) -> None:
 # -- version, and the tools shipped beside zc_lb ---------------------------
 
 
+def version_line() -> str:
+    """``zc-lb --version``: the version, and which build runs (compiled, or
+    the source and why: a pip install without a compiler gives the source)."""
+    from . import build
+
+    return "zc-lb %s (%s)" % (version(), build())
+
+
 def version() -> str:
     """The installed distribution's version, else (running from a checkout
     that was never installed) the one in setup.py."""
@@ -688,6 +696,8 @@ def _add_lb_parser(sub) -> None:
                    help="GET PATH from every worker every --health-interval seconds; "
                         "failures count toward ejection as failed requests do")
     _add_lb_operator_arguments(p)
+    p.add_argument("--version", action="version", version=version_line(),
+                   help="print zc-lb's version and build, and exit")
     p.add_argument("--zookeeper", metavar="HOSTS",
                    help="discover workers and settings in ZooKeeper (host:port,...)")
     p.add_argument("--zookeeper-auth-file", metavar="FILE",
@@ -859,7 +869,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="zc-lb", description="A résumé-based load balancer for WSGI applications.")
     parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
                         help="before or after the command (default INFO)")
-    parser.add_argument("--version", action="version", version="zc-lb %s" % version())
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     parser.commands = sub.choices  # type: ignore[attr-defined]  # name -> its parser
     for add in (_add_worker_parser, _add_lb_parser, _add_status_parser, _add_zk_parser,

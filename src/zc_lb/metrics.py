@@ -66,7 +66,22 @@ class LBCollector:
 
     def collect(self) -> Iterator[Metric]:
         doc = self.get_status()
+        yield build_info()
         yield from lb_families(doc, self.top_classes)
+
+
+def build_info() -> GaugeMetricFamily:
+    """``zc_lb_build_info{version, build} 1``: which zc-lb runs, and whether
+    compiled (a pip install without a compiler runs the source, some
+    twice the CPU a request)."""
+    from . import build
+    from .cli import version
+
+    family = GaugeMetricFamily("zc_lb_build_info", "zc-lb's version and build (compiled, or "
+                               "the source and why), as a label; always 1.",
+                               labels=["version", "build"])
+    family.add_metric([version(), build()], 1)
+    return family
 
 
 def _counter(name: str, doc: str, value, labels=None) -> CounterMetricFamily:
@@ -278,6 +293,7 @@ class WorkerCollector:
 
     def collect(self) -> Iterator[Metric]:
         doc = self.get_status()
+        yield build_info()
         requests = CounterMetricFamily(
             "zc_lb_app_requests", "Requests the worker's application served, by outcome "
             "(failed: a 5xx, an exception or a cancel).", labels=["outcome"])

@@ -312,7 +312,9 @@ def _status_server(args, supervisor: "Supervisor"):
                          lb_status_app(
         supervisor.status, {name: supervisor.action(name, token)
                             for name in ("reset-skills", "drain", "enable")},
-        lambda: supervisor.status()["requests"], token))
+        lambda: supervisor.status()["requests"], token,
+        lambda: sum(1 for worker in supervisor.status().get("workers", {}).values()
+                    if worker.get("in_pool"))))
     status.start()
     return status
 

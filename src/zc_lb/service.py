@@ -137,9 +137,11 @@ def hand_over(args: argparse.Namespace, sockets: dict) -> bool:
     return True
 
 
-def lb_status_app(get_status, actions, get_requests, token=None):
+def lb_status_app(get_status, actions, get_requests, token=None, workers_in_pool=None):
     """The status app of an LB (or a supervisor): JSON, the HTML page,
-    /metrics from the document, /healthz, the actions (with the admin
+    /metrics from the document, /healthz (503 while ``workers_in_pool()``
+    is 0: an LB that can only answer 503 is not ready, and a balancer in
+    front of several should send elsewhere), the actions (with the admin
     ``token``, if any); the request rate sampled every 5 s for the page's
     sparkline."""
     from .metrics import LBCollector
@@ -147,8 +149,14 @@ def lb_status_app(get_status, actions, get_requests, token=None):
     from .statuspage import render
 
     history = RequestHistory(get_requests).start()
+
+    def unready():
+        if workers_in_pool is not None and not workers_in_pool():
+            return "no worker in the pool"
+        return None
+
     return status_app(get_status, actions, collector=LBCollector(get_status),
-                      page=render, history=history, token=token)
+                      page=render, history=history, token=token, unready=unready)
 
 
 class WorkerService:

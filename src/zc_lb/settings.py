@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import re
 from dataclasses import dataclass
 from typing import (Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional,
                     Tuple)
@@ -82,6 +83,23 @@ def _float(value: Any) -> float:
 
 CONVERTERS: Dict[type, Callable[[Any], Any]] = {bool: _bool, int: _int, float: _float, str: str}
 
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _size(value: Any) -> int:
+    """Bytes: a whole number, or one with a unit, as nginx takes them
+    (``512K``, ``1M``, ``1.5GiB``, ``64mb``: powers of 1024)."""
+    if not isinstance(value, str):
+        return _int(value)
+    match = _SIZE.fullmatch(value)
+    if match is None:
+        raise ValueError("not a size (a number of bytes, or with K, M, G or T)")
+    number = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    if not number.is_integer():
+        raise ValueError("not a whole number of bytes")
+    return int(number)
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -96,6 +114,7 @@ class Setting:
     where: FrozenSet[str] = COMMAND_LINE
     metavar: Optional[str] = None
     choices: Optional[Tuple[str, ...]] = None
+    size: bool = False  # bytes, which may be given with a unit (``_size``)
 
     @property
     def option(self) -> str:
@@ -106,7 +125,7 @@ class Setting:
         """``value`` (text, or a JSON or Python value) as this setting's
         type, within its limits; ConfigurationError if it cannot be."""
         try:
-            converted = CONVERTERS[self.type](value)
+            converted = (_size if self.size else CONVERTERS[self.type])(value)
         except (TypeError, ValueError) as exc:
             raise ConfigurationError("bad value for %s: %r (%s)" % (self.name, value, exc))
         if self.minimum is not None and converted < self.minimum:
@@ -237,18 +256,18 @@ LB_SETTINGS = _table([
     Setting("buffer_memory", int, 1024 * 1024,
             "bytes of one response the LB holds in memory for a slow client, so "
             "the worker is free as soon as it has produced it",
-            minimum=0, metavar="BYTES"),
+            minimum=0, metavar="BYTES", size=True),
     Setting("buffer_memory_total", int, 64 * 1024 * 1024,
             "bytes of all responses held in memory; past this or --buffer-memory, "
             "on disk",
-            minimum=0, metavar="BYTES"),
+            minimum=0, metavar="BYTES", size=True),
     Setting("buffer_disk", int, 2**30,
             "bytes of one response held on disk; past this, the worker waits for "
             "the client (0: no disk)",
-            minimum=0, metavar="BYTES"),
+            minimum=0, metavar="BYTES", size=True),
     Setting("buffer_disk_total", int, 16 * 2**30,
             "bytes of all responses held on disk",
-            minimum=0, metavar="BYTES"),
+            minimum=0, metavar="BYTES", size=True),
     Setting("buffer_dir", str, "",
             "directory for responses buffered on disk (default: the system's "
             "temporary directory)",
@@ -267,7 +286,7 @@ LB_SETTINGS = _table([
             metavar="CIDRS"),
     Setting("max_request_body", int, 2**30,
             "answer 413 to a larger Content-Length (bytes)",
-            minimum=0, metavar="BYTES"),
+            minimum=0, metavar="BYTES", size=True),
     Setting("tls_min_version", str, "TLSv1.2",
             "oldest TLS version accepted",
             choices=("TLSv1.2", "TLSv1.3")),
@@ -410,7 +429,9 @@ def _format(value: Any) -> str:
 def add_argument(parser: Any, setting: Setting) -> None:
     """Add ``setting``'s option to ``parser`` (or to an argument group)."""
     text = setting.help
-    if setting.default is not None and setting.type is not bool:
+    if setting.size:
+        text += "; K, M, G may follow (512K, 64M: powers of 1024)"
+    if setting.default not in (None, "") and setting.type is not bool:
         text += " (default %s)" % _format(setting.default)
     if ZOOKEEPER in setting.where:
         text += " [ZooKeeper: %s%s]" % (setting.name, ", live" if LIVE in setting.where else "")

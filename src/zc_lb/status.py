@@ -174,7 +174,8 @@ def status_app(get_status: Callable[[], dict],
                actions: Optional[Dict[str, Callable[..., object]]] = None,
                collector=None, page: Optional[Callable[..., str]] = None,
                history: Optional[RequestHistory] = None,
-               token: Optional[bytes] = None) -> Callable:
+               token: Optional[bytes] = None,
+               unready: Optional[Callable[[], Optional[str]]] = None) -> Callable:
     """The status address's WSGI app (operators only: not for the public).
 
     GET ``/status.json``: the status document as JSON, with at most
@@ -182,7 +183,9 @@ def status_app(get_status: Callable[[], dict],
     the same document, or the HTML status page (``page(doc, history)``)
     for a client that asks for text/html; ``/metrics``: ``collector``'s
     metrics in the Prometheus text format; ``/healthz``: 200 "ok" while
-    this process answers; any other GET: 404.  A POST to ``/NAME`` runs
+    this process answers and can serve, 503 with the reason while
+    ``unready()`` gives one (an LB with no worker in its pool); any other
+    GET: 404.  A POST to ``/NAME`` runs
     ``actions[NAME](**query)`` (``/drain?worker=HOST:PORT``), answering
     what it returns; with a ``token`` it needs ``Authorization: Bearer
     TOKEN``, without one it is taken from loopback addresses only.
@@ -194,6 +197,9 @@ def status_app(get_status: Callable[[], dict],
         if request.method == "POST":
             return _post(request, actions, token)
         if path == "/healthz":
+            why = unready() if unready is not None else None
+            if why:
+                return _respond(("not ready: %s\n" % why).encode(), "text/plain", 503)
             return _respond(b"ok\n", "text/plain")
         if path == "/metrics" and collector is not None:
             return _metrics(collector)
