@@ -117,8 +117,9 @@ def test_every_setting_is_in_help_with_its_default_and_whether_it_is_live(argv, 
     for name, setting in shown.items():
         text = entries[setting.option]  # (whitespace removed: argparse wraps lines)
         assert "".join(setting.help.split()) in text, name
-        if setting.default is not None and setting.type is not bool:
+        if setting.default not in (None, "") and setting.type is not bool:
             assert "(default%s)" % settings._format(setting.default) in text, name
+        assert "(default)" not in text, name  # (an empty default shown as nothing)
         if ZOOKEEPER in setting.where:
             assert "[ZooKeeper:%s%s]" % (name, ",live" if LIVE in setting.where else "") \
                 in text, name
@@ -351,3 +352,40 @@ def test_a_relative_config_path_is_read_again_on_sighup_after_chdir(tmp_path, mo
     assert cli.main(["worker", "--config", "rel.toml", "--chdir", str(elsewhere),
                      "apps:app"]) == 0
     assert seen.get("history") == 200
+
+
+@pytest.mark.parametrize("source, cause", [
+    ("def app(environ, start_response)\n", "expected ':'"),
+    ("raise RuntimeError('no database')\n", "RuntimeError: no database"),
+])
+def test_an_application_that_cannot_load_exits_2_with_the_short_cause(tmp_path, source, cause):
+    import subprocess
+    import sys
+
+    (tmp_path / "brokenapp.py").write_text(source)
+    done = subprocess.run([sys.executable, "-m", "zc_lb.cli", "worker", "brokenapp:app",
+                           "--chdir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "cannot load the application brokenapp:app" in done.stderr
+    assert cause in done.stderr and "brokenapp.py, line 1" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_an_address_in_use_is_an_error_that_names_the_option():
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        address = "127.0.0.1:%d" % taken.getsockname()[1]
+        for argv, option in ((["lb", "--listen", address], "--listen"),
+                             (["lb", "--listen", "127.0.0.1:0", "--status", address], "--status"),
+                             (["worker", "zc_lb.demo:app", "--listen", address], "--listen")):
+            done = subprocess.run([sys.executable, "-m", "zc_lb.cli", *argv],
+                                  capture_output=True, text=True, timeout=60)
+            assert done.returncode == 1, done.stderr
+            assert "%s %s: Address already in use\n" % (option, address) in done.stderr, \
+                done.stderr

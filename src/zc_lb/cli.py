@@ -161,6 +161,25 @@ def run_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_app(spec: str, load_app):
+    """The application, or a ConfigurationError (exit status 2) with the
+    short cause: a SyntaxError's file and line, an error raised while
+    its module ran with where, not a traceback."""
+    import traceback
+
+    try:
+        return load_app(spec)
+    except ConfigurationError:
+        raise
+    except SyntaxError as exc:
+        raise ConfigurationError("cannot load the application %s: %s (%s, line %s)" % (
+            spec, exc.msg, exc.filename, exc.lineno))
+    except Exception as exc:  # (its module raised as it ran)
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        raise ConfigurationError("cannot load the application %s: %s: %s (%s, line %s)" % (
+            spec, type(exc).__name__, exc, where.filename, where.lineno))
+
+
 def build_worker(args: argparse.Namespace) -> WorkerService:
     """The worker, its status server and membership, not started."""
     from .sockets import parse_address
@@ -180,7 +199,7 @@ def build_worker(args: argparse.Namespace) -> WorkerService:
     secret = read_secret(args.secret_file)
     tls = worker_context(args.tls_cert, args.tls_key, args.tls_ca)
     _check_exposure(listen, secret, args.insecure, tls)
-    worker = Worker(load_app(args.app), listen=listen, history=args.history,
+    worker = Worker(_load_app(args.app, load_app), listen=listen, history=args.history,
                     max_skill_age=args.max_skill_age, max_classes=args.max_classes,
                     resume_interval=args.resume_interval, resume_file=args.resume_file,
                     threads=args.threads, threads_fixed=args.threads_fixed,

@@ -50,6 +50,12 @@ class CorruptResumeFile(ConfigurationError):
     no skills) rather than refuse to start."""
 
 
+class AddressUnavailable(ZcLbError):
+    """An address to listen on is in use or not this host's: the
+    environment's, not the configuration's (exit status 1); the message
+    names the option."""
+
+
 class ZooKeeperUnavailable(ZcLbError):
     """ZooKeeper could not be reached (wrong hosts, or down): an outage,
     not a mistake in the configuration."""

@@ -15,7 +15,7 @@ import signal
 from typing import List, Optional, Tuple
 
 from . import restart
-from .errors import ConfigurationError
+from .errors import AddressUnavailable, ConfigurationError
 from .sockets import worker_addresses
 
 log = logging.getLogger("zc_lb")
@@ -137,6 +137,18 @@ def hand_over(args: argparse.Namespace, sockets: dict) -> bool:
     return True
 
 
+def _bind(option: str, address, start) -> None:
+    """``start()`` a server of ``option``'s address: an address in use or
+    not ours is an AddressUnavailable that names the option (exit status
+    1), not a raw errno."""
+    try:
+        start()
+    except OSError as exc:
+        shown = ("%s:%s" % tuple(address[:2])) if isinstance(address, tuple) else address
+        reason = (exc.strerror or str(exc)).split(": (")[0]  # (gevent adds the address)
+        raise AddressUnavailable("%s %s: %s" % (option, shown or "", reason))
+
+
 def lb_status_app(get_status, actions, get_requests, token=None, workers_in_pool=None):
     """The status app of an LB (or a supervisor): JSON, the HTML page,
     /metrics from the document, /healthz (503 while ``workers_in_pool()``
@@ -175,9 +187,9 @@ class WorkerService:
         self.drain_timeout = drain_timeout
 
     def start(self) -> None:
-        self.worker.start()
+        _bind("--listen", self.worker.listen, self.worker.start)
         if self.status is not None:
-            self.status.start()
+            _bind("--status", getattr(self.status, "listen", None), self.status.start)
 
     def register(self) -> None:
         if self.membership is not None:
@@ -225,9 +237,9 @@ class LBService:
         if health_check:
             lb.start_health_checks(health_check, health_interval)
         for server in self.fronts:
-            server.start()
+            _bind("--listen", getattr(server, "listen", None), server.start)
         if self.status is not None:
-            self.status.start()
+            _bind("--status", getattr(self.status, "listen", None), self.status.start)
 
     def register(self, membership) -> None:
         """Join ZooKeeper through ``membership`` (made after ``start()``:
