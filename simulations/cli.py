@@ -170,7 +170,12 @@ def report_runs(config: config_module.Config, runs: List[Dict[str, Any]],
     else:
         report.table(config.name, runs, sys.stdout, partition)
     if out is not None:
-        from . import plots  # matplotlib is slow to import; only when needed
+        try:
+            from . import plots  # matplotlib is slow to import; only when needed
+        except ImportError as exc:  # (the table is out: say why there is no plot)
+            sys.stderr.write("no plot: %s (pip install 'zc-lb[simulations]' for matplotlib, "
+                             "or give --no-plots)\n" % exc)
+            return
         sys.stderr.write("plot: %s\n" % plots.plot(config.name.replace(" ", "_"), runs, out))
 
 

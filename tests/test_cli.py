@@ -389,3 +389,27 @@ def test_an_address_in_use_is_an_error_that_names_the_option():
             assert done.returncode == 1, done.stderr
             assert "%s %s: Address already in use\n" % (option, address) in done.stderr, \
                 done.stderr
+
+
+def test_log_level_in_the_file_applies_unless_the_command_line_gives_one(tmp_path):
+    # An LB whose one worker cannot be reached warns so; with log_level
+    # = "ERROR" in its file it says nothing, unless the command line
+    # gives a level of its own.
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "lb.toml"
+    path.write_text('[lb]\nlog_level = "ERROR"\nlisten = "127.0.0.1:0"\n'
+                    'worker = ["127.0.0.1:1"]\n')
+    for argv, warned in (([], False), (["--log-level", "WARNING"], True)):
+        process = subprocess.Popen([sys.executable, "-m", "zc_lb.cli", *argv, "lb", "--config",
+                                    str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+        try:
+            assert process.stdout.readline().startswith("zc-lb lb listening on ")
+            time.sleep(1.0)  # (its first attempts to reach the worker)
+        finally:
+            process.terminate()
+            _, err = process.communicate(timeout=30)
+        assert ("WARNING" in err) == warned, err

@@ -501,3 +501,28 @@ def test_per_connection_caches_load_more_the_more_requests_a_worker_lets_in():
     assert loads[1] > 1.3 * loads[0]
     # (and with one request at a time, one connection: the plain cache)
     assert loads[0] == simulate(small(seed=3), "affinity")["summary"]["misses_per_request"]
+
+
+def test_without_matplotlib_the_table_is_printed_and_the_plot_skipped_with_a_reason(
+        tmp_path, capsys, monkeypatch):
+    import builtins
+
+    from zc_lb.simulations import cli as sim_cli
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    import zc_lb.simulations as package
+
+    monkeypatch.delitem(sys.modules, "zc_lb.simulations.plots", raising=False)
+    monkeypatch.delattr(package, "plots", raising=False)  # (imported by an earlier test)
+    code = sim_cli.main(["steady", "--scale", "0.01", "--policies", "least_backlog",
+                         "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0 and "least_backlog" in out
+    assert "no plot: No module named 'matplotlib'" in err and "Traceback" not in err

@@ -919,6 +919,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             args = read_config(args)
             # (SIGHUP reads it again, after --chdir: by where it was)
             args.config = os.path.abspath(args.config)
+            if not any(a == "--log-level" or a.startswith("--log-level=") for a in argv):
+                logging.getLogger().setLevel(args.log_level)  # the file's, then
         if "chdir" in args:
             _enter_directory(args.chdir)
         keep_freed_memory()  # (large bodies: see there)
