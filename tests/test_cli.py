@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -413,3 +414,27 @@ def test_log_level_in_the_file_applies_unless_the_command_line_gives_one(tmp_pat
             process.terminate()
             _, err = process.communicate(timeout=30)
         assert ("WARNING" in err) == warned, err
+
+
+@pytest.mark.parametrize("argv", [["lb"], ["lb", "--processes", "2"], ["worker", "zc_lb.demo:app"]])
+def test_the_pid_file_names_the_process_while_it_serves_and_goes_with_it(tmp_path, argv):
+    import subprocess
+    import sys
+
+    pid_file = tmp_path / "run" / "zc-lb.pid"
+    pid_file.parent.mkdir()
+    process = subprocess.Popen([sys.executable, "-m", "zc_lb.cli", *argv, "--listen",
+                                "127.0.0.1:0", "--pid-file", str(pid_file)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert " listening on " in process.stdout.readline()
+        deadline = time.monotonic() + 10
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert pid_file.read_text() == "%d\n" % process.pid
+    finally:
+        process.terminate()
+        process.communicate(timeout=30)
+    assert process.returncode == 0
+    assert not pid_file.exists()
+    assert list(pid_file.parent.iterdir()) == []  # (no temporary file left either)

@@ -144,19 +144,25 @@ def _check_exposure(listen, secret: Optional[bytes], insecure: bool, tls=None) -
 
 def run_worker(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until wait_for_signal says so
+    from .service import PidFile
+
     service = build_worker(args)
     service.start()
-    # Ready for LBs that know our address, whatever ZooKeeper is doing.
-    print("zc-lb worker listening on %s:%d" % service.worker.address, flush=True)
-    if service.status is not None:
-        print("zc-lb worker status on %s:%d" % service.status.address, flush=True)
-    service.register()
+    pid_file = PidFile(args.pid_file)
+    try:
+        # Ready for LBs that know our address, whatever ZooKeeper is doing.
+        print("zc-lb worker listening on %s:%d" % service.worker.address, flush=True)
+        if service.status is not None:
+            print("zc-lb worker status on %s:%d" % service.status.address, flush=True)
+        service.register()
 
-    def apply(live: dict) -> None:
-        service.configure(live, args.config)
+        def apply(live: dict) -> None:
+            service.configure(live, args.config)
 
-    wait_for_signal({"SIGTERM": service.stop, "SIGINT": service.stop,
-                     "SIGHUP": _sighup(args, apply)})
+        wait_for_signal({"SIGTERM": service.stop, "SIGINT": service.stop,
+                         "SIGHUP": _sighup(args, apply)}, ready=pid_file.write)
+    finally:
+        pid_file.remove()
     log.info("worker stopped")
     return 0
 
@@ -387,6 +393,8 @@ def run_lb(args: argparse.Namespace) -> int:
 
     for name in ("SIGHUP", "SIGUSR1", "SIGUSR2"):  # until wait_for_signal says so
         signal.signal(getattr(signal, name), signal.SIG_IGN)
+    from .service import PidFile
+
     lb, fronts, status = build_lb(args)
     # What start-up made (modules, tables) lives as long as the process:
     # out of the collector's passes, which then scan only what serving
@@ -418,8 +426,14 @@ def run_lb(args: argparse.Namespace) -> int:
                 return False
         return reload()  # --config read again (without one: logged and ignored)
 
-    wait_for_signal({"SIGTERM": service.stop, "SIGINT": service.stop, "SIGHUP": hangup,
-                     "SIGUSR1": service.reopen, "SIGUSR2": lambda: service.hand_over(args)})
+    # (one of --processes N: the supervisor has the pid file)
+    pid_file = PidFile(args.pid_file if args.process_index is None else None)
+    try:
+        wait_for_signal({"SIGTERM": service.stop, "SIGINT": service.stop, "SIGHUP": hangup,
+                         "SIGUSR1": service.reopen,
+                         "SIGUSR2": lambda: service.hand_over(args)}, ready=pid_file.write)
+    finally:
+        pid_file.remove()
     log.info("lb stopped")
     return 0
 
@@ -635,6 +649,8 @@ def _add_worker_parser(sub) -> None:
     p.add_argument("--status", metavar="HOST:PORT",
                    help="serve the worker's status (JSON) and Prometheus /metrics")
     p.add_argument("--secret-file", help="shared secret for LB authentication")
+    p.add_argument("--pid-file", metavar="FILE",
+                   help="write the worker's pid here once it serves; removed when it ends")
     p.add_argument("--tls-cert", metavar="FILE",
                    help="serve LBs over TLS with this certificate (naming the address "
                    "they connect to); needs --tls-ca: LBs must show a certificate of it")
@@ -717,6 +733,9 @@ def _add_lb_parser(sub) -> None:
     _add_lb_operator_arguments(p)
     p.add_argument("--version", action="version", version=version_line(),
                    help="print zc-lb's version and build, and exit")
+    p.add_argument("--pid-file", metavar="FILE",
+                   help="write the LB's pid here once it serves (a supervisor's, with "
+                   "--processes); removed when it ends")
     p.add_argument("--zookeeper", metavar="HOSTS",
                    help="discover workers and settings in ZooKeeper (host:port,...)")
     p.add_argument("--zookeeper-auth-file", metavar="FILE",

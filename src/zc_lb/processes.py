@@ -261,7 +261,7 @@ def run(args, argv: Sequence[str]) -> int:
     """``zc-lb lb --processes N`` (N > 1)."""
     from .sockets import parse_address
     from . import restart
-    from .service import hand_over, parse_listeners, wait_for_signal
+    from .service import PidFile, hand_over, parse_listeners, wait_for_signal
 
     (scheme, where), = parse_listeners(args)
     listen = restart.inherited("front0") or parse_address(where)
@@ -276,11 +276,13 @@ def run(args, argv: Sequence[str]) -> int:
         print("zc-lb status on %s:%d" % status.address, flush=True)
 
     restart.announce_ready()
+    pid_file = PidFile(getattr(args, "pid_file", None))
 
     def stop() -> bool:
         supervisor.stop(args.drain_timeout + 5)
         if status is not None:
             status.stop(timeout=1)
+        pid_file.remove()
         return True
 
     def upgrade() -> bool:
@@ -292,7 +294,7 @@ def run(args, argv: Sequence[str]) -> int:
     wait_for_signal({"SIGTERM": stop, "SIGINT": stop,
                      "SIGHUP": lambda: supervisor.send_signal(signal.SIGHUP),
                      "SIGUSR1": lambda: supervisor.send_signal(signal.SIGUSR1),
-                     "SIGUSR2": upgrade})
+                     "SIGUSR2": upgrade}, ready=pid_file.write)
     log.info("lb stopped (%d processes)", len(supervisor.children))
     return 0
 

@@ -78,10 +78,12 @@ def ignore_sighup() -> bool:
     return False
 
 
-def wait_for_signal(handlers: dict) -> None:
+def wait_for_signal(handlers: dict, ready=None) -> None:
     """Queue SIGTERM/SIGINT/SIGHUP (and any other signal ``handlers``
     names, e.g. SIGUSR1); dispatch each to ``handlers[name]`` until a
-    handler returns True (meaning: exit)."""
+    handler returns True (meaning: exit).  ``ready()``, if given, runs
+    once they are handled (the pid file: a SIGTERM to the pid it names
+    must find them)."""
     import gevent
     import gevent.queue
 
@@ -90,6 +92,8 @@ def wait_for_signal(handlers: dict) -> None:
     handlers.setdefault("SIGHUP", ignore_sighup)  # its default would kill us
     for name in handlers:
         gevent.signal_handler(getattr(signal, name), signals.put, name)
+    if ready is not None:
+        ready()
     while True:
         name = signals.get()
         log.info("got %s", name)
@@ -135,6 +139,39 @@ def hand_over(args: argparse.Namespace, sockets: dict) -> bool:
     log.info("the new LB (pid %d) serves: this one (pid %d) stops accepting and drains",
              successor.process.pid, os.getpid())  # type: ignore[union-attr]
     return True
+
+
+class PidFile:
+    """``--pid-file``: this process's pid, written (atomically) once it
+    serves, removed when it ends if it still names this process (after a
+    hitless restart it names the new LB, which wrote it when ready)."""
+
+    def __init__(self, path: Optional[str]) -> None:
+        self.path = path
+
+    def write(self) -> None:
+        if not self.path:
+            return
+        directory = os.path.dirname(os.path.abspath(self.path))
+        temporary = os.path.join(directory, ".%s.%d" % (os.path.basename(self.path),
+                                                         os.getpid()))
+        try:
+            with open(temporary, "w") as f:
+                f.write("%d\n" % os.getpid())
+            os.replace(temporary, self.path)
+        except OSError as exc:
+            raise ConfigurationError("--pid-file %s: %s" % (self.path, exc.strerror or exc))
+
+    def remove(self) -> None:
+        if not self.path:
+            return
+        try:
+            with open(self.path) as f:
+                if f.read().strip() != str(os.getpid()):
+                    return  # (another process's now)
+            os.unlink(self.path)
+        except OSError:
+            pass
 
 
 def _bind(option: str, address, start) -> None:
