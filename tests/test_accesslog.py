@@ -156,3 +156,31 @@ def test_sigusr1_reopens_the_access_log(tmp_path):
         assert "/before" not in log.read_text()
     finally:
         workers[0].kill()
+
+
+def test_a_line_is_written_within_a_tenth_of_a_second_and_a_burst_in_one_write():
+    import io
+
+    import gevent
+
+    from zc_lb.accesslog import FLUSH_DELAY, AccessLog
+
+    writes = []
+
+    class Stream(io.StringIO):
+        def write(self, text):
+            writes.append(text)
+            return super().write(text)
+
+    stream = Stream()
+    log = AccessLog(stream)
+    log.start()
+    for n in range(3):
+        log.write("line %d\n" % n)
+    assert stream.getvalue() == ""  # (held: requests never wait on the disk)
+    gevent.sleep(FLUSH_DELAY * 2)
+    assert stream.getvalue() == "line 0\nline 1\nline 2\n" and len(writes) == 1
+    log.write("again\n")
+    gevent.sleep(FLUSH_DELAY * 2)
+    assert stream.getvalue().endswith("again\n")
+    log.close()
