@@ -251,6 +251,11 @@ def test_healthz_status_json_and_the_worker_metrics(cluster):
             "zc_lb_app_requests_total", (("outcome", "served"),)] for w in workers)
 
     wait_for(lambda: served() == 10, timeout=10, message="10 requests counted as served")
+    # The app's seconds a request, in a histogram: every request served is in it.
+    histograms = [samples(get(w.status_address, "/metrics")[2]) for w in workers]
+    assert sum(m["zc_lb_app_request_seconds_count", ()] for m in histograms) == 10
+    assert all(m["zc_lb_app_request_seconds_bucket", (("le", "+Inf"),)]
+               == m["zc_lb_app_request_seconds_count", ()] for m in histograms)
 
 
 def _chromium():

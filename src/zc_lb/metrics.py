@@ -136,7 +136,10 @@ def buffer_families(buffers: dict) -> Iterator[Metric]:
                    buffers.get("stalled"))
 
 
-def latency_families(latency: Optional[dict]) -> Iterator[Metric]:
+def latency_families(latency: Optional[dict], name: str = "zc_lb_response_seconds",
+                     text: str = "Seconds from a request's arrival until its response starts "
+                     "(the head is with the front server), for every request answered."
+                     ) -> Iterator[Metric]:
     """The response time histogram, if the document has one."""
     if not latency:
         return
@@ -144,11 +147,7 @@ def latency_families(latency: Optional[dict]) -> Iterator[Metric]:
     for bound, count in zip(list(latency["buckets"]) + ["+Inf"], latency["counts"]):
         cumulative += count
         buckets.append((bound if bound == "+Inf" else repr(float(bound)), cumulative))
-    yield HistogramMetricFamily(
-        "zc_lb_response_seconds",
-        "Seconds from a request's arrival until its response starts (the head "
-        "is with the front server), for every request answered.",
-        buckets=buckets, sum_value=latency.get("sum", 0.0))
+    yield HistogramMetricFamily(name, text, buckets=buckets, sum_value=latency.get("sum", 0.0))
 
 
 def error_families(doc: dict, workers: Dict[str, dict]) -> Iterator[Metric]:
@@ -302,6 +301,10 @@ class WorkerCollector:
         yield requests
         yield _counter("zc_lb_app_seconds", "Seconds the application spent on served "
                        "requests (what the résumé measures).", doc.get("app_seconds", 0))
+        yield from latency_families(
+            doc.get("latency"), "zc_lb_app_request_seconds",
+            "Seconds the application took for each served request (its own time: not "
+            "its wait for a thread, nor one seen queued inside it).")
         yield GaugeMetricFamily("zc_lb_app_in_flight", "Requests being served now.",
                                 value=doc.get("in_flight", 0))
         yield GaugeMetricFamily("zc_lb_app_resume_classes", "Classes in the résumé.",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import functools
+from bisect import bisect_left
 import io
 import logging
 import os
@@ -51,6 +52,9 @@ from .threads import HubProxy, Threads, call_in_hub
 log = logging.getLogger(__name__)
 
 ERROR_500 = b"<html><body><h1>500 Internal Server Error</h1></body></html>"
+# The application's seconds a request, for the histogram (the LB's response
+# times have the same buckets: lb.LATENCY_BUCKETS).
+LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # Seconds of silence before a worker drops an LB: long, since an LB whose
 # loop was blocked (a site's classifier) must not lose every worker, and
 # a dead LB costs a worker only the requests it had sent.
@@ -487,6 +491,7 @@ class Worker(Handler):
         self.failed = 0  # requests answered 5xx or cut short: not in the résumé
         self.app_seconds = 0.0  # the application's time on served requests
         self.queued_seconds = 0.0  # its threads' waits inside it behind others (threads.py)
+        self.latency = [0] * (len(LATENCY_BUCKETS) + 1)  # served requests by app seconds
 
     @property
     def address(self) -> Tuple[str, int]:
@@ -735,6 +740,7 @@ class Worker(Handler):
         self.served += 1
         self.app_seconds += elapsed
         self.queued_seconds += writer.queued
+        self.latency[bisect_left(LATENCY_BUCKETS, elapsed)] += 1
         assert self.skills is not None
         new = self.skills.record(rclass, elapsed)
         if new is not None:
@@ -926,6 +932,8 @@ class Worker(Handler):
             "failed": self.failed,
             "app_seconds": round(self.app_seconds, 6),
             "queued_seconds": round(self.queued_seconds, 6),
+            "latency": {"buckets": list(LATENCY_BUCKETS), "counts": list(self.latency),
+                        "sum": round(self.app_seconds, 6)},
             "resume": self.skills.resume() if self.skills else {},
             "threads": self.threadpool.status() if self.threadpool else None,
         }
