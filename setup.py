@@ -1,5 +1,8 @@
 import ast
 import os
+import shutil
+import sys
+import sysconfig
 
 from setuptools import find_packages, setup
 
@@ -7,11 +10,45 @@ with open("README.rst") as f:
     long_description = f.read()
 
 
+# The commands that build what is installed (a wheel, an install, the
+# extensions in place); metadata, sdists and editable installs need no
+# compiled code (make compiles a checkout's: make compile).
+BUILDING = {"bdist_wheel", "build", "build_ext", "install"}
+
+
+def should_compile():
+    """Whether to compile ``zc_lb.COMPILED`` with mypyc: ZC_LB_COMPILE=1
+    always (make), =0 never; unset, when building what is installed and
+    mypyc and a C compiler with Python's headers are here.  Without them
+    the build is pure Python, and says so: ``zc-lb --version``, the
+    status and ``zc_lb_build_info`` then say "source"."""
+    wanted = os.environ.get("ZC_LB_COMPILE")
+    if wanted in ("0", "1"):
+        return wanted == "1"
+    if not BUILDING & set(sys.argv[1:]):
+        return False
+    missing = []
+    try:
+        import mypyc.build  # noqa: F401  (mypy is a build requirement: pyproject.toml)
+    except ImportError:
+        missing.append("mypyc (pip install mypy)")
+    compiler = os.environ.get("CC", "cc").split()[0]
+    if shutil.which(compiler) is None:
+        missing.append("a C compiler (%s)" % compiler)
+    if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
+        missing.append("Python's headers (python3-dev)")
+    if missing:
+        sys.stderr.write("zc-lb: WARNING: building the pure-Python zc-lb, which costs some "
+                         "twice the CPU a request; missing: %s\n" % ", ".join(missing))
+        return False
+    return True
+
+
 def compiled_modules():
-    """With ZC_LB_COMPILE=1, the modules of ``zc_lb.COMPILED`` compiled by
-    mypyc from the same source; ``make`` builds them in place (``setup.py
+    """The modules of ``zc_lb.COMPILED`` compiled by mypyc from the same
+    source (``should_compile``); ``make`` builds them in place (``setup.py
     build_ext --inplace``), and ZC_LB_PURE=1 runs the source."""
-    if os.environ.get("ZC_LB_COMPILE") != "1":
+    if not should_compile():
         return []
     from mypyc.build import mypycify
 
