@@ -77,3 +77,18 @@ def other_client(client, zk_hosts):
     yield c
     c.stop()
     c.close()
+
+
+@pytest.fixture
+def procs():
+    """Start a testing.Process (returned, started); each is killed after
+    the test, the last started first."""
+    started = []
+
+    def start(process):
+        started.append(process.start())
+        return process
+
+    yield start
+    for process in reversed(started):
+        process.kill()

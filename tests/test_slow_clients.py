@@ -21,19 +21,6 @@ MIB = 1024 * 1024
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture
-def procs():
-    started = []
-
-    def start(process):
-        started.append(process.start())
-        return process
-
-    yield start
-    for process in reversed(started):
-        process.kill()
-
-
 def slow_socket(address, rcvbuf=8192, timeout=10.0):
     host, port = address.split(":")
     sock = socket.socket()

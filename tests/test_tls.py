@@ -60,19 +60,6 @@ def lb_tls(pki):
             "--worker-tls-ca", pki["ca"]]
 
 
-@pytest.fixture
-def procs(tmp_path):
-    started = []
-
-    def start(process):
-        started.append(process.start())
-        return process
-
-    yield start
-    for process in reversed(started):
-        process.kill()
-
-
 def link(lb, address):
     with urllib.request.urlopen("http://%s/" % lb.status_address, timeout=5) as response:
         return json.load(response)["workers"].get(address, {})

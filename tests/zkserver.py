@@ -104,10 +104,19 @@ class ZooKeeperServer:
         """Start the server and wait until it serves; idempotent."""
         if self.running:
             return
+        self._launch()
+        self._wait_serving(self.command(), timeout)
+
+    def config(self):
+        """The zoo.cfg text."""
+        return CONFIG.format(tick_ms=self.tick_ms, data_dir=self.data_dir, port=self.port,
+                             host=self.host)
+
+    def _launch(self):
+        """Write the data directory and zoo.cfg, and start the JVM."""
         os.makedirs(self.data_dir, exist_ok=True)
         with open(self.config_path, "w") as f:
-            f.write(CONFIG.format(tick_ms=self.tick_ms, data_dir=self.data_dir,
-                                  port=self.port, host=self.host))
+            f.write(self.config())
         command = self.command()
         try:
             self.process = subprocess.Popen(
@@ -116,7 +125,6 @@ class ZooKeeperServer:
                 stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as e:
             raise ZooKeeperServerError(f"cannot run {command[0]}: {e}")
-        self._wait_serving(command, timeout)
 
     def _wait_serving(self, command, timeout):
         deadline = time.monotonic() + timeout
@@ -199,24 +207,19 @@ class EnsembleMember(ZooKeeperServer):
                 return line[len("Mode: "):].strip()
         return ""
 
+    def config(self):
+        return ENSEMBLE_CONFIG.format(tick_ms=self.tick_ms, data_dir=self.data_dir,
+                                      port=self.port, host=self.host,
+                                      servers="\n".join(self.servers))
+
     def start(self, timeout=60.0):
+        """Start the JVM (``Ensemble`` waits for the quorum)."""
         if self.running:
             return
         os.makedirs(self.data_dir, exist_ok=True)
         with open(os.path.join(self.data_dir, "myid"), "w") as f:
             f.write("%d\n" % self.myid)
-        with open(self.config_path, "w") as f:
-            f.write(ENSEMBLE_CONFIG.format(tick_ms=self.tick_ms, data_dir=self.data_dir,
-                                           port=self.port, host=self.host,
-                                           servers="\n".join(self.servers)))
-        command = self.command()
-        try:
-            self.process = subprocess.Popen(
-                command, cwd=self.directory, stdin=subprocess.DEVNULL,
-                stdout=open(self.log_path + ".out", "ab"),
-                stderr=subprocess.STDOUT, start_new_session=True)
-        except OSError as e:
-            raise ZooKeeperServerError(f"cannot run {command[0]}: {e}")
+        self._launch()
 
 
 class Ensemble:

@@ -370,6 +370,12 @@ def lb_actions(lb) -> dict:
             "enable": lambda worker: lb.enable_worker(worker) or {"worker": worker}}
 
 
+def _add_zookeeper_auth(p) -> None:
+    p.add_argument("--zookeeper-auth-file", metavar="FILE",
+                   help="ZooKeeper credentials, one line USER:PASSWORD: nodes this "
+                   "creates only they may read or change")
+
+
 def _zk_credentials(args: argparse.Namespace):
     """The ZooKeeper credentials of ``--zookeeper-auth-file``, or None."""
     if not getattr(args, "zookeeper_auth_file", None):
@@ -659,9 +665,7 @@ def _add_worker_parser(sub) -> None:
     p.add_argument("--insecure", action="store_true",
                    help="listen on a non-loopback address without --secret-file")
     p.add_argument("--zookeeper", metavar="HOSTS", help="register in ZooKeeper (host:port,...)")
-    p.add_argument("--zookeeper-auth-file", metavar="FILE",
-                   help="ZooKeeper credentials, one line USER:PASSWORD: nodes this "
-                   "creates only they may read or change")
+    _add_zookeeper_auth(p)
     p.add_argument("--path", default="/lb/workers",
                    help="ZooKeeper node of the workers (default /lb/workers)")
     p.add_argument("--version", help="the application version: told to every LB (status, "
@@ -738,9 +742,7 @@ def _add_lb_parser(sub) -> None:
                    "--processes); removed when it ends")
     p.add_argument("--zookeeper", metavar="HOSTS",
                    help="discover workers and settings in ZooKeeper (host:port,...)")
-    p.add_argument("--zookeeper-auth-file", metavar="FILE",
-                   help="ZooKeeper credentials, one line USER:PASSWORD: nodes this "
-                   "creates only they may read or change")
+    _add_zookeeper_auth(p)
     p.add_argument("--path", default="/lb", help="ZooKeeper node of the LB (default /lb)")
     settings.add_arguments(p, settings.LB_SETTINGS)
     p.set_defaults(run=run_lb)
@@ -809,8 +811,7 @@ def _add_reset_skills_parser(sub) -> None:
         "reset-skills", help="make LBs and workers forget skills (after a classifier change)")
     p.add_argument("--zookeeper", metavar="HOSTS",
                    help="set reset_skills in ZooKeeper: every LB and worker resets")
-    p.add_argument("--zookeeper-auth-file", metavar="FILE",
-                   help="ZooKeeper credentials, one line USER:PASSWORD")
+    _add_zookeeper_auth(p)
     p.add_argument("--path", default="/lb",
                    help="the LBs' node; the workers' is PATH/workers (default /lb)")
     p.add_argument("--status", action="append", metavar="HOST:PORT", default=[],
@@ -849,9 +850,7 @@ def _add_zk_parser(sub) -> None:
     p = sub.add_parser("zk", help="import, export, read and set the ZooKeeper tree")
     p.add_argument("--zookeeper", default="127.0.0.1:2181", metavar="HOSTS",
                    help="host:port,...[/chroot] (default 127.0.0.1:2181)")
-    p.add_argument("--zookeeper-auth-file", metavar="FILE",
-                   help="ZooKeeper credentials, one line USER:PASSWORD: nodes this "
-                   "creates only they may read or change")
+    _add_zookeeper_auth(p)
     p.add_argument("--timeout", type=float, default=10.0,
                    help="seconds to wait for ZooKeeper (default 10)")
     zk = p.add_subparsers(dest="zk_command", required=True, metavar="ZKCOMMAND")
