@@ -143,10 +143,21 @@ def _check_exposure(listen, secret: Optional[bytes], insecure: bool, tls=None) -
 
 
 def run_worker(args: argparse.Namespace) -> int:
+    if args.workers < 1 or args.max_requests < 0 or args.max_requests_jitter < 0:
+        raise ConfigurationError("-w is at least 1, --max-requests and its jitter at least 0")
+    if args.workers > 1:
+        from .workergroup import run
+
+        return run(args, args.argv)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until wait_for_signal says so
     from .service import PidFile
 
     service = build_worker(args)
+    if args.max_requests:
+        import random
+
+        service.worker.max_requests = args.max_requests + random.randint(
+            0, args.max_requests_jitter)
     service.start()
     pid_file = PidFile(args.pid_file)
     try:
@@ -657,6 +668,15 @@ def _add_worker_parser(sub) -> None:
     p.add_argument("--secret-file", help="shared secret for LB authentication")
     p.add_argument("--pid-file", metavar="FILE",
                    help="write the worker's pid here once it serves; removed when it ends")
+    p.add_argument("-w", "--workers", type=int, default=1, metavar="N",
+                   help="run N worker processes, the i-th on --listen's port + i (and "
+                   "--status's), or each on an ephemeral port (default 1)")
+    p.add_argument("--max-requests", type=int, default=0, metavar="N",
+                   help="drain and exit after serving about N requests (0: never), as "
+                   "gunicorn's: with -w the process is started again")
+    p.add_argument("--max-requests-jitter", type=int, default=0, metavar="J",
+                   help="add 0 to J at random to --max-requests, so that processes do not "
+                   "all restart at once (default 0)")
     p.add_argument("--tls-cert", metavar="FILE",
                    help="serve LBs over TLS with this certificate (naming the address "
                    "they connect to); needs --tls-ca: LBs must show a certificate of it")

@@ -26,6 +26,7 @@ from bisect import bisect_left
 import io
 import logging
 import os
+import signal
 import sys
 import time
 from typing import Any, Callable, ClassVar, Dict, Final, List, Mapping, Optional, Set, Tuple, cast
@@ -491,6 +492,7 @@ class Worker(Handler):
         self.failed = 0  # requests answered 5xx or cut short: not in the résumé
         self.app_seconds = 0.0  # the application's time on served requests
         self.queued_seconds = 0.0  # its threads' waits inside it behind others (threads.py)
+        self.max_requests = 0  # served, then it drains and exits (--max-requests; 0: never)
         self.latency = [0] * (len(LATENCY_BUCKETS) + 1)  # served requests by app seconds
 
     @property
@@ -738,6 +740,9 @@ class Worker(Handler):
         assert writer.began is not None  # (the application ran)
         elapsed = time.perf_counter() - writer.began - writer.queued
         self.served += 1
+        if self.served == self.max_requests:  # (--max-requests: drain and exit, as on SIGTERM)
+            log.info("served %d requests: draining to be started again", self.served)
+            os.kill(os.getpid(), signal.SIGTERM)
         self.app_seconds += elapsed
         self.queued_seconds += writer.queued
         self.latency[bisect_left(LATENCY_BUCKETS, elapsed)] += 1
