@@ -286,6 +286,13 @@ def test_the_status_page_in_a_browser(cluster):
         driver.get("http://%s/" % lb.status_address)
         assert driver.title == "zc-lb status"
         assert driver.find_element(By.ID, "requests").text == "12"
+        # what a newcomer looks for: the version, where it listens, the policy
+        # by the name given, the application's own 5xx beside the LB's errors
+        assert driver.find_element(By.ID, "listening-on").text == "http://%s" % lb.address
+        assert driver.find_element(By.ID, "version").text not in ("", "-")
+        assert driver.find_element(By.ID, "policy").text == "affinity"
+        assert driver.find_element(By.ID, "app-5xx").text == "0"
+        assert driver.find_element(By.ID, "latency-p99").text.startswith("<=")
         rows = driver.find_elements(By.CSS_SELECTOR, "table.workers tbody tr")
         shown = {row.find_element(By.CLASS_NAME, "address").text: row for row in rows}
         assert set(shown) == {w.address for w in workers}

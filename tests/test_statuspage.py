@@ -97,9 +97,10 @@ def test_the_page_names_every_worker_with_its_state_counts_backlog_and_best_clas
     assert pooled == ["10.0.0.2:9001", "in pool", "12", "2xx:10 5xx:2", "1", "3", "2.25", "2",
                       "b.example=31.5, a.example=9", "v7"]
     assert down[1] == "down" and down[-1] == "refused" and down[3] == "-"
-    assert ejected[1] == "ejected" and ejected[5] == "1"
+    assert ejected[1].startswith("ejected") and ejected[5] == "1"
     # each state is a CSS class, so that down and ejected workers stand out
-    assert {("down", "down"), ("in", "in pool"), ("ejected", "ejected")} <= set(page.spans)
+    assert {("down", "down"), ("in", "in pool")} <= set(page.spans)
+    assert ("ejected", "ejected, ?s more: failures") in page.spans  # (no time in the doc)
 
 
 def test_a_workers_best_classes_are_its_few_highest_scores_and_its_class_count_is_whole():
@@ -184,9 +185,34 @@ def test_the_summary_shows_the_documents_counters():
                     "mean_backlog": 2.5}}
     summary = Page(render(doc)).summary
     assert summary == {"requests": "1234", "in-flight": "7", "retries": "2", "clients": "40",
-                       "errors": "502: 2, 503: 1", "policy": "AffinityPool",
-                       "build": "compiled", "variance": "4.0", "backlog": "9", "mean-backlog": "2.5",
-                       "uptime": "12.5s"}
+                       "errors": "502: 2, 503: 1", "app-5xx": "0", "latency-p50": "-",
+                       "latency-p99": "-", "policy": "affinity", "version": "-",
+                       "build": "compiled", "listening-on": "-", "variance": "4.0",
+                       "backlog": "9", "mean-backlog": "2.5", "uptime": "12.5s"}
+
+
+def test_the_summary_says_the_apps_errors_latency_version_and_addresses():
+    # "errors: none" while the application had answered five 500s, no
+    # latency, no version, no address: what a newcomer missed.
+    doc = {"errors": {}, "version": "0.1.0", "listen": ["0.0.0.0:80", "0.0.0.0:443"],
+           "latency": {"buckets": [0.005, 0.01, 0.025, 1.0], "counts": [90, 5, 4, 0, 1]},
+           "pool": {"policy": "ClasslessPool"},
+           "workers": {"a:1": {"counts": {"5xx": 5}}, "b:1": {"counts": {"2xx": 9}}}}
+    summary = Page(render(doc)).summary
+    assert summary["errors"] == "none" and summary["app-5xx"] == "5"
+    assert (summary["latency-p50"], summary["latency-p99"]) == ("<= 5 ms", "<= 25 ms")
+    assert summary["policy"] == "classless" and summary["version"] == "0.1.0"
+    assert summary["listening-on"] == "0.0.0.0:80, 0.0.0.0:443"
+
+
+def test_an_ejected_worker_says_why_and_for_how_long_and_a_malformed_request_says_so():
+    doc = {"workers": {"a:1": {"connected": True, "in_pool": False, "ejected": True,
+                               "ejected_for": 12.5, "ejected_because": "5 failed requests"}},
+           "recent_errors": [{"time": 0, "status": 400, "cause": "BadRequest",
+                              "method": None, "path": None, "message": "bad head"}]}
+    page = Page(render(doc))
+    assert page.rows("workers")[0][1] == "ejected, 12.5s more: 5 failed requests"
+    assert page.rows("errors")[0][3] == "(a malformed request)"
 
 
 def test_recent_errors_are_listed_newest_first():
@@ -203,7 +229,9 @@ def test_the_current_request_rate_comes_from_the_history():
         def rates(self):
             return [(0.0, 10.0), (1.0, 42.31)]
     page = Page(render({}, History()))
-    assert any(p.strip() == "42.3 requests/s now" for p in page.paragraphs)
+    assert any(p.strip().endswith("42.3 requests/s now") for p in page.paragraphs)
+    # the sparkline's scale: the top line's rate, and the time it covers
+    assert any("top 42.3 requests/s, the last 1 s" in p for p in page.paragraphs)
     assert not any("requests/s now" in p for p in Page(render({})).paragraphs)
 
 

@@ -10,6 +10,7 @@ dispatches it, as gunicorn's arbiter does.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import logging
 import os
@@ -253,6 +254,16 @@ def _spool_limits(args: argparse.Namespace):
                        args.buffer_disk_total, args.buffer_dir or None)
 
 
+def _lb_document(lb, fronts) -> dict:
+    """The LB's status document, with zc-lb's version and where it listens."""
+    doc = lb.status()
+    doc["version"] = version()
+    doc["listen"] = ["%s://%s:%d" % ("https" if getattr(front, "tls", None) else "http",
+                                     *front.address[:2])
+                     for front in fronts if getattr(front, "server", None) is not None]
+    return doc
+
+
 def build_lb(args: argparse.Namespace):
     """The LB object and its front and status servers, not started."""
     from .accesslog import AccessLog, LogFormat
@@ -288,7 +299,7 @@ def build_lb(args: argparse.Namespace):
     if args.status:
         status = FrontServer(restart.inherited("status") or parse_address(args.status),
                              lb_status_app(
-            lb.status, lb_actions(lb), lambda: lb.requests,
+            functools.partial(_lb_document, lb, fronts), lb_actions(lb), lambda: lb.requests,
             read_secret(args.admin_token_file), lambda: len(lb.pool)))
     return lb, fronts, status
 

@@ -18,6 +18,27 @@ from .status import worker_state
 REFRESH = 10  # seconds
 TOP_SKILLS = 5
 TOP_CLASSES = 20
+# The pool's class -> the --policy name an operator gave.
+POLICY_NAMES = {"AffinityPool": "affinity", "Pool": "published", "ClasslessPool": "classless"}
+
+
+def percentile(latency: dict, share: float) -> str:
+    """The bucket bound under which ``share`` of a latency histogram's
+    counts fall (``<= 25 ms``), from the status document's buckets."""
+    counts = latency.get("counts") or []
+    total = sum(counts)
+    if not total:
+        return "-"
+    seen = 0
+    bounds = list(latency.get("buckets") or [])
+    for index, count in enumerate(counts):
+        seen += count
+        if seen >= share * total:
+            if index >= len(bounds):
+                return "> %g s" % bounds[-1] if bounds else "-"
+            bound = bounds[index]
+            return "<= %g ms" % (bound * 1000) if bound < 1 else "<= %g s" % bound
+    return "-"
 
 
 def sparkline(rates: Sequence[Tuple[float, float]], width: int = 300,
@@ -31,10 +52,14 @@ def sparkline(rates: Sequence[Tuple[float, float]], width: int = 300,
     step = width / (len(values) - 1)
     points = " ".join("%.1f,%.1f" % (i * step, height - 2 - (height - 4) * v / top)
                       for i, v in enumerate(values))
+    span = rates[-1][0] - rates[0][0]
+    # (the scale: the top line's rate and the span the line covers)
     return ('<svg class="sparkline" width="%d" height="%d" viewBox="0 0 %d %d" role="img" '
             'aria-label="request rate, peak %.1f/s"><polyline fill="none" stroke="#2a6" '
-            'stroke-width="1.5" points="%s"/></svg>' % (width, height, width, height, top,
-                                                         points))
+            'stroke-width="1.5" points="%s"/></svg> <span class="scale">top %.1f '
+            'requests/s, the last %s</span>' % (
+                width, height, width, height, top, points, top,
+                "%.0f min" % (span / 60) if span >= 120 else "%.0f s" % span))
 
 
 def _table(header: List[str], rows: List[List[str]], css: str) -> str:
@@ -75,12 +100,19 @@ def _head() -> str:
 def _summary(doc: dict) -> str:
     """The summary list: the document's counters and the pool's settings."""
     pool = doc.get("pool", {})
+    app_errors = sum((info.get("counts") or {}).get("5xx", 0)
+                     for info in (doc.get("workers") or {}).values())
+    latency = doc.get("latency") or {}
     summary = [
         ("requests", doc.get("requests")), ("in flight", doc.get("in_flight")),
         ("retries", doc.get("retries")), ("clients", doc.get("clients")),
         ("errors", ", ".join("%s: %s" % item for item in sorted(doc.get("errors", {}).items()))
          or "none"),
-        ("policy", pool.get("policy")), ("build", doc.get("build") or "-"),
+        ("app 5xx", app_errors),
+        ("latency p50", percentile(latency, 0.5)), ("latency p99", percentile(latency, 0.99)),
+        ("policy", POLICY_NAMES.get(pool.get("policy"), pool.get("policy"))),
+        ("version", doc.get("version") or "-"), ("build", doc.get("build") or "-"),
+        ("listening on", ", ".join(doc.get("listen") or ()) or "-"),
         ("variance", pool.get("variance")),
         ("backlog", pool.get("backlog")), ("mean backlog", pool.get("mean_backlog")),
         ("uptime", "%ss" % doc["uptime"] if doc.get("uptime") is not None else "-"),
@@ -106,9 +138,13 @@ def _workers(workers: Dict[str, dict]) -> str:
         skills = info.get("skills") or {}
         top = sorted(skills.items(), key=lambda item: -item[1])[:TOP_SKILLS]
         state = worker_state(info)
+        shown = state
+        if info.get("ejected"):  # why, and how long still
+            shown = "ejected, %ss more: %s" % (info.get("ejected_for", "?"),
+                                              info.get("ejected_because") or "failures")
         rows.append([
             '<span class="address">%s</span>' % escape(address),
-            '<span class="%s">%s</span>' % (escape(state.split()[0]), escape(state)),
+            '<span class="%s">%s</span>' % (escape(state.split()[0]), escape(shown)),
             escape(str(counts.get("requests", 0))),
             escape(" ".join("%s:%s" % (code, counts[code]) for code in
                             ("1xx", "2xx", "3xx", "4xx", "5xx") if counts.get(code)) or "-"),
@@ -141,7 +177,8 @@ def _recent_errors(doc: dict) -> str:
     """The recent errors section: the LB's error responses, newest first."""
     rows = [[escape(time.strftime("%H:%M:%S", time.localtime(error.get("time", 0)))),
              escape(str(error.get("status"))), escape(str(error.get("cause"))),
-             escape("%s %s" % (error.get("method"), error.get("path"))),
+             escape("%s %s" % (error.get("method"), error.get("path"))
+                    if error.get("method") else "(a malformed request)"),
              escape(str(error.get("message")))]
             for error in reversed(doc.get("recent_errors", []))]
     return ("<h2>Recent errors</h2><p>Error responses the LB made; the "
