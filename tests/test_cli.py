@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -438,3 +439,36 @@ def test_the_pid_file_names_the_process_while_it_serves_and_goes_with_it(tmp_pat
     assert process.returncode == 0
     assert not pid_file.exists()
     assert list(pid_file.parent.iterdir()) == []  # (no temporary file left either)
+
+
+def test_reload_starts_the_worker_again_when_the_application_changes(tmp_path):
+    import subprocess
+    import sys
+
+    from zc_lb.testing import LBProcess, free_port, http_get, wait_for
+
+    app = tmp_path / "devapp.py"
+    source = ("def app(environ, start_response):\n"
+              "    start_response('200 OK', [('Content-Type', 'text/plain')])\n"
+              "    return [b'%s']\n")
+    app.write_text(source % "first")
+    address = "127.0.0.1:%d" % free_port()
+    worker = subprocess.Popen([sys.executable, "-m", "zc_lb.cli", "worker", "devapp:app",
+                               "--reload", "--chdir", str(tmp_path), "--listen", address],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lb = None
+    try:
+        assert worker.stdout.readline().startswith("zc-lb worker listening on ")
+        lb = LBProcess([address]).start()
+        wait_for(lambda: http_get(lb.address, "/")[1] == "first", timeout=20,
+                 message="the first version served")
+        app.write_text(source % "second")
+        os.utime(app, (time.time() + 5, time.time() + 5))  # (a new mtime, surely)
+        wait_for(lambda: http_get(lb.address, "/", timeout=5)[1] == "second", timeout=30,
+                 message="the second version served")
+        assert worker.poll() is None  # (the same process, started again by exec)
+    finally:
+        if lb is not None:
+            lb.kill()
+        worker.terminate()
+        worker.communicate(timeout=30)

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from . import restart, settings
 from .accesslog import DEFAULT_FORMAT
@@ -171,12 +171,50 @@ def run_worker(args: argparse.Namespace) -> int:
         def apply(live: dict) -> None:
             service.configure(live, args.config)
 
-        wait_for_signal({"SIGTERM": service.stop, "SIGINT": service.stop,
-                         "SIGHUP": _sighup(args, apply)}, ready=pid_file.write)
+        handlers = {"SIGTERM": service.stop, "SIGINT": service.stop,
+                    "SIGHUP": _sighup(args, apply)}
+        if args.reload:
+            import gevent
+
+            changed: List[str] = []
+            handlers["SIGUSR2"] = lambda: bool(changed) and service.stop()
+            gevent.spawn(_watch_sources, os.getcwd(), changed)
+        wait_for_signal(handlers, ready=pid_file.write)
     finally:
         pid_file.remove()
+    if args.reload and changed:  # (drained: the new one takes the address)
+        log.warning("%s changed: starting again", changed[0])
+        os.chdir(args.start_dir)
+        os.execv(sys.executable, [sys.executable, "-m", "zc_lb.cli"] + list(args.argv))
     log.info("worker stopped")
     return 0
+
+
+RELOAD_POLL = 0.5  # seconds between looks at the application's files (--reload)
+
+
+def _watch_sources(root: str, changed: List[str]) -> None:
+    """(--reload) Look at the source files of the modules loaded from under
+    ``root`` every RELOAD_POLL; the first one changed goes in ``changed``,
+    and SIGUSR2 to ourselves drains and starts us again (run_worker)."""
+    import gevent
+
+    root = os.path.join(os.path.abspath(root), "")
+    seen: Dict[str, float] = {}
+    while not changed:
+        for module in list(sys.modules.values()):
+            path = getattr(module, "__file__", None)
+            if not path or not path.startswith(root) or "site-packages" in path:
+                continue
+            try:
+                mtime = os.stat(path).st_mtime
+            except OSError:
+                continue
+            if seen.setdefault(path, mtime) != mtime:
+                changed.append(path)
+                os.kill(os.getpid(), signal.SIGUSR2)
+                return
+        gevent.sleep(RELOAD_POLL)
 
 
 def _load_app(spec: str, load_app):
@@ -679,6 +717,9 @@ def _add_worker_parser(sub) -> None:
     p.add_argument("--secret-file", help="shared secret for LB authentication")
     p.add_argument("--pid-file", metavar="FILE",
                    help="write the worker's pid here once it serves; removed when it ends")
+    p.add_argument("--reload", action="store_true",
+                   help="for development: start again when a source file of the "
+                   "application (a module loaded from under the working directory) changes")
     p.add_argument("-w", "--workers", type=int, default=1, metavar="N",
                    help="run N worker processes, the i-th on --listen's port + i (and "
                    "--status's), or each on an ephemeral port (default 1)")
