@@ -78,3 +78,17 @@ def test_an_operator_readmits_an_ejected_worker_at_once_in_good_standing():
     assert not ejector.status("w1", 1.0)["probation"]
     assert not ejector.readmit_now("w1")  # (not ejected now)
     assert not ejector.readmit_now("nobody")
+
+
+def test_a_worker_ejected_for_unanswered_failures_is_back_on_probation_once_it_reconnects():
+    ejector = Ejector(consecutive=2, base_time=30.0)
+    ejector.failure("w1", 0.0, 4)
+    assert ejector.failure("w1", 0.0, 4)  # (its connection failed under two requests)
+    assert ejector.reconnected("w1")  # the process that failed is gone
+    assert not ejector.ejected("w1") and ejector.status("w1", 1.0)["probation"]
+    assert ejector.failure("w1", 1.0, 4)  # (on probation: one more and it is out again)
+    # Ejected for errors it answered, a reconnect proves nothing.
+    ejector = Ejector(consecutive=1)
+    for path in ("/a", "/b", "/c"):
+        ejector.failure("w2", 0.0, 4, path)
+    assert ejector.ejected("w2") and not ejector.reconnected("w2")

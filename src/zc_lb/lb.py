@@ -446,6 +446,8 @@ class LB(LinkEvents):
     # -- what the links tell (LinkEvents) ------------------------------
 
     def worker_up(self, connection: Connection) -> None:
+        if self.ejector.reconnected(connection.peer):
+            log.info("worker %s connected anew: readmitted on probation", connection.peer)
         self._admit(connection)
         self.lbs_changed()
 

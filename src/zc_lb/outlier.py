@@ -29,7 +29,10 @@ a worker whose database connection broke fails whatever it is asked, a
 broken route fails one path, everywhere.  A failure of the worker itself
 (its connection, a timeout, a health check) counts as before.  Why a worker was ejected is kept
 (``reason``), for the status, and an operator may readmit it at once
-(``readmit_now``).
+(``readmit_now``).  A worker ejected for failures it did not all
+answer is readmitted on probation as soon as it connects anew
+(``reconnected``): the process that failed is gone, and nothing else
+would probe it before its ejection time is up.
 
 Pure: no clock of its own (``now`` comes in), no I/O; keys are whatever
 identifies a worker to the caller (its address).
@@ -56,7 +59,7 @@ MAX_WATCHED: Final = 1024  # paths that failed lately, watched for a peer's succ
 
 class _Record:
     __slots__ = ("failures", "ejections", "until", "probation", "healthy", "paths",
-                 "answered", "reason")
+                 "answered", "reason", "unanswered")
 
     def __init__(self) -> None:
         self.failures = 0  # in a row
@@ -67,6 +70,7 @@ class _Record:
         self.paths: Set[str] = set()  # of the run's answered failures (MIN_PATHS at most)
         self.answered = True  # every failure of the run was the application's answer
         self.reason = ""  # why it was last ejected
+        self.unanswered = False  # ... for failures not all answered (a reconnect ends it)
 
 
 class Ejector:
@@ -136,6 +140,7 @@ class Ejector:
         record.reason = ("%d failed requests in a row%s" % (
             record.failures, ", answered 5xx on %d paths or more" % MIN_PATHS
             if record.answered else ", not all of them answered"))
+        record.unanswered = not record.answered
         if record.probation:
             record.reason += ", on probation"
         record.failures = 0
@@ -150,6 +155,18 @@ class Ejector:
         while ``watched`` has paths)."""
         if path in self.watched:
             self.watched[path] = key
+
+    def reconnected(self, key: Hashable) -> bool:
+        """``key``'s worker connected anew (it restarted): if its ejection
+        was for failures it did not answer (its connection, a timeout),
+        readmit it now, on probation: the process that failed is gone.
+        Whether it was readmitted."""
+        record = self.records.get(key)
+        if record is None or not record.until or not record.unanswered:
+            return False
+        record.until = 0.0
+        record.probation = True
+        return True
 
     def readmit_now(self, key: Hashable) -> bool:
         """An operator's word: ``key`` is healthy, back at once and in
