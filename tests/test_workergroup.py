@@ -47,6 +47,9 @@ def test_each_child_gets_its_own_addresses_and_files():
     assert child_argv(argv, 2, "10.0.0.5:9001", "10.0.0.5:9101", "/var/lib/r.json") == [
         "apps:app", "--threads", "8", "--listen", "10.0.0.5:9003", "--status", "10.0.0.5:9103",
         "--resume-file", "/var/lib/r.json.2"]
+    # (-w3 as one argument too: a child that got it would start a group of its own)
+    assert child_argv(["apps:app", "-w3", "--threads=8"], 0, "127.0.0.1:0", None, None) == [
+        "apps:app", "--threads=8", "--listen", "127.0.0.1:0"]
     assert offset("127.0.0.1:0", 4) == "127.0.0.1:0"  # (ephemeral stays ephemeral)
     assert offset("[::1]:80", 1) == "[::1]:81"
     with pytest.raises(ConfigurationError, match="past the last port"):

@@ -52,9 +52,9 @@ START_TIMEOUT = 30.0
 RESTART_EVERY = 1.0  # seconds between restarts of a child that died
 
 
-def child_argv(argv: Sequence[str]) -> List[str]:
-    """The ``zc-lb lb`` options of a child: ours, without ``--processes``,
-    ``--listen`` and ``--status`` (the supervisor has those)."""
+def without_options(argv: Sequence[str], names: Sequence[str]) -> List[str]:
+    """``argv`` without the options ``names`` and their values, however
+    given (``--opt V``, ``--opt=V``, and for a short one ``-oV``)."""
     out: List[str] = []
     skip = False
     for arg in argv:
@@ -62,11 +62,20 @@ def child_argv(argv: Sequence[str]) -> List[str]:
             skip = False
             continue
         name = arg.split("=", 1)[0]
-        if name in ("--processes", "--listen", "--status", "--listen-fd", "--process-index"):
+        if name in names:
             skip = "=" not in arg
             continue
+        if any(len(n) == 2 and arg.startswith(n) and len(arg) > 2 for n in names):
+            continue  # (-w3)
         out.append(arg)
     return out
+
+
+def child_argv(argv: Sequence[str]) -> List[str]:
+    """The ``zc-lb lb`` options of a child: ours, without ``--processes``,
+    ``--listen`` and ``--status`` (the supervisor has those)."""
+    return without_options(argv, ("--processes", "--listen", "--status", "--listen-fd",
+                                  "--process-index"))
 
 
 class Child:

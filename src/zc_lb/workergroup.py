@@ -51,18 +51,10 @@ def child_argv(argv: Sequence[str], index: int, listen: str, status: Optional[st
     """The command line of child ``index``: ``argv`` (after ``zc-lb``)
     without ``-w``/``--workers`` and ``--pid-file``, with its own
     ``--listen``, ``--status`` and ``--resume-file``."""
-    drop_with_value = {"-w", "--workers", "--pid-file", "--listen", "--status", "--resume-file"}
-    out: List[str] = []
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in drop_with_value:
-            skip = "=" not in arg
-            continue
-        out.append(arg)
+    from .processes import without_options
+
+    out = without_options(argv, ("-w", "--workers", "--pid-file", "--listen", "--status",
+                                 "--resume-file"))
     out += ["--listen", offset(listen, index)]
     if status:
         out += ["--status", offset(status, index)]
