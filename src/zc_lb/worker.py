@@ -287,7 +287,8 @@ class ResponseWriter:
         elapsed = None if began is None else time.perf_counter() - began - (
             self.queued if self.thread is None else self.thread.queued)
         environ = self.environ
-        cache = None if environ is None else cache_said(environ.get(CACHE_KEY))
+        said = None if environ is None else environ.get(CACHE_KEY)
+        cache = None if said is None else cache_said(said)  # (most apps say nothing)
         try:
             exchange.respond(self.status, self.headers, body, end,  # type: ignore[arg-type]
                              elapsed, cache)
