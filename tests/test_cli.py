@@ -472,3 +472,19 @@ def test_reload_starts_the_worker_again_when_the_application_changes(tmp_path):
             lb.kill()
         worker.terminate()
         worker.communicate(timeout=30)
+
+
+def test_lb_help_lists_its_options_in_groups_each_once(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["lb", "--help"])
+    out = capsys.readouterr().out
+    headings = [line for line in out.splitlines() if line and not line.startswith(" ")
+                and line.endswith(":")]
+    assert headings == ["options:", "front (clients, HTTP, TLS):",
+                        "workers (where they are, how they are reached and judged):",
+                        "routing:", "buffering (responses held for slow clients):",
+                        "operations:"]
+    options = re.findall(r"^  (--[a-z-]+)", out, re.M)
+    assert len(options) == len(set(options)) > 50
+    routing = out[out.index("routing:"):out.index("buffering")]
+    assert "--variance" in routing and "--policy" in routing and "--buffer-dir" not in routing

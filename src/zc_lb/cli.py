@@ -430,6 +430,43 @@ def lb_actions(lb) -> dict:
             "enable": lambda worker: lb.enable_worker(worker) or {"worker": worker}}
 
 
+# ``zc-lb lb --help`` in groups: each option's dest, by the group it shows in
+# (the rest, --config, --chdir, --log-level, stay under "options").
+LB_HELP_GROUPS = {
+    "front (clients, HTTP, TLS)": [
+        "listen", "redirect_https", "processes", "certfile", "keyfile", "tls_min_version",
+        "tls_ciphers", "client_timeout", "header_timeout", "max_connections", "forwarded",
+        "proxy_protocol", "trusted_proxies", "max_request_body", "error_page"],
+    "workers (where they are, how they are reached and judged)": [
+        "worker", "zookeeper", "zookeeper_auth_file", "path", "secret_file", "worker_tls_cert",
+        "worker_tls_key", "worker_tls_ca", "keepalive_timeout", "response_timeout",
+        "max_retries", "health_check", "health_interval", "eject_after", "eject_time",
+        "max_ejected", "no_worker_timeout", "single_version"],
+    "routing": [
+        "classifier", "policy", "affinity_key", "variance", "backlog_history", "unskilled_score",
+        "spread", "footprint_window", "slow_start", "balance", "stick", "separate_books",
+        "widen"],
+    "buffering (responses held for slow clients)": [
+        "buffer_memory", "buffer_memory_total", "buffer_disk", "buffer_disk_total", "buffer_dir"],
+    "operations": [
+        "status", "admin_token_file", "access_log", "access_log_format", "pid_file",
+        "drain_timeout", "version"],
+}
+
+
+def _group_options(parser, groups: Dict[str, List[str]]) -> None:
+    """Show ``parser``'s options in ``groups`` (title -> dests) in --help,
+    in that order; parsing is not changed, only where each is listed."""
+    actions = {action.dest: action for action in parser._optionals._group_actions}
+    for title, dests in groups.items():
+        group = parser.add_argument_group(title)
+        for dest in dests:
+            action = actions.get(dest)
+            if action is not None:
+                parser._optionals._group_actions.remove(action)
+                group._group_actions.append(action)
+
+
 def _add_zookeeper_auth(p) -> None:
     p.add_argument("--zookeeper-auth-file", metavar="FILE",
                    help="ZooKeeper credentials, one line USER:PASSWORD: nodes this "
@@ -817,6 +854,7 @@ def _add_lb_parser(sub) -> None:
     _add_zookeeper_auth(p)
     p.add_argument("--path", default="/lb", help="ZooKeeper node of the LB (default /lb)")
     settings.add_arguments(p, settings.LB_SETTINGS)
+    _group_options(p, LB_HELP_GROUPS)
     p.set_defaults(run=run_lb)
 
 
