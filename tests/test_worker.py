@@ -1,5 +1,6 @@
 """worker.py in process: PEP 3333 conformance, threads, app loading."""
 
+import io
 import threading
 import time
 import wsgiref.validate
@@ -511,3 +512,37 @@ def test_a_flood_of_refused_connections_is_a_line_or_two_in_the_log(serve, caplo
     lines = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
     assert 1 <= len(lines) <= 2, lines
     assert worker._rejected >= 49 - len(lines)  # (counted, for the next line)
+
+
+def test_a_file_handed_to_the_file_wrapper_goes_out_whole_in_large_reads(serve, tmp_path):
+    # Django's FileResponse and Flask's send_file give the file to
+    # wsgi.file_wrapper when the server offers one, else iterate it in
+    # small blocks (Django's 4 KiB): a frame and a thread handoff each.
+    from zc_lb.filewrapper import BLOCK
+
+    data = bytes(range(256)) * 4096 * 3  # 3 MiB
+    path = tmp_path / "file.bin"
+    path.write_bytes(data)
+    reads, closed = [], []
+
+    class File(io.FileIO):
+        def read(self, size=-1):
+            reads.append(size)
+            return super().read(size)
+
+        def close(self):
+            closed.append(True)
+            super().close()
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Length", str(len(data)))])
+        return environ["wsgi.file_wrapper"](File(str(path)), 4096)
+
+    worker, connection, _ = serve(app, threads=16)
+    response, body = call(connection, {})
+    assert body == data
+    assert reads and min(reads) >= BLOCK  # (not the app's 4 KiB)
+    deadline = time.monotonic() + 5
+    while not closed and time.monotonic() < deadline:
+        gevent.sleep(0.01)
+    assert closed

@@ -41,6 +41,7 @@ from mypy_extensions import mypyc_attr
 
 from . import resume as resume_module
 from .connection import HANDSHAKE_TIMEOUT, Connection, Exchange, Handler
+from .filewrapper import FileWrapper
 from .errors import (BadResponseHead, ConfigurationError, CorruptResumeFile, RequestCancelled,
                      ZcLbError)
 from .loopwatch import LoopWatch
@@ -889,6 +890,7 @@ class Worker(Handler):
                 "wsgi.multiprocess": True,
                 "wsgi.run_once": False,
                 "wsgi.input_terminated": True,
+                "wsgi.file_wrapper": FileWrapper,
                 "zc_lb.worker": "%s:%d" % self.address,
             })
         # The forwarded dict was decoded for this request alone: it becomes
