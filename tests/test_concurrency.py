@@ -5,7 +5,7 @@ import pytest
 
 from zc_lb import concurrency
 from zc_lb.concurrency import (BLOCKED, COMPUTES, COMPUTING, LOCK_TURNS, PROBE, QUEUED, RUNNING,
-                                Limit, blocked, state, syscall, turns)
+                                Limit, state, syscall, turns)
 
 FUTEX = 202
 
@@ -21,14 +21,14 @@ def test_the_kernels_syscall_line_is_read_as_a_number_or_running():
 
 def test_a_thread_is_blocked_in_io_or_on_a_lock_it_waits_long_for():
     turn = LOCK_TURNS
-    assert not blocked(RUNNING, FUTEX, 10.0, turn)  # computing
-    assert not blocked(None, FUTEX, 10.0, turn)  # (the kernel did not say)
-    assert blocked(7, FUTEX, 0.0, turn)  # poll: a socket, a database
-    assert blocked(230, FUTEX, 0.0, turn)  # clock_nanosleep
+    assert state(RUNNING, FUTEX, 10.0, turn) == COMPUTES
+    assert state(None, FUTEX, 10.0, turn) == COMPUTES  # (the kernel did not say)
+    assert state(7, FUTEX, 0.0, turn) == BLOCKED  # poll: a socket, a database
+    assert state(230, FUTEX, 0.0, turn) == BLOCKED  # clock_nanosleep
     # A lock wait with CPU time lately is a turn at the interpreter lock...
-    assert not blocked(FUTEX, FUTEX, turn / 2, turn)
-    # ...and a longer one the application's lock, or the hub.
-    assert blocked(FUTEX, FUTEX, turn * 2, turn)
+    assert state(FUTEX, FUTEX, turn / 2, turn) == COMPUTES
+    # ...and a longer one the application's lock (queued), or the hub.
+    assert state(FUTEX, FUTEX, turn * 2, turn) == QUEUED
 
 
 def test_a_turn_at_the_interpreter_lock_takes_longer_the_more_threads_want_it():

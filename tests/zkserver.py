@@ -171,16 +171,9 @@ class ZooKeeperServer:
 
 QUORUM_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 
-ENSEMBLE_CONFIG = """\
-tickTime={tick_ms}
+ENSEMBLE_CONFIG = CONFIG + """\
 initLimit=20
 syncLimit=10
-dataDir={data_dir}
-clientPort={port}
-clientPortAddress={host}
-maxClientCnxns=0
-admin.enableServer=false
-4lw.commands.whitelist=srvr,ruok,stat,mntr,cons,dump
 {servers}
 """
 

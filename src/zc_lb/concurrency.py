@@ -145,12 +145,6 @@ def state(call: Optional[int], futex: int, since_cpu: float, turn: float) -> int
     return BLOCKED
 
 
-def blocked(call: Optional[int], futex: int, since_cpu: float, turn: float) -> bool:
-    """Whether a request's thread waits outside the interpreter (in I/O,
-    or on a lock for longer than a turn at the interpreter lock)."""
-    return state(call, futex, since_cpu, turn) != COMPUTES
-
-
 class Limit:
     """The number of threads that take requests (``value``)."""
 

@@ -58,7 +58,7 @@ from .outlier import Ejector
 from .pool import RESUME_STEP, Pool
 from .protocol import MAX_BODY, Body, End, Response, head_fields
 from .relay import Relay
-from .settings import LB_SETTINGS, check, log_change
+from .settings import LATENCY_BUCKETS, LB_SETTINGS, check, log_change
 from .siblings import SYNC_INTERVAL, Siblings, sync
 from .spool import Spool, SpoolLimits
 
@@ -77,7 +77,6 @@ RELAY_FRAME = 128 * 1024  # bytes of keys in one frame, about (frames.Keys)
 
 # The response latency histogram's upper bounds, in seconds (plus +Inf):
 # fixed, so that a request costs one bisect and one list increment.
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 MAX_COUNTED_CLASSES = 1000  # distinct classes counted; later ones count as OTHER_CLASS
 OTHER_CLASS = "other"
 STATUS_CLASSES = 100  # the busiest classes in the status document (the rest: OTHER_CLASS)

@@ -37,6 +37,9 @@ from .errors import ConfigurationError
 log = logging.getLogger(__name__)
 
 CLI, ZOOKEEPER, LIVE = "cli", "zookeeper", "live"
+# The buckets of the latency histograms (seconds): the LB's response times
+# and a worker's application times, alike so that they compare.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 COMMAND_LINE = frozenset({CLI})
 EVERYWHERE = frozenset({CLI, ZOOKEEPER, LIVE})
 ZOOKEEPER_ONLY = frozenset({ZOOKEEPER, LIVE})

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import collections
 import functools
-from bisect import bisect_left
 import io
 import logging
 import os
 import signal
 import sys
 import time
+from bisect import bisect_left
 from typing import Any, Callable, ClassVar, Dict, Final, List, Mapping, Optional, Set, Tuple, cast
 
 import gevent  # type: ignore[import-untyped]
@@ -48,15 +48,12 @@ from .loopwatch import LoopWatch
 from .h1 import start_again
 from .httpparse import HOP_BY_HOP
 from .protocol import MAX_BODY, WORKER_FEATURES, Body, End, Request
-from .settings import WORKER_SETTINGS, check, log_change
+from .settings import LATENCY_BUCKETS, WORKER_SETTINGS, check, log_change
 from .threads import HubProxy, Threads, call_in_hub
 
 log = logging.getLogger(__name__)
 
 ERROR_500 = b"<html><body><h1>500 Internal Server Error</h1></body></html>"
-# The application's seconds a request, for the histogram (the LB's response
-# times have the same buckets: lb.LATENCY_BUCKETS).
-LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # Seconds of silence before a worker drops an LB: long, since an LB whose
 # loop was blocked (a site's classifier) must not lose every worker, and
 # a dead LB costs a worker only the requests it had sent.
