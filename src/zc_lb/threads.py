@@ -52,7 +52,7 @@ class _Thread:
     """What the pool knows of one of its threads."""
 
     __slots__ = ("gate", "busy", "syscall", "schedstat", "cpu", "cpu_at", "futex",
-                 "in_hub", "began", "queued", "queued_until")
+                 "in_hub", "queued", "queued_until")
 
     def __init__(self) -> None:
         self.gate = _allocate_lock()  # held while the thread may run: it parks on it
@@ -64,9 +64,8 @@ class _Thread:
         self.cpu_at = 0.0
         self.futex = False  # in a lock wait when last sampled
         self.in_hub = False  # waiting for the hub (call_in_hub): on the LB, not the app
-        self.began = 0.0  # (monotonic) when its call began
         self.queued = 0.0  # seconds of its call seen queued on a lock (concurrency.py)
-        self.queued_until = 0.0  # (monotonic) how far ``queued`` counts
+        self.queued_until = 0.0  # (monotonic) how far ``queued`` counts: its call's start at first
 
 
 class Threads:
@@ -134,7 +133,7 @@ class Threads:
                 calls.put(call)  # (for a thread let in; behind the others)
                 continue
             func, waiter = call
-            thread.began = thread.queued_until = time.monotonic()
+            thread.queued_until = time.monotonic()
             thread.queued = 0.0
             thread.busy = True
             try:
@@ -203,7 +202,7 @@ class Threads:
         working = counts[COMPUTES] + counts[BLOCKED]
         if working:  # queued behind the others: their wait is not the app's time
             for thread in queued:
-                since = max(thread.cpu_at, thread.queued_until, thread.began)
+                since = max(thread.cpu_at, thread.queued_until)  # (from its call's start)
                 thread.queued += now - since
                 thread.queued_until = now
             blocked, waits = counts[BLOCKED], counts[QUEUED]
