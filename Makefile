@@ -59,7 +59,7 @@ $(COMPILED): $(COMPILED_SOURCES) setup.py
 	touch $@
 
 mypy: venv
-	$(VENV)/bin/mypy src/zc_lb/pool.py src/zc_lb/affinity.py src/zc_lb/classstats.py src/zc_lb/locality.py src/zc_lb/slowstart.py src/zc_lb/relearn.py src/zc_lb/outlier.py src/zc_lb/concurrency.py src/zc_lb/resume.py src/zc_lb/frames.py src/zc_lb/protocol.py src/zc_lb/classifier.py src/zc_lb/settings.py src/zc_lb/tree.py src/zc_lb/httpparse.py src/zc_lb/h1.py src/zc_lb/spool.py src/zc_lb/forwarding.py src/zc_lb/guard.py src/zc_lb/proxyproto.py src/zc_lb/connection.py src/zc_lb/front.py src/zc_lb/lb.py src/zc_lb/worker.py src/zc_lb/relay.py
+	$(VENV)/bin/mypy src/zc_lb/pool.py src/zc_lb/affinity.py src/zc_lb/classstats.py src/zc_lb/locality.py src/zc_lb/slowstart.py src/zc_lb/relearn.py src/zc_lb/outlier.py src/zc_lb/concurrency.py src/zc_lb/resume.py src/zc_lb/frames.py src/zc_lb/protocol.py src/zc_lb/classifier.py src/zc_lb/settings.py src/zc_lb/tree.py src/zc_lb/httpparse.py src/zc_lb/h1.py src/zc_lb/spool.py src/zc_lb/forwarding.py src/zc_lb/guard.py src/zc_lb/proxyproto.py src/zc_lb/connection.py src/zc_lb/front.py src/zc_lb/lb.py src/zc_lb/worker.py src/zc_lb/threadio.py src/zc_lb/relay.py
 
 venv: $(STAMP)
 

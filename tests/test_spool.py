@@ -23,9 +23,9 @@ def test_memory_first_then_disk_and_the_body_comes_out_in_order(tmp_path):
         spool.put(chunk)
     assert spool.memory == 12 and spool.disk == 18  # two in memory (past 10), three on disk
     assert limits.in_memory == 12 and limits.on_disk == 18 and limits.spilled == 1
-    assert spool.take() == chunks[0]  # memory has room again: the next goes there,
-    spool.put(b"F" * 6)  # after the three on disk
-    assert drain(spool) == b"".join(chunks[1:]) + b"F" * 6
+    assert spool.take() == chunks[0] + chunks[1]  # (small parts in memory: joined)
+    spool.put(b"F" * 6)  # memory has room again: the next goes there, after the three on disk
+    assert drain(spool) == b"".join(chunks[2:]) + b"F" * 6
     assert limits.in_memory == limits.on_disk == 0
     spool.close()
 
@@ -106,4 +106,26 @@ def test_any_mix_of_sizes_comes_out_whole(tmp_path, sizes):
             out.append(spool.take())
     out.append(drain(spool))
     assert b"".join(out) == body
+    spool.close()
+
+
+def test_small_parts_in_memory_are_taken_together_up_to_join_bytes():
+    # A body that came in 4 KiB frames goes to the client in a few large
+    # writes, not one a frame; order and the accounts are kept.
+    from zc_lb.spool import JOIN
+
+    limits = SpoolLimits(memory=10 * JOIN, total_memory=10 * JOIN)
+    spool = Spool(limits)
+    blocks = [bytes([i % 256]) * 4096 for i in range(JOIN // 4096 + 3)]
+    for block in blocks:
+        spool.put(block)
+    first = spool.take()
+    assert first == b"".join(blocks[:JOIN // 4096]) and len(first) == JOIN
+    assert spool.take() == b"".join(blocks[JOIN // 4096:])
+    assert not spool and spool.memory == limits.in_memory == 0
+    big = b"x" * JOIN
+    spool.put(big)
+    spool.put(b"y")
+    assert spool.take() is big  # (a large part as it is: no copy)
+    assert spool.take() == b"y"
     spool.close()

@@ -546,3 +546,160 @@ def test_a_file_handed_to_the_file_wrapper_goes_out_whole_in_large_reads(serve, 
     while not closed and time.monotonic() < deadline:
         gevent.sleep(0.01)
     assert closed
+
+
+# -- thread mode: bodies cross to the hub in bulk (threadio.py) ---------------
+
+
+def _frames(exchange, timeout=10):
+    """(Response, [each Body's data], whether End came) of an exchange."""
+    from zc_lb.protocol import Body, Response
+
+    start = exchange.receive(timeout)
+    assert isinstance(start, Response), start
+    datas = [start.body] if start.body else []
+    if start.body:
+        exchange.consumed(len(start.body))
+    ended = start.end
+    while not ended:
+        message = exchange.receive(timeout)
+        if isinstance(message, Body):
+            datas.append(message.data)
+            exchange.consumed(len(message.data))
+        else:
+            ended = isinstance(message, End)
+            assert ended, message
+    return start, datas, ended
+
+
+def test_a_thread_apps_small_blocks_go_to_the_lb_in_large_frames(serve):
+    # Django iterates a file in 4 KiB blocks: each was a handoff to the
+    # hub and a frame.  They cross in bulk now, in order.
+    blocks = [bytes([i % 251]) * 4096 for i in range(1024)]  # 4 MiB
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Length", str(4096 * len(blocks)))])
+        return iter(blocks)
+
+    worker, connection, _ = serve(app, threads=2)
+    exchange = connection.open_request(dict(REQUEST, PATH_INFO="/"), end=True)
+    start, datas, ended = _frames(exchange)
+    assert start.status == "200 OK" and ended
+    assert b"".join(datas) == b"".join(blocks)
+    assert len(datas) < 100  # (1,024 before)
+
+
+REQUEST = {"REQUEST_METHOD": "GET", "SERVER_NAME": "x", "SERVER_PORT": "80",
+           "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http"}
+
+
+def test_a_thread_apps_first_block_goes_before_its_next_is_made(serve):
+    # Blocks go in bulk, but none waits for the next: a streaming app's
+    # (server-sent events, progress) reach the client as it yields them.
+    got_first = threading.Event()
+
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        yield b"first;"
+        yield b"then:%s" % (b"seen" if got_first.wait(5) else b"late")
+
+    worker, connection, _ = serve(app, threads=2)
+    exchange = connection.open_request(dict(REQUEST, PATH_INFO="/"), end=True)
+    start = exchange.receive(5)
+    data = start.body
+    while data != b"first;":
+        data += exchange.receive(5).data
+    got_first.set()
+    _, rest = read_response_rest(exchange)
+    assert rest == b"then:seen"
+
+
+def read_response_rest(exchange):
+    from zc_lb.testing import read_body
+
+    return None, read_body(exchange, 5)
+
+
+def test_a_thread_app_that_reads_in_small_blocks_waits_for_the_hub_seldom(serve, monkeypatch):
+    # wsgi.input in a thread: each read was a handoff to the hub; now a
+    # handoff brings what has come, up to threadio.READ_AHEAD.
+    from zc_lb import threadio
+
+    handoffs = []
+    real = threadio.call_in_hub
+    monkeypatch.setattr(threadio, "call_in_hub",
+                        lambda *args: handoffs.append(args[2:]) or real(*args))
+
+    def app(environ, start_response):
+        read, pieces = environ["wsgi.input"].read, []
+        while True:
+            data = read(4096)
+            if not data:
+                break
+            assert len(data) == 4096 or not read(1)
+            pieces.append(data)
+        body = b"".join(pieces)
+        start_response("200 OK", [])
+        return [b"%d %d" % (len(body), sum(body) % 1000003)]
+
+    worker, connection, _ = serve(app, threads=2)
+    body = bytes(range(256)) * 16384  # 4 MiB
+    start, data = call(connection, {"REQUEST_METHOD": "POST", "CONTENT_LENGTH": str(len(body))},
+                       body)
+    assert data == b"%d %d" % (len(body), sum(body) % 1000003)
+    assert len(handoffs) < 100  # (1,024 before)
+    assert all(most == threadio.READ_AHEAD for most, _ in handoffs)
+
+
+def test_a_thread_app_writing_faster_than_the_lb_takes_waits_holding_at_most_high(serve):
+    # Flow control reaches the app: the LB grants no credit, so the
+    # thread stops once threadio.HIGH bytes wait for the hub (plus the
+    # first window), and goes on as the LB takes them.
+    from zc_lb.frames import WIDE_WINDOW
+    from zc_lb.threadio import HIGH
+
+    made = []
+
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        for _ in range(256):
+            made.append(65536)
+            yield b"x" * 65536  # 16 MiB in all
+
+    worker, connection, _ = serve(app, threads=2)
+    exchange = connection.open_request(dict(REQUEST, PATH_INFO="/"), end=True)
+    gevent.sleep(0.5)  # taking nothing: no credit granted back
+    held = sum(made)
+    assert held <= HIGH + WIDE_WINDOW + 2 * 65536, held
+    start, datas, ended = _frames(exchange)
+    assert ended and sum(map(len, datas)) == 256 * 65536 == sum(made)
+
+
+def test_a_thread_app_stops_at_its_next_block_when_the_lb_cancels(serve):
+    # The LB went away (or its client did): the error is raised in the
+    # thread at its next write, which ends the app's iteration (close).
+    closed = threading.Event()
+
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        if environ["PATH_INFO"] == "/next":
+            return [b"next"]
+        return endless()
+
+    def endless():
+        try:
+            for _ in range(100000):
+                yield b"y" * 65536
+                time.sleep(0.001)
+        finally:
+            closed.set()
+
+    worker, connection, _ = serve(app, threads=2)
+    exchange = connection.open_request(dict(REQUEST, PATH_INFO="/"), end=True)
+    exchange.receive(5)
+    exchange.cancel()
+    deadline = time.monotonic() + 5
+    while not closed.is_set() and time.monotonic() < deadline:
+        gevent.sleep(0.01)  # (the hub runs here: no blocking wait)
+    assert closed.is_set()
+    assert call(connection, {"PATH_INFO": "/next"})[1] == b"next"  # (the thread is free)

@@ -49,7 +49,8 @@ from .h1 import start_again
 from .httpparse import HOP_BY_HOP
 from .protocol import MAX_BODY, WORKER_FEATURES, Body, End, Request
 from .settings import LATENCY_BUCKETS, WORKER_SETTINGS, check, log_change
-from .threads import HubProxy, Threads, call_in_hub
+from .threadio import ThreadInput, ThreadOutput
+from .threads import Threads
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,22 @@ class RequestInput(io.RawIOBase):
                         break
             if not self._fill():
                 break
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def read1(self, size: int = -1, wait_for: int = 1) -> bytes:
+        """Up to ``size`` bytes (any number, if negative): ``wait_for``
+        of them, or to the end, and more only if they are here already.
+        b"" at the end of the body.  (A pool thread's handoff:
+        ``threadio.ThreadInput``.)"""
+        pieces: List[bytes] = []
+        got = 0
+        inbox = self._exchange.inbox
+        while size < 0 or got < size:
+            if not self._buffered and not ((got < wait_for or inbox) and self._fill()):
+                break
+            piece = self._take(self._buffered if size < 0 else size - got)
+            pieces.append(piece)
+            got += len(piece)
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def readinto(self, b) -> int:  # type: ignore[override]
@@ -301,24 +318,17 @@ class ResponseWriter:
         return False
 
 
-def _call(func: Callable, *args):
-    return func(*args)
-
-
 class ThreadWriter:
-    """``start_response`` and ``write`` for an application in a pool
-    thread: each runs the ``ResponseWriter``'s in the hub (``send``)."""
+    """``start_response`` for an application in a pool thread: its
+    ``write`` queues body bytes for the hub (``ThreadOutput``)."""
 
-    def __init__(self, writer: ResponseWriter, send: Callable) -> None:
+    def __init__(self, writer: ResponseWriter, output: ThreadOutput) -> None:
         self.writer = writer
-        self.send = send
+        self.output = output
 
     def start_response(self, status, headers, exc_info=None) -> Callable:
         self.writer.start_response(status, headers, exc_info)
-        return self.write
-
-    def write(self, data: bytes) -> None:
-        self.send(self.writer.write, data)
+        return self.output.write
 
 
 # -- request greenlets ------------------------------------------------------
@@ -751,45 +761,45 @@ class Worker(Handler):
             self.publish(new)
 
     def _run_app(self, environ: Dict, writer: ResponseWriter,
-                 send: Optional[Callable] = None,
-                 start_response: Optional[Callable] = None,
-                 deferred: Optional[list] = None) -> None:
-        """Run the app and send its response.  With ``deferred`` (a pool
-        thread), a one-piece body is appended to it instead, for the hub
-        to finish: two thread handoffs fewer per request."""
+                 output: Optional[ThreadOutput] = None,
+                 start_response: Optional[Callable] = None) -> None:
+        """Run the app and send its response: through ``writer`` in this
+        greenlet, or through ``output`` from a pool thread."""
         try:
             result = self.app(environ, start_response or writer.start_response)
         except ZcLbError:
             raise
         except Exception:
             log.exception("application error for %s", environ.get("PATH_INFO"))
-            (send or _call)(self._error_500, writer)
+            self._fail(writer, output)
             return
         try:
             if type(result) in (list, tuple) and len(result) <= 1:
                 # The common case, [body]: head, body and End in one write.
-                if deferred is not None:
-                    deferred.append(result[0] if result else b"")
-                    return
-                if send is None:  # (in this greenlet: no call through ``_call``)
-                    writer.finish(result[0] if result else b"")
-                else:
-                    send(writer.finish, result[0] if result else b"")
+                (output or writer).finish(result[0] if result else b"")
             else:
-                send = send or _call
+                sink = output or writer
                 for data in result:
                     if data:
-                        send(writer.write, data)
-                send(writer.finish)
+                        sink.write(data)
+                sink.finish()
         except ZcLbError:
             raise
         except Exception:
             log.exception("application error for %s", environ.get("PATH_INFO"))
-            (send or _call)(self._error_500, writer)
+            self._fail(writer, output)
         finally:
             close = getattr(result, "close", None)
             if close is not None:
                 close()
+
+    def _fail(self, writer: ResponseWriter, output: Optional[ThreadOutput]) -> None:
+        """The application failed: a 500, or a response cut short (in the
+        hub, once a thread's output is sent)."""
+        if output is None:
+            self._error_500(writer)
+        else:
+            output.fail()
 
     def _run_watched(self, environ: Dict, writer: ResponseWriter) -> None:
         """Greenlet mode: run the application in this greenlet, known to
@@ -822,34 +832,30 @@ class Worker(Handler):
         its connection pool), as far as the pool saw it (``writer.queued``,
         threads.py)."""
         hub = gevent.get_hub()
-        environ["wsgi.input"] = HubProxy(hub, environ["wsgi.input"])
-        # (No closures that call each other: compiled, they would make a
-        # reference cycle per request, for the garbage collector.)
-        send = functools.partial(call_in_hub, hub)
-        deferred: list = []
+        environ["wsgi.input"] = ThreadInput(hub, environ["wsgi.input"])
+        output = ThreadOutput(hub, writer)
         assert self.threadpool is not None
         error = self.threadpool.apply(functools.partial(
-            self._in_thread, environ, writer, send, ThreadWriter(writer, send).start_response,
-            deferred))
+            self._in_thread, environ, writer, output,
+            ThreadWriter(writer, output).start_response))
         if error is not None:
             raise error
-        if deferred:  # back in the hub: finish here, as _run_app would have
-            try:
-                writer.finish(deferred[0])
-            except ZcLbError:
-                raise
-            except Exception:
-                log.exception("application error for %s", environ.get("PATH_INFO"))
-                self._error_500(writer)
+        try:  # back in the hub: what the thread queued, then the end
+            output.close(self._error_500)
+        except ZcLbError:
+            raise
+        except Exception:
+            log.exception("application error for %s", environ.get("PATH_INFO"))
+            self._error_500(writer)
 
-    def _in_thread(self, environ: Dict, writer: ResponseWriter, send: Callable,
-                   start_response: Callable, deferred: list) -> Optional[ZcLbError]:
+    def _in_thread(self, environ: Dict, writer: ResponseWriter, output: ThreadOutput,
+                   start_response: Callable) -> Optional[ZcLbError]:
         """In a pool thread: run the application; the error that ended it
         early if the LB went away (raised in the hub, not here)."""
         writer.began = time.perf_counter()
-        writer.thread = thread = self.threadpool.current()  # type: ignore[union-attr]
+        writer.thread = output.thread = thread = self.threadpool.current()  # type: ignore
         try:
-            self._run_app(environ, writer, send, start_response, deferred)
+            self._run_app(environ, writer, output, start_response)
         except ZcLbError as exc:  # the LB went away: raised here, not printed there
             return exc
         finally:

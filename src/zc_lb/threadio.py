@@ -1,0 +1,257 @@
+"""A pool thread's request body and response body, through the hub.
+
+In thread mode the application runs in a pool thread, while the
+connection to the LB belongs to the hub (the event loop in the main
+thread).  A handoff between them (``threads.call_in_hub``) costs a loop
+turn and two thread switches: made for every block an application
+yields or reads (Django iterates a file in 4 KiB blocks), it was most of
+a large body's time.  So blocks cross in bulk, and the thread waits for
+the hub only when it must:
+
+``ThreadOutput``
+    The response.  The thread appends the application's blocks to a
+    queue and goes on; the first block into an empty queue wakes the
+    hub, whose sender greenlet takes everything queued and sends it as
+    one chunk, so the blocks that come while the hub sends go together
+    next.  The thread waits when ``HIGH`` bytes are queued or on their
+    way (the LB's credit, a slow client: flow control reaches the
+    application), and never at the end: the hub ends the response once
+    the thread has returned and the queue is sent, so a response in one
+    piece costs the thread no handoff at all.
+
+``ThreadInput``
+    ``wsgi.input``.  Each handoff brings back what the worker has of the
+    body, up to ``READ_AHEAD`` bytes, and reads are served from that.
+
+Errors the hub meets (the LB went away, the request was cancelled) are
+raised in the thread at its next write, or in the hub when it ends the
+response.  While the thread waits for the hub it is marked ``in_hub``,
+so the pool's sampler counts the wait as the LB's, not the app's.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, List, Optional
+
+import gevent  # type: ignore[import-untyped]
+import gevent.event  # type: ignore[import-untyped]
+
+from .errors import ZcLbError
+from .threads import call_in_hub
+
+HIGH = 1024 * 1024  # response bytes queued or on their way before the thread waits
+CHUNK = 256 * 1024  # at most this much of the queue is sent as one chunk
+READ_AHEAD = 256 * 1024  # request body bytes a handoff brings at most
+
+NOT_BYTES = "the application's response body must be bytes, not %s"
+
+
+class ThreadOutput:
+    """A response body written in a pool thread and sent by the hub.
+
+    ``writer`` is the request's ``ResponseWriter`` (its ``write`` and
+    ``finish`` run in the hub); ``thread`` the pool's record of the
+    thread (``threads._Thread``), or None.  The thread calls ``write``
+    and at most one of ``finish`` and ``fail``; the hub then calls
+    ``close``.
+    """
+
+    def __init__(self, hub: Any, writer: Any, thread: Any = None) -> None:
+        self._hub = hub
+        self._writer = writer
+        self.thread = thread
+        self._lock = threading.Lock()
+        self._blocks: List[bytes] = []  # queued, not yet taken by the sender
+        self._held = 0  # bytes queued or being sent
+        self._sending = False  # the hub has a sender running, or coming
+        self._room = threading.Event()  # set while under HIGH bytes are held
+        self._room.set()
+        self._sent = gevent.event.Event()  # (hub) set while no sender runs
+        self._sent.set()
+        self.error: Optional[BaseException] = None  # what the hub met sending
+        # What the hub does once the queue is sent: finish the response
+        # with these bytes, or (``fail``) answer 500 or cancel.
+        self._last: Optional[bytes] = None
+        self._failed = False
+
+    # -- in the pool thread ---------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        """Queue ``data``; wait only while HIGH bytes are held."""
+        if type(data) is not bytes:
+            raise TypeError(NOT_BYTES % type(data).__name__)
+        if self.error is not None:
+            raise self.error
+        if self._writer.status is None:
+            raise AssertionError("write() before start_response()")
+        if not data:
+            return
+        with self._lock:
+            self._blocks.append(data)
+            self._held += len(data)
+            wake = not self._sending
+            self._sending = True
+            full = self._held >= HIGH
+            if full:
+                self._room.clear()
+        if wake:
+            self._hub.loop.run_callback_threadsafe(self._start_sender)
+        if full:
+            self._wait_for_room()
+            if self.error is not None:
+                raise self.error
+
+    def finish(self, data: bytes = b"") -> None:
+        """The response ends after ``data``; the hub ends it (``close``)."""
+        if type(data) is not bytes:
+            raise TypeError(NOT_BYTES % type(data).__name__)
+        self._last = data
+
+    def fail(self) -> None:
+        """The application failed: the hub answers 500, or cancels a
+        response already started, once what was queued is sent."""
+        self._failed = True
+
+    def _wait_for_room(self) -> None:
+        thread = self.thread
+        if thread is None:
+            self._room.wait()
+            return
+        thread.in_hub = True  # (the sampler: a wait on the LB, not on the app)
+        try:
+            self._room.wait()
+        finally:
+            thread.in_hub = False
+
+    # -- in the hub -----------------------------------------------------
+
+    def _start_sender(self) -> None:
+        self._sent.clear()
+        gevent.spawn(self._send_queued)
+
+    def _send_queued(self) -> None:
+        writer = self._writer
+        try:
+            while True:
+                with self._lock:
+                    blocks = self._take()
+                    if not blocks:
+                        self._sending = False
+                        return
+                data = blocks[0] if len(blocks) == 1 else b"".join(blocks)
+                try:
+                    if self.error is None:
+                        writer.write(data)
+                except BaseException as exc:  # (raised in the thread, or by close)
+                    self.error = exc
+                with self._lock:
+                    self._held -= len(data)
+                    if self._held < HIGH or self.error is not None:
+                        self._room.set()
+        finally:
+            self._sent.set()
+
+    def _take(self) -> List[bytes]:
+        """Up to CHUNK bytes of queued blocks (at least one), taken off
+        the queue.  (Under the lock.)"""
+        blocks = self._blocks
+        if not blocks:
+            return blocks
+        size = 0
+        for n, block in enumerate(blocks):
+            size += len(block)
+            if size >= CHUNK:
+                taken, self._blocks = blocks[:n + 1], blocks[n + 1:]
+                return taken
+        self._blocks = []
+        return blocks
+
+    def close(self, fail: Callable[[Any], None]) -> None:
+        """Back in the hub after the thread returned: wait for the queue
+        to be sent, then end the response (``fail(writer)`` if the
+        application failed).  Raises a ZcLbError the hub met sending."""
+        while self._sending:
+            if self._sent.is_set():  # (its start is on its way from the thread)
+                gevent.sleep(0)
+            else:
+                self._sent.wait()
+        error = self.error
+        if isinstance(error, ZcLbError):
+            raise error
+        writer = self._writer
+        if self._failed or error is not None:
+            fail(writer)
+        elif self._last is not None:
+            writer.finish(self._last)
+
+
+class ThreadInput:
+    """``wsgi.input`` for an application in a pool thread: reads served
+    from what each handoff to the hub brought (``source.read1``)."""
+
+    def __init__(self, hub: Any, source: Any) -> None:
+        self._hub = hub
+        self._read1 = source.read1
+        self._buffer = b""
+        self._pos = 0
+        self._eof = False
+
+    def _fill(self, wanted: int) -> bool:
+        """Bring more of the body; False at its end."""
+        if self._eof:
+            return False
+        data = call_in_hub(self._hub, self._read1, max(wanted, READ_AHEAD), wanted)
+        if not data:
+            self._eof = True
+            return False
+        if self._pos == len(self._buffer):
+            self._buffer, self._pos = data, 0
+        else:
+            self._buffer, self._pos = self._buffer[self._pos:] + data, 0
+        return True
+
+    def _take(self, n: int) -> bytes:
+        buffer, pos = self._buffer, self._pos
+        data = buffer if pos == 0 and n >= len(buffer) else buffer[pos:pos + n]
+        self._pos = min(pos + n, len(buffer))
+        return data
+
+    def read(self, size: Optional[int] = -1) -> bytes:
+        if size is None or size < 0:
+            pieces = []
+            while self._pos < len(self._buffer) or self._fill(READ_AHEAD):
+                pieces.append(self._take(len(self._buffer)))
+            return b"".join(pieces)
+        pieces, wanted = [], size
+        while wanted > 0:
+            if self._pos == len(self._buffer) and not self._fill(wanted):
+                break
+            piece = self._take(wanted)
+            pieces.append(piece)
+            wanted -= len(piece)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def readline(self, size: Optional[int] = -1) -> bytes:
+        limit = -1 if size is None else size
+        while self._buffer.find(b"\n", self._pos) < 0 and (
+                limit < 0 or len(self._buffer) - self._pos < limit):
+            if not self._fill(READ_AHEAD):
+                break
+        end = (self._buffer.find(b"\n", self._pos) + 1 or len(self._buffer)) - self._pos
+        if limit >= 0:
+            end = min(end, limit)
+        return self._take(end)
+
+    def readlines(self, hint: int = -1) -> List[bytes]:
+        lines: List[bytes] = []
+        total = 0
+        for line in iter(self.readline, b""):
+            lines.append(line)
+            total += len(line)
+            if 0 < hint <= total:
+                break
+        return lines
+
+    def __iter__(self):
+        return iter(self.readline, b"")
