@@ -276,20 +276,3 @@ def call_in_hub(hub, func, *args):
     if not ok:
         raise value
     return value
-
-
-class HubProxy:
-    """Wraps wsgi.input so that a pool thread calls its methods in the hub."""
-
-    def __init__(self, hub, target) -> None:
-        self._hub = hub
-        self._target = target
-
-    def __getattr__(self, name):
-        attr = getattr(self._target, name)
-        if not callable(attr):
-            return attr
-        return lambda *args, **kw: call_in_hub(self._hub, lambda: attr(*args, **kw))
-
-    def __iter__(self):
-        return iter(self.readline, b"")
