@@ -153,6 +153,34 @@ def test_a_misspelt_command_line_fails_the_test_above(line):
         test_a_command_line_in_the_docs_parses(argv)
 
 
+def config_examples():
+    for path in DOCUMENTS:
+        for block in literal_blocks(read(path)):
+            block = "\n".join(block).strip().splitlines()
+            if block and block[0] in ("[lb]", "[worker]"):
+                yield pytest.param("\n".join(block) + "\n", id=path)
+
+
+CONFIGS = list(config_examples())
+
+
+def test_the_docs_show_a_config_file():
+    assert CONFIGS
+
+
+@pytest.mark.parametrize("text", CONFIGS)
+def test_a_config_file_in_the_docs_is_taken(text, tmp_path):
+    from zc_lb import config
+
+    path = tmp_path / "zc-lb.toml"
+    path.write_text(text, encoding="utf-8")
+    parser = cli.build_parser()
+    for section in ("lb", "worker"):
+        if "[%s]" % section in text.splitlines():
+            assert config.load(str(path), section, parser.commands[section],
+                               cli.COMMAND_SETTINGS[section])
+
+
 # -- what CI and readers rely on ------------------------------------------------
 
 
