@@ -94,7 +94,7 @@ def setting_rst(setting, role):
     if settings.ZOOKEEPER in where:
         lines.append(":ZooKeeper: property ``%s`` of %s%s\n" % (
             setting.name, NODES[role],
-            "; applied live, as on SIGHUP from a ``--config`` file"
+            "; applied live, as is a change in a ``--config`` file on SIGHUP"
             if settings.LIVE in where else ""))
     else:
         lines.append(":ZooKeeper: no; applied at start\n")
