@@ -5,6 +5,7 @@
 #   make test   set up, then run the whole test suite
 #   make bench  set up, then run the benchmarks (ratios, side by side)
 #   make soak   set up, then ten minutes at half capacity, watching for leaks
+#   make docs   write docs/reference/settings.rst and cli.rst from the code
 #
 # Each compiles zc_lb.COMPILED first (make compile: mypyc, from the same
 # source); make test runs the suite on it, then those modules' tests on the source.
@@ -36,7 +37,7 @@ SOURCE_TESTS := tests/test_pool.py tests/test_affinity.py tests/test_classstats.
 	tests/test_connection.py tests/test_front.py tests/test_lb.py tests/test_links.py \
 	tests/test_worker.py tests/test_threads.py tests/test_hardening.py tests/test_relay.py
 
-.PHONY: run test bench soak sysdeps venv compile zookeeper mypy clean
+.PHONY: run test bench soak sysdeps venv compile zookeeper mypy docs clean
 
 run: venv
 	@$(MAKE) --no-print-directory compile || echo "zc-lb: could not compile; running the source"
@@ -60,6 +61,12 @@ $(COMPILED): $(COMPILED_SOURCES) setup.py
 
 mypy: venv
 	$(VENV)/bin/mypy src/zc_lb/pool.py src/zc_lb/affinity.py src/zc_lb/classstats.py src/zc_lb/locality.py src/zc_lb/slowstart.py src/zc_lb/relearn.py src/zc_lb/outlier.py src/zc_lb/concurrency.py src/zc_lb/resume.py src/zc_lb/frames.py src/zc_lb/protocol.py src/zc_lb/classifier.py src/zc_lb/settings.py src/zc_lb/tree.py src/zc_lb/httpparse.py src/zc_lb/h1.py src/zc_lb/spool.py src/zc_lb/forwarding.py src/zc_lb/guard.py src/zc_lb/proxyproto.py src/zc_lb/connection.py src/zc_lb/front.py src/zc_lb/lb.py src/zc_lb/worker.py src/zc_lb/threadio.py src/zc_lb/relay.py
+
+# The reference pages written from the code (the settings table, the
+# parsers): run after changing a setting or an option, and commit them;
+# tests/test_docs.py fails while they differ.
+docs: venv
+	$(PY) docs/gen_reference.py
 
 venv: $(STAMP)
 

@@ -3,6 +3,7 @@
 says when it was pointed at the wrong port, and a wheel that carries all
 of it (and the licence) outside the checkout."""
 
+import glob
 import http.server
 import json
 import os
@@ -300,8 +301,13 @@ def test_wheel_installed_outside_the_checkout_has_the_tools_and_the_licence(tmp_
                           capture_output=True).returncode == 1  # no top-level name taken
 
 
-@pytest.mark.parametrize("path", ["README.rst", "docs/design.rst", "playback/README.rst",
-                                  "playback/logs/README.rst", "simulations/README.rst"])
+DOCUMENTS = ["README.rst", "playback/README.rst", "playback/logs/README.rst",
+             "simulations/README.rst"] + sorted(
+    os.path.relpath(path, ROOT)
+    for path in glob.glob(os.path.join(ROOT, "docs", "**", "*.rst"), recursive=True))
+
+
+@pytest.mark.parametrize("path", DOCUMENTS)
 def test_the_documents_are_valid_restructuredtext(path):
     # A malformed table is not an error to a reader's eye, but PyPI and
     # docutils drop it (make bench's table overflowed its columns once).

@@ -865,7 +865,7 @@ def _add_lb_operator_arguments(p) -> None:
     p.add_argument("--access-log-format", default=DEFAULT_FORMAT, metavar="FORMAT",
                    help="the access log's line, in Apache LogFormat %%-fields (default: "
                         "Apache combined + host, class, worker, upstream, time, retries; "
-                        "see README.rst)")
+                        "see docs/reference/accesslog.rst)")
     p.add_argument("--status", metavar="HOST:PORT",
                    help="serve the status document (JSON), a status page, Prometheus "
                         "/metrics and /healthz")

@@ -73,8 +73,8 @@ class Guarded:
 
             self.pool = gevent.threadpool.ThreadPool(self.threads)
             log.warning("%s %s took %.0f ms, blocking the LB's event loop: it runs in "
-                        "%d threads from now on (a %s must not block; see README, "
-                        "'What happens when things fail')", self.what, self.name,
+                        "%d threads from now on (a %s must not block; see "
+                        "docs/reference/failures.rst)", self.what, self.name,
                         elapsed * 1000, self.threads, self.what)
 
     def status(self) -> dict:

@@ -1,0 +1,210 @@
+"""The documentation says what the code does: the generated reference
+pages match the code, every ``zc-lb`` command line shown in the README
+and docs/ parses with the real parser, and the docs' links lead
+somewhere.  Nothing here starts a server."""
+
+import contextlib
+import glob
+import importlib
+import importlib.util
+import io
+import os
+import re
+import shlex
+
+import pytest
+
+from zc_lb import cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCUMENTS = ["README.rst"] + sorted(
+    os.path.relpath(path, ROOT)
+    for path in glob.glob(os.path.join(ROOT, "docs", "**", "*.rst"), recursive=True))
+
+
+def read(path):
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        return f.read()
+
+
+def load_generator():
+    spec = importlib.util.spec_from_file_location(
+        "gen_reference", os.path.join(ROOT, "docs", "gen_reference.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- the generated pages ---------------------------------------------------
+
+
+@pytest.mark.parametrize("page", ["reference/settings.rst", "reference/cli.rst"])
+def test_the_generated_reference_is_up_to_date(page):
+    generator = load_generator()
+    expected = generator.PAGES[page]()
+    assert read(os.path.join("docs", page)) == expected, (
+        "docs/%s differs from what the code says; run `make docs` "
+        "(python docs/gen_reference.py) and commit the result" % page)
+
+
+def test_every_setting_is_in_the_settings_reference():
+    from zc_lb import settings
+
+    text = read("docs/reference/settings.rst")
+    for table in (settings.LB_SETTINGS, settings.WORKER_SETTINGS):
+        for name, setting in table.items():
+            assert "``%s``\n~~~" % name in text
+            if settings.CLI in setting.where:
+                assert "``%s" % setting.option in text
+
+
+# -- command lines ----------------------------------------------------------
+
+
+def literal_blocks(text):
+    """The lines of each ``::`` literal block of ``text``, dedented."""
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].rstrip().endswith("::"):
+            indent = len(lines[i]) - len(lines[i].lstrip())
+            i += 1
+            block = []
+            while i < len(lines) and (not lines[i].strip() or
+                                      len(lines[i]) - len(lines[i].lstrip()) > indent):
+                block.append(lines[i])
+                i += 1
+            yield [line.strip() for line in block]
+        else:
+            i += 1
+
+
+def command_lines(text):
+    """The ``zc-lb ...`` command lines shown in ``text``'s literal blocks,
+    continuation lines joined, as argument lists after ``zc-lb``."""
+    for block in literal_blocks(text):
+        joined = []
+        for line in block:
+            if joined and joined[-1].endswith("\\"):
+                joined[-1] = joined[-1][:-1] + " " + line
+            else:
+                joined.append(line)
+        for line in joined:
+            line = re.sub(r"^\$\s+", "", line)
+            words = shlex.split(line, comments=True)
+            if not words or not (words[0] == "zc-lb" or words[0].endswith("/zc-lb")):
+                continue
+            argv = []
+            for word in words[1:]:
+                if word in ("|", ">", ">>", "&&", ";", "||", "&"):
+                    break
+                argv.append(word)
+            yield line, argv
+
+
+def all_command_lines():
+    for path in DOCUMENTS:
+        for line, argv in command_lines(read(path)):
+            yield pytest.param(argv, id="%s: %s" % (path, line[:60]))
+
+
+COMMANDS = list(all_command_lines())
+
+
+def test_the_docs_show_command_lines():
+    # (so that a change to how they are found cannot pass by finding none)
+    assert len(COMMANDS) >= 20
+    shown = {param.values[0][0] for param in COMMANDS if param.values[0]}
+    assert {"worker", "lb", "status", "zk", "drain", "compare"} <= shown
+
+
+def tool_parser(command):
+    """The parser of a tool ``zc-lb COMMAND`` passes its arguments to."""
+    module = importlib.import_module(cli.PASS_THROUGH[command][0])
+    return (getattr(module, "make_parser", None) or getattr(module, "parser"))()
+
+
+def parse(parser, argv, known=False):
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(io.StringIO()):
+            return parser.parse_known_args(argv) if known else (parser.parse_args(argv), [])
+    except SystemExit as exc:  # argparse's way to refuse (or --help, --version)
+        assert exc.code == 0, "zc-lb %s: %s" % (" ".join(argv), errors.getvalue())
+        return None, []
+
+
+@pytest.mark.parametrize("argv", COMMANDS)
+def test_a_command_line_in_the_docs_parses(argv):
+    args, rest = parse(cli.build_parser(), argv, known=True)  # as cli.main does
+    if args is None:
+        return
+    if "pass_through" in args:  # replay, compare, simulate: the tool's own options
+        parse(tool_parser(args.command), rest)
+    else:
+        assert not rest, "zc-lb %s: unrecognized arguments %s" % (" ".join(argv), rest)
+
+
+@pytest.mark.parametrize("line", ["zc-lb lb --varience 2", "zc-lb wroker app:app",
+                                  "zc-lb replay LOG --taget http://127.0.0.1:8080"])
+def test_a_misspelt_command_line_fails_the_test_above(line):
+    ((_, argv),) = list(command_lines("::\n\n    %s\n" % line))
+    with pytest.raises(AssertionError):
+        test_a_command_line_in_the_docs_parses(argv)
+
+
+def config_examples():
+    for path in DOCUMENTS:
+        for block in literal_blocks(read(path)):
+            block = "\n".join(block).strip().splitlines()
+            if block and block[0] in ("[lb]", "[worker]"):
+                yield pytest.param("\n".join(block) + "\n", id=path)
+
+
+CONFIGS = list(config_examples())
+
+
+def test_the_docs_show_a_config_file():
+    assert CONFIGS
+
+
+@pytest.mark.parametrize("text", CONFIGS)
+def test_a_config_file_in_the_docs_is_taken(text, tmp_path):
+    from zc_lb import config
+
+    path = tmp_path / "zc-lb.toml"
+    path.write_text(text, encoding="utf-8")
+    parser = cli.build_parser()
+    for section in ("lb", "worker"):
+        if "[%s]" % section in text.splitlines():
+            assert config.load(str(path), section, parser.commands[section],
+                               cli.COMMAND_SETTINGS[section])
+
+
+# -- what CI and readers rely on ------------------------------------------------
+
+
+def test_the_readme_gives_the_command_ci_runs():
+    ci = [line for line in read(".ci/run").splitlines()
+          if line.strip() and not line.startswith(("#", "set ", "cd "))]
+    assert ci == ["make test"]
+    quick_start = read("README.rst").split("Quick start\n===========\n")[1].split("\n====")[0]
+    assert "make run" in quick_start and "make test" in quick_start
+
+
+def test_the_readme_is_short():
+    assert len(read("README.rst").splitlines()) < 400
+
+
+@pytest.mark.parametrize("path", DOCUMENTS)
+def test_the_docs_link_to_files_that_exist(path):
+    text = read(path)
+    for target in set(re.findall(r"\bdocs/[\w./-]+\.rst\b", text)):
+        assert os.path.exists(os.path.join(ROOT, target)), "%s names %s" % (path, target)
+    for target in set(re.findall(r"<(docs/[^>]+)>`_", text)):
+        assert os.path.exists(os.path.join(ROOT, target)), "%s links %s" % (path, target)
+
+
+@pytest.mark.parametrize("path", DOCUMENTS)
+def test_the_docs_stay_inside_the_repository(path):
+    assert "../shared" not in read(path)
