@@ -226,17 +226,18 @@ def test_the_bodies_app_sends_and_counts_large_bodies(tmp_path):
 
 def test_the_bodies_lines_give_each_case_and_the_goal():
     cases = {name: {"direct_mb_s": 1000.0, "zc-lb": 1.2, "zc-lb --greenlets": 1.1,
-                    "bare TCP hop": 1.05, "zc-lb TLS": 2.0}
+                    "--sendfile on": 1.3, "bare TCP hop": 1.05, "zc-lb TLS": 2.0}
              for name, _, _ in bench.BODY_CASES}
     result = {"mb": 20, "transfers": 5, "cases": cases, "met": True, "missed": []}
     text = bench.bodies_lines(result)
     lines = text.splitlines()
     assert lines[0] == ("bodies (20 MB, 5 transfers each): the app's time through each over "
                         "its time served directly")
-    assert lines[1].split() == ["direct", "MB/s", "zc-lb", "zc-lb", "--greenlets", "bare",
-                                "TCP", "hop", "zc-lb", "TLS"]  # (no HAProxy: not measured)
+    assert lines[1].split() == ["direct", "MB/s", "zc-lb", "zc-lb", "--greenlets",
+                                "--sendfile", "on", "bare", "TCP", "hop", "zc-lb",
+                                "TLS"]  # (no HAProxy: not measured)
     assert lines[2].split() == ["download,", "4", "KiB", "blocks", "1000", "1.20x", "1.10x",
-                                "1.05x", "2.00x"]
+                                "1.30x", "1.05x", "2.00x"]
     assert len(lines) == 2 + len(bench.BODY_CASES) + 1
     assert lines[-1] == "  goal: zc-lb's (both worker modes) <= 1.5x: met"
     result.update(met=False, missed=["zc-lb upload, 4 KiB reads"])
@@ -257,7 +258,7 @@ def test_bench_bodies_tiny_run_prints_its_line():
     assert "HAProxy" in lines[start + 1]
     for (name, _, _), line in zip(bench.BODY_CASES, lines[start + 2:]):
         assert line.startswith("  " + name)
-        assert re.fullmatch(r"\s*\d+(\s+[\d.]+x){5}", line[len(name) + 2:]), line
+        assert re.fullmatch(r"\s*\d+(\s+[\d.]+x){6}", line[len(name) + 2:]), line
     assert re.fullmatch(r"  goal: zc-lb's \(both worker modes\) <= 1\.5x: (NOT )?met.*",
                         lines[start + 2 + len(bench.BODY_CASES)])
 

@@ -289,3 +289,39 @@ def test_pieces_left_after_a_partial_vectored_send_are_the_unsent_bytes():
     assert b"".join(taken) == b"headbody bytesend"
     rest = send_pieces(lambda data: 2, None, [b"ab", b"cd"])  # no sendmsg: joined
     assert [bytes(piece) for piece in rest] == [b"cd"]
+
+
+def test_is_loopback_knows_this_machines_addresses_and_nothing_else():
+    from zc_lb.sockets import is_loopback
+
+    assert all(is_loopback(host) for host in ("127.0.0.1", "127.8.9.1", "::1", "localhost",
+                                              "::1%lo"))
+    assert not any(is_loopback(host) for host in ("10.0.0.1", "0.0.0.0", "::", "example.com",
+                                                  "", None, "192.168.1.1%eth0"))
+
+
+def test_send_file_sends_a_files_bytes_and_says_when_it_ended_first(tmp_path):
+    # (sockets.send_file: sendfile(2) from a gevent socket, waiting while
+    # the socket is full; fewer bytes only if the file ended.)
+    import gevent.socket
+    from zc_lb.sockets import send_file
+
+    data = bytes(range(256)) * 8192  # 2 MiB: more than a socket buffer holds
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    left, right = gevent.socket.socketpair()
+    received = []
+
+    def receive():
+        while sum(map(len, received)) < len(data) - 10:
+            received.append(right.recv(65536))
+
+    reader = gevent.spawn(receive)
+    with open(path, "rb") as f:
+        assert send_file(left, f.fileno(), 10, len(data) - 10) == len(data) - 10
+        reader.join(5)
+        assert b"".join(received) == data[10:]
+        assert send_file(left, f.fileno(), len(data) - 5, 100) == 5  # (the file ended)
+    assert right.recv(100) == data[-5:]
+    left.close()
+    right.close()

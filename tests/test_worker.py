@@ -514,16 +514,59 @@ def test_a_flood_of_refused_connections_is_a_line_or_two_in_the_log(serve, caplo
     assert worker._rejected >= 49 - len(lines)  # (counted, for the next line)
 
 
-def test_a_file_handed_to_the_file_wrapper_goes_out_whole_in_large_reads(serve, tmp_path):
+@pytest.mark.parametrize("threads", [None, 16])
+def test_a_file_like_object_handed_to_the_file_wrapper_goes_out_whole_in_large_reads(
+        serve, threads):
     # Django's FileResponse and Flask's send_file give the file to
     # wsgi.file_wrapper when the server offers one, else iterate it in
-    # small blocks (Django's 4 KiB): a frame and a thread handoff each.
+    # small blocks (Django's 4 KiB).  One without a descriptor (here in
+    # memory) is read in BLOCK reads, whatever the app asked for.
     from zc_lb.filewrapper import BLOCK
 
     data = bytes(range(256)) * 4096 * 3  # 3 MiB
+    reads, closed = [], []
+
+    class File(io.BytesIO):
+        def read(self, size=-1):
+            reads.append(size)
+            return super().read(size)
+
+        def close(self):
+            closed.append(True)
+            super().close()
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Length", str(len(data)))])
+        return environ["wsgi.file_wrapper"](File(data), 4096)
+
+    worker, connection, _ = serve(app, threads=threads)
+    response, body = call(connection, {})
+    assert body == data
+    assert reads and min(reads) >= BLOCK  # (not the app's 4 KiB)
+    _wait_until(lambda: closed)
+
+
+def _wait_until(predicate, timeout=5):
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        gevent.sleep(0.01)  # (the hub runs here)
+    assert predicate()
+
+
+@pytest.mark.parametrize("threads", [None, 16])
+def test_a_file_handed_to_the_file_wrapper_goes_out_with_sendfile(serve, tmp_path, threads,
+                                                                  monkeypatch):
+    # A regular file: the kernel moves its bytes (sendfile), from where
+    # the app left it standing, up to its Content-Length; the worker
+    # reads none of them, and closes the file once they went.
+    import os
+
+    data = bytes(range(256)) * 4096 * 3 + b"tail"  # 3 MiB and a bit
     path = tmp_path / "file.bin"
     path.write_bytes(data)
-    reads, closed = [], []
+    sendfiles, reads, closed = [], [], []
+    real = os.sendfile
+    monkeypatch.setattr(os, "sendfile", lambda *args: sendfiles.append(args[3]) or real(*args))
 
     class File(io.FileIO):
         def read(self, size=-1):
@@ -535,17 +578,56 @@ def test_a_file_handed_to_the_file_wrapper_goes_out_whole_in_large_reads(serve, 
             super().close()
 
     def app(environ, start_response):
-        start_response("200 OK", [("Content-Length", str(len(data)))])
-        return environ["wsgi.file_wrapper"](File(str(path)), 4096)
+        f = File(str(path))
+        f.seek(100)
+        length = environ.get("HTTP_X_LENGTH", str(len(data) - 100))
+        start_response("200 OK", [("Content-Length", length)])
+        return environ["wsgi.file_wrapper"](f, 4096)
 
-    worker, connection, _ = serve(app, threads=16)
+    worker, connection, _ = serve(app, threads=threads, sendfile="on")
     response, body = call(connection, {})
-    assert body == data
-    assert reads and min(reads) >= BLOCK  # (not the app's 4 KiB)
-    deadline = time.monotonic() + 5
-    while not closed and time.monotonic() < deadline:
-        gevent.sleep(0.01)
-    assert closed
+    assert body == data[100:]
+    assert sendfiles and not reads
+    _wait_until(lambda: closed)
+    response, body = call(connection, {"HTTP_X_LENGTH": "1000"})
+    assert body == data[100:1100]
+    response, body = call(connection, {"REQUEST_METHOD": "HEAD"})
+    assert response.status == "200 OK" and body == b""
+    _wait_until(lambda: len(closed) == 3)
+    # By default ("auto"), not to an LB on this machine: over loopback
+    # the kernel copies the bytes either way, and reads cost less.
+    del sendfiles[:]
+    worker, connection, _ = serve(app, threads=threads)
+    assert call(connection, {})[1] == data[100:]
+    assert reads and not sendfiles
+
+
+@pytest.mark.parametrize("threads", [None, 16])
+def test_a_file_that_ends_before_its_region_cuts_the_response_and_spares_the_connection(
+        serve, tmp_path, threads, monkeypatch, caplog):
+    # The file shrank after the worker measured it: the frame is made
+    # whole with zeros, and the response cancelled (a truncated body
+    # must not look complete); the connection's other requests go on.
+    from zc_lb.errors import RequestCancelled
+    from zc_lb.filewrapper import FileWrapper
+
+    path = tmp_path / "file.bin"
+    path.write_bytes(b"z" * 100000)
+    monkeypatch.setattr(FileWrapper, "region",
+                        lambda self: (self.filelike.fileno(), 0, 300000))
+
+    def app(environ, start_response):
+        if environ["PATH_INFO"] == "/next":
+            start_response("200 OK", [])
+            return [b"next"]
+        start_response("200 OK", [])
+        return environ["wsgi.file_wrapper"](open(path, "rb"))
+
+    worker, connection, _ = serve(app, threads=threads, sendfile="on")
+    with pytest.raises(RequestCancelled):
+        call(connection, {})
+    assert "the file ended before its response did" in caplog.text
+    assert call(connection, {"PATH_INFO": "/next"})[1] == b"next"
 
 
 # -- thread mode: bodies cross to the hub in bulk (threadio.py) ---------------

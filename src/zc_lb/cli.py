@@ -128,19 +128,14 @@ def _sighup(args: argparse.Namespace, apply, live_extra=frozenset()):
 def _check_exposure(listen, secret: Optional[bytes], insecure: bool, tls=None) -> None:
     """Refuse a worker reachable from other hosts that anyone could use
     (mutual TLS, like the secret, lets in only the site's LBs)."""
-    import ipaddress
+    from .sockets import is_loopback
 
-    host = listen[0]
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: assume others can reach it
-        loopback = False
-    if not (loopback or secret or insecure or tls is not None):
+    if not (is_loopback(listen[0]) or secret or insecure or tls is not None):
         raise ConfigurationError(
             "a worker listening on %s without --secret-file lets anyone who reaches it "
             "send requests (with any REMOTE_ADDR) and read its résumé; give "
             "--secret-file (or --tls-cert), or --insecure if that is what you want"
-            % (host or "*"))
+            % (listen[0] or "*"))
 
 
 def run_worker(args: argparse.Namespace) -> int:
@@ -260,7 +255,7 @@ def build_worker(args: argparse.Namespace) -> WorkerService:
                     resume_interval=args.resume_interval, resume_file=args.resume_file,
                     threads=args.threads, threads_fixed=args.threads_fixed,
                     concurrency=args.concurrency, secret=secret,
-                    version=args.version, tls=tls)
+                    version=args.version, tls=tls, sendfile=args.sendfile)
     status = None
     if args.status:
         from .http import FrontServer

@@ -31,7 +31,9 @@ given to ``cancel`` (``ClientGone`` when the LB's client left).
 from __future__ import annotations
 
 import collections
+import errno
 import logging
+import os
 import socket
 import time
 from typing import Callable, Deque, Dict, List, Optional, Tuple, Union, cast
@@ -56,7 +58,7 @@ from .errors import (
 )
 from .protocol import Body, Credit, GoAway, Keys, Ping, Request, Resume, StreamEnded
 from .settings import LB_SETTINGS
-from .sockets import send_pieces, set_nodelay, wait
+from .sockets import send_file, send_pieces, set_nodelay, wait
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +73,8 @@ RECV_SIZE = 256 * 1024
 # in a second is a flood, and a protocol error: answering each with a
 # Pong would give one peer the loop every other connection waits for.
 MAX_PINGS = 64
+# sendfile(2) errors that are the file's (read from it failed), not the socket's.
+_FILE_ERRORS = frozenset({errno.EIO, errno.EBADF, errno.EINVAL})
 
 
 def looks_like_tls(data: bytes) -> bool:
@@ -106,6 +110,23 @@ class Handler:
 
     def connection_lost(self, connection: "Connection", error: ZcLbError) -> None:
         """The connection ended, from outside or by our own close()."""
+
+
+class FileRegion:
+    """``count`` bytes of an open file from ``offset``: a Body frame's
+    chunk, queued to go out with sendfile(2) (``Exchange.send_file``).
+    ``sent`` is set once it went (or the connection ended); ``short``
+    says the file ended first and zeros went in its place, to keep the
+    frame whole."""
+
+    __slots__ = ("fd", "offset", "count", "sent", "short")
+
+    def __init__(self, fd: int, offset: int, count: int) -> None:
+        self.fd = fd
+        self.offset = offset
+        self.count = count
+        self.sent = gevent.event.Event()
+        self.short = False
 
 
 class Exchange:
@@ -194,6 +215,35 @@ class Exchange:
             raise self.error
         connection = self.connection
         connection.write_chunk(connection.protocol.body_header(self.rno, len(chunk)), chunk)
+
+    def send_file(self, fd: int, offset: int, count: int) -> bool:
+        """Worker side: ``count`` bytes of the open file ``fd`` from
+        ``offset`` as body, with sendfile(2) (``Connection.sendfile``
+        says whether the connection can), in frames queued as credit
+        allows; returns once they went (the file stays the caller's).
+        False if the file ended first (zeros went in its place: the
+        caller cancels the response)."""
+        connection = self.connection
+        credit = connection.protocol.credit
+        regions: List[FileRegion] = []
+        try:
+            while count > 0:
+                while credit(self.rno) <= 0:
+                    self._wait()
+                if self.error is not None:
+                    raise self.error
+                n = min(count, credit(self.rno), protocol.MAX_BODY)
+                region = FileRegion(fd, offset, n)
+                connection.write_region(connection.protocol.body_header(self.rno, n), region)
+                regions.append(region)
+                offset, count = offset + n, count - n
+        finally:
+            for region in regions:  # (all of them: the file may be closed after)
+                while not region.sent.wait(KEEPALIVE_INTERVAL) and not connection.closed:
+                    pass
+        if connection.closed:
+            raise connection.error or connection._closed_error(connection.peer)
+        return not any(region.short for region in regions)
 
     def cancel(self, error: Optional[ZcLbError] = None) -> None:
         """Abandon the request, telling the peer; idempotent.  ``error``
@@ -366,6 +416,7 @@ class Connection:
         self._writer_busy = False  # the writer greenlet has bytes the socket did not take
         # The non-blocking socket under gevent's, for sending from the hub.
         self._vectored = False  # a body chunk is queued: send the pieces with sendmsg
+        self._regions = 0  # FileRegions queued: the writer greenlet sends them
         # Over TLS (``tls.py``) every byte goes through the SSL object: no
         # raw sends from the hub, no sendmsg, and decrypted bytes it holds
         # (``pending``) are read before waiting on the socket.
@@ -375,6 +426,8 @@ class Connection:
         self._raw_sendmsg = getattr(raw, "sendmsg", None)
         self._flushed = gevent.event.Event()  # set while nothing is queued or being sent
         self._flushed.set()
+        # sendfile(2) needs the kernel to see the bytes: not over TLS.
+        self.sendfile = self._pending is None and hasattr(os, "sendfile")
         self._greenlets: List[gevent.Greenlet] = []
         self._lost_error = WorkerLost if role == "lb" else ConnectionLost
         self._closed_error = WorkerClosed if role == "lb" else ConnectionClosed
@@ -479,6 +532,13 @@ class Connection:
         self.write(header)
         self._outgoing.append(chunk)
 
+    def write_region(self, header: bytes, region: FileRegion) -> None:
+        """Queue a Body frame's header and its chunk from a file, for the
+        writer greenlet to send with sendfile(2) in its place in line."""
+        self.write(header)
+        self._outgoing.append(region)  # type: ignore[arg-type]
+        self._regions += 1
+
     def write(self, data: bytes) -> None:
         """Queue bytes; everything queued in one loop turn goes out with
         one system call, from a loop callback (no greenlet switch), or
@@ -503,6 +563,10 @@ class Connection:
         outgoing = self._outgoing
         send = self._raw_send  # (not None: ``write`` schedules no flush without it)
         if self.closed or self._writer_busy or not outgoing or send is None:
+            return
+        if self._regions:  # (sendfile waits for the socket: the writer's)
+            self._writer_busy = True
+            self._wake_writer.set()
             return
         pieces, self._outgoing = outgoing, []
         if not self._vectored:  # (small frames: one join costs less than sendmsg's buffers)
@@ -531,6 +595,9 @@ class Connection:
                 sendmsg = None if self._pending is not None else getattr(sock, "sendmsg", None)
                 while self._outgoing:
                     pieces, self._outgoing = self._outgoing, []
+                    if self._regions:
+                        self._send_with_regions(pieces, sendmsg)
+                        continue
                     while pieces:  # (gevent's: waits until the socket takes more)
                         pieces = send_pieces(sock.send, sendmsg, pieces)
                 self._writer_busy = False
@@ -539,6 +606,33 @@ class Connection:
             self._outgoing.clear()
             self._flushed.set()
             self._end(self._lost_error("%s: write failed: %s" % (self.peer, exc)))
+
+    def _send_with_regions(self, pieces: List, sendmsg: Optional[Callable]) -> None:
+        """(The writer greenlet) send ``pieces`` in order, FileRegions
+        among them with sendfile(2)."""
+        sock, run = self.sock, []
+        for piece in pieces:
+            if type(piece) is not FileRegion:
+                run.append(piece)
+                continue
+            while run:
+                run = send_pieces(sock.send, sendmsg, run)
+            region = cast(FileRegion, piece)
+            self._regions -= 1
+            try:
+                sent = send_file(sock, region.fd, region.offset, region.count)
+            except OSError as exc:
+                if exc.errno in _FILE_ERRORS:
+                    sent = 0  # (the file's fault, not the connection's)
+                else:
+                    region.sent.set()
+                    raise
+            if sent < region.count:  # the file ended (or failed): keep the frame whole
+                region.short = True
+                run = [bytes(region.count - sent)]
+            region.sent.set()
+        while run:
+            run = send_pieces(sock.send, sendmsg, run)
 
     # -- reading ------------------------------------------------------
 
@@ -688,6 +782,9 @@ class Connection:
                 stream.owner.fail(error)
         self.idle.set()
         self._flushed.set()
+        for piece in self._outgoing:  # (whoever waits for a file's region)
+            if type(piece) is FileRegion:
+                cast(FileRegion, piece).sent.set()
         current = gevent.getcurrent()
         for greenlet in self._greenlets:
             if greenlet is not current:

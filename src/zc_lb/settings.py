@@ -330,6 +330,11 @@ WORKER_SETTINGS = _table([
             "with --greenlets, serve at most N requests at once, the others waiting "
             "their turn (a wait résumés do not count); 0: no bound",
             minimum=0, metavar="N"),
+    Setting("sendfile", str, "auto",
+            "send a file the application hands to wsgi.file_wrapper with sendfile(2): "
+            "on, off, or auto: on except to an LB on this machine, where reading it "
+            "costs less (loopback copies either way)",
+            choices=("auto", "on", "off")),
     Setting("drain_timeout", float, 30.0,
             "seconds to finish requests in flight on SIGTERM",
             minimum=0, metavar="S"),

@@ -4,6 +4,7 @@ without gevent's per-call costs, and waiting with a timeout on the loop."""
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
@@ -86,6 +87,39 @@ def send_pieces(send: Callable, sendmsg: Optional[Callable], pieces: List) -> Li
     if len(pieces) > MAX_PIECES or sendmsg is None:
         return send_pieces(send, sendmsg, [b"".join(pieces)])
     return unsent(pieces, sendmsg(pieces))
+
+
+def send_file(sock: Any, fd: int, offset: int, count: int) -> int:
+    """``count`` bytes of the open file ``fd`` from ``offset`` to the
+    gevent socket ``sock`` with sendfile(2), waiting whenever the socket
+    is full: the bytes sent, fewer only if the file ended."""
+    from gevent.socket import wait_write  # type: ignore[import-untyped]
+
+    fileno, sent = sock.fileno(), 0
+    while sent < count:
+        try:
+            n = os.sendfile(fileno, fd, offset + sent, count - sent)
+        except (BlockingIOError, InterruptedError):
+            wait_write(fileno)
+            continue
+        if not n:
+            break
+        sent += n
+    return sent
+
+
+def is_loopback(host: Optional[str]) -> bool:
+    """Whether ``host`` (an address, or ``localhost``) is this machine's
+    loopback; False for other names, which may reach anything."""
+    import ipaddress
+
+    host = (host or "").split("%", 1)[0]  # (an IPv6 address's zone)
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def set_nodelay(sock: socket.socket) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import hmac
-import ipaddress
 import json
 import logging
 import time
@@ -22,6 +21,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from webob import Request, Response
 
 from .errors import ConfigurationError
+from .sockets import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +93,6 @@ def bound_skills(document: dict, n: int = STATUS_SKILLS) -> dict:
     return bounded
 
 
-def _is_loopback(address: Optional[str]) -> bool:
-    try:
-        return ipaddress.ip_address((address or "").split("%", 1)[0]).is_loopback
-    except ValueError:
-        return False
-
-
 def _respond(body: bytes, content_type: str, status: int = 200) -> Response:
     """An uncached response of ``body`` (text in UTF-8)."""
     response = Response(body=body, status=status, content_type=content_type,
@@ -126,7 +119,7 @@ def _refusal(request: Request, token: Optional[bytes]) -> Optional[Response]:
             response = _as_json({"error": "this action needs the admin token"}, 401)
             response.headers["WWW-Authenticate"] = "Bearer"
             return response
-    elif not _is_loopback(request.remote_addr):
+    elif not is_loopback(request.remote_addr):
         return _as_json({"error": "actions from other hosts than this one need "
                                   "--admin-token-file"}, 403)
     return None

@@ -32,7 +32,7 @@ so the pool's sampler counts the wait as the LB's, not the app's.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
@@ -74,6 +74,8 @@ class ThreadOutput:
         # with these bytes, or (``fail``) answer 500 or cancel.
         self._last: Optional[bytes] = None
         self._failed = False
+        # Or send this file with sendfile(2), then close it: (wrapper, region).
+        self._file: Optional[Tuple[Any, Tuple[int, int, int]]] = None
 
     # -- in the pool thread ---------------------------------------------
 
@@ -107,6 +109,12 @@ class ThreadOutput:
         if type(data) is not bytes:
             raise TypeError(NOT_BYTES % type(data).__name__)
         self._last = data
+
+    def send_file(self, wrapper: Any, region: Tuple[int, int, int]) -> None:
+        """The body is ``region`` of the file ``wrapper`` holds
+        (``filewrapper.FileWrapper.region``): the hub sends it with
+        sendfile(2), ends the response and closes the file."""
+        self._file = (wrapper, region)
 
     def fail(self) -> None:
         """The application failed: the hub answers 500, or cancels a
@@ -171,19 +179,26 @@ class ThreadOutput:
         """Back in the hub after the thread returned: wait for the queue
         to be sent, then end the response (``fail(writer)`` if the
         application failed).  Raises a ZcLbError the hub met sending."""
-        while self._sending:
-            if self._sent.is_set():  # (its start is on its way from the thread)
-                gevent.sleep(0)
-            else:
-                self._sent.wait()
-        error = self.error
-        if isinstance(error, ZcLbError):
-            raise error
-        writer = self._writer
-        if self._failed or error is not None:
-            fail(writer)
-        elif self._last is not None:
-            writer.finish(self._last)
+        try:
+            while self._sending:
+                if self._sent.is_set():  # (its start is on its way from the thread)
+                    gevent.sleep(0)
+                else:
+                    self._sent.wait()
+            error = self.error
+            if isinstance(error, ZcLbError):
+                raise error
+            writer = self._writer
+            if self._failed or error is not None:
+                fail(writer)
+            elif self._file is not None:
+                writer.send_file(*self._file[1])
+                writer.finish()
+            elif self._last is not None:
+                writer.finish(self._last)
+        finally:
+            if self._file is not None:
+                self._file[0].close()
 
 
 class ThreadInput:

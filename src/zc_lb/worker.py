@@ -49,6 +49,7 @@ from .h1 import start_again
 from .httpparse import HOP_BY_HOP
 from .protocol import MAX_BODY, WORKER_FEATURES, Body, End, Request
 from .settings import LATENCY_BUCKETS, WORKER_SETTINGS, check, log_change
+from .sockets import is_loopback
 from .threadio import ThreadInput, ThreadOutput
 from .threads import Threads
 
@@ -291,6 +292,28 @@ class ResponseWriter:
         if not self.refused:
             exchange.send(End(exchange.rno))
 
+    def send_file(self, fd: int, offset: int, count: int) -> None:
+        """The body from an open file, with sendfile(2): the head first,
+        if it has not gone; at most the Content-Length the app gave.  A
+        file that ends first cuts the response short (cancelled, as an
+        application error after the head is)."""
+        if self.refused:
+            return
+        if not self.started:
+            self.started = True
+            if not self._respond() or self.head:
+                return
+        elif self.head:
+            return
+        for name, value in self.headers:
+            if name.lower() == "content-length" and value.isdigit():
+                count = min(count, int(value))
+        if not self.exchange.send_file(fd, offset, count):
+            log.error("request %d from %s: the file ended before its response did",
+                      self.exchange.rno, self.exchange.connection.peer)
+            self.exchange.cancel()
+            self.refused = True  # (nothing more goes: no End)
+
     def _respond(self, body: bytes = b"", end: bool = False) -> bool:
         """Send the head (with ``body``, and End if ``end``); False if it
         was refused as too large for a frame and a 500 went instead (the
@@ -458,8 +481,10 @@ class Worker(Handler):
         version: Optional[str] = None,
         concurrency: int = 0,
         tls: Any = None,
+        sendfile: str = WORKER_SETTINGS["sendfile"].default,
     ) -> None:
         self.app = app
+        self.sendfile = check(WORKER_SETTINGS, "sendfile", sendfile)
         self.tls = tls  # the server SSLContext (tls.worker_context), or None: cleartext
         self.listen = listen
         self.resume_file = resume_file
@@ -644,6 +669,8 @@ class Worker(Handler):
         connection = Connection(sock, "worker", self, peer=peer, secret=self.secret,
                                 app_version=self.version, features=self.protocol_features,
                                 keepalive_timeout=LB_SILENCE)
+        if self.sendfile == "off" or (self.sendfile == "auto" and is_loopback(address[0])):
+            connection.sendfile = False  # (its bytes are copied either way: see settings)
         handshaking = self._handshaking
         if len(handshaking) >= MAX_HANDSHAKING:  # unauthenticated, and held: make room
             oldest, _ = handshaking.popitem(last=False)
@@ -777,6 +804,14 @@ class Worker(Handler):
             if type(result) in (list, tuple) and len(result) <= 1:
                 # The common case, [body]: head, body and End in one write.
                 (output or writer).finish(result[0] if result else b"")
+            elif type(result) is FileWrapper and writer.exchange.connection.sendfile and (
+                    region := result.region()) is not None:  # type: ignore[union-attr]
+                if output is None:
+                    writer.send_file(*region)
+                    writer.finish()
+                else:  # (the hub sends it, then closes the file: not this thread)
+                    output.send_file(result, region)  # type: ignore[arg-type]
+                    result = None
             else:
                 sink = output or writer
                 for data in result:
