@@ -704,13 +704,13 @@ def read_response_rest(exchange):
 
 def test_a_thread_app_that_reads_in_small_blocks_waits_for_the_hub_seldom(serve, monkeypatch):
     # wsgi.input in a thread: each read was a handoff to the hub; now a
-    # handoff brings what has come, up to threadio.READ_AHEAD.
+    # pump in the hub hands the body over as it comes, in chunks.
     from zc_lb import threadio
 
-    handoffs = []
-    real = threadio.call_in_hub
-    monkeypatch.setattr(threadio, "call_in_hub",
-                        lambda *args: handoffs.append(args[2:]) or real(*args))
+    chunks = []
+    real = threadio.ThreadInput._fill
+    monkeypatch.setattr(threadio.ThreadInput, "_fill",
+                        lambda self: chunks.append(1) or real(self))
 
     def app(environ, start_response):
         read, pieces = environ["wsgi.input"].read, []
@@ -726,11 +726,38 @@ def test_a_thread_app_that_reads_in_small_blocks_waits_for_the_hub_seldom(serve,
 
     worker, connection, _ = serve(app, threads=2)
     body = bytes(range(256)) * 16384  # 4 MiB
-    start, data = call(connection, {"REQUEST_METHOD": "POST", "CONTENT_LENGTH": str(len(body))},
-                       body)
-    assert data == b"%d %d" % (len(body), sum(body) % 1000003)
-    assert len(handoffs) < 100  # (1,024 before)
-    assert all(most == threadio.READ_AHEAD for most, _ in handoffs)
+    for _ in range(2):
+        start, data = call(connection, {"REQUEST_METHOD": "POST",
+                                        "CONTENT_LENGTH": str(len(body))}, body)
+        assert data == b"%d %d" % (len(body), sum(body) % 1000003)
+    assert len(chunks) < 200  # (2,048 reads)
+
+
+def test_a_thread_app_that_leaves_its_body_unread_leaves_no_pump_behind(serve):
+    # The pump stops at READ_AHEAD bytes ahead of the app; an app that
+    # answers without reading the rest must not leave it waiting.
+    import gc
+
+    def app(environ, start_response):
+        environ["wsgi.input"].read(10)
+        start_response("413 Too Large", [])
+        return [b"no"]
+
+    def pumps():
+        return [g for g in gc.get_objects() if isinstance(g, gevent.Greenlet)
+                and getattr(g, "_run", None) is not None
+                and getattr(g._run, "__name__", "") == "_pump" and not g.dead]
+
+    worker, connection, _ = serve(app, threads=2)
+    body = b"x" * (4 * 1024 * 1024)
+    exchange = connection.open_request(dict(REQUEST, REQUEST_METHOD="POST",
+                                            CONTENT_LENGTH=str(len(body))))
+    sender = gevent.spawn(exchange.send_body, body)
+    start = exchange.receive(5)
+    assert start.status.startswith("413")
+    sender.kill()
+    _wait_until(lambda: not pumps())
+    assert call(connection, {})[0].status.startswith("413")  # (still serving)
 
 
 def test_a_thread_app_writing_faster_than_the_lb_takes_waits_holding_at_most_high(serve):

@@ -20,8 +20,9 @@ the hub only when it must:
     piece costs the thread no handoff at all.
 
 ``ThreadInput``
-    ``wsgi.input``.  Each handoff brings back what the worker has of the
-    body, up to ``READ_AHEAD`` bytes, and reads are served from that.
+    ``wsgi.input``.  A pump in the hub hands the body over to the thread
+    as it comes, up to ``READ_AHEAD`` bytes ahead of the thread's reads;
+    the thread waits only when it has read all that came.
 
 Errors the hub meets (the LB went away, the request was cancelled) are
 raised in the thread at its next write, or in the hub when it ends the
@@ -31,18 +32,18 @@ so the pool's sampler counts the wait as the LB's, not the app's.
 
 from __future__ import annotations
 
+import collections
 import threading
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Deque, List, Optional, Tuple
 
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
 
 from .errors import ZcLbError
-from .threads import call_in_hub
 
 HIGH = 1024 * 1024  # response bytes queued or on their way before the thread waits
 CHUNK = 256 * 1024  # at most this much of the queue is sent as one chunk
-READ_AHEAD = 256 * 1024  # request body bytes a handoff brings at most
+READ_AHEAD = 256 * 1024  # request body bytes handed over ahead of the thread's reads
 
 NOT_BYTES = "the application's response body must be bytes, not %s"
 
@@ -202,28 +203,97 @@ class ThreadOutput:
 
 
 class ThreadInput:
-    """``wsgi.input`` for an application in a pool thread: reads served
-    from what each handoff to the hub brought (``source.read1``)."""
+    """``wsgi.input`` for an application in a pool thread.
+
+    Its first read starts a pump in the hub, which takes the body as it
+    comes (``source.read1``) and hands it over to the thread, staying up
+    to READ_AHEAD bytes ahead of what the thread has read; the thread
+    waits only when it has read all that came.  Errors the pump meets
+    (the LB went away) are raised in the thread's next read past what it
+    holds."""
 
     def __init__(self, hub: Any, source: Any) -> None:
         self._hub = hub
-        self._read1 = source.read1
-        self._buffer = b""
+        self._source = source
+        self.thread: Any = None  # the pool's record of the reading thread
+        self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)  # (the thread waits on it)
+        self._chunks: Deque[bytes] = collections.deque()  # handed over, not yet taken
+        self._held = 0  # bytes in _chunks
+        self._ended = False  # the pump handed over all there is (or failed)
+        self._error: Optional[BaseException] = None
+        self._started = False
+        self._room: Optional[Any] = None  # (hub) the pump waits for the thread to read
+        self._pumping: Optional[Any] = None  # (hub) the pump's greenlet
+        self._buffer = b""  # the chunk the thread reads from
         self._pos = 0
-        self._eof = False
 
-    def _fill(self, wanted: int) -> bool:
-        """Bring more of the body; False at its end."""
-        if self._eof:
-            return False
-        data = call_in_hub(self._hub, self._read1, max(wanted, READ_AHEAD), wanted)
-        if not data:
-            self._eof = True
-            return False
-        if self._pos == len(self._buffer):
-            self._buffer, self._pos = data, 0
-        else:
-            self._buffer, self._pos = self._buffer[self._pos:] + data, 0
+    # -- in the hub -------------------------------------------------------
+
+    def _pump(self) -> None:
+        read1, room = self._source.read1, gevent.event.Event()
+        self._room, self._pumping = room, gevent.getcurrent()
+        try:
+            while True:
+                data = read1(READ_AHEAD)
+                with self._lock:
+                    if data:
+                        self._chunks.append(data)
+                        self._held += len(data)
+                    else:
+                        self._ended = True
+                    full = self._held >= READ_AHEAD
+                    if full:
+                        room.clear()
+                    self._arrived.notify()
+                if not data:
+                    return
+                if full:
+                    room.wait()
+        except BaseException as exc:  # (the thread raises it)
+            with self._lock:
+                self._error, self._ended = exc, True
+                self._arrived.notify()
+
+    def stop(self) -> None:
+        """The request is over: end the pump, if the app left some of
+        the body unread."""
+        pumping = self._pumping
+        if pumping is not None and not pumping.dead:
+            pumping.kill(block=False)
+
+    # -- in the pool thread -----------------------------------------------
+
+    def _fill(self) -> bool:
+        """Take the next chunk that came, waiting for one if need be;
+        False at the body's end."""
+        with self._lock:
+            if not self._started:
+                self._started = True
+                self._hub.loop.run_callback_threadsafe(gevent.spawn, self._pump)
+            if not self._chunks and not self._ended:
+                thread = self.thread
+                if thread is not None:
+                    thread.in_hub = True  # (the sampler: a wait on the LB, not the app)
+                try:
+                    while not self._chunks and not self._ended:
+                        self._arrived.wait()
+                finally:
+                    if thread is not None:
+                        thread.in_hub = False
+            if not self._chunks:
+                if self._error is not None:
+                    raise self._error
+                return False
+            data = self._chunks.popleft()
+            held = self._held
+            self._held = held - len(data)
+            room = self._room if held >= READ_AHEAD > self._held else None
+        if room is not None:  # (the pump waits for room: there is some now)
+            self._hub.loop.run_callback_threadsafe(room.set)
+        if self._pos < len(self._buffer):
+            data = self._buffer[self._pos:] + data
+        self._buffer, self._pos = data, 0
         return True
 
     def _take(self, n: int) -> bytes:
@@ -235,12 +305,12 @@ class ThreadInput:
     def read(self, size: Optional[int] = -1) -> bytes:
         if size is None or size < 0:
             pieces = []
-            while self._pos < len(self._buffer) or self._fill(READ_AHEAD):
+            while self._pos < len(self._buffer) or self._fill():
                 pieces.append(self._take(len(self._buffer)))
             return b"".join(pieces)
         pieces, wanted = [], size
         while wanted > 0:
-            if self._pos == len(self._buffer) and not self._fill(wanted):
+            if self._pos == len(self._buffer) and not self._fill():
                 break
             piece = self._take(wanted)
             pieces.append(piece)
@@ -251,7 +321,7 @@ class ThreadInput:
         limit = -1 if size is None else size
         while self._buffer.find(b"\n", self._pos) < 0 and (
                 limit < 0 or len(self._buffer) - self._pos < limit):
-            if not self._fill(READ_AHEAD):
+            if not self._fill():
                 break
         end = (self._buffer.find(b"\n", self._pos) + 1 or len(self._buffer)) - self._pos
         if limit >= 0:

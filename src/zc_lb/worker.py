@@ -867,28 +867,32 @@ class Worker(Handler):
         its connection pool), as far as the pool saw it (``writer.queued``,
         threads.py)."""
         hub = gevent.get_hub()
-        environ["wsgi.input"] = ThreadInput(hub, environ["wsgi.input"])
+        stream = environ["wsgi.input"] = ThreadInput(hub, environ["wsgi.input"])
         output = ThreadOutput(hub, writer)
         assert self.threadpool is not None
-        error = self.threadpool.apply(functools.partial(
-            self._in_thread, environ, writer, output,
-            ThreadWriter(writer, output).start_response))
-        if error is not None:
-            raise error
-        try:  # back in the hub: what the thread queued, then the end
-            output.close(self._error_500)
-        except ZcLbError:
-            raise
-        except Exception:
-            log.exception("application error for %s", environ.get("PATH_INFO"))
-            self._error_500(writer)
+        try:
+            error = self.threadpool.apply(functools.partial(
+                self._in_thread, environ, writer, output,
+                ThreadWriter(writer, output).start_response, stream))
+            if error is not None:
+                raise error
+            try:  # back in the hub: what the thread queued, then the end
+                output.close(self._error_500)
+            except ZcLbError:
+                raise
+            except Exception:
+                log.exception("application error for %s", environ.get("PATH_INFO"))
+                self._error_500(writer)
+        finally:
+            stream.stop()
 
     def _in_thread(self, environ: Dict, writer: ResponseWriter, output: ThreadOutput,
-                   start_response: Callable) -> Optional[ZcLbError]:
+                   start_response: Callable, stream: ThreadInput) -> Optional[ZcLbError]:
         """In a pool thread: run the application; the error that ended it
         early if the LB went away (raised in the hub, not here)."""
         writer.began = time.perf_counter()
-        writer.thread = output.thread = thread = self.threadpool.current()  # type: ignore
+        thread = self.threadpool.current()  # type: ignore[union-attr]
+        writer.thread = output.thread = stream.thread = thread
         try:
             self._run_app(environ, writer, output, start_response)
         except ZcLbError as exc:  # the LB went away: raised here, not printed there
