@@ -325,3 +325,36 @@ def test_send_file_sends_a_files_bytes_and_says_when_it_ended_first(tmp_path):
     assert right.recv(100) == data[-5:]
     left.close()
     right.close()
+
+
+def test_addresses_are_host_and_port_or_a_unix_sockets_path(tmp_path):
+    import errno
+    import socket
+
+    from zc_lb.errors import ConfigurationError
+    from zc_lb.sockets import address_text, parse_listen, unix_listener, worker_addresses
+
+    assert parse_listen("127.0.0.1:80") == ("127.0.0.1", 80)
+    assert parse_listen("[::1]:80") == ("::1", 80)
+    assert parse_listen("unix:/run/zc-lb.sock") == "/run/zc-lb.sock"
+    assert parse_listen("unix:relative.sock") == "relative.sock"
+    with pytest.raises(ConfigurationError, match="unix:PATH"):
+        parse_listen("unix:")
+    assert address_text(("::1", 80)) == "[::1]:80"
+    assert address_text(("10.0.0.1", 80, 0, 0)) == "10.0.0.1:80"
+    assert address_text("/run/zc-lb.sock") == "unix:/run/zc-lb.sock"
+    assert worker_addresses(["unix:/a.sock", "h:1", "unix:/a.sock"]) == ["unix:/a.sock", "h:1"]
+    with pytest.raises(ConfigurationError, match="--worker: expected unix:PATH"):
+        worker_addresses(["unix:"])
+    # A socket file nobody accepts on is taken over; one in use is refused.
+    path = str(tmp_path / "s.sock")
+    first = unix_listener(path)
+    with pytest.raises(OSError) as refused:
+        unix_listener(path)
+    assert refused.value.errno == errno.EADDRINUSE
+    first.close()  # (its file stays: a process that ended)
+    second = unix_listener(path)
+    client = socket.socket(socket.AF_UNIX)
+    client.connect(path)
+    client.close()
+    second.close()

@@ -1015,3 +1015,63 @@ def test_a_worker_added_under_light_load_gets_requests(tmp_path):
         lb.kill()
         for worker in workers:
             worker.kill()
+
+
+def _unix_get(path, url_path="/", host="a.example", timeout=10):
+    """(status, body) of a GET to the HTTP server on the Unix socket ``path``."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    sock.connect(path)
+    sock.sendall(b"GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n"
+                 % (url_path.encode(), host.encode()))
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    sock.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_unix_sockets_on_both_sides(tmp_path):
+    # gunicorn's --bind unix:PATH: an LB behind nginx on the same machine,
+    # workers beside it; both ends on Unix sockets, one worker on TCP.
+    first, second = str(tmp_path / "w1.sock"), str(tmp_path / "w2.sock")
+    front = str(tmp_path / "lb.sock")
+    workers = start_all([WorkerProcess(APP, "--listen", "unix:" + path, env=ENV)
+                         for path in (first, second)] + [WorkerProcess(APP, env=ENV)])
+    lb = None
+    try:
+        assert [w.address for w in workers[:2]] == ["unix:" + first, "unix:" + second]
+        lb = LBProcess([w.address for w in workers], "--listen", "unix:" + front,
+                       "--status", "127.0.0.1:0", "--policy", "published").start()
+        served = collections.Counter()
+        deadline = time.monotonic() + 20
+        while len(served) < 3 and time.monotonic() < deadline:
+            status_code, body = _unix_get(front, host="h%d.example" % random.randrange(50))
+            assert status_code == 200
+            served[body.split()[0].decode()] += 1
+        assert set(served) == {"unix:" + first, "unix:" + second, workers[2].address}
+        doc = json.load(urllib.request.urlopen(
+            "http://%s/" % lb.said("zc-lb status on "), timeout=5))
+        assert "http://unix:" + front in doc["listen"]
+    finally:
+        for process in ([lb] if lb else []) + workers:
+            process.terminate()
+    # A socket file left behind is taken over; one in use, or another
+    # kind of file, is refused with the option named.
+    with WorkerProcess(APP, "--listen", "unix:" + first, env=ENV) as worker:
+        taken = subprocess.run([sys.executable, "-m", "zc_lb.cli", "worker", APP,
+                                "--listen", "unix:" + first], env=dict(os.environ, **ENV),
+                               capture_output=True, text=True, timeout=30)
+        assert taken.returncode == 1
+        assert "--listen unix:%s: Address already in use" % first in taken.stderr
+    plain = tmp_path / "plain"
+    plain.write_text("not a socket")
+    refused = subprocess.run([sys.executable, "-m", "zc_lb.cli", "worker", APP,
+                              "--listen", "unix:%s" % plain], env=dict(os.environ, **ENV),
+                             capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 1 and "exists and is not a socket" in refused.stderr
+    assert plain.read_text() == "not a socket"

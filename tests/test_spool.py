@@ -112,7 +112,7 @@ def test_any_mix_of_sizes_comes_out_whole(tmp_path, sizes):
 def test_small_parts_in_memory_are_taken_together_up_to_join_bytes():
     # A body that came in 4 KiB frames goes to the client in a few large
     # writes, not one a frame; order and the accounts are kept.
-    from zc_lb.spool import JOIN
+    from zc_lb.spool import JOIN, SMALL
 
     limits = SpoolLimits(memory=10 * JOIN, total_memory=10 * JOIN)
     spool = Spool(limits)
@@ -123,9 +123,13 @@ def test_small_parts_in_memory_are_taken_together_up_to_join_bytes():
     assert first == b"".join(blocks[:JOIN // 4096]) and len(first) == JOIN
     assert spool.take() == b"".join(blocks[JOIN // 4096:])
     assert not spool and spool.memory == limits.in_memory == 0
-    big = b"x" * JOIN
+    big = b"x" * SMALL
+    spool.put(b"w")
+    spool.put(big)
     spool.put(big)
     spool.put(b"y")
+    assert spool.take() == b"w"  # (the next is not small)
     assert spool.take() is big  # (a large part as it is: no copy)
+    assert spool.take() is big
     assert spool.take() == b"y"
     spool.close()

@@ -812,3 +812,29 @@ def test_a_thread_app_stops_at_its_next_block_when_the_lb_cancels(serve):
         gevent.sleep(0.01)  # (the hub runs here: no blocking wait)
     assert closed.is_set()
     assert call(connection, {"PATH_INFO": "/next"})[1] == b"next"  # (the thread is free)
+
+
+def test_a_failure_of_the_workers_own_cancels_the_request_at_once(serve, caplog):
+    # A bug in the worker (not the app) once left the LB waiting out its
+    # response timeout (300 s) for an answer that would never come.
+    class Broken(Worker):
+        def _environ(self, *args):
+            raise RuntimeError("the worker's own bug")
+
+    worker = Broken(lambda e, s: [b"never"])
+    worker.start()
+    sock = gevent.socket.create_connection(worker.address)
+    connection = Connection(sock, "lb", LBSide(), peer="worker")
+    connection.handshake()
+    connection.start()
+    try:
+        from zc_lb.errors import RequestCancelled
+
+        started = time.monotonic()
+        with pytest.raises(RequestCancelled):
+            call(connection, {}, timeout=10)
+        assert time.monotonic() - started < 5
+        assert "request greenlet failed" in caplog.text
+    finally:
+        connection.close()
+        worker.stop(timeout=1)

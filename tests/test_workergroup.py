@@ -54,6 +54,10 @@ def test_each_child_gets_its_own_addresses_and_files():
     assert offset("[::1]:80", 1) == "[::1]:81"
     with pytest.raises(ConfigurationError, match="past the last port"):
         offset("127.0.0.1:65535", 1)
+    # (a Unix socket: a path each, as --resume-file's)
+    assert offset("unix:/run/app.sock", 2) == "unix:/run/app.sock.2"
+    with pytest.raises(ConfigurationError, match="unix:PATH"):
+        offset("unix:", 0)
 
 
 def start_group(*args):

@@ -23,6 +23,7 @@ from typing import Dict, List, Optional
 from . import restart, settings
 from .accesslog import DEFAULT_FORMAT
 from .errors import ConfigurationError, ZcLbError
+from .sockets import address_text, parse_listen
 from .service import (DEFAULT_LISTEN, LBService, WorkerService, ignore_sighup,
                       keep_freed_memory, lb_status_app, parse_listeners, read_secret,
                       wait_for_signal)
@@ -130,6 +131,8 @@ def _check_exposure(listen, secret: Optional[bytes], insecure: bool, tls=None) -
     (mutual TLS, like the secret, lets in only the site's LBs)."""
     from .sockets import is_loopback
 
+    if isinstance(listen, str):  # a Unix socket: its file's permissions say who may
+        return
     if not (is_loopback(listen[0]) or secret or insecure or tls is not None):
         raise ConfigurationError(
             "a worker listening on %s without --secret-file lets anyone who reaches it "
@@ -158,7 +161,8 @@ def run_worker(args: argparse.Namespace) -> int:
     pid_file = PidFile(args.pid_file)
     try:
         # Ready for LBs that know our address, whatever ZooKeeper is doing.
-        print("zc-lb worker listening on %s:%d" % service.worker.address, flush=True)
+        print("zc-lb worker listening on %s" % address_text(service.worker.address),
+              flush=True)
         if service.status is not None:
             print("zc-lb worker status on %s:%d" % service.status.address, flush=True)
         service.register()
@@ -246,7 +250,7 @@ def build_worker(args: argparse.Namespace) -> WorkerService:
         raise ConfigurationError("--threads-fixed is for thread mode, not --greenlets")
     from .tls import worker_context
 
-    listen = parse_address(args.listen)
+    listen = parse_listen(args.listen)
     secret = read_secret(args.secret_file)
     tls = worker_context(args.tls_cert, args.tls_key, args.tls_ca)
     _check_exposure(listen, secret, args.insecure, tls)
@@ -291,8 +295,8 @@ def _lb_document(lb, fronts) -> dict:
     """The LB's status document, with zc-lb's version and where it listens."""
     doc = lb.status()
     doc["version"] = version()
-    doc["listen"] = ["%s://%s:%d" % ("https" if getattr(front, "tls", None) else "http",
-                                     *front.address[:2])
+    doc["listen"] = ["%s://%s" % ("https" if getattr(front, "tls", None) else "http",
+                                  address_text(front.address))
                      for front in fronts if getattr(front, "server", None) is not None]
     return doc
 
@@ -366,7 +370,6 @@ def _build_fronts(args: argparse.Namespace, lb, tls, access_log) -> list:
     LB this one replaces or from the supervisor, if any, not started."""
     from .forwarding import Forwarding, parse_headers, parse_networks
     from .http import FrontServer, default_max_connections, https_redirect
-    from .sockets import parse_address
 
     forwarding = Forwarding(parse_headers(args.forwarded),
                             parse_networks([args.trusted_proxies]))
@@ -376,7 +379,8 @@ def _build_fronts(args: argparse.Namespace, lb, tls, access_log) -> list:
     fronts: list = []
 
     def https_port() -> int:  # (where the first HTTPS listener is bound, once it is)
-        return next(front.address[1] for front in fronts if front.tls is not None)
+        return next((front.address[1] for front in fronts
+                     if front.tls is not None and isinstance(front.address, tuple)), 443)
     for index, (scheme, where) in enumerate(listeners):
         listen = restart.inherited("front%d" % index)  # from the LB this one replaces
         if listen is None and args.listen_fd is not None:  # one of --processes N
@@ -384,7 +388,7 @@ def _build_fronts(args: argparse.Namespace, lb, tls, access_log) -> list:
 
             listen = inherited_socket(args.listen_fd)
         elif listen is None:
-            listen = parse_address(where)
+            listen = parse_listen(where)
         app = lb if scheme == "https" or not args.redirect_https else https_redirect(https_port)
         fronts.append(FrontServer(
             listen, app, access_log, tls=tls if scheme == "https" else None,
@@ -510,7 +514,7 @@ def run_lb(args: argparse.Namespace) -> int:
             base_settings=_lb_settings(args), instance=args.process_index,
             credentials=_zk_credentials(args)))
     for server in fronts:
-        print("zc-lb lb listening on %s:%d" % server.address, flush=True)
+        print("zc-lb lb listening on %s" % address_text(server.address), flush=True)
     if status is not None:
         print("zc-lb status on %s:%d" % status.address, flush=True)
     gevent.spawn(_ready_when_serving, lb)
@@ -735,7 +739,10 @@ def _add_worker_parser(sub) -> None:
     p.add_argument("app", nargs="?",
                    help="module:callable, or a PasteDeploy .ini file (or app in --config)")
     _add_config_argument(p, "worker")
-    p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT (default: ephemeral)")
+    p.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT|unix:PATH",
+                   help="where LBs reach this worker: a TCP address (default: "
+                        "127.0.0.1, a port of the kernel's choice) or a Unix socket, "
+                        "whose file's permissions say who may connect")
     p.add_argument("--resume-file", help="read skills at start, save them as they change")
     mode = p.add_mutually_exclusive_group()
     for setting in settings.given_in(settings.WORKER_SETTINGS, settings.CLI).values():
@@ -754,7 +761,8 @@ def _add_worker_parser(sub) -> None:
                    "application (a module loaded from under the working directory) changes")
     p.add_argument("-w", "--workers", type=int, default=1, metavar="N",
                    help="run N worker processes, the i-th on --listen's port + i (and "
-                   "--status's), or each on an ephemeral port (default 1)")
+                   "--status's), or each on an ephemeral port, or on unix:PATH.i "
+                   "(default 1)")
     p.add_argument("--max-requests", type=int, default=0, metavar="N",
                    help="drain and exit after serving about N requests (0: never), as "
                    "gunicorn's: with -w the process is started again")
@@ -809,10 +817,11 @@ def _enter_directory(directory: Optional[str]) -> None:
 def _add_lb_parser(sub) -> None:
     p = sub.add_parser("lb", help="run a load balancer")
     _add_config_argument(p, "lb")
-    p.add_argument("--listen", action="append", metavar="[SCHEME://]HOST:PORT",
-                   help="where to serve, repeatable (default %s): http://HOST:PORT or "
-                        "https://HOST:PORT; a bare HOST:PORT is HTTPS with --certfile, "
-                        "else HTTP" % DEFAULT_LISTEN)
+    p.add_argument("--listen", action="append", metavar="[SCHEME://]ADDRESS",
+                   help="where to serve, repeatable (default %s): http://ADDRESS or "
+                        "https://ADDRESS, the address HOST:PORT or unix:PATH (a Unix "
+                        "socket, for a proxy on this machine); a bare ADDRESS is HTTPS "
+                        "with --certfile, else HTTP" % DEFAULT_LISTEN)
     p.add_argument("--redirect-https", action="store_true",
                    help="the HTTP listeners answer every request with a redirect to the "
                         "HTTPS one")
@@ -823,7 +832,8 @@ def _add_lb_parser(sub) -> None:
     p.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)  # a --processes child
     p.add_argument("--process-index", type=int, help=argparse.SUPPRESS)
     p.add_argument("--siblings-fd", type=int, help=argparse.SUPPRESS)  # their shared memory
-    p.add_argument("--worker", action="append", metavar="HOST:PORT", help="a worker address")
+    p.add_argument("--worker", action="append", metavar="HOST:PORT|unix:PATH",
+                   help="a worker address, repeatable")
     p.add_argument("--classifier", default="host",
                    help="host, re:ENVKEY:PATTERN or module:dotted.name (default host)")
     p.add_argument("--policy", choices=("affinity", "published", "classless", "resume"),

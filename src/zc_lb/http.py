@@ -30,7 +30,7 @@ import logging
 import socket
 import sys
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import gevent
 import gevent.server
@@ -38,7 +38,7 @@ import gevent.ssl
 
 from .accesslog import AccessLog
 from .front import PARK_AFTER, ClientConnection, refusal, _peer
-from .sockets import send_all
+from .sockets import listener, send_all
 from .errors import ClientError, ConfigurationError
 from . import proxyproto
 from .forwarding import Forwarding
@@ -147,15 +147,21 @@ class _Server(gevent.server.StreamServer):
         # the request's variables (relay.py).
         self.relays = bool(getattr(application, "relays", False))
         self.scheme = scheme
-        self._set_base(*self.address[:2])
+        self._set_base(self.address)
 
     def init_socket(self) -> None:
         super().init_socket()
-        self._set_base(*self.address[:2])
+        self._set_base(self.address)
 
-    def _set_base(self, host: str, port: int) -> None:
+    def _set_base(self, address) -> None:
         """What every request's environ starts from: variables (str, a
-        worker gets them too) and objects (only the app in this process)."""
+        worker gets them too) and objects (only the app in this process).
+        (On a Unix socket, SERVER_NAME is localhost and the port the
+        scheme's: an application takes the Host header's anyway.)"""
+        if isinstance(address, str):
+            host, port = "localhost", 443 if self.scheme == "https" else 80
+        else:
+            host, port = address[:2]
         self.base_variables = {
             "SCRIPT_NAME": "", "SERVER_NAME": host, "SERVER_PORT": str(port),
             "GATEWAY_INTERFACE": "CGI/1.1", "SERVER_SOFTWARE": "zc-lb",
@@ -331,7 +337,7 @@ class FrontServer:
     (forwarding.py) sets X-Forwarded-* and X-Request-ID.
     """
 
-    def __init__(self, listen: Tuple[str, int], app: Callable,
+    def __init__(self, listen: Any, app: Callable,
                  access_log: Optional[AccessLog] = None, tls=None,
                  client_timeout: Optional[float] = None,
                  header_timeout: Optional[float] = LB_SETTINGS["header_timeout"].default,
@@ -352,14 +358,16 @@ class FrontServer:
         self.server: Optional[_Server] = None
 
     @property
-    def address(self) -> Tuple[str, int]:
+    def address(self) -> Any:
+        """(host, port) bound, or a Unix socket's path."""
         assert self.server is not None, "not started"
-        return self.server.address[:2]
+        address = self.server.address
+        return address if isinstance(address, str) else address[:2]
 
     def start(self) -> None:
         """Bind and start serving."""
         scheme = "https" if self.tls is not None else "http"
-        server = self.server = _Server(self.listen, self.app, scheme)
+        server = self.server = _Server(listener(self.listen), self.app, scheme)
         server.access_log = self.access_log
         server.client_timeout = self.client_timeout
         server.header_timeout = self.header_timeout

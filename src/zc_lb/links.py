@@ -23,7 +23,7 @@ import gevent  # type: ignore[import-untyped]
 import gevent.socket  # type: ignore[import-untyped]
 
 from .connection import KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, Connection, Handler
-from .sockets import parse_address
+from .sockets import connect, parse_listen
 from .errors import ZcLbError
 from .protocol import LB_FEATURES
 from .settings import LB_SETTINGS
@@ -115,8 +115,10 @@ class WorkerLink(Handler):
     def _connect(self) -> Optional[Connection]:
         config = self.config
         try:
-            host, port = parse_address(self.address)
-            sock = gevent.socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
+            where = parse_listen(self.address)
+            # (a Unix socket's worker is this machine: its certificate names localhost)
+            host = where[0] if isinstance(where, tuple) else "localhost"
+            sock = connect(self.address, CONNECT_TIMEOUT)
         except (OSError, ZcLbError) as exc:
             self._failed(str(exc))
             return None

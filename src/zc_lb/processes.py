@@ -153,7 +153,8 @@ class Supervisor:
     @property
     def address(self):
         assert self.sock is not None, "not started"
-        return self.sock.getsockname()[:2]
+        name = self.sock.getsockname()
+        return name if isinstance(name, str) else name[:2]
 
     def start(self) -> None:
         import gevent
@@ -182,6 +183,10 @@ class Supervisor:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(listen)
             sock.listen(self.backlog)
+        elif isinstance(listen, str):  # a Unix socket's path
+            from .sockets import unix_listener
+
+            sock = unix_listener(listen)
         else:  # handed down by the supervisor this one replaces (SIGUSR2)
             sock = listen
         sock.set_inheritable(True)
@@ -268,19 +273,19 @@ class Supervisor:
 
 def run(args, argv: Sequence[str]) -> int:
     """``zc-lb lb --processes N`` (N > 1)."""
-    from .sockets import parse_address
+    from .sockets import address_text, parse_listen
     from . import restart
     from .service import PidFile, hand_over, parse_listeners, wait_for_signal
 
     (scheme, where), = parse_listeners(args)
-    listen = restart.inherited("front0") or parse_address(where)
+    listen = restart.inherited("front0") or parse_listen(where)
     supervisor = Supervisor(args.processes, lb_argv(argv), listen, args.log_level,
                             scheme=scheme, cwd=getattr(args, "start_dir", None))
     supervisor.start()
     status = _status_server(args, supervisor)
     log.info("%d LB processes, pids %s", len(supervisor.children),
              " ".join(str(c.process.pid) for c in supervisor.children if c.process))
-    print("zc-lb lb listening on %s:%d" % supervisor.address, flush=True)
+    print("zc-lb lb listening on %s" % address_text(supervisor.address), flush=True)
     if status is not None:
         print("zc-lb status on %s:%d" % status.address, flush=True)
 

@@ -16,7 +16,7 @@ from typing import List, Optional, Tuple
 
 from . import restart
 from .errors import AddressUnavailable, ConfigurationError
-from .sockets import worker_addresses
+from .sockets import address_text, worker_addresses
 
 log = logging.getLogger("zc_lb")
 
@@ -181,7 +181,7 @@ def _bind(option: str, address, start) -> None:
     try:
         start()
     except OSError as exc:
-        shown = ("%s:%s" % tuple(address[:2])) if isinstance(address, tuple) else address
+        shown = address_text(address) if isinstance(address, (tuple, str)) else address
         reason = (exc.strerror or str(exc)).split(": (")[0]  # (gevent adds the address)
         raise AddressUnavailable("%s %s: %s" % (option, shown or "", reason))
 

@@ -1,12 +1,21 @@
-"""Socket helpers every part uses: addresses (``HOST:PORT``), TCP_NODELAY,
-sending all of some bytes, or of a batch of buffers in one system call,
-without gevent's per-call costs, and waiting with a timeout on the loop."""
+"""Socket helpers every part uses: addresses (``HOST:PORT``, or
+``unix:PATH`` for a Unix socket), TCP_NODELAY, sending all of some
+bytes, or of a batch of buffers in one system call, without gevent's
+per-call costs, and waiting with a timeout on the loop."""
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+import stat
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+
+# A listening address: (host, port), or a Unix socket's path.
+Listen = Union[Tuple[str, int], str]
+
+UNIX = "unix:"  # the prefix of a Unix socket's address, as gunicorn's
+UNIX_BACKLOG = 1024
 
 from .errors import ConfigurationError
 
@@ -26,18 +35,93 @@ def parse_address(text: str, default_host: str = "127.0.0.1") -> Tuple[str, int]
     return host, number
 
 
+def parse_listen(text: str) -> Listen:
+    """``HOST:PORT`` -> (host, port), as ``parse_address``; ``unix:PATH``
+    -> PATH."""
+    if text.startswith(UNIX):
+        path = text[len(UNIX):]
+        if not path:
+            raise ConfigurationError("expected unix:PATH, got %r" % text)
+        return path
+    return parse_address(text)
+
+
+def address_text(address: Any) -> str:
+    """A bound or given address as the command line writes it:
+    ``HOST:PORT`` (``[v6]:PORT``) or ``unix:PATH``."""
+    if isinstance(address, str):
+        return UNIX + address
+    host, port = address[:2]
+    return "%s:%d" % ("[%s]" % host if ":" in host else host, port)
+
+
+def unix_listener(path: str) -> Any:
+    """A gevent socket listening at the Unix socket ``path``.  A socket
+    file nothing accepts on (left by a process that ended) is replaced;
+    one in use, or a file of another kind, is refused (OSError)."""
+    import gevent.socket  # type: ignore[import-untyped]
+
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None:
+        if not stat.S_ISSOCK(mode):
+            raise OSError(errno.EEXIST, "%s exists and is not a socket" % path)
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            os.unlink(path)  # stale: nobody listens there
+        else:
+            raise OSError(errno.EADDRINUSE, "Address already in use")
+        finally:
+            probe.close()
+    sock = gevent.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        sock.listen(UNIX_BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def listener(listen: Any) -> Any:
+    """What a gevent server takes for ``listen``: (host, port) or a
+    socket as they are, a Unix socket's path bound (``unix_listener``)."""
+    return unix_listener(listen) if isinstance(listen, str) else listen
+
+
+def connect(address: str, timeout: float) -> Any:
+    """A gevent socket connected to ``HOST:PORT`` or ``unix:PATH``."""
+    import gevent.socket  # type: ignore[import-untyped]
+
+    where = parse_listen(address)
+    if isinstance(where, tuple):
+        return gevent.socket.create_connection(where, timeout=timeout)
+    sock = gevent.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(where)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def worker_addresses(texts: Iterable[str], what: str = "--worker") -> List[str]:
     """A list of worker addresses, each checked (HOST:PORT, a port from 1
-    to 65535), duplicates dropped; ConfigurationError naming every bad
-    one, so that a list is taken whole or not at all."""
+    to 65535, or unix:PATH), duplicates dropped; ConfigurationError naming
+    every bad one, so that a list is taken whole or not at all."""
     bad: List[str] = []
     seen: Dict[str, None] = {}
     for text in texts:
         try:
             if not isinstance(text, str):
                 raise ConfigurationError("expected HOST:PORT, got %r" % (text,))
-            host, port = parse_address(text)
-            if port == 0:
+            where = parse_listen(text)
+            if isinstance(where, tuple) and where[1] == 0:
                 raise ConfigurationError("port 0 in %r: a worker listens on a port of "
                                          "its own" % text)
         except ConfigurationError as exc:

@@ -37,7 +37,11 @@ from .settings import LB_SETTINGS
 
 log = logging.getLogger(__name__)
 
-JOIN = 256 * 1024  # small parts in memory are taken together up to this many bytes
+# Parts in memory smaller than SMALL are taken together, up to JOIN bytes:
+# a send for each costs more than copying them into one; larger parts go
+# as they are (copying them would cost more than their sends).
+SMALL = 32 * 1024
+JOIN = 256 * 1024
 
 
 class SpoolLimits:
@@ -116,9 +120,9 @@ class Spool:
 
     def take(self) -> bytes:
         """The oldest bytes held (b"" when none): small parts in memory
-        joined, up to JOIN bytes, so that a body that came in small
-        frames (an app writing 4 KiB blocks) goes to the client in
-        fewer, larger writes."""
+        joined (SMALL, JOIN), so that a body that came in small frames
+        (an app writing 4 KiB blocks) goes to the client in fewer,
+        larger writes."""
         parts = self._parts
         if not parts:
             return b""
@@ -126,11 +130,12 @@ class Spool:
         if type(part) is not bytes:
             return self._read(part)  # type: ignore[arg-type]
         size = len(part)
-        if size < JOIN and parts and type(parts[0]) is bytes:
+        if size < SMALL and parts and type(parts[0]) is bytes:
             pieces = [part]
             while parts:
                 following = parts[0]
-                if type(following) is not bytes or size + len(following) > JOIN:
+                if (type(following) is not bytes or len(following) >= SMALL
+                        or size + len(following) > JOIN):
                     break
                 pieces.append(parts.popleft())  # type: ignore[arg-type]
                 size += len(following)

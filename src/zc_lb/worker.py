@@ -49,7 +49,7 @@ from .h1 import start_again
 from .httpparse import HOP_BY_HOP
 from .protocol import MAX_BODY, WORKER_FEATURES, Body, End, Request
 from .settings import LATENCY_BUCKETS, WORKER_SETTINGS, check, log_change
-from .sockets import is_loopback
+from .sockets import Listen, address_text, is_loopback, listener
 from .threadio import ThreadInput, ThreadOutput
 from .threads import Threads
 
@@ -469,7 +469,7 @@ class Worker(Handler):
     def __init__(
         self,
         app: Callable,
-        listen: Tuple[str, int] = ("127.0.0.1", 0),
+        listen: Listen = ("127.0.0.1", 0),
         history: int = resume_module.DEFAULT_HISTORY,
         max_skill_age: Optional[int] = None,
         max_classes: int = resume_module.MAX_CLASSES,
@@ -530,10 +530,12 @@ class Worker(Handler):
         self.latency = [0] * (len(LATENCY_BUCKETS) + 1)  # served requests by app seconds
 
     @property
-    def address(self) -> Tuple[str, int]:
-        """The address actually bound (after start())."""
+    def address(self) -> Listen:
+        """The address actually bound (after start()): (host, port), or a
+        Unix socket's path."""
         assert self.server is not None, "not started"
-        return self.server.address[:2]
+        address = self.server.address
+        return address if isinstance(address, str) else address[:2]
 
     def start(self) -> None:
         """Load the résumé file, bind, and start accepting LB connections."""
@@ -547,10 +549,10 @@ class Worker(Handler):
         else:  # greenlet mode: say so when the application blocks the loop
             self.loopwatch = LoopWatch()
             self.loopwatch.start()
-        self.server = gevent.server.StreamServer(self.listen, self._accept)
+        self.server = gevent.server.StreamServer(listener(self.listen), self._accept)
         self.server.start()
         self._timer = gevent.spawn(self._publish_on_time)
-        log.info("worker listening on %s:%d", *self.address)
+        log.info("worker listening on %s", address_text(self.address))
 
     @staticmethod
     def _load_resume(path: str) -> Dict[str, float]:
@@ -655,7 +657,7 @@ class Worker(Handler):
     # -- connections --------------------------------------------------
 
     def _accept(self, sock, address) -> None:
-        peer = "%s:%s" % address[:2]
+        peer = "%s:%s" % address[:2] if isinstance(address, tuple) else "a local process"
         if self.tls is not None:
             try:  # (bounded: a peer that stalls it holds nothing for long)
                 with gevent.Timeout(HANDSHAKE_TIMEOUT):
@@ -669,7 +671,8 @@ class Worker(Handler):
         connection = Connection(sock, "worker", self, peer=peer, secret=self.secret,
                                 app_version=self.version, features=self.protocol_features,
                                 keepalive_timeout=LB_SILENCE)
-        if self.sendfile == "off" or (self.sendfile == "auto" and is_loopback(address[0])):
+        if self.sendfile == "off" or (self.sendfile == "auto" and (
+                not isinstance(address, tuple) or is_loopback(address[0]))):
             connection.sendfile = False  # (its bytes are copied either way: see settings)
         handshaking = self._handshaking
         if len(handshaking) >= MAX_HANDSHAKING:  # unauthenticated, and held: make room
@@ -749,6 +752,15 @@ class Worker(Handler):
     # -- requests -----------------------------------------------------
 
     def _serve(self, exchange: Exchange) -> None:
+        try:
+            self._serve_request(exchange)
+        except BaseException:
+            # (A failure of the worker's own: the LB must not wait out its
+            # response timeout for an answer that will never come.)
+            exchange.cancel()
+            raise
+
+    def _serve_request(self, exchange: Exchange) -> None:
         if exchange.error is not None:  # cancelled before it started
             return
         request = cast(Request, exchange.receive())  # (an exchange's first message)
@@ -933,7 +945,7 @@ class Worker(Handler):
                 "wsgi.run_once": False,
                 "wsgi.input_terminated": True,
                 "wsgi.file_wrapper": FileWrapper,
-                "zc_lb.worker": "%s:%d" % self.address,
+                "zc_lb.worker": address_text(self.address),
             })
         # The forwarded dict was decoded for this request alone: it becomes
         # the environ, which costs a lookup per default, not a store per
@@ -974,7 +986,7 @@ class Worker(Handler):
     def status(self) -> dict:
         """A JSON-able picture of this worker."""
         return {
-            "address": "%s:%d" % self.address if self.server else None,
+            "address": address_text(self.address) if self.server else None,
             "pid": os.getpid(),
             "lbs": sorted(c.peer for c in self.connections),
             "in_flight": len(self.requests),
@@ -989,6 +1001,6 @@ class Worker(Handler):
         }
 
     def __repr__(self) -> str:
-        where = "%s:%d" % self.address if self.server else "unstarted"
+        where = address_text(self.address) if self.server else "unstarted"
         return "<Worker %s lbs=%d in_flight=%d>" % (
             where, len(self.connections), len(self.requests))

@@ -36,7 +36,7 @@ import time
 from typing import List, Optional, Sequence
 
 from .errors import ConfigurationError
-from .sockets import parse_address
+from .sockets import UNIX, parse_address, parse_listen
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,11 @@ def child_argv(argv: Sequence[str], index: int, listen: str, status: Optional[st
 
 
 def offset(address: str, index: int) -> str:
-    """``HOST:PORT`` with ``index`` added to the port (0 stays 0: ephemeral)."""
+    """``HOST:PORT`` with ``index`` added to the port (0 stays 0:
+    ephemeral); ``unix:PATH`` with ``.index`` added to the path."""
+    if address.startswith(UNIX):
+        parse_listen(address)  # (refuses an empty path)
+        return "%s.%d" % (address, index)
     host, port = parse_address(address)
     if port and port + index > 65535:
         raise ConfigurationError("-w: %s plus %d is past the last port" % (address, index))
