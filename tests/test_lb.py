@@ -163,6 +163,16 @@ def test_past_the_classes_it_counts_the_lb_still_forwards_each_requests_own_clas
             sock.close()
         assert bodies == [b"a.example", b"b.example", b"c.example", b"d.example"]
         assert lb.class_requests == {"a.example": 1, "b.example": 1, "other": 2}
+        # Response times by worker and by class as counted (for the page).
+        doc = lb.status()
+        address = "%s:%d" % worker.address[:2]
+        assert sum(doc["workers"][address]["latency"]["counts"]) == 4
+        assert {name: sum(h["counts"]) for name, h in doc["class_latency"].items()} == {
+            "a.example": 1, "b.example": 1, "other": 2}
+        from zc_lb.metrics import LBCollector, exposition
+
+        text = exposition(LBCollector(lb.status)).decode()
+        assert 'zc_lb_worker_response_seconds_count{worker="%s"} 4.0' % address in text
     finally:
         front.stop(timeout=1)
         lb.stop()

@@ -120,11 +120,15 @@ def test_no_worker_counts_as_a_503_by_cause_and_in_the_histogram():
 
 def test_merged_documents_sum_histograms_and_per_worker_counts():
     def doc(n):
-        return {"pool": {}, "requests": n, "workers": {"w": {"counts": {"2xx": n}}},
-                "latency": {"buckets": [0.1], "counts": [n, 1], "sum": 0.5},
+        latency = {"buckets": [0.1], "counts": [n, 1], "sum": 0.5}
+        return {"pool": {}, "requests": n,
+                "workers": {"w": {"counts": {"2xx": n}, "latency": dict(latency)}},
+                "latency": latency, "class_latency": {"a": dict(latency)},
                 "classes": {"a": n}, "error_causes": {"NoWorkerAvailable": 1}}
     merged = merge_status([doc(2), doc(3)])
     assert merged["latency"] == {"buckets": [0.1], "counts": [5, 2], "sum": 1.0}
+    assert merged["workers"]["w"]["latency"] == merged["latency"]
+    assert merged["class_latency"] == {"a": merged["latency"]}
     assert merged["workers"]["w"]["counts"] == {"2xx": 5}
     assert merged["classes"] == {"a": 5} and merged["error_causes"] == {"NoWorkerAvailable": 2}
 

@@ -86,7 +86,9 @@ def test_the_page_names_every_worker_with_its_state_counts_backlog_and_best_clas
     doc = {"pool": {"policy": "AffinityPool"}, "requests": 17, "workers": {
         "10.0.0.2:9001": worker(backlog=3, mean_backlog=2.25, version="v7",
                                 skills={"a.example": 9.0, "b.example": 31.5},
-                                counts={"requests": 12, "2xx": 10, "5xx": 2, "errors": 1}),
+                                counts={"requests": 12, "2xx": 10, "5xx": 2, "errors": 1},
+                                latency={"buckets": [0.005, 0.01, 0.025, 0.05],
+                                         "counts": [0, 8, 1, 1, 0], "sum": 0.2}),
         "10.0.0.1:9001": worker(connected=False, in_pool=False, last_error="refused"),
         "10.0.0.3:9001": worker(in_pool=False, ejected=True, backlog=1),
     }}
@@ -94,10 +96,10 @@ def test_the_page_names_every_worker_with_its_state_counts_backlog_and_best_clas
     rows = page.rows("workers")
     assert [row[0] for row in rows] == ["10.0.0.1:9001", "10.0.0.2:9001", "10.0.0.3:9001"]
     down, pooled, ejected = rows
-    assert pooled == ["10.0.0.2:9001", "in pool", "12", "2xx:10 5xx:2", "1", "3", "2.25", "2",
-                      "b.example=31.5, a.example=9", "v7"]
-    assert down[1] == "down" and down[-1] == "refused" and down[3] == "-"
-    assert ejected[1].startswith("ejected") and ejected[5] == "1"
+    assert pooled == ["10.0.0.2:9001", "in pool", "12", "2xx:10 5xx:2", "1", "10 ms / 50 ms",
+                      "3", "2.25", "2", "b.example=31.5, a.example=9", "v7"]
+    assert down[1] == "down" and down[-1] == "refused" and down[3] == "-" and down[5] == "-"
+    assert ejected[1].startswith("ejected") and ejected[6] == "1"
     # each state is a CSS class, so that down and ejected workers stand out
     assert {("down", "down"), ("in", "in pool")} <= set(page.spans)
     assert ("ejected", "ejected, ?s more: failures") in page.spans  # (no time in the doc)
@@ -107,11 +109,11 @@ def test_a_workers_best_classes_are_its_few_highest_scores_and_its_class_count_i
     skills = {"c%d" % i: float(i) for i in range(12)}
     doc = {"workers": {"w:1": worker(skills=skills)},
            "classes": {}}
-    best = Page(render(doc)).rows("workers")[0][8]
+    best = Page(render(doc)).rows("workers")[0][9]
     assert best == ", ".join("c%d=%d" % (i, i) for i in range(11, 11 - TOP_SKILLS, -1))
     # The status app trims a worker's skills and says how many it had.
     trimmed = {"workers": {"w:1": worker(skills={"c1": 1.0}, skills_count=40000)}}
-    assert Page(render(trimmed)).rows("workers")[0][7] == "40000"
+    assert Page(render(trimmed)).rows("workers")[0][8] == "40000"
 
 
 def test_the_busiest_classes_come_first_bounded_with_their_workers_best_scored_first():
@@ -125,9 +127,13 @@ def test_the_busiest_classes_come_first_bounded_with_their_workers_best_scored_f
     busiest = sorted(classes, key=classes.get, reverse=True)[:TOP_CLASSES]
     assert [row[0] for row in rows] == busiest
     assert [int(row[1]) for row in rows] == [classes[name] for name in busiest]
-    assert rows[0][2] == "w:2=40, w:1=2"
-    assert rows[1][2] == "w:2=1"
-    assert rows[2][2] == "-"
+    assert rows[0][3] == "w:2=40, w:1=2"
+    assert rows[1][3] == "w:2=1"
+    assert rows[2][3] == "-"
+    assert rows[0][2] == "-"  # (no latency in the document)
+    doc["class_latency"] = {busiest[0]: {"buckets": [0.1, 1.0], "counts": [1, 0, 1],
+                                         "sum": 5.1}}
+    assert Page(render(doc)).rows("classes")[0][2] == "100 ms / > 1 s"
 
 
 def test_the_requests_without_a_class_are_shown_as_such():
@@ -153,14 +159,14 @@ def test_a_hostile_host_header_comes_out_escaped_wherever_it_shows():
     assert "<script>" not in html and "<img" not in html
     # escaped once, not twice: what shows is what came
     classes = page.rows("classes")
-    assert classes[0][0] == HOSTILE and classes[0][2] == "w&1:80=3"
+    assert classes[0][0] == HOSTILE and classes[0][3] == "w&1:80=3"
     error, = page.rows("errors")
     assert error[1:4] == ["503", "NoWorkerAvailable", "GET " + path]
     workers = {row[0]: row for row in page.rows("workers")}
-    assert workers["w&1:80"][8] == HOSTILE + "=3"
-    assert workers["w&1:80"][9] == "<b>1.0</b>"
-    assert workers["w:2"][9] == "</td><script>x</script>"
-    assert len(workers["w:2"]) == 10  # the last error did not end its cell
+    assert workers["w&1:80"][9] == HOSTILE + "=3"
+    assert workers["w&1:80"][10] == "<b>1.0</b>"
+    assert workers["w:2"][10] == "</td><script>x</script>"
+    assert len(workers["w:2"]) == 11  # the last error did not end its cell
 
 
 def test_a_document_missing_its_optional_fields_still_renders():
@@ -173,9 +179,9 @@ def test_a_document_missing_its_optional_fields_still_renders():
               "classes": {"a": 1}}
     page = Page(render(sparse))
     row, = page.rows("workers")
-    assert row[:8] == ["w:1", "down", "0", "-", "0", "-", "-", "0"]
+    assert row[:9] == ["w:1", "down", "0", "-", "0", "-", "-", "-", "0"]
     assert len(page.rows("errors")) == 1
-    assert page.rows("classes") == [["a", "1", "-"]]
+    assert page.rows("classes") == [["a", "1", "-", "-"]]
 
 
 def test_the_summary_shows_the_documents_counters():

@@ -338,6 +338,9 @@ class LB(LinkEvents):
         self.class_requests: Dict[str, int] = {}
         self.latency = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
+        # The same by worker address and by counted class: [counts..., sum].
+        self.worker_latency: Dict[str, List[float]] = {}
+        self.class_latency: Dict[str, List[float]] = {}
         self.error_causes: Dict[str, int] = {}  # exception class name -> count
         self.recent_errors: "collections.deque[dict]" = collections.deque(maxlen=RECENT_ERRORS)
         self.fronts: list = []  # the front servers: their client connections go in status
@@ -355,6 +358,7 @@ class LB(LinkEvents):
             if address not in wanted:
                 self.links.pop(address).stop(self.link_config.drain_timeout)
                 self.worker_counts.pop(address, None)  # its series end with it
+                self.worker_latency.pop(address, None)
                 log.info("worker %s removed", address)
         for address in sorted(wanted - set(self.links)):
             link = self.links[address] = WorkerLink(address, self.link_config, self)
@@ -648,8 +652,19 @@ class LB(LinkEvents):
             result = self._error(exc, environ, start_response)
         # Latency: until the response starts (its head is with the front server).
         elapsed = time.monotonic() - started
-        self.latency[bisect_left(LATENCY_BUCKETS, elapsed)] += 1
+        bucket = bisect_left(LATENCY_BUCKETS, elapsed)
+        self.latency[bucket] += 1
         self.latency_sum += elapsed
+        # And by the worker that answered (the last, after retries) and by
+        # class (as counted: past MAX_COUNTED_CLASSES, OTHER_CLASS's).
+        for table, name in ((self.worker_latency, environ.get("zc_lb.worker")),
+                            (self.class_latency, environ.get("zc_lb.counted_class"))):
+            if name is not None:
+                counts = table.get(name)
+                if counts is None:
+                    counts = table[name] = [0.0] * (len(LATENCY_BUCKETS) + 2)
+                counts[bucket] += 1
+                counts[-1] += elapsed
         return result
 
     def _forward(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
@@ -665,6 +680,7 @@ class LB(LinkEvents):
         if count is None and len(classes) >= MAX_COUNTED_CLASSES:
             name, count = OTHER_CLASS, classes.get(OTHER_CLASS)
         classes[name] = (count or 0) + 1
+        environ["zc_lb.counted_class"] = name
         if relay is not None:
             has_body = cast(Relay, relay).has_body(self.max_request_body)
         else:
@@ -980,6 +996,9 @@ class LB(LinkEvents):
             "error_causes": dict(self.error_causes),
             "recent_errors": list(self.recent_errors),
             "classes": top_classes(self.class_requests, STATUS_CLASSES),
+            "class_latency": {name: _histogram(self.class_latency[name])
+                              for name in top_classes(self.class_requests, STATUS_CLASSES)
+                              if name in self.class_latency},
         }
 
     def _workers_status(self, pooled: Dict[str, dict]) -> Dict[str, dict]:
@@ -1006,6 +1025,9 @@ class LB(LinkEvents):
         for address, counts in list(self.worker_counts.items()):
             if address in links:
                 links[address]["counts"].update(counts)
+        for address, latency in self.worker_latency.items():
+            if address in links:
+                links[address]["latency"] = _histogram(latency)
         return links
 
     def __repr__(self) -> str:
@@ -1033,6 +1055,13 @@ def _request_path(environ: dict) -> str:
 def _let_others_run() -> None:
     """Between the steps of a large résumé: the rest of the loop's turn."""
     gevent.sleep(0)
+
+
+def _histogram(counts: List[float]) -> dict:
+    """A latency histogram as the status document gives it, from
+    [count per bucket..., sum of seconds]."""
+    return {"buckets": list(LATENCY_BUCKETS), "counts": [int(n) for n in counts[:-1]],
+            "sum": round(counts[-1], 6)}
 
 
 def top_classes(counts: Dict[str, int], n: int) -> Dict[str, int]:

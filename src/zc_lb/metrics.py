@@ -97,6 +97,7 @@ def lb_families(doc: dict, top_classes: int = TOP_CLASSES) -> Iterator[Metric]:
     yield from traffic_families(doc)
     yield from buffer_families(doc.get("buffers") or {})
     yield from latency_families(doc.get("latency"))
+    yield from worker_latency_families(workers)
     yield from error_families(doc, workers)
     yield from pool_families(doc.get("pool", {}))
     yield from worker_families(workers)
@@ -143,11 +144,29 @@ def latency_families(latency: Optional[dict], name: str = "zc_lb_response_second
     """The response time histogram, if the document has one."""
     if not latency:
         return
+    yield HistogramMetricFamily(name, text, buckets=_cumulative(latency),
+                                sum_value=latency.get("sum", 0.0))
+
+
+def _cumulative(latency: dict) -> list:
+    """A status histogram's buckets as Prometheus takes them: cumulative."""
     buckets, cumulative = [], 0
     for bound, count in zip(list(latency["buckets"]) + ["+Inf"], latency["counts"]):
         cumulative += count
         buckets.append((bound if bound == "+Inf" else repr(float(bound)), cumulative))
-    yield HistogramMetricFamily(name, text, buckets=buckets, sum_value=latency.get("sum", 0.0))
+    return buckets
+
+
+def worker_latency_families(workers: Dict[str, dict]) -> Iterator[Metric]:
+    """The response time histogram by the worker that answered."""
+    family = HistogramMetricFamily(
+        "zc_lb_worker_response_seconds", "Seconds from a request's arrival until its "
+        "response starts, by the worker that answered it.", labels=["worker"])
+    for address, info in sorted(workers.items()):
+        latency = info.get("latency")
+        if latency:
+            family.add_metric([address], _cumulative(latency), latency.get("sum", 0.0))
+    yield family
 
 
 def error_families(doc: dict, workers: Dict[str, dict]) -> Iterator[Metric]:

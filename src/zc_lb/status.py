@@ -231,12 +231,11 @@ def _merge_totals(docs: List[dict]) -> dict:
             elif isinstance(value, (int, float)):
                 merged[key] = merged.get(key, 0) + value
             elif key == "latency":
-                into = merged.get(key)
-                if into is None:
-                    merged[key] = dict(value, counts=list(value["counts"]))
-                elif into["buckets"] == value["buckets"]:
-                    into["counts"] = [a + b for a, b in zip(into["counts"], value["counts"])]
-                    into["sum"] = round(into["sum"] + value["sum"], 6)
+                merged[key] = _add_histograms(merged.get(key), value)
+            elif key == "class_latency":
+                into = merged.setdefault(key, {})
+                for name, histogram in value.items():
+                    into[name] = _add_histograms(into.get(name), histogram)
             elif key == "recent_errors":
                 merged[key] = sorted(merged.get(key, []) + list(value),
                                      key=lambda e: e.get("time", 0))[-RECENT_ERRORS:]
@@ -247,6 +246,17 @@ def _merge_totals(docs: List[dict]) -> dict:
             else:
                 merged.setdefault(key, value)
     return merged
+
+
+def _add_histograms(into: Optional[dict], value: dict) -> dict:
+    """Two latency histograms of the status document's added up (``into``
+    None: a copy of ``value``)."""
+    if into is None:
+        return dict(value, counts=list(value["counts"]))
+    if into["buckets"] == value["buckets"]:
+        into["counts"] = [a + b for a, b in zip(into["counts"], value["counts"])]
+        into["sum"] = round(into["sum"] + value["sum"], 6)
+    return into
 
 
 def _merge_workers(docs: List[dict]) -> Dict[str, dict]:
@@ -260,7 +270,11 @@ def _merge_workers(docs: List[dict]) -> Dict[str, dict]:
                 workers[address] = dict(info)
                 if "counts" in info:
                     workers[address]["counts"] = dict(info["counts"])
+                if "latency" in info:
+                    workers[address]["latency"] = _add_histograms(None, info["latency"])
                 continue
+            if "latency" in info:
+                into["latency"] = _add_histograms(into.get("latency"), info["latency"])
             for key in ("backlog", "mean_backlog", "streams"):
                 if key in info:
                     into[key] = into.get(key, 0) + info[key]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from html import escape
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .status import worker_state
 
@@ -97,6 +97,14 @@ def _head() -> str:
     ])
 
 
+def _p50_p99(latency: Optional[dict]) -> str:
+    """A latency histogram's median and 99th percentile, as bucket bounds."""
+    if not latency or not any(latency.get("counts") or ()):
+        return "-"
+    return "%s / %s" % (percentile(latency, 0.5).lstrip("<= "),
+                        percentile(latency, 0.99).lstrip("<= "))
+
+
 def _summary(doc: dict) -> str:
     """The summary list: the document's counters and the pool's settings."""
     pool = doc.get("pool", {})
@@ -148,29 +156,34 @@ def _workers(workers: Dict[str, dict]) -> str:
             escape(str(counts.get("requests", 0))),
             escape(" ".join("%s:%s" % (code, counts[code]) for code in
                             ("1xx", "2xx", "3xx", "4xx", "5xx") if counts.get(code)) or "-"),
-            escape(str(counts.get("errors", 0))), escape(str(info.get("backlog", "-"))),
+            escape(str(counts.get("errors", 0))),
+            escape(_p50_p99(info.get("latency"))),
+            escape(str(info.get("backlog", "-"))),
             escape(str(info.get("mean_backlog", "-"))),
             escape(str(info.get("skills_count", len(skills)))),
             escape(", ".join("%s=%.3g" % item for item in top)),
             escape(str(info.get("version") or info.get("last_error") or "")),
         ])
     return "<h2>Workers</h2>" + _table(
-        ["worker", "state", "requests", "responses", "errors", "backlog", "mean backlog",
+        ["worker", "state", "requests", "responses", "errors", "latency p50 / p99",
+         "backlog", "mean backlog",
          "classes", "best classes (score, req/s)", "version / last error"], rows, "workers")
 
 
 def _busiest_classes(doc: dict, workers: Dict[str, dict]) -> str:
     """The busiest classes section: each with its workers, best scored first."""
     classes = sorted(doc.get("classes", {}).items(), key=lambda item: -item[1])[:TOP_CLASSES]
+    latencies = doc.get("class_latency") or {}
     rows = []
     for name, count in classes:
         skilled = sorted((info["skills"][name], address) for address, info in workers.items()
                          if name in (info.get("skills") or {}))
         rows.append([escape(name or "(no class)"), escape(str(count)),
+                     escape(_p50_p99(latencies.get(name))),
                      escape(", ".join("%s=%.3g" % (address, score)
                                       for score, address in reversed(skilled)) or "-")])
     return "<h2>Busiest classes</h2>" + _table(
-        ["class", "requests", "workers (score)"], rows, "classes")
+        ["class", "requests", "latency p50 / p99", "workers (score)"], rows, "classes")
 
 
 def _recent_errors(doc: dict) -> str:
