@@ -37,21 +37,27 @@ SOURCE_TESTS := tests/test_pool.py tests/test_affinity.py tests/test_classstats.
 	tests/test_connection.py tests/test_front.py tests/test_lb.py tests/test_links.py \
 	tests/test_worker.py tests/test_threads.py tests/test_hardening.py tests/test_relay.py
 
-.PHONY: run test bench soak sysdeps venv compile zookeeper mypy docs clean
+.PHONY: run test bench soak setup sysdeps venv compile zookeeper mypy docs clean
 
 run: venv
 	@$(MAKE) --no-print-directory compile || echo "zc-lb: could not compile; running the source"
 	$(VENV)/bin/zc-lb demo
 
-test: sysdeps venv compile
+test: setup
 	ZC_LB_EXPECT_BUILD=compiled $(PY) -m pytest -q -n 2 --dist loadfile tests
 	ZC_LB_PURE=1 ZC_LB_EXPECT_BUILD=source $(PY) -m pytest -q -n 2 --dist loadfile $(SOURCE_TESTS)
 
-bench: sysdeps venv compile
+bench: setup
 	$(PY) -m benchmarks.bench
 
 soak: venv compile
 	$(PY) -m benchmarks.soak
+
+# Everything the suite and the benchmarks need.  The Debian packages and
+# the venv come at once (both wait mostly on downloads), then the compile.
+setup:
+	@$(MAKE) --no-print-directory -j2 sysdeps venv
+	@$(MAKE) --no-print-directory compile
 
 compile: venv $(COMPILED)
 
@@ -87,7 +93,8 @@ sysdeps:
 	  echo "installing:$$missing"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq \
+	    --no-install-recommends $$missing; \
 	fi
 
 # A ZooKeeper for trying zc-lb by hand: 127.0.0.1:2181, data under .zk/,
