@@ -37,8 +37,9 @@ def test_str_of_every_error_is_its_message():
 
 
 def test_exit_statuses_say_configuration_outage_or_anything_else():
-    # README: 2 for a configuration error (a restart will not help), 69
-    # (EX_UNAVAILABLE) when ZooKeeper cannot be reached, 1 for anything else.
+    # docs/reference/processes.rst, "Exit statuses": 2 for a configuration
+    # error (a restart will not help), 69 (EX_UNAVAILABLE) when ZooKeeper
+    # cannot be reached, 1 for anything else.
     for cls in ALL:
         if issubclass(cls, ConfigurationError):
             expected = 2
@@ -73,7 +74,7 @@ def test_what_a_worker_did_or_suffered_is_answered_with_a_5xx():
         if issubclass(cls, ClientError):
             continue  # ClientGone: cancelled here, but the client's doing
         assert 500 <= make(cls).http_status <= 599, cls
-    # the statuses README's "What happens when things fail" promises
+    # the statuses docs/reference/failures.rst promises
     assert WorkerLost.http_status == 502  # lost before its response started
     assert BadResponse.http_status == 502
     assert PeerCancelled.http_status == 502  # the worker gave up: a bad gateway

@@ -403,7 +403,8 @@ def test_read1_gives_a_piece_as_it_came_and_at_most_what_is_asked():
 def test_a_response_in_flight_when_a_drain_begins_says_connection_close():
     # The drain (SIGTERM, a restart) began after the request's head was
     # read and before its response: the response closes the connection,
-    # as the README says, rather than invite the next request.
+    # as docs/reference/processes.rst ("Signals") says, rather than invite
+    # the next request.
     server = _Server(("127.0.0.1", 0), None, "http")  # never started
 
     def app(environ, start_response):

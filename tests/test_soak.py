@@ -1,5 +1,6 @@
 """``make soak`` in a few seconds: it runs, samples and judges; the ten
-minute run is the real one (README, "Evaluating it")."""
+minute run is the real one (docs/howto/evaluate.rst, "Measure zc-lb
+itself")."""
 
 from benchmarks import soak
 
