@@ -1024,14 +1024,8 @@ def _unix_get(path, url_path="/", host="a.example", timeout=10):
     sock.connect(path)
     sock.sendall(b"GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n"
                  % (url_path.encode(), host.encode()))
-    data = b""
-    while True:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    sock.close()
-    head, _, body = data.partition(b"\r\n\r\n")
+    with sock, sock.makefile("rb") as answer:  # (to the end: Connection: close)
+        head, _, body = answer.read().partition(b"\r\n\r\n")
     return int(head.split()[1]), body
 
 

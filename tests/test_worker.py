@@ -525,15 +525,7 @@ def test_a_file_like_object_handed_to_the_file_wrapper_goes_out_whole_in_large_r
 
     data = bytes(range(256)) * 4096 * 3  # 3 MiB
     reads, closed = [], []
-
-    class File(io.BytesIO):
-        def read(self, size=-1):
-            reads.append(size)
-            return super().read(size)
-
-        def close(self):
-            closed.append(True)
-            super().close()
+    File = _recording(io.BytesIO, reads, closed)
 
     def app(environ, start_response):
         start_response("200 OK", [("Content-Length", str(len(data)))])
@@ -544,6 +536,20 @@ def test_a_file_like_object_handed_to_the_file_wrapper_goes_out_whole_in_large_r
     assert body == data
     assert reads and min(reads) >= BLOCK  # (not the app's 4 KiB)
     _wait_until(lambda: closed)
+
+
+def _recording(base, reads, closed):
+    """A file class of ``base`` that notes each read's size, and its close."""
+    class File(base):
+        def read(self, size=-1):
+            reads.append(size)
+            return super().read(size)
+
+        def close(self):
+            closed.append(True)
+            super().close()
+
+    return File
 
 
 def _wait_until(predicate, timeout=5):
@@ -567,15 +573,7 @@ def test_a_file_handed_to_the_file_wrapper_goes_out_with_sendfile(serve, tmp_pat
     sendfiles, reads, closed = [], [], []
     real = os.sendfile
     monkeypatch.setattr(os, "sendfile", lambda *args: sendfiles.append(args[3]) or real(*args))
-
-    class File(io.FileIO):
-        def read(self, size=-1):
-            reads.append(size)
-            return super().read(size)
-
-        def close(self):
-            closed.append(True)
-            super().close()
+    File = _recording(io.FileIO, reads, closed)
 
     def app(environ, start_response):
         f = File(str(path))
