@@ -339,7 +339,8 @@ class Simulation:
     # -- measurement ----------------------------------------------------
 
     def sample(self) -> None:
-        """Snapshot backlogs: imbalance and the hot site's share."""
+        """Snapshot backlogs: imbalance, whether a worker is idle while
+        another has requests waiting, and the hot site's share."""
         live = self.live
         if not live:
             return
@@ -347,12 +348,15 @@ class Simulation:
         imbalance = None
         if total:
             imbalance = max(w.outstanding for w in live) * len(live) / total
+        serves = self.config.concurrency  # (at once, by the application)
+        idle = (any(w.outstanding == 0 for w in live)
+                and any(w.outstanding > serves for w in live))
         hot_workers = hot_backlog = None
         if self.workload.hot_fraction:
             hot = sum(w.hot for w in live)
             hot_workers = sum(1 for w in live if w.hot) / len(live)
             hot_backlog = hot / total if total else 0.0
-        self.recorder.sample(imbalance, hot_workers, hot_backlog)
+        self.recorder.sample(imbalance, hot_workers, hot_backlog, idle)
 
     def results(self) -> Dict[str, Any]:
         """Summary and windows of the run."""

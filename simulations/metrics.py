@@ -13,7 +13,9 @@ first ``warmup`` share of completions, so start-up (cold caches, no
 skills yet) does not blur steady-state numbers; the windows show it all.
 
 Load imbalance is max over mean backlog of the live workers, averaged over
-samples with any backlog.  The hot-class figures (sampled) are the share
+samples with any backlog; ``idle_beside_queue`` is the share of samples in
+which a worker has nothing to do while another has requests waiting (more
+than its application serves at once).  The hot-class figures (sampled) are the share
 of live workers with a request of the hot class outstanding, and the hot
 class's share of all outstanding requests.  Once a worker has been added,
 each window also has the share of its requests served by added workers.
@@ -55,6 +57,7 @@ class Series:
         self.latencies: List[float] = []
         self.misses = 0
         self.imbalance: List[float] = []
+        self.idle: List[float] = []
         self.hot_workers: List[float] = []
         self.hot_backlog: List[float] = []
         self.by_new = 0  # requests served by workers added during the run
@@ -65,7 +68,8 @@ class Series:
         result = {"requests": n,
                   "throughput": n / (end - self.start) if end > self.start else 0.0,
                   "misses_per_request": self.misses / n if n else 0.0,
-                  "imbalance": mean(self.imbalance)}
+                  "imbalance": mean(self.imbalance),
+                  "idle_beside_queue": mean(self.idle)}
         result.update(latency_stats(self.latencies))
         if self.track_new:
             result["new_worker_share"] = self.by_new / n if n else 0.0
@@ -104,11 +108,13 @@ class Recorder:
             self.close_window(now)
 
     def sample(self, imbalance: Optional[float], hot_workers: Optional[float],
-               hot_backlog: Optional[float]) -> None:
-        """A snapshot of backlogs (None: nothing to say)."""
+               hot_backlog: Optional[float], idle: bool = False) -> None:
+        """A snapshot of backlogs (None: nothing to say; ``idle``: a worker
+        idle while another has requests waiting)."""
         for series in (self.window, self.summary):
             if series is None:
                 continue
+            series.idle.append(1.0 if idle else 0.0)
             if imbalance is not None:
                 series.imbalance.append(imbalance)
             if hot_workers is not None:

@@ -15,6 +15,7 @@ COLUMNS = [  # (key, heading, format)
     ("misses_ratio", "x lb", "%6.2f"),
     ("overlap", "overlap", "%7.2f"),
     ("imbalance", "imbal", "%6.2f"),
+    ("idle_beside_queue", "idle", "%6.2f"),
     ("hot_worker_share", "hot wk", "%6.2f"),
     ("hot_backlog_share", "hot bl", "%6.2f"),
     ("new_worker_share", "new wk", "%6.3f"),

@@ -526,3 +526,16 @@ def test_without_matplotlib_the_table_is_printed_and_the_plot_skipped_with_a_rea
     out, err = capsys.readouterr()
     assert code == 0 and "least_backlog" in out
     assert "no plot: No module named 'matplotlib'" in err and "Traceback" not in err
+
+
+def test_idle_beside_queue_is_the_share_of_samples_with_a_worker_idle_while_another_has_a_queue():
+    # Least backlog never sends to a worker with requests waiting while
+    # another has none; round robin, blind to backlogs, leaves workers
+    # idle beside queues (the affinity policy does too, on purpose where
+    # a cached key is worth the wait: simulations/README.rst).
+    config = small(requests=4000)
+    idle = {policy: simulate(config, policy)["summary"]["idle_beside_queue"]
+            for policy in ("least_backlog", "round_robin")}
+    assert idle["least_backlog"] < 0.02
+    assert idle["round_robin"] > 0.1 + idle["least_backlog"]
+    assert all(0.0 <= share <= 1.0 for share in idle.values())
