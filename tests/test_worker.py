@@ -836,3 +836,31 @@ def test_a_failure_of_the_workers_own_cancels_the_request_at_once(serve, caplog)
     finally:
         connection.close()
         worker.stop(timeout=1)
+
+
+def test_a_thread_reading_a_body_the_lb_cancelled_gets_a_cancel_not_a_greenlet_exit(serve):
+    # The LB gave up on the request mid-upload: the app's read raises a
+    # RequestCancelled it may catch as the request's end, in its thread.
+    from zc_lb.errors import RequestCancelled
+
+    raised = []
+
+    def app(environ, start_response):
+        try:
+            while environ["wsgi.input"].read(4096):
+                time.sleep(0.001)
+        except BaseException as exc:
+            raised.append(exc)
+            raise
+        start_response("200 OK", [])
+        return [b"read it all"]
+
+    worker, connection, _ = serve(app, threads=2)
+    exchange = connection.open_request(dict(REQUEST, REQUEST_METHOD="POST",
+                                            CONTENT_LENGTH=str(64 * 1024 * 1024)))
+    sender = gevent.spawn(exchange.send_body, b"x" * (2 * 1024 * 1024))
+    gevent.sleep(0.2)  # (the app holds a chunk, the pump waits for room)
+    sender.kill()
+    exchange.cancel()
+    _wait_until(lambda: raised)
+    assert isinstance(raised[0], RequestCancelled), raised

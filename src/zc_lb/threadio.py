@@ -39,7 +39,7 @@ from typing import Any, Callable, Deque, List, Optional, Tuple
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
 
-from .errors import ZcLbError
+from .errors import CancelledHere, ZcLbError
 
 HIGH = 1024 * 1024  # response bytes queued or on their way before the thread waits
 CHUNK = 256 * 1024  # at most this much of the queue is sent as one chunk
@@ -251,6 +251,8 @@ class ThreadInput:
                 if full:
                     room.wait()
         except BaseException as exc:  # (the thread raises it)
+            if isinstance(exc, gevent.GreenletExit):  # stopped: the request is over
+                exc = CancelledHere("the request ended before its body was read")
             with self._lock:
                 self._error, self._ended = exc, True
                 self._arrived.notify()
