@@ -304,10 +304,16 @@ def test_the_status_page_in_a_browser(cluster):
                        for row in shown.values())
         assert requests == 12
         assert all("in pool" in row.text for row in shown.values())
-        classes = {row.find_elements(By.TAG_NAME, "td")[0].text:
-                   row.find_elements(By.TAG_NAME, "td")[1].text
-                   for row in driver.find_elements(By.CSS_SELECTOR, "table.classes tbody tr")}
-        assert classes == {"alpha.example": "7", "beta.example": "5"}
+        # response times by worker (those that served) and by class: "p50 / p99"
+        latencies = [row.find_elements(By.TAG_NAME, "td")[5].text for row in shown.values()
+                     if row.find_elements(By.TAG_NAME, "td")[2].text != "0"]
+        assert latencies and all(" ms / " in text for text in latencies), latencies
+        cells = {row.find_elements(By.TAG_NAME, "td")[0].text:
+                 [cell.text for cell in row.find_elements(By.TAG_NAME, "td")[1:3]]
+                 for row in driver.find_elements(By.CSS_SELECTOR, "table.classes tbody tr")}
+        assert {name: cell[0] for name, cell in cells.items()} == {
+            "alpha.example": "7", "beta.example": "5"}
+        assert all(" ms / " in cell[1] for cell in cells.values()), cells
         assert driver.find_elements(By.CSS_SELECTOR, "#rate svg.sparkline")
         driver.find_element(By.LINK_TEXT, "metrics").click()
         assert "zc_lb_requests_total 12.0" in driver.find_element(By.TAG_NAME, "body").text
