@@ -46,6 +46,7 @@ CHUNK = 256 * 1024  # at most this much of the queue is sent as one chunk
 READ_AHEAD = 256 * 1024  # request body bytes handed over ahead of the thread's reads
 
 NOT_BYTES = "the application's response body must be bytes, not %s"
+_NO_CHUNKS: Deque[bytes] = collections.deque()  # (ThreadInput's until its first read)
 
 
 class ThreadOutput:
@@ -55,21 +56,24 @@ class ThreadOutput:
     ``finish`` run in the hub); ``thread`` the pool's record of the
     thread (``threads._Thread``), or None.  The thread calls ``write``
     and at most one of ``finish`` and ``fail``; the hub then calls
-    ``close``.
+    ``close``.  Most responses are one piece (``finish`` alone): the
+    lock and the hub's event are made at the first ``write``, not for
+    every request.
     """
+
+    __slots__ = ("_hub", "_writer", "thread", "_lock", "_room", "_blocks", "_held",
+                 "_sending", "_sent", "error", "_last", "_failed", "_file")
 
     def __init__(self, hub: Any, writer: Any, thread: Any = None) -> None:
         self._hub = hub
         self._writer = writer
         self.thread = thread
-        self._lock = threading.Lock()
+        self._lock: Optional[threading.Lock] = None  # (made by the first write)
+        self._room: Optional[threading.Condition] = None  # under HIGH bytes held
         self._blocks: List[bytes] = []  # queued, not yet taken by the sender
         self._held = 0  # bytes queued or being sent
         self._sending = False  # the hub has a sender running, or coming
-        self._room = threading.Event()  # set while under HIGH bytes are held
-        self._room.set()
-        self._sent = gevent.event.Event()  # (hub) set while no sender runs
-        self._sent.set()
+        self._sent: Any = None  # (hub) a gevent Event, set while no sender runs
         self.error: Optional[BaseException] = None  # what the hub met sending
         # What the hub does once the queue is sent: finish the response
         # with these bytes, or (``fail``) answer 500 or cancel.
@@ -90,20 +94,21 @@ class ThreadOutput:
             raise AssertionError("write() before start_response()")
         if not data:
             return
-        with self._lock:
+        lock = self._lock
+        if lock is None:  # (before the hub can see any of it)
+            lock = self._lock = threading.Lock()
+            self._room = threading.Condition(lock)
+        with lock:
             self._blocks.append(data)
             self._held += len(data)
             wake = not self._sending
             self._sending = True
-            full = self._held >= HIGH
-            if full:
-                self._room.clear()
-        if wake:
-            self._hub.loop.run_callback_threadsafe(self._start_sender)
-        if full:
-            self._wait_for_room()
-            if self.error is not None:
-                raise self.error
+            if wake:
+                self._hub.loop.run_callback_threadsafe(self._start_sender)
+            if self._held >= HIGH:
+                self._wait_for_room()
+        if self.error is not None:
+            raise self.error
 
     def finish(self, data: bytes = b"") -> None:
         """The response ends after ``data``; the hub ends it (``close``)."""
@@ -123,27 +128,33 @@ class ThreadOutput:
         self._failed = True
 
     def _wait_for_room(self) -> None:
-        thread = self.thread
-        if thread is None:
-            self._room.wait()
-            return
-        thread.in_hub = True  # (the sampler: a wait on the LB, not on the app)
+        """(Under the lock) wait while HIGH bytes are held and all goes well."""
+        room, thread = self._room, self.thread
+        assert room is not None
+        if thread is not None:
+            thread.in_hub = True  # (the sampler: a wait on the LB, not on the app)
         try:
-            self._room.wait()
+            while self._held >= HIGH and self.error is None:
+                room.wait()
         finally:
-            thread.in_hub = False
+            if thread is not None:
+                thread.in_hub = False
 
     # -- in the hub -----------------------------------------------------
 
     def _start_sender(self) -> None:
-        self._sent.clear()
+        sent = self._sent
+        if sent is None:
+            sent = self._sent = gevent.event.Event()
+        sent.clear()
         gevent.spawn(self._send_queued)
 
     def _send_queued(self) -> None:
-        writer = self._writer
+        writer, lock, room = self._writer, self._lock, self._room
+        assert lock is not None and room is not None and self._sent is not None
         try:
             while True:
-                with self._lock:
+                with lock:
                     blocks = self._take()
                     if not blocks:
                         self._sending = False
@@ -154,10 +165,10 @@ class ThreadOutput:
                         writer.write(data)
                 except BaseException as exc:  # (raised in the thread, or by close)
                     self.error = exc
-                with self._lock:
+                with lock:
                     self._held -= len(data)
                     if self._held < HIGH or self.error is not None:
-                        self._room.set()
+                        room.notify()
         finally:
             self._sent.set()
 
@@ -182,10 +193,11 @@ class ThreadOutput:
         application failed).  Raises a ZcLbError the hub met sending."""
         try:
             while self._sending:
-                if self._sent.is_set():  # (its start is on its way from the thread)
+                sent = self._sent
+                if sent is None or sent.is_set():  # (its start is on its way)
                     gevent.sleep(0)
                 else:
-                    self._sent.wait()
+                    sent.wait()
             error = self.error
             if isinstance(error, ZcLbError):
                 raise error
@@ -212,13 +224,17 @@ class ThreadInput:
     (the LB went away) are raised in the thread's next read past what it
     holds."""
 
+    __slots__ = ("_hub", "_source", "thread", "_lock", "_arrived", "_chunks", "_held",
+                 "_ended", "_error", "_started", "_room", "_pumping", "_buffer", "_pos")
+
     def __init__(self, hub: Any, source: Any) -> None:
         self._hub = hub
         self._source = source
         self.thread: Any = None  # the pool's record of the reading thread
-        self._lock = threading.Lock()
-        self._arrived = threading.Condition(self._lock)  # (the thread waits on it)
-        self._chunks: Deque[bytes] = collections.deque()  # handed over, not yet taken
+        # (Made by the first read: most requests read no body.)
+        self._lock: Any = None
+        self._arrived: Any = None  # a Condition on the lock: the thread waits on it
+        self._chunks: Deque[bytes] = _NO_CHUNKS  # handed over, not yet taken
         self._held = 0  # bytes in _chunks
         self._ended = False  # the pump handed over all there is (or failed)
         self._error: Optional[BaseException] = None
@@ -269,10 +285,13 @@ class ThreadInput:
     def _fill(self) -> bool:
         """Take the next chunk that came, waiting for one if need be;
         False at the body's end."""
+        if not self._started:  # (before the hub can see any of it)
+            self._started = True
+            self._lock = threading.Lock()
+            self._arrived = threading.Condition(self._lock)
+            self._chunks = collections.deque()
+            self._hub.loop.run_callback_threadsafe(gevent.spawn, self._pump)
         with self._lock:
-            if not self._started:
-                self._started = True
-                self._hub.loop.run_callback_threadsafe(gevent.spawn, self._pump)
             if not self._chunks and not self._ended:
                 thread = self.thread
                 if thread is not None:
