@@ -242,6 +242,17 @@ def test_bad_worker_addresses_on_the_command_line_exit_2():
     assert "port out of range in '127.0.0.1:99999'" in done.stderr
 
 
+def test_a_worker_on_a_unix_socket_does_not_register_in_zookeeper(tmp_path):
+    # (No LB elsewhere could reach it, and a path is no ZooKeeper node name.)
+    done = subprocess.run(
+        [sys.executable, "-m", "zc_lb.cli", "worker", "apps:app", "--listen",
+         "unix:%s" % (tmp_path / "w.sock"), "--zookeeper", "127.0.0.1:1"],
+        capture_output=True, text=True, timeout=60, cwd=TESTS)
+    assert done.returncode == 2, done.stderr
+    assert "does not register in ZooKeeper" in done.stderr
+    assert not (tmp_path / "w.sock").exists()
+
+
 def test_reload_applies_live_settings_and_names_the_rest(tmp_path, caplog):
     from zc_lb.cli import reload_config
 

@@ -86,10 +86,3 @@ def test_a_setting_changed_in_zookeeper_is_logged_as_a_file_change_is(caplog):
     assert "no_worker_timeout 30 -> 3 (ZooKeeper /lb)" in caplog.text
     assert "balance" not in caplog.text  # (unchanged: not logged)
     assert membership.lb.pool.variance == 2.5 and membership.lb.no_worker_timeout == 3
-
-
-def test_a_unix_sockets_worker_is_advertised_by_its_path():
-    from zc_lb.membership import advertised
-
-    assert advertised("/run/w.sock") == "unix:/run/w.sock"
-    assert advertised(("10.1.2.3", 8081)) == "10.1.2.3:8081"

@@ -251,6 +251,11 @@ def build_worker(args: argparse.Namespace) -> WorkerService:
     from .tls import worker_context
 
     listen = parse_listen(args.listen)
+    if isinstance(listen, str) and args.zookeeper:
+        raise ConfigurationError(
+            "--listen unix:%s: a worker on a Unix socket is reached only from its own "
+            "machine, so it does not register in ZooKeeper; give the LBs on this machine "
+            "--worker unix:%s, or listen on HOST:PORT" % (listen, listen))
     secret = read_secret(args.secret_file)
     tls = worker_context(args.tls_cert, args.tls_key, args.tls_ca)
     _check_exposure(listen, secret, args.insecure, tls)

@@ -36,10 +36,8 @@ log = logging.getLogger(__name__)
 
 
 def advertised(address) -> str:
-    """HOST:PORT for others to reach a bound address (0.0.0.0 -> our name);
-    unix:PATH for a Unix socket's, which only LBs on this machine reach."""
-    if isinstance(address, str):
-        return "unix:" + address
+    """HOST:PORT for others to reach a bound address (0.0.0.0 -> our name).
+    (A Unix socket's is not registered: the command line refuses it.)"""
     host, port = address[:2]
     if host in ("0.0.0.0", "::", ""):
         host = socket.gethostname()
