@@ -86,3 +86,13 @@ def test_a_setting_changed_in_zookeeper_is_logged_as_a_file_change_is(caplog):
     assert "no_worker_timeout 30 -> 3 (ZooKeeper /lb)" in caplog.text
     assert "balance" not in caplog.text  # (unchanged: not logged)
     assert membership.lb.pool.variance == 2.5 and membership.lb.no_worker_timeout == 3
+
+
+def test_an_lb_on_a_unix_socket_registers_under_a_name_without_slashes():
+    import socket
+
+    from zc_lb.membership import advertised
+
+    assert advertised("/run/zc-lb/lb.sock") == "unix:%2Frun%2Fzc-lb%2Flb.sock@" + \
+        socket.gethostname()
+    assert advertised(("10.1.2.3", 8081)) == "10.1.2.3:8081"

@@ -412,3 +412,34 @@ def test_the_zookeeper_leader_killed_under_load_fails_no_request(tmp_path):
             client.stop()
             client.close()
         ensemble.stop()
+
+
+def test_an_lb_on_a_unix_socket_registers_and_serves_the_sites_workers(site, tmp_path):
+    # Behind a proxy on its machine: its node's name has no slashes.
+    import socket
+
+    from zc_lb.testing import Process
+
+    class UnixLB(Process):
+        command = "lb"
+
+    path = str(tmp_path / "lb.sock")
+    worker = site.worker()
+    lb = UnixLB(["--listen", "unix:" + path, "--zookeeper", site.hosts, "--path", "/lb",
+                 "--status", "127.0.0.1:0"]).start()
+    try:
+        assert lb.address == "unix:" + path
+        wait_for(lambda: providers(site.client, "/lb/providers") == [
+            "unix:%s@%s" % (path.replace("/", "%2F"), socket.gethostname())])
+        status_address = lb.said("zc-lb status on ")
+        wait_for(lambda: any(w.get("in_pool") for w in json.load(urllib.request.urlopen(
+            "http://%s/" % status_address, timeout=5))["workers"].values()))
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(10)
+        sock.connect(path)
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: a.example\r\nConnection: close\r\n\r\n")
+        with sock, sock.makefile("rb") as answer:
+            head, _, body = answer.read().partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and body.split()[0].decode() == worker.address
+    finally:
+        lb.kill()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import urllib.parse
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import gevent
@@ -36,8 +37,12 @@ log = logging.getLogger(__name__)
 
 
 def advertised(address) -> str:
-    """HOST:PORT for others to reach a bound address (0.0.0.0 -> our name).
-    (A Unix socket's is not registered: the command line refuses it.)"""
+    """HOST:PORT for others to reach a bound address (0.0.0.0 -> our name);
+    for a Unix socket's (an LB behind a proxy on its machine), ``unix:``
+    and its path quoted, ``@`` our name: a node name has no slashes.  (A
+    worker on one does not register: the command line refuses it.)"""
+    if isinstance(address, str):
+        return "unix:%s@%s" % (urllib.parse.quote(address, safe=""), socket.gethostname())
     host, port = address[:2]
     if host in ("0.0.0.0", "::", ""):
         host = socket.gethostname()
