@@ -324,6 +324,12 @@ class ThreadInput:
         return data
 
     def read(self, size: Optional[int] = -1) -> bytes:
+        pos = self._pos
+        if size is not None and 0 <= size <= len(self._buffer) - pos:
+            # (Most reads: what is here already.  This module is not
+            # compiled, so the common case is as few steps as it can be.)
+            self._pos = end = pos + size
+            return self._buffer[pos:end]
         if size is None or size < 0:
             pieces = []
             while self._pos < len(self._buffer) or self._fill():
