@@ -45,6 +45,8 @@ HIGH = 1024 * 1024  # response bytes queued or on their way before the thread wa
 CHUNK = 256 * 1024  # at most this much of the queue is sent as one chunk
 READ_AHEAD = 256 * 1024  # request body bytes handed over ahead of the thread's reads
 
+# PEP 3333: a response body is bytes (gunicorn and gevent's server refuse
+# anything else too); the worker's message, in either mode.
 NOT_BYTES = "the application's response body must be bytes, not %s"
 _NO_CHUNKS: Deque[bytes] = collections.deque()  # (ThreadInput's until its first read)
 

@@ -50,7 +50,7 @@ from .httpparse import HOP_BY_HOP
 from .protocol import MAX_BODY, WORKER_FEATURES, Body, End, Request
 from .settings import LATENCY_BUCKETS, WORKER_SETTINGS, check, log_change
 from .sockets import Listen, address_text, is_loopback, listener
-from .threadio import ThreadInput, ThreadOutput
+from .threadio import NOT_BYTES, ThreadInput, ThreadOutput
 from .threads import Threads
 
 log = logging.getLogger(__name__)
@@ -198,11 +198,6 @@ class RequestInput(io.RawIOBase):
 # -- response output --------------------------------------------------------
 
 
-# PEP 3333: a response body is bytes (gunicorn and gevent's server refuse
-# anything else too).
-_NOT_BYTES: Final = "the application's response body must be bytes, not %s"
-
-
 # The environ key an application may set, before its response starts, to
 # say whether its cache had what the request needed: "hit" (or True) or
 # "miss" (or False).  The worker tells the LB, which learns from it what
@@ -252,7 +247,7 @@ class ResponseWriter:
 
     def write(self, data: object) -> None:
         if type(data) is not bytes:
-            raise TypeError(_NOT_BYTES % type(data).__name__)
+            raise TypeError(NOT_BYTES % type(data).__name__)
         if self.status is None:
             raise AssertionError("write() before start_response()")
         exchange = self.exchange
@@ -276,7 +271,7 @@ class ResponseWriter:
         application returned it in one piece: head, body and End then go
         in one write)."""
         if type(data) is not bytes:
-            raise TypeError(_NOT_BYTES % type(data).__name__)
+            raise TypeError(NOT_BYTES % type(data).__name__)
         exchange = self.exchange
         if not self.started:
             if self.status is None:
