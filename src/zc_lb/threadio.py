@@ -86,10 +86,11 @@ class ThreadOutput:
 
     # -- in the pool thread ---------------------------------------------
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: object) -> None:
         """Queue ``data``; wait only while HIGH bytes are held."""
-        if type(data) is not bytes:
+        if type(data) is not bytes:  # (``object``: compiled, a str gets this message)
             raise TypeError(NOT_BYTES % type(data).__name__)
+        assert isinstance(data, bytes)
         if self.error is not None:
             raise self.error
         if self._writer.status is None:
@@ -112,10 +113,11 @@ class ThreadOutput:
         if self.error is not None:
             raise self.error
 
-    def finish(self, data: bytes = b"") -> None:
+    def finish(self, data: object = b"") -> None:
         """The response ends after ``data``; the hub ends it (``close``)."""
         if type(data) is not bytes:
             raise TypeError(NOT_BYTES % type(data).__name__)
+        assert isinstance(data, bytes)
         self._last = data
 
     def send_file(self, wrapper: Any, region: Tuple[int, int, int]) -> None:
