@@ -86,6 +86,12 @@ class ThreadOutput:
 
     # -- in the pool thread ---------------------------------------------
 
+    def start_response(self, status: str, headers: Any, exc_info: Any = None) -> Callable:
+        """The application's ``start_response``: the writer's, whose
+        ``write`` callable is this output's."""
+        self._writer.start_response(status, headers, exc_info)
+        return self.write
+
     def write(self, data: object) -> None:
         """Queue ``data``; wait only while HIGH bytes are held."""
         if type(data) is not bytes:  # (``object``: compiled, a str gets this message)

@@ -160,16 +160,15 @@ class RequestInput(io.RawIOBase):
                 break
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
-    def read1(self, size: int = -1, wait_for: int = 1) -> bytes:
-        """Up to ``size`` bytes (any number, if negative): ``wait_for``
-        of them, or to the end, and more only if they are here already.
-        b"" at the end of the body.  (A pool thread's handoff:
-        ``threadio.ThreadInput``.)"""
+    def read1(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (any number, if negative): waiting only
+        for the first, and more only if they are here already; b"" at the
+        end of the body.  (``threadio.ThreadInput``'s pump.)"""
         pieces: List[bytes] = []
         got = 0
         inbox = self._exchange.inbox
         while size < 0 or got < size:
-            if not self._buffered and not ((got < wait_for or inbox) and self._fill()):
+            if not self._buffered and not ((not got or inbox) and self._fill()):
                 break
             piece = self._take(self._buffered if size < 0 else size - got)
             pieces.append(piece)
@@ -334,19 +333,6 @@ class ResponseWriter:
         self.headers = [("Content-Type", "text/html"), ("Content-Length", str(len(ERROR_500)))]
         exchange.respond(self.status, self.headers, ERROR_500, True, elapsed)
         return False
-
-
-class ThreadWriter:
-    """``start_response`` for an application in a pool thread: its
-    ``write`` queues body bytes for the hub (``ThreadOutput``)."""
-
-    def __init__(self, writer: ResponseWriter, output: ThreadOutput) -> None:
-        self.writer = writer
-        self.output = output
-
-    def start_response(self, status, headers, exc_info=None) -> Callable:
-        self.writer.start_response(status, headers, exc_info)
-        return self.output.write
 
 
 # -- request greenlets ------------------------------------------------------
@@ -795,12 +781,12 @@ class Worker(Handler):
             self.publish(new)
 
     def _run_app(self, environ: Dict, writer: ResponseWriter,
-                 output: Optional[ThreadOutput] = None,
-                 start_response: Optional[Callable] = None) -> None:
+                 output: Optional[ThreadOutput] = None) -> None:
         """Run the app and send its response: through ``writer`` in this
         greenlet, or through ``output`` from a pool thread."""
         try:
-            result = self.app(environ, start_response or writer.start_response)
+            result = self.app(environ, writer.start_response if output is None
+                              else output.start_response)
         except ZcLbError:
             raise
         except Exception:
@@ -879,8 +865,7 @@ class Worker(Handler):
         assert self.threadpool is not None
         try:
             error = self.threadpool.apply(functools.partial(
-                self._in_thread, environ, writer, output,
-                ThreadWriter(writer, output).start_response, stream))
+                self._in_thread, environ, writer, output, stream))
             if error is not None:
                 raise error
             try:  # back in the hub: what the thread queued, then the end
@@ -894,14 +879,14 @@ class Worker(Handler):
             stream.stop()
 
     def _in_thread(self, environ: Dict, writer: ResponseWriter, output: ThreadOutput,
-                   start_response: Callable, stream: ThreadInput) -> Optional[ZcLbError]:
+                   stream: ThreadInput) -> Optional[ZcLbError]:
         """In a pool thread: run the application; the error that ended it
         early if the LB went away (raised in the hub, not here)."""
         writer.began = time.perf_counter()
         thread = self.threadpool.current()  # type: ignore[union-attr]
         writer.thread = output.thread = stream.thread = thread
         try:
-            self._run_app(environ, writer, output, start_response)
+            self._run_app(environ, writer, output)
         except ZcLbError as exc:  # the LB went away: raised here, not printed there
             return exc
         finally:
