@@ -38,7 +38,7 @@ import gevent.ssl
 
 from .accesslog import AccessLog
 from .front import PARK_AFTER, ClientConnection, refusal, _peer
-from .sockets import listener, send_all
+from .sockets import bound, listener, send_all
 from .errors import ClientError, ConfigurationError
 from . import proxyproto
 from .forwarding import Forwarding
@@ -361,8 +361,7 @@ class FrontServer:
     def address(self) -> Any:
         """(host, port) bound, or a Unix socket's path."""
         assert self.server is not None, "not started"
-        address = self.server.address
-        return address if isinstance(address, str) else address[:2]
+        return bound(self.server.address)
 
     def start(self) -> None:
         """Bind and start serving."""

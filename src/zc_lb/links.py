@@ -118,7 +118,7 @@ class WorkerLink(Handler):
             where = parse_listen(self.address)
             # (a Unix socket's worker is this machine: its certificate names localhost)
             host = where[0] if isinstance(where, tuple) else "localhost"
-            sock = connect(self.address, CONNECT_TIMEOUT)
+            sock = connect(where, CONNECT_TIMEOUT)
         except (OSError, ZcLbError) as exc:
             self._failed(str(exc))
             return None

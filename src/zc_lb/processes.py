@@ -153,8 +153,9 @@ class Supervisor:
     @property
     def address(self):
         assert self.sock is not None, "not started"
-        name = self.sock.getsockname()
-        return name if isinstance(name, str) else name[:2]
+        from .sockets import bound
+
+        return bound(self.sock.getsockname())
 
     def start(self) -> None:
         import gevent

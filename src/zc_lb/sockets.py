@@ -55,6 +55,13 @@ def address_text(address: Any) -> str:
     return "%s:%d" % ("[%s]" % host if ":" in host else host, port)
 
 
+def bound(name: Any) -> Listen:
+    """A listening socket's ``getsockname()`` as a Listen: a Unix socket's
+    path as it is, an IP socket's (host, port) without IPv6's flow and
+    scope."""
+    return name if isinstance(name, str) else name[:2]
+
+
 def unix_listener(path: str) -> Any:
     """A gevent socket listening at the Unix socket ``path``.  A socket
     file nothing accepts on (left by a process that ended) is replaced;
@@ -93,11 +100,10 @@ def listener(listen: Any) -> Any:
     return unix_listener(listen) if isinstance(listen, str) else listen
 
 
-def connect(address: str, timeout: float) -> Any:
-    """A gevent socket connected to ``HOST:PORT`` or ``unix:PATH``."""
+def connect(where: Listen, timeout: float) -> Any:
+    """A gevent socket connected to ``where`` (``parse_listen``'s)."""
     import gevent.socket  # type: ignore[import-untyped]
 
-    where = parse_listen(address)
     if isinstance(where, tuple):
         return gevent.socket.create_connection(where, timeout=timeout)
     sock = gevent.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -49,7 +49,7 @@ from .h1 import start_again
 from .httpparse import HOP_BY_HOP
 from .protocol import MAX_BODY, WORKER_FEATURES, Body, End, Request
 from .settings import LATENCY_BUCKETS, WORKER_SETTINGS, check, log_change
-from .sockets import Listen, address_text, is_loopback, listener
+from .sockets import Listen, address_text, bound, is_loopback, listener
 from .threadio import NOT_BYTES, ThreadInput, ThreadOutput
 from .threads import Threads
 
@@ -515,8 +515,7 @@ class Worker(Handler):
         """The address actually bound (after start()): (host, port), or a
         Unix socket's path."""
         assert self.server is not None, "not started"
-        address = self.server.address
-        return address if isinstance(address, str) else address[:2]
+        return bound(self.server.address)
 
     def start(self) -> None:
         """Load the résumé file, bind, and start accepting LB connections."""
