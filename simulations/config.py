@@ -79,6 +79,7 @@ class Config:
     lbs_told: int = 0  # how many each is told there are (0: lbs; 1: each thinks it alone)
     siblings: bool = False  # the LBs are one host's --processes, sharing keys and backlogs
     separate_books: bool = LB_SETTINGS["separate_books"].default
+    busy_members: bool = LB_SETTINGS["busy_members"].default
     # (several LBs hear where the others sent keys, relayed by the workers
     # every relay_interval virtual seconds, as LBs and workers of this
     # version do: frames.Keys, AffinityPool.take_keys)

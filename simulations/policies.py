@@ -206,6 +206,7 @@ def make(name: str, config: Config, rng: random.Random):
                             slow_start=config.slow_start, balance=config.balance,
                             stick=config.stick, widen=config.widen,
                             separate_books=config.separate_books,
+                            busy_members=config.busy_members,
                             **pool_settings)
     if name == "published":
         return Pool(**pool_settings)

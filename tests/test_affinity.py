@@ -955,3 +955,42 @@ def test_keys_another_lb_sent_go_where_it_sent_them():
     for i in range(MAX_SENT + 500):
         second.put(second.get("c", "/stalled/%d" % i))
     assert max(len(worker.sent) for worker in second.workers.values()) <= MAX_SENT
+
+
+def _members_of_a(gain, busy_members=True):
+    """Class "a" of one member, skilled on "fast" (score 300, and busy
+    with other classes: a decayed backlog of ten) and on "slow" (score
+    100, idle), with ``gain`` measured for "a" (None: nothing measured).
+    Its member, once worked out again."""
+    pool = AffinityPool(busy_members=busy_members)
+    pool.add("fast", {"a": 300.0, "b": 300.0})
+    pool.add("slow", {"a": 100.0})
+    stats = pool.classes.setdefault("a", classstats.ClassStats("a", 0, 0))
+    if gain is not None:
+        for _ in range(40):
+            pool.locality.observe(stats, True, 0.001)
+            pool.locality.observe(stats, False, 0.001 * gain)
+    pool.put(pool.get("a", "/a"))
+    assert list(stats.members)[0].handle == "fast"  # idle: the best score
+    pool.workers["fast"].mbacklog = 10.0
+    stats.version = -1  # (skills changed: worked out again on the next request)
+    pool.put(pool.get("a", "/a"))
+    return list(stats.members)[0].handle
+
+
+@pytest.mark.parametrize("gain, member", [
+    (None, "fast"),  # nothing says what a move costs: by score alone
+    (2.0, "slow"),  # 300 / (11 / 2.5) < 100: the idle worker serves it sooner
+    (30.0, "fast"),  # its data is worth thirty times its requests: it stays
+])
+def test_a_member_busy_with_other_classes_gives_its_class_to_an_idle_skilled_worker(
+        gain, member):
+    # mixed_fleet: a fast worker scores best in every class it holds, and
+    # ranked by score alone it took them all while slower workers idled.
+    assert _members_of_a(gain) == member
+
+
+def test_by_default_members_are_the_best_scored_however_busy():
+    # busy_members off (the default): the synthetic scenarios' members
+    # follow scores, where a busy member would otherwise give its class up.
+    assert _members_of_a(2.0, busy_members=False) == "fast"

@@ -43,7 +43,7 @@ def test_every_setting_has_help_and_a_known_place():
 def test_zookeeper_nodes_take_only_the_settings_marked_for_them():
     assert set(LB_NODE_SETTINGS) == {
         "variance", "backlog_history", "unskilled_score", "spread", "footprint_window",
-        "slow_start", "balance", "stick", "widen", "separate_books", "no_worker_timeout",
+        "slow_start", "balance", "stick", "widen", "separate_books", "busy_members", "no_worker_timeout",
         "single_version",
         "reset_skills"}
     assert set(WORKER_NODE_SETTINGS) == {"history", "max_skill_age", "max_classes",

@@ -26,9 +26,10 @@ keys / all_keys)`` (``keys``, the class's distinct keys over the last
 ``footprint_window`` requests, estimated in bounded memory by a
 k-minimum-values sketch: a class with a third of the distinct keys needs
 a third of the pool's cache).  A class with more skilled workers than
-its width uses the best-scored ones; the rest, no longer sent the class,
-drop it from their résumés after ``max_skill_age`` requests, so a hot
-class's skilled set grows only while it is needed.  A class short of
+its width uses the best-scored ones (or, with ``busy_members``, those
+that would serve it soonest: see "Members"); the rest, no longer sent the class, drop it from their résumés after
+``max_skill_age`` requests, so a hot class's skilled set grows only
+while it is needed.  A class short of
 members recruits one worker not yet skilled in it: when this LB is
 alone, the one whose classes leave it the fewest keys to hold (``held``:
 each class's distinct keys shared among its members), so that a big
@@ -45,6 +46,33 @@ whole number took a member and gave it back in turn, and each time that
 member's keys were loaded again elsewhere.
 Members are worked out again every ``REFRESH`` requests of the class or
 when skills change, not on every request.
+
+Members.  A score is a worker's speed in one class, blind to how busy
+its other classes keep it.  On a fleet of two machine sizes the fast
+workers scored best in every class, became members of all the big ones
+and queued, while the slow ones idled: the simulator's ``mixed_fleet``
+served 797-853 requests a second where the published policy, which
+weighs backlogs, served 869-932 (with two LBs, 667-697 against
+808-841).  So with ``busy_members``, once this LB measures what moving
+the class costs (its gain, see "Locality"), members are ranked by score over decayed backlog
+plus one, the requests a second each would give the class, with a
+current member's backlog counted ``stick`` times smaller, ``stick``
+being the class's gain or ``MEMBER_STICK``, whichever is more: a class
+whose keys take ten times longer away moves only from a member ten
+times busier than the other worker, while a busy member's backlog
+rising and falling within that moves nothing, and a better-scored
+worker (one that now holds the data) still takes over at once.  Before
+any gain is known, or behind LBs that measure none, members go by score
+alone: nothing says what a move costs.  On ``mixed_fleet`` (at 60,000
+requests) this serves 851-906 requests a second with one LB where
+ranking by score served 797-853 (the published policy 869-932), with
+two LBs 820-834 (667-697; published 808-841), with four 714-773
+(619-724; published 736-792).  The logs' misses are unchanged (their
+gains are 15-28); but on the synthetic scenarios, whose gains are 2-3,
+members move with the backlogs of single-threaded workers, and it
+serves 2-6% less and recovers from a removed worker later
+(``simulations/README.rst``), so it is a setting for fleets of unlike
+machines, not the default.
 
 Widening.  Shares say what a class needs, not how busy its members are
 with the other classes they hold: on the elastic log the two classes
@@ -124,8 +152,9 @@ simulator that took NASA with 2 LBs from 0.145-0.161 loads a request
 to 0.100-0.116, with 4 from 0.166-0.175 to 0.111-0.117, elastic with 2
 from 0.173-0.198 to 0.114-0.125, and ``many_lbs`` with 2 from 4.16 to
 4.03, each with more throughput.  It costs where workers differ much
-(``mixed_fleet`` with 2 LBs: 17-23% less throughput, as one LB serves
-less than the published policy there): ``separate_books`` turns it off.
+(``mixed_fleet`` with 2 LBs: 667-697 requests a second against 779-812
+with separate books) unless members count how busy they are
+(``busy_members``: 820-834).  ``separate_books`` turns it off.
 Without relays (a worker of the version before, or the setting) LBs
 keep different books, so they go by rendezvous alone and still agree.
 A key sent to two workers within one relay may be booked at either:
@@ -249,6 +278,7 @@ REFRESH: Final = 16  # requests of a class between working out its members again
 MIN_BOUND: Final = 2.0  # a key may always wait behind one request at its owner
 GAIN_BALANCE: Final = 0.5  # a class's balance is at least this times its gain
 STAY: Final = 2.0  # a capped member twice as quick as the spill target keeps a request
+MEMBER_STICK: Final = 2.5  # a member is favoured this much (or its class's gain) to stay one
 PRESSURE_DECAY: Final = 0.95  # per member refresh: a class's pressure follows some 20 of them
 NARROW: Final = 0.25  # of a worker, under one member fewer, before a class's keys give one back
 WIDEN_SHARE: Final = 0.5  # of a worker's fair share of work, per member, before a class widens
@@ -276,6 +306,38 @@ def _best_scored(skilled: Dict[PoolWorker, float]) -> Dict[PoolWorker, float]:
     return {} if best is None else {best: top}
 
 
+def _placing(worker: PoolWorker, score: float, members: List[PoolWorker],
+             stick: float) -> Tuple[float, bool, int]:
+    """How well ``worker`` would serve a class it has ``score`` in, as a
+    sort key: its requests a second in the class over its decayed backlog
+    plus one, so that a worker fast at everything, and busy with it, does
+    not take every class.  A current member of the class (in ``members``)
+    counts its backlog ``stick`` times smaller: backlogs going up and down
+    do not move a class, and its data, back and forth.  Ties go to
+    current members, then by the worker's salt, alike on every LB (see
+    "Members" in the module docstring)."""
+    load = worker.mbacklog + 1.0
+    member = worker in members
+    if member:
+        load /= stick
+        if load < 1.0:
+            load = 1.0
+    return score / load, member, worker.salt
+
+
+def _best_placed(skilled: Dict[PoolWorker, float], members: List[PoolWorker],
+                 stick: float) -> Dict[PoolWorker, float]:
+    """The first of ``skilled`` by ``_placing``, without sorting (a
+    class of one member, most of them)."""
+    best: Optional[PoolWorker] = None
+    top = (0.0, False, 0)
+    for worker, score in skilled.items():
+        placing = _placing(worker, score, members, stick)
+        if best is None or placing > top:
+            best, top = worker, placing
+    return {} if best is None else {best: skilled[best]}
+
+
 class AffinityPool(Pool):
     """Résumé routing with affinity keys, footprint-sized classes, slow
     start and re-learning; see the module docstring.
@@ -294,7 +356,7 @@ class AffinityPool(Pool):
 
     SETTINGS: ClassVar[Tuple[str, ...]] = Pool.SETTINGS + (
         "spread", "footprint_window", "slow_start", "balance", "stick", "widen",
-        "separate_books")
+        "separate_books", "busy_members")
     spread: float
     footprint_window: int
     slow_start: int
@@ -302,6 +364,7 @@ class AffinityPool(Pool):
     stick: float
     widen: float
     separate_books: bool
+    busy_members: bool
 
     def __init__(self, variance: Any = LB_SETTINGS["variance"].default,
                  backlog_history: Any = LB_SETTINGS["backlog_history"].default,
@@ -312,11 +375,12 @@ class AffinityPool(Pool):
                  balance: Any = LB_SETTINGS["balance"].default,
                  stick: Any = LB_SETTINGS["stick"].default,
                  widen: Any = LB_SETTINGS["widen"].default,
-                 separate_books: Any = LB_SETTINGS["separate_books"].default) -> None:
+                 separate_books: Any = LB_SETTINGS["separate_books"].default,
+                 busy_members: Any = LB_SETTINGS["busy_members"].default) -> None:
         # (Any: checked by the settings table, as ``Pool``'s are)
         self._set_settings(spread=spread, footprint_window=footprint_window,
                            slow_start=slow_start, balance=balance, stick=stick, widen=widen,
-                           separate_books=separate_books)
+                           separate_books=separate_books, busy_members=busy_members)
         self.requests = 0  # requests routed with a class
         self.classes: Dict[str, ClassStats] = {}
         self.total = 0.0  # decayed requests of every class
@@ -871,6 +935,8 @@ class AffinityPool(Pool):
             members = self._floored(stats, skilled, width)
         elif len(skilled) <= width:
             members = skilled
+        elif self.busy_members:
+            members = self._soonest(stats, skilled, width)
         elif width == 1:
             members = _best_scored(skilled)
         else:
@@ -881,6 +947,29 @@ class AffinityPool(Pool):
         if len(members) < width:
             stats.uses = REFRESH  # still recruiting: again on the next request
         return members
+
+    def _soonest(self, stats: ClassStats, skilled: Dict[PoolWorker, float],
+                 width: int) -> Dict[PoolWorker, float]:
+        """With ``busy_members``: the ``width`` of the class's ``skilled``
+        workers that would serve it soonest, counting how busy they are
+        (``_placing``), the current members favoured by the class's gain
+        (at least ``MEMBER_STICK``): moving a class costs loading its
+        data again, as much as its gain says.  By score while no gain is
+        measured (see "Members" in the module docstring)."""
+        gain = self.locality.gain(stats) if self.lbs == 1 or self.relayed else None
+        if gain is None:  # (nothing says what moving the class costs)
+            if width == 1:
+                return _best_scored(skilled)
+            return dict(sorted(skilled.items(), key=_by_score, reverse=True)[:width])
+        stick = gain if gain > MEMBER_STICK else MEMBER_STICK
+        current = stats.holders  # (not ``members``: see ``_new_members``)
+        if width == 1:
+            return _best_placed(skilled, current, stick)
+        # (``nlargest`` is Python code: several times slower for a handful
+        # of workers)
+        ranked = sorted(skilled.items(), reverse=True,
+                        key=lambda item: _placing(item[0], item[1], current, stick))
+        return dict(ranked[:width])
 
     def _new_members(self, stats: ClassStats, members: Dict[PoolWorker, float],
                      share: int) -> None:
@@ -1162,7 +1251,7 @@ class AffinityPool(Pool):
         gain = self.locality.pool_gain()
         status.update(spread=self.spread, footprint_window=self.footprint_window,
                       balance=self.balance, stick=self.stick, widen=self.widen,
-                      separate_books=self.separate_books,
+                      separate_books=self.separate_books, busy_members=self.busy_members,
                       widened=sum(1 for stats in self.classes.values() if stats.extra),
                       widenings=self.widenings, narrowings=self.narrowings,
                       spills=self.spills, bounded=self.bounded, explored=self.explored,

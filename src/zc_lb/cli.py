@@ -449,7 +449,7 @@ LB_HELP_GROUPS = {
     "routing": [
         "classifier", "policy", "affinity_key", "variance", "backlog_history", "unskilled_score",
         "spread", "footprint_window", "slow_start", "balance", "stick", "separate_books",
-        "widen"],
+        "widen", "busy_members"],
     "buffering (responses held for slow clients)": [
         "buffer_memory", "buffer_memory_total", "buffer_disk", "buffer_disk_total", "buffer_dir"],
     "operations": [

@@ -201,6 +201,12 @@ LB_SETTINGS = _table([
             "goes by rendezvous, instead of one book the workers relay between them "
             "(on a fleet of very different machines that can serve more)",
             where=EVERYWHERE),
+    Setting("busy_members", bool, False,
+            "affinity, for a fleet of unlike machines: once a class's gain is measured, "
+            "its members are the skilled workers that would serve it soonest, score over "
+            "backlog, rather than the best-scored, so fast workers busy with other classes "
+            "do not take every class",
+            where=EVERYWHERE),
     Setting("widen", float, 0.3,
             "affinity: a class takes one more worker while its workers' backlogs stay "
             "over 1 + WIDEN times the pool's mean, and gives it back under 1 / (1 + WIDEN) "
