@@ -17,14 +17,12 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := zookeeper haproxy wrk systemd logrotate chromium chromium-driver gcc python3-dev
 
 # The modules of zc_lb.COMPILED (the routing pool, the HTTP head's parsing
-# and checks, ejection, the worker protocol's frames and state, its gevent
-# connections, the front server's client connections, the relayed request
-# head, the LB's forwarding and the worker's serving), compiled by mypyc from the same source; the shared library
+# and checks, ejection, the worker protocol, the front server's client
+# connections, the LB's forwarding and the worker's serving), compiled by
+# mypyc from the same source, read from that one list; the shared library
 # holds their code, the other .so files are small shims.  ZC_LB_PURE=1
 # runs the source instead.
-COMPILED_SOURCES := $(addprefix src/zc_lb/,pool.py classstats.py locality.py slowstart.py \
-	relearn.py affinity.py h1.py httpparse.py forwarding.py classifier.py outlier.py \
-	relay.py frames.py protocol.py connection.py front.py lb.py worker.py)
+COMPILED_SOURCES := $(shell $(PYTHON) -c "import ast; print(' '.join('src/zc_lb/%s.py' % m.replace('.', '/') for m in next(ast.literal_eval(n.value) for n in ast.parse(open('src/zc_lb/__init__.py').read()).body if isinstance(n, ast.Assign) and getattr(n.targets[0], 'id', '') == 'COMPILED')))")
 EXT_SUFFIX := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 COMPILED := src/zc_lb/_compiled__mypyc$(EXT_SUFFIX)
 # their tests, run once more on the source (the simulator's golden results
@@ -66,7 +64,7 @@ $(COMPILED): $(COMPILED_SOURCES) setup.py
 	touch $@
 
 mypy: venv
-	$(VENV)/bin/mypy src/zc_lb/pool.py src/zc_lb/affinity.py src/zc_lb/classstats.py src/zc_lb/locality.py src/zc_lb/slowstart.py src/zc_lb/relearn.py src/zc_lb/outlier.py src/zc_lb/concurrency.py src/zc_lb/resume.py src/zc_lb/frames.py src/zc_lb/protocol.py src/zc_lb/classifier.py src/zc_lb/settings.py src/zc_lb/tree.py src/zc_lb/httpparse.py src/zc_lb/h1.py src/zc_lb/spool.py src/zc_lb/forwarding.py src/zc_lb/guard.py src/zc_lb/proxyproto.py src/zc_lb/connection.py src/zc_lb/front.py src/zc_lb/lb.py src/zc_lb/worker.py src/zc_lb/threadio.py src/zc_lb/relay.py
+	$(VENV)/bin/mypy  # on the typed modules pyproject.toml lists
 
 # The reference pages written from the code (the settings table, the
 # parsers): run after changing a setting or an option, and commit them;

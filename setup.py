@@ -52,17 +52,24 @@ def compiled_modules():
         return []
     from mypyc.build import mypycify
 
-    with open("src/zc_lb/__init__.py") as f:
-        modules = next(ast.literal_eval(node.value) for node in ast.parse(f.read()).body
-                       if isinstance(node, ast.Assign)
-                       and getattr(node.targets[0], "id", None) == "COMPILED")
-    return mypycify(["src/zc_lb/%s.py" % name for name in modules],
+    return mypycify(["src/zc_lb/%s.py" % name.replace(".", "/")
+                     for name in package_constant("COMPILED")],
                     group_name="zc_lb._compiled", opt_level="3")
+
+
+def package_constant(name):
+    """The constant ``name`` of ``src/zc_lb/__init__.py`` (``COMPILED``,
+    ``__version__``), read without importing the package, which is kept
+    in that one place."""
+    with open("src/zc_lb/__init__.py") as f:
+        return next(ast.literal_eval(node.value) for node in ast.parse(f.read()).body
+                    if isinstance(node, ast.Assign)
+                    and getattr(node.targets[0], "id", None) == name)
 
 
 setup(
     name="zc-lb",
-    version="0.1.0",  # zc-lb --version reads it here when the package is not installed
+    version=package_constant("__version__"),
     description="Résumé-based load balancer for WSGI applications",
     long_description=long_description,
     long_description_content_type="text/x-rst",

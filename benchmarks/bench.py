@@ -748,7 +748,7 @@ def measure_idle(args: argparse.Namespace, clients: int = IDLE_CLIENTS,
                  batch: int = IDLE_BATCH) -> Dict[str, object]:
     """The LB's memory per idle keep-alive client: ``clients`` connections
     each make one request and stay open and quiet, in batches of
-    ``batch`` that each park (``zc_lb.front.PARK_AFTER``) before the next comes;
+    ``batch`` that each park (``zc_lb.front.client.PARK_AFTER``) before the next comes;
     the LB's resident memory after, less before, over their number.  Then
     the same with all of them at once: a burst's greenlets all live until
     they park, and the allocator keeps that peak."""
@@ -1015,7 +1015,7 @@ def pool_us(policy: str, requests: int = 60000) -> float:
     import collections
     import time
 
-    from zc_lb.policies import make_pool
+    from zc_lb.routing.policies import make_pool
 
     workload = pool_workload(requests)
     pool = make_pool(policy, {})
@@ -1067,11 +1067,11 @@ def intake_ms(policy: str = "affinity", resumes: int = 60, seed: int = 1) -> Dic
     import statistics
     import time
 
-    from zc_lb.policies import make_pool
+    from zc_lb.routing.policies import make_pool
 
     gc.freeze()  # (as the LB does once started: see cli.run_lb)
-    from zc_lb.frames import Decoder, encode
-    from zc_lb.protocol import Resume
+    from zc_lb.wire.frames import Decoder, encode
+    from zc_lb.wire.protocol import Resume
 
     rng = random.Random(seed)
     pool = make_pool(policy, {})
@@ -1214,11 +1214,11 @@ def in_process(requests: int = 20000, batch: int = 8, clients: int = 4,
     hops' system calls included), free of the scheduling noise of
     separate processes on a busy machine.  ``profile``: write cProfile
     stats there."""
-    from zc_lb.policies import make_pool
-    from zc_lb.classifier import get_classifier, get_key_function
-    from zc_lb.http import FrontServer
-    from zc_lb.lb import LB
-    from zc_lb.worker import Worker
+    from zc_lb.routing.policies import make_pool
+    from zc_lb.routing.classifier import get_classifier, get_key_function
+    from zc_lb.front.server import FrontServer
+    from zc_lb.lb.balancer import LB
+    from zc_lb.worker.server import Worker
 
     worker = Worker(hello_app)
     worker.start()

@@ -244,7 +244,7 @@ def wait_for_workers(status: str, workers: Sequence[str], lb: subprocess.Popen,
                      timeout: float = START_TIMEOUT) -> None:
     """Wait until the LB's status says every worker is connected and in the pool."""
     from zc_lb.errors import ZcLbError
-    from zc_lb.status import fetch
+    from zc_lb.status.document import fetch
 
     deadline = time.monotonic() + timeout
     doc: dict = {}
@@ -413,7 +413,7 @@ def lb_status(target: Target) -> Optional[dict]:
     if target.status is None:
         return None
     from zc_lb.errors import ZcLbError
-    from zc_lb.status import fetch
+    from zc_lb.status.document import fetch
 
     try:
         return fetch(target.status)

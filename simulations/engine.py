@@ -10,7 +10,7 @@ number breaks ties so runs are deterministic.  Two kinds:
   issues a request.  The LB classifies it, asks the policy for a worker
   (``get``) and hands it over; if there is no worker at all it waits.
 - DONE: a worker finished a request.  The policy hears ``put``, the
-  worker's :class:`zc_lb.resume.Skills` records (class, service time) and,
+  worker's :class:`zc_lb.worker.resume.Skills` records (class, service time) and,
   every ``history`` requests, the résumé goes to the policy exactly as a
   real worker's would (``new_resume``).
 - TIMER: with ``resume_interval``, a worker that has served something
@@ -48,8 +48,8 @@ import random
 from collections import deque
 from typing import Any, Dict, List, Optional
 
-from zc_lb.resume import Skills
-from zc_lb.siblings import SYNC_INTERVAL, Siblings, sync
+from zc_lb.worker.resume import Skills
+from zc_lb.routing.siblings import SYNC_INTERVAL, Siblings, sync
 
 from . import policies
 from .cache import Holders, LRUCache
@@ -121,7 +121,7 @@ class Simulation:
         self.siblings: List[Any] = [None] * len(self.lbs)
         if config.siblings and len(self.lbs) > 1 and hasattr(self.lbs[0], "share_with"):
             # the LBs are one host's processes, sharing a book of keys and
-            # their backlogs (zc_lb/siblings.py), on the simulation's clock
+            # their backlogs (zc_lb/routing/siblings.py), on the simulation's clock
             self.siblings = list(Siblings.in_memory(len(self.lbs), lambda: self.now))
             for lb, siblings in zip(self.lbs, self.siblings):
                 lb.share_with(siblings)

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 
 The simulator talks to every policy as the LB talks to
-:class:`zc_lb.pool.Pool`: ``add(handle)``, ``remove(handle)``,
+:class:`zc_lb.routing.pool.Pool`: ``add(handle)``, ``remove(handle)``,
 ``new_resume(handle, resume)``, ``get(rclass) -> handle or None`` and
 ``put(handle)`` when the request ends.  The résumé pool and least backlog
 *are* the production classes (``Pool`` and ``ClasslessPool``); the others
@@ -31,8 +31,8 @@ import math
 import random
 from typing import Dict, Hashable, List, Mapping, Optional
 
-from zc_lb.affinity import AffinityPool
-from zc_lb.pool import ClasslessPool, Pool
+from zc_lb.routing.affinity import AffinityPool
+from zc_lb.routing.pool import ClasslessPool, Pool
 
 from .config import Config
 

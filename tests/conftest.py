@@ -53,8 +53,8 @@ def zk_hosts(zookeeper, request):
 
 @pytest.fixture
 def client(zk_hosts):
-    """A zc_lb.zk client of the test's chroot; closed after the test."""
-    from zc_lb import zk
+    """A zc_lb.zookeeper.client client of the test's chroot; closed after the test."""
+    from zc_lb.zookeeper import client as zk
 
     clients = []
 
@@ -71,7 +71,7 @@ def client(zk_hosts):
 @pytest.fixture
 def other_client(client, zk_hosts):
     """A second client of the same chroot, with a session of its own."""
-    from zc_lb import zk
+    from zc_lb.zookeeper import client as zk
 
     c = zk.connect(zk_hosts, timeout=10)
     yield c

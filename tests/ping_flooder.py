@@ -7,8 +7,8 @@ import socket
 import sys
 import time
 
-from zc_lb import protocol
-from zc_lb.frames import Ping, encode
+from zc_lb.wire import protocol
+from zc_lb.wire.frames import Ping, encode
 
 SECONDS = 10.0
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from zc_lb.playback.logparse import FORMATS, LogReader, parse_pairs, read_entries
-from zc_lb.accesslog import COMBINED, LogFormat, quote
+from zc_lb.front.accesslog import COMBINED, LogFormat, quote
 from zc_lb.errors import ConfigurationError
 from zc_lb.testing import LBProcess, WorkerProcess, http_get, start_all, wait_for
 
@@ -163,7 +163,7 @@ def test_a_line_is_written_within_a_tenth_of_a_second_and_a_burst_in_one_write()
 
     import gevent
 
-    from zc_lb.accesslog import FLUSH_DELAY, AccessLog
+    from zc_lb.front.accesslog import FLUSH_DELAY, AccessLog
 
     writes = []
 

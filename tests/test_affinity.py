@@ -1,4 +1,4 @@
-"""Tests for zc_lb.affinity: the affinity policy (affinity keys, widths
+"""Tests for zc_lb.routing.affinity: the affinity policy (affinity keys, widths
 from shares and footprints, slow start, re-learning) on small,
 deterministic runs; no sockets, no sleeps."""
 
@@ -13,12 +13,13 @@ import pytest
 
 from conftest import source_only
 
-from zc_lb import affinity, classstats
-from zc_lb.affinity import MAX_SENT, AffinityPool
-from zc_lb.policies import make_pool
-from zc_lb.classstats import Footprint, Sketch, mix, rendezvous_weight, stable_hash
+from zc_lb.routing import affinity
+from zc_lb.routing import classstats
+from zc_lb.routing.affinity import MAX_SENT, AffinityPool
+from zc_lb.routing.policies import make_pool
+from zc_lb.routing.classstats import Footprint, Sketch, mix, rendezvous_weight, stable_hash
 from zc_lb.errors import ConfigurationError
-from zc_lb.pool import ClasslessPool, Pool
+from zc_lb.routing.pool import ClasslessPool, Pool
 
 
 def pool_of(n: int, **settings) -> AffinityPool:

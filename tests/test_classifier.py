@@ -1,4 +1,4 @@
-"""Tests for zc_lb.classifier: host, re:ENVKEY:PATTERN, module:dotted.name."""
+"""Tests for zc_lb.routing.classifier: host, re:ENVKEY:PATTERN, module:dotted.name."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from zc_lb.classifier import get_classifier, host_classifier, import_object, regex_classifier
+from zc_lb.routing.classifier import get_classifier, host_classifier, import_object, regex_classifier
 from zc_lb.errors import ConfigurationError
 
 

@@ -1,4 +1,4 @@
-"""Tests for zc_lb.classstats on its own: the hashes every LB must share
+"""Tests for zc_lb.routing.classstats on its own: the hashes every LB must share
 (stable_hash, mix, mixed), rendezvous draws and weights, the k-minimum-values
 Sketch, a class's Footprint over windows, and a new ClassStats.
 
@@ -14,8 +14,8 @@ import hashlib
 import math
 import random
 
-from zc_lb import classstats
-from zc_lb.classstats import (MASK64, SKETCH_SIZE, ClassStats, Footprint, Sketch, mix, mixed,
+from zc_lb.routing import classstats
+from zc_lb.routing.classstats import (MASK64, SKETCH_SIZE, ClassStats, Footprint, Sketch, mix, mixed,
                               rendezvous_draw, rendezvous_weight, stable_hash)
 
 GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment

@@ -13,7 +13,9 @@ import types
 
 import pytest
 
-from zc_lb import cli, service, settings, status
+from zc_lb import cli, settings
+from zc_lb.process import service
+from zc_lb.status import document as status
 from zc_lb.cli import build_parser, main, read_config, reload_config
 from zc_lb.errors import ConfigurationError
 from zc_lb.settings import CLI, LIVE, ZOOKEEPER

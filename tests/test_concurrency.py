@@ -3,8 +3,8 @@ many threads take requests (concurrency.py; threads.py samples)."""
 
 import pytest
 
-from zc_lb import concurrency
-from zc_lb.concurrency import (BLOCKED, COMPUTES, COMPUTING, LOCK_TURNS, PROBE, QUEUED, RUNNING,
+from zc_lb.worker import concurrency
+from zc_lb.worker.concurrency import (BLOCKED, COMPUTES, COMPUTING, LOCK_TURNS, PROBE, QUEUED, RUNNING,
                                 Limit, state, syscall, turns)
 
 FUTEX = 202

@@ -5,12 +5,12 @@ import gevent.event
 import gevent.socket
 import pytest
 
-from zc_lb import protocol
-from zc_lb.connection import Connection, Handler
+from zc_lb.wire import protocol
+from zc_lb.wire.connection import Connection, Handler
 from zc_lb.sockets import send_pieces, unsent
 from zc_lb.errors import (AuthenticationError, BadResponse, ConnectionLost, RequestCancelled,
                           ResponseHeadTooLarge, WorkerLost)
-from zc_lb.protocol import WINDOW, Body, End, Response
+from zc_lb.wire.protocol import WINDOW, Body, End, Response
 from zc_lb.testing import connection_pair, read_body, read_response
 
 

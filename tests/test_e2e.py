@@ -778,7 +778,7 @@ def test_a_planned_worker_drain_is_no_warning(tmp_path):
         wait_for(lambda: request(lb)[0] == 200, message="LB serving")
         assert worker.terminate() == 0
         wait_for(lambda: "drained and closed" in log_path.read_text(), message="drain logged")
-        assert "WARNING zc_lb.links: lost worker" not in log_path.read_text()
+        assert "WARNING zc_lb.lb.links: lost worker" not in log_path.read_text()
     finally:
         worker.kill()
         lb.kill()

@@ -3,9 +3,9 @@
 import pytest
 
 from zc_lb.errors import ConfigurationError
-from zc_lb.forwarding import Forwarding, parse_headers, parse_networks
-from zc_lb.h1 import request_variables
-from zc_lb.httpparse import RequestHead
+from zc_lb.front.forwarding import Forwarding, parse_headers, parse_networks
+from zc_lb.front.h1 import request_variables
+from zc_lb.front.httpparse import RequestHead
 
 
 def forwarded(forwarding, client, trusted, host="a.example", **headers):

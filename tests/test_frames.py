@@ -1,4 +1,4 @@
-"""Tests for zc_lb.frames on its own: what encode refuses, the limits and
+"""Tests for zc_lb.wire.frames on its own: what encode refuses, the limits and
 request numbers of whole and ready frames, ready frames' fields, Decoder.allow,
 the request an error names, and the decoder's buffer across many frames.
 
@@ -12,9 +12,9 @@ import random
 
 import pytest
 
-from zc_lb import frames
+from zc_lb.wire import frames
 from zc_lb.errors import LocalProtocolError, RemoteProtocolError, ResponseHeadTooLarge
-from zc_lb.frames import (HEADER, MAX_BODY, MAX_MESSAGE, NEED_DATA, READY_PREFIX, READY_RESPONSE,
+from zc_lb.wire.frames import (HEADER, MAX_BODY, MAX_MESSAGE, NEED_DATA, READY_PREFIX, READY_RESPONSE,
                           WHOLE_REQUEST, WHOLE_RESPONSE, Body, Credit, Decoder, End, Hello,
                           Ping, Pong, Request, Response, Resume, encode, head_fields,
                           ready_frame)

@@ -16,9 +16,9 @@ import pytest
 
 import echo_app
 from corpus import CASES, CHUNKINGS, IDS, FileSock, check_answer, chunks, request_bytes
-from zc_lb.front import ClientConnection
-from zc_lb.http import _Server
-from zc_lb.lb import _forwarded_environ
+from zc_lb.front.client import ClientConnection
+from zc_lb.front.server import _Server
+from zc_lb.lb.balancer import _forwarded_environ
 
 
 # -- the request corpus, in process ---------------------------------------------
@@ -275,7 +275,7 @@ def parking_front(monkeypatch):
     """A FrontServer in process, serving path_app, whose keep-alive clients
     park after 0.2 s idle; yields (front, connect)."""
     import gevent.socket
-    from zc_lb import http as front_http
+    from zc_lb.front import server as front_http
 
     monkeypatch.setattr(front_http._Server, "park_after", 0.2)
     front = front_http.FrontServer(("127.0.0.1", 0), path_app, client_timeout=1.5,

@@ -8,8 +8,8 @@ from corpus import CASES, request_bytes
 
 from zc_lb.errors import ClientGone
 from zc_lb.errors import BadResponseHead
-from zc_lb.h1 import MAX_TARGET, RequestReader, check_response
-from zc_lb.httpparse import MAX_FIELD_LINE, MAX_FIELDS, MAX_HEAD
+from zc_lb.front.h1 import MAX_TARGET, RequestReader, check_response
+from zc_lb.front.httpparse import MAX_FIELD_LINE, MAX_FIELDS, MAX_HEAD
 
 
 def read(*pieces):
@@ -121,7 +121,7 @@ def test_a_response_head_that_could_split_is_refused(status, headers):
 
 
 def test_start_response_again_follows_pep_3333():
-    from zc_lb.h1 import start_again
+    from zc_lb.front.h1 import start_again
 
     try:
         raise KeyError("the app's")
@@ -137,7 +137,8 @@ def test_start_response_again_follows_pep_3333():
 
 
 def test_statuses_and_names_found_valid_are_remembered_apart_and_within_a_bound():
-    from zc_lb import h1, httpparse
+    from zc_lb.front import h1
+    from zc_lb.front import httpparse
 
     check_response("200 OK", [("X-A", "1")])
     # A status remembered as valid is no valid field name, nor the reverse.

@@ -21,16 +21,16 @@ import gevent.event
 import gevent.socket
 import pytest
 
-from zc_lb import protocol
-from zc_lb.classifier import host_classifier
-from zc_lb.connection import Connection, Handler
-from zc_lb.http import FrontServer
-from zc_lb.lb import LB
-from zc_lb.pool import Pool
-from zc_lb.protocol import Body, End, GoAway, Response
-from zc_lb.spool import SpoolLimits
+from zc_lb.wire import protocol
+from zc_lb.routing.classifier import host_classifier
+from zc_lb.wire.connection import Connection, Handler
+from zc_lb.front.server import FrontServer
+from zc_lb.lb.balancer import LB
+from zc_lb.routing.pool import Pool
+from zc_lb.wire.protocol import Body, End, GoAway, Response
+from zc_lb.lb.spool import SpoolLimits
 from zc_lb.testing import LBProcess, WorkerProcess
-from zc_lb.worker import Worker
+from zc_lb.worker.server import Worker
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}

@@ -20,7 +20,7 @@ import urllib.request
 
 import pytest
 
-from zc_lb.httpparse import MAX_FIELD_LINE, MAX_HEAD
+from zc_lb.front.httpparse import MAX_FIELD_LINE, MAX_HEAD
 from zc_lb.testing import LBProcess, WorkerProcess, free_port, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))

@@ -5,7 +5,7 @@ chunks to the front in process (test_http.py) and on the wire
 (test_http_corpus.py); the size limits are in test_h1.py.
 """
 
-from zc_lb.httpparse import check_head
+from zc_lb.front.httpparse import check_head
 
 
 def test_absolute_form_gives_path_query_and_the_targets_host():
@@ -41,7 +41,7 @@ def test_keepalive_follows_the_version_and_connection_tokens():
 def test_hosts_found_valid_are_remembered_within_a_bound_and_never_excuse_a_bad_one():
     import pytest
 
-    from zc_lb import httpparse
+    from zc_lb.front import httpparse
     from zc_lb.errors import BadRequest
 
     for n in range(httpparse.MAX_VALID + 10):

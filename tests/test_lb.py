@@ -1,4 +1,4 @@
-"""Tests for zc_lb.lb: classifying, retry budget, drains, and what it forwards."""
+"""Tests for zc_lb.lb.balancer: classifying, retry budget, drains, and what it forwards."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 import gevent
 import orjson
 
-from zc_lb.affinity import AffinityPool
-from zc_lb.classifier import MAX_CLASS, bounded_class, get_classifier, get_key_function
-from zc_lb.lb import LB
+from zc_lb.routing.affinity import AffinityPool
+from zc_lb.routing.classifier import MAX_CLASS, bounded_class, get_classifier, get_key_function
+from zc_lb.lb.balancer import LB
 
 
 def make_lb(classifier, key="path") -> LB:
@@ -57,7 +57,7 @@ def test_a_failing_classifier_is_logged_once_per_error_and_counted(caplog):
         raise KeyError(environ["PATH_INFO"])
 
     lb = make_lb(classify)
-    with caplog.at_level(logging.ERROR, logger="zc_lb.lb"):
+    with caplog.at_level(logging.ERROR, logger="zc_lb.lb.balancer"):
         for _ in range(5):
             assert lb._classify({"PATH_INFO": "/type"}) == (None, None)
         for _ in range(3):
@@ -135,16 +135,16 @@ def test_past_the_classes_it_counts_the_lb_still_forwards_each_requests_own_clas
     # "other"; the worker is told each request's own class all the same.
     import gevent.socket
 
-    import zc_lb.lb
-    from zc_lb.http import FrontServer
-    from zc_lb.worker import Worker
+    import zc_lb.lb.balancer
+    from zc_lb.front.server import FrontServer
+    from zc_lb.worker.server import Worker
 
     def app(environ, start_response):
         body = environ["zc_lb.request_class"].encode()
         start_response("200 OK", [("Content-Length", str(len(body)))])
         return [body]
 
-    monkeypatch.setattr(zc_lb.lb, "MAX_COUNTED_CLASSES", 2)
+    monkeypatch.setattr(zc_lb.lb.balancer, "MAX_COUNTED_CLASSES", 2)
     worker = Worker(app)
     worker.start()
     lb = make_lb(get_classifier("host"))
@@ -169,7 +169,7 @@ def test_past_the_classes_it_counts_the_lb_still_forwards_each_requests_own_clas
         assert sum(doc["workers"][address]["latency"]["counts"]) == 4
         assert {name: sum(h["counts"]) for name, h in doc["class_latency"].items()} == {
             "a.example": 1, "b.example": 1, "other": 2}
-        from zc_lb.metrics import LBCollector, exposition
+        from zc_lb.status.metrics import LBCollector, exposition
 
         text = exposition(LBCollector(lb.status)).decode()
         assert 'zc_lb_worker_response_seconds_count{worker="%s"} 4.0' % address in text
@@ -185,9 +185,9 @@ def test_two_lbs_hear_through_the_workers_where_each_sent_a_key():
     # where its data is, as one LB would.
     from zlib import crc32
 
-    from zc_lb.classstats import mixed
-    from zc_lb.lb import _parts
-    from zc_lb.worker import Worker
+    from zc_lb.routing.classstats import mixed
+    from zc_lb.lb.balancer import _parts
+    from zc_lb.worker.server import Worker
 
     def app(environ, start_response):
         start_response("200 OK", [])

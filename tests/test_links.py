@@ -1,4 +1,4 @@
-"""zc_lb.links: a WorkerLink against a real in-process Worker on
+"""zc_lb.lb.links: a WorkerLink against a real in-process Worker on
 127.0.0.1, telling a recording LinkEvents what happens; and
 close_when_idle on its own.
 
@@ -16,9 +16,9 @@ import pytest
 
 from logevents import LogEvent
 from zc_lb.errors import WorkerClosed
-from zc_lb.links import LinkConfig, LinkEvents, WorkerLink, close_when_idle
+from zc_lb.lb.links import LinkConfig, LinkEvents, WorkerLink, close_when_idle
 from zc_lb.testing import read_response
-from zc_lb.worker import Worker
+from zc_lb.worker.server import Worker
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -157,7 +157,7 @@ def test_a_link_to_an_address_nobody_listens_on_keeps_trying(workers, links):
     probe = workers()  # find a free port, then free it
     address, listen = address_of(probe), probe.address
     probe.stop(timeout=0.5)
-    with LogEvent("zc_lb.links", "cannot connect to worker %s (1 tries)" % address) as failed:
+    with LogEvent("zc_lb.lb.links", "cannot connect to worker %s (1 tries)" % address) as failed:
         link, events = links(address)
         assert failed.wait(WAIT)
     assert link.failures >= 1 and link.last_error and link.connection is None
@@ -169,7 +169,7 @@ def test_a_link_to_an_address_nobody_listens_on_keeps_trying(workers, links):
 
 def test_a_link_with_the_wrong_secret_never_comes_up(workers, links):
     worker = workers(secret=b"right")
-    with LogEvent("zc_lb.links", "cannot connect to worker") as failed:
+    with LogEvent("zc_lb.lb.links", "cannot connect to worker") as failed:
         link, events = links(address_of(worker), LinkConfig(secret=b"wrong"))
         assert failed.wait(WAIT)
     assert link.last_error.startswith("handshake: ") and link.connection is None
@@ -180,7 +180,7 @@ def test_a_link_with_the_wrong_secret_never_comes_up(workers, links):
 
 def test_a_failed_handshake_is_no_worker_down_and_no_lost_worker(workers, links, caplog):
     worker = workers(secret=b"right")
-    with LogEvent("zc_lb.links", "cannot connect to worker") as failed:
+    with LogEvent("zc_lb.lb.links", "cannot connect to worker") as failed:
         link, events = links(address_of(worker), LinkConfig(secret=b"wrong"))
         assert failed.wait(WAIT)
     assert events.calls == []  # the link never told of a connection: nothing went down
@@ -194,7 +194,7 @@ def test_a_lost_connection_is_down_then_reconnected(workers, links, caplog):
     worker = workers()
     link, events = links(address_of(worker))
     _, first = events.wait_for("up")
-    with caplog.at_level(logging.WARNING, logger="zc_lb.links"):
+    with caplog.at_level(logging.WARNING, logger="zc_lb.lb.links"):
         for connection in list(worker.connections):  # as if the worker crashed
             connection.close("crash")
         assert events.wait_for("down") == ("down", first)
@@ -209,7 +209,7 @@ def test_a_restarted_worker_drains_without_a_warning_and_is_reconnected(
     worker = workers()
     link, events = links(address_of(worker))
     _, first = events.wait_for("up")
-    with caplog.at_level(logging.INFO, logger="zc_lb.links"):
+    with caplog.at_level(logging.INFO, logger="zc_lb.lb.links"):
         worker.stop(timeout=WAIT)  # GoAway: the link closes, the worker returns
         assert events.wait_for("down") == ("down", first) and first.closed
         assert worker.drain(0) and link.draining is None

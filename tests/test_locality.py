@@ -11,9 +11,9 @@ import pytest
 
 from conftest import source_only
 
-from zc_lb.affinity import GAIN_BALANCE, MOVE_COST, NOISE, AffinityPool
-from zc_lb.classstats import ClassStats
-from zc_lb.locality import MIN_SAMPLES, Locality
+from zc_lb.routing.affinity import GAIN_BALANCE, MOVE_COST, NOISE, AffinityPool
+from zc_lb.routing.classstats import ClassStats
+from zc_lb.routing.locality import MIN_SAMPLES, Locality
 
 
 def stats(name: str = "c") -> ClassStats:

@@ -6,7 +6,7 @@ import time
 import gevent
 import greenlet
 
-from zc_lb.loopwatch import LoopWatch
+from zc_lb.process.loopwatch import LoopWatch
 
 
 def test_a_stall_names_the_request_and_the_line_that_block(caplog):
@@ -26,7 +26,7 @@ def test_a_stall_names_the_request_and_the_line_that_block(caplog):
             gevent.sleep(1.0)
             watch.done()
 
-        with caplog.at_level(logging.INFO, logger="zc_lb.loopwatch"):
+        with caplog.at_level(logging.INFO, logger="zc_lb.process.loopwatch"):
             gevent.joinall([gevent.spawn(waiting), gevent.spawn(blocking)])
             gevent.sleep(0.1)  # the loop runs again: the watch says so
         errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]

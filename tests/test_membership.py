@@ -1,4 +1,4 @@
-"""zc_lb.membership without ZooKeeper: how settings read from a node are
+"""zc_lb.zookeeper.membership without ZooKeeper: how settings read from a node are
 applied (the recipes that read them are tested in test_recipes.py)."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 from types import SimpleNamespace
 
-from zc_lb.affinity import AffinityPool
-from zc_lb.lb import LB
-from zc_lb.membership import LBMembership, WorkerMembership
+from zc_lb.routing.affinity import AffinityPool
+from zc_lb.lb.balancer import LB
+from zc_lb.zookeeper.membership import LBMembership, WorkerMembership
 
 
 def lb_membership(**base):
@@ -24,7 +24,7 @@ def lb_membership(**base):
 def test_each_good_setting_applies_even_beside_a_bad_one(caplog):
     # One bad value used to make the LB ignore the whole node.
     membership = lb_membership()
-    with caplog.at_level(logging.ERROR, logger="zc_lb.membership"):
+    with caplog.at_level(logging.ERROR, logger="zc_lb.zookeeper.membership"):
         membership._settings_changed({"variance": "abc", "unskilled_score": 2,
                                       "backlog_history": 2.7, "balance": 0.5,
                                       "no_worker_timeout": 5, "description": "x"})
@@ -91,7 +91,7 @@ def test_a_setting_changed_in_zookeeper_is_logged_as_a_file_change_is(caplog):
 def test_an_lb_on_a_unix_socket_registers_under_a_name_without_slashes():
     import socket
 
-    from zc_lb.membership import advertised
+    from zc_lb.zookeeper.membership import advertised
 
     assert advertised("/run/zc-lb/lb.sock") == "unix:%2Frun%2Fzc-lb%2Flb.sock@" + \
         socket.gethostname()

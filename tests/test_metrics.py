@@ -16,11 +16,11 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from zc_lb.affinity import AffinityPool
-from zc_lb.lb import LB
-from zc_lb.metrics import LBCollector, bound_classes, exposition
-from zc_lb.status import RequestHistory, merge_status, status_app
-from zc_lb.statuspage import render, sparkline
+from zc_lb.routing.affinity import AffinityPool
+from zc_lb.lb.balancer import LB
+from zc_lb.status.metrics import LBCollector, bound_classes, exposition
+from zc_lb.status.document import RequestHistory, merge_status, status_app
+from zc_lb.status.page import render, sparkline
 from zc_lb.testing import LBProcess, WorkerProcess, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -82,7 +82,7 @@ def test_routes_of_the_status_app():
 def test_healthz_says_not_ready_while_the_lb_has_no_worker_in_its_pool():
     # An LB that can only answer 503 is not ready: a balancer or an
     # orchestrator in front of several should send elsewhere.
-    from zc_lb.service import lb_status_app
+    from zc_lb.process.service import lb_status_app
 
     doc = {"pool": {}, "workers": {}, "requests": 0}
     in_pool = [0]
@@ -327,7 +327,7 @@ def test_the_status_page_in_a_browser(cluster):
 def test_the_dashboard_uses_only_metrics_that_exist():
     import re
 
-    from zc_lb.metrics import WorkerCollector
+    from zc_lb.status.metrics import WorkerCollector
 
     root = os.path.join(TESTS, os.pardir, "etc")
     with open(os.path.join(root, "grafana-dashboard.json")) as f:
@@ -353,7 +353,7 @@ def test_the_dashboard_uses_only_metrics_that_exist():
 def test_the_build_info_says_the_version_and_whether_compiled():
     from zc_lb import build
     from zc_lb.cli import version
-    from zc_lb.metrics import WorkerCollector, exposition
+    from zc_lb.status.metrics import WorkerCollector, exposition
 
     for collector in (LBCollector(lambda: {"workers": {}}), WorkerCollector(lambda: {})):
         text = exposition(collector).decode()

@@ -1,6 +1,6 @@
-"""zc_lb.outlier: ejecting failing workers, on an injected clock."""
+"""zc_lb.lb.outlier: ejecting failing workers, on an injected clock."""
 
-from zc_lb.outlier import Ejector
+from zc_lb.lb.outlier import Ejector
 
 
 def test_consecutive_failures_eject_for_a_time_that_grows():

@@ -34,9 +34,11 @@ def zc_lb(*args, cwd=ROOT, env=None, python=(sys.executable,), timeout=60):
                           env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def setup_py_version():
-    with open(os.path.join(ROOT, "setup.py")) as f:
-        return re.search(r"""\bversion\s*=\s*["']([^"']+)["']""", f.read()).group(1)
+def package_version():
+    """``zc_lb.__version__``, the one place the version is written
+    (setup.py reads it there), read without importing the package."""
+    with open(os.path.join(ROOT, "src", "zc_lb", "__init__.py")) as f:
+        return re.search(r"""^__version__ = ["']([^"']+)["']""", f.read(), re.M).group(1)
 
 
 # -- --version ------------------------------------------------------------
@@ -47,17 +49,17 @@ def test_version_is_the_installed_distributions():
     assert result.returncode == 0, result.stderr
     assert re.fullmatch(r"zc-lb %s \((compiled|source.*)\)\n" % re.escape(
         metadata.version("zc-lb")), result.stdout), result.stdout
-    assert metadata.version("zc-lb") == setup_py_version()
+    assert metadata.version("zc-lb") == package_version()
 
 
-def test_version_of_a_checkout_never_installed_is_setup_pys(tmp_path):
+def test_version_of_a_checkout_never_installed_is_the_packages(tmp_path):
     # -S: no site-packages, so no distribution metadata at all (nor gevent:
     # --version must not need it).
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))
     result = zc_lb("--version", cwd=tmp_path, env=env, python=(sys.executable, "-S"))
     assert result.returncode == 0, result.stderr
     assert re.fullmatch(r"zc-lb %s \((compiled|source.*)\)\n" % re.escape(
-        setup_py_version()), result.stdout), result.stdout
+        package_version()), result.stdout), result.stdout
 
 
 # -- the shipped tools ------------------------------------------------------
@@ -257,7 +259,7 @@ def test_wheel_installed_outside_the_checkout_has_the_tools_and_the_licence(tmp_
     # pip compiled it (mypy is a build requirement; this machine has cc and
     # Python's headers, as make sysdeps sees to): what a user gets.
     assert wheel.name.endswith("-linux_%s.whl" % os.uname().machine), wheel.name
-    assert run("--version") == "zc-lb %s (compiled)\n" % setup_py_version()
+    assert run("--version") == "zc-lb %s (compiled)\n" % package_version()
     # ...and serves.
     processes = []
     try:

@@ -1,4 +1,4 @@
-"""Tests for zc_lb.pool: the routing algorithm (docs/design.rst, "The routing algorithm").
+"""Tests for zc_lb.routing.pool: the routing algorithm (docs/design.rst, "The routing algorithm").
 
 Scenarios are walked step by step; a reference model written from the
 docstring checks every choice of a long seeded random run; a cost test
@@ -14,7 +14,7 @@ from collections import OrderedDict
 import pytest
 
 from zc_lb.errors import ConfigurationError
-from zc_lb.pool import ClasslessPool, Pool, PoolWorker
+from zc_lb.routing.pool import ClasslessPool, Pool, PoolWorker
 
 
 def make_pool(*handles, cls=Pool, **settings) -> Pool:
@@ -631,7 +631,7 @@ def test_classless_random_operations_follow_least_backlog():
 
 
 def test_a_large_resume_is_taken_in_steps_with_the_same_result():
-    from zc_lb.pool import RESUME_STEP
+    from zc_lb.routing.pool import RESUME_STEP
 
     resume = {"c%d" % i: float(i + 1) for i in range(2 * RESUME_STEP + 10)}
     whole, stepped = Pool(), Pool()
@@ -647,7 +647,7 @@ def test_a_large_resume_is_taken_in_steps_with_the_same_result():
 
 
 def test_a_worker_removed_while_its_resume_is_taken_leaves_no_skill_behind():
-    from zc_lb.pool import RESUME_STEP
+    from zc_lb.routing.pool import RESUME_STEP
 
     pool = Pool()
     pool.add("w")

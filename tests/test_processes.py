@@ -10,8 +10,8 @@ import urllib.request
 
 import pytest
 
-from zc_lb.processes import child_argv, lb_argv
-from zc_lb.status import merge_status
+from zc_lb.process.processes import child_argv, lb_argv
+from zc_lb.status.document import merge_status
 from zc_lb.testing import LBProcess, WorkerProcess, start_all, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))

@@ -1,4 +1,4 @@
-"""Tests for zc_lb.frames and zc_lb.protocol: framing, Decoder, encode, handshake, Stream.
+"""Tests for zc_lb.wire.frames and zc_lb.wire.protocol: framing, Decoder, encode, handshake, Stream.
 
 Every reader is tested three ways (docs/design.rst, "How the code is
 written"): input whole, one byte at a time, and followed by more input.  Hypothesis properties feed arbitrary
@@ -15,10 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zc_lb import frames, protocol, relay
+from zc_lb.wire import frames
+from zc_lb.wire import protocol
+from zc_lb.lb import relay
 from zc_lb.errors import (AuthenticationError, BadResponseHead, LocalProtocolError,
                           RemoteProtocolError, ResponseHeadTooLarge)
-from zc_lb.protocol import (
+from zc_lb.wire.protocol import (
     CONNECTION_TYPES,
     HEADER,
     HEADER_SIZE,
@@ -1022,7 +1024,7 @@ def test_header_struct_is_big_endian():
 
 def test_a_request_too_big_for_a_frame_is_refused_before_sending():
     from zc_lb.errors import MessageTooLarge
-    from zc_lb.protocol import MAX_MESSAGE, Request, encode
+    from zc_lb.wire.protocol import MAX_MESSAGE, Request, encode
     with pytest.raises(MessageTooLarge) as caught:
         encode(Request(1, {"HTTP_X_BIG": "v" * MAX_MESSAGE}))
     assert caught.value.http_status == 431

@@ -6,7 +6,7 @@ import struct
 import pytest
 
 from zc_lb.errors import BadRequest
-from zc_lb.proxyproto import V2_SIGNATURE, header_length, parse
+from zc_lb.front.proxyproto import V2_SIGNATURE, header_length, parse
 
 V1 = b"PROXY TCP4 203.0.113.7 198.51.100.1 56324 443\r\n"
 

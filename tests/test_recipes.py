@@ -1,4 +1,4 @@
-"""zc_lb.recipes: Registration, ProvidersWatch and PropertiesWatch against
+"""zc_lb.zookeeper.recipes: Registration, ProvidersWatch and PropertiesWatch against
 the real ZooKeeper of conftest.py, and the pure majority_version."""
 
 import json
@@ -11,7 +11,8 @@ from kazoo.handlers.gevent import SequentialGeventHandler
 
 from logevents import LogEvent
 from trees import TREE
-from zc_lb import recipes, zk
+from zc_lb.zookeeper import recipes
+from zc_lb.zookeeper import client as zk
 
 
 # Helpers ------------------------------------------------------------------
@@ -220,7 +221,7 @@ def test_properties_live(client):
     zk.set_properties(client, "/lb", ["variance=2"])
     seen.wait_for(lambda v: v.get("variance") == 2)
     count = len(seen.values)
-    with LogEvent("zc_lb.recipes", "bad properties") as logged:
+    with LogEvent("zc_lb.zookeeper.recipes", "bad properties") as logged:
         client.set("/lb", b"{not json")
         assert logged.wait(10)
     assert watch.properties["variance"] == 2  # the last good kept

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from zc_lb.errors import RemoteProtocolError, RequestTooLarge
-from zc_lb.forwarding import Forwarding, parse_networks
-from zc_lb.h1 import RequestReader, request_variables
-from zc_lb.relay import HEAD_PREFIX, REQUIRED, ROOM, Facts, Relay, decode_head_request
+from zc_lb.front.forwarding import Forwarding, parse_networks
+from zc_lb.front.h1 import RequestReader, request_variables
+from zc_lb.lb.relay import HEAD_PREFIX, REQUIRED, ROOM, Facts, Relay, decode_head_request
 
 BASE = {"SCRIPT_NAME": "", "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "8080",
         "GATEWAY_INTERFACE": "CGI/1.1", "SERVER_SOFTWARE": "zc-lb", "wsgi.url_scheme": "http"}
@@ -247,7 +247,7 @@ def test_a_bad_payload_is_a_protocol_error(data, error):
 
 
 def test_facts_are_decoded_once_per_connection():
-    from zc_lb import relay as relay_module
+    from zc_lb.lb import relay as relay_module
 
     facts = orjson.dumps({"REMOTE_PORT": "4242"})
     relay_module._FACTS.pop(facts, None)

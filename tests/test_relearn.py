@@ -1,12 +1,12 @@
-"""Tests for zc_lb.relearn: the book of keys, moved keys followed, stale skills and resets."""
+"""Tests for zc_lb.routing.relearn: the book of keys, moved keys followed, stale skills and resets."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-from zc_lb import relearn
-from zc_lb.affinity import AffinityPool
-from zc_lb.relearn import ADOPTED, SHARED, adopted, floor_weight
+from zc_lb.routing import relearn
+from zc_lb.routing.affinity import AffinityPool
+from zc_lb.routing.relearn import ADOPTED, SHARED, adopted, floor_weight
 
 
 def pool_of(n: int, **settings) -> AffinityPool:

@@ -1,4 +1,4 @@
-"""Tests for zc_lb.resume: decayed per-class rates and the résumé file."""
+"""Tests for zc_lb.worker.resume: decayed per-class rates and the résumé file."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import random
 import pytest
 
 from zc_lb.errors import ConfigurationError
-from zc_lb import frames
-from zc_lb.resume import (DEFAULT_HISTORY, MAX_CLASSES, MIN_ELAPSED, RESUME_BYTES, Skills,
+from zc_lb.wire import frames
+from zc_lb.worker.resume import (DEFAULT_HISTORY, MAX_CLASSES, MIN_ELAPSED, RESUME_BYTES, Skills,
                           load_resume, save_resume)
 
 

@@ -1,4 +1,4 @@
-"""Tests for zc_lb.service: what every process does around its work, and
+"""Tests for zc_lb.process.service: what every process does around its work, and
 the lifecycle of a worker's and an LB's parts (order of start, register,
 configure, stop)."""
 
@@ -9,7 +9,7 @@ import argparse
 import pytest
 
 from zc_lb.errors import ConfigurationError
-from zc_lb.service import (DEFAULT_LISTEN, LBService, WorkerService, parse_listeners,
+from zc_lb.process.service import (DEFAULT_LISTEN, LBService, WorkerService, parse_listeners,
                            read_secret)
 
 
@@ -125,7 +125,7 @@ def test_signals_that_come_while_the_last_is_handled_are_logged_when_the_process
 
     import gevent
 
-    from zc_lb.service import wait_for_signal
+    from zc_lb.process.service import wait_for_signal
 
     def restart():
         os.kill(os.getpid(), signal.SIGUSR2)  # (a second one, while this one is handled)

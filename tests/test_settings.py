@@ -8,11 +8,11 @@ import re
 import pytest
 
 from zc_lb import cli, settings
-from zc_lb.affinity import AffinityPool
+from zc_lb.routing.affinity import AffinityPool
 from zc_lb.errors import ConfigurationError
-from zc_lb.outlier import Ejector
-from zc_lb.pool import Pool
-from zc_lb.resume import Skills
+from zc_lb.lb.outlier import Ejector
+from zc_lb.routing.pool import Pool
+from zc_lb.worker.resume import Skills
 from zc_lb.settings import (CLI, LB_NODE_SETTINGS, LB_SETTINGS, WORKER_NODE_SETTINGS,
                             WORKER_SETTINGS, ZOOKEEPER, check, check_property, parse,
                             parse_each)

@@ -7,11 +7,11 @@ import struct
 
 import pytest
 
-from zc_lb import siblings
-from zc_lb.affinity import AffinityPool
+from zc_lb.routing import siblings
+from zc_lb.routing.affinity import AffinityPool
 from zc_lb.errors import ConfigurationError
-from zc_lb.pool import Pool
-from zc_lb.siblings import Siblings, sync
+from zc_lb.routing.pool import Pool
+from zc_lb.routing.siblings import Siblings, sync
 
 
 class Clock:

@@ -442,7 +442,7 @@ def test_cache_less_traffic_runs_as_fast_as_least_backlog(name):
 def test_sibling_processes_load_less_than_lbs_routing_alone():
     # Two processes of one LB (--processes 2) each routing alone place a
     # key apart and judge workers by half their load; sharing a book of
-    # keys, their recruits and their backlogs (zc_lb/siblings.py), they
+    # keys, their recruits and their backlogs (zc_lb/routing/siblings.py), they
     # route as one LB does, nearly.
     misses = {}
     for label, changes in (("one", dict(lbs=1)), ("alone", dict(lbs=2, lbs_told=1)),

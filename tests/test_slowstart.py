@@ -1,4 +1,4 @@
-"""zc_lb.slowstart: how an AffinityPool eases in a worker added while it runs."""
+"""zc_lb.routing.slowstart: how an AffinityPool eases in a worker added while it runs."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from zc_lb.affinity import AffinityPool
-from zc_lb.slowstart import CLASS_TAKE, GIVE_UP, Starter
+from zc_lb.routing.affinity import AffinityPool
+from zc_lb.routing.slowstart import CLASS_TAKE, GIVE_UP, Starter
 
 CLASSES = ["c0", "c1", "c2"]  # each worth more than a worker of five
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from zc_lb.spool import Spool, SpoolLimits
+from zc_lb.lb.spool import Spool, SpoolLimits
 
 
 def drain(spool):
@@ -112,7 +112,7 @@ def test_any_mix_of_sizes_comes_out_whole(tmp_path, sizes):
 def test_small_parts_in_memory_are_taken_together_up_to_join_bytes():
     # A body that came in 4 KiB frames goes to the client in a few large
     # writes, not one a frame; order and the accounts are kept.
-    from zc_lb.spool import JOIN, SMALL
+    from zc_lb.lb.spool import JOIN, SMALL
 
     limits = SpoolLimits(memory=10 * JOIN, total_memory=10 * JOIN)
     spool = Spool(limits)

@@ -1,4 +1,4 @@
-"""zc_lb.status: the status app (the LB's ``--status`` address), fetching
+"""zc_lb.status.document: the status app (the LB's ``--status`` address), fetching
 its document and printing it (``zc-lb status``).
 
 The app is served here by wsgiref in a thread, so ``fetch`` (plain
@@ -14,11 +14,11 @@ import wsgiref.simple_server
 import pytest
 
 from zc_lb import cli
-from zc_lb.classifier import host_classifier
+from zc_lb.routing.classifier import host_classifier
 from zc_lb.errors import ConfigurationError
-from zc_lb.lb import LB
-from zc_lb.pool import Pool
-from zc_lb.status import bound_skills, fetch, format_status, status_app
+from zc_lb.lb.balancer import LB
+from zc_lb.routing.pool import Pool
+from zc_lb.status.document import bound_skills, fetch, format_status, status_app
 
 DOCUMENT = {
     "pool": {"policy": "resume", "variance": 1.0, "backlog_history": 9,

@@ -1,12 +1,12 @@
-"""zc_lb.statuspage: the status document rendered as the HTML status page."""
+"""zc_lb.status.page: the status document rendered as the HTML status page."""
 
 import time
 from html.parser import HTMLParser
 
-from zc_lb.affinity import AffinityPool
-from zc_lb.classifier import host_classifier
-from zc_lb.lb import LB
-from zc_lb.statuspage import TOP_CLASSES, TOP_SKILLS, render
+from zc_lb.routing.affinity import AffinityPool
+from zc_lb.routing.classifier import host_classifier
+from zc_lb.lb.balancer import LB
+from zc_lb.status.page import TOP_CLASSES, TOP_SKILLS, render
 
 
 class Page(HTMLParser):

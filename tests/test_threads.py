@@ -10,8 +10,8 @@ import time
 import gevent
 import pytest
 
-from zc_lb.concurrency import COMPUTING
-from zc_lb.threads import Threads
+from zc_lb.worker.concurrency import COMPUTING
+from zc_lb.worker.threads import Threads
 
 
 def _compute(seconds):

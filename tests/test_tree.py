@@ -1,10 +1,10 @@
-"""zc_lb.tree: the ZooKeeper tree file format (parse, format) and the
+"""zc_lb.zookeeper.tree: the ZooKeeper tree file format (parse, format) and the
 pure plan of an import (applied to a real ZooKeeper in test_zk.py)."""
 
 import pytest
 
 from trees import SAMPLE, TREE
-from zc_lb import tree
+from zc_lb.zookeeper import tree
 from zc_lb.errors import ConfigurationError
 
 

@@ -11,12 +11,12 @@ import gevent.socket
 import pytest
 
 from conftest import source_only
-from zc_lb.connection import Connection, Handler
+from zc_lb.wire.connection import Connection, Handler
 from zc_lb.errors import ConfigurationError
-from zc_lb.protocol import FEATURES, LB_FEATURES, End
+from zc_lb.wire.protocol import FEATURES, LB_FEATURES, End
 from zc_lb.sockets import parse_address
 from zc_lb.testing import read_response
-from zc_lb.worker import Worker, load_app
+from zc_lb.worker.server import Worker, load_app
 
 
 class LBSide(Handler):
@@ -403,7 +403,7 @@ def test_a_served_request_leaves_no_garbage_cycle(serve, threads):
         for _ in range(50):
             assert call(connection, {})[0].status == "200 OK"
 
-    from zc_lb.connection import Exchange
+    from zc_lb.wire.connection import Exchange
     leftover = _leftover_garbage(requests)
     assert not [o for o in leftover if isinstance(o, Exchange)]
 
@@ -413,7 +413,7 @@ class _Chunks:
     """An exchange that hands out body chunks, then End."""
 
     def __init__(self, *chunks):
-        from zc_lb.protocol import Body, End
+        from zc_lb.wire.protocol import Body, End
 
         self.inbox = [Body(1, chunk) for chunk in chunks] + [End(1)]
         self.consumed_bytes = 0
@@ -430,7 +430,7 @@ class _Chunks:
 
 @source_only  # (compiled, RequestInput takes a real Exchange; make test runs it on the source)
 def test_request_input_reads_across_chunks_as_asked():
-    from zc_lb.worker import RequestInput
+    from zc_lb.worker.server import RequestInput
 
     chunks = [b"ab", b"cde", b"f", b"ghij", b"klmnop"]
     body = RequestInput(_Chunks(*chunks))
@@ -500,7 +500,7 @@ def test_a_flood_of_refused_connections_is_a_line_or_two_in_the_log(serve, caplo
     import socket
 
     worker, _, _ = serve(reader_app)
-    with caplog.at_level(logging.WARNING, logger="zc_lb.worker"):
+    with caplog.at_level(logging.WARNING, logger="zc_lb.worker.server"):
         for _ in range(50):
             sock = socket.create_connection(worker.address)
             sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 4)
@@ -521,7 +521,7 @@ def test_a_file_like_object_handed_to_the_file_wrapper_goes_out_whole_in_large_r
     # wsgi.file_wrapper when the server offers one, else iterate it in
     # small blocks (Django's 4 KiB).  One without a descriptor (here in
     # memory) is read in BLOCK reads, whatever the app asked for.
-    from zc_lb.filewrapper import BLOCK
+    from zc_lb.worker.filewrapper import BLOCK
 
     data = bytes(range(256)) * 4096 * 3  # 3 MiB
     reads, closed = [], []
@@ -607,7 +607,7 @@ def test_a_file_that_ends_before_its_region_cuts_the_response_and_spares_the_con
     # whole with zeros, and the response cancelled (a truncated body
     # must not look complete); the connection's other requests go on.
     from zc_lb.errors import RequestCancelled
-    from zc_lb.filewrapper import FileWrapper
+    from zc_lb.worker.filewrapper import FileWrapper
 
     path = tmp_path / "file.bin"
     path.write_bytes(b"z" * 100000)
@@ -633,7 +633,7 @@ def test_a_file_that_ends_before_its_region_cuts_the_response_and_spares_the_con
 
 def _frames(exchange, timeout=10):
     """(Response, [each Body's data], whether End came) of an exchange."""
-    from zc_lb.protocol import Body, Response
+    from zc_lb.wire.protocol import Body, Response
 
     start = exchange.receive(timeout)
     assert isinstance(start, Response), start
@@ -767,8 +767,8 @@ def test_a_thread_app_writing_faster_than_the_lb_takes_waits_holding_at_most_hig
     # Flow control reaches the app: the LB grants no credit, so the
     # thread stops once threadio.HIGH bytes wait for the hub (plus the
     # first window), and goes on as the LB takes them.
-    from zc_lb.frames import WIDE_WINDOW
-    from zc_lb.threadio import HIGH
+    from zc_lb.wire.frames import WIDE_WINDOW
+    from zc_lb.worker.threadio import HIGH
 
     made = []
 

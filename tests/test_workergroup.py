@@ -12,7 +12,7 @@ import pytest
 
 from zc_lb.errors import ConfigurationError
 from zc_lb.testing import LBProcess, http_get, wait_for
-from zc_lb.workergroup import child_argv, offset
+from zc_lb.process.workergroup import child_argv, offset
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ENV = dict(os.environ, PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPATH", ""))

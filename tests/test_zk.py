@@ -1,4 +1,4 @@
-"""zc_lb.zk against the real ZooKeeper of conftest.py: import and export
+"""zc_lb.zookeeper.client against the real ZooKeeper of conftest.py: import and export
 of trees, get/set/ls, links and the ``zc-lb zk`` command.  The tree
 format itself is tested in test_tree.py, the recipes in test_recipes.py."""
 
@@ -8,7 +8,9 @@ import json
 import pytest
 
 from trees import TREE
-from zc_lb import cli, tree, zk
+from zc_lb import cli
+from zc_lb.zookeeper import tree
+from zc_lb.zookeeper import client as zk
 from zc_lb.errors import ConfigurationError
 
 # Commands against the real server -----------------------------------------

@@ -28,7 +28,7 @@ def site(zk_hosts):
     """A tree in a fresh chroot, a kazoo client on it, and process makers."""
     client = KazooClient(zk_hosts)
     client.start(timeout=10)
-    from zc_lb import zk
+    from zc_lb.zookeeper import client as zk
     zk.import_tree(client, TREE)
     started = []
 
@@ -313,7 +313,7 @@ def test_a_site_with_credentials_runs_and_nobody_else_can_register_or_change_it(
     # serves.  A client without them cannot add a worker or set a setting.
     from kazoo.exceptions import NoAuthError
 
-    from zc_lb import zk
+    from zc_lb.zookeeper import client as zk
 
     auth = tmp_path / "zk-auth"
     auth.write_text("site:s3cret\n")
@@ -357,7 +357,7 @@ def test_the_zookeeper_leader_killed_under_load_fails_no_request(tmp_path):
 
     from zkserver import Ensemble
 
-    from zc_lb import zk
+    from zc_lb.zookeeper import client as zk
 
     ensemble = Ensemble(str(tmp_path / "ensemble"))
     started, results, stop = [], [], threading.Event()

@@ -19,11 +19,18 @@ import sys
 
 __version__ = "0.1.0"
 
-COMPILED = ("pool", "classstats", "locality", "slowstart", "relearn", "affinity",
-            "h1", "httpparse", "forwarding", "classifier", "outlier", "relay", "frames",
-            "protocol", "connection", "front", "lb", "worker")
+COMPILED = ("routing.pool", "routing.classstats", "routing.locality", "routing.slowstart",
+            "routing.relearn", "routing.affinity", "routing.classifier", "front.h1",
+            "front.httpparse", "front.forwarding", "front.client", "lb.outlier", "lb.relay",
+            "lb.balancer", "wire.frames", "wire.protocol", "wire.connection", "worker.server")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _path(name):
+    """The file of module ``name`` (dotted, under this package), less its
+    suffix."""
+    return os.path.join(_HERE, *name.split("."))
 
 
 def _built(name):
@@ -31,7 +38,7 @@ def _built(name):
     library ``_compiled__mypyc`` holds the code, and each module's own is a
     shim that loads it."""
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = os.path.join(_HERE, name + suffix)
+        path = _path(name) + suffix
         if os.path.exists(path):
             return path
     return None
@@ -45,8 +52,7 @@ def _stale():
             os.path.join(_HERE, os.pardir, os.pardir, "setup.py")):
         return False
     built = os.path.getmtime(library)
-    return any(os.path.getmtime(os.path.join(_HERE, name + ".py")) > built
-               for name in COMPILED)
+    return any(os.path.getmtime(_path(name) + ".py") > built for name in COMPILED)
 
 
 class _SourceFinder:
@@ -59,8 +65,7 @@ class _SourceFinder:
         name = cls.names.get(fullname)
         if name is None:
             return None
-        return importlib.util.spec_from_file_location(
-            fullname, os.path.join(_HERE, name + ".py"))
+        return importlib.util.spec_from_file_location(fullname, _path(name) + ".py")
 
 
 def build():

@@ -20,11 +20,12 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from . import restart, settings
-from .accesslog import DEFAULT_FORMAT
-from .errors import ConfigurationError, ZcLbError
-from .sockets import address_text, parse_listen
-from .service import (DEFAULT_LISTEN, LBService, WorkerService, ignore_sighup,
+from zc_lb import settings
+from zc_lb.process import restart
+from zc_lb.front.accesslog import DEFAULT_FORMAT
+from zc_lb.errors import ConfigurationError, ZcLbError
+from zc_lb.sockets import address_text, parse_listen
+from zc_lb.process.service import (DEFAULT_LISTEN, LBService, WorkerService, ignore_sighup,
                       keep_freed_memory, lb_status_app, parse_listeners, read_secret,
                       wait_for_signal)
 
@@ -49,7 +50,7 @@ NOT_COMPARED = frozenset({"argv", "start_dir", "run", "config", "command", "log_
 def read_config(args: argparse.Namespace) -> argparse.Namespace:
     """``args.argv`` parsed again with ``args.config``'s values as the
     defaults (config.py): the command line overrides the file."""
-    from . import config
+    from zc_lb import config
 
     parser = build_parser()
     command = parser.commands[args.command]  # type: ignore[attr-defined]
@@ -129,7 +130,7 @@ def _sighup(args: argparse.Namespace, apply, live_extra=frozenset()):
 def _check_exposure(listen, secret: Optional[bytes], insecure: bool, tls=None) -> None:
     """Refuse a worker reachable from other hosts that anyone could use
     (mutual TLS, like the secret, lets in only the site's LBs)."""
-    from .sockets import is_loopback
+    from zc_lb.sockets import is_loopback
 
     if isinstance(listen, str):  # a Unix socket: its file's permissions say who may
         return
@@ -145,11 +146,11 @@ def run_worker(args: argparse.Namespace) -> int:
     if args.workers < 1 or args.max_requests < 0 or args.max_requests_jitter < 0:
         raise ConfigurationError("-w is at least 1, --max-requests and its jitter at least 0")
     if args.workers > 1:
-        from .workergroup import run
+        from zc_lb.process.workergroup import run
 
         return run(args, args.argv)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until wait_for_signal says so
-    from .service import PidFile
+    from zc_lb.process.service import PidFile
 
     service = build_worker(args)
     if args.max_requests:
@@ -237,8 +238,8 @@ def _load_app(spec: str, load_app):
 
 def build_worker(args: argparse.Namespace) -> WorkerService:
     """The worker, its status server and membership, not started."""
-    from .sockets import parse_address
-    from .worker import Worker, load_app
+    from zc_lb.sockets import parse_address
+    from zc_lb.worker.server import Worker, load_app
 
     if not args.app:
         raise ConfigurationError("no application: give module:callable (or a PasteDeploy "
@@ -248,7 +249,7 @@ def build_worker(args: argparse.Namespace) -> WorkerService:
                                  "is the bound")
     if args.threads_fixed and not args.threads:
         raise ConfigurationError("--threads-fixed is for thread mode, not --greenlets")
-    from .tls import worker_context
+    from zc_lb.tls import worker_context
 
     listen = parse_listen(args.listen)
     if isinstance(listen, str) and args.zookeeper:
@@ -267,15 +268,15 @@ def build_worker(args: argparse.Namespace) -> WorkerService:
                     version=args.version, tls=tls, sendfile=args.sendfile)
     status = None
     if args.status:
-        from .http import FrontServer
-        from .metrics import WorkerCollector
-        from .status import status_app
+        from zc_lb.front.server import FrontServer
+        from zc_lb.status.metrics import WorkerCollector
+        from zc_lb.status.document import status_app
 
         status = FrontServer(parse_address(args.status),
                              status_app(worker.status, collector=WorkerCollector(worker.status)))
     membership = None
     if args.zookeeper:
-        from .membership import WorkerMembership
+        from zc_lb.zookeeper.membership import WorkerMembership
 
         membership = WorkerMembership(worker, args.zookeeper, args.path,
                                       args.version, args.description,
@@ -288,7 +289,7 @@ def build_worker(args: argparse.Namespace) -> WorkerService:
 
 def _spool_limits(args: argparse.Namespace):
     """The response buffers' bounds; the directory must be one."""
-    from .spool import SpoolLimits
+    from zc_lb.lb.spool import SpoolLimits
 
     if args.buffer_dir and not os.path.isdir(args.buffer_dir):
         raise ConfigurationError("--buffer-dir %s is not a directory" % args.buffer_dir)
@@ -308,12 +309,12 @@ def _lb_document(lb, fronts) -> dict:
 
 def build_lb(args: argparse.Namespace):
     """The LB object and its front and status servers, not started."""
-    from .accesslog import AccessLog, LogFormat
-    from .http import FrontServer, tls_context
-    from .sockets import parse_address
+    from zc_lb.front.accesslog import AccessLog, LogFormat
+    from zc_lb.front.server import FrontServer, tls_context
+    from zc_lb.sockets import parse_address
 
     lb = _make_lb(args)
-    from .tls import lb_context
+    from zc_lb.tls import lb_context
 
     workers_tls = lb_context(args.worker_tls_cert, args.worker_tls_key, args.worker_tls_ca)
     if workers_tls is not None:  # (every link, from its first connection)
@@ -321,7 +322,7 @@ def build_lb(args: argparse.Namespace):
 
         lb.link_config = dataclasses.replace(lb.link_config, tls=workers_tls)
     if args.siblings_fd is not None:  # one of --processes N: they route as one
-        from .siblings import Siblings
+        from zc_lb.routing.siblings import Siblings
 
         lb.share_with(Siblings.attach(args.siblings_fd, args.process_index or 0))
     tls = None
@@ -348,9 +349,9 @@ def build_lb(args: argparse.Namespace):
 
 def _make_lb(args: argparse.Namespace):
     """The LB of the options: its pool, classifier, limits, error pages."""
-    from .policies import make_pool
-    from .classifier import get_classifier, get_key_function
-    from .lb import LB
+    from zc_lb.routing.policies import make_pool
+    from zc_lb.routing.classifier import get_classifier, get_key_function
+    from zc_lb.lb.balancer import LB
 
     pool = make_pool(args.policy, _lb_settings(args))
     pages = {}
@@ -373,8 +374,8 @@ def _make_lb(args: argparse.Namespace):
 def _build_fronts(args: argparse.Namespace, lb, tls, access_log) -> list:
     """A front server per ``--listen``, on the socket inherited from the
     LB this one replaces or from the supervisor, if any, not started."""
-    from .forwarding import Forwarding, parse_headers, parse_networks
-    from .http import FrontServer, default_max_connections, https_redirect
+    from zc_lb.front.forwarding import Forwarding, parse_headers, parse_networks
+    from zc_lb.front.server import FrontServer, default_max_connections, https_redirect
 
     forwarding = Forwarding(parse_headers(args.forwarded),
                             parse_networks([args.trusted_proxies]))
@@ -389,7 +390,7 @@ def _build_fronts(args: argparse.Namespace, lb, tls, access_log) -> list:
     for index, (scheme, where) in enumerate(listeners):
         listen = restart.inherited("front%d" % index)  # from the LB this one replaces
         if listen is None and args.listen_fd is not None:  # one of --processes N
-            from .processes import inherited_socket
+            from zc_lb.process.processes import inherited_socket
 
             listen = inherited_socket(args.listen_fd)
         elif listen is None:
@@ -407,7 +408,7 @@ def _build_fronts(args: argparse.Namespace, lb, tls, access_log) -> list:
 def _reload_tls(args: argparse.Namespace, servers: list) -> None:
     """SIGHUP: load the certificate and key again; a pair that does not
     load is logged and the one in use stays."""
-    from .http import tls_context
+    from zc_lb.front.server import tls_context
 
     try:
         context = tls_context(args.certfile, args.keyfile, args.tls_min_version,
@@ -481,18 +482,18 @@ def _zk_credentials(args: argparse.Namespace):
     """The ZooKeeper credentials of ``--zookeeper-auth-file``, or None."""
     if not getattr(args, "zookeeper_auth_file", None):
         return None
-    from .zk import read_credentials
+    from zc_lb.zookeeper.client import read_credentials
 
     return read_credentials(args.zookeeper_auth_file)
 
 
 def run_lb(args: argparse.Namespace) -> int:
-    from .sockets import worker_addresses
+    from zc_lb.sockets import worker_addresses
 
     # A bad address is refused here, with exit 2, not found later as 503s.
     args.worker = worker_addresses(args.worker or []) or None
     if args.processes > 1:
-        from .processes import run
+        from zc_lb.process.processes import run
 
         return run(args, args.argv)
 
@@ -500,7 +501,7 @@ def run_lb(args: argparse.Namespace) -> int:
 
     for name in ("SIGHUP", "SIGUSR1", "SIGUSR2"):  # until wait_for_signal says so
         signal.signal(getattr(signal, name), signal.SIG_IGN)
-    from .service import PidFile
+    from zc_lb.process.service import PidFile
 
     lb, fronts, status = build_lb(args)
     # What start-up made (modules, tables) lives as long as the process:
@@ -511,7 +512,7 @@ def run_lb(args: argparse.Namespace) -> int:
     service = LBService(lb, fronts, status, args.drain_timeout)
     service.start(args.worker or [], args.health_check, args.health_interval)
     if args.zookeeper:
-        from .membership import LBMembership
+        from zc_lb.zookeeper.membership import LBMembership
 
         service.register(LBMembership(
             lb, args.zookeeper, args.path, fronts[0].address,
@@ -589,7 +590,7 @@ def fetch_status(address: str, timeout: float = 5.0) -> dict:
 def run_status(args: argparse.Namespace) -> int:
     import json
 
-    from .status import format_status
+    from zc_lb.status.document import format_status
 
     doc = fetch_status(args.address)
     if args.json:
@@ -671,28 +672,16 @@ def _print_demo_help(address, status_address, workers) -> None:
 def version_line() -> str:
     """``zc-lb --version``: the version, and which build runs (compiled, or
     the source and why: a pip install without a compiler gives the source)."""
-    from . import build
+    from zc_lb import build
 
     return "zc-lb %s (%s)" % (version(), build())
 
 
 def version() -> str:
-    """The installed distribution's version, else (running from a checkout
-    that was never installed) the one in setup.py."""
-    from importlib import metadata
+    """zc-lb's version: ``zc_lb.__version__``, which setup.py reads too."""
+    from zc_lb import __version__
 
-    try:
-        return metadata.version("zc-lb")
-    except metadata.PackageNotFoundError:
-        import re
-
-        setup_py = os.path.join(os.path.dirname(__file__), "..", "..", "setup.py")
-        try:
-            with open(setup_py) as f:
-                match = re.search(r"""\bversion\s*=\s*["']([^"']+)["']""", f.read())
-        except OSError:
-            match = None
-        return match.group(1) if match else "unknown"
+    return __version__
 
 
 # command: (module, extra that installs it, what it does)
@@ -917,7 +906,7 @@ def _add_worker_state_parsers(sub) -> None:
 
 
 def run_worker_state(args: argparse.Namespace) -> int:
-    from .status import fetch
+    from zc_lb.status.document import fetch
 
     fetch(args.address, action=args.action, params={"worker": args.worker},
           token=read_secret(args.token_file))
@@ -941,7 +930,7 @@ def _add_reset_skills_parser(sub) -> None:
 
 
 def run_reset_skills(args: argparse.Namespace) -> int:
-    from .status import fetch
+    from zc_lb.status.document import fetch
 
     if not args.zookeeper and not args.status:
         raise ConfigurationError("give --zookeeper or --status")
@@ -949,7 +938,7 @@ def run_reset_skills(args: argparse.Namespace) -> int:
         fetch(address, action="reset-skills")
         print("reset skills on the LB at %s" % address)
     if args.zookeeper:
-        from . import zk
+        from zc_lb.zookeeper import client as zk
 
         logging.getLogger("kazoo").setLevel(logging.WARNING)
         token = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "-%d" % os.getpid()
@@ -1001,7 +990,7 @@ def _add_zk_parser(sub) -> None:
 
 
 def run_zk(args: argparse.Namespace) -> int:
-    from .zk import run_zk_command
+    from zc_lb.zookeeper.client import run_zk_command
 
     logging.getLogger("kazoo").setLevel(logging.WARNING)  # a command, not a service
 

@@ -26,8 +26,8 @@ import argparse
 import re
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from . import settings as settings_module
-from .errors import ConfigurationError
+from zc_lb import settings as settings_module
+from zc_lb.errors import ConfigurationError
 
 NOT_IN_FILE = frozenset({"help", "config", "listen_fd", "process_index"})
 _KEY_LINE = re.compile(r"""^\s*(?:"([^"]*)"|'([^']*)'|([A-Za-z0-9_.-]+))\s*=""")

@@ -15,7 +15,7 @@ Names say who is at fault:
 - *our own code* (``LocalProtocolError``): a bug here.
 
 Each class carries what it becomes: ``http_status`` for a request that
-fails with it, ``exit_status`` for a process that ends with it; ``lb.py``
+fails with it, ``exit_status`` for a process that ends with it; ``lb/balancer.py``
 turns errors into responses, ``cli.py`` into exit statuses, each in one
 place.
 

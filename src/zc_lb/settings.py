@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import (Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional,
                     Tuple)
 
-from .errors import ConfigurationError
+from zc_lb.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 

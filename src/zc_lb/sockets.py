@@ -17,7 +17,7 @@ Listen = Union[Tuple[str, int], str]
 UNIX = "unix:"  # the prefix of a Unix socket's address, as gunicorn's
 UNIX_BACKLOG = 1024
 
-from .errors import ConfigurationError
+from zc_lb.errors import ConfigurationError
 
 
 def parse_address(text: str, default_host: str = "127.0.0.1") -> Tuple[str, int]:

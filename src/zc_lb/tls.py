@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .errors import ConfigurationError
+from zc_lb.errors import ConfigurationError
 
 MIN_VERSION = "TLSv1_2"
 

@@ -1,0 +1,9 @@
+"""The front: clients' HTTP/1.1 connections, up to the LB.
+
+``server`` accepts them (TLS, the PROXY protocol, limits), ``client`` is
+one client connection (its requests read, checked and handed to the LB,
+its responses written), ``h1`` and ``httpparse`` read and check request
+heads and write response heads without I/O, ``forwarding`` says what the
+application learns of the client, ``proxyproto`` reads HAProxy's PROXY
+header, and ``accesslog`` writes the access log.
+"""

@@ -1,0 +1,296 @@
+"""Access log formats: ``--access-log-format``, in Apache's LogFormat notation.
+
+A format is text with %-fields, compiled once at start into a template and
+a list of small functions, one per field; an unknown field is refused at
+start (ConfigurationError, exit status 2).  The LB puts what only it knows
+into the WSGI environ as plain values (``zc_lb.class``, ``zc_lb.worker.server``,
+``zc_lb.upstream_time``, ``zc_lb.retries``) and the fields below format
+them, so nothing is computed twice.
+
+Fields (Apache's meaning where Apache has the letter)::
+
+    %h            client address
+    %l %u         "-" (identd, remote user: never known)
+    %t            time the response started, [10/Oct/2000:13:55:36 -0700]
+    %r            request line, escaped
+    %s %>s        status
+    %b            response bytes, "-" for none;  %B  the same, 0 for none
+    %m %U %q %H   method, path, query string ("?..." or nothing), protocol
+    %D            total time in microseconds;  %T  in whole seconds
+    %{NAME}i      request header NAME, escaped ("-" if absent)
+    %{class}z     the request's class ("-" if it has none)
+    %{worker}z    the worker the request went to (last), HOST:PORT ("-": none)
+    %{upstream}z  seconds from sending the request to the worker to its
+                  response head ("-": no worker answered)
+    %{time}z      total seconds, from the request's head read to the
+                  response's end
+    %{retries}z   times the request was retried on another worker (0 mostly)
+    %{error}z     why the LB answered itself ("-": it did not): the cause, as
+                  counted in the status document (``NoWorkerAvailable``,
+                  ``HeadTimeout``...), with ``,retry-refused`` when a retry
+                  of a request lost with its worker was refused
+    %%            a percent sign
+
+``AccessLog`` writes the lines: buffered, once a second, reopened by
+name on SIGUSR1.
+
+Escaped values have ``"`` and ``\\`` preceded by a backslash and control
+characters written ``\\xNN``, as Apache does, so a quoted field stays one
+field.  The default is Apache's combined format followed by ``key=value``
+fields (``DEFAULT_FORMAT``), which playback/logparse.py reads back.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import time
+from typing import IO, Callable, List, Optional, Tuple
+
+from zc_lb.errors import ConfigurationError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FORMAT = ('%h %l %u %t "%r" %>s %b "%{Referer}i" "%{User-Agent}i" '
+                  'host="%{Host}i" class="%{class}z" worker=%{worker}z '
+                  'upstream=%{upstream}z time=%{time}z retries=%{retries}z '
+                  'error=%{error}z request_id="%{X-Request-ID}i"')
+COMBINED = '%h %l %u %t "%r" %>s %b "%{Referer}i" "%{User-Agent}i"'
+
+MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun",
+          "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def clf_time(when: float) -> str:
+    """``10/Oct/2000:13:55:36 -0700``, local time."""
+    t = time.localtime(when)
+    offset = -(time.altzone if t.tm_isdst > 0 else time.timezone)
+    sign = "+" if offset >= 0 else "-"
+    offset = abs(offset)
+    return "%02d/%s/%04d:%02d:%02d:%02d %s%02d%02d" % (
+        t.tm_mday, MONTHS[t.tm_mon - 1], t.tm_year, t.tm_hour, t.tm_min, t.tm_sec,
+        sign, offset // 3600, offset % 3600 // 60)
+
+
+_CONTROL = {i: "\\x%02x" % i for i in list(range(32)) + [127]}
+_CONTROL.update({ord('"'): '\\"', ord("\\"): "\\\\"})
+
+
+def quote(value: Optional[str]) -> str:
+    """``value`` escaped for a log line, "-" if empty or None."""
+    if not value:
+        return "-"
+    if value.isprintable() and '"' not in value and "\\" not in value:
+        return value
+    return value.translate(_CONTROL)
+
+
+# A field's function takes the request's ClientConnection (front/client.py) and
+# its environ ({} for a request refused before it had one) and returns text.
+
+Field = Callable[[object, dict], str]
+
+
+def _host(handler, environ) -> str:
+    client = handler.client_address
+    return (client[0] if isinstance(client, tuple) else client) or "-"
+
+
+def _status(handler, environ) -> str:
+    status = handler.status or "000"
+    if isinstance(status, bytes):
+        status = status.decode("latin-1")
+    return status.split()[0]
+
+
+def _elapsed(handler) -> float:
+    start = handler.time_start
+    if not start:
+        return 0.0
+    return (handler.time_finish or time.time()) - start
+
+
+def _header(name: str) -> Field:
+    key = name.upper().replace("-", "_")
+    if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+        key = "HTTP_" + key
+    return lambda handler, environ: quote(environ.get(key))
+
+
+def _upstream(handler, environ) -> str:
+    seconds = environ.get("zc_lb.upstream_time")
+    return "-" if seconds is None else "%.6f" % seconds
+
+
+def _class(handler, environ) -> str:
+    rclass = environ.get("zc_lb.class")
+    return "-" if rclass is None else quote(rclass)
+
+
+FIELDS = {
+    "h": _host,
+    "l": lambda handler, environ: "-",
+    "u": lambda handler, environ: "-",
+    "t": lambda handler, environ: "[%s]" % clf_time(handler.time_start or time.time()),
+    "r": lambda handler, environ: quote(handler.requestline),
+    "s": _status,
+    ">s": _status,
+    "b": lambda handler, environ: str(handler.response_length or "-"),
+    "B": lambda handler, environ: str(handler.response_length or 0),
+    "m": lambda handler, environ: quote(environ.get("REQUEST_METHOD")),
+    "U": lambda handler, environ: quote(environ.get("PATH_INFO")),
+    "q": lambda handler, environ: ("?" + quote(environ["QUERY_STRING"])
+                                   if environ.get("QUERY_STRING") else ""),
+    "H": lambda handler, environ: quote(environ.get("SERVER_PROTOCOL")),
+    "D": lambda handler, environ: str(int(_elapsed(handler) * 1e6)),
+    "T": lambda handler, environ: str(int(_elapsed(handler))),
+}
+NAMED = {  # %{NAME}z
+    "class": _class,
+    "worker": lambda handler, environ: environ.get("zc_lb.worker") or "-",
+    "upstream": _upstream,
+    "time": lambda handler, environ: "%.6f" % _elapsed(handler),
+    "retries": lambda handler, environ: str(environ.get("zc_lb.retries", 0)),
+    "error": lambda handler, environ: (environ.get("zc_lb.error")
+                                       or getattr(handler, "error", None) or "-"),
+}
+
+_FIELD = re.compile(r"%(?:\{([^}]*)\})?(>?[A-Za-z%]?)")
+
+
+def _known() -> str:
+    return " ".join(["%" + name for name in FIELDS] + ["%{NAME}i"]
+                    + ["%%{%s}z" % name for name in NAMED] + ["%%"])
+
+
+def compile_format(text: str) -> Tuple[str, List[Field]]:
+    """A %-template and its fields' functions; ConfigurationError naming
+    the first unknown field."""
+    template: List[str] = []
+    fields: List[Field] = []
+    position = 0
+    for match in _FIELD.finditer(text):
+        template.append(text[position:match.start()].replace("%", "%%"))
+        position = match.end()
+        argument, letter = match.groups()
+        field: Optional[Field] = None
+        if letter == "%" and argument is None:
+            template.append("%%")
+            continue
+        if argument is None:
+            field = FIELDS.get(letter)
+        elif letter == "i" and argument:
+            field = _header(argument)
+        elif letter == "z":
+            field = NAMED.get(argument)
+        if field is None:
+            raise ConfigurationError("unknown access log field %r in %r; known: %s"
+                                     % (match.group(), text, _known()))
+        template.append("%s")
+        fields.append(field)
+    template.append(text[position:].replace("%", "%%"))
+    return "".join(template), fields
+
+
+class LogFormat:
+    """A compiled format: ``format(handler)`` is one log line, without
+    its newline."""
+
+    def __init__(self, text: str = DEFAULT_FORMAT) -> None:
+        self.text = text
+        self.template, self.fields = compile_format(text)
+
+    def format(self, handler) -> str:
+        environ = handler.environ or {}
+        return self.template % tuple([field(handler, environ) for field in self.fields])
+
+    def __repr__(self) -> str:
+        return "<LogFormat %r>" % self.text
+
+
+FLUSH_DELAY = 0.1  # seconds a line may wait in memory
+
+
+class AccessLog:
+    """A buffered access log: lines are kept in memory and written at
+    most ``FLUSH_DELAY`` after the first of them came (and at close), all
+    in one write: requests never wait on the disk, and an operator
+    watching the log sees a request within a tenth of a second.  ``fmt``
+    (front/accesslog.py) makes each line; ``reopen`` (SIGUSR1) opens the file
+    again by its name, after logrotate moved it."""
+
+    def __init__(self, stream: IO[str], fmt: Optional[LogFormat] = None,
+                 path: Optional[str] = None) -> None:
+        self.stream = stream
+        self.format = fmt or LogFormat()
+        self.path = path
+        self._lines: List[str] = []
+        self._timer = None  # its flush timer, once started
+        self.closed = False
+
+    @classmethod
+    def open(cls, path: str, fmt: Optional[LogFormat] = None) -> "AccessLog":
+        """``-`` for standard output, else a file opened for appending."""
+        if path == "-":
+            return cls(sys.stdout, fmt)
+        return cls(cls._open(path), fmt, path)
+
+    @staticmethod
+    def _open(path: str) -> IO[str]:
+        try:
+            return open(path, "a", encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise ConfigurationError("cannot open the access log %s: %s" % (path, exc))
+
+    def start(self) -> None:
+        if self._timer is None:  # (several listeners share one log)
+            import gevent  # (the formats need no gevent: zc-lb --version imports them)
+
+            # (a timer of the loop's, started by the first line of a batch)
+            self._timer = gevent.get_hub().loop.timer(FLUSH_DELAY)
+
+    def write(self, line: str) -> None:
+        lines = self._lines
+        lines.append(line)
+        timer = self._timer
+        if len(lines) == 1 and timer is not None and not timer.active:
+            timer.start(self.flush)
+
+    def flush(self) -> None:
+        if self._lines:
+            lines, self._lines = self._lines, []
+            try:
+                self.stream.write("".join(lines))
+                self.stream.flush()
+            except (OSError, ValueError) as exc:
+                log.error("cannot write the access log: %s", exc)
+
+    def reopen(self) -> None:
+        """Write what is buffered to the old file, then continue in a file
+        opened by name (logrotate's postrotate sends SIGUSR1).  If it cannot
+        be opened, keep writing to the old one and say so."""
+        if self.path is None:
+            return
+        self.flush()
+        try:
+            stream = self._open(self.path)
+        except ConfigurationError as exc:
+            log.error("%s; still writing to the old file", exc)
+            return
+        old, self.stream = self.stream, stream
+        old.close()
+        log.info("access log %s reopened", self.path)
+
+    def close(self) -> None:
+        """Write what is held and close the file; once (several listeners
+        may share the log, each closing it as it stops)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None
+        self.flush()
+        if self.stream not in (sys.stdout, sys.stderr):
+            self.stream.close()

@@ -1,0 +1,708 @@
+"""One client connection of the front server (front/server.py): its requests
+read, the LB's WSGI app called for each, its responses written.
+
+The server (front/server.py) accepts, caps and hands over connections; what
+each request costs in the front is here: the head's wait and read
+(parking an idle client's greenlet), the environ built once from a
+per-connection base, the application's call, and the response written
+with its head and first body bytes in one send.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from typing import Any, Dict, List, Optional, Tuple, cast
+
+import gevent  # type: ignore[import-untyped]
+import gevent.ssl  # type: ignore[import-untyped]
+from gevent.hub import Waiter, get_hub  # type: ignore[import-untyped]
+
+from zc_lb.errors import BadResponseHead, ClientError, ClientGone, HeadTimeout, ZcLbError
+from zc_lb.front.h1 import (BODILESS_STATUS, REASONS, Request, RequestReader, check_response, date_line,
+                 response_head, start_again)
+from zc_lb.front.httpparse import RequestHead
+from zc_lb.lb.relay import Facts, Relay, connection_variables
+from zc_lb.sockets import send_all, wait
+
+log = logging.getLogger("zc_lb.front.server")  # the front server's log, as before the split
+
+
+def refusal(status: int) -> bytes:
+    """A complete response refusing a request, closing the connection."""
+    reason = REASONS[status]
+    return (b"HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Type: text/plain\r\n"
+            b"%sContent-Length: %d\r\n\r\n%s\n" % (
+                status, reason.encode(), b"Retry-After: 1\r\n" if status == 503 else b"",
+                len(reason) + 1, reason.encode()))
+
+
+RECV_SIZE = 64 * 1024
+BODY_RECV_SIZE = 256 * 1024  # a request body's reads: a quarter of them, for a large one
+PARK_AFTER = 2.0  # seconds a keep-alive client idles before its greenlet is let go
+PARKED = object()  # what ``_next_request`` says of a connection it parked
+LINGER = 0.5  # seconds to read and drop a refused client's bytes before closing
+LINGER_BYTES = 1024 * 1024
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+class ClientConnection:
+    """One client connection: requests read (front/h1.py), the app called once
+    per request in this greenlet, responses written.  The access log
+    reads a request's record from its attributes (``environ``,
+    ``status``, ``requestline``, ``response_length``, ``time_start``,
+    ``time_finish``, ``client_address``), as it did pywsgi's handler's."""
+
+    def __init__(self, server: Any, sock: Any, address: Any) -> None:
+        self.server = server
+        self.sock = sock
+        self.client_address = address
+        self.reader = RequestReader(time.time if server.access_log is not None else None)
+        # The client's address, for each request's environ (set there, not
+        # kept in dicts of this connection's own: an idle client costs less).
+        self.remote = (address[0], str(address[1])) if isinstance(address, tuple) else None
+        self.facts: Optional[Facts] = None  # (lb/relay.py's, made at the first request)
+        forwarding = server.forwarding
+        self.peer = address[0] if isinstance(address, tuple) else None
+        self.evicted = False  # ended by the server to make room
+        self.trusted = forwarding is not None and forwarding.trusts(self.peer)
+        # Reads and writes wait at most the client timeout for progress
+        # (gevent's socket timeout); a request head's wait has a deadline
+        # of its own (``_recv``).
+        sock.settimeout(server.client_timeout)
+        raw: Any = getattr(sock, "_sock", None)
+        plain = not isinstance(sock, gevent.ssl.SSLSocket) and raw is not None
+        self._raw_recv = raw.recv if plain else None
+        self._raw_send = raw.send if plain else None
+        self._readable: Any = None  # the socket's read watcher, made at the first wait
+        self._idle: Any = None  # while parked, the client timeout's timer
+        self.parked = False  # its greenlet let go while the client idles
+        self._reset()
+
+    def _reset(self) -> None:
+        self.environ: Optional[dict] = None
+        self.requestline = ""
+        self.status: Optional[str] = None
+        self.response_length = 0
+        self.time_start = self.time_finish = 0.0
+        self.headers_sent = False
+        self.error: Optional[str] = None  # why the front answered itself, if it did
+        self._headers: Any = []  # (the application's, as it gave them)
+        self._ready: Optional[bytes] = None  # a head ready for the client (start_ready)
+        self._ready_length: Optional[int] = None
+        self._chunked = False
+        self._bodiless = False
+        self.close = False
+
+    def run(self, first: bool = True) -> bool:
+        """Serve requests until the client leaves, errs, or keep-alive ends
+        (False), or until it idles the server's ``park_after`` seconds between requests
+        (True: parked, see ``_park``).  ``first``: no request yet."""
+        while True:
+            request = self._next_request(first)
+            if request is PARKED:
+                return True
+            if request is None:
+                return False
+            first = False  # (the state of the last request is reset: see below)
+            self.time_start = request.started
+            if request.refusal is not None:
+                self._refuse(request.refusal)
+                return False
+            self._serve(request)
+            if not request.complete:  # a body left unread cannot be skipped
+                self._linger()  # safely: hang up, once the client has our answer
+                return False
+            if self.close:
+                return False
+            # An idle keep-alive client holds nothing of its last request.
+            request = None
+            self._reset()
+
+    # -- reading --------------------------------------------------------
+
+    def _next_request(self, first: bool) -> Any:
+        """The next request; None when the connection should end.  The
+        first head must be complete within the header timeout of the
+        accept, a later one within the header timeout of its first byte;
+        the wait between requests is the client timeout's business."""
+        reader = self.reader
+        request: object = reader.next_request()  # (or PARKED, below)
+        if request is not None or reader.broken:
+            return request
+        drained = False
+        waiting = self.server.waiting
+        if (self._raw_recv is not None and not first and not reader.in_head
+                and self not in waiting):  # (not one resumed from parking: see below)
+            # Between requests the next is often here already (a busy
+            # client): read it without the wait's bookkeeping.
+            try:
+                data = self._raw_recv(RECV_SIZE)
+            except BlockingIOError:
+                drained = True  # (the wait below starts by waiting, not reading)
+            except OSError:
+                return None
+            else:
+                reader.receive_data(data)
+                request = reader.next_request()
+                if request is not None or reader.broken or not data:
+                    return request
+        if self not in waiting:  # (one resumed from parking is there since it parked)
+            waiting[self] = time.monotonic()  # (the oldest may be evicted for a newcomer)
+        try:
+            request = self._wait_for_request(first, drained)
+        except BaseException:
+            waiting.pop(self, None)
+            raise
+        if request is not PARKED:
+            waiting.pop(self, None)
+        return request
+
+    def _wait_for_request(self, first: bool, drained: bool = False) -> Any:
+        """``drained``: the socket was just found empty."""
+        reader, server = self.reader, self.server
+        header_timeout, client_timeout = server.header_timeout, server.client_timeout
+        park_after = server.park_after
+        deadline = time.monotonic() + header_timeout if first and header_timeout else None
+        while True:
+            if deadline is None and header_timeout and reader.in_head:
+                deadline = time.monotonic() + header_timeout
+            timeout = client_timeout
+            if deadline is not None:
+                timeout = deadline - time.monotonic()
+                if timeout <= 0:  # (it passed while the last bytes came in)
+                    return self._head_timeout(header_timeout)
+                if client_timeout is not None:
+                    timeout = min(timeout, client_timeout)
+            # Idle between requests: park after ``park_after`` (plain sockets).
+            park = (deadline is None and not reader.in_head and self._raw_recv is not None
+                    and (timeout is None or timeout > park_after))
+            try:
+                data = self._recv(park_after if park else timeout, drained)
+            except socket.timeout:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return self._head_timeout(header_timeout)
+                if park:
+                    return self._park(None if timeout is None else timeout - park_after)
+                return None  # idle between requests: close quietly
+            except OSError:
+                return None
+            if self.evicted:
+                return self._evict()
+            drained = False
+            reader.receive_data(data)
+            request = reader.next_request()
+            if request is not None or reader.broken or not data:
+                return request
+
+    def _park(self, timeout: Optional[float]) -> object:
+        """Let this connection's greenlet go while its client idles, and
+        resume it in a new one (``_unpark``) when the client sends again
+        or the server evicts it, or close it after ``timeout`` more
+        seconds (``_expire``).  A greenlet's saved stack and its frames
+        were a third of what an idle keep-alive client cost; a busy
+        client never parks.  PARKED: the caller must let the connection be."""
+        assert self._readable is not None  # (made by the wait that timed out)
+        self.parked = True
+        self.facts = None  # (made again by the next request: an idle client keeps less)
+        self._readable.start(self._unpark)
+        if timeout is not None:
+            self._idle = get_hub().loop.timer(timeout)
+            self._idle.start(self._expire, update=True)
+        return PARKED
+
+    def _stop_parking(self) -> None:
+        assert self._readable is not None
+        self.parked = False
+        self._readable.stop()
+        if self._idle is not None:
+            self._idle.close()
+            self._idle = None
+
+    def _unpark(self) -> None:
+        """(From the hub) the client sent, or hung up, or was evicted."""
+        self._stop_parking()
+        gevent.spawn(self.server.serve, self, False)
+
+    def _expire(self) -> None:
+        """(From the hub) the client timeout passed while parked: close quietly."""
+        self._stop_parking()
+        self.server.waiting.pop(self, None)
+        self.server.ended(self.sock)
+
+    def _recv(self, timeout: Optional[float], drained: bool = False) -> bytes:
+        """``sock.recv`` within ``timeout`` seconds (socket.timeout past it);
+        ``drained``: the socket was just found empty, so wait before
+        reading.  gevent's own made a Timeout object for every wait, and
+        changing the socket's timeout for the wait cost as much again;
+        here a wait is a timer on the loop.  (A TLS socket reads through
+        gevent.)"""
+        raw_recv = self._raw_recv
+        if raw_recv is None:
+            sock = self.sock
+            sock.settimeout(timeout)
+            try:
+                return sock.recv(RECV_SIZE)
+            finally:
+                sock.settimeout(self.server.client_timeout)
+        if drained:
+            self._wait_readable(timeout)
+        while True:
+            try:
+                return raw_recv(RECV_SIZE)
+            except BlockingIOError:
+                self._wait_readable(timeout)
+
+    def _wait_readable(self, timeout: Optional[float]) -> None:
+        hub = get_hub()
+        readable = self._readable
+        if readable is None:
+            readable = self._readable = hub.loop.io(self.sock.fileno(), 1)
+        waiter = Waiter(hub)
+        readable.start(waiter.switch, None)
+        try:
+            wait(waiter, timeout, socket.timeout, "timed out")
+        finally:
+            readable.stop()
+
+    def _head_timeout(self, header_timeout: float) -> Optional[Request]:
+        """The header timeout passed: see ``_end_waiting``."""
+        return self._end_waiting("no complete request head within %gs" % header_timeout)
+
+    def _evict(self) -> Optional[Request]:
+        """The server made room for a new connection by ending this one,
+        the longest waiting for a request: see ``_end_waiting``."""
+        return self._end_waiting("evicted: the slowest request head when the connections "
+                                 "ran out")
+
+    def _end_waiting(self, why: str) -> Optional[Request]:
+        """End a connection waiting for a request: 408 (counted) for a head
+        begun, and for one never begun, nothing (it asked nothing).  None:
+        the connection ends."""
+        if self.reader.in_head:
+            self._reset()
+            self._refuse(HeadTimeout(why))
+        return None
+
+    def fill(self) -> None:
+        """Read more of the body of the request being served."""
+        self.reader.receive_data(self.sock.recv(BODY_RECV_SIZE))
+
+    def send_continue(self) -> None:
+        """Tell a client that waits (Expect: 100-continue) to send its body."""
+        if not self.headers_sent:
+            send_all(self.sock, CONTINUE)
+
+    # -- serving --------------------------------------------------------
+
+    def _serve(self, request: Request) -> None:
+        head = request.head
+        assert head is not None  # (a request without a head is a refusal)
+        server = self.server
+        if server.relays:  # the LB: the head is relayed, not made an environ
+            environ = self.environ = self._relay_environ(head)
+        else:
+            environ = self.environ = self._environ(head)
+        environ["zc_lb.client_socket"] = self.sock  # to notice a hang-up
+        environ["zc_lb.start_ready"] = self.start_ready  # (the LB's fast way)
+        environ["wsgi.input"] = (NO_BODY if request.complete and not request.body_size
+                                 else Input(self, request))
+        if self.server.access_log is not None:
+            self.requestline = "%s %s %s" % (head.method, head.path, head.version)
+        self.close = head.close or self.server.draining
+        self._bodiless = head.method == "HEAD"
+        result = None
+        try:
+            result = self.server.application(environ, self.start_response)
+            if type(result) is list and len(result) == 1 and not self.headers_sent:
+                self._send_head(result[0], len(result[0]))  # (most: one piece)
+            else:
+                self._write_result(result)
+        except ClientGone:
+            self.close = True
+        except socket.timeout:
+            self._stalled()
+        except OSError as exc:  # the client's socket failed: nobody to answer
+            self.close = True
+            if not self.status:
+                self.status = "000"
+            log.debug("client %s: %s", _peer(self.client_address), exc)
+        except ZcLbError as exc:  # (a head the app gave that HTTP forbids: its 500)
+            ours = isinstance(exc, (ClientError, BadResponseHead))
+            self._failed(exc, exc.http_status if ours else 502)
+        except Exception:
+            log.exception("error serving %s %s", head.method, head.path)
+            self._failed(None, 500)
+        finally:
+            if result is not None and hasattr(result, "close"):
+                try:
+                    result.close()
+                except Exception:
+                    log.exception("error closing the response of %s", head.path)
+            if server.access_log is not None:
+                self._log()
+
+    def _environ(self, head: RequestHead) -> Dict[str, Any]:
+        """PEP 3333's environ of ``head``, for an application that takes
+        no Relay: the Relay's variables, all made now, and the objects;
+        what a worker would get of them (less the hop-by-hop fields) is
+        "zc_lb.forward"."""
+        relay = self._relay(head)
+        environ: Dict[str, Any] = dict(relay.all_variables())
+        environ.update(self.server.base_objects)
+        environ["zc_lb.forward"] = relay.variables()
+        return environ
+
+    def _relay_environ(self, head: RequestHead) -> Dict[str, Any]:
+        """The LB's environ: its objects, the method and version the front
+        and the LB read, and the Relay ("zc_lb.relay"), which makes the
+        rest when it is asked (``_complete``)."""
+        environ: Dict[str, Any] = self.server.base_objects.copy()
+        environ["REQUEST_METHOD"] = head.method
+        environ["SERVER_PROTOCOL"] = head.version
+        environ["zc_lb.relay"] = self._relay(head)
+        return environ
+
+    def _relay(self, head: RequestHead) -> Relay:
+        """The request as lb/relay.py has it, with this connection's facts."""
+        server = self.server
+        facts = self.facts
+        if facts is None:
+            facts = self.facts = Facts(connection_variables(server.base_variables, self.remote))
+        return Relay(head, facts, server.base_variables, self.remote, server.forwarding,
+                     self.peer, self.trusted)
+
+    def _complete(self) -> Dict[str, Any]:
+        """This request's environ, with all its variables (a relayed
+        request's are made now): for the access log and log lines."""
+        environ = self.environ
+        if environ is None:
+            return {}
+        relay = environ.get("zc_lb.relay")
+        if relay is not None:
+            cast(Relay, relay).complete(environ)
+        return environ
+
+    def _stalled(self) -> None:
+        """The client took nothing (or sent nothing) for the client timeout:
+        hang up, and say so, as the response is cut short."""
+        self.close = True
+        if not self.status:
+            self.status = "000"
+        environ = self._complete()
+        log.info("client %s made no progress for %gs (%s %s, %d body bytes sent): closing",
+                 _peer(self.client_address), self.server.client_timeout,
+                 environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"), self.response_length)
+
+    def _failed(self, exc: Optional[Exception], status: int) -> None:
+        """Answer ``status`` if nothing of the response is out yet, and
+        close the connection either way (a response cut short must not
+        look complete)."""
+        self.close = True
+        if exc is not None:
+            environ = self._complete()
+            log.warning("closing client connection (%s %s): %s",
+                        environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"), exc)
+        if not self.headers_sent:
+            self._send_refusal(status)
+            self.error = type(exc).__name__ if exc else "ApplicationError"
+            self.server.count(status, self.error, str(exc or "the application failed"),
+                              self._complete())
+
+    def _refuse(self, refusal: ZcLbError) -> None:
+        status = refusal.http_status
+        log.info("%d for %s: %s", status, _peer(self.client_address), refusal)
+        self.close = True
+        self._send_refusal(status)
+        self.error = type(refusal).__name__  # (the access log's %{error}z)
+        self.server.count(status, self.error, str(refusal))
+        if self.server.access_log is not None:
+            self._log()
+        self._linger()
+
+    def _linger(self) -> None:
+        """Close gently: stop sending, then read and drop what the client
+        still sends (up to LINGER_BYTES, for LINGER seconds), so closing
+        with unread bytes does not reset the connection before the client
+        has read our answer."""
+        sock = self.sock
+        try:
+            sock.shutdown(socket.SHUT_WR)
+            sock.settimeout(LINGER)
+            deadline, dropped = time.monotonic() + LINGER, 0
+            while dropped < LINGER_BYTES and time.monotonic() < deadline:
+                data = sock.recv(RECV_SIZE)
+                if not data:
+                    return
+                dropped += len(data)
+        except OSError:
+            pass
+
+    def _send_refusal(self, status: int) -> None:
+        response = refusal(status)
+        self.status = str(status)
+        try:
+            send_all(self.sock, response)
+            self.response_length = len(response)
+        except OSError:
+            pass
+
+    # -- writing --------------------------------------------------------
+
+    def start_response(self, status: Any, headers: Any, exc_info: Any = None) -> Any:
+        """WSGI's start_response."""
+        start_again(exc_info, self.headers_sent, self.status is not None)
+        check_response(status, headers)
+        self.status, self._headers = status, headers
+        return self.write
+
+    def _write_result(self, result: Any) -> None:
+        """A result of several pieces (``_serve`` sends one of one itself)."""
+        for data in result:
+            if data:
+                self.write(data)
+        if not self.headers_sent:
+            self._send_head(b"", 0)
+        elif self._chunked:
+            self._send(b"0\r\n\r\n")
+
+    def write(self, data: Any) -> None:
+        """WSGI's write callable (and the way each body chunk goes out)."""
+        if not self.headers_sent:
+            self._send_head(data, None)
+        elif self._bodiless:
+            return
+        elif self._chunked:
+            self._send(b"%x\r\n%s\r\n" % (len(data), data))
+        else:
+            self._send(data)
+
+    def start_ready(self, status: str, head: bytes, length: Optional[int]) -> Any:
+        """The LB's start_response for a worker's head ready for the client
+        (``frames.READY_RESPONSE``): its status line and fields, checked
+        by the worker, with a Date; ``length``, the Content-Length it
+        says.  The front adds its own lines (framing, Connection)."""
+        if self.status is not None:
+            raise AssertionError("start_response called twice")
+        self.status, self._ready, self._ready_length = status, head, length
+        return self.write
+
+    def _send_head(self, data: Any, total: Optional[int]) -> None:
+        """The response head, with the first body bytes in the same send.
+        ``total``: the body's whole length, when the app gave it all."""
+        status = self.status
+        if status is None:
+            raise AssertionError("the application did not call start_response")
+        ready = self._ready
+        if ready is None:
+            length, dated = self._scan_headers()
+        else:
+            length, dated = self._ready_length, True
+        extra = b"" if dated else date_line()
+        bodiless = self._bodiless or status[:3] in BODILESS_STATUS
+        if length is None and not bodiless:
+            if total is not None:
+                extra += b"Content-Length: %d\r\n" % total
+            elif self.environ["SERVER_PROTOCOL"] == "HTTP/1.1":  # type: ignore[index]
+                self._chunked = True
+                extra += b"Transfer-Encoding: chunked\r\n"
+            else:
+                self.close = True  # the body ends when the connection does
+        if self.server.draining:  # (a drain begun while the request was in flight)
+            self.close = True
+        if self.close:
+            extra += b"Connection: close\r\n"
+        elif self.environ["SERVER_PROTOCOL"] == "HTTP/1.0":  # type: ignore[index]
+            extra += b"Connection: keep-alive\r\n"
+        if ready is None:
+            head = response_head(status, self._headers, extra)
+        else:
+            head = b"%s%s\r\n" % (ready, extra)
+        self.headers_sent = True
+        self._bodiless = bodiless
+        if bodiless or not data:
+            self._send_raw(head, 0)
+        elif self._chunked:
+            self._send_raw(head + b"%x\r\n%s\r\n" % (len(data), data), len(data))
+        else:
+            self._send_raw(head + data, len(data))
+
+    def _scan_headers(self) -> Tuple[object, bool]:
+        """What the application's headers say of the framing: their
+        Content-Length (None: none), and whether they have a Date; a
+        ``Connection: close`` among them closes the connection after."""
+        length: object = None
+        dated = False
+        for name, value in self._headers:
+            lowered = name.lower()
+            if lowered == "content-length":
+                length = value
+            elif lowered == "connection":
+                if "close" in value.lower():
+                    self.close = True
+            elif lowered == "date":
+                dated = True
+        return length, dated
+
+    def _send(self, data: bytes) -> None:
+        self._send_raw(data, len(data))
+
+    def _send_raw(self, data: bytes, body_bytes: int) -> None:
+        """Send ``data``: straight to the non-blocking socket first (a
+        response's one send, without gevent's wrapper), what it does not
+        take through gevent's, which waits for the socket."""
+        raw_send = self._raw_send
+        if raw_send is None:
+            send_all(self.sock, data)
+        else:
+            try:
+                sent = raw_send(data)
+            except BlockingIOError:
+                sent = 0
+            if sent < len(data):
+                send_all(self.sock, memoryview(data)[sent:])
+        self.response_length += body_bytes
+
+    def _log(self) -> None:
+        """The request's access log line (the server has an access log)."""
+        access_log = self.server.access_log
+        self._complete()
+        self.time_finish = time.time()
+        access_log.write(access_log.format.format(self) + "\n")
+
+
+class Input:
+    """wsgi.input: the request body as it arrives (chunked bodies
+    decoded), asking the client for it (100 Continue) on the first read
+    if it waits to be asked.  ``complete``: all of it has come."""
+
+    def __init__(self, connection: ClientConnection, request: Request) -> None:
+        self._connection = connection
+        self._request = request
+        self._asked = not request.expect_continue
+
+    @property
+    def complete(self) -> bool:
+        return self._request.complete
+
+    @property
+    def buffered(self) -> int:
+        """Body bytes that have come and are not read yet."""
+        return self._request.body_size
+
+    def _more(self) -> bool:
+        """Wait for more body bytes; False at its end."""
+        request = self._request
+        if request.error is not None:
+            raise request.error
+        if request.complete:
+            return False
+        if self._connection.reader.broken:
+            raise ClientGone("client connection ended in the body")
+        if not self._asked:
+            self._asked = True
+            if not request.body_size:
+                self._connection.send_continue()
+        self._connection.fill()
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        request = self._request
+        size = -1 if size is None else size
+        while (size < 0 or request.body_size < size) and self._more():
+            pass
+        return self._take(request.body_size if size < 0 else min(size, request.body_size))
+
+    def read1(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (with -1, a piece) of what has come,
+        waiting for more only while nothing has: ``io``'s read1.  The
+        LB's upload reads with it, so that a body goes on a piece at a
+        time as it comes, not joined into larger ones first (a copy of
+        the whole body)."""
+        request = self._request
+        while not request.body_size and self._more():
+            pass
+        body = request.body
+        if not body:
+            return b""
+        part = body[0]
+        if size < 0 or len(part) <= size:
+            body.popleft()
+            request.body_size -= len(part)
+            return part
+        return self._take(size)
+
+    def readline(self, size: int = -1) -> bytes:
+        request = self._request
+        size = -1 if size is None else size
+        while True:
+            joined = b"".join(request.body)
+            request.body.clear()
+            if joined:
+                request.body.append(joined)
+            end = joined.find(b"\n") + 1
+            if end and (size < 0 or end <= size):
+                return self._take(end)
+            if 0 <= size <= len(joined) or not self._more():
+                return self._take(len(joined) if size < 0 else min(size, len(joined)))
+
+    def readlines(self, hint: int = -1) -> List[bytes]:
+        return list(self)
+
+    def __iter__(self):
+        while True:
+            line = self.readline()
+            if not line:
+                return
+            yield line
+
+    def _take(self, size: int) -> bytes:
+        body = self._request.body
+        if not size:
+            return b""
+        taken, parts = 0, []
+        while taken < size:
+            part = body.popleft()
+            if taken + len(part) > size:
+                cut = size - taken
+                body.appendleft(part[cut:])
+                part = part[:cut]
+            parts.append(part)
+            taken += len(part)
+        self._request.body_size -= taken
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+class NoBody:
+    """wsgi.input of a request that has no body (most): one for all,
+    since it keeps nothing (an ``Input`` cost a call of its ``__init__``
+    on every request)."""
+
+    complete = True
+    buffered = 0
+
+    def read(self, size: int = -1) -> bytes:
+        return b""
+
+    def read1(self, size: int = -1) -> bytes:
+        return b""
+
+    def readline(self, size: int = -1) -> bytes:
+        return b""
+
+    def readlines(self, hint: int = -1) -> List[bytes]:
+        return []
+
+    def __iter__(self):
+        return iter(())
+
+
+NO_BODY = NoBody()
+
+
+def _peer(address) -> str:
+    if isinstance(address, tuple):
+        return "%s:%s" % address[:2]
+    return str(address or "-")
+

@@ -1,0 +1,379 @@
+"""``zc-lb lb --processes N``: N LB processes on one listening address.
+
+One Python process uses one core.  With ``--processes N`` the process
+started is a supervisor: it binds the listening socket, then starts N
+children (``zc-lb lb`` with the same options and ``--listen-fd``), each
+accepting on that one inherited socket with its own pool and its own
+connections to every worker; workers send their résumés to each, as to
+any LB.  The kernel hands each new client connection to one child.  The
+children route as one LB: the supervisor gives them a shared memory
+segment (``--siblings-fd``, see routing/siblings.py) for where keys went, the
+classes' recruits, their measures of locality and their requests in
+flight.
+
+The supervisor serves ``--status`` itself: one summed view of the
+children's documents (counters added, each worker's backlog summed over
+the processes, ``processes`` listing each child with its own status
+address), and a POST action goes to every child.  SIGHUP (read --config
+again) and SIGUSR1 (reopen the access log) are passed on to every child,
+as are SIGTERM and SIGINT, on which each child drains as a single LB
+does; the supervisor exits when they all have.  A child that dies otherwise is
+started again (at most once a second), so one crash does not halve the
+LB for good.
+
+In ZooKeeper mode each child registers as an LB of its own
+(``HOST:PORT#I``), so the pool's count of LBs, which ring recruiting
+uses, counts processes: LBs on other hosts keep no book the children
+could share, and every LB recruits from the same ring.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+from zc_lb.routing import siblings
+from zc_lb.errors import ConfigurationError, ZcLbError
+from zc_lb.status.document import fetch, merge_status
+
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when its parent dies
+log = logging.getLogger(__name__)
+
+READY = "zc-lb lb listening on "
+STATUS_READY = "zc-lb status on "
+START_TIMEOUT = 30.0
+RESTART_EVERY = 1.0  # seconds between restarts of a child that died
+
+
+def without_options(argv: Sequence[str], names: Sequence[str]) -> List[str]:
+    """``argv`` without the options ``names`` and their values, however
+    given (``--opt V``, ``--opt=V``, and for a short one ``-oV``)."""
+    out: List[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in names:
+            skip = "=" not in arg
+            continue
+        if any(len(n) == 2 and arg.startswith(n) and len(arg) > 2 for n in names):
+            continue  # (-w3)
+        out.append(arg)
+    return out
+
+
+def child_argv(argv: Sequence[str]) -> List[str]:
+    """The ``zc-lb lb`` options of a child: ours, without ``--processes``,
+    ``--listen`` and ``--status`` (the supervisor has those)."""
+    return without_options(argv, ("--processes", "--listen", "--status", "--listen-fd",
+                                  "--process-index"))
+
+
+class Child:
+    """One LB process and what it said when it started."""
+
+    def __init__(self, index: int, argv: List[str], fd: int, log_level: str,
+                 cwd: Optional[str] = None, siblings_fd: Optional[int] = None) -> None:
+        self.index = index
+        self.cwd = cwd  # where the supervisor started: --chdir means the same there
+        self.argv = [sys.executable, "-m", "zc_lb.cli", "--log-level", log_level, "lb"] + argv + [
+            "--listen-fd", str(fd), "--status", "127.0.0.1:0", "--process-index", str(index),
+            "--processes", "1"]  # whatever a --config file says
+        if siblings_fd is not None:
+            self.argv += ["--siblings-fd", str(siblings_fd)]
+        self.fds = (fd,) if siblings_fd is None else (fd, siblings_fd)
+        self.fd = fd
+        self.process: Optional[subprocess.Popen] = None
+        self.status: Optional[str] = None
+        self.started = 0.0
+
+    def start(self) -> None:
+        self.launch()
+        self.wait_started()
+
+    def launch(self) -> None:
+        """Start the process (``wait_started`` waits for its status address:
+        several children import at once)."""
+        import gevent.subprocess
+
+        self.started = time.monotonic()
+        env = dict(os.environ)
+        env.pop("NOTIFY_SOCKET", None)  # the supervisor is the service's main process
+        self.process = gevent.subprocess.Popen(
+            self.argv, pass_fds=self.fds, stdout=subprocess.PIPE, text=True, env=env,
+            preexec_fn=_die_with_parent(os.getpid()), cwd=self.cwd)
+
+    def wait_started(self) -> None:
+        import gevent
+
+        assert self.process is not None
+        self.status = None
+        for line in self.process.stdout:  # type: ignore[union-attr]
+            if line.startswith(STATUS_READY):
+                self.status = line[len(STATUS_READY):].strip()
+            if self.status is not None:
+                break
+        if self.status is None:
+            raise ConfigurationError("LB process %d did not start (exit status %s)"
+                                     % (self.index, self.process.wait()))
+        gevent.spawn(_discard, self.process.stdout)  # nothing more should come
+
+    def __repr__(self) -> str:
+        return "<Child %d pid=%s status=%s>" % (
+            self.index, self.process.pid if self.process else None, self.status)
+
+
+class Supervisor:
+    """Starts, watches and stops the LB processes; serves their status.
+    Constructing one does nothing; ``start()`` binds the address (or
+    takes the socket handed down) and starts the children."""
+
+    def __init__(self, count: int, argv: Sequence[str], listen, log_level: str = "INFO",
+                 backlog: int = 1024, scheme: str = "http", cwd: Optional[str] = None) -> None:
+        if count < 1:
+            raise ConfigurationError("--processes must be at least 1, got %d" % count)
+        self.count, self.listen, self.log_level, self.backlog = count, listen, log_level, backlog
+        # (each child serves the socket as the one --listen said: HTTP or HTTPS)
+        self.argv = child_argv(argv) + ["--listen", scheme + "://127.0.0.1:0"]
+        self.cwd = cwd
+        self.sock: Optional[socket.socket] = None
+        self.siblings_fd: Optional[int] = None  # the children's shared memory (routing/siblings.py)
+        self.children: List[Child] = []
+        self.stopping = False
+
+    @property
+    def address(self):
+        assert self.sock is not None, "not started"
+        from zc_lb.sockets import bound
+
+        return bound(self.sock.getsockname())
+
+    def start(self) -> None:
+        import gevent
+
+        self.sock = self._socket()
+        if self.siblings_fd is None:  # (one segment for the supervisor's life: a
+            self.siblings_fd = siblings.create(self.count)  # child restarted finds it)
+        self.children = [Child(i, self.argv, self.sock.fileno(), self.log_level, self.cwd,
+                               self.siblings_fd)
+                         for i in range(self.count)]
+        try:
+            for child in self.children:
+                child.launch()
+            for child in self.children:
+                child.wait_started()
+        except BaseException:
+            self.stop(timeout=5)  # no orphans when one of them cannot start
+            raise
+        for child in self.children:
+            gevent.spawn(self._watch, child)
+
+    def _socket(self) -> socket.socket:
+        listen = self.listen
+        if isinstance(listen, tuple):
+            sock = socket.socket(socket.AF_INET6 if ":" in listen[0] else socket.AF_INET)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(listen)
+            sock.listen(self.backlog)
+        elif isinstance(listen, str):  # a Unix socket's path
+            from zc_lb.sockets import unix_listener
+
+            sock = unix_listener(listen)
+        else:  # handed down by the supervisor this one replaces (SIGUSR2)
+            sock = listen
+        sock.set_inheritable(True)
+        return sock
+
+    def _watch(self, child: Child) -> None:
+        """Start ``child`` again whenever it dies (not when we stop them),
+        at most once every RESTART_EVERY seconds: a greenlet per child,
+        waiting on its exit (gevent's child watcher), not polling."""
+        import gevent
+
+        while not self.stopping:
+            process = child.process
+            assert process is not None
+            process.wait()
+            if self.stopping:
+                return
+            log.warning("LB process %d (pid %d) exited with status %s; starting it again",
+                        child.index, process.pid, process.returncode)
+            gevent.sleep(max(0.0, child.started + RESTART_EVERY - time.monotonic()))
+            if not self.stopping:
+                try:
+                    child.start()
+                except ZcLbError as exc:
+                    log.error("%s", exc)
+
+    def stop(self, timeout: float) -> None:
+        """SIGTERM every child (each drains) and wait for them all."""
+        self.stopping = True
+        for child in self.children:
+            if child.process is not None and child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for child in self.children:
+            if child.process is None:
+                continue
+            try:
+                child.process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                log.warning("LB process %d did not drain in time; killing it", child.index)
+                child.process.kill()
+                child.process.wait()
+        if self.sock is not None:
+            self.sock.close()
+
+    def send_signal(self, signum: int) -> bool:
+        """Pass a signal on to every child (SIGHUP: each reads its --config
+        again; SIGUSR1: each reopens its access log); never exits."""
+        for child in self.children:
+            if child.process is not None and child.process.poll() is None:
+                child.process.send_signal(signum)
+        return False
+
+    def status(self) -> dict:
+        """One summed view of every child's status document."""
+        docs: Dict[str, dict] = {}
+        for child in self.children:
+            if child.status is None:
+                continue
+            try:
+                docs[child.status] = fetch(child.status, timeout=2.0)
+            except ZcLbError as exc:
+                docs[child.status] = {"error": str(exc)}
+        merged = merge_status(list(docs.values()))
+        merged["processes"] = [
+            {"index": child.index, "pid": child.process.pid if child.process else None,
+             "status": child.status,
+             "requests": docs.get(child.status or "", {}).get("requests"),
+             "in_flight": docs.get(child.status or "", {}).get("in_flight")}
+            for child in self.children]
+        return merged
+
+    def action(self, name: str, token: Optional[bytes] = None):
+        """An action of the status address, done by every child."""
+        def run(**params: str) -> dict:
+            answer: dict = {}
+            for child in self.children:
+                if child.status is not None:
+                    answer = fetch(child.status, action=name, params=params, token=token)
+            answer.pop("done", None)
+            return answer
+        return run
+
+
+def run(args, argv: Sequence[str]) -> int:
+    """``zc-lb lb --processes N`` (N > 1)."""
+    from zc_lb.sockets import address_text, parse_listen
+    from zc_lb.process import restart
+    from zc_lb.process.service import PidFile, hand_over, parse_listeners, wait_for_signal
+
+    (scheme, where), = parse_listeners(args)
+    listen = restart.inherited("front0") or parse_listen(where)
+    supervisor = Supervisor(args.processes, lb_argv(argv), listen, args.log_level,
+                            scheme=scheme, cwd=getattr(args, "start_dir", None))
+    supervisor.start()
+    status = _status_server(args, supervisor)
+    log.info("%d LB processes, pids %s", len(supervisor.children),
+             " ".join(str(c.process.pid) for c in supervisor.children if c.process))
+    print("zc-lb lb listening on %s" % address_text(supervisor.address), flush=True)
+    if status is not None:
+        print("zc-lb status on %s:%d" % status.address, flush=True)
+
+    restart.announce_ready()
+    pid_file = PidFile(getattr(args, "pid_file", None))
+
+    def stop() -> bool:
+        supervisor.stop(args.drain_timeout + 5)
+        if status is not None:
+            status.stop(timeout=1)
+        pid_file.remove()
+        return True
+
+    def upgrade() -> bool:
+        sockets = {"front0": supervisor.sock}
+        if status is not None:
+            sockets["status"] = status.server.socket  # type: ignore[union-attr]
+        return hand_over(args, sockets) and stop()
+
+    wait_for_signal({"SIGTERM": stop, "SIGINT": stop,
+                     "SIGHUP": lambda: supervisor.send_signal(signal.SIGHUP),
+                     "SIGUSR1": lambda: supervisor.send_signal(signal.SIGUSR1),
+                     "SIGUSR2": upgrade}, ready=pid_file.write)
+    log.info("lb stopped (%d processes)", len(supervisor.children))
+    return 0
+
+
+def _status_server(args, supervisor: "Supervisor"):
+    """The supervisor's status server (started), summing its children's
+    documents, its actions reaching every child; None without --status."""
+    from zc_lb.process import restart
+    from zc_lb.front.server import FrontServer
+    from zc_lb.process.service import lb_status_app, read_secret
+    from zc_lb.sockets import parse_address
+
+    if not args.status:
+        return None
+    token = read_secret(args.admin_token_file)
+    status = FrontServer(restart.inherited("status") or parse_address(args.status),
+                         lb_status_app(
+        supervisor.status, {name: supervisor.action(name, token)
+                            for name in ("reset-skills", "drain", "enable")},
+        lambda: supervisor.status()["requests"], token,
+        lambda: sum(1 for worker in supervisor.status().get("workers", {}).values()
+                    if worker.get("in_pool"))))
+    status.start()
+    return status
+
+
+def _die_with_parent(parent: int):
+    """A preexec_fn: the child gets SIGTERM (and drains) when the
+    supervisor dies, however it dies, so no LB process outlives it."""
+    def preexec() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError):
+            return  # not Linux: the supervisor's SIGTERM must do
+        if os.getppid() != parent:  # it died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+    return preexec
+
+
+def _discard(stream) -> None:
+    for _ in stream:
+        pass
+
+
+def lb_argv(argv: Sequence[str]) -> List[str]:
+    """The arguments after ``lb`` in a ``zc-lb [--log-level L] lb ...`` command line."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 1 if "=" in argv[i] else 2
+    if argv[i:i + 1] != ["lb"]:
+        raise ConfigurationError("not a zc-lb lb command line: %r" % (list(argv),))
+    return list(argv[i + 1:])
+
+
+def inherited_socket(fd: int):
+    """The listening socket a supervisor passed down as ``fd`` (a gevent one)."""
+    import gevent.socket
+
+    try:
+        sock = gevent.socket.socket(fileno=fd)
+    except OSError as exc:
+        raise ConfigurationError("--listen-fd %d: %s" % (fd, exc))
+    if sock.type != socket.SOCK_STREAM:
+        raise ConfigurationError("--listen-fd %d is not a stream socket" % fd)
+    os.set_inheritable(fd, False)
+    return sock

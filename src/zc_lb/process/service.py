@@ -1,0 +1,334 @@
+"""What every zc-lb process does around its own work: read its secret,
+parse its listeners, wait for signals and dispatch them, hand its
+sockets over to a successor (SIGUSR2), serve an LB's status address.
+
+``cli.py`` (one LB or worker) and ``process/processes.py`` (the supervisor of
+``lb --processes N``) both build on these, and neither imports the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+from typing import List, Optional, Tuple
+
+from zc_lb.process import restart
+from zc_lb.errors import AddressUnavailable, ConfigurationError
+from zc_lb.sockets import address_text, worker_addresses
+
+log = logging.getLogger("zc_lb")
+
+DEFAULT_LISTEN = "127.0.0.1:8080"
+
+
+# glibc's malloc: the free memory it keeps at the top of its heap before
+# giving it back to the kernel, and the size from which it maps an
+# allocation on its own (``keep_freed_memory``).
+MALLOC_TRIM_THRESHOLD = 4 * 1024 * 1024
+MALLOC_MMAP_THRESHOLD = 1024 * 1024
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # (glibc's malloc.h)
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc keep up to MALLOC_TRIM_THRESHOLD of freed
+    memory rather than give it back at once.  A large body moves in
+    frames of up to 256 KiB, each in a buffer made and freed in turn;
+    by default malloc gave each back to the kernel (its trim threshold
+    follows its mmap threshold, which grows to the largest buffer freed)
+    and took it again for the next: two ``brk`` calls a frame, and every
+    page of it faulted in and zeroed once more.  That was most of the
+    LB's system time for a 20 MB body, and the LB moved 1.1-1.3 GB/s;
+    with this, 1.5-2.0.  (16 MiB kept did no better than 4, and cost a
+    slow client's measure 16 KB more.)  Nothing is done where an operator set
+    ``MALLOC_TRIM_THRESHOLD_`` or ``MALLOC_MMAP_THRESHOLD_``, or where
+    the C library is not glibc (False)."""
+    if "MALLOC_TRIM_THRESHOLD_" in os.environ or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # (not glibc: musl has no mallopt)
+        return False
+    return bool(mallopt(M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD)
+                and mallopt(M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD))
+
+
+def read_secret(path: Optional[str]) -> Optional[bytes]:
+    """The shared secret (or admin token) in the file at ``path``, if any."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            secret = f.read().strip()
+    except OSError as exc:
+        raise ConfigurationError("cannot read secret file %s: %s" % (path, exc))
+    if not secret:
+        raise ConfigurationError("secret file %s is empty" % path)
+    return secret
+
+
+def ignore_sighup() -> bool:
+    # A terminal hang-up or a habitual "reload" must not kill a server with
+    # requests in flight; SIGHUP has no meaning yet, so say so and go on.
+    log.warning("SIGHUP ignored: zc-lb has no configuration to reload "
+                "(SIGTERM drains and stops)")
+    return False
+
+
+def wait_for_signal(handlers: dict, ready=None) -> None:
+    """Queue SIGTERM/SIGINT/SIGHUP (and any other signal ``handlers``
+    names, e.g. SIGUSR1); dispatch each to ``handlers[name]`` until a
+    handler returns True (meaning: exit).  ``ready()``, if given, runs
+    once they are handled (the pid file: a SIGTERM to the pid it names
+    must find them)."""
+    import gevent
+    import gevent.queue
+
+    signals: "gevent.queue.Queue[str]" = gevent.queue.Queue()
+    handlers = dict(handlers)
+    handlers.setdefault("SIGHUP", ignore_sighup)  # its default would kill us
+    for name in handlers:
+        gevent.signal_handler(getattr(signal, name), signals.put, name)
+    if ready is not None:
+        ready()
+    while True:
+        name = signals.get()
+        log.info("got %s", name)
+        if handlers[name]():
+            # Signals that came while the last one was handled (a second
+            # SIGUSR2 during a restart, say) go to no one: say so.
+            while not signals.empty():
+                log.warning("%s came while %s was handled, and is not acted on by this "
+                            "process, which is ending", signals.get(), name)
+            return
+
+
+def parse_listeners(args: argparse.Namespace) -> List[Tuple[str, str]]:
+    """(scheme, HOST:PORT) of every ``--listen``: ``https://`` is HTTPS,
+    ``http://`` plain HTTP, and a bare HOST:PORT HTTPS with --certfile."""
+    found = []
+    for text in args.listen or [DEFAULT_LISTEN]:
+        scheme, sep, where = text.partition("://")
+        if not sep:
+            scheme, where = ("https" if args.certfile else "http"), text
+        if scheme not in ("http", "https"):
+            raise ConfigurationError("--listen %s: the scheme is http:// or https://" % text)
+        if scheme == "https" and not args.certfile:
+            raise ConfigurationError("--listen %s needs --certfile" % text)
+        found.append((scheme, where))
+    if args.redirect_https and not any(scheme == "https" for scheme, _ in found):
+        raise ConfigurationError("--redirect-https needs an HTTPS --listen")
+    if len(found) > 1 and getattr(args, "processes", 1) > 1:
+        raise ConfigurationError("--processes takes one --listen address")
+    return found
+
+
+def hand_over(args: argparse.Namespace, sockets: dict) -> bool:
+    """SIGUSR2: start a new LB on our ``sockets`` and wait until it
+    serves; whether it does (then this one drains and exits)."""
+    restart.sd_notify("RELOADING=1")
+    successor = restart.Successor(restart.command_line(args.argv), sockets,
+                                  cwd=getattr(args, "start_dir", None))
+    log.info("SIGUSR2: starting a new LB on our sockets")
+    if not successor.start():
+        restart.sd_notify("READY=1")
+        return False
+    log.info("the new LB (pid %d) serves: this one (pid %d) stops accepting and drains",
+             successor.process.pid, os.getpid())  # type: ignore[union-attr]
+    return True
+
+
+class PidFile:
+    """``--pid-file``: this process's pid, written (atomically) once it
+    serves, removed when it ends if it still names this process (after a
+    hitless restart it names the new LB, which wrote it when ready)."""
+
+    def __init__(self, path: Optional[str]) -> None:
+        self.path = path
+
+    def write(self) -> None:
+        if not self.path:
+            return
+        directory = os.path.dirname(os.path.abspath(self.path))
+        temporary = os.path.join(directory, ".%s.%d" % (os.path.basename(self.path),
+                                                         os.getpid()))
+        try:
+            with open(temporary, "w") as f:
+                f.write("%d\n" % os.getpid())
+            os.replace(temporary, self.path)
+        except OSError as exc:
+            raise ConfigurationError("--pid-file %s: %s" % (self.path, exc.strerror or exc))
+
+    def remove(self) -> None:
+        if not self.path:
+            return
+        try:
+            with open(self.path) as f:
+                if f.read().strip() != str(os.getpid()):
+                    return  # (another process's now)
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def _bind(option: str, address, start) -> None:
+    """``start()`` a server of ``option``'s address: an address in use or
+    not ours is an AddressUnavailable that names the option (exit status
+    1), not a raw errno."""
+    try:
+        start()
+    except OSError as exc:
+        shown = address_text(address) if isinstance(address, (tuple, str)) else address
+        reason = (exc.strerror or str(exc)).split(": (")[0]  # (gevent adds the address)
+        raise AddressUnavailable("%s %s: %s" % (option, shown or "", reason))
+
+
+def lb_status_app(get_status, actions, get_requests, token=None, workers_in_pool=None):
+    """The status app of an LB (or a supervisor): JSON, the HTML page,
+    /metrics from the document, /healthz (503 while ``workers_in_pool()``
+    is 0: an LB that can only answer 503 is not ready, and a balancer in
+    front of several should send elsewhere), the actions (with the admin
+    ``token``, if any); the request rate sampled every 5 s for the page's
+    sparkline."""
+    from zc_lb.status.metrics import LBCollector
+    from zc_lb.status.document import RequestHistory, status_app
+    from zc_lb.status.page import render
+
+    history = RequestHistory(get_requests).start()
+
+    def unready():
+        if workers_in_pool is not None and not workers_in_pool():
+            return "no worker in the pool"
+        return None
+
+    return status_app(get_status, actions, collector=LBCollector(get_status),
+                      page=render, history=history, token=token, unready=unready)
+
+
+class WorkerService:
+    """A worker process's parts and their lifecycle: the worker, and
+    perhaps its status server and its ZooKeeper membership.  ``start()``
+    serves (LBs that know the address may connect at once); ``register()``
+    joins ZooKeeper; ``configure()`` applies live settings (ZooKeeper's
+    values win over a file's); ``stop()`` leaves ZooKeeper first, so
+    LBs send nothing new, then drains and closes."""
+
+    def __init__(self, worker, status=None, membership=None,
+                 drain_timeout: float = 30.0) -> None:
+        self.worker = worker
+        self.status = status
+        self.membership = membership
+        self.drain_timeout = drain_timeout
+
+    def start(self) -> None:
+        _bind("--listen", self.worker.listen, self.worker.start)
+        if self.status is not None:
+            _bind("--status", getattr(self.status, "listen", None), self.status.start)
+
+    def register(self) -> None:
+        if self.membership is not None:
+            self.membership.start()
+
+    def configure(self, live: dict, source: str = "") -> None:
+        if self.membership is not None:
+            self.membership.rebase(live, source)
+        else:
+            self.worker.configure(live, source)
+
+    def stop(self) -> bool:
+        """Leave, drain, close; True (the process may exit)."""
+        if self.membership is not None:
+            self.membership.deregister()  # LBs stop sending before we drain
+        self.worker.stop(timeout=self.drain_timeout)
+        if self.status is not None:
+            self.status.stop(timeout=1)
+        if self.membership is not None:
+            self.membership.stop()
+        return True
+
+
+class LBService:
+    """An LB process's parts and their lifecycle: the LB, its front
+    servers (the first one's address is the one registered), perhaps a
+    status server and a ZooKeeper membership.  ``start()`` serves;
+    ``register()`` joins ZooKeeper; ``configure()`` applies live
+    settings; ``reopen()`` the access log (SIGUSR1); ``hand_over()`` its
+    sockets to a successor (SIGUSR2); ``stop()`` stops accepting, drains
+    what is in flight, then closes everything."""
+
+    def __init__(self, lb, fronts: list, status=None, drain_timeout: float = 30.0) -> None:
+        self.lb = lb
+        self.fronts = fronts
+        self.status = status
+        self.membership = None
+        self.drain_timeout = drain_timeout
+
+    def start(self, workers: List[str], health_check: Optional[str] = None,
+              health_interval: float = 5.0) -> None:
+        lb = self.lb
+        lb.set_workers(workers)
+        lb.watch_workers()
+        if health_check:
+            lb.start_health_checks(health_check, health_interval)
+        for server in self.fronts:
+            _bind("--listen", getattr(server, "listen", None), server.start)
+        if self.status is not None:
+            _bind("--status", getattr(self.status, "listen", None), self.status.start)
+
+    def register(self, membership) -> None:
+        """Join ZooKeeper through ``membership`` (made after ``start()``:
+        it registers the bound addresses)."""
+        self.membership = membership
+        membership.start()
+
+    def configure(self, live: dict, source: str = "") -> None:
+        """Live settings, and for a static LB its ``worker`` list, taken
+        whole or not at all: a list with a bad address is refused
+        (ConfigurationError) before anything changes.  (``live`` is left
+        as it is: the caller records it as what runs.)"""
+        live = dict(live)
+        workers = None
+        if "worker" in live:
+            workers = worker_addresses(live.pop("worker") or [], "worker")
+        if live:
+            if self.membership is not None:  # ZooKeeper's values still win
+                self.membership.rebase(live, source)
+            else:
+                self.lb.configure(live, source)
+        if workers is not None:
+            if not workers:
+                log.warning("the worker list in %s is empty: every worker leaves the pool",
+                            source or "the configuration")
+            self.lb.set_workers(workers)
+
+    def reopen(self) -> bool:
+        access_log = self.fronts[0].access_log
+        if access_log is not None:
+            access_log.reopen()
+        return False
+
+    def hand_over(self, args: argparse.Namespace) -> bool:
+        """SIGUSR2: a new LB on our sockets; once it serves, we stop."""
+        sockets = {"front%d" % i: server.server.socket for i, server in enumerate(self.fronts)}
+        if self.status is not None:
+            sockets["status"] = self.status.server.socket
+        return hand_over(args, sockets) and self.stop()
+
+    def stop(self) -> bool:
+        """Stop accepting, finish what is in flight, close; True."""
+        for server in self.fronts:
+            server.drain()
+        self.lb.drain(self.drain_timeout)
+        for server in self.fronts:  # (they share the access log: closed once all are done)
+            server.stop(timeout=1, close_log=False)
+        if self.fronts[0].access_log is not None:
+            self.fronts[0].access_log.close()
+        if self.status is not None:
+            self.status.stop(timeout=1)
+        if self.membership is not None:
+            self.membership.stop()
+        self.lb.stop()
+        return True

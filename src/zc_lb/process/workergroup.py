@@ -1,0 +1,194 @@
+"""``zc-lb worker APP -w N``: N worker processes under one supervisor, as
+gunicorn's ``-w`` starts N.
+
+Theory of operation
+-------------------
+
+One worker process runs one interpreter, so it computes on one core at
+a time; a machine with more cores runs more workers.  ``-w N`` starts N
+``zc-lb worker`` processes with the same options, the i-th (from 0)
+listening on ``--listen``'s port plus i (and ``--status``'s plus i, its
+``--resume-file`` with ``.i`` added), or each on an ephemeral port when
+the port is 0 (with ``--zookeeper`` each registers its own).  Each is a
+worker of its own to the LBs: its own connections, its own résumé.
+
+The supervisor prints each child's "listening" lines as they come, and
+then waits:
+
+- a child that exits is started again on its address, at once if it ran
+  for a while (``--max-requests`` ends a child on purpose: it served its
+  share), after a growing pause if it keeps failing to start;
+- SIGTERM or SIGINT: every child drains and exits, then the supervisor;
+- SIGHUP and SIGUSR1 go to every child.
+
+No I/O beyond its children and signals; the children do the serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import List, Optional, Sequence
+
+from zc_lb.errors import ConfigurationError
+from zc_lb.sockets import UNIX, parse_address, parse_listen
+
+log = logging.getLogger(__name__)
+
+RESTART_MIN = 0.1  # seconds before a failing child is started again, doubling
+RESTART_MAX = 10.0
+HEALTHY_RUN = 5.0  # seconds a child must have run for its exit to be no failure
+STOP_TIMEOUT = 60.0  # seconds a child may take to drain after SIGTERM
+
+
+def child_argv(argv: Sequence[str], index: int, listen: str, status: Optional[str],
+               resume_file: Optional[str]) -> List[str]:
+    """The command line of child ``index``: ``argv`` (after ``zc-lb``)
+    without ``-w``/``--workers`` and ``--pid-file``, with its own
+    ``--listen``, ``--status`` and ``--resume-file``."""
+    from zc_lb.process.processes import without_options
+
+    out = without_options(argv, ("-w", "--workers", "--pid-file", "--listen", "--status",
+                                 "--resume-file"))
+    out += ["--listen", offset(listen, index)]
+    if status:
+        out += ["--status", offset(status, index)]
+    if resume_file:
+        out += ["--resume-file", "%s.%d" % (resume_file, index)]
+    return out
+
+
+def offset(address: str, index: int) -> str:
+    """``HOST:PORT`` with ``index`` added to the port (0 stays 0:
+    ephemeral); ``unix:PATH`` with ``.index`` added to the path."""
+    if address.startswith(UNIX):
+        parse_listen(address)  # (refuses an empty path)
+        return "%s.%d" % (address, index)
+    host, port = parse_address(address)
+    if port and port + index > 65535:
+        raise ConfigurationError("-w: %s plus %d is past the last port" % (address, index))
+    shown = "[%s]" % host if ":" in host else host
+    return "%s:%d" % (shown, port + index if port else 0)
+
+
+class Child:
+    """One worker process of the group."""
+
+    def __init__(self, index: int, argv: List[str]) -> None:
+        self.index = index
+        self.argv = argv
+        self.process: Optional[subprocess.Popen] = None
+        self.started = 0.0
+        self.pause = RESTART_MIN
+
+    def start(self) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "zc_lb.cli", *self.argv],
+                                        stdout=subprocess.PIPE, text=True)
+        self.started = time.monotonic()
+        threading.Thread(target=self._echo, args=(self.process,), daemon=True).start()
+
+    @staticmethod
+    def _echo(process: subprocess.Popen) -> None:
+        """Pass the child's lines (its addresses) on to our stdout."""
+        assert process.stdout is not None
+        for line in process.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+
+class WorkerGroup:
+    """N children, kept running until ``stop``."""
+
+    def __init__(self, argvs: List[List[str]]) -> None:
+        self.children = [Child(i, argv) for i, argv in enumerate(argvs)]
+        self.stopping = threading.Event()
+
+    def start(self) -> None:
+        for child in self.children:
+            child.start()
+
+    def watch(self) -> None:
+        """Start again each child that exits, until ``stop``."""
+        while not self.stopping.wait(0.1):
+            now = time.monotonic()
+            for child in self.children:
+                process = child.process
+                if process is None or process.poll() is None:
+                    continue
+                ran = now - child.started
+                log.info("worker process %d (pid %d) exited with status %s after %.1fs; "
+                         "starting it again", child.index, process.pid, process.returncode, ran)
+                if ran >= HEALTHY_RUN or process.returncode == 0:
+                    child.pause = RESTART_MIN  # (served its share, or ran well)
+                else:  # failing at start: wait longer each time
+                    if self.stopping.wait(child.pause):
+                        return
+                    child.pause = min(child.pause * 2, RESTART_MAX)
+                child.start()
+
+    def signal_all(self, signum: int) -> None:
+        for child in self.children:
+            if child.process is not None and child.process.poll() is None:
+                child.process.send_signal(signum)
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
+        """SIGTERM every child (each drains), wait for them, kill stragglers."""
+        self.stopping.set()
+        self.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for child in self.children:
+            if child.process is None:
+                continue
+            try:
+                child.process.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                log.warning("worker process %d did not drain within %gs: killed",
+                            child.index, timeout)
+                child.process.kill()
+                child.process.wait()
+
+
+def run(args, argv: Sequence[str]) -> int:
+    """``zc-lb worker ... -w N`` (N > 1): the supervisor's life."""
+    from zc_lb.process.service import PidFile
+
+    if not args.app:
+        raise ConfigurationError("no application: give module:callable (or a PasteDeploy "
+                                 ".ini file) on the command line, or app in --config")
+    i = list(argv).index("worker") if "worker" in argv else 0
+    prefix, rest = list(argv[:i + 1]), list(argv[i + 1:])
+    group = WorkerGroup([prefix + child_argv(rest, index, args.listen, args.status,
+                                             args.resume_file)
+                         for index in range(args.workers)])
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    for signum in (signal.SIGHUP, signal.SIGUSR1):
+        signal.signal(signum, lambda number, _: group.signal_all(number))
+    pid_file = PidFile(args.pid_file)
+    group.start()
+    pid_file.write()
+    watcher = threading.Thread(target=group.watch, daemon=True)
+    watcher.start()
+    log.info("%d worker processes, pids %s", len(group.children),
+             " ".join(str(c.process.pid) for c in group.children if c.process))
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        group.stop(args.drain_timeout + 5)
+        pid_file.remove()
+    log.info("worker processes stopped")
+    return 0
+
+
+__all__ = ["WorkerGroup", "child_argv", "offset", "run"]
+
+
+if os.name != "posix":  # pragma: no cover
+    raise ImportError("zc-lb worker -w needs POSIX signals")

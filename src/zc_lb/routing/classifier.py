@@ -1,0 +1,193 @@
+"""Request classifiers: a WSGI environ in, a request class (a string) out.
+
+Specs, as given on the command line or in ZooKeeper:
+
+``host``
+    The Host header, lower-cased, without a leading ``www.`` and without a
+    port (falls back to SERVER_NAME).
+``re:ENVKEY:PATTERN``
+    A regular expression with a named group ``class``, searched in
+    ``environ[ENVKEY]``; no match (or no such key) gives the empty class.
+``module:dotted.name``
+    Any importable callable taking the environ, e.g. ``myapp.lb:classify``.
+    It must not block: it runs in the LB's event loop, timed, and is moved
+    to threads the first time it is slow (routing/guard.py).
+
+A classifier may return None: the request has no class, and the pool
+sends it to the least loaded worker.
+
+Affinity keys (``--affinity-key``) split a class finer, so that requests
+for the same page go to the same worker among those skilled in the
+class (see routing/affinity.py):
+
+``path``
+    The request path, without the query (the default).
+``none``
+    No key: any skilled worker may take any request of a class.
+``re:ENVKEY:PATTERN``
+    A regular expression searched in ``environ[ENVKEY]``; the key is its
+    named group ``key`` if it has one, else the whole match; no match
+    gives no key.
+
+What a classifier or key function receives is a mapping of the
+request's variables: PEP 3333's CGI variables (``HTTP_HOST``,
+``PATH_INFO``...) and ``wsgi.url_scheme``, as strings, read-only.  From
+the LB's own front server it is the request's ``relay.Relay``, which
+answers the Host and the path from the checked head and makes the rest
+at the first question; from another WSGI server, the environ.
+
+A bad spec raises ConfigurationError at start-up, never per request.
+
+A class longer than ``MAX_CLASS`` characters is cut to that length, its
+end a hash of the whole (``bounded_class``): a class is a name kept in
+every worker's résumé and in the LB's pool, and a client free to send
+8 KiB Host headers must not make those 8 KiB a class.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import re
+from typing import Callable, Final, Mapping, Optional
+
+from zc_lb.errors import ConfigurationError
+
+Classifier = Callable[[Mapping[str, object]], Optional[str]]
+KeyFunction = Callable[[Mapping[str, object]], Optional[str]]
+
+MAX_CLASS: Final = 256  # characters (a DNS name has at most 253)
+CLASS_HASH: Final = 16  # hex digits of the hash that ends a class cut short
+
+
+def bounded_class(rclass: str) -> str:
+    """``rclass``, or, if longer than ``MAX_CLASS``, its start and a hash
+    of the whole, ``MAX_CLASS`` long: classes that differ stay apart."""
+    if len(rclass) <= MAX_CLASS:
+        return rclass
+    digest = hashlib.blake2b(rclass.encode("utf-8", "surrogateescape"),
+                             digest_size=CLASS_HASH // 2).hexdigest()
+    return "%s~%s" % (rclass[:MAX_CLASS - CLASS_HASH - 1], digest)
+
+
+def host_classifier(environ: Mapping[str, object]) -> str:
+    """The Host header, lower-cased, no leading ``www.``, no port."""
+    host = environ.get("HTTP_HOST") or environ.get("SERVER_NAME") or ""
+    host = str(host).lower()
+    if host.startswith("["):  # IPv6 literal: [::1]:8080
+        end = host.find("]")
+        host = host[: end + 1] if end > 0 else host
+    else:
+        host = host.partition(":")[0]
+    if host.startswith("www."):
+        host = host[4:]
+    return host
+
+
+def _compile(pattern: str, what: str) -> "re.Pattern[str]":
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ConfigurationError("bad %s regular expression %r: %s" % (what, pattern, exc))
+
+
+def _split_regex_spec(spec: str, what: str):
+    envkey, sep, pattern = spec[3:].partition(":")
+    if not sep or not envkey or not pattern:
+        raise ConfigurationError("expected re:ENVKEY:PATTERN for the %s, got %r"
+                                 % (what, spec))
+    return envkey, pattern
+
+
+def regex_classifier(envkey: str, pattern: str) -> Classifier:
+    """A classifier searching ``pattern`` (with group ``class``) in environ[envkey]."""
+    compiled = _compile(pattern, "classifier")
+    if "class" not in compiled.groupindex:
+        raise ConfigurationError(
+            "classifier regular expression %r has no named group 'class'" % pattern
+        )
+    search = compiled.search
+
+    def classify(environ: Mapping[str, object]) -> str:
+        value = environ.get(envkey)
+        if value is None:
+            return ""
+        match = search(str(value))
+        if match is None:
+            return ""
+        return match.group("class") or ""
+
+    classify.__name__ = "re:%s:%s" % (envkey, pattern)
+    return classify
+
+
+def import_object(spec: str) -> object:
+    """Import ``module:dotted.name``: attribute access from the module, nothing else."""
+    module_name, sep, expr = spec.partition(":")
+    if not sep or not module_name or not expr:
+        raise ConfigurationError("expected module:dotted.name, got %r" % spec)
+    try:
+        obj: object = importlib.import_module(module_name)
+    except (ImportError, TypeError, ValueError) as exc:
+        raise ConfigurationError("cannot import %r from %r: %s" % (module_name, spec, exc))
+    for name in expr.split("."):
+        if not name.isidentifier():
+            raise ConfigurationError("bad name %r in %r" % (name, spec))
+        try:
+            obj = getattr(obj, name)
+        except AttributeError:
+            raise ConfigurationError("%r has no attribute %r (from %r)" % (obj, name, spec))
+    return obj
+
+
+def get_classifier(spec: str) -> Classifier:
+    """Turn a classifier spec into a classifier function."""
+    spec = spec.strip()
+    if spec == "host":
+        return host_classifier
+    if spec.startswith("re:"):
+        return regex_classifier(*_split_regex_spec(spec, "classifier"))
+    obj = import_object(spec)
+    if not callable(obj):
+        raise ConfigurationError("classifier %r is not callable" % spec)
+    from zc_lb.routing.guard import Guarded  # a site's function: timed, and off the loop if it blocks
+
+    return Guarded(obj)
+
+
+def path_key(environ: Mapping[str, object]) -> Optional[str]:
+    """The request's path, without the query."""
+    return str(environ.get("PATH_INFO") or "/")
+
+
+def no_key(environ: Mapping[str, object]) -> Optional[str]:
+    """No affinity key."""
+    return None
+
+
+def regex_key(envkey: str, pattern: str) -> KeyFunction:
+    """A key function: group ``key`` (or the whole match) of ``pattern``
+    searched in environ[envkey]."""
+    search = _compile(pattern, "affinity key").search
+    group = "key" if "key" in re.compile(pattern).groupindex else 0
+
+    def key(environ: Mapping[str, object]) -> Optional[str]:
+        value = environ.get(envkey)
+        match = search(str(value)) if value is not None else None
+        return match.group(group) if match is not None else None
+
+    key.__name__ = "re:%s:%s" % (envkey, pattern)
+    return key
+
+
+def get_key_function(spec: str) -> KeyFunction:
+    """Turn an affinity key spec (path, none, re:ENVKEY:PATTERN) into a function."""
+    spec = spec.strip()
+    if spec == "path":
+        return path_key
+    if spec == "none":
+        return no_key
+    if spec.startswith("re:"):
+        return regex_key(*_split_regex_spec(spec, "affinity key"))
+    raise ConfigurationError(
+        "affinity key must be path, none or re:ENVKEY:PATTERN, got %r" % spec)

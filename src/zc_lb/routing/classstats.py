@@ -1,0 +1,211 @@
+"""What the affinity policy sees of classes and keys, in bounded memory.
+
+A key is hashed alike on every LB (``stable_hash``, ``mix``), so every LB
+that has the same résumés gives it the same owner (``rendezvous_weight``).
+A class's footprint, its distinct keys over the last one or two windows
+of requests, is a k-minimum-values ``Sketch``: the ``SKETCH_SIZE``
+smallest hashes seen, from which the number of distinct ones follows with
+an error of about 1/sqrt(k).  ``ClassStats`` holds, per class, what the
+LB sees of it: its decayed request count, its footprint, its members as
+last worked out, the floors of the workers that joined it while starting
+(``routing/slowstart.py``) or followed its moved keys (``routing/relearn.py``), and the
+hashes of the keys requested (``KeyHashes``: hashed once, and counted in
+the sketches once a window, where a second time changes nothing).  These
+are plain records and functions: the pool (``affinity.AffinityPool``)
+and its parts keep them and act on them.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+import hashlib
+import math
+from typing import Dict, Final, List, Optional, Tuple
+
+from zc_lb.routing.pool import PoolWorker
+
+# (Final: constants in compiled code, see routing/affinity.py; PRIOR stays plain,
+# for the tests to change)
+MASK64: Final = (1 << 64) - 1
+SKETCH_SIZE: Final = 64  # k of the k-minimum-values sketch: ~1/sqrt(k) error
+UNIT: Final = float(1 << 53)
+LEAST_DRAW: Final = 2.0 ** -54  # -ln(1 - 2**-54), the draw of the largest u
+# (k - 1) * 2**64, over the k-th smallest hash plus one, estimates distinct
+# hashes; a float over an int, compiled, is worked out on objects: the
+# int is made a float first, as Python does
+SPAN: Final = (SKETCH_SIZE - 1) * float(MASK64)
+PRIOR = 16  # requests and keys per worker before shares and footprints count
+
+
+def stable_hash(text: str) -> int:
+    """A 64-bit hash of ``text``, the same in every process (unlike hash())."""
+    data = text.encode("utf-8", "surrogateescape")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def mix(x: int) -> int:
+    """splitmix64's finaliser: a well-spread 64-bit function of ``x``."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+_MIXED: Dict[int, int] = {}
+MAX_MIXED = 1 << 15  # remembered mixes: hot keys' hashes
+
+
+def mixed(x: int) -> int:
+    """``mix(x)``, remembered: a pool hashes every request's key twice, and
+    hot keys come back (a dict lookup instead of 64-bit arithmetic on
+    Python integers, 0.75 us)."""
+    result = _MIXED.get(x)
+    if result is None:
+        if len(_MIXED) >= MAX_MIXED:
+            _MIXED.clear()
+        result = _MIXED[x] = mix(x)
+    return result
+
+
+def rendezvous_weight(key_hash: int, salt: int, score: float) -> float:
+    """Weighted rendezvous: the owner of a key is the highest ``score/-ln(u)``."""
+    return score / rendezvous_draw(key_hash ^ salt)
+
+
+_DRAWS: Dict[int, float] = {}
+MAX_DRAWS = 1 << 15  # remembered draws: hot keys' draws on each worker
+
+
+def rendezvous_draw(x: int) -> float:
+    """``-ln(u)`` for the uniform ``u`` in (0, 1) that ``x`` (a key's hash
+    xor a worker's salt) draws.  Remembered, as a pool computes it for
+    every member on every request and hot keys come back: a dict lookup
+    instead of a mix and a logarithm."""
+    draw = _DRAWS.get(x)
+    if draw is None:
+        if len(_DRAWS) >= MAX_DRAWS:
+            _DRAWS.clear()
+        draw = -math.log(((mix(x) >> 11) + 0.5) / UNIT)
+        if draw <= 0.0:  # (u of 1 - 2**-54 rounds to 1.0: its draw, not -0.0)
+            draw = LEAST_DRAW
+        _DRAWS[x] = draw
+    return draw
+
+
+
+class Sketch:
+    """Distinct values seen, estimated from the k smallest 64-bit hashes."""
+
+    __slots__ = ("smallest",)
+
+    def __init__(self) -> None:
+        self.smallest: List[int] = []
+
+    def add(self, value: int) -> bool:
+        """Note a hash; whether the estimate changed."""
+        smallest = self.smallest
+        if len(smallest) >= SKETCH_SIZE and value >= smallest[-1]:
+            return False
+        i = bisect_left(smallest, value)
+        if i < len(smallest) and smallest[i] == value:
+            return False
+        smallest.insert(i, value)
+        if len(smallest) > SKETCH_SIZE:
+            smallest.pop()
+        return True
+
+    def estimate(self) -> float:
+        """How many distinct values were added."""
+        smallest = self.smallest
+        if len(smallest) < SKETCH_SIZE:
+            return float(len(smallest))
+        return SPAN / float(smallest[-1] + 1)  # (float(): see SPAN)
+
+
+class Footprint:
+    """Distinct keys over the last one or two windows of the pool."""
+
+    __slots__ = ("window", "current", "previous")
+
+    def __init__(self, window: int) -> None:
+        self.window = window  # the pool's window number this one counts
+        self.current = Sketch()
+        self.previous = 0.0  # the last full window's estimate
+
+    def add(self, value: int, window: int) -> bool:
+        """Note a key hash seen in pool window ``window``; whether the
+        estimate may have changed."""
+        if window != self.window:
+            self.previous = (self.current.estimate()
+                             if window == self.window + 1 else 0.0)
+            self.current = Sketch()
+            self.window = window
+        smallest = self.current.smallest
+        if len(smallest) >= SKETCH_SIZE and value >= smallest[-1]:
+            return False  # (most keys: not among the smallest, and no call)
+        return self.current.add(value)
+
+    def estimate(self, window: int) -> float:
+        """Distinct keys, as of pool window ``window``."""
+        if window > self.window + 1:
+            return 0.0
+        if window == self.window + 1:
+            return self.current.estimate()
+        return max(self.previous, self.current.estimate())
+
+
+
+class KeyHashes:
+    """A key's hash in its class and in the book, and the last footprint
+    window it was requested in (its first request there counts it in the
+    sketches; the others would change nothing)."""
+
+    __slots__ = ("key_hash", "book_hash", "window")
+
+    def __init__(self, key_hash: int, book_hash: int) -> None:
+        self.key_hash = key_hash
+        self.book_hash = book_hash
+        self.window = -1
+
+
+class ClassStats:
+    """What the LB sees of one class: its decayed request count, its keys."""
+
+    __slots__ = ("count", "seen", "footprint", "salt", "members", "uses", "version",
+                 "joins", "holders", "held", "floors", "fresh", "moved", "following",
+                 "senders", "reset", "work", "cost", "key_width", "extra", "pressure",
+                 "home_time", "home_count", "away_time", "away_count", "keys")
+
+    def __init__(self, rclass: str, window: int, seed: int = 0) -> None:
+        self.members: Optional[Dict[PoolWorker, float]] = None  # as last worked out
+        self.uses = 0  # requests since the members were worked out
+        self.version = -1  # the pool's skills_version then
+        self.joins = 0  # times its members grew in number (``AffinityPool.get``)
+        # the members its keys were last counted on (``AffinityPool.held``),
+        # and how many keys each was counted to hold
+        self.holders: List[PoolWorker] = []
+        self.held = 0.0
+        self.count = 0.0  # decayed requests, as of pool request ``seen``
+        self.seen = 0
+        self.work = 0.0  # decayed seconds of work, as of ``seen``
+        self.cost: Optional[float] = None  # seconds a request takes, from résumés
+        self.key_width = 0  # the workers its keys last asked for (``AffinityPool._widths``)
+        self.extra = 0  # 1 while it has a member over its width (``AffinityPool._widen``)
+        self.pressure = 1.0  # its members' mean backlog over the pool's, decayed
+        # decayed service times and counts of its requests placed where
+        # their key last went and elsewhere (``routing/locality.py``)
+        self.home_time = self.home_count = 0.0
+        self.away_time = self.away_count = 0.0
+        self.footprint = Footprint(window)
+        # keys requested -> their hashes, remembered (``AffinityPool._observe``)
+        self.keys: Dict[str, KeyHashes] = {}
+        self.salt = stable_hash(rclass) ^ seed
+        # workers that joined while starting -> pool request when they did
+        self.floors: Optional[Dict[PoolWorker, float]] = None
+        # sampled keys new to the class: never seen, or last in another class
+        self.fresh = 0.0
+        self.moved = 0.0
+        self.following = False  # its keys moved in: it follows them
+        # while following: worker -> sampled keys moved in from it, decayed
+        self.senders: Optional[Dict[PoolWorker, float]] = None
+        self.reset = False  # its skills were reset: the book knows better
+

@@ -1,0 +1,122 @@
+"""What keeping a key where its data is buys, measured: the affinity
+policy's evidence for holding a key at a busy owner.
+
+Theory of operation
+-------------------
+
+Affinity pays only where a worker serves a key faster once it has
+served it before: its data is in that worker's caches.  An application
+without such caches (a CPU-bound view, a request that waits on a remote
+service) serves every request as fast anywhere, and a key held at a busy
+owner while another worker idles is time lost for nothing.  So the pool
+measures it.  Each request the affinity policy places is *home* (the
+worker the key last went to or, when the LB keeps no book of keys
+(``stick`` 0), its rendezvous owner), *away* (any other worker, for a
+key that has a home), or neither (a key no worker has served yet: cold
+everywhere, it tells nothing).  The worker says how long the application
+took for each response (its service time, without the worker's queue),
+and the pool keeps, per class, decayed means of the service times of
+home and of away requests.  Their ratio is the class's *gain*: how many
+times longer a request takes where its key's data is not.
+
+A class's gain is known once it has ``MIN_SAMPLES`` of each kind;
+before that the pool's gain stands for it (a decayed mean of each away
+request's time over its class's home mean, over all classes); before
+that nothing is known and the policy keeps its keys as it always did.
+The policy (``AffinityPool.get``) then weighs a key's home against the
+least busy worker as a request's expected time there:
+``(backlog + 1) * cost``, the cost being ``gain`` times longer away.
+With a gain of 1 that is least backlog, ties going home; with a gain
+of 10 a key waits behind nine requests at home rather than load its data
+elsewhere.  A key with little data (a hot page) is served as fast by a
+second worker after its first request there: its gain falls and it
+spreads over as many workers as its load needs.
+
+An application that knows whether its cache had what a request needed
+says so (``environ["zc_lb.cache"]``, behind the Hello feature ``cache``),
+and then a hit counts as a home request and a miss as an away one,
+wherever the request was placed: where the data really was, whatever
+the book says, and whatever waits the times include.
+
+Weak spots, admitted.  A thread-mode worker's service time includes the
+time its request waited for the interpreter behind the worker's other
+threads, and any wait inside the application behind its other requests
+that the pool did not see (worker/concurrency.py), so home, usually the busier
+worker, looks slower than it is: that errs toward spreading, never
+toward pinning.  A home whose data
+was evicted looks like away.  Only a lone LB measures, or several whose
+books the workers' relays keep alike (``routing/affinity.py``, "Several LBs"):
+behind several without, a key's home is only its rendezvous owner,
+which the other LBs' moves leave without its data, and gains read far
+too low.  Classes whose requests never go away keep
+the pool's gain, which a site of mixed classes blends.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Optional
+
+from zc_lb.routing.classstats import ClassStats
+
+MIN_SAMPLES: Final = 8.0  # decayed samples of each kind before a gain counts
+CLASS_DECAY: Final = 1.0 - 1.0 / 64  # per sample of the class: its last hundred or so
+POOL_DECAY: Final = 1.0 - 1.0 / 256  # per away sample of any class
+HOME, AWAY = True, False
+
+
+class Locality:
+    """Service times at home and away, per class and for the pool."""
+
+    __slots__ = ("ratio", "weight", "ratio_elsewhere", "weight_elsewhere")
+
+    def __init__(self) -> None:
+        self.ratio = 0.0  # decayed sum of away time over the class's home mean
+        self.weight = 0.0  # decayed count of those
+        # The same sums of the other processes of --processes (routing/siblings.py),
+        # which the pool's gain counts too: each sees a part of the requests.
+        self.ratio_elsewhere = 0.0
+        self.weight_elsewhere = 0.0
+
+    def observe(self, stats: ClassStats, home: bool, elapsed: float) -> None:
+        """A request of ``stats``'s class placed ``home`` (or away) took
+        ``elapsed`` seconds of the application's time."""
+        if not elapsed >= 0.0:  # (NaN, or a clock that went back)
+            return
+        if home:
+            stats.home_time = stats.home_time * CLASS_DECAY + elapsed
+            stats.home_count = stats.home_count * CLASS_DECAY + 1.0
+            return
+        stats.away_time = stats.away_time * CLASS_DECAY + elapsed
+        stats.away_count = stats.away_count * CLASS_DECAY + 1.0
+        if stats.home_count >= MIN_SAMPLES and stats.home_time > 0.0:
+            mean = stats.home_time / stats.home_count
+            self.ratio = self.ratio * POOL_DECAY + elapsed / mean
+            self.weight = self.weight * POOL_DECAY + 1.0
+
+    def gain(self, stats: Optional[ClassStats]) -> Optional[float]:
+        """How many times longer the class's requests take away from
+        their key's home: the class's own ratio once known, else the
+        pool's (for a request of no ``stats``, the pool's), else None
+        (nothing measured yet)."""
+        own = None if stats is None else self.class_gain(stats)
+        return own if own is not None else self.pool_gain()
+
+    @staticmethod
+    def class_gain(stats: ClassStats) -> Optional[float]:
+        """The class's own gain, or None before ``MIN_SAMPLES`` of each kind."""
+        if stats.away_count < MIN_SAMPLES or stats.home_count < MIN_SAMPLES:
+            return None
+        if stats.home_time <= 0.0:
+            return 1.0 if stats.away_time <= 0.0 else float("inf")
+        return (stats.away_time / stats.away_count) / (stats.home_time / stats.home_count)
+
+    def pool_gain(self) -> Optional[float]:
+        """The gain over every class, or None before ``MIN_SAMPLES``."""
+        weight = self.weight + self.weight_elsewhere
+        if weight < MIN_SAMPLES:
+            return None
+        return (self.ratio + self.ratio_elsewhere) / weight
+
+    def __repr__(self) -> str:
+        gain = self.pool_gain()
+        return "<Locality gain=%s>" % ("unknown" if gain is None else "%.2f" % gain)

@@ -1,0 +1,25 @@
+"""The routing policies by name (``--policy``): which pool each is, and
+making one with the settings it takes."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from zc_lb.routing.affinity import AffinityPool
+from zc_lb.errors import ConfigurationError
+from zc_lb.routing.pool import ClasslessPool, Pool
+
+POLICIES = {"affinity": AffinityPool, "published": Pool, "classless": ClasslessPool,
+            "resume": Pool}  # resume: the published policy's old name
+
+
+def make_pool(policy: str, settings: Mapping[str, object]) -> Pool:
+    """The pool of ``policy``, with those of ``settings`` it takes."""
+    try:
+        pool_class = POLICIES[policy]
+    except KeyError:
+        raise ConfigurationError("unknown policy %r (one of %s)"
+                                 % (policy, ", ".join(POLICIES)))
+    pool = pool_class()
+    pool.configure(settings)
+    return pool

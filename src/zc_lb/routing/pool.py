@@ -1,0 +1,514 @@
+"""The routing algorithm: which worker gets a request of a given class.
+
+Theory of operation
+-------------------
+
+Workers tell us what they are good at: a *résumé* maps request classes
+to scores (requests per second while serving that class).  For each class
+we keep the workers skilled in it with their scores; for each worker its
+*backlog* (requests this LB has outstanding on it) and a decayed mean of
+that backlog; the same decayed mean for the whole pool; and an order of
+workers by when each was last chosen (least recently chosen first).
+
+To route a request of class C (``get``):
+
+1. The cap.  A worker may take C only while its decayed mean backlog,
+   less (the least recently chosen worker's decayed mean backlog + 1),
+   does not exceed ``max(variance * pool_mean_backlog / n_workers, 1)``.
+   This is what keeps a hot class from taking the pool down: once its
+   workers are loaded well past the mean, it spills onto others.
+2. Among the workers skilled in C and under the cap, take the best score
+   per unit of current backlog: ``score / backlog`` once the backlog is
+   above 1, so the first outstanding request is not penalised.
+3. If none qualifies, take the least recently chosen worker; if it was not
+   skilled in C it becomes so, with ``unskilled_score``.
+4. The chosen worker becomes the most recently chosen and its backlog and
+   the pool's grow.  ``put`` reverses that when the response ends.
+
+Decays: a worker's mean backlog decays by ``1 - 1/(2*backlog_history)``
+per event on that worker, the pool's by
+``1 - 1/(2*backlog_history*n_workers)`` per event on any worker.  The
+means are normalised, as in the original zc.resumelb: a decayed sum of
+backlogs over a decayed count of events.  A plain exponential average
+started at zero would read low for the first ~2 x backlog_history events,
+and the cap would do nothing just when a pool starts or a class moves.
+
+Cost: ``get`` and ``put`` are O(workers skilled in C); nothing scans all
+classes or all workers.  The LRU order is an ordered dict (O(1) move to
+the end, O(1) first item).
+
+Weak spots, admitted: skills are only as good as the workers' résumés, so
+a changed classifier takes a while to be learned (a worker keeps its
+skills until a résumé replaces them); and with very light load the
+decayed means are tiny, so the cap is 1 and the order matters more than
+the scores.
+
+The pool is pure: no sockets, no gevent, no clock.  Waiting for a worker
+when there is none is the caller's business (``get`` returns None).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import (Any, Callable, ClassVar, Container, Dict, Hashable, Iterable, List, Mapping,
+                    Optional, Set, Tuple)
+
+from zc_lb.settings import LB_SETTINGS, check
+
+RESUME_STEP = 1000  # changed classes of a résumé taken in between pauses (``new_resume``)
+
+
+class PoolWorker:
+    """The pool's record of one worker: backlog, decayed backlog, skills."""
+
+    __slots__ = ("handle", "backlog", "mbacklog", "dsum", "dcount", "resume",
+                 "version", "name", "salt", "given", "held", "elsewhere", "sent")
+
+    def __init__(self, handle: Hashable, version: Optional[str] = None,
+                 name: Optional[str] = None) -> None:
+        self.handle = handle
+        self.backlog = 0  # requests in flight on it, sibling LBs' (``elsewhere``) included
+        self.elsewhere = 0  # sibling LBs' requests in flight on it (routing/siblings.py)
+        self.mbacklog = 0.0  # dsum / dcount
+        self.dsum = 0.0  # decayed sum of backlogs
+        self.dcount = 0.0  # decayed count of events
+        self.resume: Dict[str, float] = {}
+        self.version = version
+        self.name = str(handle) if name is None else name
+        self.salt = 0  # the affinity policy's per-worker hash salt
+        self.held = 0.0  # and the distinct keys it counts the worker to hold
+        # classes the pool made it skilled in at ``unskilled_score``, which
+        # its résumé has not scored yet
+        self.given: Set[str] = set()
+        # (class, key hash in the book) of the keys sent to it since the
+        # other LBs were last told (the affinity policy's ``relayed``)
+        self.sent: List[Tuple[str, int]] = []
+
+    def __repr__(self) -> str:
+        return "<PoolWorker %r backlog=%d mbacklog=%.2f skills=%d>" % (
+            self.handle,
+            self.backlog,
+            self.mbacklog,
+            len(self.resume),
+        )
+
+
+def unskill(skilled_map: Dict[str, Dict[PoolWorker, float]], worker: PoolWorker,
+            classes: Iterable[str]) -> None:
+    """Take ``worker`` out of the skilled workers of ``classes`` in
+    ``skilled_map`` (class -> worker -> score), and a class left with
+    none out of the map."""
+    for rclass in classes:
+        skilled = skilled_map.get(rclass)
+        if skilled is not None:
+            skilled.pop(worker, None)
+            if not skilled:
+                del skilled_map[rclass]
+
+
+class Pool:
+    """Résumé-based routing: skilled workers first, backlog capped."""
+
+    SETTINGS: ClassVar[Tuple[str, ...]] = ("variance", "backlog_history", "unskilled_score")
+    variance: float
+    backlog_history: int
+    unskilled_score: float
+
+    # The constructors' settings are Any: each is checked against the
+    # settings table, and a bad one is a ConfigurationError that names it
+    # (compiled code would refuse a wrong type first, with a bare TypeError).
+    def __init__(
+        self,
+        variance: Any = LB_SETTINGS["variance"].default,
+        backlog_history: Any = LB_SETTINGS["backlog_history"].default,
+        unskilled_score: Any = LB_SETTINGS["unskilled_score"].default,
+    ) -> None:
+        self._set_settings(variance=variance, backlog_history=backlog_history,
+                           unskilled_score=unskilled_score)
+        self.workers: Dict[Hashable, PoolWorker] = {}
+        # least recently chosen first
+        self._lru: "OrderedDict[PoolWorker, None]" = OrderedDict()
+        self._first: Optional[PoolWorker] = None  # its first, if known (``_oldest``)
+        self.skilled: Dict[str, Dict[PoolWorker, float]] = {}
+        self.backlog = 0
+        self.mbacklog = 0.0
+        self.dsum = 0.0
+        self.dcount = 0.0
+        # What the last ``get`` placed, for ``served``; None when there is
+        # nothing to learn from its service time.
+        self.placed: Any = None
+        # LBs sharing the workers, ZooKeeper's count or --processes N (the
+        # affinity policy routes alike on every one when there are several)
+        self.lbs = 1
+        self._settings_changed()
+
+    # -- settings -----------------------------------------------------
+
+    def update_settings(self, **changes: Any) -> None:
+        """Change settings of this policy (its ``SETTINGS``) at run time;
+        None leaves a setting as it is, a bad value changes nothing."""
+        unknown = set(changes) - set(self.SETTINGS)
+        if unknown:
+            raise TypeError("%s has no setting %s"
+                            % (type(self).__name__, ", ".join(sorted(unknown))))
+        self._set_settings(**{name: value for name, value in changes.items()
+                              if value is not None})
+        self._settings_changed()
+
+    def configure(self, settings: Mapping[str, object]) -> None:
+        """``update_settings`` with those of ``settings`` this policy has."""
+        chosen: Dict[str, Any] = {name: settings[name] for name in self.SETTINGS
+                                  if name in settings}
+        self.update_settings(**chosen)
+
+    def _set_settings(self, **values: Any) -> None:
+        """Check every value against the settings table, then set them all."""
+        checked = {name: check(LB_SETTINGS, name, value) for name, value in values.items()}
+        for name, value in checked.items():
+            setattr(self, name, value)
+
+    def _settings_changed(self) -> None:
+        """Work out what depends on the settings."""
+        self._update_decays()
+
+    def _update_decays(self) -> None:
+        history = self.backlog_history
+        self.worker_decay = 1.0 - 1.0 / (2 * history)
+        self.pool_decay = 1.0 - 1.0 / (2 * history * max(len(self.workers), 1))
+
+    # -- membership ---------------------------------------------------
+
+    def add(self, handle: Hashable, resume: Optional[Mapping[str, float]] = None,
+            version: Optional[str] = None, name: Optional[str] = None) -> None:
+        """Add a worker (idempotent); it is least recently chosen.
+
+        ``name`` identifies the worker across LBs and reconnections (its
+        address); it defaults to ``str(handle)``.
+        """
+        if handle in self.workers:
+            if resume is not None:
+                self.new_resume(handle, resume)
+            return
+        worker = PoolWorker(handle, version, name)
+        self._added(worker)
+        self.workers[handle] = worker
+        self._lru[worker] = None
+        self._lru.move_to_end(worker, last=False)
+        self._first = worker
+        self._update_decays()
+        if resume:
+            self.new_resume(handle, resume)
+
+    def _added(self, worker: PoolWorker) -> None:
+        """A hook for policies that keep more per worker."""
+
+    def remove(self, handle: Hashable) -> None:
+        """Forget a worker entirely, even with requests in flight on it."""
+        worker = self.workers.pop(handle, None)
+        if worker is None:
+            return
+        self._forget_skills(worker)
+        del self._lru[worker]
+        self._first = None
+        self.backlog -= worker.backlog
+        worker.backlog = 0
+        self._update_decays()
+
+    def new_resume(self, handle: Hashable, resume: Mapping[str, float],
+                   pause: Optional[Callable[[], None]] = None) -> Set[str]:
+        """Replace a worker's skills by those of its new résumé; the
+        classes whose skill changed.  Only those are touched: an idle
+        class's score does not move (worker/resume.py), so a résumé of 10,000
+        classes of which a hundred were served costs a hundred updates,
+        and set differences in C to find them.  A score that is not a
+        positive finite number drops the class, as does its absence.
+        The LB's own skills (``given``) give way to the résumé's.
+
+        ``pause``, if given, is called after every ``RESUME_STEP``
+        changed classes (the LB lets the rest of its loop run there: a
+        résumé whose 10,000 classes all changed takes some 20-60 ms).
+        Meanwhile ``worker.resume`` holds what the skilled workers hold,
+        so that a worker removed during a pause leaves nothing behind;
+        the intake then stops."""
+        worker = self.workers.get(handle)
+        if worker is None:
+            return set()
+        old, skilled_map = worker.resume, self.skilled
+        new: Dict[Any, Any] = dict(resume)  # (cleaned below: any key, any score)
+        touched = set(worker.given)
+        known = old.get
+        added = 0
+        current: Optional[Dict[str, float]] = None  # (with ``pause``: what is skilled so far)
+        if pause is not None:
+            current = worker.resume = dict(old)
+        steps = 0
+        for rclass in [rclass for rclass, score in new.items() if known(rclass) != score]:
+            score = new.pop(rclass)
+            try:
+                score = float(score)
+            except (TypeError, ValueError):
+                continue
+            if not 0.0 < score < math.inf:  # (NaN too)
+                continue
+            rclass = str(rclass)
+            new[rclass] = score
+            added += rclass not in old
+            skilled = skilled_map.get(rclass)
+            if skilled is None:
+                skilled = skilled_map[rclass] = {}
+            skilled[worker] = score
+            touched.add(rclass)
+            if current is not None:
+                current[rclass] = score
+                steps += 1
+                if steps == RESUME_STEP:
+                    steps = 0
+                    pause()  # type: ignore[misc]
+                    if self.workers.get(handle) is not worker:
+                        return touched  # (removed meanwhile: nothing of it is left)
+        if len(new) - added < len(old):  # some classes left the résumé
+            dropped = [c for c in old if c not in new]
+            if current is None:
+                unskill(skilled_map, worker, dropped)
+            else:  # (in steps too, each out of ``current`` as it goes)
+                for start in range(0, len(dropped), RESUME_STEP):
+                    if start:
+                        pause()  # type: ignore[misc]
+                        if self.workers.get(handle) is not worker:
+                            return touched
+                    part = dropped[start:start + RESUME_STEP]
+                    unskill(skilled_map, worker, part)
+                    for rclass in part:
+                        del current[rclass]
+            touched.update(dropped)
+        worker.resume = new
+        worker.given.clear()
+        return touched
+
+    def _forget_skills(self, worker: PoolWorker) -> None:
+        unskill(self.skilled, worker, worker.resume)
+        worker.resume = {}
+        worker.given.clear()
+
+    def __contains__(self, handle: Hashable) -> bool:
+        return handle in self.workers
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    # -- routing ------------------------------------------------------
+
+    def get(self, rclass: Optional[str], key: Optional[str] = None
+            ) -> Optional[Hashable]:
+        """Choose a worker for a request of ``rclass``; None if there is none.
+
+        ``rclass`` None means the request has no class: it goes to the
+        least loaded worker.  The published algorithm ignores ``key``.
+        """
+        if not self._lru:
+            return None
+        if rclass is None:
+            return self._least_backlog()
+        return self._chosen(self._published(rclass))
+
+    def _published(self, rclass: str) -> PoolWorker:
+        """The published choice for a request of ``rclass`` (steps 1 to
+        3 of the module docstring), not yet accounted."""
+        oldest = self._oldest()
+        max_backlog = self.variance * self.mbacklog / float(len(self.workers))
+        if max_backlog < 1.0:
+            max_backlog = 1.0
+        min_backlog = oldest.mbacklog + 1.0
+
+        best_worker = None
+        best_score = 0.0
+        skilled = self.skilled.get(rclass)
+        if skilled:
+            for worker, score in skilled.items():
+                if worker.mbacklog - min_backlog > max_backlog:
+                    continue
+                backlog = worker.backlog
+                if backlog > 1:
+                    score /= backlog
+                if score > best_score:
+                    best_score = score
+                    best_worker = worker
+
+        if best_worker is None:
+            best_worker = oldest
+            if rclass not in best_worker.resume:
+                score = self.unskilled_score
+                best_worker.resume[rclass] = score
+                best_worker.given.add(rclass)
+                if skilled is None:
+                    skilled = self.skilled[rclass] = {}
+                skilled[best_worker] = score
+        return best_worker
+
+    def _chosen(self, worker: PoolWorker) -> Hashable:
+        """Account a request given to ``worker``; its handle."""
+        self._to_end(worker)
+        worker.backlog += 1
+        self.backlog += 1
+        self._decay(worker)
+        return worker.handle
+
+    def _to_end(self, worker: PoolWorker) -> None:
+        """Make ``worker`` the most recently chosen."""
+        if worker is self._first:
+            self._first = None
+        self._lru.move_to_end(worker)
+
+    def _oldest(self) -> PoolWorker:
+        """The least recently chosen worker (there is one).  Remembered
+        until it is chosen or removed: the first of an ordered dict costs
+        an iterator (compiled, some 600 instructions), and most requests
+        do not change it."""
+        oldest = self._first
+        if oldest is None:
+            for oldest in self._lru:
+                break
+            else:
+                raise LookupError("the pool has no workers")
+            self._first = oldest
+        return oldest
+
+    def _least_backlog(self) -> Optional[Hashable]:
+        """The least loaded worker, ties to the least recently chosen: O(workers)."""
+        best = self._least_loaded()
+        if best is None:
+            return None
+        return self._chosen(best)
+
+    def _least_loaded(self, skip: Container[PoolWorker] = ()) -> Optional[PoolWorker]:
+        """The worker with the least backlog but for those in ``skip``,
+        ties to the least recently chosen, not yet accounted: O(workers)."""
+        best = None
+        for worker in self._lru:  # least recently chosen first
+            if (best is None or worker.backlog < best.backlog) and worker not in skip:
+                best = worker
+                if not worker.backlog:
+                    break
+        return best
+
+    def room(self, load: float, floor: int = 1) -> int:
+        """Requests the workers can take before any of them passes the cap
+        that ``load`` requests spread over the pool would set: ``variance``
+        times the mean backlog per worker (the decayed mean, if higher),
+        and at least ``floor`` each.  What a retry may use: work moved
+        from a lost worker to others with room, never piled on a pool
+        already at its cap."""
+        if not self.workers:
+            return 0
+        load = max(load, self.mbacklog)
+        cap = max(math.ceil(self.variance * load / len(self.workers)), floor)
+        return sum(max(cap - worker.backlog, 0) for worker in self._lru)
+
+    def served(self, placed: Any, elapsed: float, cache: Optional[bool] = None) -> None:
+        """The application took ``elapsed`` seconds for a request that
+        ``get`` placed, ``placed`` being the pool's ``placed`` right after
+        that ``get``, and said whether its ``cache`` hit (None: it did
+        not say).  The published policy learns from résumés alone."""
+
+    def put(self, handle: Hashable) -> None:
+        """A request given to ``handle`` by ``get`` has ended."""
+        worker = self.workers.get(handle)
+        if worker is None or worker.backlog <= worker.elsewhere:
+            return  # removed while the request was in flight
+        worker.backlog -= 1
+        self.backlog -= 1
+        self._decay(worker)
+
+    def share_with(self, siblings: Any) -> None:
+        """Route as one LB with the other processes of ``--processes``
+        (a ``siblings.Siblings``): here, the backlogs counted over all
+        (``take_elsewhere``), which the LB brings; a policy with more to
+        share takes it."""
+
+    def measure(self) -> Tuple[float, float]:
+        """What this pool measured that its siblings count too (see
+        ``take_measure``): nothing here."""
+        return 0.0, 0.0
+
+    def take_measure(self, ratio: float, weight: float) -> None:
+        """The siblings' measures (``measure``), summed: nothing here."""
+
+    def take_elsewhere(self, elsewhere: Mapping[str, int]) -> Dict[str, int]:
+        """Count the requests sibling LBs have in flight on the workers
+        (worker name -> requests; routing/siblings.py) into their backlogs, in
+        place of the last such count; this pool's own requests in flight,
+        by worker name, for the siblings."""
+        own: Dict[str, int] = {}
+        for worker in self.workers.values():
+            count = elsewhere.get(worker.name, 0)
+            change = count - worker.elsewhere
+            if change:
+                worker.elsewhere = count
+                worker.backlog += change
+                self.backlog += change
+            own[worker.name] = worker.backlog - count
+        return own
+
+    def _decay(self, worker: PoolWorker) -> None:
+        decay = self.worker_decay
+        worker.dsum = dsum = decay * worker.dsum + worker.backlog
+        worker.dcount = dcount = decay * worker.dcount + 1.0
+        worker.mbacklog = dsum / dcount
+        decay = self.pool_decay
+        self.dsum = dsum = decay * self.dsum + self.backlog
+        self.dcount = dcount = decay * self.dcount + 1.0
+        self.mbacklog = dsum / dcount
+
+    # -- introspection ------------------------------------------------
+
+    def order(self) -> Iterable[Hashable]:
+        """Worker handles, least recently chosen first."""
+        return [worker.handle for worker in self._lru]
+
+    def status(self) -> dict:
+        """A JSON-able picture of the pool, for the status document."""
+        return {
+            "policy": type(self).__name__,
+            "variance": self.variance,
+            "backlog_history": self.backlog_history,
+            "unskilled_score": self.unskilled_score,
+            "backlog": self.backlog - sum(w.elsewhere for w in self._lru),
+            "mean_backlog": round(self.mbacklog, 4),
+            "workers": {
+                str(worker.handle): {
+                    "backlog": worker.backlog - worker.elsewhere,
+                    "siblings_backlog": worker.elsewhere,  # (--processes: routing/siblings.py)
+                    "mean_backlog": round(worker.mbacklog, 4),
+                    "version": worker.version,
+                    "skills": dict(sorted(worker.resume.items())),
+                }
+                for worker in self._lru
+            },
+        }
+
+    def __repr__(self) -> str:
+        return "<%s workers=%d classes=%d backlog=%d mbacklog=%.2f variance=%g>" % (
+            type(self).__name__,
+            len(self.workers),
+            len(self.skilled),
+            self.backlog,
+            self.mbacklog,
+            self.variance,
+        )
+
+
+class ClasslessPool(Pool):
+    """Least backlog, ignoring classes and résumés; ties go to the least
+    recently chosen worker.  For applications without a useful classifier.
+    """
+
+    def new_resume(self, handle: Hashable, resume: Mapping[str, float],
+                   pause: Optional[Callable[[], None]] = None) -> Set[str]:
+        """Résumés are ignored."""
+        return set()
+
+    def get(self, rclass: Optional[str], key: Optional[str] = None
+            ) -> Optional[Hashable]:
+        """Choose the worker with the least backlog; None if there is none."""
+        return self._least_backlog()

@@ -1,0 +1,326 @@
+"""Re-learning: after a classifier change, the pool finds where each
+class's data went: ``Relearning``, a part that ``affinity.AffinityPool``
+holds and calls.
+
+Theory of operation
+-------------------
+
+A changed classifier moves keys between classes, but their data stays
+where it was.  The LB keeps a book of keys (at most ``BOOK_SIZE``): the
+class and worker each last went to (which also keeps keys where they
+went, see "Stickiness" in ``routing/affinity.py``).  When enough of a class's new keys
+come from other classes, it follows them: the workers most of them came
+from become its members (floored at the members' mean until the class
+settles, ranked by how many keys came from each), and its old members,
+which hold another class's data, lose their skill in it until their
+résumés drop it.  A worker is followed only once it sent at least half
+as many keys as the one that sent the most: a key that last went
+elsewhere (spilled, or moved on by the balance bound) does not make a
+member.  A path seen moving twice is in several classes (the same path
+under several hosts) and is ignored from then on.  ``reset_skills()``
+forgets every skill the LB holds (an operator's switch); the pool also
+resets by itself when, over a window, most requests hit classes no
+worker is skilled in after most had hit known ones (once, until fewer
+than half as many do; not in a new pool, nor right after an operator's
+reset, while the classes are learned).
+Résumés then teach it again, and the book, which a reset keeps, comes
+first: a class no worker is skilled in since the reset takes the worker
+its first key the book knows last went to, which may still hold its
+data, before it recruits a stranger.  (Not a class whose résumés merely
+dropped it: its data is likely gone too.)
+
+Structure.  ``Relearning`` owns the book, the stale skills, the measure
+of unskilled requests that arms and fires a reset, and the counts of
+resets and adoptions.  It is built with the pool's maps of workers,
+skills and classes (the same dicts, which the pool never replaces): it
+reads them, and changes skills in them.  The pool calls it with each
+request's class and key (``notice_unskilled``, ``moved``,
+``remember``), with each new résumé (``drop_stale``), for a reset
+(``reset``), and when it makes a worker skilled itself (``fresh``) or
+loses one (``remove``).  ``notice_unskilled`` and ``moved`` say whether
+they changed skills (a reset always does), so that the pool, which
+counts changes of skills (``skills_version``), marks them.  The pool
+reads ``book`` (the same dict) on its own path.
+
+Weak spot, admitted.  A path shared by two classes may look moved before
+it is seen moving twice: such a class may follow a few of its keys once,
+at start.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Dict, Final, Hashable, Optional, Set, Tuple
+
+from zc_lb.routing.classstats import ClassStats
+from zc_lb.routing.pool import PoolWorker, unskill
+
+RELEARN_SHARE: Final = 0.5  # "most requests hit classes no worker is skilled in"
+BOOK_SIZE = 1 << 16  # keys the book remembers, least recently seen forgotten
+MOVED_WINDOW: Final = 32  # new keys of a class over which moves count
+SETTLE: Final = 0.995  # moves and new keys of a class fade with each key it had before
+SETTLED: Final = 0.1  # moves below which a class that followed its keys is settled
+MOVED_LEAST: Final = 2  # keys moved in before a class follows them
+FOLLOW_SHARE: Final = 0.5  # a worker is followed once it sent half the top sender's keys
+
+
+ADOPTED: Final = -1.0
+"""The floor of a worker that followed a class's moved keys.  It is a mark,
+not a ratio: the worker weighs the members' mean (``floor_weight``).  A
+starter's floor, a ratio of keys, may be 1.0 too, so the mark is a value no
+ratio takes; a value, not a type, as compiled code keeps floats unboxed."""
+
+
+def adopted(ratio: Optional[float]) -> bool:
+    """Whether a floor is ``ADOPTED`` (None, no floor, counts as adopted:
+    nothing to fade or raise)."""
+    return ratio is None or ratio < 0.0
+
+
+def floor_weight(ratio: float) -> float:
+    """How many times the members' mean a floor weighs."""
+    return 1.0 if ratio < 0.0 else ratio
+
+
+# (class, worker a key last went to, whether it moved between classes,
+# AWAY if that worker is not its owner in rendezvous order, else the
+# class's ``joins`` then: see ``AffinityPool.get``)
+BookEntry = Tuple[Optional[str], Optional[PoolWorker], bool, int]
+AWAY: Final = -1
+SHARED: BookEntry = (None, None, True, AWAY)  # a key of several classes
+
+
+class Relearning:
+    """The affinity pool's re-learning (see the module docstring).  It
+    owns ``book`` (key -> ``BookEntry``, least recently seen first),
+    ``stale`` (worker -> classes whose keys moved away from it, while
+    its résumé still lists them), ``unskilled`` (decayed requests whose
+    class had no skilled worker), ``armed`` (whether it may reset by
+    itself, see ``notice_unskilled``) and the counts of ``resets`` and
+    ``adoptions``.  ``workers``, ``skilled`` and ``classes`` are the
+    pool's maps, which it reads and changes skills in."""
+
+    __slots__ = ("workers", "skilled", "classes", "book", "stale", "unskilled", "armed",
+                 "resets", "adoptions")
+
+    def __init__(self, workers: Dict[Hashable, PoolWorker],
+                 skilled: Dict[str, Dict[PoolWorker, float]],
+                 classes: Dict[str, ClassStats]) -> None:
+        self.workers = workers
+        self.skilled = skilled
+        self.classes = classes
+        # key -> (class, worker) it last went to, whether it moved
+        self.book: OrderedDict[int, BookEntry] = OrderedDict()
+        # worker -> classes whose keys moved away from it, while its
+        # résumé still lists them
+        self.stale: Dict[PoolWorker, Set[str]] = {}
+        self.unskilled = 0.0
+        # Armed once most requests hit known classes: a pool that never
+        # knew most of its classes has nothing a reset could bring back
+        # (a site of thousands of classes each seen once reset itself at
+        # the end of its first footprint window).
+        self.armed = False
+        self.resets = 0
+        self.adoptions = 0
+
+    def remove(self, worker: PoolWorker) -> None:
+        """``worker`` left the pool: its stale skills go with it."""
+        self.stale.pop(worker, None)
+
+    def drop_stale(self, worker: PoolWorker, touched: Set[str]) -> None:
+        """``worker`` has a new résumé: take back its skills in classes
+        whose keys moved away from it (see ``moved``), adding them to
+        ``touched``: it holds their old data, so its score for them means
+        nothing until its résumé has dropped them."""
+        stale = self.stale.get(worker)
+        if stale:
+            held = [rclass for rclass in stale if rclass in worker.resume]
+            stale.intersection_update(held)  # (those its résumé dropped are done)
+            for rclass in held:
+                del worker.resume[rclass]
+            unskill(self.skilled, worker, held)
+            touched.update(held)
+            if not stale:
+                del self.stale[worker]
+
+    def fresh(self, worker: PoolWorker, rclass: str) -> None:
+        """The LB made ``worker`` skilled in ``rclass`` itself: its skill
+        there is no longer stale."""
+        stale = self.stale.get(worker)
+        if stale and rclass in stale:
+            stale.discard(rclass)
+            if not stale:
+                del self.stale[worker]
+
+    def reset(self, total: float) -> None:
+        """Forget every skill: résumés from now on teach the pool again
+        (an operator's switch).  Every class is unknown now: as after a
+        reset of its own, the pool may reset by itself again only once
+        most requests hit known classes (``total``: the pool's decayed
+        requests; without this a site of many classes reset itself right
+        after the operator did, losing what résumés had taught since)."""
+        self._forget_all_skills()
+        self.unskilled = total
+        self.armed = False
+
+    def _forget_all_skills(self) -> None:
+        for worker in self.workers.values():
+            worker.resume = {}
+            worker.given.clear()
+        self.skilled.clear()
+        self.stale.clear()
+        for stats in self.classes.values():
+            stats.reset = True
+        self.resets += 1
+
+    def remember(self, book_hash: int, entry: Optional[BookEntry], rclass: str,
+                 worker: PoolWorker, where: int) -> None:
+        """Note which class and worker a key last went to, and ``where``
+        (``AWAY`` or the class's joins, see ``BookEntry``); ``entry`` is
+        what the book held for it (looked up once per request); a key seen
+        moving twice is in several classes (a path under several hosts)
+        and tells nothing: it stays ``SHARED``.  The book forgets the
+        keys least recently seen first."""
+        book = self.book
+        if entry is None:
+            book[book_hash] = (rclass, worker, False, where)
+            if len(book) > BOOK_SIZE:
+                book.popitem(last=False)
+            return
+        if entry[0] != rclass:
+            book[book_hash] = SHARED if entry[2] else (rclass, worker, True, where)
+        elif entry[1] is not worker or entry[3] != where:
+            book[book_hash] = (rclass, worker, entry[2], where)
+        book.move_to_end(book_hash)
+
+    def moved(self, rclass: str, stats: ClassStats, entry: Optional[BookEntry],
+              unskilled_score: float) -> bool:
+        """A key of ``rclass`` last went to ``entry``: (class,
+        worker, whether it moved before), or None.  When keys new to a
+        class come from other classes (``MOVED_LEAST`` of them, and more
+        than a quarter of its new keys, decayed), its data is where they
+        went (a changed classifier): the workers that sent it at least
+        ``FOLLOW_SHARE`` times as many as the top one become its members
+        (``_follow``).  Whether skills or floors changed."""
+        if entry is not None and entry[0] is None:  # SHARED (told by value:
+            return False                           # compiled code copies tuples)
+        if entry is not None and entry[0] == rclass:
+            stats.fresh *= SETTLE  # a key it already had: the class is settling
+            stats.moved *= SETTLE
+            if stats.following and stats.moved < SETTLED:
+                return self._settled(stats)
+            if stats.reset:  # the first of its keys the book knows since
+                stats.reset = False
+                if not self.skilled.get(rclass):
+                    return self._returned(rclass, entry[1], unskilled_score)
+            return False
+        worker = self._sender(stats, entry)
+        if worker is None:
+            return False
+        return self._follow(rclass, stats, worker, unskilled_score)
+
+    def _sender(self, stats: ClassStats, entry: Optional[BookEntry]) -> Optional[PoolWorker]:
+        """Count a key new to the class (``entry`` None: never seen) or
+        moved in from another class (over the last ``MOVED_WINDOW`` or
+        so); the worker the class should follow for it, if any: the one
+        the moved key went to, once enough keys moved in and it sent at
+        least ``FOLLOW_SHARE`` times as many as the top sender."""
+        senders = stats.senders
+        if stats.fresh + stats.moved > MOVED_WINDOW:
+            stats.fresh /= 2.0
+            stats.moved /= 2.0
+            if senders:
+                for sender in senders:
+                    senders[sender] /= 2.0
+        if entry is None:
+            stats.fresh += 1.0
+            return None
+        stats.moved += 1.0
+        worker = entry[1]
+        if worker is None or self.workers.get(worker.handle) is not worker:
+            return None
+        if senders is None:
+            senders = stats.senders = {}
+        votes = senders[worker] = senders.get(worker, 0.0) + 1.0
+        # A key that last went elsewhere than its class's data (spilled,
+        # or moved on by the balance bound) does not make a member.
+        if (stats.moved < MOVED_LEAST or stats.moved * 4 <= stats.fresh
+                or votes < FOLLOW_SHARE * max(senders.values())):
+            return None
+        return worker
+
+    def _follow(self, rclass: str, stats: ClassStats, worker: PoolWorker,
+                unskilled_score: float) -> bool:
+        """The class follows its moved keys to ``worker``: it becomes a
+        member, floored at the members' mean (``ADOPTED``), and the first
+        time, the old members, which hold other data, no longer count for
+        the class until their résumés drop it.  Whether skills changed."""
+        skilled = self.skilled.get(rclass)
+        if skilled is None:
+            skilled = self.skilled[rclass] = {}
+        if not stats.following:  # the old members hold the class's old data
+            stats.following = True
+            stale = self.stale
+            for old in skilled:
+                old.resume.pop(rclass, None)
+                stale.setdefault(old, set()).add(rclass)
+            skilled.clear()
+            stats.floors = None
+        if worker in skilled:
+            return False
+        self.fresh(worker, rclass)
+        score = max(skilled.values()) if skilled else unskilled_score
+        skilled[worker] = worker.resume[rclass] = score
+        if stats.floors is None:
+            stats.floors = {}
+        stats.floors[worker] = ADOPTED
+        self.adoptions += 1
+        return True
+
+    def _returned(self, rclass: str, worker: Optional[PoolWorker],
+                  unskilled_score: float) -> bool:
+        """A class no worker is skilled in since skills were reset takes
+        the worker its key last went to, which may still hold its data,
+        before it recruits a stranger.  Whether skills changed."""
+        if worker is None or self.workers.get(worker.handle) is not worker:
+            return False
+        skilled = self.skilled.setdefault(rclass, {})
+        self.fresh(worker, rclass)
+        skilled[worker] = worker.resume[rclass] = unskilled_score
+        worker.given.add(rclass)
+        return True
+
+    def _settled(self, stats: ClassStats) -> bool:
+        """A class that followed its moved keys has them all: the workers
+        it took lose their floors, and résumés rank its members again.
+        Whether floors changed."""
+        stats.following = False
+        stats.senders = None
+        floors = stats.floors
+        if floors:
+            for worker in [w for w, ratio in floors.items() if adopted(ratio)]:
+                del floors[worker]
+            if not floors:
+                stats.floors = None
+            return True
+        return False
+
+    def notice_unskilled(self, skilled: Optional[dict], decay: float, requests: int,
+                         total: float, window: int) -> bool:
+        """Reset skills when most requests hit classes no worker knows;
+        then not again until fewer than half as many do.  A second reset
+        while they still do cannot help, and a flood of classes seen once
+        (a client sending a new Host with every request) would otherwise
+        reset the pool over and over, moving every other class's keys.
+        ``skilled``: the request's class's skilled workers; ``requests``,
+        ``total``: the pool's requests and decayed requests of every
+        class; ``window``: its footprint window.  Whether it reset."""
+        self.unskilled = unskilled = self.unskilled * decay + (0.0 if skilled else 1.0)
+        if not self.armed:
+            self.armed = unskilled < RELEARN_SHARE / 2 * total
+        elif (requests > window and self.skilled
+                and unskilled > RELEARN_SHARE * total):
+            self._forget_all_skills()  # (``unskilled`` still measured, to re-arm)
+            self.armed = False
+            return True
+        return False

@@ -1,0 +1,368 @@
+"""The status document: served as JSON, printed as a table.
+
+The LB's ``--status HOST:PORT`` serves ``LB.status()`` as JSON at ``/``
+and ``/status.json``, an HTML page at ``/`` for browsers (status/page.py),
+Prometheus metrics at ``/metrics`` (status/metrics.py) and ``/healthz``;
+``zc-lb status HOST:PORT`` fetches the document and prints it for a person.
+"""
+
+from __future__ import annotations
+
+import collections
+import hmac
+import json
+import logging
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Callable, Dict, List, Optional, Tuple
+
+from webob import Request, Response
+
+from zc_lb.errors import ConfigurationError
+from zc_lb.sockets import is_loopback
+
+log = logging.getLogger(__name__)
+
+RECENT_ERRORS = 20  # in a merged document
+STATUS_SKILLS = 100  # skills a worker in the document, unless ?skills=all
+
+
+class RequestHistory:
+    """Request counts sampled every ``interval`` seconds, the last ``size``
+    of them (a ring): the status page's sparkline of the request rate."""
+
+    def __init__(self, get_requests: Callable[[], int], interval: float = 5.0,
+                 size: int = 60) -> None:
+        self.get_requests = get_requests
+        self.interval = interval
+        self.samples: "collections.deque[Tuple[float, int]]" = collections.deque(maxlen=size)
+        self._greenlet = None
+
+    def sample(self) -> None:
+        try:
+            self.samples.append((time.time(), int(self.get_requests())))
+        except Exception as exc:  # a supervisor's child may not answer
+            log.debug("no request count to sample: %s", exc)
+
+    def rates(self) -> List[Tuple[float, float]]:
+        """(time, requests per second) between consecutive samples."""
+        samples = list(self.samples)
+        return [(t1, max(n1 - n0, 0) / max(t1 - t0, 1e-9))
+                for (t0, n0), (t1, n1) in zip(samples, samples[1:])]
+
+    def start(self) -> "RequestHistory":
+        import gevent
+
+        def loop() -> None:
+            while True:
+                self.sample()
+                gevent.sleep(self.interval)
+        self._greenlet = gevent.spawn(loop)
+        return self
+
+    def stop(self) -> None:
+        if self._greenlet is not None:
+            self._greenlet.kill(block=False)
+
+
+def _wants_html(request: Request) -> bool:
+    """A browser asks for text/html before (or instead of) JSON; urllib,
+    curl and ``zc-lb status`` send no Accept (or */*) and get JSON."""
+    if "text/html" not in request.headers.get("Accept", ""):
+        return False
+    offers = request.accept.acceptable_offers(["application/json", "text/html"])
+    return bool(offers) and offers[0][0] == "text/html"
+
+
+def bound_skills(document: dict, n: int = STATUS_SKILLS) -> dict:
+    """``document`` with at most ``n`` skills a worker (the best), and each
+    worker's ``skills_count``: a site with 40,000 classes made a document
+    of megabytes."""
+    workers = document.get("workers")
+    if not workers:
+        return document
+    bounded = dict(document, workers=dict(workers))
+    for address, info in workers.items():
+        skills = info.get("skills")
+        if skills is not None:
+            info = bounded["workers"][address] = dict(info, skills_count=len(skills))
+            if len(skills) > n:
+                info["skills"] = dict(sorted(skills.items(), key=lambda item: -item[1])[:n])
+    return bounded
+
+
+def _respond(body: bytes, content_type: str, status: int = 200) -> Response:
+    """An uncached response of ``body`` (text in UTF-8)."""
+    response = Response(body=body, status=status, content_type=content_type,
+                        charset=None)
+    if "charset" not in content_type and content_type.startswith("text/"):
+        response.charset = "utf-8"
+    response.cache_control = "no-store"
+    return response
+
+
+def _as_json(document, status: int = 200) -> Response:
+    """An uncached response of ``document`` as indented JSON."""
+    body = json.dumps(document, indent=2, sort_keys=True).encode() + b"\n"
+    return _respond(body, "application/json", status)
+
+
+def _refusal(request: Request, token: Optional[bytes]) -> Optional[Response]:
+    """The 401 or 403 answer to an action the client may not run, or None if it may."""
+    if token is not None:
+        # The scheme is case-insensitive (RFC 9110, 11.1); the token is not.
+        scheme, _, credentials = request.headers.get("Authorization", "").strip().partition(" ")
+        if not (scheme.lower() == "bearer" and hmac.compare_digest(
+                credentials.strip().encode("latin-1", "replace"), token)):
+            response = _as_json({"error": "this action needs the admin token"}, 401)
+            response.headers["WWW-Authenticate"] = "Bearer"
+            return response
+    elif not is_loopback(request.remote_addr):
+        return _as_json({"error": "actions from other hosts than this one need "
+                                  "--admin-token-file"}, 403)
+    return None
+
+
+def _post(request: Request, actions: Dict[str, Callable[..., object]],
+          token: Optional[bytes]) -> Response:
+    """The answer to a POST: the action it names run with its query, or why not."""
+    name = request.path_info.strip("/")
+    refusal = _refusal(request, token)
+    if refusal is not None:
+        return refusal
+    action = actions.get(name)
+    if action is None:
+        return _as_json({"error": "no such action", "actions": sorted(actions)}, 404)
+    try:
+        result = action(**dict(request.GET))
+    except (ConfigurationError, TypeError) as exc:
+        return _as_json({"error": "%s: %s" % (name, exc)}, 400)
+    log.warning("status action %s %s by %s", name, dict(request.GET), request.remote_addr)
+    return _as_json(dict(result or {}, done=name))
+
+
+def _metrics(collector) -> Response:
+    """``collector``'s metrics in the Prometheus text format."""
+    from zc_lb.status.metrics import CONTENT_TYPE_LATEST, exposition
+
+    response = _respond(exposition(collector), "text/plain")
+    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    return response
+
+
+def _document(request: Request, document: dict, page: Optional[Callable[..., str]],
+              history: Optional[RequestHistory]) -> Response:
+    """The status document as JSON (its skills bounded unless ``?skills=all``), or
+    as the HTML page for a browser at ``/``."""
+    if request.GET.get("skills") != "all":
+        document = bound_skills(document)
+    if request.path_info == "/" and page is not None and _wants_html(request):
+        return _respond(page(document, history).encode("utf-8"), "text/html")
+    return _as_json(document)
+
+
+def status_app(get_status: Callable[[], dict],
+               actions: Optional[Dict[str, Callable[..., object]]] = None,
+               collector=None, page: Optional[Callable[..., str]] = None,
+               history: Optional[RequestHistory] = None,
+               token: Optional[bytes] = None,
+               unready: Optional[Callable[[], Optional[str]]] = None) -> Callable:
+    """The status address's WSGI app (operators only: not for the public).
+
+    GET ``/status.json``: the status document as JSON, with at most
+    STATUS_SKILLS skills a worker (``?skills=all``: every one); GET ``/``:
+    the same document, or the HTML status page (``page(doc, history)``)
+    for a client that asks for text/html; ``/metrics``: ``collector``'s
+    metrics in the Prometheus text format; ``/healthz``: 200 "ok" while
+    this process answers and can serve, 503 with the reason while
+    ``unready()`` gives one (an LB with no worker in its pool); any other
+    GET: 404.  A POST to ``/NAME`` runs
+    ``actions[NAME](**query)`` (``/drain?worker=HOST:PORT``), answering
+    what it returns; with a ``token`` it needs ``Authorization: Bearer
+    TOKEN``, without one it is taken from loopback addresses only.
+    """
+    actions = actions or {}
+
+    def handle(request: Request) -> Response:
+        path = request.path_info
+        if request.method == "POST":
+            return _post(request, actions, token)
+        if path == "/healthz":
+            why = unready() if unready is not None else None
+            if why:
+                return _respond(("not ready: %s\n" % why).encode(), "text/plain", 503)
+            return _respond(b"ok\n", "text/plain")
+        if path == "/metrics" and collector is not None:
+            return _metrics(collector)
+        if path not in ("/", "/status.json"):
+            return _as_json({"error": "no such page", "pages": [
+                "/", "/status.json", "/metrics", "/healthz"]}, 404)
+        return _document(request, get_status(), page, history)
+
+    def app(environ, start_response):
+        return handle(Request(environ))(environ, start_response)
+
+    return app
+
+
+def merge_status(docs: List[dict]) -> dict:
+    """One view of several LB processes' status documents: counters
+    added up, each worker's backlog and streams summed, the pool's
+    settings and each worker's skills as the first process has them."""
+    good = [doc for doc in docs if "workers" in doc]
+    if not good:
+        return {"workers": {}, "errors": {}, "pool": {}}
+    merged = _merge_totals(good)
+    merged["workers"] = _merge_workers(good)
+    merged["uptime"] = min(doc.get("uptime", 0) for doc in good)
+    return merged
+
+
+def _merge_totals(docs: List[dict]) -> dict:
+    """The documents' top-level entries merged: numbers, latency histograms and
+    counts by name added up, recent errors interleaved, the rest the first's."""
+    merged: dict = {}
+    for doc in docs:
+        for key, value in doc.items():
+            if isinstance(value, bool) or key in ("pool", "workers", "uptime"):
+                merged.setdefault(key, value)
+            elif isinstance(value, (int, float)):
+                merged[key] = merged.get(key, 0) + value
+            elif key == "latency":
+                merged[key] = _add_histograms(merged.get(key), value)
+            elif key == "class_latency":
+                into = merged.setdefault(key, {})
+                for name, histogram in value.items():
+                    into[name] = _add_histograms(into.get(name), histogram)
+            elif key == "recent_errors":
+                merged[key] = sorted(merged.get(key, []) + list(value),
+                                     key=lambda e: e.get("time", 0))[-RECENT_ERRORS:]
+            elif key in ("errors", "classifier_errors", "error_causes", "classes"):
+                total = merged.setdefault(key, {})
+                for name, count in value.items():
+                    total[name] = total.get(name, 0) + count
+            else:
+                merged.setdefault(key, value)
+    return merged
+
+
+def _add_histograms(into: Optional[dict], value: dict) -> dict:
+    """Two latency histograms of the status document's added up (``into``
+    None: a copy of ``value``)."""
+    if into is None:
+        return dict(value, counts=list(value["counts"]))
+    if into["buckets"] == value["buckets"]:
+        into["counts"] = [a + b for a, b in zip(into["counts"], value["counts"])]
+        into["sum"] = round(into["sum"] + value["sum"], 6)
+    return into
+
+
+def _merge_workers(docs: List[dict]) -> Dict[str, dict]:
+    """The documents' workers merged: backlogs, streams and counts added up,
+    connected and in_pool only if so in every document, the rest the first's."""
+    workers: Dict[str, dict] = {}
+    for doc in docs:
+        for address, info in doc["workers"].items():
+            into = workers.get(address)
+            if into is None:
+                workers[address] = dict(info)
+                if "counts" in info:
+                    workers[address]["counts"] = dict(info["counts"])
+                if "latency" in info:
+                    workers[address]["latency"] = _add_histograms(None, info["latency"])
+                continue
+            if "latency" in info:
+                into["latency"] = _add_histograms(into.get("latency"), info["latency"])
+            for key in ("backlog", "mean_backlog", "streams"):
+                if key in info:
+                    into[key] = into.get(key, 0) + info[key]
+            if "counts" in info:
+                counts = into.setdefault("counts", {})
+                for what, count in info["counts"].items():
+                    counts[what] = counts.get(what, 0) + count
+            for key in ("connected", "in_pool"):
+                if key in info:
+                    into[key] = bool(into.get(key)) and bool(info[key])
+    return workers
+
+
+def fetch(address: str, timeout: float = 5.0, action: Optional[str] = None,
+          params: Optional[Dict[str, str]] = None, token: Optional[bytes] = None) -> dict:
+    """Get the status document from an LB's status address (or POST to
+    one of its actions, with ``params`` and the admin ``token``, and get
+    the answer)."""
+    url = address if "://" in address else "http://%s/" % address
+    data = None
+    if action is not None:
+        url, data = url.rstrip("/") + "/" + action, b""
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+    request = urllib.request.Request(url, data=data)
+    if token is not None:
+        request.add_header("Authorization", "Bearer " + token.decode("latin-1"))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as exc:
+        raise ConfigurationError("%s answered %s: %s" % (url, exc.code, _said(exc)))
+    except (OSError, ValueError) as exc:
+        raise ConfigurationError("cannot get status from %s: %s" % (url, exc))
+
+
+def _said(error) -> str:
+    """The ``error`` of a JSON answer, or the HTTP reason."""
+    try:
+        return json.loads(error.read())["error"]
+    except Exception:
+        return str(error.reason)
+
+
+def _table(rows: List[List[str]]) -> List[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+            for row in rows]
+
+
+def worker_state(info: dict) -> str:
+    """One word or two for a worker's standing in the status document."""
+    if info.get("standby"):
+        return "idle (other version)"
+    if info.get("drained"):
+        return "drained"
+    if not info.get("connected"):
+        return "down"
+    if info.get("in_pool"):
+        return "in pool"
+    return "ejected" if info.get("ejected") else "draining"
+
+
+def format_status(doc: dict, max_skills: int = 5) -> str:
+    """The status document as text tables."""
+    pool = doc.get("pool", {})
+    lines = [
+        "pool: %s  variance=%s  backlog_history=%s  unskilled_score=%s%s" % (
+            pool.get("policy"), pool.get("variance"), pool.get("backlog_history"),
+            pool.get("unskilled_score"), "  build: %s" % doc["build"] if doc.get("build") else ""),
+        "backlog=%s  mean backlog=%s  in flight=%s  requests=%s  retries=%s  errors=%s" % (
+            pool.get("backlog"), pool.get("mean_backlog"), doc.get("in_flight"),
+            doc.get("requests"), doc.get("retries"), doc.get("errors")),
+        "",
+    ]
+    rows = [["worker", "state", "version", "backlog", "mean", "classes",
+             "top skills (req/s)"]]
+    workers: Dict[str, dict] = doc.get("workers", {})
+    for address, info in sorted(workers.items()):
+        skills = info.get("skills") or {}
+        top = sorted(skills.items(), key=lambda item: -item[1])[:max_skills]
+        rows.append([address, worker_state(info), str(info.get("version") or "-"),
+                     str(info.get("backlog", "-")), str(info.get("mean_backlog", "-")),
+                     str(info.get("skills_count", len(skills))),
+                     ", ".join("%s=%.3g" % item for item in top)])
+    lines.extend(_table(rows))
+    for process in doc.get("processes", ()):
+        lines.append("process %s (pid %s, status %s): %s requests, %s in flight" % (
+            process.get("index"), process.get("pid"), process.get("status"),
+            process.get("requests"), process.get("in_flight")))
+    return "\n".join(lines)

@@ -1,0 +1,728 @@
+"""The LB<->worker protocol, sans I/O: bytes in, events out, and back.
+
+Its frames and messages are in ``wire/frames.py`` (re-exported here).
+
+Connection start: each side sends ``Hello`` at once (protocol version, its
+role, a random nonce, whether it holds a shared secret, the features it
+takes).  With a secret, each then sends ``Auth``: HMAC-SHA256(secret,
+peer's nonce + own role), so both sides prove the secret without sending
+it, and a reply cannot be replayed to another connection.
+
+A request's life: the LB sends ``Request(environ)``, ``Body*``, ``End``;
+the worker answers ``Response(status, headers)``, ``Body*``, ``End``
+(each a single whole frame where it can be: see ``wire/frames.py``).  Either
+side may send ``Cancel`` at any time; it ends both directions.
+
+Flow control: each direction of each request starts with ``WINDOW`` bytes
+of credit.  A sender may send body bytes only within its credit; the
+receiver grants more with ``Credit(n)`` as it *consumes* (not receives)
+data.  So one slow client cannot stall the other requests on a
+connection, nor grow the LB's memory past a window per request.
+
+``Connection`` is the protocol itself, for one side, with no I/O (as
+h11 is for HTTP): phases with frame limits (a kilobyte before the peer
+is authenticated), the roles (a worker never accepts a résumé), request
+numbers, each request's ``Stream`` (a state table per direction, cancel
+and credit included), credit windows, and events that say who ended a
+request.  ``wire/connection.py`` only pumps bytes between it and a socket;
+the tests drive two of them against each other in memory.
+
+Messages for a request that one side has just cancelled may still be in
+flight from the other: a ``Connection`` drops frames for request numbers
+that have ended, and calls frames for numbers never used errors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from dataclasses import dataclass
+from typing import Dict, Final, List, Optional, Tuple, Type, Union
+
+from mypy_extensions import mypyc_attr
+
+from zc_lb.errors import (AuthenticationError, BadResponseHead, LocalProtocolError,
+                     RemoteProtocolError, ResponseHeadTooLarge)
+from zc_lb.wire.frames import (  # noqa: F401  (the frames' names are the protocol's too)
+    Auth,
+    Body,
+    COMPACT_AT,
+    CONNECTION_TYPES,
+    CREDIT_PAYLOAD,
+    Cancel,
+    ConnectionMessage,
+    Credit,
+    Decoder,
+    End,
+    FEATURES,
+    FRAME_NAMES,
+    GoAway,
+    HEAD,
+    HEADER,
+    HEADER_SIZE,
+    HEAD_LENGTH,
+    HEAD_REQUEST,
+    CACHE,
+    KEYS,
+    Keys,
+    LB_FEATURES,
+    READY,
+    READY_FLAGS,
+    READY_PREFIX,
+    READY_RESPONSE,
+    Hello,
+    MAX_BODY,
+    MAX_MESSAGE,
+    MAX_RESUME,
+    MAX_RNO,
+    Message,
+    NEED_DATA,
+    NeedData,
+    Ping,
+    Pong,
+    REQUEST_TYPES,
+    Request,
+    RequestMessage,
+    Response,
+    Resume,
+    TIMING,
+    VERSION,
+    WHOLE,
+    WHOLE_REQUEST,
+    WHOLE_RESPONSE,
+    WIDE_WINDOW,
+    WINDOW,
+    WORKER_FEATURES,
+    body_header,
+    encode,
+    head_fields,
+    head_request_frame,
+    ready_frame,
+    request_frames,
+)
+from zc_lb.wire.frames import _response_frames, _response_payload
+from zc_lb.front.h1 import ready_head
+
+# -- handshake ----------------------------------------------------------
+
+
+def new_hello(role: str, secret: Optional[bytes], app_version: Optional[str] = None,
+              features: Tuple[str, ...] = FEATURES) -> Hello:
+    """Our Hello, with a fresh nonce."""
+    return Hello(VERSION, role, os.urandom(16).hex(), secret is not None, app_version,
+                 features)
+
+
+def auth_digest(secret: bytes, nonce: str, role: str) -> str:
+    """HMAC-SHA256 of the peer's nonce and the prover's role."""
+    return hmac.new(secret, (nonce + ":" + role).encode(), hashlib.sha256).hexdigest()
+
+
+def check_hello(ours: Hello, theirs: Hello) -> None:
+    """Raise unless the peer's Hello fits ours (version, role, secret)."""
+    if theirs.version != VERSION:
+        raise RemoteProtocolError(
+            "peer speaks protocol version %d, we speak %d" % (theirs.version, VERSION))
+    if theirs.role == ours.role or theirs.role not in ("lb", "worker"):
+        raise RemoteProtocolError("peer has role %r, we are %r" % (theirs.role, ours.role))
+    if theirs.auth != ours.auth:
+        raise AuthenticationError(
+            "shared secret configured on %s only" % ("the peer" if theirs.auth else "our side"))
+
+
+def check_auth(secret: bytes, ours: Hello, theirs: Hello, auth: Auth) -> None:
+    """Raise AuthenticationError unless ``auth`` proves the secret."""
+    expected = auth_digest(secret, ours.nonce, theirs.role)
+    if not auth.digest.isascii() or not hmac.compare_digest(expected, auth.digest):
+        raise AuthenticationError("peer failed the shared-secret challenge")
+
+
+# -- one request's state ------------------------------------------------
+
+IDLE: Final = "IDLE"
+OPEN: Final = "OPEN"
+DONE: Final = "DONE"
+CANCELLED: Final = "CANCELLED"
+START: Final = "start"
+BODY: Final = "body"
+END: Final = "end"
+CANCEL: Final = "cancel"
+CREDIT: Final = "credit"
+
+# One direction of a request: state -> what happens -> next state.  START
+# is the Request one way and the Response the other; CREDIT is credit for
+# this direction's body, which travels the other way; CANCEL, from either
+# side, ends both directions.
+DIRECTION: Final[Dict[str, Dict[str, str]]] = {
+    IDLE: {START: OPEN, CREDIT: IDLE, CANCEL: CANCELLED},
+    OPEN: {BODY: OPEN, END: DONE, CREDIT: OPEN, CANCEL: CANCELLED},
+    DONE: {CREDIT: DONE, CANCEL: CANCELLED},
+    CANCELLED: {},
+}
+ENDED: Final = (DONE, CANCELLED)
+
+
+class Stream:
+    """One request on a connection as one side sees it: the state of each
+    direction, the credit windows, and its owner: what the I/O layer keeps
+    for it (``connection.Exchange``), which ends with it."""
+
+    __slots__ = ("rno", "sending", "receiving", "credit", "window", "unacked", "owner")
+
+    def __init__(self, rno: int, window: int = WINDOW) -> None:
+        self.rno = rno
+        self.sending = IDLE
+        self.receiving = IDLE
+        self.credit = window  # body bytes we may still send
+        self.window = window  # body bytes the peer may still send us
+        self.unacked = 0  # bytes consumed here, not yet granted back
+        self.owner: object = None
+
+    @property
+    def finished(self) -> bool:
+        """Both directions ended (or the request was cancelled)."""
+        return self.sending in ENDED and self.receiving in ENDED
+
+    def step(self, direction: str, what: str, error: Type[Exception]) -> None:
+        """Move ``direction`` ("sending" or "receiving") on ``what``;
+        ``error`` (Local or RemoteProtocolError) if the table forbids it."""
+        state = getattr(self, direction)
+        next_state = DIRECTION[state].get(what)
+        if next_state is None:
+            raise error("request %d: %s not allowed while %s is %s"
+                        % (self.rno, what, direction, state))
+        setattr(self, direction, next_state)
+
+    def __repr__(self) -> str:
+        return "<Stream %d sending=%s receiving=%s credit=%d window=%d>" % (
+            self.rno, self.sending, self.receiving, self.credit, self.window)
+
+
+# -- the connection -----------------------------------------------------
+
+HANDSHAKE: Final = "handshake"
+AUTHENTICATING: Final = "authenticating"
+OPEN_PHASE: Final = "open"
+CLOSING: Final = "closing"
+CLOSED: Final = "closed"
+HANDSHAKE_LIMIT: Final = 1024  # payload bytes of a Hello or Auth: nothing more before it
+# An LB past this request number drains the connection for a new one
+# while numbers are left for the requests it still starts meanwhile.
+RECYCLE_RNO: Final = MAX_RNO - 100000
+
+
+@mypyc_attr(native_class=False)
+@dataclass(frozen=True)
+class Ready:
+    """The handshake is done (the peer proved the secret, if there is one)."""
+
+    peer: Hello
+
+
+@mypyc_attr(native_class=False)
+@dataclass(frozen=True)
+class StreamEnded:
+    """A request ended before it completed: ``by`` "peer" (it sent Cancel)
+    or "connection" (the connection closed under it), and why."""
+
+    rno: int
+    by: str
+    reason: str
+
+
+@mypyc_attr(native_class=False)
+@dataclass(frozen=True)
+class Closed:
+    """The peer closed the connection (end of file)."""
+
+    reason: str = "peer closed the connection"
+
+
+Event = Union[Message, Ready, StreamEnded, Closed]
+
+
+class Connection:
+    """One side of an LB<->worker connection, sans I/O, as h11 is for HTTP.
+
+    Bytes from the peer go in with ``receive_data`` (``b""`` at end of
+    file); ``next_event`` turns them into events until it returns
+    NEED_DATA: ``Ready`` when the handshake is done, then the peer's
+    messages (``Request``, ``Response``, ``Body``, ``End``, ``Credit``,
+    ``Resume``, ``GoAway``), ``StreamEnded`` when the peer cancels a
+    request, ``Closed`` at end of file.  What we send goes through
+    ``send(message)``, which returns the bytes to write; bytes the
+    connection answers on its own (our Hello, Auth, Pong) wait in
+    ``data_to_send()``.
+
+    Phases: *handshake* (only a Hello of at most HANDSHAKE_LIMIT bytes is
+    accepted), *authenticating* (with a secret: only an Auth as small),
+    *open*, *closing* (either side said GoAway: requests in flight go on,
+    an LB starts no new one), *closed*.  So an unauthenticated peer can
+    make us buffer a kilobyte, not a résumé's 64 MiB.  Frame types are
+    checked against the phase and the role from the frame header, before
+    the payload is buffered: a worker never accepts a résumé or a
+    response, an LB never a request.
+
+    Request numbers: the LB numbers its requests 1, 2, ... (``start_request``);
+    a worker refuses a number that does not increase.  A frame for a
+    number that has ended here (a cancel crossing the peer's last frames)
+    is dropped; one for a number never used is an error.  Past
+    RECYCLE_RNO the connection is ``draining``, as after a GoAway: an LB
+    opens a new one before the numbers run out.
+
+    Requests in flight are ``streams``, each with the ``owner`` the I/O
+    layer gave it; ``event_owner`` is the owner of the request of the
+    event ``next_event`` returned last, even when that event ended it.
+
+    Credit: each direction of each request may carry ``window`` body
+    bytes before the receiver grants more; ``send`` refuses a Body past
+    our credit, a Body past the peer's is a RemoteProtocolError, and
+    ``consumed`` says when to grant (a quarter of the window at a time).
+
+    Errors: RemoteProtocolError (or AuthenticationError) for what the peer
+    did, after which the connection is dead and every call raises it
+    again; LocalProtocolError for what our own code tried.  After either
+    end (``Closed``, or an error) the requests that were open stay in
+    ``streams`` until ``close()`` hands them over.
+    """
+
+    def __init__(self, role: str, secret: Optional[bytes] = None, *,
+                 max_body: int = MAX_BODY, max_message: int = MAX_MESSAGE,
+                 max_resume: int = MAX_RESUME, window: int = WINDOW,
+                 app_version: Optional[str] = None,
+                 features: Tuple[str, ...] = FEATURES) -> None:
+        if role not in ("lb", "worker"):
+            raise LocalProtocolError("role must be 'lb' or 'worker', not %r" % (role,))
+        self.role = role
+        self.secret = secret
+        self.window = window
+        self.phase = HANDSHAKE
+        self.our_hello = new_hello(role, secret, app_version, features)
+        self.peer_hello: Optional[Hello] = None
+        self.whole = False  # send whole frames: the peer offered them
+        self.timing = False  # say the application's seconds: the peer offered it
+        self.ready = False  # send response heads ready for the client: the LB offered it
+        self.relay = False  # send requests as HEAD_REQUEST frames: the worker offered it
+        self.keys = False  # send Keys: the peer offered it
+        self.cache = False  # say whether the app's cache hit: the LB offered it
+        self.streams: Dict[int, Stream] = {}
+        self.last_rno = 0
+        self.pings = 0  # Pings received, all told
+        self.event_owner: object = None
+        self.we_go_away = False
+        self.peer_goes_away = False
+        self._recycling = False  # ``running_out`` has said so
+        self._error: Optional[RemoteProtocolError] = None
+        self._eof = False
+        self._out: List[bytes] = [encode(self.our_hello)]
+        self._decoder = Decoder(max_body, max_message, max_resume)
+        open_limits = dict(self._decoder._limits)
+        refused = {Hello.TYPE, Auth.TYPE}  # once is enough
+        if role == "worker":
+            refused |= {Resume.TYPE, Response.TYPE, WHOLE_RESPONSE, READY_RESPONSE}
+        else:
+            refused |= {Request.TYPE, WHOLE_REQUEST, HEAD_REQUEST}
+        if WHOLE not in features:  # a peer must not send what we did not offer
+            refused |= {WHOLE_REQUEST, WHOLE_RESPONSE}
+        if READY not in features:
+            refused.add(READY_RESPONSE)
+        if HEAD not in features:
+            refused.add(HEAD_REQUEST)
+        if KEYS not in features:
+            refused.add(Keys.TYPE)
+        if CACHE in features:
+            self._decoder.ready_flags = READY_FLAGS
+        for mtype in refused:
+            del open_limits[mtype]
+        self._open_limits = open_limits
+        self._decoder.allow({Hello.TYPE: HANDSHAKE_LIMIT}, " before the handshake")
+
+    def __repr__(self) -> str:
+        return "<protocol.Connection %s %s streams=%d>" % (self.role, self.phase, len(self.streams))
+
+    # -- receiving ----------------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        """No new requests should start here: either side said GoAway, or
+        the request numbers are running out."""
+        return self.we_go_away or self.peer_goes_away or self.last_rno >= RECYCLE_RNO
+
+    def running_out(self) -> bool:
+        """True once, when an LB's request numbers first run low (past
+        RECYCLE_RNO) with no GoAway said: time to open a new connection."""
+        if (self.last_rno < RECYCLE_RNO or self._recycling
+                or self.we_go_away or self.peer_goes_away):
+            return False
+        self._recycling = True
+        return True
+
+    def receive_data(self, data: Union[bytes, memoryview]) -> None:
+        """Bytes from the peer; ``b""`` when it closed its side."""
+        if data:
+            self._decoder.receive_data(data)
+        else:
+            self._eof = True
+
+    def wants(self) -> int:
+        """How many bytes the next read should take, 0 for as many as come
+        (see ``frames.Decoder.wants``)."""
+        return self._decoder.wants()
+
+    def next_event(self) -> Union[Event, NeedData]:
+        """The next event, or NEED_DATA; raises RemoteProtocolError (the
+        same one on every later call) when the peer broke the protocol."""
+        if self._error is not None:
+            raise self._error
+        try:
+            while True:
+                message = self._decoder.next_message()
+                if message is NEED_DATA:
+                    if self._eof and self.phase != CLOSED:
+                        self.phase = CLOSED  # (its requests stay, for ``close`` to hand over)
+                        return Closed()
+                    return NEED_DATA
+                try:
+                    event = self._receive(message)  # type: ignore[arg-type]
+                except RemoteProtocolError as exc:
+                    exc.rno = getattr(message, "rno", 0)  # the request it broke
+                    raise
+                if event is not None:
+                    return event
+        except RemoteProtocolError as exc:
+            self._error = exc
+            self.phase = CLOSED
+            raise
+
+    def _receive(self, message: Message) -> Optional[Event]:
+        phase = self.phase
+        if phase == HANDSHAKE:
+            return self._hello(message)  # type: ignore[arg-type]
+        if phase == AUTHENTICATING:
+            check_auth(self.secret, self.our_hello, self.peer_hello, message)  # type: ignore
+            return self._open()
+        if phase == CLOSED:
+            return None
+        rno = getattr(message, "rno", 0)
+        if not rno:
+            self.event_owner = None
+            return self._connection_message(message)
+        stream = self.streams.get(rno)
+        if stream is None:
+            self.event_owner = None
+            return self._unknown_stream(message)
+        self.event_owner = stream.owner
+        mtype = type(message)
+        if mtype is Response:  # (to an LB only: see the limits)
+            return self._response(stream, message)  # type: ignore[arg-type]
+        if mtype is Body:
+            size = len(message.data)  # type: ignore[union-attr]
+            if size > stream.window:
+                raise RemoteProtocolError("request %d: %d body bytes past the credit of %d"
+                                          % (rno, size, stream.window))
+            stream.window -= size
+            stream.step("receiving", BODY, RemoteProtocolError)
+        elif mtype is Credit:
+            stream.step("sending", CREDIT, RemoteProtocolError)
+            stream.credit += message.n  # type: ignore[union-attr]
+        elif mtype is Cancel:
+            stream.sending = stream.receiving = CANCELLED
+            del self.streams[rno]
+            return StreamEnded(rno, "peer", "cancelled")
+        elif mtype is End:
+            stream.step("receiving", END, RemoteProtocolError)
+            if stream.sending in ENDED and stream.receiving in ENDED:
+                del self.streams[rno]
+        else:  # a Request on one open already (the limits let no other type here)
+            stream.step("receiving", START, RemoteProtocolError)  # (raises)
+        return message
+
+    def _response(self, stream: Stream, response: Response) -> Response:
+        """A response starts (and perhaps ends) on ``stream``."""
+        if stream.receiving != IDLE:
+            stream.step("receiving", START, RemoteProtocolError)  # (raises)
+        size = len(response.body)
+        if size > stream.window:
+            raise RemoteProtocolError("request %d: %d body bytes past the credit of %d"
+                                      % (stream.rno, size, stream.window))
+        stream.window -= size
+        if not response.end:
+            stream.receiving = OPEN
+        else:
+            stream.receiving = DONE
+            if stream.sending in ENDED:
+                del self.streams[stream.rno]
+        return response
+
+    def _hello(self, theirs: Hello) -> Optional[Event]:
+        check_hello(self.our_hello, theirs)
+        self.peer_hello = theirs
+        self.whole = WHOLE in theirs.features
+        self.timing = TIMING in theirs.features
+        self.ready = READY in theirs.features and theirs.role == "lb"
+        self.relay = HEAD in theirs.features and theirs.role == "worker"
+        self.keys = KEYS in theirs.features
+        self.cache = CACHE in theirs.features and self.ready
+        if self.secret is None:
+            return self._open()
+        self._out.append(encode(Auth(auth_digest(self.secret, theirs.nonce, self.role))))
+        self.phase = AUTHENTICATING
+        self._decoder.allow({Auth.TYPE: HANDSHAKE_LIMIT}, " before authentication")
+        return None
+
+    def _open(self) -> Ready:
+        self.phase = OPEN_PHASE
+        self._decoder.allow(self._open_limits, " to a%s %s" % (
+            "n" if self.role == "lb" else "", "LB" if self.role == "lb" else "worker"))
+        assert self.peer_hello is not None
+        return Ready(self.peer_hello)
+
+    def _connection_message(self, message: Message) -> Optional[Event]:
+        mtype = type(message)
+        if mtype is Ping:
+            self.pings += 1  # (the connection bounds them: connection.MAX_PINGS)
+            self._out.append(encode(Pong()))
+            return None
+        if mtype is Pong:
+            return None
+        if mtype is GoAway:
+            self.peer_goes_away = True
+            self.phase = CLOSING
+        return message  # Resume (to an LB only: see the limits), GoAway, Keys
+
+    def _unknown_stream(self, message: Message) -> Optional[Event]:
+        rno = message.rno  # type: ignore[union-attr]
+        if type(message) is Request:  # to a worker only: see the limits
+            if rno <= self.last_rno:
+                raise RemoteProtocolError("request number %d after %d" % (rno, self.last_rno))
+            self.last_rno = rno
+            stream = self.streams[rno] = Stream(rno, self.window)
+            stream.receiving = DONE if message.end else OPEN  # type: ignore[union-attr]
+            return message
+        if rno > self.last_rno:
+            raise RemoteProtocolError("%s for request %d, never started"
+                                      % (type(message).__name__, rno))
+        return None  # a request that ended here: its late frames are harmless
+
+    # -- sending ------------------------------------------------------
+
+    def data_to_send(self) -> bytes:
+        """Bytes the connection wrote on its own (Hello, Auth, Pong)."""
+        out = self._out
+        if not out:
+            return b""
+        data = b"".join(out)
+        out.clear()
+        return data
+
+    def start_request(self, environ: Optional[Dict[str, str]], end: bool = False,
+                      head: Optional[bytes] = None) -> Tuple[int, bytes]:
+        """LB side: a new request's number and its bytes (the whole request
+        when ``end``: it has no body): its ``environ``, or, for a worker
+        that takes them (``relay``), the payload of a HEAD_REQUEST frame
+        (``relay.Relay.payload``, which says ``end`` too).  MessageTooLarge
+        changes nothing."""
+        if self.phase not in (OPEN_PHASE, CLOSING):
+            raise LocalProtocolError("cannot send Request while %s" % self.phase)
+        if self.role != "lb":
+            raise LocalProtocolError("a worker cannot send Request")
+        if self.peer_goes_away:
+            raise LocalProtocolError("the worker is going away: no new requests")
+        rno = self.last_rno + 1
+        if rno > MAX_RNO:
+            raise LocalProtocolError("request number %d after %d" % (rno, self.last_rno))
+        if head is not None:
+            if not self.relay:
+                raise LocalProtocolError("the worker does not take head requests")
+            data = head_request_frame(rno, head)
+        elif environ is None:
+            raise LocalProtocolError("a request needs an environ or a head")
+        else:
+            try:
+                data = request_frames(rno, environ, end, self.whole)
+            except (ValueError, TypeError) as exc:  # (orjson: keys or values not strings)
+                raise LocalProtocolError("cannot encode the request environ: %s" % exc)
+        self.last_rno = rno
+        stream = self.streams[rno] = Stream(rno, self.window)
+        stream.sending = DONE if end else OPEN
+        return rno, data
+
+    def send(self, message: Message) -> bytes:
+        """The bytes of ``message``, after checking that we may send it.
+        A request starts with ``start_request``; a response, here or with
+        ``respond`` (a worker's, ready for the client where the LB takes it)."""
+        if self.phase not in (OPEN_PHASE, CLOSING):
+            raise LocalProtocolError("cannot send %s while %s" % (type(message).__name__, self.phase))
+        if isinstance(message, Request):
+            if message.rno != self.last_rno + 1:
+                raise LocalProtocolError("request number %d after %d"
+                                         % (message.rno, self.last_rno))
+            return self.start_request(message.environ, message.end)[1]
+        if isinstance(message, Response):
+            started = self._response_stream(message.rno, message.body)
+            data = encode(message, self.whole)
+            self._response_sent(started, len(message.body), message.end)
+            return data
+        mtype = type(message)
+        data = encode(message, self.whole)  # first: a message too large changes nothing
+        rno = getattr(message, "rno", 0)
+        if not rno:
+            if mtype is GoAway:
+                self.we_go_away = True
+                self.phase = CLOSING
+            elif mtype is Keys and not self.keys:
+                raise LocalProtocolError("the peer did not offer %r" % KEYS)
+            elif mtype not in (Ping, Pong, Keys) and not (
+                    mtype is Resume and self.role == "worker"):
+                raise LocalProtocolError("a%s %s cannot send %s" % (
+                    "n" if self.role == "lb" else "", self.role, mtype.__name__))
+            return data
+        stream = self.streams.get(rno)
+        if stream is None:
+            raise LocalProtocolError("%s for request %d, which is not open here"
+                                     % (mtype.__name__, rno))
+        if mtype is Body:
+            self._body_sent(stream, len(message.data))  # type: ignore[union-attr]
+        elif mtype is Credit:
+            stream.step("receiving", CREDIT, LocalProtocolError)
+            stream.window += message.n  # type: ignore[union-attr]
+        elif mtype is Cancel:
+            stream.sending = stream.receiving = CANCELLED
+            del self.streams[rno]
+        else:  # End
+            stream.step("sending", END, LocalProtocolError)
+            if stream.receiving in ENDED:
+                del self.streams[rno]
+        return data
+
+    def body_header(self, rno: int, size: int) -> bytes:
+        """The header of a Body frame of ``size`` bytes, after the checks
+        of ``send``: its sender sends the bytes after it as they are,
+        not copied into one frame with it."""
+        if self.phase not in (OPEN_PHASE, CLOSING):
+            raise LocalProtocolError("cannot send Body while %s" % self.phase)
+        stream = self.streams.get(rno)
+        if stream is None:
+            raise LocalProtocolError("Body for request %d, which is not open here" % rno)
+        if size > MAX_BODY:
+            raise LocalProtocolError("a Body of %d bytes is over %d" % (size, MAX_BODY))
+        self._body_sent(stream, size)
+        return body_header(rno, size)
+
+    @staticmethod
+    def _body_sent(stream: Stream, size: int) -> None:
+        if size > stream.credit:
+            raise LocalProtocolError("request %d: %d body bytes past our credit of %d"
+                                     % (stream.rno, size, stream.credit))
+        stream.step("sending", BODY, LocalProtocolError)
+        stream.credit -= size
+
+    def respond(self, rno: int, status: str, headers: List[Tuple[str, str]],
+                body: bytes = b"", end: bool = False,
+                elapsed: Optional[float] = None, cache: Optional[bool] = None) -> bytes:
+        """Worker side: the bytes of Response(status, headers, body, end),
+        one whole frame when it ends and the peer takes them, with the
+        application's ``elapsed`` seconds when the peer offered
+        ``timing``, and whether its ``cache`` hit when it offered
+        ``cache``; the checks of ``send``, made before anything changes
+        (the whole response is refused or sent)."""
+        if self.phase not in (OPEN_PHASE, CLOSING):
+            raise LocalProtocolError("cannot send Response while %s" % self.phase)
+        if type(body) is not bytes:
+            try:
+                body = bytes(body)
+            except TypeError as exc:
+                raise LocalProtocolError("cannot send body %r: %s" % (type(body), exc))
+        stream = self._response_stream(rno, body)
+        if self.ready:
+            data = self._ready(rno, status, headers, body, end, elapsed,
+                               cache if self.cache else None)
+        else:
+            try:
+                payload = _response_payload(status, headers, elapsed if self.timing else None)
+            except (ValueError, TypeError) as exc:
+                raise LocalProtocolError("cannot encode the response to %d: %s" % (rno, exc))
+            data = _response_frames(rno, payload, body, end, self.whole)
+        self._response_sent(stream, len(body), end)
+        return data
+
+    def _response_stream(self, rno: int, body: bytes) -> Stream:
+        """The stream a worker may start its response to ``rno`` on, with
+        ``body``'s first bytes: it is open here, the response not yet
+        started, and the body within our credit."""
+        stream = self.streams.get(rno)
+        if stream is None or self.role != "worker":
+            raise LocalProtocolError("Response for request %d, which is not open here" % rno)
+        if stream.sending != IDLE:
+            raise LocalProtocolError("request %d: start not allowed while sending is %s"
+                                     % (rno, stream.sending))
+        size = len(body)
+        if size > stream.credit or size > MAX_BODY:
+            raise LocalProtocolError("request %d: %d body bytes past our credit of %d"
+                                     % (rno, size, stream.credit))
+        return stream
+
+    def _response_sent(self, stream: Stream, size: int, end: bool) -> None:
+        stream.credit -= size
+        if not end:
+            stream.sending = OPEN
+            return
+        stream.sending = DONE
+        if stream.receiving in ENDED:
+            del self.streams[stream.rno]
+
+    @staticmethod
+    def _ready(rno: int, status: str, headers: List[Tuple[str, str]], body: bytes,
+               end: bool, elapsed: Optional[float], cache: Optional[bool] = None) -> bytes:
+        """A READY_RESPONSE frame (``wire/frames.py``): the head made and
+        checked here, so that the LB need not."""
+        try:
+            head, length = ready_head(status, headers)
+        except (BadResponseHead, ValueError, TypeError) as exc:  # (or a malformed list)
+            raise BadResponseHead("response head refused: %s" % exc)
+        if len(head) > MAX_MESSAGE:  # the LB would drop the whole connection
+            raise ResponseHeadTooLarge("response head of %d bytes, over the frame limit of %d"
+                                       % (len(head), MAX_MESSAGE))
+        return ready_frame(rno, head, length, elapsed, body, end, cache)
+
+    def cancel(self, rno: int) -> bytes:
+        """Cancel request ``rno``: the bytes to send, or nothing when it
+        has already ended here (idempotent)."""
+        if rno not in self.streams or self.phase == CLOSED:
+            return b""
+        return self.send(Cancel(rno))
+
+    def consumed(self, rno: int, n: int) -> bytes:
+        """We are done with ``n`` received body bytes of ``rno``: the Credit
+        to send when a quarter of the window has been consumed, else b""."""
+        stream = self.streams.get(rno)
+        if stream is None or stream.receiving in ENDED:
+            return b""
+        stream.unacked += n
+        if stream.unacked < self.window // 4:
+            return b""
+        n, stream.unacked = stream.unacked, 0
+        return self.send(Credit(rno, n))
+
+    def widen(self, rno: int) -> bytes:
+        """The Credit that lets the peer send ``WIDE_WINDOW`` body bytes of
+        ``rno`` ahead (``WINDOW`` at the start): for a large body, so it
+        streams instead of waiting a round trip each window.  A Credit,
+        which every version takes; b"" if the request is not receiving."""
+        stream = self.streams.get(rno)
+        if stream is None or stream.receiving in ENDED or stream.window >= WIDE_WINDOW:
+            return b""
+        return self.send(Credit(rno, WIDE_WINDOW - stream.window))
+
+    def credit(self, rno: int) -> int:
+        """Body bytes we may send on ``rno`` now (0 once it has ended)."""
+        stream = self.streams.get(rno)
+        return stream.credit if stream is not None else 0
+
+    def close(self) -> List[Stream]:
+        """The connection is over: the requests that were still open."""
+        self.phase = CLOSED
+        open_requests = list(self.streams.values())
+        self.streams.clear()
+        return open_requests

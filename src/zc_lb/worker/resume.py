@@ -1,0 +1,249 @@
+"""Worker-side skill accounting: the résumé a worker sends to every LB.
+
+Theory of operation
+-------------------
+
+For each request class a worker keeps a decayed count of requests and a
+decayed sum of the seconds spent serving them.  Its score for the class is
+``count / seconds``: requests per second while serving that class, which
+is what a balancer wants to compare.
+
+Decay is ``1 - 1/history`` per request of *any* class, so a class that
+stops arriving fades relative to the others.  It is applied lazily: every
+request bumps a generation number, and a class is decayed by
+``decay ** (generation - its last generation)`` only when it is next
+touched.  Since count and seconds decay together, the score of an idle
+class does not change while it is idle; what changes is how little a new
+sample must outweigh it.
+
+Every ``history`` requests the worker prunes classes unseen for
+``max_skill_age`` requests (default ``10 * history``), and the least
+requested past ``max_classes`` (10,000), and publishes its
+résumé: ``record`` returns it, and the caller pushes it to every LB and
+writes it to the résumé file, atomically, so skills survive a restart.
+
+Weak spot: a worker serving requests concurrently counts wall-clock time
+per request, so its scores fall when it is busy.  That is the intent: a
+loaded worker looks less attractive.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import math
+import os
+import tempfile
+from typing import Dict, List, Mapping, Optional
+
+import orjson
+
+from zc_lb.errors import ConfigurationError, CorruptResumeFile
+from zc_lb.wire.frames import MAX_RESUME
+from zc_lb.settings import WORKER_SETTINGS, check
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HISTORY = WORKER_SETTINGS["history"].default
+MIN_ELAPSED = 1e-6
+# What a résumé may encode to: an LB refuses a bigger frame, and drops the
+# connection, so a worker must never send one.
+RESUME_BYTES = MAX_RESUME - 4096
+# Classes a worker keeps skills in: past this, the least requested go.  A
+# worker of a real site serves hundreds, a flood of Host names sent once
+# would make it a hundred thousand (``max_skill_age``), and each LB takes
+# some 3 ms per thousand classes of every résumé, its event loop stopped.
+MAX_CLASSES = WORKER_SETTINGS["max_classes"].default
+
+
+class _Skill:
+    __slots__ = ("count", "seconds", "generation")
+
+    def __init__(self, count: float, seconds: float, generation: int) -> None:
+        self.count = count
+        self.seconds = seconds
+        self.generation = generation
+
+
+class Skills:
+    """Decayed per-class rates of one worker."""
+
+    def __init__(
+        self,
+        history: int = DEFAULT_HISTORY,
+        max_skill_age: Optional[int] = None,
+        resume: Optional[Mapping[str, float]] = None,
+        max_classes: int = MAX_CLASSES,
+    ) -> None:
+        self._skills: Dict[str, _Skill] = {}
+        self.generation = 0
+        self.configure(history, max_skill_age, max_classes)
+        if resume:
+            for rclass, score in resume.items():
+                score = float(score)
+                if score > 0:
+                    self._skills[str(rclass)] = _Skill(1.0, 1.0 / score, 0)
+
+    def configure(self, history: int, max_skill_age: Optional[int] = None,
+                  max_classes: int = MAX_CLASSES) -> None:
+        """Change ``history``, ``max_skill_age`` and ``max_classes`` (live
+        settings; fewer classes are pruned at the next résumé); a
+        ``max_skill_age`` of None is 10 x ``history``."""
+        history = check(WORKER_SETTINGS, "history", history)
+        max_skill_age = check(WORKER_SETTINGS, "max_skill_age", max_skill_age)
+        self.max_classes = check(WORKER_SETTINGS, "max_classes", max_classes)
+        # Past this many classes, a new one prunes at once (a client sending
+        # a new Host with every request): the slack keeps that amortised.
+        self.prune_at = self.max_classes + max(self.max_classes // 10, 16)
+        self.history = history
+        self.max_skill_age = 10 * history if max_skill_age is None else max_skill_age
+        self.decay = 1.0 - 1.0 / history
+
+    def record(self, rclass: str, elapsed: float) -> Optional[Dict[str, float]]:
+        """Count one request of ``rclass`` that took ``elapsed`` seconds.
+
+        Returns the new résumé when it is time to publish it, else None.
+        """
+        self.generation += 1
+        generation = self.generation
+        skill = self._skills.get(rclass)
+        elapsed = max(elapsed, MIN_ELAPSED)
+        if skill is None:
+            self._skills[rclass] = _Skill(1.0, elapsed, generation)
+            if len(self._skills) > self.prune_at:
+                self.prune()
+        else:
+            factor = self.decay ** (generation - skill.generation)
+            skill.count = skill.count * factor + 1.0
+            skill.seconds = skill.seconds * factor + elapsed
+            skill.generation = generation
+        if generation % self.history == 0:
+            self.prune()
+            return self.resume()
+        return None
+
+    def prune(self) -> List[str]:
+        """Drop classes unseen for ``max_skill_age`` requests, and past
+        ``max_classes`` the least requested (decayed); return them."""
+        skills = self._skills
+        oldest = self.generation - self.max_skill_age
+        stale = [c for c, s in skills.items() if s.generation < oldest]
+        excess = len(skills) - len(stale) - self.max_classes
+        for rclass in stale:
+            del skills[rclass]
+        if excess > 0:
+            least = heapq.nsmallest(excess, skills, key=self._requests)
+            for rclass in least:
+                del skills[rclass]
+            stale.extend(least)
+        return stale
+
+    def _requests(self, rclass: str) -> float:
+        """The class's requests, decayed to now: what pruning and a
+        résumé cut short keep the most of."""
+        skill = self._skills[rclass]
+        return skill.count * self.decay ** (self.generation - skill.generation)
+
+    def resume(self, max_bytes: int = RESUME_BYTES) -> Dict[str, float]:
+        """The résumé: class -> requests per second, in at most
+        ``max_bytes`` of JSON.  Over that (classes by the hundred thousand
+        with long names: a client sending a new Host with every request),
+        it keeps the classes with the most requests, decayed, that fit,
+        and says so: an LB would refuse the whole and drop the
+        connection, and do so again on every reconnection."""
+        skills = self._skills
+        classes = (heapq.nlargest(self.max_classes, skills, key=self._requests)
+                   if len(skills) > self.max_classes else skills)  # (between prunes)
+        resume = {rclass: skills[rclass].count / skills[rclass].seconds for rclass in classes}
+        size = len(orjson.dumps(resume))
+        if size <= max_bytes:
+            return resume
+        kept: Dict[str, float] = {}
+        used = 2  # {}
+        for rclass in sorted(resume, key=self._requests, reverse=True):
+            score = resume[rclass]
+            entry = len(orjson.dumps(rclass)) + len(orjson.dumps(score)) + 2  # : and ,
+            if used + entry <= max_bytes:
+                kept[rclass] = score
+                used += entry
+        log.warning("résumé of %d classes is %d bytes, over the %d an LB takes: "
+                    "sending the %d most requested", len(resume), size, max_bytes, len(kept))
+        return kept
+
+    def reset(self) -> None:
+        """Forget every skill (the operator's reset_skills, after a
+        classifier change): what comes next is learned afresh."""
+        self._skills.clear()
+
+    def __len__(self) -> int:
+        return len(self._skills)
+
+    def __repr__(self) -> str:
+        return "<Skills classes=%d generation=%d history=%d>" % (
+            len(self._skills),
+            self.generation,
+            self.history,
+        )
+
+
+def _finite_rate(score: object) -> Optional[float]:
+    """``score`` as a float, if a number of requests per second a worker
+    can have: positive, and it and its inverse finite; else None."""
+    if not isinstance(score, (int, float)) or isinstance(score, bool):
+        return None
+    try:
+        value = float(score)
+    except OverflowError:  # an integer of hundreds of digits
+        return None
+    if value > 0 and math.isfinite(value) and math.isfinite(1.0 / value):
+        return value
+    return None
+
+
+def load_resume(path: str) -> Dict[str, float]:
+    """Read a résumé file; a missing file is an empty résumé.
+
+    A file that cannot be read raises ConfigurationError; one that is not
+    a JSON object of positive, finite numbers (empty, cut short,
+    garbled) raises CorruptResumeFile, naming the file.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except ValueError as exc:  # (UnicodeDecodeError too)
+        raise CorruptResumeFile("résumé file %s is not JSON: %s" % (path, exc))
+    except OSError as exc:
+        raise ConfigurationError("cannot read résumé file %s: %s" % (path, exc))
+    if not isinstance(data, dict):
+        raise CorruptResumeFile("résumé file %s is not a JSON object" % path)
+    resume = {}
+    for rclass, score in data.items():
+        value = _finite_rate(score)
+        if value is not None:
+            resume[str(rclass)] = value
+        else:
+            raise CorruptResumeFile(
+                "résumé file %s: class %r has a bad score %r" % (path, rclass, score)
+            )
+    return resume
+
+
+def save_resume(path: str, resume: Mapping[str, float]) -> None:
+    """Write a résumé file atomically: readers see the old file or the new."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".resume-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(dict(resume), f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

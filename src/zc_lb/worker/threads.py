@@ -1,0 +1,278 @@
+"""The threads a thread-mode worker runs its application in.
+
+A call goes to the threads through a queue written in C, and its result
+comes back to the hub through one async watcher, which wakes the hub
+once for however many calls have finished since.  (gevent's ThreadPool
+made a result object, an async watcher and a Python condition
+variable's round per call, and woke the hub for each.)
+
+Only the first ``limit.value`` threads take calls; the others are
+parked, each on a lock of its own.  worker/concurrency.py says how many, from
+what the pool samples every ``SAMPLE`` seconds: which of its threads
+running a call are blocked outside the interpreter (the kernel's
+``/proc/thread-self/syscall``, and for a lock wait, whether the thread
+got CPU time lately: ``/proc/thread-self/schedstat``).  A thread past
+the limit parks after the call it has (or, waiting for one when the
+limit fell, gives the call it gets back to the queue); one let in again
+is woken at once.  Calls wait in the queue, not in the threads, and a
+thread that finishes one takes the next without the hub.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import gevent  # type: ignore[import-untyped]
+import gevent.hub  # type: ignore[import-untyped]
+from gevent.monkey import get_original  # type: ignore[import-untyped]
+
+from zc_lb.worker.concurrency import (BLOCKED, COMPUTES, FUTEX, QUEUED, QUICK_TURN, RUNNING, SAMPLE, Limit,
+                          state, syscall, turns)
+
+log = logging.getLogger(__name__)
+
+# The real ones, even where an application patched them for gevent.
+_start_thread = get_original("_thread", "start_new_thread")
+_allocate_lock = get_original("_thread", "allocate_lock")
+_SimpleQueue = get_original("queue", "SimpleQueue")
+_get_ident = get_original("_thread", "get_ident")
+
+# Every pool's threads, by ident (a thread is in one pool): ``current``,
+# and call_in_hub marks its thread as waiting on the hub.
+_records: Dict[int, "_Thread"] = {}
+
+
+class _Thread:
+    """What the pool knows of one of its threads."""
+
+    __slots__ = ("gate", "busy", "syscall", "schedstat", "cpu", "cpu_at", "futex",
+                 "in_hub", "queued", "queued_until")
+
+    def __init__(self) -> None:
+        self.gate = _allocate_lock()  # held while the thread may run: it parks on it
+        self.gate.acquire()
+        self.busy = False  # running a call
+        self.syscall: Optional[int] = None  # its /proc files, opened by the thread
+        self.schedstat: Optional[int] = None
+        self.cpu = b""  # its CPU time when last sampled, and when that changed
+        self.cpu_at = 0.0
+        self.futex = False  # in a lock wait when last sampled
+        self.in_hub = False  # waiting for the hub (call_in_hub): on the LB, not the app
+        self.queued = 0.0  # seconds of its call seen queued on a lock (worker/concurrency.py)
+        self.queued_until = 0.0  # (monotonic) how far ``queued`` counts: its call's start at first
+
+
+class Threads:
+    """``size`` threads, of which ``limit.value`` take calls."""
+
+    def __init__(self, size: int, fixed: bool = False) -> None:
+        self._hub = gevent.get_hub()
+        self._calls = _SimpleQueue()
+        self._results: collections.deque = collections.deque()
+        self._wake = self._hub.loop.async_()
+        self._wake.start(self._deliver)
+        self._wake.ref = False  # (it keeps the loop alive only while calls run)
+        self._in_pool = 0  # calls given and not yet handed back
+        self._finished = time.monotonic()  # when a call last finished
+        self.size = size
+        self.limit = Limit(size)
+        self._active = size  # threads numbered below this take calls
+        self._threads = [_Thread() for _ in range(size)]
+        self._futex = FUTEX.get(os.uname().machine)
+        self._sampler = None  # (started by a call, stopped when the pool is idle)
+        self._blind: Optional[OSError] = None  # a thread could not open its states
+        gil = getattr(sys, "_is_gil_enabled", lambda: True)()  # (False: free-threaded)
+        if (not fixed and gil and self._futex is not None
+                and os.path.exists("/proc/thread-self/syscall")):
+            self._sampler = self._hub.loop.timer(SAMPLE, SAMPLE)
+            self._sampler.ref = False
+        for index in range(size):
+            _start_thread(self._run, (index,))
+
+    def apply(self, func: Callable[[], Any]) -> Any:
+        """``func()``, run in one of the threads (from a greenlet of the
+        hub's); what it raises is raised here."""
+        waiter = gevent.hub.Waiter(self._hub)
+        self._calls.put((func, waiter))
+        self._in_pool += 1
+        if self._in_pool == 1:
+            self._wake.ref = True
+            self._finished = time.monotonic()  # (an idle pool has not stalled)
+            if self._sampler is not None and not self._sampler.active:
+                self._sampler.start(self._sample)
+        return waiter.get()
+
+    def current(self) -> Optional[_Thread]:
+        """(In a pool thread) its record, whose ``queued`` is the seconds
+        its call has been seen queued on a lock so far; None elsewhere."""
+        return _records.get(_get_ident())
+
+    def _run(self, index: int) -> None:
+        calls, results, wake = self._calls, self._results, self._wake
+        thread = self._threads[index]
+        _records[_get_ident()] = thread
+        if self._sampler is not None:
+            try:
+                thread.syscall = os.open("/proc/thread-self/syscall", os.O_RDONLY)
+                thread.schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            except OSError as exc:  # (the sampler gives up: see _sample)
+                self._blind = exc
+        while True:
+            while index >= self._active:
+                thread.gate.acquire()  # (parked until _let_in releases it)
+            call = calls.get()
+            if call is None:
+                break
+            if index >= self._active:  # the limit fell while this one waited
+                calls.put(call)  # (for a thread let in; behind the others)
+                continue
+            func, waiter = call
+            thread.queued_until = time.monotonic()
+            thread.queued = 0.0
+            thread.busy = True
+            try:
+                outcome = (waiter, True, func())
+            except BaseException as exc:  # (raised in the waiting greenlet)
+                outcome = (waiter, False, exc)
+            thread.busy = False
+            results.append(outcome)
+            wake.send()
+        _records.pop(_get_ident(), None)
+        files, thread.syscall, thread.schedstat = (thread.syscall, thread.schedstat), None, None
+        for fd in files:
+            if fd is not None:
+                os.close(fd)
+
+    def _deliver(self) -> None:
+        """(In the hub) hand each finished call's result to its greenlet."""
+        results = self._results
+        self._finished = time.monotonic()  # (for the limit: no stall)
+        while results:
+            waiter, ok, value = results.popleft()
+            self._in_pool -= 1
+            if not self._in_pool:
+                self._wake.ref = False
+            if ok:
+                waiter.switch(value)
+            else:
+                waiter.throw(value)
+
+    # -- the limit ------------------------------------------------------
+
+    def _sample(self) -> None:
+        """(A timer in the hub) count the threads blocked outside the
+        interpreter, and let in or park threads as the limit says."""
+        if not self._in_pool and self._blind is None:
+            self._sampler.stop()  # type: ignore[union-attr]  # (idle: no wakeups)
+            return
+        now = time.monotonic()
+        busy = [thread for thread in self._threads
+                if thread.busy and thread.schedstat is not None]
+        counts = [0, 0, 0]  # COMPUTES, BLOCKED, QUEUED
+        queued = []
+        try:
+            if self._blind is not None:
+                raise self._blind
+            futex = self._futex
+            assert futex is not None  # (sampling needs it)
+            seen = [self._seen(thread, now) for thread in busy]
+            # A lock wait is a turn at the interpreter lock while another
+            # thread computes; while none does, a wait without CPU time
+            # for two samples is on something else.
+            turn = (turns(len(busy), sys.getswitchinterval())
+                    if any(call == RUNNING for call, _ in seen) else QUICK_TURN)
+            for thread, (call, since_cpu) in zip(busy, seen):
+                kind = BLOCKED if thread.in_hub else state(call, futex, since_cpu, turn)
+                counts[kind] += 1
+                if kind == QUEUED:
+                    queued.append(thread)
+        except OSError as exc:
+            log.warning("cannot read the threads' states (%s); all of them take "
+                        "requests", exc)
+            self._sampler.stop()  # type: ignore[union-attr]
+            self._sampler = None
+            self._let_in(self.size)
+            return
+        working = counts[COMPUTES] + counts[BLOCKED]
+        if working:  # queued behind the others: their wait is not the app's time
+            for thread in queued:
+                since = max(thread.cpu_at, thread.queued_until)  # (from its call's start)
+                thread.queued += now - since
+                thread.queued_until = now
+            blocked, waits = counts[BLOCKED], counts[QUEUED]
+        else:  # a lock wait beside no other request: on the process's own I/O
+            blocked, waits = counts[BLOCKED] + counts[QUEUED], 0
+        self._let_in(self.limit.update(blocked, self._calls.qsize() > 0,
+                                       now - self._finished, waits, working))
+
+    def _seen(self, thread: _Thread, now: float) -> Tuple[Optional[int], float]:
+        """The system call ``thread`` is in, and, in a lock wait, the
+        seconds since it last got CPU time (since the wait began, at most)."""
+        call = syscall(os.pread(thread.syscall, 32, 0))  # type: ignore[arg-type]
+        if call != self._futex:
+            thread.futex = False
+            return call, 0.0
+        cpu = os.pread(thread.schedstat, 64, 0).split(b" ", 1)[0]  # type: ignore[arg-type]
+        if cpu != thread.cpu or not thread.futex:  # (a new wait: not since before it)
+            thread.cpu, thread.cpu_at = cpu, now
+        thread.futex = True
+        return call, now - thread.cpu_at
+
+    def _let_in(self, active: int) -> None:
+        """Let the first ``active`` threads take calls: those past it park
+        after their call; those let in again are woken."""
+        for thread in self._threads[self._active:active]:
+            if thread.gate.locked():  # (only the hub releases, so this is no race)
+                thread.gate.release()
+        self._active = active
+
+    def stop(self) -> None:
+        """End the threads once they are done with what they run."""
+        if self._sampler is not None:
+            self._sampler.stop()
+        self._let_in(self.size)
+        for _ in range(self.size):
+            self._calls.put(None)
+        self._wake.stop()
+
+    def status(self) -> dict:
+        """The pool's size, and how many of its threads take requests now."""
+        return {"size": self.size, "taking_requests": self._active,
+                "blocked": round(self.limit.blocked, 2), "stalls": self.limit.stalls,
+                "ceiling": self.limit.ceiling, "adapts": self._sampler is not None}
+
+
+def call_in_hub(hub, func, *args):
+    """From a pool thread: run ``func`` in a greenlet in the hub's thread
+    and return its result (or raise its exception)."""
+    done = threading.Event()
+    outcome = []  # (ok, the result or the exception)
+    thread = _records.get(_get_ident())
+
+    def run():
+        try:
+            outcome.append((True, func(*args)))
+        except BaseException as exc:
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    hub.loop.run_callback_threadsafe(lambda: gevent.spawn(run))
+    if thread is None:
+        done.wait()
+    else:  # (the sampler: a wait on the hub, not behind the app's other requests)
+        thread.in_hub = True
+        try:
+            done.wait()
+        finally:
+            thread.in_hub = False
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value

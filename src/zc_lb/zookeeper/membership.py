@@ -1,0 +1,266 @@
+"""How LBs and workers take part in a ZooKeeper tree.
+
+A worker registers ``<path>/providers/HOST:PORT`` (pid, version,
+description) and follows its live settings (``history``, ``max_skill_age``,
+``max_classes``, ``resume_interval``) in ``<path>``.
+An LB follows its settings in ``<path>``, the workers registered under
+``<path>/workers/providers``, and registers itself at
+``<path>/providers/HOST:PORT`` with its status address.
+
+The recipes in zookeeper/client.py do the ZooKeeper work (retries, session expiry,
+links); this module only turns what they report into calls on the Worker
+and the LB.  Their callbacks run in a recipe greenlet and must be quick:
+``LB.set_workers`` only starts or stops link greenlets.
+
+Settings from ZooKeeper override those given on the command line; a
+property removed from ZooKeeper falls back to the command line's value.
+A bad value is logged and the current setting kept.  While ZooKeeper is
+unreachable nothing is reported, so everyone keeps what they know.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import urllib.parse
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+import gevent
+
+from zc_lb.zookeeper import recipes
+from zc_lb.zookeeper import client as zk
+from zc_lb.errors import ConfigurationError
+from zc_lb.zookeeper.client import ZooKeeperUnavailable
+from zc_lb.settings import LB_NODE_SETTINGS, WORKER_NODE_SETTINGS, parse_each
+
+log = logging.getLogger(__name__)
+
+
+def advertised(address) -> str:
+    """HOST:PORT for others to reach a bound address (0.0.0.0 -> our name);
+    for a Unix socket's (an LB behind a proxy on its machine), ``unix:``
+    and its path quoted, ``@`` our name: a node name has no slashes.  (A
+    worker on one does not register: the command line refuses it.)"""
+    if isinstance(address, str):
+        return "unix:%s@%s" % (urllib.parse.quote(address, safe=""), socket.gethostname())
+    host, port = address[:2]
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    return "%s:%d" % (host, port)
+
+
+class WorkerMembership:
+    """A worker's registration and live settings."""
+
+    def __init__(self, worker, hosts: str, path: str, version: Optional[str] = None,
+                 description: Optional[str] = None,
+                 credentials: Optional[Tuple[str, str]] = None) -> None:
+        self.worker = worker
+        self.hosts = hosts
+        self.credentials = credentials  # (zk.connect: digest auth, and ACLs on what it makes)
+        self.path = path
+        self.version = version
+        self.description = description
+        self.base: Dict[str, Any] = {name: getattr(worker, name) for name in worker.LIVE}
+        self.base["reset_skills"] = ""
+        self.reset_token: Optional[str] = None  # the reset_skills value last seen
+        self.properties: Optional[Dict[str, Any]] = None  # the node's, last seen
+        self.client = None
+        self.registration: Optional[recipes.Registration] = None
+        self.watch: Optional[recipes.PropertiesWatch] = None
+        self._waiting: Optional[gevent.Greenlet] = None  # retrying to reach ZooKeeper
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Connect, follow the settings, then register (after start()).
+        ZooKeeper unreachable: the worker serves the LBs that connect to it
+        directly, and registers as soon as ZooKeeper answers."""
+        try:
+            self._start(timeout)
+        except ZooKeeperUnavailable as exc:
+            log.warning("%s: serving the LBs that connect directly meanwhile; "
+                        "registering in %s when ZooKeeper answers", exc, self.path)
+            self._waiting = gevent.spawn(self._start_when_reachable, timeout)
+
+    def _start_when_reachable(self, timeout: float) -> None:
+        while True:
+            try:
+                self._start(timeout)
+            except ZooKeeperUnavailable as exc:
+                log.info("still waiting for ZooKeeper (%s)", exc)
+                continue
+            log.warning("ZooKeeper reached: registered in %s", self.path)
+            return
+
+    def _start(self, timeout: float) -> None:
+        self.client = zk.connect(self.hosts, timeout=timeout, credentials=self.credentials)
+        self.watch = recipes.PropertiesWatch(self.client, self.path, self._settings_changed)
+        self.watch.start()
+        self.watch.wait(timeout)
+        data = {"pid": os.getpid(), "version": self.version,
+                "description": self.description}
+        node = "%s/providers/%s" % (self.path.rstrip("/"), advertised(self.worker.address))
+        self.registration = recipes.Registration(self.client, node, data)
+        self.registration.start()
+        self.registration.wait(timeout)
+
+    def deregister(self) -> None:
+        """Leave the tree first, so LBs stop sending before we drain."""
+        if self.registration is not None:
+            self.registration.stop()
+
+    def stop(self) -> None:
+        if self._waiting is not None:
+            self._waiting.kill()
+        self.deregister()
+        if self.watch is not None:
+            self.watch.stop()
+        if self.client is not None:
+            self.client.stop()
+            self.client.close()
+
+    def rebase(self, changes: Mapping[str, Any], source: str = "") -> None:
+        """New values under ZooKeeper's (a config file read again): applied
+        unless the node sets them."""
+        _rebase(self, changes, source)
+        if self.properties is None:
+            self.worker.configure(self.base, source)
+
+    def _settings_changed(self, properties: Dict[str, Any], source: str = "") -> None:
+        self.properties = properties
+        good, bad = parse_each(WORKER_NODE_SETTINGS, properties)
+        for message in bad:
+            log.error("ignoring a bad worker setting in %s: %s", self.path, message)
+        settings = dict(self.base, **good)
+        try:
+            self.worker.configure(settings, source or "ZooKeeper %s" % self.path)
+        except ConfigurationError as exc:
+            log.error("ignoring bad worker settings in %s: %s", self.path, exc)
+            return
+        token = settings["reset_skills"]
+        if self.reset_token is not None and token != self.reset_token:
+            log.warning("skills reset (reset_skills=%r)", token)
+            self.worker.reset_skills()
+        self.reset_token = token
+
+
+def _rebase(membership, changes: Mapping[str, Any], source: str = "") -> None:
+    """Change a membership's base settings and apply what ZooKeeper does
+    not set (its node's properties win, as over the command line)."""
+    membership.base.update(changes)
+    overridden = sorted(set(changes) & set(membership.properties or ()))
+    if overridden:
+        log.warning("%s set in ZooKeeper (%s): the node's value stays in force",
+                    ", ".join(overridden), membership.path)
+    if membership.properties is not None:
+        membership._settings_changed(membership.properties, source)
+
+
+class LBMembership:
+    """An LB's settings, worker discovery and registration."""
+
+    def __init__(self, lb, hosts: str, path: str, listen, status_address=None,
+                 base_settings: Optional[Mapping[str, Any]] = None,
+                 instance: Optional[int] = None,
+                 credentials: Optional[Tuple[str, str]] = None) -> None:
+        self.lb = lb
+        self.instance = instance  # which of --processes N, each an LB of its own
+        self.hosts = hosts
+        self.credentials = credentials
+        self.path = path.rstrip("/") or "/"
+        self.listen = listen
+        self.status_address = status_address
+        self.base = dict(base_settings or {})
+        self.single_version = bool(self.base.get("single_version"))
+        self.reset_token: Optional[str] = None  # the reset_skills value last seen
+        self.applied: Dict[str, Any] = {}  # the settings in force
+        self.properties: Optional[Dict[str, Any]] = None  # the node's, last seen
+        self.version: Optional[str] = None
+        self.providers: Dict[str, dict] = {}
+        self.client = None
+        self.recipes: list = []
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Connect, follow settings and workers, register."""
+        self.client = zk.connect(self.hosts, timeout=timeout, credentials=self.credentials)
+        settings = recipes.PropertiesWatch(self.client, self.path, self._settings_changed)
+        workers = recipes.ProvidersWatch(self.client, self._join("workers/providers"),
+                                    self._providers_changed)
+        lbs = recipes.ProvidersWatch(self.client, self._join("providers"), self._lbs_changed)
+        data = {"pid": os.getpid(),
+                "status": advertised(self.status_address) if self.status_address else None}
+        name = advertised(self.listen)
+        if self.instance is not None:
+            name += "#%d" % self.instance
+        registration = recipes.Registration(self.client, self._join("providers/" + name), data)
+        self.recipes = [settings, workers, lbs, registration]
+        for recipe in self.recipes:
+            recipe.start()
+        for recipe in self.recipes:
+            recipe.wait(timeout)
+
+    def stop(self) -> None:
+        for recipe in reversed(self.recipes):
+            recipe.stop()
+        if self.client is not None:
+            self.client.stop()
+            self.client.close()
+
+    def _join(self, relative: str) -> str:
+        return "%s/%s" % ("" if self.path == "/" else self.path, relative)
+
+    def rebase(self, changes: Mapping[str, Any], source: str = "") -> None:
+        """New values under ZooKeeper's (a config file read again): applied
+        unless the node sets them."""
+        _rebase(self, changes, source)
+        if self.properties is None:
+            self.lb.configure(self.base, source)
+
+    def _settings_changed(self, properties: Dict[str, Any], source: str = "") -> None:
+        self.properties = properties
+        good, bad = parse_each(LB_NODE_SETTINGS, properties)
+        for message in bad:
+            log.error("ignoring a bad LB setting in %s: %s", self.path, message)
+        # A removed property falls back to the command line; a bad one keeps
+        # the value it had.
+        settings = dict(self.base)
+        settings.update((name, value) for name, value in self.applied.items()
+                        if name in properties)
+        settings.update(good)  # checked by the table, as the pool checks them
+        self.lb.configure(settings, source or "ZooKeeper %s" % self.path)
+        self.applied = settings
+        self._reset_skills(settings["reset_skills"])
+        if bool(settings["single_version"]) != self.single_version:
+            self.single_version = bool(settings["single_version"])
+            self._update_workers()
+
+    def _reset_skills(self, token: str) -> None:
+        """A new ``reset_skills`` value (not the first one seen) resets skills."""
+        if self.reset_token is not None and token != self.reset_token:
+            self.lb.reset_skills("(reset_skills=%r in ZooKeeper)" % token)
+        self.reset_token = token
+
+    def _lbs_changed(self, providers: Dict[str, dict]) -> None:
+        """How many LBs share the workers: the affinity pool recruits alike
+        on every LB when there are several."""
+        self.lb.pool.lbs = max(len(providers), 1)
+        self.lb.lbs_changed()
+
+    def _providers_changed(self, providers: Dict[str, dict]) -> None:
+        self.providers = providers
+        self._update_workers()
+
+    def _update_workers(self) -> None:
+        providers, standby = self.providers, {}
+        if self.single_version:
+            version = recipes.majority_version(providers, self.version)
+            if version != self.version:
+                log.warning("serving worker version %r (was %r): %d of %d workers",
+                            version, self.version,
+                            len(recipes.of_version(providers, version)), len(providers))
+                self.version = version
+            served = recipes.of_version(providers, version)
+            standby = {address: data.get("version") for address, data in providers.items()
+                       if address not in served}  # shown idle, with their version
+            providers = served
+        self.lb.set_workers(providers, standby)
