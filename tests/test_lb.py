@@ -102,7 +102,7 @@ def test_drain_waits_for_a_quiet_spell_on_events():
     assert lb.drain(5, quiet=0.05)  # nothing in flight: quiet at once
     lb._get_worker("a", "/x")  # a request starts ...
     assert not lb.idle.is_set()
-    gevent.spawn_later(0.1, lb._put, "w")  # ... and ends
+    gevent.spawn_later(0.1, lb.worker_done, "w")  # ... and ends
     started = time.monotonic()
     assert lb.drain(5, quiet=0.05)
     assert 0.1 <= time.monotonic() - started < 2
@@ -115,7 +115,7 @@ def test_a_request_during_the_quiet_spell_restarts_it():
     def one_more():  # a keep-alive client's last request
         lb._get_worker("a", "/x")
         gevent.sleep(0.1)
-        lb._put("w")
+        lb.worker_done("w")
 
     gevent.spawn_later(0.02, one_more)
     started = time.monotonic()

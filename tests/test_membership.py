@@ -25,7 +25,7 @@ def test_each_good_setting_applies_even_beside_a_bad_one(caplog):
     # One bad value used to make the LB ignore the whole node.
     membership = lb_membership()
     with caplog.at_level(logging.ERROR, logger="zc_lb.zookeeper.membership"):
-        membership._settings_changed({"variance": "abc", "unskilled_score": 2,
+        membership.settings_changed({"variance": "abc", "unskilled_score": 2,
                                       "backlog_history": 2.7, "balance": 0.5,
                                       "no_worker_timeout": 5, "description": "x"})
     pool = membership.lb.pool
@@ -38,11 +38,11 @@ def test_each_good_setting_applies_even_beside_a_bad_one(caplog):
 
 def test_a_bad_setting_keeps_its_value_a_removed_one_falls_back():
     membership = lb_membership(variance=2.0)
-    membership._settings_changed({"variance": 4})
+    membership.settings_changed({"variance": 4})
     assert membership.lb.pool.variance == 4.0
-    membership._settings_changed({"variance": -1, "spread": 2})
+    membership.settings_changed({"variance": -1, "spread": 2})
     assert membership.lb.pool.variance == 4.0 and membership.lb.pool.spread == 2.0
-    membership._settings_changed({})
+    membership.settings_changed({})
     assert membership.lb.pool.variance == 2.0 and membership.lb.pool.spread == 1.0
 
 
@@ -51,11 +51,11 @@ def test_a_new_reset_skills_value_resets_the_pool_once():
     pool = membership.lb.pool
     pool.add("w")
     pool.new_resume("w", {"a": 3.0})
-    membership._settings_changed({"reset_skills": "t1"})  # the value at start
+    membership.settings_changed({"reset_skills": "t1"})  # the value at start
     assert pool.resets == 0 and pool.skilled
-    membership._settings_changed({"reset_skills": "t2"})
+    membership.settings_changed({"reset_skills": "t2"})
     assert pool.resets == 1 and not pool.skilled
-    membership._settings_changed({"reset_skills": "t2", "variance": 2})
+    membership.settings_changed({"reset_skills": "t2", "variance": 2})
     assert pool.resets == 1
 
 
@@ -67,12 +67,12 @@ def test_worker_settings_apply_each_good_value():
         configure=lambda changes, source: configured.append(tuple(changes[n] for n in live)),
         reset_skills=lambda: configured.append("reset"))
     membership = WorkerMembership(worker, "127.0.0.1:1", "/lb/workers")
-    membership._settings_changed({"history": "x", "max_skill_age": 50, "max_classes": 0,
+    membership.settings_changed({"history": "x", "max_skill_age": 50, "max_classes": 0,
                                   "resume_interval": -1})
     assert configured == [(100, 50, 10_000, 10.0)]
-    membership._settings_changed({"max_classes": 500, "resume_interval": 2.5})
+    membership.settings_changed({"max_classes": 500, "resume_interval": 2.5})
     assert configured[-1] == (100, None, 500, 2.5)
-    membership._settings_changed({"reset_skills": "now"})
+    membership.settings_changed({"reset_skills": "now"})
     assert configured[-1] == "reset"
 
 
@@ -81,7 +81,7 @@ def test_a_setting_changed_in_zookeeper_is_logged_as_a_file_change_is(caplog):
     # dict where a file's logged "variance 1 -> 2.5 (file)".
     membership = lb_membership()
     with caplog.at_level("INFO", logger="zc_lb"):
-        membership._settings_changed({"variance": "2.5", "no_worker_timeout": 3})
+        membership.settings_changed({"variance": "2.5", "no_worker_timeout": 3})
     assert "variance 1 -> 2.5 (ZooKeeper /lb)" in caplog.text
     assert "no_worker_timeout 30 -> 3 (ZooKeeper /lb)" in caplog.text
     assert "balance" not in caplog.text  # (unchanged: not logged)

@@ -171,7 +171,7 @@ class ResponseBody:
         self._room = gevent.event.Event()  # the client took something
         self._pump: Optional[gevent.Greenlet] = None
         self._closed = False
-        lb.relaying += 1  # (a drain waits for the client to have it all)
+        lb.response_started()  # (a drain waits for the client to have it all)
         if self._keep(response.body):
             if response.end:
                 self._end()
@@ -240,7 +240,7 @@ class ResponseBody:
     def _release(self) -> None:
         if not self._released:
             self._released = True
-            self.lb._put(self.connection)
+            self.lb.worker_done(self.connection)
 
     def __iter__(self):
         spool, arrived = self.spool, self._arrived
@@ -267,7 +267,7 @@ class ResponseBody:
         self._release()
         if not self._closed:
             self._closed = True
-            self.lb._relayed()
+            self.lb.response_sent()
 
 
 class LB(LinkEvents):
@@ -627,13 +627,21 @@ class LB(LinkEvents):
     def worker_down(self, connection: Connection) -> None:
         self.pool.remove(connection)
 
-    def _put(self, connection: Hashable) -> None:
+    # The seam a ``ResponseBody`` uses: a response the client is being sent
+    # keeps a drain waiting, as a request in flight on a worker does.
+
+    def worker_done(self, connection: Hashable) -> None:
+        """A request given to worker ``connection`` has ended there."""
         self.in_flight -= 1
         if not self.in_flight and not self.relaying:
             self.idle.set()
         self.pool.put(connection)
 
-    def _relayed(self) -> None:
+    def response_started(self) -> None:
+        """A buffered response is being sent to its client."""
+        self.relaying += 1
+
+    def response_sent(self) -> None:
         """A buffered response is all sent (or abandoned)."""
         self.relaying -= 1
         if not self.in_flight and not self.relaying:
@@ -726,7 +734,7 @@ class LB(LinkEvents):
                     and (length is None or length == len(response.body))):
                 # The whole response came in one piece: the worker is
                 # done with it, and the front sends it in one write.
-                self._put(connection)
+                self.worker_done(connection)
                 return [response.body]
             return ResponseBody(self, connection, exchange, upload, length, response)
         raise NoWorkerAvailable("no worker answered")
@@ -894,7 +902,7 @@ class LB(LinkEvents):
             upload.stop()
         if exchange is not None:
             exchange.cancel()
-        self._put(connection)
+        self.worker_done(connection)
 
     def _error(self, exc: ZcLbError, environ: dict,
                start_response: Callable) -> Iterable[bytes]:

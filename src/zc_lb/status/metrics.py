@@ -74,13 +74,12 @@ def build_info() -> GaugeMetricFamily:
     """``zc_lb_build_info{version, build} 1``: which zc-lb runs, and whether
     compiled (a pip install without a compiler runs the source, some
     twice the CPU a request)."""
-    from zc_lb import build
-    from zc_lb.cli import version
+    from zc_lb import __version__, build
 
     family = GaugeMetricFamily("zc_lb_build_info", "zc-lb's version and build (compiled, or "
                                "the source and why), as a label; always 1.",
                                labels=["version", "build"])
-    family.add_metric([version(), build()], 1)
+    family.add_metric([__version__, build()], 1)
     return family
 
 

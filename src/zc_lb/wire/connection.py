@@ -242,7 +242,7 @@ class Exchange:
                 while not region.sent.wait(KEEPALIVE_INTERVAL) and not connection.closed:
                     pass
         if connection.closed:
-            raise connection.error or connection._closed_error(connection.peer)
+            raise connection.error or connection.closed_error(connection.peer)
         return not any(region.short for region in regions)
 
     def cancel(self, error: Optional[ZcLbError] = None) -> None:
@@ -345,7 +345,7 @@ class Exchange:
 
     # -- driven by the connection's reader ----------------------------
 
-    def _received(self, event: protocol.Message) -> None:
+    def received(self, event: protocol.Message) -> None:
         if type(event) is not Credit:
             self.inbox.append(event)
         waiting = self._waiter
@@ -355,7 +355,7 @@ class Exchange:
         elif waiting is not None:
             self._wake()
 
-    def _cancelled_by_peer(self) -> None:
+    def cancelled_by_peer(self) -> None:
         if self.error is None:
             self.error = PeerCancelled("request %d cancelled by %s"
                                        % (self.rno, self.connection.peer))
@@ -430,7 +430,7 @@ class Connection:
         self.sendfile = self._pending is None and hasattr(os, "sendfile")
         self._greenlets: List[gevent.Greenlet] = []
         self._lost_error = WorkerLost if role == "lb" else ConnectionLost
-        self._closed_error = WorkerClosed if role == "lb" else ConnectionClosed
+        self.closed_error = WorkerClosed if role == "lb" else ConnectionClosed
         set_nodelay(sock)
 
     # -- lifecycle ----------------------------------------------------
@@ -477,7 +477,7 @@ class Connection:
                 self.sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-        self._end(self._closed_error("%s: %s" % (self.peer, reason)))
+        self._end(self.closed_error("%s: %s" % (self.peer, reason)))
 
     def join(self, timeout: Optional[float] = None) -> None:
         """Wait for the reader to end."""
@@ -491,15 +491,15 @@ class Connection:
         its ``environ``, or its ``head`` where the worker takes head
         requests (``relays``; see ``protocol.Connection.start_request``)."""
         if self.closed:
-            raise self.error or self._closed_error(self.peer)
+            raise self.error or self.closed_error(self.peer)
         proto = self.protocol
         if proto.peer_goes_away:
-            raise self._closed_error("%s is going away" % self.peer)
+            raise self.closed_error("%s is going away" % self.peer)
         if proto.last_rno >= protocol.RECYCLE_RNO and proto.running_out():
             # (``proto.draining`` from now on): make way for a new connection
             self.handler.handle_goaway(self, "request numbers running out")
         if proto.last_rno >= protocol.MAX_RNO:
-            raise self._closed_error("%s: no request numbers left" % self.peer)
+            raise self.closed_error("%s: no request numbers left" % self.peer)
         rno, data = proto.start_request(environ, end, head)  # MessageTooLarge: nothing sent
         exchange = proto.streams[rno].owner = Exchange(self, rno)
         self.idle.clear()
@@ -545,7 +545,7 @@ class Connection:
         from the writer greenlet when the socket cannot take it all at
         once."""
         if self.closed:
-            raise self.error or self._closed_error(self.peer)
+            raise self.error or self.closed_error(self.peer)
         self._outgoing.append(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -701,9 +701,9 @@ class Connection:
                         self._new_request(cast(Request, event))
                     continue
                 if type(event) is StreamEnded:
-                    exchange._cancelled_by_peer()
+                    exchange.cancelled_by_peer()
                 else:
-                    exchange._received(event)  # type: ignore[arg-type]
+                    exchange.received(event)  # type: ignore[arg-type]
                 if not live:
                     self.idle.set()
             elif type(event) is Resume:

@@ -729,7 +729,7 @@ class Decoder:
         """Accept only these frame types from now on, each up to its
         payload limit; any other type is refused from its header, ``why``
         saying why it is not allowed."""
-        self._limits = limits
+        self.limits = limits
         self._why = why
 
     def receive_data(self, data: Union[bytes, memoryview]) -> None:
@@ -785,7 +785,7 @@ class Decoder:
         header: Tuple[int, int, int] = HEADER.unpack_from(buf, pos)
         rno, mtype, length = header
         self._rno = rno
-        limit = self._limits.get(mtype)
+        limit = self.limits.get(mtype)
         if limit is None:
             if mtype in _DECODERS:
                 raise RemoteProtocolError("%s frame not allowed%s" % (

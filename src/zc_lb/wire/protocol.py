@@ -317,7 +317,7 @@ class Connection:
         self._eof = False
         self._out: List[bytes] = [encode(self.our_hello)]
         self._decoder = Decoder(max_body, max_message, max_resume)
-        open_limits = dict(self._decoder._limits)
+        open_limits = dict(self._decoder.limits)
         refused = {Hello.TYPE, Auth.TYPE}  # once is enough
         if role == "worker":
             refused |= {Resume.TYPE, Response.TYPE, WHOLE_RESPONSE, READY_RESPONSE}

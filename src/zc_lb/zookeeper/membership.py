@@ -94,7 +94,7 @@ class WorkerMembership:
 
     def _start(self, timeout: float) -> None:
         self.client = zk.connect(self.hosts, timeout=timeout, credentials=self.credentials)
-        self.watch = recipes.PropertiesWatch(self.client, self.path, self._settings_changed)
+        self.watch = recipes.PropertiesWatch(self.client, self.path, self.settings_changed)
         self.watch.start()
         self.watch.wait(timeout)
         data = {"pid": os.getpid(), "version": self.version,
@@ -126,7 +126,7 @@ class WorkerMembership:
         if self.properties is None:
             self.worker.configure(self.base, source)
 
-    def _settings_changed(self, properties: Dict[str, Any], source: str = "") -> None:
+    def settings_changed(self, properties: Dict[str, Any], source: str = "") -> None:
         self.properties = properties
         good, bad = parse_each(WORKER_NODE_SETTINGS, properties)
         for message in bad:
@@ -153,7 +153,7 @@ def _rebase(membership, changes: Mapping[str, Any], source: str = "") -> None:
         log.warning("%s set in ZooKeeper (%s): the node's value stays in force",
                     ", ".join(overridden), membership.path)
     if membership.properties is not None:
-        membership._settings_changed(membership.properties, source)
+        membership.settings_changed(membership.properties, source)
 
 
 class LBMembership:
@@ -183,7 +183,7 @@ class LBMembership:
     def start(self, timeout: float = 10.0) -> None:
         """Connect, follow settings and workers, register."""
         self.client = zk.connect(self.hosts, timeout=timeout, credentials=self.credentials)
-        settings = recipes.PropertiesWatch(self.client, self.path, self._settings_changed)
+        settings = recipes.PropertiesWatch(self.client, self.path, self.settings_changed)
         workers = recipes.ProvidersWatch(self.client, self._join("workers/providers"),
                                     self._providers_changed)
         lbs = recipes.ProvidersWatch(self.client, self._join("providers"), self._lbs_changed)
@@ -216,7 +216,7 @@ class LBMembership:
         if self.properties is None:
             self.lb.configure(self.base, source)
 
-    def _settings_changed(self, properties: Dict[str, Any], source: str = "") -> None:
+    def settings_changed(self, properties: Dict[str, Any], source: str = "") -> None:
         self.properties = properties
         good, bad = parse_each(LB_NODE_SETTINGS, properties)
         for message in bad:
