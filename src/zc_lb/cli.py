@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from zc_lb import settings
+from zc_lb import config, settings
 from zc_lb.process import restart
 from zc_lb.front.accesslog import DEFAULT_FORMAT
 from zc_lb.errors import ConfigurationError, ZcLbError
@@ -50,8 +50,6 @@ NOT_COMPARED = frozenset({"argv", "start_dir", "run", "config", "command", "log_
 def read_config(args: argparse.Namespace) -> argparse.Namespace:
     """``args.argv`` parsed again with ``args.config``'s values as the
     defaults (config.py): the command line overrides the file."""
-    from zc_lb import config
-
     parser = build_parser()
     command = parser.commands[args.command]  # type: ignore[attr-defined]
     try:
@@ -459,19 +457,6 @@ LB_HELP_GROUPS = {
 }
 
 
-def _group_options(parser, groups: Dict[str, List[str]]) -> None:
-    """Show ``parser``'s options in ``groups`` (title -> dests) in --help,
-    in that order; parsing is not changed, only where each is listed."""
-    actions = {action.dest: action for action in parser._optionals._group_actions}
-    for title, dests in groups.items():
-        group = parser.add_argument_group(title)
-        for dest in dests:
-            action = actions.get(dest)
-            if action is not None:
-                parser._optionals._group_actions.remove(action)
-                group._group_actions.append(action)
-
-
 def _add_zookeeper_auth(p) -> None:
     p.add_argument("--zookeeper-auth-file", metavar="FILE",
                    help="ZooKeeper credentials, one line USER:PASSWORD: nodes this "
@@ -810,6 +795,7 @@ def _enter_directory(directory: Optional[str]) -> None:
 
 def _add_lb_parser(sub) -> None:
     p = sub.add_parser("lb", help="run a load balancer")
+    p.group(LB_HELP_GROUPS)
     _add_config_argument(p, "lb")
     p.add_argument("--listen", action="append", metavar="[SCHEME://]ADDRESS",
                    help="where to serve, repeatable (default %s): http://ADDRESS or "
@@ -853,7 +839,6 @@ def _add_lb_parser(sub) -> None:
     _add_zookeeper_auth(p)
     p.add_argument("--path", default="/lb", help="ZooKeeper node of the LB (default /lb)")
     settings.add_arguments(p, settings.LB_SETTINGS)
-    _group_options(p, LB_HELP_GROUPS)
     p.set_defaults(run=run_lb)
 
 
@@ -1011,7 +996,7 @@ def _add_demo_parser(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = config.Parser(
         prog="zc-lb", description="A résumé-based load balancer for WSGI applications.")
     parser.add_argument("--log-level", default="INFO", choices=LOG_LEVELS,
                         help="before or after the command (default INFO)")

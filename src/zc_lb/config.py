@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from zc_lb import settings as settings_module
 from zc_lb.errors import ConfigurationError
@@ -35,11 +35,73 @@ _TABLE_LINE = re.compile(r"^\s*\[\s*([^\]]*?)\s*\]")
 _TOML_ERROR = re.compile(r"^(.*) \(at line (\d+), column (\d+)\)$")
 
 
-def options(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
+class Parser(argparse.ArgumentParser):
+    """zc-lb's argument parser: an ``ArgumentParser`` that keeps in public
+    what the rest of zc-lb reads of it, so that nothing reaches into
+    argparse's private parts: ``options``, the actions its own
+    ``add_argument`` (and its exclusive groups') made, in order, and
+    ``kinds``, each of them -> its argparse action name ("store",
+    "store_true", "store_const", "append"...).  ``group`` lists options
+    in --help under titles of their own.  (Subparsers are of this class
+    too: argparse makes them of their parent's.)"""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # (before argparse's own __init__, which adds --help through ours)
+        self.options: List[argparse.Action] = []
+        self.kinds: Dict[argparse.Action, str] = {}
+        self.sections: Dict[str, Any] = {}  # dest -> the argument group it is listed in
+        super().__init__(*args, **kwargs)
+
+    def group(self, groups: Mapping[str, Iterable[str]]) -> None:
+        """List the options of ``groups`` (title -> their dests) under those
+        titles in --help, in that order of titles; before adding them.
+        Parsing is not changed, only where each option is listed."""
+        for title, dests in groups.items():
+            section = self.add_argument_group(title)
+            for dest in dests:
+                self.sections[dest] = section
+
+    def add_argument(self, *names: Any, **kwargs: Any) -> argparse.Action:
+        section = self.sections.get(kwargs.get("dest") or option_dest(names))
+        add = super().add_argument if section is None else section.add_argument
+        return self._noted(add(*names, **kwargs), kwargs)
+
+    def add_mutually_exclusive_group(self, **kwargs: Any) -> Any:
+        group = super().add_mutually_exclusive_group(**kwargs)
+        add = group.add_argument
+
+        def add_argument(*names: Any, **kwargs: Any) -> argparse.Action:
+            return self._noted(add(*names, **kwargs), kwargs)
+
+        group.add_argument = add_argument
+        return group
+
+    def _noted(self, action: argparse.Action, kwargs: Mapping[str, Any]) -> argparse.Action:
+        kind = kwargs.get("action", "store")
+        if kind == "help":
+            return action
+        self.options.append(action)
+        self.kinds[action] = kind if isinstance(kind, str) else "store"
+        return action
+
+
+def option_dest(names: Iterable[str]) -> str:
+    """The dest argparse gives an argument of these names: the first long
+    option's, else the first short option's, dashes made underscores, or
+    a positional's name."""
+    names = list(names)
+    for prefix in ("--", "-"):
+        for name in names:
+            if name.startswith(prefix):
+                return name[len(prefix):].replace("-", "_")
+    return names[0]
+
+
+def options(parser: Parser) -> Dict[str, argparse.Action]:
     """The file keys of a command's parser: key -> argparse action."""
     keys = {}
-    for action in parser._actions:
-        if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+    for action in parser.options:
+        if action.help == argparse.SUPPRESS:
             continue
         longs = [o for o in action.option_strings if o.startswith("--")]
         if longs:
@@ -94,22 +156,23 @@ def read(path: str) -> Tuple[Dict[str, Any], Dict[Tuple[str, str], int]]:
     return document, _lines(text)
 
 
-def _convert(key: str, action: argparse.Action, value: Any,
+def _convert(key: str, action: argparse.Action, kind: str, value: Any,
              table: Mapping[str, settings_module.Setting]) -> Tuple[str, Any]:
-    """(dest, value) for the parser's defaults; ValueError saying why not."""
-    if isinstance(value, (dict, list)) and not isinstance(action, argparse._AppendAction):
+    """(dest, value) for the parser's defaults, ``kind`` being the
+    action's name ("store_true"...); ValueError saying why not."""
+    if isinstance(value, (dict, list)) and kind != "append":
         raise ValueError("%s takes one value, not a %s"
                          % (key, "table" if isinstance(value, dict) else "list"))
-    if isinstance(action, argparse._StoreTrueAction):
+    if kind == "store_true":
         if not isinstance(value, bool):
             raise ValueError("%s must be true or false, got %r" % (key, value))
         return action.dest, value
-    if isinstance(action, argparse._StoreConstAction):
+    if kind == "store_const":
         if value is not True:
             raise ValueError("%s can only be true (leave it out otherwise), got %r"
                              % (key, value))
         return action.dest, action.const
-    if isinstance(action, argparse._AppendAction):
+    if kind == "append":
         items = value if isinstance(value, list) else [value]
         if not all(isinstance(item, str) for item in items):
             raise ValueError("%s must be a string or a list of strings, got %r" % (key, value))
@@ -144,7 +207,7 @@ def _convert_one(key: str, action: argparse.Action, value: Any,
     return value
 
 
-def load(path: str, section: str, parser: argparse.ArgumentParser,
+def load(path: str, section: str, parser: Parser,
          table: Mapping[str, settings_module.Setting]) -> Dict[str, Any]:
     """The ``[section]`` of ``path`` as parser defaults (dest -> value);
     ConfigurationError ``FILE:LINE: reason`` for the first bad key or value."""
@@ -160,7 +223,7 @@ def load(path: str, section: str, parser: argparse.ArgumentParser,
         if action is None:
             raise _unknown_key(_where(path, lines, section, key), key, section, known)
         try:
-            dest, converted = _convert(key, action, value, table)
+            dest, converted = _convert(key, action, parser.kinds[action], value, table)
         except ValueError as exc:
             raise ConfigurationError("%s: %s" % (_where(path, lines, section, key), exc))
         if dest in given:
@@ -206,15 +269,14 @@ def _unknown_key(where: str, key: str, section: str,
         where, key, section, hint, ", ".join(sorted(known))))
 
 
-def apply(parser: argparse.ArgumentParser, argv: List[str], command_parser:
-          argparse.ArgumentParser, path: str, section: str,
+def apply(parser: argparse.ArgumentParser, argv: List[str], command_parser: Parser, path: str, section: str,
           table: Mapping[str, settings_module.Setting]) -> argparse.Namespace:
     """Parse ``argv`` again with ``path``'s values as the command's
     defaults: the command line overrides the file."""
     values = load(path, section, command_parser, table)
-    appended = {dest: values.pop(dest) for dest in list(values)
-                if isinstance(_action(command_parser, dest), argparse._AppendAction)}
-    saved = {action.dest: action.default for action in command_parser._actions}
+    appends = {action.dest for action, kind in command_parser.kinds.items() if kind == "append"}
+    appended = {dest: values.pop(dest) for dest in list(values) if dest in appends}
+    saved = {action.dest: action.default for action in command_parser.options}
     command_parser.set_defaults(**values)
     try:
         args, rest = parser.parse_known_args(argv)
@@ -224,10 +286,3 @@ def apply(parser: argparse.ArgumentParser, argv: List[str], command_parser:
         if getattr(args, dest, None) is None:  # the command line's list replaces the file's
             setattr(args, dest, value)
     return args
-
-
-def _action(parser: argparse.ArgumentParser, dest: str) -> Optional[argparse.Action]:
-    for action in parser._actions:
-        if action.dest == dest:
-            return action
-    return None
