@@ -15,6 +15,7 @@ import json
 import os
 
 import gevent
+from zc_lb.environ import REQUEST_CLASS, WORKER
 
 CACHE_SITES = 3
 MISS_COST = 0.02
@@ -31,7 +32,7 @@ class DemoApp:
         self.misses = 0
 
     def __call__(self, environ, start_response):
-        site = environ.get("zc_lb.request_class") or environ.get("HTTP_HOST", "")
+        site = environ.get(REQUEST_CLASS) or environ.get("HTTP_HOST", "")
         hit = site in self.cache
         if hit:
             self.cache.move_to_end(site)
@@ -42,7 +43,7 @@ class DemoApp:
             while len(self.cache) > self.cache_sites:
                 self.cache.popitem(last=False)
             self.misses += 1
-        worker = environ.get("zc_lb.worker", "pid %d" % os.getpid())
+        worker = environ.get(WORKER, "pid %d" % os.getpid())
         if environ.get("PATH_INFO") == "/stats":
             body = json.dumps({"worker": worker, "hits": self.hits, "misses": self.misses,
                                "cached": list(self.cache)}).encode() + b"\n"

@@ -49,6 +49,7 @@ import time
 from typing import IO, Callable, List, Optional, Tuple
 
 from zc_lb.errors import ConfigurationError
+from zc_lb.environ import CLASS, ERROR, RETRIES, UPSTREAM_TIME, WORKER
 
 log = logging.getLogger(__name__)
 
@@ -119,12 +120,12 @@ def _header(name: str) -> Field:
 
 
 def _upstream(handler, environ) -> str:
-    seconds = environ.get("zc_lb.upstream_time")
+    seconds = environ.get(UPSTREAM_TIME)
     return "-" if seconds is None else "%.6f" % seconds
 
 
 def _class(handler, environ) -> str:
-    rclass = environ.get("zc_lb.class")
+    rclass = environ.get(CLASS)
     return "-" if rclass is None else quote(rclass)
 
 
@@ -148,11 +149,11 @@ FIELDS = {
 }
 NAMED = {  # %{NAME}z
     "class": _class,
-    "worker": lambda handler, environ: environ.get("zc_lb.worker") or "-",
+    "worker": lambda handler, environ: environ.get(WORKER) or "-",
     "upstream": _upstream,
     "time": lambda handler, environ: "%.6f" % _elapsed(handler),
-    "retries": lambda handler, environ: str(environ.get("zc_lb.retries", 0)),
-    "error": lambda handler, environ: (environ.get("zc_lb.error")
+    "retries": lambda handler, environ: str(environ.get(RETRIES, 0)),
+    "error": lambda handler, environ: (environ.get(ERROR)
                                        or getattr(handler, "error", None) or "-"),
 }
 

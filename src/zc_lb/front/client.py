@@ -25,6 +25,7 @@ from zc_lb.front.h1 import (BODILESS_STATUS, REASONS, Request, RequestReader, ch
 from zc_lb.front.httpparse import RequestHead
 from zc_lb.lb.relay import Facts, Relay, connection_variables
 from zc_lb.sockets import send_all, wait
+from zc_lb.environ import CLIENT_SOCKET, FORWARD, RELAY, START_READY
 
 log = logging.getLogger("zc_lb.front.server")  # the front server's log, as before the split
 
@@ -304,8 +305,8 @@ class ClientConnection:
             environ = self.environ = self._relay_environ(head)
         else:
             environ = self.environ = self._environ(head)
-        environ["zc_lb.client_socket"] = self.sock  # to notice a hang-up
-        environ["zc_lb.start_ready"] = self.start_ready  # (the LB's fast way)
+        environ[CLIENT_SOCKET] = self.sock  # to notice a hang-up
+        environ[START_READY] = self.start_ready  # (the LB's fast way)
         environ["wsgi.input"] = (NO_BODY if request.complete and not request.body_size
                                  else Input(self, request))
         if self.server.access_log is not None:
@@ -351,17 +352,17 @@ class ClientConnection:
         relay = self._relay(head)
         environ: Dict[str, Any] = dict(relay.all_variables())
         environ.update(self.server.base_objects)
-        environ["zc_lb.forward"] = relay.variables()
+        environ[FORWARD] = relay.variables()
         return environ
 
     def _relay_environ(self, head: RequestHead) -> Dict[str, Any]:
         """The LB's environ: its objects, the method and version the front
-        and the LB read, and the Relay ("zc_lb.relay"), which makes the
+        and the LB read, and the Relay (``environ.RELAY``), which makes the
         rest when it is asked (``_complete``)."""
         environ: Dict[str, Any] = self.server.base_objects.copy()
         environ["REQUEST_METHOD"] = head.method
         environ["SERVER_PROTOCOL"] = head.version
-        environ["zc_lb.relay"] = self._relay(head)
+        environ[RELAY] = self._relay(head)
         return environ
 
     def _relay(self, head: RequestHead) -> Relay:
@@ -379,7 +380,7 @@ class ClientConnection:
         environ = self.environ
         if environ is None:
             return {}
-        relay = environ.get("zc_lb.relay")
+        relay = environ.get(RELAY)
         if relay is not None:
             cast(Relay, relay).complete(environ)
         return environ

@@ -61,6 +61,8 @@ from zc_lb.lb.relay import Relay
 from zc_lb.settings import LATENCY_BUCKETS, LB_SETTINGS, check, log_change
 from zc_lb.routing.siblings import SYNC_INTERVAL, Siblings, sync
 from zc_lb.lb.spool import Spool, SpoolLimits
+from zc_lb.environ import (CLASS, CLIENT_SOCKET, COUNTED_CLASS, ERROR, FORWARD, RELAY, REQUEST_CLASS,
+                           RETRIES, RETRY_REFUSED, START_READY, UPSTREAM_TIME, WORKER)
 
 log = logging.getLogger(__name__)
 
@@ -593,7 +595,7 @@ class LB(LinkEvents):
         environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": "",
                    "SERVER_NAME": "zc-lb", "SERVER_PORT": "0", "HTTP_HOST": "zc-lb",
                    "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http",
-                   "zc_lb.request_class": "", "HTTP_USER_AGENT": "zc-lb health check"}
+                   REQUEST_CLASS: "", "HTTP_USER_AGENT": "zc-lb health check"}
 
         def check(connection: Connection) -> None:
             try:
@@ -665,8 +667,8 @@ class LB(LinkEvents):
         self.latency_sum += elapsed
         # And by the worker that answered (the last, after retries) and by
         # class (as counted: past MAX_COUNTED_CLASSES, OTHER_CLASS's).
-        for table, name in ((self.worker_latency, environ.get("zc_lb.worker")),
-                            (self.class_latency, environ.get("zc_lb.counted_class"))):
+        for table, name in ((self.worker_latency, environ.get(WORKER)),
+                            (self.class_latency, environ.get(COUNTED_CLASS))):
             if name is not None:
                 counts = table.get(name)
                 if counts is None:
@@ -679,16 +681,16 @@ class LB(LinkEvents):
         # From the front server, a Relay (lb/relay.py): the checked head,
         # classified from itself, and sent as it is to a worker that
         # takes it; from elsewhere, an environ.
-        relay = environ.get("zc_lb.relay")
+        relay = environ.get(RELAY)
         rclass, key = self._classify(environ if relay is None else relay)
-        environ["zc_lb.class"] = rclass  # for the access log, as are the zc_lb.* below
+        environ[CLASS] = rclass  # for the access log, as are the zc_lb.* below
         name = request_class = "" if rclass is None else rclass
         classes = self.class_requests
         count = classes.get(name)
         if count is None and len(classes) >= MAX_COUNTED_CLASSES:
             name, count = OTHER_CLASS, classes.get(OTHER_CLASS)
         classes[name] = (count or 0) + 1
-        environ["zc_lb.counted_class"] = name
+        environ[COUNTED_CLASS] = name
         if relay is not None:
             has_body = cast(Relay, relay).has_body(self.max_request_body)
         else:
@@ -702,7 +704,7 @@ class LB(LinkEvents):
             peer = connection.peer
             counts = self.worker_counts[peer]
             counts["requests"] = counts.get("requests", 0) + 1
-            environ["zc_lb.worker"] = peer
+            environ[WORKER] = peer
             exchange = upload = None
             try:
                 if relay is not None and connection.protocol.relay:
@@ -724,7 +726,7 @@ class LB(LinkEvents):
                 if retryable and attempt < self.max_retries and self._may_retry(environ):
                     self.retries += 1
                     counts["retries"] = counts.get("retries", 0) + 1
-                    environ["zc_lb.retries"] = attempt + 1
+                    environ[RETRIES] = attempt + 1
                     continue
                 raise
             except BaseException:
@@ -749,7 +751,7 @@ class LB(LinkEvents):
         if not len(self.pool) or self.pool.room(self.in_flight + 1, RETRY_ROOM) > 0:
             return True  # (with no worker, it waits for one as a new request does)
         self.retries_refused += 1
-        environ["zc_lb.retry_refused"] = (
+        environ[RETRY_REFUSED] = (
             "retry refused: no worker has room (%d requests in flight over %d workers)"
             % (self.in_flight, len(self.pool)))
         return False
@@ -830,7 +832,7 @@ class LB(LinkEvents):
                     watcher.kill(block=False)
         if not isinstance(response, Response):
             raise BadResponse("worker sent %s before a response" % type(response).__name__)
-        environ["zc_lb.upstream_time"] = time.monotonic() - started
+        environ[UPSTREAM_TIME] = time.monotonic() - started
         return response
 
     def _watch_slow_responses(self) -> None:
@@ -853,7 +855,7 @@ class LB(LinkEvents):
     def _watch(self, exchange: Exchange, environ: dict, upload: Optional[Upload]) -> None:
         """Cancel the exchange if the client hangs up (once the upload,
         which reads the same socket, is over)."""
-        sock = environ.get("zc_lb.client_socket")
+        sock = environ.get(CLIENT_SOCKET)
         if sock is not None and (upload is None or upload.done):
             self._watchers[exchange] = gevent.spawn(_watch_client, sock, exchange)
 
@@ -873,7 +875,7 @@ class LB(LinkEvents):
         bodiless = code in BODILESS_STATUS or environ["REQUEST_METHOD"] == "HEAD"
         if response.head is not None:  # ready for the client: the worker checked it
             length = response.length
-            start_ready = environ.get("zc_lb.start_ready")
+            start_ready = environ.get(START_READY)
             if start_ready is not None:
                 start_ready(response.status, response.head, length)
                 return 0 if bodiless else length
@@ -907,15 +909,15 @@ class LB(LinkEvents):
     def _error(self, exc: ZcLbError, environ: dict,
                start_response: Callable) -> Iterable[bytes]:
         status = exc.http_status
-        relay = environ.get("zc_lb.relay")
+        relay = environ.get(RELAY)
         if relay is not None:  # (the log line and the count read the variables)
             cast(Relay, relay).complete(environ)
-        cause = environ["zc_lb.error"] = type(exc).__name__  # (for the access log)
+        cause = environ[ERROR] = type(exc).__name__  # (for the access log)
         message = str(exc)
-        refused = environ.get("zc_lb.retry_refused")
+        refused = environ.get(RETRY_REFUSED)
         if refused:
             message = "%s; %s" % (message, refused)
-            environ["zc_lb.error"] = cause + ",retry-refused"
+            environ[ERROR] = cause + ",retry-refused"
         self._count_error(status, cause, message, environ)
         page = self.pages.get(status) or self.pages[500 if status < 502 else 502]
         log.warning("%d for %s %s: %s", status, environ.get("REQUEST_METHOD"),
@@ -1054,7 +1056,7 @@ def _request_path(environ: dict) -> str:
     has no PATH_INFO until completed: its head has the target)."""
     path = environ.get("PATH_INFO")
     if path is None:
-        relay = environ.get("zc_lb.relay")
+        relay = environ.get(RELAY)
         target = relay.head.path if relay is not None else "/"
         path = target.partition("?")[0]
     return path or "/"
@@ -1159,10 +1161,10 @@ def _forwarded_environ(environ: dict, rclass: str) -> Dict[str, str]:
     hop-by-hop fields.  The front server's Relay makes them (for a worker
     that does not take head requests); an environ from elsewhere is
     sifted."""
-    relay = environ.get("zc_lb.relay")
-    forwarded = relay.variables() if relay is not None else environ.get("zc_lb.forward")
+    relay = environ.get(RELAY)
+    forwarded = relay.variables() if relay is not None else environ.get(FORWARD)
     if forwarded is not None:
-        forwarded["zc_lb.request_class"] = rclass
+        forwarded[REQUEST_CLASS] = rclass
         return forwarded
     forwarded = {
         key: value for key, value in environ.items()
@@ -1174,5 +1176,5 @@ def _forwarded_environ(environ: dict, rclass: str) -> Dict[str, str]:
         for name in connection.split(","):
             forwarded.pop("HTTP_" + name.strip().upper().replace("-", "_"), None)
     forwarded["wsgi.url_scheme"] = environ.get("wsgi.url_scheme", "http")
-    forwarded["zc_lb.request_class"] = rclass
+    forwarded[REQUEST_CLASS] = rclass
     return forwarded

@@ -59,6 +59,7 @@ from zc_lb.front.forwarding import FIELDS as FORWARDING_FIELDS
 from zc_lb.front.h1 import (HOP_BY_HOP_KEYS, environ_key, field_variables, line_variables, path_info,
                  request_variables)
 from zc_lb.front.httpparse import RequestHead
+from zc_lb.environ import REQUEST_CLASS, WORKER
 
 HEAD_PREFIX: Final = struct.Struct("!BHH")  # flags, facts' length, class's length
 HEAD_END: Final = 1  # the flag: the request has no body (it ends with this frame)
@@ -203,7 +204,7 @@ class Relay:
         variables = self._all
         if variables is None:
             variables = self._all = dict(self.variables())
-            variables.pop("zc_lb.request_class", None)
+            variables.pop(REQUEST_CLASS, None)
             self._split()  # (which finds the fields about one hop)
             hop: Dict[str, str] = {}
             for name, value in self._hop or ():
@@ -334,8 +335,8 @@ REQUIRED: Final = {"SCRIPT_NAME": "", "SERVER_NAME": "localhost", "SERVER_PORT":
 # facts hold them, each to be replaced, so that a request's copy of them
 # has room for all it gets: it is not made larger, key by key.
 ROOM: Final = ("REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "RAW_URI", "SERVER_PROTOCOL",
-               "zc_lb.request_class", "wsgi.version", "wsgi.multithread", "wsgi.multiprocess",
-               "wsgi.run_once", "wsgi.input_terminated", "zc_lb.worker", "wsgi.input",
+               REQUEST_CLASS, "wsgi.version", "wsgi.multithread", "wsgi.multiprocess",
+               "wsgi.run_once", "wsgi.input_terminated", WORKER, "wsgi.input",
                "wsgi.errors")
 
 
@@ -370,7 +371,7 @@ def decode_head_request(payload: bytes) -> Tuple[Dict[str, Any], bool]:
         raise RemoteProtocolError("malformed head request %r" % text[:200])
     line_variables(environ, parts[0], parts[1], parts[2])
     field_variables(environ, [_keyed(lines[i]) for i in range(1, len(lines) - 1)])
-    environ["zc_lb.request_class"] = rclass
+    environ[REQUEST_CLASS] = rclass
     return environ, (flags & HEAD_END) != 0
 
 

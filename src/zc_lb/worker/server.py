@@ -52,6 +52,7 @@ from zc_lb.settings import LATENCY_BUCKETS, WORKER_SETTINGS, check, log_change
 from zc_lb.sockets import Listen, address_text, bound, is_loopback, listener
 from zc_lb.worker.threadio import NOT_BYTES, ThreadInput, ThreadOutput
 from zc_lb.worker.threads import Threads
+from zc_lb.environ import CACHE, REQUEST_CLASS, WORKER
 
 log = logging.getLogger(__name__)
 
@@ -197,11 +198,6 @@ class RequestInput(io.RawIOBase):
 # -- response output --------------------------------------------------------
 
 
-# The environ key an application may set, before its response starts, to
-# say whether its cache had what the request needed: "hit" (or True) or
-# "miss" (or False).  The worker tells the LB, which learns from it what
-# keeping a key where its data is buys (``routing/locality.py``).
-CACHE_KEY: Final = "zc_lb.cache"
 
 
 def cache_said(value: object) -> Optional[bool]:
@@ -226,7 +222,7 @@ class ResponseWriter:
                  environ: Optional[Dict[str, Any]] = None) -> None:
         self.exchange = exchange
         self.head = head
-        self.environ = environ  # (for what the app says of its cache: CACHE_KEY)
+        self.environ = environ  # (for what the app says of its cache: CACHE)
         self.status: Optional[str] = None
         self.headers: List[Tuple[str, str]] = []
         self.started = False
@@ -319,7 +315,7 @@ class ResponseWriter:
         elapsed = None if began is None else time.perf_counter() - began - (
             self.queued if self.thread is None else self.thread.queued)
         environ = self.environ
-        said = None if environ is None else environ.get(CACHE_KEY)
+        said = None if environ is None else environ.get(CACHE)
         cache = None if said is None else cache_said(said)  # (most apps say nothing)
         try:
             exchange.respond(self.status, self.headers, body, end,  # type: ignore[arg-type]
@@ -745,7 +741,7 @@ class Worker(Handler):
             return
         request = cast(Request, exchange.receive())  # (an exchange's first message)
         environ = self._environ(request.environ, exchange, request.end)
-        rclass = environ.get("zc_lb.request_class", "")
+        rclass = environ.get(REQUEST_CLASS, "")
         writer = ResponseWriter(exchange, environ["REQUEST_METHOD"] == "HEAD", environ)
         try:
             if self.threadpool is not None:
@@ -908,7 +904,7 @@ class Worker(Handler):
     ENVIRON_DEFAULTS: ClassVar[Dict[str, object]] = {
         "REQUEST_METHOD": "GET", "SCRIPT_NAME": "", "PATH_INFO": "/", "QUERY_STRING": "",
         "SERVER_NAME": "localhost", "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1",
-        "wsgi.url_scheme": "http", "zc_lb.request_class": "",
+        "wsgi.url_scheme": "http", REQUEST_CLASS: "",
     }
 
     def _environ(self, forwarded: Dict[str, str], exchange: Exchange,
@@ -924,7 +920,7 @@ class Worker(Handler):
                 "wsgi.run_once": False,
                 "wsgi.input_terminated": True,
                 "wsgi.file_wrapper": FileWrapper,
-                "zc_lb.worker": address_text(self.address),
+                WORKER: address_text(self.address),
             })
         # The forwarded dict was decoded for this request alone: it becomes
         # the environ, which costs a lookup per default, not a store per
