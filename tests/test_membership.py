@@ -76,6 +76,28 @@ def test_worker_settings_apply_each_good_value():
     assert configured[-1] == "reset"
 
 
+def test_both_roles_keep_the_value_in_force_on_a_bad_one_and_fall_back_when_removed():
+    # design.rst's rule, one NodeSettings for both: the worker fell back
+    # to the command line's value on a bad one, where the LB kept its own.
+    configured = []
+    live = ("history", "max_skill_age", "max_classes", "resume_interval")
+    worker = SimpleNamespace(
+        history=100, max_skill_age=None, max_classes=10_000, resume_interval=10.0, LIVE=live,
+        configure=lambda changes, source: configured.append(changes["history"]),
+        reset_skills=lambda: None)
+    membership = WorkerMembership(worker, "127.0.0.1:1", "/lb/workers")
+    membership.settings_changed({"history": 50})
+    membership.settings_changed({"history": "x"})  # bad: 50 stays
+    membership.settings_changed({})  # removed: the command line's
+    assert configured == [50, 50, 100]
+    lb = lb_membership()
+    lb.settings_changed({"variance": 3})
+    lb.settings_changed({"variance": "x"})
+    assert lb.lb.pool.variance == 3
+    lb.settings_changed({})
+    assert lb.lb.pool.variance == 1
+
+
 def test_a_setting_changed_in_zookeeper_is_logged_as_a_file_change_is(caplog):
     # Each source applied settings itself, and ZooKeeper's logged the whole
     # dict where a file's logged "variance 1 -> 2.5 (file)".

@@ -15,7 +15,8 @@ and the LB.  Their callbacks run in a recipe greenlet and must be quick:
 Settings from ZooKeeper override those given on the command line; a
 property removed from ZooKeeper falls back to the command line's value.
 A bad value is logged and the current setting kept.  While ZooKeeper is
-unreachable nothing is reported, so everyone keeps what they know.
+unreachable nothing is reported, so everyone keeps what they know.  Both
+roles follow their node with one ``NodeSettings``, which holds that rule.
 """
 
 from __future__ import annotations
@@ -50,8 +51,72 @@ def advertised(address) -> str:
     return "%s:%d" % (host, port)
 
 
-class WorkerMembership:
+class NodeSettings:
+    """Following a node's properties as live settings, for either role:
+    the command line's values (``base``) under the node's, a property
+    removed falling back to ``base``, a bad one logged and the value in
+    force kept (``applied``), and a new ``reset_skills`` token resetting
+    skills.  A role says what its node may set (``node_settings``), how
+    to apply settings (``_configure``) and to reset skills
+    (``_reset_skills``)."""
+
+    role = ""
+    node_settings: Mapping[str, Any] = {}
+
+    def _follow(self, path: str, base: Mapping[str, Any]) -> None:
+        self.path = path
+        self.base: Dict[str, Any] = dict(base)
+        self.applied: Dict[str, Any] = {}  # the settings in force
+        self.properties: Optional[Dict[str, Any]] = None  # the node's, last seen
+        self.reset_token: Optional[str] = None  # the reset_skills value last seen
+
+    def _configure(self, settings: Mapping[str, Any], source: str) -> None:
+        raise NotImplementedError
+
+    def _reset_skills(self, token: str) -> None:
+        raise NotImplementedError
+
+    def settings_changed(self, properties: Dict[str, Any], source: str = "") -> None:
+        """The node's properties, as they are now."""
+        self.properties = properties
+        good, bad = parse_each(self.node_settings, properties)
+        for message in bad:
+            log.error("ignoring a bad %s setting in %s: %s", self.role, self.path, message)
+        settings = dict(self.base)
+        settings.update((name, value) for name, value in self.applied.items()
+                        if name in properties)
+        settings.update(good)  # (checked by the table)
+        try:
+            self._configure(settings, source or "ZooKeeper %s" % self.path)
+        except ConfigurationError as exc:  # (settings that do not go together)
+            log.error("ignoring bad %s settings in %s: %s", self.role, self.path, exc)
+            return
+        self.applied = settings
+        token = settings["reset_skills"]
+        if self.reset_token is not None and token != self.reset_token:
+            self._reset_skills(token)
+        self.reset_token = token
+
+    def rebase(self, changes: Mapping[str, Any], source: str = "") -> None:
+        """New values under ZooKeeper's (a config file read again): applied
+        unless the node sets them (its properties win, as over the command
+        line)."""
+        self.base.update(changes)
+        overridden = sorted(set(changes) & set(self.properties or ()))
+        if overridden:
+            log.warning("%s set in ZooKeeper (%s): the node's value stays in force",
+                        ", ".join(overridden), self.path)
+        if self.properties is not None:
+            self.settings_changed(self.properties, source)
+        else:
+            self._configure(self.base, source)
+
+
+class WorkerMembership(NodeSettings):
     """A worker's registration and live settings."""
+
+    role = "worker"
+    node_settings = WORKER_NODE_SETTINGS
 
     def __init__(self, worker, hosts: str, path: str, version: Optional[str] = None,
                  description: Optional[str] = None,
@@ -59,13 +124,10 @@ class WorkerMembership:
         self.worker = worker
         self.hosts = hosts
         self.credentials = credentials  # (zk.connect: digest auth, and ACLs on what it makes)
-        self.path = path
         self.version = version
         self.description = description
-        self.base: Dict[str, Any] = {name: getattr(worker, name) for name in worker.LIVE}
-        self.base["reset_skills"] = ""
-        self.reset_token: Optional[str] = None  # the reset_skills value last seen
-        self.properties: Optional[Dict[str, Any]] = None  # the node's, last seen
+        base = {name: getattr(worker, name) for name in worker.LIVE}
+        self._follow(path, dict(base, reset_skills=""))
         self.client = None
         self.registration: Optional[recipes.Registration] = None
         self.watch: Optional[recipes.PropertiesWatch] = None
@@ -119,45 +181,19 @@ class WorkerMembership:
             self.client.stop()
             self.client.close()
 
-    def rebase(self, changes: Mapping[str, Any], source: str = "") -> None:
-        """New values under ZooKeeper's (a config file read again): applied
-        unless the node sets them."""
-        _rebase(self, changes, source)
-        if self.properties is None:
-            self.worker.configure(self.base, source)
+    def _configure(self, settings: Mapping[str, Any], source: str) -> None:
+        self.worker.configure(settings, source)
 
-    def settings_changed(self, properties: Dict[str, Any], source: str = "") -> None:
-        self.properties = properties
-        good, bad = parse_each(WORKER_NODE_SETTINGS, properties)
-        for message in bad:
-            log.error("ignoring a bad worker setting in %s: %s", self.path, message)
-        settings = dict(self.base, **good)
-        try:
-            self.worker.configure(settings, source or "ZooKeeper %s" % self.path)
-        except ConfigurationError as exc:
-            log.error("ignoring bad worker settings in %s: %s", self.path, exc)
-            return
-        token = settings["reset_skills"]
-        if self.reset_token is not None and token != self.reset_token:
-            log.warning("skills reset (reset_skills=%r)", token)
-            self.worker.reset_skills()
-        self.reset_token = token
+    def _reset_skills(self, token: str) -> None:
+        log.warning("skills reset (reset_skills=%r)", token)
+        self.worker.reset_skills()
 
 
-def _rebase(membership, changes: Mapping[str, Any], source: str = "") -> None:
-    """Change a membership's base settings and apply what ZooKeeper does
-    not set (its node's properties win, as over the command line)."""
-    membership.base.update(changes)
-    overridden = sorted(set(changes) & set(membership.properties or ()))
-    if overridden:
-        log.warning("%s set in ZooKeeper (%s): the node's value stays in force",
-                    ", ".join(overridden), membership.path)
-    if membership.properties is not None:
-        membership.settings_changed(membership.properties, source)
-
-
-class LBMembership:
+class LBMembership(NodeSettings):
     """An LB's settings, worker discovery and registration."""
+
+    role = "LB"
+    node_settings = LB_NODE_SETTINGS
 
     def __init__(self, lb, hosts: str, path: str, listen, status_address=None,
                  base_settings: Optional[Mapping[str, Any]] = None,
@@ -167,14 +203,10 @@ class LBMembership:
         self.instance = instance  # which of --processes N, each an LB of its own
         self.hosts = hosts
         self.credentials = credentials
-        self.path = path.rstrip("/") or "/"
+        self._follow(path.rstrip("/") or "/", base_settings or {})
         self.listen = listen
         self.status_address = status_address
-        self.base = dict(base_settings or {})
         self.single_version = bool(self.base.get("single_version"))
-        self.reset_token: Optional[str] = None  # the reset_skills value last seen
-        self.applied: Dict[str, Any] = {}  # the settings in force
-        self.properties: Optional[Dict[str, Any]] = None  # the node's, last seen
         self.version: Optional[str] = None
         self.providers: Dict[str, dict] = {}
         self.client = None
@@ -209,36 +241,15 @@ class LBMembership:
     def _join(self, relative: str) -> str:
         return "%s/%s" % ("" if self.path == "/" else self.path, relative)
 
-    def rebase(self, changes: Mapping[str, Any], source: str = "") -> None:
-        """New values under ZooKeeper's (a config file read again): applied
-        unless the node sets them."""
-        _rebase(self, changes, source)
-        if self.properties is None:
-            self.lb.configure(self.base, source)
-
-    def settings_changed(self, properties: Dict[str, Any], source: str = "") -> None:
-        self.properties = properties
-        good, bad = parse_each(LB_NODE_SETTINGS, properties)
-        for message in bad:
-            log.error("ignoring a bad LB setting in %s: %s", self.path, message)
-        # A removed property falls back to the command line; a bad one keeps
-        # the value it had.
-        settings = dict(self.base)
-        settings.update((name, value) for name, value in self.applied.items()
-                        if name in properties)
-        settings.update(good)  # checked by the table, as the pool checks them
-        self.lb.configure(settings, source or "ZooKeeper %s" % self.path)
-        self.applied = settings
-        self._reset_skills(settings["reset_skills"])
-        if bool(settings["single_version"]) != self.single_version:
-            self.single_version = bool(settings["single_version"])
+    def _configure(self, settings: Mapping[str, Any], source: str) -> None:
+        self.lb.configure(settings, source)
+        if bool(settings.get("single_version")) != self.single_version:
+            self.single_version = bool(settings.get("single_version"))
             self._update_workers()
 
     def _reset_skills(self, token: str) -> None:
         """A new ``reset_skills`` value (not the first one seen) resets skills."""
-        if self.reset_token is not None and token != self.reset_token:
-            self.lb.reset_skills("(reset_skills=%r in ZooKeeper)" % token)
-        self.reset_token = token
+        self.lb.reset_skills("(reset_skills=%r in ZooKeeper)" % token)
 
     def _lbs_changed(self, providers: Dict[str, dict]) -> None:
         """How many LBs share the workers: the affinity pool recruits alike
