@@ -257,8 +257,13 @@ def test_an_idle_keepalive_connection_is_not_cut_by_the_header_timeout(procs):
     connection.close()
 
 
-def test_connections_past_the_cap_get_503_when_none_waits_for_a_head(procs):
-    lb, _ = lb_with_worker(procs, "--max-connections", "3", "--header-timeout", "60")
+def test_connections_past_the_cap_get_503_when_none_waits_for_a_head(procs, tmp_path):
+    # with the operator's 503 page, as the LB's own 503s (front/pages.py:
+    # the front answered in plain text of its own)
+    page = tmp_path / "sorry.html"
+    page.write_text("<p>Back soon.</p>")
+    lb, _ = lb_with_worker(procs, "--max-connections", "3", "--header-timeout", "60",
+                           "--error-page", str(page))
     busy = []  # three connections with a request in flight: none to evict
     try:
         for _ in range(3):
@@ -269,6 +274,7 @@ def test_connections_past_the_cap_get_503_when_none_waits_for_a_head(procs):
                  .startswith(b"HTTP/1.1 503"), timeout=10, message="503 past the cap")
         reply = raw(lb.address, b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
         assert b"Connection: close" in reply and b"Retry-After: 1" in reply, reply
+        assert reply.endswith(b"\r\n\r\n<p>Back soon.</p>"), reply
         for sock in busy:  # the requests in flight were not disturbed
             assert sock.recv(65536).startswith(b"HTTP/1.1 200")
     finally:

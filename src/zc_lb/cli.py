@@ -399,7 +399,7 @@ def _build_fronts(args: argparse.Namespace, lb, tls, access_log) -> list:
             client_timeout=args.client_timeout or None,
             header_timeout=args.header_timeout or None, max_connections=max_connections,
             counter=lb.count_answer, forwarding=forwarding,
-            proxy_protocol=args.proxy_protocol))
+            proxy_protocol=args.proxy_protocol, pages=lb.pages))
     return fronts
 
 

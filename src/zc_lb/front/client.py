@@ -30,15 +30,6 @@ from zc_lb.environ import CLIENT_SOCKET, FORWARD, RELAY, START_READY
 log = logging.getLogger("zc_lb.front.server")  # the front server's log, as before the split
 
 
-def refusal(status: int) -> bytes:
-    """A complete response refusing a request, closing the connection."""
-    reason = REASONS[status]
-    return (b"HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Type: text/plain\r\n"
-            b"%sContent-Length: %d\r\n\r\n%s\n" % (
-                status, reason.encode(), b"Retry-After: 1\r\n" if status == 503 else b"",
-                len(reason) + 1, reason.encode()))
-
-
 RECV_SIZE = 64 * 1024
 BODY_RECV_SIZE = 256 * 1024  # a request body's reads: a quarter of them, for a large one
 PARK_AFTER = 2.0  # seconds a keep-alive client idles before its greenlet is let go
@@ -441,7 +432,7 @@ class ClientConnection:
             pass
 
     def _send_refusal(self, status: int) -> None:
-        response = refusal(status)
+        response = self.server.pages.refusal(status)
         self.status = str(status)
         try:
             send_all(self.sock, response)

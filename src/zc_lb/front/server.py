@@ -37,7 +37,8 @@ import gevent.server
 import gevent.ssl
 
 from zc_lb.front.accesslog import AccessLog
-from zc_lb.front.client import PARK_AFTER, ClientConnection, refusal, _peer
+from zc_lb.front.client import PARK_AFTER, ClientConnection, _peer
+from zc_lb.front.pages import ErrorPages
 from zc_lb.sockets import bound, listener, send_all
 from zc_lb.errors import ClientError, ConfigurationError
 from zc_lb.front import proxyproto
@@ -130,6 +131,7 @@ class _Server(gevent.server.StreamServer):
     tls = None
     draining = False
     counter: Optional[Callable[[int, str, str, Optional[dict]], None]] = None
+    pages = ErrorPages()
     forwarding: Optional[Forwarding] = None
     proxy_protocol = False
     park_after = PARK_AFTER  # seconds an idle keep-alive client keeps its greenlet
@@ -314,7 +316,7 @@ class _Server(gevent.server.StreamServer):
         try:
             sock.settimeout(TURN_AWAY_LINGER)
             if self.tls is None:  # TLS clients cannot read a plain answer
-                send_all(sock, refusal(503))
+                send_all(sock, self.pages.refusal(503))
             sock.shutdown(socket.SHUT_WR)
             while sock.recv(65536):  # read the request, so closing does not
                 pass  # reset the connection before the client reads the 503
@@ -334,7 +336,9 @@ class FrontServer:
     ``tls`` is an SSLContext from ``tls_context``, for HTTPS;
     ``counter(status, cause, message, environ)`` counts the answers the
     front gives itself (the LB's ``count_answer``); ``forwarding``
-    (front/forwarding.py) sets X-Forwarded-* and X-Request-ID.
+    (front/forwarding.py) sets X-Forwarded-* and X-Request-ID;
+    ``pages`` (front/pages.py) answers what the front refuses, the LB's
+    own, so that one status has one page.
     """
 
     def __init__(self, listen: Any, app: Callable,
@@ -344,8 +348,9 @@ class FrontServer:
                  max_connections: Optional[int] = None,
                  counter: Optional[Callable[[int, str, str, Optional[dict]], None]] = None,
                  forwarding: Optional[Forwarding] = None,
-                 proxy_protocol: bool = False) -> None:
+                 proxy_protocol: bool = False, pages: Optional[ErrorPages] = None) -> None:
         self.listen = listen
+        self.pages = pages or ErrorPages()
         self.proxy_protocol = proxy_protocol
         self.counter = counter
         self.forwarding = forwarding or None  # (one that sets nothing is none)
@@ -374,6 +379,7 @@ class FrontServer:
         server.counter = self.counter
         server.forwarding = self.forwarding
         server.proxy_protocol = self.proxy_protocol
+        server.pages = self.pages
         if self.max_connections is not None:
             server.max_connections = fit_open_files(self.max_connections)
         server.start()

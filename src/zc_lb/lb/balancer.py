@@ -54,6 +54,7 @@ from zc_lb.errors import (
 )
 from zc_lb.front.h1 import BODILESS_STATUS, HOP_BY_HOP_KEYS, REASONS
 from zc_lb.front.httpparse import HOP_BY_HOP
+from zc_lb.front.pages import ErrorPages
 from zc_lb.lb.outlier import Ejector
 from zc_lb.routing.pool import RESUME_STEP, Pool
 from zc_lb.wire.protocol import MAX_BODY, Body, End, Response, head_fields
@@ -83,16 +84,6 @@ MAX_COUNTED_CLASSES = 1000  # distinct classes counted; later ones count as OTHE
 OTHER_CLASS = "other"
 STATUS_CLASSES = 100  # the busiest classes in the status document (the rest: OTHER_CLASS)
 RECENT_ERRORS = 20  # error responses kept for the status page
-
-DEFAULT_PAGES = {
-    413: "413 Request Entity Too Large",
-    431: "431 Request Header Fields Too Large",
-    500: "500 Internal Server Error",
-    502: "502 Bad Gateway",
-    503: "503 Service Unavailable",
-    504: "504 Gateway Timeout",
-}
-
 
 class Upload:
     """The request body, sent to the worker from a greenlet of its own,
@@ -305,9 +296,7 @@ class LB(LinkEvents):
         self.no_worker_timeout = no_worker_timeout
         self.max_request_body = max_request_body
         self.link_config = LinkConfig(secret, keepalive_interval, keepalive_timeout, drain_timeout)
-        self.pages = {status: ("<html><body><h1>%s</h1></body></html>" % text).encode()
-                      for status, text in DEFAULT_PAGES.items()}
-        self.pages.update(pages or {})
+        self.pages = ErrorPages(pages)  # (the front's refusals take the same: front/pages.py)
         self.links: Dict[str, WorkerLink] = {}
         self.drained: Set[str] = set()  # addresses an operator drained
         self.standby: Dict[str, Optional[str]] = {}  # other-version workers: their versions
@@ -919,7 +908,7 @@ class LB(LinkEvents):
             message = "%s; %s" % (message, refused)
             environ[ERROR] = cause + ",retry-refused"
         self._count_error(status, cause, message, environ)
-        page = self.pages.get(status) or self.pages[500 if status < 502 else 502]
+        page = self.pages.body(status)
         log.warning("%d for %s %s: %s", status, environ.get("REQUEST_METHOD"),
                     environ.get("PATH_INFO"), message)
         headers = [("Content-Type", "text/html; charset=utf-8"),
