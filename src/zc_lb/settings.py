@@ -349,6 +349,9 @@ WORKER_SETTINGS = _table([
 # What the ZooKeeper nodes may hold: the LBs' node, and its ``workers`` child.
 LB_NODE_SETTINGS = given_in(LB_SETTINGS, ZOOKEEPER)
 WORKER_NODE_SETTINGS = given_in(WORKER_SETTINGS, ZOOKEEPER)
+# The worker's settings that change while it runs (Worker.configure): its
+# live ones but for reset_skills, a token that resets rather than a value.
+WORKER_LIVE = tuple(name for name in given_in(WORKER_SETTINGS, LIVE) if name != "reset_skills")
 
 
 # -- values given as text or JSON: the command line, ZooKeeper ------------

@@ -48,7 +48,7 @@ from zc_lb.process.loopwatch import LoopWatch
 from zc_lb.front.h1 import start_again
 from zc_lb.front.httpparse import HOP_BY_HOP
 from zc_lb.wire.protocol import MAX_BODY, WORKER_FEATURES, Body, End, Request
-from zc_lb.settings import LATENCY_BUCKETS, WORKER_SETTINGS, check, log_change
+from zc_lb.settings import LATENCY_BUCKETS, WORKER_LIVE, WORKER_SETTINGS, check, log_change
 from zc_lb.sockets import Listen, address_text, bound, is_loopback, listener
 from zc_lb.worker.threadio import NOT_BYTES, ThreadInput, ThreadOutput
 from zc_lb.worker.threads import Threads
@@ -589,7 +589,7 @@ class Worker(Handler):
             self._timer.kill()
         self._stopped.set()
 
-    LIVE = ("history", "max_skill_age", "max_classes", "resume_interval")
+    LIVE = WORKER_LIVE  # (the settings table says which)
 
     def configure(self, changes: Mapping[str, Any], source: str = "") -> None:
         """Apply live settings from any source (the command line's file
