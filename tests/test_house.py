@@ -1,0 +1,111 @@
+"""The package's shape (docs/design.rst, "Where each concept lives"),
+measured by walking its syntax trees: no import cycles, no module
+reaching into another object's private state, at most 12 modules in a
+package, and the environ keys named in one module."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "src" / "zc_lb"
+MAX_MODULES = 12  # in any one package: a newcomer finds a concept by its subpackage
+
+
+def modules():
+    """Dotted name -> path, for every module of the package."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = modules()
+TREES = {name: ast.parse(path.read_text()) for name, path in MODULES.items()}
+
+
+def imported(name, tree):
+    """The package's modules ``name`` imports, anywhere in it."""
+    package = name if MODULES[name].name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.update(t for t in [target] + ["%s.%s" % (target, a.name) for a in node.names]
+                         if t in MODULES)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in MODULES)
+    return found - {name}
+
+
+def test_no_import_cycles():
+    graph = {name: imported(name, tree) for name, tree in TREES.items()}
+    # (a package imports its own __init__ on the way in: not a cycle of concepts)
+    graph = {name: {t for t in targets if not name.startswith(t + ".")}
+             for name, targets in graph.items()}
+    state = {}
+    cycles = []
+
+    def visit(name, path):
+        state[name] = "open"
+        for target in sorted(graph[name]):
+            if state.get(target) == "open":
+                cycles.append(path[path.index(target):] + [target])
+            elif target not in state:
+                visit(target, path + [target])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, cycles
+
+
+def test_no_module_reaches_into_another_objects_private_state():
+    # ``other._x``: not on self, cls or super(); argparse's internals count
+    reached = []
+    for name, tree in TREES.items():
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                value = node.value
+                if isinstance(value, ast.Name) and value.id in ("self", "cls", "sys"):
+                    continue
+                if (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+                        and value.func.id == "super"):
+                    continue
+                reached.append("%s:%d %s" % (name, node.lineno, ast.unparse(node)))
+    assert not reached, reached
+
+
+def test_no_package_holds_more_than_a_dozen_modules():
+    count = defaultdict(int)
+    for name, path in MODULES.items():
+        if path.name != "__init__.py":
+            count[name.rsplit(".", 1)[0]] += 1
+    assert max(count.values()) <= MAX_MODULES, dict(count)
+    assert all(MODULES[package].read_text().startswith('"""') for package in count), \
+        "every package says what it holds"
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_environ_keys_are_named_only_in_zc_lb_environ(name):
+    if name == "zc_lb.environ":
+        return
+    keys = set(re.findall(r'^\w+: Final = "(zc_lb\.\w+)"',
+                          MODULES["zc_lb.environ"].read_text(), re.M))
+    literals = [node.value for node in ast.walk(TREES[name])
+                if isinstance(node, ast.Constant) and node.value in keys]
+    assert not literals, literals
