@@ -52,27 +52,26 @@ its other classes keep it.  On a fleet of two machine sizes the fast
 workers scored best in every class, became members of all the big ones
 and queued, while the slow ones idled: the simulator's ``mixed_fleet``
 served 797-853 requests a second where the published policy, which
-weighs backlogs, served 869-932 (with two LBs, 667-697 against
-808-841).  So with ``busy_members``, once this LB measures what moving
-the class costs (its gain, see "Locality"), members are ranked by score over decayed backlog
-plus one, the requests a second each would give the class, with a
-current member's backlog counted ``stick`` times smaller, ``stick``
-being the class's gain or ``MEMBER_STICK``, whichever is more: a class
-whose keys take ten times longer away moves only from a member ten
-times busier than the other worker, while a busy member's backlog
-rising and falling within that moves nothing, and a better-scored
-worker (one that now holds the data) still takes over at once.  Before
-any gain is known, or behind LBs that measure none, members go by score
-alone: nothing says what a move costs.  On ``mixed_fleet`` (at 60,000
-requests) this serves 851-906 requests a second with one LB where
-ranking by score served 797-853 (the published policy 869-932), with
-two LBs 820-834 (667-697; published 808-841), with four 714-773
-(619-724; published 736-792).  The logs' misses are unchanged (their
-gains are 15-28); but on the synthetic scenarios, whose gains are 2-3,
-members move with the backlogs of single-threaded workers, and it
-serves 2-6% less and recovers from a removed worker later
-(``simulations/README.rst``), so it is a setting for fleets of unlike
-machines, not the default.
+weighs backlogs, served 869-932 (with two LBs, 667-697 against 808-841).
+So with ``busy_members``, once this LB measures what moving the class
+costs (its gain, see "Locality"), members are ranked by score over
+decayed backlog plus one, the requests a second each would give the
+class, with a current member's backlog counted ``stick`` times smaller,
+``stick`` being the class's gain or ``MEMBER_STICK``, whichever is more:
+a class whose keys take ten times longer away moves only from a member
+ten times busier than the other worker, while a busy member's backlog
+rising and falling within that moves nothing, and a better-scored worker
+(one that now holds the data) still takes over at once.  Before any gain
+is known, or behind LBs that measure none, members go by score alone:
+nothing says what a move costs.  On ``mixed_fleet`` (at 60,000 requests)
+this serves 851-906 requests a second with one LB where ranking by score
+served 797-853 (the published policy 869-932), with two LBs 820-834
+(667-697; published 808-841), with four 714-773 (619-724; published
+736-792).  The logs' misses are unchanged (their gains are 15-28); but
+on the synthetic scenarios, whose gains are 2-3, members move with the
+backlogs of single-threaded workers, and it serves 2-6% less and
+recovers from a removed worker later (``simulations/README.rst``), so it
+is a setting for fleets of unlike machines, not the default.
 
 Widening.  Shares say what a class needs, not how busy its members are
 with the other classes they hold: on the elastic log the two classes
