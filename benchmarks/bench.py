@@ -1224,10 +1224,10 @@ def in_process(requests: int = 20000, batch: int = 8, clients: int = 4,
     worker.start()
     lb = LB(make_pool("affinity", {}), get_classifier("host"),
             affinity_key=get_key_function("path"))
-    lb.set_workers(["%s:%d" % worker.address[:2]])
+    lb.fleet.set_workers(["%s:%d" % worker.address[:2]])
     front = FrontServer(("127.0.0.1", 0), lb)
     front.start()
-    if not lb.wait_for_workers(10):
+    if not lb.fleet.wait_for_workers(10):
         raise BenchError("the in-process worker did not connect")
     head = b"GET / HTTP/1.1\r\nHost: bench.example\r\n\r\n" * batch
     try:

@@ -125,7 +125,7 @@ class Stack:
             self.workers.append(worker)
         lb_kw.setdefault("no_worker_timeout", 2.0)
         self.lb = LB(Pool(), host_classifier, **lb_kw)
-        self.lb.set_workers(["127.0.0.1:%d" % w.address[1] for w in self.workers])
+        self.lb.fleet.set_workers(["127.0.0.1:%d" % w.address[1] for w in self.workers])
         poll(lambda: len(self.lb.pool) == n_workers, message="LB connected")
         self.front = FrontServer(("127.0.0.1", 0), self.lb)
         self.front.start()
@@ -145,7 +145,7 @@ class Stack:
         return sum(w.backlog for w in self.lb.pool.workers.values())
 
     def streams(self):
-        return sum(len(link.connection.protocol.streams) for link in self.lb.links.values()
+        return sum(len(link.connection.protocol.streams) for link in self.lb.fleet.links.values()
                    if link.connection is not None)
 
     def close(self):
@@ -237,7 +237,7 @@ def test_what_waits_for_a_client_that_stopped_reading_stays_within_the_window(st
     client.send(b"GET /big HTTP/1.1\r\nHost: a.example\r\n\r\n")
     poll(lambda: s.lb.spool_limits.stalled > 0, message="the spool full")
     gevent.sleep(0.2)
-    [link] = s.lb.links.values()
+    [link] = s.lb.fleet.links.values()
     [stream] = link.connection.protocol.streams.values()
     waiting = sum(len(m.data) for m in stream.owner.inbox if isinstance(m, Body))
     assert stream.window + waiting <= protocol.WIDE_WINDOW
@@ -461,14 +461,14 @@ def test_removing_a_worker_lets_its_requests_in_flight_finish(stack):
     job = gevent.spawn(client.request, "POST", "/slow", body=b"payload")
     poll(lambda: s.lb.in_flight == 1)
     gevent.sleep(0.1)  # the worker is running the app
-    s.lb.set_workers([])  # what LBMembership does when the worker deregisters
+    s.lb.fleet.set_workers([])  # what LBMembership does when the worker deregisters
     status, _, body = job.get(timeout=5)
     assert (status, body) == (200, b"slept, read 7")
 
 
 def test_request_numbers_running_out_recycle_the_connection(stack):
     s = stack(ok_app)
-    link = next(iter(s.lb.links.values()))
+    link = next(iter(s.lb.fleet.links.values()))
     link.connection.protocol.last_rno = protocol.MAX_RNO  # as after 2**32 - 1 requests
     client = s.client()
     status, _, body = client.request(path="/after")
@@ -607,7 +607,7 @@ class _WorkerBeforeHeadRequests(Worker):
                                           _WorkerBeforeHeadRequests])
 def test_whole_frames_or_not_every_kind_of_response_gets_through(stack, worker_class):
     s = stack(_mixed_app, worker_class=worker_class)
-    connection = next(iter(s.lb.links.values())).connection
+    connection = next(iter(s.lb.fleet.links.values())).connection
     assert connection.protocol.whole == (worker_class is not _WorkerBeforeWholeFrames)
     assert connection.protocol.relay == (worker_class is Worker)
     client = s.client()

@@ -148,11 +148,11 @@ def test_past_the_classes_it_counts_the_lb_still_forwards_each_requests_own_clas
     worker = Worker(app)
     worker.start()
     lb = make_lb(get_classifier("host"))
-    lb.set_workers(["%s:%d" % worker.address[:2]])
+    lb.fleet.set_workers(["%s:%d" % worker.address[:2]])
     front = FrontServer(("127.0.0.1", 0), lb)
     front.start()
     try:
-        assert lb.wait_for_workers(10)
+        assert lb.fleet.wait_for_workers(10)
         bodies = []
         for host in ("a.example", "b.example", "c.example", "d.example"):
             sock = gevent.socket.create_connection(front.address)
@@ -186,7 +186,7 @@ def test_two_lbs_hear_through_the_workers_where_each_sent_a_key():
     from zlib import crc32
 
     from zc_lb.routing.classstats import mixed
-    from zc_lb.lb.balancer import _parts
+    from zc_lb.lb.fleet import _parts
     from zc_lb.worker.server import Worker
 
     def app(environ, start_response):
@@ -201,9 +201,9 @@ def test_two_lbs_hear_through_the_workers_where_each_sent_a_key():
         addresses = ["%s:%d" % worker.address for worker in workers]
         for lb in lbs:
             lb.pool.lbs = 2
-            lb.set_workers(addresses)
-            assert lb.wait_for_workers(10)
-            lb.relay_turn()
+            lb.fleet.set_workers(addresses)
+            assert lb.fleet.wait_for_workers(10)
+            lb.fleet.relay_turn()
             assert lb.pool.relayed
         first, second = lbs
         # A request held on one worker: the first LB's new keys go to the other.
@@ -213,7 +213,7 @@ def test_two_lbs_hear_through_the_workers_where_each_sent_a_key():
             handle = placed["/k%d" % i] = first.pool.get("c", "/k%d" % i)
             first.pool.put(handle)
         assert {handle.peer for handle in placed.values()} != {busy.peer}
-        first.relay_turn()
+        first.fleet.relay_turn()
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and len(second.pool.book) < len(placed):
             gevent.sleep(0.01)
@@ -230,11 +230,11 @@ def test_two_lbs_hear_through_the_workers_where_each_sent_a_key():
         while time.monotonic() < deadline and len(first.pool) == 2:
             gevent.sleep(0.01)
         assert len(first.pool) == 1
-        first.relay_turn()
+        first.fleet.relay_turn()
         assert first.pool.relayed
         # One LB alone (ZooKeeper's count of 1) relays nothing.
         first.pool.lbs = 1
-        first.relay_turn()
+        first.fleet.relay_turn()
         assert not first.pool.relayed
     finally:
         for lb in lbs:

@@ -87,10 +87,11 @@ def test_an_lb_service_starts_workers_before_fronts_and_drains_before_it_closes(
     journal = []
     log = Part("log", journal)
     fronts = [Part("front0", journal, access_log=log), Part("front1", journal, access_log=log)]
-    service = LBService(Part("lb", journal), fronts, Part("status", journal), drain_timeout=3)
+    lb = Part("lb", journal, fleet=Part("fleet", journal))
+    service = LBService(lb, fronts, Part("status", journal), drain_timeout=3)
     service.start(["w:1"], "/health", 2.0)
-    assert journal == [("lb", "set_workers", ["w:1"]), ("lb", "watch_workers"),
-                       ("lb", "start_health_checks", "/health", 2.0),
+    assert journal == [("fleet", "set_workers", ["w:1"]), ("lb", "watch_workers"),
+                       ("fleet", "start_health_checks", "/health", 2.0),
                        ("front0", "start"), ("front1", "start"), ("status", "start")]
     service.register(Part("zk", journal))
     journal.clear()
@@ -103,7 +104,8 @@ def test_an_lb_service_starts_workers_before_fronts_and_drains_before_it_closes(
 
 def test_an_lb_service_takes_a_new_worker_list_and_passes_the_rest_on():
     journal = []
-    service = LBService(Part("lb", journal), [Part("front", journal, access_log=None)])
+    lb = Part("lb", journal, fleet=Part("fleet", journal))
+    service = LBService(lb, [Part("front", journal, access_log=None)])
     live = {"worker": ["w:2"], "variance": 2.0}
     service.configure(live, "f.toml")
     assert live == {"worker": ["w:2"], "variance": 2.0}  # (the caller records what runs)
@@ -112,8 +114,8 @@ def test_an_lb_service_takes_a_new_worker_list_and_passes_the_rest_on():
     with pytest.raises(ConfigurationError, match="'nohost'"):
         service.configure({"worker": ["w:3", "nohost"], "variance": 3.0}, "f.toml")
     assert journal == [("lb", "configure", {"variance": 2.0}, "f.toml"),
-                       ("lb", "set_workers", ["w:2"]),
-                       ("lb", "set_workers", [])]
+                       ("fleet", "set_workers", ["w:2"]),
+                       ("fleet", "set_workers", [])]
     assert service.reopen() is False  # no access log: nothing to reopen
 
 

@@ -318,7 +318,7 @@ def build_lb(args: argparse.Namespace):
     if workers_tls is not None:  # (every link, from its first connection)
         import dataclasses
 
-        lb.link_config = dataclasses.replace(lb.link_config, tls=workers_tls)
+        lb.fleet.link_config = dataclasses.replace(lb.fleet.link_config, tls=workers_tls)
     if args.siblings_fd is not None:  # one of --processes N: they route as one
         from zc_lb.routing.siblings import Siblings
 
@@ -422,15 +422,15 @@ def _reload_tls(args: argparse.Namespace, servers: list) -> None:
 def _ready_when_serving(lb, timeout: float = 10.0) -> None:
     """Say we are ready (to an LB we replace, and to systemd) once the
     workers are connected, at most ``timeout`` seconds after the start."""
-    lb.wait_until_serving(timeout)
+    lb.fleet.wait_until_serving(timeout)
     restart.announce_ready()
 
 
 def lb_actions(lb) -> dict:
     """What an operator may POST to an LB's status address."""
     return {"reset-skills": lb.reset_skills,
-            "drain": lambda worker: lb.drain_worker(worker) or {"worker": worker},
-            "enable": lambda worker: lb.enable_worker(worker) or {"worker": worker}}
+            "drain": lambda worker: lb.fleet.drain_worker(worker) or {"worker": worker},
+            "enable": lambda worker: lb.fleet.enable_worker(worker) or {"worker": worker}}
 
 
 # ``zc-lb lb --help`` in groups: each option's dest, by the group it shows in
@@ -615,10 +615,10 @@ def run_demo(args: argparse.Namespace) -> int:
             ["lb", "--listen", args.listen, "--status", args.status, "--access-log", "-",
              "--variance", "2"] + [a for address in addresses for a in ("--worker", address)])
         lb, (front,), status = build_lb(lb_args)
-        lb.set_workers(addresses)
+        lb.fleet.set_workers(addresses)
         front.start()
         status.start()
-        if not lb.wait_for_workers(DEMO_CONNECT_TIMEOUT):  # routing settles with all of them
+        if not lb.fleet.wait_for_workers(DEMO_CONNECT_TIMEOUT):  # routing settles with all of them
             log.warning("not every demo worker is connected yet")
         _print_demo_help(front.address, status.address, addresses)
 

@@ -1,7 +1,9 @@
 """The LB: the WSGI application that forwards each request to a worker.
 
-``balancer`` holds the fleet and forwards requests and their responses,
-``links`` keeps one connection to each worker address, ``relay`` is the
+``balancer`` forwards requests and their responses, ``fleet`` holds
+the workers (who of them is in the pool, drains, ejection, health
+checks, the keys relayed between LBs), ``links`` keeps one connection
+to each worker address, ``relay`` is the
 request head as the front checked it, ``spool`` holds a response for a
 slow client, and ``outlier`` ejects a worker that fails where its peers
 do not.

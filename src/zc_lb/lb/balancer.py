@@ -1,10 +1,10 @@
-"""The LB: connections to workers, and the WSGI app that forwards requests.
+"""The LB: the WSGI app that forwards requests to workers.
 
-``LB`` keeps one ``WorkerLink`` (lb/links.py) per known worker address; a link keeps a
-connection open, reconnecting with backoff, and tells the pool when its
-worker comes, sends a résumé, drains or goes.  The pool's handles are the
-live ``Connection`` objects, so a reconnected worker is a new handle and
-a stale one can never be chosen.
+``LB`` holds the pool and its ``Fleet`` (lb/fleet.py): one ``WorkerLink``
+per known worker address, each keeping a connection open and telling
+the pool when its worker comes, sends a résumé, drains or goes.  The
+pool's handles are the live ``Connection`` objects, so a reconnected
+worker is a new handle and a stale one can never be chosen.
 
 ``LB.__call__`` is the WSGI application the HTTP front server runs:
 classify, get a worker from the pool (waiting up to
@@ -28,7 +28,7 @@ import socket
 import time
 from bisect import bisect_left
 from typing import (Any, Callable, ClassVar, DefaultDict, Dict, Hashable, Iterable, Mapping,
-                    List, Optional, Set, Tuple, cast)
+                    List, Optional, Tuple, cast)
 
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
@@ -37,7 +37,8 @@ import gevent.socket  # type: ignore[import-untyped]
 from zc_lb import build
 from zc_lb.routing.classifier import bounded_class
 from zc_lb.wire.connection import KEEPALIVE_INTERVAL, Connection, Exchange
-from zc_lb.lb.links import LinkConfig, LinkEvents, WorkerLink
+from zc_lb.lb.fleet import Fleet
+from zc_lb.lb.links import LinkConfig
 from zc_lb.errors import (
     BadResponse,
     ConfigurationError,
@@ -56,7 +57,7 @@ from zc_lb.front.h1 import BODILESS_STATUS, HOP_BY_HOP_KEYS, REASONS
 from zc_lb.front.httpparse import HOP_BY_HOP
 from zc_lb.front.pages import ErrorPages
 from zc_lb.lb.outlier import Ejector
-from zc_lb.routing.pool import RESUME_STEP, Pool
+from zc_lb.routing.pool import Pool
 from zc_lb.wire.protocol import MAX_BODY, Body, End, Response, head_fields
 from zc_lb.lb.relay import Relay
 from zc_lb.settings import LATENCY_BUCKETS, LB_SETTINGS, check, log_change
@@ -75,8 +76,6 @@ MAX_CLASSIFIER_ERRORS = 100  # distinct classifier errors kept in status
 RETRY_ROOM = 3  # a healthy worker has room for at least this many retries
 DRAIN_QUIET = 0.5  # seconds without requests in flight that end a drain
 NO_WORKER_GRACE = 5.0  # seconds after the start before an empty pool is said
-RELAY_INTERVAL = 0.05  # seconds between the keys an LB sends each worker to relay
-RELAY_FRAME = 128 * 1024  # bytes of keys in one frame, about (frames.Keys)
 
 # The response latency histogram's upper bounds, in seconds (plus +Inf):
 # fixed, so that a request costs one bisect and one list increment.
@@ -263,7 +262,7 @@ class ResponseBody:
             self.lb.response_sent()
 
 
-class LB(LinkEvents):
+class LB:
     """The load balancer: worker links, the pool, and the forwarding app."""
 
     relays: ClassVar[bool] = True  # takes a front server's Relay (lb/relay.py) in the environ
@@ -295,11 +294,7 @@ class LB(LinkEvents):
         self.classifier = classifier
         self.no_worker_timeout = no_worker_timeout
         self.max_request_body = max_request_body
-        self.link_config = LinkConfig(secret, keepalive_interval, keepalive_timeout, drain_timeout)
         self.pages = ErrorPages(pages)  # (the front's refusals take the same: front/pages.py)
-        self.links: Dict[str, WorkerLink] = {}
-        self.drained: Set[str] = set()  # addresses an operator drained
-        self.standby: Dict[str, Optional[str]] = {}  # other-version workers: their versions
         self.in_flight = 0
         self.relaying = 0  # buffered responses a client is still being sent
         self.idle = gevent.event.Event()  # set while none is in flight or relayed
@@ -308,19 +303,13 @@ class LB(LinkEvents):
         self.requests = 0
         self.retries = 0
         self.errors: Dict[int, int] = {}
-        self.ejector = Ejector(**(outlier or {}))
-        self.worker_failures = 0  # worker 5xx and connections failing under a request
         self.max_retries = max_retries
         self.retries_refused = 0  # retries the budget did not allow
-        self.health_checks = 0
-        self._health: Optional[gevent.Greenlet] = None
-        self._workers_changed = gevent.event.Event()
         self._waiting: Dict[Exchange, _Waiting] = {}
         # Of those, the ones whose client is watched for a hang-up (``_watch``).
         self._watchers: Dict[Exchange, gevent.Greenlet] = {}
         self._watchdog: Optional[gevent.Greenlet] = None
         self._no_worker_watch: Optional[gevent.Greenlet] = None
-        self._relay: Optional[gevent.Greenlet] = None  # (``_relay_keys``)
         self.started = time.time()
         # Counters for metrics, read at scrape time (status/metrics.py): each is a
         # plain increment or dict update per request, no lock, no labels.
@@ -335,25 +324,11 @@ class LB(LinkEvents):
         self.error_causes: Dict[str, int] = {}  # exception class name -> count
         self.recent_errors: "collections.deque[dict]" = collections.deque(maxlen=RECENT_ERRORS)
         self.fronts: list = []  # the front servers: their client connections go in status
+        link_config = LinkConfig(secret, keepalive_interval, keepalive_timeout, drain_timeout)
+        self.fleet = Fleet(pool, link_config, Ejector(**(outlier or {})),
+                           self._worker_removed, self._worker_silent)
 
-    # -- membership ---------------------------------------------------
-
-    def set_workers(self, addresses: Iterable[str],
-                    standby: Optional[Dict[str, Optional[str]]] = None) -> None:
-        """Make the known worker addresses exactly ``addresses``;
-        ``standby``: workers of another version, not served (ZooKeeper's
-        ``single_version``), with their versions, shown in the status."""
-        self.standby = dict(standby or {})
-        wanted = set(addresses)
-        for address in list(self.links):
-            if address not in wanted:
-                self.links.pop(address).stop(self.link_config.drain_timeout)
-                self.worker_counts.pop(address, None)  # its series end with it
-                self.worker_latency.pop(address, None)
-                log.info("worker %s removed", address)
-        for address in sorted(wanted - set(self.links)):
-            link = self.links[address] = WorkerLink(address, self.link_config, self)
-            link.start()
+    # -- the fleet ----------------------------------------------------
 
     def watch_workers(self, interval: float = NO_WORKER_GRACE) -> None:
         """Say when the pool has no worker: ``interval`` seconds after the
@@ -371,43 +346,9 @@ class LB(LinkEvents):
                         log.info("%d worker(s) in the pool again", len(self.pool))
                     else:
                         log.warning("no worker in the pool (%s): requests get 503 after "
-                                    "%gs", self._known_workers(), self.no_worker_timeout)
+                                    "%gs", self.fleet.known(), self.no_worker_timeout)
                     had = has
         self._no_worker_watch = gevent.spawn(watch)
-
-    def _known_workers(self) -> str:
-        if not self.links:
-            return "none known: give --worker, or register workers in ZooKeeper"
-        return "known: " + ", ".join(
-            "%s%s" % (address, " (%s)" % link.last_error if link.last_error else "")
-            for address, link in sorted(self.links.items())[:10])
-
-    def wait_for_workers(self, timeout: float) -> bool:
-        """Wait until every known worker is connected and in the pool, at
-        most ``timeout`` seconds; whether they all are."""
-        return self._wait_until(self._all_in_pool, timeout)
-
-    def wait_until_serving(self, timeout: float) -> bool:
-        """Wait until the pool has a worker and every known worker is in
-        it (ZooKeeper may name them later than the start), at most
-        ``timeout`` seconds; whether it got there."""
-        return self._wait_until(lambda: bool(len(self.pool)) and self._all_in_pool(), timeout)
-
-    def _all_in_pool(self) -> bool:
-        return all(link.connection is not None and link.connection in self.pool
-                   for link in self.links.values())
-
-    def _wait_until(self, condition: Callable[[], bool], timeout: float) -> bool:
-        """Wait, as workers come and go, until ``condition()``, at most
-        ``timeout`` seconds; whether it came true."""
-        deadline = time.monotonic() + timeout
-        while not condition():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            self._workers_changed.clear()
-            self._workers_changed.wait(min(remaining, 0.1))
-        return True
 
     def drain(self, timeout: float, quiet: float = DRAIN_QUIET) -> bool:
         """Wait until no request has been in flight for ``quiet`` seconds
@@ -425,198 +366,26 @@ class LB(LinkEvents):
 
     def stop(self) -> None:
         """Close every worker connection."""
-        if self._health is not None:
-            self._health.kill(block=False)
         if self._watchdog is not None:
             self._watchdog.kill(block=False)
         if self._no_worker_watch is not None:
             self._no_worker_watch.kill(block=False)
-        if self._relay is not None:
-            self._relay.kill(block=False)
-        for link in list(self.links.values()):
-            link.stop()
-        self.links.clear()
+        self.fleet.stop()
 
-    # -- what the links tell (LinkEvents) ------------------------------
+    def _worker_removed(self, address: str) -> None:
+        """A worker address is gone for good: its series end with it."""
+        self.worker_counts.pop(address, None)
+        self.worker_latency.pop(address, None)
 
-    def worker_up(self, connection: Connection) -> None:
-        if self.ejector.reconnected(connection.peer):
-            log.info("worker %s connected anew: readmitted on probation", connection.peer)
-        self._admit(connection)
-        self.lbs_changed()
-
-    def lbs_changed(self) -> None:
-        """ZooKeeper counted the LBs anew (``pool.lbs``): with several,
-        the keys sent to workers are relayed from now on (``_relay_keys``,
-        which then runs for good: it notices when they are one again).
-        An LB alone starts nothing, and wakes for nothing."""
-        pool: Any = self.pool
-        if self._relay is None and pool.lbs > 1 and hasattr(pool, "take_keys"):
-            self._relay = gevent.spawn(self._relay_keys)
-
-    def worker_keys(self, connection: Connection, keys: Dict[str, List[int]]) -> None:
-        """A worker relayed the keys another LB sent it: the pool's book
-        says they are there."""
-        pool: Any = self.pool  # (an AffinityPool: ``worker_up`` says)
-        if connection in pool:
-            pool.take_keys(connection, keys)
-
-    def _relay_keys(self) -> None:
-        """Every RELAY_INTERVAL: whether the pool hears where the other
-        LBs send keys (there are others, and every worker in the pool and
-        this LB take ``frames.Keys``: then the books agree, and the pool
-        routes as a lone LB does, see ``routing/affinity.py``), and if it does,
-        the keys it sent each worker since, to the worker, which relays
-        them to the other LBs."""
-        while True:
-            gevent.sleep(RELAY_INTERVAL)
-            try:
-                self.relay_turn()
-            except Exception:  # (a bug here must not stop the relays for good)
-                log.exception("relaying keys failed")
-
-    def relay_turn(self) -> None:
-        """One turn of ``_relay_keys``."""
-        pool: Any = self.pool  # (an AffinityPool: ``worker_up`` says)
-        connections = []
-        if pool.lbs > 1 and not pool.separate_books:  # (an LB alone: nothing to do)
-            connections = [link.connection for link in list(self.links.values())
-                           if link.connection is not None and link.connection in pool]
-        relayed = bool(connections) and all(c.protocol.keys for c in connections)
-        if relayed != pool.relayed:
-            pool.relayed = relayed
-            log.info("keys %s relayed between the LBs through the workers",
-                     "are" if relayed else "are no longer")
-        if not relayed:
-            return
-        for connection in connections:
-            try:
-                for part in _parts(pool.sent_keys(connection)):
-                    connection.send_keys(part)
-            except ZcLbError:
-                pass
-
-    def _admit(self, connection: Connection, resume: Optional[Dict[str, float]] = None) -> bool:
-        """Put a connected worker in the pool, unless it is ejected (it is
-        readmitted when its ejection is over) or an operator drained it."""
-        address = connection.peer
-        if self.ejector.ejected(address) or address in self.drained:
-            return False
-        self.pool.add(connection, resume, version=_app_version(connection))
-        self._workers_changed.set()
-        return True
-
-    def drain_worker(self, address: str) -> None:
-        """An operator's drain: send the worker nothing new (its requests in
-        flight finish) until ``enable_worker``; it stays connected."""
-        link = self.links.get(address)
-        if link is None:
-            raise ConfigurationError("no worker %s (known: %s)"
-                                     % (address, ", ".join(sorted(self.links)) or "none"))
-        self.drained.add(address)
-        if link.connection is not None:
-            self.pool.remove(link.connection)
-        log.warning("worker %s drained by an operator: nothing new goes to it", address)
-
-    def enable_worker(self, address: str) -> None:
-        """Undo ``drain_worker``, or readmit an ejected worker at once (the
-        operator's word that it is healthy)."""
-        link = self.links.get(address)
-        readmitted = link is not None and self.ejector.readmit_now(address)
-        if link is None or not (readmitted or address in self.drained):
-            raise ConfigurationError(
-                "worker %s is neither drained nor ejected (drained: %s; ejected: %s)" % (
-                    address, ", ".join(sorted(self.drained)) or "none",
-                    ", ".join(sorted(str(a) for a in self.ejector.records
-                                     if self.ejector.ejected(a))) or "none"))
-        self.drained.discard(address)
-        if link.connection is not None and not link.connection.closed:
-            self._admit(link.connection, link.resume)
-        log.warning("worker %s %s by an operator", address,
-                    "readmitted" if readmitted else "enabled")
-
-    def _outcome(self, connection: Connection, ok: bool, path: Optional[str] = None) -> None:
-        """Count a request's outcome on its worker; eject a failing one.
-        ``path``: the request's, when the worker answered 5xx (lb/outlier.py)."""
-        address = connection.peer
-        if ok:
-            self.ejector.success(address)
-            return
-        self.worker_failures += 1
-        if self.ejector.failure(address, time.monotonic(), len(self.links), path):
-            self.pool.remove(connection)
-            record = self.ejector.records[address]
-            log.warning("ejected worker %s for %gs: %s (ejection %d)", address,
-                        record.until - time.monotonic(), record.reason, record.ejections)
-
-    def worker_resume(self, connection: Connection, skills: Dict[str, float]) -> None:
-        """A worker's new résumé: a large one is taken in steps, the rest
-        of the loop running between them (``Pool.new_resume``)."""
-        self.pool.new_resume(connection, skills,
-                             _let_others_run if len(skills) > RESUME_STEP else None)
-
-    def worker_silent(self, connection: Connection, seconds: float) -> None:
-        """A worker says nothing (stopped, or its loop blocked): send it
-        nothing new, and move its GETs and HEADs that have no answer yet to
-        other workers now, not when its keepalive times out."""
-        self.pool.remove(connection)
+    def _worker_silent(self, connection: Connection, seconds: float) -> int:
+        """A worker fell silent: its GETs and HEADs that have no answer yet
+        move to other workers now; how many."""
         moved = 0
         for exchange, entry in list(self._waiting.items()):
             if exchange.connection is connection and entry[3]:  # (retryable)
                 exchange.fail(WorkerLost("%s silent for %.1fs" % (connection.peer, seconds)))
                 moved += 1
-        log.warning("worker %s silent for %.1fs: sending it nothing new, %d GET/HEAD "
-                    "moved to other workers", connection.peer, seconds, moved)
-
-    def worker_heard(self, connection: Connection) -> None:
-        link = self.links.get(connection.peer)
-        if (link is None or link.connection is not connection or connection.closed
-                or link.draining is connection):
-            return
-        log.info("worker %s speaks again", connection.peer)
-        self._admit(connection, link.resume)
-
-    def start_health_checks(self, path: str, interval: float = 5.0,
-                            timeout: float = 2.0) -> None:
-        """Every ``interval``, GET ``path`` from every connected worker; an
-        answer under 500 within ``timeout`` counts as a success, anything
-        else as a failure, for outlier detection as requests do."""
-        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": "",
-                   "SERVER_NAME": "zc-lb", "SERVER_PORT": "0", "HTTP_HOST": "zc-lb",
-                   "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http",
-                   REQUEST_CLASS: "", "HTTP_USER_AGENT": "zc-lb health check"}
-
-        def check(connection: Connection) -> None:
-            try:
-                exchange = connection.open_request(environ, end=True)
-                with gevent.Timeout(timeout):
-                    response = exchange.receive()
-                    if not getattr(response, "end", True):
-                        while not isinstance(exchange.receive(), End):
-                            pass
-                ok = isinstance(response, Response) and response.status[:1] != "5"
-            except (ZcLbError, gevent.Timeout):
-                ok = False
-            self.health_checks += 1
-            self._outcome(connection, ok)
-
-        def loop() -> None:
-            while True:
-                gevent.sleep(interval)
-                for link in list(self.links.values()):
-                    if link.connection is not None and not link.connection.closed:
-                        gevent.spawn(check, link.connection)
-        self._health = gevent.spawn(loop)
-
-    def _readmit(self, now: float) -> None:
-        for address in self.ejector.readmit(now):
-            link = self.links.get(cast(str, address))  # (ejected by address: see _outcome)
-            if link is not None and link.connection is not None:
-                if self._admit(link.connection, link.resume):
-                    log.info("readmitted worker %s on probation", address)
-
-    def worker_down(self, connection: Connection) -> None:
-        self.pool.remove(connection)
+        return moved
 
     # The seam a ``ResponseBody`` uses: a response the client is being sent
     # keeps a drain waiting, as a request in flight on a worker does.
@@ -711,7 +480,7 @@ class LB(LinkEvents):
                 length = self._start(connection, response, environ, start_response)
             except (ConnectionLost, ConnectionClosed):
                 self._abort(connection, exchange, upload)
-                self._outcome(connection, ok=False)
+                self.fleet.outcome(connection, ok=False)
                 if retryable and attempt < self.max_retries and self._may_retry(environ):
                     self.retries += 1
                     counts["retries"] = counts.get("retries", 0) + 1
@@ -796,8 +565,9 @@ class LB(LinkEvents):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise NoWorkerAvailable("no worker available after %gs" % self.no_worker_timeout)
-            self._workers_changed.clear()
-            self._workers_changed.wait(remaining)
+            changed = self.fleet.changed
+            changed.clear()
+            changed.wait(remaining)
 
     def _await_response(self, exchange: Exchange, upload: Optional[Upload],
                         environ: dict, retryable: bool) -> Response:
@@ -830,7 +600,7 @@ class LB(LinkEvents):
         while True:
             gevent.sleep(WATCHDOG_INTERVAL)
             now = time.monotonic()
-            self._readmit(now)
+            self.fleet.readmit(now)
             if self.siblings is not None:  # (a sibling idle since still says what ended)
                 sync(self.siblings, self.pool)
             timeout = self.response_timeout
@@ -853,12 +623,12 @@ class LB(LinkEvents):
         """Start the client's response; the body length to hold the worker to."""
         code = response.status[:3]
         if code[0] != "5":
-            ejector = self.ejector
-            ejector.success(connection.peer)  # (``_outcome``, without its call)
+            ejector = self.fleet.ejector
+            ejector.success(connection.peer)  # (``Fleet.outcome``, without its call)
             if ejector.watched:  # (paths failed lately: is this one among them?)
                 ejector.succeeded_on(_request_path(environ), connection.peer)
         else:
-            self._outcome(connection, False, _request_path(environ))
+            self.fleet.outcome(connection, False, _request_path(environ))
         counts, what = self.worker_counts[connection.peer], code[0] + "xx"
         counts[what] = counts.get(what, 0) + 1
         bodiless = code in BODILESS_STATUS or environ["REQUEST_METHOD"] == "HEAD"
@@ -984,11 +754,11 @@ class LB(LinkEvents):
             "build": build(),  # compiled, or the source (and why)
             "classifier_errors": dict(self.classifier_errors),
             "classifier": getattr(self.classifier, "status", dict)(),
-            "worker_failures": self.worker_failures,
+            "worker_failures": self.fleet.worker_failures,
             "retries_refused": self.retries_refused,
-            "health_checks": self.health_checks,
+            "health_checks": self.fleet.health_checks,
             "buffers": self.spool_limits.status(),
-            "ejections": self.ejector.total_ejections,
+            "ejections": self.fleet.ejector.total_ejections,
             "clients": sum(getattr(front.server, "connections", 0) for front in self.fronts),
             "latency": {"buckets": list(LATENCY_BUCKETS), "counts": list(self.latency),
                         "sum": round(self.latency_sum, 6)},
@@ -1002,25 +772,9 @@ class LB(LinkEvents):
 
     def _workers_status(self, pooled: Dict[str, dict]) -> Dict[str, dict]:
         """Each known worker's part of the status document, by address:
-        its link, ejection, the pool's view of it (``pooled``), counts."""
-        links: Dict[str, dict] = {}
-        for address, link in sorted(self.links.items()):
-            info: Dict[str, object] = dict(_DOWN, connected=link.connection is not None,
-                                           drained=address in self.drained)
-            info.update(self.ejector.status(address, time.monotonic()))
-            info["counts"] = {}
-            if link.connection is not None:
-                info["in_pool"] = link.connection in self.pool
-                info["version"] = _app_version(link.connection)
-                info.update(pooled.get(str(link.connection), {}))
-                info["streams"] = len(link.connection.protocol.streams)
-            else:
-                info["last_error"] = link.last_error
-            links[address] = info
-        for address, version in sorted(self.standby.items()):
-            if address not in links:  # idle: another version than the one served
-                links[address] = dict(_DOWN, version=version, standby=True, counts={},
-                                      last_error="version %s is not the one served" % version)
+        the fleet's (its link, ejection, the pool's view of it) and this
+        LB's counts of its answers and their latency."""
+        links = self.fleet.status(pooled)
         for address, counts in list(self.worker_counts.items()):
             if address in links:
                 links[address]["counts"].update(counts)
@@ -1030,14 +784,8 @@ class LB(LinkEvents):
         return links
 
     def __repr__(self) -> str:
-        return "<LB workers=%d in_flight=%d %r>" % (len(self.links), self.in_flight, self.pool)
-
-
-# What the status document says of a worker not in the pool: every key a
-# pooled one has, so that a reader need not guess.
-_DOWN = {"connected": False, "in_pool": False, "drained": False, "standby": False,
-         "backlog": 0, "siblings_backlog": 0, "mean_backlog": 0.0, "skills": {},
-         "version": None, "streams": 0, "last_error": None}
+        return "<LB workers=%d in_flight=%d %r>" % (len(self.fleet.links), self.in_flight,
+                                                     self.pool)
 
 
 def _request_path(environ: dict) -> str:
@@ -1049,11 +797,6 @@ def _request_path(environ: dict) -> str:
         target = relay.head.path if relay is not None else "/"
         path = target.partition("?")[0]
     return path or "/"
-
-
-def _let_others_run() -> None:
-    """Between the steps of a large résumé: the rest of the loop's turn."""
-    gevent.sleep(0)
 
 
 def _histogram(counts: List[float]) -> dict:
@@ -1106,33 +849,6 @@ def _watch_client(sock, exchange: Exchange) -> None:
     except OSError:
         pass
     exchange.cancel(ClientGone("client went away while the worker worked"))
-
-
-def _parts(keys: Dict[str, List[int]]) -> List[Dict[str, List[int]]]:
-    """``keys`` (class -> key hashes) in parts of about RELAY_FRAME bytes
-    of JSON each, under the peer's frame limit."""
-    parts: List[Dict[str, List[int]]] = []
-    part: Dict[str, List[int]] = {}
-    size = 0
-    for rclass, hashes in keys.items():
-        step = max(1, (RELAY_FRAME - len(rclass)) // 21)  # (a hash: 20 digits and a comma)
-        for start in range(0, len(hashes), step):
-            chunk = hashes[start:start + step]
-            cost = len(rclass) * 2 + 8 + 21 * len(chunk)
-            if part and size + cost > RELAY_FRAME:
-                parts.append(part)
-                part, size = {}, 0
-            part.setdefault(rclass, []).extend(chunk)
-            size += cost
-    if part:
-        parts.append(part)
-    return parts
-
-
-def _app_version(connection: Connection) -> Optional[str]:
-    """The application version the worker gave in its Hello, if any."""
-    hello = connection.peer_hello
-    return hello.app_version if hello is not None else None
 
 
 def _content_length(value: str) -> Optional[int]:

@@ -269,10 +269,10 @@ class LBService:
     def start(self, workers: List[str], health_check: Optional[str] = None,
               health_interval: float = 5.0) -> None:
         lb = self.lb
-        lb.set_workers(workers)
+        lb.fleet.set_workers(workers)
         lb.watch_workers()
         if health_check:
-            lb.start_health_checks(health_check, health_interval)
+            lb.fleet.start_health_checks(health_check, health_interval)
         for server in self.fronts:
             _bind("--listen", getattr(server, "listen", None), server.start)
         if self.status is not None:
@@ -302,7 +302,7 @@ class LBService:
             if not workers:
                 log.warning("the worker list in %s is empty: every worker leaves the pool",
                             source or "the configuration")
-            self.lb.set_workers(workers)
+            self.lb.fleet.set_workers(workers)
 
     def reopen(self) -> bool:
         access_log = self.fronts[0].access_log

@@ -10,7 +10,7 @@ An LB follows its settings in ``<path>``, the workers registered under
 The recipes in zookeeper/client.py do the ZooKeeper work (retries, session expiry,
 links); this module only turns what they report into calls on the Worker
 and the LB.  Their callbacks run in a recipe greenlet and must be quick:
-``LB.set_workers`` only starts or stops link greenlets.
+``Fleet.set_workers`` only starts or stops link greenlets.
 
 Settings from ZooKeeper override those given on the command line; a
 property removed from ZooKeeper falls back to the command line's value.
@@ -255,7 +255,7 @@ class LBMembership(NodeSettings):
         """How many LBs share the workers: the affinity pool recruits alike
         on every LB when there are several."""
         self.lb.pool.lbs = max(len(providers), 1)
-        self.lb.lbs_changed()
+        self.lb.fleet.lbs_changed()
 
     def _providers_changed(self, providers: Dict[str, dict]) -> None:
         self.providers = providers
@@ -274,4 +274,4 @@ class LBMembership(NodeSettings):
             standby = {address: data.get("version") for address, data in providers.items()
                        if address not in served}  # shown idle, with their version
             providers = served
-        self.lb.set_workers(providers, standby)
+        self.lb.fleet.set_workers(providers, standby)

@@ -1,0 +1,367 @@
+"""The LB's workers: a link to each, and who of them is in the pool.
+
+``Fleet`` keeps one ``WorkerLink`` (lb/links.py) per known worker
+address and hears what the links tell (``LinkEvents``): a worker
+connected, sent a résumé, fell silent or spoke again, went.  It decides
+which connected workers are in the pool: not one ejected for failing
+where its peers do not (lb/outlier.py: each request's outcome is told
+to ``outcome``, health checks count as requests), nor one an operator
+drained, until its ejection ends or an operator enables it.  With
+several LBs it relays the keys this LB sent each worker through the
+workers to the others (``relay_turn``, routing/affinity.py, "Several
+LBs").
+
+The LB (lb/balancer.py) forwards requests; it reads the fleet's
+``changed`` event while it waits for a worker, and is told through two
+callables when a worker is removed (its counters end with it) and when
+one falls silent (its requests waiting for a response move elsewhere).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, cast
+
+import gevent  # type: ignore[import-untyped]
+import gevent.event  # type: ignore[import-untyped]
+
+from zc_lb.environ import REQUEST_CLASS
+from zc_lb.errors import ConfigurationError, ZcLbError
+from zc_lb.lb.links import LinkConfig, LinkEvents, WorkerLink
+from zc_lb.lb.outlier import Ejector
+from zc_lb.routing.pool import RESUME_STEP, Pool
+from zc_lb.wire.connection import Connection
+from zc_lb.wire.protocol import End, Response
+
+log = logging.getLogger(__name__)
+
+RELAY_INTERVAL = 0.05  # seconds between the keys an LB sends each worker to relay
+RELAY_FRAME = 128 * 1024  # bytes of keys in one frame, about (frames.Keys)
+
+# What the status document says of a worker not in the pool: every key a
+# pooled one has, so that a reader need not guess.
+_DOWN = {"connected": False, "in_pool": False, "drained": False, "standby": False,
+         "backlog": 0, "siblings_backlog": 0, "mean_backlog": 0.0, "skills": {},
+         "version": None, "streams": 0, "last_error": None}
+
+
+class Fleet(LinkEvents):
+    """The known workers' links, and which of them the pool may choose."""
+
+    def __init__(self, pool: Pool, link_config: LinkConfig, ejector: Ejector,
+                 removed: Callable[[str], None],
+                 silent: Callable[[Connection, float], int]) -> None:
+        self.pool = pool
+        self.link_config = link_config
+        self.ejector = ejector
+        self.removed = removed  # a worker address gone for good
+        self.silent = silent  # a silent worker's waiting requests moved: how many
+        self.links: Dict[str, WorkerLink] = {}
+        self.drained: Set[str] = set()  # addresses an operator drained
+        self.standby: Dict[str, Optional[str]] = {}  # other-version workers: their versions
+        self.changed = gevent.event.Event()  # set when a worker joins the pool
+        self.worker_failures = 0  # worker 5xx and connections failing under a request
+        self.health_checks = 0
+        self._health: Optional[gevent.Greenlet] = None
+        self._relay: Optional[gevent.Greenlet] = None  # (``_relay_keys``)
+
+    def set_workers(self, addresses: Iterable[str],
+                    standby: Optional[Dict[str, Optional[str]]] = None) -> None:
+        """Make the known worker addresses exactly ``addresses``;
+        ``standby``: workers of another version, not served (ZooKeeper's
+        ``single_version``), with their versions, shown in the status."""
+        self.standby = dict(standby or {})
+        wanted = set(addresses)
+        for address in list(self.links):
+            if address not in wanted:
+                self.links.pop(address).stop(self.link_config.drain_timeout)
+                self.removed(address)
+                log.info("worker %s removed", address)
+        for address in sorted(wanted - set(self.links)):
+            link = self.links[address] = WorkerLink(address, self.link_config, self)
+            link.start()
+
+    def known(self) -> str:
+        """The known workers, for a log line: their addresses and last errors."""
+        if not self.links:
+            return "none known: give --worker, or register workers in ZooKeeper"
+        return "known: " + ", ".join(
+            "%s%s" % (address, " (%s)" % link.last_error if link.last_error else "")
+            for address, link in sorted(self.links.items())[:10])
+
+    def wait_for_workers(self, timeout: float) -> bool:
+        """Wait until every known worker is connected and in the pool, at
+        most ``timeout`` seconds; whether they all are."""
+        return self._wait_until(self._all_in_pool, timeout)
+
+    def wait_until_serving(self, timeout: float) -> bool:
+        """Wait until the pool has a worker and every known worker is in
+        it (ZooKeeper may name them later than the start), at most
+        ``timeout`` seconds; whether it got there."""
+        return self._wait_until(lambda: bool(len(self.pool)) and self._all_in_pool(), timeout)
+
+    def _all_in_pool(self) -> bool:
+        return all(link.connection is not None and link.connection in self.pool
+                   for link in self.links.values())
+
+    def _wait_until(self, condition: Callable[[], bool], timeout: float) -> bool:
+        """Wait, as workers come and go, until ``condition()``, at most
+        ``timeout`` seconds; whether it came true."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self.changed.clear()
+            self.changed.wait(min(remaining, 0.1))
+        return True
+
+    def stop(self) -> None:
+        """Close every worker connection."""
+        if self._health is not None:
+            self._health.kill(block=False)
+        if self._relay is not None:
+            self._relay.kill(block=False)
+        for link in list(self.links.values()):
+            link.stop()
+        self.links.clear()
+
+    # -- what the links tell (LinkEvents) ------------------------------
+
+    def worker_up(self, connection: Connection) -> None:
+        if self.ejector.reconnected(connection.peer):
+            log.info("worker %s connected anew: readmitted on probation", connection.peer)
+        self._admit(connection)
+        self.lbs_changed()
+
+    def worker_resume(self, connection: Connection, skills: Dict[str, float]) -> None:
+        """A worker's new résumé: a large one is taken in steps, the rest
+        of the loop running between them (``Pool.new_resume``)."""
+        self.pool.new_resume(connection, skills,
+                             _let_others_run if len(skills) > RESUME_STEP else None)
+
+    def worker_keys(self, connection: Connection, keys: Dict[str, List[int]]) -> None:
+        """A worker relayed the keys another LB sent it: the pool's book
+        says they are there."""
+        pool: Any = self.pool  # (an AffinityPool: ``lbs_changed`` says)
+        if connection in pool:
+            pool.take_keys(connection, keys)
+
+    def worker_silent(self, connection: Connection, seconds: float) -> None:
+        """A worker says nothing (stopped, or its loop blocked): send it
+        nothing new, and move its GETs and HEADs that have no answer yet to
+        other workers now, not when its keepalive times out."""
+        self.pool.remove(connection)
+        moved = self.silent(connection, seconds)
+        log.warning("worker %s silent for %.1fs: sending it nothing new, %d GET/HEAD "
+                    "moved to other workers", connection.peer, seconds, moved)
+
+    def worker_heard(self, connection: Connection) -> None:
+        link = self.links.get(connection.peer)
+        if (link is None or link.connection is not connection or connection.closed
+                or link.draining is connection):
+            return
+        log.info("worker %s speaks again", connection.peer)
+        self._admit(connection, link.resume)
+
+    def worker_down(self, connection: Connection) -> None:
+        self.pool.remove(connection)
+
+    # -- who is in the pool ----------------------------------------------
+
+    def _admit(self, connection: Connection, resume: Optional[Dict[str, float]] = None) -> bool:
+        """Put a connected worker in the pool, unless it is ejected (it is
+        readmitted when its ejection is over) or an operator drained it."""
+        address = connection.peer
+        if self.ejector.ejected(address) or address in self.drained:
+            return False
+        self.pool.add(connection, resume, version=app_version(connection))
+        self.changed.set()
+        return True
+
+    def drain_worker(self, address: str) -> None:
+        """An operator's drain: send the worker nothing new (its requests in
+        flight finish) until ``enable_worker``; it stays connected."""
+        link = self.links.get(address)
+        if link is None:
+            raise ConfigurationError("no worker %s (known: %s)"
+                                     % (address, ", ".join(sorted(self.links)) or "none"))
+        self.drained.add(address)
+        if link.connection is not None:
+            self.pool.remove(link.connection)
+        log.warning("worker %s drained by an operator: nothing new goes to it", address)
+
+    def enable_worker(self, address: str) -> None:
+        """Undo ``drain_worker``, or readmit an ejected worker at once (the
+        operator's word that it is healthy)."""
+        link = self.links.get(address)
+        readmitted = link is not None and self.ejector.readmit_now(address)
+        if link is None or not (readmitted or address in self.drained):
+            raise ConfigurationError(
+                "worker %s is neither drained nor ejected (drained: %s; ejected: %s)" % (
+                    address, ", ".join(sorted(self.drained)) or "none",
+                    ", ".join(sorted(str(a) for a in self.ejector.records
+                                     if self.ejector.ejected(a))) or "none"))
+        self.drained.discard(address)
+        if link.connection is not None and not link.connection.closed:
+            self._admit(link.connection, link.resume)
+        log.warning("worker %s %s by an operator", address,
+                    "readmitted" if readmitted else "enabled")
+
+    def outcome(self, connection: Connection, ok: bool, path: Optional[str] = None) -> None:
+        """Count a request's outcome on its worker; eject a failing one.
+        ``path``: the request's, when the worker answered 5xx (lb/outlier.py)."""
+        address = connection.peer
+        if ok:
+            self.ejector.success(address)
+            return
+        self.worker_failures += 1
+        if self.ejector.failure(address, time.monotonic(), len(self.links), path):
+            self.pool.remove(connection)
+            record = self.ejector.records[address]
+            log.warning("ejected worker %s for %gs: %s (ejection %d)", address,
+                        record.until - time.monotonic(), record.reason, record.ejections)
+
+    def readmit(self, now: float) -> None:
+        """Readmit the workers whose ejection is over, on probation."""
+        for address in self.ejector.readmit(now):
+            link = self.links.get(cast(str, address))  # (ejected by address: see outcome)
+            if link is not None and link.connection is not None:
+                if self._admit(link.connection, link.resume):
+                    log.info("readmitted worker %s on probation", address)
+
+    def start_health_checks(self, path: str, interval: float = 5.0,
+                            timeout: float = 2.0) -> None:
+        """Every ``interval``, GET ``path`` from every connected worker; an
+        answer under 500 within ``timeout`` counts as a success, anything
+        else as a failure, for outlier detection as requests do."""
+        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": "",
+                   "SERVER_NAME": "zc-lb", "SERVER_PORT": "0", "HTTP_HOST": "zc-lb",
+                   "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http",
+                   REQUEST_CLASS: "", "HTTP_USER_AGENT": "zc-lb health check"}
+
+        def check(connection: Connection) -> None:
+            try:
+                exchange = connection.open_request(environ, end=True)
+                with gevent.Timeout(timeout):
+                    response = exchange.receive()
+                    if not getattr(response, "end", True):
+                        while not isinstance(exchange.receive(), End):
+                            pass
+                ok = isinstance(response, Response) and response.status[:1] != "5"
+            except (ZcLbError, gevent.Timeout):
+                ok = False
+            self.health_checks += 1
+            self.outcome(connection, ok)
+
+        def loop() -> None:
+            while True:
+                gevent.sleep(interval)
+                for link in list(self.links.values()):
+                    if link.connection is not None and not link.connection.closed:
+                        gevent.spawn(check, link.connection)
+        self._health = gevent.spawn(loop)
+
+    # -- the keys relayed between LBs ------------------------------------
+
+    def lbs_changed(self) -> None:
+        """ZooKeeper counted the LBs anew (``pool.lbs``): with several,
+        the keys sent to workers are relayed from now on (``_relay_keys``,
+        which then runs for good: it notices when they are one again).
+        An LB alone starts nothing, and wakes for nothing."""
+        pool: Any = self.pool
+        if self._relay is None and pool.lbs > 1 and hasattr(pool, "take_keys"):
+            self._relay = gevent.spawn(self._relay_keys)
+
+    def _relay_keys(self) -> None:
+        """Every RELAY_INTERVAL: whether the pool hears where the other
+        LBs send keys (there are others, and every worker in the pool and
+        this LB take ``frames.Keys``: then the books agree, and the pool
+        routes as a lone LB does, see ``routing/affinity.py``), and if it does,
+        the keys it sent each worker since, to the worker, which relays
+        them to the other LBs."""
+        while True:
+            gevent.sleep(RELAY_INTERVAL)
+            try:
+                self.relay_turn()
+            except Exception:  # (a bug here must not stop the relays for good)
+                log.exception("relaying keys failed")
+
+    def relay_turn(self) -> None:
+        """One turn of ``_relay_keys``."""
+        pool: Any = self.pool  # (an AffinityPool: ``lbs_changed`` says)
+        connections = []
+        if pool.lbs > 1 and not pool.separate_books:  # (an LB alone: nothing to do)
+            connections = [link.connection for link in list(self.links.values())
+                           if link.connection is not None and link.connection in pool]
+        relayed = bool(connections) and all(c.protocol.keys for c in connections)
+        if relayed != pool.relayed:
+            pool.relayed = relayed
+            log.info("keys %s relayed between the LBs through the workers",
+                     "are" if relayed else "are no longer")
+        if not relayed:
+            return
+        for connection in connections:
+            try:
+                for part in _parts(pool.sent_keys(connection)):
+                    connection.send_keys(part)
+            except ZcLbError:
+                pass
+
+    # -- introspection ------------------------------------------------
+
+    def status(self, pooled: Dict[str, dict]) -> Dict[str, dict]:
+        """Each known worker's part of the status document, by address:
+        its link, ejection, and the pool's view of it (``pooled``)."""
+        links: Dict[str, dict] = {}
+        for address, link in sorted(self.links.items()):
+            info: Dict[str, object] = dict(_DOWN, connected=link.connection is not None,
+                                           drained=address in self.drained)
+            info.update(self.ejector.status(address, time.monotonic()))
+            info["counts"] = {}
+            if link.connection is not None:
+                info["in_pool"] = link.connection in self.pool
+                info["version"] = app_version(link.connection)
+                info.update(pooled.get(str(link.connection), {}))
+                info["streams"] = len(link.connection.protocol.streams)
+            else:
+                info["last_error"] = link.last_error
+            links[address] = info
+        for address, version in sorted(self.standby.items()):
+            if address not in links:  # idle: another version than the one served
+                links[address] = dict(_DOWN, version=version, standby=True, counts={},
+                                      last_error="version %s is not the one served" % version)
+        return links
+
+
+def app_version(connection: Connection) -> Optional[str]:
+    """The application version the worker gave in its Hello, if any."""
+    hello = connection.peer_hello
+    return hello.app_version if hello is not None else None
+
+
+def _let_others_run() -> None:
+    """Between the steps of a large résumé: the rest of the loop's turn."""
+    gevent.sleep(0)
+
+
+def _parts(keys: Dict[str, List[int]]) -> List[Dict[str, List[int]]]:
+    """``keys`` (class -> key hashes) in parts of about RELAY_FRAME bytes
+    of JSON each, under the peer's frame limit."""
+    parts: List[Dict[str, List[int]]] = []
+    part: Dict[str, List[int]] = {}
+    size = 0
+    for rclass, hashes in keys.items():
+        step = max(1, (RELAY_FRAME - len(rclass)) // 21)  # (a hash: 20 digits and a comma)
+        for start in range(0, len(hashes), step):
+            chunk = hashes[start:start + step]
+            cost = len(rclass) * 2 + 8 + 21 * len(chunk)
+            if part and size + cost > RELAY_FRAME:
+                parts.append(part)
+                part, size = {}, 0
+            part.setdefault(rclass, []).extend(chunk)
+            size += cost
+    if part:
+        parts.append(part)
+    return parts
