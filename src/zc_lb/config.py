@@ -269,7 +269,8 @@ def _unknown_key(where: str, key: str, section: str,
         where, key, section, hint, ", ".join(sorted(known))))
 
 
-def apply(parser: argparse.ArgumentParser, argv: List[str], command_parser: Parser, path: str, section: str,
+def apply(parser: argparse.ArgumentParser, argv: List[str], command_parser: Parser,
+          path: str, section: str,
           table: Mapping[str, settings_module.Setting]) -> argparse.Namespace:
     """Parse ``argv`` again with ``path``'s values as the command's
     defaults: the command line overrides the file."""

@@ -63,8 +63,9 @@ from zc_lb.lb.relay import Relay
 from zc_lb.settings import LATENCY_BUCKETS, LB_SETTINGS, check, log_change
 from zc_lb.routing.siblings import SYNC_INTERVAL, Siblings, sync
 from zc_lb.lb.spool import Spool, SpoolLimits
-from zc_lb.environ import (CLASS, CLIENT_SOCKET, COUNTED_CLASS, ERROR, FORWARD, RELAY, REQUEST_CLASS,
-                           RETRIES, RETRY_REFUSED, START_READY, UPSTREAM_TIME, WORKER)
+from zc_lb.environ import (CLASS, CLIENT_SOCKET, COUNTED_CLASS, ERROR, FORWARD, RELAY,
+                           REQUEST_CLASS, RETRIES, RETRY_REFUSED, START_READY, UPSTREAM_TIME,
+                           WORKER)
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,10 @@ keys / all_keys)`` (``keys``, the class's distinct keys over the last
 k-minimum-values sketch: a class with a third of the distinct keys needs
 a third of the pool's cache).  A class with more skilled workers than
 its width uses the best-scored ones (or, with ``busy_members``, those
-that would serve it soonest: see "Members"); the rest, no longer sent the class, drop it from their résumés after
-``max_skill_age`` requests, so a hot class's skilled set grows only
-while it is needed.  A class short of
-members recruits one worker not yet skilled in it: when this LB is
+that would serve it soonest: see "Members"); the rest, no longer sent
+the class, drop it from their résumés after ``max_skill_age`` requests,
+so a hot class's skilled set grows only while it is needed.  A class
+short of members recruits one worker not yet skilled in it: when this LB is
 alone, the one whose classes leave it the fewest keys to hold (``held``:
 each class's distinct keys shared among its members), so that a big
 class is not split over the workers that already cache another big one;
@@ -291,6 +291,15 @@ MAX_SENT: Final = 4096  # keys noted for a worker between two relays (50 ms), at
 def _by_score(item: Tuple[PoolWorker, float]) -> Tuple[float, int]:
     """Best score first; ties by the worker's salt, alike on every LB."""
     return item[1], item[0].salt
+
+
+def _top_scored(skilled: Dict[PoolWorker, float], width: int) -> Dict[PoolWorker, float]:
+    """The ``width`` best of ``skilled`` by ``_by_score``.  (``nlargest``,
+    which is equivalent, is Python code: several times slower for a
+    handful of workers.)"""
+    if width == 1:
+        return _best_scored(skilled)
+    return dict(sorted(skilled.items(), key=_by_score, reverse=True)[:width])
 
 
 def _best_scored(skilled: Dict[PoolWorker, float]) -> Dict[PoolWorker, float]:
@@ -936,12 +945,8 @@ class AffinityPool(Pool):
             members = skilled
         elif self.busy_members:
             members = self._soonest(stats, skilled, width)
-        elif width == 1:
-            members = _best_scored(skilled)
         else:
-            # (``nlargest``, which is equivalent, is Python code: several
-            # times slower for a handful of workers)
-            members = dict(sorted(skilled.items(), key=_by_score, reverse=True)[:width])
+            members = _top_scored(skilled, width)
         self._new_members(stats, members, share)
         if len(members) < width:
             stats.uses = REFRESH  # still recruiting: again on the next request
@@ -957,9 +962,7 @@ class AffinityPool(Pool):
         measured (see "Members" in the module docstring)."""
         gain = self.locality.gain(stats) if self.lbs == 1 or self.relayed else None
         if gain is None:  # (nothing says what moving the class costs)
-            if width == 1:
-                return _best_scored(skilled)
-            return dict(sorted(skilled.items(), key=_by_score, reverse=True)[:width])
+            return _top_scored(skilled, width)
         stick = gain if gain > MEMBER_STICK else MEMBER_STICK
         current = stats.holders  # (not ``members``: see ``_new_members``)
         if width == 1:
