@@ -26,7 +26,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import gevent  # type: ignore[import-untyped]
 import gevent.hub  # type: ignore[import-untyped]
@@ -172,26 +172,8 @@ class Threads:
             self._sampler.stop()  # type: ignore[union-attr]  # (idle: no wakeups)
             return
         now = time.monotonic()
-        busy = [thread for thread in self._threads
-                if thread.busy and thread.schedstat is not None]
-        counts = [0, 0, 0]  # COMPUTES, BLOCKED, QUEUED
-        queued = []
         try:
-            if self._blind is not None:
-                raise self._blind
-            futex = self._futex
-            assert futex is not None  # (sampling needs it)
-            seen = [self._seen(thread, now) for thread in busy]
-            # A lock wait is a turn at the interpreter lock while another
-            # thread computes; while none does, a wait without CPU time
-            # for two samples is on something else.
-            turn = (turns(len(busy), sys.getswitchinterval())
-                    if any(call == RUNNING for call, _ in seen) else QUICK_TURN)
-            for thread, (call, since_cpu) in zip(busy, seen):
-                kind = BLOCKED if thread.in_hub else state(call, futex, since_cpu, turn)
-                counts[kind] += 1
-                if kind == QUEUED:
-                    queued.append(thread)
+            counts, queued = self._states(now)
         except OSError as exc:
             log.warning("cannot read the threads' states (%s); all of them take "
                         "requests", exc)
@@ -210,6 +192,30 @@ class Threads:
             blocked, waits = counts[BLOCKED] + counts[QUEUED], 0
         self._let_in(self.limit.update(blocked, self._calls.qsize() > 0,
                                        now - self._finished, waits, working))
+
+    def _states(self, now: float) -> Tuple[List[int], List[_Thread]]:
+        """The threads running calls, counted by state (COMPUTES, BLOCKED,
+        QUEUED), and those queued; OSError if their states cannot be read."""
+        busy = [thread for thread in self._threads
+                if thread.busy and thread.schedstat is not None]
+        counts = [0, 0, 0]  # COMPUTES, BLOCKED, QUEUED
+        queued = []
+        if self._blind is not None:
+            raise self._blind
+        futex = self._futex
+        assert futex is not None  # (sampling needs it)
+        seen = [self._seen(thread, now) for thread in busy]
+        # A lock wait is a turn at the interpreter lock while another
+        # thread computes; while none does, a wait without CPU time
+        # for two samples is on something else.
+        turn = (turns(len(busy), sys.getswitchinterval())
+                if any(call == RUNNING for call, _ in seen) else QUICK_TURN)
+        for thread, (call, since_cpu) in zip(busy, seen):
+            kind = BLOCKED if thread.in_hub else state(call, futex, since_cpu, turn)
+            counts[kind] += 1
+            if kind == QUEUED:
+                queued.append(thread)
+        return counts, queued
 
     def _seen(self, thread: _Thread, now: float) -> Tuple[Optional[int], float]:
         """The system call ``thread`` is in, and, in a lock wait, the
