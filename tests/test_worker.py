@@ -430,7 +430,7 @@ class _Chunks:
 
 @source_only  # (compiled, RequestInput takes a real Exchange; make test runs it on the source)
 def test_request_input_reads_across_chunks_as_asked():
-    from zc_lb.worker.server import RequestInput
+    from zc_lb.worker.wsgi import RequestInput
 
     chunks = [b"ab", b"cde", b"f", b"ghij", b"klmnop"]
     body = RequestInput(_Chunks(*chunks))
@@ -820,12 +820,12 @@ def test_a_thread_app_stops_at_its_next_block_when_the_lb_cancels(serve):
 def test_a_failure_of_the_workers_own_cancels_the_request_at_once(serve, caplog):
     # A bug in the worker (not the app) once left the LB waiting out its
     # response timeout (300 s) for an answer that would never come.
-    class Broken(Worker):
-        def _environ(self, *args):
-            raise RuntimeError("the worker's own bug")
+    def broken(call):
+        raise RuntimeError("the worker's own bug")
 
-    worker = Broken(lambda e, s: [b"never"])
+    worker = Worker(lambda e, s: [b"never"], threads=1)
     worker.start()
+    worker.threadpool.apply = broken  # (the worker's own part, not the app)
     sock = gevent.socket.create_connection(worker.address)
     connection = Connection(sock, "lb", LBSide(), peer="worker")
     connection.handshake()

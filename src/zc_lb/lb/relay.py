@@ -331,7 +331,7 @@ _FACTS: Final[Dict[bytes, Dict[str, Any]]] = {}  # connections' facts, decoded (
 REQUIRED: Final = {"SCRIPT_NAME": "", "SERVER_NAME": "localhost", "SERVER_PORT": "80",
                    "wsgi.url_scheme": "http"}
 # Keys every request's environ gets, from the head (request_variables and
-# the class) and from the worker (worker/server.py's ``_environ``).  Decoded
+# the class) and from the worker (worker/wsgi.py's ``make_environ``).  Decoded
 # facts hold them, each to be replaced, so that a request's copy of them
 # has room for all it gets: it is not made larger, key by key.
 ROOM: Final = ("REQUEST_METHOD", "PATH_INFO", "QUERY_STRING", "RAW_URI", "SERVER_PROTOCOL",

@@ -197,9 +197,9 @@ class ThreadOutput:
         self._blocks = []
         return blocks
 
-    def close(self, fail: Callable[[Any], None]) -> None:
+    def close(self) -> None:
         """Back in the hub after the thread returned: wait for the queue
-        to be sent, then end the response (``fail(writer)`` if the
+        to be sent, then end the response (``writer.fail()`` if the
         application failed).  Raises a ZcLbError the hub met sending."""
         try:
             while self._sending:
@@ -213,7 +213,7 @@ class ThreadOutput:
                 raise error
             writer = self._writer
             if self._failed or error is not None:
-                fail(writer)
+                writer.fail()
             elif self._file is not None:
                 writer.send_file(*self._file[1])
                 writer.finish()

@@ -1,0 +1,342 @@
+"""PEP 3333's side of one request, in the hub: its environ, ``wsgi.input``
+(``RequestInput``) and ``start_response`` with its ``write``
+(``ResponseWriter``).
+
+The environ is the dict the LB forwarded, decoded for this request
+alone: defaults go in only where it lacks a variable, then what only
+the worker may say (``fixed_environ``: PEP 3333's flags, the worker's
+address).  The body is read from the request's exchange as the
+application asks for it, and granted back to the LB as it is read, so an
+upload goes at the application's pace.  The response's head goes lazily,
+with its first body bytes, and the whole response in one frame when it
+fits the LB's credit; a head too large for a frame, or one HTTP forbids,
+gets a 500 for that request alone.  ``ResponseWriter.fail`` is what an
+application's failure becomes: a 500, or, once the head is out, a
+response cut short (a truncated body must not look complete).
+
+In thread mode the application talks to ``threadio``'s objects, which
+hand over to these in the hub.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import sys
+import time
+from typing import Any, Dict, Final, List, Optional, Tuple, cast
+
+from zc_lb.environ import CACHE, REQUEST_CLASS, WORKER
+from zc_lb.errors import BadResponseHead
+from zc_lb.front.h1 import start_again
+from zc_lb.front.httpparse import HOP_BY_HOP
+from zc_lb.wire.connection import Exchange
+from zc_lb.wire.protocol import MAX_BODY, Body, End
+from zc_lb.worker.filewrapper import FileWrapper
+from zc_lb.worker.threadio import NOT_BYTES
+
+log = logging.getLogger(__name__)
+
+ERROR_500 = b"<html><body><h1>500 Internal Server Error</h1></body></html>"
+
+
+# -- the environ ------------------------------------------------------------
+
+
+ENVIRON_DEFAULTS: Final[Dict[str, object]] = {
+    "REQUEST_METHOD": "GET", "SCRIPT_NAME": "", "PATH_INFO": "/", "QUERY_STRING": "",
+    "SERVER_NAME": "localhost", "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1",
+    "wsgi.url_scheme": "http", REQUEST_CLASS: "",
+}
+
+
+def fixed_environ(multithread: bool, worker: str) -> Dict[str, object]:
+    """What every environ of a worker holds alike: PEP 3333's flags, and
+    the worker's address (``worker``, as text)."""
+    return {
+        "wsgi.version": (1, 0),
+        "wsgi.multithread": multithread,
+        "wsgi.multiprocess": True,
+        "wsgi.run_once": False,
+        "wsgi.input_terminated": True,
+        "wsgi.file_wrapper": FileWrapper,
+        WORKER: worker,
+    }
+
+
+def make_environ(forwarded: Dict[str, str], exchange: Exchange, ended: bool,
+                 fixed: Dict[str, object]) -> Dict:
+    """PEP 3333's environ: what the LB forwarded, defaults for what it
+    did not, then what only the worker may say (``fixed``)."""
+    # The forwarded dict was decoded for this request alone: it becomes
+    # the environ, which costs a lookup per default, not a store per
+    # forwarded variable into a copy of the defaults.
+    environ = cast(Dict[str, object], forwarded)
+    if "wsgi.input" not in environ:  # (a head request's has all, and room: relay.ROOM)
+        for key, value in ENVIRON_DEFAULTS.items():
+            if key not in environ:
+                environ[key] = value
+    environ.update(fixed)
+    environ["wsgi.input"] = RequestInput(exchange, ended)
+    environ["wsgi.errors"] = sys.stderr
+    return environ
+
+
+# -- request input ----------------------------------------------------------
+
+
+class RequestInput(io.RawIOBase):
+    """wsgi.input: the request body, read from an exchange as it arrives.
+
+    Bytes are granted back to the LB as the application asks for them, so
+    an upload proceeds at the application's pace.
+    """
+
+    def __init__(self, exchange: Exchange, ended: bool = False) -> None:
+        self._exchange = exchange
+        self._buffer = b""
+        self._pos = 0  # bytes of the buffer read already (not cut off: no copy)
+        self._eof = ended  # the request came whole: it has no body
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self) -> bool:
+        """Get the next chunk into the buffer; False at end of body."""
+        if self._eof:
+            return False
+        if not self._exchange.inbox:
+            # The application keeps up (it read all that came): let the
+            # body come at full speed, not a window at a time.
+            self._exchange.widen()
+        message = self._exchange.receive()
+        if isinstance(message, End):
+            self._eof = True
+            return False
+        assert isinstance(message, Body)
+        if self._pos == len(self._buffer):
+            self._buffer, self._pos = message.data, 0
+        else:
+            self._buffer = self._buffer[self._pos:] + message.data
+            self._pos = 0
+        # Buffered here only because the application asked for it.
+        self._exchange.consumed(len(message.data))
+        return True
+
+    @property
+    def _buffered(self) -> int:
+        return len(self._buffer) - self._pos
+
+    def _take(self, n: int) -> bytes:
+        """The next ``n`` buffered bytes (a whole chunk is not copied)."""
+        buffer, pos = self._buffer, self._pos
+        if pos == 0 and n >= len(buffer):
+            data = buffer
+        else:
+            data = buffer[pos:pos + n]
+        self._pos = min(pos + n, len(buffer))
+        return data
+
+    def read(self, size: Optional[int] = -1) -> bytes:
+        if size is None or size < 0:
+            size = -1
+        if 0 <= size <= self._buffered:
+            return self._take(size)
+        # More than is buffered: each chunk taken as it comes, and the
+        # pieces joined once (a buffer grown chunk by chunk was copied
+        # whole with each one: most of a worker's copies of an upload).
+        pieces: List[bytes] = []
+        wanted = size
+        while True:
+            buffered = self._buffered
+            if buffered:
+                n = buffered if wanted < 0 else min(buffered, wanted)
+                pieces.append(self._take(n))
+                if wanted >= 0:
+                    wanted -= n
+                    if not wanted:
+                        break
+            if not self._fill():
+                break
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def read1(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (any number, if negative): waiting only
+        for the first, and more only if they are here already; b"" at the
+        end of the body.  (``threadio.ThreadInput``'s pump.)"""
+        pieces: List[bytes] = []
+        got = 0
+        inbox = self._exchange.inbox
+        while size < 0 or got < size:
+            if not self._buffered and not ((not got or inbox) and self._fill()):
+                break
+            piece = self._take(self._buffered if size < 0 else size - got)
+            pieces.append(piece)
+            got += len(piece)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+    def readline(self, size: Optional[int] = -1) -> bytes:
+        while self._buffer.find(b"\n", self._pos) < 0 and (size is None or size < 0
+                                                          or self._buffered < size):
+            if not self._fill():
+                break
+        end = (self._buffer.find(b"\n", self._pos) + 1 or len(self._buffer)) - self._pos
+        if size is not None and size >= 0:
+            end = min(end, size)
+        return self._take(end)
+
+    def __iter__(self):
+        return iter(self.readline, b"")
+
+
+# -- response output --------------------------------------------------------
+
+
+def cache_said(value: object) -> Optional[bool]:
+    """What an application's ``zc_lb.cache`` says: True (a hit), False
+    (a miss), or None (nothing, or a value it does not know)."""
+    if value is True or value is False:
+        return value
+    if type(value) is str:
+        word = value.lower()
+        if word == "hit":
+            return True
+        if word == "miss":
+            return False
+    return None
+
+
+class ResponseWriter:
+    """Sends one response: status and headers lazily with the first body
+    bytes (PEP 3333), body within credit, End at the end."""
+
+    def __init__(self, exchange: Exchange, head: bool,
+                 environ: Optional[Dict[str, Any]] = None) -> None:
+        self.exchange = exchange
+        self.head = head
+        self.environ = environ  # (for what the app says of its cache: CACHE)
+        self.status: Optional[str] = None
+        self.headers: List[Tuple[str, str]] = []
+        self.started = False
+        self.began: Optional[float] = None  # perf_counter() when the app began
+        # In thread mode: the pool's record of the thread running the app
+        # while it runs, and the seconds it was seen queued inside the app
+        # behind the others (worker/threads.py), which are not the app's time.
+        self.thread: Optional[Any] = None
+        self.queued = 0.0
+        self.refused = False  # its head was too large: a 500 went instead
+
+    def start_response(self, status, headers, exc_info=None):
+        start_again(exc_info, self.started, self.status is not None)
+        self.status = status
+        self.headers = [(k, v) for (k, v) in headers if k.lower() not in HOP_BY_HOP]
+        return self.write
+
+    def write(self, data: object) -> None:
+        if type(data) is not bytes:
+            raise TypeError(NOT_BYTES % type(data).__name__)
+        if self.status is None:
+            raise AssertionError("write() before start_response()")
+        exchange = self.exchange
+        if self.refused:
+            return
+        if not self.started:
+            self.started = True
+            if self.head or not data:
+                self._respond()
+                return
+            if len(data) <= min(exchange.credit, MAX_BODY):
+                self._respond(data)
+                return
+            if not self._respond():
+                return
+        if data and not self.head:
+            exchange.send_body(data)
+
+    def finish(self, data: object = b"") -> None:
+        """End the response, after ``data`` (the whole body, when the
+        application returned it in one piece: head, body and End then go
+        in one write)."""
+        if type(data) is not bytes:
+            raise TypeError(NOT_BYTES % type(data).__name__)
+        exchange = self.exchange
+        if not self.started:
+            if self.status is None:
+                raise AssertionError("application returned without start_response()")
+            if self.head or not data or (  # (``exchange.credit``, without its call)
+                    len(data) <= MAX_BODY
+                    and len(data) <= exchange.connection.protocol.credit(exchange.rno)):
+                self.started = True
+                self._respond(b"" if self.head else data, True)
+                return
+        if data:
+            self.write(data)
+        if not self.refused:
+            exchange.send(End(exchange.rno))
+
+    def fail(self) -> None:
+        """The application failed: a 500, or, once the head is out, the
+        response cut short."""
+        if self.started:
+            # Headers are out: a truncated body must not look complete.
+            self.exchange.cancel()
+            return
+        self.status = None
+        self.start_response("500 Internal Server Error", [
+            ("Content-Type", "text/html"), ("Content-Length", str(len(ERROR_500)))])
+        self.write(ERROR_500)
+        self.finish()
+
+    def send_file(self, fd: int, offset: int, count: int) -> None:
+        """The body from an open file, with sendfile(2): the head first,
+        if it has not gone; at most the Content-Length the app gave.  A
+        file that ends first cuts the response short (cancelled, as an
+        application error after the head is)."""
+        if self.refused:
+            return
+        if not self.started:
+            self.started = True
+            if not self._respond() or self.head:
+                return
+        elif self.head:
+            return
+        for name, value in self.headers:
+            if name.lower() == "content-length" and value.isdigit():
+                count = min(count, int(value))
+        if not self.exchange.send_file(fd, offset, count):
+            log.error("request %d from %s: the file ended before its response did",
+                      self.exchange.rno, self.exchange.connection.peer)
+            self.exchange.cancel()
+            self.refused = True  # (nothing more goes: no End)
+
+    def _respond(self, body: bytes = b"", end: bool = False) -> bool:
+        """Send the head (with ``body``, and End if ``end``); False if it
+        was refused as too large for a frame and a 500 went instead (the
+        request alone fails: the connection and its other requests go on)."""
+        exchange = self.exchange
+        # The application's seconds until its response starts: the LB learns
+        # from them what a key's cached data buys (``routing/locality.py``).
+        began = self.began
+        elapsed = None if began is None else time.perf_counter() - began - (
+            self.queued if self.thread is None else self.thread.queued)
+        environ = self.environ
+        said = None if environ is None else environ.get(CACHE)
+        cache = None if said is None else cache_said(said)  # (most apps say nothing)
+        try:
+            exchange.respond(self.status, self.headers, body, end,  # type: ignore[arg-type]
+                             elapsed, cache)
+            return True
+        except BadResponseHead as exc:  # (too large, or one HTTP forbids)
+            log.error("request %d from %s: %s; answering 500 instead",
+                      exchange.rno, exchange.connection.peer, exc)
+        self.refused = True
+        self.status = "500 Internal Server Error"
+        self.headers = [("Content-Type", "text/html"), ("Content-Length", str(len(ERROR_500)))]
+        exchange.respond(self.status, self.headers, ERROR_500, True, elapsed)
+        return False
+
