@@ -407,7 +407,7 @@ def test_worker_stop_serves_a_request_sent_before_the_goaway_was_read():
     worker.start()
     try:
         connection = _raw_lb(worker.address)
-        poll(lambda: len(worker.connections) == 1)
+        poll(lambda: len(worker.lbs.connections) == 1)
         environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/in-transit"}
         connection.sock.sendall(connection.protocol.start_request(environ, end=True)[1])
         worker.stop(timeout=2)  # SIGTERM is handled before the reader saw the bytes
@@ -429,7 +429,7 @@ def test_worker_stop_delivers_finished_responses_whole():
     worker.start()
     try:
         connection = _raw_lb(worker.address, rcvbuf=4096)  # a busy LB: reads slowly
-        poll(lambda: len(worker.connections) == 1)
+        poll(lambda: len(worker.lbs.connections) == 1)
         n = 40  # 8 MB of finished responses: more than the kernel buffers hold
         connection.sock.sendall(b"".join(
             connection.protocol.start_request({"PATH_INFO": "/big"}, end=True)[1]

@@ -195,7 +195,7 @@ def test_a_lost_connection_is_down_then_reconnected(workers, links, caplog):
     link, events = links(address_of(worker))
     _, first = events.wait_for("up")
     with caplog.at_level(logging.WARNING, logger="zc_lb.lb.links"):
-        for connection in list(worker.connections):  # as if the worker crashed
+        for connection in list(worker.lbs.connections):  # as if the worker crashed
             connection.close("crash")
         assert events.wait_for("down") == ("down", first)
         _, second = events.wait_for("up", 2)
@@ -256,7 +256,7 @@ def test_stop_without_a_drain_timeout_closes_at_once_and_for_good(workers, links
     _, connection = events.wait_for("up")
     link.stop()
     assert connection.closed and events.named("down") == [("down", connection)] * 2
-    assert worker._no_lbs.wait(WAIT)  # the worker saw the LB go
+    assert worker.lbs.wait_gone(WAIT)  # the worker saw the LB go
     assert link.connection is None and link.stopped
     gevent.joinall([link._greenlet], timeout=WAIT)
     assert link._greenlet.dead and len(events.named("up")) == 1  # no reconnection
@@ -273,7 +273,7 @@ def test_stop_with_a_drain_timeout_closes_once_the_connection_is_idle(workers, l
     assert connection.idle.wait(WAIT)
     events.wait_for("down", 2)
     assert connection.closed and link.connection is None
-    assert worker._no_lbs.wait(WAIT) and len(events.named("up")) == 1
+    assert worker.lbs.wait_gone(WAIT) and len(events.named("up")) == 1
 
 
 def test_stop_with_a_drain_timeout_closes_at_the_timeout_if_never_idle(workers, links):
@@ -290,7 +290,7 @@ def test_stop_with_a_drain_timeout_closes_at_the_timeout_if_never_idle(workers, 
     assert connection.closed and not gate.release.is_set()
     with pytest.raises(WorkerClosed):
         exchange.receive(WAIT)
-    assert worker._no_lbs.wait(WAIT)
+    assert worker.lbs.wait_gone(WAIT)
     gate.release.set()  # the app may end now; its answer goes nowhere
 
 

@@ -500,18 +500,18 @@ def test_a_flood_of_refused_connections_is_a_line_or_two_in_the_log(serve, caplo
     import socket
 
     worker, _, _ = serve(reader_app)
-    with caplog.at_level(logging.WARNING, logger="zc_lb.worker.server"):
+    with caplog.at_level(logging.WARNING, logger="zc_lb.worker.lbs"):
         for _ in range(50):
             sock = socket.create_connection(worker.address)
             sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" * 4)
             sock.close()
         deadline = time.monotonic() + 5
-        while worker._rejected + sum("rejected" in r.getMessage() for r in caplog.records) < 50 \
+        while worker.lbs._rejected + sum("rejected" in r.getMessage() for r in caplog.records) < 50 \
                 and time.monotonic() < deadline:
             gevent.sleep(0.02)
     lines = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
     assert 1 <= len(lines) <= 2, lines
-    assert worker._rejected >= 49 - len(lines)  # (counted, for the next line)
+    assert worker.lbs._rejected >= 49 - len(lines)  # (counted, for the next line)
 
 
 @pytest.mark.parametrize("threads", [None, 16])

@@ -20,14 +20,13 @@ serves until ``stop()``, which tells every LB to send nothing new
 
 from __future__ import annotations
 
-import collections
 import functools
 import logging
 import os
 import signal
 import time
 from bisect import bisect_left
-from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Set, Tuple, cast
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional, Tuple, cast
 
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
@@ -36,27 +35,21 @@ import gevent.server  # type: ignore[import-untyped]
 from mypy_extensions import mypyc_attr
 
 from zc_lb.worker import resume as resume_module
-from zc_lb.wire.connection import HANDSHAKE_TIMEOUT, Connection, Exchange, Handler
+from zc_lb.wire.connection import Connection, Exchange, Handler
 from zc_lb.worker.filewrapper import FileWrapper
 from zc_lb.worker.greenlets import Requests
+from zc_lb.worker.lbs import LBConnections
 from zc_lb.errors import ConfigurationError, CorruptResumeFile, RequestCancelled, ZcLbError
 from zc_lb.process.loopwatch import LoopWatch
 from zc_lb.wire.protocol import WORKER_FEATURES, Request
 from zc_lb.settings import LATENCY_BUCKETS, WORKER_LIVE, WORKER_SETTINGS, check, log_change
-from zc_lb.sockets import Listen, address_text, bound, is_loopback, listener
+from zc_lb.sockets import Listen, address_text, bound, listener
 from zc_lb.worker.threadio import ThreadInput, ThreadOutput
 from zc_lb.worker.threads import Threads
 from zc_lb.worker.wsgi import ResponseWriter, fixed_environ, make_environ
 from zc_lb.environ import REQUEST_CLASS
 
 log = logging.getLogger(__name__)
-
-# Seconds of silence before a worker drops an LB: long, since an LB whose
-# loop was blocked (a site's classifier) must not lose every worker, and
-# a dead LB costs a worker only the requests it had sent.
-LB_SILENCE = 60.0
-MAX_HANDSHAKING = 64  # connections in their handshake at once; the oldest makes room
-CROWDED_LOG_EVERY = 10.0
 
 
 def load_app(spec: str) -> Callable:
@@ -104,17 +97,15 @@ class Worker(Handler):
         sendfile: str = WORKER_SETTINGS["sendfile"].default,
     ) -> None:
         self.app = app
-        self.sendfile = check(WORKER_SETTINGS, "sendfile", sendfile)
-        self.tls = tls  # the server SSLContext (tls.worker_context), or None: cleartext
         self.listen = listen
+        self.lbs = LBConnections(self, self.protocol_features, secret, version, tls,
+                                 check(WORKER_SETTINGS, "sendfile", sendfile))
         self.resume_file = resume_file
         self.threads = threads
         self.threads_fixed = threads_fixed  # (all of them take requests: worker/threads.py)
         # Greenlet mode's bound: requests past it wait for a slot (thread
         # mode's bound is its pool).
         self.slots = gevent.lock.Semaphore(concurrency) if concurrency else None
-        self.secret = secret
-        self.version = version  # the application's, told to every LB in our Hello
         self.history = history
         self.max_skill_age = max_skill_age
         self.max_classes = max_classes
@@ -124,17 +115,6 @@ class Worker(Handler):
         self._published_generation = 0  # the skills' generation the last résumé had
         self._timer_changed = gevent.event.Event()  # resume_interval set anew
         self._timer: Optional[gevent.Greenlet] = None
-        self.connections: Set[Connection] = set()
-        # Connections not yet through their handshake, oldest first: at most
-        # MAX_HANDSHAKING (an LB's takes milliseconds; held ones cost memory).
-        self._handshaking: "collections.OrderedDict[Connection, None]" = (
-            collections.OrderedDict())
-        self._crowded = 0
-        self._crowded_logged = -CROWDED_LOG_EVERY
-        self._rejected = 0  # connections refused in their handshake since the last line
-        self._rejected_logged = -CROWDED_LOG_EVERY
-        self._no_lbs = gevent.event.Event()  # set while no LB is connected
-        self._no_lbs.set()
         self.server: Optional[gevent.server.StreamServer] = None
         self.requests = Requests()
         self.environ_fixed: Dict[str, object] = {}  # (wsgi.fixed_environ, once bound)
@@ -204,14 +184,10 @@ class Worker(Handler):
         draining connection once nothing is in flight on it) and the
         requests are done, at most ``timeout`` seconds; whether it got there."""
         deadline = time.monotonic() + timeout
-        for connection in list(self.connections):
-            try:
-                connection.send_goaway("worker stopping")
-            except ZcLbError:
-                pass
-        self._no_lbs.wait(timeout)
+        self.lbs.send_goaway("worker stopping")
+        self.lbs.wait_gone(timeout)
         self.requests.join(timeout=max(deadline - time.monotonic(), 0))
-        return not self.connections and not self.requests
+        return not self.lbs.connections and not self.requests
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop listening, drain (at most ``timeout`` seconds), then close
@@ -223,8 +199,7 @@ class Worker(Handler):
         if self.server is not None:
             self.server.close()
         self.drain(timeout)
-        for connection in list(self.connections):
-            connection.close("worker stopped", flush_timeout=max(deadline - time.monotonic(), 1))
+        self.lbs.close("worker stopped", deadline)
         if self.loopwatch is not None:
             self.loopwatch.stop()
         if self.threadpool is not None:
@@ -277,45 +252,15 @@ class Worker(Handler):
     # -- connections --------------------------------------------------
 
     def _accept(self, sock, address) -> None:
-        peer = "%s:%s" % address[:2] if isinstance(address, tuple) else "a local process"
-        if self.tls is not None:
-            try:  # (bounded: a peer that stalls it holds nothing for long)
-                with gevent.Timeout(HANDSHAKE_TIMEOUT):
-                    sock = self.tls.wrap_socket(sock, server_side=True)
-            except (OSError, gevent.Timeout) as exc:  # (ssl.SSLError too)
-                sock.close()
-                self._say_rejected(peer, "TLS handshake: %s%s" % (
-                    exc or "timed out", " (a cleartext LB? give it --worker-tls-cert)"
-                    if "WRONG_VERSION" in str(exc) or "HTTP_REQUEST" in str(exc) else ""))
-                return
-        connection = Connection(sock, "worker", self, peer=peer, secret=self.secret,
-                                app_version=self.version, features=self.protocol_features,
-                                keepalive_timeout=LB_SILENCE)
-        if self.sendfile == "off" or (self.sendfile == "auto" and (
-                not isinstance(address, tuple) or is_loopback(address[0]))):
-            connection.sendfile = False  # (its bytes are copied either way: see settings)
-        handshaking = self._handshaking
-        if len(handshaking) >= MAX_HANDSHAKING:  # unauthenticated, and held: make room
-            oldest, _ = handshaking.popitem(last=False)
-            oldest.close("too many connections in their handshake")
-            self._say_crowded(peer)
-        handshaking[connection] = None
-        try:
-            connection.handshake()
-        except (ZcLbError, OSError) as exc:
-            if not connection.closed:  # (closed: it made room for a newer one)
-                self._say_rejected(peer, exc)
-                connection.close("handshake failed")
+        """An LB connected: admitted (or refused), told our résumé at once,
+        then heard until it goes."""
+        connection = self.lbs.admit(sock, address)
+        if connection is None:
             return
-        finally:
-            handshaking.pop(connection, None)
         if self.stopping:
             connection.close("worker stopping")
             return
-        self.connections.add(connection)
-        self._no_lbs.clear()
-        connection.start()
-        log.info("LB connected from %s", peer)
+        self.lbs.add(connection)
         assert self.skills is not None
         try:
             connection.send_resume(self.skills.resume())
@@ -323,47 +268,11 @@ class Worker(Handler):
             pass
         connection.join()
 
-    def _say_crowded(self, peer: str) -> None:
-        """Log connections crowding the handshake, at most every 10 s."""
-        now = time.monotonic()
-        self._crowded += 1
-        if now - self._crowded_logged >= CROWDED_LOG_EVERY:
-            log.warning("%d connections closed in their handshake to make room for "
-                        "newer ones (more than %d at once; the latest from %s)",
-                        self._crowded, MAX_HANDSHAKING, peer)
-            self._crowded, self._crowded_logged = 0, now
-
-    def _say_rejected(self, peer: str, error: object) -> None:
-        """Log a connection refused in its handshake (no secret, a wrong
-        one, junk): each at once, but in a flood one line every 10 s
-        with the count (a port scanned must not fill the log)."""
-        now = time.monotonic()
-        self._rejected += 1
-        if now - self._rejected_logged >= CROWDED_LOG_EVERY:
-            if self._rejected == 1:
-                log.warning("rejected connection from %s: %s", peer, error)
-            else:
-                log.warning("rejected %d connections in their handshake in %.0fs (the "
-                            "latest from %s: %s)", self._rejected,
-                            now - self._rejected_logged, peer, error)
-            self._rejected, self._rejected_logged = 0, now
-
     def connection_lost(self, connection: Connection, error: ZcLbError) -> None:
-        if connection in self.connections:
-            self.connections.discard(connection)
-            if not self.connections:
-                self._no_lbs.set()
-            log.info("LB connection from %s ended: %s", connection.peer, error)
+        self.lbs.lost(connection, error)
 
     def handle_keys(self, connection: Connection, keys: Dict[str, List[int]]) -> None:
-        """An LB sent the keys it sent us: relay them to our other LBs
-        (``frames.Keys``), so that each knows where every key's data is."""
-        for other in list(self.connections):
-            if other is not connection:
-                try:
-                    other.send_keys(keys)
-                except ZcLbError:
-                    pass
+        self.lbs.relay_keys(connection, keys)
 
     def handle_request(self, connection: Connection, exchange: Exchange) -> None:
         task = self.requests.spawn(self._serve, exchange)
@@ -539,11 +448,7 @@ class Worker(Handler):
         skills = self.skills.resume() if skills is None else skills
         self._published_at = time.monotonic()
         self._published_generation = self.skills.generation
-        for connection in list(self.connections):
-            try:
-                connection.send_resume(skills)
-            except ZcLbError:
-                pass
+        self.lbs.send_resume(skills)
         if self.resume_file:
             try:
                 resume_module.save_resume(self.resume_file, skills)
@@ -561,7 +466,7 @@ class Worker(Handler):
         return {
             "address": address_text(self.address) if self.server else None,
             "pid": os.getpid(),
-            "lbs": sorted(c.peer for c in self.connections),
+            "lbs": sorted(c.peer for c in self.lbs.connections),
             "in_flight": len(self.requests),
             "served": self.served,
             "failed": self.failed,
@@ -576,4 +481,4 @@ class Worker(Handler):
     def __repr__(self) -> str:
         where = address_text(self.address) if self.server else "unstarted"
         return "<Worker %s lbs=%d in_flight=%d>" % (
-            where, len(self.connections), len(self.requests))
+            where, len(self.lbs.connections), len(self.requests))

@@ -1,0 +1,199 @@
+"""The LBs' connections to a worker: admitted, kept, and told what every
+LB is told (``LBConnections``).
+
+Rules:
+
+- A connection is admitted once through its TLS handshake (when the
+  worker has TLS), bounded by ``HANDSHAKE_TIMEOUT``, and the protocol's
+  handshake, in which the LB proves the shared secret.  At most
+  ``MAX_HANDSHAKING`` are in their handshake at once: they are
+  unauthenticated and held, so the oldest is closed to make room for a
+  newer one.
+- A refusal is logged: each at once, but in a flood (a port scanned,
+  junk) one line every ``CROWDED_LOG_EVERY`` seconds with the count, so
+  that it cannot fill the log.
+- An LB silent for ``LB_SILENCE`` seconds is dropped.  A connection over
+  loopback or a Unix socket sends files by copying (``sendfile`` auto:
+  see the settings).
+- What goes to every LB (a résumé, the keys another LB sent, GoAway)
+  skips a connection that fails: it is ending, and its loss comes as
+  ``lost`` from the worker's ``connection_lost``.
+
+The worker (the connections' handler) decides what an admitted
+connection is first told and when to stop admitting.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from typing import Any, Dict, List, Optional, Set, Tuple
+
+import gevent  # type: ignore[import-untyped]
+import gevent.event  # type: ignore[import-untyped]
+
+from zc_lb.errors import ZcLbError
+from zc_lb.sockets import is_loopback
+from zc_lb.wire.connection import HANDSHAKE_TIMEOUT, Connection, Handler
+
+log = logging.getLogger(__name__)
+
+# Seconds of silence before a worker drops an LB: long, since an LB whose
+# loop was blocked (a site's classifier) must not lose every worker, and
+# a dead LB costs a worker only the requests it had sent.
+LB_SILENCE = 60.0
+MAX_HANDSHAKING = 64  # connections in their handshake at once; the oldest makes room
+CROWDED_LOG_EVERY = 10.0
+
+
+class LBConnections:
+    """A worker's connections from its LBs: ``admit`` one accepted on the
+    worker's port, ``add`` it to keep it; ``connections`` are those kept."""
+
+    def __init__(self, handler: Handler, features: Tuple[str, ...],
+                 secret: Optional[bytes] = None, version: Optional[str] = None,
+                 tls: Any = None, sendfile: str = "auto") -> None:
+        self.handler = handler  # (the worker: what each connection tells)
+        self.features = features  # what we offer LBs beyond version 1
+        self.secret = secret
+        self.version = version  # the application's, told to every LB in our Hello
+        self.tls = tls  # the server SSLContext (tls.worker_context), or None: cleartext
+        self.sendfile = sendfile
+        self.connections: Set[Connection] = set()
+        # Connections not yet through their handshake, oldest first: at most
+        # MAX_HANDSHAKING (an LB's takes milliseconds; held ones cost memory).
+        self._handshaking: "collections.OrderedDict[Connection, None]" = (
+            collections.OrderedDict())
+        self._crowded = 0
+        self._crowded_logged = -CROWDED_LOG_EVERY
+        self._rejected = 0  # connections refused in their handshake since the last line
+        self._rejected_logged = -CROWDED_LOG_EVERY
+        self._no_lbs = gevent.event.Event()  # set while no LB is connected
+        self._no_lbs.set()
+
+    def admit(self, sock: Any, address: Any) -> Optional[Connection]:
+        """The connection of ``sock``, accepted from ``address``, through
+        its handshakes and not yet started; None if it was refused (and
+        closed, and logged)."""
+        peer = "%s:%s" % address[:2] if isinstance(address, tuple) else "a local process"
+        if self.tls is not None:
+            sock = self._wrap(sock, peer)
+            if sock is None:
+                return None
+        connection = Connection(sock, "worker", self.handler, peer=peer, secret=self.secret,
+                                app_version=self.version, features=self.features,
+                                keepalive_timeout=LB_SILENCE)
+        if self.sendfile == "off" or (self.sendfile == "auto" and (
+                not isinstance(address, tuple) or is_loopback(address[0]))):
+            connection.sendfile = False  # (its bytes are copied either way: see settings)
+        return connection if self._handshake(connection, peer) else None
+
+    def _wrap(self, sock: Any, peer: str) -> Any:
+        """``sock`` through its TLS handshake, or None (closed, logged)."""
+        try:  # (bounded: a peer that stalls it holds nothing for long)
+            with gevent.Timeout(HANDSHAKE_TIMEOUT):
+                return self.tls.wrap_socket(sock, server_side=True)
+        except (OSError, gevent.Timeout) as exc:  # (ssl.SSLError too)
+            sock.close()
+            self._say_rejected(peer, "TLS handshake: %s%s" % (
+                exc or "timed out", " (a cleartext LB? give it --worker-tls-cert)"
+                if "WRONG_VERSION" in str(exc) or "HTTP_REQUEST" in str(exc) else ""))
+            return None
+
+    def _handshake(self, connection: Connection, peer: str) -> bool:
+        """The protocol's handshake, with MAX_HANDSHAKING at most at once;
+        whether it went through (if not, the connection is closed)."""
+        handshaking = self._handshaking
+        if len(handshaking) >= MAX_HANDSHAKING:  # unauthenticated, and held: make room
+            oldest, _ = handshaking.popitem(last=False)
+            oldest.close("too many connections in their handshake")
+            self._say_crowded(peer)
+        handshaking[connection] = None
+        try:
+            connection.handshake()
+        except (ZcLbError, OSError) as exc:
+            if not connection.closed:  # (closed: it made room for a newer one)
+                self._say_rejected(peer, exc)
+                connection.close("handshake failed")
+            return False
+        finally:
+            handshaking.pop(connection, None)
+        return True
+
+    def _say_crowded(self, peer: str) -> None:
+        """Log connections crowding the handshake, at most every 10 s."""
+        now = time.monotonic()
+        self._crowded += 1
+        if now - self._crowded_logged >= CROWDED_LOG_EVERY:
+            log.warning("%d connections closed in their handshake to make room for "
+                        "newer ones (more than %d at once; the latest from %s)",
+                        self._crowded, MAX_HANDSHAKING, peer)
+            self._crowded, self._crowded_logged = 0, now
+
+    def _say_rejected(self, peer: str, error: object) -> None:
+        """Log a connection refused in its handshake (no secret, a wrong
+        one, junk): each at once, but in a flood one line every 10 s
+        with the count (a port scanned must not fill the log)."""
+        now = time.monotonic()
+        self._rejected += 1
+        if now - self._rejected_logged >= CROWDED_LOG_EVERY:
+            if self._rejected == 1:
+                log.warning("rejected connection from %s: %s", peer, error)
+            else:
+                log.warning("rejected %d connections in their handshake in %.0fs (the "
+                            "latest from %s: %s)", self._rejected,
+                            now - self._rejected_logged, peer, error)
+            self._rejected, self._rejected_logged = 0, now
+
+    def add(self, connection: Connection) -> None:
+        """Keep an admitted connection, and start it."""
+        self.connections.add(connection)
+        self._no_lbs.clear()
+        connection.start()
+        log.info("LB connected from %s", connection.peer)
+
+    def lost(self, connection: Connection, error: ZcLbError) -> None:
+        """``connection`` ended (the worker's ``connection_lost``)."""
+        if connection in self.connections:
+            self.connections.discard(connection)
+            if not self.connections:
+                self._no_lbs.set()
+            log.info("LB connection from %s ended: %s", connection.peer, error)
+
+    def wait_gone(self, timeout: Optional[float] = None) -> bool:
+        """Wait until no LB is connected, at most ``timeout`` seconds;
+        whether none is."""
+        return self._no_lbs.wait(timeout)
+
+    def relay_keys(self, connection: Connection, keys: Dict[str, List[int]]) -> None:
+        """An LB sent the keys it sent us: relay them to our other LBs
+        (``frames.Keys``), so that each knows where every key's data is."""
+        for other in list(self.connections):
+            if other is not connection:
+                try:
+                    other.send_keys(keys)
+                except ZcLbError:
+                    pass
+
+    def send_resume(self, skills: Dict[str, float]) -> None:
+        """Send every LB the résumé ``skills``."""
+        for connection in list(self.connections):
+            try:
+                connection.send_resume(skills)
+            except ZcLbError:
+                pass
+
+    def send_goaway(self, reason: str) -> None:
+        """Tell every LB to send nothing new."""
+        for connection in list(self.connections):
+            try:
+                connection.send_goaway(reason)
+            except ZcLbError:
+                pass
+
+    def close(self, reason: str, deadline: float) -> None:
+        """Close every connection, each with until ``deadline`` (monotonic;
+        a second at least) to send what it holds."""
+        for connection in list(self.connections):
+            connection.close(reason, flush_timeout=max(deadline - time.monotonic(), 1))
