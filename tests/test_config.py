@@ -271,7 +271,7 @@ def test_reload_applies_live_settings_and_names_the_rest(tmp_path, caplog):
     path.write_text('[worker]\napp = "apps:app"\nhistory = 200\nthreads = 8\n')
     with caplog.at_level("INFO", logger="zc_lb"):
         assert reload_config(args, apply) is False
-    assert applied == [{"history": 200}] and args.history == 200 == worker.history
+    assert applied == [{"history": 200}] and args.history == 200 == worker.publisher.history
     assert "history 100 -> 200 (%s)" % path in caplog.text
     assert "threads changed in %s; restart to apply (4 stays in force)" % path in caplog.text
     assert args.threads == 4  # reported again at the next SIGHUP

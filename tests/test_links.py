@@ -146,7 +146,7 @@ def test_a_link_tells_when_its_worker_is_up_and_passes_on_its_resumes(workers, l
     _, connection = events.wait_for("up")
     assert link.connection is connection and not connection.closed
     assert events.wait_for("resume") == ("resume", connection, {})  # sent on accept
-    worker.publish({"a.example": 2.5})
+    worker.publisher.publish({"a.example": 2.5})
     assert events.wait_for("resume", 2) == ("resume", connection, {"a.example": 2.5})
     assert link.resume == {"a.example": 2.5}  # kept for a readmission
     assert response(request(connection)) == ("200 OK", b"ok")

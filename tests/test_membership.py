@@ -63,7 +63,8 @@ def test_worker_settings_apply_each_good_value():
     configured = []
     live = ("history", "max_skill_age", "max_classes", "resume_interval")
     worker = SimpleNamespace(
-        history=100, max_skill_age=None, max_classes=10_000, resume_interval=10.0, LIVE=live,
+        settings=lambda: dict(history=100, max_skill_age=None, max_classes=10_000,
+                              resume_interval=10.0),
         configure=lambda changes, source: configured.append(tuple(changes[n] for n in live)),
         reset_skills=lambda: configured.append("reset"))
     membership = WorkerMembership(worker, "127.0.0.1:1", "/lb/workers")
@@ -82,7 +83,8 @@ def test_both_roles_keep_the_value_in_force_on_a_bad_one_and_fall_back_when_remo
     configured = []
     live = ("history", "max_skill_age", "max_classes", "resume_interval")
     worker = SimpleNamespace(
-        history=100, max_skill_age=None, max_classes=10_000, resume_interval=10.0, LIVE=live,
+        settings=lambda: dict(history=100, max_skill_age=None, max_classes=10_000,
+                              resume_interval=10.0),
         configure=lambda changes, source: configured.append(changes["history"]),
         reset_skills=lambda: None)
     membership = WorkerMembership(worker, "127.0.0.1:1", "/lb/workers")

@@ -219,7 +219,7 @@ def test_resume_goes_out_on_a_timer_after_light_traffic_and_not_when_idle(serve)
     assert len(handler.resumes) == 2
     with pytest.raises(ConfigurationError):
         worker.configure({"resume_interval": -1, "history": 5})
-    assert (worker.resume_interval, worker.history) == (0, 9999)  # nothing changed
+    assert (worker.publisher.resume_interval, worker.publisher.history) == (0, 9999)  # nothing changed
 
 
 def test_load_app_spec_forms(tmp_path):
@@ -256,7 +256,7 @@ def test_failures_teach_the_resume_nothing(serve):
     for path in ("/fail", "/raise", "/fail"):
         call(connection, {"PATH_INFO": path, "zc_lb.request_class": "bad"})
     call(connection, {"PATH_INFO": "/", "zc_lb.request_class": "good"})
-    assert "bad" not in worker.skills.resume() and "good" in worker.skills.resume()
+    assert "bad" not in worker.publisher.resume() and "good" in worker.publisher.resume()
     assert worker.status()["failed"] == 3 and worker.status()["served"] == 1
 
 
@@ -298,8 +298,8 @@ def test_greenlets_under_a_bound_wait_their_turn_and_the_wait_is_not_the_apps_ti
     # run one after another, and each one's skill is its own 0.2 s.
     worker, connection, _ = serve(_napping_app, threads=None, concurrency=1)
     recorded = []
-    record = worker.skills.record
-    worker.skills.record = lambda rclass, elapsed: (recorded.append(elapsed),
+    record = worker.publisher.skills.record
+    worker.publisher.skills.record = lambda rclass, elapsed: (recorded.append(elapsed),
                                                     record(rclass, elapsed))[1]
     started = time.monotonic()
     calls = [gevent.spawn(call, connection, {}) for _ in range(3)]
@@ -325,8 +325,8 @@ def recorded_times(worker, connection, requests):
     """Send ``requests`` at once; the seconds the worker recorded in its
     résumé for each (after its response is out)."""
     recorded = []
-    record = worker.skills.record
-    worker.skills.record = lambda rclass, elapsed: (recorded.append(elapsed),
+    record = worker.publisher.skills.record
+    worker.publisher.skills.record = lambda rclass, elapsed: (recorded.append(elapsed),
                                                     record(rclass, elapsed))[1]
     calls = [gevent.spawn(call, connection, {}) for _ in range(requests)]
     gevent.joinall(calls, timeout=10, raise_error=True)

@@ -6,12 +6,8 @@ worker builds a PEP 3333 environ around it, runs the application (in a
 greenlet, or in a thread pool with ``threads``), and streams the response
 back within the LB's credit.  It never parses HTTP.
 
-Skills: every request's class and elapsed time go into a
-``resume.Skills``; every ``history`` requests the résumé is pushed to
-every connected LB and saved to the résumé file, and also every
-``resume_interval`` seconds while something was served since the last
-(so that LBs learn within seconds of light traffic, not after thousands
-of requests).  A new LB connection gets the current résumé at once.
+Skills: every request's class and elapsed time go into the worker's
+résumé, which goes to every LB on a schedule (worker/publisher.py).
 
 Lifecycle: construct (nothing happens), ``start()`` binds, ``run()``
 serves until ``stop()``, which tells every LB to send nothing new
@@ -39,10 +35,11 @@ from zc_lb.wire.connection import Connection, Exchange, Handler
 from zc_lb.worker.filewrapper import FileWrapper
 from zc_lb.worker.greenlets import Requests
 from zc_lb.worker.lbs import LBConnections
-from zc_lb.errors import ConfigurationError, CorruptResumeFile, RequestCancelled, ZcLbError
+from zc_lb.worker.publisher import ResumePublisher
+from zc_lb.errors import ConfigurationError, RequestCancelled, ZcLbError
 from zc_lb.process.loopwatch import LoopWatch
 from zc_lb.wire.protocol import WORKER_FEATURES, Request
-from zc_lb.settings import LATENCY_BUCKETS, WORKER_LIVE, WORKER_SETTINGS, check, log_change
+from zc_lb.settings import LATENCY_BUCKETS, WORKER_SETTINGS, check
 from zc_lb.sockets import Listen, address_text, bound, listener
 from zc_lb.worker.threadio import ThreadInput, ThreadOutput
 from zc_lb.worker.threads import Threads
@@ -100,21 +97,13 @@ class Worker(Handler):
         self.listen = listen
         self.lbs = LBConnections(self, self.protocol_features, secret, version, tls,
                                  check(WORKER_SETTINGS, "sendfile", sendfile))
-        self.resume_file = resume_file
         self.threads = threads
         self.threads_fixed = threads_fixed  # (all of them take requests: worker/threads.py)
         # Greenlet mode's bound: requests past it wait for a slot (thread
         # mode's bound is its pool).
         self.slots = gevent.lock.Semaphore(concurrency) if concurrency else None
-        self.history = history
-        self.max_skill_age = max_skill_age
-        self.max_classes = max_classes
-        self.resume_interval = check(WORKER_SETTINGS, "resume_interval", resume_interval)
-        self.skills: Optional[resume_module.Skills] = None
-        self._published_at = time.monotonic()
-        self._published_generation = 0  # the skills' generation the last résumé had
-        self._timer_changed = gevent.event.Event()  # resume_interval set anew
-        self._timer: Optional[gevent.Greenlet] = None
+        self.publisher = ResumePublisher(self.lbs, history, max_skill_age, max_classes,
+                                         resume_interval, resume_file)
         self.server: Optional[gevent.server.StreamServer] = None
         self.requests = Requests()
         self.environ_fixed: Dict[str, object] = {}  # (wsgi.fixed_environ, once bound)
@@ -138,11 +127,7 @@ class Worker(Handler):
 
     def start(self) -> None:
         """Load the résumé file, bind, and start accepting LB connections."""
-        initial = {}
-        if self.resume_file:
-            initial = self._load_resume(self.resume_file)
-        self.skills = resume_module.Skills(self.history, self.max_skill_age, initial,
-                                           self.max_classes)
+        self.publisher.start()
         if self.threads:
             self.threadpool = Threads(self.threads, fixed=self.threads_fixed)
         else:  # greenlet mode: say so when the application blocks the loop
@@ -151,28 +136,7 @@ class Worker(Handler):
         self.server = gevent.server.StreamServer(listener(self.listen), self._accept)
         self.server.start()
         self.environ_fixed = fixed_environ(bool(self.threads), address_text(self.address))
-        self._timer = gevent.spawn(self._publish_on_time)
         log.info("worker listening on %s", address_text(self.address))
-
-    @staticmethod
-    def _load_resume(path: str) -> Dict[str, float]:
-        """The skills in the résumé file at ``path``.  The file is a cache:
-        a corrupt one (empty, cut short, garbled) is moved aside to
-        ``path.corrupt`` and the worker starts with no skills, rather than
-        not at all (a unit that does not restart after exit status 2
-        would stay down).  One that cannot be read is a configuration
-        error, as it could not be written either."""
-        try:
-            return resume_module.load_resume(path)
-        except CorruptResumeFile as exc:
-            aside = path + ".corrupt"
-            try:
-                os.replace(path, aside)
-            except OSError as move:
-                log.error("%s; starting with no skills (cannot move it aside: %s)", exc, move)
-            else:
-                log.error("%s; moved it to %s, starting with no skills", exc, aside)
-            return {}
 
     def run(self) -> None:
         """Serve until stop()."""
@@ -204,50 +168,22 @@ class Worker(Handler):
             self.loopwatch.stop()
         if self.threadpool is not None:
             self.threadpool.stop()
-        if self._timer is not None:
-            self._timer.kill()
+        self.publisher.stop()
         self._stopped.set()
 
-    LIVE = WORKER_LIVE  # (the settings table says which)
-
     def configure(self, changes: Mapping[str, Any], source: str = "") -> None:
-        """Apply live settings from any source (the command line's file
-        read again, ZooKeeper): those of ``changes`` named in ``LIVE``,
-        each checked against the settings table first (ConfigurationError,
-        and nothing changed, if one is bad), and each change logged as
-        "name old -> new (source)".  A ``max_skill_age`` of None is its
-        default, 10 x ``history``."""
-        checked = {name: check(WORKER_SETTINGS, name, changes[name])
-                   for name in self.LIVE if name in changes}
-        if self.skills is not None:
-            merged = {name: getattr(self, name) for name in self.LIVE}
-            merged.update(checked)
-            self.skills.configure(merged["history"], merged["max_skill_age"],
-                                  merged["max_classes"])
-        for name, value in checked.items():
-            old = getattr(self, name)
-            if value != old:
-                log_change(name, old, value, source)
-                setattr(self, name, value)
-        self._timer_changed.set()
+        """Apply live settings (``ResumePublisher.configure``: they are all
+        the résumé's) from any source: the command line's file read again,
+        ZooKeeper."""
+        self.publisher.configure(changes, source)
 
-    def _publish_on_time(self) -> None:
-        """Send the résumé ``resume_interval`` seconds after the last one
-        went out, if something was served since; else look again an
-        interval later.  (0: only every ``history`` requests.)"""
-        changed = self._timer_changed
-        while True:
-            interval = self.resume_interval
-            due = self._published_at + interval - time.monotonic()
-            if not interval or due > 0:
-                changed.wait(due if interval else None)
-                changed.clear()
-                continue
-            assert self.skills is not None
-            if self.skills.generation != self._published_generation:
-                self.publish()
-            else:
-                self._published_at = time.monotonic()
+    def settings(self) -> Dict[str, Any]:
+        """The live settings' values now, by name."""
+        return self.publisher.settings()
+
+    def reset_skills(self) -> None:
+        """Forget every skill and tell the LBs (an operator's reset)."""
+        self.publisher.reset()
 
     # -- connections --------------------------------------------------
 
@@ -261,11 +197,7 @@ class Worker(Handler):
             connection.close("worker stopping")
             return
         self.lbs.add(connection)
-        assert self.skills is not None
-        try:
-            connection.send_resume(self.skills.resume())
-        except ZcLbError:
-            pass
+        self.publisher.greet(connection)
         connection.join()
 
     def connection_lost(self, connection: Connection, error: ZcLbError) -> None:
@@ -323,10 +255,7 @@ class Worker(Handler):
         self.app_seconds += elapsed
         self.queued_seconds += writer.queued
         self.latency[bisect_left(LATENCY_BUCKETS, elapsed)] += 1
-        assert self.skills is not None
-        new = self.skills.record(rclass, elapsed)
-        if new is not None:
-            self.publish(new)
+        self.publisher.record(rclass, elapsed)
 
     def _run_app(self, environ: Dict, writer: ResponseWriter,
                  output: Optional[ThreadOutput] = None) -> None:
@@ -442,25 +371,6 @@ class Worker(Handler):
                 writer.queued, writer.thread = thread.queued, None
         return None
 
-    def publish(self, skills: Optional[Dict[str, float]] = None) -> None:
-        """Send the résumé to every LB and save it."""
-        assert self.skills is not None
-        skills = self.skills.resume() if skills is None else skills
-        self._published_at = time.monotonic()
-        self._published_generation = self.skills.generation
-        self.lbs.send_resume(skills)
-        if self.resume_file:
-            try:
-                resume_module.save_resume(self.resume_file, skills)
-            except OSError as exc:
-                log.error("cannot save résumé to %s: %s", self.resume_file, exc)
-
-    def reset_skills(self) -> None:
-        """Forget every skill and tell the LBs (an operator's reset)."""
-        if self.skills is not None:
-            self.skills.reset()
-            self.publish()
-
     def status(self) -> dict:
         """A JSON-able picture of this worker."""
         return {
@@ -474,7 +384,7 @@ class Worker(Handler):
             "queued_seconds": round(self.queued_seconds, 6),
             "latency": {"buckets": list(LATENCY_BUCKETS), "counts": list(self.latency),
                         "sum": round(self.app_seconds, 6)},
-            "resume": self.skills.resume() if self.skills else {},
+            "resume": self.publisher.resume(),
             "threads": self.threadpool.status() if self.threadpool else None,
         }
 

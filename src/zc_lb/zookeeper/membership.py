@@ -126,7 +126,7 @@ class WorkerMembership(NodeSettings):
         self.credentials = credentials  # (zk.connect: digest auth, and ACLs on what it makes)
         self.version = version
         self.description = description
-        base = {name: getattr(worker, name) for name in worker.LIVE}
+        base = worker.settings()
         self._follow(path, dict(base, reset_skills=""))
         self.client = None
         self.registration: Optional[recipes.Registration] = None
