@@ -434,7 +434,7 @@ def test_worker_stop_delivers_finished_responses_whole():
         connection.sock.sendall(b"".join(
             connection.protocol.start_request({"PATH_INFO": "/big"}, end=True)[1]
             for _ in range(n)))
-        poll(lambda: worker.served == n, message="the apps finished")
+        poll(lambda: worker.serving.served == n, message="the apps finished")
         stopper = gevent.spawn(worker.stop, 2)
         messages = _read_until_eof(connection)
         stopper.join(3)

@@ -825,7 +825,7 @@ def test_a_failure_of_the_workers_own_cancels_the_request_at_once(serve, caplog)
 
     worker = Worker(lambda e, s: [b"never"], threads=1)
     worker.start()
-    worker.threadpool.apply = broken  # (the worker's own part, not the app)
+    worker.serving.threadpool.apply = broken  # (the worker's own part, not the app)
     sock = gevent.socket.create_connection(worker.address)
     connection = Connection(sock, "lb", LBSide(), peer="worker")
     connection.handshake()

@@ -23,7 +23,8 @@ COMPILED = ("routing.pool", "routing.classstats", "routing.locality", "routing.s
             "routing.relearn", "routing.affinity", "routing.classifier", "front.h1",
             "front.httpparse", "front.forwarding", "front.client", "lb.outlier", "lb.relay",
             "lb.balancer", "lb.fleet", "wire.frames", "wire.protocol", "wire.connection", "worker.server",
-            "worker.wsgi", "worker.greenlets", "worker.publisher", "environ")
+            "worker.wsgi", "worker.greenlets", "worker.publisher",
+            "worker.serving", "environ")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 

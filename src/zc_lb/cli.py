@@ -151,11 +151,6 @@ def run_worker(args: argparse.Namespace) -> int:
     from zc_lb.process.service import PidFile
 
     service = build_worker(args)
-    if args.max_requests:
-        import random
-
-        service.worker.max_requests = args.max_requests + random.randint(
-            0, args.max_requests_jitter)
     service.start()
     pid_file = PidFile(args.pid_file)
     try:
@@ -258,12 +253,18 @@ def build_worker(args: argparse.Namespace) -> WorkerService:
     secret = read_secret(args.secret_file)
     tls = worker_context(args.tls_cert, args.tls_key, args.tls_ca)
     _check_exposure(listen, secret, args.insecure, tls)
+    max_requests = args.max_requests
+    if max_requests:
+        import random
+
+        max_requests += random.randint(0, args.max_requests_jitter)
     worker = Worker(_load_app(args.app, load_app), listen=listen, history=args.history,
                     max_skill_age=args.max_skill_age, max_classes=args.max_classes,
                     resume_interval=args.resume_interval, resume_file=args.resume_file,
                     threads=args.threads, threads_fixed=args.threads_fixed,
                     concurrency=args.concurrency, secret=secret,
-                    version=args.version, tls=tls, sendfile=args.sendfile)
+                    version=args.version, tls=tls, sendfile=args.sendfile,
+                    max_requests=max_requests)
     status = None
     if args.status:
         from zc_lb.front.server import FrontServer

@@ -1,0 +1,254 @@
+"""Serving one request on a worker (``Serving``): its environ made, the
+application run, its response sent, and what it took counted.
+
+Rules:
+
+- In greenlet mode (no ``threads``) the application runs in the
+  request's greenlet, known to the loop watch as serving it
+  (process/loopwatch.py), with at most ``concurrency`` at once if that
+  is set.  In thread mode it runs in a thread of the pool
+  (worker/threads.py), its bodies crossing to the hub in bulk
+  (worker/threadio.py).
+- The application's time leaves out the worker's queue (the wait for a
+  slot or a thread) and, in thread mode, the waits inside the
+  application behind its other requests that the pool saw: a résumé
+  that counted them would call a busy worker unskilled.
+- An application that raises is logged and answered 500, or its
+  response cut short once its head is out.  An LB that went away or
+  cancelled ends the request early.  A failure of the worker's own
+  cancels the request at once, so that the LB does not wait out its
+  response timeout.
+- A failure (no response, a 5xx, a cancel) teaches nothing: it is
+  counted in ``failed`` and kept out of the résumé.  A request served is
+  counted with its time, by latency bucket, and recorded in the résumé;
+  the ``max_requests``-th makes the process drain and exit, as on
+  SIGTERM.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+import time
+from bisect import bisect_left
+from typing import Callable, Dict, Optional, cast
+
+import gevent  # type: ignore[import-untyped]
+import gevent.lock  # type: ignore[import-untyped]
+
+from zc_lb.environ import REQUEST_CLASS
+from zc_lb.errors import RequestCancelled, ZcLbError
+from zc_lb.process.loopwatch import LoopWatch
+from zc_lb.settings import LATENCY_BUCKETS
+from zc_lb.wire.connection import Exchange
+from zc_lb.wire.protocol import Request
+from zc_lb.worker.filewrapper import FileWrapper
+from zc_lb.worker.publisher import ResumePublisher
+from zc_lb.worker.threadio import ThreadInput, ThreadOutput
+from zc_lb.worker.threads import Threads
+from zc_lb.worker.wsgi import ResponseWriter, fixed_environ, make_environ
+
+log = logging.getLogger(__name__)
+
+
+class Serving:
+    """How a worker serves each request: ``serve(exchange)``, in the
+    request's greenlet, once ``start()`` made its threads or loop watch."""
+
+    def __init__(self, app: Callable, publisher: ResumePublisher,
+                 threads: Optional[int] = None, threads_fixed: bool = False,
+                 concurrency: int = 0, max_requests: int = 0) -> None:
+        self.app = app
+        self.publisher = publisher  # (what each request served teaches)
+        self.threads = threads
+        self.threads_fixed = threads_fixed  # (all of them take requests: worker/threads.py)
+        # Greenlet mode's bound: requests past it wait for a slot (thread
+        # mode's bound is its pool).
+        self.slots = gevent.lock.Semaphore(concurrency) if concurrency else None
+        self.threadpool: Optional[Threads] = None
+        self.loopwatch: Optional[LoopWatch] = None
+        self.environ_fixed: Dict[str, object] = {}  # (wsgi.fixed_environ, once started)
+        self.served = 0
+        self.failed = 0  # requests answered 5xx or cut short: not in the résumé
+        self.app_seconds = 0.0  # the application's time on served requests
+        self.queued_seconds = 0.0  # its threads' waits inside it behind others (worker/threads.py)
+        self.max_requests = max_requests  # served, then it drains and exits (0: never)
+        self.latency = [0] * (len(LATENCY_BUCKETS) + 1)  # served requests by app seconds
+
+    def start(self, worker: str) -> None:
+        """Make the thread pool, or in greenlet mode the loop watch; the
+        worker's address is ``worker``, as text (its environs say it)."""
+        if self.threads:
+            self.threadpool = Threads(self.threads, fixed=self.threads_fixed)
+        else:  # greenlet mode: say so when the application blocks the loop
+            self.loopwatch = LoopWatch()
+            self.loopwatch.start()
+        self.environ_fixed = fixed_environ(bool(self.threads), worker)
+
+    def stop(self) -> None:
+        if self.loopwatch is not None:
+            self.loopwatch.stop()
+        if self.threadpool is not None:
+            self.threadpool.stop()
+
+    def serve(self, exchange: Exchange) -> None:
+        """Serve the request of ``exchange`` (in its greenlet)."""
+        try:
+            self._serve_request(exchange)
+        except BaseException:
+            # (A failure of the worker's own: the LB must not wait out its
+            # response timeout for an answer that will never come.)
+            exchange.cancel()
+            raise
+
+    def _serve_request(self, exchange: Exchange) -> None:
+        if exchange.error is not None:  # cancelled before it started
+            return
+        request = cast(Request, exchange.receive())  # (an exchange's first message)
+        environ = make_environ(request.environ, exchange, request.end, self.environ_fixed)
+        rclass = environ.get(REQUEST_CLASS, "")
+        writer = ResponseWriter(exchange, environ["REQUEST_METHOD"] == "HEAD", environ)
+        try:
+            if self.threadpool is not None:
+                self._run_in_thread(environ, writer)
+            else:
+                self._run_watched(environ, writer)
+        except ZcLbError as exc:  # the LB went away or cancelled
+            log.info("request %d from %s ended early: %s",
+                     exchange.rno, exchange.connection.peer, exc)
+            exchange.cancel()
+            return
+        except gevent.GreenletExit:
+            exchange.cancel()
+            return
+        if (writer.status is None or writer.status[:1] == "5"
+                or isinstance(exchange.error, RequestCancelled)):  # (``exchange.cancelled``)
+            # A failure teaches nothing: answering 500 fast is no skill.
+            self.failed += 1
+            return
+        assert writer.began is not None  # (the application ran)
+        elapsed = time.perf_counter() - writer.began - writer.queued
+        self.served += 1
+        if self.served == self.max_requests:  # (--max-requests: drain and exit, as on SIGTERM)
+            log.info("served %d requests: draining to be started again", self.served)
+            os.kill(os.getpid(), signal.SIGTERM)
+        self.app_seconds += elapsed
+        self.queued_seconds += writer.queued
+        self.latency[bisect_left(LATENCY_BUCKETS, elapsed)] += 1
+        self.publisher.record(rclass, elapsed)
+
+    def _run_app(self, environ: Dict, writer: ResponseWriter,
+                 output: Optional[ThreadOutput] = None) -> None:
+        """Run the app and send its response: through ``writer`` in this
+        greenlet, or through ``output`` from a pool thread."""
+        try:
+            result = self.app(environ, writer.start_response if output is None
+                              else output.start_response)
+        except ZcLbError:
+            raise
+        except Exception:
+            log.exception("application error for %s", environ.get("PATH_INFO"))
+            self._fail(writer, output)
+            return
+        try:
+            if type(result) in (list, tuple) and len(result) <= 1:
+                # The common case, [body]: head, body and End in one write.
+                (output or writer).finish(result[0] if result else b"")
+            elif type(result) is FileWrapper and writer.exchange.connection.sendfile and (
+                    region := result.region()) is not None:  # type: ignore[union-attr]
+                if output is None:
+                    writer.send_file(*region)
+                    writer.finish()
+                else:  # (the hub sends it, then closes the file: not this thread)
+                    output.send_file(result, region)  # type: ignore[arg-type]
+                    result = None
+            else:
+                sink = output or writer
+                for data in result:
+                    if data:
+                        sink.write(data)
+                sink.finish()
+        except ZcLbError:
+            raise
+        except Exception:
+            log.exception("application error for %s", environ.get("PATH_INFO"))
+            self._fail(writer, output)
+        finally:
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+
+    def _fail(self, writer: ResponseWriter, output: Optional[ThreadOutput]) -> None:
+        """The application failed: a 500, or a response cut short (in the
+        hub, once a thread's output is sent)."""
+        if output is None:
+            writer.fail()
+        else:
+            output.fail()
+
+    def _run_watched(self, environ: Dict, writer: ResponseWriter) -> None:
+        """Greenlet mode: run the application in this greenlet, known to
+        the loop watch as serving this request (``writer.began``: when it
+        started).  Under
+        ``concurrency`` the wait for a slot comes first and, like the wait
+        for a thread, is the worker's queue, not the app's time."""
+        assert self.loopwatch is not None
+        slots = self.slots
+        if slots is not None:
+            slots.acquire()
+        writer.began = time.perf_counter()
+        # (``loopwatch.serving`` and ``done``, without two calls a request)
+        serving, current = self.loopwatch.requests, gevent.getcurrent()
+        serving[current] = environ["REQUEST_METHOD"] + " " + environ["PATH_INFO"]
+        try:
+            self._run_app(environ, writer)
+        finally:
+            serving.pop(current, None)
+            if slots is not None:
+                slots.release()
+
+    def _run_in_thread(self, environ: Dict, writer: ResponseWriter) -> None:
+        """Run the app in a thread of the pool (``writer.began``: when it
+        started there).
+        The wait for a free thread is the worker's queue, not the app's
+        time: a résumé that counted it would call a busy worker unskilled
+        (and the LB would move its keys away just as it is most useful).
+        Nor is a wait inside the app behind its other requests (its lock,
+        its connection pool), as far as the pool saw it (``writer.queued``,
+        worker/threads.py)."""
+        hub = gevent.get_hub()
+        stream = environ["wsgi.input"] = ThreadInput(hub, environ["wsgi.input"])
+        output = ThreadOutput(hub, writer)
+        assert self.threadpool is not None
+        try:
+            error = self.threadpool.apply(functools.partial(
+                self._in_thread, environ, writer, output, stream))
+            if error is not None:
+                raise error
+            try:  # back in the hub: what the thread queued, then the end
+                output.close()
+            except ZcLbError:
+                raise
+            except Exception:
+                log.exception("application error for %s", environ.get("PATH_INFO"))
+                writer.fail()
+        finally:
+            stream.stop()
+
+    def _in_thread(self, environ: Dict, writer: ResponseWriter, output: ThreadOutput,
+                   stream: ThreadInput) -> Optional[ZcLbError]:
+        """In a pool thread: run the application; the error that ended it
+        early if the LB went away (raised in the hub, not here)."""
+        writer.began = time.perf_counter()
+        thread = self.threadpool.current()  # type: ignore[union-attr]
+        writer.thread = output.thread = stream.thread = thread
+        try:
+            self._run_app(environ, writer, output)
+        except ZcLbError as exc:  # the LB went away: raised here, not printed there
+            return exc
+        finally:
+            if thread is not None:
+                writer.queued, writer.thread = thread.queued, None
+        return None
