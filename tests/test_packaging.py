@@ -228,7 +228,7 @@ def test_wheel_installed_outside_the_checkout_has_the_tools_and_the_licence(tmp_
                  "simulations/scenarios/steady.json", "playback/replay.py",
                  "simulations/cli.py"]:
         assert "zc_lb/" + name in names  # under the project's name
-    assert "zc_lb/cli.py" in names
+    assert "zc_lb/cli/__main__.py" in names
     # The tools are not top-level packages, whose generic names could collide.
     assert {name.split("/")[0] for name in names} == {"zc_lb", dist_info}
 

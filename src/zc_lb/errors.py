@@ -16,7 +16,7 @@ Names say who is at fault:
 
 Each class carries what it becomes: ``http_status`` for a request that
 fails with it, ``exit_status`` for a process that ends with it; ``lb/balancer.py``
-turns errors into responses, ``cli.py`` into exit statuses, each in one
+turns errors into responses, ``cli/`` into exit statuses, each in one
 place.
 
 Within the LB<->worker protocol a *local* protocol error means our code

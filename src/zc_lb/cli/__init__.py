@@ -1045,6 +1045,3 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("zc-lb %s: error: %s" % (args.command, exc), file=sys.stderr)
         return 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,7 +2,7 @@
 parse its listeners, wait for signals and dispatch them, hand its
 sockets over to a successor (SIGUSR2), serve an LB's status address.
 
-``cli.py`` (one LB or worker) and ``process/processes.py`` (the supervisor of
+``cli/`` (one LB or worker) and ``process/processes.py`` (the supervisor of
 ``lb --processes N``) both build on these, and neither imports the other.
 """
 
