@@ -14,9 +14,11 @@ import types
 import pytest
 
 from zc_lb import cli, settings
+from zc_lb.cli import tools
 from zc_lb.process import service
 from zc_lb.status import document as status
-from zc_lb.cli import build_parser, main, read_config, reload_config
+from zc_lb.cli import main, read_config, reload_config
+from zc_lb.cli.parsers import build_parser
 from zc_lb.errors import ConfigurationError
 from zc_lb.settings import CLI, LIVE, ZOOKEEPER
 
@@ -63,7 +65,7 @@ def parsed(tmp_path, text: str, *argv: str, command: str = "lb"):
 
 def test_the_parser_knows_every_subcommand_and_what_runs_it():
     parser = build_parser()
-    assert set(parser.commands) == COMMANDS
+    assert set(parser.commands) == COMMANDS == set(cli.COMMANDS)
     runs = {
         ("lb",): cli.run_lb,
         ("worker", "app:app"): cli.run_worker,
@@ -76,16 +78,16 @@ def test_the_parser_knows_every_subcommand_and_what_runs_it():
     }
     for argv, run in runs.items():
         args = parser.parse_args(list(argv))
-        assert args.command == argv[0] and args.run is run, argv
+        assert args.command == argv[0] and cli.COMMANDS[args.command] is run, argv
     assert parser.parse_args(["drain", "a:1", "w:2"]).action == "drain"
     assert parser.parse_args(["enable", "a:1", "w:2"]).action == "enable"
     for name in ("replay", "compare", "simulate"):
         args, rest = parser.parse_known_args([name, "x"])
-        assert args.run is cli.run_pass_through and rest == ["x"]
+        assert cli.COMMANDS[args.command] is tools.run_pass_through and rest == ["x"]
 
 
 @pytest.mark.parametrize("argv", [
-    [name] for name in sorted(COMMANDS - set(cli.PASS_THROUGH))
+    [name] for name in sorted(COMMANDS - set(tools.PASS_THROUGH))
 ] + [["zk", sub] for sub in ("import", "export", "get", "set", "ls")])
 def test_help_of_every_own_subcommand_exits_0_with_its_usage(argv, capsys):
     with pytest.raises(SystemExit) as info:
@@ -156,8 +158,8 @@ NOWHERE = ["--listen", "nowhere"]
     (["worker", APP, "--listen", "nowhere"], "expected HOST:PORT, got 'nowhere'"),
     (["worker", APP, "--listen", "127.0.0.1:70000"], "port out of range in"),
     (["worker", APP], "cannot import %r" % NO_SUCH_MODULE),
-    (["worker", "zc_lb.cli:LOG_LEVELS", "--resume-file", "/"],  # (a directory: unreadable)
-     "application 'zc_lb.cli:LOG_LEVELS' is not callable"),
+    (["worker", "zc_lb.cli.parsers:LOG_LEVELS", "--resume-file", "/"],  # (a directory: unreadable)
+     "application 'zc_lb.cli.parsers:LOG_LEVELS' is not callable"),
     (["lb"] + NOWHERE, "expected HOST:PORT, got 'nowhere'"),
     (["lb", "--keyfile", "key.pem"] + NOWHERE, "--keyfile needs --certfile"),
     (["lb", "--error-page", "/nonexistent/sorry.html"] + NOWHERE,
@@ -204,7 +206,7 @@ def test_a_pass_through_tool_gets_every_argument_after_its_name_and_gives_the_st
     tool = types.ModuleType("fake_simulate_tool")
     tool.main = lambda argv: calls.append(argv) or (3 if "--fail" in argv else None)
     monkeypatch.setitem(sys.modules, tool.__name__, tool)
-    monkeypatch.setitem(cli.PASS_THROUGH, "simulate", (tool.__name__, "simulations", "a tool"))
+    monkeypatch.setitem(tools.PASS_THROUGH, "simulate", (tool.__name__, "simulations", "a tool"))
     argv = ["--help", "--version", "--log-level", "DEBUG", "steady", "--scale", "2"]
     assert main(["simulate"] + argv) == 0  # None: success
     assert main(["--log-level", "WARNING", "simulate", "--fail"]) == 3
@@ -213,7 +215,7 @@ def test_a_pass_through_tool_gets_every_argument_after_its_name_and_gives_the_st
 
 def test_a_pass_through_tool_not_installed_exits_2_saying_which_extra(
         monkeypatch, in_process, capsys):
-    monkeypatch.setitem(cli.PASS_THROUGH, "compare", (NO_SUCH_MODULE, "playback", "a tool"))
+    monkeypatch.setitem(tools.PASS_THROUGH, "compare", (NO_SUCH_MODULE, "playback", "a tool"))
     assert main(["compare", "x.log"]) == 2
     said = error_line(capsys, "compare")
     assert said.startswith("zc-lb compare needs %s (" % NO_SUCH_MODULE)
@@ -352,7 +354,7 @@ def test_a_relative_config_path_is_read_again_on_sighup_after_chdir(tmp_path, mo
         (here / "rel.toml").write_text('[worker]\nhistory = 200\n')
         seen["reloaded"] = cli.reload_config(args, lambda live: seen.update(live))
         return 0
-    monkeypatch.setattr(cli, "run_worker", run)  # (build_parser reads it when main runs)
+    monkeypatch.setitem(cli.COMMANDS, "worker", run)  # (main looks it up as it runs)
     assert cli.main(["worker", "--config", "rel.toml", "--chdir", str(elsewhere),
                      "apps:app"]) == 0
     assert seen.get("history") == 200

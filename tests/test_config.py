@@ -15,7 +15,8 @@ import pytest
 
 from zc_lb import config
 from zc_lb.worker.server import Worker
-from zc_lb.cli import build_parser, read_config
+from zc_lb.cli import read_config
+from zc_lb.cli.parsers import build_parser
 from zc_lb.errors import ConfigurationError
 from zc_lb.testing import Process, WorkerProcess, free_port, start_all, wait_for
 

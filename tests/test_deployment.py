@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from zc_lb.cli import build_parser
+from zc_lb.cli.parsers import build_parser
 from zc_lb.testing import LBProcess, WorkerProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -15,6 +15,7 @@ import shlex
 import pytest
 
 from zc_lb import cli
+from zc_lb.cli import parsers, tools
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCUMENTS = ["README.rst"] + sorted(
@@ -120,7 +121,7 @@ def test_the_docs_show_command_lines():
 
 def tool_parser(command):
     """The parser of a tool ``zc-lb COMMAND`` passes its arguments to."""
-    module = importlib.import_module(cli.PASS_THROUGH[command][0])
+    module = importlib.import_module(tools.PASS_THROUGH[command][0])
     return (getattr(module, "make_parser", None) or getattr(module, "parser"))()
 
 
@@ -136,7 +137,7 @@ def parse(parser, argv, known=False):
 
 @pytest.mark.parametrize("argv", COMMANDS)
 def test_a_command_line_in_the_docs_parses(argv):
-    args, rest = parse(cli.build_parser(), argv, known=True)  # as cli.main does
+    args, rest = parse(parsers.build_parser(), argv, known=True)  # as cli.main does
     if args is None:
         return
     if "pass_through" in args:  # replay, compare, simulate: the tool's own options
@@ -174,7 +175,7 @@ def test_a_config_file_in_the_docs_is_taken(text, tmp_path):
 
     path = tmp_path / "zc-lb.toml"
     path.write_text(text, encoding="utf-8")
-    parser = cli.build_parser()
+    parser = parsers.build_parser()
     for section in ("lb", "worker"):
         if "[%s]" % section in text.splitlines():
             assert config.load(str(path), section, parser.commands[section],

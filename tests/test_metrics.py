@@ -352,7 +352,7 @@ def test_the_dashboard_uses_only_metrics_that_exist():
 
 def test_the_build_info_says_the_version_and_whether_compiled():
     from zc_lb import build
-    from zc_lb.cli import version
+    from zc_lb.cli.parsers import version
     from zc_lb.status.metrics import WorkerCollector, exposition
 
     for collector in (LBCollector(lambda: {"workers": {}}), WorkerCollector(lambda: {})):

@@ -20,7 +20,7 @@ from importlib import metadata
 
 import pytest
 
-from zc_lb import cli
+from zc_lb.cli import parsers
 from zc_lb.testing import LBProcess, WorkerProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -108,9 +108,9 @@ def test_simulate_writes_its_plots_under_the_working_directory(tmp_path):
 def test_log_level_may_follow_the_command_and_demo_explains_its_options():
     # "--log-level" after the subcommand was refused; demo --help said nothing.
     assert "--log-level" in zc_lb("status", "--help").stdout
-    args = cli.build_parser().parse_args(["lb", "--log-level", "DEBUG"])
+    args = parsers.build_parser().parse_args(["lb", "--log-level", "DEBUG"])
     assert args.log_level == "DEBUG"
-    assert cli.build_parser().parse_args(["--log-level", "ERROR", "lb"]).log_level == "ERROR"
+    assert parsers.build_parser().parse_args(["--log-level", "ERROR", "lb"]).log_level == "ERROR"
     demo = zc_lb("demo", "--help").stdout
     assert "demo worker processes to start" in demo and "status address" in demo
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from trees import TREE
-from zc_lb import cli
+from zc_lb.cli import parsers
 from zc_lb.zookeeper import tree
 from zc_lb.zookeeper import client as zk
 from zc_lb.errors import ConfigurationError
@@ -113,7 +113,7 @@ def test_links_resolved(client):
 
 
 def test_cli(client, zk_hosts, tmp_path, capsys):
-    parser = cli.build_parser()
+    parser = parsers.build_parser()
     path = tmp_path / "tree.txt"
     path.write_text(TREE)
 
@@ -137,7 +137,7 @@ def test_cli(client, zk_hosts, tmp_path, capsys):
 
 
 def test_cli_refuses_bad_and_unknown_settings(client, zk_hosts, tmp_path):
-    parser = cli.build_parser()
+    parser = parsers.build_parser()
 
     def run(*argv):
         args = parser.parse_args(["zk", "--zookeeper", zk_hosts, *argv])
@@ -193,7 +193,7 @@ def test_only_the_sites_credentials_read_or_change_what_they_created(zk_hosts, t
     auth.write_text("site:s3cret\n")
     other = tmp_path / "other-auth"
     other.write_text("site:guess\n")
-    parser = cli.build_parser()
+    parser = parsers.build_parser()
 
     def run(*argv, auth_file=None):
         out = io.StringIO()

@@ -21,7 +21,7 @@ processes only then.
 
 Command functions (``import_tree``, ``export_tree``, ``get``,
 ``set_properties``, ``ls``) and ``run_zk_command`` back ``zc-lb zk``,
-whose arguments cli.py parses.  Import semantics are documented on
+whose arguments cli/parsers.py parses.  Import semantics are documented on
 ``import_tree``.
 """
 
