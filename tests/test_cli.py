@@ -14,10 +14,11 @@ import types
 import pytest
 
 from zc_lb import cli, settings
-from zc_lb.cli import tools
+from zc_lb.cli import reload, tools
 from zc_lb.process import service
 from zc_lb.status import document as status
-from zc_lb.cli import main, read_config, reload_config
+from zc_lb.cli import main
+from zc_lb.cli.reload import read_config, reload_config
 from zc_lb.cli.parsers import build_parser
 from zc_lb.errors import ConfigurationError
 from zc_lb.settings import CLI, LIVE, ZOOKEEPER
@@ -256,9 +257,9 @@ def test_a_worker_configured_on_a_public_address_without_a_secret_exits_2(
 def test_without_config_sighup_is_ignored_and_with_it_the_file_is_read_again(
         tmp_path, caplog):
     args = build_parser().parse_args(["lb"])
-    assert cli._sighup(args, lambda live: None) is service.ignore_sighup
+    assert reload.sighup(args, lambda live: None) is service.ignore_sighup
     args, path = parsed(tmp_path, "[lb]\nvariance = 2.0\n")
-    hangup = cli._sighup(args, lambda live: None)
+    hangup = reload.sighup(args, lambda live: None)
     with caplog.at_level("INFO", logger="zc_lb"):
         assert hangup() is False
     assert "SIGHUP: %s read again; nothing changed" % path in caplog.text
@@ -352,7 +353,7 @@ def test_a_relative_config_path_is_read_again_on_sighup_after_chdir(tmp_path, mo
 
     def run(args):  # (what run_worker would do on SIGHUP, without a server)
         (here / "rel.toml").write_text('[worker]\nhistory = 200\n')
-        seen["reloaded"] = cli.reload_config(args, lambda live: seen.update(live))
+        seen["reloaded"] = reload_config(args, lambda live: seen.update(live))
         return 0
     monkeypatch.setitem(cli.COMMANDS, "worker", run)  # (main looks it up as it runs)
     assert cli.main(["worker", "--config", "rel.toml", "--chdir", str(elsewhere),

@@ -15,7 +15,7 @@ import pytest
 
 from zc_lb import config
 from zc_lb.worker.server import Worker
-from zc_lb.cli import read_config
+from zc_lb.cli.reload import read_config
 from zc_lb.cli.parsers import build_parser
 from zc_lb.errors import ConfigurationError
 from zc_lb.testing import Process, WorkerProcess, free_port, start_all, wait_for
@@ -255,7 +255,7 @@ def test_a_worker_on_a_unix_socket_does_not_register_in_zookeeper(tmp_path):
 
 
 def test_reload_applies_live_settings_and_names_the_rest(tmp_path, caplog):
-    from zc_lb.cli import reload_config
+    from zc_lb.cli.reload import reload_config
 
     path = tmp_path / "zc-lb.toml"
     path.write_text('[worker]\napp = "apps:app"\nhistory = 100\nthreads = 4\n')

@@ -14,8 +14,7 @@ import shlex
 
 import pytest
 
-from zc_lb import cli
-from zc_lb.cli import parsers, tools
+from zc_lb.cli import parsers, reload, tools
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCUMENTS = ["README.rst"] + sorted(
@@ -179,7 +178,7 @@ def test_a_config_file_in_the_docs_is_taken(text, tmp_path):
     for section in ("lb", "worker"):
         if "[%s]" % section in text.splitlines():
             assert config.load(str(path), section, parser.commands[section],
-                               cli.COMMAND_SETTINGS[section])
+                               reload.COMMAND_SETTINGS[section])
 
 
 # -- what CI and readers rely on ------------------------------------------------

@@ -1,0 +1,101 @@
+"""``--config FILE``: the options of a TOML file, read at start and read
+again on SIGHUP (zc_lb/config.py reads the file).
+
+Rules: the command line overrides the file.  On SIGHUP the file is
+read again and the command line parsed again with it; the settings that
+may change live (``settings.LIVE``, and what a command adds) are handed
+to the running process, which logs each change, and every other change
+is logged as needing a restart.  A bad file, or a value the process
+refuses, is logged and changes nothing: a reload never stops a serving
+process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from zc_lb import config, settings
+from zc_lb.cli.parsers import build_parser
+from zc_lb.errors import ConfigurationError
+from zc_lb.process.service import ignore_sighup
+
+log = logging.getLogger("zc_lb")
+
+COMMAND_SETTINGS = {"lb": settings.LB_SETTINGS, "worker": settings.WORKER_SETTINGS}
+NOT_COMPARED = frozenset({"argv", "start_dir", "config", "command", "log_level"})
+
+
+def read_config(args: argparse.Namespace) -> argparse.Namespace:
+    """``args.argv`` parsed again with ``args.config``'s values as the
+    defaults (config.py): the command line overrides the file."""
+    parser = build_parser()
+    command = parser.commands[args.command]  # type: ignore[attr-defined]
+    try:
+        new = config.apply(parser, args.argv, command, args.config, args.command,
+                           COMMAND_SETTINGS[args.command])
+    except SystemExit:  # argparse refused the command line (it said why)
+        raise ConfigurationError("the command line is no longer valid with %s" % args.config)
+    new.argv, new.start_dir = args.argv, getattr(args, "start_dir", None)
+    return new
+
+
+def reload_config(args: argparse.Namespace, apply, live_extra=frozenset()) -> bool:
+    """SIGHUP with --config: read the file again; pass the changed settings
+    that may change live (``where`` has "live", and ``live_extra``) to
+    ``apply``, whose configure method logs each as "name old -> new
+    (file)" (``live_extra`` is logged here); log the others as needing a
+    restart.  A bad file is logged and changes nothing.  Never exits."""
+    try:
+        new = read_config(args)
+    except ConfigurationError as exc:
+        log.error("SIGHUP: %s; keeping the running settings", exc)
+        return False
+    except Exception:  # a reload must never stop a serving process
+        log.exception("SIGHUP: cannot read %s; keeping the running settings", args.config)
+        return False
+    live, restart = _changes(args, new, live_extra)
+    if live:
+        try:
+            apply(live)
+        except ConfigurationError as exc:
+            log.error("SIGHUP: cannot apply %s: %s; keeping the running settings",
+                      args.config, exc)
+            return False
+        except Exception:
+            log.exception("SIGHUP: cannot apply %s", args.config)
+            return False
+        for dest, value in live.items():
+            if dest in live_extra:  # (logged once applied, as configure logs the others)
+                settings.log_change(dest, getattr(args, dest, None), value, args.config)
+            setattr(args, dest, value)
+    if not live and not restart:
+        log.info("SIGHUP: %s read again; nothing changed", args.config)
+    return False
+
+
+def _changes(args: argparse.Namespace, new: argparse.Namespace, live_extra) -> tuple:
+    """What ``new`` changes of ``args``: the live settings' new values,
+    and the names of the others (each logged as needing a restart)."""
+    table = COMMAND_SETTINGS[args.command]
+    live, restart = {}, []
+    for dest in sorted(set(vars(args)) | set(vars(new))):
+        before, after = getattr(args, dest, None), getattr(new, dest, None)
+        if dest in NOT_COMPARED or before == after:
+            continue
+        setting = table.get(dest)
+        if dest in live_extra or (setting is not None and settings.LIVE in setting.where):
+            live[dest] = after
+        else:
+            restart.append(dest)
+            log.warning("%s changed in %s; restart to apply (%s stays in force)",
+                        dest, args.config, settings.shown(before))
+    return live, restart
+
+
+def sighup(args: argparse.Namespace, apply, live_extra=frozenset()):
+    """The SIGHUP handler: reload ``--config``, or without one, say SIGHUP
+    means nothing."""
+    if not getattr(args, "config", None):
+        return ignore_sighup
+    return lambda: reload_config(args, apply, live_extra)
