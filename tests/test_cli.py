@@ -19,6 +19,7 @@ from zc_lb.process import service
 from zc_lb.status import document as status
 from zc_lb.cli import main
 from zc_lb.cli.reload import read_config, reload_config
+from zc_lb.cli.worker import run_worker
 from zc_lb.cli.parsers import build_parser
 from zc_lb.errors import ConfigurationError
 from zc_lb.settings import CLI, LIVE, ZOOKEEPER
@@ -69,7 +70,7 @@ def test_the_parser_knows_every_subcommand_and_what_runs_it():
     assert set(parser.commands) == COMMANDS == set(cli.COMMANDS)
     runs = {
         ("lb",): cli.run_lb,
-        ("worker", "app:app"): cli.run_worker,
+        ("worker", "app:app"): run_worker,
         ("status", "127.0.0.1:1"): cli.run_status,
         ("zk", "ls"): cli.run_zk,
         ("reset-skills",): cli.run_reset_skills,

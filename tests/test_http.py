@@ -573,7 +573,7 @@ def test_a_worker_on_a_public_address_without_a_secret_refuses_to_start():
 
 
 def test_loopback_a_secret_or_insecure_lets_a_worker_listen():
-    from zc_lb.cli import _check_exposure
+    from zc_lb.cli.worker import _check_exposure
     from zc_lb.errors import ConfigurationError
 
     for host in ("127.0.0.1", "::1", "localhost", "127.1.2.3"):

@@ -18,17 +18,18 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 from zc_lb import settings
 from zc_lb.cli.parsers import build_parser, version, zk_credentials
 from zc_lb.cli.reload import read_config, sighup
 from zc_lb.cli.tools import PASS_THROUGH, run_pass_through
+from zc_lb.cli.worker import run_worker
 from zc_lb.process import restart
 from zc_lb.front.accesslog import DEFAULT_FORMAT
 from zc_lb.errors import ConfigurationError, ZcLbError
 from zc_lb.sockets import address_text, parse_listen
-from zc_lb.process.service import (LBService, WorkerService,
+from zc_lb.process.service import (LBService,
                       keep_freed_memory, lb_status_app, parse_listeners, read_secret,
                       wait_for_signal)
 
@@ -41,167 +42,6 @@ def _read_page(path: str) -> bytes:
             return f.read()
     except OSError as exc:
         raise ConfigurationError("cannot read error page %s: %s" % (path, exc))
-
-
-# -- worker -------------------------------------------------------------
-
-
-def _check_exposure(listen, secret: Optional[bytes], insecure: bool, tls=None) -> None:
-    """Refuse a worker reachable from other hosts that anyone could use
-    (mutual TLS, like the secret, lets in only the site's LBs)."""
-    from zc_lb.sockets import is_loopback
-
-    if isinstance(listen, str):  # a Unix socket: its file's permissions say who may
-        return
-    if not (is_loopback(listen[0]) or secret or insecure or tls is not None):
-        raise ConfigurationError(
-            "a worker listening on %s without --secret-file lets anyone who reaches it "
-            "send requests (with any REMOTE_ADDR) and read its résumé; give "
-            "--secret-file (or --tls-cert), or --insecure if that is what you want"
-            % (listen[0] or "*"))
-
-
-def run_worker(args: argparse.Namespace) -> int:
-    if args.workers < 1 or args.max_requests < 0 or args.max_requests_jitter < 0:
-        raise ConfigurationError("-w is at least 1, --max-requests and its jitter at least 0")
-    if args.workers > 1:
-        from zc_lb.process.workergroup import run
-
-        return run(args, args.argv)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until wait_for_signal says so
-    from zc_lb.process.service import PidFile
-
-    service = build_worker(args)
-    service.start()
-    pid_file = PidFile(args.pid_file)
-    try:
-        # Ready for LBs that know our address, whatever ZooKeeper is doing.
-        print("zc-lb worker listening on %s" % address_text(service.worker.address),
-              flush=True)
-        if service.status is not None:
-            print("zc-lb worker status on %s:%d" % service.status.address, flush=True)
-        service.register()
-
-        def apply(live: dict) -> None:
-            service.configure(live, args.config)
-
-        handlers = {"SIGTERM": service.stop, "SIGINT": service.stop,
-                    "SIGHUP": sighup(args, apply)}
-        if args.reload:
-            import gevent
-
-            changed: List[str] = []
-            handlers["SIGUSR2"] = lambda: bool(changed) and service.stop()
-            gevent.spawn(_watch_sources, os.getcwd(), changed)
-        wait_for_signal(handlers, ready=pid_file.write)
-    finally:
-        pid_file.remove()
-    if args.reload and changed:  # (drained: the new one takes the address)
-        log.warning("%s changed: starting again", changed[0])
-        os.chdir(args.start_dir)
-        os.execv(sys.executable, [sys.executable, "-m", "zc_lb.cli"] + list(args.argv))
-    log.info("worker stopped")
-    return 0
-
-
-RELOAD_POLL = 0.5  # seconds between looks at the application's files (--reload)
-
-
-def _watch_sources(root: str, changed: List[str]) -> None:
-    """(--reload) Look at the source files of the modules loaded from under
-    ``root`` every RELOAD_POLL; the first one changed goes in ``changed``,
-    and SIGUSR2 to ourselves drains and starts us again (run_worker)."""
-    import gevent
-
-    root = os.path.join(os.path.abspath(root), "")
-    seen: Dict[str, float] = {}
-    while not changed:
-        for module in list(sys.modules.values()):
-            path = getattr(module, "__file__", None)
-            if not path or not path.startswith(root) or "site-packages" in path:
-                continue
-            try:
-                mtime = os.stat(path).st_mtime
-            except OSError:
-                continue
-            if seen.setdefault(path, mtime) != mtime:
-                changed.append(path)
-                os.kill(os.getpid(), signal.SIGUSR2)
-                return
-        gevent.sleep(RELOAD_POLL)
-
-
-def _load_app(spec: str, load_app):
-    """The application, or a ConfigurationError (exit status 2) with the
-    short cause: a SyntaxError's file and line, an error raised while
-    its module ran with where, not a traceback."""
-    import traceback
-
-    try:
-        return load_app(spec)
-    except ConfigurationError:
-        raise
-    except SyntaxError as exc:
-        raise ConfigurationError("cannot load the application %s: %s (%s, line %s)" % (
-            spec, exc.msg, exc.filename, exc.lineno))
-    except Exception as exc:  # (its module raised as it ran)
-        where = traceback.extract_tb(exc.__traceback__)[-1]
-        raise ConfigurationError("cannot load the application %s: %s: %s (%s, line %s)" % (
-            spec, type(exc).__name__, exc, where.filename, where.lineno))
-
-
-def build_worker(args: argparse.Namespace) -> WorkerService:
-    """The worker, its status server and membership, not started."""
-    from zc_lb.sockets import parse_address
-    from zc_lb.worker.server import Worker, load_app
-
-    if not args.app:
-        raise ConfigurationError("no application: give module:callable (or a PasteDeploy "
-                                 ".ini file) on the command line, or app in --config")
-    if args.concurrency and args.threads:
-        raise ConfigurationError("--concurrency bounds --greenlets; with threads, --threads N "
-                                 "is the bound")
-    if args.threads_fixed and not args.threads:
-        raise ConfigurationError("--threads-fixed is for thread mode, not --greenlets")
-    from zc_lb.tls import worker_context
-
-    listen = parse_listen(args.listen)
-    if isinstance(listen, str) and args.zookeeper:
-        raise ConfigurationError(
-            "--listen unix:%s: a worker on a Unix socket is reached only from its own "
-            "machine, so it does not register in ZooKeeper; give the LBs on this machine "
-            "--worker unix:%s, or listen on HOST:PORT" % (listen, listen))
-    secret = read_secret(args.secret_file)
-    tls = worker_context(args.tls_cert, args.tls_key, args.tls_ca)
-    _check_exposure(listen, secret, args.insecure, tls)
-    max_requests = args.max_requests
-    if max_requests:
-        import random
-
-        max_requests += random.randint(0, args.max_requests_jitter)
-    worker = Worker(_load_app(args.app, load_app), listen=listen, history=args.history,
-                    max_skill_age=args.max_skill_age, max_classes=args.max_classes,
-                    resume_interval=args.resume_interval, resume_file=args.resume_file,
-                    threads=args.threads, threads_fixed=args.threads_fixed,
-                    concurrency=args.concurrency, secret=secret,
-                    version=args.version, tls=tls, sendfile=args.sendfile,
-                    max_requests=max_requests)
-    status = None
-    if args.status:
-        from zc_lb.front.server import FrontServer
-        from zc_lb.status.metrics import WorkerCollector
-        from zc_lb.status.document import status_app
-
-        status = FrontServer(parse_address(args.status),
-                             status_app(worker.status, collector=WorkerCollector(worker.status)))
-    membership = None
-    if args.zookeeper:
-        from zc_lb.zookeeper.membership import WorkerMembership
-
-        membership = WorkerMembership(worker, args.zookeeper, args.path,
-                                      args.version, args.description,
-                                      credentials=zk_credentials(args))
-    return WorkerService(worker, status, membership, args.drain_timeout)
 
 
 # -- lb -----------------------------------------------------------------
