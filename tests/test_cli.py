@@ -18,6 +18,7 @@ from zc_lb.cli import reload, tools
 from zc_lb.process import service
 from zc_lb.status import document as status
 from zc_lb.cli import main
+from zc_lb.cli.lb import run_lb
 from zc_lb.cli.reload import read_config, reload_config
 from zc_lb.cli.worker import run_worker
 from zc_lb.cli.parsers import build_parser
@@ -69,7 +70,7 @@ def test_the_parser_knows_every_subcommand_and_what_runs_it():
     parser = build_parser()
     assert set(parser.commands) == COMMANDS == set(cli.COMMANDS)
     runs = {
-        ("lb",): cli.run_lb,
+        ("lb",): run_lb,
         ("worker", "app:app"): run_worker,
         ("status", "127.0.0.1:1"): cli.run_status,
         ("zk", "ls"): cli.run_zk,

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from zc_lb import cli, settings
+from zc_lb.cli import parsers, reload
 from zc_lb.routing.affinity import AffinityPool
 from zc_lb.errors import ConfigurationError
 from zc_lb.lb.outlier import Ejector
@@ -21,7 +22,7 @@ TABLES = {"lb": LB_SETTINGS, "worker": WORKER_SETTINGS}
 
 
 def parse_args(*argv):
-    return cli.build_parser().parse_args(list(argv))
+    return parsers.build_parser().parse_args(list(argv))
 
 
 @pytest.mark.parametrize("command,argv", [("lb", ["lb"]), ("worker", ["worker", "app:app"])])
@@ -191,7 +192,9 @@ def test_a_greenlet_bound_with_threads_is_refused(capsys):
 
 
 def test_the_lb_hands_zookeeper_its_command_line_values_as_the_base():
-    base = cli._lb_settings(parse_args("lb", "--balance", "2"))
+    from zc_lb.cli.lb import _lb_settings
+
+    base = _lb_settings(parse_args("lb", "--balance", "2"))
     assert set(base) == set(LB_NODE_SETTINGS)
     assert base["balance"] == 2.0 and base["reset_skills"] == ""
 
@@ -221,12 +224,10 @@ def test_a_size_that_is_none_is_refused(text):
 
 
 def test_sizes_with_units_on_the_command_line_and_in_a_file(tmp_path):
-    from zc_lb import cli
-
-    args = cli.build_parser().parse_args(["lb", "--buffer-memory", "1M"])
+    args = parsers.build_parser().parse_args(["lb", "--buffer-memory", "1M"])
     assert args.buffer_memory == 1 << 20
     path = tmp_path / "lb.toml"
     path.write_text('[lb]\nbuffer_memory_total = "64M"\n')
-    args = cli.build_parser().parse_args(["lb", "--config", str(path)])
+    args = parsers.build_parser().parse_args(["lb", "--config", str(path)])
     args.argv, args.command = ["lb", "--config", str(path)], "lb"
-    assert cli.read_config(args).buffer_memory_total == 64 << 20
+    assert reload.read_config(args).buffer_memory_total == 64 << 20
