@@ -14,14 +14,15 @@ import types
 import pytest
 
 from zc_lb import cli, settings
-from zc_lb.cli import reload, tools
-from zc_lb.process import service
-from zc_lb.status import document as status
-from zc_lb.cli import main
+from zc_lb.cli import main, reload, tools
+from zc_lb.cli.admin import run_reset_skills, run_status, run_worker_state, run_zk
+from zc_lb.cli.demo import run_demo
 from zc_lb.cli.lb import run_lb
+from zc_lb.cli.parsers import build_parser
 from zc_lb.cli.reload import read_config, reload_config
 from zc_lb.cli.worker import run_worker
-from zc_lb.cli.parsers import build_parser
+from zc_lb.process import service
+from zc_lb.status import document as status
 from zc_lb.errors import ConfigurationError
 from zc_lb.settings import CLI, LIVE, ZOOKEEPER
 
@@ -72,12 +73,12 @@ def test_the_parser_knows_every_subcommand_and_what_runs_it():
     runs = {
         ("lb",): run_lb,
         ("worker", "app:app"): run_worker,
-        ("status", "127.0.0.1:1"): cli.run_status,
-        ("zk", "ls"): cli.run_zk,
-        ("reset-skills",): cli.run_reset_skills,
-        ("demo",): cli.run_demo,
-        ("drain", "127.0.0.1:1", "10.0.0.1:9001"): cli.run_worker_state,
-        ("enable", "127.0.0.1:1", "10.0.0.1:9001"): cli.run_worker_state,
+        ("status", "127.0.0.1:1"): run_status,
+        ("zk", "ls"): run_zk,
+        ("reset-skills",): run_reset_skills,
+        ("demo",): run_demo,
+        ("drain", "127.0.0.1:1", "10.0.0.1:9001"): run_worker_state,
+        ("enable", "127.0.0.1:1", "10.0.0.1:9001"): run_worker_state,
     }
     for argv, run in runs.items():
         args = parser.parse_args(list(argv))
