@@ -340,7 +340,7 @@ def build_lb(args: argparse.Namespace):
     if args.status:
         status = FrontServer(restart.inherited("status") or parse_address(args.status),
                              lb_status_app(
-            functools.partial(_lb_document, lb, fronts), lb_actions(lb), lambda: lb.requests,
+            functools.partial(_lb_document, lb, fronts), lb_actions(lb), lambda: lb.counters.requests,
             read_secret(args.admin_token_file), lambda: len(lb.pool)))
     return lb, fronts, status
 
