@@ -5,5 +5,7 @@ one client connection (its requests read, checked and handed to the LB,
 its responses written), ``h1`` and ``httpparse`` read and check request
 heads and write response heads without I/O, ``forwarding`` says what the
 application learns of the client, ``proxyproto`` reads HAProxy's PROXY
-header, and ``accesslog`` writes the access log.
+header, ``accesslog`` writes the access log, ``pages`` holds the pages
+the front and the LB answer with themselves, and ``forwarder`` declares
+how the front calls the LB.
 """

@@ -25,7 +25,7 @@ from zc_lb.front.h1 import (BODILESS_STATUS, REASONS, Request, RequestReader, ch
 from zc_lb.front.httpparse import RequestHead
 from zc_lb.lb.relay import Facts, Relay, connection_variables
 from zc_lb.sockets import send_all, wait
-from zc_lb.environ import CLIENT_SOCKET, FORWARD, RELAY, START_READY
+from zc_lb.environ import FORWARD, RELAY
 
 log = logging.getLogger("zc_lb.front.server")  # the front server's log, as before the split
 
@@ -292,12 +292,11 @@ class ClientConnection:
         head = request.head
         assert head is not None  # (a request without a head is a refusal)
         server = self.server
-        if server.relays:  # the LB: the head is relayed, not made an environ
+        forwarder = server.forwarder
+        if forwarder is not None:  # the LB: the head is relayed, not made an environ
             environ = self.environ = self._relay_environ(head)
         else:
             environ = self.environ = self._environ(head)
-        environ[CLIENT_SOCKET] = self.sock  # to notice a hang-up
-        environ[START_READY] = self.start_ready  # (the LB's fast way)
         environ["wsgi.input"] = (NO_BODY if request.complete and not request.body_size
                                  else Input(self, request))
         if self.server.access_log is not None:
@@ -306,7 +305,10 @@ class ClientConnection:
         self._bodiless = head.method == "HEAD"
         result = None
         try:
-            result = self.server.application(environ, self.start_response)
+            if forwarder is not None:
+                result = forwarder.forward(environ, self)
+            else:
+                result = server.application(environ, self.start_response)
             if type(result) is list and len(result) == 1 and not self.headers_sent:
                 self._send_head(result[0], len(result[0]))  # (most: one piece)
             else:
@@ -471,10 +473,11 @@ class ClientConnection:
             self._send(data)
 
     def start_ready(self, status: str, head: bytes, length: Optional[int]) -> Any:
-        """The LB's start_response for a worker's head ready for the client
-        (``frames.READY_RESPONSE``): its status line and fields, checked
-        by the worker, with a Date; ``length``, the Content-Length it
-        says.  The front adds its own lines (framing, Connection)."""
+        """The Forwarder's start_response for a worker's head ready for
+        the client (front/forwarder.py, ``frames.READY_RESPONSE``): its
+        status line and fields, checked by the worker, with a Date;
+        ``length``, the Content-Length it says.  The front adds its own
+        lines (framing, Connection)."""
         if self.status is not None:
             raise AssertionError("start_response called twice")
         self.status, self._ready, self._ready_length = status, head, length

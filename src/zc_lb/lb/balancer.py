@@ -1,4 +1,4 @@
-"""The LB: the WSGI app that forwards requests to workers.
+"""The LB: the application that forwards requests to workers.
 
 ``LB`` holds the pool and its ``Fleet`` (lb/fleet.py): one ``WorkerLink``
 per known worker address, each keeping a connection open and telling
@@ -6,10 +6,12 @@ the pool when its worker comes, sends a résumé, drains or goes.  The
 pool's handles are the live ``Connection`` objects, so a reconnected
 worker is a new handle and a stale one can never be chosen.
 
-``LB.__call__`` is the WSGI application the HTTP front server runs:
-classify, get a worker from the pool (waiting up to
-``no_worker_timeout``), forward environ and body, stream the response
-back, and ``put`` the worker when the response ends.
+``LB.forward`` is what the HTTP front server runs for each request
+(the LB is its ``Forwarder``, front/forwarder.py; as a plain WSGI
+application, ``LB.__call__`` does the same): classify, get a worker
+from the pool (waiting up to ``no_worker_timeout``), forward the head
+and body, answer through the front's ``Responder``, and ``put`` the
+worker when the response ends.
 
 Failure semantics (docs/design.rst, "Failure semantics"): a worker lost
 before the response starts means a transparent retry for a GET or HEAD
@@ -48,6 +50,7 @@ from zc_lb.errors import (
 )
 from zc_lb.front.h1 import BODILESS_STATUS, HOP_BY_HOP_KEYS, REASONS
 from zc_lb.front.httpparse import HOP_BY_HOP
+from zc_lb.front.forwarder import Responder
 from zc_lb.front.pages import ErrorPages
 from zc_lb.lb.outlier import Ejector
 from zc_lb.routing.pool import Pool
@@ -58,8 +61,8 @@ from zc_lb.routing.siblings import SYNC_INTERVAL, Siblings, sync
 from zc_lb.lb.bodies import InFlight, ResponseBody, Upload, send_body, watch_client
 from zc_lb.lb.spool import SpoolLimits
 from zc_lb.lb.stats import Counters
-from zc_lb.environ import (CLASS, CLIENT_SOCKET, COUNTED_CLASS, ERROR, FORWARD, RELAY,
-                           REQUEST_CLASS, RETRIES, RETRY_REFUSED, START_READY, UPSTREAM_TIME,
+from zc_lb.environ import (CLASS, COUNTED_CLASS, ERROR, FORWARD, RELAY,
+                           REQUEST_CLASS, RETRIES, RETRY_REFUSED, UPSTREAM_TIME,
                            WORKER)
 
 log = logging.getLogger(__name__)
@@ -71,9 +74,9 @@ RETRY_ROOM = 3  # a healthy worker has room for at least this many retries
 DRAIN_QUIET = 0.5  # seconds without requests in flight that end a drain
 NO_WORKER_GRACE = 5.0  # seconds after the start before an empty pool is said
 
-_Waiting = Tuple[float, dict, Optional[Upload], bool]
+_Waiting = Tuple[float, Any, Optional[Upload], bool]
 """A request waiting for its response to start: when it was sent, its
-environ, its upload if it has a body, and whether it may be retried (a
+client's socket (None: not watched), its upload if it has a body, and whether it may be retried (a
 GET or HEAD without a body).  A tuple: an object of a class of its own
 cost a call of its ``__init__`` on every request."""
 
@@ -81,7 +84,6 @@ cost a call of its ``__init__`` on every request."""
 class LB:
     """The load balancer: worker links, the pool, and the forwarding app."""
 
-    relays: ClassVar[bool] = True  # takes a front server's Relay (lb/relay.py) in the environ
     # The live settings the LB holds itself, as a policy's ``SETTINGS`` are
     # the pool's (the settings table says which are live: settings.LIVE).
     SETTINGS: ClassVar[Tuple[str, ...]] = ("no_worker_timeout",)
@@ -179,57 +181,49 @@ class LB:
     # -- forwarding ---------------------------------------------------
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        """The LB as a plain WSGI application (run by another server)."""
+        return self.forward(environ, WSGIResponder(start_response))
+
+    def forward(self, environ: dict, responder: Responder) -> Iterable[bytes]:
+        """The LB as the front server's Forwarder (front/forwarder.py):
+        forward the request, and answer through ``responder``."""
         counters = self.counters
         counters.requests += 1
         started = time.monotonic()
         try:
-            result = self._forward(environ, start_response)
+            result = self._forward(environ, responder)
         except ClientGone:
             raise  # nobody to answer: the front server closes the connection
         except ZcLbError as exc:
-            result = self._error(exc, environ, start_response)
+            result = self._error(exc, environ, responder)
         counters.count_latency(time.monotonic() - started, environ.get(WORKER),
                                environ.get(COUNTED_CLASS))
         return result
 
-    def _forward(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+    def _forward(self, environ: dict, responder: Responder) -> Iterable[bytes]:
         # From the front server, a Relay (lb/relay.py): the checked head,
         # classified from itself, and sent as it is to a worker that
         # takes it; from elsewhere, an environ.
-        relay = environ.get(RELAY)
-        rclass, key = self._classify(environ if relay is None else relay)
-        environ[CLASS] = rclass  # for the access log, as are the zc_lb.* below
-        request_class = "" if rclass is None else rclass
-        environ[COUNTED_CLASS] = self.counters.count_class(request_class)
-        if relay is not None:
-            has_body = cast(Relay, relay).has_body(self.max_request_body)
-        else:
-            has_body = (("CONTENT_LENGTH" in environ or "HTTP_TRANSFER_ENCODING" in environ)
-                        and _has_body(environ, self.max_request_body))  # (most have neither)
+        relay = cast(Optional[Relay], environ.get(RELAY))
+        rclass, key = self._route(environ, relay)
+        has_body = self._has_body(environ, relay)
         retryable = not has_body and environ["REQUEST_METHOD"] in RETRY_METHODS
-        forwarded: Optional[Dict[str, str]] = None  # (the JSON environ, made if needed)
         for attempt in range(self.max_retries + 1):
             connection = cast(Connection, self._get_worker(rclass, key))
             placed = self.pool.placed  # (``get`` has just set it: no switch since)
-            peer = connection.peer
-            counts = self.counters.workers[peer]
+            counts = self.counters.workers[connection.peer]
             counts["requests"] = counts.get("requests", 0) + 1
-            environ[WORKER] = peer
+            environ[WORKER] = connection.peer
             exchange = upload = None
             try:
-                if relay is not None and connection.protocol.relay:
-                    exchange = connection.open_request(
-                        None, not has_body, cast(Relay, relay).payload(request_class, not has_body))
-                else:
-                    if forwarded is None:
-                        forwarded = _forwarded_environ(environ, request_class)
-                    exchange = connection.open_request(forwarded, end=not has_body)
+                exchange = self._open(connection, environ, relay, has_body)
                 if has_body:
                     upload = send_body(exchange, environ["wsgi.input"])
-                response = self._await_response(exchange, upload, environ, retryable)
+                response = self._await_response(exchange, upload, environ, responder.sock,
+                                                retryable)
                 if placed is not None and response.elapsed is not None:
                     self.pool.served(placed, response.elapsed, response.cache)
-                length = self._start(connection, response, environ, start_response)
+                length = self._start(connection, response, environ, responder)
             except (ConnectionLost, ConnectionClosed):
                 self._abort(connection, exchange, upload)
                 self.fleet.outcome(connection, ok=False)
@@ -250,6 +244,33 @@ class LB:
                 return [response.body]
             return ResponseBody(self.flight, connection, exchange, upload, length, response)
         raise NoWorkerAvailable("no worker answered")
+
+    def _route(self, environ: dict, relay: Optional[Relay]) -> Tuple[Optional[str], Optional[str]]:
+        """The request's class and affinity key (``_classify``), noted in
+        the environ for the access log and counted."""
+        rclass, key = self._classify(environ if relay is None else relay)
+        environ[CLASS] = rclass  # for the access log, as are the zc_lb.* below
+        environ[COUNTED_CLASS] = self.counters.count_class("" if rclass is None else rclass)
+        return rclass, key
+
+    def _has_body(self, environ: dict, relay: Optional[Relay]) -> bool:
+        """Whether the request has a body (RequestTooLarge if it is over
+        ``max_request_body``)."""
+        if relay is not None:
+            return relay.has_body(self.max_request_body)
+        return (("CONTENT_LENGTH" in environ or "HTTP_TRANSFER_ENCODING" in environ)
+                and _has_body(environ, self.max_request_body))  # (most have neither)
+
+    def _open(self, connection: Connection, environ: dict, relay: Optional[Relay],
+              has_body: bool) -> Exchange:
+        """Send the request's head to the worker: the Relay's, as the
+        front checked it, to a worker that takes it; else its variables."""
+        request_class = environ[CLASS] or ""
+        if relay is not None and connection.protocol.relay:
+            return connection.open_request(None, not has_body,
+                                           relay.payload(request_class, not has_body))
+        return connection.open_request(_forwarded_environ(environ, request_class),
+                                       end=not has_body)
 
     def _may_retry(self, environ: dict) -> bool:
         """The retry budget: a request lost with its worker is tried again
@@ -309,10 +330,10 @@ class LB:
             changed.wait(remaining)
 
     def _await_response(self, exchange: Exchange, upload: Optional[Upload],
-                        environ: dict, retryable: bool) -> Response:
+                        environ: dict, sock: Any, retryable: bool) -> Response:
         waiting = self._waiting
         started = time.monotonic()
-        waiting[exchange] = (started, environ, upload, retryable)
+        waiting[exchange] = (started, sock, upload, retryable)
         if self._watchdog is None:
             self._watchdog = gevent.spawn(self._watch_slow_responses)
         try:
@@ -343,24 +364,37 @@ class LB:
             if self.siblings is not None:  # (a sibling idle since still says what ended)
                 sync(self.siblings, self.pool)
             timeout = self.response_timeout
-            for exchange, (started, environ, upload, _) in list(self._waiting.items()):
+            for exchange, (started, sock, upload, _) in list(self._waiting.items()):
                 age = now - started
                 if timeout is not None and age > timeout:
                     exchange.fail(ResponseTimeout("no response within %gs" % timeout))
                 elif age > WATCH_CLIENT_AFTER and exchange not in self._watchers:
-                    self._watch(exchange, environ, upload)
+                    self._watch(exchange, sock, upload)
 
-    def _watch(self, exchange: Exchange, environ: dict, upload: Optional[Upload]) -> None:
+    def _watch(self, exchange: Exchange, sock: Any, upload: Optional[Upload]) -> None:
         """Cancel the exchange if the client hangs up (once the upload,
         which reads the same socket, is over)."""
-        sock = environ.get(CLIENT_SOCKET)
         if sock is not None and (upload is None or upload.done):
             self._watchers[exchange] = gevent.spawn(watch_client, sock, exchange)
 
     def _start(self, connection: Connection, response: Response, environ: dict,
-               start_response: Callable) -> Optional[int]:
+               responder: Responder) -> Optional[int]:
         """Start the client's response; the body length to hold the worker to."""
         code = response.status[:3]
+        self._count_answer(connection, code, environ)
+        if response.head is not None:  # ready for the client: the worker checked it
+            length = response.length
+            responder.start_ready(response.status, response.head, length)
+        else:  # (a worker one protocol version older)
+            headers, length = _response_fields(response.headers, code)
+            start_response(responder, response.status, headers)
+        if code in BODILESS_STATUS or environ["REQUEST_METHOD"] == "HEAD":
+            return 0
+        return length
+
+    def _count_answer(self, connection: Connection, code: str, environ: dict) -> None:
+        """A worker's answer: a success or a failure for ejection
+        (lb/outlier.py), and counted by its status's first digit."""
         if code[0] != "5":
             ejector = self.fleet.ejector
             ejector.success(connection.peer)  # (``Fleet.outcome``, without its call)
@@ -370,29 +404,6 @@ class LB:
             self.fleet.outcome(connection, False, _request_path(environ))
         counts, what = self.counters.workers[connection.peer], code[0] + "xx"
         counts[what] = counts.get(what, 0) + 1
-        bodiless = code in BODILESS_STATUS or environ["REQUEST_METHOD"] == "HEAD"
-        if response.head is not None:  # ready for the client: the worker checked it
-            length = response.length
-            start_ready = environ.get(START_READY)
-            if start_ready is not None:
-                start_ready(response.status, response.head, length)
-                return 0 if bodiless else length
-            headers = head_fields(response.head)  # (run by another WSGI server)
-        else:
-            headers, length = [], None
-            for name, value in response.headers:
-                lowered = name.lower()
-                if lowered in HOP_BY_HOP or (code in BODILESS_STATUS
-                                             and lowered == "content-length"):
-                    continue
-                if lowered == "content-length":
-                    length = _content_length(value)
-                headers.append((name, value))
-        try:
-            start_response(response.status, headers)
-        except Exception as exc:  # the front refused the status or a header
-            raise BadResponse("worker sent a response head HTTP forbids: %s" % exc)
-        return 0 if bodiless else length
 
     def _abort(self, connection: Connection, exchange: Optional[Exchange],
                upload: Optional[Upload]) -> None:
@@ -404,8 +415,7 @@ class LB:
             exchange.cancel()
         self.flight.worker_done(connection)
 
-    def _error(self, exc: ZcLbError, environ: dict,
-               start_response: Callable) -> Iterable[bytes]:
+    def _error(self, exc: ZcLbError, environ: dict, responder: Responder) -> Iterable[bytes]:
         status = exc.http_status
         relay = environ.get(RELAY)
         if relay is not None:  # (the log line and the count read the variables)
@@ -427,7 +437,7 @@ class LB:
         if not getattr(environ.get("wsgi.input"), "complete", True):
             # Reading a body nobody wants could take forever; hang up instead.
             headers.append(("Connection", "close"))
-        start_response("%d %s" % (status, REASONS.get(status, "Error")), headers)
+        responder.start_response("%d %s" % (status, REASONS.get(status, "Error")), headers)
         return [page]
 
     def count_answer(self, status: int, cause: str, message: str,
@@ -490,6 +500,43 @@ class LB:
     def __repr__(self) -> str:
         return "<LB workers=%d in_flight=%d %r>" % (len(self.fleet.links), self.in_flight,
                                                      self.pool)
+
+
+class WSGIResponder:
+    """A WSGI server's ``start_response`` as a Responder
+    (front/forwarder.py), for the LB run by a server other than its own
+    front: a worker's ready head goes as its fields, and no client socket
+    is watched for a hang-up."""
+
+    def __init__(self, start_response: Callable) -> None:
+        self.start_response = start_response
+        self.sock: Any = None
+
+    def start_ready(self, status: str, head: bytes, length: Optional[int]) -> Callable:
+        return start_response(self, status, head_fields(head))
+
+
+def start_response(responder: Responder, status: str, headers: list) -> Callable:
+    """Start a worker's response with fields, as WSGI does; a status or
+    field the front refuses is the worker's fault (BadResponse)."""
+    try:
+        return responder.start_response(status, headers)
+    except Exception as exc:
+        raise BadResponse("worker sent a response head HTTP forbids: %s" % exc)
+
+
+def _response_fields(fields: list, code: str) -> Tuple[list, Optional[int]]:
+    """A worker's response fields less the hop-by-hop ones (and a
+    bodiless status's Content-Length), and the Content-Length they say."""
+    headers, length = [], None
+    for name, value in fields:
+        lowered = name.lower()
+        if lowered in HOP_BY_HOP or (code in BODILESS_STATUS and lowered == "content-length"):
+            continue
+        if lowered == "content-length":
+            length = _content_length(value)
+        headers.append((name, value))
+    return headers, length
 
 
 def _request_path(environ: dict) -> str:
