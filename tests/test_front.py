@@ -346,7 +346,7 @@ def _ask(sock, path):
 
 def _parked(server):
     """Client connections parked (they wait for a request, as in ``waiting``)."""
-    return sum(1 for connection in server.waiting if connection.parked)
+    return sum(1 for connection in server.waiting if connection.transport.parked)
 
 
 def _until(predicate, message, timeout=5.0):
