@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 COMPILED = ("routing.pool", "routing.classstats", "routing.locality", "routing.slowstart",
             "routing.relearn", "routing.affinity", "routing.classifier", "front.h1",
             "front.httpparse", "front.forwarding", "front.client", "front.transport", "front.body", "lb.outlier", "lb.relay",
-            "lb.balancer", "lb.fleet", "lb.bodies", "lb.stats", "wire.frames", "wire.protocol", "wire.connection", "worker.server",
+            "lb.balancer", "lb.fleet", "lb.bodies", "lb.stats", "lb.awaiting", "wire.frames", "wire.protocol", "wire.connection", "worker.server",
             "environ")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))

@@ -42,10 +42,7 @@ from zc_lb.errors import (
     ConnectionClosed,
     ConnectionLost,
     NoWorkerAvailable,
-    RequestCancelled,
     RequestTooLarge,
-    ResponseTimeout,
-    WorkerLost,
     ZcLbError,
 )
 from zc_lb.front.h1 import BODILESS_STATUS, HOP_BY_HOP_KEYS, REASONS
@@ -58,7 +55,8 @@ from zc_lb.wire.protocol import Response, head_fields
 from zc_lb.lb.relay import Relay
 from zc_lb.settings import LB_SETTINGS, check, log_change
 from zc_lb.routing.siblings import SYNC_INTERVAL, Siblings, sync
-from zc_lb.lb.bodies import InFlight, ResponseBody, Upload, send_body, watch_client
+from zc_lb.lb.awaiting import Awaiting
+from zc_lb.lb.bodies import InFlight, ResponseBody, Upload, send_body
 from zc_lb.lb.spool import SpoolLimits
 from zc_lb.lb.stats import Counters
 from zc_lb.environ import (CLASS, COUNTED_CLASS, ERROR, FORWARD, RELAY,
@@ -67,19 +65,10 @@ from zc_lb.environ import (CLASS, COUNTED_CLASS, ERROR, FORWARD, RELAY,
 
 log = logging.getLogger(__name__)
 
-WATCH_CLIENT_AFTER = 1.0  # seconds without a response before watching for a hang-up
-WATCHDOG_INTERVAL = 0.25
 RETRY_METHODS = frozenset(("GET", "HEAD"))
 RETRY_ROOM = 3  # a healthy worker has room for at least this many retries
 DRAIN_QUIET = 0.5  # seconds without requests in flight that end a drain
 NO_WORKER_GRACE = 5.0  # seconds after the start before an empty pool is said
-
-_Waiting = Tuple[float, Any, Optional[Upload], bool]
-"""A request waiting for its response to start: when it was sent, its
-client's socket (None: not watched), its upload if it has a body, and whether it may be retried (a
-GET or HEAD without a body).  A tuple: an object of a class of its own
-cost a call of its ``__init__`` on every request."""
-
 
 class LB:
     """The load balancer: worker links, the pool, and the forwarding app."""
@@ -109,7 +98,6 @@ class LB:
         self.siblings: Optional[Siblings] = None  # the other processes of --processes
         self._next_sync = 0.0  # when to exchange requests in flight with them next
         self.affinity_key = affinity_key
-        self.response_timeout = response_timeout
         self.classifier = classifier
         self.no_worker_timeout = no_worker_timeout
         self.max_request_body = max_request_body
@@ -117,15 +105,12 @@ class LB:
         self.flight = InFlight(pool, spool_limits or SpoolLimits())
         self.max_retries = max_retries
         self.counters = Counters()
-        self._waiting: Dict[Exchange, _Waiting] = {}
-        # Of those, the ones whose client is watched for a hang-up (``_watch``).
-        self._watchers: Dict[Exchange, gevent.Greenlet] = {}
-        self._watchdog: Optional[gevent.Greenlet] = None
+        self.awaiting = Awaiting(response_timeout, self._tick)
         self._no_worker_watch: Optional[gevent.Greenlet] = None
         self.fronts: list = []  # the front servers: their client connections go in status
         link_config = LinkConfig(secret, keepalive_interval, keepalive_timeout, drain_timeout)
         self.fleet = Fleet(pool, link_config, Ejector(**(outlier or {})),
-                           self.counters.worker_removed, self._worker_silent)
+                           self.counters.worker_removed, self.awaiting.fail_silent)
 
     # -- the fleet ----------------------------------------------------
 
@@ -162,21 +147,16 @@ class LB:
 
     def stop(self) -> None:
         """Close every worker connection."""
-        if self._watchdog is not None:
-            self._watchdog.kill(block=False)
+        self.awaiting.stop()
         if self._no_worker_watch is not None:
             self._no_worker_watch.kill(block=False)
         self.fleet.stop()
 
-    def _worker_silent(self, connection: Connection, seconds: float) -> int:
-        """A worker fell silent: its GETs and HEADs that have no answer yet
-        move to other workers now; how many."""
-        moved = 0
-        for exchange, entry in list(self._waiting.items()):
-            if exchange.connection is connection and entry[3]:  # (retryable)
-                exchange.fail(WorkerLost("%s silent for %.1fs" % (connection.peer, seconds)))
-                moved += 1
-        return moved
+    def _tick(self, now: float) -> None:
+        """The periodic chores (from the watchdog, lb/awaiting.py)."""
+        self.fleet.readmit(now)
+        if self.siblings is not None:  # (a sibling idle since still says what ended)
+            sync(self.siblings, self.pool)
 
     # -- forwarding ---------------------------------------------------
 
@@ -206,44 +186,58 @@ class LB:
         # takes it; from elsewhere, an environ.
         relay = cast(Optional[Relay], environ.get(RELAY))
         rclass, key = self._route(environ, relay)
-        has_body = self._has_body(environ, relay)
+        has_body = self._has_body(environ, relay)  # (RequestTooLarge past the limit)
         retryable = not has_body and environ["REQUEST_METHOD"] in RETRY_METHODS
         for attempt in range(self.max_retries + 1):
             connection = cast(Connection, self._get_worker(rclass, key))
             placed = self.pool.placed  # (``get`` has just set it: no switch since)
+            environ[WORKER] = connection.peer
             counts = self.counters.workers[connection.peer]
             counts["requests"] = counts.get("requests", 0) + 1
-            environ[WORKER] = connection.peer
             exchange = upload = None
             try:
                 exchange = self._open(connection, environ, relay, has_body)
                 if has_body:
                     upload = send_body(exchange, environ["wsgi.input"])
-                response = self._await_response(exchange, upload, environ, responder.sock,
-                                                retryable)
+                sent = time.monotonic()
+                response = self.awaiting.receive(exchange, upload, responder.sock, retryable, sent)
+                environ[UPSTREAM_TIME] = time.monotonic() - sent
                 if placed is not None and response.elapsed is not None:
                     self.pool.served(placed, response.elapsed, response.cache)
                 length = self._start(connection, response, environ, responder)
             except (ConnectionLost, ConnectionClosed):
                 self._abort(connection, exchange, upload)
                 self.fleet.outcome(connection, ok=False)
-                if retryable and attempt < self.max_retries and self._may_retry(environ):
-                    self.counters.retries += 1
-                    counts["retries"] = counts.get("retries", 0) + 1
-                    environ[RETRIES] = attempt + 1
+                if retryable and self._retry(environ, counts, attempt):
                     continue
                 raise
             except BaseException:
                 self._abort(connection, exchange, upload)
                 raise
-            if (response.end and upload is None
-                    and (length is None or length == len(response.body))):
-                # The whole response came in one piece: the worker is
-                # done with it, and the front sends it in one write.
-                self.flight.worker_done(connection)
-                return [response.body]
-            return ResponseBody(self.flight, connection, exchange, upload, length, response)
+            return self._body(connection, exchange, upload, length, response)
         raise NoWorkerAvailable("no worker answered")
+
+    def _body(self, connection: Connection, exchange: Exchange, upload: Optional[Upload],
+              length: Optional[int], response: Response) -> Iterable[bytes]:
+        """The response's body, to the client: ``length`` bytes of it (None:
+        as many as come)."""
+        if (response.end and upload is None
+                and (length is None or length == len(response.body))):
+            # The whole response came in one piece: the worker is done
+            # with it, and the front sends it in one write.
+            self.flight.worker_done(connection)
+            return [response.body]
+        return ResponseBody(self.flight, connection, exchange, upload, length, response)
+
+    def _retry(self, environ: dict, counts: Dict[str, int], attempt: int) -> bool:
+        """Whether a request lost with its worker (whose ``counts`` these
+        are) after ``attempt`` retries is tried again, counted if so."""
+        if attempt >= self.max_retries or not self._may_retry(environ):
+            return False
+        self.counters.retries += 1
+        counts["retries"] = counts.get("retries", 0) + 1
+        environ[RETRIES] = attempt + 1
+        return True
 
     def _route(self, environ: dict, relay: Optional[Relay]) -> Tuple[Optional[str], Optional[str]]:
         """The request's class and affinity key (``_classify``), noted in
@@ -328,54 +322,6 @@ class LB:
             changed = self.fleet.changed
             changed.clear()
             changed.wait(remaining)
-
-    def _await_response(self, exchange: Exchange, upload: Optional[Upload],
-                        environ: dict, sock: Any, retryable: bool) -> Response:
-        waiting = self._waiting
-        started = time.monotonic()
-        waiting[exchange] = (started, sock, upload, retryable)
-        if self._watchdog is None:
-            self._watchdog = gevent.spawn(self._watch_slow_responses)
-        try:
-            response = exchange.receive()
-        except RequestCancelled:
-            failure = upload.failure() if upload is not None else None
-            if failure is not None:
-                raise failure
-            raise
-        finally:
-            waiting.pop(exchange, None)
-            if self._watchers:
-                watcher = self._watchers.pop(exchange, None)
-                if watcher is not None:
-                    watcher.kill(block=False)
-        if not isinstance(response, Response):
-            raise BadResponse("worker sent %s before a response" % type(response).__name__)
-        environ[UPSTREAM_TIME] = time.monotonic() - started
-        return response
-
-    def _watch_slow_responses(self) -> None:
-        """One greenlet, not a timer per request: time out responses that
-        do not start, and watch the clients of slow ones for a hang-up."""
-        while True:
-            gevent.sleep(WATCHDOG_INTERVAL)
-            now = time.monotonic()
-            self.fleet.readmit(now)
-            if self.siblings is not None:  # (a sibling idle since still says what ended)
-                sync(self.siblings, self.pool)
-            timeout = self.response_timeout
-            for exchange, (started, sock, upload, _) in list(self._waiting.items()):
-                age = now - started
-                if timeout is not None and age > timeout:
-                    exchange.fail(ResponseTimeout("no response within %gs" % timeout))
-                elif age > WATCH_CLIENT_AFTER and exchange not in self._watchers:
-                    self._watch(exchange, sock, upload)
-
-    def _watch(self, exchange: Exchange, sock: Any, upload: Optional[Upload]) -> None:
-        """Cancel the exchange if the client hangs up (once the upload,
-        which reads the same socket, is over)."""
-        if sock is not None and (upload is None or upload.done):
-            self._watchers[exchange] = gevent.spawn(watch_client, sock, exchange)
 
     def _start(self, connection: Connection, response: Response, environ: dict,
                responder: Responder) -> Optional[int]:

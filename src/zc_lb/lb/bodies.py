@@ -16,13 +16,11 @@ which may be long before its client has read the response.
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from typing import Hashable, Optional
 
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
-import gevent.socket  # type: ignore[import-untyped]
 
 from zc_lb.errors import BadResponse, ClientError, ClientGone, ZcLbError
 from zc_lb.lb.spool import Spool, SpoolLimits
@@ -270,14 +268,3 @@ def send_body(exchange: Exchange, wsgi_input) -> Optional[Upload]:
         exchange.send(Body(exchange.rno, wsgi_input.read(size)), End(exchange.rno))
         return None
     return Upload(exchange, wsgi_input)
-
-
-def watch_client(sock, exchange: Exchange) -> None:
-    """Cancel ``exchange`` if the client closes its connection."""
-    try:
-        gevent.socket.wait_read(sock.fileno())
-        if sock.recv(1, socket.MSG_PEEK):
-            return  # a pipelined request, not a hang-up
-    except OSError:
-        pass
-    exchange.cancel(ClientGone("client went away while the worker worked"))
