@@ -45,10 +45,10 @@ from zc_lb.errors import (
     RequestTooLarge,
     ZcLbError,
 )
-from zc_lb.front.h1 import BODILESS_STATUS, HOP_BY_HOP_KEYS, REASONS
+from zc_lb.front.h1 import BODILESS_STATUS, HOP_BY_HOP_KEYS
 from zc_lb.front.httpparse import HOP_BY_HOP
 from zc_lb.front.forwarder import Responder
-from zc_lb.front.pages import ErrorPages
+from zc_lb.front.pages import ErrorPages, status_line
 from zc_lb.lb.outlier import Ejector
 from zc_lb.routing.pool import Pool
 from zc_lb.wire.protocol import Response, head_fields
@@ -373,18 +373,14 @@ class LB:
             message = "%s; %s" % (message, refused)
             environ[ERROR] = cause + ",retry-refused"
         self.counters.count_error(status, cause, message, environ)
-        page = self.pages.body(status)
         log.warning("%d for %s %s: %s", status, environ.get("REQUEST_METHOD"),
                     environ.get("PATH_INFO"), message)
-        headers = [("Content-Type", "text/html; charset=utf-8"),
-                   ("Content-Length", str(len(page)))]
-        if status == 503:  # when to ask again: about when a worker may be back
-            headers.append(("Retry-After", str(max(1, math.ceil(self.no_worker_timeout)))))
-        if not getattr(environ.get("wsgi.input"), "complete", True):
-            # Reading a body nobody wants could take forever; hang up instead.
-            headers.append(("Connection", "close"))
-        responder.start_response("%d %s" % (status, REASONS.get(status, "Error")), headers)
-        return [page]
+        # A 503 asks again about when a worker may be back; a body nobody
+        # wants could take forever to read: hang up instead.
+        head = self.pages.head(status, max(1, math.ceil(self.no_worker_timeout)),
+                               close=not getattr(environ.get("wsgi.input"), "complete", True))
+        responder.start_response(status_line(status), head)
+        return [self.pages.body(status)]
 
     def count_answer(self, status: int, cause: str, message: str,
                      environ: Optional[dict] = None) -> None:
