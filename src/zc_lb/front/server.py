@@ -365,6 +365,11 @@ class FrontServer:
         self.server: Optional[_Server] = None
 
     @property
+    def connections(self) -> int:
+        """Client connections open now (0 before it starts)."""
+        return self.server.connections if self.server is not None else 0
+
+    @property
     def address(self) -> Any:
         """(host, port) bound, or a Unix socket's path."""
         assert self.server is not None, "not started"

@@ -107,7 +107,6 @@ class LB:
         self.counters = Counters()
         self.awaiting = Awaiting(response_timeout, self._tick)
         self._no_worker_watch: Optional[gevent.Greenlet] = None
-        self.fronts: list = []  # the front servers: their client connections go in status
         link_config = LinkConfig(secret, keepalive_interval, keepalive_timeout, drain_timeout)
         self.fleet = Fleet(pool, link_config, Ejector(**(outlier or {})),
                            self.counters.worker_removed, self.awaiting.fail_silent)
@@ -436,7 +435,6 @@ class LB:
             "health_checks": self.fleet.health_checks,
             "buffers": self.flight.spool_limits.status(),
             "ejections": self.fleet.ejector.total_ejections,
-            "clients": sum(getattr(front.server, "connections", 0) for front in self.fronts),
         }
 
     def __repr__(self) -> str:
