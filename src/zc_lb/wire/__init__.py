@@ -1,6 +1,7 @@
 """The LB<->worker protocol: multiplexed requests over long-lived links.
 
-``frames`` turns messages into bytes and back, ``protocol`` is the state
+``frames`` says what the bytes are (the messages), ``encoder`` and
+``decoder`` turn messages into bytes and back, ``protocol`` is the state
 of one link without I/O (bytes in, events out), and ``connection`` pumps
 a socket into it under gevent.
 """

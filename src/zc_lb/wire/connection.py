@@ -642,7 +642,7 @@ class Connection:
         # Into one buffer: recv(RECV_SIZE) allocated (and often mmapped)
         # a quarter megabyte per read, then shrank it.  But the rest of a
         # large body frame is read by itself with recv, its bytes handed
-        # on as they are (see ``frames.Decoder.wants``).
+        # on as they are (see ``decoder.Decoder.wants``).
         buffer = bytearray(RECV_SIZE)
         view = memoryview(buffer)
         # After a short read the socket is drained: wait for it to be

@@ -1,6 +1,8 @@
 """The LB<->worker protocol, sans I/O: bytes in, events out, and back.
 
-Its frames and messages are in ``wire/frames.py`` (re-exported here).
+Its frames and messages are in ``wire/frames.py``, made into bytes by
+``wire/encoder.py`` and back by ``wire/decoder.py`` (their names are
+re-exported here).
 
 Connection start: each side sends ``Hello`` at once (protocol version, its
 role, a random nonce, whether it holds a shared secret, the features it
@@ -44,16 +46,29 @@ from mypy_extensions import mypyc_attr
 
 from zc_lb.errors import (AuthenticationError, BadResponseHead, LocalProtocolError,
                      RemoteProtocolError, ResponseHeadTooLarge)
-from zc_lb.wire.frames import (  # noqa: F401  (the frames' names are the protocol's too)
+from zc_lb.wire.decoder import (  # noqa: F401  (the frames' names are the protocol's too)
+    Decoder,
+    NEED_DATA,
+    NeedData,
+    head_fields,
+)
+from zc_lb.wire.encoder import (  # noqa: F401  (the same)
+    body_header,
+    encode,
+    head_request_frame,
+    ready_frame,
+    request_frames,
+    response_frames,
+    response_payload,
+)
+from zc_lb.wire.frames import (  # noqa: F401  (the same)
     Auth,
     Body,
-    COMPACT_AT,
     CONNECTION_TYPES,
     CREDIT_PAYLOAD,
     Cancel,
     ConnectionMessage,
     Credit,
-    Decoder,
     End,
     FEATURES,
     FRAME_NAMES,
@@ -77,8 +92,6 @@ from zc_lb.wire.frames import (  # noqa: F401  (the frames' names are the protoc
     MAX_RESUME,
     MAX_RNO,
     Message,
-    NEED_DATA,
-    NeedData,
     Ping,
     Pong,
     REQUEST_TYPES,
@@ -94,14 +107,7 @@ from zc_lb.wire.frames import (  # noqa: F401  (the frames' names are the protoc
     WIDE_WINDOW,
     WINDOW,
     WORKER_FEATURES,
-    body_header,
-    encode,
-    head_fields,
-    head_request_frame,
-    ready_frame,
-    request_frames,
 )
-from zc_lb.wire.frames import _response_frames, _response_payload
 from zc_lb.front.h1 import ready_head
 
 # -- handshake ----------------------------------------------------------
@@ -367,7 +373,7 @@ class Connection:
 
     def wants(self) -> int:
         """How many bytes the next read should take, 0 for as many as come
-        (see ``frames.Decoder.wants``)."""
+        (see ``decoder.Decoder.wants``)."""
         return self._decoder.wants()
 
     def next_event(self) -> Union[Event, NeedData]:
@@ -640,10 +646,10 @@ class Connection:
                                cache if self.cache else None)
         else:
             try:
-                payload = _response_payload(status, headers, elapsed if self.timing else None)
+                payload = response_payload(status, headers, elapsed if self.timing else None)
             except (ValueError, TypeError) as exc:
                 raise LocalProtocolError("cannot encode the response to %d: %s" % (rno, exc))
-            data = _response_frames(rno, payload, body, end, self.whole)
+            data = response_frames(rno, payload, body, end, self.whole)
         self._response_sent(stream, len(body), end)
         return data
 
