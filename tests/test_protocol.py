@@ -1,4 +1,5 @@
-"""Tests for zc_lb.wire.frames and zc_lb.wire.protocol: framing, Decoder, encode, handshake, Stream.
+"""Tests for zc_lb.wire.protocol and its parts (frames, encoder, decoder,
+handshake, stream): framing, Decoder, encode, handshake, Stream.
 
 Every reader is tested three ways (docs/design.rst, "How the code is
 written"): input whole, one byte at a time, and followed by more input.  Hypothesis properties feed arbitrary
@@ -45,13 +46,10 @@ from zc_lb.wire.protocol import (
     Request,
     Resume,
     Response,
-    auth_digest,
     body_header,
-    check_auth,
-    check_hello,
     encode,
-    new_hello,
 )
+from zc_lb.wire.handshake import auth_digest, check_auth, check_hello, new_hello
 
 PROPERTY = settings(max_examples=150, deadline=None, database=None)
 

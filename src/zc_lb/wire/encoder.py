@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import orjson
 
-from zc_lb.errors import LocalProtocolError, MessageTooLarge, ResponseHeadTooLarge
+from zc_lb.errors import (BadResponseHead, LocalProtocolError, MessageTooLarge,
+                          ResponseHeadTooLarge)
+from zc_lb.front.h1 import ready_head
 from zc_lb.wire.frames import (
     CREDIT_PAYLOAD,
     HEAD_LENGTH,
@@ -200,6 +202,20 @@ def ready_frame(rno: int, head: bytes, length: Optional[int], elapsed: Any,
         rno, READY_RESPONSE, READY_PREFIX.size + len(head) + len(body),
         flags, -1 if length is None else length, elapsed, len(head)),
         head, body))
+
+
+def ready_response(rno: int, status: str, headers: List[Tuple[str, str]], body: bytes,
+                   end: bool, elapsed: Optional[float], cache: Optional[bool] = None) -> bytes:
+    """A READY_RESPONSE frame (``wire/frames.py``): the head made and
+    checked here, so that the LB need not."""
+    try:
+        head, length = ready_head(status, headers)
+    except (BadResponseHead, ValueError, TypeError) as exc:  # (or a malformed list)
+        raise BadResponseHead("response head refused: %s" % exc)
+    if len(head) > MAX_MESSAGE:  # the LB would drop the whole connection
+        raise ResponseHeadTooLarge("response head of %d bytes, over the frame limit of %d"
+                                   % (len(head), MAX_MESSAGE))
+    return ready_frame(rno, head, length, elapsed, body, end, cache)
 
 
 def body_header(rno: int, length: int) -> bytes:

@@ -78,8 +78,6 @@ from typing import Any, Dict, Final, List, Optional, Tuple, Union
 from mypy_extensions import mypyc_attr
 
 VERSION: Final = 1
-WINDOW: Final = 256 * 1024  # body bytes each side may send a request ahead, at the start
-WIDE_WINDOW: Final = 1024 * 1024  # a large body's, granted as Credit (``protocol.widen``)
 MAX_BODY: Final = 256 * 1024
 MAX_MESSAGE: Final = 256 * 1024
 MAX_RESUME: Final = 64 * 1024 * 1024
