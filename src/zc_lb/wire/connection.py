@@ -16,10 +16,9 @@ so a slow consumer of one request never blocks the reader or other
 requests.  ``idle`` is set while no request is in flight, for drains to
 wait on.
 
-Writes from many greenlets are coalesced: they queue bytes, and a writer
-greenlet sends everything queued in a loop turn with one ``sendall``, so
-requests that arrive together share a system call.  Body bytes are
-bounded by credit, so the queue is bounded by a window per request.
+Writes from many greenlets are coalesced (``wire/writer.py``): they
+queue bytes, and everything queued in a loop turn goes out with one
+system call.
 
 When the connection breaks, every exchange's waiters are woken with the
 error: ``ConnectionLost`` (WorkerLost on the LB) when it broke from
@@ -31,7 +30,6 @@ given to ``cancel`` (``ClientGone`` when the LB's client left).
 from __future__ import annotations
 
 import collections
-import errno
 import logging
 import os
 import socket
@@ -58,7 +56,8 @@ from zc_lb.errors import (
 )
 from zc_lb.wire.protocol import Body, Credit, GoAway, Keys, Ping, Request, Resume, StreamEnded
 from zc_lb.settings import LB_SETTINGS
-from zc_lb.sockets import send_file, send_pieces, set_nodelay, wait
+from zc_lb.sockets import set_nodelay, wait
+from zc_lb.wire.writer import FileRegion, Writer
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +72,6 @@ RECV_SIZE = 256 * 1024
 # in a second is a flood, and a protocol error: answering each with a
 # Pong would give one peer the loop every other connection waits for.
 MAX_PINGS = 64
-# sendfile(2) errors that are the file's (read from it failed), not the socket's.
-_FILE_ERRORS = frozenset({errno.EIO, errno.EBADF, errno.EINVAL})
 
 
 def looks_like_tls(data: bytes) -> bool:
@@ -110,23 +107,6 @@ class Handler:
 
     def connection_lost(self, connection: "Connection", error: ZcLbError) -> None:
         """The connection ended, from outside or by our own close()."""
-
-
-class FileRegion:
-    """``count`` bytes of an open file from ``offset``: a Body frame's
-    chunk, queued to go out with sendfile(2) (``Exchange.send_file``).
-    ``sent`` is set once it went (or the connection ended); ``short``
-    says the file ended first and zeros went in its place, to keep the
-    frame whole."""
-
-    __slots__ = ("fd", "offset", "count", "sent", "short")
-
-    def __init__(self, fd: int, offset: int, count: int) -> None:
-        self.fd = fd
-        self.offset = offset
-        self.count = count
-        self.sent = gevent.event.Event()
-        self.short = False
 
 
 class Exchange:
@@ -410,22 +390,11 @@ class Connection:
         self._last_received = time.monotonic()
         self._pings_counted = 0  # the protocol's Ping count when ``_pings_since`` began
         self._pings_since = self._last_received
-        self._outgoing: List[bytes] = []
-        self._wake_writer = gevent.event.Event()
-        self._flush_scheduled = False  # a _flush callback is pending
-        self._writer_busy = False  # the writer greenlet has bytes the socket did not take
-        # The non-blocking socket under gevent's, for sending from the hub.
-        self._vectored = False  # a body chunk is queued: send the pieces with sendmsg
-        self._regions = 0  # FileRegions queued: the writer greenlet sends them
         # Over TLS (``tls.py``) every byte goes through the SSL object: no
         # raw sends from the hub, no sendmsg, and decrypted bytes it holds
         # (``pending``) are read before waiting on the socket.
         self._pending: Optional[Callable[[], int]] = getattr(sock, "pending", None)
-        raw = None if self._pending is not None else getattr(sock, "_sock", None)
-        self._raw_send = getattr(raw, "send", None)
-        self._raw_sendmsg = getattr(raw, "sendmsg", None)
-        self._flushed = gevent.event.Event()  # set while nothing is queued or being sent
-        self._flushed.set()
+        self.writer = Writer(sock, self._pending is not None)
         # sendfile(2) needs the kernel to see the bytes: not over TLS.
         self.sendfile = self._pending is None and hasattr(os, "sendfile")
         self._greenlets: List[gevent.Greenlet] = []
@@ -471,7 +440,7 @@ class Connection:
         """Close from our side, after up to ``flush_timeout`` seconds for
         what is queued to be sent; waiters get ConnectionClosed/WorkerClosed."""
         if flush_timeout > 0 and not self.closed:
-            self._flushed.wait(flush_timeout)
+            self.writer.flushed.wait(flush_timeout)
         if not self.closed:
             try:
                 self.sock.shutdown(socket.SHUT_WR)
@@ -524,115 +493,34 @@ class Connection:
 
     # -- writing ------------------------------------------------------
 
-    def write_chunk(self, header: bytes, chunk) -> None:
-        """Queue a Body frame's header and its large chunk as they are: the
-        loop turn's writes then go out with one sendmsg, the chunk not
-        copied into a joined buffer."""
-        self._vectored = True
-        self.write(header)
-        self._outgoing.append(chunk)
-
-    def write_region(self, header: bytes, region: FileRegion) -> None:
-        """Queue a Body frame's header and its chunk from a file, for the
-        writer greenlet to send with sendfile(2) in its place in line."""
-        self.write(header)
-        self._outgoing.append(region)  # type: ignore[arg-type]
-        self._regions += 1
-
     def write(self, data: bytes) -> None:
-        """Queue bytes; everything queued in one loop turn goes out with
-        one system call, from a loop callback (no greenlet switch), or
-        from the writer greenlet when the socket cannot take it all at
-        once."""
+        """Queue bytes to send (``writer.Writer.write``); raise once the
+        connection has ended."""
         if self.closed:
             raise self.error or self.closed_error(self.peer)
-        self._outgoing.append(data)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._flushed.clear()
-            if self._raw_send is None or self._writer_busy:
-                self._wake_writer.set()
-            else:
-                gevent.get_hub().loop.run_callback(self._flush)
+        self.writer.write(data)
 
-    def _flush(self) -> None:
-        """In the hub, after this turn's greenlets have queued their
-        writes: send them without blocking; what the socket does not take
-        (or an error) goes to the writer greenlet."""
-        self._flush_scheduled = False
-        outgoing = self._outgoing
-        send = self._raw_send  # (not None: ``write`` schedules no flush without it)
-        if self.closed or self._writer_busy or not outgoing or send is None:
-            return
-        if self._regions:  # (sendfile waits for the socket: the writer's)
-            self._writer_busy = True
-            self._wake_writer.set()
-            return
-        pieces, self._outgoing = outgoing, []
-        if not self._vectored:  # (small frames: one join costs less than sendmsg's buffers)
-            pieces = [pieces[0] if len(pieces) == 1 else b"".join(pieces)]
-        self._vectored = False
-        try:
-            rest = send_pieces(send, self._raw_sendmsg, pieces)
-        except (BlockingIOError, InterruptedError):
-            rest = pieces
-        except OSError:
-            rest = pieces  # the writer greenlet meets the error and ends the connection
-        if rest:
-            self._outgoing[:0] = rest
-            self._writer_busy = True
-            self._wake_writer.set()
-        else:
-            self._flushed.set()
+    def write_chunk(self, header: bytes, chunk) -> None:
+        """Queue a Body frame's header and its large chunk as they are
+        (``writer.Writer.write_chunk``); raise once the connection has
+        ended."""
+        if self.closed:
+            raise self.error or self.closed_error(self.peer)
+        self.writer.write_chunk(header, chunk)
+
+    def write_region(self, header: bytes, region: FileRegion) -> None:
+        """Queue a Body frame's header and its chunk from a file
+        (``writer.Writer.write_region``); raise once the connection has
+        ended."""
+        if self.closed:
+            raise self.error or self.closed_error(self.peer)
+        self.writer.write_region(header, region)
 
     def _write_loop(self) -> None:
-        wake, sock = self._wake_writer, self.sock
         try:
-            while not self.closed:
-                wake.wait()
-                wake.clear()
-                self._flush_scheduled = False
-                sendmsg = None if self._pending is not None else getattr(sock, "sendmsg", None)
-                while self._outgoing:
-                    pieces, self._outgoing = self._outgoing, []
-                    if self._regions:
-                        self._send_with_regions(pieces, sendmsg)
-                        continue
-                    while pieces:  # (gevent's: waits until the socket takes more)
-                        pieces = send_pieces(sock.send, sendmsg, pieces)
-                self._writer_busy = False
-                self._flushed.set()
+            self.writer.run()
         except OSError as exc:
-            self._outgoing.clear()
-            self._flushed.set()
             self._end(self._lost_error("%s: write failed: %s" % (self.peer, exc)))
-
-    def _send_with_regions(self, pieces: List, sendmsg: Optional[Callable]) -> None:
-        """(The writer greenlet) send ``pieces`` in order, FileRegions
-        among them with sendfile(2)."""
-        sock, run = self.sock, []
-        for piece in pieces:
-            if type(piece) is not FileRegion:
-                run.append(piece)
-                continue
-            while run:
-                run = send_pieces(sock.send, sendmsg, run)
-            region = cast(FileRegion, piece)
-            self._regions -= 1
-            try:
-                sent = send_file(sock, region.fd, region.offset, region.count)
-            except OSError as exc:
-                if exc.errno in _FILE_ERRORS:
-                    sent = 0  # (the file's fault, not the connection's)
-                else:
-                    region.sent.set()
-                    raise
-            if sent < region.count:  # the file ended (or failed): keep the frame whole
-                region.short = True
-                run = [bytes(region.count - sent)]
-            region.sent.set()
-        while run:
-            run = send_pieces(sock.send, sendmsg, run)
 
     # -- reading ------------------------------------------------------
 
@@ -781,10 +669,7 @@ class Connection:
             if isinstance(stream.owner, Exchange):  # (every one, once its event was handed on)
                 stream.owner.fail(error)
         self.idle.set()
-        self._flushed.set()
-        for piece in self._outgoing:  # (whoever waits for a file's region)
-            if type(piece) is FileRegion:
-                cast(FileRegion, piece).sent.set()
+        self.writer.stop()
         current = gevent.getcurrent()
         for greenlet in self._greenlets:
             if greenlet is not current:
