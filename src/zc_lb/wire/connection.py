@@ -7,7 +7,7 @@ shared secret) in the calling greenlet; ``start()`` spawns a reader
 greenlet, which feeds received bytes to the machine and hands its events
 to whoever waits, a writer greenlet, and a keepalive greenlet, which
 pings the peer and declares it lost when nothing has arrived for
-``keepalive_timeout`` seconds.
+``keepalive_timeout`` seconds (``wire/keepalive.py`` judges).
 
 Each request in flight is an ``Exchange``: an inbox of received
 messages and a wakeup.  The greenlet that owns a request sends on it and
@@ -55,23 +55,16 @@ from zc_lb.errors import (
     ZcLbError,
 )
 from zc_lb.wire.protocol import Body, Credit, GoAway, Keys, Ping, Request, Resume, StreamEnded
-from zc_lb.settings import LB_SETTINGS
 from zc_lb.sockets import set_nodelay, wait
+from zc_lb.wire.keepalive import KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, MAX_PINGS, Keepalive
 from zc_lb.wire.writer import FileRegion, Writer
 
 log = logging.getLogger(__name__)
 
-KEEPALIVE_INTERVAL = 1.0
-SUSPECT_AFTER = 2  # keepalive intervals of silence before a peer is suspected
-KEEPALIVE_TIMEOUT = LB_SETTINGS["keepalive_timeout"].default
 HANDSHAKE_TIMEOUT = 10.0
 HANDSHAKE_RECV = 16 * 1024  # Hello and Auth are small: no quarter megabyte per wait
 BIG_CHUNK = 16 * 1024  # body chunks from this size go out without a copy into their frame
 RECV_SIZE = 256 * 1024
-# A peer sends a Ping a keepalive interval (a second); more than this many
-# in a second is a flood, and a protocol error: answering each with a
-# Pong would give one peer the loop every other connection waits for.
-MAX_PINGS = 64
 
 
 def looks_like_tls(data: bytes) -> bool:
@@ -376,8 +369,6 @@ class Connection:
         self.handler = handler
         self.peer = peer
         self.secret = secret
-        self.keepalive_interval = keepalive_interval
-        self.keepalive_timeout = keepalive_timeout
         # (It holds the requests in flight, each with its Exchange as owner,
         # and whether the connection is draining.)
         self.protocol = protocol.Connection(role, secret, app_version=app_version,
@@ -387,14 +378,12 @@ class Connection:
         self.peer_hello: Optional[protocol.Hello] = None
         self.idle = gevent.event.Event()  # set while no request is in flight
         self.idle.set()
-        self._last_received = time.monotonic()
-        self._pings_counted = 0  # the protocol's Ping count when ``_pings_since`` began
-        self._pings_since = self._last_received
+        self._keepalive = Keepalive(keepalive_interval, keepalive_timeout, time.monotonic())
         # Over TLS (``tls.py``) every byte goes through the SSL object: no
         # raw sends from the hub, no sendmsg, and decrypted bytes it holds
         # (``pending``) are read before waiting on the socket.
         self._pending: Optional[Callable[[], int]] = getattr(sock, "pending", None)
-        self.writer = Writer(sock, self._pending is not None)
+        self._writer = Writer(sock, self._pending is not None)
         # sendfile(2) needs the kernel to see the bytes: not over TLS.
         self.sendfile = self._pending is None and hasattr(os, "sendfile")
         self._greenlets: List[gevent.Greenlet] = []
@@ -440,7 +429,7 @@ class Connection:
         """Close from our side, after up to ``flush_timeout`` seconds for
         what is queued to be sent; waiters get ConnectionClosed/WorkerClosed."""
         if flush_timeout > 0 and not self.closed:
-            self.writer.flushed.wait(flush_timeout)
+            self._writer.flushed.wait(flush_timeout)
         if not self.closed:
             try:
                 self.sock.shutdown(socket.SHUT_WR)
@@ -498,7 +487,7 @@ class Connection:
         connection has ended."""
         if self.closed:
             raise self.error or self.closed_error(self.peer)
-        self.writer.write(data)
+        self._writer.write(data)
 
     def write_chunk(self, header: bytes, chunk) -> None:
         """Queue a Body frame's header and its large chunk as they are
@@ -506,7 +495,7 @@ class Connection:
         ended."""
         if self.closed:
             raise self.error or self.closed_error(self.peer)
-        self.writer.write_chunk(header, chunk)
+        self._writer.write_chunk(header, chunk)
 
     def write_region(self, header: bytes, region: FileRegion) -> None:
         """Queue a Body frame's header and its chunk from a file
@@ -514,11 +503,11 @@ class Connection:
         ended."""
         if self.closed:
             raise self.error or self.closed_error(self.peer)
-        self.writer.write_region(header, region)
+        self._writer.write_region(header, region)
 
     def _write_loop(self) -> None:
         try:
-            self.writer.run()
+            self._writer.run()
         except OSError as exc:
             self._end(self._lost_error("%s: write failed: %s" % (self.peer, exc)))
 
@@ -551,7 +540,7 @@ class Connection:
                     size = RECV_SIZE
                     n = recv_into(buffer)
                     proto.receive_data(view[:n] if n else b"")
-                self._last_received = time.monotonic()
+                self._keepalive.last_received = time.monotonic()
                 self._dispatch_events()
                 if 0 < n < size and not self.closed and not (pending and pending()):
                     hub.wait(readable)
@@ -602,21 +591,12 @@ class Connection:
                 self.handler.handle_keys(self, event.keys)  # type: ignore[union-attr]
             elif type(event) is protocol.Closed:
                 raise self._lost_error("%s closed the connection" % self.peer)
-        if proto.pings - self._pings_counted > MAX_PINGS:
-            self._count_pings(proto.pings)
+        keepalive = self._keepalive
+        if proto.pings - keepalive.pings_counted > MAX_PINGS:
+            keepalive.count_pings(proto.pings, time.monotonic())
         out = proto.data_to_send()  # our Pongs
         if out:
             self.write(out)
-
-    def _count_pings(self, pings: int) -> None:
-        """More than MAX_PINGS Pings since ``_pings_since``: a flood if
-        that was within a second (RemoteProtocolError), else count anew."""
-        now = time.monotonic()
-        if now - self._pings_since < 1.0:
-            raise RemoteProtocolError("a flood of Pings: %d in %.2fs, more than %d a second"
-                                      % (pings - self._pings_counted, now - self._pings_since,
-                                         MAX_PINGS))
-        self._pings_counted, self._pings_since = pings, now
 
     def _new_request(self, message: Request) -> None:
         exchange = self.protocol.streams[message.rno].owner = Exchange(self, message.rno)
@@ -627,26 +607,24 @@ class Connection:
     # -- keepalive and ending -----------------------------------------
 
     def _keepalive_loop(self) -> None:
-        suspect = False
+        keepalive = self._keepalive
         while not self.closed:
             slept = time.monotonic()
-            gevent.sleep(self.keepalive_interval)
+            gevent.sleep(keepalive.interval)
             if self.closed:
                 return
             now = time.monotonic()
-            if now - slept > self.keepalive_interval + self.keepalive_timeout / 2:
-                # Our own loop was stuck: the silence is ours, not the peer's.
+            stalled = keepalive.stalled(slept, now)
+            if stalled:  # our own loop was stuck: the silence is ours, not the peer's
                 log.warning("our event loop was blocked for %.1fs; not blaming %s",
-                            now - slept - self.keepalive_interval, self.peer)
-                self._last_received = now
-            silent = now - self._last_received
-            if silent > self.keepalive_timeout:
+                            stalled, self.peer)
+            silent = now - keepalive.last_received
+            if silent > keepalive.timeout:
                 log.warning("%s silent for %.1fs, dropping it", self.peer, silent)
                 self._end(self._lost_error("%s: no keepalive for %.1fs" % (self.peer, silent)))
                 return
-            if (silent > SUSPECT_AFTER * self.keepalive_interval) != suspect:
-                suspect = not suspect
-                if suspect:
+            if keepalive.suspicion_changed(silent):
+                if keepalive.suspect:
                     self.handler.handle_silent(self, silent)
                 else:
                     self.handler.handle_heard(self)
@@ -669,7 +647,7 @@ class Connection:
             if isinstance(stream.owner, Exchange):  # (every one, once its event was handed on)
                 stream.owner.fail(error)
         self.idle.set()
-        self.writer.stop()
+        self._writer.stop()
         current = gevent.getcurrent()
         for greenlet in self._greenlets:
             if greenlet is not current:

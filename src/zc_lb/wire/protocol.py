@@ -320,7 +320,7 @@ class Connection:
     def _connection_message(self, message: Message) -> Optional[Event]:
         mtype = type(message)
         if mtype is Ping:
-            self.pings += 1  # (the connection bounds them: connection.MAX_PINGS)
+            self.pings += 1  # (the connection bounds them: keepalive.MAX_PINGS)
             self._out.append(encode(Pong()))
             return None
         if mtype is Pong:
