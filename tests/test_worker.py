@@ -403,7 +403,7 @@ def test_a_served_request_leaves_no_garbage_cycle(serve, threads):
         for _ in range(50):
             assert call(connection, {})[0].status == "200 OK"
 
-    from zc_lb.wire.connection import Exchange
+    from zc_lb.wire.exchange import Exchange
     leftover = _leftover_garbage(requests)
     assert not [o for o in leftover if isinstance(o, Exchange)]
 

@@ -24,7 +24,7 @@ COMPILED = ("routing.pool", "routing.classstats", "routing.locality", "routing.s
             "front.httpparse", "front.forwarding", "front.client", "lb.outlier", "lb.relay",
             "lb.balancer", "lb.fleet", "wire.frames", "wire.encoder", "wire.decoder", "wire.protocol",
             "wire.handshake", "wire.stream", "wire.writer", "wire.keepalive",
-            "wire.connection", "worker.server", "environ")
+            "wire.exchange", "wire.connection", "worker.server", "environ")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 

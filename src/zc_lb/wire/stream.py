@@ -56,7 +56,7 @@ ENDED: Final = (DONE, CANCELLED)
 class Stream:
     """One request on a connection as one side sees it: the state of each
     direction, the credit windows, and its owner: what the I/O layer keeps
-    for it (``connection.Exchange``), which ends with it."""
+    for it (``exchange.Exchange``), which ends with it."""
 
     __slots__ = ("rno", "sending", "receiving", "credit", "window", "unacked", "owner")
 

@@ -32,7 +32,7 @@ _FILE_ERRORS = frozenset({errno.EIO, errno.EBADF, errno.EINVAL})
 
 class FileRegion:
     """``count`` bytes of an open file from ``offset``: a Body frame's
-    chunk, queued to go out with sendfile(2) (``connection.Exchange.send_file``).
+    chunk, queued to go out with sendfile(2) (``exchange.Exchange.send_file``).
     ``sent`` is set once it went (or the connection ended); ``short``
     says the file ended first and zeros went in its place, to keep the
     frame whole."""
