@@ -29,7 +29,7 @@ import logging
 import os
 import socket
 import time
-from typing import Callable, Dict, List, Optional, Tuple, cast
+from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
@@ -259,38 +259,17 @@ class Connection(Link):
     # -- reading ------------------------------------------------------
 
     def _read_loop(self) -> None:
-        sock = self.sock
-        proto, recv, recv_into = self.protocol, sock.recv, sock.recv_into
         # Into one buffer: recv(RECV_SIZE) allocated (and often mmapped)
         # a quarter megabyte per read, then shrank it.  But the rest of a
         # large body frame is read by itself with recv, its bytes handed
         # on as they are (see ``decoder.Decoder.wants``).
         buffer = bytearray(RECV_SIZE)
-        view = memoryview(buffer)
         # After a short read the socket is drained: wait for it to be
         # readable, rather than let recv() try first, fail with EAGAIN
         # (a system call and a Python exception per batch) and then wait.
-        hub = gevent.get_hub()
-        readable = hub.loop.io(self.sock.fileno(), 1)
-        pending = self._pending
+        readable = gevent.get_hub().loop.io(self.sock.fileno(), 1)
         try:
-            self._dispatch_events()
-            while not self.closed:
-                size = proto.wants()
-                if size:
-                    data = recv(min(size, RECV_SIZE))
-                    n = len(data)
-                    proto.receive_data(data)
-                else:
-                    size = RECV_SIZE
-                    n = recv_into(buffer)
-                    proto.receive_data(view[:n] if n else b"")
-                self._keepalive.last_received = time.monotonic()
-                self._dispatch_events()
-                if 0 < n < size and not self.closed and not (pending and pending()):
-                    hub.wait(readable)
-                elif n:  # (more waits: a turn for the rest of the loop first)
-                    gevent.sleep(0)
+            self._read(buffer, readable)
         except RemoteProtocolError as exc:
             log.warning("protocol error from %s, disconnecting: %s", self.peer, exc)
             stream = self.protocol.streams.get(exc.rno) if exc.rno else None
@@ -306,6 +285,33 @@ class Connection(Link):
         except Exception as exc:  # a bug; don't take the process down
             log.exception("connection to %s failed", self.peer)
             self._end(self._lost_error("%s: %r" % (self.peer, exc)))
+
+    def _read(self, buffer: bytearray, readable: Any) -> None:
+        """Read the socket into the protocol (into ``buffer``, waiting on
+        the watcher ``readable``) and hand on the events its bytes make,
+        until the connection ends; raise what ends it."""
+        sock = self.sock
+        proto, recv, recv_into = self.protocol, sock.recv, sock.recv_into
+        view = memoryview(buffer)
+        hub = gevent.get_hub()
+        pending = self._pending
+        self._dispatch_events()
+        while not self.closed:
+            size = proto.wants()
+            if size:
+                data = recv(min(size, RECV_SIZE))
+                n = len(data)
+                proto.receive_data(data)
+            else:
+                size = RECV_SIZE
+                n = recv_into(buffer)
+                proto.receive_data(view[:n] if n else b"")
+            self._keepalive.last_received = time.monotonic()
+            self._dispatch_events()
+            if 0 < n < size and not self.closed and not (pending and pending()):
+                hub.wait(readable)
+            elif n:  # (more waits: a turn for the rest of the loop first)
+                gevent.sleep(0)
 
     def _dispatch_events(self) -> None:
         """Hand every event the bytes so far make to whoever waits for it."""
