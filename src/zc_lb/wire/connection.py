@@ -95,7 +95,8 @@ class Handler:
 
 class Connection(Link):
     """One multiplexed connection between an LB and a worker: a pump
-    between a socket and a ``protocol.Connection``."""
+    between a socket and a ``protocol.Connection``; to its Exchanges, a
+    ``Link``."""
 
     def __init__(
         self,
