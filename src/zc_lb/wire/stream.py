@@ -13,11 +13,11 @@ data.  So one slow client cannot stall the other requests on a
 connection, nor grow the LB's memory past a window per request.
 
 Rules: a direction moves only as ``DIRECTION`` says, and body bytes
-only within credit; anything else raises at once, as who is at fault:
-LocalProtocolError for what we send (``send_*``), RemoteProtocolError
-for what the peer sent (``receive_*``).  No I/O: ``protocol.Connection``
-keeps a ``Stream`` per request in flight and forgets it once
-``finished``.
+only within credit; anything else raises at once, naming who is at
+fault: LocalProtocolError for what we send (``send``, ``send_body``,
+``check_response``), RemoteProtocolError for what the peer sent
+(``receive``).  No I/O: ``protocol.Connection`` keeps a ``Stream`` per
+request in flight and forgets it once ``finished``.
 """
 
 from __future__ import annotations
