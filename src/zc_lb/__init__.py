@@ -22,8 +22,8 @@ __version__ = "0.1.0"
 COMPILED = ("routing.pool", "routing.classstats", "routing.locality", "routing.slowstart",
             "routing.relearn", "routing.affinity", "routing.classifier", "front.h1",
             "front.httpparse", "front.forwarding", "front.client", "lb.outlier", "lb.relay",
-            "lb.balancer", "lb.fleet", "wire.frames", "wire.encoder", "wire.decoder", "wire.protocol",
-            "wire.handshake", "wire.stream", "wire.writer", "wire.keepalive",
+            "lb.balancer", "lb.fleet", "wire.frames", "wire.encoder", "wire.decoder",
+            "wire.handshake", "wire.stream", "wire.protocol", "wire.keepalive", "wire.writer",
             "wire.exchange", "wire.connection", "worker.server", "environ")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
