@@ -22,7 +22,8 @@ import gevent.socket  # type: ignore[import-untyped]
 from zc_lb.errors import (BadResponse, ClientGone, RequestCancelled, ResponseTimeout,
                           WorkerLost)
 from zc_lb.lb.bodies import Upload
-from zc_lb.wire.connection import Connection, Exchange
+from zc_lb.wire.connection import Connection
+from zc_lb.wire.exchange import Exchange
 from zc_lb.wire.protocol import Response
 
 WATCH_CLIENT_AFTER = 1.0  # seconds without a response before watching for a hang-up

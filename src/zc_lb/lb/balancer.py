@@ -33,7 +33,9 @@ import gevent  # type: ignore[import-untyped]
 
 from zc_lb import build
 from zc_lb.routing.classifier import bounded_class
-from zc_lb.wire.connection import KEEPALIVE_INTERVAL, Connection, Exchange
+from zc_lb.wire.connection import Connection
+from zc_lb.wire.exchange import Exchange
+from zc_lb.wire.keepalive import KEEPALIVE_INTERVAL
 from zc_lb.lb.fleet import Fleet
 from zc_lb.lb.links import LinkConfig
 from zc_lb.errors import (

@@ -25,7 +25,8 @@ import gevent.event  # type: ignore[import-untyped]
 from zc_lb.errors import BadResponse, ClientError, ClientGone, ZcLbError
 from zc_lb.lb.spool import Spool, SpoolLimits
 from zc_lb.routing.pool import Pool
-from zc_lb.wire.connection import Connection, Exchange
+from zc_lb.wire.connection import Connection
+from zc_lb.wire.exchange import Exchange
 from zc_lb.wire.protocol import MAX_BODY, Body, End, Response
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,8 @@ from typing import Any, Dict, List, Optional
 import gevent  # type: ignore[import-untyped]
 import gevent.socket  # type: ignore[import-untyped]
 
-from zc_lb.wire.connection import KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, Connection, Handler
+from zc_lb.wire.connection import Connection, Handler
+from zc_lb.wire.keepalive import KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT
 from zc_lb.sockets import connect, parse_listen
 from zc_lb.errors import ZcLbError
 from zc_lb.wire.protocol import LB_FEATURES

@@ -40,7 +40,8 @@ import greenlet  # type: ignore[import-untyped]
 from mypy_extensions import mypyc_attr
 
 from zc_lb.worker import resume as resume_module
-from zc_lb.wire.connection import HANDSHAKE_TIMEOUT, Connection, Exchange, Handler
+from zc_lb.wire.connection import HANDSHAKE_TIMEOUT, Connection, Handler
+from zc_lb.wire.exchange import Exchange
 from zc_lb.worker.filewrapper import FileWrapper
 from zc_lb.errors import (BadResponseHead, ConfigurationError, CorruptResumeFile, RequestCancelled,
                      ZcLbError)
