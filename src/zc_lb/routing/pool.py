@@ -234,14 +234,36 @@ class Pool:
         worker = self.workers.get(handle)
         if worker is None:
             return set()
-        old, skilled_map = worker.resume, self.skilled
+        old = worker.resume
         new: Dict[Any, Any] = dict(resume)  # (cleaned below: any key, any score)
         touched = set(worker.given)
-        known = old.get
-        added = 0
         current: Optional[Dict[str, float]] = None  # (with ``pause``: what is skilled so far)
         if pause is not None:
             current = worker.resume = dict(old)
+        added = self._take_scores(worker, old, new, touched, current, pause)
+        if added is None:
+            return touched  # (removed meanwhile: nothing of it is left)
+        if len(new) - added < len(old):  # some classes left the résumé
+            dropped = [c for c in old if c not in new]
+            if not self._drop_classes(worker, dropped, current, pause):
+                return touched
+            touched.update(dropped)
+        worker.resume = new
+        worker.given.clear()
+        return touched
+
+    def _take_scores(self, worker: PoolWorker, old: Dict[str, float], new: Dict[Any, Any],
+                     touched: Set[str], current: Optional[Dict[str, float]],
+                     pause: Optional[Callable[[], None]]) -> Optional[int]:
+        """``new_resume``'s intake: make ``worker`` skilled in the classes
+        whose score in its new résumé ``new`` is not the one in ``old``,
+        adding them to ``touched`` (and to ``current``, with ``pause``),
+        and clean ``new`` of those that are not positive finite numbers;
+        how many classes are new to it, or None if it was removed during
+        a pause."""
+        skilled_map = self.skilled
+        known = old.get
+        added = 0
         steps = 0
         for rclass in [rclass for rclass, score in new.items() if known(rclass) != score]:
             score = new.pop(rclass)
@@ -265,26 +287,30 @@ class Pool:
                 if steps == RESUME_STEP:
                     steps = 0
                     pause()  # type: ignore[misc]
-                    if self.workers.get(handle) is not worker:
-                        return touched  # (removed meanwhile: nothing of it is left)
-        if len(new) - added < len(old):  # some classes left the résumé
-            dropped = [c for c in old if c not in new]
-            if current is None:
-                unskill(skilled_map, worker, dropped)
-            else:  # (in steps too, each out of ``current`` as it goes)
-                for start in range(0, len(dropped), RESUME_STEP):
-                    if start:
-                        pause()  # type: ignore[misc]
-                        if self.workers.get(handle) is not worker:
-                            return touched
-                    part = dropped[start:start + RESUME_STEP]
-                    unskill(skilled_map, worker, part)
-                    for rclass in part:
-                        del current[rclass]
-            touched.update(dropped)
-        worker.resume = new
-        worker.given.clear()
-        return touched
+                    if self.workers.get(worker.handle) is not worker:
+                        return None
+        return added
+
+    def _drop_classes(self, worker: PoolWorker, dropped: List[str],
+                      current: Optional[Dict[str, float]],
+                      pause: Optional[Callable[[], None]]) -> bool:
+        """``new_resume``'s other half: take ``worker`` out of the skilled
+        workers of the classes its new résumé ``dropped`` (with ``pause``,
+        in steps too, each out of ``current`` as it goes); whether it is
+        still in the pool."""
+        if current is None:
+            unskill(self.skilled, worker, dropped)
+            return True
+        for start in range(0, len(dropped), RESUME_STEP):
+            if start:
+                pause()  # type: ignore[misc]
+                if self.workers.get(worker.handle) is not worker:
+                    return False
+            part = dropped[start:start + RESUME_STEP]
+            unskill(self.skilled, worker, part)
+            for rclass in part:
+                del current[rclass]
+        return True
 
     def _forget_skills(self, worker: PoolWorker) -> None:
         unskill(self.skilled, worker, worker.resume)
