@@ -161,7 +161,7 @@ def test_a_worker_the_lb_made_skilled_is_not_taken_for_one_request_a_second():
         pool.new_resume(handle, {"c": 100.0})
     w0, w1, w2 = (pool.workers[h] for h in ("w0", "w1", "w2"))
     w0.mbacklog = w1.mbacklog = 5.0  # over the published cap: the class spills
-    assert pool._published("c") is w2 and "c" in w2.given
+    assert pool.published("c") is w2 and "c" in w2.given
     assert pool._estimate("c", w2) == 100.0
     w0.backlog, w1.backlog, w2.backlog = 6, 4, 0
     assert pool._stay("c", {w0: 100.0, w1: 100.0}, w2) is w2  # 5/100 * 2 > 1/100

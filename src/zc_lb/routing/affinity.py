@@ -658,7 +658,7 @@ class AffinityPool(Pool):
     def _unkeyed(self, rclass: str) -> Hashable:
         """A request without a key goes as in the published algorithm,
         within the bound of the pool's gain (see "Locality")."""
-        published = self._published(rclass)
+        published = self.published(rclass)
         if published.backlog and self.lbs == 1:
             published = self._weighed(published, self.locality.pool_gain())
         return self._chosen(published)
@@ -728,7 +728,7 @@ class AffinityPool(Pool):
         home = entry[1] if entry is not None and entry[0] == rclass else None
         if home is not None and self.workers.get(home.handle) is not home:
             home = None
-        least = self._least_loaded()  # (a starter too: it has no cache to warm)
+        least = self.least_loaded()  # (a starter too: it has no cache to warm)
         assert least is not None
         chosen = home if home is not None and home.backlog <= least.backlog else least
         self._booked(book_hash, booked, rclass, chosen, AWAY)
@@ -749,8 +749,8 @@ class AffinityPool(Pool):
             self.spills += 1
         if chosen is None:
             for worker in self.starting:  # a cold cache spills worst
-                self._to_end(worker)
-            chosen = self._published(rclass)
+                self.to_end(worker)
+            chosen = self.published(rclass)
             self.relearning.fresh(chosen, rclass)
         return chosen
 
@@ -770,7 +770,7 @@ class AffinityPool(Pool):
         bound = 1.0 + MOVE_COST * max(0.0, gain - 1.0 - NOISE)
         if chosen.backlog + 1 <= bound:
             return chosen  # (within the bound of an idle worker: no need to look)
-        least = self._least_loaded(self.starting)
+        least = self.least_loaded(self.starting)
         if least is not None and chosen.backlog + 1 > bound * (least.backlog + 1):
             self.bounded += 1
             return least
@@ -795,7 +795,7 @@ class AffinityPool(Pool):
             if worker is not chosen and (other is None or worker.backlog < other.backlog):
                 other = worker
         if other is None:
-            other = self._least_loaded()
+            other = self.least_loaded()
         if other is None or other.backlog >= chosen.backlog:
             return chosen
         self.explored += 1
@@ -1215,7 +1215,7 @@ class AffinityPool(Pool):
         max_backlog = balance * self.variance * self.mbacklog / n
         if max_backlog < 1.0:
             max_backlog = 1.0
-        min_backlog = self._oldest().mbacklog + 1.0
+        min_backlog = self.oldest().mbacklog + 1.0
         starting = self.starting
         busy = self.backlog / n  # a starter takes no more than the mean
         count = total = 0

@@ -129,7 +129,7 @@ class Pool:
         self.workers: Dict[Hashable, PoolWorker] = {}
         # least recently chosen first
         self._lru: "OrderedDict[PoolWorker, None]" = OrderedDict()
-        self._first: Optional[PoolWorker] = None  # its first, if known (``_oldest``)
+        self._first: Optional[PoolWorker] = None  # its first, if known (``oldest``)
         self.skilled: Dict[str, Dict[PoolWorker, float]] = {}
         self.backlog = 0
         self.mbacklog = 0.0
@@ -336,12 +336,12 @@ class Pool:
             return None
         if rclass is None:
             return self._least_backlog()
-        return self._chosen(self._published(rclass))
+        return self._chosen(self.published(rclass))
 
-    def _published(self, rclass: str) -> PoolWorker:
+    def published(self, rclass: str) -> PoolWorker:
         """The published choice for a request of ``rclass`` (steps 1 to
         3 of the module docstring), not yet accounted."""
-        oldest = self._oldest()
+        oldest = self.oldest()
         max_backlog = self.variance * self.mbacklog / float(len(self.workers))
         if max_backlog < 1.0:
             max_backlog = 1.0
@@ -374,19 +374,19 @@ class Pool:
 
     def _chosen(self, worker: PoolWorker) -> Hashable:
         """Account a request given to ``worker``; its handle."""
-        self._to_end(worker)
+        self.to_end(worker)
         worker.backlog += 1
         self.backlog += 1
         self._decay(worker)
         return worker.handle
 
-    def _to_end(self, worker: PoolWorker) -> None:
+    def to_end(self, worker: PoolWorker) -> None:
         """Make ``worker`` the most recently chosen."""
         if worker is self._first:
             self._first = None
         self._lru.move_to_end(worker)
 
-    def _oldest(self) -> PoolWorker:
+    def oldest(self) -> PoolWorker:
         """The least recently chosen worker (there is one).  Remembered
         until it is chosen or removed: the first of an ordered dict costs
         an iterator (compiled, some 600 instructions), and most requests
@@ -402,12 +402,12 @@ class Pool:
 
     def _least_backlog(self) -> Optional[Hashable]:
         """The least loaded worker, ties to the least recently chosen: O(workers)."""
-        best = self._least_loaded()
+        best = self.least_loaded()
         if best is None:
             return None
         return self._chosen(best)
 
-    def _least_loaded(self, skip: Container[PoolWorker] = ()) -> Optional[PoolWorker]:
+    def least_loaded(self, skip: Container[PoolWorker] = ()) -> Optional[PoolWorker]:
         """The worker with the least backlog but for those in ``skip``,
         ties to the least recently chosen, not yet accounted: O(workers)."""
         best = None
