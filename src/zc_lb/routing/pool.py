@@ -51,8 +51,8 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import (Any, Callable, ClassVar, Container, Dict, Hashable, Iterable, List, Mapping,
-                    Optional, Set, Tuple)
+from typing import (Any, Callable, ClassVar, Container, Dict, Hashable, Iterable, Iterator, List,
+                    Mapping, Optional, Set, Tuple)
 
 from zc_lb.settings import LB_SETTINGS, check
 
@@ -85,6 +85,16 @@ class PoolWorker:
         # other LBs were last told (the affinity policy's ``relayed``)
         self.sent: List[Tuple[str, int]] = []
 
+    def status(self) -> dict:
+        """A JSON-able picture of the worker, for the pool's status."""
+        return {
+            "backlog": self.backlog - self.elsewhere,
+            "siblings_backlog": self.elsewhere,  # (--processes: routing/siblings.py)
+            "mean_backlog": round(self.mbacklog, 4),
+            "version": self.version,
+            "skills": dict(sorted(self.resume.items())),
+        }
+
     def __repr__(self) -> str:
         return "<PoolWorker %r backlog=%d mbacklog=%.2f skills=%d>" % (
             self.handle,
@@ -105,6 +115,25 @@ def unskill(skilled_map: Dict[str, Dict[PoolWorker, float]], worker: PoolWorker,
             skilled.pop(worker, None)
             if not skilled:
                 del skilled_map[rclass]
+
+
+def _changes(old: Dict[str, float], new: Dict[Any, Any]) -> Iterator[Tuple[str, float]]:
+    """The classes whose score in résumé ``new`` is not the one in
+    ``old``, each with its score, ``new`` cleaned as they come (one at a
+    time, as ``Pool.new_resume`` takes them): their classes made strings
+    and their scores floats, and those that are not positive finite
+    numbers taken out."""
+    for rclass in [rclass for rclass, score in new.items() if old.get(rclass) != score]:
+        score = new.pop(rclass)
+        try:
+            score = float(score)
+        except (TypeError, ValueError):
+            continue
+        if not 0.0 < score < math.inf:  # (NaN too)
+            continue
+        rclass = str(rclass)
+        new[rclass] = score
+        yield rclass, score
 
 
 class Pool:
@@ -256,25 +285,12 @@ class Pool:
                      touched: Set[str], current: Optional[Dict[str, float]],
                      pause: Optional[Callable[[], None]]) -> Optional[int]:
         """``new_resume``'s intake: make ``worker`` skilled in the classes
-        whose score in its new résumé ``new`` is not the one in ``old``,
-        adding them to ``touched`` (and to ``current``, with ``pause``),
-        and clean ``new`` of those that are not positive finite numbers;
-        how many classes are new to it, or None if it was removed during
-        a pause."""
+        of ``_changes``, adding them to ``touched`` (and to ``current``,
+        with ``pause``); how many are new to it, or None if it was
+        removed during a pause."""
         skilled_map = self.skilled
-        known = old.get
-        added = 0
-        steps = 0
-        for rclass in [rclass for rclass, score in new.items() if known(rclass) != score]:
-            score = new.pop(rclass)
-            try:
-                score = float(score)
-            except (TypeError, ValueError):
-                continue
-            if not 0.0 < score < math.inf:  # (NaN too)
-                continue
-            rclass = str(rclass)
-            new[rclass] = score
+        added = steps = 0
+        for rclass, score in _changes(old, new):
             added += rclass not in old
             skilled = skilled_map.get(rclass)
             if skilled is None:
@@ -296,20 +312,18 @@ class Pool:
                       pause: Optional[Callable[[], None]]) -> bool:
         """``new_resume``'s other half: take ``worker`` out of the skilled
         workers of the classes its new résumé ``dropped`` (with ``pause``,
-        in steps too, each out of ``current`` as it goes); whether it is
-        still in the pool."""
-        if current is None:
-            unskill(self.skilled, worker, dropped)
-            return True
+        in steps, each out of ``current`` as it goes); whether it is still
+        in the pool."""
         for start in range(0, len(dropped), RESUME_STEP):
-            if start:
-                pause()  # type: ignore[misc]
+            if start and pause is not None:
+                pause()
                 if self.workers.get(worker.handle) is not worker:
                     return False
             part = dropped[start:start + RESUME_STEP]
             unskill(self.skilled, worker, part)
-            for rclass in part:
-                del current[rclass]
+            if current is not None:
+                for rclass in part:
+                    del current[rclass]
         return True
 
     def _forget_skills(self, worker: PoolWorker) -> None:
@@ -501,16 +515,7 @@ class Pool:
             "unskilled_score": self.unskilled_score,
             "backlog": self.backlog - sum(w.elsewhere for w in self._lru),
             "mean_backlog": round(self.mbacklog, 4),
-            "workers": {
-                str(worker.handle): {
-                    "backlog": worker.backlog - worker.elsewhere,
-                    "siblings_backlog": worker.elsewhere,  # (--processes: routing/siblings.py)
-                    "mean_backlog": round(worker.mbacklog, 4),
-                    "version": worker.version,
-                    "skills": dict(sorted(worker.resume.items())),
-                }
-                for worker in self._lru
-            },
+            "workers": {str(worker.handle): worker.status() for worker in self._lru},
         }
 
     def __repr__(self) -> str:
