@@ -144,7 +144,7 @@ def test_a_key_worth_more_at_home_waits_longer_there(away, stays):
     pool = pool_of(3)
     run(pool, 400, 20, 0.001, away)
     assert pool.locality.pool_gain() == pytest.approx(away / 0.001)
-    assert len(pool._members("c", pool.classes["c"])) == 3
+    assert len(pool.members.of("c", pool.classes["c"])) == 3
     home = pool.get("c", "/k")
     pool.put(home)
     for worker in pool.workers.values():
@@ -177,8 +177,8 @@ def test_keys_that_buy_nothing_stay_home_on_ties_and_go_back_to_members_when_the
     stats = pool.classes["c"]
     assert pool.locality.gain(stats) <= 1 + NOISE  # (its keys buy nothing)
     worked_out = Counter()
-    members = pool._members
-    pool._members = lambda *args: worked_out.update(["members"]) or members(*args)
+    members_of = pool.members.of
+    pool.members.of = lambda *args: worked_out.update(["members"]) or members_of(*args)
     homes = {}
     for _ in range(3):  # one at a time: every worker is idle, so keys stay home
         for key in ("/x", "/y", "/z", "/w"):

@@ -414,6 +414,11 @@ class Pool:
             self._first = oldest
         return oldest
 
+    def by_recency(self) -> Iterable[PoolWorker]:
+        """The workers, least recently chosen first (the pool's own
+        order: read it, and change it only by choosing)."""
+        return self._lru
+
     def _least_backlog(self) -> Optional[Hashable]:
         """The least loaded worker, ties to the least recently chosen: O(workers)."""
         best = self.least_loaded()
