@@ -322,12 +322,12 @@ def test_get_touches_only_the_workers_skilled_in_the_class():
     for i in range(2000):
         pool.new_resume("w%d" % rng.randrange(100), {"c%d" % i: 1.0 + rng.random()})
     scanned = Counter()
-    real_owner = pool._owner
+    real_owner = pool.placement._owner
 
     def counting_owner(members, key_hash, *rest):
         scanned["members"] += len(members)
         return real_owner(members, key_hash, *rest)
-    pool._owner = counting_owner
+    pool.placement._owner = counting_owner
     for _ in range(2000):
         rclass = "c%d" % rng.randrange(2000)
         before = len(pool.skilled.get(rclass, ()))
@@ -683,7 +683,7 @@ def test_a_starter_is_not_spilled_to():
             pool.put(pool.get("a", "/a/%d" % (i % 3)))
     pool.add("new")
     got = Counter(pool.get("a", "/a/%d" % (i % 3)) for i in range(60))  # none end
-    assert pool.spills > 0 and pool.status()["starting"] == 1
+    assert pool.placement.spills > 0 and pool.status()["starting"] == 1
     assert "new" not in got
 
 
@@ -767,9 +767,9 @@ def test_a_request_stays_with_a_capped_member_twice_as_quick_as_the_spill():
     w0, w1, w2 = (pool.workers[h] for h in ("w0", "w1", "w2"))
     members = {w0: 10.0, w1: 10.0}
     w0.backlog, w1.backlog, w2.backlog = 6, 4, 0
-    assert pool._stay("c", members, w2) is w1  # 5/10 * 2 <= 1/1
+    assert pool.placement._stay("c", members, w2) is w1  # 5/10 * 2 <= 1/1
     pool.new_resume("w2", {"c": 5.0})
-    assert pool._stay("c", members, w2) is w2  # 5/10 * 2 > 1/5
+    assert pool.placement._stay("c", members, w2) is w2  # 5/10 * 2 > 1/5
 
 
 def test_after_a_reset_a_class_goes_back_where_its_keys_went():

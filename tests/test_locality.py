@@ -11,7 +11,8 @@ import pytest
 
 from conftest import source_only
 
-from zc_lb.routing.affinity import GAIN_BALANCE, MOVE_COST, NOISE, AffinityPool
+from zc_lb.routing.affinity import AffinityPool
+from zc_lb.routing.placement import GAIN_BALANCE, MOVE_COST, NOISE
 from zc_lb.routing.classstats import ClassStats
 from zc_lb.routing.locality import MIN_SAMPLES, Locality
 
@@ -162,12 +163,12 @@ def test_a_worker_the_lb_made_skilled_is_not_taken_for_one_request_a_second():
     w0, w1, w2 = (pool.workers[h] for h in ("w0", "w1", "w2"))
     w0.mbacklog = w1.mbacklog = 5.0  # over the published cap: the class spills
     assert pool.published("c") is w2 and "c" in w2.given
-    assert pool._estimate("c", w2) == 100.0
+    assert pool.placement._estimate("c", w2) == 100.0
     w0.backlog, w1.backlog, w2.backlog = 6, 4, 0
-    assert pool._stay("c", {w0: 100.0, w1: 100.0}, w2) is w2  # 5/100 * 2 > 1/100
+    assert pool.placement._stay("c", {w0: 100.0, w1: 100.0}, w2) is w2  # 5/100 * 2 > 1/100
     pool.new_resume("w2", {"c": 1.0})  # its own résumé says it is that slow
     assert "c" not in w2.given
-    assert pool._stay("c", {w0: 100.0, w1: 100.0}, w2) is w1
+    assert pool.placement._stay("c", {w0: 100.0, w1: 100.0}, w2) is w1
 
 
 @source_only
@@ -216,7 +217,7 @@ def test_behind_several_lbs_nothing_is_measured_or_bounded():
     pool.lbs = 2
     run(pool, 500, 20, 0.001, 0.001)
     assert pool.placed is None and pool.locality.pool_gain() is None
-    assert pool.bounded == pool.explored == 0
+    assert pool.placement.bounded == pool.placement.explored == 0
 
 
 def test_what_the_app_says_of_its_cache_stands_for_where_a_request_went():

@@ -20,7 +20,7 @@ import sys
 __version__ = "0.1.0"
 
 COMPILED = ("routing.pool", "routing.classstats", "routing.locality", "routing.slowstart",
-            "routing.members",
+            "routing.members", "routing.placement",
             "routing.relearn", "routing.affinity", "routing.classifier", "front.h1",
             "front.httpparse", "front.forwarding", "front.client", "lb.outlier", "lb.relay",
             "lb.balancer", "lb.fleet", "wire.frames", "wire.protocol", "wire.connection", "worker.server",
