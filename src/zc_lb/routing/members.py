@@ -1,6 +1,6 @@
-"""A class's members: how many workers serve it and which, for the
-affinity policy (``routing/affinity.py``): ``Members``, a part that
-``affinity.AffinityPool`` holds and calls.
+"""A class's *members*, the workers its keys are split among: how many
+and which, for the affinity policy (``routing/affinity.py``):
+``Members``, a part that ``affinity.AffinityPool`` holds and calls.
 
 Theory of operation
 -------------------
@@ -83,11 +83,11 @@ rather than of requests, was tried and loaded more on the NASA log.)
 
 Structure.  ``Members`` counts each request and its key into the
 class's statistics (``observe``) and works out the class's members
-(``of``), among which the pool then places its keys.  It owns what it
-counts with (the footprint of all classes and its windows, their decayed
-work, the keys whose hashes they remember, the keys each worker is
-counted to hold), the recruiting ring and the counts of widenings; the
-rest it reads and changes through its pool, ``MembersHost``.
+(``of``), among which ``routing/placement.py`` places the key.  It owns
+what it counts with (the footprint of all classes and its windows, their
+decayed work, the keys whose hashes they remember, the keys each worker
+is counted to hold), the recruiting ring and the counts of widenings;
+the rest it reads and changes through its pool, ``MembersHost``.
 
 Weak spots, admitted.  Shares and footprints are per LB: with k LBs each
 sees all of a class's keys but only its own load.  The footprint counts

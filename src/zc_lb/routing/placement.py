@@ -6,12 +6,13 @@ Theory of operation
 -------------------
 
 Affinity.  A request may carry a *key* finer than its class (by default
-its path).  Among the class's *members* under the cap, a key goes to the
-member with the highest weighted rendezvous score ``score / -ln(u)``,
-``u`` a hash of (key, worker name) in (0, 1): each member owns a share
-of the keys in proportion to its skill, a member joining or leaving moves
-only the keys it takes or held, and every LB computes the same owner
-from the same résumés, so several LBs partition a class alike.
+its path).  Among the class's *members* (``routing/members.py``) under
+the cap, a key goes to the member with the highest weighted rendezvous
+score ``score / -ln(u)``, ``u`` a hash of (key, worker name) in (0, 1):
+each member owns a share of the keys in proportion to its skill, a
+member joining or leaving moves only the keys it takes or held, and
+every LB computes the same owner from the same résumés, so several LBs
+partition a class alike.
 
 Balance.  A key goes to the first member, in the key's rendezvous order,
 whose backlog is under ``balance`` times the members' mean (bounded-load
@@ -61,38 +62,38 @@ class): a worker cold in the class is slow there, and sending it the
 request relieves no one.  Failing a skilled worker under the cap, the
 request goes to the least recently chosen worker, which becomes skilled.
 
-Locality (``routing/locality.py``).  Everything above holds keys where their
-data is, which pays only where a worker serves a key faster for having
-served it before.  Each worker says how long the application took for
-each response, and the pool compares, per class, the requests it placed
-at their key's home (the worker the key last went to) with those it
-placed away.  Their ratio, the *gain*, bounds every choice: one request
-more on the chosen worker may not take it past ``1 + MOVE_COST * (gain -
-1 - NOISE)`` times the least busy worker's backlog plus one; past it the
-request goes to the least busy worker.  A cache-less application (a
-gain of 1: a CPU-bound view, a wait on a remote service) is then routed
-by least backlog, its keys going home only on ties, and a hot key with
-little data spreads over as many workers as its load needs, since a
-second worker serves it as fast after its first request there.  Such a
-class skips members, rendezvous and slow start altogether
-(``balanced``): the bound would overrule them anyway, and they cost
-the LB some 20 us a request for nothing.  Where caches matter (the logs' gains are 2 to 10), the bound is dozens of
-times the least busy backlog and the rules above decide alone.
-``MOVE_COST`` (64) counts what a move costs beyond its own request (its
-key's data loaded again, and its later requests'): tried on the
-simulator's logs and synthetic scenarios, 16 and 32 loaded up to 4% more
-than 64.  ``NOISE`` (0.2) is what a live measurement of no gain reads
-over 1 (1.04-1.09 for a CPU-bound view on threads).  Until any gain is
-known, one in ``EXPLORE`` requests that find their worker busier than
-the least busy one goes to another member to learn one: with two
-workers the balance bound, relative to the members' mean, never moves
-a hot key, and without a request away nothing is learned.  Only an LB
-alone, or LBs whose keys are relayed (see "Several LBs" in
-``routing/affinity.py``), measures and
-bounds: with several that go by rendezvous, a key's home is only its
-rendezvous owner, which the other LBs' moves leave without its data,
-and the gains read low (1.3-1.6 where a lone LB reads 2.7 on
-``many_lbs``): the bound moved keys on, and loads grew 16-33%.
+Locality (``routing/locality.py``).  Everything above holds keys where
+their data is, which pays only where a worker serves a key faster for
+having served it before.  Each worker says how long the application took
+for each response, and the pool compares, per class, the requests it
+placed at their key's home (the worker the key last went to) with those
+it placed away.  Their ratio, the *gain*, bounds every choice: one
+request more on the chosen worker may not take it past ``1 + MOVE_COST *
+(gain - 1 - NOISE)`` times the least busy worker's backlog plus one;
+past it the request goes to the least busy worker.  A cache-less
+application (a gain of 1: a CPU-bound view, a wait on a remote service)
+is then routed by least backlog, its keys going home only on ties, and a
+hot key with little data spreads over as many workers as its load needs,
+since a second worker serves it as fast after its first request there.
+Such a class skips members, rendezvous and slow start altogether
+(``balanced``): the bound would overrule them anyway, and they cost the
+LB some 20 us a request for nothing.  Where caches matter (the logs'
+gains are 2 to 10), the bound is dozens of times the least busy backlog
+and the rules above decide alone.  ``MOVE_COST`` (64) counts what a move
+costs beyond its own request (its key's data loaded again, and its later
+requests'): tried on the simulator's logs and synthetic scenarios, 16
+and 32 loaded up to 4% more than 64.  ``NOISE`` (0.2) is what a live
+measurement of no gain reads over 1 (1.04-1.09 for a CPU-bound view on
+threads).  Until any gain is known, one in ``EXPLORE`` requests that
+find their worker busier than the least busy one goes to another member
+to learn one: with two workers the balance bound, relative to the
+members' mean, never moves a hot key, and without a request away nothing
+is learned.  Only an LB alone, or LBs whose keys are relayed (see
+"Several LBs" in ``routing/affinity.py``), measures and bounds: with
+several that go by rendezvous, a key's home is only its rendezvous
+owner, which the other LBs' moves leave without its data, and the gains
+read low (1.3-1.6 where a lone LB reads 2.7 on ``many_lbs``): the bound
+moved keys on, and loads grew 16-33%.
 
 Structure.  ``Placement`` places a key among the members that
 ``Members.of`` worked out (``place``: its owner, or where it spills,
