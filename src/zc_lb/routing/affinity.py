@@ -338,79 +338,19 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
             self.skills_version += self.slowstart.offer(stats, members, key_hash, self.total)
         return self.placement.place(rclass, stats, members, key_hash, entry, alone, gain)
 
-    def _siblings_entry(self, rclass: str, entry: Optional[BookEntry], placed: int
-                        ) -> Optional[BookEntry]:
-        """The book's ``entry`` for a key, with the worker a sibling LB
-        last sent it to in ``rclass`` (``placed``, its name hashed) as the
-        worker that holds its data (routing/siblings.py): the siblings keep one
-        book of where keys are, each its own of the rest."""
-        worker = self.by_hash.get(placed)
-        if worker is None:
-            return entry
-        if entry is None:
-            return (rclass, worker, False, AWAY)
-        if entry[0] == rclass and entry[1] is not worker:
-            return (rclass, worker, entry[2], AWAY)
-        return entry
-
-    def share_with(self, siblings: Any) -> None:
-        """Route as one LB with the other processes of ``--processes``
-        (a ``siblings.Siblings``): one book of where keys went, each
-        class's last recruit, and the backlogs and the pool's measure of
-        locality counted over all (``take_elsewhere``, ``take_measure``)."""
-        self.siblings = siblings
-        self.by_hash = {siblings.worker_hash(worker.name): worker
-                         for worker in self.workers.values()}
-
-    def _booked(self, book_hash: int, booked: Optional[BookEntry], rclass: str,
-                chosen: PoolWorker, where: int) -> None:
-        """A key of ``rclass`` goes to ``chosen``: the book says so
-        (``Relearning.remember``; ``booked``, what it said before), and
-        with relays, so will the other LBs (``sent_keys``)."""
-        self.relearning.remember(book_hash, booked, rclass, chosen, where)
-        if self.relayed and len(chosen.sent) < MAX_SENT:
-            chosen.sent.append((rclass, book_hash))
-
-    def sent_keys(self, handle: Hashable) -> Dict[str, List[int]]:
-        """The keys sent to worker ``handle`` since the last call, class
-        -> their hashes in the book, for the other LBs (``take_keys``),
-        to which the worker relays them; forgotten here."""
-        worker = self.workers.get(handle)
-        keys: Dict[str, List[int]] = {}
-        if worker is None or not worker.sent:
-            return keys
-        sent, worker.sent = worker.sent, []
-        for rclass, book_hash in sent:
-            hashes = keys.get(rclass)
-            if hashes is None:
-                keys[rclass] = [book_hash]
-            else:
-                hashes.append(book_hash)
-        return keys
-
-    def take_keys(self, handle: Hashable, keys: Mapping[str, List[int]]) -> None:
-        """Another LB sent these keys (class -> their hashes in the book)
-        to worker ``handle``, which relayed them here: the book now says
-        they are there, as if this LB had sent them (moved on, so that
-        they stay)."""
-        worker = self.workers.get(handle)
-        if worker is None:
-            return
-        book = self.book
-        remember = self.relearning.remember
-        for rclass, hashes in keys.items():
-            for book_hash in hashes:
-                remember(book_hash, book.get(book_hash), rclass, worker, AWAY)
-
-    def measure(self) -> Tuple[float, float]:
-        """The pool's measure of locality (its decayed sums of away time
-        over home time, and their count), for the siblings: each sees a
-        part of the requests, and the pool's gain counts all of them."""
-        return self.locality.ratio, self.locality.weight
-
-    def take_measure(self, ratio: float, weight: float) -> None:
-        self.locality.ratio_elsewhere = ratio
-        self.locality.weight_elsewhere = weight
+    def _balanced(self, rclass: str, stats: ClassStats, book_hash: int,
+                  entry: Optional[BookEntry], booked: Optional[BookEntry]) -> Hashable:
+        """A key of a class whose keys buy nothing where they are goes by
+        least backlog (``Placement.balanced``); the book still says where
+        it went, and its last worker still counts as its home, so that
+        the gain stays measured.  ``booked`` is this LB's own book's
+        entry, ``entry`` the same with its siblings' worker
+        (``_siblings_entry``)."""
+        chosen, home = self.placement.balanced(rclass, entry)
+        self._booked(book_hash, booked, rclass, chosen, AWAY)
+        if home is not None:
+            self.placed = (stats, chosen is home)
+        return self._chosen(chosen)
 
     def _unkeyed(self, rclass: str) -> Hashable:
         """A request without a key goes as in the published algorithm,
@@ -443,20 +383,6 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
             self.slowstart.got(worker, self.requests)
         return super()._chosen(worker)
 
-    def _balanced(self, rclass: str, stats: ClassStats, book_hash: int,
-                  entry: Optional[BookEntry], booked: Optional[BookEntry]) -> Hashable:
-        """A key of a class whose keys buy nothing where they are goes by
-        least backlog (``Placement.balanced``); the book still says where
-        it went, and its last worker still counts as its home, so that
-        the gain stays measured.  ``booked`` is this LB's own book's
-        entry, ``entry`` the same with its siblings' worker
-        (``_siblings_entry``)."""
-        chosen, home = self.placement.balanced(rclass, entry)
-        self._booked(book_hash, booked, rclass, chosen, AWAY)
-        if home is not None:
-            self.placed = (stats, chosen is home)
-        return self._chosen(chosen)
-
     def served(self, placed: Optional[Tuple[ClassStats, bool]], elapsed: float,
                cache: Optional[bool] = None) -> None:
         """The application took ``elapsed`` seconds for a request that
@@ -467,6 +393,82 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
         (the data evicted at home, or already loaded away)."""
         if placed is not None:
             self.locality.observe(placed[0], placed[1] if cache is None else cache, elapsed)
+
+    # -- the book: relayed between LBs, shared with siblings -----------
+
+    def _booked(self, book_hash: int, booked: Optional[BookEntry], rclass: str,
+                chosen: PoolWorker, where: int) -> None:
+        """A key of ``rclass`` goes to ``chosen``: the book says so
+        (``Relearning.remember``; ``booked``, what it said before), and
+        with relays, so will the other LBs (``sent_keys``)."""
+        self.relearning.remember(book_hash, booked, rclass, chosen, where)
+        if self.relayed and len(chosen.sent) < MAX_SENT:
+            chosen.sent.append((rclass, book_hash))
+
+    def _siblings_entry(self, rclass: str, entry: Optional[BookEntry], placed: int
+                        ) -> Optional[BookEntry]:
+        """The book's ``entry`` for a key, with the worker a sibling LB
+        last sent it to in ``rclass`` (``placed``, its name hashed) as the
+        worker that holds its data (routing/siblings.py): the siblings keep one
+        book of where keys are, each its own of the rest."""
+        worker = self.by_hash.get(placed)
+        if worker is None:
+            return entry
+        if entry is None:
+            return (rclass, worker, False, AWAY)
+        if entry[0] == rclass and entry[1] is not worker:
+            return (rclass, worker, entry[2], AWAY)
+        return entry
+
+    def sent_keys(self, handle: Hashable) -> Dict[str, List[int]]:
+        """The keys sent to worker ``handle`` since the last call, class
+        -> their hashes in the book, for the other LBs (``take_keys``),
+        to which the worker relays them; forgotten here."""
+        worker = self.workers.get(handle)
+        keys: Dict[str, List[int]] = {}
+        if worker is None or not worker.sent:
+            return keys
+        sent, worker.sent = worker.sent, []
+        for rclass, book_hash in sent:
+            hashes = keys.get(rclass)
+            if hashes is None:
+                keys[rclass] = [book_hash]
+            else:
+                hashes.append(book_hash)
+        return keys
+
+    def take_keys(self, handle: Hashable, keys: Mapping[str, List[int]]) -> None:
+        """Another LB sent these keys (class -> their hashes in the book)
+        to worker ``handle``, which relayed them here: the book now says
+        they are there, as if this LB had sent them (moved on, so that
+        they stay)."""
+        worker = self.workers.get(handle)
+        if worker is None:
+            return
+        book = self.book
+        remember = self.relearning.remember
+        for rclass, hashes in keys.items():
+            for book_hash in hashes:
+                remember(book_hash, book.get(book_hash), rclass, worker, AWAY)
+
+    def share_with(self, siblings: Any) -> None:
+        """Route as one LB with the other processes of ``--processes``
+        (a ``siblings.Siblings``): one book of where keys went, each
+        class's last recruit, and the backlogs and the pool's measure of
+        locality counted over all (``take_elsewhere``, ``take_measure``)."""
+        self.siblings = siblings
+        self.by_hash = {siblings.worker_hash(worker.name): worker
+                        for worker in self.workers.values()}
+
+    def measure(self) -> Tuple[float, float]:
+        """The pool's measure of locality (its decayed sums of away time
+        over home time, and their count), for the siblings: each sees a
+        part of the requests, and the pool's gain counts all of them."""
+        return self.locality.ratio, self.locality.weight
+
+    def take_measure(self, ratio: float, weight: float) -> None:
+        self.locality.ratio_elsewhere = ratio
+        self.locality.weight_elsewhere = weight
 
     # -- introspection ------------------------------------------------
 
