@@ -1070,7 +1070,8 @@ def intake_ms(policy: str = "affinity", resumes: int = 60, seed: int = 1) -> Dic
     from zc_lb.routing.policies import make_pool
 
     gc.freeze()  # (as the LB does once started: see cli/lb.py)
-    from zc_lb.wire.frames import Decoder, encode
+    from zc_lb.wire.decoder import Decoder
+    from zc_lb.wire.encoder import encode
     from zc_lb.wire.protocol import Resume
 
     rng = random.Random(seed)

@@ -8,7 +8,8 @@ import sys
 import time
 
 from zc_lb.wire import protocol
-from zc_lb.wire.frames import Ping, encode
+from zc_lb.wire.encoder import encode
+from zc_lb.wire.frames import Ping
 
 SECONDS = 10.0
 

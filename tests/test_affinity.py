@@ -13,7 +13,7 @@ import pytest
 
 from conftest import source_only
 
-from zc_lb.routing import affinity
+from zc_lb.routing import members as membership
 from zc_lb.routing import classstats
 from zc_lb.routing.affinity import MAX_SENT, AffinityPool
 from zc_lb.routing.policies import make_pool
@@ -91,20 +91,20 @@ def test_classes_remember_their_keys_hashes_and_count_a_key_once_a_window(monkey
     hashes = stats.keys["/k1"]
     assert (hashes.key_hash, hashes.book_hash, hashes.window) == (
         classstats.mix(stats.salt ^ crc), classstats.mix(crc), 0)
-    assert len(stats.keys) == len(pool.classes["b"].keys) == pool.keys_seen // 2 == 7
-    estimates = stats.footprint.estimate(0), pool.footprint.estimate(0)
+    assert len(stats.keys) == len(pool.classes["b"].keys) == pool.members.keys_seen // 2 == 7
+    estimates = stats.footprint.estimate(0), pool.members.footprint.estimate(0)
     pool.put(pool.get("a", "/k1"))
-    assert (stats.footprint.estimate(0), pool.footprint.estimate(0)) == estimates == (7, 14)
+    assert (stats.footprint.estimate(0), pool.members.footprint.estimate(0)) == estimates == (7, 14)
     for i in range(40):  # into the next window, where it counts again
         pool.put(pool.get("a", "/k1"))
     assert stats.keys["/k1"] is hashes and hashes.window == 1
     assert stats.keys["/k2"].window == 0 and len(stats.footprint.current.smallest) == 1
     pool.put(pool.get("a", "/k2"))
     assert stats.keys["/k2"].window == 1 and len(stats.footprint.current.smallest) == 2
-    monkeypatch.setattr(affinity, "MAX_KEYS_SEEN", 16)
+    monkeypatch.setattr(membership, "MAX_KEYS_SEEN", 16)
     for i in range(3):  # the third of these finds 16 remembered: all forgotten
         pool.put(pool.get("a", "/n%d" % i))
-    assert list(stats.keys) == ["/n2"] and not pool.classes["b"].keys and pool.keys_seen == 1
+    assert list(stats.keys) == ["/n2"] and not pool.classes["b"].keys and pool.members.keys_seen == 1
     pool.put(pool.get("a", "/k1"))  # hashed again, and counted again to no effect
     assert stats.keys["/k1"].window == 1 and len(stats.footprint.current.smallest) == 5
 
@@ -188,9 +188,9 @@ def test_a_big_class_spreads_over_more_workers_than_a_small_one():
             handle = pool.get("small", "/s%d" % rng.randrange(3))
         pool.put(handle)
     big, small = pool.classes["big"], pool.classes["small"]
-    assert pool.width(big) > pool.width(small)
-    assert pool.width(big) >= 5  # ~all the keys: ~all the cache
-    assert pool.width(small) == 3  # half the requests: half the pool
+    assert pool.members.width(big) > pool.members.width(small)
+    assert pool.members.width(big) >= 5  # ~all the keys: ~all the cache
+    assert pool.members.width(small) == 3  # half the requests: half the pool
 
 
 @pytest.mark.parametrize("changed", [20000, 500])
@@ -210,18 +210,18 @@ def test_a_live_change_of_footprint_window_keeps_the_footprints(changed):
             pool.put(handle)
     run(5000)  # into the third window
     big = pool.classes["big"]
-    window = pool._window()
-    before = (pool.width(big), big.footprint.estimate(window),
-              pool.footprint.estimate(window))
+    window = pool.members.window()
+    before = (pool.members.width(big), big.footprint.estimate(window),
+              pool.members.footprint.estimate(window))
     assert before[0] >= 5
     pool.update_settings(footprint_window=changed)
-    assert pool._window() == window
+    assert pool.members.window() == window
     run(1)
-    window = pool._window()
-    assert (pool.width(big), big.footprint.estimate(window),
-            pool.footprint.estimate(window)) == pytest.approx(before, rel=0.01)
+    window = pool.members.window()
+    assert (pool.members.width(big), big.footprint.estimate(window),
+            pool.members.footprint.estimate(window)) == pytest.approx(before, rel=0.01)
     run(4 * changed)  # and new windows go on from there
-    assert pool._window() >= window + 3 and pool.width(big) >= 5
+    assert pool.members.window() >= window + 3 and pool.members.width(big) >= 5
 
 
 def test_a_hot_class_grows_while_needed_and_shrinks_back():
@@ -234,14 +234,14 @@ def test_a_hot_class_grows_while_needed_and_shrinks_back():
             rclass = "hot" if rng.random() < hot_share else rng.choice(classes)
             handle = pool.get(rclass, "/%d" % rng.randrange(20))
             pool.put(handle)
-        return pool.width(pool.classes["hot"])
+        return pool.members.width(pool.classes["hot"])
     wide = run(2000, 0.6)
     assert wide >= 4
     narrow = run(3000, 0.01)
     assert narrow == 1
     # Only the best-scored skilled workers stay members: get's scan is bounded
     # by the skilled set, which résumés age out on the workers' side.
-    members = pool._members("hot", pool.classes["hot"])
+    members = pool.members.of("hot", pool.classes["hot"])
     assert len(members) == 1
 
 
@@ -322,12 +322,12 @@ def test_get_touches_only_the_workers_skilled_in_the_class():
     for i in range(2000):
         pool.new_resume("w%d" % rng.randrange(100), {"c%d" % i: 1.0 + rng.random()})
     scanned = Counter()
-    real_owner = pool._owner
+    real_owner = pool.placement._owner
 
     def counting_owner(members, key_hash, *rest):
         scanned["members"] += len(members)
         return real_owner(members, key_hash, *rest)
-    pool._owner = counting_owner
+    pool.placement._owner = counting_owner
     for _ in range(2000):
         rclass = "c%d" % rng.randrange(2000)
         before = len(pool.skilled.get(rclass, ()))
@@ -481,32 +481,32 @@ def test_a_class_whose_workers_are_busiest_takes_another_and_gives_it_back():
     _drive(pool, 600, quick=[BIG, SMALL, SMALL, SMALL])  # light load
     stats = pool.classes["big"]
     members = set(stats.members)
-    assert len(members) == pool.width(stats) == 2 and pool.widenings == 0
+    assert len(members) == pool.members.width(stats) == 2 and pool.members.widenings == 0
     went = _drive(pool, 1200, held=BIG, quick=[SMALL, SMALL, SMALL])
-    assert pool.widenings == 1 and pool.status()["widened"] == 1
+    assert pool.members.widenings == 1 and pool.status()["widened"] == 1
     assert len(stats.members) == 3 and members < set(stats.members)
     (recruit,) = set(stats.members) - members
     assert recruit.handle in went[-100:]  # it takes some of the class's keys
     # ``widen`` set to 0 (live, from ZooKeeper) gives the extra back at once.
     pool.update_settings(widen=0)
     _drive(pool, 200, quick=[BIG, SMALL, SMALL, SMALL])
-    assert len(stats.members) == pool.width(stats) and pool.status()["widened"] == 0
+    assert len(stats.members) == pool.members.width(stats) and pool.status()["widened"] == 0
     pool.update_settings(widen=0.4)
     went = _drive(pool, 1200, held=BIG, quick=[SMALL, SMALL, SMALL])
-    assert pool.widenings == 2 and len(stats.members) == pool.width(stats) + 1
+    assert pool.members.widenings == 2 and len(stats.members) == pool.members.width(stats) + 1
     # Now the workers that are not its members are the busy ones.
     others = [w.handle for w in pool.workers.values() if w not in stats.members]
     for handle in others:
         pool.new_resume(handle, {"other": 1000.0})
     _drive(pool, 2000, held=("other", 2), quick=[BIG])
-    assert pool.narrowings == 1 and pool.status()["widened"] == 0
-    assert len(stats.members) == pool.width(stats)  # (its share is half now)
+    assert pool.members.narrowings == 1 and pool.status()["widened"] == 0
+    assert len(stats.members) == pool.members.width(stats)  # (its share is half now)
 
     # ``widen`` 0: it never does.
     pool = _pool_of_six(0, big_score=10.0, small_score=1000.0)
     _drive(pool, 600, quick=[BIG, SMALL, SMALL, SMALL])
     went = _drive(pool, 1200, held=BIG, quick=[SMALL, SMALL, SMALL])
-    assert len(set(went)) == 2 and pool.widenings == 0
+    assert len(set(went)) == 2 and pool.members.widenings == 0
 
 
 def test_a_busy_class_with_little_of_the_work_does_not_widen():
@@ -515,7 +515,7 @@ def test_a_busy_class_with_little_of_the_work_does_not_widen():
     pool = _pool_of_six(0.4, big_score=1000.0, small_score=10.0)
     _drive(pool, 600, quick=[BIG, SMALL, SMALL, SMALL])
     went = _drive(pool, 1200, held=BIG, quick=[SMALL, SMALL, SMALL])
-    assert len(set(went)) == 2 and pool.widenings == 0
+    assert len(set(went)) == 2 and pool.members.widenings == 0
 
 
 def test_a_new_worker_keeps_its_share_after_slow_start():
@@ -683,7 +683,7 @@ def test_a_starter_is_not_spilled_to():
             pool.put(pool.get("a", "/a/%d" % (i % 3)))
     pool.add("new")
     got = Counter(pool.get("a", "/a/%d" % (i % 3)) for i in range(60))  # none end
-    assert pool.spills > 0 and pool.status()["starting"] == 1
+    assert pool.placement.spills > 0 and pool.status()["starting"] == 1
     assert "new" not in got
 
 
@@ -767,9 +767,9 @@ def test_a_request_stays_with_a_capped_member_twice_as_quick_as_the_spill():
     w0, w1, w2 = (pool.workers[h] for h in ("w0", "w1", "w2"))
     members = {w0: 10.0, w1: 10.0}
     w0.backlog, w1.backlog, w2.backlog = 6, 4, 0
-    assert pool._stay("c", members, w2) is w1  # 5/10 * 2 <= 1/1
+    assert pool.placement._stay("c", members, w2) is w1  # 5/10 * 2 <= 1/1
     pool.new_resume("w2", {"c": 5.0})
-    assert pool._stay("c", members, w2) is w2  # 5/10 * 2 > 1/5
+    assert pool.placement._stay("c", members, w2) is w2  # 5/10 * 2 > 1/5
 
 
 def test_after_a_reset_a_class_goes_back_where_its_keys_went():
@@ -811,7 +811,7 @@ def test_a_class_recruits_the_worker_holding_the_fewest_keys(seed):
     smalls = {w.handle for c, stats in pool.classes.items() if c != "big"
               for w in stats.members}
     assert len(smalls) == 3
-    emptiest = min(pool.held, key=pool.held.__getitem__)
+    emptiest = min(pool.members.held, key=pool.members.held.__getitem__)
     assert emptiest.handle not in smalls
     assert pool.get("new", "/new/0") == emptiest.handle
 
@@ -820,20 +820,20 @@ def test_held_counts_each_class_keys_once_over_its_members():
     pool = big_and_small_classes(0)
     window = pool.requests // pool.footprint_window
     keys = sum(stats.footprint.estimate(window) for stats in pool.classes.values())
-    assert sum(pool.held.values()) == pytest.approx(keys)
+    assert sum(pool.members.held.values()) == pytest.approx(keys)
     big = pool.classes["big"]
     for worker in big.members:
-        assert pool.held[worker] >= big.footprint.estimate(window) / len(big.members)
+        assert pool.members.held[worker] >= big.footprint.estimate(window) / len(big.members)
     # A removed worker holds nothing; its classes count again on the others.
     pool.remove("w0")
-    assert set(w.handle for w in pool.held) == {"w1", "w2", "w3"}
+    assert set(w.handle for w in pool.members.held) == {"w1", "w2", "w3"}
     for i in range(200):
         pool.put(pool.get("big", "/big/%d" % i))
-    assert big.members and all(pool.held[worker] > 0 for worker in big.members)
+    assert big.members and all(pool.members.held[worker] > 0 for worker in big.members)
     # In a new footprint window, classes no longer requested count for nothing.
     for i in range(2 * pool.footprint_window):
         pool.put(pool.get("other", "/other/%d" % (i % 50)))
-    assert sum(pool.held.values()) == pytest.approx(
+    assert sum(pool.members.held.values()) == pytest.approx(
         pool.classes["other"].footprint.estimate(pool.requests // pool.footprint_window))
 
 
@@ -881,7 +881,7 @@ def test_a_class_whose_keys_hover_at_a_whole_number_of_workers_keeps_its_members
     # 52% of the keys of six workers ask for 3.12 of them, 48% for 2.88: a
     # class whose keys went back and forth took a fourth member and gave
     # it back each time, and that member's keys were loaded again.
-    monkeypatch.setattr(affinity, "PRIOR", 1)  # (few keys, counted exactly)
+    monkeypatch.setattr(membership, "PRIOR", 1)  # (few keys, counted exactly)
     pool = pool_of(6, footprint_window=1000)
     rng = random.Random(4)
     widths = []
@@ -897,7 +897,7 @@ def test_a_class_whose_keys_hover_at_a_whole_number_of_workers_keeps_its_members
     for _ in range(3000):
         rclass = "a" if rng.random() < 0.2 else "b"
         pool.put(pool.get(rclass, "/%s%d" % (rclass, rng.randrange(20 if rclass == "a" else 30))))
-    assert len(pool.classes["a"].members) == pool.width(pool.classes["a"]) == 3
+    assert len(pool.classes["a"].members) == pool.members.width(pool.classes["a"]) == 3
 
 
 def test_keys_another_lb_sent_go_where_it_sent_them():
@@ -920,7 +920,7 @@ def test_keys_another_lb_sent_go_where_it_sent_them():
         for pool in (second, unrelayed):  # (as busy with keys of their own: four members)
             pool.put(pool.get("c", "/other/%d" % rng.randrange(300)))
     for pool in (first, second, unrelayed):
-        assert len(pool._members("c", pool.classes["c"])) == 4
+        assert len(pool.members.of("c", pool.classes["c"])) == 4
     second.sent_keys("w0"), second.sent_keys("w1"), second.sent_keys("w2"), second.sent_keys("w3")
     went = defaultdict(set)  # key hash -> the workers it was sent to
     for handle in ("w0", "w1", "w2", "w3"):

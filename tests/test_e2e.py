@@ -530,7 +530,7 @@ def test_client_disconnecting_mid_upload_cancels_the_workers_request(cluster, tm
 def test_a_large_upload_arrives_intact_however_it_comes_and_the_next_request_follows(cluster):
     """A large body of a plain Content-Length is counted off the LB's
     reads as they come and handed on in pieces of the worker's reads
-    (h1.py, frames.py): in random pieces, with the next request right
+    (h1.py, decoder.py): in random pieces, with the next request right
     behind it in the same send, it arrives whole and in order, and the
     connection carries on."""
     import hashlib

@@ -1,6 +1,7 @@
-"""Tests for zc_lb.wire.frames on its own: what encode refuses, the limits and
-request numbers of whole and ready frames, ready frames' fields, Decoder.allow,
-the request an error names, and the decoder's buffer across many frames.
+"""Tests for zc_lb.wire's frames, encoder and decoder on their own: what
+encode refuses, the limits and request numbers of whole and ready frames,
+ready frames' fields, Decoder.allow, the request an error names, and the
+decoder's buffer across many frames.
 
 Round trips of every message type, whole and byte by byte, and arbitrary
 chunkings are in test_protocol.py; these tests cover what it does not.
@@ -14,10 +15,11 @@ import pytest
 
 from zc_lb.wire import frames
 from zc_lb.errors import LocalProtocolError, RemoteProtocolError, ResponseHeadTooLarge
-from zc_lb.wire.frames import (HEADER, MAX_BODY, MAX_MESSAGE, NEED_DATA, READY_PREFIX, READY_RESPONSE,
-                          WHOLE_REQUEST, WHOLE_RESPONSE, Body, Credit, Decoder, End, Hello,
-                          Ping, Pong, Request, Response, Resume, encode, head_fields,
-                          ready_frame)
+from zc_lb.wire.decoder import COMPACT_AT, COPY_ONCE_AT, NEED_DATA, STREAM_AT, Decoder, head_fields
+from zc_lb.wire.encoder import encode, ready_frame
+from zc_lb.wire.frames import (HEADER, MAX_BODY, MAX_MESSAGE, READY_PREFIX, READY_RESPONSE,
+                          WHOLE_REQUEST, WHOLE_RESPONSE, Body, Credit, End, Hello,
+                          Ping, Pong, Request, Response, Resume)
 
 
 def drain(decoder: Decoder) -> list:
@@ -236,7 +238,7 @@ def test_a_frame_split_after_many_decoded_frames_decodes_intact():
     # partial; past COPY_ONCE_AT a payload is copied through a memoryview.
     small = [Body(n, bytes([n]) * 1000) for n in range(1, 101)]
     large = Body(101, bytes(range(256)) * 40)
-    assert 100 * 1000 > frames.COMPACT_AT and len(large.data) >= frames.COPY_ONCE_AT
+    assert 100 * 1000 > COMPACT_AT and len(large.data) >= COPY_ONCE_AT
     data = b"".join(encode(m) for m in small) + encode(large)
     cut = len(data) - len(large.data) // 2
     decoder = Decoder()
@@ -252,7 +254,7 @@ def test_a_large_body_frame_is_handed_on_in_pieces_as_it_comes():
     """From STREAM_AT bytes a Body frame goes on a piece per read, in
     order, and the frames after it decode intact, however it is split."""
     large = Body(7, bytes(range(256)) * 1024)  # 256 KiB
-    assert len(large.data) >= frames.STREAM_AT
+    assert len(large.data) >= STREAM_AT
     after = [End(7), Body(8, b"x" * 100), Credit(8, 5)]
     data = encode(Body(6, b"before")) + encode(large) + b"".join(encode(m) for m in after)
     counts = []
@@ -274,7 +276,7 @@ def test_a_large_body_frame_is_handed_on_in_pieces_as_it_comes():
 def test_the_rest_of_a_large_body_frame_is_wanted_alone_and_kept_as_it_came():
     """``wants``: the rest of a large frame, read by itself, goes on as
     the very bytes object the read made; then a header alone."""
-    payload = b"y" * frames.STREAM_AT
+    payload = b"y" * STREAM_AT
     data = encode(Body(3, payload))
     decoder = Decoder()
     decoder.receive_data(data[:frames.HEADER_SIZE + 10])
@@ -290,7 +292,7 @@ def test_the_rest_of_a_large_body_frame_is_wanted_alone_and_kept_as_it_came():
 
 
 def test_a_large_body_frame_over_its_limit_is_refused_from_the_header_alone():
-    decoder = Decoder(max_body=frames.STREAM_AT)
-    decoder.receive_data(HEADER.pack(4, Body.TYPE, frames.STREAM_AT + 1) + b"z" * 10)
+    decoder = Decoder(max_body=STREAM_AT)
+    decoder.receive_data(HEADER.pack(4, Body.TYPE, STREAM_AT + 1) + b"z" * 10)
     with pytest.raises(RemoteProtocolError):
         drain(decoder)

@@ -19,6 +19,7 @@ from corpus import CASES, CHUNKINGS, IDS, FileSock, check_answer, chunks, reques
 from zc_lb.front.client import ClientConnection
 from zc_lb.front.server import _Server
 from zc_lb.lb.balancer import _forwarded_environ
+from zc_lb.environ import RELAY
 
 
 # -- the request corpus, in process ---------------------------------------------
@@ -127,6 +128,44 @@ def path_app(environ, start_response):
     body = environ["PATH_INFO"].encode()
     start_response("200 OK", [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))])
     return [body]
+
+
+class ReadyForwarder:
+    """A Forwarder (front/forwarder.py) answering with a head ready for
+    the client, as the LB does with a worker's."""
+
+    def __init__(self):
+        self.seen = []
+
+    def forward(self, environ, responder):
+        relay = environ[RELAY]
+        self.seen.append((relay.head.path, responder.sock is not None, sorted(environ)))
+        body = b"ready"
+        responder.start_ready("200 OK", b"HTTP/1.1 200 OK\r\nX-Ready: 1\r\n"
+                              b"Content-Length: 5\r\nDate: x\r\n", len(body))
+        return [body]
+
+
+def test_a_forwarder_gets_the_relayed_head_and_answers_through_the_connection():
+    forwarder = ReadyForwarder()
+    sent, _ = serve_pieces(forwarder, [b"GET /a?b HTTP/1.1\r\nHost: a\r\n\r\n"])
+    [(status, headers, body)] = responses(sent)
+    assert (status, headers["X-Ready"], body) == (200, "1", b"ready")
+    [(path, watched, keys)] = forwarder.seen
+    assert path == "/a?b" and watched
+    assert "PATH_INFO" not in keys  # (made by the Relay when asked, not before)
+
+
+def test_a_plain_wsgi_application_gets_a_whole_environ_and_no_relay():
+    seen = []
+
+    def app(environ, start_response):
+        seen.append(environ)
+        return path_app(environ, start_response)
+
+    sent, _ = serve_pieces(app, [b"GET /a HTTP/1.1\r\nHost: a\r\n\r\n"])
+    assert responses(sent)[0][2] == b"/a"
+    assert RELAY not in seen[0] and seen[0]["PATH_INFO"] == "/a"
 
 
 def test_pipelined_requests_are_answered_in_order_on_one_connection():
@@ -307,7 +346,7 @@ def _ask(sock, path):
 
 def _parked(server):
     """Client connections parked (they wait for a request, as in ``waiting``)."""
-    return sum(1 for connection in server.waiting if connection.parked)
+    return sum(1 for connection in server.waiting if connection.transport.parked)
 
 
 def _until(predicate, message, timeout=5.0):

@@ -235,7 +235,7 @@ def test_what_waits_for_a_client_that_stopped_reading_stays_within_the_window(st
               spool_limits=SpoolLimits(memory=64 * 1024, disk=0))
     client = s.client()
     client.send(b"GET /big HTTP/1.1\r\nHost: a.example\r\n\r\n")
-    poll(lambda: s.lb.spool_limits.stalled > 0, message="the spool full")
+    poll(lambda: s.lb.flight.spool_limits.stalled > 0, message="the spool full")
     gevent.sleep(0.2)
     [link] = s.lb.fleet.links.values()
     [stream] = link.connection.protocol.streams.values()

@@ -114,6 +114,17 @@ def status_doc(status_address):
         return json.load(response)
 
 
+def test_the_status_document_counts_the_client_connections_open(procs):
+    lb, _ = lb_with_status(procs)
+    wait_for(lambda: status_doc(lb.status_address)["clients"] == 0, message="none open")
+    with connect(lb.address) as first, connect(lb.address) as second:
+        for sock in (first, second):
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        assert status_doc(lb.status_address)["clients"] == 2
+    wait_for(lambda: status_doc(lb.status_address)["clients"] == 0, message="both closed")
+
+
 def test_every_answer_the_front_gives_itself_is_counted_by_status_and_cause(procs, tmp_path):
     # 400, 408, 431 and 501 were counted nowhere: not in requests, errors,
     # recent_errors or /metrics (a 413 or a 503 was).

@@ -7,10 +7,12 @@ import time
 
 import gevent
 import orjson
+import pytest
 
 from zc_lb.routing.affinity import AffinityPool
 from zc_lb.routing.classifier import MAX_CLASS, bounded_class, get_classifier, get_key_function
 from zc_lb.lb.balancer import LB
+from zc_lb.errors import ConfigurationError
 
 
 def make_lb(classifier, key="path") -> LB:
@@ -75,14 +77,14 @@ def test_the_retry_budget_is_the_room_the_healthy_workers_have():
     lb.pool.add("w2")
     # 12 requests were lost with a third worker: with 15 still counted in
     # flight, each healthy worker may reach ceil(16 / 2) = 8.
-    lb.in_flight = 15
+    lb.flight.requests = 15
     for _ in range(4):
         lb.pool.get("a")  # four on w1 or w2
     placed = 0
     while lb._may_retry({}):
         lb.pool.get("a")
         placed += 1
-    assert placed == 12 and lb.retries_refused == 1
+    assert placed == 12 and lb.counters.retries_refused == 1
     environ = {}
     assert not lb._may_retry(environ)
     assert "no worker has room" in environ["zc_lb.retry_refused"]
@@ -101,8 +103,8 @@ def test_drain_waits_for_a_quiet_spell_on_events():
     lb.pool.add("w")
     assert lb.drain(5, quiet=0.05)  # nothing in flight: quiet at once
     lb._get_worker("a", "/x")  # a request starts ...
-    assert not lb.idle.is_set()
-    gevent.spawn_later(0.1, lb.worker_done, "w")  # ... and ends
+    assert not lb.flight.idle.is_set()
+    gevent.spawn_later(0.1, lb.flight.worker_done, "w")  # ... and ends
     started = time.monotonic()
     assert lb.drain(5, quiet=0.05)
     assert 0.1 <= time.monotonic() - started < 2
@@ -115,7 +117,7 @@ def test_a_request_during_the_quiet_spell_restarts_it():
     def one_more():  # a keep-alive client's last request
         lb._get_worker("a", "/x")
         gevent.sleep(0.1)
-        lb.worker_done("w")
+        lb.flight.worker_done("w")
 
     gevent.spawn_later(0.02, one_more)
     started = time.monotonic()
@@ -135,7 +137,7 @@ def test_past_the_classes_it_counts_the_lb_still_forwards_each_requests_own_clas
     # "other"; the worker is told each request's own class all the same.
     import gevent.socket
 
-    import zc_lb.lb.balancer
+    import zc_lb.lb.stats
     from zc_lb.front.server import FrontServer
     from zc_lb.worker.server import Worker
 
@@ -144,7 +146,7 @@ def test_past_the_classes_it_counts_the_lb_still_forwards_each_requests_own_clas
         start_response("200 OK", [("Content-Length", str(len(body)))])
         return [body]
 
-    monkeypatch.setattr(zc_lb.lb.balancer, "MAX_COUNTED_CLASSES", 2)
+    monkeypatch.setattr(zc_lb.lb.stats, "MAX_COUNTED_CLASSES", 2)
     worker = Worker(app)
     worker.start()
     lb = make_lb(get_classifier("host"))
@@ -162,7 +164,7 @@ def test_past_the_classes_it_counts_the_lb_still_forwards_each_requests_own_clas
                 bodies.append(answer.read().split(b"\r\n\r\n", 1)[1])
             sock.close()
         assert bodies == [b"a.example", b"b.example", b"c.example", b"d.example"]
-        assert lb.class_requests == {"a.example": 1, "b.example": 1, "other": 2}
+        assert lb.counters.classes == {"a.example": 1, "b.example": 1, "other": 2}
         # Response times by worker and by class as counted (for the page).
         doc = lb.status()
         address = "%s:%d" % worker.address[:2]
@@ -250,3 +252,26 @@ def test_two_lbs_hear_through_the_workers_where_each_sent_a_key():
         for rclass, hashes in part.items():
             merged.setdefault(rclass, []).extend(hashes)
     assert merged == keys
+
+
+def test_every_live_lb_setting_has_one_holder():
+    # The settings table says which settings are live; each is held by the
+    # pool (a policy's SETTINGS), the LB itself (LB.SETTINGS), or the
+    # ZooKeeper membership (a token, and the version rule).
+    from zc_lb.routing.policies import POLICIES
+    from zc_lb.settings import LB_SETTINGS, LIVE, given_in
+    pooled = set().union(*(policy.SETTINGS for policy in POLICIES.values()))
+    held = pooled | set(LB.SETTINGS) | {"reset_skills", "single_version"}
+    assert set(given_in(LB_SETTINGS, LIVE)) == held
+    assert not pooled & set(LB.SETTINGS)
+
+
+def test_configure_changes_the_pool_and_the_lb_and_logs_each(caplog):
+    lb = make_lb(lambda environ: "a")
+    with caplog.at_level(logging.INFO, logger="zc_lb.settings"):
+        lb.configure({"variance": 2.0, "no_worker_timeout": 1.5, "port": 80}, "test")
+    assert lb.pool.variance == 2.0 and lb.no_worker_timeout == 1.5
+    assert "no_worker_timeout 5 -> 1.5 (test)" in caplog.text
+    with pytest.raises(ConfigurationError):
+        lb.configure({"variance": 3.0, "no_worker_timeout": -1})
+    assert lb.pool.variance == 2.0 and lb.no_worker_timeout == 1.5

@@ -11,7 +11,8 @@ import pytest
 
 from conftest import source_only
 
-from zc_lb.routing.affinity import GAIN_BALANCE, MOVE_COST, NOISE, AffinityPool
+from zc_lb.routing.affinity import AffinityPool
+from zc_lb.routing.placement import GAIN_BALANCE, MOVE_COST, NOISE
 from zc_lb.routing.classstats import ClassStats
 from zc_lb.routing.locality import MIN_SAMPLES, Locality
 
@@ -144,7 +145,7 @@ def test_a_key_worth_more_at_home_waits_longer_there(away, stays):
     pool = pool_of(3)
     run(pool, 400, 20, 0.001, away)
     assert pool.locality.pool_gain() == pytest.approx(away / 0.001)
-    assert len(pool._members("c", pool.classes["c"])) == 3
+    assert len(pool.members.of("c", pool.classes["c"])) == 3
     home = pool.get("c", "/k")
     pool.put(home)
     for worker in pool.workers.values():
@@ -161,13 +162,13 @@ def test_a_worker_the_lb_made_skilled_is_not_taken_for_one_request_a_second():
         pool.new_resume(handle, {"c": 100.0})
     w0, w1, w2 = (pool.workers[h] for h in ("w0", "w1", "w2"))
     w0.mbacklog = w1.mbacklog = 5.0  # over the published cap: the class spills
-    assert pool._published("c") is w2 and "c" in w2.given
-    assert pool._estimate("c", w2) == 100.0
+    assert pool.published("c") is w2 and "c" in w2.given
+    assert pool.placement._estimate("c", w2) == 100.0
     w0.backlog, w1.backlog, w2.backlog = 6, 4, 0
-    assert pool._stay("c", {w0: 100.0, w1: 100.0}, w2) is w2  # 5/100 * 2 > 1/100
+    assert pool.placement._stay("c", {w0: 100.0, w1: 100.0}, w2) is w2  # 5/100 * 2 > 1/100
     pool.new_resume("w2", {"c": 1.0})  # its own résumé says it is that slow
     assert "c" not in w2.given
-    assert pool._stay("c", {w0: 100.0, w1: 100.0}, w2) is w1
+    assert pool.placement._stay("c", {w0: 100.0, w1: 100.0}, w2) is w1
 
 
 @source_only
@@ -177,8 +178,8 @@ def test_keys_that_buy_nothing_stay_home_on_ties_and_go_back_to_members_when_the
     stats = pool.classes["c"]
     assert pool.locality.gain(stats) <= 1 + NOISE  # (its keys buy nothing)
     worked_out = Counter()
-    members = pool._members
-    pool._members = lambda *args: worked_out.update(["members"]) or members(*args)
+    members_of = pool.members.of
+    pool.members.of = lambda *args: worked_out.update(["members"]) or members_of(*args)
     homes = {}
     for _ in range(3):  # one at a time: every worker is idle, so keys stay home
         for key in ("/x", "/y", "/z", "/w"):
@@ -216,7 +217,7 @@ def test_behind_several_lbs_nothing_is_measured_or_bounded():
     pool.lbs = 2
     run(pool, 500, 20, 0.001, 0.001)
     assert pool.placed is None and pool.locality.pool_gain() is None
-    assert pool.bounded == pool.explored == 0
+    assert pool.placement.bounded == pool.placement.explored == 0
 
 
 def test_what_the_app_says_of_its_cache_stands_for_where_a_request_went():

@@ -1,4 +1,5 @@
-"""Tests for zc_lb.wire.frames and zc_lb.wire.protocol: framing, Decoder, encode, handshake, Stream.
+"""Tests for zc_lb.wire.protocol and its parts (frames, encoder, decoder,
+handshake, stream): framing, Decoder, encode, handshake, Stream.
 
 Every reader is tested three ways (docs/design.rst, "How the code is
 written"): input whole, one byte at a time, and followed by more input.  Hypothesis properties feed arbitrary
@@ -15,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zc_lb.wire import frames
 from zc_lb.wire import protocol
 from zc_lb.lb import relay
+from zc_lb.wire.decoder import STREAM_AT, ready_status
 from zc_lb.errors import (AuthenticationError, BadResponseHead, LocalProtocolError,
                           RemoteProtocolError, ResponseHeadTooLarge)
 from zc_lb.wire.protocol import (
@@ -45,13 +46,10 @@ from zc_lb.wire.protocol import (
     Request,
     Resume,
     Response,
-    auth_digest,
     body_header,
-    check_auth,
-    check_hello,
     encode,
-    new_hello,
 )
+from zc_lb.wire.handshake import auth_digest, check_auth, check_hello, new_hello
 
 PROPERTY = settings(max_examples=150, deadline=None, database=None)
 
@@ -1236,11 +1234,11 @@ def test_a_peer_past_its_credit_is_an_error():
 
 
 def test_a_large_body_frame_past_the_credit_is_an_error_though_it_comes_in_pieces():
-    """A frame handed on in pieces as it comes (frames.STREAM_AT) is held
+    """A frame handed on in pieces as it comes (STREAM_AT) is held
     to the credit all the same: the piece that passes it is refused."""
-    wire = Wire(window=frames.STREAM_AT)
+    wire = Wire(window=STREAM_AT)
     rno = _started(wire)
-    data = encode(Body(rno, b"x" * (frames.STREAM_AT + 1)))
+    data = encode(Body(rno, b"x" * (STREAM_AT + 1)))
     wire.worker.receive_data(data[:1000])
     assert isinstance(wire.worker.next_event(), Body)  # (the first piece is within it)
     wire.worker.receive_data(data[1000:])
@@ -1407,7 +1405,7 @@ def test_ready_status_is_the_framing_rule(pieces):
     head = b"".join(pieces)
     match = READY_HEAD.fullmatch(head)
     expected = None if match is None else match.group(1).decode("latin-1")
-    assert frames.ready_status(head) == expected
+    assert ready_status(head) == expected
 
 
 @pytest.mark.parametrize("head, status", [
@@ -1423,6 +1421,6 @@ def test_ready_status_is_the_framing_rule(pieces):
     (b"HTTP/1.0 200 OK\r\n", None),
 ])
 def test_ready_status(head, status):
-    assert frames.ready_status(head) == status
+    assert ready_status(head) == status
     match = READY_HEAD.fullmatch(head)
     assert (match and match.group(1).decode("latin-1")) == status

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from zc_lb.errors import ConfigurationError
-from zc_lb.wire import frames
+from zc_lb.wire import encoder, frames
 from zc_lb.worker.resume import (DEFAULT_HISTORY, MAX_CLASSES, MIN_ELAPSED, RESUME_BYTES, Skills,
                           load_resume, save_resume)
 
@@ -196,9 +196,9 @@ def test_a_resume_too_big_for_a_frame_keeps_the_most_requested_classes_that_fit(
         skills.record("site", 0.01)
         skills.record("other", 0.02)
     whole = skills.resume()
-    assert len(whole) == 202 and len(frames._json(whole)) > 4000
+    assert len(whole) == 202 and len(encoder._json(whole)) > 4000
     resume = skills.resume(max_bytes=4000)
-    assert len(frames._json(resume)) <= 4000 < len(frames._json(resume)) + 120
+    assert len(encoder._json(resume)) <= 4000 < len(encoder._json(resume)) + 120
     assert resume["site"] == whole["site"] and resume["other"] == whole["other"]
     assert set(resume) < set(whole)
     kept = sorted(int(rclass[1:].partition("-")[0]) for rclass in resume

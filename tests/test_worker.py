@@ -403,7 +403,7 @@ def test_a_served_request_leaves_no_garbage_cycle(serve, threads):
         for _ in range(50):
             assert call(connection, {})[0].status == "200 OK"
 
-    from zc_lb.wire.connection import Exchange
+    from zc_lb.wire.exchange import Exchange
     leftover = _leftover_garbage(requests)
     assert not [o for o in leftover if isinstance(o, Exchange)]
 
@@ -767,7 +767,7 @@ def test_a_thread_app_writing_faster_than_the_lb_takes_waits_holding_at_most_hig
     # Flow control reaches the app: the LB grants no credit, so the
     # thread stops once threadio.HIGH bytes wait for the hub (plus the
     # first window), and goes on as the LB takes them.
-    from zc_lb.wire.frames import WIDE_WINDOW
+    from zc_lb.wire.stream import WIDE_WINDOW
     from zc_lb.worker.threadio import HIGH
 
     made = []

@@ -19,12 +19,18 @@ import sys
 
 __version__ = "0.1.0"
 
-COMPILED = ("routing.pool", "routing.classstats", "routing.locality", "routing.slowstart",
-            "routing.relearn", "routing.affinity", "routing.classifier", "front.h1",
-            "front.httpparse", "front.forwarding", "front.client", "lb.outlier", "lb.relay",
-            "lb.balancer", "lb.fleet", "wire.frames", "wire.protocol", "wire.connection", "worker.server",
-            "worker.wsgi", "worker.greenlets", "worker.publisher",
-            "worker.serving", "environ")
+COMPILED = (
+    "environ",
+    "front.h1", "front.httpparse", "front.forwarding", "front.client", "front.transport",
+    "front.body",
+    "lb.outlier", "lb.relay", "lb.balancer", "lb.fleet", "lb.bodies", "lb.stats", "lb.awaiting",
+    "routing.pool", "routing.classstats", "routing.locality", "routing.slowstart",
+    "routing.members", "routing.placement", "routing.relearn", "routing.affinity",
+    "routing.classifier",
+    "wire.frames", "wire.encoder", "wire.decoder", "wire.handshake", "wire.stream",
+    "wire.protocol", "wire.keepalive", "wire.writer", "wire.exchange", "wire.connection",
+    "worker.wsgi", "worker.greenlets", "worker.publisher", "worker.serving", "worker.server",
+)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 

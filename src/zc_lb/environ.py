@@ -15,14 +15,12 @@ An application behind a worker sees two of them, and may set a third:
   cache did").
 
 The rest pass between the front server and the LB within one process,
-for the LB's work and the access log:
+for the LB's work and the access log (the LB answers through the front's
+``Responder``, front/forwarder.py, not through the environ):
 
 - ``RELAY``: the request head as the front checked it (``lb.relay``);
 - ``FORWARD``: the forwarding variables, for an application that is not
   the LB;
-- ``CLIENT_SOCKET``: the client's socket, so the LB notices a hang-up;
-- ``START_READY``: the front's way to take a response head the worker
-  made ready for the client;
 - ``CLASS``, ``COUNTED_CLASS``: the class the LB routed by, and the one
   it counted the latency under (bounded in number);
 - ``UPSTREAM_TIME``, ``RETRIES``, ``RETRY_REFUSED``, ``ERROR``: the
@@ -37,8 +35,6 @@ WORKER: Final = "zc_lb.worker"
 CACHE: Final = "zc_lb.cache"
 RELAY: Final = "zc_lb.relay"
 FORWARD: Final = "zc_lb.forward"
-CLIENT_SOCKET: Final = "zc_lb.client_socket"
-START_READY: Final = "zc_lb.start_ready"
 CLASS: Final = "zc_lb.class"
 COUNTED_CLASS: Final = "zc_lb.counted_class"
 UPSTREAM_TIME: Final = "zc_lb.upstream_time"

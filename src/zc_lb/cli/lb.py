@@ -151,13 +151,13 @@ def build_lb(args: argparse.Namespace):
         LogFormat(args.access_log_format)  # refuse a bad one all the same
         log.warning("--access-log-format without --access-log: no access log is written")
     fronts = _build_fronts(args, lb, tls, access_log)
-    lb.fronts = fronts  # their client connections go in the status document
     status = None
     if args.status:
         status = FrontServer(restart.inherited("status") or parse_address(args.status),
                              lb_status_app(
-            functools.partial(_lb_document, lb, fronts), lb_actions(lb), lambda: lb.requests,
-            read_secret(args.admin_token_file), lambda: len(lb.pool)))
+            functools.partial(_lb_document, lb, fronts), lb_actions(lb),
+            lambda: lb.counters.requests, read_secret(args.admin_token_file),
+            lambda: len(lb.pool)))
     return lb, fronts, status
 
 
@@ -241,6 +241,7 @@ def _lb_document(lb, fronts) -> dict:
     """The LB's status document, with zc-lb's version and where it listens."""
     doc = lb.status()
     doc["version"] = version()
+    doc["clients"] = sum(front.connections for front in fronts)
     doc["listen"] = ["%s://%s" % ("https" if getattr(front, "tls", None) else "http",
                                   address_text(front.address))
                      for front in fronts if getattr(front, "server", None) is not None]

@@ -1,11 +1,13 @@
 """One client connection of the front server (front/server.py): its requests
-read, the LB's WSGI app called for each, its responses written.
+read, the LB (or a WSGI application) called for each, its responses written.
 
 The server (front/server.py) accepts, caps and hands over connections; what
 each request costs in the front is here: the head's wait and read
-(parking an idle client's greenlet), the environ built once from a
-per-connection base, the application's call, and the response written
-with its head and first body bytes in one send.
+(parking an idle client's greenlet; the socket's reads and writes are
+front/transport.py's), the environ built once from a per-connection
+base, the call (the LB as a Forwarder, front/forwarder.py, with this
+connection as its Responder), and the response written with its head
+and first body bytes in one send.  The request's body is front/body.py's.
 """
 
 from __future__ import annotations
@@ -13,30 +15,29 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import Any, Dict, List, Optional, Tuple, cast
+from typing import Any, Dict, Optional, Tuple, cast
 
 import gevent  # type: ignore[import-untyped]
-import gevent.ssl  # type: ignore[import-untyped]
-from gevent.hub import Waiter, get_hub  # type: ignore[import-untyped]
 
 from zc_lb.errors import BadResponseHead, ClientError, ClientGone, HeadTimeout, ZcLbError
-from zc_lb.front.h1 import (BODILESS_STATUS, REASONS, Request, RequestReader, check_response, date_line,
-                 response_head, start_again)
+from zc_lb.front.h1 import (BODILESS_STATUS, Request, RequestReader, check_response, date_line,
+                            response_head, start_again)
 from zc_lb.front.httpparse import RequestHead
 from zc_lb.lb.relay import Facts, Relay, connection_variables
-from zc_lb.sockets import send_all, wait
-from zc_lb.environ import CLIENT_SOCKET, FORWARD, RELAY, START_READY
+from zc_lb.front.body import NO_BODY, Input
+from zc_lb.front.transport import RECV_SIZE, Transport
+from zc_lb.sockets import send_all
+from zc_lb.environ import FORWARD, RELAY
 
 log = logging.getLogger("zc_lb.front.server")  # the front server's log, as before the split
 
 
-RECV_SIZE = 64 * 1024
 BODY_RECV_SIZE = 256 * 1024  # a request body's reads: a quarter of them, for a large one
 PARK_AFTER = 2.0  # seconds a keep-alive client idles before its greenlet is let go
 PARKED = object()  # what ``_next_request`` says of a connection it parked
-LINGER = 0.5  # seconds to read and drop a refused client's bytes before closing
-LINGER_BYTES = 1024 * 1024
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+HEAD_TIMEOUT = "no complete request head within %gs"
+EVICTED = "evicted: the slowest request head when the connections ran out"
 
 
 class ClientConnection:
@@ -59,17 +60,7 @@ class ClientConnection:
         self.peer = address[0] if isinstance(address, tuple) else None
         self.evicted = False  # ended by the server to make room
         self.trusted = forwarding is not None and forwarding.trusts(self.peer)
-        # Reads and writes wait at most the client timeout for progress
-        # (gevent's socket timeout); a request head's wait has a deadline
-        # of its own (``_recv``).
-        sock.settimeout(server.client_timeout)
-        raw: Any = getattr(sock, "_sock", None)
-        plain = not isinstance(sock, gevent.ssl.SSLSocket) and raw is not None
-        self._raw_recv = raw.recv if plain else None
-        self._raw_send = raw.send if plain else None
-        self._readable: Any = None  # the socket's read watcher, made at the first wait
-        self._idle: Any = None  # while parked, the client timeout's timer
-        self.parked = False  # its greenlet let go while the client idles
+        self.transport = Transport(sock, server.client_timeout)
         self._reset()
 
     def _reset(self) -> None:
@@ -104,7 +95,7 @@ class ClientConnection:
                 return False
             self._serve(request)
             if not request.complete:  # a body left unread cannot be skipped
-                self._linger()  # safely: hang up, once the client has our answer
+                self.transport.linger()  # safely: hang up, once the client has our answer
                 return False
             if self.close:
                 return False
@@ -125,12 +116,13 @@ class ClientConnection:
             return request
         drained = False
         waiting = self.server.waiting
-        if (self._raw_recv is not None and not first and not reader.in_head
+        raw_recv = self.transport.raw_recv
+        if (raw_recv is not None and not first and not reader.in_head
                 and self not in waiting):  # (not one resumed from parking: see below)
             # Between requests the next is often here already (a busy
             # client): read it without the wait's bookkeeping.
             try:
-                data = self._raw_recv(RECV_SIZE)
+                data = raw_recv(RECV_SIZE)
             except BlockingIOError:
                 drained = True  # (the wait below starts by waiting, not reading)
             except OSError:
@@ -164,24 +156,25 @@ class ClientConnection:
             if deadline is not None:
                 timeout = deadline - time.monotonic()
                 if timeout <= 0:  # (it passed while the last bytes came in)
-                    return self._head_timeout(header_timeout)
+                    return self._end_waiting(HEAD_TIMEOUT % header_timeout)
                 if client_timeout is not None:
                     timeout = min(timeout, client_timeout)
             # Idle between requests: park after ``park_after`` (plain sockets).
-            park = (deadline is None and not reader.in_head and self._raw_recv is not None
+            park = (deadline is None and not reader.in_head
+                    and self.transport.raw_recv is not None
                     and (timeout is None or timeout > park_after))
             try:
-                data = self._recv(park_after if park else timeout, drained)
+                data = self.transport.recv(park_after if park else timeout, drained)
             except socket.timeout:
                 if deadline is not None and time.monotonic() >= deadline:
-                    return self._head_timeout(header_timeout)
+                    return self._end_waiting(HEAD_TIMEOUT % header_timeout)
                 if park:
                     return self._park(None if timeout is None else timeout - park_after)
                 return None  # idle between requests: close quietly
             except OSError:
                 return None
-            if self.evicted:
-                return self._evict()
+            if self.evicted:  # (the server made room for a new connection)
+                return self._end_waiting(EVICTED)
             drained = False
             reader.receive_data(data)
             request = reader.next_request()
@@ -189,89 +182,31 @@ class ClientConnection:
                 return request
 
     def _park(self, timeout: Optional[float]) -> object:
-        """Let this connection's greenlet go while its client idles, and
-        resume it in a new one (``_unpark``) when the client sends again
-        or the server evicts it, or close it after ``timeout`` more
-        seconds (``_expire``).  A greenlet's saved stack and its frames
-        were a third of what an idle keep-alive client cost; a busy
-        client never parks.  PARKED: the caller must let the connection be."""
-        assert self._readable is not None  # (made by the wait that timed out)
-        self.parked = True
+        """Let this connection's greenlet go while its client idles
+        (front/transport.py), and resume it in a new one (``_unpark``)
+        when the client sends again or the server evicts it, or close it
+        after ``timeout`` more seconds (``_expire``).  A busy client never
+        parks.  PARKED: the caller must let the connection be."""
         self.facts = None  # (made again by the next request: an idle client keeps less)
-        self._readable.start(self._unpark)
-        if timeout is not None:
-            self._idle = get_hub().loop.timer(timeout)
-            self._idle.start(self._expire, update=True)
+        self.transport.park(timeout, self._unpark, self._expire)
         return PARKED
-
-    def _stop_parking(self) -> None:
-        assert self._readable is not None
-        self.parked = False
-        self._readable.stop()
-        if self._idle is not None:
-            self._idle.close()
-            self._idle = None
 
     def _unpark(self) -> None:
         """(From the hub) the client sent, or hung up, or was evicted."""
-        self._stop_parking()
+        self.transport.stop_parking()
         gevent.spawn(self.server.serve, self, False)
 
     def _expire(self) -> None:
         """(From the hub) the client timeout passed while parked: close quietly."""
-        self._stop_parking()
+        self.transport.stop_parking()
         self.server.waiting.pop(self, None)
         self.server.ended(self.sock)
 
-    def _recv(self, timeout: Optional[float], drained: bool = False) -> bytes:
-        """``sock.recv`` within ``timeout`` seconds (socket.timeout past it);
-        ``drained``: the socket was just found empty, so wait before
-        reading.  gevent's own made a Timeout object for every wait, and
-        changing the socket's timeout for the wait cost as much again;
-        here a wait is a timer on the loop.  (A TLS socket reads through
-        gevent.)"""
-        raw_recv = self._raw_recv
-        if raw_recv is None:
-            sock = self.sock
-            sock.settimeout(timeout)
-            try:
-                return sock.recv(RECV_SIZE)
-            finally:
-                sock.settimeout(self.server.client_timeout)
-        if drained:
-            self._wait_readable(timeout)
-        while True:
-            try:
-                return raw_recv(RECV_SIZE)
-            except BlockingIOError:
-                self._wait_readable(timeout)
-
-    def _wait_readable(self, timeout: Optional[float]) -> None:
-        hub = get_hub()
-        readable = self._readable
-        if readable is None:
-            readable = self._readable = hub.loop.io(self.sock.fileno(), 1)
-        waiter = Waiter(hub)
-        readable.start(waiter.switch, None)
-        try:
-            wait(waiter, timeout, socket.timeout, "timed out")
-        finally:
-            readable.stop()
-
-    def _head_timeout(self, header_timeout: float) -> Optional[Request]:
-        """The header timeout passed: see ``_end_waiting``."""
-        return self._end_waiting("no complete request head within %gs" % header_timeout)
-
-    def _evict(self) -> Optional[Request]:
-        """The server made room for a new connection by ending this one,
-        the longest waiting for a request: see ``_end_waiting``."""
-        return self._end_waiting("evicted: the slowest request head when the connections "
-                                 "ran out")
-
     def _end_waiting(self, why: str) -> Optional[Request]:
-        """End a connection waiting for a request: 408 (counted) for a head
-        begun, and for one never begun, nothing (it asked nothing).  None:
-        the connection ends."""
+        """End a connection waiting for a request (its head took too long,
+        or the server evicted it: the longest waiting when the connections
+        ran out): 408 (counted) for a head begun, and for one never begun,
+        nothing (it asked nothing).  None: the connection ends."""
         if self.reader.in_head:
             self._reset()
             self._refuse(HeadTimeout(why))
@@ -292,25 +227,19 @@ class ClientConnection:
         head = request.head
         assert head is not None  # (a request without a head is a refusal)
         server = self.server
-        if server.relays:  # the LB: the head is relayed, not made an environ
-            environ = self.environ = self._relay_environ(head)
-        else:
-            environ = self.environ = self._environ(head)
-        environ[CLIENT_SOCKET] = self.sock  # to notice a hang-up
-        environ[START_READY] = self.start_ready  # (the LB's fast way)
-        environ["wsgi.input"] = (NO_BODY if request.complete and not request.body_size
-                                 else Input(self, request))
-        if self.server.access_log is not None:
+        environ = self.environ = self._request_environ(request, head)
+        if server.access_log is not None:
             self.requestline = "%s %s %s" % (head.method, head.path, head.version)
-        self.close = head.close or self.server.draining
+        self.close = head.close or server.draining
         self._bodiless = head.method == "HEAD"
         result = None
         try:
-            result = self.server.application(environ, self.start_response)
-            if type(result) is list and len(result) == 1 and not self.headers_sent:
-                self._send_head(result[0], len(result[0]))  # (most: one piece)
+            forwarder = server.forwarder
+            if forwarder is not None:
+                result = forwarder.forward(environ, self)
             else:
-                self._write_result(result)
+                result = server.application(environ, self.start_response)
+            self._write_result(result)
         except ClientGone:
             self.close = True
         except socket.timeout:
@@ -327,34 +256,29 @@ class ClientConnection:
             log.exception("error serving %s %s", head.method, head.path)
             self._failed(None, 500)
         finally:
-            if result is not None and hasattr(result, "close"):
-                try:
-                    result.close()
-                except Exception:
-                    log.exception("error closing the response of %s", head.path)
-            if server.access_log is not None:
-                self._log()
+            self._end_request(result, head)
 
-    def _environ(self, head: RequestHead) -> Dict[str, Any]:
-        """PEP 3333's environ of ``head``, for an application that takes
-        no Relay: the Relay's variables, all made now, and the objects;
-        what a worker would get of them (less the hop-by-hop fields) is
-        "zc_lb.forward"."""
+    def _request_environ(self, request: Request, head: RequestHead) -> Dict[str, Any]:
+        """The request's environ: for the LB, the head relayed, not made
+        into variables; for another application, all of them."""
         relay = self._relay(head)
-        environ: Dict[str, Any] = dict(relay.all_variables())
-        environ.update(self.server.base_objects)
-        environ[FORWARD] = relay.variables()
+        if self.server.forwarder is not None:
+            environ = relayed_environ(self.server.base_objects, head, relay)
+        else:
+            environ = whole_environ(self.server.base_objects, relay)
+        environ["wsgi.input"] = (NO_BODY if request.complete and not request.body_size
+                                 else Input(self, request))
         return environ
 
-    def _relay_environ(self, head: RequestHead) -> Dict[str, Any]:
-        """The LB's environ: its objects, the method and version the front
-        and the LB read, and the Relay (``environ.RELAY``), which makes the
-        rest when it is asked (``_complete``)."""
-        environ: Dict[str, Any] = self.server.base_objects.copy()
-        environ["REQUEST_METHOD"] = head.method
-        environ["SERVER_PROTOCOL"] = head.version
-        environ[RELAY] = self._relay(head)
-        return environ
+    def _end_request(self, result: Any, head: RequestHead) -> None:
+        """Close the application's result, and log the request."""
+        if result is not None and hasattr(result, "close"):
+            try:
+                result.close()
+            except Exception:
+                log.exception("error closing the response of %s", head.path)
+        if self.server.access_log is not None:
+            self._log()
 
     def _relay(self, head: RequestHead) -> Relay:
         """The request as lb/relay.py has it, with this connection's facts."""
@@ -365,24 +289,13 @@ class ClientConnection:
         return Relay(head, facts, server.base_variables, self.remote, server.forwarding,
                      self.peer, self.trusted)
 
-    def _complete(self) -> Dict[str, Any]:
-        """This request's environ, with all its variables (a relayed
-        request's are made now): for the access log and log lines."""
-        environ = self.environ
-        if environ is None:
-            return {}
-        relay = environ.get(RELAY)
-        if relay is not None:
-            cast(Relay, relay).complete(environ)
-        return environ
-
     def _stalled(self) -> None:
         """The client took nothing (or sent nothing) for the client timeout:
         hang up, and say so, as the response is cut short."""
         self.close = True
         if not self.status:
             self.status = "000"
-        environ = self._complete()
+        environ = completed(self.environ)
         log.info("client %s made no progress for %gs (%s %s, %d body bytes sent): closing",
                  _peer(self.client_address), self.server.client_timeout,
                  environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"), self.response_length)
@@ -393,52 +306,34 @@ class ClientConnection:
         look complete)."""
         self.close = True
         if exc is not None:
-            environ = self._complete()
+            environ = completed(self.environ)
             log.warning("closing client connection (%s %s): %s",
                         environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"), exc)
         if not self.headers_sent:
-            self._send_refusal(status)
-            self.error = type(exc).__name__ if exc else "ApplicationError"
-            self.server.count(status, self.error, str(exc or "the application failed"),
-                              self._complete())
+            self._send_refusal(status, type(exc).__name__ if exc else "ApplicationError",
+                               str(exc or "the application failed"), completed(self.environ))
 
     def _refuse(self, refusal: ZcLbError) -> None:
         status = refusal.http_status
         log.info("%d for %s: %s", status, _peer(self.client_address), refusal)
         self.close = True
-        self._send_refusal(status)
-        self.error = type(refusal).__name__  # (the access log's %{error}z)
-        self.server.count(status, self.error, str(refusal))
+        self._send_refusal(status, type(refusal).__name__, str(refusal))
         if self.server.access_log is not None:
             self._log()
-        self._linger()
+        self.transport.linger()
 
-    def _linger(self) -> None:
-        """Close gently: stop sending, then read and drop what the client
-        still sends (up to LINGER_BYTES, for LINGER seconds), so closing
-        with unread bytes does not reset the connection before the client
-        has read our answer."""
-        sock = self.sock
-        try:
-            sock.shutdown(socket.SHUT_WR)
-            sock.settimeout(LINGER)
-            deadline, dropped = time.monotonic() + LINGER, 0
-            while dropped < LINGER_BYTES and time.monotonic() < deadline:
-                data = sock.recv(RECV_SIZE)
-                if not data:
-                    return
-                dropped += len(data)
-        except OSError:
-            pass
-
-    def _send_refusal(self, status: int) -> None:
+    def _send_refusal(self, status: int, error: str, message: str,
+                      environ: Optional[dict] = None) -> None:
+        """Answer ``status`` with the front's page (front/pages.py), and
+        count it as the LB counts its errors."""
         response = self.server.pages.refusal(status)
-        self.status = str(status)
+        self.status, self.error = str(status), error  # (the access log's %{error}z)
         try:
             send_all(self.sock, response)
             self.response_length = len(response)
         except OSError:
             pass
+        self.server.count(status, error, message, environ)
 
     # -- writing --------------------------------------------------------
 
@@ -450,7 +345,11 @@ class ClientConnection:
         return self.write
 
     def _write_result(self, result: Any) -> None:
-        """A result of several pieces (``_serve`` sends one of one itself)."""
+        """The application's result: most are one piece, sent with the
+        head in one write."""
+        if type(result) is list and len(result) == 1 and not self.headers_sent:
+            self._send_head(result[0], len(result[0]))
+            return
         for data in result:
             if data:
                 self.write(data)
@@ -471,10 +370,11 @@ class ClientConnection:
             self._send(data)
 
     def start_ready(self, status: str, head: bytes, length: Optional[int]) -> Any:
-        """The LB's start_response for a worker's head ready for the client
-        (``frames.READY_RESPONSE``): its status line and fields, checked
-        by the worker, with a Date; ``length``, the Content-Length it
-        says.  The front adds its own lines (framing, Connection)."""
+        """The Forwarder's start_response for a worker's head ready for
+        the client (front/forwarder.py, ``frames.READY_RESPONSE``): its
+        status line and fields, checked by the worker, with a Date;
+        ``length``, the Content-Length it says.  The front adds its own
+        lines (framing, Connection)."""
         if self.status is not None:
             raise AssertionError("start_response called twice")
         self.status, self._ready, self._ready_length = status, head, length
@@ -488,7 +388,8 @@ class ClientConnection:
             raise AssertionError("the application did not call start_response")
         ready = self._ready
         if ready is None:
-            length, dated = self._scan_headers()
+            length, dated, close = scan_headers(self._headers)
+            self.close = self.close or close
         else:
             length, dated = self._ready_length, True
         extra = b"" if dated else date_line()
@@ -514,183 +415,23 @@ class ClientConnection:
         self.headers_sent = True
         self._bodiless = bodiless
         if bodiless or not data:
-            self._send_raw(head, 0)
+            self._send(head, 0)
         elif self._chunked:
-            self._send_raw(head + b"%x\r\n%s\r\n" % (len(data), data), len(data))
+            self._send(head + b"%x\r\n%s\r\n" % (len(data), data), len(data))
         else:
-            self._send_raw(head + data, len(data))
+            self._send(head + data, len(data))
 
-    def _scan_headers(self) -> Tuple[object, bool]:
-        """What the application's headers say of the framing: their
-        Content-Length (None: none), and whether they have a Date; a
-        ``Connection: close`` among them closes the connection after."""
-        length: object = None
-        dated = False
-        for name, value in self._headers:
-            lowered = name.lower()
-            if lowered == "content-length":
-                length = value
-            elif lowered == "connection":
-                if "close" in value.lower():
-                    self.close = True
-            elif lowered == "date":
-                dated = True
-        return length, dated
-
-    def _send(self, data: bytes) -> None:
-        self._send_raw(data, len(data))
-
-    def _send_raw(self, data: bytes, body_bytes: int) -> None:
-        """Send ``data``: straight to the non-blocking socket first (a
-        response's one send, without gevent's wrapper), what it does not
-        take through gevent's, which waits for the socket."""
-        raw_send = self._raw_send
-        if raw_send is None:
-            send_all(self.sock, data)
-        else:
-            try:
-                sent = raw_send(data)
-            except BlockingIOError:
-                sent = 0
-            if sent < len(data):
-                send_all(self.sock, memoryview(data)[sent:])
-        self.response_length += body_bytes
+    def _send(self, data: bytes, body_bytes: int = -1) -> None:
+        """Send ``data``, of which ``body_bytes`` are the body's (-1: all)."""
+        self.transport.send(data)
+        self.response_length += len(data) if body_bytes < 0 else body_bytes
 
     def _log(self) -> None:
         """The request's access log line (the server has an access log)."""
         access_log = self.server.access_log
-        self._complete()
+        completed(self.environ)
         self.time_finish = time.time()
         access_log.write(access_log.format.format(self) + "\n")
-
-
-class Input:
-    """wsgi.input: the request body as it arrives (chunked bodies
-    decoded), asking the client for it (100 Continue) on the first read
-    if it waits to be asked.  ``complete``: all of it has come."""
-
-    def __init__(self, connection: ClientConnection, request: Request) -> None:
-        self._connection = connection
-        self._request = request
-        self._asked = not request.expect_continue
-
-    @property
-    def complete(self) -> bool:
-        return self._request.complete
-
-    @property
-    def buffered(self) -> int:
-        """Body bytes that have come and are not read yet."""
-        return self._request.body_size
-
-    def _more(self) -> bool:
-        """Wait for more body bytes; False at its end."""
-        request = self._request
-        if request.error is not None:
-            raise request.error
-        if request.complete:
-            return False
-        if self._connection.reader.broken:
-            raise ClientGone("client connection ended in the body")
-        if not self._asked:
-            self._asked = True
-            if not request.body_size:
-                self._connection.send_continue()
-        self._connection.fill()
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        request = self._request
-        size = -1 if size is None else size
-        while (size < 0 or request.body_size < size) and self._more():
-            pass
-        return self._take(request.body_size if size < 0 else min(size, request.body_size))
-
-    def read1(self, size: int = -1) -> bytes:
-        """Up to ``size`` bytes (with -1, a piece) of what has come,
-        waiting for more only while nothing has: ``io``'s read1.  The
-        LB's upload reads with it, so that a body goes on a piece at a
-        time as it comes, not joined into larger ones first (a copy of
-        the whole body)."""
-        request = self._request
-        while not request.body_size and self._more():
-            pass
-        body = request.body
-        if not body:
-            return b""
-        part = body[0]
-        if size < 0 or len(part) <= size:
-            body.popleft()
-            request.body_size -= len(part)
-            return part
-        return self._take(size)
-
-    def readline(self, size: int = -1) -> bytes:
-        request = self._request
-        size = -1 if size is None else size
-        while True:
-            joined = b"".join(request.body)
-            request.body.clear()
-            if joined:
-                request.body.append(joined)
-            end = joined.find(b"\n") + 1
-            if end and (size < 0 or end <= size):
-                return self._take(end)
-            if 0 <= size <= len(joined) or not self._more():
-                return self._take(len(joined) if size < 0 else min(size, len(joined)))
-
-    def readlines(self, hint: int = -1) -> List[bytes]:
-        return list(self)
-
-    def __iter__(self):
-        while True:
-            line = self.readline()
-            if not line:
-                return
-            yield line
-
-    def _take(self, size: int) -> bytes:
-        body = self._request.body
-        if not size:
-            return b""
-        taken, parts = 0, []
-        while taken < size:
-            part = body.popleft()
-            if taken + len(part) > size:
-                cut = size - taken
-                body.appendleft(part[cut:])
-                part = part[:cut]
-            parts.append(part)
-            taken += len(part)
-        self._request.body_size -= taken
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-class NoBody:
-    """wsgi.input of a request that has no body (most): one for all,
-    since it keeps nothing (an ``Input`` cost a call of its ``__init__``
-    on every request)."""
-
-    complete = True
-    buffered = 0
-
-    def read(self, size: int = -1) -> bytes:
-        return b""
-
-    def read1(self, size: int = -1) -> bytes:
-        return b""
-
-    def readline(self, size: int = -1) -> bytes:
-        return b""
-
-    def readlines(self, hint: int = -1) -> List[bytes]:
-        return []
-
-    def __iter__(self):
-        return iter(())
-
-
-NO_BODY = NoBody()
 
 
 def _peer(address) -> str:
@@ -698,3 +439,52 @@ def _peer(address) -> str:
         return "%s:%s" % address[:2]
     return str(address or "-")
 
+
+def relayed_environ(objects: Dict[str, Any], head: RequestHead, relay: Relay) -> Dict[str, Any]:
+    """The LB's environ: the ``objects`` (wsgi.*), the method and version
+    the front and the LB read, and the Relay (``environ.RELAY``), which
+    makes the rest when it is asked (``completed``)."""
+    environ: Dict[str, Any] = objects.copy()
+    environ["REQUEST_METHOD"] = head.method
+    environ["SERVER_PROTOCOL"] = head.version
+    environ[RELAY] = relay
+    return environ
+
+
+def whole_environ(objects: Dict[str, Any], relay: Relay) -> Dict[str, Any]:
+    """PEP 3333's environ, for an application that takes no Relay: the
+    Relay's variables, all made now, and the ``objects``; what a worker
+    would get of them (less the hop-by-hop fields) is "zc_lb.forward"."""
+    environ: Dict[str, Any] = dict(relay.all_variables())
+    environ.update(objects)
+    environ[FORWARD] = relay.variables()
+    return environ
+
+
+def completed(environ: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """A request's environ with all its variables (a relayed request's
+    are made now): for the access log and log lines."""
+    if environ is None:
+        return {}
+    relay = environ.get(RELAY)
+    if relay is not None:
+        cast(Relay, relay).complete(environ)
+    return environ
+
+
+def scan_headers(headers: Any) -> Tuple[object, bool, bool]:
+    """What an application's headers say of the framing: their
+    Content-Length (None: none), whether they have a Date, and whether
+    they say ``Connection: close`` (the connection then closes after)."""
+    length: object = None
+    dated = close = False
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered == "content-length":
+            length = value
+        elif lowered == "connection":
+            if "close" in value.lower():
+                close = True
+        elif lowered == "date":
+            dated = True
+    return length, dated, close

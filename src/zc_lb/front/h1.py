@@ -161,35 +161,17 @@ class RequestReader:
         instead of going through llhttp, which copied every piece of it.
         Anything else, a request ``check_head`` refuses included, is
         left to llhttp (False), for its refusal."""
-        text = data[start:end].decode("latin-1")
-        if not text.isascii():
+        parsed = _simple_head(data[start:end].decode("latin-1"))
+        if parsed is None:
             return False
-        lines = text.split("\r\n")  # (the head's lines, then "" and "")
-        if len(lines) > MAX_FIELDS + 3:
-            return False
-        parts = lines[0].split(" ")
-        if (len(parts) != 3 or parts[0] not in SIMPLE_METHODS or parts[2] not in SIMPLE_VERSIONS
-                or not parts[1].isprintable()):
-            return False
-        fields: List[Tuple[str, str]] = []
-        lengths = 0
-        for i in range(1, len(lines) - 2):
-            name, colon, value = lines[i].partition(":")
-            if not colon or not name.replace("-", "").isalnum() or not value.isprintable():
-                return False
-            value = value.strip(" ")
-            if len(name) == 14 and name.lower() == "content-length":
-                if not value.isdigit() or len(value) > 18:
-                    return False  # (llhttp's, for its grammar and its overflow)
-                lengths += 1
-            fields.append((name, value))
+        method, target, version, fields = parsed
         try:
-            head = check_head(parts[0], parts[1].encode("ascii"), parts[2], fields)
+            head = check_head(method, target.encode("ascii"), version, fields)
         except BadRequest:
             return False
-        if head.chunked or lengths > 1:
+        if head.chunked:
             return False
-        if head.fields is fields and head.path == parts[1]:  # (check_head changed nothing)
+        if head.fields is fields and head.path == target:  # (check_head changed nothing)
             head.raw = data[start:end - 2]
         request = Request(head, None, self._clock() if self._clock is not None else 0.0)
         self._ready.append(request)
@@ -319,6 +301,37 @@ class RequestReader:
         if current is not None:
             current.complete = True
             self._current = None
+
+
+def _simple_head(text: str) -> Optional[Tuple[str, str, str, List[Tuple[str, str]]]]:
+    """The method, target, version and fields of the request head
+    ``text`` if it has ``RequestReader._simple``'s shape: printable ASCII,
+    a method of ``SIMPLE_METHODS``, a version of ``SIMPLE_VERSIONS``, and
+    fields each with a name of letters, digits and hyphens and a value
+    without tabs, at most one of them a Content-Length of digits; else
+    None."""
+    if not text.isascii():
+        return None
+    lines = text.split("\r\n")  # (the head's lines, then "" and "")
+    if len(lines) > MAX_FIELDS + 3:
+        return None
+    parts = lines[0].split(" ")
+    if (len(parts) != 3 or parts[0] not in SIMPLE_METHODS or parts[2] not in SIMPLE_VERSIONS
+            or not parts[1].isprintable()):
+        return None
+    fields: List[Tuple[str, str]] = []
+    lengths = 0
+    for i in range(1, len(lines) - 2):
+        name, colon, value = lines[i].partition(":")
+        if not colon or not name.replace("-", "").isalnum() or not value.isprintable():
+            return None
+        value = value.strip(" ")
+        if len(name) == 14 and name.lower() == "content-length":
+            if not value.isdigit() or len(value) > 18 or lengths:
+                return None  # (llhttp's, for its grammar and its overflow)
+            lengths += 1
+        fields.append((name, value))
+    return parts[0], parts[1], parts[2], fields
 
 
 def _expects_continue(head: RequestHead) -> bool:

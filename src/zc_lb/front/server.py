@@ -38,6 +38,7 @@ import gevent.ssl
 
 from zc_lb.front.accesslog import AccessLog
 from zc_lb.front.client import PARK_AFTER, ClientConnection, _peer
+from zc_lb.front.forwarder import Forwarder
 from zc_lb.front.pages import ErrorPages
 from zc_lb.sockets import bound, listener, send_all
 from zc_lb.errors import ClientError, ConfigurationError
@@ -145,9 +146,10 @@ class _Server(gevent.server.StreamServer):
         self.waiting: "collections.OrderedDict[ClientConnection, float]" = (
             collections.OrderedDict())
         self.application = application
-        # An application that takes a Relay (the LB) gets one in place of
-        # the request's variables (lb/relay.py).
-        self.relays = bool(getattr(application, "relays", False))
+        # The LB is called as a Forwarder (front/forwarder.py): a Relay in
+        # place of the request's variables, and the connection to answer on.
+        self.forwarder: Optional[Forwarder] = (
+            application if isinstance(application, Forwarder) else None)
         self.scheme = scheme
         self._set_base(self.address)
 
@@ -361,6 +363,11 @@ class FrontServer:
         self.access_log = access_log
         self.tls = tls
         self.server: Optional[_Server] = None
+
+    @property
+    def connections(self) -> int:
+        """Client connections open now (0 before it starts)."""
+        return self.server.connections if self.server is not None else 0
 
     @property
     def address(self) -> Any:

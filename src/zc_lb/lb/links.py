@@ -22,7 +22,8 @@ from typing import Any, Dict, List, Optional
 import gevent  # type: ignore[import-untyped]
 import gevent.socket  # type: ignore[import-untyped]
 
-from zc_lb.wire.connection import KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, Connection, Handler
+from zc_lb.wire.connection import Connection, Handler
+from zc_lb.wire.keepalive import KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT
 from zc_lb.sockets import connect, parse_listen
 from zc_lb.errors import ZcLbError
 from zc_lb.wire.protocol import LB_FEATURES
@@ -113,7 +114,25 @@ class WorkerLink(Handler):
             backoff = min(backoff * 2, BACKOFF_MAX)
 
     def _connect(self) -> Optional[Connection]:
-        config = self.config
+        sock = self._socket()
+        connection = None if sock is None else self._handshake(sock)
+        if connection is None:
+            return None
+        if self.stopped:
+            connection.close("worker removed")
+            return None
+        self.connection = connection
+        self.failures = 0
+        self.last_error = None
+        connection.start()
+        self.events.worker_up(connection)
+        log.info("connected to worker %s", self.address)
+        return connection
+
+    def _socket(self) -> Any:
+        """A socket connected to the worker (through TLS if configured),
+        or None (said in ``_failed``)."""
+        tls = self.config.tls
         try:
             where = parse_listen(self.address)
             # (a Unix socket's worker is this machine: its certificate names localhost)
@@ -122,15 +141,21 @@ class WorkerLink(Handler):
         except (OSError, ZcLbError) as exc:
             self._failed(str(exc))
             return None
-        if config.tls is not None:
+        if tls is not None:
             try:  # (the handshake, within the connect timeout)
-                sock = config.tls.wrap_socket(sock, server_hostname=host.strip("[]"))
+                sock = tls.wrap_socket(sock, server_hostname=host.strip("[]"))
             except OSError as exc:  # (ssl.SSLError too)
                 sock.close()
                 self._failed("TLS handshake: %s%s" % (exc, "" if "CERTIFICATE" in str(exc)
                                                      else " (does the worker have --tls-cert?)"))
                 return None
         sock.settimeout(None)
+        return sock
+
+    def _handshake(self, sock: Any) -> Optional[Connection]:
+        """The worker protocol's connection on ``sock``, past its handshake,
+        or None (said in ``_failed``)."""
+        config = self.config
         connection = Connection(sock, "lb", self, peer=self.address, secret=config.secret,
                                 keepalive_interval=config.keepalive_interval,
                                 keepalive_timeout=config.keepalive_timeout,
@@ -147,15 +172,6 @@ class WorkerLink(Handler):
                         "--worker-tls-key and --worker-tls-ca)")
             self._failed("handshake: %s%s" % (exc, hint))
             return None
-        if self.stopped:
-            connection.close("worker removed")
-            return None
-        self.connection = connection
-        self.failures = 0
-        self.last_error = None
-        connection.start()
-        self.events.worker_up(connection)
-        log.info("connected to worker %s", self.address)
         return connection
 
     def _failed(self, error: str) -> None:

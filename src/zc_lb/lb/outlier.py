@@ -117,14 +117,7 @@ class Ejector:
         record.failures += 1
         record.healthy = 0
         if path is not None:
-            watched = self.watched
-            fine = watched.get(path)
-            if fine is not None and fine != key:
-                path = None  # a peer answers this path well: the worker's failure
-            elif path not in watched:
-                watched[path] = None
-                if len(watched) > MAX_WATCHED:
-                    watched.popitem(last=False)
+            path = self._blamed_path(key, path)
         if path is None:
             record.answered = False
         elif len(record.paths) < MIN_PATHS:
@@ -149,6 +142,19 @@ class Ejector:
         record.probation = False
         self.total_ejections += 1
         return True
+
+    def _blamed_path(self, key: Hashable, path: str) -> Optional[str]:
+        """The path of an answered failure on ``key``, watched from now on;
+        None if a peer answers it well (then it is the worker's failure)."""
+        watched = self.watched
+        fine = watched.get(path)
+        if fine is not None and fine != key:
+            return None
+        if path not in watched:
+            watched[path] = None
+            if len(watched) > MAX_WATCHED:
+                watched.popitem(last=False)
+        return path
 
     def succeeded_on(self, path: str, key: Hashable) -> None:
         """``key`` answered a request for ``path`` well (worth saying only

@@ -3,8 +3,10 @@
 ``classifier`` gives a request its class (``guard`` runs a site's own on
 the event loop, timed); ``pool`` is the published résumé algorithm and
 ``affinity`` the default policy built on it, with its parts:
-``classstats`` (what it sees of classes and keys), ``locality`` (what
-keeping a key where its data is buys), ``slowstart`` (an added worker
-eased in), ``relearn`` (a changed classifier followed) and ``siblings``
-(the processes of one LB routing as one).  ``policies`` names them.
+``members`` (which workers serve a class), ``placement`` (where a key
+goes among them), ``classstats`` (what it sees of classes and keys),
+``locality`` (what keeping a key where its data is buys), ``slowstart``
+(an added worker eased in), ``relearn`` (a changed classifier followed)
+and ``siblings`` (the processes of one LB routing as one).  ``policies``
+names them.
 """

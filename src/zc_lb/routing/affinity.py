@@ -8,134 +8,34 @@ skilled workers has the best score per unit of backlog.  Every skilled
 worker therefore ends up caching the class's whole working set: a class
 bigger than one worker's cache misses on every worker it uses, and a
 small one is copied wherever the cap spills it.  ``AffinityPool`` keeps
-the published cap and résumés and adds three things.
+the published cap and résumés and adds what follows, each part in a
+module of its own, whose docstring tells its rules and their evidence.
 
-Affinity.  A request may carry a *key* finer than its class (by default
-its path).  Among the class's *members* under the cap, a key goes to the
-member with the highest weighted rendezvous score ``score / -ln(u)``,
-``u`` a hash of (key, worker name) in (0, 1): each member owns a share
-of the keys in proportion to its skill, a member joining or leaving moves
-only the keys it takes or held, and every LB computes the same owner
-from the same résumés, so several LBs partition a class alike.
+Members (``routing/members.py``).  A class's keys are split among its
+*members*: as many of its skilled workers as its share of the requests
+and of the distinct keys asks for (its *width*), the best-scored (or,
+with ``busy_members``, those that would serve it soonest), one more
+while they are much busier than the pool's other workers, and a recruit
+when it has too few.  Members are worked out again every ``REFRESH``
+requests of the class or when skills change, not on every request.
 
-Width.  How many members a class gets is set from what the LB sees:
-``max(load, footprint)``, where ``load = ceil(n * spread * share)``
-(``share``, the class's decayed share of requests: a class with a third
-of the traffic needs a third of the pool) and ``footprint = ceil(n *
-keys / all_keys)`` (``keys``, the class's distinct keys over the last
-``footprint_window`` requests, estimated in bounded memory by a
-k-minimum-values sketch: a class with a third of the distinct keys needs
-a third of the pool's cache).  A class with more skilled workers than
-its width uses the best-scored ones (or, with ``busy_members``, those
-that would serve it soonest: see "Members"); the rest, no longer sent
-the class, drop it from their résumés after ``max_skill_age`` requests,
-so a hot class's skilled set grows only while it is needed.  A class
-short of members recruits one worker not yet skilled in it: when this LB is
-alone, the one whose classes leave it the fewest keys to hold (``held``:
-each class's distinct keys shared among its members), so that a big
-class is not split over the workers that already cache another big one;
-with several LBs (``lbs``, which ZooKeeper tells) the less loaded of the
-first two on a hash ring from the class's point, so that every LB
-recruits the same workers and a class is not copied once per LB.  A
-recruit starts with the class's lowest score, so it takes a real share
-of the keys at once (with ``unskilled_score`` it would take almost none
-until its résumé came).
-A class keeps the members its keys asked for until its footprint falls
-``NARROW`` of a worker under one member fewer: a footprint hovering at a
-whole number took a member and gave it back in turn, and each time that
-member's keys were loaded again elsewhere.
-Members are worked out again every ``REFRESH`` requests of the class or
-when skills change, not on every request.
+Placement (``routing/placement.py``).  A request may carry a *key*
+finer than its class (by default its path).  Among the class's members
+under the cap, a key goes to its owner by weighted rendezvous, so that
+each member owns a share of the keys in proportion to its skill and
+every LB computes the same owner from the same résumés ("Affinity"); on
+to the next member in the key's order while the owner is busy past a
+bound ("Balance"); to the member it last went to, which holds its data,
+when this LB knows it ("Stickiness"); outside the members when none is
+under the cap ("Spill"); and to the least busy worker when what keeping
+it buys (its class's *gain*, measured by ``routing/locality.py``) is
+not worth the wait ("Locality").
 
-Members.  A score is a worker's speed in one class, blind to how busy
-its other classes keep it.  On a fleet of two machine sizes the fast
-workers scored best in every class, became members of all the big ones
-and queued, while the slow ones idled: the simulator's ``mixed_fleet``
-served 797-853 requests a second where the published policy, which
-weighs backlogs, served 869-932 (with two LBs, 667-697 against 808-841).
-So with ``busy_members``, once this LB measures what moving the class
-costs (its gain, see "Locality"), members are ranked by score over
-decayed backlog plus one, the requests a second each would give the
-class, with a current member's backlog counted ``stick`` times smaller,
-``stick`` being the class's gain or ``MEMBER_STICK``, whichever is more:
-a class whose keys take ten times longer away moves only from a member
-ten times busier than the other worker, while a busy member's backlog
-rising and falling within that moves nothing, and a better-scored worker
-(one that now holds the data) still takes over at once.  Before any gain
-is known, or behind LBs that measure none, members go by score alone:
-nothing says what a move costs.  On ``mixed_fleet`` (at 60,000 requests)
-this serves 851-906 requests a second with one LB where ranking by score
-served 797-853 (the published policy 869-932), with two LBs 820-834
-(667-697; published 808-841), with four 714-773 (619-724; published
-736-792).  The logs' misses are unchanged (their gains are 15-28); but
-on the synthetic scenarios, whose gains are 2-3, members move with the
-backlogs of single-threaded workers, and it serves 2-6% less and
-recovers from a removed worker later (``simulations/README.rst``), so it
-is a setting for fleets of unlike machines, not the default.
-
-Widening.  Shares say what a class needs, not how busy its members are
-with the other classes they hold: on the elastic log the two classes
-with most of the work shared a member, while two workers held only
-classes of cheap requests and idled half the time.  So each class keeps
-its *pressure*, its members' mean backlog over the pool's mean (each
-plus one: at light load no one is busier), decayed over its member
-refreshes.  While that stays above ``1 + widen`` the class takes one
-member more than its width, the least busy worker not in it, which
-takes the class's new keys and those the bound moves on (not the keys
-at their owners: they would be loaded again); below ``1 / (1 +
-widen)`` it gives the extra back.  One, not more: it mends a packing
-accident, and a class still the busiest with it is a hot class, which
-the bound and the cap spread (uncapped, the hottest classes of 200
-workers took forty members more, one at a time).  Only a class whose
-work per member is at least half a worker's fair share widens: a
-lighter one cannot relieve its members by much, and the new member
-loads the class's shared data.  (A class's work is its decayed
-requests, each weighed by the seconds it takes the class's members, one
-over their résumé scores.  Spreading every class by its share of work,
-rather than of requests, was tried and loaded more on the NASA log.)
-
-Balance.  A key goes to the first member, in the key's rendezvous order,
-whose backlog is under ``balance`` times the members' mean (bounded-load
-hashing, as HAProxy's ``hash-balance-factor``), so a burst on one key
-moves on to its second owner instead of queueing.  The pool-wide cap on a
-member is ``balance`` times the published one (its decayed mean backlog
-within ``balance * variance`` times the pool's mean): the owner holds the
-key's data, so it is worth a longer queue than any skilled worker.
-How much longer depends on how much the data is worth, so when this LB
-is alone and has measured the class's gain (see "Locality"), the
-class's balance is at least ``GAIN_BALANCE`` (a half) times the gain: a
-key whose requests take ten times longer away waits at its member
-behind up to five times the members' mean.  With the one balance of 1.5
-for every class, keys of the NASA log moved on in bursts, each move a
-load, and the cap spilled 154 requests to workers outside their class;
-with the gain's, the simulator's loads fell from 0.100-0.112 a request
-to 0.075-0.080 at more throughput and a better p99, and those of the
-elastic log's second half from 0.124-0.158 to 0.095-0.104 (seeds 1-5;
-the bounds of a perfect partition are 0.070 and 0.090).  Where caches
-matter less (the synthetic scenarios, gains of 2-3) the bound stays
-near ``balance`` and nothing changed by more than the seeds do; where
-they are far too small it costs 3-5% of throughput for up to 8% fewer
-loads.  (A bound added to the members' mean instead, 2 x (gain - 1)
-requests more, did no better; see ``simulations/README.rst``.)
-
-Stickiness.  When this LB is alone it goes further, with the book of
-keys that re-learning keeps (the class and worker each key last went
-to, the least recently seen forgotten first).  The member a key last
-went to keeps it up to ``stick`` times the bound: that one holds the
-key's data for sure, while a key the bound had moved on used to come
-back to its rendezvous owner and be loaded there once more.  A key the
-book does not know goes to the least busy member: no one holds it yet,
-so placing it where it waits least costs nothing.  On the NASA log this
-cut loads by an eighth.  Rendezvous still decides a key whose last
-worker is busy or gone, a key whose owner is starting (slow start gives
-a starter its keys by rendezvous), and a key that went to its owner
-before the class grew (``joins``): at light load nothing else would
-give a new member its share of the keys.  The
-children of one ``--processes`` are not several LBs: they keep one book
-of where keys went and one record of each class's last recruit in
-shared memory, and count each other's requests in flight and measures
-of locality (``routing/siblings.py``, ``share_with``), so they route as this
-one LB.
+Siblings.  The children of one ``--processes`` are not several LBs:
+they keep one book of where keys went and one record of each class's
+last recruit in shared memory, and count each other's requests in
+flight and measures of locality (``routing/siblings.py``,
+``share_with``), so they route as one LB.
 
 Several LBs.  LBs on other hosts cannot share memory, but they share
 the workers, and each worker hears every LB.  So each LB notes the
@@ -162,46 +62,6 @@ both hold its data for a while.  The cost: booking a relayed key takes
 every other LB's requests, so with 8 LBs about 1 us a request of its own
 (out of some 20 us of the LB's CPU a request).
 
-Spill.  When no member is under the cap, the request goes, as in the
-published algorithm, to the best skilled worker under the cap, unless
-the quickest member is expected to serve it ``STAY`` times sooner (in
-(backlog + 1) / score, the score being its requests per second in the
-class): a worker cold in the class is slow there, and sending it the
-request relieves no one.  Failing a skilled worker under the cap, the
-request goes to the least recently chosen worker, which becomes skilled.
-
-Locality (``routing/locality.py``).  Everything above holds keys where their
-data is, which pays only where a worker serves a key faster for having
-served it before.  Each worker says how long the application took for
-each response, and the pool compares, per class, the requests it placed
-at their key's home (the worker the key last went to) with those it
-placed away.  Their ratio, the *gain*, bounds every choice: one request
-more on the chosen worker may not take it past ``1 + MOVE_COST * (gain -
-1 - NOISE)`` times the least busy worker's backlog plus one; past it the
-request goes to the least busy worker.  A cache-less application (a
-gain of 1: a CPU-bound view, a wait on a remote service) is then routed
-by least backlog, its keys going home only on ties, and a hot key with
-little data spreads over as many workers as its load needs, since a
-second worker serves it as fast after its first request there.  Such a
-class skips members, rendezvous and slow start altogether
-(``_balanced``): the bound would overrule them anyway, and they cost
-the LB some 20 us a request for nothing.  Where caches matter (the logs' gains are 2 to 10), the bound is dozens of
-times the least busy backlog and the rules above decide alone.
-``MOVE_COST`` (64) counts what a move costs beyond its own request (its
-key's data loaded again, and its later requests'): tried on the
-simulator's logs and synthetic scenarios, 16 and 32 loaded up to 4% more
-than 64.  ``NOISE`` (0.2) is what a live measurement of no gain reads
-over 1 (1.04-1.09 for a CPU-bound view on threads).  Until any gain is
-known, one in ``EXPLORE`` requests that find their worker busier than
-the least busy one goes to another member to learn one: with two
-workers the balance bound, relative to the members' mean, never moves
-a hot key, and without a request away nothing is learned.  Only an LB
-alone, or LBs whose keys are relayed (see "Several LBs"), measures and
-bounds: with several that go by rendezvous, a key's home is only its
-rendezvous owner, which the other LBs' moves leave without its data,
-and the gains read low (1.3-1.6 where a lone LB reads 2.7 on
-``many_lbs``): the bound moved keys on, and loads grew 16-33%.
-
 Slow start (``routing/slowstart.py``).  A worker added to a running pool joins
 a class or two big enough for its fair share, its weight there floored
 near the other members' so that its cold cache does not cost it the
@@ -214,14 +74,21 @@ went; ``reset_skills()`` forgets every skill, and the pool resets by
 itself when most requests hit classes no worker is skilled in.
 
 Structure.  ``AffinityPool`` is a ``pool.Pool`` that holds its parts and
-calls them, each with state of its own: ``slowstart``, a ``SlowStart``
-(the starters and the workers whose floors fade), ``relearning``, a
+calls them, each with state of its own: ``members``, a ``Members`` (the
+classes' footprints and widths, their members and recruits, and the
+keys each worker is counted to hold), ``placement``, a ``Placement``
+(where a key goes among them), ``slowstart``, a ``SlowStart`` (the
+starters and the workers whose floors fade), ``relearning``, a
 ``Relearning`` (the book of keys, stale skills, resets), and
 ``locality``, a ``Locality`` (the pool's measure of gains).  The pool
 owns the classes' records (``classstats.ClassStats``, which the parts
 read and change), the counts of requests and the ``skills_version`` that
 any change of skills bumps: the parts' calls say when theirs changed
-some.  Each part's module says what it is given and what it does.
+some.  It keeps the book's relays and the siblings' view of it itself
+(``get``, ``sent_keys``, ``take_keys``, ``share_with``).  Each part's
+module says what it is given and what it does; ``Members`` and
+``Placement`` read the pool through a trait each declares
+(``MembersHost``, ``PlacementHost``).
 
 Requests without a key (``key=None``, affinity turned off) go as in the
 published algorithm: best score per unit of backlog among all skilled
@@ -230,137 +97,56 @@ skilled in the class), plus O(log k) for the sketches on a key's first
 request in a footprint window (again, it would change nothing there),
 and its hashes on its first request (the classes remember them).
 Memory is bounded: the book, the sketches and the keys remembered
-(``MAX_KEYS_SEEN``) have sizes, and a class not requested for two
-footprint windows, worth less than a request by then, is forgotten
-(``_forget_idle``).
+(``members.MAX_KEYS_SEEN``) have sizes, and a class not requested for
+two footprint windows, worth less than a request by then, is forgotten
+(``Members._forget_idle``).
 
-Weak spots, admitted.  Keys pinned to owners balance load worse than
-the published choice by backlog: on single-threaded workers, where a
-request queues behind another, the simulator shows less throughput than
-the published policy (a lower ``balance`` helps).  A class whose
-requests never go away from home keeps the pool's gain, which a site of
-cache-bound and cache-less classes blends: with two workers, a hot
-cache-less key of such a site may stay at its owner.  So may one behind
-several LBs without relays, which measure nothing (the balance bound
-spreads it over three members or more).  Shares
-and footprints are per LB: with k LBs each sees all of a class's keys
-but only its own load.  The footprint counts keys, not bytes.
+Weak spots, admitted.  Each part's module admits its own (placement's
+keys pinned to their owners balance load worse than backlogs do; shares
+and footprints are per LB).  The book's are under "Several LBs": a key
+sent to two workers within one relay may be booked at either, and each
+LB books the keys of every other LB's requests.
 """
 
 from __future__ import annotations
 
-import bisect
-import logging
-import math
-from zlib import crc32
-from heapq import nlargest
-from operator import attrgetter
 from typing import Any, Callable, ClassVar, Dict, Final, Hashable, List, Mapping, Optional, Set, Tuple
 
-from zc_lb.routing.classstats import (PRIOR, ClassStats, Footprint, KeyHashes, mix, mixed,
-                         rendezvous_draw, stable_hash)
+from zc_lb.routing.classstats import ClassStats, stable_hash
 from zc_lb.routing.locality import Locality
+from zc_lb.routing.members import Members, MembersHost
+from zc_lb.routing.placement import NOISE, Placement, PlacementHost
 from zc_lb.routing.pool import Pool, PoolWorker
-from zc_lb.routing.relearn import AWAY, BookEntry, Relearning, adopted, floor_weight
+from zc_lb.routing.relearn import AWAY, BookEntry, Relearning
 from zc_lb.settings import LB_SETTINGS
 from zc_lb.routing.slowstart import SlowStart
-
-log = logging.getLogger(__name__)
 
 # (Final: compiled code has them as constants, where it would look a plain
 # module name up in the module's dict each time, some 30 times a request
 # in all the pool's modules.  Those the tests change stay plain: MAX_KEYS_SEEN
-# here, PRIOR, MAX_MIXED and MAX_DRAWS in classstats, BOOK_SIZE in relearn.)
-RING_CHOICES: Final = 2  # ring recruiting: the less loaded of the first two
-RING_POINTS: Final = 16  # points per worker on the recruiting ring
-REFRESH: Final = 16  # requests of a class between working out its members again
-MIN_BOUND: Final = 2.0  # a key may always wait behind one request at its owner
-GAIN_BALANCE: Final = 0.5  # a class's balance is at least this times its gain
-STAY: Final = 2.0  # a capped member twice as quick as the spill target keeps a request
-MEMBER_STICK: Final = 2.5  # a member is favoured this much (or its class's gain) to stay one
-PRESSURE_DECAY: Final = 0.95  # per member refresh: a class's pressure follows some 20 of them
-NARROW: Final = 0.25  # of a worker, under one member fewer, before a class's keys give one back
-WIDEN_SHARE: Final = 0.5  # of a worker's fair share of work, per member, before a class widens
-MOVE_COST: Final = 64.0  # a key moved costs its request's gain this many times over
-EXPLORE: Final = 16  # before any gain is known, one in this many busy requests goes away
-NOISE: Final = 0.2  # of a gain: what a measurement of no gain at all may read over 1
-MAX_KEYS_SEEN = 1 << 16  # keys whose hashes the classes remember, in all
+# in members, PRIOR, MAX_MIXED and MAX_DRAWS in classstats, BOOK_SIZE in relearn.)
 MAX_SENT: Final = 4096  # keys noted for a worker between two relays (50 ms), at most
 
 
-def _by_score(item: Tuple[PoolWorker, float]) -> Tuple[float, int]:
-    """Best score first; ties by the worker's salt, alike on every LB."""
-    return item[1], item[0].salt
-
-
-def _top_scored(skilled: Dict[PoolWorker, float], width: int) -> Dict[PoolWorker, float]:
-    """The ``width`` best of ``skilled`` by ``_by_score``.  (``nlargest``,
-    which is equivalent, is Python code: several times slower for a
-    handful of workers.)"""
-    if width == 1:
-        return _best_scored(skilled)
-    return dict(sorted(skilled.items(), key=_by_score, reverse=True)[:width])
-
-
-def _best_scored(skilled: Dict[PoolWorker, float]) -> Dict[PoolWorker, float]:
-    """The first of ``skilled`` by ``_by_score``, without sorting (a
-    class of one member, most of them: the sort called ``_by_score`` for
-    every worker)."""
-    best: Optional[PoolWorker] = None
-    top = 0.0
-    for worker, score in skilled.items():
-        if best is None or score > top or (score == top and worker.salt > best.salt):
-            best, top = worker, score
-    return {} if best is None else {best: top}
-
-
-def _placing(worker: PoolWorker, score: float, members: List[PoolWorker],
-             stick: float) -> Tuple[float, bool, int]:
-    """How well ``worker`` would serve a class it has ``score`` in, as a
-    sort key: its requests a second in the class over its decayed backlog
-    plus one, so that a worker fast at everything, and busy with it, does
-    not take every class.  A current member of the class (in ``members``)
-    counts its backlog ``stick`` times smaller: backlogs going up and down
-    do not move a class, and its data, back and forth.  Ties go to
-    current members, then by the worker's salt, alike on every LB (see
-    "Members" in the module docstring)."""
-    load = worker.mbacklog + 1.0
-    member = worker in members
-    if member:
-        load /= stick
-        if load < 1.0:
-            load = 1.0
-    return score / load, member, worker.salt
-
-
-def _best_placed(skilled: Dict[PoolWorker, float], members: List[PoolWorker],
-                 stick: float) -> Dict[PoolWorker, float]:
-    """The first of ``skilled`` by ``_placing``, without sorting (a
-    class of one member, most of them)."""
-    best: Optional[PoolWorker] = None
-    top = (0.0, False, 0)
-    for worker, score in skilled.items():
-        placing = _placing(worker, score, members, stick)
-        if best is None or placing > top:
-            best, top = worker, placing
-    return {} if best is None else {best: skilled[best]}
-
-
-class AffinityPool(Pool):
+class AffinityPool(Pool, MembersHost, PlacementHost):
     """Résumé routing with affinity keys, footprint-sized classes, slow
     start and re-learning; see the module docstring.
 
     The pool owns the classes (``classes``: name -> ``ClassStats``),
-    the counts every part reads (``requests``, ``total``, ``work``,
-    ``skills_version``), the keys each worker is counted to hold
-    (``held``), the recruiting ring, the measure of locality
-    (``locality``) and its own counters.  Two parts own the rest and are
-    called with what they need: ``slowstart`` (a ``SlowStart``: the
-    starters and the workers whose floors fade) and ``relearning`` (a
-    ``Relearning``: the book of keys, stale skills, resets).  Their
-    dicts ``starting``, ``fading`` and ``book`` are read here as
-    attributes of the pool, and their counts (``resets``,
-    ``adoptions``, ``unskilled``, ``relearn_armed``) are properties."""
+    the counts every part reads (``requests``, ``total``,
+    ``skills_version``), the measure of locality (``locality``) and the
+    siblings' view of the book (``siblings``, ``by_hash``).  Its parts
+    own the rest and are called with what they need: ``members`` (a
+    ``Members``: the classes' footprints and widths, their members,
+    recruits, the keys each worker is counted to hold) and
+    ``placement`` (a ``Placement``: where a key goes among them), which
+    read the pool as their ``MembersHost`` and ``PlacementHost``,
+    ``slowstart`` (a ``SlowStart``: the starters and the workers whose
+    floors fade) and ``relearning`` (a ``Relearning``: the book of keys,
+    stale skills, resets).  Their dicts ``starting``, ``fading`` and
+    ``book`` are read here as attributes of the pool, and re-learning's
+    counts (``resets``, ``adoptions``, ``unskilled``,
+    ``relearn_armed``) are properties."""
 
     SETTINGS: ClassVar[Tuple[str, ...]] = Pool.SETTINGS + (
         "spread", "footprint_window", "slow_start", "balance", "stick", "widen",
@@ -392,25 +178,10 @@ class AffinityPool(Pool):
         self.requests = 0  # requests routed with a class
         self.classes: Dict[str, ClassStats] = {}
         self.total = 0.0  # decayed requests of every class
-        self.work = 0.0  # decayed seconds of work of every class
-        self.footprint = Footprint(0)  # distinct (class, key) pairs
-        self.spills = 0
-        self.bounded = 0  # requests moved off a worker past the bound of locality
-        self.unexplored = 0  # requests that could have gone away to learn a gain
-        self.explored = 0  # and those that did
         self.locality = Locality()
-        self.widenings = 0  # classes given a member for their pressure
-        self.narrowings = 0  # and given it back
         self.skills_version = 0  # changes whenever any skill or worker does
-        # (each worker's distinct keys of its classes, which it is counted
-        # to hold, are its ``held``: see the property)
-        self.held_window = 0  # the footprint window ``held`` was counted in
-        # Footprint windows are numbered on across a change of
-        # ``footprint_window``: from ``window_base`` at ``window_start``
-        # requests, in windows of ``window_size`` (see ``_window``).
-        self.window_base = self.window_start = 0
-        self.window_size = self.footprint_window
-        self.keys_seen = 0  # keys the classes remember (``_observe``)
+        self.members = Members(self, self.footprint_window)
+        self.placement = Placement(self)
         self.slowstart = SlowStart(slow_start)
         self.starting = self.slowstart.starting  # (read on every request)
         self.fading = self.slowstart.fading  # done starting, floors fading
@@ -419,19 +190,11 @@ class AffinityPool(Pool):
         # the others sent keys (``take_keys``): then their books agree
         # enough to route as a lone LB does, recruiting from the ring.
         self.relayed = False
-        self._ring: Optional[List[Tuple[int, PoolWorker]]] = None
         self.siblings: Any = None  # the other processes of --processes (``share_with``)
-        self._by_hash: Dict[int, PoolWorker] = {}  # (their hashes of the workers' names)
+        self.by_hash: Dict[int, PoolWorker] = {}  # (their hashes of the workers' names)
         super().__init__(variance, backlog_history, unskilled_score)
         self.relearning = Relearning(self.workers, self.skilled, self.classes)
         self.book = self.relearning.book  # (read on every request)
-
-    @property
-    def held(self) -> Dict[PoolWorker, float]:
-        """Worker -> distinct keys of its classes it is counted to hold
-        (``_hold``).  Kept on the workers (``PoolWorker.held``): in a dict,
-        each change cost two lookups and a float object."""
-        return {worker: worker.held for worker in self.workers.values()}
 
     @property
     def resets(self) -> int:
@@ -461,27 +224,17 @@ class AffinityPool(Pool):
     def _settings_changed(self) -> None:
         super()._settings_changed()
         self.rate_decay = 1.0 - 1.0 / self.footprint_window
-        if self.footprint_window != self.window_size:  # (changed live)
-            self.window_base = self._window()
-            self.window_start = self.requests
-            self.window_size = self.footprint_window
+        self.members.configure(self.footprint_window)
         self.slowstart.configure(self.slow_start)
-
-    def _window(self) -> int:
-        """The footprint window the pool is in.  Numbered from where the
-        last change of ``footprint_window`` left them, not from the
-        first request: renumbered, a class's footprint would count from
-        nothing again, and its width would fall to one member."""
-        return self.window_base + (self.requests - self.window_start) // self.window_size
 
     # -- membership ---------------------------------------------------
 
     def _added(self, worker: PoolWorker) -> None:
         worker.salt = stable_hash(worker.name)
         if self.siblings is not None:
-            self._by_hash[self.siblings.worker_hash(worker.name)] = worker
+            self.by_hash[self.siblings.worker_hash(worker.name)] = worker
         self.skills_version += 1
-        self._ring = None
+        self.members.workers_changed()
         if self.requests:  # (a running pool: eased in, or at once with slow_start 0)
             self.slowstart.add(worker, self.requests)
 
@@ -491,9 +244,9 @@ class AffinityPool(Pool):
         if worker is not None:
             self.slowstart.remove(worker)
             self.relearning.remove(worker)
-            self._ring = None
+            self.members.workers_changed()
             if self.siblings is not None:
-                self._by_hash.pop(self.siblings.worker_hash(worker.name), None)
+                self.by_hash.pop(self.siblings.worker_hash(worker.name), None)
         super().remove(handle)
         self.skills_version += 1
 
@@ -509,11 +262,7 @@ class AffinityPool(Pool):
         if worker is None:
             return touched
         self.relearning.drop_stale(worker, touched)
-        classes = self.classes
-        for rclass in touched:  # their members are worked out again
-            stats = classes.get(rclass)
-            if stats is not None:
-                stats.version = -1
+        self.members.rework(touched)
         return touched
 
     def reset_skills(self) -> None:
@@ -535,14 +284,20 @@ class AffinityPool(Pool):
         self.requests += 1
         decay = self.rate_decay
         self.total = total = self.total * decay + 1.0
-        skilled = self.skilled.get(rclass)
-        relearning = self.relearning
-        if relearning.notice_unskilled(skilled, decay, self.requests, total,
-                                       self.footprint_window):
+        if self.relearning.notice_unskilled(self.skilled.get(rclass), decay, self.requests,
+                                            total, self.footprint_window):
             self.skills_version += 1
         if key is None:
             return self._unkeyed(rclass)
-        stats, key_hash, book_hash = self._observe(rclass, key)
+        return self._keyed(rclass, key)
+
+    def _keyed(self, rclass: str, key: str) -> Hashable:
+        """A request with a key: counted in its class (``Members.observe``),
+        and given, by what the book (and the siblings) say of the key, to
+        the least busy worker if the class's keys buy nothing where they
+        are (``_balanced``), else to a member (``_placed``); the book
+        notes where it went."""
+        stats, key_hash, book_hash = self.members.observe(rclass, key)
         entry = booked = self.book.get(book_hash)
         # (what locality buys is measured by a lone LB, or by LBs whose
         # books the workers' relays keep alike)
@@ -556,22 +311,7 @@ class AffinityPool(Pool):
         gain = self.locality.gain(stats) if alone else None
         if gain is not None and gain <= 1.0 + NOISE:  # (its keys buy nothing)
             return self._balanced(rclass, stats, book_hash, entry, booked)
-        if relearning.moved(rclass, stats, entry, self.unskilled_score):
-            self.skills_version += 1
-        if self.starting or self.fading:
-            self._slow_start(rclass, stats)
-        members = self._members(rclass, stats)
-        if self.starting:
-            self.skills_version += self.slowstart.offer(stats, members, key_hash, self.total)
-        balance = self.balance
-        if gain is not None and gain * GAIN_BALANCE > balance:
-            balance = gain * GAIN_BALANCE  # (a key worth more at home waits longer there)
-        chosen, away, home = self._place(rclass, stats, members, key_hash, entry, alone,
-                                         balance)
-        if chosen.backlog and alone:  # (an idle worker is within every bound)
-            weighed = self._weighed(chosen, gain, members)
-            if weighed is not chosen:
-                chosen, away = weighed, True
+        chosen, away, home = self._placed(rclass, stats, key_hash, entry, alone, gain)
         self._booked(book_hash, booked, rclass, chosen, AWAY if away else stats.joins)
         if siblings is not None and alone:
             chosen_hash = siblings.worker_hash(chosen.name)
@@ -581,29 +321,80 @@ class AffinityPool(Pool):
             self.placed = (stats, chosen is home)
         return self._chosen(chosen)
 
-    def _siblings_entry(self, rclass: str, entry: Optional[BookEntry], placed: int
-                        ) -> Optional[BookEntry]:
-        """The book's ``entry`` for a key, with the worker a sibling LB
-        last sent it to in ``rclass`` (``placed``, its name hashed) as the
-        worker that holds its data (routing/siblings.py): the siblings keep one
-        book of where keys are, each its own of the rest."""
-        worker = self._by_hash.get(placed)
-        if worker is None:
-            return entry
-        if entry is None:
-            return (rclass, worker, False, AWAY)
-        if entry[0] == rclass and entry[1] is not worker:
-            return (rclass, worker, entry[2], AWAY)
-        return entry
+    def _placed(self, rclass: str, stats: ClassStats, key_hash: int,
+                entry: Optional[BookEntry], alone: bool, gain: Optional[float]
+                ) -> Tuple[PoolWorker, bool, Optional[PoolWorker]]:
+        """Where a key goes whose data is worth keeping: re-learning told
+        where it last went (``Relearning.moved``), slow start given its
+        part, the class's members worked out (``Members.of``), and the key
+        placed among them (``Placement.place``, which says what the
+        three it returns are)."""
+        if self.relearning.moved(rclass, stats, entry, self.unskilled_score):
+            self.skills_version += 1
+        if self.starting or self.fading:
+            self._slow_start(rclass, stats)
+        members = self.members.of(rclass, stats)
+        if self.starting:
+            self.skills_version += self.slowstart.offer(stats, members, key_hash, self.total)
+        return self.placement.place(rclass, stats, members, key_hash, entry, alone, gain)
 
-    def share_with(self, siblings: Any) -> None:
-        """Route as one LB with the other processes of ``--processes``
-        (a ``siblings.Siblings``): one book of where keys went, each
-        class's last recruit, and the backlogs and the pool's measure of
-        locality counted over all (``take_elsewhere``, ``take_measure``)."""
-        self.siblings = siblings
-        self._by_hash = {siblings.worker_hash(worker.name): worker
-                         for worker in self.workers.values()}
+    def _balanced(self, rclass: str, stats: ClassStats, book_hash: int,
+                  entry: Optional[BookEntry], booked: Optional[BookEntry]) -> Hashable:
+        """A key of a class whose keys buy nothing where they are goes by
+        least backlog (``Placement.balanced``); the book still says where
+        it went, and its last worker still counts as its home, so that
+        the gain stays measured.  ``booked`` is this LB's own book's
+        entry, ``entry`` the same with its siblings' worker
+        (``_siblings_entry``)."""
+        chosen, home = self.placement.balanced(rclass, entry)
+        self._booked(book_hash, booked, rclass, chosen, AWAY)
+        if home is not None:
+            self.placed = (stats, chosen is home)
+        return self._chosen(chosen)
+
+    def _unkeyed(self, rclass: str) -> Hashable:
+        """A request without a key goes as in the published algorithm,
+        within the bound of the pool's gain (see "Locality" in
+        ``routing/placement.py``)."""
+        published = self.published(rclass)
+        if published.backlog and self.lbs == 1:
+            published = self.placement.weighed(published, self.locality.pool_gain())
+        return self._chosen(published)
+
+    def _slow_start(self, rclass: str, stats: ClassStats) -> None:
+        """Slow start's part in a request of ``rclass`` (``routing/slowstart.py``):
+        a starter behind its ramp may join the class; the floors of the
+        workers done starting follow their shares."""
+        slowstart = self.slowstart
+        if self.starting:
+            skilled = self.skilled.get(rclass)
+            if skilled is None:
+                skilled = self.skilled[rclass] = {}
+            if slowstart.join(rclass, stats, skilled, self.requests, len(self.workers),
+                              self.backlog, self.total, self.unskilled_score):
+                self.skills_version += 1
+        if self.fading:
+            slowstart.fade(self.requests, len(self.workers))
+
+    def _chosen(self, worker: PoolWorker) -> Hashable:
+        """Account a request given to ``worker`` (and to slow start, see
+        ``routing/slowstart.py``); its handle."""
+        if self.starting or self.fading:
+            self.slowstart.got(worker, self.requests)
+        return super()._chosen(worker)
+
+    def served(self, placed: Optional[Tuple[ClassStats, bool]], elapsed: float,
+               cache: Optional[bool] = None) -> None:
+        """The application took ``elapsed`` seconds for a request that
+        ``get`` placed at its key's home, or away from it.  When the
+        application said whether its ``cache`` hit, that stands for where
+        the request was placed: a hit is a request served where its data
+        is, a miss one served where it is not, whatever the book said
+        (the data evicted at home, or already loaded away)."""
+        if placed is not None:
+            self.locality.observe(placed[0], placed[1] if cache is None else cache, elapsed)
+
+    # -- the book: relayed between LBs, shared with siblings -----------
 
     def _booked(self, book_hash: int, booked: Optional[BookEntry], rclass: str,
                 chosen: PoolWorker, where: int) -> None:
@@ -613,6 +404,21 @@ class AffinityPool(Pool):
         self.relearning.remember(book_hash, booked, rclass, chosen, where)
         if self.relayed and len(chosen.sent) < MAX_SENT:
             chosen.sent.append((rclass, book_hash))
+
+    def _siblings_entry(self, rclass: str, entry: Optional[BookEntry], placed: int
+                        ) -> Optional[BookEntry]:
+        """The book's ``entry`` for a key, with the worker a sibling LB
+        last sent it to in ``rclass`` (``placed``, its name hashed) as the
+        worker that holds its data (routing/siblings.py): the siblings keep one
+        book of where keys are, each its own of the rest."""
+        worker = self.by_hash.get(placed)
+        if worker is None:
+            return entry
+        if entry is None:
+            return (rclass, worker, False, AWAY)
+        if entry[0] == rclass and entry[1] is not worker:
+            return (rclass, worker, entry[2], AWAY)
+        return entry
 
     def sent_keys(self, handle: Hashable) -> Dict[str, List[int]]:
         """The keys sent to worker ``handle`` since the last call, class
@@ -645,6 +451,15 @@ class AffinityPool(Pool):
             for book_hash in hashes:
                 remember(book_hash, book.get(book_hash), rclass, worker, AWAY)
 
+    def share_with(self, siblings: Any) -> None:
+        """Route as one LB with the other processes of ``--processes``
+        (a ``siblings.Siblings``): one book of where keys went, each
+        class's last recruit, and the backlogs and the pool's measure of
+        locality counted over all (``take_elsewhere``, ``take_measure``)."""
+        self.siblings = siblings
+        self.by_hash = {siblings.worker_hash(worker.name): worker
+                        for worker in self.workers.values()}
+
     def measure(self) -> Tuple[float, float]:
         """The pool's measure of locality (its decayed sums of away time
         over home time, and their count), for the siblings: each sees a
@@ -654,596 +469,6 @@ class AffinityPool(Pool):
     def take_measure(self, ratio: float, weight: float) -> None:
         self.locality.ratio_elsewhere = ratio
         self.locality.weight_elsewhere = weight
-
-    def _unkeyed(self, rclass: str) -> Hashable:
-        """A request without a key goes as in the published algorithm,
-        within the bound of the pool's gain (see "Locality")."""
-        published = self._published(rclass)
-        if published.backlog and self.lbs == 1:
-            published = self._weighed(published, self.locality.pool_gain())
-        return self._chosen(published)
-
-    def _slow_start(self, rclass: str, stats: ClassStats) -> None:
-        """Slow start's part in a request of ``rclass`` (``routing/slowstart.py``):
-        a starter behind its ramp may join the class; the floors of the
-        workers done starting follow their shares."""
-        slowstart = self.slowstart
-        if self.starting:
-            skilled = self.skilled.get(rclass)
-            if skilled is None:
-                skilled = self.skilled[rclass] = {}
-            if slowstart.join(rclass, stats, skilled, self.requests, len(self.workers),
-                              self.backlog, self.total, self.unskilled_score):
-                self.skills_version += 1
-        if self.fading:
-            slowstart.fade(self.requests, len(self.workers))
-
-    def _place(self, rclass: str, stats: ClassStats, members: Dict[PoolWorker, float],
-               key_hash: int, entry: Optional[BookEntry], alone: bool, balance: float
-               ) -> Tuple[PoolWorker, bool, Optional[PoolWorker]]:
-        """Where a key goes among the class's ``members`` (``_owner``), or
-        else where it spills: the worker, whether it is not the key's
-        owner, and the key's home, the worker that holds its data if any
-        does (None behind other LBs, whose moves it cannot know).
-        ``entry`` is what the book holds for the key; ``balance``, the
-        class's balance (see "Balance" in the module docstring)."""
-        if alone and self.stick:  # (other LBs keep books of their own)
-            # The worker holding the key's data, unless the key went to
-            # its owner there before the class grew: a new member may
-            # own it now.
-            home = entry[1] if entry is not None and entry[0] == rclass else None
-            last = home if entry is not None and (
-                entry[3] == AWAY or entry[3] == stats.joins) else None
-            chosen, away, owner = self._owner(members, key_hash, balance, last, entry is None)
-            if entry is not None and entry[0] != rclass:
-                home = owner  # (a path of several classes: the book cannot say)
-        else:
-            chosen, away, owner = self._owner(members, key_hash, balance)
-            home = owner if alone else None
-        if chosen is None:
-            chosen, away = self._spill(rclass, members, key_hash, balance), True
-        return chosen, away, home
-
-    def _chosen(self, worker: PoolWorker) -> Hashable:
-        """Account a request given to ``worker`` (and to slow start, see
-        ``routing/slowstart.py``); its handle."""
-        if self.starting or self.fading:
-            self.slowstart.got(worker, self.requests)
-        return super()._chosen(worker)
-
-    def _balanced(self, rclass: str, stats: ClassStats, book_hash: int,
-                  entry: Optional[BookEntry], booked: Optional[BookEntry]) -> Hashable:
-        """Least backlog, the worker the key last went to on ties: for a
-        class whose keys buy nothing where they are, the bound of
-        ``_weighed`` would send every request there anyway, and members,
-        rendezvous and slow start cost the LB's time for nothing.  The
-        key's last worker still counts as its home, so that the gain
-        stays measured and the class goes back to its members if its
-        keys come to buy something (a cache warmed up, an app changed).
-        A worker that is starting takes its share at once: slow start
-        eases in a cold cache, and here there is none.  (Left out, a
-        worker that joined under load never served and never started.)
-        ``booked`` is this LB's own book's entry, ``entry`` the same with
-        its siblings' worker (``_siblings_entry``)."""
-        home = entry[1] if entry is not None and entry[0] == rclass else None
-        if home is not None and self.workers.get(home.handle) is not home:
-            home = None
-        least = self._least_loaded()  # (a starter too: it has no cache to warm)
-        assert least is not None
-        chosen = home if home is not None and home.backlog <= least.backlog else least
-        self._booked(book_hash, booked, rclass, chosen, AWAY)
-        if home is not None:
-            self.placed = (stats, chosen is home)
-        return self._chosen(chosen)
-
-    def _spill(self, rclass: str, members: Dict[PoolWorker, float],
-               key_hash: int, balance: float) -> PoolWorker:
-        """Where a request goes that no member can take under the cap:
-        the key's owner among the class's skilled workers under the cap,
-        unless a member is quicker (``_stay``), else the published
-        spill."""
-        chosen = self._owner(self.skilled[rclass], key_hash, balance)[0]
-        if chosen is not None:
-            chosen = self._stay(rclass, members, chosen)
-        if chosen not in members:
-            self.spills += 1
-        if chosen is None:
-            for worker in self.starting:  # a cold cache spills worst
-                self._to_end(worker)
-            chosen = self._published(rclass)
-            self.relearning.fresh(chosen, rclass)
-        return chosen
-
-    def _weighed(self, chosen: PoolWorker, gain: Optional[float],
-                 members: Optional[Dict[PoolWorker, float]] = None) -> PoolWorker:
-        """``chosen``, unless its backlog would pass the bound of what
-        locality buys, ``gain`` (see "Locality" in the module docstring):
-        one request more there may not exceed ``1 + MOVE_COST * (gain - 1
-        - NOISE)`` times the least busy worker's backlog plus one.  Past
-        it, the least busy worker but for starters (slow start gives them
-        their keys, and holds their backlogs to the mean), where the
-        request is expected to be served sooner, counting what the move
-        costs the caches.  Before any gain is known, a keyed request
-        (``members`` given) may go elsewhere to learn one: ``_explore``."""
-        if gain is None:
-            return chosen if members is None else self._explore(chosen, members)
-        bound = 1.0 + MOVE_COST * max(0.0, gain - 1.0 - NOISE)
-        if chosen.backlog + 1 <= bound:
-            return chosen  # (within the bound of an idle worker: no need to look)
-        least = self._least_loaded(self.starting)
-        if least is not None and chosen.backlog + 1 > bound * (least.backlog + 1):
-            self.bounded += 1
-            return least
-        return chosen
-
-    def _explore(self, chosen: PoolWorker, members: Dict[PoolWorker, float]) -> PoolWorker:
-        """Before any gain is known: one in ``EXPLORE`` of the requests
-        that find ``chosen`` busy goes to the least busy of the other
-        ``members`` (where the balance bound would move it: a key moved
-        within its class loads less), or, for a class of one member, of
-        all workers, if that one is less busy than ``chosen``, so that
-        its service time away from home teaches the pool a gain.  Without this a hot key of two workers stayed at
-        its owner: the balance bound, relative to the members' mean,
-        never moved it.  (To a starter too: a pool whose second worker
-        joined under load, still starting, else learned nothing and
-        served from one worker.)"""
-        self.unexplored += 1
-        if self.unexplored % EXPLORE:
-            return chosen
-        other = None  # the least busy other member, the first of equals
-        for worker in members:
-            if worker is not chosen and (other is None or worker.backlog < other.backlog):
-                other = worker
-        if other is None:
-            other = self._least_loaded()
-        if other is None or other.backlog >= chosen.backlog:
-            return chosen
-        self.explored += 1
-        return other
-
-    def _estimate(self, rclass: str, worker: PoolWorker) -> float:
-        """How fast ``worker``, skilled in ``rclass`` by the LB and not yet
-        by its résumé, may serve it: the mean of the class's learned
-        scores elsewhere, or the unskilled score when no worker has
-        learned it.  (Not the unskilled score of 1 request a second
-        against the owner's hundreds: that kept requests queued at the
-        owner while the other worker idled, and it never learned.)"""
-        scores = [score for other, score in self.skilled.get(rclass, {}).items()
-                  if rclass not in other.given]
-        return sum(scores) / len(scores) if scores else self.unskilled_score
-
-    def served(self, placed: Optional[Tuple[ClassStats, bool]], elapsed: float,
-               cache: Optional[bool] = None) -> None:
-        """The application took ``elapsed`` seconds for a request that
-        ``get`` placed at its key's home, or away from it.  When the
-        application said whether its ``cache`` hit, that stands for where
-        the request was placed: a hit is a request served where its data
-        is, a miss one served where it is not, whatever the book said
-        (the data evicted at home, or already loaded away)."""
-        if placed is not None:
-            self.locality.observe(placed[0], placed[1] if cache is None else cache, elapsed)
-
-    def _stay(self, rclass: str, members: Dict[PoolWorker, float],
-              target: PoolWorker) -> PoolWorker:
-        """Where a request goes that no member can take under the cap:
-        to ``target``, the skilled worker under the cap it would spill to,
-        unless a member is expected to serve it ``STAY`` times sooner.  A
-        worker is expected to serve it in (backlog + 1) / score, its score
-        being its résumé's requests per second in the class, so a target
-        whose cache is cold for the class counts as slow: the cap keeps a
-        class from flooding its workers, and sending a request where it
-        takes far longer relieves no one.  (Not a starter, whose score is
-        that of a cold cache and whose backlog is kept to the mean.)"""
-        skilled = self.skilled[rclass]
-        fastest = None
-        for worker in members:
-            score = skilled.get(worker)
-            if not score or worker in self.starting:
-                continue
-            time = (worker.backlog + 1) / score
-            if fastest is None or time < fastest[0]:
-                fastest = (time, worker)
-        score = skilled.get(target)
-        if rclass in target.given:  # (the LB made it skilled: see ``_estimate``)
-            score = self._estimate(rclass, target)
-        if fastest is not None and score and fastest[0] * STAY <= (target.backlog + 1) / score:
-            return fastest[1]
-        return target
-
-    def _observe(self, rclass: str, key: str) -> Tuple[ClassStats, int, int]:
-        """Count the request and its key in the class's statistics; the
-        class's stats, the key's hash in the class, and its hash in the
-        book (the same in every class)."""
-        window = self._window()
-        stats = self.classes.get(rclass)
-        if stats is None:
-            stats = self.classes[rclass] = ClassStats(rclass, window, self.hash_seed)
-        # Its work: a class not yet scored costs the mean so far.
-        cost = stats.cost
-        if cost is None:
-            cost = self.work / self.total
-        decay = math.pow(self.rate_decay, float(self.requests - stats.seen))
-        stats.count = stats.count * decay + 1.0
-        stats.work = stats.work * decay + cost
-        self.work = self.work * self.rate_decay + cost
-        stats.seen = self.requests
-        hashes = stats.keys.get(key)
-        if hashes is None:  # (most keys come back: no hashing then)
-            crc = crc32(key.encode("utf-8", "surrogateescape"))
-            # (the hash in the book is the same in every class, and a path
-            # like / is in many: remembered)
-            hashes = KeyHashes(mix(stats.salt ^ crc), mixed(crc ^ self.hash_seed))
-            if self.keys_seen >= MAX_KEYS_SEEN:
-                self._forget_keys()
-            stats.keys[key] = hashes
-            self.keys_seen += 1
-        if hashes.window != window:  # (again in a window, it would change nothing)
-            hashes.window = window
-            key_hash = hashes.key_hash
-            if stats.footprint.add(key_hash, window) and stats.members:
-                self._hold(stats, stats.members)  # (its keys held, counted again)
-            self.footprint.add(key_hash, window)
-        return stats, hashes.key_hash, hashes.book_hash
-
-    def _forget_keys(self) -> None:
-        """The classes remember ``MAX_KEYS_SEEN`` keys: forget them all,
-        to start again."""
-        self.keys_seen = 0
-        for stats in self.classes.values():
-            stats.keys.clear()
-
-    def width(self, stats: ClassStats) -> int:
-        """How many workers the class should be spread over."""
-        return self._widths(stats)[0]
-
-    def _widths(self, stats: ClassStats) -> Tuple[int, int]:
-        """The class's width, and the part of it its keys ask for, kept
-        until they ask for ``NARROW`` of a worker less than one member
-        fewer (see the module docstring: NASA's ``shuttle``, at 2.94 to
-        3.04 workers' share of the keys, went from three members to
-        four and back some twenty times in a run)."""
-        n = len(self.workers)
-        # Few requests or keys prove nothing: until there are PRIOR per
-        # worker, a class is judged against that many.
-        least = PRIOR * n
-        load = math.ceil(n * self.spread * stats.count / max(self.total, least))
-        window = self._window()
-        all_keys = max(self.footprint.estimate(window), least)
-        need = n * stats.footprint.estimate(window) / all_keys
-        footprint = math.ceil(need)
-        if footprint < stats.key_width <= n and need > stats.key_width - 1 - NARROW:
-            footprint = stats.key_width
-        return max(1, min(n, max(load, footprint))), footprint
-
-    def _members(self, rclass: str, stats: ClassStats) -> Dict[PoolWorker, float]:
-        """The class's members and their scores: its best ``width`` skilled
-        workers, recruiting one when it has fewer; a worker that joined
-        the class while starting counts at least as the members' mean
-        (see ``_floored``).  Worked out again after a change of skills or
-        every ``REFRESH`` requests of the class, not every time."""
-        members = stats.members
-        stats.uses += 1
-        if (members is not None and stats.version == self.skills_version
-                and stats.uses < REFRESH and not self.starting):
-            return members
-        stats.uses = 0
-        share, stats.key_width = self._widths(stats)
-        width = share
-        if members and self.widen:
-            width = self._widen(rclass, stats, members, share)
-        elif stats.extra:  # (``widen`` set to 0 while the class was wide)
-            stats.extra, stats.pressure = 0, 1.0
-        skilled = self.skilled.get(rclass)
-        if skilled is None:
-            skilled = self.skilled[rclass] = {}
-        if len(skilled) < width and not (skilled and stats.moved >= 1.0):
-            # (a class following its moved keys waits for their workers)
-            self._recruit(rclass, skilled, busiest=stats.extra > 0)
-        if stats.floors:
-            members = self._floored(stats, skilled, width)
-        elif len(skilled) <= width:
-            members = skilled
-        elif self.busy_members:
-            members = self._soonest(stats, skilled, width)
-        else:
-            members = _top_scored(skilled, width)
-        self._new_members(stats, members, share)
-        if len(members) < width:
-            stats.uses = REFRESH  # still recruiting: again on the next request
-        return members
-
-    def _soonest(self, stats: ClassStats, skilled: Dict[PoolWorker, float],
-                 width: int) -> Dict[PoolWorker, float]:
-        """With ``busy_members``: the ``width`` of the class's ``skilled``
-        workers that would serve it soonest, counting how busy they are
-        (``_placing``), the current members favoured by the class's gain
-        (at least ``MEMBER_STICK``): moving a class costs loading its
-        data again, as much as its gain says.  By score while no gain is
-        measured (see "Members" in the module docstring)."""
-        gain = self.locality.gain(stats) if self.lbs == 1 or self.relayed else None
-        if gain is None:  # (nothing says what moving the class costs)
-            return _top_scored(skilled, width)
-        stick = gain if gain > MEMBER_STICK else MEMBER_STICK
-        current = stats.holders  # (not ``members``: see ``_new_members``)
-        if width == 1:
-            return _best_placed(skilled, current, stick)
-        # (``nlargest`` is Python code: several times slower for a handful
-        # of workers)
-        ranked = sorted(skilled.items(), reverse=True,
-                        key=lambda item: _placing(item[0], item[1], current, stick))
-        return dict(ranked[:width])
-
-    def _new_members(self, stats: ClassStats, members: Dict[PoolWorker, float],
-                     share: int) -> None:
-        """The class's members were worked out again (``share``: the width
-        its share of requests and keys asks for): note them, what a
-        request of the class costs them, whether the class grew (its
-        ``joins``), and the keys they hold."""
-        stats.members, stats.version = members, self.skills_version
-        times = [1.0 / score for score in members.values() if score > self.unskilled_score]
-        stats.cost = sum(times) / len(times) if times else None
-        # (``holders`` is the members as they were: ``stats.members`` may be
-        # the class's skilled dict itself, which a recruit has just grown.
-        # A member taken for pressure takes new keys and those the bound
-        # moves on, not the keys at their owners: they would load again.)
-        if len(members) > len(stats.holders) and not (
-                stats.extra and len(stats.holders) >= share):
-            stats.joins += 1
-        self._hold(stats, members)
-
-    def _widen(self, rclass: str, stats: ClassStats, members: Dict[PoolWorker, float],
-               width: int) -> int:
-        """``width`` plus the member the class may have over it for its
-        pressure (see the module docstring), taken or given back when
-        that has stayed past ``widen`` for long enough.  (A pressure
-        changed is set back to 1, so that the next change waits for
-        what this one did.)"""
-        n = len(self.workers)
-        # (backlogs as they are now, one request more on either side: at
-        # light load no one is busier; the decayed means of backlog are
-        # taken at each worker's own events, and a busy member has more)
-        mine = sum(worker.backlog for worker in members) / len(members) + 1.0
-        mean = self.backlog / n + 1.0
-        stats.pressure = PRESSURE_DECAY * stats.pressure + (1.0 - PRESSURE_DECAY) * mine / mean
-        high = 1.0 + self.widen
-        pressure = stats.pressure
-        if (pressure > high and not stats.extra and width < n
-                and stats.work * n >= WIDEN_SHARE * self.work * len(members)):
-            stats.extra, stats.pressure = 1, 1.0
-            self.widenings += 1
-            log.info("class %s widened to %d members: they were %.2f times as busy as "
-                     "the pool's workers", rclass, width + 1, pressure)
-        elif pressure < 1.0 / high and stats.extra:
-            stats.extra, stats.pressure = 0, 1.0
-            self.narrowings += 1
-            log.info("class %s narrowed to %d members: they were %.2f times as busy as "
-                     "the pool's workers", rclass, width, pressure)
-        return min(n, width + stats.extra)
-
-    def _floored(self, stats: ClassStats, skilled: Dict[PoolWorker, float],
-                 width: int) -> Dict[PoolWorker, float]:
-        """The best ``width`` of ``skilled``, and the workers that joined
-        the class while starting, each weighing at least its ratio times
-        the mean of the others' scores: a cold cache does not rank a
-        newcomer last before its résumé shows the keys it holds.  A floor
-        lasts as long as the worker is skilled in the class."""
-        floors = stats.floors
-        assert floors is not None
-        others = nlargest(width, ((w, s) for w, s in skilled.items() if w not in floors),
-                          key=_by_score)
-        mean = (sum(s for _, s in others) / len(others) if others
-                else max(skilled.values(), default=self.unskilled_score))
-        members = dict(others)
-        for worker, ratio in list(floors.items()):
-            score = skilled.get(worker)
-            if score is None:
-                del floors[worker]
-                self.slowstart.left(worker, stats)
-                continue
-            members[worker] = max(score, floor_weight(ratio) * mean)
-        if not floors:
-            stats.floors = None
-        # Workers that followed moved keys count among the ``width``;
-        # starters come on top, as they take their share.
-        width += sum(1 for ratio in floors.values() if not adopted(ratio))
-        if len(members) <= width:
-            return members
-        senders = stats.senders
-        if stats.following and senders:
-            # Starters first, then the workers most moved keys came from.
-            return dict(nlargest(width, members.items(), key=lambda item: (
-                not adopted(floors.get(item[0])), senders.get(item[0], 0.0),
-                item[1], item[0].salt)))
-        return dict(nlargest(width, members.items(), key=_by_score))
-
-    def _recruit(self, rclass: str, skilled: Dict[PoolWorker, float],
-                 busiest: bool = False) -> None:
-        """Make a worker not skilled in ``rclass`` skilled in it, at the
-        class's lowest score: alone, the one holding the fewest keys (the
-        least recently chosen of those), or, for a class ``busiest``
-        (widened for its pressure), the least busy but for starters; with
-        other LBs, the less loaded of the first two on a ring of workers
-        from the class's point, so that every LB recruits alike."""
-        score = min(skilled.values()) if skilled else self.unskilled_score
-        worker = self._ring_recruit(rclass, skilled) if self.lbs > 1 else None
-        siblings = self.siblings
-        class_hash = 0 if siblings is None else stable_hash(rclass)
-        if worker is None and siblings is not None:
-            recruit = self._by_hash.get(siblings.recruited(class_hash))
-            if recruit is not None and recruit not in skilled and not (
-                    busiest and recruit in self.starting):
-                worker = recruit
-        if worker is None:
-            # (ties go to the least recently chosen; for a busy class not a
-            # starter, whose cold cache would relieve no one)
-            worker = min((w for w in self._lru if w not in skilled
-                          and not (busiest and w in self.starting)),
-                         key=attrgetter("mbacklog" if busiest else "held"),
-                         default=None)
-            if worker is None:
-                return
-        if siblings is not None:
-            siblings.recruit(class_hash, siblings.worker_hash(worker.name))
-        skilled[worker] = worker.resume[rclass] = score
-        self.relearning.fresh(worker, rclass)
-        self.skills_version += 1
-
-    def _hold(self, stats: ClassStats, members: Dict[PoolWorker, float]) -> None:
-        """Count the class's distinct keys as held by ``members``, each an
-        equal part, instead of by those they were counted on before.  In
-        each new footprint window every class is counted again, so that
-        classes no longer requested, whose footprints have gone, count
-        for nothing."""
-        window = self._window()
-        if window != self.held_window:
-            self.held_window = window
-            self._forget_idle(window)
-            for worker in self.workers.values():
-                worker.held = 0.0
-            for other in self.classes.values():
-                other.holders, other.held = [], 0.0
-                if other.members and other is not stats:
-                    self._count_held(other, other.members, window)
-        else:
-            for worker in stats.holders:  # (one removed since counts for no one)
-                worker.held -= stats.held
-        self._count_held(stats, members, window)
-
-    def _forget_idle(self, window: int) -> None:
-        """Forget the classes not requested in this footprint window or
-        the last, whose decayed count has fallen under one request: their
-        footprint is gone and their share is nothing, so one coming back
-        is a new class.  Without this a client sending a new Host header
-        with every request (or a site with a subdomain per user) would
-        grow the LB, and its window's work, without end.  At most the
-        classes of two windows and those worth a request are kept.  (Not
-        a class a starter or moved keys gave floors: those outlive it.)"""
-        horizon = self.window_start + (window - 1 - self.window_base) * self.window_size
-        decay = self.rate_decay
-        requests = self.requests
-        idle = [name for name, stats in self.classes.items()
-                if stats.seen < horizon and not stats.floors
-                and stats.count * decay ** (requests - stats.seen) < 1.0]
-        for name in idle:
-            self.keys_seen -= len(self.classes[name].keys)
-            del self.classes[name]
-
-    def _count_held(self, stats: ClassStats, members: Dict[PoolWorker, float],
-                    window: int) -> None:
-        stats.holders = list(members.keys())  # (compiled, the dict's own copy)
-        stats.held = held = (stats.footprint.estimate(window) / float(len(members))
-                             if members else 0.0)
-        for worker in stats.holders:
-            worker.held += held
-
-    def _ring_recruit(self, rclass: str, skilled: Dict[PoolWorker, float]
-                      ) -> Optional[PoolWorker]:
-        ring = self._ring
-        if ring is None:
-            ring = self._ring = sorted(
-                (mix(worker.salt ^ replica), worker)
-                for worker in self.workers.values() for replica in range(RING_POINTS))
-        start = bisect.bisect(ring, (stable_hash(rclass), ))
-        n = len(ring)
-        best = None
-        seen = 0
-        for i in range(min(n, (len(skilled) + RING_CHOICES + 1) * RING_POINTS)):
-            worker = ring[(start + i) % n][1]
-            if worker in skilled or worker is best:
-                continue
-            if best is None or worker.mbacklog < best.mbacklog:
-                best = worker
-            seen += 1
-            if seen == RING_CHOICES:
-                break
-        return best
-
-    def _owner(self, members: Dict[PoolWorker, float], key_hash: int, balance: float,
-               last: Optional[PoolWorker] = None, new: bool = False
-               ) -> Tuple[Optional[PoolWorker], bool, Optional[PoolWorker]]:
-        """The worker for ``key_hash`` among ``members`` under the cap,
-        whether it is not the key's owner, and the owner: the first of
-        all members in the key's rendezvous order (see ``_ranked``).
-
-        Bounded-load hashing, as HAProxy's ``hash-balance-factor``: the
-        first member in rendezvous order whose backlog is under the
-        bound, ``balance`` (the class's) times the members' mean.  When
-        this LB is alone, two things come first.  ``last``, the member the key last
-        went to (the caller leaves it out if the key was at its owner
-        then and the class has grown since), keeps it up to
-        ``stick`` times the bound, unless the owner is starting (see
-        ``routing/slowstart.py``): it holds the key's data for sure, and a key
-        the bound moved on stays where it went instead of coming back to
-        be loaded again.  A ``new`` key, one the book does not know, goes
-        to the least busy member (ties in rendezvous order): no one holds
-        it yet."""
-        count, total, first, kept, owner, least = self._ranked(members, key_hash, balance, last)
-        if first is None:
-            return None, False, owner
-        # (float(): compiled, a float over an int is worked out on objects)
-        bound = balance * float(total + 1) / float(count)
-        if bound < MIN_BOUND:
-            bound = MIN_BOUND
-        starting = self.starting
-        if (kept is not None and kept.backlog < self.stick * bound
-                and not (starting and owner in starting)):
-            return kept, kept is not owner, owner
-        if new:
-            chosen = least
-        elif count == 1 or first.backlog < bound:
-            chosen = first
-        else:  # the first in rendezvous order under the bound, if any
-            chosen = self._ranked(members, key_hash, balance, None, bound)[2] or first
-        return chosen, chosen is not owner, owner
-
-    def _ranked(self, members: Dict[PoolWorker, float], key_hash: int, balance: float,
-                last: Optional[PoolWorker], below: float = math.inf
-                ) -> Tuple[int, int, Optional[PoolWorker], Optional[PoolWorker],
-                           Optional[PoolWorker], Optional[PoolWorker]]:
-        """How many members are under the cap (and with a backlog
-        ``below``), and their total backlog; the first of them in the
-        key's rendezvous order, ``last`` if one of them, the key's owner
-        (the first of all members), and the least busy of them (ties to
-        the first in rendezvous order).  (Not a starter busier than the
-        pool's mean.)  The cap is ``balance`` (the class's) times the
-        published one: the bound keeps the members even among themselves,
-        so the cap only has to catch members far over the pool's mean, and
-        a key's owner, which holds its data, is worth a longer queue than
-        a skilled worker.  (No list of them: three requests in four want
-        only these.)"""
-        n = len(self.workers)
-        max_backlog = balance * self.variance * self.mbacklog / n
-        if max_backlog < 1.0:
-            max_backlog = 1.0
-        min_backlog = self._oldest().mbacklog + 1.0
-        starting = self.starting
-        busy = self.backlog / n  # a starter takes no more than the mean
-        count = total = 0
-        owner = first = least = None  # first: the owner among those under the cap
-        top = best = least_weight = 0.0
-        kept = None  # ``last``, if under the cap
-        # A class of one member (most requests) has no order to draw:
-        # its weights are only compared with one another.
-        single = len(members) == 1
-        for worker, score in members.items():
-            weight = score if single else score / rendezvous_draw(key_hash ^ worker.salt)
-            if weight > top:
-                owner, top = worker, weight
-            if worker.mbacklog - min_backlog > max_backlog:
-                continue
-            backlog = worker.backlog
-            if starting and worker in starting and backlog > busy or backlog >= below:
-                continue
-            if worker is last:
-                kept = worker
-            count += 1
-            total += backlog
-            if weight > best:
-                first, best = worker, weight
-            if least is None or backlog < least.backlog or (
-                    backlog == least.backlog and weight > least_weight):
-                least, least_weight = worker, weight
-        return count, total, first, kept, owner, least
 
     # -- introspection ------------------------------------------------
 
@@ -1255,8 +480,9 @@ class AffinityPool(Pool):
                       balance=self.balance, stick=self.stick, widen=self.widen,
                       separate_books=self.separate_books, busy_members=self.busy_members,
                       widened=sum(1 for stats in self.classes.values() if stats.extra),
-                      widenings=self.widenings, narrowings=self.narrowings,
-                      spills=self.spills, bounded=self.bounded, explored=self.explored,
+                      widenings=self.members.widenings, narrowings=self.members.narrowings,
+                      spills=self.placement.spills, bounded=self.placement.bounded,
+                      explored=self.placement.explored,
                       locality_gain=(None if gain is None else round(gain, 3)),
                       slow_start=self.slow_start, skill_resets=self.resets,
                       starting=len(self.starting), lbs=self.lbs, keys_relayed=self.relayed)

@@ -179,8 +179,8 @@ class ClassStats:
         self.members: Optional[Dict[PoolWorker, float]] = None  # as last worked out
         self.uses = 0  # requests since the members were worked out
         self.version = -1  # the pool's skills_version then
-        self.joins = 0  # times its members grew in number (``AffinityPool.get``)
-        # the members its keys were last counted on (``AffinityPool.held``),
+        self.joins = 0  # times its members grew in number (``Members.of``)
+        # the members its keys were last counted on (``Members.held``),
         # and how many keys each was counted to hold
         self.holders: List[PoolWorker] = []
         self.held = 0.0
@@ -188,15 +188,15 @@ class ClassStats:
         self.seen = 0
         self.work = 0.0  # decayed seconds of work, as of ``seen``
         self.cost: Optional[float] = None  # seconds a request takes, from résumés
-        self.key_width = 0  # the workers its keys last asked for (``AffinityPool._widths``)
-        self.extra = 0  # 1 while it has a member over its width (``AffinityPool._widen``)
+        self.key_width = 0  # the workers its keys last asked for (``Members.widths``)
+        self.extra = 0  # 1 while it has a member over its width (``Members._widen``)
         self.pressure = 1.0  # its members' mean backlog over the pool's, decayed
         # decayed service times and counts of its requests placed where
         # their key last went and elsewhere (``routing/locality.py``)
         self.home_time = self.home_count = 0.0
         self.away_time = self.away_count = 0.0
         self.footprint = Footprint(window)
-        # keys requested -> their hashes, remembered (``AffinityPool._observe``)
+        # keys requested -> their hashes, remembered (``Members.observe``)
         self.keys: Dict[str, KeyHashes] = {}
         self.salt = stable_hash(rclass) ^ seed
         # workers that joined while starting -> pool request when they did

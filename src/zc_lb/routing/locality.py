@@ -23,7 +23,7 @@ A class's gain is known once it has ``MIN_SAMPLES`` of each kind;
 before that the pool's gain stands for it (a decayed mean of each away
 request's time over its class's home mean, over all classes); before
 that nothing is known and the policy keeps its keys as it always did.
-The policy (``AffinityPool.get``) then weighs a key's home against the
+The policy (``Placement.weighed``) then weighs a key's home against the
 least busy worker as a request's expected time there:
 ``(backlog + 1) * cost``, the cost being ``gain`` times longer away.
 With a gain of 1 that is least backlog, ties going home; with a gain

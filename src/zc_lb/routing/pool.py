@@ -51,8 +51,8 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import (Any, Callable, ClassVar, Container, Dict, Hashable, Iterable, List, Mapping,
-                    Optional, Set, Tuple)
+from typing import (Any, Callable, ClassVar, Container, Dict, Hashable, Iterable, Iterator, List,
+                    Mapping, Optional, Set, Tuple)
 
 from zc_lb.settings import LB_SETTINGS, check
 
@@ -85,6 +85,16 @@ class PoolWorker:
         # other LBs were last told (the affinity policy's ``relayed``)
         self.sent: List[Tuple[str, int]] = []
 
+    def status(self) -> dict:
+        """A JSON-able picture of the worker, for the pool's status."""
+        return {
+            "backlog": self.backlog - self.elsewhere,
+            "siblings_backlog": self.elsewhere,  # (--processes: routing/siblings.py)
+            "mean_backlog": round(self.mbacklog, 4),
+            "version": self.version,
+            "skills": dict(sorted(self.resume.items())),
+        }
+
     def __repr__(self) -> str:
         return "<PoolWorker %r backlog=%d mbacklog=%.2f skills=%d>" % (
             self.handle,
@@ -105,6 +115,25 @@ def unskill(skilled_map: Dict[str, Dict[PoolWorker, float]], worker: PoolWorker,
             skilled.pop(worker, None)
             if not skilled:
                 del skilled_map[rclass]
+
+
+def _changes(old: Dict[str, float], new: Dict[Any, Any]) -> Iterator[Tuple[str, float]]:
+    """The classes whose score in résumé ``new`` is not the one in
+    ``old``, each with its score, ``new`` cleaned as they come (one at a
+    time, as ``Pool.new_resume`` takes them): their classes made strings
+    and their scores floats, and those that are not positive finite
+    numbers taken out."""
+    for rclass in [rclass for rclass, score in new.items() if old.get(rclass) != score]:
+        score = new.pop(rclass)
+        try:
+            score = float(score)
+        except (TypeError, ValueError):
+            continue
+        if not 0.0 < score < math.inf:  # (NaN too)
+            continue
+        rclass = str(rclass)
+        new[rclass] = score
+        yield rclass, score
 
 
 class Pool:
@@ -129,7 +158,7 @@ class Pool:
         self.workers: Dict[Hashable, PoolWorker] = {}
         # least recently chosen first
         self._lru: "OrderedDict[PoolWorker, None]" = OrderedDict()
-        self._first: Optional[PoolWorker] = None  # its first, if known (``_oldest``)
+        self._first: Optional[PoolWorker] = None  # its first, if known (``oldest``)
         self.skilled: Dict[str, Dict[PoolWorker, float]] = {}
         self.backlog = 0
         self.mbacklog = 0.0
@@ -234,25 +263,34 @@ class Pool:
         worker = self.workers.get(handle)
         if worker is None:
             return set()
-        old, skilled_map = worker.resume, self.skilled
+        old = worker.resume
         new: Dict[Any, Any] = dict(resume)  # (cleaned below: any key, any score)
         touched = set(worker.given)
-        known = old.get
-        added = 0
         current: Optional[Dict[str, float]] = None  # (with ``pause``: what is skilled so far)
         if pause is not None:
             current = worker.resume = dict(old)
-        steps = 0
-        for rclass in [rclass for rclass, score in new.items() if known(rclass) != score]:
-            score = new.pop(rclass)
-            try:
-                score = float(score)
-            except (TypeError, ValueError):
-                continue
-            if not 0.0 < score < math.inf:  # (NaN too)
-                continue
-            rclass = str(rclass)
-            new[rclass] = score
+        added = self._take_scores(worker, old, new, touched, current, pause)
+        if added is None:
+            return touched  # (removed meanwhile: nothing of it is left)
+        if len(new) - added < len(old):  # some classes left the résumé
+            dropped = [c for c in old if c not in new]
+            if not self._drop_classes(worker, dropped, current, pause):
+                return touched
+            touched.update(dropped)
+        worker.resume = new
+        worker.given.clear()
+        return touched
+
+    def _take_scores(self, worker: PoolWorker, old: Dict[str, float], new: Dict[Any, Any],
+                     touched: Set[str], current: Optional[Dict[str, float]],
+                     pause: Optional[Callable[[], None]]) -> Optional[int]:
+        """``new_resume``'s intake: make ``worker`` skilled in the classes
+        of ``_changes``, adding them to ``touched`` (and to ``current``,
+        with ``pause``); how many are new to it, or None if it was
+        removed during a pause."""
+        skilled_map = self.skilled
+        added = steps = 0
+        for rclass, score in _changes(old, new):
             added += rclass not in old
             skilled = skilled_map.get(rclass)
             if skilled is None:
@@ -265,26 +303,28 @@ class Pool:
                 if steps == RESUME_STEP:
                     steps = 0
                     pause()  # type: ignore[misc]
-                    if self.workers.get(handle) is not worker:
-                        return touched  # (removed meanwhile: nothing of it is left)
-        if len(new) - added < len(old):  # some classes left the résumé
-            dropped = [c for c in old if c not in new]
-            if current is None:
-                unskill(skilled_map, worker, dropped)
-            else:  # (in steps too, each out of ``current`` as it goes)
-                for start in range(0, len(dropped), RESUME_STEP):
-                    if start:
-                        pause()  # type: ignore[misc]
-                        if self.workers.get(handle) is not worker:
-                            return touched
-                    part = dropped[start:start + RESUME_STEP]
-                    unskill(skilled_map, worker, part)
-                    for rclass in part:
-                        del current[rclass]
-            touched.update(dropped)
-        worker.resume = new
-        worker.given.clear()
-        return touched
+                    if self.workers.get(worker.handle) is not worker:
+                        return None
+        return added
+
+    def _drop_classes(self, worker: PoolWorker, dropped: List[str],
+                      current: Optional[Dict[str, float]],
+                      pause: Optional[Callable[[], None]]) -> bool:
+        """``new_resume``'s other half: take ``worker`` out of the skilled
+        workers of the classes its new résumé ``dropped`` (with ``pause``,
+        in steps, each out of ``current`` as it goes); whether it is still
+        in the pool."""
+        for start in range(0, len(dropped), RESUME_STEP):
+            if start and pause is not None:
+                pause()
+                if self.workers.get(worker.handle) is not worker:
+                    return False
+            part = dropped[start:start + RESUME_STEP]
+            unskill(self.skilled, worker, part)
+            if current is not None:
+                for rclass in part:
+                    del current[rclass]
+        return True
 
     def _forget_skills(self, worker: PoolWorker) -> None:
         unskill(self.skilled, worker, worker.resume)
@@ -310,12 +350,12 @@ class Pool:
             return None
         if rclass is None:
             return self._least_backlog()
-        return self._chosen(self._published(rclass))
+        return self._chosen(self.published(rclass))
 
-    def _published(self, rclass: str) -> PoolWorker:
+    def published(self, rclass: str) -> PoolWorker:
         """The published choice for a request of ``rclass`` (steps 1 to
         3 of the module docstring), not yet accounted."""
-        oldest = self._oldest()
+        oldest = self.oldest()
         max_backlog = self.variance * self.mbacklog / float(len(self.workers))
         if max_backlog < 1.0:
             max_backlog = 1.0
@@ -348,19 +388,19 @@ class Pool:
 
     def _chosen(self, worker: PoolWorker) -> Hashable:
         """Account a request given to ``worker``; its handle."""
-        self._to_end(worker)
+        self.to_end(worker)
         worker.backlog += 1
         self.backlog += 1
         self._decay(worker)
         return worker.handle
 
-    def _to_end(self, worker: PoolWorker) -> None:
+    def to_end(self, worker: PoolWorker) -> None:
         """Make ``worker`` the most recently chosen."""
         if worker is self._first:
             self._first = None
         self._lru.move_to_end(worker)
 
-    def _oldest(self) -> PoolWorker:
+    def oldest(self) -> PoolWorker:
         """The least recently chosen worker (there is one).  Remembered
         until it is chosen or removed: the first of an ordered dict costs
         an iterator (compiled, some 600 instructions), and most requests
@@ -374,14 +414,19 @@ class Pool:
             self._first = oldest
         return oldest
 
+    def by_recency(self) -> Iterable[PoolWorker]:
+        """The workers, least recently chosen first (the pool's own
+        order: read it, and change it only by choosing)."""
+        return self._lru
+
     def _least_backlog(self) -> Optional[Hashable]:
         """The least loaded worker, ties to the least recently chosen: O(workers)."""
-        best = self._least_loaded()
+        best = self.least_loaded()
         if best is None:
             return None
         return self._chosen(best)
 
-    def _least_loaded(self, skip: Container[PoolWorker] = ()) -> Optional[PoolWorker]:
+    def least_loaded(self, skip: Container[PoolWorker] = ()) -> Optional[PoolWorker]:
         """The worker with the least backlog but for those in ``skip``,
         ties to the least recently chosen, not yet accounted: O(workers)."""
         best = None
@@ -475,16 +520,7 @@ class Pool:
             "unskilled_score": self.unskilled_score,
             "backlog": self.backlog - sum(w.elsewhere for w in self._lru),
             "mean_backlog": round(self.mbacklog, 4),
-            "workers": {
-                str(worker.handle): {
-                    "backlog": worker.backlog - worker.elsewhere,
-                    "siblings_backlog": worker.elsewhere,  # (--processes: routing/siblings.py)
-                    "mean_backlog": round(worker.mbacklog, 4),
-                    "version": worker.version,
-                    "skills": dict(sorted(worker.resume.items())),
-                }
-                for worker in self._lru
-            },
+            "workers": {str(worker.handle): worker.status() for worker in self._lru},
         }
 
     def __repr__(self) -> str:

@@ -8,7 +8,7 @@ Theory of operation
 A changed classifier moves keys between classes, but their data stays
 where it was.  The LB keeps a book of keys (at most ``BOOK_SIZE``): the
 class and worker each last went to (which also keeps keys where they
-went, see "Stickiness" in ``routing/affinity.py``).  When enough of a class's new keys
+went, see "Stickiness" in ``routing/placement.py``).  When enough of a class's new keys
 come from other classes, it follows them: the workers most of them came
 from become its members (floored at the members' mean until the class
 settles, ranked by how many keys came from each), and its old members,
@@ -84,7 +84,7 @@ def floor_weight(ratio: float) -> float:
 
 # (class, worker a key last went to, whether it moved between classes,
 # AWAY if that worker is not its owner in rendezvous order, else the
-# class's ``joins`` then: see ``AffinityPool.get``)
+# class's ``joins`` then: see ``Placement._choose``)
 BookEntry = Tuple[Optional[str], Optional[PoolWorker], bool, int]
 AWAY: Final = -1
 SHARED: BookEntry = (None, None, True, AWAY)  # a key of several classes

@@ -190,10 +190,7 @@ def status_app(get_status: Callable[[], dict],
         if request.method == "POST":
             return _post(request, actions, token)
         if path == "/healthz":
-            why = unready() if unready is not None else None
-            if why:
-                return _respond(("not ready: %s\n" % why).encode(), "text/plain", 503)
-            return _respond(b"ok\n", "text/plain")
+            return _health(unready() if unready is not None else None)
         if path == "/metrics" and collector is not None:
             return _metrics(collector)
         if path not in ("/", "/status.json"):
@@ -205,6 +202,13 @@ def status_app(get_status: Callable[[], dict],
         return handle(Request(environ))(environ, start_response)
 
     return app
+
+
+def _health(why: Optional[str]) -> Response:
+    """``/healthz``: 200 "ok", or 503 with ``why`` the process cannot serve."""
+    if why:
+        return _respond(("not ready: %s\n" % why).encode(), "text/plain", 503)
+    return _respond(b"ok\n", "text/plain")
 
 
 def merge_status(docs: List[dict]) -> dict:

@@ -7,74 +7,55 @@ shared secret) in the calling greenlet; ``start()`` spawns a reader
 greenlet, which feeds received bytes to the machine and hands its events
 to whoever waits, a writer greenlet, and a keepalive greenlet, which
 pings the peer and declares it lost when nothing has arrived for
-``keepalive_timeout`` seconds.
+``keepalive_timeout`` seconds (``wire/keepalive.py`` judges).
 
-Each request in flight is an ``Exchange``: an inbox of received
-messages and a wakeup.  The greenlet that owns a request sends on it and
-receives from it; the reader only appends to inboxes and wakes waiters,
-so a slow consumer of one request never blocks the reader or other
-requests.  ``idle`` is set while no request is in flight, for drains to
-wait on.
+Each request in flight is an ``Exchange`` (``wire/exchange.py``): the
+reader only appends to its inbox and wakes its waiters, so a slow
+consumer of one request never blocks the reader or other requests.
+``idle`` is set while no request is in flight, for drains to wait on.
 
-Writes from many greenlets are coalesced: they queue bytes, and a writer
-greenlet sends everything queued in a loop turn with one ``sendall``, so
-requests that arrive together share a system call.  Body bytes are
-bounded by credit, so the queue is bounded by a window per request.
+Writes from many greenlets are coalesced (``wire/writer.py``): they
+queue bytes, and everything queued in a loop turn goes out with one
+system call.
 
 When the connection breaks, every exchange's waiters are woken with the
 error: ``ConnectionLost`` (WorkerLost on the LB) when it broke from
-outside, ``ConnectionClosed`` (WorkerClosed) when we closed it.  A
-request cancelled raises ``PeerCancelled`` or, cancelled here, the error
-given to ``cancel`` (``ClientGone`` when the LB's client left).
+outside, ``ConnectionClosed`` (WorkerClosed) when we closed it.
 """
 
 from __future__ import annotations
 
-import collections
-import errno
 import logging
 import os
 import socket
 import time
-from typing import Callable, Deque, Dict, List, Optional, Tuple, Union, cast
+from typing import Any, Callable, Dict, List, Optional, Tuple, cast
 
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
-from gevent.hub import Waiter, get_hub  # type: ignore[import-untyped]
 from mypy_extensions import mypyc_attr
 
 from zc_lb.wire import protocol
 from zc_lb.errors import (
     BadResponse,
-    CancelledHere,
     ConnectionClosed,
     ConnectionLost,
-    PeerCancelled,
     RemoteProtocolError,
-    RequestCancelled,
     WorkerClosed,
     WorkerLost,
     ZcLbError,
 )
-from zc_lb.wire.protocol import Body, Credit, GoAway, Keys, Ping, Request, Resume, StreamEnded
-from zc_lb.settings import LB_SETTINGS
-from zc_lb.sockets import send_file, send_pieces, set_nodelay, wait
+from zc_lb.wire.protocol import GoAway, Keys, Ping, Request, Resume, StreamEnded
+from zc_lb.sockets import set_nodelay
+from zc_lb.wire.exchange import Exchange, Link
+from zc_lb.wire.keepalive import KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, MAX_PINGS, Keepalive
+from zc_lb.wire.writer import FileRegion, Writer
 
 log = logging.getLogger(__name__)
 
-KEEPALIVE_INTERVAL = 1.0
-SUSPECT_AFTER = 2  # keepalive intervals of silence before a peer is suspected
-KEEPALIVE_TIMEOUT = LB_SETTINGS["keepalive_timeout"].default
 HANDSHAKE_TIMEOUT = 10.0
 HANDSHAKE_RECV = 16 * 1024  # Hello and Auth are small: no quarter megabyte per wait
-BIG_CHUNK = 16 * 1024  # body chunks from this size go out without a copy into their frame
 RECV_SIZE = 256 * 1024
-# A peer sends a Ping a keepalive interval (a second); more than this many
-# in a second is a flood, and a protocol error: answering each with a
-# Pong would give one peer the loop every other connection waits for.
-MAX_PINGS = 64
-# sendfile(2) errors that are the file's (read from it failed), not the socket's.
-_FILE_ERRORS = frozenset({errno.EIO, errno.EBADF, errno.EINVAL})
 
 
 def looks_like_tls(data: bytes) -> bool:
@@ -112,272 +93,10 @@ class Handler:
         """The connection ended, from outside or by our own close()."""
 
 
-class FileRegion:
-    """``count`` bytes of an open file from ``offset``: a Body frame's
-    chunk, queued to go out with sendfile(2) (``Exchange.send_file``).
-    ``sent`` is set once it went (or the connection ended); ``short``
-    says the file ended first and zeros went in its place, to keep the
-    frame whole."""
-
-    __slots__ = ("fd", "offset", "count", "sent", "short")
-
-    def __init__(self, fd: int, offset: int, count: int) -> None:
-        self.fd = fd
-        self.offset = offset
-        self.count = count
-        self.sent = gevent.event.Event()
-        self.short = False
-
-
-class Exchange:
-    """One request in flight on a connection: the greenlet that owns it
-    sends and receives through it; the connection's reader fills its
-    inbox and wakes it."""
-
-    __slots__ = ("connection", "rno", "inbox", "error", "_waiter", "on_cancel", "_widened",
-                 "__weakref__")
-
-    def __init__(self, connection: "Connection", rno: int) -> None:
-        self.connection = connection
-        self.rno = rno
-        self.inbox: Deque[protocol.Message] = collections.deque()
-        self.error: Optional[ZcLbError] = None  # why it ended early, raised to waiters
-        # Who waits: None, a Waiter, or a list of them; woken from the
-        # hub (an Event per request cost several microseconds more).
-        self._waiter: Union[None, Waiter, List[Waiter]] = None
-        self.on_cancel: Optional[Callable[[], None]] = None  # the peer cancelled
-        self._widened = False  # (``widen`` grants once)
-
-    @property
-    def credit(self) -> int:
-        """Body bytes we may send now."""
-        return self.connection.protocol.credit(self.rno)
-
-    @property
-    def cancelled(self) -> bool:
-        """Cancelled, by the peer or by us."""
-        return isinstance(self.error, RequestCancelled)
-
-    # -- sending ------------------------------------------------------
-
-    def send(self, *messages: protocol.Message) -> None:
-        """Send messages in one write; raise if the request is over."""
-        if self.error is not None:
-            raise self.error
-        connection = self.connection
-        proto = connection.protocol
-        send = proto.send
-        connection.write(b"".join([send(message) for message in messages]))
-        if not proto.streams:  # (this one ended with both its directions, and was the last)
-            connection.idle.set()
-
-    def respond(self, status: str, headers: List[Tuple[str, str]], body: bytes = b"",
-                end: bool = False, elapsed: Optional[float] = None,
-                cache: Optional[bool] = None) -> None:
-        """Worker side: the response head, ``body`` (within credit) and End
-        if ``end``, in one write: a small response is one frame batch;
-        ``elapsed``, the application's seconds so far, and ``cache``,
-        whether its cache hit, for an LB that takes them."""
-        if self.error is not None:
-            raise self.error
-        connection = self.connection
-        proto = connection.protocol
-        connection.write(proto.respond(self.rno, status, headers, body, end, elapsed, cache))
-        if end and not proto.streams:
-            connection.idle.set()
-
-    def send_body(self, data: bytes, stop_on_response: bool = False) -> bool:
-        """Send body bytes within credit, waiting for more as needed.
-
-        With ``stop_on_response`` (LB side, uploading), returns False as
-        soon as a response has arrived, so an early answer (413, say)
-        is not stuck behind a body the worker will never read.
-        """
-        view = memoryview(data)
-        credit = self.connection.protocol.credit
-        while view:
-            while credit(self.rno) <= 0:
-                if stop_on_response and self.inbox:
-                    return False
-                self._wait()
-            if stop_on_response and self.inbox:
-                return False
-            n = min(len(view), credit(self.rno), protocol.MAX_BODY)
-            if n < BIG_CHUNK:
-                self.send(Body(self.rno, bytes(view[:n])))
-            else:  # header and chunk as they are, not copied into one frame
-                self._send_chunk(view[:n] if type(data) is bytes else bytes(view[:n]))
-            view = view[n:]
-        return True
-
-    def _send_chunk(self, chunk) -> None:
-        if self.error is not None:
-            raise self.error
-        connection = self.connection
-        connection.write_chunk(connection.protocol.body_header(self.rno, len(chunk)), chunk)
-
-    def send_file(self, fd: int, offset: int, count: int) -> bool:
-        """Worker side: ``count`` bytes of the open file ``fd`` from
-        ``offset`` as body, with sendfile(2) (``Connection.sendfile``
-        says whether the connection can), in frames queued as credit
-        allows; returns once they went (the file stays the caller's).
-        False if the file ended first (zeros went in its place: the
-        caller cancels the response)."""
-        connection = self.connection
-        credit = connection.protocol.credit
-        regions: List[FileRegion] = []
-        try:
-            while count > 0:
-                while credit(self.rno) <= 0:
-                    self._wait()
-                if self.error is not None:
-                    raise self.error
-                n = min(count, credit(self.rno), protocol.MAX_BODY)
-                region = FileRegion(fd, offset, n)
-                connection.write_region(connection.protocol.body_header(self.rno, n), region)
-                regions.append(region)
-                offset, count = offset + n, count - n
-        finally:
-            for region in regions:  # (all of them: the file may be closed after)
-                while not region.sent.wait(KEEPALIVE_INTERVAL) and not connection.closed:
-                    pass
-        if connection.closed:
-            raise connection.error or connection.closed_error(connection.peer)
-        return not any(region.short for region in regions)
-
-    def cancel(self, error: Optional[ZcLbError] = None) -> None:
-        """Abandon the request, telling the peer; idempotent.  ``error``
-        says why (a RequestCancelled subclass): waiters get it raised."""
-        connection = self.connection
-        proto = connection.protocol
-        if connection.closed or self.rno not in proto.streams:
-            return  # ended already
-        if self.error is None:
-            self.error = error or CancelledHere("request %d cancelled" % self.rno)
-        data = proto.cancel(self.rno)
-        if not proto.streams:
-            connection.idle.set()
-        self._wake()
-        try:
-            connection.write(data)
-        except ZcLbError:
-            pass
-
-    # -- receiving ----------------------------------------------------
-
-    def receive(self, timeout: Optional[float] = None) -> protocol.Message:
-        """The next Response, Body or End from the peer; raises the
-        connection's error or RequestCancelled when there is none to come.
-        """
-        inbox = self.inbox
-        while not inbox:
-            if self.error is not None:
-                raise self.error
-            if timeout is not None or self._waiter is not None:
-                self._wait(timeout)
-                continue
-            # (Most waits: the owner's alone, without a timeout; ``_wait``
-            # without its call.)
-            waiter = self._waiter = Waiter(get_hub())
-            try:
-                waiter.get()
-            finally:
-                if self._waiter is waiter:
-                    self._waiter = None
-        return inbox.popleft()
-
-    def consumed(self, n: int) -> None:
-        """We are done with ``n`` received body bytes: grant them back."""
-        connection = self.connection
-        if self.error is None and not connection.closed:
-            data = connection.protocol.consumed(self.rno, n)
-            if data:
-                connection.write(data)
-
-    def widen(self) -> None:
-        """A body is coming to us and its reader keeps up: let the peer send
-        WIDE_WINDOW bytes of it ahead, not the WINDOW both sides start
-        from, so that it is not sent a window at a time, waiting for each
-        Credit.  Once a request: later calls do nothing."""
-        connection = self.connection
-        if not self._widened and self.error is None and not connection.closed:
-            self._widened = True
-            data = connection.protocol.widen(self.rno)
-            if data:
-                connection.write(data)
-
-    def _wait(self, timeout: Optional[float] = None) -> None:
-        """Sleep until ``_wake`` (or ``timeout`` seconds).  Callers test
-        their condition first and again after: a wake is a hint."""
-        if self.error is not None:
-            raise self.error
-        hub = get_hub()
-        waiter = Waiter(hub)
-        # Usually the owner alone waits; an upload's greenlet may wait
-        # for credit at the same time as the owner for the response.
-        other = self._waiter
-        self._waiter = waiter if other is None else (
-            other + [waiter] if type(other) is list else [other, waiter])
-        try:
-            if timeout is None:
-                waiter.get()  # (most waits: ``wait`` without its call)
-            else:
-                wait(waiter, timeout, gevent.Timeout, timeout)
-        finally:
-            waiting = self._waiter
-            if waiting is waiter:
-                self._waiter = None
-            elif type(waiting) is list and waiter in waiting:
-                waiting.remove(waiter)
-
-    def _wake(self) -> None:
-        """Wake whoever waits, once: from the hub's next turn, as the
-        reader greenlet may not switch to a waiter itself."""
-        waiting = self._waiter
-        if waiting is not None:
-            self._waiter = None
-            run_callback = get_hub().loop.run_callback
-            if isinstance(waiting, list):
-                for waiter in waiting:
-                    run_callback(waiter.switch, None)
-            else:
-                run_callback(waiting.switch, None)
-
-    # -- driven by the connection's reader ----------------------------
-
-    def received(self, event: protocol.Message) -> None:
-        if type(event) is not Credit:
-            self.inbox.append(event)
-        waiting = self._waiter
-        if waiting is not None and not isinstance(waiting, list):  # (``_wake``, inlined)
-            self._waiter = None
-            get_hub().loop.run_callback(waiting.switch, None)
-        elif waiting is not None:
-            self._wake()
-
-    def cancelled_by_peer(self) -> None:
-        if self.error is None:
-            self.error = PeerCancelled("request %d cancelled by %s"
-                                       % (self.rno, self.connection.peer))
-        self._wake()
-        if self.on_cancel is not None:
-            self.on_cancel()
-
-    def fail(self, error: ZcLbError) -> None:
-        """End the exchange here with ``error`` (waiters get it raised)."""
-        if self.error is None:
-            self.error = error
-        self._wake()
-
-    def __repr__(self) -> str:
-        return "<Exchange %d on %s credit=%d%s>" % (
-            self.rno, self.connection.peer, self.credit,
-            " %s" % self.error if self.error else "")
-
-
-class Connection:
+class Connection(Link):
     """One multiplexed connection between an LB and a worker: a pump
-    between a socket and a ``protocol.Connection``."""
+    between a socket and a ``protocol.Connection``; to its Exchanges, a
+    ``Link``."""
 
     def __init__(
         self,
@@ -396,8 +115,6 @@ class Connection:
         self.handler = handler
         self.peer = peer
         self.secret = secret
-        self.keepalive_interval = keepalive_interval
-        self.keepalive_timeout = keepalive_timeout
         # (It holds the requests in flight, each with its Exchange as owner,
         # and whether the connection is draining.)
         self.protocol = protocol.Connection(role, secret, app_version=app_version,
@@ -407,25 +124,12 @@ class Connection:
         self.peer_hello: Optional[protocol.Hello] = None
         self.idle = gevent.event.Event()  # set while no request is in flight
         self.idle.set()
-        self._last_received = time.monotonic()
-        self._pings_counted = 0  # the protocol's Ping count when ``_pings_since`` began
-        self._pings_since = self._last_received
-        self._outgoing: List[bytes] = []
-        self._wake_writer = gevent.event.Event()
-        self._flush_scheduled = False  # a _flush callback is pending
-        self._writer_busy = False  # the writer greenlet has bytes the socket did not take
-        # The non-blocking socket under gevent's, for sending from the hub.
-        self._vectored = False  # a body chunk is queued: send the pieces with sendmsg
-        self._regions = 0  # FileRegions queued: the writer greenlet sends them
+        self._keepalive = Keepalive(keepalive_interval, keepalive_timeout, time.monotonic())
         # Over TLS (``tls.py``) every byte goes through the SSL object: no
         # raw sends from the hub, no sendmsg, and decrypted bytes it holds
         # (``pending``) are read before waiting on the socket.
         self._pending: Optional[Callable[[], int]] = getattr(sock, "pending", None)
-        raw = None if self._pending is not None else getattr(sock, "_sock", None)
-        self._raw_send = getattr(raw, "send", None)
-        self._raw_sendmsg = getattr(raw, "sendmsg", None)
-        self._flushed = gevent.event.Event()  # set while nothing is queued or being sent
-        self._flushed.set()
+        self._writer = Writer(sock, self._pending is not None)
         # sendfile(2) needs the kernel to see the bytes: not over TLS.
         self.sendfile = self._pending is None and hasattr(os, "sendfile")
         self._greenlets: List[gevent.Greenlet] = []
@@ -471,7 +175,7 @@ class Connection:
         """Close from our side, after up to ``flush_timeout`` seconds for
         what is queued to be sent; waiters get ConnectionClosed/WorkerClosed."""
         if flush_timeout > 0 and not self.closed:
-            self._flushed.wait(flush_timeout)
+            self._writer.flushed.wait(flush_timeout)
         if not self.closed:
             try:
                 self.sock.shutdown(socket.SHUT_WR)
@@ -524,151 +228,49 @@ class Connection:
 
     # -- writing ------------------------------------------------------
 
-    def write_chunk(self, header: bytes, chunk) -> None:
-        """Queue a Body frame's header and its large chunk as they are: the
-        loop turn's writes then go out with one sendmsg, the chunk not
-        copied into a joined buffer."""
-        self._vectored = True
-        self.write(header)
-        self._outgoing.append(chunk)
-
-    def write_region(self, header: bytes, region: FileRegion) -> None:
-        """Queue a Body frame's header and its chunk from a file, for the
-        writer greenlet to send with sendfile(2) in its place in line."""
-        self.write(header)
-        self._outgoing.append(region)  # type: ignore[arg-type]
-        self._regions += 1
-
     def write(self, data: bytes) -> None:
-        """Queue bytes; everything queued in one loop turn goes out with
-        one system call, from a loop callback (no greenlet switch), or
-        from the writer greenlet when the socket cannot take it all at
-        once."""
+        """Queue bytes to send (``writer.Writer.write``); raise once the
+        connection has ended."""
         if self.closed:
             raise self.error or self.closed_error(self.peer)
-        self._outgoing.append(data)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._flushed.clear()
-            if self._raw_send is None or self._writer_busy:
-                self._wake_writer.set()
-            else:
-                gevent.get_hub().loop.run_callback(self._flush)
+        self._writer.write(data)
 
-    def _flush(self) -> None:
-        """In the hub, after this turn's greenlets have queued their
-        writes: send them without blocking; what the socket does not take
-        (or an error) goes to the writer greenlet."""
-        self._flush_scheduled = False
-        outgoing = self._outgoing
-        send = self._raw_send  # (not None: ``write`` schedules no flush without it)
-        if self.closed or self._writer_busy or not outgoing or send is None:
-            return
-        if self._regions:  # (sendfile waits for the socket: the writer's)
-            self._writer_busy = True
-            self._wake_writer.set()
-            return
-        pieces, self._outgoing = outgoing, []
-        if not self._vectored:  # (small frames: one join costs less than sendmsg's buffers)
-            pieces = [pieces[0] if len(pieces) == 1 else b"".join(pieces)]
-        self._vectored = False
-        try:
-            rest = send_pieces(send, self._raw_sendmsg, pieces)
-        except (BlockingIOError, InterruptedError):
-            rest = pieces
-        except OSError:
-            rest = pieces  # the writer greenlet meets the error and ends the connection
-        if rest:
-            self._outgoing[:0] = rest
-            self._writer_busy = True
-            self._wake_writer.set()
-        else:
-            self._flushed.set()
+    def write_chunk(self, header: bytes, chunk) -> None:
+        """Queue a Body frame's header and its large chunk as they are
+        (``writer.Writer.write_chunk``); raise once the connection has
+        ended."""
+        if self.closed:
+            raise self.error or self.closed_error(self.peer)
+        self._writer.write_chunk(header, chunk)
+
+    def write_region(self, header: bytes, region: FileRegion) -> None:
+        """Queue a Body frame's header and its chunk from a file
+        (``writer.Writer.write_region``); raise once the connection has
+        ended."""
+        if self.closed:
+            raise self.error or self.closed_error(self.peer)
+        self._writer.write_region(header, region)
 
     def _write_loop(self) -> None:
-        wake, sock = self._wake_writer, self.sock
         try:
-            while not self.closed:
-                wake.wait()
-                wake.clear()
-                self._flush_scheduled = False
-                sendmsg = None if self._pending is not None else getattr(sock, "sendmsg", None)
-                while self._outgoing:
-                    pieces, self._outgoing = self._outgoing, []
-                    if self._regions:
-                        self._send_with_regions(pieces, sendmsg)
-                        continue
-                    while pieces:  # (gevent's: waits until the socket takes more)
-                        pieces = send_pieces(sock.send, sendmsg, pieces)
-                self._writer_busy = False
-                self._flushed.set()
+            self._writer.run()
         except OSError as exc:
-            self._outgoing.clear()
-            self._flushed.set()
             self._end(self._lost_error("%s: write failed: %s" % (self.peer, exc)))
-
-    def _send_with_regions(self, pieces: List, sendmsg: Optional[Callable]) -> None:
-        """(The writer greenlet) send ``pieces`` in order, FileRegions
-        among them with sendfile(2)."""
-        sock, run = self.sock, []
-        for piece in pieces:
-            if type(piece) is not FileRegion:
-                run.append(piece)
-                continue
-            while run:
-                run = send_pieces(sock.send, sendmsg, run)
-            region = cast(FileRegion, piece)
-            self._regions -= 1
-            try:
-                sent = send_file(sock, region.fd, region.offset, region.count)
-            except OSError as exc:
-                if exc.errno in _FILE_ERRORS:
-                    sent = 0  # (the file's fault, not the connection's)
-                else:
-                    region.sent.set()
-                    raise
-            if sent < region.count:  # the file ended (or failed): keep the frame whole
-                region.short = True
-                run = [bytes(region.count - sent)]
-            region.sent.set()
-        while run:
-            run = send_pieces(sock.send, sendmsg, run)
 
     # -- reading ------------------------------------------------------
 
     def _read_loop(self) -> None:
-        sock = self.sock
-        proto, recv, recv_into = self.protocol, sock.recv, sock.recv_into
         # Into one buffer: recv(RECV_SIZE) allocated (and often mmapped)
         # a quarter megabyte per read, then shrank it.  But the rest of a
         # large body frame is read by itself with recv, its bytes handed
-        # on as they are (see ``frames.Decoder.wants``).
+        # on as they are (see ``decoder.Decoder.wants``).
         buffer = bytearray(RECV_SIZE)
-        view = memoryview(buffer)
         # After a short read the socket is drained: wait for it to be
         # readable, rather than let recv() try first, fail with EAGAIN
         # (a system call and a Python exception per batch) and then wait.
-        hub = gevent.get_hub()
-        readable = hub.loop.io(self.sock.fileno(), 1)
-        pending = self._pending
+        readable = gevent.get_hub().loop.io(self.sock.fileno(), 1)
         try:
-            self._dispatch_events()
-            while not self.closed:
-                size = proto.wants()
-                if size:
-                    data = recv(min(size, RECV_SIZE))
-                    n = len(data)
-                    proto.receive_data(data)
-                else:
-                    size = RECV_SIZE
-                    n = recv_into(buffer)
-                    proto.receive_data(view[:n] if n else b"")
-                self._last_received = time.monotonic()
-                self._dispatch_events()
-                if 0 < n < size and not self.closed and not (pending and pending()):
-                    hub.wait(readable)
-                elif n:  # (more waits: a turn for the rest of the loop first)
-                    gevent.sleep(0)
+            self._read(buffer, readable)
         except RemoteProtocolError as exc:
             log.warning("protocol error from %s, disconnecting: %s", self.peer, exc)
             stream = self.protocol.streams.get(exc.rno) if exc.rno else None
@@ -684,6 +286,33 @@ class Connection:
         except Exception as exc:  # a bug; don't take the process down
             log.exception("connection to %s failed", self.peer)
             self._end(self._lost_error("%s: %r" % (self.peer, exc)))
+
+    def _read(self, buffer: bytearray, readable: Any) -> None:
+        """Read the socket into the protocol (into ``buffer``, waiting on
+        the watcher ``readable``) and hand on the events its bytes make,
+        until the connection ends; raise what ends it."""
+        sock = self.sock
+        proto, recv, recv_into = self.protocol, sock.recv, sock.recv_into
+        view = memoryview(buffer)
+        hub = gevent.get_hub()
+        pending = self._pending
+        self._dispatch_events()
+        while not self.closed:
+            size = proto.wants()
+            if size:
+                data = recv(min(size, RECV_SIZE))
+                n = len(data)
+                proto.receive_data(data)
+            else:
+                size = RECV_SIZE
+                n = recv_into(buffer)
+                proto.receive_data(view[:n] if n else b"")
+            self._keepalive.last_received = time.monotonic()
+            self._dispatch_events()
+            if 0 < n < size and not self.closed and not (pending and pending()):
+                hub.wait(readable)
+            elif n:  # (more waits: a turn for the rest of the loop first)
+                gevent.sleep(0)
 
     def _dispatch_events(self) -> None:
         """Hand every event the bytes so far make to whoever waits for it."""
@@ -714,21 +343,12 @@ class Connection:
                 self.handler.handle_keys(self, event.keys)  # type: ignore[union-attr]
             elif type(event) is protocol.Closed:
                 raise self._lost_error("%s closed the connection" % self.peer)
-        if proto.pings - self._pings_counted > MAX_PINGS:
-            self._count_pings(proto.pings)
+        keepalive = self._keepalive
+        if proto.pings - keepalive.pings_counted > MAX_PINGS:
+            keepalive.count_pings(proto.pings, time.monotonic())
         out = proto.data_to_send()  # our Pongs
         if out:
             self.write(out)
-
-    def _count_pings(self, pings: int) -> None:
-        """More than MAX_PINGS Pings since ``_pings_since``: a flood if
-        that was within a second (RemoteProtocolError), else count anew."""
-        now = time.monotonic()
-        if now - self._pings_since < 1.0:
-            raise RemoteProtocolError("a flood of Pings: %d in %.2fs, more than %d a second"
-                                      % (pings - self._pings_counted, now - self._pings_since,
-                                         MAX_PINGS))
-        self._pings_counted, self._pings_since = pings, now
 
     def _new_request(self, message: Request) -> None:
         exchange = self.protocol.streams[message.rno].owner = Exchange(self, message.rno)
@@ -739,26 +359,24 @@ class Connection:
     # -- keepalive and ending -----------------------------------------
 
     def _keepalive_loop(self) -> None:
-        suspect = False
+        keepalive = self._keepalive
         while not self.closed:
             slept = time.monotonic()
-            gevent.sleep(self.keepalive_interval)
+            gevent.sleep(keepalive.interval)
             if self.closed:
                 return
             now = time.monotonic()
-            if now - slept > self.keepalive_interval + self.keepalive_timeout / 2:
-                # Our own loop was stuck: the silence is ours, not the peer's.
+            stalled = keepalive.stalled(slept, now)
+            if stalled:  # our own loop was stuck: the silence is ours, not the peer's
                 log.warning("our event loop was blocked for %.1fs; not blaming %s",
-                            now - slept - self.keepalive_interval, self.peer)
-                self._last_received = now
-            silent = now - self._last_received
-            if silent > self.keepalive_timeout:
+                            stalled, self.peer)
+            silent = now - keepalive.last_received
+            if silent > keepalive.timeout:
                 log.warning("%s silent for %.1fs, dropping it", self.peer, silent)
                 self._end(self._lost_error("%s: no keepalive for %.1fs" % (self.peer, silent)))
                 return
-            if (silent > SUSPECT_AFTER * self.keepalive_interval) != suspect:
-                suspect = not suspect
-                if suspect:
+            if keepalive.suspicion_changed(silent):
+                if keepalive.suspect:
                     self.handler.handle_silent(self, silent)
                 else:
                     self.handler.handle_heard(self)
@@ -781,10 +399,7 @@ class Connection:
             if isinstance(stream.owner, Exchange):  # (every one, once its event was handed on)
                 stream.owner.fail(error)
         self.idle.set()
-        self._flushed.set()
-        for piece in self._outgoing:  # (whoever waits for a file's region)
-            if type(piece) is FileRegion:
-                cast(FileRegion, piece).sent.set()
+        self._writer.stop()
         current = gevent.getcurrent()
         for greenlet in self._greenlets:
             if greenlet is not current:

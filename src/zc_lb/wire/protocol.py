@@ -1,23 +1,9 @@
 """The LB<->worker protocol, sans I/O: bytes in, events out, and back.
 
-Its frames and messages are in ``wire/frames.py`` (re-exported here).
-
-Connection start: each side sends ``Hello`` at once (protocol version, its
-role, a random nonce, whether it holds a shared secret, the features it
-takes).  With a secret, each then sends ``Auth``: HMAC-SHA256(secret,
-peer's nonce + own role), so both sides prove the secret without sending
-it, and a reply cannot be replayed to another connection.
-
-A request's life: the LB sends ``Request(environ)``, ``Body*``, ``End``;
-the worker answers ``Response(status, headers)``, ``Body*``, ``End``
-(each a single whole frame where it can be: see ``wire/frames.py``).  Either
-side may send ``Cancel`` at any time; it ends both directions.
-
-Flow control: each direction of each request starts with ``WINDOW`` bytes
-of credit.  A sender may send body bytes only within its credit; the
-receiver grants more with ``Credit(n)`` as it *consumes* (not receives)
-data.  So one slow client cannot stall the other requests on a
-connection, nor grow the LB's memory past a window per request.
+Its frames and messages are in ``wire/frames.py``, made into bytes by
+``wire/encoder.py`` and back by ``wire/decoder.py`` (their names are
+re-exported here).  How a connection starts is ``wire/handshake.py``'s;
+a request's life and its flow control are ``wire/stream.py``'s.
 
 ``Connection`` is the protocol itself, for one side, with no I/O (as
 h11 is for HTTP): phases with frame limits (a kilobyte before the peer
@@ -34,26 +20,36 @@ that have ended, and calls frames for numbers never used errors.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import os
 from dataclasses import dataclass
-from typing import Dict, Final, List, Optional, Tuple, Type, Union
+from typing import Dict, Final, List, Optional, Tuple, Union
 
 from mypy_extensions import mypyc_attr
 
-from zc_lb.errors import (AuthenticationError, BadResponseHead, LocalProtocolError,
-                     RemoteProtocolError, ResponseHeadTooLarge)
-from zc_lb.wire.frames import (  # noqa: F401  (the frames' names are the protocol's too)
+from zc_lb.errors import LocalProtocolError, RemoteProtocolError
+from zc_lb.wire.decoder import (  # noqa: F401  (the frames' names are the protocol's too)
+    Decoder,
+    NEED_DATA,
+    NeedData,
+    head_fields,
+)
+from zc_lb.wire.encoder import (  # noqa: F401  (the same)
+    body_header,
+    encode,
+    head_request_frame,
+    ready_frame,
+    ready_response,
+    request_frames,
+    response_frames,
+    response_payload,
+)
+from zc_lb.wire.frames import (  # noqa: F401  (the same)
     Auth,
     Body,
-    COMPACT_AT,
     CONNECTION_TYPES,
     CREDIT_PAYLOAD,
     Cancel,
     ConnectionMessage,
     Credit,
-    Decoder,
     End,
     FEATURES,
     FRAME_NAMES,
@@ -77,8 +73,6 @@ from zc_lb.wire.frames import (  # noqa: F401  (the frames' names are the protoc
     MAX_RESUME,
     MAX_RNO,
     Message,
-    NEED_DATA,
-    NeedData,
     Ping,
     Pong,
     REQUEST_TYPES,
@@ -91,113 +85,11 @@ from zc_lb.wire.frames import (  # noqa: F401  (the frames' names are the protoc
     WHOLE,
     WHOLE_REQUEST,
     WHOLE_RESPONSE,
-    WIDE_WINDOW,
-    WINDOW,
     WORKER_FEATURES,
-    body_header,
-    encode,
-    head_fields,
-    head_request_frame,
-    ready_frame,
-    request_frames,
 )
-from zc_lb.wire.frames import _response_frames, _response_payload
-from zc_lb.front.h1 import ready_head
-
-# -- handshake ----------------------------------------------------------
-
-
-def new_hello(role: str, secret: Optional[bytes], app_version: Optional[str] = None,
-              features: Tuple[str, ...] = FEATURES) -> Hello:
-    """Our Hello, with a fresh nonce."""
-    return Hello(VERSION, role, os.urandom(16).hex(), secret is not None, app_version,
-                 features)
-
-
-def auth_digest(secret: bytes, nonce: str, role: str) -> str:
-    """HMAC-SHA256 of the peer's nonce and the prover's role."""
-    return hmac.new(secret, (nonce + ":" + role).encode(), hashlib.sha256).hexdigest()
-
-
-def check_hello(ours: Hello, theirs: Hello) -> None:
-    """Raise unless the peer's Hello fits ours (version, role, secret)."""
-    if theirs.version != VERSION:
-        raise RemoteProtocolError(
-            "peer speaks protocol version %d, we speak %d" % (theirs.version, VERSION))
-    if theirs.role == ours.role or theirs.role not in ("lb", "worker"):
-        raise RemoteProtocolError("peer has role %r, we are %r" % (theirs.role, ours.role))
-    if theirs.auth != ours.auth:
-        raise AuthenticationError(
-            "shared secret configured on %s only" % ("the peer" if theirs.auth else "our side"))
-
-
-def check_auth(secret: bytes, ours: Hello, theirs: Hello, auth: Auth) -> None:
-    """Raise AuthenticationError unless ``auth`` proves the secret."""
-    expected = auth_digest(secret, ours.nonce, theirs.role)
-    if not auth.digest.isascii() or not hmac.compare_digest(expected, auth.digest):
-        raise AuthenticationError("peer failed the shared-secret challenge")
-
-
-# -- one request's state ------------------------------------------------
-
-IDLE: Final = "IDLE"
-OPEN: Final = "OPEN"
-DONE: Final = "DONE"
-CANCELLED: Final = "CANCELLED"
-START: Final = "start"
-BODY: Final = "body"
-END: Final = "end"
-CANCEL: Final = "cancel"
-CREDIT: Final = "credit"
-
-# One direction of a request: state -> what happens -> next state.  START
-# is the Request one way and the Response the other; CREDIT is credit for
-# this direction's body, which travels the other way; CANCEL, from either
-# side, ends both directions.
-DIRECTION: Final[Dict[str, Dict[str, str]]] = {
-    IDLE: {START: OPEN, CREDIT: IDLE, CANCEL: CANCELLED},
-    OPEN: {BODY: OPEN, END: DONE, CREDIT: OPEN, CANCEL: CANCELLED},
-    DONE: {CREDIT: DONE, CANCEL: CANCELLED},
-    CANCELLED: {},
-}
-ENDED: Final = (DONE, CANCELLED)
-
-
-class Stream:
-    """One request on a connection as one side sees it: the state of each
-    direction, the credit windows, and its owner: what the I/O layer keeps
-    for it (``connection.Exchange``), which ends with it."""
-
-    __slots__ = ("rno", "sending", "receiving", "credit", "window", "unacked", "owner")
-
-    def __init__(self, rno: int, window: int = WINDOW) -> None:
-        self.rno = rno
-        self.sending = IDLE
-        self.receiving = IDLE
-        self.credit = window  # body bytes we may still send
-        self.window = window  # body bytes the peer may still send us
-        self.unacked = 0  # bytes consumed here, not yet granted back
-        self.owner: object = None
-
-    @property
-    def finished(self) -> bool:
-        """Both directions ended (or the request was cancelled)."""
-        return self.sending in ENDED and self.receiving in ENDED
-
-    def step(self, direction: str, what: str, error: Type[Exception]) -> None:
-        """Move ``direction`` ("sending" or "receiving") on ``what``;
-        ``error`` (Local or RemoteProtocolError) if the table forbids it."""
-        state = getattr(self, direction)
-        next_state = DIRECTION[state].get(what)
-        if next_state is None:
-            raise error("request %d: %s not allowed while %s is %s"
-                        % (self.rno, what, direction, state))
-        setattr(self, direction, next_state)
-
-    def __repr__(self) -> str:
-        return "<Stream %d sending=%s receiving=%s credit=%d window=%d>" % (
-            self.rno, self.sending, self.receiving, self.credit, self.window)
-
+from zc_lb.wire.handshake import (HANDSHAKE_LIMIT, auth_digest, check_auth, check_hello,
+                                  new_hello, open_limits)
+from zc_lb.wire.stream import DONE, ENDED, OPEN, WIDE_WINDOW, WINDOW, Stream
 
 # -- the connection -----------------------------------------------------
 
@@ -206,7 +98,6 @@ AUTHENTICATING: Final = "authenticating"
 OPEN_PHASE: Final = "open"
 CLOSING: Final = "closing"
 CLOSED: Final = "closed"
-HANDSHAKE_LIMIT: Final = 1024  # payload bytes of a Hello or Auth: nothing more before it
 # An LB past this request number drains the connection for a new one
 # while numbers are left for the requests it still starts meanwhile.
 RECYCLE_RNO: Final = MAX_RNO - 100000
@@ -317,25 +208,9 @@ class Connection:
         self._eof = False
         self._out: List[bytes] = [encode(self.our_hello)]
         self._decoder = Decoder(max_body, max_message, max_resume)
-        open_limits = dict(self._decoder.limits)
-        refused = {Hello.TYPE, Auth.TYPE}  # once is enough
-        if role == "worker":
-            refused |= {Resume.TYPE, Response.TYPE, WHOLE_RESPONSE, READY_RESPONSE}
-        else:
-            refused |= {Request.TYPE, WHOLE_REQUEST, HEAD_REQUEST}
-        if WHOLE not in features:  # a peer must not send what we did not offer
-            refused |= {WHOLE_REQUEST, WHOLE_RESPONSE}
-        if READY not in features:
-            refused.add(READY_RESPONSE)
-        if HEAD not in features:
-            refused.add(HEAD_REQUEST)
-        if KEYS not in features:
-            refused.add(Keys.TYPE)
         if CACHE in features:
             self._decoder.ready_flags = READY_FLAGS
-        for mtype in refused:
-            del open_limits[mtype]
-        self._open_limits = open_limits
+        self._open_limits = open_limits(role, features, self._decoder.limits)
         self._decoder.allow({Hello.TYPE: HANDSHAKE_LIMIT}, " before the handshake")
 
     def __repr__(self) -> str:
@@ -367,7 +242,7 @@ class Connection:
 
     def wants(self) -> int:
         """How many bytes the next read should take, 0 for as many as come
-        (see ``frames.Decoder.wants``)."""
+        (see ``decoder.Decoder.wants``)."""
         return self._decoder.wants()
 
     def next_event(self) -> Union[Event, NeedData]:
@@ -413,47 +288,11 @@ class Connection:
             self.event_owner = None
             return self._unknown_stream(message)
         self.event_owner = stream.owner
-        mtype = type(message)
-        if mtype is Response:  # (to an LB only: see the limits)
-            return self._response(stream, message)  # type: ignore[arg-type]
-        if mtype is Body:
-            size = len(message.data)  # type: ignore[union-attr]
-            if size > stream.window:
-                raise RemoteProtocolError("request %d: %d body bytes past the credit of %d"
-                                          % (rno, size, stream.window))
-            stream.window -= size
-            stream.step("receiving", BODY, RemoteProtocolError)
-        elif mtype is Credit:
-            stream.step("sending", CREDIT, RemoteProtocolError)
-            stream.credit += message.n  # type: ignore[union-attr]
-        elif mtype is Cancel:
-            stream.sending = stream.receiving = CANCELLED
+        if stream.receive(message):  # type: ignore[arg-type]
             del self.streams[rno]
-            return StreamEnded(rno, "peer", "cancelled")
-        elif mtype is End:
-            stream.step("receiving", END, RemoteProtocolError)
-            if stream.sending in ENDED and stream.receiving in ENDED:
-                del self.streams[rno]
-        else:  # a Request on one open already (the limits let no other type here)
-            stream.step("receiving", START, RemoteProtocolError)  # (raises)
+            if type(message) is Cancel:
+                return StreamEnded(rno, "peer", "cancelled")
         return message
-
-    def _response(self, stream: Stream, response: Response) -> Response:
-        """A response starts (and perhaps ends) on ``stream``."""
-        if stream.receiving != IDLE:
-            stream.step("receiving", START, RemoteProtocolError)  # (raises)
-        size = len(response.body)
-        if size > stream.window:
-            raise RemoteProtocolError("request %d: %d body bytes past the credit of %d"
-                                      % (stream.rno, size, stream.window))
-        stream.window -= size
-        if not response.end:
-            stream.receiving = OPEN
-        else:
-            stream.receiving = DONE
-            if stream.sending in ENDED:
-                del self.streams[stream.rno]
-        return response
 
     def _hello(self, theirs: Hello) -> Optional[Event]:
         check_hello(self.our_hello, theirs)
@@ -481,7 +320,7 @@ class Connection:
     def _connection_message(self, message: Message) -> Optional[Event]:
         mtype = type(message)
         if mtype is Ping:
-            self.pings += 1  # (the connection bounds them: connection.MAX_PINGS)
+            self.pings += 1  # (the connection bounds them: keepalive.MAX_PINGS)
             self._out.append(encode(Pong()))
             return None
         if mtype is Pong:
@@ -560,41 +399,35 @@ class Connection:
                                          % (message.rno, self.last_rno))
             return self.start_request(message.environ, message.end)[1]
         if isinstance(message, Response):
-            started = self._response_stream(message.rno, message.body)
+            started = self._response_stream(message.rno, len(message.body))
             data = encode(message, self.whole)
             self._response_sent(started, len(message.body), message.end)
             return data
-        mtype = type(message)
         data = encode(message, self.whole)  # first: a message too large changes nothing
         rno = getattr(message, "rno", 0)
         if not rno:
-            if mtype is GoAway:
-                self.we_go_away = True
-                self.phase = CLOSING
-            elif mtype is Keys and not self.keys:
-                raise LocalProtocolError("the peer did not offer %r" % KEYS)
-            elif mtype not in (Ping, Pong, Keys) and not (
-                    mtype is Resume and self.role == "worker"):
-                raise LocalProtocolError("a%s %s cannot send %s" % (
-                    "n" if self.role == "lb" else "", self.role, mtype.__name__))
+            self._connection_message_sent(type(message))
             return data
         stream = self.streams.get(rno)
         if stream is None:
             raise LocalProtocolError("%s for request %d, which is not open here"
-                                     % (mtype.__name__, rno))
-        if mtype is Body:
-            self._body_sent(stream, len(message.data))  # type: ignore[union-attr]
-        elif mtype is Credit:
-            stream.step("receiving", CREDIT, LocalProtocolError)
-            stream.window += message.n  # type: ignore[union-attr]
-        elif mtype is Cancel:
-            stream.sending = stream.receiving = CANCELLED
+                                     % (type(message).__name__, rno))
+        if stream.send(message):  # type: ignore[arg-type]
             del self.streams[rno]
-        else:  # End
-            stream.step("sending", END, LocalProtocolError)
-            if stream.receiving in ENDED:
-                del self.streams[rno]
         return data
+
+    def _connection_message_sent(self, mtype: type) -> None:
+        """What sending a message of ``mtype`` on the connection itself
+        (request number 0) checks and changes."""
+        if mtype is GoAway:
+            self.we_go_away = True
+            self.phase = CLOSING
+        elif mtype is Keys and not self.keys:
+            raise LocalProtocolError("the peer did not offer %r" % KEYS)
+        elif mtype not in (Ping, Pong, Keys) and not (
+                mtype is Resume and self.role == "worker"):
+            raise LocalProtocolError("a%s %s cannot send %s" % (
+                "n" if self.role == "lb" else "", self.role, mtype.__name__))
 
     def body_header(self, rno: int, size: int) -> bytes:
         """The header of a Body frame of ``size`` bytes, after the checks
@@ -607,16 +440,8 @@ class Connection:
             raise LocalProtocolError("Body for request %d, which is not open here" % rno)
         if size > MAX_BODY:
             raise LocalProtocolError("a Body of %d bytes is over %d" % (size, MAX_BODY))
-        self._body_sent(stream, size)
+        stream.send_body(size)
         return body_header(rno, size)
-
-    @staticmethod
-    def _body_sent(stream: Stream, size: int) -> None:
-        if size > stream.credit:
-            raise LocalProtocolError("request %d: %d body bytes past our credit of %d"
-                                     % (stream.rno, size, stream.credit))
-        stream.step("sending", BODY, LocalProtocolError)
-        stream.credit -= size
 
     def respond(self, rno: int, status: str, headers: List[Tuple[str, str]],
                 body: bytes = b"", end: bool = False,
@@ -634,57 +459,32 @@ class Connection:
                 body = bytes(body)
             except TypeError as exc:
                 raise LocalProtocolError("cannot send body %r: %s" % (type(body), exc))
-        stream = self._response_stream(rno, body)
+        stream = self._response_stream(rno, len(body))
         if self.ready:
-            data = self._ready(rno, status, headers, body, end, elapsed,
-                               cache if self.cache else None)
+            data = ready_response(rno, status, headers, body, end, elapsed,
+                                  cache if self.cache else None)
         else:
             try:
-                payload = _response_payload(status, headers, elapsed if self.timing else None)
+                payload = response_payload(status, headers, elapsed if self.timing else None)
             except (ValueError, TypeError) as exc:
                 raise LocalProtocolError("cannot encode the response to %d: %s" % (rno, exc))
-            data = _response_frames(rno, payload, body, end, self.whole)
+            data = response_frames(rno, payload, body, end, self.whole)
         self._response_sent(stream, len(body), end)
         return data
 
-    def _response_stream(self, rno: int, body: bytes) -> Stream:
+    def _response_stream(self, rno: int, size: int) -> Stream:
         """The stream a worker may start its response to ``rno`` on, with
-        ``body``'s first bytes: it is open here, the response not yet
+        ``size`` body bytes: it is open here, the response not yet
         started, and the body within our credit."""
         stream = self.streams.get(rno)
         if stream is None or self.role != "worker":
             raise LocalProtocolError("Response for request %d, which is not open here" % rno)
-        if stream.sending != IDLE:
-            raise LocalProtocolError("request %d: start not allowed while sending is %s"
-                                     % (rno, stream.sending))
-        size = len(body)
-        if size > stream.credit or size > MAX_BODY:
-            raise LocalProtocolError("request %d: %d body bytes past our credit of %d"
-                                     % (rno, size, stream.credit))
+        stream.check_response(size)
         return stream
 
     def _response_sent(self, stream: Stream, size: int, end: bool) -> None:
-        stream.credit -= size
-        if not end:
-            stream.sending = OPEN
-            return
-        stream.sending = DONE
-        if stream.receiving in ENDED:
+        if stream.send_response(size, end):
             del self.streams[stream.rno]
-
-    @staticmethod
-    def _ready(rno: int, status: str, headers: List[Tuple[str, str]], body: bytes,
-               end: bool, elapsed: Optional[float], cache: Optional[bool] = None) -> bytes:
-        """A READY_RESPONSE frame (``wire/frames.py``): the head made and
-        checked here, so that the LB need not."""
-        try:
-            head, length = ready_head(status, headers)
-        except (BadResponseHead, ValueError, TypeError) as exc:  # (or a malformed list)
-            raise BadResponseHead("response head refused: %s" % exc)
-        if len(head) > MAX_MESSAGE:  # the LB would drop the whole connection
-            raise ResponseHeadTooLarge("response head of %d bytes, over the frame limit of %d"
-                                       % (len(head), MAX_MESSAGE))
-        return ready_frame(rno, head, length, elapsed, body, end, cache)
 
     def cancel(self, rno: int) -> bytes:
         """Cancel request ``rno``: the bytes to send, or nothing when it

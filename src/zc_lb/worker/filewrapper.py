@@ -5,7 +5,7 @@ give the server the open file when it offers a file wrapper (PEP 3333),
 and otherwise iterate it themselves in small blocks (Django's 4 KiB).
 A regular file the worker can reach by its descriptor (``region``) goes
 to the LB with sendfile(2): the kernel moves its bytes, and the worker
-never reads them (``connection.Exchange.send_file``).  Otherwise (a pipe,
+never reads them (``exchange.Exchange.send_file``).  Otherwise (a pipe,
 a file-like object, a connection over TLS) the wrapper is iterated, in
 ``BLOCK`` reads whatever block size the application asked for (PEP 3333
 leaves the server that choice), so a 20 MB file is some 80 sends, not

@@ -34,7 +34,8 @@ from mypy_extensions import mypyc_attr
 from zc_lb.errors import ConfigurationError, ZcLbError
 from zc_lb.settings import LATENCY_BUCKETS, WORKER_SETTINGS, check
 from zc_lb.sockets import Listen, address_text, bound, listener
-from zc_lb.wire.connection import Connection, Exchange, Handler
+from zc_lb.wire.connection import Connection, Handler
+from zc_lb.wire.exchange import Exchange
 from zc_lb.wire.protocol import WORKER_FEATURES
 from zc_lb.worker import resume as resume_module
 from zc_lb.worker.greenlets import Requests

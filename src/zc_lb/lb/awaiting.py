@@ -1,0 +1,119 @@
+"""Requests sent to workers that await the start of their response.
+
+One watchdog greenlet, not a timer per request, looks at them every
+``WATCHDOG_INTERVAL``: a response that has not started within the
+``response_timeout`` fails its request (ResponseTimeout: 504), and the
+client of one slower than ``WATCH_CLIENT_AFTER`` is watched for a
+hang-up, which cancels the request on its worker (once its upload, which
+reads the same socket, is over).  A worker that falls silent has its
+requests that may be retried moved elsewhere at once (``fail_silent``).
+The same greenlet runs the LB's other periodic chores (``tick``).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import gevent  # type: ignore[import-untyped]
+import gevent.socket  # type: ignore[import-untyped]
+
+from zc_lb.errors import (BadResponse, ClientGone, RequestCancelled, ResponseTimeout,
+                          WorkerLost)
+from zc_lb.lb.bodies import Upload
+from zc_lb.wire.connection import Connection
+from zc_lb.wire.exchange import Exchange
+from zc_lb.wire.protocol import Response
+
+WATCH_CLIENT_AFTER = 1.0  # seconds without a response before watching for a hang-up
+WATCHDOG_INTERVAL = 0.25
+
+_Waiting = Tuple[float, Any, Optional[Upload], bool]
+"""A request waiting for its response to start: when it was sent, its
+client's socket (None: not watched), its upload if it has a body, and
+whether it may be retried (a GET or HEAD without a body).  A tuple: an
+object of a class of its own cost a call of its ``__init__`` on every
+request."""
+
+
+class Awaiting:
+    """The requests awaiting their responses, and their watchdog."""
+
+    def __init__(self, response_timeout: Optional[float],
+                 tick: Callable[[float], None]) -> None:
+        self.response_timeout = response_timeout
+        self.tick = tick  # called with the time at every look
+        self.waiting: Dict[Exchange, _Waiting] = {}
+        # Of those, the ones whose client is watched for a hang-up (``_watch``).
+        self.watchers: Dict[Exchange, gevent.Greenlet] = {}
+        self.watchdog: Optional[gevent.Greenlet] = None
+
+    def receive(self, exchange: Exchange, upload: Optional[Upload], sock: Any,
+                retryable: bool, sent: float) -> Response:
+        """The response's start, from the worker (the request ``sent`` then,
+        by ``time.monotonic``)."""
+        waiting = self.waiting
+        waiting[exchange] = (sent, sock, upload, retryable)
+        if self.watchdog is None:
+            self.watchdog = gevent.spawn(self._watch_slow_responses)
+        try:
+            response = exchange.receive()
+        except RequestCancelled:
+            failure = upload.failure() if upload is not None else None
+            if failure is not None:
+                raise failure
+            raise
+        finally:
+            waiting.pop(exchange, None)
+            if self.watchers:
+                watcher = self.watchers.pop(exchange, None)
+                if watcher is not None:
+                    watcher.kill(block=False)
+        if not isinstance(response, Response):
+            raise BadResponse("worker sent %s before a response" % type(response).__name__)
+        return response
+
+    def fail_silent(self, connection: Connection, seconds: float) -> int:
+        """A worker fell silent: its GETs and HEADs that have no answer yet
+        move to other workers now; how many."""
+        moved = 0
+        for exchange, entry in list(self.waiting.items()):
+            if exchange.connection is connection and entry[3]:  # (retryable)
+                exchange.fail(WorkerLost("%s silent for %.1fs" % (connection.peer, seconds)))
+                moved += 1
+        return moved
+
+    def stop(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.kill(block=False)
+
+    def _watch_slow_responses(self) -> None:
+        while True:
+            gevent.sleep(WATCHDOG_INTERVAL)
+            now = time.monotonic()
+            self.tick(now)
+            timeout = self.response_timeout
+            for exchange, (started, sock, upload, _) in list(self.waiting.items()):
+                age = now - started
+                if timeout is not None and age > timeout:
+                    exchange.fail(ResponseTimeout("no response within %gs" % timeout))
+                elif age > WATCH_CLIENT_AFTER and exchange not in self.watchers:
+                    self._watch(exchange, sock, upload)
+
+    def _watch(self, exchange: Exchange, sock: Any, upload: Optional[Upload]) -> None:
+        """Cancel the exchange if the client hangs up (once the upload,
+        which reads the same socket, is over)."""
+        if sock is not None and (upload is None or upload.done):
+            self.watchers[exchange] = gevent.spawn(watch_client, sock, exchange)
+
+
+def watch_client(sock: Any, exchange: Exchange) -> None:
+    """Cancel ``exchange`` if the client closes its connection."""
+    try:
+        gevent.socket.wait_read(sock.fileno())
+        if sock.recv(1, socket.MSG_PEEK):
+            return  # a pipelined request, not a hang-up
+    except OSError:
+        pass
+    exchange.cancel(ClientGone("client went away while the worker worked"))

@@ -1,0 +1,271 @@
+"""The bodies a forwarded request moves, and the tally a drain waits on.
+
+``Upload`` sends a request body to the worker from a greenlet of its
+own, so that a worker may answer, and stream, while it still reads;
+``send_body`` sends a body that has all come in the request's own frame
+batch instead.  ``ResponseBody`` takes a response body from the worker
+into a spool (lb/spool.py) as fast as it comes, and gives it to the
+client at the client's pace.
+
+``InFlight`` counts what a drain waits for: requests a worker has not
+finished, and buffered responses a client is still being sent.  A worker
+goes back to the pool (``worker_done``) as soon as its part is over,
+which may be long before its client has read the response.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Hashable, Optional
+
+import gevent  # type: ignore[import-untyped]
+import gevent.event  # type: ignore[import-untyped]
+
+from zc_lb.errors import BadResponse, ClientError, ClientGone, ZcLbError
+from zc_lb.lb.spool import Spool, SpoolLimits
+from zc_lb.routing.pool import Pool
+from zc_lb.wire.connection import Connection
+from zc_lb.wire.exchange import Exchange
+from zc_lb.wire.protocol import MAX_BODY, Body, End, Response
+
+log = logging.getLogger(__name__)
+
+UPLOAD_CHUNK = MAX_BODY  # a request body is read and sent a frame at a time
+
+
+class InFlight:
+    """Requests in flight on workers, and buffered responses still being
+    sent to their clients: ``idle`` is set while there are neither, and
+    ``woken`` when a request ends an idle spell (``drain``)."""
+
+    def __init__(self, pool: Pool, spool_limits: SpoolLimits) -> None:
+        self.pool = pool
+        self.spool_limits = spool_limits  # (the responses' spools share them)
+        self.requests = 0  # on workers
+        self.responses = 0  # buffered, a client still being sent
+        self.idle = gevent.event.Event()
+        self.idle.set()
+        self.woken = gevent.event.Event()
+
+    def started(self) -> None:
+        """A request was given to a worker."""
+        self.requests += 1
+        if self.requests == 1:
+            self.idle.clear()
+            self.woken.set()
+
+    def worker_done(self, connection: Hashable) -> None:
+        """A request given to worker ``connection`` has ended there."""
+        self.requests -= 1
+        if not self.requests and not self.responses:
+            self.idle.set()
+        self.pool.put(connection)
+
+    def response_started(self) -> None:
+        """A buffered response is being sent to its client."""
+        self.responses += 1
+
+    def response_sent(self) -> None:
+        """A buffered response is all sent (or abandoned)."""
+        self.responses -= 1
+        if not self.requests and not self.responses:
+            self.idle.set()
+
+    def drain(self, timeout: float, quiet: float) -> bool:
+        """Wait until nothing has been in flight for ``quiet`` seconds (a
+        keep-alive client may still send a last request after the front
+        stopped accepting new connections), at most ``timeout`` seconds;
+        whether it got there."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.idle.wait(max(deadline - time.monotonic(), 0)):
+                return False
+            self.woken.clear()
+            remaining = deadline - time.monotonic()
+            if not self.woken.wait(max(min(quiet, remaining), 0)):
+                return remaining >= quiet or not self.requests
+
+
+class Upload:
+    """The request body, sent to the worker from a greenlet of its own,
+    so that a worker may answer, and stream, while it still reads."""
+
+    def __init__(self, exchange: Exchange, wsgi_input) -> None:
+        self.exchange = exchange
+        self.wsgi_input = wsgi_input
+        self.error: Optional[Exception] = None
+        self.done = False
+        self.greenlet = gevent.spawn(self._run)
+
+    def _run(self) -> None:
+        exchange = self.exchange
+        # (The front's input reads a piece as it came: see Input.read1.)
+        read = getattr(self.wsgi_input, "read1", self.wsgi_input.read)
+        try:
+            while True:
+                data = read(UPLOAD_CHUNK)
+                if not data:
+                    exchange.send(End(exchange.rno))
+                    self.done = True
+                    return
+                exchange.send_body(data)
+        except ClientError as exc:  # a malformed body, or the client left
+            self.error = exc
+            exchange.cancel()
+        except ZcLbError:
+            pass  # the request ended on the worker's side; nothing more to send
+        except Exception as exc:  # the client's socket failed
+            self.error = exc
+            exchange.cancel()
+
+    def failure(self) -> Optional[Exception]:
+        """What went wrong on the client's side, as the error to raise."""
+        if self.error is None:
+            return None
+        if isinstance(self.error, ClientError):
+            return self.error  # a malformed body: answered 400, connection closed
+        return ClientGone("client went away during upload: %s" % self.error)
+
+    def stop(self) -> None:
+        self.greenlet.kill()
+
+
+class ResponseBody:
+    """The response body as a WSGI iterable, buffered (lb/spool.py).
+
+    A greenlet of its own takes the body from the worker as fast as it
+    comes, granting credit as it keeps each chunk, and gives the worker
+    back to the pool at the body's End; the client reads at its own pace
+    from the spool.  So a slow client holds memory or disk, never a
+    worker thread (and, past the spool's bounds, the worker waits, as flow
+    control makes it).  The worker is held to its Content-Length: bytes
+    past it are dropped, and a body that ends short, or a worker lost
+    mid-body, raises once the client has what came (the front server then
+    closes the connection, so a truncated body never looks complete)."""
+
+    def __init__(self, flight: InFlight, connection: Connection, exchange: Exchange,
+                 upload: Optional[Upload], length: Optional[int], response: Response) -> None:
+        self.flight = flight
+        self.connection = connection
+        self.exchange = exchange
+        self.upload = upload
+        self.remaining = length
+        self.spool = Spool(flight.spool_limits)
+        self.ended = False  # all of the body is here, or all that will come
+        self.error: Optional[ZcLbError] = None  # raised once the spool is read
+        self._released = False  # the worker is back in the pool
+        self._arrived = gevent.event.Event()  # the pump kept something, or ended
+        self._room = gevent.event.Event()  # the client took something
+        self._pump: Optional[gevent.Greenlet] = None
+        self._closed = False
+        flight.response_started()  # (a drain waits for the client to have it all)
+        if self._keep(response.body):
+            if response.end:
+                self._end()
+            else:
+                self._pump = gevent.spawn(self._take_body, len(response.body))
+
+    def _take_body(self, owed: int) -> None:
+        """The pump: receive the body, keep it, grant credit while there is
+        room (``owed``: bytes kept and not yet granted back)."""
+        exchange, spool = self.exchange, self.spool
+        try:
+            while True:
+                if owed:
+                    if spool.full:
+                        self.flight.spool_limits.stalled += 1
+                        while spool.full:
+                            self._room.clear()
+                            self._room.wait()
+                    exchange.consumed(owed)
+                if not spool:
+                    # The client keeps up (it took all so far): let the
+                    # body come at full speed.  If it stops reading, what
+                    # waits here for room in its spool stays within
+                    # WIDE_WINDOW (flow control holds the worker).
+                    exchange.widen()
+                message = exchange.receive()
+                if type(message) is End:
+                    self._end()
+                    return
+                data = message.data  # type: ignore[union-attr]
+                if not self._keep(data):
+                    return
+                owed = len(data)
+        except ZcLbError as exc:  # the worker lost, or the request cancelled
+            self.error = exc
+            self._arrived.set()
+
+    def _keep(self, data: bytes) -> bool:
+        """Spool ``data``; False (and the body over) if it goes past the
+        Content-Length, whose bytes would read as the next response on a
+        keep-alive connection."""
+        remaining = self.remaining
+        if remaining is not None and len(data) > remaining:
+            log.warning("worker %s sent a body longer than its Content-Length",
+                        self.connection.peer)
+            data, self.remaining = data[:remaining], 0
+            if data:
+                self.spool.put(data)
+            self.exchange.cancel()
+            self._end()
+            return False
+        if remaining is not None:
+            self.remaining = remaining - len(data)
+        if data:
+            self.spool.put(data)
+            self._arrived.set()
+        return True
+
+    def _end(self) -> None:
+        if self.remaining:
+            self.error = BadResponse("worker's body ended %d bytes short" % self.remaining)
+        self.ended = True
+        self._release()
+        self._arrived.set()
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.flight.worker_done(self.connection)
+
+    def __iter__(self):
+        spool, arrived = self.spool, self._arrived
+        while True:
+            data = spool.take()
+            if data:
+                self._room.set()
+                yield data
+            elif self.error is not None:
+                raise self.error
+            elif self.ended:
+                return
+            else:
+                arrived.clear()  # (no switch since the checks: no wake-up lost)
+                arrived.wait()
+
+    def close(self) -> None:
+        if self._pump is not None:
+            self._pump.kill(block=False)
+        self.spool.close()
+        if self.upload is not None:
+            self.upload.stop()
+        self.exchange.cancel()  # a no-op once both directions have ended
+        self._release()
+        if not self._closed:
+            self._closed = True
+            self.flight.response_sent()
+
+
+
+
+def send_body(exchange: Exchange, wsgi_input) -> Optional[Upload]:
+    """Send the request body: at once, in the same frame batch as the
+    request, if it has all come and fits the worker's credit; else from an
+    Upload greenlet, as it arrives, while the worker may answer."""
+    size = getattr(wsgi_input, "buffered", -1)
+    if getattr(wsgi_input, "complete", False) and 0 <= size <= min(exchange.credit, MAX_BODY):
+        exchange.send(Body(exchange.rno, wsgi_input.read(size)), End(exchange.rno))
+        return None
+    return Upload(exchange, wsgi_input)

@@ -1,0 +1,153 @@
+"""The LB's counters: what its status document and its metrics read.
+
+Each is a plain increment or dict update per request, no lock and no
+labels, read at scrape time (status/metrics.py).  Per-class counts are
+bounded: past ``MAX_COUNTED_CLASSES`` distinct classes, a request counts
+as ``OTHER_CLASS``'s, and the document lists the ``STATUS_CLASSES``
+busiest, the rest summed as ``OTHER_CLASS``.  Latency is counted until
+the response starts (its head is with the front server), in the fixed
+buckets of ``settings.LATENCY_BUCKETS``, so that a request costs one
+bisect and one list increment: in all, by the worker that answered (the
+last, after retries), and by counted class.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from bisect import bisect_left
+from typing import DefaultDict, Dict, List, Optional
+
+from zc_lb.settings import LATENCY_BUCKETS
+
+log = logging.getLogger(__name__)
+
+MAX_COUNTED_CLASSES = 1000  # distinct classes counted; later ones count as OTHER_CLASS
+OTHER_CLASS = "other"
+STATUS_CLASSES = 100  # the busiest classes in the status document (the rest: OTHER_CLASS)
+RECENT_ERRORS = 20  # error responses kept for the status page
+MAX_CLASSIFIER_ERRORS = 100  # distinct classifier errors kept in status
+
+
+class Counters:
+    """Requests, retries, errors and latency, in all, by worker address
+    and by class."""
+
+    def __init__(self) -> None:
+        self.started = time.time()
+        self.requests = 0
+        self.retries = 0
+        self.retries_refused = 0  # retries the budget did not allow
+        self.errors: Dict[int, int] = {}  # by status
+        self.error_causes: Dict[str, int] = {}  # exception class name -> count
+        self.recent_errors: "collections.deque[dict]" = collections.deque(maxlen=RECENT_ERRORS)
+        self.classifier_errors: Dict[str, int] = {}
+        # address -> what -> count (a dict each: no key tuple to build and hash a request)
+        self.workers: DefaultDict[str, Dict[str, int]] = collections.defaultdict(dict)
+        self.classes: Dict[str, int] = {}
+        self.latency = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.latency_sum = 0.0
+        # The same by worker address and by counted class: [counts..., sum].
+        self.worker_latency: Dict[str, List[float]] = {}
+        self.class_latency: Dict[str, List[float]] = {}
+
+    def count_class(self, name: str) -> str:
+        """Count a request of class ``name`` ("" for none); the name it is
+        counted under."""
+        classes = self.classes
+        count = classes.get(name)
+        if count is None and len(classes) >= MAX_COUNTED_CLASSES:
+            name, count = OTHER_CLASS, classes.get(OTHER_CLASS)
+        classes[name] = (count or 0) + 1
+        return name
+
+    def count_latency(self, elapsed: float, worker: Optional[str],
+                      counted_class: Optional[str]) -> None:
+        """A response started ``elapsed`` seconds after its request came."""
+        bucket = bisect_left(LATENCY_BUCKETS, elapsed)
+        self.latency[bucket] += 1
+        self.latency_sum += elapsed
+        for table, name in ((self.worker_latency, worker),
+                            (self.class_latency, counted_class)):
+            if name is not None:
+                counts = table.get(name)
+                if counts is None:
+                    counts = table[name] = [0.0] * (len(LATENCY_BUCKETS) + 2)
+                counts[bucket] += 1
+                counts[-1] += elapsed
+
+    def count_error(self, status: int, cause: str, message: str,
+                    environ: Optional[dict]) -> None:
+        """An error response: by status, by cause, and among the recent."""
+        self.errors[status] = self.errors.get(status, 0) + 1
+        self.error_causes[cause] = self.error_causes.get(cause, 0) + 1
+        environ = environ or {}
+        self.recent_errors.append({
+            "time": round(time.time(), 3), "status": status, "cause": cause,
+            "method": environ.get("REQUEST_METHOD"), "path": environ.get("PATH_INFO"),
+            "message": message[:200]})
+
+    def classifier_failed(self, exc: Exception) -> None:
+        """A classifier or key function raised: logged once per distinct
+        error, then counted."""
+        error = "%s: %s" % (type(exc).__name__, exc)
+        count = self.classifier_errors.get(error, 0) + 1
+        self.classifier_errors[error] = count
+        if count == 1:
+            if len(self.classifier_errors) > MAX_CLASSIFIER_ERRORS:
+                self.classifier_errors.pop(next(iter(self.classifier_errors)))
+            log.error("classifier failed (routing such requests without a class; "
+                      "logged once, counted in status)", exc_info=exc)
+
+    def worker_removed(self, address: str) -> None:
+        """A worker address is gone for good: its series end with it."""
+        self.workers.pop(address, None)
+        self.worker_latency.pop(address, None)
+
+    def document(self) -> dict:
+        """The counters' part of the LB's status document."""
+        classes = top_classes(self.classes, STATUS_CLASSES)
+        return {
+            "requests": self.requests,
+            "retries": self.retries,
+            "errors": {str(k): v for k, v in sorted(self.errors.items())},
+            "uptime": round(time.time() - self.started, 1),
+            "classifier_errors": dict(self.classifier_errors),
+            "retries_refused": self.retries_refused,
+            "latency": {"buckets": list(LATENCY_BUCKETS), "counts": list(self.latency),
+                        "sum": round(self.latency_sum, 6)},
+            "error_causes": dict(self.error_causes),
+            "recent_errors": list(self.recent_errors),
+            "classes": classes,
+            "class_latency": {name: histogram(self.class_latency[name])
+                              for name in classes if name in self.class_latency},
+        }
+
+    def add_to_workers(self, workers: Dict[str, dict]) -> Dict[str, dict]:
+        """The status document's ``workers`` (by address), with this LB's
+        counts of each one's answers and their latency."""
+        for address, counts in list(self.workers.items()):
+            if address in workers:
+                workers[address]["counts"].update(counts)
+        for address, latency in self.worker_latency.items():
+            if address in workers:
+                workers[address]["latency"] = histogram(latency)
+        return workers
+
+
+def histogram(counts: List[float]) -> dict:
+    """A latency histogram as the status document gives it, from
+    [count per bucket..., sum of seconds]."""
+    return {"buckets": list(LATENCY_BUCKETS), "counts": [int(n) for n in counts[:-1]],
+            "sum": round(counts[-1], 6)}
+
+
+def top_classes(counts: Dict[str, int], n: int) -> Dict[str, int]:
+    """The ``n`` classes with the most requests, the rest summed as OTHER_CLASS."""
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    top = {name: count for name, count in ranked[:n] if name != OTHER_CLASS}
+    rest = sum(count for name, count in counts.items() if name not in top)
+    if rest:
+        top[OTHER_CLASS] = rest
+    return top

@@ -1,0 +1,101 @@
+"""The handshake: each side's Hello, the proof of a shared secret, and the
+frames a peer may send once it is done.
+
+Connection start: each side sends ``Hello`` at once (protocol version, its
+role, a random nonce, whether it holds a shared secret, the features it
+takes).  With a secret, each then sends ``Auth``: HMAC-SHA256(secret,
+peer's nonce + own role), so both sides prove the secret without sending
+it, and a reply cannot be replayed to another connection.
+
+Rules: the peer must speak our version, have the other role and hold a
+secret exactly when we do (``check_hello``), then prove it
+(``check_auth``, compared in constant time).  Until then it may send a
+Hello, then an Auth, each of at most HANDSHAKE_LIMIT bytes, and nothing
+else: an unauthenticated peer can make us buffer a kilobyte, not a
+résumé's 64 MiB.  Once open, it may send what its role sends and what
+we offered (``open_limits``): a worker accepts no résumé or response, an
+LB no request, and neither side a frame of a feature it did not offer.
+A feature is used only when the peer offers it, so that versions mix.
+No I/O: ``protocol.Connection`` drives these.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from typing import Dict, Final, Optional, Tuple
+
+from zc_lb.errors import AuthenticationError, RemoteProtocolError
+from zc_lb.wire.frames import (
+    FEATURES,
+    HEAD,
+    HEAD_REQUEST,
+    KEYS,
+    READY,
+    READY_RESPONSE,
+    VERSION,
+    WHOLE,
+    WHOLE_REQUEST,
+    WHOLE_RESPONSE,
+    Auth,
+    Hello,
+    Keys,
+    Request,
+    Response,
+    Resume,
+)
+
+HANDSHAKE_LIMIT: Final = 1024  # payload bytes of a Hello or Auth: nothing more before it
+
+
+def new_hello(role: str, secret: Optional[bytes], app_version: Optional[str] = None,
+              features: Tuple[str, ...] = FEATURES) -> Hello:
+    """Our Hello, with a fresh nonce."""
+    return Hello(VERSION, role, os.urandom(16).hex(), secret is not None, app_version,
+                 features)
+
+
+def auth_digest(secret: bytes, nonce: str, role: str) -> str:
+    """HMAC-SHA256 of the peer's nonce and the prover's role."""
+    return hmac.new(secret, (nonce + ":" + role).encode(), hashlib.sha256).hexdigest()
+
+
+def check_hello(ours: Hello, theirs: Hello) -> None:
+    """Raise unless the peer's Hello fits ours (version, role, secret)."""
+    if theirs.version != VERSION:
+        raise RemoteProtocolError(
+            "peer speaks protocol version %d, we speak %d" % (theirs.version, VERSION))
+    if theirs.role == ours.role or theirs.role not in ("lb", "worker"):
+        raise RemoteProtocolError("peer has role %r, we are %r" % (theirs.role, ours.role))
+    if theirs.auth != ours.auth:
+        raise AuthenticationError(
+            "shared secret configured on %s only" % ("the peer" if theirs.auth else "our side"))
+
+
+def check_auth(secret: bytes, ours: Hello, theirs: Hello, auth: Auth) -> None:
+    """Raise AuthenticationError unless ``auth`` proves the secret."""
+    expected = auth_digest(secret, ours.nonce, theirs.role)
+    if not auth.digest.isascii() or not hmac.compare_digest(expected, auth.digest):
+        raise AuthenticationError("peer failed the shared-secret challenge")
+
+
+def open_limits(role: str, features: Tuple[str, ...], limits: Dict[int, int]) -> Dict[int, int]:
+    """The frame types the peer may send us, of ``role``, once the
+    handshake is done, each up to its payload limit in ``limits`` (every
+    type, as the decoder takes them): those the other role sends, of the
+    ``features`` we offered, and no second Hello or Auth."""
+    refused = {Hello.TYPE, Auth.TYPE}  # once is enough
+    if role == "worker":
+        refused |= {Resume.TYPE, Response.TYPE, WHOLE_RESPONSE, READY_RESPONSE}
+    else:
+        refused |= {Request.TYPE, WHOLE_REQUEST, HEAD_REQUEST}
+    if WHOLE not in features:  # a peer must not send what we did not offer
+        refused |= {WHOLE_REQUEST, WHOLE_RESPONSE}
+    if READY not in features:
+        refused.add(READY_RESPONSE)
+    if HEAD not in features:
+        refused.add(HEAD_REQUEST)
+    if KEYS not in features:
+        refused.add(Keys.TYPE)
+    return {mtype: limit for mtype, limit in limits.items() if mtype not in refused}
