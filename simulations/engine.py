@@ -215,11 +215,11 @@ class Simulation:
         if siblings is not None and self.now - self.synced[request[6]] >= SYNC_INTERVAL:
             self.synced[request[6]] = self.now  # (as the LB does, on a request)
             sync(siblings, lb)
-        wid = lb.get(request[1], request[5])
+        wid, placed = lb.choose(request[1], request[5])
         if wid is None:
             self.waiting.append(request)
             return
-        request[7] = lb.placed  # (for ``served``, as the LB keeps it)
+        request[7] = placed  # (for ``served``, as the LB keeps it)
         worker = self.workers[wid]
         worker.outstanding += 1
         if request[0] == self.workload.hot_site:

@@ -29,7 +29,7 @@ import bisect
 import hashlib
 import math
 import random
-from typing import Dict, Hashable, List, Mapping, Optional
+from typing import Dict, Hashable, List, Mapping, Optional, Tuple
 
 from zc_lb.routing.affinity import AffinityPool
 from zc_lb.routing.pool import ClasslessPool, Pool
@@ -69,15 +69,17 @@ class Policy:
         """Choose a worker; None if there is none.  Keys are ignored."""
         if not self.handles:
             return None
-        handle = self.choose(rclass)
+        handle = self.pick(rclass)
         self.backlog[handle] += 1
         self.total += 1
         return handle
 
-    def choose(self, rclass: str) -> Hashable:
+    def pick(self, rclass: str) -> Hashable:
         raise NotImplementedError
 
-    placed = None  # (what the pool's ``get`` leaves for ``served``)
+    def choose(self, rclass: str, key: Optional[str] = None) -> Tuple[Optional[Hashable], None]:
+        """``get``'s worker, placed with nothing for ``served`` to learn."""
+        return self.get(rclass, key), None
 
     def served(self, placed: object, elapsed: float, cache: object = None) -> None:
         """Service times are ignored."""
@@ -96,7 +98,7 @@ class RoundRobin(Policy):
         super().__init__()
         self.next = 0
 
-    def choose(self, rclass: str) -> Hashable:
+    def pick(self, rclass: str) -> Hashable:
         i = self.next % len(self.handles)
         self.next = i + 1
         return self.handles[i]
@@ -109,7 +111,7 @@ class TwoChoices(Policy):
         super().__init__()
         self.rng = rng
 
-    def choose(self, rclass: str) -> Hashable:
+    def pick(self, rclass: str) -> Hashable:
         handles = self.handles
         if len(handles) == 1:
             return handles[0]
@@ -153,7 +155,7 @@ class BoundedHash(Policy):
         """The most a worker may hold after the next request is placed."""
         return math.ceil(self.factor * (self.total + 1) / len(self.handles))
 
-    def choose(self, rclass: str) -> Hashable:
+    def pick(self, rclass: str) -> Hashable:
         order = self.order.get(rclass)
         if order is None:
             order = self.order[rclass] = self.walk(rclass)
@@ -182,7 +184,7 @@ class LARD(Policy):
         backlog = self.backlog
         return min(self.handles, key=backlog.__getitem__)
 
-    def choose(self, rclass: str) -> Hashable:
+    def pick(self, rclass: str) -> Hashable:
         handle = self.server.get(rclass)
         if handle is None:
             handle = self.server[rclass] = self.least_loaded()

@@ -85,9 +85,8 @@ def run(pool: AffinityPool, requests: int, outstanding: int, home: float, away: 
     flight = []
     taken: Counter = Counter()
     for _ in range(requests):
-        handle = pool.get("c", key)
+        handle, placed = pool.choose("c", key)
         taken[handle] += 1
-        placed = pool.placed
         flight.append((handle, placed))
         if len(flight) >= outstanding:
             handle, placed = flight.pop(0)
@@ -183,9 +182,9 @@ def test_keys_that_buy_nothing_stay_home_on_ties_and_go_back_to_members_when_the
     homes = {}
     for _ in range(3):  # one at a time: every worker is idle, so keys stay home
         for key in ("/x", "/y", "/z", "/w"):
-            handle = pool.get("c", key)
+            handle, placed = pool.choose("c", key)
             assert homes.setdefault(key, handle) == handle
-            pool.served(pool.placed, 0.001)
+            pool.served(placed, 0.001)
             pool.put(handle)
     assert not worked_out  # (members are not worked out for such a class)
     # Away from home the class's requests take ten times as long: its
@@ -216,7 +215,7 @@ def test_behind_several_lbs_nothing_is_measured_or_bounded():
     pool = pool_of(3)
     pool.lbs = 2
     run(pool, 500, 20, 0.001, 0.001)
-    assert pool.placed is None and pool.locality.pool_gain() is None
+    assert pool.choose("c", "/")[1] is None and pool.locality.pool_gain() is None
     assert pool.placement.bounded == pool.placement.explored == 0
 
 

@@ -190,8 +190,8 @@ class LB:
         has_body = self._has_body(environ, relay)  # (RequestTooLarge past the limit)
         retryable = not has_body and environ["REQUEST_METHOD"] in RETRY_METHODS
         for attempt in range(self.max_retries + 1):
-            connection = cast(Connection, self._get_worker(rclass, key))
-            placed = self.pool.placed  # (``get`` has just set it: no switch since)
+            handle, placed = self._get_worker(rclass, key)
+            connection = cast(Connection, handle)
             environ[WORKER] = connection.peer
             counts = self.counters.workers[connection.peer]
             counts["requests"] = counts.get("requests", 0) + 1
@@ -304,19 +304,19 @@ class LB:
         self.siblings = siblings
         self.pool.share_with(siblings)
 
-    def _get_worker(self, rclass: Optional[str], key: Optional[str]) -> Hashable:
-        """The pool's choice: a handle, which the LB's own pool holds as
-        worker connections."""
+    def _get_worker(self, rclass: Optional[str], key: Optional[str]) -> Tuple[Hashable, Any]:
+        """The pool's choice (``Pool.choose``): a handle, which the LB's own
+        pool holds as worker connections, and how it was placed."""
         now = time.monotonic()
         if self.siblings is not None and now >= self._next_sync:
             self._next_sync = now + SYNC_INTERVAL
             sync(self.siblings, self.pool)
         deadline = now + self.no_worker_timeout
         while True:
-            connection = self.pool.get(rclass, key)
+            connection, placed = self.pool.choose(rclass, key)
             if connection is not None:
                 self.flight.started()
-                return connection
+                return connection, placed
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise NoWorkerAvailable("no worker available after %gs" % self.no_worker_timeout)

@@ -276,7 +276,7 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
     def get(self, rclass: Optional[str], key: Optional[str] = None
             ) -> Optional[Hashable]:
         """Choose a worker for a request of ``rclass`` with affinity ``key``."""
-        self.placed = None
+        self._placed_as = None
         if not self._lru:
             return None
         if rclass is None:
@@ -318,7 +318,7 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
             if chosen_hash != placed:
                 siblings.place(book_hash, stats.salt, chosen_hash)
         if home is not None and home.handle in self.workers:
-            self.placed = (stats, chosen is home)
+            self._placed_as = (stats, chosen is home)
         return self._chosen(chosen)
 
     def _placed(self, rclass: str, stats: ClassStats, key_hash: int,
@@ -349,7 +349,7 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
         chosen, home = self.placement.balanced(rclass, entry)
         self._booked(book_hash, booked, rclass, chosen, AWAY)
         if home is not None:
-            self.placed = (stats, chosen is home)
+            self._placed_as = (stats, chosen is home)
         return self._chosen(chosen)
 
     def _unkeyed(self, rclass: str) -> Hashable:
@@ -386,7 +386,7 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
     def served(self, placed: Optional[Tuple[ClassStats, bool]], elapsed: float,
                cache: Optional[bool] = None) -> None:
         """The application took ``elapsed`` seconds for a request that
-        ``get`` placed at its key's home, or away from it.  When the
+        ``choose`` placed at its key's home, or away from it.  When the
         application said whether its ``cache`` hit, that stands for where
         the request was placed: a hit is a request served where its data
         is, a miss one served where it is not, whatever the book said

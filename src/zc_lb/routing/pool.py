@@ -164,9 +164,9 @@ class Pool:
         self.mbacklog = 0.0
         self.dsum = 0.0
         self.dcount = 0.0
-        # What the last ``get`` placed, for ``served``; None when there is
-        # nothing to learn from its service time.
-        self.placed: Any = None
+        # What the last ``get`` placed, for ``served`` (given by ``choose``);
+        # None when there is nothing to learn from its service time.
+        self._placed_as: Any = None
         # LBs sharing the workers, ZooKeeper's count or --processes N (the
         # affinity policy routes alike on every one when there are several)
         self.lbs = 1
@@ -450,11 +450,18 @@ class Pool:
         cap = max(math.ceil(self.variance * load / len(self.workers)), floor)
         return sum(max(cap - worker.backlog, 0) for worker in self._lru)
 
+    def choose(self, rclass: Optional[str], key: Optional[str] = None
+               ) -> Tuple[Optional[Hashable], Any]:
+        """``get``'s worker, and how it was placed: what ``served`` learns
+        from once the request's service time is known (None: nothing)."""
+        handle = self.get(rclass, key)
+        return handle, self._placed_as
+
     def served(self, placed: Any, elapsed: float, cache: Optional[bool] = None) -> None:
         """The application took ``elapsed`` seconds for a request that
-        ``get`` placed, ``placed`` being the pool's ``placed`` right after
-        that ``get``, and said whether its ``cache`` hit (None: it did
-        not say).  The published policy learns from résumés alone."""
+        ``choose`` placed as ``placed``, and said whether its ``cache``
+        hit (None: it did not say).  The published policy learns from
+        résumés alone."""
 
     def put(self, handle: Hashable) -> None:
         """A request given to ``handle`` by ``get`` has ended."""
