@@ -532,13 +532,8 @@ class Pool:
 
     def __repr__(self) -> str:
         return "<%s workers=%d classes=%d backlog=%d mbacklog=%.2f variance=%g>" % (
-            type(self).__name__,
-            len(self.workers),
-            len(self.skilled),
-            self.backlog,
-            self.mbacklog,
-            self.variance,
-        )
+            type(self).__name__, len(self.workers), len(self.skilled), self.backlog,
+            self.mbacklog, self.variance)
 
 
 class ClasslessPool(Pool):
