@@ -117,7 +117,8 @@ class Client:
 class Stack:
     """A Worker, an LB connected to it, and the LB's FrontServer, in process."""
 
-    def __init__(self, app, n_workers=1, worker_kw=None, worker_class=None, **lb_kw):
+    def __init__(self, app, n_workers=1, worker_kw=None, worker_class=None, wsgi=False,
+                 **lb_kw):
         self.workers = []
         for _ in range(n_workers):
             worker = (worker_class or Worker)(app, **(worker_kw or {}))
@@ -127,7 +128,10 @@ class Stack:
         self.lb = LB(Pool(), host_classifier, **lb_kw)
         self.lb.fleet.set_workers(["127.0.0.1:%d" % w.address[1] for w in self.workers])
         poll(lambda: len(self.lb.pool) == n_workers, message="LB connected")
-        self.front = FrontServer(("127.0.0.1", 0), self.lb)
+        # With ``wsgi``, the front runs the LB as a plain WSGI application
+        # (LB.__call__), which sends workers JSON environs, not heads.
+        self.front = FrontServer(("127.0.0.1", 0), self.lb if not wsgi else (
+            lambda environ, start_response: self.lb(environ, start_response)))
         self.front.start()
 
     @property
@@ -577,11 +581,7 @@ def test_lb_sigterm_tells_keepalive_clients_to_close():
         worker.kill()
 
 
-# -- an LB and a worker of different versions -----------------------------------
-
-
-class _WorkerBeforeWholeFrames(Worker):
-    protocol_features = ()  # as a worker of a version before whole frames
+# -- requests as heads, or as JSON environs ----------------------------------------
 
 
 def _mixed_app(environ, start_response):
@@ -599,17 +599,10 @@ def _mixed_app(environ, start_response):
     return ok_app(environ, start_response)
 
 
-class _WorkerBeforeHeadRequests(Worker):
-    protocol_features = protocol.FEATURES  # as a worker of a version before head requests
-
-
-@pytest.mark.parametrize("worker_class", [Worker, _WorkerBeforeWholeFrames,
-                                          _WorkerBeforeHeadRequests])
-def test_whole_frames_or_not_every_kind_of_response_gets_through(stack, worker_class):
-    s = stack(_mixed_app, worker_class=worker_class)
-    connection = next(iter(s.lb.fleet.links.values())).connection
-    assert connection.protocol.whole == (worker_class is not _WorkerBeforeWholeFrames)
-    assert connection.protocol.relay == (worker_class is Worker)
+@pytest.mark.parametrize("wsgi", [False, True], ids=["heads", "environs"])
+def test_every_kind_of_response_gets_through(stack, wsgi):
+    s = stack(_mixed_app, wsgi=wsgi)
+    assert (s.front.server.forwarder is None) == wsgi  # (no Relay: no head to send)
     client = s.client()
     assert client.request(path="/page")[::2] == (200, b"ok /page")
     assert client.request("HEAD", "/page")[::2] == (200, b"")
@@ -632,9 +625,9 @@ def _environ_app(environ, start_response):
     return [body]
 
 
-def test_a_worker_builds_the_environ_the_lb_sent_before(stack):
+def test_a_worker_builds_from_a_head_the_environ_a_json_one_gives(stack):
     # A request relayed as its head (relay.py) gives the application the
-    # environ a JSON one did, to a worker of the version before.
+    # environ that the LB run as a plain WSGI application sends as JSON.
     requests = [
         ("GET", "/a%20b?x=1", "a.example", b"", ()),
         ("GET", "/", "www.b.example:8080", b"", (("Accept", "*/*"), ("Cookie", "a=1"),
@@ -646,12 +639,12 @@ def test_a_worker_builds_the_environ_the_lb_sent_before(stack):
         ("HEAD", "/h", "a.example", b"", (("X_Underscore", "dropped"),)),
     ]
     seen = {}
-    for worker_class in (Worker, _WorkerBeforeHeadRequests):
-        s = stack(_environ_app, worker_class=worker_class)
+    for wsgi in (False, True):
+        s = stack(_environ_app, wsgi=wsgi)
         client = s.client()
-        seen[worker_class] = [client.request(*request)[::2] for request in requests]
-    assert seen[Worker] == seen[_WorkerBeforeHeadRequests]
-    environs = [json.loads(body) for status, body in seen[Worker] if body]
+        seen[wsgi] = [client.request(*request)[::2] for request in requests]
+    assert seen[False] == seen[True]
+    environs = [json.loads(body) for status, body in seen[False] if body]
     assert [e["PATH_INFO"] for e in environs] == ["/a b", "/", "/hop", "/form"]
     assert environs[1]["HTTP_COOKIE"] == "a=1,b=2" and environs[0]["wsgi.version"] == [1, 0]
     assert "HTTP_X_PRIVATE" not in environs[2] and "HTTP_KEEP_ALIVE" not in environs[2]

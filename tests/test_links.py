@@ -18,6 +18,7 @@ from logevents import LogEvent
 from zc_lb.errors import WorkerClosed
 from zc_lb.lb.links import LinkConfig, LinkEvents, WorkerLink, close_when_idle
 from zc_lb.testing import read_response
+from zc_lb.wire.protocol import WORKER_FEATURES
 from zc_lb.worker.server import Worker
 
 pytestmark = pytest.mark.timeout(20)
@@ -97,8 +98,8 @@ def workers():
     """workers(app, **kw) -> a started Worker on 127.0.0.1, stopped after the test."""
     started = []
 
-    def start(app=ok_app, **kw):
-        worker = Worker(app, **kw)
+    def start(app=ok_app, worker_class=Worker, **kw):
+        worker = worker_class(app, **kw)
         worker.start()
         started.append(worker)
         return worker
@@ -185,6 +186,28 @@ def test_a_failed_handshake_is_no_worker_down_and_no_lost_worker(workers, links,
         assert failed.wait(WAIT)
     assert events.calls == []  # the link never told of a connection: nothing went down
     assert "lost worker" not in caplog.text
+
+
+@pytest.mark.parametrize("feature", WORKER_FEATURES)
+def test_a_worker_of_an_older_release_is_refused_in_one_line_of_the_log(
+        workers, links, caplog, feature):
+    # A worker whose Hello lacks a feature of its role (one of a release
+    # before it) never comes up, and the log says why and what to do.
+    class Older(Worker):
+        protocol_features = tuple(name for name in WORKER_FEATURES if name != feature)
+
+    worker = workers(worker_class=Older)
+    with caplog.at_level(logging.WARNING, logger="zc_lb.lb.links"), \
+            LogEvent("zc_lb.lb.links", "cannot connect to worker") as failed:
+        link, events = links(address_of(worker))
+        assert failed.wait(WAIT)
+    record = [r for r in caplog.records if r.name == "zc_lb.lb.links"][0]
+    assert record.getMessage() == (
+        "cannot connect to worker %s (1 tries): handshake: the worker lacks the "
+        "protocol features %s: it is of an older zc-lb release and must be upgraded "
+        "(docs/howto/upgrade.rst)" % (address_of(worker), feature))
+    assert record.exc_info is None
+    assert link.connection is None and events.calls == []
 
 
 # -- going and coming back ------------------------------------------------------------

@@ -49,9 +49,10 @@ from zc_lb.wire.protocol import (
     body_header,
     encode,
 )
-from zc_lb.wire.handshake import auth_digest, check_auth, check_hello, new_hello
+from zc_lb.wire.handshake import auth_digest, check_auth, check_hello, new_hello, role_features
 
 PROPERTY = settings(max_examples=150, deadline=None, database=None)
+DATE = ("Date", "Thu, 26 Nov 2026 10:00:00 GMT")  # (a head without one gets the time's)
 
 # One or more examples of every message type, including edge values.
 EXAMPLES = [
@@ -193,102 +194,114 @@ def test_a_whole_response_within_its_limits():
     assert "over the limits" in str(error)
 
 
-def test_whole_frames_between_peers_that_offer_them():
+def test_whole_frames_between_current_peers():
+    # A request without a body is one frame; so is a response sent
+    # entire, its head ready for the client.
     wire = Wire()
     wire.take(wire.lb), wire.take(wire.worker)
-    assert wire.lb.whole and wire.worker.whole
     rno, data = wire.lb.start_request({"PATH_INFO": "/"}, end=True)
     assert HEADER.unpack_from(data)[1] == protocol.WHOLE_REQUEST and len(data) == HEADER_SIZE + 17
     wire.deliver(wire.lb, data)
     assert wire.take(wire.worker) == [Request(rno, {"PATH_INFO": "/"}, True)]
     assert wire.worker.streams[rno].receiving == "DONE"
-    data = wire.worker.respond(rno, "200 OK", [("A", "b")], b"hello", end=True)
-    assert HEADER.unpack_from(data)[1] == protocol.WHOLE_RESPONSE
+    data = wire.worker.respond(rno, "200 OK", [("A", "b"), DATE], b"hello", end=True)
+    head = b"HTTP/1.1 200 OK\r\nA: b\r\nDate: Thu, 26 Nov 2026 10:00:00 GMT\r\n"
+    assert HEADER.unpack_from(data) == (rno, protocol.READY_RESPONSE,
+                                        protocol.READY_PREFIX.size + len(head) + 5)
     assert wire.worker.streams == {}
     wire.deliver(wire.worker, data)
-    assert wire.take(wire.lb) == [Response(rno, "200 OK", [("A", "b")], b"hello", True)]
+    [response] = wire.take(wire.lb)
+    assert (response.rno, response.status, response.head, response.body, response.end) == (
+        rno, "200 OK", head, b"hello", True)
     assert wire.lb.streams == {}
-    # Sent through send() too, and a response that does not end is not whole.
-    rno, data = wire.lb.start_request({}, end=True)
-    wire.deliver(wire.lb, data)
-    wire.take(wire.worker)
-    wire.send(wire.worker, Response(rno, "200 OK", [], b"part"), End(rno))
-    assert wire.take(wire.lb) == [Response(rno, "200 OK", []), Body(rno, b"part"), End(rno)]
-    assert wire.lb.streams == {} and wire.worker.streams == {}
 
 
-@pytest.mark.parametrize("old", ["lb", "worker"])
-def test_a_peer_that_does_not_offer_whole_frames_is_sent_the_parts(old):
-    lb = protocol.Connection("lb", features=() if old == "lb" else protocol.FEATURES)
-    worker = protocol.Connection("worker", features=() if old == "worker" else protocol.FEATURES)
-    for side, peer in ((lb, worker), (worker, lb)):
-        peer.receive_data(side.data_to_send())
-        assert isinstance(peer.next_event(), protocol.Ready)
-    assert (lb.whole, worker.whole) == ((False, True) if old == "worker" else (True, False))
-    rno, data = lb.start_request({}, end=True)
-    worker.receive_data(data)
-    assert drain(worker) == ([Request(rno, {}), End(rno)] if old == "worker"
-                                    else [Request(rno, {}, True)])
-    lb.receive_data(worker.respond(rno, "200 OK", [], b"hi", end=True))
-    assert drain(lb) == ([Response(rno, "200 OK", []), Body(rno, b"hi"), End(rno)]
-                                if old == "lb" else [Response(rno, "200 OK", [], b"hi", True)])
-    assert lb.streams == {} and worker.streams == {}
+# -- features: every one the peer's role offers is required -----------------
 
 
-@pytest.mark.parametrize("old", ["lb", "worker"])
-def test_the_apps_time_goes_with_a_response_when_the_lb_offers_timing(old):
-    # An LB of the version before took a response head of exactly two
-    # items: a worker says the app's time only to an LB that offers it.
-    current = tuple(protocol.FEATURES)
-    before = tuple(f for f in current if f != protocol.TIMING)
-    lb = protocol.Connection("lb", features=before if old == "lb" else current)
-    worker = protocol.Connection("worker", features=before if old == "worker" else current)
-    for side, peer in ((lb, worker), (worker, lb)):
-        peer.receive_data(side.data_to_send())
-        assert isinstance(peer.next_event(), protocol.Ready)
-    assert worker.timing == (old != "lb")
-    for end in (True, False):
-        rno, data = lb.start_request({}, end=True)
-        worker.receive_data(data)
-        drain(worker)
-        lb.receive_data(worker.respond(rno, "200 OK", [], b"hi", end=end, elapsed=0.0125))
-        response = drain(lb)[0]
-        assert response.elapsed == (None if old == "lb" else 0.0125)
-        if not end:
-            lb.receive_data(worker.send(End(rno)))
-            drain(lb)
-    assert lb.streams == {} and worker.streams == {}
+ROLE_FEATURES = [("lb", name) for name in protocol.LB_FEATURES] + [
+    ("worker", name) for name in protocol.WORKER_FEATURES]
 
 
-def ready_pair(lb_features=protocol.LB_FEATURES, worker_features=protocol.FEATURES):
-    lb = protocol.Connection("lb", features=lb_features)
-    worker = protocol.Connection("worker", features=worker_features)
+def take_hello(receiver, sender):
+    """``sender``'s Hello (and what it sent after) to ``receiver``: the
+    event it makes, or the RemoteProtocolError it raises."""
+    receiver.receive_data(sender.data_to_send())
+    try:
+        return receiver.next_event()
+    except RemoteProtocolError as exc:
+        return exc
+
+
+@pytest.mark.parametrize("secret", [None, b"s3cret"])
+@pytest.mark.parametrize("role, feature", ROLE_FEATURES)
+def test_a_peer_lacking_a_feature_of_its_role_is_refused_at_its_hello(role, feature, secret):
+    # A peer of a release before ``feature`` offers the rest: refused,
+    # saying what it lacks and what to do, before any Auth goes to it.
+    older = protocol.Connection(role, secret, features=tuple(
+        name for name in role_features(role) if name != feature))
+    current = protocol.Connection("worker" if role == "lb" else "lb", secret)
+    ours = current.data_to_send()  # (our Hello, sent at once)
+    error = take_hello(current, older)
+    assert type(error) is RemoteProtocolError, error
+    assert str(error) == (
+        "the %s lacks the protocol features %s: it is of an older zc-lb release and "
+        "must be upgraded (docs/howto/upgrade.rst)" % ("LB" if role == "lb" else "worker",
+                                                     feature))
+    assert current.data_to_send() == b"" and current.phase == "closed"
+    with pytest.raises(RemoteProtocolError) as again:
+        current.next_event()  # (and stays refused)
+    assert again.value is error
+    # The older peer takes our Hello (a release uses a feature when its
+    # peer offers it): the refusal is ours, and the log says why.
+    older.receive_data(ours)
+    event = older.next_event()
+    assert (event is NEED_DATA and older.phase == "authenticating" if secret
+            else isinstance(event, protocol.Ready))
+
+
+@pytest.mark.parametrize("role", ["lb", "worker"])
+def test_a_peer_of_a_release_before_features_is_refused_naming_them_all(role):
+    older = protocol.Connection(role, features=())  # (its Hello says no features at all)
+    current = protocol.Connection("worker" if role == "lb" else "lb")
+    error = take_hello(current, older)
+    assert ("lacks the protocol features %s: " % ", ".join(role_features(role))
+            in str(error))
+
+
+def test_current_peers_offer_their_roles_features_and_take_each_others():
+    wire = Wire(b"s3cret", b"s3cret")
+    [lb_ready], [worker_ready] = wire.take(wire.lb), wire.take(wire.worker)
+    assert lb_ready.peer.features == protocol.WORKER_FEATURES
+    assert worker_ready.peer.features == protocol.LB_FEATURES
+    assert protocol.LB_FEATURES == ("whole", "timing", "ready", "keys", "cache")
+    assert protocol.WORKER_FEATURES == ("whole", "timing", "head", "keys")
+
+
+@pytest.mark.parametrize("role", ["lb", "worker"])
+def test_a_peer_offering_features_beyond_ours_is_taken(role):
+    # (a later release's: one release apart work together)
+    later = protocol.Connection(role, features=role_features(role) + ("later",))
+    current = protocol.Connection("worker" if role == "lb" else "lb")
+    assert isinstance(take_hello(current, later), protocol.Ready)
+
+
+def ready_pair():
+    lb = protocol.Connection("lb")
+    worker = protocol.Connection("worker")
     for side, peer in ((lb, worker), (worker, lb)):
         peer.receive_data(side.data_to_send())
         assert isinstance(peer.next_event(), protocol.Ready)
     return lb, worker
 
 
-def test_keys_go_either_way_between_peers_that_offer_them_and_never_to_others():
-    lb, worker = ready_pair(protocol.LB_FEATURES, protocol.WORKER_FEATURES)
-    assert lb.keys and worker.keys
+def test_keys_go_either_way():
+    lb, worker = ready_pair()
     keys = Keys({"a.example": [1, 2**64 - 1]})
     worker.receive_data(lb.send(keys))
     assert drain(worker) == [keys]
     lb.receive_data(worker.send(keys))
     assert drain(lb) == [keys]
-    # An LB or a worker of the version before offers no keys: none go to it,
-    # and one that comes anyway breaks the connection.
-    for old in ("lb", "worker"):
-        lb, worker = ready_pair(protocol.LB_FEATURES if old == "worker" else protocol.FEATURES,
-                                protocol.WORKER_FEATURES if old == "lb" else protocol.FEATURES)
-        new, stale = (worker, lb) if old == "lb" else (lb, worker)
-        assert not new.keys and stale.keys
-        with pytest.raises(LocalProtocolError, match="did not offer"):
-            new.send(keys)
-        stale.receive_data(encode(keys))
-        with pytest.raises(RemoteProtocolError):
-            stale.next_event()
 
 
 @pytest.mark.parametrize("payload", [
@@ -314,9 +327,8 @@ def ready_request(lb, worker):
     return rno
 
 
-def test_an_lb_that_offers_ready_heads_gets_the_head_as_the_client_will():
+def test_the_lb_gets_a_response_head_as_the_client_will():
     lb, worker = ready_pair()
-    assert worker.ready and not lb.ready
     rno = ready_request(lb, worker)
     headers = [("Content-Type", "text/plain"), ("Date", "Thu, 26 Nov 2026 10:00:00 GMT"),
                ("Connection", "close"), ("Content-Length", "5")]
@@ -372,60 +384,13 @@ def test_a_ready_head_over_the_frame_limit_is_refused_at_the_worker():
         worker.respond(rno, "200 OK", [("X", "y" * MAX_MESSAGE)], end=True)
 
 
-@pytest.mark.parametrize("old", ["lb", "worker"])
-def test_ready_heads_between_versions(old):
-    # An LB of the version before offers no ready heads and gets JSON; a
-    # worker of the version before sends JSON to an LB that offers them.
-    lb, worker = ready_pair(protocol.FEATURES if old == "lb" else protocol.LB_FEATURES)
-    if old == "worker":
-        worker.ready = False  # (what a worker that does not know the feature does)
-    rno = ready_request(lb, worker)
-    lb.receive_data(worker.respond(rno, "200 OK", [("A", "b")], b"hi", end=True))
-    assert drain(lb) == [Response(rno, "200 OK", [("A", "b")], b"hi", True)]
-
-
-def test_a_ready_frame_is_refused_where_it_was_not_offered():
-    for lb_features, worker_role in ((protocol.FEATURES, False), (protocol.LB_FEATURES, True)):
-        lb, worker = ready_pair(lb_features)
-        data = protocol.ready_frame(1, b"HTTP/1.1 200 OK\r\n", None, None, b"", True)
-        receiver = worker if worker_role else lb
-        if not worker_role:
-            ready_request(lb, worker)
-        receiver.receive_data(data)
-        with pytest.raises(RemoteProtocolError, match="ready Response frame not allowed"):
-            receiver.next_event()
-
-
 @pytest.mark.parametrize("cache", [True, False, None])
-def test_an_lb_that_offers_cache_hears_whether_the_apps_cache_hit(cache):
+def test_the_lb_hears_whether_the_apps_cache_hit(cache):
     lb, worker = ready_pair()
-    assert worker.cache and not lb.cache  # (the LB takes it; the worker says it)
     rno = ready_request(lb, worker)
     lb.receive_data(worker.respond(rno, "200 OK", [], b"x", end=True, elapsed=0.5, cache=cache))
     [response] = drain(lb)
     assert (response.cache, response.end, response.elapsed) == (cache, True, 0.5)
-
-
-@pytest.mark.parametrize("old", ["lb", "worker"])
-def test_the_cache_signal_between_versions(old):
-    # An LB of the version before does not offer it: the worker says
-    # nothing (that LB refuses flags it does not know).  A worker of the
-    # version before says nothing to an LB that offers it.
-    lb_features = tuple(f for f in protocol.LB_FEATURES if f != protocol.CACHE)
-    lb, worker = ready_pair(lb_features if old == "lb" else protocol.LB_FEATURES)
-    if old == "worker":
-        worker.cache = False  # (what a worker that does not know the feature does)
-    assert not worker.cache
-    rno = ready_request(lb, worker)
-    lb.receive_data(worker.respond(rno, "200 OK", [], b"x", end=True, cache=True))
-    assert drain(lb)[0].cache is None
-    # A flag that comes unoffered breaks the connection.
-    lb, worker = ready_pair(lb_features)
-    rno = ready_request(lb, worker)
-    lb.receive_data(protocol.ready_frame(rno, b"HTTP/1.1 200 OK\r\n", None, None, b"", True,
-                                         cache=False))
-    with pytest.raises(RemoteProtocolError, match="malformed ready"):
-        lb.next_event()
 
 
 def test_a_ready_response_that_says_both_hit_and_miss_is_malformed():
@@ -491,17 +456,6 @@ def test_widen_lets_the_peer_send_a_wide_window_ahead_once():
     assert wire.worker.credit(rno) == protocol.WIDE_WINDOW
     wire.deliver(wire.worker, wire.worker.send(End(rno)))
     assert wire.lb.widen(rno) == b""  # (nothing more to receive)
-
-
-def test_a_whole_frame_to_a_peer_that_did_not_offer_it_is_refused():
-    lb = protocol.Connection("lb")
-    worker = protocol.Connection("worker", features=())
-    for side, peer in ((lb, worker), (worker, lb)):
-        peer.receive_data(side.data_to_send())
-        peer.next_event()
-    worker.receive_data(encode(Request(1, {}, True), whole=True))
-    with pytest.raises(RemoteProtocolError, match="whole Request frame not allowed"):
-        worker.next_event()
 
 
 def test_a_whole_response_past_the_credit_is_refused():
@@ -1367,18 +1321,9 @@ def test_the_connection_owns_its_requests_owners_and_whether_it_drains():
     assert [(stream.rno, stream.owner) for stream in third.lb.close()] == [(rno, owner)]
 
 
-def test_head_requests_go_only_to_a_worker_that_offers_them():
-    # A worker of the version before gets JSON environs; one that offers
-    # ``head`` may get HEAD_REQUEST frames, which decode to a Request.
-    lb, worker = ready_pair(protocol.LB_FEATURES, protocol.FEATURES)
-    assert not lb.relay
-    with pytest.raises(LocalProtocolError, match="does not take head requests"):
-        lb.start_request(None, True, b"")
-    worker.receive_data(protocol.HEADER.pack(1, protocol.HEAD_REQUEST, 0))
-    with pytest.raises(RemoteProtocolError, match="head Request frame not allowed"):
-        worker.next_event()
-    lb, worker = ready_pair(protocol.LB_FEATURES, protocol.WORKER_FEATURES)
-    assert lb.relay and not worker.relay
+def test_a_request_goes_as_its_head():
+    # A HEAD_REQUEST frame (lb/relay.py) decodes to a Request.
+    lb, worker = ready_pair()
     head = (relay.HEAD_PREFIX.pack(1, 2, 1) + b'{}c' + b"GET /p HTTP/1.1\r\nHost: h\r\n")
     rno, data = lb.start_request(None, True, head)
     assert HEADER.unpack_from(data)[1] == protocol.HEAD_REQUEST

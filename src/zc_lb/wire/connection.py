@@ -108,7 +108,7 @@ class Connection(Link):
         keepalive_interval: float = KEEPALIVE_INTERVAL,
         keepalive_timeout: float = KEEPALIVE_TIMEOUT,
         app_version: Optional[str] = None,
-        features: Tuple[str, ...] = protocol.FEATURES,
+        features: Optional[Tuple[str, ...]] = None,
     ) -> None:
         self.sock = sock
         self.role = role

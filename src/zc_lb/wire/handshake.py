@@ -2,13 +2,15 @@
 frames a peer may send once it is done.
 
 Connection start: each side sends ``Hello`` at once (protocol version, its
-role, a random nonce, whether it holds a shared secret, the features it
-takes).  With a secret, each then sends ``Auth``: HMAC-SHA256(secret,
+role, a random nonce, whether it holds a shared secret, its role's
+features).  With a secret, each then sends ``Auth``: HMAC-SHA256(secret,
 peer's nonce + own role), so both sides prove the secret without sending
 it, and a reply cannot be replayed to another connection.
 
-Rules: the peer must speak our version, have the other role and hold a
-secret exactly when we do (``check_hello``), then prove it
+Rules: the peer must speak our version, have the other role, offer
+every feature of its role (``role_features``: a peer that lacks one is
+of an older release, and is refused with the names of what it lacks)
+and hold a secret exactly when we do (``check_hello``), then prove it
 (``check_auth``, compared in constant time).  Until then it may send a
 Hello, then an Auth, each of at most HANDSHAKE_LIMIT bytes, and nothing
 else: an unauthenticated peer can make us buffer a kilobyte, not a
@@ -28,16 +30,17 @@ from typing import Dict, Final, Optional, Tuple
 
 from zc_lb.errors import AuthenticationError, RemoteProtocolError
 from zc_lb.wire.frames import (
-    FEATURES,
     HEAD,
     HEAD_REQUEST,
     KEYS,
+    LB_FEATURES,
     READY,
     READY_RESPONSE,
     VERSION,
     WHOLE,
     WHOLE_REQUEST,
     WHOLE_RESPONSE,
+    WORKER_FEATURES,
     Auth,
     Hello,
     Keys,
@@ -47,13 +50,21 @@ from zc_lb.wire.frames import (
 )
 
 HANDSHAKE_LIMIT: Final = 1024  # payload bytes of a Hello or Auth: nothing more before it
+UPGRADE: Final = "docs/howto/upgrade.rst"  # what a refused peer's operator reads
+
+
+def role_features(role: str) -> Tuple[str, ...]:
+    """The features a peer of ``role`` offers in its Hello, every one of
+    which a peer of the other role requires."""
+    return LB_FEATURES if role == "lb" else WORKER_FEATURES
 
 
 def new_hello(role: str, secret: Optional[bytes], app_version: Optional[str] = None,
-              features: Tuple[str, ...] = FEATURES) -> Hello:
-    """Our Hello, with a fresh nonce."""
+              features: Optional[Tuple[str, ...]] = None) -> Hello:
+    """Our Hello, with a fresh nonce, offering our role's features (or
+    ``features``: in tests, those of an older release)."""
     return Hello(VERSION, role, os.urandom(16).hex(), secret is not None, app_version,
-                 features)
+                 role_features(role) if features is None else features)
 
 
 def auth_digest(secret: bytes, nonce: str, role: str) -> str:
@@ -62,12 +73,19 @@ def auth_digest(secret: bytes, nonce: str, role: str) -> str:
 
 
 def check_hello(ours: Hello, theirs: Hello) -> None:
-    """Raise unless the peer's Hello fits ours (version, role, secret)."""
+    """Raise unless the peer's Hello fits ours (version, role, the
+    role's features, secret)."""
     if theirs.version != VERSION:
         raise RemoteProtocolError(
             "peer speaks protocol version %d, we speak %d" % (theirs.version, VERSION))
     if theirs.role == ours.role or theirs.role not in ("lb", "worker"):
         raise RemoteProtocolError("peer has role %r, we are %r" % (theirs.role, ours.role))
+    missing = [name for name in role_features(theirs.role) if name not in theirs.features]
+    if missing:
+        raise RemoteProtocolError(
+            "the %s lacks the protocol features %s: it is of an older zc-lb "
+            "release and must be upgraded (%s)" % (
+                "LB" if theirs.role == "lb" else "worker", ", ".join(missing), UPGRADE))
     if theirs.auth != ours.auth:
         raise AuthenticationError(
             "shared secret configured on %s only" % ("the peer" if theirs.auth else "our side"))

@@ -182,7 +182,7 @@ class Connection:
                  max_body: int = MAX_BODY, max_message: int = MAX_MESSAGE,
                  max_resume: int = MAX_RESUME, window: int = WINDOW,
                  app_version: Optional[str] = None,
-                 features: Tuple[str, ...] = FEATURES) -> None:
+                 features: Optional[Tuple[str, ...]] = None) -> None:
         if role not in ("lb", "worker"):
             raise LocalProtocolError("role must be 'lb' or 'worker', not %r" % (role,))
         self.role = role
@@ -190,6 +190,7 @@ class Connection:
         self.window = window
         self.phase = HANDSHAKE
         self.our_hello = new_hello(role, secret, app_version, features)
+        features = self.our_hello.features
         self.peer_hello: Optional[Hello] = None
         self.whole = False  # send whole frames: the peer offered them
         self.timing = False  # say the application's seconds: the peer offered it
