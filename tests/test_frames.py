@@ -81,23 +81,21 @@ def test_a_resume_with_a_score_that_is_not_finite_is_refused_before_sending(scor
         encode(Resume({"a": 1.0, "b": score}))
 
 
-@pytest.mark.parametrize("whole", [False, True])
-def test_a_json_response_head_over_the_frame_limit_is_refused_before_sending(whole):
+def test_a_json_response_head_over_the_frame_limit_is_refused_before_sending():
     big = Response(1, "200 OK", [("X", "y" * MAX_MESSAGE)], b"", True)
     with pytest.raises(ResponseHeadTooLarge):
-        encode(big, whole=whole)
+        encode(big)
     # One that fits goes.
     fits = Response(1, "200 OK", [("X", "y" * (MAX_MESSAGE - 100))], b"", True)
     decoder = Decoder()
-    decoder.receive_data(encode(fits, whole=whole))
-    assert drain(decoder)[0] == Response(1, "200 OK", fits.headers, end=whole)
+    decoder.receive_data(encode(fits))
+    assert drain(decoder)[0] == Response(1, "200 OK", fits.headers, end=True)
 
 
-@pytest.mark.parametrize("whole", [False, True])
-def test_the_apps_time_is_sent_to_the_microsecond(whole):
+def test_the_apps_time_is_sent_to_the_microsecond():
     decoder = Decoder()
-    decoder.receive_data(encode(Response(3, "200 OK", [], b"x", True, 1.23456789), whole=whole)
-                         + encode(Response(4, "200 OK", [], b"x", True, 0.0), whole=whole))
+    decoder.receive_data(encode(Response(3, "200 OK", [], b"x", True, 1.23456789))
+                         + encode(Response(4, "200 OK", [], b"x", True, 0.0)))
     times = [m.elapsed for m in drain(decoder) if isinstance(m, Response)]
     assert times == [1.234568, 0.0]
 
@@ -153,8 +151,7 @@ def test_a_response_time_the_lb_would_refuse_is_refused_before_sending(elapsed):
     # The LB drops the whole connection over a malformed response time.
     head = b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n"
     for make in (lambda: ready_frame(1, head, 1, elapsed, b"x", True),
-                 lambda: encode(Response(1, "200 OK", [], b"x", True, elapsed)),
-                 lambda: encode(Response(1, "200 OK", [], b"x", True, elapsed), whole=True)):
+                 lambda: encode(Response(1, "200 OK", [], b"x", True, elapsed))):
         with pytest.raises(LocalProtocolError, match="response time"):
             make()
     ready_frame(1, head, 1, 1e9 - 1, b"x", True)  # (the largest a peer takes)

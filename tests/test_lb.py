@@ -224,7 +224,7 @@ def test_two_lbs_hear_through_the_workers_where_each_sent_a_key():
             assert entry[0] == "c" and entry[1].handle.peer == handle.peer, key
         first.pool.put(busy)
         # A worker that dies: its keys are not sent, the relays go on for
-        # the other (a worker of the version before would stop them all).
+        # the other.
         for i in range(20):
             first.pool.put(first.pool.get("c", "/k%d" % i))
         workers[1].stop(timeout=0)

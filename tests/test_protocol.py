@@ -123,7 +123,7 @@ def test_every_message_type_has_an_example():
     assert types == set(CONNECTION_TYPES.values()) | set(REQUEST_TYPES.values())
 
 
-# Whole messages: one frame each when the peer takes whole frames.
+# Whole messages: one frame each.
 WHOLE_EXAMPLES = [
     Request(1, {}, True),
     Request(MAX_RNO, {"PATH_INFO": "/caf\u00e9", "HTTP_HOST": "a.example"}, True),
@@ -136,7 +136,7 @@ WHOLE_EXAMPLES = [
 
 @pytest.mark.parametrize("message", WHOLE_EXAMPLES, ids=_id)
 def test_a_whole_message_is_one_frame(message):
-    data = encode(message, whole=True)
+    data = encode(message)
     rno, mtype, length = HEADER.unpack_from(data)
     assert mtype in (protocol.WHOLE_REQUEST, protocol.WHOLE_RESPONSE)
     assert len(data) == HEADER_SIZE + length
@@ -147,18 +147,6 @@ def test_a_whole_message_is_one_frame(message):
             decoder.receive_data(chunk)
             got.extend(drain(decoder))
         assert got == [message] and decoder.buffered == 0
-
-
-@pytest.mark.parametrize("message", WHOLE_EXAMPLES, ids=_id)
-def test_without_whole_frames_a_whole_message_is_its_parts(message):
-    decoder = Decoder()
-    decoder.receive_data(encode(message))
-    rno = message.rno
-    if isinstance(message, Request):
-        assert drain(decoder) == [Request(rno, message.environ), End(rno)]
-    else:
-        body = [Body(rno, message.body)] if message.body else []
-        assert drain(decoder) == [Response(rno, message.status, message.headers)] + body + [End(rno)]
 
 
 @pytest.mark.parametrize("payload, error", [
@@ -416,7 +404,7 @@ def ready_payload(head, flags=1, length=-1, elapsed=-1.0, body=b""):
     (ready_payload(b"HTTP/1.1 200 OK\r\n\r\nHTTP/1.1 200 OK\r\n"), "malformed ready"),
     (ready_payload(b"HTTP/1.1 200 OK\r\nA: b\nC: d\r\n"), "malformed ready"),
     (ready_payload(b"HTTP/1.1 200 OK\r\nA: b\rC: d\r\n"), "malformed ready"),
-    (ready_payload(b"HTTP/1.1 200 OK\r\n", flags=2), "malformed ready"),
+    (ready_payload(b"HTTP/1.1 200 OK\r\n", flags=8), "malformed ready"),
     (ready_payload(b"HTTP/1.1 200 OK\r\n", length=-2), "malformed ready"),
     (ready_payload(b"HTTP/1.1 200 OK\r\n", elapsed=-0.5), "malformed ready"),
     (ready_payload(b"HTTP/1.1 200 OK\r\n", elapsed=float("nan")), "malformed ready"),
@@ -465,7 +453,7 @@ def test_a_whole_response_past_the_credit_is_refused():
     wire.deliver(wire.lb, data)
     with pytest.raises(LocalProtocolError, match="past our credit"):
         wire.worker.respond(rno, "200 OK", [], b"x" * 101, end=True)
-    wire.lb.receive_data(encode(Response(rno, "200 OK", [], b"x" * 101, True), whole=True))
+    wire.lb.receive_data(encode(Response(rno, "200 OK", [], b"x" * 101, True)))
     with pytest.raises(RemoteProtocolError, match="past the credit"):
         wire.lb.next_event()
 
@@ -860,7 +848,7 @@ messages = st.one_of(
 @PROPERTY
 @given(sequence=st.lists(messages, max_size=12), sizes=chunk_sizes)
 def test_valid_message_sequences_round_trip_in_any_chunking(sequence, sizes):
-    data = b"".join(encode(m, whole=True) for m in sequence)
+    data = b"".join(encode(m) for m in sequence)
     decoder = Decoder()
     got = []
     for chunk in chunked(data, sizes):

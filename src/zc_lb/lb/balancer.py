@@ -183,8 +183,8 @@ class LB:
 
     def _forward(self, environ: dict, responder: Responder) -> Iterable[bytes]:
         # From the front server, a Relay (lb/relay.py): the checked head,
-        # classified from itself, and sent as it is to a worker that
-        # takes it; from elsewhere, an environ.
+        # classified from itself, and sent as it is; from elsewhere, an
+        # environ.
         relay = cast(Optional[Relay], environ.get(RELAY))
         rclass, key = self._route(environ, relay)
         has_body = self._has_body(environ, relay)  # (RequestTooLarge past the limit)
@@ -259,9 +259,9 @@ class LB:
     def _open(self, connection: Connection, environ: dict, relay: Optional[Relay],
               has_body: bool) -> Exchange:
         """Send the request's head to the worker: the Relay's, as the
-        front checked it, to a worker that takes it; else its variables."""
+        front checked it; else its variables."""
         request_class = environ[CLASS] or ""
-        if relay is not None and connection.protocol.relay:
+        if relay is not None:
             return connection.open_request(None, not has_body,
                                            relay.payload(request_class, not has_body))
         return connection.open_request(_forwarded_environ(environ, request_class),
@@ -517,11 +517,10 @@ def _content_length(value: str) -> Optional[int]:
 
 def _forwarded_environ(environ: dict, rclass: str) -> Dict[str, str]:
     """What the worker gets of ``environ``: its CGI variables less the
-    hop-by-hop fields.  The front server's Relay makes them (for a worker
-    that does not take head requests); an environ from elsewhere is
+    hop-by-hop fields.  The front server made them (``FORWARD``, for an
+    application that takes no Relay); an environ from elsewhere is
     sifted."""
-    relay = environ.get(RELAY)
-    forwarded = relay.variables() if relay is not None else environ.get(FORWARD)
+    forwarded = environ.get(FORWARD)
     if forwarded is not None:
         forwarded[REQUEST_CLASS] = rclass
         return forwarded

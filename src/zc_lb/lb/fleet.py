@@ -276,11 +276,11 @@ class Fleet(LinkEvents):
 
     def _relay_keys(self) -> None:
         """Every RELAY_INTERVAL: whether the pool hears where the other
-        LBs send keys (there are others, and every worker in the pool and
-        this LB take ``frames.Keys``: then the books agree, and the pool
-        routes as a lone LB does, see ``routing/affinity.py``), and if it does,
-        the keys it sent each worker since, to the worker, which relays
-        them to the other LBs."""
+        LBs send keys (there are others, their books are not kept apart,
+        and the pool has workers to relay ``frames.Keys``: then the books
+        agree, and the pool routes as a lone LB does, see
+        ``routing/affinity.py``), and if it does, the keys it sent each
+        worker since, to the worker, which relays them to the other LBs."""
         while True:
             gevent.sleep(RELAY_INTERVAL)
             try:
@@ -295,7 +295,7 @@ class Fleet(LinkEvents):
         if pool.lbs > 1 and not pool.separate_books:  # (an LB alone: nothing to do)
             connections = [link.connection for link in list(self.links.values())
                            if link.connection is not None and link.connection in pool]
-        relayed = bool(connections) and all(c.protocol.keys for c in connections)
+        relayed = bool(connections)
         if relayed != pool.relayed:
             pool.relayed = relayed
             log.info("keys %s relayed between the LBs through the workers",

@@ -26,7 +26,6 @@ from zc_lb.wire.connection import Connection, Handler
 from zc_lb.wire.keepalive import KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT
 from zc_lb.sockets import connect, parse_listen
 from zc_lb.errors import ZcLbError
-from zc_lb.wire.protocol import LB_FEATURES
 from zc_lb.settings import LB_SETTINGS
 
 log = logging.getLogger(__name__)
@@ -158,8 +157,7 @@ class WorkerLink(Handler):
         config = self.config
         connection = Connection(sock, "lb", self, peer=self.address, secret=config.secret,
                                 keepalive_interval=config.keepalive_interval,
-                                keepalive_timeout=config.keepalive_timeout,
-                                features=LB_FEATURES)  # (ready response heads)
+                                keepalive_timeout=config.keepalive_timeout)
         try:
             connection.handshake()
         except (OSError, ZcLbError) as exc:

@@ -38,8 +38,8 @@ every request: a connection's variables cost it a copy of a small dict.
 (That dict also holds, empty, the keys the worker is to set, ``ROOM``,
 so that the copy is not made larger key by key.)
 What the worker gets is exactly what the JSON environ of a ``Request``
-frame held (tests/test_relay.py checks a corpus both ways); the LB sends
-that instead to a worker that does not offer the feature ``head``.
+frame holds (tests/test_relay.py checks a corpus both ways), which the
+LB sends when it runs as a plain WSGI application.
 
 Where the LB still wants the whole environ (an access log, an error's
 log line), ``complete`` puts the variables into it, computed once.
@@ -186,8 +186,9 @@ class Relay:
 
     def variables(self) -> Dict[str, str]:
         """What a worker gets of the request: its CGI variables (less the
-        class), as one that does not take ``HEAD_REQUEST`` frames gets them
-        in JSON.  Made once; the caller may add the class to it."""
+        class), as a JSON ``Request`` frame holds them (the front hands
+        them to an application that takes no Relay, ``environ.FORWARD``).
+        Made once; the caller may add the class to it."""
         variables = self._variables
         if variables is None:
             head = self.head

@@ -191,9 +191,9 @@ class Connection(Link):
 
     def open_request(self, environ: Optional[Dict[str, str]], end: bool = False,
                      head: Optional[bytes] = None) -> Exchange:
-        """LB side: start a request, with End at once when it has no body:
-        its ``environ``, or its ``head`` where the worker takes head
-        requests (``relays``; see ``protocol.Connection.start_request``)."""
+        """LB side: start a request, ended at once when it has no body:
+        its ``head`` (a HEAD_REQUEST's payload), or else its ``environ``
+        (see ``protocol.Connection.start_request``)."""
         if self.closed:
             raise self.error or self.closed_error(self.peer)
         proto = self.protocol
@@ -214,13 +214,9 @@ class Connection(Link):
         """Worker side: send our résumé."""
         self.write(self.protocol.send(Resume(skills)))
 
-    def send_keys(self, keys: Dict[str, List[int]]) -> bool:
-        """Send ``keys`` (``frames.Keys``), if the peer takes them; whether
-        it does."""
-        if not self.protocol.keys:
-            return False
+    def send_keys(self, keys: Dict[str, List[int]]) -> None:
+        """Send ``keys`` (``frames.Keys``)."""
         self.write(self.protocol.send(Keys(keys)))
-        return True
 
     def send_goaway(self, reason: str = "") -> None:
         """Tell the peer we are draining."""

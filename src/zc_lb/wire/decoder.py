@@ -37,6 +37,7 @@ from zc_lb.wire.frames import (
     MAX_MESSAGE,
     MAX_RESUME,
     READY_END,
+    READY_FLAGS,
     READY_HIT,
     READY_MISS,
     READY_PREFIX,
@@ -207,13 +208,12 @@ def _decode_whole_response(max_message: int, max_body: int, rno: int,
 
 
 def _decode_ready_response(max_message: int, max_body: int, rno: int,
-                           payload: bytes, allowed: int = READY_END) -> Response:
+                           payload: bytes) -> Response:
     """A READY_RESPONSE: its prefix and head are checked for framing
     only (the worker checked the fields): a status line of three digits,
     lines that end in CRLF, and no empty line, which would end the head
     early and let the rest pass as a body or a second response.  Flags
-    past ``allowed`` (what we offered) are refused, and so are HIT and
-    MISS together."""
+    past READY_FLAGS are refused, and so are HIT and MISS together."""
     size = READY_PREFIX.size
     if len(payload) < size:
         raise RemoteProtocolError("ready response of %d bytes, without its prefix" % len(payload))
@@ -227,7 +227,7 @@ def _decode_ready_response(max_message: int, max_body: int, rno: int,
                                   % (head_size, len(payload), max_message, max_body))
     head = payload[size:start]
     status = ready_status(head)
-    if (status is None or length < -1 or flags & ~allowed
+    if (status is None or length < -1 or flags & ~READY_FLAGS
             or flags & (READY_HIT | READY_MISS) == READY_HIT | READY_MISS
             or not (elapsed == -1.0 or 0.0 <= elapsed < MAX_ELAPSED)):
         raise RemoteProtocolError("malformed ready response head %r" % head[:200])
@@ -319,7 +319,6 @@ class Decoder:
         self._error: Optional[RemoteProtocolError] = None
         self._rno = 0  # the request number of the frame being decoded
         self._max_message, self._max_body = max_message, max_body
-        self.ready_flags = READY_END  # a READY_RESPONSE's flags taken (READY_FLAGS: ``cache``)
         limits = {mtype: max_message for mtype in _DECODERS}
         limits[Body.TYPE] = max_body
         limits[Resume.TYPE] = max_resume
@@ -428,8 +427,7 @@ class Decoder:
         """The message of a whole frame whose header passed."""
         # (The commonest two first: compiled, each a native call.)
         if mtype == READY_RESPONSE:
-            return _decode_ready_response(self._max_message, self._max_body, rno, payload,
-                                          self.ready_flags)
+            return _decode_ready_response(self._max_message, self._max_body, rno, payload)
         if mtype == HEAD_REQUEST:
             return _decode_head_request(rno, payload)
         if mtype == WHOLE_REQUEST:

@@ -72,17 +72,16 @@ def _frame(rno: int, mtype: int, payload: bytes) -> bytes:
     return HEADER.pack(rno, mtype, len(payload)) + payload
 
 
-def encode(message: Any, whole: bool = False) -> bytes:
+def encode(message: Any) -> bytes:
     """The bytes of one message, header included: a Request or Response
-    with ``end`` as one whole frame if ``whole`` (the peer offered it),
-    else as the separate frames."""
+    with ``end`` as one whole frame."""
     try:
-        return _encode(message, whole)
+        return _encode(message)
     except (struct.error, ValueError, TypeError) as exc:
         raise LocalProtocolError("cannot encode %r: %s" % (message, exc))
 
 
-def _encode(message: Any, whole: bool) -> bytes:
+def _encode(message: Any) -> bytes:
     if isinstance(message, Body):
         return _frame(message.rno, Body.TYPE, message.data)
     if isinstance(message, (End, Cancel)):
@@ -90,11 +89,11 @@ def _encode(message: Any, whole: bool) -> bytes:
     if isinstance(message, Credit):
         return _frame(message.rno, Credit.TYPE, CREDIT_PAYLOAD.pack(message.n))
     if isinstance(message, Request):
-        return request_frames(message.rno, message.environ, message.end, whole)
+        return request_frames(message.rno, message.environ, message.end)
     if isinstance(message, Response):
         return response_frames(message.rno, response_payload(message.status, message.headers,
                                                                message.elapsed),
-                                message.body, message.end, whole)
+                                message.body, message.end)
     if isinstance(message, (Ping, Pong)):
         return HEADER.pack(0, message.TYPE, 0)
     if isinstance(message, Resume):
@@ -122,18 +121,14 @@ def _encode(message: Any, whole: bool) -> bytes:
     raise LocalProtocolError("cannot encode %r" % (message,))
 
 
-def request_frames(rno: int, environ: Dict[str, str], end: bool, whole: bool) -> bytes:
-    """A Request's frames: one whole frame when it ``end``s and the peer
-    takes them (``whole``), else Request, then End if it ``end``s."""
+def request_frames(rno: int, environ: Dict[str, str], end: bool) -> bytes:
+    """A Request's frame: a WHOLE_REQUEST when it ``end``s (it has no
+    body), else a Request, its body and End to follow."""
     payload = _json(environ)
     if len(payload) > MAX_MESSAGE:  # the worker would drop the connection
         raise MessageTooLarge("request head of %d bytes, over the frame limit of %d"
                               % (len(payload), MAX_MESSAGE))
-    if not end:
-        return _frame(rno, Request.TYPE, payload)
-    if whole:
-        return _frame(rno, WHOLE_REQUEST, payload)
-    return _frame(rno, Request.TYPE, payload) + HEADER.pack(rno, End.TYPE, 0)
+    return _frame(rno, WHOLE_REQUEST if end else Request.TYPE, payload)
 
 
 def head_request_frame(rno: int, payload: bytes) -> bytes:
@@ -162,11 +157,11 @@ def response_payload(status: Any, headers: List[Any],
     return head
 
 
-def response_frames(rno: int, head: bytes, body: bytes, end: bool, whole: bool) -> bytes:
+def response_frames(rno: int, head: bytes, body: bytes, end: bool) -> bytes:
     if type(body) is not bytes:
         raise LocalProtocolError("response body must be bytes, not %s" % type(body).__name__)
     pack = HEADER.pack
-    if end and whole:
+    if end:
         return b"".join((pack(rno, WHOLE_RESPONSE, HEAD_LENGTH.size + len(head) + len(body)),
                          HEAD_LENGTH.pack(len(head)), head, body))
     parts = [pack(rno, Response.TYPE, len(head)), head]
@@ -190,7 +185,7 @@ def ready_frame(rno: int, head: bytes, length: Optional[int], elapsed: Any,
     """A READY_RESPONSE frame: ``head`` (status line and header lines,
     each ending in CRLF, checked by the caller) and the first ``body``
     bytes, ending the response if ``end``; ``cache``, whether the app's
-    cache hit, for a peer that offered ``cache``."""
+    cache hit, if it said."""
     if elapsed is None:
         elapsed = -1.0
     else:

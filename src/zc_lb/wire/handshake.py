@@ -14,11 +14,11 @@ and hold a secret exactly when we do (``check_hello``), then prove it
 (``check_auth``, compared in constant time).  Until then it may send a
 Hello, then an Auth, each of at most HANDSHAKE_LIMIT bytes, and nothing
 else: an unauthenticated peer can make us buffer a kilobyte, not a
-résumé's 64 MiB.  Once open, it may send what its role sends and what
-we offered (``open_limits``): a worker accepts no résumé or response, an
-LB no request, and neither side a frame of a feature it did not offer.
-A feature is used only when the peer offers it, so that versions mix.
-No I/O: ``protocol.Connection`` drives these.
+résumé's 64 MiB.  Once open, it may send what its role sends
+(``open_limits``): a worker accepts no résumé or response, an LB no
+request.  What the features bring is part of every open connection: a
+peer without one never gets this far.  No I/O: ``protocol.Connection``
+drives these.
 """
 
 from __future__ import annotations
@@ -30,20 +30,15 @@ from typing import Dict, Final, Optional, Tuple
 
 from zc_lb.errors import AuthenticationError, RemoteProtocolError
 from zc_lb.wire.frames import (
-    HEAD,
     HEAD_REQUEST,
-    KEYS,
     LB_FEATURES,
-    READY,
     READY_RESPONSE,
     VERSION,
-    WHOLE,
     WHOLE_REQUEST,
     WHOLE_RESPONSE,
     WORKER_FEATURES,
     Auth,
     Hello,
-    Keys,
     Request,
     Response,
     Resume,
@@ -98,22 +93,14 @@ def check_auth(secret: bytes, ours: Hello, theirs: Hello, auth: Auth) -> None:
         raise AuthenticationError("peer failed the shared-secret challenge")
 
 
-def open_limits(role: str, features: Tuple[str, ...], limits: Dict[int, int]) -> Dict[int, int]:
+def open_limits(role: str, limits: Dict[int, int]) -> Dict[int, int]:
     """The frame types the peer may send us, of ``role``, once the
     handshake is done, each up to its payload limit in ``limits`` (every
-    type, as the decoder takes them): those the other role sends, of the
-    ``features`` we offered, and no second Hello or Auth."""
+    type, as the decoder takes them): those the other role sends, and no
+    second Hello or Auth."""
     refused = {Hello.TYPE, Auth.TYPE}  # once is enough
     if role == "worker":
         refused |= {Resume.TYPE, Response.TYPE, WHOLE_RESPONSE, READY_RESPONSE}
     else:
         refused |= {Request.TYPE, WHOLE_REQUEST, HEAD_REQUEST}
-    if WHOLE not in features:  # a peer must not send what we did not offer
-        refused |= {WHOLE_REQUEST, WHOLE_RESPONSE}
-    if READY not in features:
-        refused.add(READY_RESPONSE)
-    if HEAD not in features:
-        refused.add(HEAD_REQUEST)
-    if KEYS not in features:
-        refused.add(Keys.TYPE)
     return {mtype: limit for mtype, limit in limits.items() if mtype not in refused}

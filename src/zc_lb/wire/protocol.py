@@ -155,6 +155,11 @@ class Connection:
     the payload is buffered: a worker never accepts a résumé or a
     response, an LB never a request.
 
+    Features: our Hello offers our role's (``handshake.role_features``),
+    and the peer's must offer every one of its role's, each part of what
+    the two then send; ``features`` makes our Hello offer others, for a
+    test to be a peer of an older release.
+
     Request numbers: the LB numbers its requests 1, 2, ... (``start_request``);
     a worker refuses a number that does not increase.  A frame for a
     number that has ended here (a cancel crossing the peer's last frames)
@@ -190,14 +195,7 @@ class Connection:
         self.window = window
         self.phase = HANDSHAKE
         self.our_hello = new_hello(role, secret, app_version, features)
-        features = self.our_hello.features
         self.peer_hello: Optional[Hello] = None
-        self.whole = False  # send whole frames: the peer offered them
-        self.timing = False  # say the application's seconds: the peer offered it
-        self.ready = False  # send response heads ready for the client: the LB offered it
-        self.relay = False  # send requests as HEAD_REQUEST frames: the worker offered it
-        self.keys = False  # send Keys: the peer offered it
-        self.cache = False  # say whether the app's cache hit: the LB offered it
         self.streams: Dict[int, Stream] = {}
         self.last_rno = 0
         self.pings = 0  # Pings received, all told
@@ -209,9 +207,7 @@ class Connection:
         self._eof = False
         self._out: List[bytes] = [encode(self.our_hello)]
         self._decoder = Decoder(max_body, max_message, max_resume)
-        if CACHE in features:
-            self._decoder.ready_flags = READY_FLAGS
-        self._open_limits = open_limits(role, features, self._decoder.limits)
+        self._open_limits = open_limits(role, self._decoder.limits)
         self._decoder.allow({Hello.TYPE: HANDSHAKE_LIMIT}, " before the handshake")
 
     def __repr__(self) -> str:
@@ -298,12 +294,6 @@ class Connection:
     def _hello(self, theirs: Hello) -> Optional[Event]:
         check_hello(self.our_hello, theirs)
         self.peer_hello = theirs
-        self.whole = WHOLE in theirs.features
-        self.timing = TIMING in theirs.features
-        self.ready = READY in theirs.features and theirs.role == "lb"
-        self.relay = HEAD in theirs.features and theirs.role == "worker"
-        self.keys = KEYS in theirs.features
-        self.cache = CACHE in theirs.features and self.ready
         if self.secret is None:
             return self._open()
         self._out.append(encode(Auth(auth_digest(self.secret, theirs.nonce, self.role))))
@@ -359,10 +349,9 @@ class Connection:
     def start_request(self, environ: Optional[Dict[str, str]], end: bool = False,
                       head: Optional[bytes] = None) -> Tuple[int, bytes]:
         """LB side: a new request's number and its bytes (the whole request
-        when ``end``: it has no body): its ``environ``, or, for a worker
-        that takes them (``relay``), the payload of a HEAD_REQUEST frame
-        (``relay.Relay.payload``, which says ``end`` too).  MessageTooLarge
-        changes nothing."""
+        when ``end``: it has no body): the payload of a HEAD_REQUEST frame
+        (``relay.Relay.payload``, which says ``end`` too), or else its
+        ``environ``.  MessageTooLarge changes nothing."""
         if self.phase not in (OPEN_PHASE, CLOSING):
             raise LocalProtocolError("cannot send Request while %s" % self.phase)
         if self.role != "lb":
@@ -373,14 +362,12 @@ class Connection:
         if rno > MAX_RNO:
             raise LocalProtocolError("request number %d after %d" % (rno, self.last_rno))
         if head is not None:
-            if not self.relay:
-                raise LocalProtocolError("the worker does not take head requests")
             data = head_request_frame(rno, head)
         elif environ is None:
             raise LocalProtocolError("a request needs an environ or a head")
         else:
             try:
-                data = request_frames(rno, environ, end, self.whole)
+                data = request_frames(rno, environ, end)
             except (ValueError, TypeError) as exc:  # (orjson: keys or values not strings)
                 raise LocalProtocolError("cannot encode the request environ: %s" % exc)
         self.last_rno = rno
@@ -401,10 +388,10 @@ class Connection:
             return self.start_request(message.environ, message.end)[1]
         if isinstance(message, Response):
             started = self._response_stream(message.rno, len(message.body))
-            data = encode(message, self.whole)
+            data = encode(message)
             self._response_sent(started, len(message.body), message.end)
             return data
-        data = encode(message, self.whole)  # first: a message too large changes nothing
+        data = encode(message)  # first: a message too large changes nothing
         rno = getattr(message, "rno", 0)
         if not rno:
             self._connection_message_sent(type(message))
@@ -423,8 +410,6 @@ class Connection:
         if mtype is GoAway:
             self.we_go_away = True
             self.phase = CLOSING
-        elif mtype is Keys and not self.keys:
-            raise LocalProtocolError("the peer did not offer %r" % KEYS)
         elif mtype not in (Ping, Pong, Keys) and not (
                 mtype is Resume and self.role == "worker"):
             raise LocalProtocolError("a%s %s cannot send %s" % (
@@ -447,12 +432,11 @@ class Connection:
     def respond(self, rno: int, status: str, headers: List[Tuple[str, str]],
                 body: bytes = b"", end: bool = False,
                 elapsed: Optional[float] = None, cache: Optional[bool] = None) -> bytes:
-        """Worker side: the bytes of Response(status, headers, body, end),
-        one whole frame when it ends and the peer takes them, with the
-        application's ``elapsed`` seconds when the peer offered
-        ``timing``, and whether its ``cache`` hit when it offered
-        ``cache``; the checks of ``send``, made before anything changes
-        (the whole response is refused or sent)."""
+        """Worker side: the bytes of a response's start, its head ready
+        for the client, with the first ``body`` bytes, ending it if
+        ``end``, with the application's ``elapsed`` seconds and whether
+        its ``cache`` hit (if it said); the checks of ``send``, made
+        before anything changes (the whole response is refused or sent)."""
         if self.phase not in (OPEN_PHASE, CLOSING):
             raise LocalProtocolError("cannot send Response while %s" % self.phase)
         if type(body) is not bytes:
@@ -461,15 +445,7 @@ class Connection:
             except TypeError as exc:
                 raise LocalProtocolError("cannot send body %r: %s" % (type(body), exc))
         stream = self._response_stream(rno, len(body))
-        if self.ready:
-            data = ready_response(rno, status, headers, body, end, elapsed,
-                                  cache if self.cache else None)
-        else:
-            try:
-                payload = response_payload(status, headers, elapsed if self.timing else None)
-            except (ValueError, TypeError) as exc:
-                raise LocalProtocolError("cannot encode the response to %d: %s" % (rno, exc))
-            data = response_frames(rno, payload, body, end, self.whole)
+        data = ready_response(rno, status, headers, body, end, elapsed, cache)
         self._response_sent(stream, len(body), end)
         return data
 
