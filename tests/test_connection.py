@@ -10,7 +10,7 @@ from zc_lb.wire.connection import Connection, Handler
 from zc_lb.sockets import send_pieces, unsent
 from zc_lb.errors import (AuthenticationError, BadResponse, ConnectionLost, RequestCancelled,
                           ResponseHeadTooLarge, WorkerLost)
-from zc_lb.wire.protocol import WINDOW, Body, End, Response
+from zc_lb.wire.protocol import WINDOW, Body, End
 from zc_lb.testing import connection_pair, read_body, read_response
 
 
@@ -43,7 +43,7 @@ def echo(exchange):
     """Answer with the request body."""
     exchange.receive()  # the Request
     body = read_body(exchange, None)
-    exchange.send(Response(exchange.rno, "200 OK", []))
+    exchange.respond("200 OK", [])
     exchange.send_body(body)
     exchange.send(End(exchange.rno))
 
@@ -89,7 +89,7 @@ def test_a_slow_consumer_stalls_only_its_own_request(pair):
     def flood(exchange):
         exchange.receive()
         if exchange.rno == 1:
-            exchange.send(Response(exchange.rno, "200 OK", []))
+            exchange.respond("200 OK", [])
             exchange.send_body(b"x" * (4 * WINDOW))  # blocks: nobody consumes
             sent.set()
             exchange.send(End(exchange.rno))
@@ -118,8 +118,7 @@ def test_an_upload_waiting_for_credit_and_its_owner_waiting_for_the_answer_both_
     def echo_slowly(exchange):
         exchange.receive()
         body = read_body(exchange, None)
-        exchange.send(Response(exchange.rno, "200 OK", []), Body(exchange.rno, body[:5]),
-                      End(exchange.rno))
+        exchange.respond("200 OK", [], body[:5], end=True)
 
     lb, worker, _, _ = pair(echo_slowly)
     exchange = lb.open_request({"REQUEST_METHOD": "POST"}, end=False)
@@ -142,7 +141,7 @@ def test_a_wait_for_the_answer_times_out_and_leaves_the_exchange_usable(pair):
     def answer_when_released(exchange):
         exchange.receive()
         released.wait()
-        exchange.send(Response(exchange.rno, "200 OK", []), End(exchange.rno))
+        exchange.respond("200 OK", [], end=True)
 
     lb, worker, _, _ = pair(answer_when_released)
     exchange = lb.open_request({})
@@ -154,8 +153,7 @@ def test_a_wait_for_the_answer_times_out_and_leaves_the_exchange_usable(pair):
 
 def echo_after_request(exchange):
     body = read_body(exchange, None)
-    exchange.send(Response(exchange.rno, "200 OK", []), Body(exchange.rno, body),
-                  End(exchange.rno))
+    exchange.respond("200 OK", [], body, end=True)
 
 
 def test_cancel_reaches_the_other_side(pair):
@@ -225,20 +223,28 @@ def test_body_past_the_credit_is_a_protocol_violation(pair):
     assert "past the credit" in str(error)
 
 
-def test_a_frame_that_breaks_the_protocol_fails_its_request_as_a_bad_response(pair):
-    # An older worker sends a response head over the frame limit: the
-    # connection drops, but that request must not be retried elsewhere
-    # (BadResponse), while the others were merely lost with it.
-    import struct
-
+@pytest.mark.parametrize("frame, error", [
+    # A head that would end early and pass its body as a second response.
+    (lambda rno: protocol.ready_frame(rno, b"HTTP/1.1 200 OK\r\n\r\nHTTP/1.1 200 OK\r\n",
+                                      None, None, b"", True), "malformed ready response head"),
+    # A response head as JSON, which releases before ready heads sent.
+    (lambda rno: protocol.HEADER.pack(rno, protocol.JSON_RESPONSE, 14) + b'["200 OK", []]',
+     "frame type 13, a response head as JSON, is not taken"),
+])
+def test_a_frame_that_breaks_the_protocol_fails_its_request_as_a_bad_response(
+        pair, caplog, frame, error):
+    # The connection drops, saying why in the log, but that request must
+    # not be retried elsewhere (BadResponse), while the others were
+    # merely lost with it.
     lb, worker, lb_handler, _ = pair(respond=None)
     culprit, bystander = lb.open_request({}, end=True), lb.open_request({}, end=True)
-    head = protocol.MAX_MESSAGE + 1
-    worker.write(struct.pack("!IBI", culprit.rno, Response.TYPE, head) + b"[" * head)
-    with pytest.raises(BadResponse, match="broke the protocol"):
+    worker.write(frame(culprit.rno))
+    with pytest.raises(BadResponse, match="broke the protocol answering it: " + error):
         culprit.receive(timeout=3)
     with pytest.raises(WorkerLost):
         bystander.receive(timeout=3)
+    [line] = [r.getMessage() for r in caplog.records if "protocol error" in r.getMessage()]
+    assert line.startswith("protocol error from worker, disconnecting: " + error)
 
 
 def test_a_response_head_too_large_for_a_frame_is_refused_before_anything_is_sent(pair):

@@ -1,7 +1,7 @@
 """Tests for zc_lb.wire's frames, encoder and decoder on their own: what
 encode refuses, the limits and request numbers of whole and ready frames,
-ready frames' fields, Decoder.allow, the request an error names, and the
-decoder's buffer across many frames.
+ready frames' fields, response heads as JSON refused, Decoder.allow, the
+request an error names, and the decoder's buffer across many frames.
 
 Round trips of every message type, whole and byte by byte, and arbitrary
 chunkings are in test_protocol.py; these tests cover what it does not.
@@ -14,11 +14,11 @@ import random
 import pytest
 
 from zc_lb.wire import frames
-from zc_lb.errors import LocalProtocolError, RemoteProtocolError, ResponseHeadTooLarge
+from zc_lb.errors import LocalProtocolError, RemoteProtocolError
 from zc_lb.wire.decoder import COMPACT_AT, COPY_ONCE_AT, NEED_DATA, STREAM_AT, Decoder, head_fields
 from zc_lb.wire.encoder import encode, ready_frame
-from zc_lb.wire.frames import (HEADER, MAX_BODY, MAX_MESSAGE, READY_PREFIX, READY_RESPONSE,
-                          WHOLE_REQUEST, WHOLE_RESPONSE, Body, Credit, End, Hello,
+from zc_lb.wire.frames import (HEAD_REQUEST, HEADER, MAX_BODY, MAX_MESSAGE, READY_PREFIX,
+                          READY_RESPONSE, RETIRED, WHOLE_REQUEST, Body, Credit, End, Hello,
                           Ping, Pong, Request, Response, Resume)
 
 
@@ -64,9 +64,9 @@ def refused(data: bytes, **limits: int) -> RemoteProtocolError:
     End(-1),
     Body(1, "text, not bytes"),  # type: ignore[arg-type]
     Hello(2**64, "lb", "n"),  # over what JSON carries here
-    Response(1, "200 OK", [("Content-Length", 5)]),  # type: ignore[list-item]
-    Response(1, "200 OK", [("A", "b", "c")]),  # type: ignore[list-item]
-    Response(1, "200 OK", [], "text, not bytes", True),  # type: ignore[arg-type]
+    Response(1, "200 OK", "HTTP/1.1 200 OK\r\n"),  # type: ignore[arg-type]
+    Response(1, "200 OK", b"HTTP/1.1 200 OK\r\n", "text, not bytes", True),  # type: ignore[arg-type]
+    Response(1, "200 OK", b"HTTP/1.1 200 OK\r\n", b"", True, -1.0),
 ], ids=lambda m: repr(m)[:50])
 def test_encode_refuses_what_cannot_be_framed_as_a_local_protocol_error(message):
     with pytest.raises(LocalProtocolError):
@@ -81,23 +81,13 @@ def test_a_resume_with_a_score_that_is_not_finite_is_refused_before_sending(scor
         encode(Resume({"a": 1.0, "b": score}))
 
 
-def test_a_json_response_head_over_the_frame_limit_is_refused_before_sending():
-    big = Response(1, "200 OK", [("X", "y" * MAX_MESSAGE)], b"", True)
-    with pytest.raises(ResponseHeadTooLarge):
-        encode(big)
-    # One that fits goes.
-    fits = Response(1, "200 OK", [("X", "y" * (MAX_MESSAGE - 100))], b"", True)
+def test_the_apps_time_goes_exactly():
+    head = b"HTTP/1.1 200 OK\r\n"
     decoder = Decoder()
-    decoder.receive_data(encode(fits))
-    assert drain(decoder)[0] == Response(1, "200 OK", fits.headers, end=True)
-
-
-def test_the_apps_time_is_sent_to_the_microsecond():
-    decoder = Decoder()
-    decoder.receive_data(encode(Response(3, "200 OK", [], b"x", True, 1.23456789))
-                         + encode(Response(4, "200 OK", [], b"x", True, 0.0)))
+    decoder.receive_data(encode(Response(3, "200 OK", head, b"x", True, 1.23456789))
+                         + encode(Response(4, "200 OK", head, b"x", True, 0.0)))
     times = [m.elapsed for m in drain(decoder) if isinstance(m, Response)]
-    assert times == [1.234568, 0.0]
+    assert times == [1.23456789, 0.0]
 
 
 def test_a_resume_of_ints_and_floats_decodes_to_floats_only():
@@ -121,7 +111,7 @@ def test_a_hello_with_malformed_features_or_app_version_is_refused(hello):
 # -- whole and ready frames: request numbers and limits ---------------------------
 
 
-@pytest.mark.parametrize("mtype", [WHOLE_REQUEST, WHOLE_RESPONSE, READY_RESPONSE])
+@pytest.mark.parametrize("mtype", [WHOLE_REQUEST, READY_RESPONSE, HEAD_REQUEST])
 def test_whole_and_ready_frames_with_request_number_0_are_refused(mtype):
     error = refused(HEADER.pack(0, mtype, 0))
     assert "request number 0" in str(error)
@@ -129,7 +119,6 @@ def test_whole_and_ready_frames_with_request_number_0_are_refused(mtype):
 
 @pytest.mark.parametrize("mtype, limit, small_limit", [
     (WHOLE_REQUEST, MAX_MESSAGE, 10),
-    (WHOLE_RESPONSE, 4 + MAX_MESSAGE + MAX_BODY, 4 + 10 + 20),
     (READY_RESPONSE, READY_PREFIX.size + MAX_MESSAGE + MAX_BODY, READY_PREFIX.size + 10 + 20),
 ])
 def test_whole_and_ready_frames_over_their_limits_are_refused_from_the_header_alone(
@@ -151,7 +140,7 @@ def test_a_response_time_the_lb_would_refuse_is_refused_before_sending(elapsed):
     # The LB drops the whole connection over a malformed response time.
     head = b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n"
     for make in (lambda: ready_frame(1, head, 1, elapsed, b"x", True),
-                 lambda: encode(Response(1, "200 OK", [], b"x", True, elapsed))):
+                 lambda: encode(Response(1, "200 OK", head, b"x", True, elapsed))):
         with pytest.raises(LocalProtocolError, match="response time"):
             make()
     ready_frame(1, head, 1, 1e9 - 1, b"x", True)  # (the largest a peer takes)
@@ -166,8 +155,7 @@ def test_a_ready_frame_keeps_a_zero_length_and_a_zero_time_apart_from_none():
     assert (zero.length, zero.elapsed, zero.end) == (0, 0.0, False)
     assert (none.length, none.elapsed, none.end) == (None, None, True)
     for response in (zero, none):
-        assert (response.status, response.headers, response.head, response.body) == (
-            "204 No Content", [], head, b"")
+        assert (response.status, response.head, response.body) == ("204 No Content", head, b"")
 
 
 def test_a_ready_frame_carries_the_first_body_bytes_after_the_head():
@@ -185,6 +173,22 @@ def test_head_fields_are_the_header_lines_with_values_stripped():
                                  ("Empty", "")]
     assert head_fields(b"HTTP/1.1 200 OK\r\n") == []
     assert head_fields(b"HTTP/1.1 200 OK\r\nX: \xe9\r\n") == [("X", "\u00e9")]  # latin-1
+
+
+@pytest.mark.parametrize("mtype", sorted(RETIRED))
+def test_a_response_head_as_json_is_refused_from_its_header_saying_what_it_was(mtype):
+    # (frame types 13 and 17 of the releases before ready heads)
+    head = b'["200 OK", [["A", "b"]]]'
+    payload = head if mtype == 13 else len(head).to_bytes(4, "big") + head + b"body"
+    for data in (HEADER.pack(1, mtype, len(payload)),
+                 HEADER.pack(1, mtype, len(payload)) + payload):
+        error = refused(data)
+        assert str(error) == (
+            "frame type %d, %s, is not taken: a worker sends a response head ready for the "
+            "client (READY_RESPONSE)" % (mtype, RETIRED[mtype]))
+        assert error.rno == 1
+    assert RETIRED == {13: "a response head as JSON",
+                       17: "a whole response with its head as JSON"}
 
 
 # -- the decoder -------------------------------------------------------------------

@@ -48,7 +48,6 @@ from zc_lb.errors import (
     ZcLbError,
 )
 from zc_lb.front.h1 import BODILESS_STATUS, HOP_BY_HOP_KEYS
-from zc_lb.front.httpparse import HOP_BY_HOP
 from zc_lb.front.forwarder import Responder
 from zc_lb.front.pages import ErrorPages, status_line
 from zc_lb.lb.outlier import Ejector
@@ -326,15 +325,12 @@ class LB:
 
     def _start(self, connection: Connection, response: Response, environ: dict,
                responder: Responder) -> Optional[int]:
-        """Start the client's response; the body length to hold the worker to."""
+        """Start the client's response, its head as the worker made it
+        ready for the client; the body length to hold the worker to."""
         code = response.status[:3]
         self._count_answer(connection, code, environ)
-        if response.head is not None:  # ready for the client: the worker checked it
-            length = response.length
-            responder.start_ready(response.status, response.head, length)
-        else:  # (a worker one protocol version older)
-            headers, length = _response_fields(response.headers, code)
-            start_response(responder, response.status, headers)
+        length = response.length
+        responder.start_ready(response.status, response.head, length)
         if code in BODILESS_STATUS or environ["REQUEST_METHOD"] == "HEAD":
             return 0
         return length
@@ -455,30 +451,13 @@ class WSGIResponder:
         self.sock: Any = None
 
     def start_ready(self, status: str, head: bytes, length: Optional[int]) -> Callable:
-        return start_response(self, status, head_fields(head))
-
-
-def start_response(responder: Responder, status: str, headers: list) -> Callable:
-    """Start a worker's response with fields, as WSGI does; a status or
-    field the front refuses is the worker's fault (BadResponse)."""
-    try:
-        return responder.start_response(status, headers)
-    except Exception as exc:
-        raise BadResponse("worker sent a response head HTTP forbids: %s" % exc)
-
-
-def _response_fields(fields: list, code: str) -> Tuple[list, Optional[int]]:
-    """A worker's response fields less the hop-by-hop ones (and a
-    bodiless status's Content-Length), and the Content-Length they say."""
-    headers, length = [], None
-    for name, value in fields:
-        lowered = name.lower()
-        if lowered in HOP_BY_HOP or (code in BODILESS_STATUS and lowered == "content-length"):
-            continue
-        if lowered == "content-length":
-            length = _content_length(value)
-        headers.append((name, value))
-    return headers, length
+        """Start the response with the head's fields, as WSGI does; a
+        status or field the server refuses is the worker's fault
+        (BadResponse)."""
+        try:
+            return self.start_response(status, head_fields(head))
+        except Exception as exc:
+            raise BadResponse("worker sent a response head HTTP forbids: %s" % exc)
 
 
 def _request_path(environ: dict) -> str:
@@ -503,16 +482,6 @@ def _has_body(environ: dict, limit: Optional[int]) -> bool:
     if limit is not None and size > limit:
         raise RequestTooLarge("Content-Length %d is over the limit of %d" % (size, limit))
     return size > 0
-
-
-def _content_length(value: str) -> Optional[int]:
-    try:
-        length = int(value)
-    except ValueError:
-        raise BadResponse("worker sent Content-Length %r" % value)
-    if length < 0:
-        raise BadResponse("worker sent Content-Length %r" % value)
-    return length
 
 
 def _forwarded_environ(environ: dict, rclass: str) -> Dict[str, str]:

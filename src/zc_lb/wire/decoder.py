@@ -28,7 +28,6 @@ from zc_lb.wire.frames import (
     CONNECTION_TYPES,
     CREDIT_PAYLOAD,
     FRAME_NAMES,
-    HEAD_LENGTH,
     HEAD_REQUEST,
     HEADER,
     HEADER_SIZE,
@@ -42,8 +41,8 @@ from zc_lb.wire.frames import (
     READY_MISS,
     READY_PREFIX,
     READY_RESPONSE,
+    RETIRED,
     WHOLE_REQUEST,
-    WHOLE_RESPONSE,
     Auth,
     Body,
     Cancel,
@@ -59,7 +58,6 @@ from zc_lb.wire.frames import (
     Response,
     Resume,
     checked_keys,
-    good_elapsed,
     is_number,
 )
 
@@ -153,34 +151,6 @@ def _decode_request(rno: int, payload: bytes) -> Request:
     return Request(rno, _string_dict(_load_json(payload, "request"), "environ"))
 
 
-def _response_head(payload) -> Tuple[str, List[Tuple[str, str]], Optional[float]]:
-    """Status, headers and, from a worker that offers ``timing``, the
-    application's seconds: ``[status, headers]`` or ``[status, headers,
-    elapsed]``."""
-    obj = _load_json(payload, "response")
-    if not (isinstance(obj, list) and len(obj) in (2, 3) and isinstance(obj[0], str)
-            and isinstance(obj[1], list)):
-        raise RemoteProtocolError("malformed response start")
-    elapsed = None
-    if len(obj) == 3:
-        elapsed = obj[2]
-        if not good_elapsed(elapsed):
-            raise RemoteProtocolError("malformed response time %r" % (elapsed,))
-        elapsed = float(elapsed)
-    headers = []
-    for header in obj[1]:
-        if not (isinstance(header, list) and len(header) == 2
-                and isinstance(header[0], str) and isinstance(header[1], str)):
-            raise RemoteProtocolError("malformed response header %r" % (header,))
-        headers.append((header[0], header[1]))
-    return obj[0], headers, elapsed
-
-
-def _decode_response(rno: int, payload: bytes) -> Response:
-    status, headers, elapsed = _response_head(payload)
-    return Response(rno, status, headers, elapsed=elapsed)
-
-
 def _decode_whole_request(rno: int, payload: bytes) -> Request:
     return Request(rno, _string_dict(_load_json(payload, "request"), "environ"), True)
 
@@ -188,23 +158,6 @@ def _decode_whole_request(rno: int, payload: bytes) -> Request:
 def _decode_head_request(rno: int, payload: bytes) -> Request:
     environ, end = decode_head_request(payload)
     return Request(rno, environ, end)
-
-
-def _decode_whole_response(max_message: int, max_body: int, rno: int,
-                           payload: bytes) -> Response:
-    if len(payload) < HEAD_LENGTH.size:
-        raise RemoteProtocolError("whole response of %d bytes, without its head's length"
-                                  % len(payload))
-    (length,) = HEAD_LENGTH.unpack_from(payload)
-    start = HEAD_LENGTH.size + length
-    if start > len(payload):
-        raise RemoteProtocolError("whole response's head of %d bytes overruns its frame" % length)
-    if length > max_message or len(payload) - start > max_body:
-        raise RemoteProtocolError("whole response with a %d-byte head and a %d-byte body, "
-                                  "over the limits of %d and %d"
-                                  % (length, len(payload) - start, max_message, max_body))
-    status, headers, elapsed = _response_head(memoryview(payload)[HEAD_LENGTH.size:start])
-    return Response(rno, status, headers, payload[start:], True, elapsed)
 
 
 def _decode_ready_response(max_message: int, max_body: int, rno: int,
@@ -231,8 +184,8 @@ def _decode_ready_response(max_message: int, max_body: int, rno: int,
             or flags & (READY_HIT | READY_MISS) == READY_HIT | READY_MISS
             or not (elapsed == -1.0 or 0.0 <= elapsed < MAX_ELAPSED)):
         raise RemoteProtocolError("malformed ready response head %r" % head[:200])
-    return Response(rno, status, [], payload[start:], flags & READY_END != 0,
-                    None if elapsed == -1.0 else elapsed, head, None if length == -1 else length,
+    return Response(rno, status, head, payload[start:], flags & READY_END != 0,
+                    None if elapsed == -1.0 else elapsed, None if length == -1 else length,
                     None if not flags & (READY_HIT | READY_MISS) else flags & READY_HIT != 0)
 
 
@@ -290,13 +243,11 @@ _DECODERS = {
     Request.TYPE: _decode_request,
     Body.TYPE: lambda rno, payload: Body(rno, payload),
     End.TYPE: _decode_empty(End),
-    Response.TYPE: _decode_response,
     Cancel.TYPE: _decode_empty(Cancel),
     Credit.TYPE: _decode_credit,
     WHOLE_REQUEST: _decode_whole_request,
     HEAD_REQUEST: _decode_head_request,
-    WHOLE_RESPONSE: None,  # (``Decoder._decode``: with the decoder's limits)
-    READY_RESPONSE: None,  # (the same)
+    READY_RESPONSE: None,  # (``Decoder._decode``: with the decoder's limits)
 }
 
 
@@ -322,7 +273,6 @@ class Decoder:
         limits = {mtype: max_message for mtype in _DECODERS}
         limits[Body.TYPE] = max_body
         limits[Resume.TYPE] = max_resume
-        limits[WHOLE_RESPONSE] = HEAD_LENGTH.size + max_message + max_body
         limits[READY_RESPONSE] = READY_PREFIX.size + max_message + max_body
         self.allow(limits)
 
@@ -417,6 +367,10 @@ class Decoder:
             if mtype in _DECODERS:
                 raise RemoteProtocolError("%s frame not allowed%s" % (
                     FRAME_NAMES[mtype], self._why))
+            if mtype in RETIRED:
+                raise RemoteProtocolError(
+                    "frame type %d, %s, is not taken: a worker sends a response head ready "
+                    "for the client (READY_RESPONSE)" % (mtype, RETIRED[mtype]))
             raise RemoteProtocolError("unknown frame type %d" % mtype)
         if length > limit:
             raise RemoteProtocolError(
@@ -432,8 +386,6 @@ class Decoder:
             return _decode_head_request(rno, payload)
         if mtype == WHOLE_REQUEST:
             return _decode_whole_request(rno, payload)
-        if mtype == WHOLE_RESPONSE:
-            return _decode_whole_response(self._max_message, self._max_body, rno, payload)
         return _DECODERS[mtype](rno, payload)
 
     def _stream(self, rno: int, start: int, length: int) -> Union[Message, NeedData]:

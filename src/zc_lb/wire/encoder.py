@@ -2,18 +2,18 @@
 
 ``encode`` makes any message's frames; the hot path's frames have their
 own functions (``request_frames``, ``head_request_frame``,
-``response_frames``, ``ready_frame``), and ``body_header`` a large Body
+``ready_response``, ``ready_frame``), and ``body_header`` a large Body
 chunk's header alone, for its bytes to go out as they are, not copied
 into one frame with it.
 
 Rules: what the peer would refuse is refused here, before a byte is
-sent, as our own code's fault (LocalProtocolError): a header that is not
-a pair of strings, a score that is not finite, a response time out of
-range, a key hash past 64 bits.  A structured payload over MAX_MESSAGE
-would make the peer drop the whole connection: it raises MessageTooLarge
-(a request) or ResponseHeadTooLarge (a response), which cost that
-request alone.  Structured payloads are JSON (orjson); never marshal or
-pickle.
+sent, as our own code's fault (LocalProtocolError): a score that is not
+finite, a response time out of range, a key hash past 64 bits; a
+response head HTTP forbids is the application's (BadResponseHead).  A
+request head or response head over MAX_MESSAGE would make the peer drop
+the whole connection: it raises MessageTooLarge (a request) or
+ResponseHeadTooLarge (a response), which cost that request alone.
+Structured payloads are JSON (orjson); never marshal or pickle.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from zc_lb.errors import (BadResponseHead, LocalProtocolError, MessageTooLarge,
 from zc_lb.front.h1 import ready_head
 from zc_lb.wire.frames import (
     CREDIT_PAYLOAD,
-    HEAD_LENGTH,
     HEAD_REQUEST,
     HEADER,
     MAX_ELAPSED,
@@ -41,7 +40,6 @@ from zc_lb.wire.frames import (
     READY_RESPONSE,
     READY_START,
     WHOLE_REQUEST,
-    WHOLE_RESPONSE,
     Auth,
     Body,
     Cancel,
@@ -73,8 +71,8 @@ def _frame(rno: int, mtype: int, payload: bytes) -> bytes:
 
 
 def encode(message: Any) -> bytes:
-    """The bytes of one message, header included: a Request or Response
-    with ``end`` as one whole frame."""
+    """The bytes of one message, header included: a Request with ``end``
+    as one whole frame, a Response (its head made) as a ready one."""
     try:
         return _encode(message)
     except (struct.error, ValueError, TypeError) as exc:
@@ -91,9 +89,8 @@ def _encode(message: Any) -> bytes:
     if isinstance(message, Request):
         return request_frames(message.rno, message.environ, message.end)
     if isinstance(message, Response):
-        return response_frames(message.rno, response_payload(message.status, message.headers,
-                                                               message.elapsed),
-                                message.body, message.end)
+        return ready_frame(message.rno, message.head, message.length, message.elapsed,
+                           message.body, message.end, message.cache)
     if isinstance(message, (Ping, Pong)):
         return HEADER.pack(0, message.TYPE, 0)
     if isinstance(message, Resume):
@@ -137,39 +134,6 @@ def head_request_frame(rno: int, payload: bytes) -> bytes:
         raise MessageTooLarge("request head of %d bytes, over the frame limit of %d"
                               % (len(payload), MAX_MESSAGE))
     return HEADER.pack(rno, HEAD_REQUEST, len(payload)) + payload
-
-
-def response_payload(status: Any, headers: List[Any],
-                      elapsed: Any = None) -> bytes:
-    # orjson writes tuples as arrays: no list(h) copy per header.  Names
-    # and values must be strings, as the peer checks.
-    for header in headers:
-        if len(header) != 2 or type(header[0]) is not str or type(header[1]) is not str:
-            raise LocalProtocolError("response header %r is not a pair of strings" % (header,))
-    if elapsed is None:
-        head = _json([status, headers])
-    else:
-        _check_elapsed(elapsed)
-        head = _json([status, headers, round(elapsed, 6)])
-    if len(head) > MAX_MESSAGE:  # the LB would drop the whole connection
-        raise ResponseHeadTooLarge("response head of %d bytes, over the frame limit of %d"
-                                   % (len(head), MAX_MESSAGE))
-    return head
-
-
-def response_frames(rno: int, head: bytes, body: bytes, end: bool) -> bytes:
-    if type(body) is not bytes:
-        raise LocalProtocolError("response body must be bytes, not %s" % type(body).__name__)
-    pack = HEADER.pack
-    if end:
-        return b"".join((pack(rno, WHOLE_RESPONSE, HEAD_LENGTH.size + len(head) + len(body)),
-                         HEAD_LENGTH.pack(len(head)), head, body))
-    parts = [pack(rno, Response.TYPE, len(head)), head]
-    if body:
-        parts += (pack(rno, Body.TYPE, len(body)), body)
-    if end:
-        parts.append(pack(rno, End.TYPE, 0))
-    return b"".join(parts)
 
 
 def _check_elapsed(elapsed: object) -> None:

@@ -15,52 +15,51 @@ Request number 0 is the connection itself (hello, auth, résumé, ping,
 pong, goaway, keys); any other number names one request, chosen by the
 LB, increasing, never reused on a connection.
 
-Payloads: body chunks travel as raw bytes; credit as a u32; everything
-structured (hello, auth, résumé, environ, status and headers, goaway) as
-JSON.  Never marshal or pickle: a worker port must not be a way to run
+Payloads: body chunks travel as raw bytes; credit as a u32; a response
+head as HTTP/1.1's bytes; everything structured (hello, auth, résumé,
+environ, goaway, keys) as JSON.  Never marshal or pickle: a worker port must not be a way to run
 code.  Structured payloads are capped at ``max_message`` bytes (the
 résumé at ``max_resume``), body chunks at ``max_body``; a frame over its
 cap is refused from its header, before its payload is buffered.
 
-Whole frames: most requests have no body and most responses fit one
-frame, so when both Hellos offer the feature ``whole``, a request
-without a body is one frame (``WHOLE_REQUEST``: the environ, then the
-request ends) and a response sent entire is one frame (``WHOLE_RESPONSE``:
-a u32 length, the status and headers, then the body; then it ends), not
-three.  The receiver sees one ``Request`` or ``Response`` message with
-``end`` set (and the response's ``body``).  A peer that does not offer
-it (an older version) gets and sends the separate frames, so mixed
-versions still talk.
+Features: each side's Hello lists the features it sends and takes
+(``LB_FEATURES``, ``WORKER_FEATURES``), and a peer must list every one
+of its role's (``wire/handshake.py``): what follows is part of every
+connection.
 
-Ready response heads: when the LB's Hello offers the feature ``ready``,
-a worker sends a response's start as one ``READY_RESPONSE`` frame whose
-head is ready for the client: the status line and header lines in
-HTTP/1.1's bytes, checked by the worker against response splitting (it
-is authenticated), with what the LB needs in a fixed prefix (flags: the
-response ends here; the Content-Length the head says, -1 for none; the
+Whole requests (``whole``): most requests have no body, and such a
+request is one frame (``WHOLE_REQUEST``: the environ, then the request
+ends), not a Request and an End.  The receiver sees one ``Request``
+with ``end`` set.
+
+Ready response heads (an LB's ``ready``, ``timing``, ``cache`` and
+``whole``): a worker sends a response's start as one ``READY_RESPONSE``
+frame whose head is ready for the client: the status line and header
+lines in HTTP/1.1's bytes, checked by the worker against response
+splitting (it is authenticated), with what the LB needs in a fixed
+prefix (flags: the response ends here, the application's cache hit
+or missed; the Content-Length the head says, -1 for none; the
 application's seconds, -1 for unknown; the head's length), then the
-head, then the first body bytes.  The LB adds only its own lines
-(Connection, the body's framing) and writes head and body to the client
-in one send: no JSON of headers decoded, re-checked and encoded again
-per response.  The message is a ``Response`` whose ``head`` and
-``length`` are set and whose ``headers`` are empty; ``head_fields``
-parses the fields back for a reader that wants them.  An LB that does
-not offer it (an older version) gets JSON heads.
+head, then the first body bytes, the whole response when it fits.  The
+LB adds only its own lines (Connection, the body's framing) and writes
+head and body to the client in one send: no JSON of headers decoded,
+re-checked and encoded again per response.  The message is a
+``Response`` whose ``head`` and ``length`` are set; ``head_fields``
+parses the fields back for a reader that wants them.  A frame with a
+response head as JSON (``RETIRED``), which no peer that passes the
+handshake sends, is refused.
 
-Head requests: when a worker's Hello offers the feature ``head``, the
-LB sends a request's start as one ``HEAD_REQUEST`` frame: the request
-head as the LB's front checked it, with the client connection's facts
-and the request's class (lb/relay.py says how), not a JSON environ; the
-worker builds the same variables from it.  The message is a ``Request``
-(with ``end`` set when the frame says the request has no body).  A
-worker that does not offer it (an older version) gets JSON environs.
+Head requests (a worker's ``head``): the LB sends a request's start as
+one ``HEAD_REQUEST`` frame: the request head as the LB's front checked
+it, with the client connection's facts and the request's class
+(lb/relay.py says how), not a JSON environ; the worker builds the same
+variables from it.  The message is a ``Request`` (with ``end`` set when
+the frame says the request has no body).  An LB run as a plain WSGI
+application, which has no such head, sends the environ as JSON.
 
-Keys: when both Hellos offer the feature ``keys``, an LB sends a worker,
-now and then, the keys it sent it since (``Keys``: JSON, class -> the
-keys' 64-bit hashes in the LB's book), and the worker sends the same to
-each of its other LBs that offered it.  A peer that does not offer it
-(an older version) gets none, and an LB that does not hear every
-worker's keys routes as several LBs always did.
+Keys (``keys``): an LB sends a worker, now and then, the keys it sent
+it since (``Keys``: JSON, class -> the keys' 64-bit hashes in the LB's
+book), and the worker sends the same to each of its other LBs.
 
 The messages and the frames' constants are here, with the checks of a
 field that hold both ways (``is_number``, ``good_elapsed``,
@@ -86,21 +85,27 @@ MAX_RNO: Final = 2**32 - 1
 HEADER: Final = struct.Struct("!IBI")
 HEADER_SIZE: Final = HEADER.size
 CREDIT_PAYLOAD: Final = struct.Struct("!I")
-HEAD_LENGTH: Final = struct.Struct("!I")  # of the status and headers in a WHOLE_RESPONSE
 
-WHOLE: Final = "whole"  # the Hello feature: whole requests and responses in one frame
+WHOLE: Final = "whole"  # the Hello feature: a whole request or response in one frame
 TIMING: Final = "timing"  # the Hello feature: a response head says the app's seconds
 READY: Final = "ready"  # the Hello feature: response heads ready for the client
 HEAD: Final = "head"  # the Hello feature: requests as their checked heads (lb/relay.py)
 KEYS: Final = "keys"  # the Hello feature: Keys frames, relayed between the LBs
 CACHE: Final = "cache"  # the Hello feature: a ready head says if the app's cache hit
-FEATURES: Final = (WHOLE, TIMING)  # what either side takes beyond version 1
-LB_FEATURES: Final = FEATURES + (READY, KEYS, CACHE)  # an LB takes ready heads, keys, cache
-WORKER_FEATURES: Final = FEATURES + (HEAD, KEYS)  # what a worker takes: head requests, keys
+FEATURES: Final = (WHOLE, TIMING)  # what either side's Hello lists first
+LB_FEATURES: Final = FEATURES + (READY, KEYS, CACHE)  # an LB's Hello: a worker requires them
+WORKER_FEATURES: Final = FEATURES + (HEAD, KEYS)  # a worker's Hello: an LB requires them
 MAX_KEY_HASH: Final = (1 << 64) - 1  # a key's hash in an LB's book is 64 bits
 WHOLE_REQUEST: Final = 16  # Request and End
-WHOLE_RESPONSE: Final = 17  # Response, Body and End
-READY_RESPONSE: Final = 18  # Response with a ready head, perhaps Body, perhaps End
+READY_RESPONSE: Final = 18  # Response (a ready head), perhaps Body, perhaps End
+JSON_RESPONSE: Final = 13  # refused: a response head as JSON
+WHOLE_RESPONSE: Final = 17  # refused: a JSON head, body and end in one frame
+# Frame types of releases before the features, which no peer that
+# passes the handshake sends: refused, saying what they were.
+RETIRED: Final[Dict[int, str]] = {
+    JSON_RESPONSE: "a response head as JSON",
+    WHOLE_RESPONSE: "a whole response with its head as JSON",
+}
 HEAD_REQUEST: Final = 19  # Request as its checked head, perhaps End (lb/relay.py)
 READY_PREFIX: Final = struct.Struct("!BqdI")  # flags, Content-Length, elapsed, head length
 READY_START: Final = struct.Struct("!IBIBqdI")  # HEADER and READY_PREFIX, packed at once
@@ -226,19 +231,19 @@ class End:
 @mypyc_attr(native_class=False)
 @dataclass
 class Response:
-    """Start of a response: status line and headers, perhaps the first
-    body bytes; with ``end``, the whole response."""
+    """Start of a response: its status, its head ready for the client
+    (the status line and header lines, each ending in CRLF), perhaps
+    the first body bytes; with ``end``, the whole response."""
 
     rno: int
     status: str
-    headers: List[Tuple[str, str]]
+    head: bytes = field(repr=False)
     body: bytes = field(default=b"", repr=False)
     end: bool = False
     elapsed: Optional[float] = None  # the application's seconds, if the worker said
-    head: Optional[bytes] = field(default=None, repr=False)  # ready for the client
-    length: Optional[int] = None  # with ``head``: the Content-Length it says, if any
+    length: Optional[int] = None  # the Content-Length the head says, if any
     cache: Optional[bool] = None  # the app's cache hit (True) or missed, if it said
-    TYPE = 13
+    TYPE = 18  # READY_RESPONSE
 
 
 @mypyc_attr(native_class=False)
@@ -272,8 +277,7 @@ REQUEST_TYPES: Final[Dict[int, type]] = {
 }
 FRAME_NAMES: Final[Dict[int, str]] = {
     mtype: cls.__name__ for mtype, cls in {**CONNECTION_TYPES, **REQUEST_TYPES}.items()}
-FRAME_NAMES.update({WHOLE_REQUEST: "whole Request", WHOLE_RESPONSE: "whole Response",
-                    READY_RESPONSE: "ready Response", HEAD_REQUEST: "head Request"})
+FRAME_NAMES.update({WHOLE_REQUEST: "whole Request", HEAD_REQUEST: "head Request"})
 
 
 # -- checks of a field, either way --------------------------------------

@@ -32,10 +32,8 @@ from zc_lb.errors import AuthenticationError, RemoteProtocolError
 from zc_lb.wire.frames import (
     HEAD_REQUEST,
     LB_FEATURES,
-    READY_RESPONSE,
     VERSION,
     WHOLE_REQUEST,
-    WHOLE_RESPONSE,
     WORKER_FEATURES,
     Auth,
     Hello,
@@ -100,7 +98,7 @@ def open_limits(role: str, limits: Dict[int, int]) -> Dict[int, int]:
     second Hello or Auth."""
     refused = {Hello.TYPE, Auth.TYPE}  # once is enough
     if role == "worker":
-        refused |= {Resume.TYPE, Response.TYPE, WHOLE_RESPONSE, READY_RESPONSE}
+        refused |= {Resume.TYPE, Response.TYPE}
     else:
         refused |= {Request.TYPE, WHOLE_REQUEST, HEAD_REQUEST}
     return {mtype: limit for mtype, limit in limits.items() if mtype not in refused}

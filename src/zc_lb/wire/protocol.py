@@ -39,8 +39,6 @@ from zc_lb.wire.encoder import (  # noqa: F401  (the same)
     ready_frame,
     ready_response,
     request_frames,
-    response_frames,
-    response_payload,
 )
 from zc_lb.wire.frames import (  # noqa: F401  (the same)
     Auth,
@@ -57,9 +55,9 @@ from zc_lb.wire.frames import (  # noqa: F401  (the same)
     HEAD,
     HEADER,
     HEADER_SIZE,
-    HEAD_LENGTH,
     HEAD_REQUEST,
     CACHE,
+    JSON_RESPONSE,
     KEYS,
     Keys,
     LB_FEATURES,
@@ -76,6 +74,7 @@ from zc_lb.wire.frames import (  # noqa: F401  (the same)
     Ping,
     Pong,
     REQUEST_TYPES,
+    RETIRED,
     Request,
     RequestMessage,
     Response,
@@ -377,8 +376,8 @@ class Connection:
 
     def send(self, message: Message) -> bytes:
         """The bytes of ``message``, after checking that we may send it.
-        A request starts with ``start_request``; a response, here or with
-        ``respond`` (a worker's, ready for the client where the LB takes it)."""
+        A request starts with ``start_request``; a response with
+        ``respond`` (from its status and headers), or here (its head made)."""
         if self.phase not in (OPEN_PHASE, CLOSING):
             raise LocalProtocolError("cannot send %s while %s" % (type(message).__name__, self.phase))
         if isinstance(message, Request):
