@@ -54,8 +54,8 @@ from 0.173-0.198 to 0.114-0.125, and ``many_lbs`` with 2 from 4.16 to
 (``mixed_fleet`` with 2 LBs: 667-697 requests a second against 779-812
 with separate books) unless members count how busy they are
 (``busy_members``: 820-834).  ``separate_books`` turns it off.
-Without relays (a worker of the version before, or the setting) LBs
-keep different books, so they go by rendezvous alone and still agree.
+Without relays (the setting) LBs keep different books, so they go by
+rendezvous alone and still agree.
 A key sent to two workers within one relay may be booked at either:
 both hold its data for a while.  The cost: booking a relayed key takes
 0.09 us compiled and decoding it 0.05, and each LB books the keys of

@@ -100,8 +100,8 @@ WHOLE_REQUEST: Final = 16  # Request and End
 READY_RESPONSE: Final = 18  # Response (a ready head), perhaps Body, perhaps End
 JSON_RESPONSE: Final = 13  # refused: a response head as JSON
 WHOLE_RESPONSE: Final = 17  # refused: a JSON head, body and end in one frame
-# Frame types of releases before the features, which no peer that
-# passes the handshake sends: refused, saying what they were.
+# Frame types that no peer past the handshake sends (it offers ready
+# heads): refused, saying what they were.
 RETIRED: Final[Dict[int, str]] = {
     JSON_RESPONSE: "a response head as JSON",
     WHOLE_RESPONSE: "a whole response with its head as JSON",
@@ -138,7 +138,7 @@ class Hello:
     nonce: str
     auth: bool = False
     app_version: Optional[str] = None  # a worker's application version, if it knows it
-    features: Tuple[str, ...] = ()  # what the sender can receive beyond version 1
+    features: Tuple[str, ...] = ()  # what the sender offers: all its role's (handshake.py)
     TYPE = 1
 
 
