@@ -454,7 +454,7 @@ def relayed_environ(objects: Dict[str, Any], head: RequestHead, relay: Relay) ->
 def whole_environ(objects: Dict[str, Any], relay: Relay) -> Dict[str, Any]:
     """PEP 3333's environ, for an application that takes no Relay: the
     Relay's variables, all made now, and the ``objects``; what a worker
-    would get of them (less the hop-by-hop fields) is "zc_lb.forward"."""
+    would get of them (less the hop-by-hop fields) is ``environ.FORWARD``."""
     environ: Dict[str, Any] = dict(relay.all_variables())
     environ.update(objects)
     environ[FORWARD] = relay.variables()

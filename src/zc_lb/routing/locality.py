@@ -33,7 +33,7 @@ second worker after its first request there: its gain falls and it
 spreads over as many workers as its load needs.
 
 An application that knows whether its cache had what a request needed
-says so (``environ["zc_lb.cache"]``, behind the Hello feature ``cache``),
+says so (``environ.CACHE``, carried in the worker's ready response head),
 and then a hit counts as a home request and a miss as an away one,
 wherever the request was placed: where the data really was, whatever
 the book says, and whatever waits the times include.
