@@ -1,7 +1,8 @@
 """The package's shape (docs/design.rst, "Where each concept lives"),
 measured by walking its syntax trees: no import cycles, no module
 reaching into another object's private state, at most 12 modules in a
-package, and the environ keys named in one module."""
+package, the environ keys named in one module, and no module, class or
+function grown past what a newcomer reads at once."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "src" / "zc_lb"
 MAX_MODULES = 12  # in any one package: a newcomer finds a concept by its subpackage
+MAX_MODULE_LINES = 600
+MAX_CLASS_LINES = 400
+LONG_FUNCTION = 40  # lines; a few may be longer where cutting them would not read better
+MAX_LONG_FUNCTIONS = 8
 
 
 def modules():
@@ -109,3 +114,24 @@ def test_environ_keys_are_named_only_in_zc_lb_environ(name):
     literals = [node.value for node in ast.walk(TREES[name])
                 if isinstance(node, ast.Constant) and node.value in keys]
     assert not literals, literals
+
+
+def _length(node):
+    return node.end_lineno - node.lineno + 1
+
+
+def test_no_module_or_class_outgrows_one_concept():
+    long_modules = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
+    long_modules = {name: n for name, n in long_modules.items() if n > MAX_MODULE_LINES}
+    long_classes = {"%s.%s" % (name, node.name): _length(node)
+                    for name, tree in TREES.items() for node in ast.walk(tree)
+                    if isinstance(node, ast.ClassDef) and _length(node) > MAX_CLASS_LINES}
+    assert not long_modules and not long_classes, (long_modules, long_classes)
+
+
+def test_few_functions_are_long():
+    long_functions = {"%s.%s:%d" % (name, node.name, node.lineno): _length(node)
+                      for name, tree in TREES.items() for node in ast.walk(tree)
+                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                      and _length(node) > LONG_FUNCTION}
+    assert len(long_functions) <= MAX_LONG_FUNCTIONS, long_functions
