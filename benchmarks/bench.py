@@ -1072,7 +1072,7 @@ def intake_ms(policy: str = "affinity", resumes: int = 60, seed: int = 1) -> Dic
     gc.freeze()  # (as the LB does once started: see cli/lb.py)
     from zc_lb.wire.decoder import Decoder
     from zc_lb.wire.encoder import encode
-    from zc_lb.wire.protocol import Resume
+    from zc_lb.wire.frames import Resume
 
     rng = random.Random(seed)
     pool = make_pool(policy, {})

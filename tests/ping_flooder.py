@@ -7,7 +7,7 @@ import socket
 import sys
 import time
 
-from zc_lb.wire import protocol
+from zc_lb.wire import decoder, frames, protocol
 from zc_lb.wire.encoder import encode
 from zc_lb.wire.frames import Ping
 
@@ -23,7 +23,7 @@ def main() -> None:
     sock, _ = server.accept()
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.settimeout(10)
-    peer = protocol.Connection("worker", features=protocol.WORKER_FEATURES)
+    peer = protocol.Connection("worker", features=frames.WORKER_FEATURES)
     sock.sendall(peer.data_to_send())
     ready = False
     while not ready:
@@ -33,7 +33,7 @@ def main() -> None:
         peer.receive_data(data)
         while True:
             event = peer.next_event()
-            if event is protocol.NEED_DATA:
+            if event is decoder.NEED_DATA:
                 break
             ready = ready or isinstance(event, protocol.Ready)
         out = peer.data_to_send()

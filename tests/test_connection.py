@@ -5,12 +5,13 @@ import gevent.event
 import gevent.socket
 import pytest
 
-from zc_lb.wire import protocol
+from zc_lb.wire import encoder, frames
 from zc_lb.wire.connection import Connection, Handler
 from zc_lb.sockets import send_pieces, unsent
 from zc_lb.errors import (AuthenticationError, BadResponse, ConnectionLost, RequestCancelled,
                           ResponseHeadTooLarge, WorkerLost)
-from zc_lb.wire.protocol import WINDOW, Body, End
+from zc_lb.wire.frames import Body, End
+from zc_lb.wire.stream import WINDOW
 from zc_lb.testing import connection_pair, read_body, read_response
 
 
@@ -218,17 +219,17 @@ def test_a_protocol_violation_drops_the_connection(pair):
 def test_body_past_the_credit_is_a_protocol_violation(pair):
     lb, worker, _, worker_handler = pair(respond=None)
     exchange = lb.open_request({})
-    lb.write(protocol.encode(Body(exchange.rno, b"x" * protocol.MAX_BODY)) * 2)
+    lb.write(encoder.encode(Body(exchange.rno, b"x" * frames.MAX_BODY)) * 2)
     error = worker_handler.lost.get(timeout=3)
     assert "past the credit" in str(error)
 
 
 @pytest.mark.parametrize("frame, error", [
     # A head that would end early and pass its body as a second response.
-    (lambda rno: protocol.ready_frame(rno, b"HTTP/1.1 200 OK\r\n\r\nHTTP/1.1 200 OK\r\n",
+    (lambda rno: encoder.ready_frame(rno, b"HTTP/1.1 200 OK\r\n\r\nHTTP/1.1 200 OK\r\n",
                                       None, None, b"", True), "malformed ready response head"),
     # A response head as JSON, which releases before ready heads sent.
-    (lambda rno: protocol.HEADER.pack(rno, protocol.JSON_RESPONSE, 14) + b'["200 OK", []]',
+    (lambda rno: frames.HEADER.pack(rno, frames.JSON_RESPONSE, 14) + b'["200 OK", []]',
      "frame type 13, a response head as JSON, is not taken"),
 ])
 def test_a_frame_that_breaks_the_protocol_fails_its_request_as_a_bad_response(
@@ -253,7 +254,7 @@ def test_a_response_head_too_large_for_a_frame_is_refused_before_anything_is_sen
     worker_handler.requested.wait(3)
     on_worker = worker_handler.exchanges[0]
     with pytest.raises(ResponseHeadTooLarge):
-        on_worker.respond("200 OK", [("X-Big", "b" * protocol.MAX_MESSAGE)], b"", True)
+        on_worker.respond("200 OK", [("X-Big", "b" * frames.MAX_MESSAGE)], b"", True)
     on_worker.respond("500 Internal Server Error", [], b"", True)  # the stream is untouched
     assert read_response(exchange)[0].status.startswith("500")
     assert not lb.closed and not worker.closed

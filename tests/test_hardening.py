@@ -21,13 +21,14 @@ import gevent.event
 import gevent.socket
 import pytest
 
-from zc_lb.wire import protocol
+from zc_lb.wire import decoder, encoder, frames
+from zc_lb.wire.stream import WIDE_WINDOW
 from zc_lb.routing.classifier import host_classifier
 from zc_lb.wire.connection import Connection, Handler
 from zc_lb.front.server import FrontServer
 from zc_lb.lb.balancer import LB
 from zc_lb.routing.pool import Pool
-from zc_lb.wire.protocol import Body, End, GoAway, Response
+from zc_lb.wire.frames import Body, End, GoAway, Response
 from zc_lb.lb.spool import SpoolLimits
 from zc_lb.testing import LBProcess, WorkerProcess
 from zc_lb.worker.server import Worker
@@ -244,7 +245,7 @@ def test_what_waits_for_a_client_that_stopped_reading_stays_within_the_window(st
     [link] = s.lb.fleet.links.values()
     [stream] = link.connection.protocol.streams.values()
     waiting = sum(len(m.data) for m in stream.owner.inbox if isinstance(m, Body))
-    assert stream.window + waiting <= protocol.WIDE_WINDOW
+    assert stream.window + waiting <= WIDE_WINDOW
 
 
 def _not_modified_app(environ, start_response):
@@ -393,7 +394,7 @@ def _read_until_eof(connection, timeout=5.0):
     while time.monotonic() < deadline:
         while True:
             message = proto.next_event()
-            if message is protocol.NEED_DATA:
+            if message is decoder.NEED_DATA:
                 break
             messages.append(message)
         try:
@@ -473,7 +474,7 @@ def test_removing_a_worker_lets_its_requests_in_flight_finish(stack):
 def test_request_numbers_running_out_recycle_the_connection(stack):
     s = stack(ok_app)
     link = next(iter(s.lb.fleet.links.values()))
-    link.connection.protocol.last_rno = protocol.MAX_RNO  # as after 2**32 - 1 requests
+    link.connection.protocol.last_rno = frames.MAX_RNO  # as after 2**32 - 1 requests
     client = s.client()
     status, _, body = client.request(path="/after")
     assert (status, body) == (200, b"ok /after")
@@ -481,16 +482,16 @@ def test_request_numbers_running_out_recycle_the_connection(stack):
 
 
 def test_decoder_buffer_stays_bounded_while_streaming():
-    frame = protocol.encode(Body(1, b"d" * 1000))
-    decoder = protocol.Decoder()
-    decoder.receive_data(frame[:500])  # reads that always end mid-frame
+    frame = encoder.encode(Body(1, b"d" * 1000))
+    reader = decoder.Decoder()
+    reader.receive_data(frame[:500])  # reads that always end mid-frame
     tail = frame[500:]
     peak = 0
     for _ in range(10000):  # 10 MB through the decoder
-        decoder.receive_data(tail + frame[:500])
-        while decoder.next_message() is not protocol.NEED_DATA:
+        reader.receive_data(tail + frame[:500])
+        while reader.next_message() is not decoder.NEED_DATA:
             pass
-        peak = max(peak, len(decoder._buffer))
+        peak = max(peak, len(reader._buffer))
     assert peak < 1024 * 1024, "decoder holds %d bytes for a 500-byte partial frame" % peak
 
 

@@ -18,7 +18,7 @@ from logevents import LogEvent
 from zc_lb.errors import WorkerClosed
 from zc_lb.lb.links import LinkConfig, LinkEvents, WorkerLink, close_when_idle
 from zc_lb.testing import read_response
-from zc_lb.wire.protocol import WORKER_FEATURES
+from zc_lb.wire.frames import WORKER_FEATURES
 from zc_lb.worker.server import Worker
 
 pytestmark = pytest.mark.timeout(20)

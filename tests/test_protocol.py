@@ -16,39 +16,37 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zc_lb.wire import protocol
+from zc_lb.wire import decoder, encoder, frames, protocol, stream
 from zc_lb.lb import relay
 from zc_lb.wire.decoder import STREAM_AT, ready_status
 from zc_lb.wire.frames import MAX_ELAPSED
 from zc_lb.errors import (AuthenticationError, BadResponseHead, LocalProtocolError,
                           RemoteProtocolError, ResponseHeadTooLarge)
-from zc_lb.wire.protocol import (
+from zc_lb.wire.decoder import Decoder, NEED_DATA
+from zc_lb.wire.encoder import body_header, encode
+from zc_lb.wire.frames import (
+    Auth,
+    Body,
+    Cancel,
     CONNECTION_TYPES,
+    Credit,
+    End,
+    GoAway,
     HEADER,
     HEADER_SIZE,
+    Hello,
+    Keys,
     MAX_BODY,
     MAX_MESSAGE,
     MAX_RESUME,
     MAX_RNO,
-    NEED_DATA,
-    REQUEST_TYPES,
-    VERSION,
-    Auth,
-    Body,
-    Cancel,
-    Credit,
-    Decoder,
-    End,
-    GoAway,
-    Hello,
-    Keys,
     Ping,
     Pong,
     Request,
-    Resume,
+    REQUEST_TYPES,
     Response,
-    body_header,
-    encode,
+    Resume,
+    VERSION,
 )
 from zc_lb.wire.handshake import auth_digest, check_auth, check_hello, new_hello, role_features
 
@@ -150,7 +148,7 @@ WHOLE_EXAMPLES = [
 def test_a_whole_message_is_one_frame(message):
     data = encode(message)
     rno, mtype, length = HEADER.unpack_from(data)
-    assert mtype in (protocol.WHOLE_REQUEST, protocol.READY_RESPONSE)
+    assert mtype in (frames.WHOLE_REQUEST, frames.READY_RESPONSE)
     assert len(data) == HEADER_SIZE + length
     for sizes in ((1 << 30,), (1,), (3, 7)):
         decoder = Decoder()
@@ -167,14 +165,14 @@ def test_whole_frames_between_current_peers():
     wire = Wire()
     wire.take(wire.lb), wire.take(wire.worker)
     rno, data = wire.lb.start_request({"PATH_INFO": "/"}, end=True)
-    assert HEADER.unpack_from(data)[1] == protocol.WHOLE_REQUEST and len(data) == HEADER_SIZE + 17
+    assert HEADER.unpack_from(data)[1] == frames.WHOLE_REQUEST and len(data) == HEADER_SIZE + 17
     wire.deliver(wire.lb, data)
     assert wire.take(wire.worker) == [Request(rno, {"PATH_INFO": "/"}, True)]
     assert wire.worker.streams[rno].receiving == "DONE"
     data = wire.worker.respond(rno, "200 OK", [("A", "b"), DATE], b"hello", end=True)
     head = b"HTTP/1.1 200 OK\r\nA: b\r\nDate: Thu, 26 Nov 2026 10:00:00 GMT\r\n"
-    assert HEADER.unpack_from(data) == (rno, protocol.READY_RESPONSE,
-                                        protocol.READY_PREFIX.size + len(head) + 5)
+    assert HEADER.unpack_from(data) == (rno, frames.READY_RESPONSE,
+                                        frames.READY_PREFIX.size + len(head) + 5)
     assert wire.worker.streams == {}
     wire.deliver(wire.worker, data)
     [response] = wire.take(wire.lb)
@@ -186,8 +184,8 @@ def test_whole_frames_between_current_peers():
 # -- features: every one the peer's role offers is required -----------------
 
 
-ROLE_FEATURES = [("lb", name) for name in protocol.LB_FEATURES] + [
-    ("worker", name) for name in protocol.WORKER_FEATURES]
+ROLE_FEATURES = [("lb", name) for name in frames.LB_FEATURES] + [
+    ("worker", name) for name in frames.WORKER_FEATURES]
 
 
 def take_hello(receiver, sender):
@@ -239,10 +237,10 @@ def test_a_peer_of_a_release_before_features_is_refused_naming_them_all(role):
 def test_current_peers_offer_their_roles_features_and_take_each_others():
     wire = Wire(b"s3cret", b"s3cret")
     [lb_ready], [worker_ready] = wire.take(wire.lb), wire.take(wire.worker)
-    assert lb_ready.peer.features == protocol.WORKER_FEATURES
-    assert worker_ready.peer.features == protocol.LB_FEATURES
-    assert protocol.LB_FEATURES == ("whole", "timing", "ready", "keys", "cache")
-    assert protocol.WORKER_FEATURES == ("whole", "timing", "head", "keys")
+    assert lb_ready.peer.features == frames.WORKER_FEATURES
+    assert worker_ready.peer.features == frames.LB_FEATURES
+    assert frames.LB_FEATURES == ("whole", "timing", "ready", "keys", "cache")
+    assert frames.WORKER_FEATURES == ("whole", "timing", "head", "keys")
 
 
 @pytest.mark.parametrize("role", ["lb", "worker"])
@@ -300,7 +298,7 @@ def test_the_lb_gets_a_response_head_as_the_client_will():
     headers = [("Content-Type", "text/plain"), ("Date", "Thu, 26 Nov 2026 10:00:00 GMT"),
                ("Connection", "close"), ("Content-Length", "5")]
     data = worker.respond(rno, "200 OK", headers, b"hello", end=True, elapsed=0.25)
-    assert HEADER.unpack_from(data)[1] == protocol.READY_RESPONSE
+    assert HEADER.unpack_from(data)[1] == frames.READY_RESPONSE
     lb.receive_data(data)
     [response] = drain(lb)
     # Hop-by-hop fields stay with the worker; the LB frames the body.
@@ -308,7 +306,7 @@ def test_the_lb_gets_a_response_head_as_the_client_will():
                              b"Date: Thu, 26 Nov 2026 10:00:00 GMT\r\nContent-Length: 5\r\n")
     assert (response.status, response.length, response.body, response.end, response.elapsed) == (
         "200 OK", 5, b"hello", True, 0.25)
-    assert protocol.head_fields(response.head) == [h for h in headers if h[0] != "Connection"]
+    assert decoder.head_fields(response.head) == [h for h in headers if h[0] != "Connection"]
     assert lb.streams == {} and worker.streams == {}
 
 
@@ -364,19 +362,19 @@ def test_a_ready_response_that_says_both_hit_and_miss_is_malformed():
     lb, worker = ready_pair()
     rno = ready_request(lb, worker)
     payload = ready_payload(b"HTTP/1.1 200 OK\r\n",
-                            flags=protocol.READY_FLAGS)  # (end, hit and miss)
-    lb.receive_data(frame(rno, protocol.READY_RESPONSE, payload))
+                            flags=frames.READY_FLAGS)  # (end, hit and miss)
+    lb.receive_data(frame(rno, frames.READY_RESPONSE, payload))
     with pytest.raises(RemoteProtocolError, match="malformed ready"):
         lb.next_event()
 
 
 def ready_payload(head, flags=1, length=-1, elapsed=-1.0, body=b""):
-    return protocol.READY_PREFIX.pack(flags, length, elapsed, len(head)) + head + body
+    return frames.READY_PREFIX.pack(flags, length, elapsed, len(head)) + head + body
 
 
 @pytest.mark.parametrize("payload, error", [
     (b"\x01", "without its prefix"),
-    (protocol.READY_PREFIX.pack(1, -1, -1.0, 100) + b"HTTP/1.1 200 OK\r\n", "over the frame"),
+    (frames.READY_PREFIX.pack(1, -1, -1.0, 100) + b"HTTP/1.1 200 OK\r\n", "over the frame"),
     (ready_payload(b"HTTP/1.0 200 OK\r\n"), "malformed ready"),
     (ready_payload(b"HTTP/1.1 2x0 OK\r\n"), "malformed ready"),
     (ready_payload(b"HTTP/1.1 200 OK"), "malformed ready"),
@@ -392,12 +390,12 @@ def ready_payload(head, flags=1, length=-1, elapsed=-1.0, body=b""):
     (ready_payload(b"HTTP/1.1 200 OK\r\n", flags=255), "malformed ready"),
 ])
 def test_malformed_ready_responses(payload, error):
-    assert error in str(decode_error(frame(1, protocol.READY_RESPONSE, payload)))
+    assert error in str(decode_error(frame(1, frames.READY_RESPONSE, payload)))
 
 
 def test_a_ready_response_within_its_limits():
     head = b"HTTP/1.1 200 OK\r\nA: b\r\n"
-    ok = frame(1, protocol.READY_RESPONSE, ready_payload(head, length=10, body=b"x" * 10))
+    ok = frame(1, frames.READY_RESPONSE, ready_payload(head, length=10, body=b"x" * 10))
     decoder = Decoder(max_message=len(head), max_body=10)
     decoder.receive_data(ok)
     [response] = drain(decoder)
@@ -415,12 +413,12 @@ def test_widen_lets_the_peer_send_a_wide_window_ahead_once():
     credit = wire.worker.widen(rno)  # ...which the worker lets come faster
     assert credit and wire.worker.widen(rno) == b""  # once
     wire.deliver(wire.worker, credit)
-    assert wire.lb.credit(rno) == protocol.WIDE_WINDOW
+    assert wire.lb.credit(rno) == stream.WIDE_WINDOW
     # And the other way: the worker's response body, to the LB.
     data = wire.worker.respond(rno, "200 OK", [], b"", end=False)
     wire.deliver(wire.worker, data)
     wire.deliver(wire.lb, wire.lb.widen(rno))
-    assert wire.worker.credit(rno) == protocol.WIDE_WINDOW
+    assert wire.worker.credit(rno) == stream.WIDE_WINDOW
     wire.deliver(wire.worker, wire.worker.send(End(rno)))
     assert wire.lb.widen(rno) == b""  # (nothing more to receive)
 
@@ -615,7 +613,7 @@ def test_rno_checked_before_payload_arrives():
 ])
 @pytest.mark.parametrize("mtype,rno", [
     (Hello.TYPE, 0), (Auth.TYPE, 0), (Resume.TYPE, 0), (GoAway.TYPE, 0),
-    (Request.TYPE, 1), (protocol.WHOLE_REQUEST, 1),
+    (Request.TYPE, 1), (frames.WHOLE_REQUEST, 1),
 ])
 def test_bad_json(mtype, rno, payload):
     decode_error(frame(rno, mtype, payload))
@@ -751,7 +749,7 @@ json_values = st.recursive(
 def json_frame(draw):
     """A frame of a structured type with arbitrary (valid) JSON as payload."""
     mtype = draw(st.sampled_from([Hello.TYPE, Auth.TYPE, Resume.TYPE, GoAway.TYPE,
-                                  Request.TYPE, protocol.WHOLE_REQUEST]))
+                                  Request.TYPE, frames.WHOLE_REQUEST]))
     rno = 0 if mtype in CONNECTION_TYPES else draw(st.integers(1, MAX_RNO))
     return frame(rno, mtype, json.dumps(draw(json_values)).encode())
 
@@ -953,12 +951,13 @@ def test_check_auth_non_ascii_digest_is_an_authentication_error():
 def test_header_struct_is_big_endian():
     assert HEADER.format == "!IBI"
     assert struct.calcsize(HEADER.format) == HEADER_SIZE
-    assert protocol.CREDIT_PAYLOAD.size == 4
+    assert frames.CREDIT_PAYLOAD.size == 4
 
 
 def test_a_request_too_big_for_a_frame_is_refused_before_sending():
     from zc_lb.errors import MessageTooLarge
-    from zc_lb.wire.protocol import MAX_MESSAGE, Request, encode
+    from zc_lb.wire.encoder import encode
+    from zc_lb.wire.frames import MAX_MESSAGE, Request
     with pytest.raises(MessageTooLarge) as caught:
         encode(Request(1, {"HTTP_X_BIG": "v" * MAX_MESSAGE}))
     assert caught.value.http_status == 431
@@ -976,7 +975,7 @@ class Wire:
     makes are collected, in order."""
 
     def __init__(self, lb_secret=None, worker_secret=None, sizes=(1 << 30,),
-                 window=protocol.WINDOW, handshake=True):
+                 window=stream.WINDOW, handshake=True):
         self.lb = protocol.Connection("lb", lb_secret, window=window)
         self.worker = protocol.Connection("worker", worker_secret, window=window)
         self.sizes = list(sizes)
@@ -1278,13 +1277,13 @@ def test_the_connection_owns_its_requests_owners_and_whether_it_drains():
     assert wire.worker.next_event() == Request(rno, {}, True)
     assert wire.worker.event_owner is None  # a new request: no owner yet
     wire.lb.receive_data(wire.worker.send(ready(rno, "200 OK")))
-    wire.lb.receive_data(wire.worker.send(End(rno)) + protocol.encode(Ping()))
+    wire.lb.receive_data(wire.worker.send(End(rno)) + encoder.encode(Ping()))
     owners = []
     for expected in (ready(rno, "200 OK"), End(rno)):
         assert wire.lb.next_event() == expected
         owners.append(wire.lb.event_owner)
     assert owners == [owner, owner] and wire.lb.streams == {}  # the End ended it
-    assert wire.lb.next_event() is protocol.NEED_DATA  # (the Ping, answered)
+    assert wire.lb.next_event() is decoder.NEED_DATA  # (the Ping, answered)
     assert wire.lb.event_owner is None
     # Whether it drains: a GoAway either way, or request numbers running low.
     assert not wire.lb.draining and not wire.lb.running_out()
@@ -1308,13 +1307,13 @@ def test_a_request_goes_as_its_head():
     lb, worker = ready_pair()
     head = (relay.HEAD_PREFIX.pack(1, 2, 1) + b'{}c' + b"GET /p HTTP/1.1\r\nHost: h\r\n")
     rno, data = lb.start_request(None, True, head)
-    assert HEADER.unpack_from(data)[1] == protocol.HEAD_REQUEST
+    assert HEADER.unpack_from(data)[1] == frames.HEAD_REQUEST
     worker.receive_data(data)
     [request] = drain(worker)
     assert (request.rno, request.end) == (rno, True)
     assert request.environ["PATH_INFO"] == "/p" and request.environ["zc_lb.request_class"] == "c"
     # The worker's own HEAD_REQUEST goes nowhere: an LB refuses one.
-    lb.receive_data(protocol.HEADER.pack(1, protocol.HEAD_REQUEST, 0))
+    lb.receive_data(frames.HEADER.pack(1, frames.HEAD_REQUEST, 0))
     with pytest.raises(RemoteProtocolError, match="head Request frame not allowed"):
         lb.next_event()
 

@@ -13,7 +13,8 @@ import pytest
 from conftest import source_only
 from zc_lb.wire.connection import Connection, Handler
 from zc_lb.errors import ConfigurationError
-from zc_lb.wire.protocol import LB_FEATURES, End, head_fields
+from zc_lb.wire.decoder import head_fields
+from zc_lb.wire.frames import End, LB_FEATURES
 from zc_lb.sockets import parse_address
 from zc_lb.testing import read_response
 from zc_lb.worker.server import Worker, load_app
@@ -412,7 +413,7 @@ class _Chunks:
     """An exchange that hands out body chunks, then End."""
 
     def __init__(self, *chunks):
-        from zc_lb.wire.protocol import Body, End
+        from zc_lb.wire.frames import Body, End
 
         self.inbox = [Body(1, chunk) for chunk in chunks] + [End(1)]
         self.consumed_bytes = 0
@@ -659,7 +660,7 @@ def test_a_file_that_ends_before_its_region_cuts_the_response_and_spares_the_con
 
 def _frames(exchange, timeout=10):
     """(Response, [each Body's data], whether End came) of an exchange."""
-    from zc_lb.wire.protocol import Body, Response
+    from zc_lb.wire.frames import Body, Response
 
     start = exchange.receive(timeout)
     assert isinstance(start, Response), start

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Tuple
 
 from zc_lb import settings as settings_module
 from zc_lb.errors import ConfigurationError

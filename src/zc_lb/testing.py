@@ -223,7 +223,7 @@ def connection_pair(lb_handler, worker_handler, secret: Optional[bytes] = None,
 
 def read_body(exchange, timeout: Optional[float] = 5.0) -> bytes:
     """Receive body frames up to End, granting credit as a real reader does."""
-    from zc_lb.wire.protocol import End
+    from zc_lb.wire.frames import End
 
     body = b""
     while True:
@@ -236,7 +236,7 @@ def read_body(exchange, timeout: Optional[float] = 5.0) -> bytes:
 
 def read_response(exchange, timeout: Optional[float] = 5.0):
     """(Response, body) of an exchange, on the LB side."""
-    from zc_lb.wire.protocol import Response
+    from zc_lb.wire.frames import Response
 
     start = exchange.receive(timeout)
     assert isinstance(start, Response), start

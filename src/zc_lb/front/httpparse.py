@@ -37,7 +37,7 @@ Decisions (README.rst, "The HTTP front", says the same to operators):
   and ``MAX_HEAD`` bytes in all, else 431 (front/h1.py counts them as llhttp
   hands them over).  ``MAX_HEAD`` is chosen so
   that the environ built from the largest head still fits one Request
-  frame (protocol.MAX_MESSAGE), since the LB forwards it in one.
+  frame (frames.MAX_MESSAGE), since the LB forwards it in one.
 
 - a singleton field (``SINGLETONS``: Content-Type, Authorization,
   Range...) sent twice with different values is 400; the same value
@@ -57,7 +57,7 @@ from zc_lb.errors import BadRequest
 
 MAX_FIELDS: Final = 100
 MAX_FIELD_LINE: Final = 8190
-MAX_HEAD: Final = 64 * 1024  # twice this (JSON escapes) fits protocol.MAX_MESSAGE
+MAX_HEAD: Final = 64 * 1024  # twice this (JSON escapes) fits frames.MAX_MESSAGE
 
 TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 TARGET: Final = re.compile(rb"[\x21-\x7e]+\Z")

@@ -30,7 +30,7 @@ import logging
 import socket
 import sys
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional
 
 import gevent
 import gevent.server

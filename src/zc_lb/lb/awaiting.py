@@ -24,7 +24,7 @@ from zc_lb.errors import (BadResponse, ClientGone, RequestCancelled, ResponseTim
 from zc_lb.lb.bodies import Upload
 from zc_lb.wire.connection import Connection
 from zc_lb.wire.exchange import Exchange
-from zc_lb.wire.protocol import Response
+from zc_lb.wire.frames import Response
 
 WATCH_CLIENT_AFTER = 1.0  # seconds without a response before watching for a hang-up
 WATCHDOG_INTERVAL = 0.25

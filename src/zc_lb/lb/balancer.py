@@ -52,7 +52,8 @@ from zc_lb.front.forwarder import Responder
 from zc_lb.front.pages import ErrorPages, status_line
 from zc_lb.lb.outlier import Ejector
 from zc_lb.routing.pool import Pool
-from zc_lb.wire.protocol import Response, head_fields
+from zc_lb.wire.decoder import head_fields
+from zc_lb.wire.frames import Response
 from zc_lb.lb.relay import Relay
 from zc_lb.settings import LB_SETTINGS, check, log_change
 from zc_lb.routing.siblings import SYNC_INTERVAL, Siblings, sync

@@ -27,7 +27,7 @@ from zc_lb.lb.spool import Spool, SpoolLimits
 from zc_lb.routing.pool import Pool
 from zc_lb.wire.connection import Connection
 from zc_lb.wire.exchange import Exchange
-from zc_lb.wire.protocol import MAX_BODY, Body, End, Response
+from zc_lb.wire.frames import Body, End, MAX_BODY, Response
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from zc_lb.lb.links import LinkConfig, LinkEvents, WorkerLink
 from zc_lb.lb.outlier import Ejector
 from zc_lb.routing.pool import RESUME_STEP, Pool
 from zc_lb.wire.connection import Connection
-from zc_lb.wire.protocol import End, Response
+from zc_lb.wire.frames import End, Response
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from bisect import bisect_left
 import hashlib
 import math
-from typing import Dict, Final, List, Optional, Tuple
+from typing import Dict, Final, List, Optional
 
 from zc_lb.routing.pool import PoolWorker
 

@@ -35,7 +35,7 @@ import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
 from mypy_extensions import mypyc_attr
 
-from zc_lb.wire import protocol
+from zc_lb.wire import decoder, frames, protocol
 from zc_lb.errors import (
     BadResponse,
     ConnectionClosed,
@@ -45,7 +45,8 @@ from zc_lb.errors import (
     WorkerLost,
     ZcLbError,
 )
-from zc_lb.wire.protocol import GoAway, Keys, Ping, Request, Resume, StreamEnded
+from zc_lb.wire.frames import GoAway, Keys, Ping, Request, Resume
+from zc_lb.wire.protocol import StreamEnded
 from zc_lb.sockets import set_nodelay
 from zc_lb.wire.exchange import Exchange, Link
 from zc_lb.wire.keepalive import KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, MAX_PINGS, Keepalive
@@ -121,7 +122,7 @@ class Connection(Link):
                                             features=features)
         self.closed = False
         self.error: Optional[ZcLbError] = None
-        self.peer_hello: Optional[protocol.Hello] = None
+        self.peer_hello: Optional[frames.Hello] = None
         self.idle = gevent.event.Event()  # set while no request is in flight
         self.idle.set()
         self._keepalive = Keepalive(keepalive_interval, keepalive_timeout, time.monotonic())
@@ -149,7 +150,7 @@ class Connection(Link):
                 out = proto.data_to_send()  # our Auth, once the peer's Hello came
                 if out:
                     self.sock.sendall(out)
-                if event is protocol.NEED_DATA:
+                if event is decoder.NEED_DATA:
                     data = self.sock.recv(HANDSHAKE_RECV)
                     if not data:
                         raise self._lost_error("%s closed during handshake" % self.peer)
@@ -202,7 +203,7 @@ class Connection(Link):
         if proto.last_rno >= protocol.RECYCLE_RNO and proto.running_out():
             # (``proto.draining`` from now on): make way for a new connection
             self.handler.handle_goaway(self, "request numbers running out")
-        if proto.last_rno >= protocol.MAX_RNO:
+        if proto.last_rno >= frames.MAX_RNO:
             raise self.closed_error("%s: no request numbers left" % self.peer)
         rno, data = proto.start_request(environ, end, head)  # MessageTooLarge: nothing sent
         exchange = proto.streams[rno].owner = Exchange(self, rno)
@@ -316,7 +317,7 @@ class Connection(Link):
         next_event, live = proto.next_event, proto.streams
         while True:
             event = next_event()
-            if event is protocol.NEED_DATA:
+            if event is decoder.NEED_DATA:
                 break
             rno = getattr(event, "rno", 0)
             if rno:

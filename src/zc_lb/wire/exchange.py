@@ -27,9 +27,9 @@ from mypy_extensions import trait
 
 from zc_lb.errors import CancelledHere, PeerCancelled, RequestCancelled, ZcLbError
 from zc_lb.sockets import wait
-from zc_lb.wire import protocol
+from zc_lb.wire import frames, protocol
 from zc_lb.wire.keepalive import KEEPALIVE_INTERVAL
-from zc_lb.wire.protocol import Body, Credit
+from zc_lb.wire.frames import Body, Credit
 from zc_lb.wire.writer import FileRegion
 
 BIG_CHUNK = 16 * 1024  # body chunks from this size go out without a copy into their frame
@@ -73,7 +73,7 @@ class Exchange:
     def __init__(self, connection: Link, rno: int) -> None:
         self.connection = connection
         self.rno = rno
-        self.inbox: Deque[protocol.Message] = collections.deque()
+        self.inbox: Deque[frames.Message] = collections.deque()
         self.error: Optional[ZcLbError] = None  # why it ended early, raised to waiters
         # Who waits: None, a Waiter, or a list of them; woken from the
         # hub (an Event per request cost several microseconds more).
@@ -93,7 +93,7 @@ class Exchange:
 
     # -- sending ------------------------------------------------------
 
-    def send(self, *messages: protocol.Message) -> None:
+    def send(self, *messages: frames.Message) -> None:
         """Send messages in one write; raise if the request is over."""
         if self.error is not None:
             raise self.error
@@ -135,7 +135,7 @@ class Exchange:
                 self._wait()
             if stop_on_response and self.inbox:
                 return False
-            n = min(len(view), credit(self.rno), protocol.MAX_BODY)
+            n = min(len(view), credit(self.rno), frames.MAX_BODY)
             if n < BIG_CHUNK:
                 self.send(Body(self.rno, bytes(view[:n])))
             else:  # header and chunk as they are, not copied into one frame
@@ -165,7 +165,7 @@ class Exchange:
                     self._wait()
                 if self.error is not None:
                     raise self.error
-                n = min(count, credit(self.rno), protocol.MAX_BODY)
+                n = min(count, credit(self.rno), frames.MAX_BODY)
                 region = FileRegion(fd, offset, n)
                 connection.write_region(connection.protocol.body_header(self.rno, n), region)
                 regions.append(region)
@@ -198,7 +198,7 @@ class Exchange:
 
     # -- receiving ----------------------------------------------------
 
-    def receive(self, timeout: Optional[float] = None) -> protocol.Message:
+    def receive(self, timeout: Optional[float] = None) -> frames.Message:
         """The next Response, Body or End from the peer; raises the
         connection's error or RequestCancelled when there is none to come.
         """
@@ -278,7 +278,7 @@ class Exchange:
 
     # -- driven by the connection's reader ----------------------------
 
-    def received(self, event: protocol.Message) -> None:
+    def received(self, event: frames.Message) -> None:
         if type(event) is not Credit:
             self.inbox.append(event)
         waiting = self._waiter

@@ -1,8 +1,8 @@
 """The LB<->worker protocol, sans I/O: bytes in, events out, and back.
 
 Its frames and messages are in ``wire/frames.py``, made into bytes by
-``wire/encoder.py`` and back by ``wire/decoder.py`` (their names are
-re-exported here).  How a connection starts is ``wire/handshake.py``'s;
+``wire/encoder.py`` and back by ``wire/decoder.py``, whose names are
+imported from there.  How a connection starts is ``wire/handshake.py``'s;
 a request's life and its flow control are ``wire/stream.py``'s.
 
 ``Connection`` is the protocol itself, for one side, with no I/O (as
@@ -26,66 +26,12 @@ from typing import Dict, Final, List, Optional, Tuple, Union
 from mypy_extensions import mypyc_attr
 
 from zc_lb.errors import LocalProtocolError, RemoteProtocolError
-from zc_lb.wire.decoder import (  # noqa: F401  (the frames' names are the protocol's too)
-    Decoder,
-    NEED_DATA,
-    NeedData,
-    head_fields,
-)
-from zc_lb.wire.encoder import (  # noqa: F401  (the same)
-    body_header,
-    encode,
-    head_request_frame,
-    ready_frame,
-    ready_response,
-    request_frames,
-)
-from zc_lb.wire.frames import (  # noqa: F401  (the same)
-    Auth,
-    Body,
-    CONNECTION_TYPES,
-    CREDIT_PAYLOAD,
-    Cancel,
-    ConnectionMessage,
-    Credit,
-    End,
-    FEATURES,
-    FRAME_NAMES,
-    GoAway,
-    HEAD,
-    HEADER,
-    HEADER_SIZE,
-    HEAD_REQUEST,
-    CACHE,
-    JSON_RESPONSE,
-    KEYS,
-    Keys,
-    LB_FEATURES,
-    READY,
-    READY_FLAGS,
-    READY_PREFIX,
-    READY_RESPONSE,
-    Hello,
-    MAX_BODY,
-    MAX_MESSAGE,
-    MAX_RESUME,
-    MAX_RNO,
-    Message,
-    Ping,
-    Pong,
-    REQUEST_TYPES,
-    RETIRED,
-    Request,
-    RequestMessage,
-    Response,
-    Resume,
-    TIMING,
-    VERSION,
-    WHOLE,
-    WHOLE_REQUEST,
-    WHOLE_RESPONSE,
-    WORKER_FEATURES,
-)
+from zc_lb.wire.decoder import Decoder, NEED_DATA, NeedData
+from zc_lb.wire.encoder import (body_header, encode, head_request_frame, ready_response,
+                                request_frames)
+from zc_lb.wire.frames import (Auth, Cancel, Credit, GoAway, Keys, Hello, MAX_BODY, MAX_MESSAGE,
+                               MAX_RESUME, MAX_RNO, Message, Ping, Pong, Request, Response,
+                               Resume)
 from zc_lb.wire.handshake import (HANDSHAKE_LIMIT, auth_digest, check_auth, check_hello,
                                   new_hello, open_limits)
 from zc_lb.wire.stream import DONE, ENDED, OPEN, WIDE_WINDOW, WINDOW, Stream

@@ -36,7 +36,7 @@ from zc_lb.settings import LATENCY_BUCKETS, WORKER_SETTINGS, check
 from zc_lb.sockets import Listen, address_text, bound, listener
 from zc_lb.wire.connection import Connection, Handler
 from zc_lb.wire.exchange import Exchange
-from zc_lb.wire.protocol import WORKER_FEATURES
+from zc_lb.wire.frames import WORKER_FEATURES
 from zc_lb.worker import resume as resume_module
 from zc_lb.worker.greenlets import Requests
 from zc_lb.worker.lbs import LBConnections

@@ -43,7 +43,7 @@ from zc_lb.errors import RequestCancelled, ZcLbError
 from zc_lb.process.loopwatch import LoopWatch
 from zc_lb.settings import LATENCY_BUCKETS
 from zc_lb.wire.exchange import Exchange
-from zc_lb.wire.protocol import Request
+from zc_lb.wire.frames import Request
 from zc_lb.worker.filewrapper import FileWrapper
 from zc_lb.worker.publisher import ResumePublisher
 from zc_lb.worker.threadio import ThreadInput, ThreadOutput

@@ -31,7 +31,7 @@ from zc_lb.errors import BadResponseHead
 from zc_lb.front.h1 import start_again
 from zc_lb.front.httpparse import HOP_BY_HOP
 from zc_lb.wire.exchange import Exchange
-from zc_lb.wire.protocol import MAX_BODY, Body, End
+from zc_lb.wire.frames import Body, End, MAX_BODY
 from zc_lb.worker.filewrapper import FileWrapper
 from zc_lb.worker.threadio import NOT_BYTES
 
