@@ -2,10 +2,12 @@
 started again when one ends (--max-requests), all drained on SIGTERM."""
 
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -19,13 +21,13 @@ ENV = dict(os.environ, PYTHONPATH=TESTS + os.pathsep + os.environ.get("PYTHONPAT
 
 
 def consecutive_ports(n):
-    """A port P with P..P+n-1 free now."""
+    """A port P with P..P+n-1 free now, below the kernel's ephemeral
+    range: a port in it may be taken any moment as another test's
+    client end."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
     for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first = probe.getsockname()[1]
-        if first + n > 65535:
-            continue
+        first = random.randrange(10000, low - n)
         sockets = []
         try:
             for port in range(first, first + n):
@@ -61,16 +63,26 @@ def test_each_child_gets_its_own_addresses_and_files():
 
 
 def start_group(*args):
+    """The supervisor of ``zc-lb worker apps:app ARGS``; its log (and its
+    children's) goes to a file, ``log()``, which a full pipe could not
+    stop and a failed assertion can show."""
+    log = tempfile.TemporaryFile("w+")
     process = subprocess.Popen([sys.executable, "-m", "zc_lb.cli", "worker", "apps:app", *args],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+                               stdout=subprocess.PIPE, stderr=log, text=True, env=ENV)
+    process.log = lambda: (log.seek(0), log.read())[1]
     return process
+
+
+def children(pid):
+    with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+        return [int(child) for child in f.read().split()]
 
 
 def read_addresses(process, n):
     addresses = []
     while len(addresses) < n:
         line = process.stdout.readline()
-        assert line, process.stderr.read()
+        assert line, process.log()
         if line.startswith("zc-lb worker listening on "):
             addresses.append(line.split()[-1])
     return sorted(addresses)
@@ -110,7 +122,7 @@ def test_a_process_past_max_requests_drains_and_is_started_again():
         deadline = time.monotonic() + 30
         while len(statuses) < 60 and time.monotonic() < deadline:
             statuses.append(http_get(lb.address, "/")[0])
-        assert statuses == [200] * 60  # (drains lose nothing)
+        assert statuses == [200] * 60, group.log()  # (drains lose nothing)
         restarted = read_addresses(group, 2)  # (the same ports, said again)
         assert set(restarted) <= set(addresses)
     finally:
@@ -118,4 +130,26 @@ def test_a_process_past_max_requests_drains_and_is_started_again():
             lb.kill()
         group.send_signal(signal.SIGTERM)
         group.communicate(timeout=60)
-    assert group.returncode == 0
+    assert group.returncode == 0, group.log()
+
+
+def test_a_process_killed_leaves_its_port_held_for_the_next():
+    """The supervisor holds each child's socket: while a killed child is
+    started again, an LB connecting is queued, not refused, and the next
+    process takes that very connection."""
+    port = consecutive_ports(2)
+    group = start_group("-w", "2", "--listen", "127.0.0.1:%d" % port)
+    try:
+        addresses = read_addresses(group, 2)
+        killed = children(group.pid)
+        for child in killed:
+            os.kill(child, signal.SIGKILL)
+        wait_for(lambda: not set(killed) & set(children(group.pid)), message="the children gone")
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as queued:
+            assert read_addresses(group, 2) == addresses  # (started again on them)
+            queued.settimeout(30)
+            assert queued.recv(1)  # (the next process took it: a worker speaks first)
+    finally:
+        group.send_signal(signal.SIGTERM)
+        group.communicate(timeout=60)
+    assert group.returncode == 0, group.log()

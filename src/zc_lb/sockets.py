@@ -94,6 +94,40 @@ def unix_listener(path: str) -> Any:
     return sock
 
 
+def listening_socket(listen: Listen, backlog: int) -> Any:
+    """A socket bound and listening at ``listen``, inheritable, for a
+    supervisor to hold and hand to its children: a TCP one with
+    SO_REUSEADDR, or a Unix one (``unix_listener``)."""
+    if isinstance(listen, str):
+        sock = unix_listener(listen)
+    else:
+        sock = socket.socket(socket.AF_INET6 if ":" in listen[0] else socket.AF_INET)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(listen)
+            sock.listen(backlog)
+        except OSError:
+            sock.close()
+            raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def inherited_socket(fd: int) -> Any:
+    """The listening socket a supervisor passed down as ``fd`` (a gevent
+    one; ``--listen-fd``)."""
+    import gevent.socket  # type: ignore[import-untyped]
+
+    try:
+        sock = gevent.socket.socket(fileno=fd)
+    except OSError as exc:
+        raise ConfigurationError("--listen-fd %d: %s" % (fd, exc))
+    if sock.type != socket.SOCK_STREAM:
+        raise ConfigurationError("--listen-fd %d is not a stream socket" % fd)
+    os.set_inheritable(fd, False)
+    return sock
+
+
 def listener(listen: Any) -> Any:
     """What a gevent server takes for ``listen``: (host, port) or a
     socket as they are, a Unix socket's path bound (``unix_listener``)."""

@@ -222,7 +222,7 @@ def _build_fronts(args: argparse.Namespace, lb, tls, access_log) -> list:
     for index, (scheme, where) in enumerate(listeners):
         listen = restart.inherited("front%d" % index)  # from the LB this one replaces
         if listen is None and args.listen_fd is not None:  # one of --processes N
-            from zc_lb.process.processes import inherited_socket
+            from zc_lb.sockets import inherited_socket
 
             listen = inherited_socket(args.listen_fd)
         elif listen is None:

@@ -126,6 +126,7 @@ def _add_worker_processes(p) -> None:
                    help="run N worker processes, the i-th on --listen's port + i (and "
                    "--status's), or each on an ephemeral port, or on unix:PATH.i "
                    "(default 1)")
+    p.add_argument("--listen-fd", type=int, help=argparse.SUPPRESS)  # a -w child
     p.add_argument("--max-requests", type=int, default=0, metavar="N",
                    help="drain and exit after serving about N requests (0: never), as "
                    "gunicorn's: with -w the process is started again")

@@ -24,7 +24,7 @@ from zc_lb.cli.parsers import zk_credentials
 from zc_lb.cli.reload import sighup
 from zc_lb.errors import ConfigurationError
 from zc_lb.process.service import WorkerService, read_secret, wait_for_signal
-from zc_lb.sockets import address_text, parse_listen
+from zc_lb.sockets import address_text, inherited_socket, parse_listen
 
 log = logging.getLogger("zc_lb")
 
@@ -125,6 +125,8 @@ def build_worker(args: argparse.Namespace) -> WorkerService:
     secret = read_secret(args.secret_file)
     tls = worker_context(args.tls_cert, args.tls_key, args.tls_ca)
     _check_exposure(listen, secret, args.insecure, tls)
+    if args.listen_fd is not None:  # one of -w N: the supervisor holds the socket
+        listen = inherited_socket(args.listen_fd)
     worker = Worker(_load_app(args.app, load_app), listen=listen, history=args.history,
                     max_skill_age=args.max_skill_age, max_classes=args.max_classes,
                     resume_interval=args.resume_interval, resume_file=args.resume_file,

@@ -178,20 +178,12 @@ class Supervisor:
             gevent.spawn(self._watch, child)
 
     def _socket(self) -> socket.socket:
-        listen = self.listen
-        if isinstance(listen, tuple):
-            sock = socket.socket(socket.AF_INET6 if ":" in listen[0] else socket.AF_INET)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(listen)
-            sock.listen(self.backlog)
-        elif isinstance(listen, str):  # a Unix socket's path
-            from zc_lb.sockets import unix_listener
+        from zc_lb.sockets import listening_socket
 
-            sock = unix_listener(listen)
-        else:  # handed down by the supervisor this one replaces (SIGUSR2)
-            sock = listen
-        sock.set_inheritable(True)
-        return sock
+        if isinstance(self.listen, (tuple, str)):  # (host, port), or a Unix socket's path
+            return listening_socket(self.listen, self.backlog)
+        self.listen.set_inheritable(True)  # handed down by the supervisor this one
+        return self.listen                 # replaces (SIGUSR2)
 
     def _watch(self, child: Child) -> None:
         """Start ``child`` again whenever it dies (not when we stop them),
@@ -364,16 +356,3 @@ def lb_argv(argv: Sequence[str]) -> List[str]:
         raise ConfigurationError("not a zc-lb lb command line: %r" % (list(argv),))
     return list(argv[i + 1:])
 
-
-def inherited_socket(fd: int):
-    """The listening socket a supervisor passed down as ``fd`` (a gevent one)."""
-    import gevent.socket
-
-    try:
-        sock = gevent.socket.socket(fileno=fd)
-    except OSError as exc:
-        raise ConfigurationError("--listen-fd %d: %s" % (fd, exc))
-    if sock.type != socket.SOCK_STREAM:
-        raise ConfigurationError("--listen-fd %d is not a stream socket" % fd)
-    os.set_inheritable(fd, False)
-    return sock

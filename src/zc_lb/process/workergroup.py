@@ -18,6 +18,13 @@ then waits:
 - a child that exits is started again on its address, at once if it ran
   for a while (``--max-requests`` ends a child on purpose: it served its
   share), after a growing pause if it keeps failing to start;
+- each child's address (a given port, or a Unix socket) is bound by the
+  supervisor, once, and handed to every process that serves it
+  (``--listen-fd``), as gunicorn's arbiter holds its listeners: between
+  one process and the next, an LB connecting waits in the socket's
+  queue instead of being refused, and no other program (a client's
+  ephemeral port) can take the port.  Ephemeral ports (0) are each
+  child's own, as every new process registers its own in ZooKeeper;
 - SIGTERM or SIGINT: every child drains and exits, then the supervisor;
 - SIGHUP and SIGUSR1 go to every child.
 
@@ -29,6 +36,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -36,7 +44,7 @@ import time
 from typing import List, Optional, Sequence
 
 from zc_lb.errors import ConfigurationError
-from zc_lb.sockets import UNIX, parse_address, parse_listen
+from zc_lb.sockets import UNIX, listening_socket, parse_address, parse_listen
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +52,7 @@ RESTART_MIN = 0.1  # seconds before a failing child is started again, doubling
 RESTART_MAX = 10.0
 HEALTHY_RUN = 5.0  # seconds a child must have run for its exit to be no failure
 STOP_TIMEOUT = 60.0  # seconds a child may take to drain after SIGTERM
+LISTEN_BACKLOG = 128  # LB connections a held socket queues while its process restarts
 
 
 def child_argv(argv: Sequence[str], index: int, listen: str, status: Optional[str],
@@ -53,8 +62,8 @@ def child_argv(argv: Sequence[str], index: int, listen: str, status: Optional[st
     ``--listen``, ``--status`` and ``--resume-file``."""
     from zc_lb.process.processes import without_options
 
-    out = without_options(argv, ("-w", "--workers", "--pid-file", "--listen", "--status",
-                                 "--resume-file"))
+    out = without_options(argv, ("-w", "--workers", "--pid-file", "--listen", "--listen-fd",
+                                 "--status", "--resume-file"))
     out += ["--listen", offset(listen, index)]
     if status:
         out += ["--status", offset(status, index)]
@@ -76,19 +85,49 @@ def offset(address: str, index: int) -> str:
     return "%s:%d" % (shown, port + index if port else 0)
 
 
-class Child:
-    """One worker process of the group."""
+def held_sockets(listen: str, count: int) -> List[Optional[socket.socket]]:
+    """The listening socket of each of ``count`` children, bound here to
+    be held for their lives (see the module docstring), or None where
+    the child binds its own (an ephemeral port).  An address taken is
+    refused, naming the option, before any child starts."""
+    socks: List[Optional[socket.socket]] = []
+    try:
+        for index in range(count):
+            address = offset(listen, index)
+            where = parse_listen(address)
+            if isinstance(where, tuple) and not where[1]:
+                socks.append(None)
+                continue
+            try:
+                socks.append(listening_socket(where, LISTEN_BACKLOG))
+            except OSError as exc:
+                raise ConfigurationError("--listen %s (-w process %d): %s"
+                                         % (address, index, exc.strerror or exc))
+    except BaseException:
+        for sock in socks:
+            if sock is not None:
+                sock.close()
+        raise
+    return socks
 
-    def __init__(self, index: int, argv: List[str]) -> None:
+
+class Child:
+    """One worker process of the group, and the socket (``sock``) the
+    supervisor holds for it, if any."""
+
+    def __init__(self, index: int, argv: List[str], sock: Optional[socket.socket] = None
+                 ) -> None:
         self.index = index
-        self.argv = argv
+        self.sock = sock
+        self.argv = argv if sock is None else argv + ["--listen-fd", str(sock.fileno())]
         self.process: Optional[subprocess.Popen] = None
         self.started = 0.0
         self.pause = RESTART_MIN
 
     def start(self) -> None:
+        fds = () if self.sock is None else (self.sock.fileno(), )
         self.process = subprocess.Popen([sys.executable, "-m", "zc_lb.cli", *self.argv],
-                                        stdout=subprocess.PIPE, text=True)
+                                        stdout=subprocess.PIPE, text=True, pass_fds=fds)
         self.started = time.monotonic()
         threading.Thread(target=self._echo, args=(self.process,), daemon=True).start()
 
@@ -104,8 +143,11 @@ class Child:
 class WorkerGroup:
     """N children, kept running until ``stop``."""
 
-    def __init__(self, argvs: List[List[str]]) -> None:
-        self.children = [Child(i, argv) for i, argv in enumerate(argvs)]
+    def __init__(self, argvs: List[List[str]],
+                 socks: Optional[List[Optional[socket.socket]]] = None) -> None:
+        socks = socks or [None] * len(argvs)
+        self.children = [Child(i, argv, sock)
+                         for i, (argv, sock) in enumerate(zip(argvs, socks))]
         self.stopping = threading.Event()
 
     def start(self) -> None:
@@ -151,6 +193,9 @@ class WorkerGroup:
                             child.index, timeout)
                 child.process.kill()
                 child.process.wait()
+        for child in self.children:
+            if child.sock is not None:
+                child.sock.close()
 
 
 def run(args, argv: Sequence[str]) -> int:
@@ -164,7 +209,8 @@ def run(args, argv: Sequence[str]) -> int:
     prefix, rest = list(argv[:i + 1]), list(argv[i + 1:])
     group = WorkerGroup([prefix + child_argv(rest, index, args.listen, args.status,
                                              args.resume_file)
-                         for index in range(args.workers)])
+                         for index in range(args.workers)],
+                        held_sockets(args.listen, args.workers))
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

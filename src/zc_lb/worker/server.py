@@ -76,7 +76,7 @@ class Worker(Handler):
     def __init__(
         self,
         app: Callable,
-        listen: Listen = ("127.0.0.1", 0),
+        listen: Any = ("127.0.0.1", 0),  # a Listen, or a listening socket (-w N)
         history: int = resume_module.DEFAULT_HISTORY,
         max_skill_age: Optional[int] = None,
         max_classes: int = resume_module.MAX_CLASSES,
