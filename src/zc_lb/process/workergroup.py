@@ -43,7 +43,7 @@ import threading
 import time
 from typing import List, Optional, Sequence
 
-from zc_lb.errors import ConfigurationError
+from zc_lb.errors import AddressUnavailable, ConfigurationError
 from zc_lb.sockets import UNIX, listening_socket, parse_address, parse_listen
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def held_sockets(listen: str, count: int) -> List[Optional[socket.socket]]:
             try:
                 socks.append(listening_socket(where, LISTEN_BACKLOG))
             except OSError as exc:
-                raise ConfigurationError("--listen %s (-w process %d): %s"
+                raise AddressUnavailable("--listen %s (-w process %d): %s"
                                          % (address, index, exc.strerror or exc))
     except BaseException:
         for sock in socks:
