@@ -65,8 +65,8 @@ class SimWorker:
 
     __slots__ = ("id", "cache", "speed", "skills", "busy", "queue", "outstanding",
                  "hot", "alive", "served", "published_at", "published", "timer",
-                 "measured", "measured_misses", "measured_big", "relayed_at",
-                 "serving", "inside", "connections", "free")
+                 "measured", "measured_misses", "measured_big", "measured_busy",
+                 "relayed_at", "serving", "inside", "connections", "free")
 
     def __init__(self, wid: int, config: Config, holders: Holders) -> None:
         self.id = wid
@@ -86,6 +86,7 @@ class SimWorker:
         # after the warm-up: requests served, their misses, and those of
         # the biggest classes (``Simulation.big_sites``)
         self.measured = self.measured_misses = self.measured_big = 0
+        self.measured_busy = 0.0  # and the seconds the application took for them
         self.relayed_at = 0.0  # when the keys the LBs sent it were last relayed
         # With ``threads``: requests the application serves now, and those
         # let in that wait inside it (request, when let in).  With
@@ -291,6 +292,7 @@ class Simulation:
             worker.measured += 1
             worker.measured_misses += misses
             worker.measured_big += request[0] < self.big_sites
+            worker.measured_busy += service
         if request[4] >= 0:
             self.push(self.now + self.think(), ARRIVE, request[4])
 
@@ -373,8 +375,23 @@ class Simulation:
             summary["fair_share"] = len(self.joined) / len(self.live)
         if self.config.cache_sizes or self.config.speeds:
             summary["by_kind"] = self.by_kind()
+        summary.update(self.least_busy())
         return {"policy": self.policy_name, "summary": summary,
                 "windows": self.recorder.windows, "events": self.events}
+
+    def least_busy(self) -> Dict[str, float]:
+        """The least busy worker after the warm-up, as the share of a fair
+        share of the requests it served (``least_share``: 1 is a fair
+        share) and of the mean work (``least_busy``: the seconds its
+        application took, over the workers' mean).  A worker serving
+        fewer requests than others may be as busy, with dearer ones."""
+        live = self.live
+        served = sum(w.measured for w in live)
+        busy = sum(w.measured_busy for w in live)
+        if not served or not busy:
+            return {}
+        return {"least_share": min(w.measured for w in live) * len(live) / served,
+                "least_busy": min(w.measured_busy for w in live) * len(live) / busy}
 
     def by_kind(self) -> Dict[str, Dict[str, float]]:
         """For a mixed fleet, per kind of worker (cache size and speed):

@@ -16,6 +16,8 @@ COLUMNS = [  # (key, heading, format)
     ("overlap", "overlap", "%7.2f"),
     ("imbalance", "imbal", "%6.2f"),
     ("idle_beside_queue", "idle", "%6.2f"),
+    ("least_share", "least", "%6.2f"),
+    ("least_busy", "l.busy", "%6.2f"),
     ("hot_worker_share", "hot wk", "%6.2f"),
     ("hot_backlog_share", "hot bl", "%6.2f"),
     ("new_worker_share", "new wk", "%6.3f"),
@@ -63,6 +65,9 @@ def table(name: str, runs: List[Dict[str, Any]], out: TextIO,
     if any("recovery_requests" in r["summary"] for r in runs):
         out.write("(recov: requests after the first action until misses/request "
                   "are within 10% of the level before it)\n")
+    if any("least_share" in r["summary"] for r in runs):
+        out.write("(least, l.busy: the fewest requests a worker served, and the fewest "
+                  "seconds a worker's application took, over a fair share)\n")
     if fair is not None:
         out.write("(new wk: share of requests served by the added worker; "
                   "a fair share is %.3f)\n" % fair)

@@ -550,3 +550,18 @@ def test_idle_beside_queue_is_the_share_of_samples_with_a_worker_idle_while_anot
     assert idle["least_backlog"] < 0.02
     assert idle["round_robin"] > 0.1 + idle["least_backlog"]
     assert all(0.0 <= share <= 1.0 for share in idle.values())
+
+
+def test_the_least_busy_worker_is_measured_by_requests_and_by_work():
+    # Round robin gives every worker the same count of requests, whatever
+    # they cost; a worker four times slower takes four times as long for
+    # as many, so the others do less than a fair share of the work.
+    config = small(requests=4000, speeds=[0.25, 1.0, 1.0, 1.0])
+    summary = simulate(config, "round_robin")["summary"]
+    assert summary["least_share"] == pytest.approx(1.0, abs=0.01)
+    assert summary["least_busy"] < 0.9
+    # The affinity policy on the NASA log: fewer requests than a fair share
+    # for its least busy worker, and less short of a fair share of the work
+    # (simulations/README.rst, "The least busy worker's share").
+    summary = simulate(scenario("nasa", seed=1), "affinity")["summary"]
+    assert 0.0 < summary["least_share"] < summary["least_busy"] < 1.0
