@@ -421,6 +421,11 @@ def lb_status(target: Target) -> Optional[dict]:
         return None
 
 
+# The affinity pool's counts kept with each run (docs/reference/status.rst)
+ROUTING_COUNTS = ("widenings", "narrowings", "widened", "spills", "bounded", "explored",
+                  "locality_gain")
+
+
 def result_row(name: str, report: dict, lb_cpu: float, status: Optional[dict]) -> dict:
     """The numbers of the table for one balancer, with the full report."""
     server_errors = sum(n for code, n in report["status"].items() if int(code) >= 500)
@@ -443,6 +448,8 @@ def result_row(name: str, report: dict, lb_cpu: float, status: Optional[dict]) -
         row["lb_status"] = {key: status.get(key) for key in ("requests", "retries", "errors")}
         row["lb_status"]["skills"] = {w: len(info.get("skills") or {})
                                       for w, info in status.get("workers", {}).items()}
+        pool = status.get("pool") or {}  # (what the affinity pool did, to tell runs apart)
+        row["lb_status"]["routing"] = {key: pool[key] for key in ROUTING_COUNTS if key in pool}
     return row
 
 

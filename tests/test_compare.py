@@ -196,3 +196,15 @@ def test_the_zodb_case_runs_each_balancer_on_its_own_zeo_server(tmp_path):
 def test_a_page_path_is_the_targets_path_as_a_wsgi_server_decodes_it():
     assert compare.page_path("/a%20b/c?x=1") == "/a b/c"
     assert compare.page_path("/caf%C3%A9") == "/caf\xc3\xa9"  # (PEP 3333: bytes as latin-1)
+
+
+def test_a_zc_lb_row_keeps_what_the_affinity_pool_did():
+    report = {"requests": 1, "responses": 1, "throughput": 1.0, "errors": 0, "status": {"200": 1},
+              "latency": {"p50": 0.001, "p99": 0.002}}
+    status = {"requests": 1, "retries": 0, "errors": {},
+              "pool": {"widenings": 2, "spills": 5, "locality_gain": 12.5, "variance": 2.0}}
+    row = compare.result_row("zc-lb", report, 0.0, status)
+    assert row["lb_status"]["routing"] == {"widenings": 2, "spills": 5, "locality_gain": 12.5}
+    # (the published pool counts none of them)
+    status["pool"] = {"variance": 2.0}
+    assert compare.result_row("zc-lb", report, 0.0, status)["lb_status"]["routing"] == {}
