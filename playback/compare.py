@@ -457,6 +457,25 @@ def _ms(seconds: Optional[float]) -> Optional[float]:
     return None if seconds is None else seconds * 1000.0
 
 
+# How the worst of several runs is taken, column by column.
+WORST = {"throughput": min, "p50_ms": max, "p99_ms": max, "loads_per_request": max,
+         "overlap": max, "errors": max, "lb_cpu_us_per_request": max, "steal": max}
+
+
+def worst_of(rows: List[dict]) -> dict:
+    """One balancer's runs as one row: each column of ``WORST`` its worst
+    over the runs, the rest (the full report, each worker's share) from
+    the run that loaded most; ``runs``, every run's row."""
+    if len(rows) == 1:
+        return rows[0]
+    worst = dict(max(rows, key=lambda row: row.get("loads_per_request") or 0.0))
+    for key, pick in WORST.items():
+        values = [row[key] for row in rows if row.get(key) is not None]
+        worst[key] = pick(values) if values else None
+    worst["runs"] = rows
+    return worst
+
+
 def add_ratios(rows: List[dict]) -> None:
     """Each row's throughput and loads per request as a ratio to zc-lb's."""
     base = next((r for r in rows if r["balancer"].partition(":")[0] == "zc-lb"), None)
@@ -506,6 +525,21 @@ def format_table(rows: List[dict]) -> str:
         if n == 0:
             out.append("  ".join("-" * w for w in widths))
     return "\n".join(out)
+
+
+def format_runs(rows: List[dict]) -> str:
+    """With ``--runs``: a line per balancer, each run's throughput, p99
+    and loads, in the order they ran (the table above has the worst)."""
+    lines = ["each run (req/s, p99 ms, loads/req), the table's row being the worst of them:"]
+    width = max(len(row["balancer"]) for row in rows)
+    for row in rows:
+        if "runs" in row:
+            lines.append("  %s  %s" % (row["balancer"].ljust(width), "  ".join(
+                "%.0f %.1f %s" % (run["throughput"], run["p99_ms"],
+                                  "-" if run.get("loads_per_request") is None
+                                  else "%.3f" % run["loads_per_request"])
+                for run in row["runs"])))
+    return "\n".join(lines) if len(lines) > 1 else ""
 
 
 def format_loading(rows: List[dict]) -> str:
@@ -568,6 +602,8 @@ def format_header(args: argparse.Namespace, parse: dict, counts: Dict[str, int])
     replayed = "log %s: %d entries; %d warm-up + %d measured (%d classes), -c %d, %d workers" % (
         logs, parse["entries"], counts["warmup"], counts["measured"], counts["classes"],
         args.concurrency, args.workers)
+    if args.runs > 1:
+        replayed += "; each balancer %d times, taking turns, the worst of them" % args.runs
     app = ("cache app: %d objects cached/worker, miss %g ms, %d objects/request of %d/class, "
            "skew %g, %s requests at once%s; zc-lb workers (%s) --history %d%s; LB%s" % (
                args.cache_size, args.miss_cost * 1000, args.objects_per_request,
@@ -613,6 +649,10 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("-c", "--concurrency", type=int, default=16,
                      help="closed-loop clients (default %(default)s)")
     run.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+    run.add_argument("--runs", type=int, default=1, metavar="N",
+                     help="measure each balancer N times, taking turns, and report the "
+                     "worst of them in each column (default 1): runs of one workload "
+                     "differ, and the worst is what an operator has to plan for")
     run.add_argument("--balancers", default=",".join(BALANCERS),
                      help="comma-separated subset of %s; zc-lb:POLICY runs zc-lb with "
                           "--policy POLICY (%s), several in one run" % (
@@ -687,6 +727,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--balancers: choose from %s" % ",".join(BALANCERS))
     if min(args.workers, args.concurrency, args.max_requests, args.cache_size) < 1 or args.warmup < 0:
         parser.error("-w, -c, -n and --cache-size must be at least 1, --warmup at least 0")
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
     if args.worker_concurrency < 0:
         parser.error("--worker-concurrency must be 0 (no bound) or more")
     if args.app == "zodb":
@@ -713,17 +755,23 @@ def run(args: argparse.Namespace, run_dir: Path) -> dict:
     progress = sys.stderr if (args.progress if args.progress is not None else sys.stderr.isatty()) else None
     if args.app == "zodb":
         prepare_zodb(args, run_dir, warmup + measured, measured)
-    rows = []
-    for name in args.balancers:
-        if progress is not None:
-            progress.write("%s...\n" % name)
-        rows.append(measure(name, warmup, measured, args, run_dir, progress))
+    runs: Dict[str, List[dict]] = {name: [] for name in args.balancers}
+    for n in range(args.runs):  # (taking turns: a slow spell of the machine hits all)
+        where = run_dir if args.runs == 1 else run_dir / ("run%d" % (n + 1))
+        where.mkdir(exist_ok=True)
+        for name in args.balancers:
+            if progress is not None:
+                progress.write("%s%s...\n" % (name, "" if args.runs == 1 else
+                                               " (run %d of %d)" % (n + 1, args.runs)))
+            runs[name].append(measure(name, warmup, measured, args, where, progress))
+    rows = [worst_of(each) for each in runs.values()]
     add_ratios(rows)
     floor = floor_loads(warmup, measured, args) if args.app == "cache" else None
     counts = {"warmup": len(warmup), "measured": len(measured),
               "classes": len({e.host for e in measured})}
     settings = {key: getattr(args, key) for key in (
-        "logs", "format", "host", "host_from_segment", "max_requests", "warmup", "concurrency",
+        "logs", "format", "host", "host_from_segment", "max_requests", "warmup", "runs",
+        "concurrency",
         "workers", "history", "zc_lb_option", "zc_lb_workers", "zc_lb_worker_option",
         "cache_signal", "app", "zodb_cache_size", "zeo_cache_size", "load_delay",
         "gunicorn_threads", "balancers") + tuple(APP_SETTINGS)}
@@ -807,6 +855,9 @@ def text_report(args: argparse.Namespace, result: dict) -> str:
     if result["floor_loads_per_request"] is not None:
         parts.append("floor (the %d caches as one shared LRU, perfectly partitioned): %.3f "
                      "loads/request" % (args.workers, result["floor_loads_per_request"]))
+    each = format_runs(result["results"])
+    if each:
+        parts.append(each)
     for shares in (format_loading(result["results"]),
                    format_served(result["results"], args.workers)):
         if shares:

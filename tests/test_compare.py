@@ -208,3 +208,23 @@ def test_a_zc_lb_row_keeps_what_the_affinity_pool_did():
     # (the published pool counts none of them)
     status["pool"] = {"variance": 2.0}
     assert compare.result_row("zc-lb", report, 0.0, status)["lb_status"]["routing"] == {}
+
+
+def test_several_runs_are_reported_by_the_worst_of_each_column():
+    runs = [{"balancer": "zc-lb", "throughput": 3000.0, "p50_ms": 2.0, "p99_ms": 80.0,
+             "loads_per_request": 0.087, "errors": 0, "report": "first"},
+            {"balancer": "zc-lb", "throughput": 2800.0, "p50_ms": 3.0, "p99_ms": 50.0,
+             "loads_per_request": 0.098, "errors": 1, "report": "second"},
+            {"balancer": "zc-lb", "throughput": 3300.0, "p50_ms": 1.0, "p99_ms": 55.0,
+             "loads_per_request": 0.090, "errors": 0, "report": "third"}]
+    worst = compare.worst_of(runs)
+    assert (worst["throughput"], worst["p50_ms"], worst["p99_ms"], worst["loads_per_request"],
+            worst["errors"]) == (2800.0, 3.0, 80.0, 0.098, 1)
+    assert worst["report"] == "second" and worst["runs"] == runs  # (the run that loaded most)
+    assert compare.worst_of(runs[:1]) is runs[0]
+    lines = compare.format_runs([worst]).splitlines()
+    assert lines[1].split() == ["zc-lb", "3000", "80.0", "0.087", "2800", "50.0", "0.098",
+                                "3300", "55.0", "0.090"]
+    assert compare.format_runs(runs[:1]) == ""  # (one run: the table says it all)
+    with pytest.raises(SystemExit):
+        compare.main(["x.log", "--runs", "0"])
