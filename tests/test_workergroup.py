@@ -62,12 +62,12 @@ def test_each_child_gets_its_own_addresses_and_files():
         offset("unix:", 0)
 
 
-def start_group(*args):
-    """The supervisor of ``zc-lb worker apps:app ARGS``; its log (and its
+def start_group(*args, app="apps:app"):
+    """The supervisor of ``zc-lb worker APP ARGS``; its log (and its
     children's) goes to a file, ``log()``, which a full pipe could not
     stop and a failed assertion can show."""
     log = tempfile.TemporaryFile("w+")
-    process = subprocess.Popen([sys.executable, "-m", "zc_lb.cli", "worker", "apps:app", *args],
+    process = subprocess.Popen([sys.executable, "-m", "zc_lb.cli", "worker", app, *args],
                                stdout=subprocess.PIPE, stderr=log, text=True, env=ENV)
     process.log = lambda: (log.seek(0), log.read())[1]
     return process
@@ -166,3 +166,35 @@ def test_an_address_in_use_is_refused_before_any_process_starts():
     assert "--listen 127.0.0.1:%d (-w process 1): Address already in use" % (port + 1) \
         in group.log()
     assert "listening" not in out
+
+
+def test_reload_in_a_group_ends_each_process_for_its_supervisor_to_start_again(tmp_path):
+    # A -w child's socket is its supervisor's: started again by exec, as a
+    # single worker is, it would have lost it.
+    app = tmp_path / "devapp.py"
+    source = ("def app(environ, start_response):\n"
+              "    start_response('200 OK', [('Content-Type', 'text/plain')])\n"
+              "    return [b'%s']\n")
+    app.write_text(source % "first")
+    port = consecutive_ports(2)
+    group = start_group("-w", "2", "--listen", "127.0.0.1:%d" % port, "--reload",
+                        "--chdir", str(tmp_path), app="devapp:app")
+    lb = None
+    try:
+        addresses = read_addresses(group, 2)
+        lb = LBProcess(addresses, "--policy", "classless").start()
+        wait_for(lambda: http_get(lb.address, "/")[1] == "first", timeout=20,
+                 message="the first version served")
+        app.write_text(source % "second")
+        os.utime(app, (time.time() + 5, time.time() + 5))  # (a new mtime, surely)
+        assert read_addresses(group, 2) == addresses, group.log()  # (each started again)
+        # (not by an exec that failed, then by the supervisor)
+        assert "zc-lb worker: error" not in group.log()
+        wait_for(lambda: {http_get(lb.address, "/", timeout=5)[1] for _ in range(10)}
+                 == {"second"}, timeout=30, message="the second version served by both")
+    finally:
+        if lb is not None:
+            lb.kill()
+        group.send_signal(signal.SIGTERM)
+        group.communicate(timeout=60)
+    assert group.returncode == 0, group.log()

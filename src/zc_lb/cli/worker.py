@@ -55,6 +55,9 @@ def run_worker(args: argparse.Namespace) -> int:
         wait_for_signal(_handlers(args, service, changed), ready=pid_file.write)
     finally:
         pid_file.remove()
+    if changed and args.listen_fd is not None:  # (one of -w N: its supervisor
+        log.warning("%s changed: ending, to be started again", changed[0])
+        return 0  # starts the next on the socket it holds, as after --max-requests)
     if changed:  # (--reload, drained: the new one takes the address)
         log.warning("%s changed: starting again", changed[0])
         os.chdir(args.start_dir)
