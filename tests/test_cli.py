@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import socket
@@ -453,13 +452,10 @@ def test_reload_starts_the_worker_again_when_the_application_changes(tmp_path):
     import subprocess
     import sys
 
-    from zc_lb.testing import LBProcess, free_port, http_get, wait_for
+    from zc_lb.testing import LBProcess, free_port, http_get, wait_for, write_text_app
 
     app = tmp_path / "devapp.py"
-    source = ("def app(environ, start_response):\n"
-              "    start_response('200 OK', [('Content-Type', 'text/plain')])\n"
-              "    return [b'%s']\n")
-    app.write_text(source % "first")
+    write_text_app(app, "first")
     address = "127.0.0.1:%d" % free_port()
     worker = subprocess.Popen([sys.executable, "-m", "zc_lb.cli", "worker", "devapp:app",
                                "--reload", "--chdir", str(tmp_path), "--listen", address],
@@ -470,8 +466,7 @@ def test_reload_starts_the_worker_again_when_the_application_changes(tmp_path):
         lb = LBProcess([address]).start()
         wait_for(lambda: http_get(lb.address, "/")[1] == "first", timeout=20,
                  message="the first version served")
-        app.write_text(source % "second")
-        os.utime(app, (time.time() + 5, time.time() + 5))  # (a new mtime, surely)
+        write_text_app(app, "second")
         wait_for(lambda: http_get(lb.address, "/", timeout=5)[1] == "second", timeout=30,
                  message="the second version served")
         assert worker.poll() is None  # (the same process, started again by exec)

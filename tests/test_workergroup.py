@@ -13,7 +13,7 @@ import time
 import pytest
 
 from zc_lb.errors import ConfigurationError
-from zc_lb.testing import LBProcess, http_get, wait_for
+from zc_lb.testing import LBProcess, http_get, wait_for, write_text_app
 from zc_lb.process.workergroup import child_argv, offset
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -78,6 +78,14 @@ def children(pid):
         return [int(child) for child in f.read().split()]
 
 
+def stop(group, lb=None):
+    """SIGTERM the group (each child drains) and wait; kill ``lb``."""
+    if lb is not None:
+        lb.kill()
+    group.send_signal(signal.SIGTERM)
+    group.communicate(timeout=60)
+
+
 def read_addresses(process, n):
     addresses = []
     while len(addresses) < n:
@@ -103,10 +111,7 @@ def test_three_processes_on_consecutive_ports_serve_and_drain_on_sigterm(tmp_pat
         served = {http_get(lb.address, "/")[1].split()[0] for _ in range(30)}
         assert served == set(addresses)  # (apps:app says which worker served)
     finally:
-        if lb is not None:
-            lb.kill()
-        group.send_signal(signal.SIGTERM)
-        group.communicate(timeout=60)
+        stop(group, lb)
     assert group.returncode == 0 and not pid_file.exists()
 
 
@@ -126,10 +131,7 @@ def test_a_process_past_max_requests_drains_and_is_started_again():
         restarted = read_addresses(group, 2)  # (the same ports, said again)
         assert set(restarted) <= set(addresses)
     finally:
-        if lb is not None:
-            lb.kill()
-        group.send_signal(signal.SIGTERM)
-        group.communicate(timeout=60)
+        stop(group, lb)
     assert group.returncode == 0, group.log()
 
 
@@ -150,8 +152,7 @@ def test_a_process_killed_leaves_its_port_held_for_the_next():
             queued.settimeout(30)
             assert queued.recv(1)  # (the next process took it: a worker speaks first)
     finally:
-        group.send_signal(signal.SIGTERM)
-        group.communicate(timeout=60)
+        stop(group)
     assert group.returncode == 0, group.log()
 
 
@@ -172,10 +173,7 @@ def test_reload_in_a_group_ends_each_process_for_its_supervisor_to_start_again(t
     # A -w child's socket is its supervisor's: started again by exec, as a
     # single worker is, it would have lost it.
     app = tmp_path / "devapp.py"
-    source = ("def app(environ, start_response):\n"
-              "    start_response('200 OK', [('Content-Type', 'text/plain')])\n"
-              "    return [b'%s']\n")
-    app.write_text(source % "first")
+    write_text_app(app, "first")
     port = consecutive_ports(2)
     group = start_group("-w", "2", "--listen", "127.0.0.1:%d" % port, "--reload",
                         "--chdir", str(tmp_path), app="devapp:app")
@@ -185,16 +183,12 @@ def test_reload_in_a_group_ends_each_process_for_its_supervisor_to_start_again(t
         lb = LBProcess(addresses, "--policy", "classless").start()
         wait_for(lambda: http_get(lb.address, "/")[1] == "first", timeout=20,
                  message="the first version served")
-        app.write_text(source % "second")
-        os.utime(app, (time.time() + 5, time.time() + 5))  # (a new mtime, surely)
+        write_text_app(app, "second")
         assert read_addresses(group, 2) == addresses, group.log()  # (each started again)
         # (not by an exec that failed, then by the supervisor)
         assert "zc-lb worker: error" not in group.log()
         wait_for(lambda: {http_get(lb.address, "/", timeout=5)[1] for _ in range(10)}
                  == {"second"}, timeout=30, message="the second version served by both")
     finally:
-        if lb is not None:
-            lb.kill()
-        group.send_signal(signal.SIGTERM)
-        group.communicate(timeout=60)
+        stop(group, lb)
     assert group.returncode == 0, group.log()

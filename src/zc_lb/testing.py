@@ -247,6 +247,18 @@ def read_response(exchange, timeout: Optional[float] = 5.0):
     return start, start.body + read_body(exchange, timeout)
 
 
+def write_text_app(path, text: str) -> None:
+    """Write a module at ``path`` whose ``app`` answers ``text`` as
+    text/plain, with a modification time past any before (for the tests
+    of ``--reload``, which looks at it)."""
+    with open(path, "w") as f:
+        f.write("def app(environ, start_response):\n"
+                "    start_response('200 OK', [('Content-Type', 'text/plain')])\n"
+                "    return [%r]\n" % text.encode())
+    later = time.time() + 5
+    os.utime(path, (later, later))
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02,
              message: str = "condition") -> None:
     """Poll ``predicate`` until true; AssertionError after ``timeout``."""
