@@ -63,7 +63,7 @@ def default(setting):
     if value == "":
         return "none"
     if setting.type is bool:
-        return "``false``"
+        return "``true``" if value else "``false``"
     if setting.size:
         return size(value)
     return "``%s``%s" % (settings._format(value), UNITS.get(setting.metavar or "", ""))
@@ -88,8 +88,11 @@ def setting_rst(setting, role):
     if settings.CLI in where:
         metavar = "" if setting.type is bool else " " + (
             setting.metavar or setting.name.upper())
+        option = setting.option
+        if setting.type is bool and setting.default:  # (on by default: --no-... turns it off)
+            option += "``, ``--no-" + option[2:]
         lines.append(":Command line: ``%s%s``; ``%s`` in a ``--config`` file's ``[%s]``\n"
-                     % (setting.option, metavar, setting.name, role))
+                     % (option, metavar, setting.name, role))
     else:
         lines.append(":Command line: no (ZooKeeper only)\n")
     if settings.ZOOKEEPER in where:

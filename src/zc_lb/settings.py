@@ -450,11 +450,16 @@ def add_argument(parser: Any, setting: Setting) -> None:
         text += "; K, M, G may follow (512K, 64M: powers of 1024)"
     if setting.default not in (None, "") and setting.type is not bool:
         text += " (default %s)" % _format(setting.default)
+    elif setting.default is True:
+        text += " (default on)"
     if ZOOKEEPER in setting.where:
         text += " [ZooKeeper: %s%s]" % (setting.name, ", live" if LIVE in setting.where else "")
-    if setting.type is bool:
-        assert setting.default is False, setting  # a flag turns it on
-        parser.add_argument(setting.option, action="store_true", help=text)
+    if setting.type is bool:  # a flag turns it on; one on by default, --no-... off
+        if setting.default:
+            parser.add_argument(setting.option, action=argparse.BooleanOptionalAction,
+                                default=True, help=text)
+        else:
+            parser.add_argument(setting.option, action="store_true", help=text)
         return
 
     def convert(text: str) -> Any:
