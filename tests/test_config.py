@@ -72,6 +72,16 @@ greenlets = true
     assert (worker.app, worker.threads) == ("other:app", 4)
 
 
+def test_a_setting_on_by_default_is_turned_off_by_file_or_flag(tmp_path):
+    # busy_members is on unless a file says false or --no-busy-members
+    assert parse(tmp_path, "[lb]\n").busy_members is True
+    assert parse(tmp_path, "[lb]\nbusy_members = false\n").busy_members is False
+    assert parse(tmp_path, "[lb]\n", "--no-busy-members").busy_members is False
+    assert parse(tmp_path, "[lb]\nbusy_members = false\n", "--busy-members").busy_members is True
+    with pytest.raises(ConfigurationError, match="busy_members"):
+        parse(tmp_path, '[lb]\nbusy_members = "maybe"\n')
+
+
 @pytest.mark.parametrize("text, line, reason", [
     ('[lb]\nvariance = 2\n\nvarience = 3\n', 4, "unknown key 'varience' in [lb] "
                                                 "(did you mean variance?)"),

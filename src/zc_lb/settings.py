@@ -201,11 +201,11 @@ LB_SETTINGS = _table([
             "goes by rendezvous, instead of one book the workers relay between them "
             "(on a fleet of very different machines that can serve more)",
             where=EVERYWHERE),
-    Setting("busy_members", bool, False,
-            "affinity, for a fleet of unlike machines: once a class's gain is measured, "
-            "its members are the skilled workers that would serve it soonest, score over "
-            "backlog, rather than the best-scored, so fast workers busy with other classes "
-            "do not take every class",
+    Setting("busy_members", bool, True,
+            "affinity: once a class's gain is measured, its members are the skilled "
+            "workers that would serve it soonest, score over backlog, rather than the "
+            "best-scored, so that on a fleet of unlike machines fast workers busy with "
+            "other classes do not take every class; --no-busy-members: the best-scored",
             where=EVERYWHERE),
     Setting("widen", float, 0.3,
             "affinity: a class takes one more worker while its workers' backlogs stay "

@@ -13,8 +13,8 @@ module of its own, whose docstring tells its rules and their evidence.
 
 Members (``routing/members.py``).  A class's keys are split among its
 *members*: as many of its skilled workers as its share of the requests
-and of the distinct keys asks for (its *width*), the best-scored (or,
-with ``busy_members``, those that would serve it soonest), one more
+and of the distinct keys asks for (its *width*), those that would serve
+it soonest (``busy_members``; without it the best-scored), one more
 while they are much busier than the pool's other workers, and a recruit
 when it has too few.  Members are worked out again every ``REFRESH``
 requests of the class or when skills change, not on every request.
@@ -48,12 +48,13 @@ worker relays them to its other LBs, which write them into their books
 each routes as a lone LB does (its book, stickiness, the measured gain
 and its balance), recruiting from the ring all LBs share.  In the
 simulator that took NASA with 2 LBs from 0.145-0.161 loads a request
-to 0.100-0.116, with 4 from 0.166-0.175 to 0.111-0.117, elastic with 2
-from 0.173-0.198 to 0.114-0.125, and ``many_lbs`` with 2 from 4.16 to
-4.03, each with more throughput.  It costs where workers differ much
-(``mixed_fleet`` with 2 LBs: 667-697 requests a second against 779-812
-with separate books) unless members count how busy they are
-(``busy_members``: 820-834).  ``separate_books`` turns it off.
+to 0.098-0.115, with 4 from 0.166-0.175 to 0.110-0.115, elastic with 2
+from 0.173-0.198 to 0.111-0.130, and ``many_lbs`` with 2 from 4.16 to
+4.09, each with more throughput.  Where workers differ much it cost
+throughput (``mixed_fleet`` with 2 LBs: 667-697 requests a second
+against 779-812 with separate books) until members counted how busy
+they are (``busy_members``, the default: 820-834).  ``separate_books``
+turns it off.
 Without relays (the setting) LBs keep different books, so they go by
 rendezvous alone and still agree.
 A key sent to two workers within one relay may be booked at either:
