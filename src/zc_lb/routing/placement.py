@@ -29,8 +29,8 @@ behind up to five times the members' mean.  With the one balance of 1.5
 for every class, keys of the NASA log moved on in bursts, each move a
 load, and the cap spilled 154 requests to workers outside their class;
 with the gain's, the simulator's loads fell from 0.100-0.112 a request
-to 0.075-0.080 at more throughput and a better p99, and those of the
-elastic log's second half from 0.124-0.158 to 0.095-0.104 (seeds 1-5;
+to 0.075-0.081 at more throughput and a better p99, and those of the
+elastic log's second half from 0.124-0.158 to 0.095-0.103 (seeds 1-5;
 the bounds of a perfect partition are 0.070 and 0.090).  Where caches
 matter less (the synthetic scenarios, gains of 2-3) the bound stays
 near ``balance`` and nothing changed by more than the seeds do; where
