@@ -991,6 +991,31 @@ def test_a_member_busy_with_other_classes_gives_its_class_to_an_idle_skilled_wor
     assert _members_of_a(gain) == member
 
 
+@pytest.mark.parametrize("lbs, member", [
+    (1, "fast"),  # 300 / ((2 + 1) / 2.5) > 100: it stays
+    (4, "slow"),  # this LB sees a quarter: 300 / ((4 * 2 + 1) / 2.5) < 100
+])
+def test_with_several_lbs_a_member_s_backlog_counts_the_requests_the_others_sent(lbs, member):
+    # Each LB sees its own requests in flight: with four, a worker two
+    # requests deep in this LB's view is some eight deep.  Unscaled, the
+    # request more that marks light load drowned the backlogs, and on a
+    # fleet of unlike machines the fast workers took every class.
+    pool = AffinityPool()
+    pool.lbs, pool.relayed = lbs, lbs > 1
+    pool.add("fast", {"a": 300.0, "b": 300.0})
+    pool.add("slow", {"a": 100.0})
+    stats = pool.classes.setdefault("a", classstats.ClassStats("a", 0, 0))
+    for _ in range(40):
+        pool.locality.observe(stats, True, 0.001)
+        pool.locality.observe(stats, False, 0.002)
+    pool.put(pool.get("a", "/a"))
+    assert list(stats.members)[0].handle == "fast"
+    pool.workers["fast"].mbacklog = 2.0
+    stats.version = -1
+    pool.put(pool.get("a", "/a"))
+    assert list(stats.members)[0].handle == member
+
+
 def test_without_busy_members_members_are_the_best_scored_however_busy():
     # --no-busy-members: members follow scores alone, where a busy member
     # would otherwise give its class up.

@@ -48,12 +48,12 @@ worker relays them to its other LBs, which write them into their books
 each routes as a lone LB does (its book, stickiness, the measured gain
 and its balance), recruiting from the ring all LBs share.  In the
 simulator that took NASA with 2 LBs from 0.145-0.161 loads a request
-to 0.098-0.115, with 4 from 0.166-0.175 to 0.110-0.115, elastic with 2
-from 0.173-0.198 to 0.111-0.130, and ``many_lbs`` with 2 from 4.16 to
+to 0.098-0.114, with 4 from 0.166-0.175 to 0.113-0.119, elastic with 2
+from 0.173-0.198 to 0.112-0.122, and ``many_lbs`` with 2 from 4.16 to
 4.09, each with more throughput.  Where workers differ much it cost
 throughput (``mixed_fleet`` with 2 LBs: 667-697 requests a second
 against 779-812 with separate books) until members counted how busy
-they are (``busy_members``, the default: 820-834).  ``separate_books``
+they are (``busy_members``, the default: 801-840).  ``separate_books``
 turns it off.
 Without relays (the setting) LBs keep different books, so they go by
 rendezvous alone and still agree.

@@ -54,14 +54,15 @@ once.  Before any gain is known, or behind LBs that measure none,
 members go by score alone: nothing says what a move costs.  On
 ``mixed_fleet`` (at 60,000 requests) this serves 851-906 requests a
 second with one LB where ranking by score served 797-853 (the published
-policy 869-932), with two LBs 820-834 (667-697; published 808-841), with
-four 714-773 (619-724; published 736-792).  Elsewhere it changes little
+policy 869-932), with two LBs 801-840 (667-697; published 808-841), with
+four 820-830 (619-724; published 736-792), each LB's view of a backlog
+counted for the LBs it does not see (``_soonest``).  Elsewhere it changes little
 beyond what the seeds do: the logs' gains are 15-28, so a member moves
 only for a worker that many times less busy (NASA and elastic, seeds
 1-20, the same misses within 1%), and on the synthetic scenarios, whose
 gains are 2-3, it serves 1-2% more over seeds 1-8 (``hot_class`` 0.6%
 less) with a p99 5-8% lower; eight LBs in front of NASA's six workers
-serve 5% less (``simulations/README.rst``).  ``--no-busy-members`` ranks
+serve 6% less (``simulations/README.rst``).  ``--no-busy-members`` ranks
 by score alone.
 
 Widening.  Shares say what a class needs, not how busy its members are
@@ -158,16 +159,18 @@ def _best_scored(skilled: Dict[PoolWorker, float]) -> Dict[PoolWorker, float]:
 
 
 def _placing(worker: PoolWorker, score: float, members: List[PoolWorker],
-             stick: float) -> Tuple[float, bool, int]:
+             stick: float, lbs: float) -> Tuple[float, bool, int]:
     """How well ``worker`` would serve a class it has ``score`` in, as a
     sort key: its requests a second in the class over its decayed backlog
     plus one, so that a worker fast at everything, and busy with it, does
-    not take every class.  A current member of the class (in ``members``)
-    counts its backlog ``stick`` times smaller: backlogs going up and down
-    do not move a class, and its data, back and forth.  Ties go to
-    current members, then by the worker's salt, alike on every LB (see
-    "Members" in the module docstring)."""
-    load = worker.mbacklog + 1.0
+    not take every class.  The backlog is this LB's, ``lbs`` times (the
+    LBs whose requests it does not see: see ``Members._soonest``).  A
+    current member of the class (in ``members``) counts its backlog
+    ``stick`` times smaller: backlogs going up and down do not move a
+    class, and its data, back and forth.  Ties go to current members,
+    then by the worker's salt, alike on every LB (see "Members" in the
+    module docstring)."""
+    load = worker.mbacklog * lbs + 1.0
     member = worker in members
     if member:
         load /= stick
@@ -177,13 +180,13 @@ def _placing(worker: PoolWorker, score: float, members: List[PoolWorker],
 
 
 def _best_placed(skilled: Dict[PoolWorker, float], members: List[PoolWorker],
-                 stick: float) -> Dict[PoolWorker, float]:
+                 stick: float, lbs: float) -> Dict[PoolWorker, float]:
     """The first of ``skilled`` by ``_placing``, without sorting (a
     class of one member, most of them)."""
     best: Optional[PoolWorker] = None
     top = (0.0, False, 0)
     for worker, score in skilled.items():
-        placing = _placing(worker, score, members, stick)
+        placing = _placing(worker, score, members, stick, lbs)
         if best is None or placing > top:
             best, top = worker, placing
     return {} if best is None else {best: skilled[best]}
@@ -400,13 +403,22 @@ class Members:
         if gain is None:  # (nothing says what moving the class costs)
             return _top_scored(skilled, width)
         stick = gain if gain > MEMBER_STICK else MEMBER_STICK
+        # This LB sees its own requests in flight, and its siblings': of
+        # ``lbs`` LBs sharing the workers, each a like part of the
+        # traffic, a worker's backlog is about ``lbs`` over those times
+        # what it sees.  Unscaled, the one request more that says light
+        # load drowned it (four LBs: a worker four requests deep read as
+        # one), and on a fleet of unlike machines the fast workers took
+        # every class again.
+        seen = pool.siblings.count if pool.siblings is not None else 1
+        lbs = float(pool.lbs) / float(seen) if pool.lbs > seen else 1.0
         current = stats.holders  # (not ``members``: see ``_new_members``)
         if width == 1:
-            return _best_placed(skilled, current, stick)
+            return _best_placed(skilled, current, stick, lbs)
         # (``nlargest`` is Python code: several times slower for a handful
         # of workers)
         ranked = sorted(skilled.items(), reverse=True,
-                        key=lambda item: _placing(item[0], item[1], current, stick))
+                        key=lambda item: _placing(item[0], item[1], current, stick, lbs))
         return dict(ranked[:width])
 
     def _new_members(self, stats: ClassStats, members: Dict[PoolWorker, float],
