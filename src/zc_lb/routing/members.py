@@ -36,34 +36,25 @@ Members are worked out again every ``REFRESH`` requests of the class or
 when skills change, not on every request.
 
 Members.  A score is a worker's speed in one class, blind to how busy
-its other classes keep it.  On a fleet of two machine sizes the fast
-workers scored best in every class, became members of all the big ones
-and queued, while the slow ones idled: the simulator's ``mixed_fleet``
-served 797-853 requests a second where the published policy, which
-weighs backlogs, served 869-932 (with two LBs, 667-697 against 808-841).
-So (``busy_members``, the default), once this LB measures what moving
-the class costs (its gain, ``routing/locality.py``), members are ranked
-by score over decayed backlog plus one, the requests a second each would
-give the class, with a current member's backlog counted ``stick`` times
-smaller, ``stick`` being the class's gain or ``MEMBER_STICK``, whichever
-is more: a class whose keys take ten times longer away moves only from a
-member ten times busier than the other worker, while a busy member's
-backlog rising and falling within that moves nothing, and a
-better-scored worker (one that now holds the data) still takes over at
-once.  Before any gain is known, or behind LBs that measure none,
-members go by score alone: nothing says what a move costs.  On
-``mixed_fleet`` (at 60,000 requests) this serves 851-906 requests a
-second with one LB where ranking by score served 797-853 (the published
-policy 869-932), with two LBs 801-840 (667-697; published 808-841), with
-four 820-830 (619-724; published 736-792), each LB's view of a backlog
-counted for the LBs it does not see (``_soonest``).  Elsewhere it changes little
-beyond what the seeds do: the logs' gains are 15-28, so a member moves
-only for a worker that many times less busy (NASA and elastic, seeds
-1-20, the same misses within 1%), and on the synthetic scenarios, whose
-gains are 2-3, it serves 1-2% more over seeds 1-8 (``hot_class`` 0.6%
-less) with a p99 5-8% lower; eight LBs in front of NASA's six workers
-serve 6% less (``simulations/README.rst``).  ``--no-busy-members`` ranks
-by score alone.
+its other classes keep it: on a fleet of two machine sizes the fast
+workers, best-scored in every class, took all the big ones and queued
+while the slow ones idled.  So (``busy_members``, the default), once
+this LB measures what moving the class costs (its gain,
+``routing/locality.py``), members are ranked by score over decayed
+backlog plus one, the requests a second each would give the class, a
+current member's backlog counted ``stick`` times smaller (the class's
+gain or ``MEMBER_STICK``, whichever is more): a class whose keys take
+ten times longer away moves only from a member ten times busier, and a
+better-scored worker (one that now holds the data) takes over at once.
+Before any gain is known, or behind LBs that measure none, members go
+by score alone.  On ``mixed_fleet`` (60,000 requests) this serves
+851-906 requests a second with one LB, 801-840 with two and 820-830 with
+four (by score 797-853, 667-697 and 619-724; published 869-932, 808-841
+and 736-792), each LB's view of a backlog counted for the LBs it does
+not see (``_soonest``).  On the logs (gains of 15-28) it changes nothing
+beyond the seeds; on the synthetic scenarios (gains of 2-3) it serves
+1-2% more over seeds 1-8 with a p99 5-8% lower; eight LBs in front of
+NASA's six workers serve 6% less (``simulations/README.rst``).
 
 Widening.  Shares say what a class needs, not how busy its members are
 with the other classes they hold: on the elastic log the two classes
@@ -403,13 +394,9 @@ class Members:
         if gain is None:  # (nothing says what moving the class costs)
             return _top_scored(skilled, width)
         stick = gain if gain > MEMBER_STICK else MEMBER_STICK
-        # This LB sees its own requests in flight, and its siblings': of
-        # ``lbs`` LBs sharing the workers, each a like part of the
-        # traffic, a worker's backlog is about ``lbs`` over those times
-        # what it sees.  Unscaled, the one request more that says light
-        # load drowned it (four LBs: a worker four requests deep read as
-        # one), and on a fleet of unlike machines the fast workers took
-        # every class again.
+        # This LB sees its own requests in flight and its siblings': of
+        # ``lbs`` LBs, a worker's backlog is ``lbs`` over those times that
+        # (unscaled, the one request more for light load drowned it).
         seen = pool.siblings.count if pool.siblings is not None else 1
         lbs = float(pool.lbs) / float(seen) if pool.lbs > seen else 1.0
         current = stats.holders  # (not ``members``: see ``_new_members``)
