@@ -88,11 +88,8 @@ def setting_rst(setting, role):
     if settings.CLI in where:
         metavar = "" if setting.type is bool else " " + (
             setting.metavar or setting.name.upper())
-        option = setting.option
-        if setting.type is bool and setting.default:  # (on by default: --no-... turns it off)
-            option += "``, ``--no-" + option[2:]
         lines.append(":Command line: ``%s%s``; ``%s`` in a ``--config`` file's ``[%s]``\n"
-                     % (option, metavar, setting.name, role))
+                     % ("``, ``".join(setting.options), metavar, setting.name, role))
     else:
         lines.append(":Command line: no (ZooKeeper only)\n")
     if settings.ZOOKEEPER in where:

@@ -32,6 +32,16 @@ def test_the_parsers_give_the_table_s_defaults(command, argv):
         assert getattr(args, name) == setting.default, name
 
 
+@pytest.mark.parametrize("command", sorted(TABLES))
+def test_the_parsers_take_each_setting_by_the_options_the_table_names(command):
+    # (the reference lists Setting.options: --busy-members, --no-busy-members)
+    given = {option: action.option_strings
+             for action in parsers.build_parser().commands[command].options
+             for option in action.option_strings}
+    for name, setting in settings.given_in(TABLES[command], CLI).items():
+        assert given[setting.option] == list(setting.options), name
+
+
 def test_every_setting_has_help_and_a_known_place():
     for table in TABLES.values():
         for name, setting in table.items():

@@ -124,6 +124,14 @@ class Setting:
         """The command-line option: ``--backlog-history``."""
         return "--" + self.name.replace("_", "-")
 
+    @property
+    def options(self) -> Tuple[str, ...]:
+        """Every option that gives it: ``--backlog-history``; a boolean
+        on by default has ``--no-busy-members`` too (``add_argument``)."""
+        if self.type is bool and self.default:
+            return (self.option, "--no-" + self.option[2:])
+        return (self.option,)
+
     def convert(self, value: Any) -> Any:
         """``value`` (text, or a JSON or Python value) as this setting's
         type, within its limits; ConfigurationError if it cannot be."""
