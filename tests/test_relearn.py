@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 from zc_lb.routing import relearn
@@ -92,6 +93,26 @@ def test_the_book_is_bounded_and_forgets_the_least_recently_seen_key_first(monke
     for i in range(9, 40):
         booked(pool, "a", "/k%d" % i)
     assert len(pool.book) == 8
+
+
+def test_each_worker_counts_the_keys_the_book_says_went_to_it(monkeypatch):
+    # New keys, keys moved on, keys of several classes (SHARED, no one's)
+    # and keys the bounded book forgets: the counts follow the book.
+    monkeypatch.setattr(relearn, "BOOK_SIZE", 50)
+    pool = pool_of(3)
+    rng = random.Random(7)
+    in_flight = []
+    for i in range(600):
+        rclass = rng.choice("ab")
+        handle = pool.get(rclass, "/k%d" % rng.randrange(80))
+        in_flight.append(handle)  # (backlogs build up: the bound moves keys on)
+        if len(in_flight) > rng.randrange(1, 12):
+            pool.put(in_flight.pop(rng.randrange(len(in_flight))))
+        tally = Counter(entry[1] for entry in pool.book.values() if entry[1] is not None)
+        assert {w: w.booked for w in pool.workers.values()} == {
+            w: tally[w] for w in pool.workers.values()}, i
+    assert len(pool.book) == 50
+    assert any(entry == SHARED for entry in pool.book.values())
 
 
 # -- a changed classifier -------------------------------------------------------

@@ -63,7 +63,8 @@ class PoolWorker:
     """The pool's record of one worker: backlog, decayed backlog, skills."""
 
     __slots__ = ("handle", "backlog", "mbacklog", "dsum", "dcount", "resume",
-                 "version", "name", "salt", "given", "held", "elsewhere", "sent")
+                 "version", "name", "salt", "given", "held", "booked", "elsewhere",
+                 "sent")
 
     def __init__(self, handle: Hashable, version: Optional[str] = None,
                  name: Optional[str] = None) -> None:
@@ -78,6 +79,7 @@ class PoolWorker:
         self.name = str(handle) if name is None else name
         self.salt = 0  # the affinity policy's per-worker hash salt
         self.held = 0.0  # and the distinct keys it counts the worker to hold
+        self.booked = 0  # keys the book says last went to it (routing/relearn.py)
         # classes the pool made it skilled in at ``unskilled_score``, which
         # its résumé has not scored yet
         self.given: Set[str] = set()

@@ -180,17 +180,31 @@ class Relearning:
         what the book held for it (looked up once per request); a key seen
         moving twice is in several classes (a path under several hosts)
         and tells nothing: it stays ``SHARED``.  The book forgets the
-        keys least recently seen first."""
+        keys least recently seen first.  Each worker counts the keys the
+        book says went to it last (``PoolWorker.booked``)."""
         book = self.book
         if entry is None:
             book[book_hash] = (rclass, worker, False, where)
+            worker.booked += 1
             if len(book) > BOOK_SIZE:
-                book.popitem(last=False)
+                forgotten = book.popitem(last=False)[1][1]
+                if forgotten is not None:
+                    forgotten.booked -= 1
             return
         if entry[0] != rclass:
-            book[book_hash] = SHARED if entry[2] else (rclass, worker, True, where)
+            now: BookEntry = SHARED if entry[2] else (rclass, worker, True, where)
         elif entry[1] is not worker or entry[3] != where:
-            book[book_hash] = (rclass, worker, entry[2], where)
+            now = (rclass, worker, entry[2], where)
+        else:
+            book.move_to_end(book_hash)
+            return
+        last, went = entry[1], now[1]
+        if last is not went:
+            if last is not None:
+                last.booked -= 1
+            if went is not None:
+                went.booked += 1
+        book[book_hash] = now
         book.move_to_end(book_hash)
 
     def moved(self, rclass: str, stats: ClassStats, entry: Optional[BookEntry],
