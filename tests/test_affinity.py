@@ -438,6 +438,40 @@ def test_a_new_key_goes_to_the_least_busy_member():
         assert pool.workers[handle].backlog == least + 1
 
 
+def test_of_members_equally_busy_a_new_key_goes_where_it_has_room():
+    # A request in flight on each member: a key yet unseen goes to the
+    # one the book has sent the fewest keys for its score, not to a cache
+    # already full of other keys.
+    pool = AffinityPool()
+    pool.add("w0", {"c": 30.0})
+    pool.add("w1", {"c": 10.0})
+    w0, w1 = pool.workers["w0"], pool.workers["w1"]
+    for i in range(40):
+        pool.put(pool.get("c", "k%d" % (i % 20)))
+    assert set(pool.classes["c"].members) == {w0, w1}
+    held = {}
+    for i in range(20):  # (known keys, kept in flight one per member)
+        handle = pool.get("c", "k%d" % i)
+        if handle in held:
+            pool.put(handle)
+        held[handle] = True
+    assert w0.backlog == w1.backlog == 1
+    w0.booked += 1000  # (as if it had been sent another class's keys)
+
+    def new_keys(name):
+        went = Counter()
+        for i in range(10):
+            handle = pool.get("c", "%s%d" % (name, i))
+            pool.put(handle)
+            went[handle] += 1
+        return went
+
+    assert new_keys("a") == {"w1": 10}
+    # Three times the score holds three times the keys: w0 has room again.
+    w1.booked += 500
+    assert new_keys("b") == {"w0": 10}
+
+
 def _drive(pool, requests, held=None, quick=(), window=8):
     """Route ``requests`` round the classes: each of ``quick``, (class,
     keys), done at once, and ``held``, kept in flight up to ``window``
