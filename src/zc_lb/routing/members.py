@@ -48,12 +48,12 @@ ten times longer away moves only from a member ten times busier, and a
 better-scored worker (one that now holds the data) takes over at once.
 Before any gain is known, or behind LBs that measure none, members go
 by score alone.  On ``mixed_fleet`` (60,000 requests) this serves
-851-906 requests a second with one LB, 801-840 with two and 820-830 with
-four (by score 797-853, 667-697 and 619-724; published 869-932, 808-841
+826-882 requests a second with one LB, 801-840 with two and 820-830 with
+four (by score 800-855, 667-697 and 619-724; published 869-932, 808-841
 and 736-792), each LB's view of a backlog counted for the LBs it does
 not see (``_soonest``).  On the logs (gains of 15-28) it changes nothing
 beyond the seeds; on the synthetic scenarios (gains of 2-3) it serves
-1-2% more over seeds 1-8 with a p99 5-8% lower; eight LBs in front of
+2-3% more over seeds 1-8 with a p99 5-7% lower; eight LBs in front of
 NASA's six workers serve 6% less (``simulations/README.rst``).
 
 Widening.  Shares say what a class needs, not how busy its members are
