@@ -54,8 +54,8 @@ would evict for it.  Of idle members, to the first in rendezvous order,
 so that at light load a key is at its owner and follows rendezvous to
 a member that joins its class; and behind several LBs, whose books
 differ, too (elastic with two LBs loaded 8% more, seeds 1-6).  Alone,
-over seeds 1-20, the NASA log loads 0.078 a request (0.082 at worst)
-against 0.079 (0.085), elastic 0.100 (0.106) against 0.101 (0.116).  Rendezvous still decides a key whose last
+over seeds 1-20, elastic's second half loads 0.100 a request (0.108 at
+worst) against 0.101 (0.116), and the NASA log 0.079 as before.  Rendezvous still decides a key whose last
 worker is busy or gone, a key whose owner is starting (slow start gives
 a starter its keys by rendezvous), and a key that went to its owner
 before the class grew (``joins``): at light load nothing else would
