@@ -55,8 +55,8 @@ so that at light load a key is at its owner and follows rendezvous to
 a member that joins its class; and behind several LBs, whose books
 differ, too (elastic with two LBs loaded 8% more, seeds 1-6).  Alone,
 over seeds 1-20, elastic's second half loads 0.100 a request (0.108 at
-worst) against 0.101 (0.116), and the NASA log 0.079 as before.  Rendezvous still decides a key whose last
-worker is busy or gone, a key whose owner is starting (slow start gives
+worst) against 0.101 (0.116), and the NASA log 0.079 as before.
+Rendezvous still decides a key whose last worker is busy or gone, a key whose owner is starting (slow start gives
 a starter its keys by rendezvous), and a key that went to its owner
 before the class grew (``joins``): at light load nothing else would
 give a new member its share of the keys.  (The children of one
@@ -387,7 +387,8 @@ class Placement:
         to the least busy member (of members equally busy, the one with
         the most room: see "Stickiness" in the module docstring): no one
         holds it yet."""
-        count, total, first, kept, owner, least = self._ranked(members, key_hash, balance, last)
+        count, total, first, kept, owner, least = self._ranked(
+            members, key_hash, balance, last, roomy=new and self.pool.lbs == 1)
         if first is None:
             return None, False, owner
         # (float(): compiled, a float over an int is worked out on objects)
@@ -421,19 +422,20 @@ class Placement:
         return max_backlog, pool.oldest().mbacklog + 1.0
 
     def _ranked(self, members: Dict[PoolWorker, float], key_hash: int, balance: float,
-                last: Optional[PoolWorker], below: float = math.inf) -> Ranked:
+                last: Optional[PoolWorker], below: float = math.inf,
+                roomy: bool = False) -> Ranked:
         """How many members are under the cap (``_cap``; and with a
         backlog ``below``), and their total backlog; the first of them in
         the key's rendezvous order, ``last`` if one of them, the key's
         owner (the first of all members), and the least busy of them (of
-        equal backlogs above nothing, the one with the fewest keys booked
-        for its score; then the first in rendezvous order).  (Not a starter
+        equal backlogs above nothing and ``roomy``, for a new key behind
+        this LB alone, the one with the fewest keys booked for its score;
+        then the first in rendezvous order).  (Not a starter
         busier than the pool's mean.  No list of them: three requests in
         four want only these.)"""
         max_backlog, min_backlog = self._cap(balance)
         starting = self.pool.starting
         busy = self.pool.backlog / len(self.pool.workers)  # a starter takes no more than the mean
-        roomy = self.pool.lbs == 1  # (other LBs book keys of their own: see "Stickiness")
         count = total = 0
         owner = first = least = kept = None  # first: the owner under the cap; kept: ``last``
         top = best = least_score = least_weight = 0.0
