@@ -934,6 +934,46 @@ def test_a_class_whose_keys_hover_at_a_whole_number_of_workers_keeps_its_members
     assert len(pool.classes["a"].members) == pool.members.width(pool.classes["a"]) == 3
 
 
+def test_a_key_another_lb_sent_to_a_skilled_worker_stays_there_though_not_a_member():
+    # LBs whose keys are relayed may not agree on a class's members: each
+    # ranks them by the backlogs it sees.  A key another LB sent to a
+    # worker skilled in the class stays there, though this LB does not
+    # count that worker a member, while it is no busier than the member
+    # the key would go to: sent there, it would be loaded again.
+    def relayed_to_an_outsider(lbs):
+        pool = pool_of(4)
+        pool.lbs, pool.relayed = lbs, True
+        for i in range(4):
+            pool.new_resume("w%d" % i, {"c": 100.0, "other": 100.0})
+        for i in range(2000):  # ("c" is a small part of the requests: few members)
+            pool.put(pool.get("other", "/o%d" % (i % 400)))
+            if i % 50 == 0:
+                pool.put(pool.get("c", "/c%d" % (i % 7)))
+        stats = pool.classes["c"]
+        members = pool.members.of("c", stats)
+        outsider = next(w for w in pool.workers.values() if w not in members)
+        assert outsider in pool.skilled["c"]
+        pool.take_keys(outsider.handle, {"c": [stats.keys["/c3"].book_hash]})
+        return pool, outsider, members
+
+    pool, outsider, members = relayed_to_an_outsider(2)
+    handle = pool.get("c", "/c3")
+    assert handle == outsider.handle
+    pool.put(handle)
+    # Busier than the member it would go to, it does not keep the key.
+    in_flight = [pool.get("other", "/busy")]
+    while in_flight[-1] != outsider.handle:
+        in_flight.append(pool.get("other", "/busy"))
+    for handle in in_flight[:-1]:
+        pool.put(handle)
+    assert outsider.backlog > max(worker.backlog for worker in members)
+    assert pool.get("c", "/c3") in {w.handle for w in members}
+    # An LB alone counts only its members: a worker it dropped from the
+    # class gives its keys up.
+    pool, outsider, members = relayed_to_an_outsider(1)
+    assert pool.get("c", "/c3") in {w.handle for w in members}
+
+
 def test_keys_another_lb_sent_go_where_it_sent_them():
     # Two LBs whose keys the workers relay (frames.Keys: ``sent_keys`` on
     # one, ``take_keys`` on the other) keep one book between them: a key
