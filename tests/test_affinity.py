@@ -850,6 +850,32 @@ def test_a_class_recruits_the_worker_holding_the_fewest_keys(seed):
     assert pool.get("new", "/new/0") == emptiest.handle
 
 
+def test_behind_relaying_lbs_a_class_is_recruited_near_its_point_where_few_keys_went():
+    # Several LBs recruit from a hash ring, so that all take the same
+    # worker for a class.  With relays every LB's book hears the others'
+    # keys, so all count alike how many keys went to each worker: a class
+    # does not land where another class's keys are while a worker near
+    # its point on the ring was sent under half as many.
+    def recruit(booked, relayed=True):
+        pool = AffinityPool()
+        pool.lbs, pool.relayed = 2, relayed
+        for name in sorted(booked):
+            pool.add(name)
+            pool.workers[name].booked = booked[name]
+        return pool.get("new", "/new/0")
+
+    even = {"w%d" % i: 100 for i in range(6)}
+    first = recruit(even)
+    assert recruit(even) == first
+    crowded = dict(even, **{first: 1000})
+    roomier = recruit(crowded)
+    assert roomier != first
+    assert recruit(crowded) == roomier  # (on every LB alike)
+    assert recruit(dict(crowded, **{roomier: 600})) not in (first, roomier)
+    # Without relays the LBs' books differ: the ring and backlogs decide.
+    assert recruit(crowded, relayed=False) == first
+
+
 def test_held_counts_each_class_keys_once_over_its_members():
     pool = big_and_small_classes(0)
     window = pool.requests // pool.footprint_window

@@ -22,9 +22,9 @@ short of members recruits one worker not yet skilled in it: when this LB is
 alone, the one whose classes leave it the fewest keys to hold (``held``:
 each class's distinct keys shared among its members), so that a big
 class is not split over the workers that already cache another big one;
-with several LBs (``lbs``, which ZooKeeper tells) the less loaded of the
-first two on a hash ring from the class's point, so that every LB
-recruits the same workers and a class is not copied once per LB.  A
+with several LBs (``lbs``, which ZooKeeper tells) one near the class's
+point on a hash ring, alike on every LB, so that a class is not copied
+once per LB (``_ring_recruit``; with relays, one the book sent few keys).  A
 recruit starts with the class's lowest score, so it takes a real share
 of the keys at once (with ``unskilled_score`` it would take almost none
 until its résumé came).
@@ -47,14 +47,9 @@ gain or ``MEMBER_STICK``, whichever is more): a class whose keys take
 ten times longer away moves only from a member ten times busier, and a
 better-scored worker (one that now holds the data) takes over at once.
 Before any gain is known, or behind LBs that measure none, members go
-by score alone.  On ``mixed_fleet`` (60,000 requests) this serves
-826-882 requests a second with one LB, 801-840 with two and 820-830 with
-four (by score 800-855, 667-697 and 619-724; published 869-932, 808-841
-and 736-792), each LB's view of a backlog counted for the LBs it does
-not see (``_soonest``).  On the logs (gains of 15-28) it changes nothing
-beyond the seeds; on the synthetic scenarios (gains of 2-3) it serves
-2-3% more over seeds 1-8 with a p99 5-7% lower; eight LBs in front of
-NASA's six workers serve 6% less (``simulations/README.rst``).
+by score alone.  Each LB's view of a backlog is counted for the LBs it
+does not see (``_soonest``).  What this serves on ``mixed_fleet``, the
+logs and the synthetic scenarios: ``simulations/README.rst``.
 
 Widening.  Shares say what a class needs, not how busy its members are
 with the other classes they hold: on the elastic log the two classes
@@ -68,14 +63,11 @@ takes the class's new keys and those the bound moves on (not the keys
 at their owners: they would be loaded again); below ``1 / (1 +
 widen)`` it gives the extra back.  One, not more: it mends a packing
 accident, and a class still the busiest with it is a hot class, which
-the bound and the cap spread (uncapped, the hottest classes of 200
-workers took forty members more, one at a time).  Only a class whose
-work per member is at least half a worker's fair share widens: a
-lighter one cannot relieve its members by much, and the new member
-loads the class's shared data.  (A class's work is its decayed
-requests, each weighed by the seconds it takes the class's members, one
-over their résumé scores.  Spreading every class by its share of work,
-rather than of requests, was tried and loaded more on the NASA log.)
+the bound and the cap spread.  Only a class whose work per member is at
+least half a worker's fair share widens: a lighter one cannot relieve
+its members by much, and the new member loads the class's shared data.
+(A class's work is its decayed requests, each weighed by the seconds it
+takes the class's members, one over their résumé scores.)
 
 Structure.  ``Members`` counts each request and its key into the
 class's statistics (``observe``) and works out the class's members
@@ -113,7 +105,9 @@ log = logging.getLogger(__name__)
 
 # (Final: constants in compiled code, see routing/affinity.py; MAX_KEYS_SEEN
 # stays plain, for the tests to change)
-RING_CHOICES: Final = 2  # ring recruiting: the less loaded of the first two
+RING_CHOICES: Final = 2  # ring recruiting: the less loaded of the first two,
+RING_ROOM: Final = 4  # with relays one of the first four booked
+RING_ROOMIER: Final = 0.5  # under half as many keys
 RING_POINTS: Final = 16  # points per worker on the recruiting ring
 REFRESH: Final = 16  # requests of a class between working out its members again
 MEMBER_STICK: Final = 2.5  # a member is favoured this much (or its class's gain) to stay one
@@ -326,9 +320,7 @@ class Members:
     def widths(self, stats: ClassStats) -> Tuple[int, int]:
         """The class's width, and the part of it its keys ask for, kept
         until they ask for ``NARROW`` of a worker less than one member
-        fewer (see the module docstring: NASA's ``shuttle``, at 2.94 to
-        3.04 workers' share of the keys, went from three members to
-        four and back some twenty times in a run)."""
+        fewer (see the module docstring)."""
         pool = self.pool
         n = len(pool.workers)
         # Few requests or keys prove nothing: until there are PRIOR per
@@ -499,8 +491,7 @@ class Members:
         class's lowest score: alone, the one holding the fewest keys (the
         least recently chosen of those), or, for a class ``busiest``
         (widened for its pressure), the least busy but for starters; with
-        other LBs, the less loaded of the first two on a ring of workers
-        from the class's point, so that every LB recruits alike."""
+        other LBs, from a ring, alike on every LB (``_ring_recruit``)."""
         pool = self.pool
         score = min(skilled.values()) if skilled else pool.unskilled_score
         worker = self._ring_recruit(rclass, skilled) if pool.lbs > 1 else None
@@ -528,6 +519,11 @@ class Members:
 
     def _ring_recruit(self, rclass: str, skilled: Dict[PoolWorker, float]
                       ) -> Optional[PoolWorker]:
+        """Of the workers not skilled in ``rclass`` on a ring from the
+        class's point, the less busy of the first ``RING_CHOICES``; with
+        relays (every LB's book hears the others' keys, so all count them
+        alike), the one of the first ``RING_ROOM`` the book has sent the
+        fewest keys instead, if under ``RING_ROOMIER`` times as many."""
         ring = self._ring
         if ring is None:
             ring = self._ring = sorted(
@@ -535,17 +531,22 @@ class Members:
                 for worker in self.pool.workers.values() for replica in range(RING_POINTS))
         start = bisect.bisect(ring, (stable_hash(rclass), ))
         n = len(ring)
-        best = None
-        seen = 0
-        for i in range(min(n, (len(skilled) + RING_CHOICES + 1) * RING_POINTS)):
+        choices = RING_ROOM if self.pool.relayed else RING_CHOICES
+        best = roomiest = None
+        seen: List[PoolWorker] = []
+        for i in range(min(n, (len(skilled) + choices + 1) * RING_POINTS)):
             worker = ring[(start + i) % n][1]
-            if worker in skilled or worker is best:
+            if worker in skilled or worker in seen:
                 continue
-            if best is None or worker.mbacklog < best.mbacklog:
+            seen.append(worker)
+            if len(seen) <= RING_CHOICES and (best is None or worker.mbacklog < best.mbacklog):
                 best = worker
-            seen += 1
-            if seen == RING_CHOICES:
+            if roomiest is None or worker.booked < roomiest.booked:
+                roomiest = worker
+            if len(seen) == choices:
                 break
+        if best is not None and roomiest is not None and self.pool.relayed:
+            return roomiest if roomiest.booked < RING_ROOMIER * best.booked else best
         return best
 
     def _hold(self, stats: ClassStats, members: Dict[PoolWorker, float]) -> None:
