@@ -67,11 +67,9 @@ and recruits when its own requests ask.  A key another LB sent to a
 worker skilled in the class that this LB does not count among the
 members stays there while that worker is no busier than the member it
 would go to: sent to this LB's member it was loaded again, and the
-other LB moved it back.  Over seeds 1-12 (1-6 with eight LBs),
-NASA serves 9%, 9% and 19% more with two, four and eight LBs, at 5-15%
-fewer loads; elastic's halves 4%, 8% and 4% more, at about the same
-loads; ``mixed_fleet`` (``--scale 0.3``, seeds 1-4) 4% and 2% more
-with two and four.
+other LB moved it back.  By itself this served NASA 9-19% more with two
+to eight LBs (seeds 1-12) at 5-15% fewer loads, elastic's halves 4-8%
+more; what several LBs serve is in ``simulations/README.rst``.
 
 Spill.  When no member is under the cap, the request goes, as in the
 published algorithm, to the best skilled worker under the cap, unless
