@@ -106,8 +106,8 @@ log = logging.getLogger(__name__)
 # (Final: constants in compiled code, see routing/affinity.py; MAX_KEYS_SEEN
 # stays plain, for the tests to change)
 RING_CHOICES: Final = 2  # ring recruiting: the less loaded of the first two,
-RING_ROOM: Final = 4  # with relays one of the first four booked
-RING_ROOMIER: Final = 0.5  # under half as many keys
+RING_ROOM: Final = 4  # or with relays the one of the first four sent the fewest keys,
+RING_ROOMIER: Final = 0.5  # if under half as many as that one
 RING_POINTS: Final = 16  # points per worker on the recruiting ring
 REFRESH: Final = 16  # requests of a class between working out its members again
 MEMBER_STICK: Final = 2.5  # a member is favoured this much (or its class's gain) to stay one
