@@ -472,6 +472,41 @@ def test_of_members_equally_busy_a_new_key_goes_where_it_has_room():
     assert new_keys("b") == {"w0": 10}
 
 
+def test_behind_several_lbs_a_new_key_of_idle_members_goes_to_the_quietest():
+    # Each of several LBs sees only its own requests in flight, so its
+    # members are often equally busy, idle ones included.  A key yet
+    # unseen then goes to the member that has been least busy (its decayed
+    # mean backlog), not always to the best-scored one, whose first place
+    # in every rendezvous order would leave the others cold.
+    def pool_of_two(lbs):
+        pool = AffinityPool()
+        pool.lbs = lbs
+        pool.relayed = True  # (the workers relay the LBs' keys: see test_relay.py)
+        pool.add("w0", {"c": 30.0})
+        pool.add("w1", {"c": 10.0})
+        for i in range(40):
+            pool.put(pool.get("c", "k%d" % (i % 20)))
+        assert len(pool.classes["c"].members) == 2
+        return pool
+
+    def new_keys(pool, busy, name, count=10):
+        worker = pool.workers[busy]  # (as if it had had requests waiting)
+        worker.dsum, worker.dcount, worker.mbacklog = 50.0, 10.0, 5.0
+        went = Counter()
+        for i in range(count):
+            handle = pool.get("c", "%s%d" % (name, i))
+            pool.put(handle)
+            went[handle] += 1
+        return went
+
+    assert new_keys(pool_of_two(2), "w0", "a") == {"w1": 10}
+    assert new_keys(pool_of_two(2), "w1", "a") == {"w0": 10}
+    # An LB alone keeps rendezvous order among idle members: the keys
+    # follow their owners, most of them the better scored w0.
+    alone = new_keys(pool_of_two(1), "w0", "a", 60)
+    assert alone["w0"] > 2 * alone["w1"], alone
+
+
 def _drive(pool, requests, held=None, quick=(), window=8):
     """Route ``requests`` round the classes: each of ``quick``, (class,
     keys), done at once, and ``held``, kept in flight up to ``window``

@@ -52,10 +52,22 @@ the book has sent the fewest keys, of any class, for its score
 stands for how much it can hold): a cache already full of other keys
 would evict for it.  Of idle members, to the first in rendezvous order,
 so that at light load a key is at its owner and follows rendezvous to
-a member that joins its class; and behind several LBs, whose books
-differ, too (elastic with two LBs loaded 8% more, seeds 1-6).  Alone,
-over seeds 1-20, elastic's second half loads 0.100 a request (0.108 at
-worst) against 0.101 (0.116), and the NASA log 0.079 as before.
+a member that joins its class.  Alone, over seeds 1-20, elastic's
+second half loads 0.100 a request (0.108 at worst) against 0.101
+(0.116), and the NASA log 0.079 as before.  Behind several LBs, whose
+books differ (the booked counts loaded elastic with two LBs 8% more,
+seeds 1-6), of idle members a new key goes to the one with the lowest
+decayed mean backlog.  Each LB sees only its own requests in flight, so
+members it sees idle are often busy with the other LBs' requests; in
+rendezvous order every such key went to the class's best-scored member,
+and the others, their scores measured on cold caches, drew fewer keys
+still (NASA's most requested class, two LBs, seed 1: five members, one
+serving 80% of it, while another worker served under 1% of the requests).
+Over seeds 1-12 (NASA with eight LBs, 1-6), with the keys kept where
+another LB sent them (below), NASA serves as much with two LBs, 4% more
+with four and 16% more with eight, at 3% and 7% fewer loads; elastic's
+halves within 1% with two and four and 4% more with eight;
+``mixed_fleet`` and ``many_lbs`` as before.
 Rendezvous still decides a key whose last worker is busy or gone, a key whose owner is starting (slow start gives
 a starter its keys by rendezvous), and a key that went to its owner
 before the class grew (``joins``): at light load nothing else would
@@ -151,6 +163,10 @@ MOVE_COST: Final = 64.0  # a key moved costs its request's gain this many times 
 EXPLORE: Final = 16  # before any gain is known, one in this many busy requests goes away
 NOISE: Final = 0.2  # of a gain: what a measurement of no gain at all may read over 1
 EMPTY: Final[Dict[PoolWorker, float]] = {}  # (no worker is skilled in a class never seen)
+# Which of the members equally busy a new key goes to (``Placement._ranked``):
+FIRST: Final = 0  # the first in the key's rendezvous order
+ROOMIEST: Final = 1  # above nothing, the fewest keys booked for its score (this LB alone)
+QUIETEST: Final = 2  # idle, the lowest decayed mean backlog (behind several LBs)
 
 # (members under the cap and their backlog; the first of them, ``last``,
 # the owner, the least busy: see ``Placement._ranked``)
@@ -399,10 +415,11 @@ class Placement:
         the bound moved on stays where it went instead of coming back to
         be loaded again.  A ``new`` key, one the book does not know, goes
         to the least busy member (of members equally busy, the one with
-        the most room: see "Stickiness" in the module docstring): no one
-        holds it yet."""
+        the most room, or behind several LBs the quietest: see
+        "Stickiness" in the module docstring): no one holds it yet."""
+        ties = (ROOMIEST if self.pool.lbs == 1 else QUIETEST) if new else FIRST
         count, total, first, kept, owner, least = self._ranked(
-            members, key_hash, balance, last, roomy=new and self.pool.lbs == 1)
+            members, key_hash, balance, last, ties=ties)
         if first is None:
             return None, False, owner
         # (float(): compiled, a float over an int is worked out on objects)
@@ -437,14 +454,15 @@ class Placement:
 
     def _ranked(self, members: Dict[PoolWorker, float], key_hash: int, balance: float,
                 last: Optional[PoolWorker], below: float = math.inf,
-                roomy: bool = False) -> Ranked:
+                ties: int = FIRST) -> Ranked:
         """How many members are under the cap (``_cap``; and with a
         backlog ``below``), and their total backlog; the first of them in
         the key's rendezvous order, ``last`` if one of them, the key's
-        owner (the first of all members), and the least busy of them (of
-        equal backlogs above nothing and ``roomy``, for a new key behind
-        this LB alone, the one with the fewest keys booked for its score;
-        then the first in rendezvous order).  (Not a starter
+        owner (the first of all members), and the least busy of them.  Of
+        equal backlogs, ``ties`` says which (for a new key: see
+        ``_owner``): ``ROOMIEST``, above nothing, the one with the fewest
+        keys booked for its score; ``QUIETEST``, idle, the one with the
+        lowest decayed mean backlog; then the first in rendezvous order.  (Not a starter
         busier than the pool's mean.  No list of them: three requests in
         four want only these.)"""
         max_backlog, min_backlog = self._cap(balance)
@@ -474,9 +492,12 @@ class Placement:
             if least is None or backlog < least.backlog:
                 least, least_score, least_weight = worker, score, weight
             elif backlog == least.backlog:
-                if backlog and roomy:  # (keys booked over score, cross-multiplied)
+                if ties == ROOMIEST and backlog:  # (keys booked over score, cross-multiplied)
                     room, least_room = worker.booked * least_score, least.booked * score
                     roomier = room < least_room or (room == least_room and weight > least_weight)
+                elif ties == QUIETEST and not backlog:
+                    quiet, least_quiet = worker.mbacklog, least.mbacklog
+                    roomier = quiet < least_quiet or (quiet == least_quiet and weight > least_weight)
                 else:
                     roomier = weight > least_weight
                 if roomier:
