@@ -68,8 +68,9 @@ another LB sent them (below), NASA serves as much with two LBs, 4% more
 with four and 16% more with eight, at 3% and 7% fewer loads; elastic's
 halves within 1% with two and four and 4% more with eight;
 ``mixed_fleet`` and ``many_lbs`` as before.
-Rendezvous still decides a key whose last worker is busy or gone, a key whose owner is starting (slow start gives
-a starter its keys by rendezvous), and a key that went to its owner
+Rendezvous still decides a key whose last worker is busy or gone, a
+key whose owner is starting (slow start gives a starter its keys by
+rendezvous), and a key that went to its owner
 before the class grew (``joins``): at light load nothing else would
 give a new member its share of the keys.  (The children of one
 ``--processes``, and LBs whose keys are relayed, route as this one LB:
@@ -497,7 +498,8 @@ class Placement:
                     roomier = room < least_room or (room == least_room and weight > least_weight)
                 elif ties == QUIETEST and not backlog:
                     quiet, least_quiet = worker.mbacklog, least.mbacklog
-                    roomier = quiet < least_quiet or (quiet == least_quiet and weight > least_weight)
+                    roomier = quiet < least_quiet or (
+                        quiet == least_quiet and weight > least_weight)
                 else:
                     roomier = weight > least_weight
                 if roomier:
