@@ -501,6 +501,17 @@ def test_behind_several_lbs_a_new_key_of_idle_members_goes_to_the_quietest():
 
     assert new_keys(pool_of_two(2), "w0", "a") == {"w1": 10}
     assert new_keys(pool_of_two(2), "w1", "a") == {"w0": 10}
+    # Of members equally busy but not idle, rendezvous order decides.
+    pool = pool_of_two(2)
+    held = {}
+    for i in range(20):  # (known keys, kept in flight one per member)
+        handle = pool.get("c", "k%d" % i)
+        if handle in held:
+            pool.put(handle)
+        held[handle] = True
+    assert pool.workers["w0"].backlog == pool.workers["w1"].backlog == 1
+    busy = new_keys(pool, "w0", "b", 40)
+    assert busy["w0"] > busy["w1"], busy
     # An LB alone keeps rendezvous order among idle members: the keys
     # follow their owners, most of them the better scored w0.
     alone = new_keys(pool_of_two(1), "w0", "a", 60)
@@ -891,15 +902,19 @@ def test_behind_relaying_lbs_a_class_is_recruited_near_its_point_where_few_keys_
     # keys, so all count alike how many keys went to each worker: a class
     # does not land where another class's keys are while a worker near
     # its point on the ring was sent under half as many.
-    def recruit(booked, relayed=True):
+    def recruit(booked, relayed=True, busy=()):
         pool = AffinityPool()
         pool.lbs, pool.relayed = 2, relayed
         for name in sorted(booked):
             pool.add(name)
             pool.workers[name].booked = booked[name]
+        for name, mbacklog in busy:  # (as if it had had requests waiting)
+            pool.workers[name].dsum, pool.workers[name].dcount = mbacklog, 1.0
+            pool.workers[name].mbacklog = mbacklog
         return pool.get("new", "/new/0")
 
-    even = {"w%d" % i: 100 for i in range(6)}
+    names = ["w%d" % i for i in range(6)]
+    even = dict.fromkeys(names, 100)
     first = recruit(even)
     assert recruit(even) == first
     crowded = dict(even, **{first: 1000})
@@ -909,6 +924,21 @@ def test_behind_relaying_lbs_a_class_is_recruited_near_its_point_where_few_keys_
     assert recruit(dict(crowded, **{roomier: 600})) not in (first, roomier)
     # Without relays the LBs' books differ: the ring and backlogs decide.
     assert recruit(crowded, relayed=False) == first
+    # Near its point: of six workers, the first four on the ring (those
+    # that win with no keys booked where all others have 1,000) and not
+    # the others; under half as many keys as the ring's choice, not half.
+    full = dict.fromkeys(names, 1000)
+    near = {name for name in names if recruit(dict(full, **{name: 0})) == name}
+    assert len(near) == 4 and first in near
+    for name in set(names) - near:
+        assert recruit(dict(full, **{name: 0})) == first
+    other = sorted(near - {first})[0]
+    assert recruit(dict(full, **{other: 499})) == other
+    assert recruit(dict(full, **{other: 500})) == first
+    # The ring's choice is the less busy of its first two, not of four.
+    second = recruit(full, busy=[(first, 0.5)])
+    assert second in near and second != first
+    assert recruit(full, busy=[(first, 0.5), (second, 0.3)]) == second
 
 
 def test_held_counts_each_class_keys_once_over_its_members():
@@ -1024,6 +1054,7 @@ def test_a_key_another_lb_sent_to_a_skilled_worker_stays_there_though_not_a_memb
     # Busier than the member it would go to, it does not keep the key.
     in_flight = [pool.get("other", "/busy")]
     while in_flight[-1] != outsider.handle:
+        assert len(in_flight) < 100
         in_flight.append(pool.get("other", "/busy"))
     for handle in in_flight[:-1]:
         pool.put(handle)
@@ -1032,6 +1063,13 @@ def test_a_key_another_lb_sent_to_a_skilled_worker_stays_there_though_not_a_memb
     # An LB alone counts only its members: a worker it dropped from the
     # class gives its keys up.
     pool, outsider, members = relayed_to_an_outsider(1)
+    assert pool.get("c", "/c3") in {w.handle for w in members}
+    # Nor does a worker no longer skilled in the class, or gone, keep it.
+    pool, outsider, members = relayed_to_an_outsider(2)
+    pool.new_resume(outsider.handle, {"other": 100.0})
+    assert pool.get("c", "/c3") in {w.handle for w in members}
+    pool, outsider, members = relayed_to_an_outsider(2)
+    pool.remove(outsider.handle)
     assert pool.get("c", "/c3") in {w.handle for w in members}
 
 

@@ -17,17 +17,16 @@ its width uses those that would serve it soonest (``busy_members``,
 the default; without it the best-scored: see "Members"); the rest, no
 longer sent the class, drop it from their résumés after
 ``max_skill_age`` requests, so a hot class's skilled set grows only
-while it is needed.  A class
-short of members recruits one worker not yet skilled in it: when this LB is
-alone, the one whose classes leave it the fewest keys to hold (``held``:
-each class's distinct keys shared among its members), so that a big
-class is not split over the workers that already cache another big one;
-with several LBs (``lbs``, which ZooKeeper tells) one near the class's
-point on a hash ring, alike on every LB, so that a class is not copied
-once per LB (``_ring_recruit``; with relays, one the book sent few keys).  A
-recruit starts with the class's lowest score, so it takes a real share
-of the keys at once (with ``unskilled_score`` it would take almost none
-until its résumé came).
+while it is needed.  A class short of members recruits one worker not
+yet skilled in it: when this LB is alone, the one whose classes leave it the
+fewest keys to hold (``held``: each class's distinct keys shared among
+its members), so that a big class is not split over the workers that
+already cache another big one; with several LBs (``lbs``, which
+ZooKeeper tells) one near the class's point on a hash ring, alike on
+every LB, so that a class is not copied once per LB (``_ring_recruit``;
+with relays, one the book sent few keys).  A recruit starts with the
+class's lowest score, so it takes a real share of the keys at once (with
+``unskilled_score`` it would take almost none until its résumé came).
 A class keeps the members its keys asked for until its footprint falls
 ``NARROW`` of a worker under one member fewer: a footprint hovering at a
 whole number took a member and gave it back in turn, and each time that
@@ -519,11 +518,11 @@ class Members:
 
     def _ring_recruit(self, rclass: str, skilled: Dict[PoolWorker, float]
                       ) -> Optional[PoolWorker]:
-        """Of the workers not skilled in ``rclass`` on a ring from the
-        class's point, the less busy of the first ``RING_CHOICES``; with
-        relays (every LB's book hears the others' keys, so all count them
-        alike), the one of the first ``RING_ROOM`` the book has sent the
-        fewest keys instead, if under ``RING_ROOMIER`` times as many."""
+        """Of the workers not skilled in ``rclass`` on a ring from the class's
+        point, the less busy of the first ``RING_CHOICES``; with relays (all
+        LBs' books hear all keys, so count alike), the one of the first
+        ``RING_ROOM``, not a starter, the book sent the fewest keys, if under
+        ``RING_ROOMIER`` times as many as that one (a starter has none)."""
         ring = self._ring
         if ring is None:
             ring = self._ring = sorted(
@@ -541,7 +540,8 @@ class Members:
             seen.append(worker)
             if len(seen) <= RING_CHOICES and (best is None or worker.mbacklog < best.mbacklog):
                 best = worker
-            if roomiest is None or worker.booked < roomiest.booked:
+            if (roomiest is None or worker.booked < roomiest.booked) and (
+                    worker not in self.pool.starting):
                 roomiest = worker
             if len(seen) == choices:
                 break

@@ -79,8 +79,9 @@ agree on a class's members: each ranks them by the backlogs it sees,
 and recruits when its own requests ask.  A key another LB sent to a
 worker skilled in the class that this LB does not count among the
 members stays there while that worker is no busier than the member it
-would go to: sent to this LB's member it was loaded again, and the
-other LB moved it back.  By itself this served NASA 9-19% more with two
+would go to (unless slow start is at work, and not when every member
+is capped: the key spills as before): sent to this LB's member it was
+loaded again, and the other LB moved it back.  By itself this served NASA 9-19% more with two
 to eight LBs (seeds 1-12) at 5-15% fewer loads, elastic's halves 4-8%
 more; what several LBs serve is in ``simulations/README.rst``.
 
@@ -257,10 +258,9 @@ class Placement:
                 entry[3] == AWAY or entry[3] == stats.joins) else None
             chosen, away, owner = self._owner(members, key_hash, balance, last, entry is None)
             if (last is not None and chosen is not None and chosen is not last
-                    and self.pool.lbs > 1 and last not in members
-                    and last.backlog <= chosen.backlog
-                    and last in self.pool.skilled.get(rclass, EMPTY)):
-                chosen, away = last, True  # (where another LB sent it: see "Stickiness")
+                    and self.pool.lbs > 1
+                    and self._sent_elsewhere(rclass, members, last, chosen, owner)):
+                chosen, away = last, True
             if entry is not None and entry[0] != rclass:
                 home = owner  # (a path of several classes: the book cannot say)
         else:
@@ -269,6 +269,23 @@ class Placement:
         if chosen is None:
             chosen, away = self._spill(rclass, members, key_hash, balance), True
         return chosen, away, home
+
+    def _sent_elsewhere(self, rclass: str, members: Dict[PoolWorker, float],
+                        last: PoolWorker, chosen: PoolWorker,
+                        owner: Optional[PoolWorker]) -> bool:
+        """Behind several LBs: whether a key another LB sent to ``last``,
+        a worker skilled in ``rclass`` that this LB does not count among
+        the ``members``, stays there rather than go to ``chosen`` (see
+        "Stickiness" in the module docstring): while ``last`` is no
+        busier, and unless slow start is at work (the key's ``owner`` or
+        ``last`` starting: slow start gives a starter its keys by
+        rendezvous, and holds its backlog to the mean)."""
+        if last in members or last.backlog > chosen.backlog:
+            return False
+        starting = self.pool.starting
+        if starting and (owner in starting or last in starting):
+            return False
+        return last in self.pool.skilled.get(rclass, EMPTY)
 
     def balanced(self, rclass: str, entry: Optional[BookEntry]
                  ) -> Tuple[PoolWorker, Optional[PoolWorker]]:
