@@ -438,6 +438,17 @@ def test_a_new_key_goes_to_the_least_busy_member():
         assert pool.workers[handle].backlog == least + 1
 
 
+def _one_in_flight_per_member(pool, keys=20):
+    """Known keys of class "c" sent round its members, one of them kept
+    in flight on each."""
+    held = {}
+    for i in range(keys):
+        handle = pool.get("c", "k%d" % i)
+        if handle in held:
+            pool.put(handle)
+        held[handle] = True
+
+
 def test_of_members_equally_busy_a_new_key_goes_where_it_has_room():
     # A request in flight on each member: a key yet unseen goes to the
     # one the book has sent the fewest keys for its score, not to a cache
@@ -449,12 +460,7 @@ def test_of_members_equally_busy_a_new_key_goes_where_it_has_room():
     for i in range(40):
         pool.put(pool.get("c", "k%d" % (i % 20)))
     assert set(pool.classes["c"].members) == {w0, w1}
-    held = {}
-    for i in range(20):  # (known keys, kept in flight one per member)
-        handle = pool.get("c", "k%d" % i)
-        if handle in held:
-            pool.put(handle)
-        held[handle] = True
+    _one_in_flight_per_member(pool)
     assert w0.backlog == w1.backlog == 1
     w0.booked += 1000  # (as if it had been sent another class's keys)
 
@@ -503,12 +509,7 @@ def test_behind_several_lbs_a_new_key_of_idle_members_goes_to_the_quietest():
     assert new_keys(pool_of_two(2), "w1", "a") == {"w0": 10}
     # Of members equally busy but not idle, rendezvous order decides.
     pool = pool_of_two(2)
-    held = {}
-    for i in range(20):  # (known keys, kept in flight one per member)
-        handle = pool.get("c", "k%d" % i)
-        if handle in held:
-            pool.put(handle)
-        held[handle] = True
+    _one_in_flight_per_member(pool)
     assert pool.workers["w0"].backlog == pool.workers["w1"].backlog == 1
     busy = new_keys(pool, "w0", "b", 40)
     assert busy["w0"] > busy["w1"], busy
