@@ -520,9 +520,8 @@ class Members:
                       ) -> Optional[PoolWorker]:
         """Of the workers not skilled in ``rclass`` on a ring from the class's
         point, the less busy of the first ``RING_CHOICES``; with relays (all
-        LBs' books hear all keys, so count alike), the one of the first
-        ``RING_ROOM``, not a starter, the book sent the fewest keys, if under
-        ``RING_ROOMIER`` times as many as that one (a starter has none)."""
+        LBs' books hear all keys, so count alike), the non-starter of the first
+        ``RING_ROOM`` sent the fewest keys, if under ``RING_ROOMIER`` times as many."""
         ring = self._ring
         if ring is None:
             ring = self._ring = sorted(
@@ -530,7 +529,8 @@ class Members:
                 for worker in self.pool.workers.values() for replica in range(RING_POINTS))
         start = bisect.bisect(ring, (stable_hash(rclass), ))
         n = len(ring)
-        choices = RING_ROOM if self.pool.relayed else RING_CHOICES
+        relayed = self.pool.relayed
+        choices = RING_ROOM if relayed else RING_CHOICES
         best = roomiest = None
         seen: List[PoolWorker] = []
         for i in range(min(n, (len(skilled) + choices + 1) * RING_POINTS)):
@@ -540,12 +540,12 @@ class Members:
             seen.append(worker)
             if len(seen) <= RING_CHOICES and (best is None or worker.mbacklog < best.mbacklog):
                 best = worker
-            if (roomiest is None or worker.booked < roomiest.booked) and (
+            if relayed and (roomiest is None or worker.booked < roomiest.booked) and (
                     worker not in self.pool.starting):
                 roomiest = worker
             if len(seen) == choices:
                 break
-        if best is not None and roomiest is not None and self.pool.relayed:
+        if best is not None and roomiest is not None:  # (with relays only)
             return roomiest if roomiest.booked < RING_ROOMIER * best.booked else best
         return best
 

@@ -257,8 +257,8 @@ class Placement:
             last = home if entry is not None and (
                 entry[3] == AWAY or entry[3] == stats.joins) else None
             chosen, away, owner = self._owner(members, key_hash, balance, last, entry is None)
-            if (last is not None and chosen is not None and chosen is not last
-                    and self.pool.lbs > 1
+            if (self.pool.lbs > 1 and last is not None and chosen is not None
+                    and chosen is not last
                     and self._sent_elsewhere(rclass, members, last, chosen, owner)):
                 chosen, away = last, True
             if entry is not None and entry[0] != rclass:
@@ -512,13 +512,13 @@ class Placement:
             elif backlog == least.backlog:
                 if ties == ROOMIEST and backlog:  # (keys booked over score, cross-multiplied)
                     room, least_room = worker.booked * least_score, least.booked * score
-                    roomier = room < least_room or (room == least_room and weight > least_weight)
+                    better = room < least_room or (room == least_room and weight > least_weight)
                 elif ties == QUIETEST and not backlog:
                     quiet, least_quiet = worker.mbacklog, least.mbacklog
-                    roomier = quiet < least_quiet or (
+                    better = quiet < least_quiet or (
                         quiet == least_quiet and weight > least_weight)
                 else:
-                    roomier = weight > least_weight
-                if roomier:
+                    better = weight > least_weight
+                if better:
                     least, least_score, least_weight = worker, score, weight
         return count, total, first, kept, owner, least
