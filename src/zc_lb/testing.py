@@ -1,10 +1,12 @@
-"""Test tools, part of the library: real processes on loopback, and an
-in-memory LB<->worker connection pair.
+"""Test tools, part of the library: real processes on loopback, a
+throwaway ZooKeeper, and an in-memory LB<->worker connection pair.
 
 ``WorkerProcess`` and ``LBProcess`` run ``zc-lb worker`` / ``zc-lb lb`` as
 real subprocesses, wait for the line that says where they listen, and
-stop them (SIGTERM, or SIGKILL to simulate a crash).  ``connection_pair``
-joins an LB-side and a worker-side ``Connection`` over a socketpair, for
+stop them (SIGTERM, or SIGKILL to simulate a crash).  ``ZooKeeperServer``
+runs a standalone ZooKeeper on a free port in a directory of its own (the
+test suite's, and ``zc-lb compare --lbs N``'s).  ``connection_pair`` joins
+an LB-side and a worker-side ``Connection`` over a socketpair, for
 protocol tests that need no ports.
 """
 
@@ -200,6 +202,161 @@ class LBProcess(Process):
             argv += ["--worker", worker]
         super().__init__(argv + list(args), **kw)
 
+
+
+# -- a throwaway ZooKeeper --------------------------------------------------
+
+ZOOKEEPER_CLASSPATH = [
+    "/usr/share/java/zookeeper.jar",  # (Debian's package) its manifest names its dependencies
+    "/usr/share/java/slf4j-simple.jar",  # so the server log says something
+]
+ZOOKEEPER_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
+
+ZOOKEEPER_CONFIG = """\
+tickTime={tick_ms}
+dataDir={data_dir}
+clientPort={port}
+clientPortAddress={host}
+maxClientCnxns=0
+admin.enableServer=false
+4lw.commands.whitelist=srvr,ruok,stat,mntr,cons,dump
+"""
+
+
+class ZooKeeperServerError(ProcessError):
+    """A throwaway ZooKeeper could not be started; the message says why."""
+
+
+def four_letter_word(host: str, port: int, word: str, timeout: float = 1.0) -> str:
+    """Send a ZooKeeper four-letter word; the answer ('' if none)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(word.encode("ascii"))
+            chunks = []
+            while chunk := sock.recv(4096):
+                chunks.append(chunk)
+            return b"".join(chunks).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+class ZooKeeperServer:
+    """A standalone ZooKeeper in ``directory``, on ``port`` (free if None).
+
+    ``start()`` writes a zoo.cfg into ``directory``, runs
+    ``ZooKeeperServerMain`` from Debian's ``zookeeper`` package (or the
+    jars ZOOKEEPER_CLASSPATH names), and returns once the server answers
+    the ``srvr`` four-letter word.  ``stop()`` ends the JVM; ``start()``
+    again reuses the same port and data directory, so sessions and nodes
+    survive, as they do when an operator restarts ZooKeeper.  A missing
+    java or jar, or a server that does not answer in time, raises
+    ZooKeeperServerError with the command and the tail of the server's log.
+    """
+
+    main = ZOOKEEPER_MAIN
+
+    def __init__(self, directory: str, port: Optional[int] = None, host: str = "127.0.0.1",
+                 tick_ms: int = 200, heap: str = "256m") -> None:
+        self.directory = os.path.abspath(directory)
+        self.host = host
+        self.port = port or free_port(host)
+        self.tick_ms = tick_ms  # sessions may time out from 2 to 20 ticks
+        self.heap = heap
+        self.process: Optional[subprocess.Popen] = None
+        self.data_dir = os.path.join(self.directory, "data")
+        self.config_path = os.path.join(self.directory, "zoo.cfg")
+        self.log_path = os.path.join(self.directory, "zookeeper.log")
+
+    def __repr__(self) -> str:
+        return "<ZooKeeperServer %s %s>" % (self.address,
+                                            "running" if self.running else "stopped")
+
+    @property
+    def address(self) -> str:
+        """'host:port', the hosts string for a client (add a chroot)."""
+        return "%s:%d" % (self.host, self.port)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def command(self) -> List[str]:
+        classpath = os.environ.get("ZOOKEEPER_CLASSPATH") or ":".join(ZOOKEEPER_CLASSPATH)
+        return [
+            "java", "-Xmx" + self.heap, "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",  # starts faster; speed is moot here
+            "-Dzookeeper.admin.enableServer=false",
+            "-Dorg.slf4j.simpleLogger.logFile=" + self.log_path,
+            "-Dorg.slf4j.simpleLogger.showDateTime=true",
+            "-cp", classpath, self.main, self.config_path,
+        ]
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start the server and wait until it serves; idempotent."""
+        if self.running:
+            return
+        self.launch()
+        self._wait_serving(timeout)
+
+    def config(self) -> str:
+        """The zoo.cfg text."""
+        return ZOOKEEPER_CONFIG.format(tick_ms=self.tick_ms, data_dir=self.data_dir,
+                                       port=self.port, host=self.host)
+
+    def launch(self) -> None:
+        """Write the data directory and zoo.cfg, and start the JVM."""
+        os.makedirs(self.data_dir, exist_ok=True)
+        with open(self.config_path, "w") as f:
+            f.write(self.config())
+        command = self.command()
+        try:
+            with open(self.log_path + ".out", "ab") as out:
+                self.process = subprocess.Popen(
+                    command, cwd=self.directory, stdin=subprocess.DEVNULL, stdout=out,
+                    stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as e:
+            raise ZooKeeperServerError("cannot run %s: %s (ZooKeeper needs java and "
+                                       "Debian's zookeeper package)" % (command[0], e))
+
+    def _wait_serving(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is None or self.process.poll() is not None:
+                break
+            if "Mode: standalone" in four_letter_word(self.host, self.port, "srvr"):
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise ZooKeeperServerError("ZooKeeper did not serve on %s within %gs\ncommand: %s\n%s" % (
+            self.address, timeout, " ".join(self.command()), self.log_tail()))
+
+    def log_tail(self, lines: int = 30) -> str:
+        text: List[str] = []
+        for path in (self.log_path + ".out", self.log_path):
+            try:
+                with open(path, errors="replace") as f:
+                    text.extend(f.read().splitlines()[-lines:])
+            except OSError:
+                pass
+        return "\n".join(text)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the server (clients see the connection drop); idempotent."""
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        # The port is free once nothing answers on it.
+        deadline = time.monotonic() + timeout
+        while four_letter_word(self.host, self.port, "ruok", 0.2):
+            if time.monotonic() > deadline:
+                raise ZooKeeperServerError("%s still answers" % self.address)
+            time.sleep(0.05)
 
 def connection_pair(lb_handler, worker_handler, secret: Optional[bytes] = None,
                     worker_secret: Optional[bytes] = None, **kw) -> Tuple:
