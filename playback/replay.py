@@ -28,6 +28,10 @@ the requests in flight finish (each within ``timeout``). Every failure of
 a request is counted in the report by kind; nothing stops the replay but
 the bounds.
 
+Against several targets (several balancers of one site), client n sends
+to target n modulo their number, and the entries still go to whichever
+client is free: a balancer that answers faster is sent more.
+
 The request class is the Host sent: the entry's host, else the target's.
 """
 
@@ -43,7 +47,7 @@ if __name__ == "__main__" and not __package__:  # run as playback/replay.py
 
 import argparse
 import time
-from typing import Iterable, List, Optional, Sequence, Union
+from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
 import gevent
 import gevent.queue
@@ -61,7 +65,8 @@ _STOP = object()
 class Replay:
     """One replay of entries against a target; ``run()`` returns the report dict."""
 
-    def __init__(self, entries: Iterable[Entry], target: str, concurrency: int = 10,
+    def __init__(self, entries: Iterable[Entry], target: Union[str, Sequence[str]],
+                 concurrency: int = 10,
                  speed: Optional[float] = None, tolerance: float = 60.0,
                  max_gap: Optional[float] = None, max_requests: Optional[int] = None,
                  max_seconds: Optional[float] = None, timeout: float = 30.0, top: int = 10,
@@ -69,10 +74,11 @@ class Replay:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.entries = entries
-        self.target = target
-        self.scheme, self.host, self.port, self.prefix = parse_url(target)
-        default_port = 443 if self.scheme == "https" else 80
-        self.default_host = self.host if self.port == default_port else "%s:%d" % (self.host, self.port)
+        targets = [target] if isinstance(target, str) else list(target)
+        if not targets:
+            raise ValueError("no target to replay against")
+        self.target = ",".join(targets)
+        self.targets = [parse_url(url) for url in targets]  # (scheme, host, port, prefix)
         self.concurrency = concurrency
         self.pacer = Pacer(speed, tolerance, max_gap) if speed else None
         self.max_requests = max_requests
@@ -81,7 +87,7 @@ class Replay:
         self.top = top
         self.progress = progress  # a text stream to draw a progress bar on, or None
         self.ssl_context = None
-        if self.scheme == "https":
+        if any(scheme == "https" for scheme, _, _, _ in self.targets):
             self.ssl_context = gevent.ssl.create_default_context()
             if insecure:
                 self.ssl_context.check_hostname = False
@@ -99,7 +105,8 @@ class Replay:
         self.start = time.perf_counter()
         if self.max_seconds is not None:
             self.deadline = self.start + self.max_seconds
-        clients = [gevent.spawn(self._client, queue) for _ in range(self.concurrency)]
+        clients = [gevent.spawn(self._client, queue, self.targets[n % len(self.targets)])
+                   for n in range(self.concurrency)]
         bar = gevent.spawn(self._progress) if self.progress is not None else None
         interrupted = False
         try:
@@ -153,8 +160,13 @@ class Replay:
             return None
         return max(0.0, self.deadline - time.perf_counter())
 
-    def _client(self, queue: gevent.queue.Queue) -> None:
-        conn = Connection(self.host, self.port, self.timeout, self.ssl_context)
+    def _client(self, queue: gevent.queue.Queue, target: Tuple[str, str, int, str]) -> None:
+        """Send what the queue holds to ``target``, on one keep-alive connection."""
+        scheme, address, port, prefix = target
+        default_port = 443 if scheme == "https" else 80
+        default_host = address if port == default_port else "%s:%d" % (address, port)
+        conn = Connection(address, port, self.timeout,
+                          self.ssl_context if scheme == "https" else None)
         recorder = self.recorder
         clock = time.perf_counter
         try:
@@ -168,10 +180,10 @@ class Replay:
                     continue
                 if due is not None:
                     recorder.record_lag(now - due)
-                host = entry.host or self.default_host
+                host = entry.host or default_host
                 recorder.sent += 1
                 try:
-                    response = conn.request(entry.method, self.prefix + entry.path, host)
+                    response = conn.request(entry.method, prefix + entry.path, host)
                 except HTTPError as exc:
                     recorder.record_error(host, exc.kind, "%s %s (%s): %s" % (
                         entry.method, entry.path[:80], entry.source, exc))
@@ -210,9 +222,14 @@ class Replay:
             bar, rec.sent, rec.responses, errors, rate, elapsed)
 
 
-def replay(entries: Iterable[Entry], target: str, parse_stats: Optional[ParseStats] = None,
-           stats_urls: Sequence[str] = (), **options) -> dict:
+def replay(entries: Iterable[Entry], target: Union[str, Sequence[str]],
+           parse_stats: Optional[ParseStats] = None, stats_urls: Sequence[str] = (),
+           **options) -> dict:
     """Replay ``entries`` against ``target``; the report as a dict.
+
+    ``target`` is a URL, or several: the clients take turns between them
+    (client n sends to URL n modulo their number), as a site's users are
+    spread over several balancers.
 
     ``options`` are Replay's: concurrency, speed (None: as fast as
     possible), tolerance, max_gap, max_requests, max_seconds, timeout, top,
@@ -280,7 +297,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="zc-lb replay", description="Replay access logs against a live URL.")
     parser.add_argument("logs", nargs="+", metavar="LOG", help="log files ('-': stdin, .gz ok)")
-    parser.add_argument("--target", required=True, help="base URL, e.g. http://127.0.0.1:8080")
+    parser.add_argument("--target", required=True, action="append", metavar="URL",
+                        help="base URL, e.g. http://127.0.0.1:8080; repeat for a site's "
+                        "several balancers, which the clients then take turns between")
     log = parser.add_argument_group("log")
     log.add_argument("--format", default="auto", choices=sorted(FORMATS),
                      help="log format (default: auto, any of them line by line)")
@@ -333,11 +352,11 @@ def main(argv=None) -> int:
                            methods=[m.strip() for m in args.methods.split(",") if m.strip()],
                            host=args.host, segment=args.host_from_segment,
                            host_suffix=args.host_suffix)
-        target = parse_url(args.target)
+        for target in args.target:  # a bad URL is refused before the log is read
+            parse_url(target)
     except (ValueError, OSError) as exc:
         print("replay.py: %s" % exc, file=sys.stderr)
         return 2
-    del target
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
     if args.reset_caches:
         for error in reset_caches(args.stats_url):

@@ -386,6 +386,26 @@ def test_client_reads_chunked_and_head_responses():
     assert info.value.kind == "connect"
 
 
+def test_clients_take_turns_between_several_targets(servers):
+    # A site's several balancers: client n sends to target n mod 2, on its
+    # own connection, so each target is sent a share of the entries.
+    entries, _ = read_entries([COMMON], segment=1)
+    with gevent.Timeout(20):
+        report = replay(_many(entries, 200), [_url(s) for s in servers], concurrency=4,
+                        max_requests=120)
+    assert report["responses"] == 120 and report["errors"] == 0
+    assert set(report["workers"]) == {"w0", "w1"}
+    assert min(report["workers"].values()) >= 10, report["workers"]
+    assert report["target"] == ",".join(_url(s) for s in servers)
+    out = io.StringIO()
+    with gevent.Timeout(20), redirect_stdout(out):
+        assert main([COMMON, "--target", _url(servers[0]), "--target", _url(servers[1]),
+                     "-n", "40", "-c", "2", "--json", "--no-progress"]) == 0
+    assert set(json.loads(out.getvalue())["workers"]) == {"w0", "w1"}
+    with redirect_stdout(io.StringIO()):
+        assert main([COMMON, "--target", _url(servers[0]), "--target", "ftp://x"]) == 2
+
+
 def test_command_line_json_and_text(servers):
     out = io.StringIO()
     with gevent.Timeout(20), redirect_stdout(out):
