@@ -42,6 +42,15 @@ miss cost): a balancer whose workers all load most of the time is bound
 by its loads; one whose workers load a fraction of it is bound by
 something else (latency in the closed loop, CPU, one busy worker).
 
+With ``--lbs N``, each balancer runs N times side by side and the
+replay's clients take turns between them: N ``zc-lb lb --zookeeper``
+processes that find the workers (registered with ``zc-lb worker
+--zookeeper``) and each other in a ZooKeeper tree of their own, as a site
+with several LBs runs them, so that each hears where the others sent
+keys; N HAProxy processes of the same config, each balancing alone.  The
+ZooKeeper is ``--zookeeper``'s, or one the tool starts in the run
+directory.
+
 Every process's output goes to a file in the run directory (``--log-dir``,
 default a new ``/tmp/zc-lb-compare-*``), which is kept, so a failure can be
 traced to a log line. Processes are stopped (SIGTERM, then SIGKILL) in
@@ -66,6 +75,7 @@ if __name__ == "__main__" and not __package__:  # run as playback/compare.py
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import json
 import shutil
 import signal
@@ -102,13 +112,14 @@ class CompareError(ProcessError):
 
 @dataclasses.dataclass
 class Target:
-    """A running balancer: where to send requests, where to read stats."""
+    """A running balancer (``--lbs`` of them): where to send requests,
+    where to read stats."""
 
     name: str
-    url: str
+    urls: List[str]  # one per LB; the replay's clients take turns between them
     stats_urls: List[str]
     lb_pids: List[int]
-    status: Optional[str] = None  # zc-lb's status address
+    statuses: List[str] = dataclasses.field(default_factory=list)  # zc-lb's status addresses
     zeo: Optional[str] = None  # --app zodb: the ZEO server's address
 
 
@@ -190,12 +201,17 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path, name: str = "zc-lb"
     with contextlib.ExitStack() as stack:
         workers, stats_urls = [], []
         zeo = stack.enter_context(zeo_server(args, run_dir, name)) if args.app == "zodb" else None
+        # Several LBs find the workers, and each other, in ZooKeeper: a
+        # tree of this balancer's own, so that nothing of a previous one
+        # is left in it.
+        site = stack.enter_context(zookeeper_site(args.zookeeper)) if args.lbs > 1 else None
+        register = ["--zookeeper", site, "--path", SITE_PATH + "/workers"] if site else []
         for i in range(1, args.workers + 1):
             if zeo is not None:
                 stats = None
                 env = zodb_env(args, zeo, "zw%d" % i)
                 argv = zc_lb + ["worker", ZODBAPP + ":app", "--listen", "127.0.0.1:0",
-                                "--history", str(args.history)]
+                                "--history", str(args.history)] + register
                 argv += args.zc_lb_worker_option
                 log = run_dir / ("%s-worker%d.log" % (name.replace(":", "-"), i))
                 process = stack.enter_context(spawned(argv, log, env, stdout=subprocess.PIPE))
@@ -205,7 +221,7 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path, name: str = "zc-lb"
             env = dict(app_env(args), ZC_LB_CACHEAPP_WORKER_ID="zw%d" % i,
                        ZC_LB_CACHEAPP_STATS_LISTEN=stats)
             argv = zc_lb + ["worker", CACHEAPP + ":app", "--listen", "127.0.0.1:0",
-                            "--history", str(args.history)]
+                            "--history", str(args.history)] + register
             if args.zc_lb_workers == "greenlets":
                 # The worker bounds what it serves at once, not the app: the
                 # wait for a turn is then the worker's queue, which résumés
@@ -225,24 +241,32 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path, name: str = "zc-lb"
             workers.append(read_ready_line(process, "zc-lb worker listening on ", log))
             wait_for_port(stats, process, START_TIMEOUT)
             stats_urls.append("http://%s%s" % (stats, STATS_PATH))
-        status = "127.0.0.1:%d" % free_port()
-        argv = zc_lb + ["lb", "--listen", "127.0.0.1:0", "--status", status] + args.zc_lb_option
+        argv = zc_lb + ["lb", "--listen", "127.0.0.1:0"] + args.zc_lb_option
         policy = name.partition(":")[2]
         if policy:
             argv += ["--policy", policy]
-        for address in workers:
-            argv += ["--worker", address]
-        log = run_dir / ("%s-lb.log" % name.replace(":", "-"))
-        lb = stack.enter_context(spawned(argv, log, stdout=subprocess.PIPE))
-        address = read_ready_line(lb, "zc-lb lb listening on ", log)
-        wait_for_port(status, lb, START_TIMEOUT)
-        wait_for_workers(status, workers, lb)
-        yield Target(name, "http://%s" % address, stats_urls, [lb.pid], status, zeo)
+        if site:
+            argv += ["--zookeeper", site, "--path", SITE_PATH]
+        else:
+            for address in workers:
+                argv += ["--worker", address]
+        lbs, urls, statuses = [], [], []
+        for i in range(1, args.lbs + 1):
+            statuses.append("127.0.0.1:%d" % free_port())
+            log = run_dir / ("%s-lb%s.log" % (name.replace(":", "-"), i if args.lbs > 1 else ""))
+            lbs.append(stack.enter_context(spawned(argv + ["--status", statuses[-1]], log,
+                                                   stdout=subprocess.PIPE)))
+            urls.append("http://" + read_ready_line(lbs[-1], "zc-lb lb listening on ", log))
+        for lb, status in zip(lbs, statuses):
+            wait_for_port(status, lb, START_TIMEOUT)
+            wait_for_pool(status, workers, args.lbs, lb)
+        yield Target(name, urls, stats_urls, [lb.pid for lb in lbs], statuses, zeo)
 
 
-def wait_for_workers(status: str, workers: Sequence[str], lb: subprocess.Popen,
-                     timeout: float = START_TIMEOUT) -> None:
-    """Wait until the LB's status says every worker is connected and in the pool."""
+def wait_for_pool(status: str, workers: Sequence[str], lbs: int, lb: subprocess.Popen,
+                  timeout: float = START_TIMEOUT) -> None:
+    """Wait until the LB's status says every worker is connected and in the
+    pool, and that it counts ``lbs`` LBs (with several, found in ZooKeeper)."""
     from zc_lb.errors import ZcLbError
     from zc_lb.status.document import fetch
 
@@ -252,11 +276,62 @@ def wait_for_workers(status: str, workers: Sequence[str], lb: subprocess.Popen,
         with contextlib.suppress(ZcLbError):
             doc = fetch(status)
         known = doc.get("workers", {})
-        if all(known.get(w, {}).get("connected") and known[w].get("in_pool") for w in workers):
+        if (all(known.get(w, {}).get("connected") and known[w].get("in_pool") for w in workers)
+                and doc.get("pool", {}).get("lbs", 1) == lbs):
             return
         time.sleep(0.05)
-    raise CompareError("the zc-lb LB did not connect to all workers: %s" % json.dumps(
-        doc.get("workers"), sort_keys=True)[:500])
+    raise CompareError("the zc-lb LB at %s did not connect to all workers, or count %d LBs: "
+                       "%s" % (status, lbs, json.dumps({key: doc.get(key) for key in (
+                           "workers", "pool")}, sort_keys=True)[:500]))
+
+
+SITE_PATH = "/lb"  # where a balancer's LBs and workers meet, in its chroot
+
+
+@contextlib.contextmanager
+def zookeeper_site(hosts: str, timeout: float = START_TIMEOUT) -> Iterator[str]:
+    """A new, empty chroot of the ZooKeeper at ``hosts``, with an LB's
+    tree in it (``SITE_PATH``, its providers and its workers' providers);
+    the hosts string to it.  Removed on exit."""
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import KazooException
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    chroot = "/zc-lb-compare/%d-%d" % (os.getpid(), next(_SITES))
+    try:
+        client = KazooClient(hosts)
+    except ValueError as exc:
+        raise CompareError("--zookeeper %r: %s" % (hosts, exc))
+    try:
+        client.start(timeout=timeout)
+    except KazooTimeoutError as exc:
+        client.close()
+        raise CompareError("ZooKeeper at %s did not answer: %s" % (hosts, exc))
+    try:
+        for path in ("providers", "workers/providers"):
+            client.ensure_path("%s%s/%s" % (chroot, SITE_PATH, path))
+        yield hosts + chroot
+    finally:
+        with contextlib.suppress(KazooException):
+            client.delete(chroot, recursive=True)
+        client.stop()
+        client.close()
+
+
+_SITES = itertools.count(1)
+
+
+@contextlib.contextmanager
+def zookeeper_server(run_dir: Path) -> Iterator[str]:
+    """A throwaway ZooKeeper with its data and log in ``run_dir``; its address."""
+    from zc_lb.testing import ZooKeeperServer
+
+    server = ZooKeeperServer(str(run_dir / "zookeeper"))
+    server.start(timeout=START_TIMEOUT)
+    try:
+        yield server.address
+    finally:
+        server.stop()
 
 
 @contextlib.contextmanager
@@ -279,15 +354,19 @@ def haproxy_target(name: str, args: argparse.Namespace, run_dir: Path) -> Iterat
                      "--worker-id", "%s%d" % (name[0], i)] + app_argv(args), log))
             wait_for_port(address, process, START_TIMEOUT)
             servers.append(address)
-        listen = "127.0.0.1:%d" % free_port()
-        cfg = run_dir / ("haproxy-%s.cfg" % name)
-        cfg.write_text(haproxy_config(HAPROXY_CONFIGS[name], listen, servers))
-        process = stack.enter_context(spawned(
-            [args.haproxy, "-f", str(cfg), "-db"], run_dir / ("haproxy-%s.log" % name)))
-        wait_for_port(listen, process, START_TIMEOUT)
-        yield Target(name, "http://%s" % listen,
+        listens, pids = [], []
+        for i in range(1, args.lbs + 1):  # each balancing alone, as HAProxies do
+            listens.append("127.0.0.1:%d" % free_port())
+            each = "%s%s" % (name, i if args.lbs > 1 else "")
+            cfg = run_dir / ("haproxy-%s.cfg" % each)
+            cfg.write_text(haproxy_config(HAPROXY_CONFIGS[name], listens[-1], servers))
+            process = stack.enter_context(spawned(
+                [args.haproxy, "-f", str(cfg), "-db"], run_dir / ("haproxy-%s.log" % each)))
+            wait_for_port(listens[-1], process, START_TIMEOUT)
+            pids.append(process.pid)
+        yield Target(name, ["http://%s" % listen for listen in listens],
                      [] if zeo else ["http://%s%s" % (s, STATS_PATH) for s in servers],
-                     [process.pid], zeo=zeo)
+                     pids, zeo=zeo)
 
 
 def haproxy_config(template: Path, listen: str, servers: Sequence[str]) -> str:
@@ -377,19 +456,19 @@ def measure(name: str, warmup: list, entries: list, args: argparse.Namespace,
     options = dict(concurrency=args.concurrency, timeout=args.timeout, top=args.top)
     with start_target(name, args, run_dir) as target:
         if warmup:
-            replay(warmup, target.url, **options)
+            replay(warmup, target.urls, **options)
         if target.zeo is not None:
             from .zodbapp import server_loads
         loads = None if target.zeo is None else server_loads(target.zeo)
         before, clock = cpu_seconds(target.lb_pids), steal_clock()
-        report = replay(entries, target.url, stats_urls=target.stats_urls or None,
+        report = replay(entries, target.urls, stats_urls=target.stats_urls or None,
                         progress=progress, **options)
         lb_cpu = cpu_seconds(target.lb_pids) - before
         steal = stolen(clock, steal_clock())
         if loads is not None:  # the database's own count
             report["server_loads"] = server_loads(target.zeo) - loads  # type: ignore[arg-type]
-        status = lb_status(target)
-    row = result_row(name, report, lb_cpu, status)
+        statuses = lb_statuses(target)
+    row = result_row(name, report, lb_cpu, statuses)
     if "server_loads" in report and report["responses"]:
         row["loads_per_request"] = report["server_loads"] / report["responses"]
     row["steal"] = steal
@@ -408,17 +487,17 @@ def loading(report: dict, miss_cost: float) -> Dict[str, float]:
             for worker, loads in (report.get("worker_loads") or {}).items()}
 
 
-def lb_status(target: Target) -> Optional[dict]:
-    """zc-lb's status document after the run (None for HAProxy or if unreachable)."""
-    if target.status is None:
-        return None
+def lb_statuses(target: Target) -> List[dict]:
+    """zc-lb's status documents after the run, one per LB that answered
+    (none for HAProxy)."""
     from zc_lb.errors import ZcLbError
     from zc_lb.status.document import fetch
 
-    try:
-        return fetch(target.status)
-    except ZcLbError:
-        return None
+    documents = []
+    for status in target.statuses:
+        with contextlib.suppress(ZcLbError):
+            documents.append(fetch(status))
+    return documents
 
 
 # The affinity pool's counts kept with each run (docs/reference/status.rst)
@@ -426,7 +505,7 @@ ROUTING_COUNTS = ("widenings", "narrowings", "widened", "spills", "bounded", "ex
                   "locality_gain")
 
 
-def result_row(name: str, report: dict, lb_cpu: float, status: Optional[dict]) -> dict:
+def result_row(name: str, report: dict, lb_cpu: float, statuses: Sequence[dict]) -> dict:
     """The numbers of the table for one balancer, with the full report."""
     server_errors = sum(n for code, n in report["status"].items() if int(code) >= 500)
     cache = report.get("cache") or {}
@@ -444,13 +523,25 @@ def result_row(name: str, report: dict, lb_cpu: float, status: Optional[dict]) -
         "lb_cpu_us_per_request": lb_cpu * 1e6 / report["responses"] if report["responses"] else None,
         "report": report,
     }
-    if status is not None:
-        row["lb_status"] = {key: status.get(key) for key in ("requests", "retries", "errors")}
-        row["lb_status"]["skills"] = {w: len(info.get("skills") or {})
-                                      for w, info in status.get("workers", {}).items()}
-        pool = status.get("pool") or {}  # (what the affinity pool did, to tell runs apart)
-        row["lb_status"]["routing"] = {key: pool[key] for key in ROUTING_COUNTS if key in pool}
+    each = [lb_counts(status) for status in statuses]
+    if len(each) == 1:
+        row["lb_status"] = each[0]
+    elif each:  # several LBs: their counts summed, and each LB's
+        row["lb_status"] = {key: sum(lb[key] or 0 for lb in each)
+                            for key in ("requests", "retries", "errors")}
+        row["lb_status"]["each"] = each
     return row
+
+
+def lb_counts(status: dict) -> dict:
+    """What one LB's status says it did: requests, retries, errors, each
+    worker's skills, and what its affinity pool did (to tell runs apart)."""
+    counts = {key: status.get(key) for key in ("requests", "retries", "errors")}
+    counts["skills"] = {w: len(info.get("skills") or {})
+                        for w, info in status.get("workers", {}).items()}
+    pool = status.get("pool") or {}
+    counts["routing"] = {key: pool[key] for key in ROUTING_COUNTS if key in pool}
+    return counts
 
 
 def _ms(seconds: Optional[float]) -> Optional[float]:
@@ -602,6 +693,9 @@ def format_header(args: argparse.Namespace, parse: dict, counts: Dict[str, int])
     replayed = "log %s: %d entries; %d warm-up + %d measured (%d classes), -c %d, %d workers" % (
         logs, parse["entries"], counts["warmup"], counts["measured"], counts["classes"],
         args.concurrency, args.workers)
+    if args.lbs > 1:
+        replayed += ("; %d of each balancer, the clients taking turns (zc-lb's through "
+                     "ZooKeeper, HAProxy's each alone)" % args.lbs)
     if args.runs > 1:
         replayed += "; each balancer %d times, taking turns, the worst of them" % args.runs
     app = ("cache app: %d objects cached/worker, miss %g ms, %d objects/request of %d/class, "
@@ -649,6 +743,16 @@ def make_parser() -> argparse.ArgumentParser:
     run.add_argument("-c", "--concurrency", type=int, default=16,
                      help="closed-loop clients (default %(default)s)")
     run.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+    run.add_argument("--lbs", type=int, default=1, metavar="N",
+                     help="balancers of each kind side by side, the clients taking turns "
+                     "between them (default %(default)s): N zc-lb LBs, which find the "
+                     "workers and each other in ZooKeeper and hear where the others sent "
+                     "keys, as a site with several LBs runs them; N HAProxy processes, "
+                     "each balancing alone")
+    run.add_argument("--zookeeper", metavar="HOSTS",
+                     help="--lbs N: the ZooKeeper to use (each balancer gets a chroot of "
+                     "its own, removed after); without it, compare starts one in the run "
+                     "directory (java and Debian's zookeeper package)")
     run.add_argument("--runs", type=int, default=1, metavar="N",
                      help="measure each balancer N times, taking turns, and report the "
                      "worst of them in each column (default 1): runs of one workload "
@@ -727,8 +831,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--balancers: choose from %s" % ",".join(BALANCERS))
     if min(args.workers, args.concurrency, args.max_requests, args.cache_size) < 1 or args.warmup < 0:
         parser.error("-w, -c, -n and --cache-size must be at least 1, --warmup at least 0")
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
+    if args.runs < 1 or args.lbs < 1:
+        parser.error("--runs and --lbs must be at least 1")
     if args.worker_concurrency < 0:
         parser.error("--worker-concurrency must be 0 (no bound) or more")
     if args.app == "zodb":
@@ -756,14 +860,18 @@ def run(args: argparse.Namespace, run_dir: Path) -> dict:
     if args.app == "zodb":
         prepare_zodb(args, run_dir, warmup + measured, measured)
     runs: Dict[str, List[dict]] = {name: [] for name in args.balancers}
-    for n in range(args.runs):  # (taking turns: a slow spell of the machine hits all)
-        where = run_dir if args.runs == 1 else run_dir / ("run%d" % (n + 1))
-        where.mkdir(exist_ok=True)
-        for name in args.balancers:
-            if progress is not None:
-                progress.write("%s%s...\n" % (name, "" if args.runs == 1 else
-                                               " (run %d of %d)" % (n + 1, args.runs)))
-            runs[name].append(measure(name, warmup, measured, args, where, progress))
+    with contextlib.ExitStack() as stack:
+        if args.lbs > 1 and not args.zookeeper and any(
+                name.partition(":")[0] == "zc-lb" for name in args.balancers):
+            args.zookeeper = stack.enter_context(zookeeper_server(run_dir))
+        for n in range(args.runs):  # (taking turns: a slow spell of the machine hits all)
+            where = run_dir if args.runs == 1 else run_dir / ("run%d" % (n + 1))
+            where.mkdir(exist_ok=True)
+            for name in args.balancers:
+                if progress is not None:
+                    progress.write("%s%s...\n" % (name, "" if args.runs == 1 else
+                                                   " (run %d of %d)" % (n + 1, args.runs)))
+                runs[name].append(measure(name, warmup, measured, args, where, progress))
     rows = [worst_of(each) for each in runs.values()]
     add_ratios(rows)
     floor = floor_loads(warmup, measured, args) if args.app == "cache" else None
@@ -771,7 +879,7 @@ def run(args: argparse.Namespace, run_dir: Path) -> dict:
               "classes": len({e.host for e in measured})}
     settings = {key: getattr(args, key) for key in (
         "logs", "format", "host", "host_from_segment", "max_requests", "warmup", "runs",
-        "concurrency",
+        "concurrency", "lbs",
         "workers", "history", "zc_lb_option", "zc_lb_workers", "zc_lb_worker_option",
         "cache_signal", "app", "zodb_cache_size", "zeo_cache_size", "load_delay",
         "gunicorn_threads", "balancers") + tuple(APP_SETTINGS)}

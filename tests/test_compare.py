@@ -203,11 +203,64 @@ def test_a_zc_lb_row_keeps_what_the_affinity_pool_did():
               "latency": {"p50": 0.001, "p99": 0.002}}
     status = {"requests": 1, "retries": 0, "errors": {},
               "pool": {"widenings": 2, "spills": 5, "locality_gain": 12.5, "variance": 2.0}}
-    row = compare.result_row("zc-lb", report, 0.0, status)
+    row = compare.result_row("zc-lb", report, 0.0, [status])
     assert row["lb_status"]["routing"] == {"widenings": 2, "spills": 5, "locality_gain": 12.5}
     # (the published pool counts none of them)
     status["pool"] = {"variance": 2.0}
-    assert compare.result_row("zc-lb", report, 0.0, status)["lb_status"]["routing"] == {}
+    assert compare.result_row("zc-lb", report, 0.0, [status])["lb_status"]["routing"] == {}
+    assert "lb_status" not in compare.result_row("leastconn", report, 0.0, [])
+    # Several LBs: their counts summed, and each one's kept.
+    other = dict(status, requests=4, retries=2, pool={"spills": 1})
+    several = compare.result_row("zc-lb", report, 0.0, [status, other])["lb_status"]
+    assert (several["requests"], several["retries"]) == (5, 2)
+    assert [lb["routing"] for lb in several["each"]] == [{}, {"spills": 1}]
+
+
+@pytest.mark.skipif(not HAVE_HAPROXY, reason="needs haproxy (apt-get install haproxy)")
+def test_several_lbs_take_turns_and_zc_lbs_find_each_other_in_zookeeper(tmp_path):
+    # --lbs 2 without --zookeeper: compare starts a ZooKeeper in the run
+    # directory; two zc-lb LBs find the workers and each other there, and
+    # relay keys; two HAProxies balance alone.  The clients take turns.
+    import json
+
+    out = tiny_run(tmp_path, "--lbs", "2", "--balancers", "zc-lb,leastconn", "--json",
+                   "--cache-size", "20", "--miss-cost", "0.001", timeout=90)
+    result = json.loads(out)
+    assert result["settings"]["lbs"] == 2
+    zc_lb, leastconn = result["results"]
+    assert zc_lb["errors"] == leastconn["errors"] == 0
+    each = zc_lb["lb_status"]["each"]
+    assert len(each) == 2 and all(lb["requests"] > 0 for lb in each), each
+    assert zc_lb["lb_status"]["requests"] >= 150
+    run = tmp_path / "run"
+    for n in (1, 2):
+        assert "keys are relayed between the LBs" in (run / ("zc-lb-lb%d.log" % n)).read_text()
+        assert (run / ("haproxy-leastconn%d.cfg" % n)).exists()
+    assert (run / "zookeeper" / "zoo.cfg").exists()
+
+
+def test_each_balancers_zookeeper_tree_is_its_own_and_removed_after(zk_hosts):
+    from kazoo.client import KazooClient
+
+    client = KazooClient(zk_hosts)
+    client.start(timeout=10)
+    try:
+        with compare.zookeeper_site(zk_hosts) as first, compare.zookeeper_site(zk_hosts) as second:
+            assert first != second and first.startswith(zk_hosts + "/zc-lb-compare/")
+            for site in (first, second):
+                chroot = site[len(zk_hosts):]
+                assert sorted(client.get_children(chroot + "/lb")) == sorted(["providers", "workers"])
+                assert client.exists(chroot + "/lb/workers/providers")
+        assert client.get_children("/zc-lb-compare") == []
+    finally:
+        client.stop()
+        client.close()
+    with pytest.raises(compare.CompareError, match="did not answer"):
+        with compare.zookeeper_site("127.0.0.1:%d" % compare.free_port(), timeout=1):
+            pass
+    with pytest.raises(compare.CompareError, match="--zookeeper '127.0.0.1:x'"):
+        with compare.zookeeper_site("127.0.0.1:x"):
+            pass
 
 
 def test_several_runs_are_reported_by_the_worst_of_each_column():
