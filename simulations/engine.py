@@ -127,8 +127,11 @@ class Simulation:
             for lb, siblings in zip(self.lbs, self.siblings):
                 lb.share_with(siblings)
         self.synced = [-1.0] * len(self.lbs)  # when each LB last took in its siblings'
-        self.relaying = not config.separate_books and len(self.lbs) > 1 and hasattr(
-            self.lbs[0], "take_keys")
+        # (LBs told they are alone relay nothing, as a real LB that counts
+        # one does not: zc_lb/lb/fleet.py)
+        self.relaying = (not config.separate_books and len(self.lbs) > 1
+                         and (config.lbs_told or config.lbs) > 1
+                         and hasattr(self.lbs[0], "take_keys"))
         if self.relaying:
             for lb in self.lbs:
                 lb.relayed = True

@@ -942,6 +942,44 @@ def test_behind_relaying_lbs_a_class_is_recruited_near_its_point_where_few_keys_
     assert recruit(full, busy=[(first, 0.5), (second, 0.3)]) == second
 
 
+def test_behind_relaying_lbs_a_class_recruits_the_worker_another_lb_recruited():
+    # LBs rank the ring by the keys and backlogs each sees, so two may
+    # recruit apart for a class and load its data twice.  A worker the
+    # relays say another LB sent the class's keys to, while this LB knows
+    # it unskilled in the class, is that LB's recruit: this LB takes it.
+    def lb(booked):
+        pool = AffinityPool()
+        pool.lbs, pool.relayed = 2, True
+        for name in sorted(booked):
+            pool.add(name)
+            pool.workers[name].booked = booked[name]
+        return pool
+
+    names = ["w%d" % i for i in range(6)]
+    a = lb(dict.fromkeys(names, 100))
+    recruit = a.get("new", "/new/0")
+    crowded = dict(dict.fromkeys(names, 100), **{recruit: 1000})  # (as b counts)
+    assert lb(crowded).get("new", "/new/1") != recruit  # b alone recruits elsewhere
+    b = lb(crowded)
+    b.take_keys(recruit, a.sent_keys(recruit))
+    assert b.get("new", "/new/1") == recruit
+    # Keys sent to a worker b knows skilled in the class recruit nothing.
+    c = lb(crowded)
+    c.new_resume(recruit, {"new": 50.0})
+    a.get("new", "/new/2")
+    c.take_keys(recruit, a.sent_keys(recruit))
+    assert not c.recruits
+    # A recruit since removed is not taken, nor one spent already.
+    d = lb(crowded)
+    d.take_keys(recruit, {"new": [1]})
+    d.remove(recruit)
+    assert d.recruited_elsewhere("new", {}, False) is None
+    e = lb(crowded)
+    e.take_keys(recruit, {"new": [1]})
+    assert e.recruited_elsewhere("new", {}, False) is e.workers[recruit]
+    assert e.recruited_elsewhere("new", {}, False) is None
+
+
 def test_held_counts_each_class_keys_once_over_its_members():
     pool = big_and_small_classes(0)
     window = pool.requests // pool.footprint_window

@@ -18,13 +18,13 @@ the default; without it the best-scored: see "Members"); the rest, no
 longer sent the class, drop it from their résumés after
 ``max_skill_age`` requests, so a hot class's skilled set grows only
 while it is needed.  A class short of members recruits one worker not
-yet skilled in it: when this LB is alone, the one whose classes leave it the
-fewest keys to hold (``held``: each class's distinct keys shared among
-its members), so that a big class is not split over the workers that
-already cache another big one; with several LBs (``lbs``, which
-ZooKeeper tells) one near the class's point on a hash ring, alike on
-every LB, so that a class is not copied once per LB (``_ring_recruit``;
-with relays, one the book sent few keys).  A recruit starts with the
+yet skilled in it: the one another LB recruited, if the relays or the
+siblings say; else when this LB is alone, the one whose classes leave it
+the fewest keys to hold (``held``: each class's distinct keys shared
+among its members), so that a big class is not split over the workers
+that already cache another big one; with several LBs (``lbs``, which
+ZooKeeper tells) one near the class's point on a hash ring, so that a
+class is not copied once per LB (``_ring_recruit``).  A recruit starts with the
 class's lowest score, so it takes a real share of the keys at once (with
 ``unskilled_score`` it would take almost none until its résumé came).
 A class keeps the members its keys asked for until its footprint falls
@@ -77,8 +77,7 @@ is counted to hold), the recruiting ring and the counts of widenings;
 the rest it reads and changes through its pool, ``MembersHost``.
 
 Weak spots, admitted.  Shares and footprints are per LB: with k LBs each
-sees all of a class's keys but only its own load.  The footprint counts
-keys, not bytes.
+sees all of a class's keys but only its own load.  Footprints count keys, not bytes.
 """
 
 from __future__ import annotations
@@ -206,9 +205,15 @@ class MembersHost:
     starting: Dict[PoolWorker, Starter]
     relearning: Relearning
     siblings: Any
-    by_hash: Dict[int, PoolWorker]
 
     def by_recency(self) -> Iterable[PoolWorker]:
+        raise NotImplementedError
+
+    def recruited_elsewhere(self, rclass: str, skilled: Dict[PoolWorker, float],
+                            busiest: bool) -> Optional[PoolWorker]:
+        raise NotImplementedError
+
+    def recruited(self, rclass: str, worker: PoolWorker) -> None:
         raise NotImplementedError
 
 
@@ -487,20 +492,16 @@ class Members:
     def _recruit(self, rclass: str, skilled: Dict[PoolWorker, float],
                  busiest: bool = False) -> None:
         """Make a worker not skilled in ``rclass`` skilled in it, at the
-        class's lowest score: alone, the one holding the fewest keys (the
-        least recently chosen of those), or, for a class ``busiest``
-        (widened for its pressure), the least busy but for starters; with
-        other LBs, from a ring, alike on every LB (``_ring_recruit``)."""
+        class's lowest score: one another LB recruited for it, if any
+        (``recruited_elsewhere``); else alone, the one holding the fewest
+        keys (the least recently chosen of those), or, for a class
+        ``busiest`` (widened for its pressure), the least busy but for
+        starters; with other LBs, from a ring (``_ring_recruit``)."""
         pool = self.pool
         score = min(skilled.values()) if skilled else pool.unskilled_score
-        worker = self._ring_recruit(rclass, skilled) if pool.lbs > 1 else None
-        siblings = pool.siblings
-        class_hash = 0 if siblings is None else stable_hash(rclass)
-        if worker is None and siblings is not None:
-            recruit = pool.by_hash.get(siblings.recruited(class_hash))
-            if recruit is not None and recruit not in skilled and not (
-                    busiest and recruit in pool.starting):
-                worker = recruit
+        worker = pool.recruited_elsewhere(rclass, skilled, busiest)
+        if worker is None and pool.lbs > 1:
+            worker = self._ring_recruit(rclass, skilled)
         if worker is None:
             # (ties go to the least recently chosen; for a busy class not a
             # starter, whose cold cache would relieve no one)
@@ -510,8 +511,7 @@ class Members:
                          default=None)
             if worker is None:
                 return
-        if siblings is not None:
-            siblings.recruit(class_hash, siblings.worker_hash(worker.name))
+        pool.recruited(rclass, worker)
         skilled[worker] = worker.resume[rclass] = score
         pool.relearning.fresh(worker, rclass)
         pool.skills_version += 1

@@ -6,8 +6,8 @@ place a new key on the member least busy in its own eyes, so two
 children put the same key on two workers and its data is loaded twice;
 and each would see only its own requests in flight, so its balance bound
 and cap would judge a worker by half its load.  (In the simulator, two
-such LBs on the NASA log load 33% more per request than one LB, with a
-fifth less throughput.)
+such LBs on the NASA log load 59% more per request than one LB, with a
+fifth less throughput: seeds 1-4, simulations/README.rst.)
 
 So the supervisor gives its children one shared memory segment (a
 memfd, mapped by each), and they share through it:
@@ -37,8 +37,8 @@ memfd, mapped by each), and they share through it:
   (``routing/locality.py``: its decayed sums of away time over home time), which
   every pool's gain counts: alone, each learned it from half the
   requests (in the simulator, sharing it took two siblings on the NASA
-  log, 12 seeds, from 2,591 to 2,706 requests a second and 0.115 to
-  0.109 loads).
+  log, 12 seeds, from 2,717 to 2,754 requests a second and 0.084 to
+  0.083 loads).
 
 What stays each child's own: a class's statistics (its share, its
 footprint, its own gain), which each measures from the requests it
