@@ -239,6 +239,19 @@ def test_several_lbs_take_turns_and_zc_lbs_find_each_other_in_zookeeper(tmp_path
     assert (run / "zookeeper" / "zoo.cfg").exists()
 
 
+def test_a_zookeeper_that_cannot_start_is_said_and_nothing_is_left_running(
+        tmp_path, monkeypatch, capsys):
+    log = tmp_path / "access.log"
+    write_log(log, lines=20)
+    monkeypatch.setenv("ZOOKEEPER_CLASSPATH", str(tmp_path / "no-such.jar"))
+    assert compare.main([str(log), "--host-from-segment", "1", "-n", "10", "--warmup", "0",
+                         "--lbs", "2", "--balancers", "zc-lb", "--log-dir",
+                         str(tmp_path / "run"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "ZooKeeper did not serve" in err and str(tmp_path / "run") in err, err
+    assert not list((tmp_path / "run").glob("zc-lb-*.log"))  # (no worker was started)
+
+
 def test_each_balancers_zookeeper_tree_is_its_own_and_removed_after(zk_hosts):
     from kazoo.client import KazooClient
 
@@ -281,3 +294,5 @@ def test_several_runs_are_reported_by_the_worst_of_each_column():
     assert compare.format_runs(runs[:1]) == ""  # (one run: the table says it all)
     with pytest.raises(SystemExit):
         compare.main(["x.log", "--runs", "0"])
+    with pytest.raises(SystemExit):
+        compare.main(["x.log", "--lbs", "0"])
