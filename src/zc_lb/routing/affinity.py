@@ -192,7 +192,7 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
         self.hash_seed = 0  # the same on every LB; the simulator varies it
         # With several LBs, whether each hears, through the workers, where
         # the others sent keys (``take_keys``): then their books agree
-        # enough to route as a lone LB does, recruiting from the ring.
+        # enough to route as a lone LB does, recruiting as the others did.
         self.relayed = False
         # Each class's last recruit by another LB, as the relays tell
         # (``take_keys``), until this LB recruits for the class.
