@@ -48,8 +48,7 @@ worker relays them to its other LBs, which write them into their books
 each routes as a lone LB does (its book, stickiness, the measured gain
 and its balance), recruiting the worker another LB recruited, which
 the relays tell (``recruited_elsewhere``), else from the ring all LBs
-share.  In the
-simulator that took NASA with 2 LBs from 0.145-0.161 loads a request
+share.  In the simulator that took NASA with 2 LBs from 0.145-0.161 loads a request
 to 0.098-0.114, with 4 from 0.166-0.175 to 0.113-0.119, elastic with 2
 from 0.173-0.198 to 0.112-0.122, and ``many_lbs`` with 2 from 4.16 to
 4.09, each with more throughput.  Where workers differ much it cost
