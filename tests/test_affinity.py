@@ -1099,6 +1099,17 @@ def test_a_key_another_lb_sent_to_a_skilled_worker_stays_there_though_not_a_memb
         pool.put(handle)
     assert outsider.backlog > max(worker.backlog for worker in members)
     assert pool.get("c", "/c3") in {w.handle for w in members}
+    # Nor does one over the cap (its decayed backlog far over the pool's
+    # mean), though no busier than the member at this moment.
+    pool, outsider, members = relayed_to_an_outsider(2)
+    max_backlog, min_backlog = pool.placement._cap(pool.balance)
+    assert outsider.backlog <= min(worker.backlog for worker in members)
+    outsider.mbacklog = min_backlog + max_backlog - 0.5  # (just under it, it keeps the key)
+    handle = pool.get("c", "/c3")
+    assert handle == outsider.handle
+    pool.put(handle)
+    outsider.mbacklog = min_backlog + max_backlog + 0.5
+    assert pool.get("c", "/c3") in {w.handle for w in members}
     # An LB alone counts only its members: a worker it dropped from the
     # class gives its keys up.
     pool, outsider, members = relayed_to_an_outsider(1)

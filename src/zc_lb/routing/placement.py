@@ -79,8 +79,8 @@ agree on a class's members: each ranks them by the backlogs it sees,
 and recruits when its own requests ask.  A key another LB sent to a
 worker skilled in the class that this LB does not count among the
 members stays there while that worker is no busier than the member it
-would go to (unless slow start is at work, and not when every member
-is capped: the key spills as before): sent to this LB's member it was
+would go to and under the cap (unless slow start is at work, and not
+when every member is capped: the key spills as before): sent to this LB's member it was
 loaded again, and the other LB moved it back.  By itself this served NASA 9-19% more with two
 to eight LBs (seeds 1-12) at 5-15% fewer loads, elastic's halves 4-8%
 more; what several LBs serve is in ``simulations/README.rst``.
@@ -259,7 +259,7 @@ class Placement:
             chosen, away, owner = self._owner(members, key_hash, balance, last, entry is None)
             if (self.pool.lbs > 1 and last is not None and chosen is not None
                     and chosen is not last
-                    and self._sent_elsewhere(rclass, members, last, chosen, owner)):
+                    and self._sent_elsewhere(rclass, members, last, chosen, owner, balance)):
                 chosen, away = last, True
             if entry is not None and entry[0] != rclass:
                 home = owner  # (a path of several classes: the book cannot say)
@@ -272,18 +272,22 @@ class Placement:
 
     def _sent_elsewhere(self, rclass: str, members: Dict[PoolWorker, float],
                         last: PoolWorker, chosen: PoolWorker,
-                        owner: Optional[PoolWorker]) -> bool:
+                        owner: Optional[PoolWorker], balance: float) -> bool:
         """Behind several LBs: whether a key another LB sent to ``last``,
         a worker skilled in ``rclass`` that this LB does not count among
         the ``members``, stays there rather than go to ``chosen`` (see
         "Stickiness" in the module docstring): while ``last`` is no
-        busier, and unless slow start is at work (the key's ``owner`` or
-        ``last`` starting: slow start gives a starter its keys by
-        rendezvous, and holds its backlog to the mean)."""
+        busier and under the cap a member is held to (``_cap``, with the
+        class's ``balance``), and unless slow start is at work (the
+        key's ``owner`` or ``last`` starting: slow start gives a starter
+        its keys by rendezvous, and holds its backlog to the mean)."""
         if last in members or last.backlog > chosen.backlog:
             return False
         starting = self.pool.starting
         if starting and (owner in starting or last in starting):
+            return False
+        max_backlog, min_backlog = self._cap(balance)
+        if last.mbacklog - min_backlog > max_backlog:
             return False
         return last in self.pool.skilled.get(rclass, EMPTY)
 
