@@ -41,6 +41,10 @@ the share of the replay each worker spent loading (its loads times the
 miss cost): a balancer whose workers all load most of the time is bound
 by its loads; one whose workers load a fraction of it is bound by
 something else (latency in the closed loop, CPU, one busy worker).
+Then each worker's requests over a fair share and, for zc-lb, how busy
+each worker was, from its LBs' status sampled during the replay
+(``playback.backlogs``): how often a worker sat idle while another had
+requests waiting, and each one's time with a request in flight.
 
 With ``--lbs N``, each balancer runs N times side by side and the
 replay's clients take turns between them: N ``zc-lb lb --zookeeper``
@@ -86,6 +90,7 @@ import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+from .backlogs import BacklogSampler
 from .cacheapp import ENV_PREFIX, STATS_PATH
 from .logparse import DEFAULT_HOST_SUFFIX, FORMATS, read_entries
 from .replay import replay
@@ -461,8 +466,9 @@ def measure(name: str, warmup: list, entries: list, args: argparse.Namespace,
             from .zodbapp import server_loads
         loads = None if target.zeo is None else server_loads(target.zeo)
         before, clock = cpu_seconds(target.lb_pids), steal_clock()
-        report = replay(entries, target.urls, stats_urls=target.stats_urls or None,
-                        progress=progress, **options)
+        with BacklogSampler(target.statuses, args.worker_concurrency) as backlogs:
+            report = replay(entries, target.urls, stats_urls=target.stats_urls or None,
+                            progress=progress, **options)
         lb_cpu = cpu_seconds(target.lb_pids) - before
         steal = stolen(clock, steal_clock())
         if loads is not None:  # the database's own count
@@ -472,6 +478,9 @@ def measure(name: str, warmup: list, entries: list, args: argparse.Namespace,
     if "server_loads" in report and report["responses"]:
         row["loads_per_request"] = report["server_loads"] / report["responses"]
     row["steal"] = steal
+    if target.statuses:  # (zc-lb: its LBs' status says each worker's backlog)
+        row["backlogs"] = backlogs.summary()
+        row["idle"] = row["backlogs"]["idle"]
     # (the ZODB app's loads cost what the ZEO server takes, plus any delay)
     row["loading"] = loading(report, args.miss_cost) if args.app == "cache" else {}
     return row
@@ -550,7 +559,8 @@ def _ms(seconds: Optional[float]) -> Optional[float]:
 
 # How the worst of several runs is taken, column by column.
 WORST = {"throughput": min, "p50_ms": max, "p99_ms": max, "loads_per_request": max,
-         "overlap": max, "errors": max, "lb_cpu_us_per_request": max, "steal": max}
+         "overlap": max, "errors": max, "lb_cpu_us_per_request": max, "steal": max,
+         "idle": max}
 
 
 def worst_of(rows: List[dict]) -> dict:
@@ -667,6 +677,24 @@ def format_served(rows: List[dict], workers: int) -> str:
         if shares:
             lines.append("  %s  %s" % (row["balancer"].ljust(width),
                                        " ".join("%4.2f" % share for share in shares)))
+    return "\n".join(lines) if len(lines) > 1 else ""
+
+
+def format_busy(rows: List[dict]) -> str:
+    """A line per zc-lb balancer, from its LBs' status sampled during the
+    replay (``playback.backlogs``): the share of samples in which a
+    worker had nothing in flight while another had requests waiting, and
+    each worker's share of samples with a request in flight over a fair
+    share, least to most."""
+    lines = ["a worker idle while another had requests waiting (share of samples), and each "
+             "worker's time with a request in flight over a fair share, least to most:"]
+    width = max(len(row["balancer"]) for row in rows)
+    for row in rows:
+        backlogs = row.get("backlogs")
+        if backlogs and backlogs["samples"]:
+            lines.append("  %s  idle %4.1f%% of %d samples; busy %s" % (
+                row["balancer"].ljust(width), 100.0 * (row["idle"] or 0.0), backlogs["samples"],
+                " ".join("%4.2f" % share for share in sorted(backlogs["busy"].values()))))
     return "\n".join(lines) if len(lines) > 1 else ""
 
 
@@ -967,7 +995,8 @@ def text_report(args: argparse.Namespace, result: dict) -> str:
     if each:
         parts.append(each)
     for shares in (format_loading(result["results"]),
-                   format_served(result["results"], args.workers)):
+                   format_served(result["results"], args.workers),
+                   format_busy(result["results"])):
         if shares:
             parts.append(shares)
     notes = format_notes(result["results"])

@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -232,6 +233,7 @@ def test_several_lbs_take_turns_and_zc_lbs_find_each_other_in_zookeeper(tmp_path
     each = zc_lb["lb_status"]["each"]
     assert len(each) == 2 and all(lb["requests"] > 0 for lb in each), each
     assert zc_lb["lb_status"]["requests"] >= 150
+    assert zc_lb["backlogs"]["failures"] == 0 and "backlogs" not in leastconn
     run = tmp_path / "run"
     for n in (1, 2):
         assert "keys are relayed between the LBs" in (run / ("zc-lb-lb%d.log" % n)).read_text()
@@ -296,3 +298,68 @@ def test_several_runs_are_reported_by_the_worst_of_each_column():
         compare.main(["x.log", "--runs", "0"])
     with pytest.raises(SystemExit):
         compare.main(["x.log", "--lbs", "0"])
+
+
+def test_a_worker_idle_while_another_has_requests_waiting_is_counted():
+    from zc_lb.playback.backlogs import BacklogSampler
+
+    sampler = BacklogSampler([], concurrency=1)
+    sampler.samples = [
+        {"a": 0, "b": 2, "c": 1},  # idle: "a" has none, "b" one waiting
+        {"a": 0, "b": 1, "c": 1},  # not: nothing waits at an app of one
+        {"a": 1, "b": 3, "c": 2},  # not: no one idle
+        {"a": 0, "b": 0, "c": 0},
+    ]
+    summary = sampler.summary()
+    assert summary["samples"] == 4 and summary["idle"] == 0.25
+    # Busy: samples with a request in flight, over the mean (1, 3, 3 of 4).
+    assert summary["busy"] == pytest.approx({"a": 3 / 7, "b": 9 / 7, "c": 9 / 7})
+    # An app that serves two at once: two in flight is no wait.
+    sampler.waiting = 2
+    assert sampler.summary()["idle"] == 0.0
+    assert BacklogSampler([], concurrency=0).summary() == {
+        "samples": 0, "idle": None, "busy": {}, "failures": 0}
+
+
+def test_backlogs_are_summed_over_the_lbs_and_a_status_that_fails_is_counted():
+    import http.server
+    import json
+    import threading
+
+    from zc_lb.playback.backlogs import BacklogSampler
+
+    class Status(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            backlogs = self.server.backlogs
+            body = json.dumps({"workers": {w: {"backlog": n} for w, n in backlogs.items()}})
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    servers = []
+    for backlogs in ({"w1": 0, "w2": 1}, {"w1": 0, "w2": 1}):
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Status)
+        server.backlogs = backlogs
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+    statuses = ["127.0.0.1:%d" % server.server_address[1] for server in servers]
+    with BacklogSampler(statuses, concurrency=1, interval=0.01) as sampler:
+        deadline = time.monotonic() + 5.0
+        while len(sampler.samples) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    summary = sampler.summary()
+    assert summary["samples"] >= 3 and summary["failures"] == 0
+    assert summary["idle"] == 1.0  # w2: one from each LB, so one waiting
+    assert summary["busy"]["w1"] == 0.0
+    servers[1].shutdown()
+    servers[1].server_close()
+    with BacklogSampler(statuses, concurrency=1, interval=0.01) as sampler:
+        deadline = time.monotonic() + 5.0
+        while not sampler.failures and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert sampler.failures and not sampler.samples  # (a sample of half the LBs is none)
+    servers[0].shutdown()

@@ -1,0 +1,94 @@
+"""Whether a worker sat idle while another had requests waiting, on a
+running site: the simulator's ``idle`` column, measured live.
+
+While a replay runs, a thread reads each zc-lb LB's status document
+(``zc_lb.status.document.fetch``) every ``interval`` seconds and sums
+each worker's backlog, its requests in flight, over the LBs.  A sample
+is *idle* when some worker had none while another had more than its
+application serves at once (``concurrency``; an application with no
+bound, more than one): a request waited that the idle worker could have
+started.  A worker's *busy* share is the share of samples in which it
+had a request in flight, over the mean of those shares, so that 1 is a
+fair share of the time: a worker whose requests cost more serves fewer
+of them and is as busy.
+
+Usage::
+
+    with BacklogSampler(["127.0.0.1:8081"], concurrency=1) as sampler:
+        replay(...)
+    sampler.summary()  # {"samples": ..., "idle": ..., "busy": {...}}
+
+Weak spots: a sample is a moment, so a spell shorter than ``interval``
+is missed or counted whole; several LBs are read one after the other, a
+few milliseconds apart; reading the status costs each LB a little time.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict, List, Optional, Sequence
+
+INTERVAL = 0.05  # seconds between samples
+
+
+class BacklogSampler:
+    """Samples of each worker's backlog, summed over the LBs whose status
+    addresses are ``statuses``, taken while the ``with`` block runs."""
+
+    def __init__(self, statuses: Sequence[str], concurrency: int,
+                 interval: float = INTERVAL) -> None:
+        self.statuses = list(statuses)
+        self.waiting = max(concurrency, 1)  # more in flight than this waits
+        self.interval = interval
+        self.samples: List[Dict[str, int]] = []
+        self.failures = 0  # status reads that failed (an LB busy past the timeout)
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def __enter__(self) -> "BacklogSampler":
+        if self.statuses:
+            self._thread = threading.Thread(target=self._run, name="backlogs", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        from zc_lb.errors import ZcLbError
+        from zc_lb.status.document import fetch
+
+        while not self._stop.wait(self.interval):
+            sample: Dict[str, int] = {}
+            try:
+                for status in self.statuses:
+                    for worker, info in fetch(status, timeout=1.0).get("workers", {}).items():
+                        sample[worker] = sample.get(worker, 0) + int(info.get("backlog") or 0)
+            except ZcLbError:
+                self.failures += 1
+                continue
+            if sample:
+                self.samples.append(sample)
+
+    def summary(self) -> dict:
+        """``samples``; ``idle``, the share of them in which a worker had
+        nothing in flight while another had requests waiting (None
+        without samples); ``busy``, worker -> its share of samples with a
+        request in flight over the mean share; ``failures``."""
+        idle = 0
+        in_flight: Dict[str, int] = {}
+        for sample in self.samples:
+            backlogs = sample.values()
+            if min(backlogs) == 0 and max(backlogs) > self.waiting:
+                idle += 1
+            for worker, backlog in sample.items():
+                in_flight[worker] = in_flight.get(worker, 0) + (backlog > 0)
+        mean = sum(in_flight.values()) / len(in_flight) if in_flight else 0.0
+        return {
+            "samples": len(self.samples),
+            "idle": idle / len(self.samples) if self.samples else None,
+            "busy": {worker: count / mean for worker, count in in_flight.items()} if mean else {},
+            "failures": self.failures,
+        }
