@@ -590,6 +590,29 @@ def test_a_class_whose_workers_are_busiest_takes_another_and_gives_it_back():
     assert len(set(went)) == 2 and pool.members.widenings == 0
 
 
+def test_a_class_still_the_busiest_takes_a_second_member_and_gives_them_back_one_by_one():
+    # Kept busy after its first extra member, "big" takes a second (with
+    # one at most, elastic left a worker idle beside two busy classes);
+    # once the others are the busy ones, the extras go back one at a time.
+    pool = _pool_of_six(0.4, big_score=10.0, small_score=1000.0)
+    _drive(pool, 600, quick=[BIG, SMALL, SMALL, SMALL])
+    stats = pool.classes["big"]
+    width = pool.members.width(stats)
+    for widenings in (1, 2, 2, 2):
+        went = _drive(pool, 1200, held=BIG, quick=[SMALL, SMALL, SMALL])
+        assert pool.members.widenings == widenings and stats.extra == widenings
+        assert len(stats.members) == width + widenings
+        assert len(set(went[-300:])) == width + widenings  # (each takes keys)
+    for handle in [w.handle for w in pool.workers.values() if w not in stats.members]:
+        pool.new_resume(handle, {"other": 1000.0})
+    extras = []
+    for _ in range(60):  # (the others busy now: it gives them back)
+        _drive(pool, 50, held=("other", 2), quick=[BIG])
+        if not extras or extras[-1] != stats.extra:
+            extras.append(stats.extra)
+    assert extras == [2, 1, 0] and pool.members.narrowings == 2
+
+
 def test_a_busy_class_with_little_of_the_work_does_not_widen():
     # As busy, but its requests are the cheap ones: another member would
     # relieve its members of little, and cost the loads of the keys it took.

@@ -216,9 +216,9 @@ LB_SETTINGS = _table([
             "other classes do not take every class; --no-busy-members: the best-scored",
             where=EVERYWHERE),
     Setting("widen", float, 0.3,
-            "affinity: a class takes one more worker while its workers' backlogs stay "
-            "over 1 + WIDEN times the pool's mean, and gives it back under 1 / (1 + WIDEN) "
-            "times; 0: never",
+            "affinity: a class takes one more worker (two at most) while its workers' "
+            "backlogs stay over 1 + WIDEN times the pool's mean, and gives one back under "
+            "1 / (1 + WIDEN) times; 0: never",
             minimum=0, where=EVERYWHERE),
     Setting("no_worker_timeout", float, 5.0,
             "seconds to wait for a worker before answering 503 (with Retry-After)",

@@ -56,17 +56,18 @@ with most of the work shared a member, while two workers held only
 classes of cheap requests and idled half the time.  So each class keeps
 its *pressure*, its members' mean backlog over the pool's mean (each
 plus one: at light load no one is busier), decayed over its member
-refreshes.  While that stays above ``1 + widen`` the class takes one
-member more than its width, the least busy worker not in it, which
-takes the class's new keys and those the bound moves on (not the keys
-at their owners: they would be loaded again); below ``1 / (1 +
-widen)`` it gives the extra back.  One, not more: it mends a packing
-accident, and a class still the busiest with it is a hot class, which
-the bound and the cap spread.  Only a class whose work per member is at
-least half a worker's fair share widens: a lighter one cannot relieve
-its members by much, and the new member loads the class's shared data.
-(A class's work is its decayed requests, each weighed by the seconds it
-takes the class's members, one over their résumé scores.)
+refreshes.  While that stays above ``1 + widen`` the class takes a
+member more than its width, the least busy worker not in it, and a
+second if it stays there (``MAX_EXTRA``; with one, elastic left a
+worker idle beside two busy classes in a third of its seeds).  A new
+member takes the class's new keys and those the bound moves on (not the
+keys at their owners: they would be loaded again); below ``1 / (1 +
+widen)`` the class gives one back.  Not more (three measured as two):
+they mend packing accidents, and a class still the busiest is a hot
+class, which the bound and the cap spread.  Only a class with half a worker's fair share
+of the work per member widens (its work: its decayed requests, each
+weighed by its members' seconds): a lighter one cannot relieve its
+members by much, and the new member loads the class's shared data.
 
 Structure.  ``Members`` counts each request and its key into the
 class's statistics (``observe``) and works out the class's members
@@ -112,6 +113,7 @@ MEMBER_STICK: Final = 2.5  # a member is favoured this much (or its class's gain
 PRESSURE_DECAY: Final = 0.95  # per member refresh: a class's pressure follows some 20 of them
 NARROW: Final = 0.25  # of a worker, under one member fewer, before a class's keys give one back
 WIDEN_SHARE: Final = 0.5  # of a worker's fair share of work, per member, before a class widens
+MAX_EXTRA: Final = 2  # members a class may take over its width for its pressure
 MAX_KEYS_SEEN = 1 << 16  # keys whose hashes the classes remember, in all
 
 
@@ -398,8 +400,7 @@ class Members:
         current = stats.holders  # (not ``members``: see ``_new_members``)
         if width == 1:
             return _best_placed(skilled, current, stick, lbs)
-        # (``nlargest`` is Python code: several times slower for a handful
-        # of workers)
+        # (``nlargest`` is Python code: several times slower for a few workers)
         ranked = sorted(skilled.items(), reverse=True,
                         key=lambda item: _placing(item[0], item[1], current, stick, lbs))
         return dict(ranked[:width])
@@ -425,11 +426,11 @@ class Members:
 
     def _widen(self, rclass: str, stats: ClassStats, members: Dict[PoolWorker, float],
                width: int) -> int:
-        """``width`` plus the member the class may have over it for its
-        pressure (see the module docstring), taken or given back when
-        that has stayed past ``widen`` for long enough.  (A pressure
-        changed is set back to 1, so that the next change waits for
-        what this one did.)"""
+        """``width`` plus the members (``MAX_EXTRA`` at most) the class
+        may have over it for its pressure (see the module docstring), one
+        taken or given back when that has stayed past ``widen`` for long
+        enough.  (A pressure changed is set back to 1, so that the next
+        change waits for what this one did.)"""
         pool = self.pool
         n = len(pool.workers)
         # (backlogs as they are now, one request more on either side: at
@@ -438,19 +439,18 @@ class Members:
         mine = sum(worker.backlog for worker in members) / len(members) + 1.0
         mean = pool.backlog / n + 1.0
         stats.pressure = PRESSURE_DECAY * stats.pressure + (1.0 - PRESSURE_DECAY) * mine / mean
-        high = 1.0 + pool.widen
-        pressure = stats.pressure
-        if (pressure > high and not stats.extra and width < n
+        high, pressure = 1.0 + pool.widen, stats.pressure
+        if (pressure > high and stats.extra < MAX_EXTRA and width + stats.extra < n
                 and stats.work * n >= WIDEN_SHARE * self.work * len(members)):
-            stats.extra, stats.pressure = 1, 1.0
+            stats.extra, stats.pressure, change = stats.extra + 1, 1.0, "widened"
             self.widenings += 1
-            log.info("class %s widened to %d members: they were %.2f times as busy as "
-                     "the pool's workers", rclass, width + 1, pressure)
         elif pressure < 1.0 / high and stats.extra:
-            stats.extra, stats.pressure = 0, 1.0
+            stats.extra, stats.pressure, change = stats.extra - 1, 1.0, "narrowed"
             self.narrowings += 1
-            log.info("class %s narrowed to %d members: they were %.2f times as busy as "
-                     "the pool's workers", rclass, width, pressure)
+        else:
+            return min(n, width + stats.extra)
+        log.info("class %s %s to %d members: they were %.2f times as busy as the pool's "
+                 "workers", rclass, change, width + stats.extra, pressure)
         return min(n, width + stats.extra)
 
     def _floored(self, stats: ClassStats, skilled: Dict[PoolWorker, float],
