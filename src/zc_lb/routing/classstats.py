@@ -189,7 +189,7 @@ class ClassStats:
         self.work = 0.0  # decayed seconds of work, as of ``seen``
         self.cost: Optional[float] = None  # seconds a request takes, from résumés
         self.key_width = 0  # the workers its keys last asked for (``Members.widths``)
-        self.extra = 0  # 1 while it has a member over its width (``Members._widen``)
+        self.extra = 0  # members it has over its width, for its pressure (``Members._widen``)
         self.pressure = 1.0  # its members' mean backlog over the pool's, decayed
         # decayed service times and counts of its requests placed where
         # their key last went and elsewhere (``routing/locality.py``)

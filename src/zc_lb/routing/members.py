@@ -51,23 +51,21 @@ does not see (``_soonest``).  What this serves on ``mixed_fleet``, the
 logs and the synthetic scenarios: ``simulations/README.rst``.
 
 Widening.  Shares say what a class needs, not how busy its members are
-with the other classes they hold: on the elastic log the two classes
-with most of the work shared a member, while two workers held only
-classes of cheap requests and idled half the time.  So each class keeps
-its *pressure*, its members' mean backlog over the pool's mean (each
-plus one: at light load no one is busier), decayed over its member
-refreshes.  While that stays above ``1 + widen`` the class takes a
-member more than its width, the least busy worker not in it, and a
-second if it stays there (``MAX_EXTRA``; with one, elastic left a
-worker idle beside two busy classes in a third of its seeds).  A new
-member takes the class's new keys and those the bound moves on (not the
-keys at their owners: they would be loaded again); below ``1 / (1 +
-widen)`` the class gives one back.  Not more (three measured as two):
-they mend packing accidents, and a class still the busiest is a hot
-class, which the bound and the cap spread.  Only a class with half a worker's fair share
-of the work per member widens (its work: its decayed requests, each
-weighed by its members' seconds): a lighter one cannot relieve its
-members by much, and the new member loads the class's shared data.
+with the other classes they hold.  So each class keeps its *pressure*,
+its members' mean backlog over the pool's mean (each plus one: at light
+load no one is busier), decayed over its member refreshes.  While that
+stays above ``1 + widen`` the class takes a member more than its width,
+the least busy worker not in it, and once that one joined a second if
+it stays there (``MAX_EXTRA``; with one, elastic left a worker idle
+beside its two busiest classes in a third of its seeds); below ``1 / (1
++ widen)`` it gives one back.  A new member takes the class's new keys
+and those the bound moves on (not those at their owners: they would load
+again).  Not more (three measured as two): they mend packing accidents,
+and a class still the busiest is hot, which the bound and the cap
+spread.  Only a class with half a worker's fair share of the work per
+member widens (its decayed requests, each weighed by its members'
+seconds): a lighter one relieves little, and its new member loads the
+class's shared data.
 
 Structure.  ``Members`` counts each request and its key into the
 class's statistics (``observe``) and works out the class's members
@@ -229,7 +227,7 @@ class Members:
         self.work = 0.0  # decayed seconds of work of every class
         self.keys_seen = 0  # keys the classes remember (``observe``)
         self.widenings = 0  # classes given a member for their pressure
-        self.narrowings = 0  # and given it back
+        self.narrowings = 0  # and given one back
         # (each worker's distinct keys of its classes, which it is counted
         # to hold, are its ``held``: see the property)
         self.held_window = 0  # the footprint window ``held`` was counted in
@@ -263,8 +261,7 @@ class Members:
         return {worker: worker.held for worker in self.pool.workers.values()}
 
     def workers_changed(self) -> None:
-        """A worker was added to the pool or removed: the recruiting ring
-        is drawn again."""
+        """A worker was added or removed: the recruiting ring is drawn again."""
         self._ring = None
 
     def rework(self, classes: Iterable[str]) -> None:
@@ -426,32 +423,35 @@ class Members:
 
     def _widen(self, rclass: str, stats: ClassStats, members: Dict[PoolWorker, float],
                width: int) -> int:
-        """``width`` plus the members (``MAX_EXTRA`` at most) the class
-        may have over it for its pressure (see the module docstring), one
-        taken or given back when that has stayed past ``widen`` for long
-        enough.  (A pressure changed is set back to 1, so that the next
-        change waits for what this one did.)"""
+        """``width`` plus the members (``MAX_EXTRA`` at most) the class has
+        over it for its pressure, one taken or given back when that stayed
+        past ``widen`` long enough (see the module docstring); a change sets
+        the pressure back to 1, so that the next waits for what it did."""
         pool = self.pool
         n = len(pool.workers)
-        # (backlogs as they are now, one request more on either side: at
-        # light load no one is busier; the decayed means of backlog are
-        # taken at each worker's own events, and a busy member has more)
+        if stats.extra > n - width:  # (workers gone, or its share grown: no room)
+            stats.extra = max(0, n - width)
+        # (backlogs now, one more on either side: at light load no one is busier;
+        # decayed means are taken at each worker's events, a busy member's more)
         mine = sum(worker.backlog for worker in members) / len(members) + 1.0
         mean = pool.backlog / n + 1.0
         stats.pressure = PRESSURE_DECAY * stats.pressure + (1.0 - PRESSURE_DECAY) * mine / mean
-        high, pressure = 1.0 + pool.widen, stats.pressure
+        high, pressure, change = 1.0 + pool.widen, stats.pressure, ""
         if (pressure > high and stats.extra < MAX_EXTRA and width + stats.extra < n
+                and (not stats.extra or len(members) >= width + stats.extra)  # (it joined)
                 and stats.work * n >= WIDEN_SHARE * self.work * len(members)):
-            stats.extra, stats.pressure, change = stats.extra + 1, 1.0, "widened"
+            stats.extra += 1
             self.widenings += 1
+            change = "widened"
         elif pressure < 1.0 / high and stats.extra:
-            stats.extra, stats.pressure, change = stats.extra - 1, 1.0, "narrowed"
+            stats.extra -= 1
             self.narrowings += 1
-        else:
-            return min(n, width + stats.extra)
-        log.info("class %s %s to %d members: they were %.2f times as busy as the pool's "
-                 "workers", rclass, change, width + stats.extra, pressure)
-        return min(n, width + stats.extra)
+            change = "narrowed"
+        if change:
+            stats.pressure = 1.0
+            log.info("class %s %s to %d members: they were %.2f times as busy as the "
+                     "pool's workers", rclass, change, width + stats.extra, pressure)
+        return width + stats.extra
 
     def _floored(self, stats: ClassStats, skilled: Dict[PoolWorker, float],
                  width: int) -> Dict[PoolWorker, float]:
