@@ -480,7 +480,6 @@ def measure(name: str, warmup: list, entries: list, args: argparse.Namespace,
     row["steal"] = steal
     if target.statuses:  # (zc-lb: its LBs' status says each worker's backlog)
         row["backlogs"] = backlogs.summary()
-        row["idle"] = row["backlogs"]["idle"]
     # (the ZODB app's loads cost what the ZEO server takes, plus any delay)
     row["loading"] = loading(report, args.miss_cost) if args.app == "cache" else {}
     return row
@@ -559,8 +558,7 @@ def _ms(seconds: Optional[float]) -> Optional[float]:
 
 # How the worst of several runs is taken, column by column.
 WORST = {"throughput": min, "p50_ms": max, "p99_ms": max, "loads_per_request": max,
-         "overlap": max, "errors": max, "lb_cpu_us_per_request": max, "steal": max,
-         "idle": max}
+         "overlap": max, "errors": max, "lb_cpu_us_per_request": max, "steal": max}
 
 
 def worst_of(rows: List[dict]) -> dict:
@@ -681,7 +679,7 @@ def format_served(rows: List[dict], workers: int) -> str:
 
 
 def format_busy(rows: List[dict]) -> str:
-    """A line per zc-lb balancer, from its LBs' status sampled during the
+    """A line per zc-lb run, from its LBs' status sampled during the
     replay (``playback.backlogs``): the share of samples in which a
     worker had nothing in flight while another had requests waiting, and
     each worker's share of samples with a request in flight over a fair
@@ -690,11 +688,20 @@ def format_busy(rows: List[dict]) -> str:
              "worker's time with a request in flight over a fair share, least to most:"]
     width = max(len(row["balancer"]) for row in rows)
     for row in rows:
-        backlogs = row.get("backlogs")
-        if backlogs and backlogs["samples"]:
-            lines.append("  %s  idle %4.1f%% of %d samples; busy %s" % (
-                row["balancer"].ljust(width), 100.0 * (row["idle"] or 0.0), backlogs["samples"],
-                " ".join("%4.2f" % share for share in sorted(backlogs["busy"].values()))))
+        for run in row.get("runs", [row]):
+            backlogs = run.get("backlogs")
+            if not backlogs:
+                continue
+            name = row["balancer"].ljust(width)
+            if not backlogs["samples"]:
+                lines.append("  %s  no samples (%d status reads failed)"
+                             % (name, backlogs["failures"]))
+                continue
+            idle = "-" if backlogs["idle"] is None else "%4.1f%%" % (100.0 * backlogs["idle"])
+            lines.append("  %s  idle %s of %d samples; busy %s%s" % (
+                name, idle, backlogs["samples"],
+                " ".join("%4.2f" % share for share in sorted(backlogs["busy"].values())),
+                "; %d status reads failed" % backlogs["failures"] if backlogs["failures"] else ""))
     return "\n".join(lines) if len(lines) > 1 else ""
 
 

@@ -314,11 +314,28 @@ def test_a_worker_idle_while_another_has_requests_waiting_is_counted():
     assert summary["samples"] == 4 and summary["idle"] == 0.25
     # Busy: samples with a request in flight, over the mean (1, 3, 3 of 4).
     assert summary["busy"] == pytest.approx({"a": 3 / 7, "b": 9 / 7, "c": 9 / 7})
-    # An app that serves two at once: two in flight is no wait.
-    sampler.waiting = 2
+    # An app that serves two at once: two in flight is no wait; one with
+    # no bound keeps none waiting.
+    sampler.serves = 2
     assert sampler.summary()["idle"] == 0.0
-    assert BacklogSampler([], concurrency=0).summary() == {
+    sampler.serves = 0
+    assert sampler.summary()["idle"] is None and sampler.summary()["samples"] == 4
+    assert BacklogSampler([], concurrency=1).summary() == {
         "samples": 0, "idle": None, "busy": {}, "failures": 0}
+
+
+def test_how_busy_each_run_was_is_a_line_a_run():
+    backlogs = {"samples": 40, "idle": 0.5, "busy": {"a": 1.2, "b": 0.8}, "failures": 0}
+    runs = [{"balancer": "zc-lb", "backlogs": backlogs},
+            {"balancer": "zc-lb", "backlogs": dict(backlogs, idle=None, failures=2)},
+            {"balancer": "zc-lb", "backlogs": {"samples": 0, "idle": None, "busy": {},
+                                                "failures": 7}}]
+    rows = [dict(runs[0], runs=runs), {"balancer": "leastconn"}]
+    lines = compare.format_busy(rows).splitlines()[1:]
+    assert lines == ["  zc-lb      idle 50.0% of 40 samples; busy 0.80 1.20",
+                     "  zc-lb      idle - of 40 samples; busy 0.80 1.20; 2 status reads failed",
+                     "  zc-lb      no samples (7 status reads failed)"]
+    assert compare.format_busy([{"balancer": "leastconn"}]) == ""
 
 
 def test_backlogs_are_summed_over_the_lbs_and_a_status_that_fails_is_counted():
@@ -330,8 +347,9 @@ def test_backlogs_are_summed_over_the_lbs_and_a_status_that_fails_is_counted():
 
     class Status(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            backlogs = self.server.backlogs
-            body = json.dumps({"workers": {w: {"backlog": n} for w, n in backlogs.items()}})
+            workers = {w: {"backlog": n, "in_pool": True} for w, n in self.server.backlogs.items()}
+            workers["w3"] = {"backlog": 0, "in_pool": False}  # (down: not idle)
+            body = json.dumps({"workers": workers})
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -354,7 +372,7 @@ def test_backlogs_are_summed_over_the_lbs_and_a_status_that_fails_is_counted():
     summary = sampler.summary()
     assert summary["samples"] >= 3 and summary["failures"] == 0
     assert summary["idle"] == 1.0  # w2: one from each LB, so one waiting
-    assert summary["busy"]["w1"] == 0.0
+    assert summary["busy"]["w1"] == 0.0 and "w3" not in summary["busy"]
     servers[1].shutdown()
     servers[1].server_close()
     with BacklogSampler(statuses, concurrency=1, interval=0.01) as sampler:
