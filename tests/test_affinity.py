@@ -1122,15 +1122,17 @@ def test_a_key_another_lb_sent_to_a_skilled_worker_stays_there_though_not_a_memb
         pool.put(handle)
     assert outsider.backlog > max(worker.backlog for worker in members)
     assert pool.get("c", "/c3") in {w.handle for w in members}
-    # Nor does one over the cap (its decayed backlog far over the pool's
-    # mean), though no busier than the member at this moment.
+    # Nor does one over the cap (its decayed backlog over the pool's mean
+    # by more than a member may be), though no busier at this moment.
     pool, outsider, members = relayed_to_an_outsider(2)
-    max_backlog, min_backlog = pool.placement._cap(pool.balance)
+    assert pool.locality.gain(pool.classes["c"]) is None  # (the class's balance: the pool's)
     assert outsider.backlog <= min(worker.backlog for worker in members)
+    max_backlog, min_backlog = pool.placement._cap(pool.balance)
     outsider.mbacklog = min_backlog + max_backlog - 0.5  # (just under it, it keeps the key)
     handle = pool.get("c", "/c3")
     assert handle == outsider.handle
     pool.put(handle)
+    max_backlog, min_backlog = pool.placement._cap(pool.balance)  # (the get and put moved it)
     outsider.mbacklog = min_backlog + max_backlog + 0.5
     assert pool.get("c", "/c3") in {w.handle for w in members}
     # An LB alone counts only its members: a worker it dropped from the

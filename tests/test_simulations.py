@@ -315,11 +315,12 @@ def test_affinity_loads_within_a_fifth_of_the_partition_on_the_logs(log):
             assert summary["p99_ms"] < least["p99_ms"], seed
 
 
-def test_no_worker_is_left_under_half_a_fair_share_of_the_work_on_the_logs():
-    # No worker idle while another queues, by the work each does: the
-    # least busy worker's application takes at least half the mean
-    # seconds (seeds 1-3; and elastic's seed 9, where a worker starved,
-    # 0.27, while a class under pressure could take one extra member only).
+def test_the_least_busy_worker_does_half_a_fair_share_of_the_work_on_the_logs():
+    # The fairness target by the work each worker does: the least busy
+    # worker's application takes at least half the mean seconds, on the
+    # logs' seeds 1-3 and on elastic's seed 9, where a worker starved (0.27)
+    # while a class under pressure could take one extra member only.  (Not
+    # every seed: simulations/README.rst, "the least busy worker's share".)
     for log, seeds in (("nasa", (1, 2, 3)), ("elastic", (1, 2, 3, 9))):
         for seed in seeds:
             summary = simulate(scenario(log, seed=seed), "affinity")["summary"]
