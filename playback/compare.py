@@ -186,6 +186,13 @@ def app_env(args: argparse.Namespace) -> Dict[str, str]:
             for name, setting in APP_SETTINGS.items()}
 
 
+def app_bound(args: argparse.Namespace) -> int:
+    """Requests the app serves at once: ``--worker-concurrency`` for the
+    cache app, 0 (no bound the tool knows) for the ZODB app, whose
+    threads wait on its connections and the database."""
+    return args.worker_concurrency if args.app == "cache" else 0
+
+
 def app_argv(args: argparse.Namespace) -> List[str]:
     """The same settings as ``python -m playback.cacheapp`` options."""
     argv: List[str] = []
@@ -466,7 +473,7 @@ def measure(name: str, warmup: list, entries: list, args: argparse.Namespace,
             from .zodbapp import server_loads
         loads = None if target.zeo is None else server_loads(target.zeo)
         before, clock = cpu_seconds(target.lb_pids), steal_clock()
-        with BacklogSampler(target.statuses, args.worker_concurrency) as backlogs:
+        with BacklogSampler(target.statuses, app_bound(args)) as backlogs:
             report = replay(entries, target.urls, stats_urls=target.stats_urls or None,
                             progress=progress, **options)
         lb_cpu = cpu_seconds(target.lb_pids) - before

@@ -324,6 +324,13 @@ def test_a_worker_idle_while_another_has_requests_waiting_is_counted():
         "samples": 0, "idle": None, "busy": {}, "failures": 0}
 
 
+def test_idle_is_measured_against_the_apps_bound_where_the_tool_knows_it():
+    args = compare.make_parser().parse_args(["log", "--worker-concurrency", "4"])
+    assert compare.app_bound(args) == 4
+    args = compare.make_parser().parse_args(["log", "--app", "zodb"])
+    assert compare.app_bound(args) == 0  # (the ZODB app's threads wait on the database)
+
+
 def test_how_busy_each_run_was_is_a_line_a_run():
     backlogs = {"samples": 40, "idle": 0.5, "busy": {"a": 1.2, "b": 0.8}, "failures": 0}
     runs = [{"balancer": "zc-lb", "backlogs": backlogs},
