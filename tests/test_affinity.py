@@ -613,6 +613,41 @@ def test_a_class_still_the_busiest_takes_a_second_member_and_gives_them_back_one
     assert extras == [2, 1, 0] and pool.members.narrowings == 2
 
 
+def test_behind_several_lbs_pressure_counts_the_backlogs_of_all():
+    # Each of four LBs sees a quarter of the requests in flight.  Judged
+    # in its view alone, the one request more for light load drowned a
+    # class's pressure: NASA's busiest classes behind four LBs never
+    # widened, and a worker idled beside them.  Counted as all LBs'
+    # backlogs, the same view widens the class; alone, it is light load.
+    for lbs, widenings in ((1, 0), (4, 1)):
+        pool = _pool_of_six(0.4, big_score=10.0, small_score=1000.0)
+        pool.lbs = lbs
+        _drive(pool, 600, quick=[BIG, SMALL, SMALL, SMALL])
+        went = _drive(pool, 1200, held=BIG, quick=[SMALL, SMALL, SMALL], window=1)
+        assert pool.members.widenings == widenings, lbs
+        assert len(set(went)) == 2 + widenings
+
+
+def test_behind_several_lbs_a_hot_key_moves_on_at_the_queue_one_lb_allows():
+    # The balance bound, its one request more and its least bound of two,
+    # count requests of all LBs: behind two or four, a key moves on from
+    # its owner at about the queue a lone LB lets it have (without the
+    # book's stickiness), not at two or four times that.
+    def queue(lbs, **settings):  # (the owner's real backlog when the key moved on)
+        pool = pool_of(2, **settings)
+        pool.lbs = lbs
+        for i in range(40):
+            pool.put(pool.get("c", "k%d" % (i % 20)))
+        owner = pool.get("c", "hot")
+        seen = 1
+        while pool.get("c", "hot") == owner:
+            seen += 1
+        return seen * lbs
+
+    alone = queue(1, stick=0)
+    assert queue(2) == queue(4) <= alone + 1, (alone, queue(2), queue(4))
+
+
 def test_a_busy_class_with_little_of_the_work_does_not_widen():
     # As busy, but its requests are the cheap ones: another member would
     # relieve its members of little, and cost the loads of the keys it took.

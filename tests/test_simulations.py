@@ -341,12 +341,13 @@ def test_several_lbs_that_hear_each_others_keys_load_less():
 def test_two_lbs_that_take_each_others_recruits_load_about_as_one_lb():
     # A class recruits the worker another LB recruited, which the relays
     # tell: the two LBs' members agree, and the class's data is not loaded
-    # on two workers.  (NASA, seeds 1-4: 1.07 times one LB's misses; from
-    # the ring alone 1.19.)
+    # on two workers.  (NASA, seeds 1-8: 1.08 times one LB's misses; from
+    # the ring alone 1.15.  Over fewer seeds the ratio swings with small
+    # changes of routing: 1.07-1.11 over seeds 1-4.)
     misses = {}
     for lbs in (1, 2):
         misses[lbs] = sum(simulate(scenario("nasa", seed=seed, lbs=lbs), "affinity")
-                          ["summary"]["misses_per_request"] for seed in (1, 2, 3, 4))
+                          ["summary"]["misses_per_request"] for seed in range(1, 9))
     assert misses[2] < 1.1 * misses[1], misses
 
 

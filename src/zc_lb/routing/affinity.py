@@ -462,6 +462,14 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
             for book_hash in hashes:
                 remember(book_hash, book.get(book_hash), rclass, worker, AWAY)
 
+    def unseen(self) -> float:
+        """How many times a worker's backlog is the part this LB sees (its
+        own requests in flight and its siblings', of ``lbs`` LBs'): what is
+        judged with one request more for light load counts it as one of all
+        LBs' requests (in this view alone, behind four it drowned the rest)."""
+        seen = self.siblings.count if self.siblings is not None else 1
+        return float(self.lbs) / float(seen) if self.lbs > seen else 1.0
+
     def recruited_elsewhere(self, rclass: str, skilled: Dict[PoolWorker, float],
                             busiest: bool) -> Optional[PoolWorker]:
         """The worker another LB recruited for ``rclass`` (the last one

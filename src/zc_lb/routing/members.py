@@ -86,7 +86,7 @@ import logging
 import math
 from heapq import nlargest
 from operator import attrgetter
-from typing import Any, Dict, Final, Hashable, Iterable, List, Optional, Tuple
+from typing import Dict, Final, Hashable, Iterable, List, Optional, Tuple
 from zlib import crc32
 
 from mypy_extensions import trait
@@ -204,9 +204,11 @@ class MembersHost:
     slowstart: SlowStart
     starting: Dict[PoolWorker, Starter]
     relearning: Relearning
-    siblings: Any
 
     def by_recency(self) -> Iterable[PoolWorker]:
+        raise NotImplementedError
+
+    def unseen(self) -> float:
         raise NotImplementedError
 
     def recruited_elsewhere(self, rclass: str, skilled: Dict[PoolWorker, float],
@@ -389,11 +391,7 @@ class Members:
         if gain is None:  # (nothing says what moving the class costs)
             return _top_scored(skilled, width)
         stick = gain if gain > MEMBER_STICK else MEMBER_STICK
-        # This LB sees its own requests in flight and its siblings': of
-        # ``lbs`` LBs, a worker's backlog is ``lbs`` over those times that
-        # (unscaled, the one request more for light load drowned it).
-        seen = pool.siblings.count if pool.siblings is not None else 1
-        lbs = float(pool.lbs) / float(seen) if pool.lbs > seen else 1.0
+        lbs = pool.unseen()  # (backlogs as all LBs' are: see ``AffinityPool.unseen``)
         current = stats.holders  # (not ``members``: see ``_new_members``)
         if width == 1:
             return _best_placed(skilled, current, stick, lbs)
@@ -431,10 +429,11 @@ class Members:
         n = len(pool.workers)
         if stats.extra > n - width:  # (workers gone, or its share grown: no room)
             stats.extra = max(0, n - width)
-        # (backlogs now, one more on either side: at light load no one is busier;
-        # decayed means are taken at each worker's events, a busy member's more)
-        mine = sum(worker.backlog for worker in members) / len(members) + 1.0
-        mean = pool.backlog / n + 1.0
+        # (backlogs now as all LBs' are, one more on either side: at light load no one
+        # is busier; decayed means are taken at each worker's events, a busy member's more)
+        unseen = pool.unseen()
+        mine = unseen * sum(worker.backlog for worker in members) / len(members) + 1.0
+        mean = unseen * pool.backlog / n + 1.0
         stats.pressure = PRESSURE_DECAY * stats.pressure + (1.0 - PRESSURE_DECAY) * mine / mean
         high, pressure, change = 1.0 + pool.widen, stats.pressure, ""
         if (pressure > high and stats.extra < MAX_EXTRA and width + stats.extra < n

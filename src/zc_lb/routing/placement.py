@@ -200,6 +200,9 @@ class PlacementHost:
     def oldest(self) -> PoolWorker:
         raise NotImplementedError
 
+    def unseen(self) -> float:
+        raise NotImplementedError
+
     def least_loaded(self, skip: Container[PoolWorker] = ()) -> Optional[PoolWorker]:
         raise NotImplementedError
 
@@ -445,10 +448,14 @@ class Placement:
             members, key_hash, balance, last, ties=ties)
         if first is None:
             return None, False, owner
+        # The one request more, and the least bound, are of the workers' real
+        # backlogs: behind several LBs, this one sees a part (``unseen``).
         # (float(): compiled, a float over an int is worked out on objects)
-        bound = balance * float(total + 1) / float(count)
-        if bound < MIN_BOUND:
-            bound = MIN_BOUND
+        unseen = self.pool.unseen()
+        bound = balance * (float(total) + 1.0 / unseen) / float(count)
+        least_bound = MIN_BOUND / unseen if MIN_BOUND > unseen else 1.0
+        if bound < least_bound:
+            bound = least_bound
         starting = self.pool.starting
         if (kept is not None and kept.backlog < self.pool.stick * bound
                 and not (starting and owner in starting)):
