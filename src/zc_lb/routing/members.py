@@ -47,8 +47,9 @@ ten times longer away moves only from a member ten times busier, and a
 better-scored worker (one that now holds the data) takes over at once.
 Before any gain is known, or behind LBs that measure none, members go
 by score alone.  Each LB's view of a backlog is counted for the LBs it
-does not see (``_soonest``).  What this serves on ``mixed_fleet``, the
-logs and the synthetic scenarios: ``simulations/README.rst``.
+does not see (``AffinityPool.unseen``), here and in pressure.  What this
+serves on ``mixed_fleet``, the logs and the synthetic scenarios:
+``simulations/README.rst``.
 
 Widening.  Shares say what a class needs, not how busy its members are
 with the other classes they hold.  So each class keeps its *pressure*,

@@ -36,7 +36,12 @@ matter less (the synthetic scenarios, gains of 2-3) the bound stays
 near ``balance`` and nothing changed by more than the seeds do; where
 they are far too small it costs 3-5% of throughput for up to 8% fewer
 loads.  (A bound added to the members' mean instead, 2 x (gain - 1)
-requests more, did no better; see ``simulations/README.rst``.)
+requests more, did no better; see ``simulations/README.rst``.)  Behind
+several LBs, each sees its part of the workers' backlogs
+(``AffinityPool.unseen``), and the bound's one request more and its
+least of two (``MIN_BOUND``, one at the least in this LB's view) are
+requests of all LBs: counted in its view alone, a key stayed at its
+owner behind two to four times the queue one LB allows.
 
 Stickiness.  When this LB is alone it goes further, with the book of
 keys that re-learning keeps (the class and worker each key last went
@@ -159,7 +164,7 @@ from zc_lb.routing.relearn import AWAY, BookEntry, Relearning
 from zc_lb.routing.slowstart import Starter
 
 # (Final: constants in compiled code, see routing/affinity.py)
-MIN_BOUND: Final = 2.0  # a key may always wait behind one request at its owner
+MIN_BOUND: Final = 2.0  # a key may always wait behind one request at its owner (all LBs')
 GAIN_BALANCE: Final = 0.5  # a class's balance is at least this times its gain
 STAY: Final = 2.0  # a capped member twice as quick as the spill target keeps a request
 MOVE_COST: Final = 64.0  # a key moved costs its request's gain this many times over
