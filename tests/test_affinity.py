@@ -632,7 +632,8 @@ def test_behind_several_lbs_a_hot_key_moves_on_at_the_queue_one_lb_allows():
     # The balance bound, its one request more and its least bound of two,
     # count requests of all LBs: behind two or four, a key moves on from
     # its owner at about the queue a lone LB lets it have (without the
-    # book's stickiness), not at two or four times that.
+    # book's stickiness), not at two or four times that (6 and 12 where
+    # each LB counted its own view alone).
     def queue(lbs, **settings):  # (the owner's real backlog when the key moved on)
         pool = pool_of(2, **settings)
         pool.lbs = lbs
@@ -645,7 +646,8 @@ def test_behind_several_lbs_a_hot_key_moves_on_at_the_queue_one_lb_allows():
         return seen * lbs
 
     alone = queue(1, stick=0)
-    assert queue(2) == queue(4) <= alone + 1, (alone, queue(2), queue(4))
+    for lbs in (2, 4):
+        assert queue(lbs) <= alone + 1, (lbs, alone, queue(lbs))
 
 
 def test_a_busy_class_with_little_of_the_work_does_not_widen():

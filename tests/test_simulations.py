@@ -343,7 +343,7 @@ def test_two_lbs_that_take_each_others_recruits_load_about_as_one_lb():
     # tell: the two LBs' members agree, and the class's data is not loaded
     # on two workers.  (NASA, seeds 1-8: 1.08 times one LB's misses; from
     # the ring alone 1.15.  Over fewer seeds the ratio swings with small
-    # changes of routing: 1.07-1.11 over seeds 1-4.)
+    # changes of routing.)
     misses = {}
     for lbs in (1, 2):
         misses[lbs] = sum(simulate(scenario("nasa", seed=seed, lbs=lbs), "affinity")

@@ -462,11 +462,12 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
             for book_hash in hashes:
                 remember(book_hash, book.get(book_hash), rclass, worker, AWAY)
 
-    def unseen(self) -> float:
-        """How many times a worker's backlog is the part this LB sees (its
-        own requests in flight and its siblings', of ``lbs`` LBs'): what is
-        judged with one request more for light load counts it as one of all
-        LBs' requests (in this view alone, behind four it drowned the rest)."""
+    def backlog_scale(self) -> float:
+        """All LBs over those whose requests in flight this one counts (its
+        own and its siblings'), ``lbs / siblings``, at least 1: what its
+        view of a backlog is multiplied by to stand for the worker's whole
+        backlog (each host running as many processes).  Read wherever one
+        request more stands for light load."""
         seen = self.siblings.count if self.siblings is not None else 1
         return float(self.lbs) / float(seen) if self.lbs > seen else 1.0
 

@@ -46,8 +46,8 @@ gain or ``MEMBER_STICK``, whichever is more): a class whose keys take
 ten times longer away moves only from a member ten times busier, and a
 better-scored worker (one that now holds the data) takes over at once.
 Before any gain is known, or behind LBs that measure none, members go
-by score alone.  Each LB's view of a backlog is counted for the LBs it
-does not see (``AffinityPool.unseen``), here and in pressure.  What this
+by score alone.  Each LB's view of a backlog is scaled to all LBs'
+(``AffinityPool.backlog_scale``), here and in pressure.  What this
 serves on ``mixed_fleet``, the logs and the synthetic scenarios:
 ``simulations/README.rst``.
 
@@ -143,18 +143,18 @@ def _best_scored(skilled: Dict[PoolWorker, float]) -> Dict[PoolWorker, float]:
 
 
 def _placing(worker: PoolWorker, score: float, members: List[PoolWorker],
-             stick: float, lbs: float) -> Tuple[float, bool, int]:
+             stick: float, scale: float) -> Tuple[float, bool, int]:
     """How well ``worker`` would serve a class it has ``score`` in, as a
     sort key: its requests a second in the class over its decayed backlog
     plus one, so that a worker fast at everything, and busy with it, does
-    not take every class.  The backlog is this LB's, ``lbs`` times (the
-    LBs whose requests it does not see: see ``Members._soonest``).  A
+    not take every class.  The backlog is this LB's, ``scale`` times
+    (``AffinityPool.backlog_scale``: all LBs' over this one's).  A
     current member of the class (in ``members``) counts its backlog
     ``stick`` times smaller: backlogs going up and down do not move a
     class, and its data, back and forth.  Ties go to current members,
     then by the worker's salt, alike on every LB (see "Members" in the
     module docstring)."""
-    load = worker.mbacklog * lbs + 1.0
+    load = worker.mbacklog * scale + 1.0
     member = worker in members
     if member:
         load /= stick
@@ -164,13 +164,13 @@ def _placing(worker: PoolWorker, score: float, members: List[PoolWorker],
 
 
 def _best_placed(skilled: Dict[PoolWorker, float], members: List[PoolWorker],
-                 stick: float, lbs: float) -> Dict[PoolWorker, float]:
+                 stick: float, scale: float) -> Dict[PoolWorker, float]:
     """The first of ``skilled`` by ``_placing``, without sorting (a
     class of one member, most of them)."""
     best: Optional[PoolWorker] = None
     top = (0.0, False, 0)
     for worker, score in skilled.items():
-        placing = _placing(worker, score, members, stick, lbs)
+        placing = _placing(worker, score, members, stick, scale)
         if best is None or placing > top:
             best, top = worker, placing
     return {} if best is None else {best: skilled[best]}
@@ -209,7 +209,7 @@ class MembersHost:
     def by_recency(self) -> Iterable[PoolWorker]:
         raise NotImplementedError
 
-    def unseen(self) -> float:
+    def backlog_scale(self) -> float:
         raise NotImplementedError
 
     def recruited_elsewhere(self, rclass: str, skilled: Dict[PoolWorker, float],
@@ -392,13 +392,13 @@ class Members:
         if gain is None:  # (nothing says what moving the class costs)
             return _top_scored(skilled, width)
         stick = gain if gain > MEMBER_STICK else MEMBER_STICK
-        lbs = pool.unseen()  # (backlogs as all LBs' are: see ``AffinityPool.unseen``)
+        scale = pool.backlog_scale()  # (backlogs as all LBs' are)
         current = stats.holders  # (not ``members``: see ``_new_members``)
         if width == 1:
-            return _best_placed(skilled, current, stick, lbs)
+            return _best_placed(skilled, current, stick, scale)
         # (``nlargest`` is Python code: several times slower for a few workers)
         ranked = sorted(skilled.items(), reverse=True,
-                        key=lambda item: _placing(item[0], item[1], current, stick, lbs))
+                        key=lambda item: _placing(item[0], item[1], current, stick, scale))
         return dict(ranked[:width])
 
     def _new_members(self, stats: ClassStats, members: Dict[PoolWorker, float],
@@ -432,9 +432,9 @@ class Members:
             stats.extra = max(0, n - width)
         # (backlogs now as all LBs' are, one more on either side: at light load no one
         # is busier; decayed means are taken at each worker's events, a busy member's more)
-        unseen = pool.unseen()
-        mine = unseen * sum(worker.backlog for worker in members) / len(members) + 1.0
-        mean = unseen * pool.backlog / n + 1.0
+        scale = pool.backlog_scale()
+        mine = scale * float(sum(worker.backlog for worker in members)) / len(members) + 1.0
+        mean = scale * float(pool.backlog) / n + 1.0
         stats.pressure = PRESSURE_DECAY * stats.pressure + (1.0 - PRESSURE_DECAY) * mine / mean
         high, pressure, change = 1.0 + pool.widen, stats.pressure, ""
         if (pressure > high and stats.extra < MAX_EXTRA and width + stats.extra < n

@@ -38,7 +38,7 @@ they are far too small it costs 3-5% of throughput for up to 8% fewer
 loads.  (A bound added to the members' mean instead, 2 x (gain - 1)
 requests more, did no better; see ``simulations/README.rst``.)  Behind
 several LBs, each sees its part of the workers' backlogs
-(``AffinityPool.unseen``), and the bound's one request more and its
+(``AffinityPool.backlog_scale``), and the bound's one request more and its
 least of two (``MIN_BOUND``, one at the least in this LB's view) are
 requests of all LBs: counted in its view alone, a key stayed at its
 owner behind two to four times the queue one LB allows.
@@ -164,7 +164,7 @@ from zc_lb.routing.relearn import AWAY, BookEntry, Relearning
 from zc_lb.routing.slowstart import Starter
 
 # (Final: constants in compiled code, see routing/affinity.py)
-MIN_BOUND: Final = 2.0  # a key may always wait behind one request at its owner (all LBs')
+MIN_BOUND: Final = 2.0  # a key may always wait behind one request at its owner
 GAIN_BALANCE: Final = 0.5  # a class's balance is at least this times its gain
 STAY: Final = 2.0  # a capped member twice as quick as the spill target keeps a request
 MOVE_COST: Final = 64.0  # a key moved costs its request's gain this many times over
@@ -205,7 +205,7 @@ class PlacementHost:
     def oldest(self) -> PoolWorker:
         raise NotImplementedError
 
-    def unseen(self) -> float:
+    def backlog_scale(self) -> float:
         raise NotImplementedError
 
     def least_loaded(self, skip: Container[PoolWorker] = ()) -> Optional[PoolWorker]:
@@ -453,12 +453,13 @@ class Placement:
             members, key_hash, balance, last, ties=ties)
         if first is None:
             return None, False, owner
-        # The one request more, and the least bound, are of the workers' real
-        # backlogs: behind several LBs, this one sees a part (``unseen``).
+        # The one request more, and the least bound, count requests of all
+        # LBs, of which this one sees a part (``backlog_scale``); the least
+        # bound stays one request at least in its own view.
         # (float(): compiled, a float over an int is worked out on objects)
-        unseen = self.pool.unseen()
-        bound = balance * (float(total) + 1.0 / unseen) / float(count)
-        least_bound = MIN_BOUND / unseen if MIN_BOUND > unseen else 1.0
+        scale = self.pool.backlog_scale()
+        bound = balance * (float(total) + 1.0 / scale) / float(count)
+        least_bound = MIN_BOUND / scale if MIN_BOUND > scale else 1.0
         if bound < least_bound:
             bound = least_bound
         starting = self.pool.starting
