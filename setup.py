@@ -52,9 +52,18 @@ def compiled_modules():
         return []
     from mypyc.build import mypycify
 
-    return mypycify(["src/zc_lb/%s.py" % name.replace(".", "/")
-                     for name in package_constant("COMPILED")],
-                    group_name="zc_lb._compiled", opt_level="3")
+    try:
+        return mypycify(["src/zc_lb/%s.py" % name.replace(".", "/")
+                         for name in package_constant("COMPILED")],
+                        group_name="zc_lb._compiled", opt_level="3")
+    except SystemExit:  # (mypyc printed what it rejected, and exits)
+        if os.environ.get("ZC_LB_COMPILE") == "1":
+            raise
+        # A mypy other than the one zc-lb is checked with may reject the
+        # source: an install that runs beats none.
+        sys.stderr.write("zc-lb: WARNING: mypyc could not compile zc-lb (above); building "
+                         "the pure-Python zc-lb, which costs some twice the CPU a request\n")
+        return []
 
 
 def package_constant(name):

@@ -50,7 +50,7 @@ def load_app(spec: str) -> Callable:
     """``module:callable`` or a PasteDeploy ``.ini`` file -> WSGI app."""
     if spec.endswith(".ini") or spec.startswith("config:"):
         try:
-            from paste.deploy import loadapp  # type: ignore[import-untyped]
+            from paste.deploy import loadapp  # type: ignore[import-untyped, import-not-found]
         except ImportError:
             raise ConfigurationError("%s needs PasteDeploy, which is not installed" % spec)
         path = spec[len("config:"):] if spec.startswith("config:") else spec
