@@ -201,8 +201,9 @@ SOURCES = ["setup.py", "pyproject.toml", "README.rst", "LICENSE.txt", "src", "pl
            "simulations"]
 
 
-def test_wheel_installed_outside_the_checkout_has_the_tools_and_the_licence(tmp_path):
-    # Build from a copy, so the build leaves nothing in the checkout.
+def copy_source(tmp_path):
+    """A copy of what a wheel is built from, so that a build leaves
+    nothing in the checkout."""
     source = tmp_path / "source"
     source.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "out", "*.so", "build")
@@ -211,6 +212,34 @@ def test_wheel_installed_outside_the_checkout_has_the_tools_and_the_licence(tmp_
             shutil.copytree(os.path.join(ROOT, name), source / name, ignore=ignore)
         else:
             shutil.copy(os.path.join(ROOT, name), source / name)
+    return source
+
+
+def test_without_a_compiler_the_wheel_is_pure_and_says_so(tmp_path):
+    source = copy_source(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ZC_LB_COMPILE")}
+    env["CC"] = "no-such-compiler"
+    wheels = tmp_path / "wheels"
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(wheels),
+         str(source)], capture_output=True, text=True, timeout=300, env=env)
+    assert build.returncode == 0, build.stderr
+    assert "building the pure-Python zc-lb" in build.stdout + build.stderr
+    assert "a C compiler (no-such-compiler)" in build.stdout + build.stderr
+    (wheel,) = wheels.glob("zc_lb-*.whl")
+    assert wheel.name.endswith("-py3-none-any.whl"), wheel.name
+    target = tmp_path / "installed"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                    "--target", str(target), str(wheel)], check=True, timeout=120, env=env)
+    env["PYTHONPATH"] = str(target)
+    version = subprocess.run([sys.executable, "-m", "zc_lb.cli", "--version"], env=env,
+                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert version.stdout == ("zc-lb %s (source (installed without compiling: pip install -v "
+                              "says why))\n" % package_version()), version.stderr
+
+
+def test_wheel_installed_outside_the_checkout_has_the_tools_and_the_licence(tmp_path):
+    source = copy_source(tmp_path)
     # Built as a user's "pip install" builds it: by the pip of a fresh venv
     # that has none of zc-lb's dependencies, so that the build has only
     # what pyproject.toml requires (mypyc type-checks the compiled modules'

@@ -52,12 +52,17 @@ def _built(name):
     return None
 
 
+def _checkout():
+    """Whether the package runs from a checkout (``src/zc_lb`` beside
+    ``setup.py``), not from an installed wheel."""
+    return os.path.exists(os.path.join(_HERE, os.pardir, os.pardir, "setup.py"))
+
+
 def _stale():
     """Whether, in a checkout, the compiled code is older than some of its
     source (in an installed wheel, times say nothing)."""
     library = _built("_compiled__mypyc")
-    if library is None or not os.path.exists(
-            os.path.join(_HERE, os.pardir, os.pardir, "setup.py")):
+    if library is None or not _checkout():
         return False
     built = os.path.getmtime(library)
     return any(os.path.getmtime(_path(name) + ".py") > built for name in COMPILED)
@@ -77,10 +82,11 @@ class _SourceFinder:
 
 
 def build():
-    """How the ``COMPILED`` modules run: "compiled", "source" (none
-    built), or why they run from source although they are built."""
+    """How the ``COMPILED`` modules run: "compiled", or "source" and why."""
     if _built("_compiled__mypyc") is None:
-        return "source"
+        if _checkout():
+            return "source (not compiled: make compile builds it)"
+        return "source (installed without compiling: pip install -v says why)"
     if _SourceFinder in sys.meta_path:
         return _pure_reason
     return "compiled"
