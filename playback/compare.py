@@ -92,7 +92,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .backlogs import BacklogSampler
 from .cacheapp import ENV_PREFIX, STATS_PATH
-from .logparse import DEFAULT_HOST_SUFFIX, FORMATS, read_entries
+from .logparse import DEFAULT_HOST_SUFFIX, FORMATS, positive_int, read_entries
 from .replay import replay
 from zc_lb.testing import ProcessError, free_port, stop_process, wait_for_port
 
@@ -777,6 +777,10 @@ def make_parser() -> argparse.ArgumentParser:
     host.add_argument("--host-from-segment", type=int, metavar="N",
                       help="class (Host) = path segment N + --host-suffix, for single-site logs")
     log.add_argument("--host-suffix", default=DEFAULT_HOST_SUFFIX)
+    log.add_argument("--host-depth", type=positive_int, default=1, metavar="D",
+                     help="with --host-from-segment: the class is the section D directories "
+                     "deep (segment N and the directories after it, joined by '-'; "
+                     "default %(default)s)")
     run = parser.add_argument_group("replay")
     run.add_argument("-n", "--max-requests", type=int, default=5000,
                      help="measured requests per balancer (default %(default)s)")
@@ -892,7 +896,8 @@ def run(args: argparse.Namespace, run_dir: Path) -> dict:
     """Read the log, measure every balancer; the results as a dict."""
     entries, parse_stats = read_entries(
         args.logs, fmt=args.format, methods=[m.strip() for m in args.methods.split(",") if m.strip()],
-        host=args.host, segment=args.host_from_segment, host_suffix=args.host_suffix)
+        host=args.host, segment=args.host_from_segment, host_suffix=args.host_suffix,
+        depth=args.host_depth)
     warmup = entries[:args.warmup]
     measured = entries[args.warmup:args.warmup + args.max_requests]
     if not measured:
@@ -920,7 +925,7 @@ def run(args: argparse.Namespace, run_dir: Path) -> dict:
     counts = {"warmup": len(warmup), "measured": len(measured),
               "classes": len({e.host for e in measured})}
     settings = {key: getattr(args, key) for key in (
-        "logs", "format", "host", "host_from_segment", "max_requests", "warmup", "runs",
+        "logs", "format", "host", "host_from_segment", "host_depth", "max_requests", "warmup", "runs",
         "concurrency", "lbs",
         "workers", "history", "zc_lb_option", "zc_lb_workers", "zc_lb_worker_option",
         "cache_signal", "app", "zodb_cache_size", "zeo_cache_size", "load_delay",

@@ -76,7 +76,7 @@ class _Feed:
             paths, fmt=options.log_format, regex=options.log_regex or None,
             methods=[m for m in options.log_methods.split(",") if m],
             host=options.host_header or None, segment=options.host_from_segment or None,
-            host_suffix=options.host_suffix)
+            host_suffix=options.host_suffix, depth=max(1, options.host_depth))
         self.iterator = iter(self.reader)
         self.stopping = False
         self.loop = options.log_loop
@@ -128,6 +128,9 @@ def _add_options(parser):
     parser.add_argument("--host-from-segment", type=int, default=0,
                         help="Host = path segment N + --host-suffix (0: off)")
     parser.add_argument("--host-suffix", default=DEFAULT_HOST_SUFFIX, help="see --host-from-segment")
+    parser.add_argument("--host-depth", type=int, default=1,
+                        help="with --host-from-segment: Host = the section this many "
+                        "directories deep")
     parser.add_argument("--log-loop", action="store_true", default=False,
                         help="start the log again when it ends")
 

@@ -59,7 +59,12 @@ replaced by ``-``, cut to 63 characters, followed by ``host_suffix``
 (default ``.example``); a path with fewer than N segments, or an empty
 segment, gives ``root`` + suffix. So ``/shuttle/missions/x.html`` with
 segment 1 is ``shuttle.example``, ``/ksc.html`` is ``ksc-html.example``
-and ``/`` is ``root.example``.
+and ``/`` is ``root.example``.  With a ``depth`` of D, the class is the
+site's section D directories deep: segment N and those after it up to
+N + D - 1 that are directories (followed by another segment), joined by
+``-``.  So with segment 1 and depth 2, ``/shuttle/missions/x.html`` is
+``shuttle-missions.example``, ``/images/x.gif`` stays
+``images.example``.
 
 Weak spots: ``%u`` containing spaces is not supported (Apache writes
 ``-`` for nearly every request); the Common Log Format time is the only
@@ -69,6 +74,7 @@ Unix seconds.
 
 from __future__ import annotations
 
+import argparse
 import calendar
 import collections
 import dataclasses
@@ -268,12 +274,30 @@ def strip_port(host: str) -> str:
     return host.partition(":")[0]
 
 
-def host_from_segment(path: str, segment: int, suffix: str = DEFAULT_HOST_SUFFIX) -> str:
-    """The Host made from path segment ``segment`` (1-based); see the module doc."""
+def host_from_segment(path: str, segment: int, suffix: str = DEFAULT_HOST_SUFFIX,
+                      depth: int = 1) -> str:
+    """The Host made from path segment ``segment`` (1-based), and with a
+    ``depth`` over 1 the directories after it; see the module doc."""
     parts = path.partition("?")[0].split("/")
     name = parts[segment] if len(parts) > segment else ""
+    if depth > 1 and name:
+        # (not the path's last segment, a file's name: directories only)
+        deeper = [part for part in parts[segment + 1:min(segment + depth, len(parts) - 1)]
+                  if part]
+        name = "-".join([name] + deeper)
     name = _SEGMENT_BAD.sub("-", name.lower())[:63]
     return (name or "root") + suffix
+
+
+def positive_int(text: str) -> int:
+    """``--host-depth``'s type: a whole number of 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError("%r is not a whole number of 1 or more" % text)
+    return value
 
 
 # -- the reader ---------------------------------------------------------------
@@ -297,6 +321,7 @@ class LogReader:
         host: Optional[str] = None,
         segment: Optional[int] = None,
         host_suffix: str = DEFAULT_HOST_SUFFIX,
+        depth: int = 1,
     ):
         if regex is None and fmt not in FORMATS:
             raise ValueError("unknown log format %r (one of %s)" % (fmt, ", ".join(FORMATS)))
@@ -310,6 +335,7 @@ class LogReader:
         self.host = host
         self.segment = segment
         self.host_suffix = host_suffix
+        self.depth = depth
         self.stats = ParseStats()
 
     def __repr__(self) -> str:
@@ -383,7 +409,7 @@ class LogReader:
     def choose_host(self, path: str, log_host: Optional[str],
                     rclass: Optional[str] = None) -> Optional[str]:
         if self.segment:
-            return host_from_segment(path, self.segment, self.host_suffix)
+            return host_from_segment(path, self.segment, self.host_suffix, self.depth)
         if self.host:
             return self.host
         if rclass:

@@ -55,7 +55,7 @@ import gevent.ssl
 
 from . import cacheapp
 from .httpclient import Connection, HTTPError, get_json, parse_url
-from .logparse import DEFAULT_HOST_SUFFIX, FORMATS, Entry, LogReader, ParseStats
+from .logparse import DEFAULT_HOST_SUFFIX, FORMATS, Entry, LogReader, ParseStats, positive_int
 from .pacing import Pacer
 from .report import Recorder, format_text, to_json
 
@@ -315,6 +315,10 @@ def make_parser() -> argparse.ArgumentParser:
                       help="Host = path segment N (1-based) + --host-suffix")
     log.add_argument("--host-suffix", default=DEFAULT_HOST_SUFFIX,
                      help="suffix for --host-from-segment (default %(default)s)")
+    log.add_argument("--host-depth", type=positive_int, default=1, metavar="D",
+                     help="with --host-from-segment: Host = the section D directories deep "
+                     "(segment N and the directories after it, joined by '-'; default "
+                     "%(default)s)")
     run = parser.add_argument_group("replay")
     run.add_argument("-c", "--concurrency", type=int, default=10,
                      help="concurrent clients (default %(default)s)")
@@ -351,7 +355,7 @@ def main(argv=None) -> int:
                            time_format=args.time_format,
                            methods=[m.strip() for m in args.methods.split(",") if m.strip()],
                            host=args.host, segment=args.host_from_segment,
-                           host_suffix=args.host_suffix)
+                           host_suffix=args.host_suffix, depth=args.host_depth)
         for target in args.target:  # a bad URL is refused before the log is read
             parse_url(target)
     except (ValueError, OSError) as exc:

@@ -72,6 +72,7 @@ class Config:
     page_objects: int = 4  # objects of a page's own, touched by its requests
     fixed_draws: bool = False  # a page touches the same shared objects each time
     log: str = ""  # an access log to take sites and pages from, in order
+    site_depth: int = 1  # a log's site: its first path segment, and directories to this depth
     clients: int = 64  # closed loop; 0 for open loop
     think_time: float = 0.0  # mean, exponential, closed loop
     arrival_rate: float = 0.0  # requests per second, open loop

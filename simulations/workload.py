@@ -29,9 +29,10 @@ objects.
 
 A log (``log``, an access log in any format playback reads): the
 requests are the log's, in order (again from the start when it runs
-out); the site is the path's first segment, the page its path without
-the query.  This is the workload of playback's comparisons, on virtual
-time.
+out); the site is the path's first segment (with ``site_depth`` D, the
+section D directories deep: the first segment and the directories after
+it, as playback's ``--host-depth``), the page its path without the
+query.  This is the workload of playback's comparisons, on virtual time.
 
 All draws come from one ``random.Random``, in request order, so every
 policy sees the same sequence of requests.
@@ -64,10 +65,12 @@ def cumulative(ws: List[float]) -> List[float]:
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def read_log(path: str) -> Tuple[List[Tuple[int, int]], int, int]:
+def read_log(path: str, depth: int = 1) -> Tuple[List[Tuple[int, int]], int, int]:
     """A log's requests as (site, page) pairs; how many sites and pages.
-    A relative path not found here is taken from the repository's root
-    (scenario files name ``playback/logs/...``)."""
+    The site is the page's first segment, and with a ``depth`` over 1 the
+    directories after it to that depth.  A relative path not found here
+    is taken from the repository's root (scenario files name
+    ``playback/logs/...``)."""
     # only log workloads need it: playback, beside this package (zc_lb.playback
     # installed, playback in a checkout)
     parent = (__package__ or "").rpartition(".")[0]
@@ -83,6 +86,10 @@ def read_log(path: str) -> Tuple[List[Tuple[int, int]], int, int]:
     for entry in entries:
         page = entry.path.partition("?")[0]
         site = page.lstrip("/").partition("/")[0]
+        if depth > 1 and site:  # (directories only: not the page's last segment)
+            parts = page.lstrip("/").split("/")
+            site = "-".join([site] + [part for part in parts[1:min(depth, len(parts) - 1)]
+                                      if part])
         requests.append((sites.setdefault(site, len(sites)),
                          pages.setdefault(page, len(pages))))
     if not requests:
@@ -103,7 +110,7 @@ class Workload:
         sites, self.pages_per_site = config.sites, config.pages_per_site
         self.pages = sites * self.pages_per_site
         if config.log:
-            self.log, sites, self.pages = read_log(config.log)
+            self.log, sites, self.pages = read_log(config.log, config.site_depth)
         self.site_ids = range(sites)
         self.site_cw = cumulative(
             weights(config.popularity, sites, config.popularity_param))

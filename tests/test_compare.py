@@ -331,6 +331,16 @@ def test_idle_is_measured_against_the_apps_bound_where_the_tool_knows_it():
     assert compare.app_bound(args) == 0  # (the ZODB app's threads wait on the database)
 
 
+def test_classes_by_section_reach_the_log_reader():
+    args = compare.make_parser().parse_args(["log", "--host-from-segment", "1"])
+    assert args.host_depth == 1
+    args = compare.make_parser().parse_args(
+        ["log", "--host-from-segment", "1", "--host-depth", "2"])
+    assert args.host_depth == 2
+    with pytest.raises(SystemExit):
+        compare.make_parser().parse_args(["log", "--host-depth", "x"])
+
+
 def test_how_busy_each_run_was_is_a_line_a_run():
     backlogs = {"samples": 40, "idle": 0.5, "busy": {"a": 1.2, "b": 0.8}, "failures": 0}
     runs = [{"balancer": "zc-lb", "backlogs": backlogs},

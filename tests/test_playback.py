@@ -117,6 +117,27 @@ def test_host_from_segment_rule():
     assert host_from_segment("/Some_Dir/", 1) == "some-dir.example"
 
 
+def test_host_from_segment_to_a_depth_takes_the_directories_only():
+    assert host_from_segment("/shuttle/missions/x.html", 1, depth=2) == "shuttle-missions.example"
+    assert host_from_segment("/shuttle/missions/", 1, depth=2) == "shuttle-missions.example"
+    assert host_from_segment("/images/x.gif", 1, depth=2) == "images.example"  # (a file)
+    assert host_from_segment("/a/b/c/d.html?q=/e/f", 1, depth=3) == "a-b-c.example"
+    assert host_from_segment("/a/b/c/d.html", 2, depth=2) == "b-c.example"
+    assert host_from_segment("/ksc.html", 1, depth=2) == "ksc-html.example"
+    assert host_from_segment("/", 1, depth=2) == "root.example"
+    entries, _ = read_entries([COMMON], segment=1, depth=2)
+    assert [e.host for e in entries[:4]] == ["shuttle-missions.example", "root.example",
+                                             "images.example", "history-apollo.example"]
+
+
+def test_host_depth_must_be_a_whole_number_of_one_or_more(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([COMMON, "--target", "http://127.0.0.1:1", "--host-from-segment", "1",
+              "--host-depth", "0"])
+    assert exc.value.code == 2
+    assert "--host-depth: '0' is not a whole number of 1 or more" in capsys.readouterr().err
+
+
 def test_host_precedence():
     by_segment, _ = read_entries([VHOST], segment=1, host="fixed.example")
     assert [e.host for e in by_segment] == ["apache-pb-gif.example", "cart.example", "nohost.example"]

@@ -263,6 +263,19 @@ def test_the_log_workload_takes_classes_and_keys_from_the_log(tmp_path):
     assert len(objects) == config.objects_per_request + config.page_objects
 
 
+def test_a_log_sites_depth_makes_sections_its_classes(tmp_path):
+    log = tmp_path / "tiny.log"
+    paths = ["/a/x/p.html", "/a/y/p.html", "/a/p.html", "/b/p.html", "/a/x/"]
+    log.write_text("".join(
+        '1.2.3.4 - - [01/Aug/1995:00:00:%02d -0400] "GET %s HTTP/1.0" 200 10\n' % (i, path)
+        for i, path in enumerate(paths)))
+    from zc_lb.simulations.workload import read_log
+    requests, sites, pages = read_log(str(log))
+    assert [site for site, _ in requests] == [0, 0, 0, 1, 0] and sites == 2
+    requests, sites, pages = read_log(str(log), depth=2)  # a-x, a-y, a, b, a-x
+    assert [site for site, _ in requests] == [0, 1, 2, 3, 0] and sites == 4 and pages == 5
+
+
 def test_with_fixed_draws_a_page_touches_the_same_shared_objects_each_time():
     from zc_lb.simulations.workload import Workload
     draws = {}
