@@ -278,15 +278,22 @@ def host_from_segment(path: str, segment: int, suffix: str = DEFAULT_HOST_SUFFIX
                       depth: int = 1) -> str:
     """The Host made from path segment ``segment`` (1-based), and with a
     ``depth`` over 1 the directories after it; see the module doc."""
-    parts = path.partition("?")[0].split("/")
-    name = parts[segment] if len(parts) > segment else ""
-    if depth > 1 and name:
-        # (not the path's last segment, a file's name: directories only)
-        deeper = [part for part in parts[segment + 1:min(segment + depth, len(parts) - 1)]
-                  if part]
-        name = "-".join([name] + deeper)
+    name = section(path.partition("?")[0].split("/"), segment, depth)
     name = _SEGMENT_BAD.sub("-", name.lower())[:63]
     return (name or "root") + suffix
+
+
+def section(parts: List[str], first: int, depth: int = 1) -> str:
+    """Of a path split at its slashes, ``parts[first]`` (or ""), and with
+    a ``depth`` over 1 the directories after it to that depth, joined by
+    ``-``: not the path's last part, a file's name.  As it is, not made
+    a Host (the simulator's sites use it too)."""
+    name = parts[first] if len(parts) > first else ""
+    if depth > 1 and name:
+        name = "-".join([name] + [part for part in parts[first + 1:min(first + depth,
+                                                                        len(parts) - 1)]
+                                  if part])
+    return name
 
 
 def positive_int(text: str) -> int:

@@ -74,22 +74,17 @@ def read_log(path: str, depth: int = 1) -> Tuple[List[Tuple[int, int]], int, int
     # only log workloads need it: playback, beside this package (zc_lb.playback
     # installed, playback in a checkout)
     parent = (__package__ or "").rpartition(".")[0]
-    read_entries = importlib.import_module(
-        (parent + "." if parent else "") + "playback.logparse").read_entries
+    logparse = importlib.import_module((parent + "." if parent else "") + "playback.logparse")
 
     if not os.path.exists(path) and os.path.exists(os.path.join(ROOT, path)):
         path = os.path.join(ROOT, path)
-    entries, _ = read_entries([path])
+    entries, _ = logparse.read_entries([path])
     sites: dict = {}
     pages: dict = {}
     requests = []
     for entry in entries:
         page = entry.path.partition("?")[0]
-        site = page.lstrip("/").partition("/")[0]
-        if depth > 1 and site:  # (directories only: not the page's last segment)
-            parts = page.lstrip("/").split("/")
-            site = "-".join([site] + [part for part in parts[1:min(depth, len(parts) - 1)]
-                                      if part])
+        site = logparse.section(page.lstrip("/").split("/"), 0, depth)
         requests.append((sites.setdefault(site, len(sites)),
                          pages.setdefault(page, len(pages))))
     if not requests:
