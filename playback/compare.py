@@ -879,6 +879,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("-w, -c, -n and --cache-size must be at least 1, --warmup at least 0")
     if args.runs < 1 or args.lbs < 1:
         parser.error("--runs and --lbs must be at least 1")
+    if args.host_depth > 1 and not args.host_from_segment:
+        parser.error("--host-depth needs --host-from-segment")
     if args.worker_concurrency < 0:
         parser.error("--worker-concurrency must be 0 (no bound) or more")
     if args.app == "zodb":

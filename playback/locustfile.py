@@ -41,9 +41,10 @@ from locust.exception import StopUser  # noqa: E402
 
 try:  # installed (pip install zc-lb[playback])
     from zc_lb.playback.logparse import (DEFAULT_HOST_SUFFIX, FORMATS, Entry,  # noqa: E402
-                                         LogReader)
+                                         LogReader, positive_int)
 except ImportError:  # a checkout: the path above
-    from playback.logparse import DEFAULT_HOST_SUFFIX, FORMATS, Entry, LogReader  # noqa: E402
+    from playback.logparse import (DEFAULT_HOST_SUFFIX, FORMATS, Entry,  # noqa: E402
+                                   LogReader, positive_int)
 
 log = logging.getLogger("playback.locustfile")
 
@@ -76,7 +77,7 @@ class _Feed:
             paths, fmt=options.log_format, regex=options.log_regex or None,
             methods=[m for m in options.log_methods.split(",") if m],
             host=options.host_header or None, segment=options.host_from_segment or None,
-            host_suffix=options.host_suffix, depth=max(1, options.host_depth))
+            host_suffix=options.host_suffix, depth=options.host_depth)
         self.iterator = iter(self.reader)
         self.stopping = False
         self.loop = options.log_loop
@@ -128,7 +129,7 @@ def _add_options(parser):
     parser.add_argument("--host-from-segment", type=int, default=0,
                         help="Host = path segment N + --host-suffix (0: off)")
     parser.add_argument("--host-suffix", default=DEFAULT_HOST_SUFFIX, help="see --host-from-segment")
-    parser.add_argument("--host-depth", type=int, default=1,
+    parser.add_argument("--host-depth", type=positive_int, default=1,
                         help="with --host-from-segment: Host = the section this many "
                         "directories deep")
     parser.add_argument("--log-loop", action="store_true", default=False,

@@ -349,7 +349,10 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if args.host_depth > 1 and not args.host_from_segment:
+        parser.error("--host-depth needs --host-from-segment")
     try:
         reader = LogReader(args.logs, fmt=args.format, regex=args.regex,
                            time_format=args.time_format,

@@ -339,6 +339,8 @@ def test_classes_by_section_reach_the_log_reader():
     assert args.host_depth == 2
     with pytest.raises(SystemExit):
         compare.make_parser().parse_args(["log", "--host-depth", "x"])
+    with pytest.raises(SystemExit):  # (a depth of nothing)
+        compare.main(["log", "--host-depth", "2"])
 
 
 def test_how_busy_each_run_was_is_a_line_a_run():

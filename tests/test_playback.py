@@ -136,6 +136,10 @@ def test_host_depth_must_be_a_whole_number_of_one_or_more(capsys):
               "--host-depth", "0"])
     assert exc.value.code == 2
     assert "--host-depth: '0' is not a whole number of 1 or more" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # (a depth of nothing)
+        main([COMMON, "--target", "http://127.0.0.1:1", "--host-depth", "2"])
+    assert exc.value.code == 2
+    assert "--host-depth needs --host-from-segment" in capsys.readouterr().err
 
 
 def test_host_precedence():
