@@ -957,6 +957,21 @@ def test_a_class_recruits_the_worker_holding_the_fewest_keys(seed):
     assert pool.get("new", "/new/0") == emptiest.handle
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_light_class_recruits_by_keys_and_backlog_a_heavy_one_by_keys(seed):
+    # The worker holding the fewest keys queues.  A new class of one key
+    # (light: it adds little to any cache) goes to another worker; a class
+    # whose keys ask for a worker's cache still goes where the room is.
+    pool = big_and_small_classes(seed)
+    emptiest = min(pool.members.held, key=pool.members.held.__getitem__)
+    emptiest.mbacklog = 20.0
+    assert pool.get("new", "/new/0") != emptiest.handle
+    assert pool.classes["new"].members and emptiest not in pool.classes["new"].members
+    heavy: dict = {}
+    pool.members._recruit("heavy", heavy, light=False)
+    assert list(heavy) == [emptiest]
+
+
 def test_behind_relaying_lbs_a_class_is_recruited_near_its_point_where_few_keys_went():
     # Several LBs recruit from a hash ring, so that all take the same
     # worker for a class.  With relays every LB's book hears the others'

@@ -22,15 +22,19 @@ yet skilled in it: the one another LB recruited, if the relays or the
 siblings say; else when this LB is alone, the one whose classes leave it
 the fewest keys to hold (``held``: each class's distinct keys shared
 among its members), so that a big class is not split over the workers
-that already cache another big one; with several LBs (``lbs``, which
-ZooKeeper tells) one near the class's point on a hash ring, so that a
-class is not copied once per LB (``_ring_recruit``).  A recruit starts with the
-class's lowest score, so it takes a real share of the keys at once (with
-``unskilled_score`` it would take almost none until its résumé came).
-A class keeps the members its keys asked for until its footprint falls
-``NARROW`` of a worker under one member fewer: a footprint hovering at a
-whole number took a member and gave it back in turn, and each time that
-member's keys were loaded again elsewhere.
+that already cache another big one; a *light* class (its keys ask for
+under ``LIGHT`` of a worker), which adds little to a cache, the one with
+the fewest keys and the least decayed backlog, each plus one, multiplied
+(by keys alone, they piled onto a worker that a share of a costly class
+kept queued, while a worker of rare classes idled).  With several LBs
+(``lbs``, which ZooKeeper tells) it is one near the class's point on a
+hash ring, so that a class is not copied once per LB (``_ring_recruit``).  A recruit
+starts with the class's lowest score, so it takes a real share of the
+keys at once (with ``unskilled_score`` it would take almost none until
+its résumé came).  A class keeps the members its keys asked for until
+its footprint falls ``NARROW`` of a worker under one member fewer: a
+footprint hovering at a whole number took a member and gave it back in
+turn, and each time that member's keys were loaded again elsewhere.
 Members are worked out again every ``REFRESH`` requests of the class or
 when skills change, not on every request.
 
@@ -76,8 +80,8 @@ decayed work, the keys whose hashes they remember, the keys each worker
 is counted to hold), the recruiting ring and the counts of widenings;
 the rest it reads and changes through its pool, ``MembersHost``.
 
-Weak spots, admitted.  Shares and footprints are per LB: with k LBs each
-sees all of a class's keys but only its own load.  Footprints count keys, not bytes.
+Weak spots, admitted.  Shares and footprints are per LB: with k LBs each sees
+all of a class's keys but only its own load.  Footprints count keys, not bytes.
 """
 
 from __future__ import annotations
@@ -112,6 +116,7 @@ MEMBER_STICK: Final = 2.5  # a member is favoured this much (or its class's gain
 PRESSURE_DECAY: Final = 0.95  # per member refresh: a class's pressure follows some 20 of them
 NARROW: Final = 0.25  # of a worker, under one member fewer, before a class's keys give one back
 WIDEN_SHARE: Final = 0.5  # of a worker's fair share of work, per member, before a class widens
+LIGHT: Final = 0.5  # of a worker's cache: a class whose keys ask for less recruits by backlog too
 MAX_EXTRA: Final = 2  # members a class may take over its width for its pressure
 MAX_KEYS_SEEN = 1 << 16  # keys whose hashes the classes remember, in all
 
@@ -122,18 +127,16 @@ def _by_score(item: Tuple[PoolWorker, float]) -> Tuple[float, int]:
 
 
 def _top_scored(skilled: Dict[PoolWorker, float], width: int) -> Dict[PoolWorker, float]:
-    """The ``width`` best of ``skilled`` by ``_by_score``.  (``nlargest``,
-    which is equivalent, is Python code: several times slower for a
-    handful of workers.)"""
+    """The ``width`` best of ``skilled`` by ``_by_score`` (``nlargest`` is
+    Python code: several times slower for a handful of workers)."""
     if width == 1:
         return _best_scored(skilled)
     return dict(sorted(skilled.items(), key=_by_score, reverse=True)[:width])
 
 
 def _best_scored(skilled: Dict[PoolWorker, float]) -> Dict[PoolWorker, float]:
-    """The first of ``skilled`` by ``_by_score``, without sorting (a
-    class of one member, most of them: the sort called ``_by_score`` for
-    every worker)."""
+    """The first of ``skilled`` by ``_by_score``, without sorting (for a
+    class of one member, most of them)."""
     best: Optional[PoolWorker] = None
     top = 0.0
     for worker, score in skilled.items():
@@ -163,10 +166,13 @@ def _placing(worker: PoolWorker, score: float, members: List[PoolWorker],
     return score / load, member, worker.salt
 
 
+def _held_and_busy(worker: PoolWorker) -> float:
+    return (worker.held + 1.0) * (worker.mbacklog + 1.0)  # (a light class's recruit)
+
+
 def _best_placed(skilled: Dict[PoolWorker, float], members: List[PoolWorker],
                  stick: float, scale: float) -> Dict[PoolWorker, float]:
-    """The first of ``skilled`` by ``_placing``, without sorting (a
-    class of one member, most of them)."""
+    """The first of ``skilled`` by ``_placing``, without sorting."""
     best: Optional[PoolWorker] = None
     top = (0.0, False, 0)
     for worker, score in skilled.items():
@@ -179,9 +185,9 @@ def _best_placed(skilled: Dict[PoolWorker, float], members: List[PoolWorker],
 @trait
 class MembersHost:
     """What ``Members`` reads and changes of its pool, the affinity pool
-    (``affinity.AffinityPool``, which the module does not import).  A
-    trait: compiled, these are read as natively as the pool's own names,
-    where a ``Protocol``'s would be looked up by name."""
+    (``affinity.AffinityPool``, which the module does not import).  A trait:
+    compiled, read as natively as the pool's own names (a ``Protocol``'s are
+    looked up by name)."""
 
     # the published pool's (``pool.Pool``)
     workers: Dict[Hashable, PoolWorker]
@@ -231,11 +237,8 @@ class Members:
         self.keys_seen = 0  # keys the classes remember (``observe``)
         self.widenings = 0  # classes given a member for their pressure
         self.narrowings = 0  # and given one back
-        # (each worker's distinct keys of its classes, which it is counted
-        # to hold, are its ``held``: see the property)
         self.held_window = 0  # the footprint window ``held`` was counted in
-        # Footprint windows are numbered on across a change of
-        # ``footprint_window``: from ``window_base`` at ``window_start``
+        # Footprint windows numbered on from ``window_base`` at ``window_start``
         # requests, in windows of ``window_size`` (see ``window``).
         self.window_base = self.window_start = 0
         self.window_size = footprint_window
@@ -250,17 +253,15 @@ class Members:
             self.window_size = footprint_window
 
     def window(self) -> int:
-        """The footprint window the pool is in.  Numbered from where the
-        last change of ``footprint_window`` left them, not from the
-        first request: renumbered, a class's footprint would count from
-        nothing again, and its width would fall to one member."""
+        """The footprint window the pool is in, numbered on from the last
+        change of ``footprint_window``: renumbered, a class's footprint would
+        count from nothing again, and its width fall to one member."""
         return self.window_base + (self.pool.requests - self.window_start) // self.window_size
 
     @property
     def held(self) -> Dict[PoolWorker, float]:
-        """Worker -> distinct keys of its classes it is counted to hold
-        (``_hold``).  Kept on the workers (``PoolWorker.held``): in a dict,
-        each change cost two lookups and a float object."""
+        """Worker -> distinct keys of its classes it is counted to hold (kept on
+        the workers, ``PoolWorker.held``: in a dict, each change cost more)."""
         return {worker: worker.held for worker in self.pool.workers.values()}
 
     def workers_changed(self) -> None:
@@ -323,10 +324,10 @@ class Members:
         """How many workers the class should be spread over."""
         return self.widths(stats)[0]
 
-    def widths(self, stats: ClassStats) -> Tuple[int, int]:
-        """The class's width, and the part of it its keys ask for, kept
-        until they ask for ``NARROW`` of a worker less than one member
-        fewer (see the module docstring)."""
+    def widths(self, stats: ClassStats) -> Tuple[int, int, float]:
+        """The class's width; the part of it its keys ask for, kept until
+        they ask for ``NARROW`` of a worker less than one member fewer
+        (see the module docstring); and the workers they ask for."""
         pool = self.pool
         n = len(pool.workers)
         # Few requests or keys prove nothing: until there are PRIOR per
@@ -339,7 +340,7 @@ class Members:
         footprint = math.ceil(need)
         if footprint < stats.key_width <= n and need > stats.key_width - 1 - NARROW:
             footprint = stats.key_width
-        return max(1, min(n, max(load, footprint))), footprint
+        return max(1, min(n, max(load, footprint))), footprint, need
 
     def of(self, rclass: str, stats: ClassStats) -> Dict[PoolWorker, float]:
         """The class's members and their scores: its best ``width`` skilled
@@ -354,7 +355,7 @@ class Members:
                 and stats.uses < REFRESH and not pool.starting):
             return members
         stats.uses = 0
-        share, stats.key_width = self.widths(stats)
+        share, stats.key_width, need = self.widths(stats)
         width = share
         if members and pool.widen:
             width = self._widen(rclass, stats, members, share)
@@ -365,7 +366,7 @@ class Members:
             skilled = pool.skilled[rclass] = {}
         if len(skilled) < width and not (skilled and stats.moved >= 1.0):
             # (a class following its moved keys waits for their workers)
-            self._recruit(rclass, skilled, busiest=stats.extra > 0)
+            self._recruit(rclass, skilled, busiest=stats.extra > 0, light=need < LIGHT)
         if stats.floors:
             members = self._floored(stats, skilled, width)
         elif len(skilled) <= width:
@@ -430,8 +431,8 @@ class Members:
         n = len(pool.workers)
         if stats.extra > n - width:  # (workers gone, or its share grown: no room)
             stats.extra = max(0, n - width)
-        # (backlogs now as all LBs' are, one more on either side: at light load no one
-        # is busier; decayed means are taken at each worker's events, a busy member's more)
+        # (backlogs as all LBs' are, one more on either side: at light load no one is
+        # busier; decayed means are taken at each worker's events, a busy member's more)
         scale = pool.backlog_scale()
         mine = scale * float(sum(worker.backlog for worker in members)) / len(members) + 1.0
         mean = scale * float(pool.backlog) / n + 1.0
@@ -490,11 +491,12 @@ class Members:
         return dict(nlargest(width, members.items(), key=_by_score))
 
     def _recruit(self, rclass: str, skilled: Dict[PoolWorker, float],
-                 busiest: bool = False) -> None:
+                 busiest: bool = False, light: bool = False) -> None:
         """Make a worker not skilled in ``rclass`` skilled in it, at the
         class's lowest score: one another LB recruited for it, if any
         (``recruited_elsewhere``); else alone, the one holding the fewest
-        keys (the least recently chosen of those), or, for a class
+        keys (the least recently chosen of those), for a ``light`` class
+        the fewest and least busy (the module docstring), or, for a class
         ``busiest`` (widened for its pressure), the least busy but for
         starters; with other LBs, from a ring (``_ring_recruit``)."""
         pool = self.pool
@@ -503,12 +505,11 @@ class Members:
         if worker is None and pool.lbs > 1:
             worker = self._ring_recruit(rclass, skilled)
         if worker is None:
-            # (ties go to the least recently chosen; for a busy class not a
-            # starter, whose cold cache would relieve no one)
+            # (ties: the least recently chosen; a busy class takes no starter: it is cold)
+            key = (attrgetter("mbacklog") if busiest
+                   else _held_and_busy if light else attrgetter("held"))
             worker = min((w for w in pool.by_recency() if w not in skilled
-                          and not (busiest and w in pool.starting)),
-                         key=attrgetter("mbacklog" if busiest else "held"),
-                         default=None)
+                          and not (busiest and w in pool.starting)), key=key, default=None)
             if worker is None:
                 return
         pool.recruited(rclass, worker)
@@ -571,14 +572,13 @@ class Members:
         self._count_held(stats, members, window)
 
     def _forget_idle(self, window: int) -> None:
-        """Forget the classes not requested in this footprint window or
-        the last, whose decayed count has fallen under one request: their
-        footprint is gone and their share is nothing, so one coming back
-        is a new class.  Without this a client sending a new Host header
-        with every request (or a site with a subdomain per user) would
-        grow the LB, and its window's work, without end.  At most the
-        classes of two windows and those worth a request are kept.  (Not
-        a class a starter or moved keys gave floors: those outlive it.)"""
+        """Forget the classes not requested in this footprint window or the
+        last, whose decayed count has fallen under one request: their footprint
+        is gone and their share is nothing, so one coming back is a new class.
+        Without this a client sending a new Host header with every request (or a
+        site with a subdomain per user) would grow the LB without end.  At most
+        the classes of two windows and those worth a request are kept.  (Not a
+        class a starter or moved keys gave floors: those outlive it.)"""
         pool = self.pool
         horizon = self.window_start + (window - 1 - self.window_base) * self.window_size
         decay = pool.rate_decay
