@@ -966,10 +966,25 @@ def test_a_light_class_recruits_by_keys_and_backlog_a_heavy_one_by_keys(seed):
     emptiest = min(pool.members.held, key=pool.members.held.__getitem__)
     emptiest.mbacklog = 20.0
     assert pool.get("new", "/new/0") != emptiest.handle
-    assert pool.classes["new"].members and emptiest not in pool.classes["new"].members
+    assert emptiest not in pool.skilled["new"]
     heavy: dict = {}
     pool.members._recruit("heavy", heavy, light=False)
     assert list(heavy) == [emptiest]
+    # Where moving a key is known to cost little (a gain under LIGHT_GAIN),
+    # the bound spreads a queue anyway: a light class goes by keys alone.
+    pool.locality.ratio, pool.locality.weight = 2.0 * 100, 100.0
+    assert pool.locality.gain(None) == 2.0 < membership.LIGHT_GAIN
+    pool.get("cheap", "/cheap/0")
+    assert emptiest in pool.skilled["cheap"]
+    # Members ranked by score alone (no busy_members): recruits by keys alone.
+    pool.locality.ratio = pool.locality.weight = 0.0
+    pool.busy_members = False
+    fewest = min(pool.members.held.values())
+    roomiest = [worker for worker, held in pool.members.held.items() if held == fewest]
+    for worker in roomiest:
+        worker.mbacklog = 20.0
+    pool.get("by-score", "/by-score/0")
+    assert set(pool.skilled["by-score"]) <= set(roomiest)
 
 
 def test_behind_relaying_lbs_a_class_is_recruited_near_its_point_where_few_keys_went():

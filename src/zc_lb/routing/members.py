@@ -26,15 +26,18 @@ that already cache another big one; a *light* class (its keys ask for
 under ``LIGHT`` of a worker), which adds little to a cache, the one with
 the fewest keys and the least decayed backlog, each plus one, multiplied
 (by keys alone, they piled onto a worker that a share of a costly class
-kept queued, while a worker of rare classes idled).  With several LBs
-(``lbs``, which ZooKeeper tells) it is one near the class's point on a
-hash ring, so that a class is not copied once per LB (``_ring_recruit``).  A recruit
-starts with the class's lowest score, so it takes a real share of the
-keys at once (with ``unskilled_score`` it would take almost none until
-its résumé came).  A class keeps the members its keys asked for until
-its footprint falls ``NARROW`` of a worker under one member fewer: a
-footprint hovering at a whole number took a member and gave it back in
-turn, and each time that member's keys were loaded again elsewhere.
+kept queued, while a worker of rare classes idled), with ``busy_members``
+and unless its gain is known and under ``LIGHT_GAIN`` (the bound then
+spreads a queue before it grows, and by backlog the p99 suffered).  With
+several LBs (``lbs``, which ZooKeeper tells) it is one near the class's
+point on a hash ring, so that a class is not copied once per LB
+(``_ring_recruit``).  A recruit starts with the class's lowest score, so
+it takes a real share of the keys at once (with ``unskilled_score`` it
+would take almost none until its résumé came).  A class keeps the
+members its keys asked for until its footprint falls ``NARROW`` of a
+worker under one member fewer: a footprint hovering at a whole number
+took a member and gave it back in turn, and each time that member's keys
+were loaded again elsewhere.
 Members are worked out again every ``REFRESH`` requests of the class or
 when skills change, not on every request.
 
@@ -52,8 +55,7 @@ better-scored worker (one that now holds the data) takes over at once.
 Before any gain is known, or behind LBs that measure none, members go
 by score alone.  Each LB's view of a backlog is scaled to all LBs'
 (``AffinityPool.backlog_scale``), here and in pressure.  What this
-serves on ``mixed_fleet``, the logs and the synthetic scenarios:
-``simulations/README.rst``.
+serves: ``simulations/README.rst``.
 
 Widening.  Shares say what a class needs, not how busy its members are
 with the other classes they hold.  So each class keeps its *pressure*,
@@ -116,7 +118,8 @@ MEMBER_STICK: Final = 2.5  # a member is favoured this much (or its class's gain
 PRESSURE_DECAY: Final = 0.95  # per member refresh: a class's pressure follows some 20 of them
 NARROW: Final = 0.25  # of a worker, under one member fewer, before a class's keys give one back
 WIDEN_SHARE: Final = 0.5  # of a worker's fair share of work, per member, before a class widens
-LIGHT: Final = 0.5  # of a worker's cache: a class whose keys ask for less recruits by backlog too
+LIGHT: Final = 0.5  # of a worker's cache: a class whose keys ask for less recruits by backlog too,
+LIGHT_GAIN: Final = 4.0  # unless its gain is known and under this
 MAX_EXTRA: Final = 2  # members a class may take over its width for its pressure
 MAX_KEYS_SEEN = 1 << 16  # keys whose hashes the classes remember, in all
 
@@ -366,7 +369,9 @@ class Members:
             skilled = pool.skilled[rclass] = {}
         if len(skilled) < width and not (skilled and stats.moved >= 1.0):
             # (a class following its moved keys waits for their workers)
-            self._recruit(rclass, skilled, busiest=stats.extra > 0, light=need < LIGHT)
+            gain = pool.locality.gain(stats)
+            self._recruit(rclass, skilled, busiest=stats.extra > 0, light=need < LIGHT and (
+                pool.busy_members and (gain is None or gain >= LIGHT_GAIN)))
         if stats.floors:
             members = self._floored(stats, skilled, width)
         elif len(skilled) <= width:
@@ -385,9 +390,8 @@ class Members:
         """With ``busy_members``: the ``width`` of the class's ``skilled``
         workers that would serve it soonest, counting how busy they are
         (``_placing``), the current members favoured by the class's gain
-        (at least ``MEMBER_STICK``): moving a class costs loading its
-        data again, as much as its gain says.  By score while no gain is
-        measured (see "Members" in the module docstring)."""
+        (at least ``MEMBER_STICK``): moving a class costs loading its data
+        again.  By score while no gain is measured (see "Members")."""
         pool = self.pool
         gain = pool.locality.gain(stats) if pool.lbs == 1 or pool.relayed else None
         if gain is None:  # (nothing says what moving the class costs)
@@ -404,18 +408,16 @@ class Members:
 
     def _new_members(self, stats: ClassStats, members: Dict[PoolWorker, float],
                      share: int) -> None:
-        """The class's members were worked out again (``share``: the width
-        its share of requests and keys asks for): note them, what a
-        request of the class costs them, whether the class grew (its
-        ``joins``), and the keys they hold."""
+        """The class's members were worked out again (``share``: the width its
+        share of requests and keys asks for): note them, what a request costs
+        them, whether the class grew (``joins``), and the keys they hold."""
         pool = self.pool
         stats.members, stats.version = members, pool.skills_version
         times = [1.0 / score for score in members.values() if score > pool.unskilled_score]
         stats.cost = sum(times) / len(times) if times else None
-        # (``holders`` is the members as they were: ``stats.members`` may be
-        # the class's skilled dict itself, which a recruit has just grown.
-        # A member taken for pressure takes new keys and those the bound
-        # moves on, not the keys at their owners: they would load again.)
+        # (``holders`` is the members as they were: ``stats.members`` may be the
+        # class's skilled dict itself, which a recruit has just grown.  A member taken
+        # for pressure takes new keys and those the bound moves on, not those at home.)
         if len(members) > len(stats.holders) and not (
                 stats.extra and len(stats.holders) >= share):
             stats.joins += 1
@@ -423,10 +425,9 @@ class Members:
 
     def _widen(self, rclass: str, stats: ClassStats, members: Dict[PoolWorker, float],
                width: int) -> int:
-        """``width`` plus the members (``MAX_EXTRA`` at most) the class has
-        over it for its pressure, one taken or given back when that stayed
-        past ``widen`` long enough (see the module docstring); a change sets
-        the pressure back to 1, so that the next waits for what it did."""
+        """``width`` plus the members (``MAX_EXTRA`` at most) the class has over
+        it for its pressure, one taken or given back when that stayed past
+        ``widen`` (the module docstring); a change sets the pressure back to 1."""
         pool = self.pool
         n = len(pool.workers)
         if stats.extra > n - width:  # (workers gone, or its share grown: no room)
@@ -456,11 +457,10 @@ class Members:
 
     def _floored(self, stats: ClassStats, skilled: Dict[PoolWorker, float],
                  width: int) -> Dict[PoolWorker, float]:
-        """The best ``width`` of ``skilled``, and the workers that joined
-        the class while starting, each weighing at least its ratio times
-        the mean of the others' scores: a cold cache does not rank a
-        newcomer last before its résumé shows the keys it holds.  A floor
-        lasts as long as the worker is skilled in the class."""
+        """The best ``width`` of ``skilled``, and the workers that joined the
+        class while starting, each weighing at least its ratio times the mean
+        of the others' scores: a cold cache does not rank a newcomer last before
+        its résumé shows its keys.  A floor lasts while it is skilled in the class."""
         floors = stats.floors
         assert floors is not None
         others = nlargest(width, ((w, s) for w, s in skilled.items() if w not in floors),
