@@ -92,7 +92,8 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .backlogs import BacklogSampler
 from .cacheapp import ENV_PREFIX, STATS_PATH
-from .logparse import DEFAULT_HOST_SUFFIX, FORMATS, positive_int, read_entries
+from .logparse import (DEFAULT_HOST_SUFFIX, FORMATS, check_host_depth, positive_int,
+                       read_entries)
 from .replay import replay
 from zc_lb.testing import ProcessError, free_port, stop_process, wait_for_port
 
@@ -879,8 +880,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("-w, -c, -n and --cache-size must be at least 1, --warmup at least 0")
     if args.runs < 1 or args.lbs < 1:
         parser.error("--runs and --lbs must be at least 1")
-    if args.host_depth > 1 and not args.host_from_segment:
-        parser.error("--host-depth needs --host-from-segment")
+    check_host_depth(parser, args)
     if args.worker_concurrency < 0:
         parser.error("--worker-concurrency must be 0 (no bound) or more")
     if args.app == "zodb":

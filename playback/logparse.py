@@ -296,6 +296,13 @@ def section(parts: List[str], first: int, depth: int = 1) -> str:
     return name
 
 
+def check_host_depth(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse ``--host-depth`` where it would do nothing: without
+    ``--host-from-segment`` (a command line's ``parser.error``, exit 2)."""
+    if args.host_depth > 1 and not args.host_from_segment:
+        parser.error("--host-depth needs --host-from-segment")
+
+
 def positive_int(text: str) -> int:
     """``--host-depth``'s type: a whole number of 1 or more."""
     try:

@@ -55,7 +55,8 @@ import gevent.ssl
 
 from . import cacheapp
 from .httpclient import Connection, HTTPError, get_json, parse_url
-from .logparse import DEFAULT_HOST_SUFFIX, FORMATS, Entry, LogReader, ParseStats, positive_int
+from .logparse import (DEFAULT_HOST_SUFFIX, FORMATS, Entry, LogReader, ParseStats,
+                       check_host_depth, positive_int)
 from .pacing import Pacer
 from .report import Recorder, format_text, to_json
 
@@ -351,8 +352,7 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
-    if args.host_depth > 1 and not args.host_from_segment:
-        parser.error("--host-depth needs --host-from-segment")
+    check_host_depth(parser, args)
     try:
         reader = LogReader(args.logs, fmt=args.format, regex=args.regex,
                            time_format=args.time_format,
