@@ -370,8 +370,8 @@ class Members:
         if len(skilled) < width and not (skilled and stats.moved >= 1.0):
             # (a class following its moved keys waits for their workers)
             gain = pool.locality.gain(stats)
-            self._recruit(rclass, skilled, busiest=stats.extra > 0, light=need < LIGHT and (
-                pool.busy_members and (gain is None or gain >= LIGHT_GAIN)))
+            light = need < LIGHT and pool.busy_members and (gain is None or gain >= LIGHT_GAIN)
+            self._recruit(rclass, skilled, busiest=stats.extra > 0, light=light)
         if stats.floors:
             members = self._floored(stats, skilled, width)
         elif len(skilled) <= width:
