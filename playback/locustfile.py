@@ -16,7 +16,7 @@ request are logged when the test stops.
 Options (also settable in the web UI): ``--log-file`` (comma-separated
 for several), ``--log-format``, ``--log-regex``, ``--log-methods``,
 ``--host-header``, ``--host-from-segment``, ``--host-suffix``,
-``--log-loop``. In distributed mode every worker process replays the
+``--host-depth``, ``--log-loop``. In distributed mode every worker process replays the
 whole log.
 
 Locust's fast client does not set TCP_NODELAY; this file makes its
@@ -41,10 +41,10 @@ from locust.exception import StopUser  # noqa: E402
 
 try:  # installed (pip install zc-lb[playback])
     from zc_lb.playback.logparse import (DEFAULT_HOST_SUFFIX, FORMATS, Entry,  # noqa: E402
-                                         LogReader, positive_int)
+                                         LogReader, host_depth_error, positive_int)
 except ImportError:  # a checkout: the path above
     from playback.logparse import (DEFAULT_HOST_SUFFIX, FORMATS, Entry,  # noqa: E402
-                                   LogReader, positive_int)
+                                   LogReader, host_depth_error, positive_int)
 
 log = logging.getLogger("playback.locustfile")
 
@@ -73,6 +73,9 @@ class _Feed:
         paths = [p for p in (options.log_file or "").split(",") if p]
         if not paths:
             raise SystemExit("locustfile: --log-file is required")
+        error = host_depth_error(options)  # (refused as compare and replay refuse it)
+        if error is not None:
+            raise SystemExit("locustfile: " + error)
         self.reader = LogReader(
             paths, fmt=options.log_format, regex=options.log_regex or None,
             methods=[m for m in options.log_methods.split(",") if m],

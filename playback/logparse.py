@@ -296,11 +296,20 @@ def section(parts: List[str], first: int, depth: int = 1) -> str:
     return name
 
 
-def check_host_depth(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse ``--host-depth`` where it would do nothing: without
-    ``--host-from-segment`` (a command line's ``parser.error``, exit 2)."""
+def host_depth_error(args: argparse.Namespace) -> Optional[str]:
+    """What is wrong with ``--host-depth`` among the options ``args``, or
+    None: it does nothing without ``--host-from-segment``."""
     if args.host_depth > 1 and not args.host_from_segment:
-        parser.error("--host-depth needs --host-from-segment")
+        return "--host-depth needs --host-from-segment"
+    return None
+
+
+def check_host_depth(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse ``--host-depth`` where it would do nothing (``host_depth_error``:
+    a command line's ``parser.error``, exit 2)."""
+    error = host_depth_error(args)
+    if error is not None:
+        parser.error(error)
 
 
 def positive_int(text: str) -> int:

@@ -476,3 +476,21 @@ def test_locustfile_headless(servers, tmp_path):
     assert "9 entries, 2 unparsable" in output
     assert "shuttle.example" in output
     assert servers[0].application.model.requests == 9
+
+
+@pytest.mark.skipif(shutil.which("locust", path=os.path.dirname(sys.executable)) is None,
+                    reason="locust not installed")
+def test_locustfile_refuses_host_depth_without_a_segment(servers):
+    # As compare and replay refuse it, not ignored: nothing would be sent.
+    locust = shutil.which("locust", path=os.path.dirname(sys.executable))
+    with gevent.Timeout(30):
+        result = gevent.subprocess.run(
+            [locust, "-f", "playback/locustfile.py", "--headless", "-u", "1", "-r", "1",
+             "-t", "5s", "--host", _url(servers[0]), "--log-file", COMMON,
+             "--host-depth", "2", "--only-summary"],
+            cwd=str(ROOT), stdout=gevent.subprocess.PIPE, stderr=gevent.subprocess.STDOUT,
+            timeout=25)
+    output = result.stdout.decode()
+    assert result.returncode != 0, output
+    assert "locustfile: --host-depth needs --host-from-segment" in output
+    assert servers[0].application.model.requests == 0
