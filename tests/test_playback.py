@@ -459,38 +459,38 @@ def test_script_runs_from_the_repository_root(servers):
     assert json.loads(result.stdout)["responses"] == 5
 
 
-@pytest.mark.skipif(shutil.which("locust", path=os.path.dirname(sys.executable)) is None,
-                    reason="locust not installed")
-def test_locustfile_headless(servers, tmp_path):
-    locust = shutil.which("locust", path=os.path.dirname(sys.executable))
+LOCUST = shutil.which("locust", path=os.path.dirname(sys.executable))
+needs_locust = pytest.mark.skipif(LOCUST is None, reason="locust not installed")
+
+
+def _locust(server, *options: str) -> tuple[int, str]:
+    """Run the locustfile headless against ``server`` on the common log:
+    its exit status and its output."""
     with gevent.Timeout(30):
         result = gevent.subprocess.run(
-            [locust, "-f", "playback/locustfile.py", "--headless", "-u", "2", "-r", "2",
-             "-t", "10s", "--host", _url(servers[0]), "--log-file", COMMON,
-             "--host-from-segment", "1", "--only-summary"],
+            [LOCUST, "-f", "playback/locustfile.py", "--headless", "--host", _url(server),
+             "--log-file", COMMON, "--only-summary", *options],
             cwd=str(ROOT), stdout=gevent.subprocess.PIPE, stderr=gevent.subprocess.STDOUT,
             timeout=25)
-    output = result.stdout.decode()
-    assert result.returncode == 0, output
+    return result.returncode, result.stdout.decode()
+
+
+@needs_locust
+def test_locustfile_headless(servers):
+    returncode, output = _locust(servers[0], "-u", "2", "-r", "2", "-t", "10s",
+                                 "--host-from-segment", "1")
+    assert returncode == 0, output
     assert "log replayed: stopping" in output
     assert "9 entries, 2 unparsable" in output
     assert "shuttle.example" in output
     assert servers[0].application.model.requests == 9
 
 
-@pytest.mark.skipif(shutil.which("locust", path=os.path.dirname(sys.executable)) is None,
-                    reason="locust not installed")
+@needs_locust
 def test_locustfile_refuses_host_depth_without_a_segment(servers):
     # As compare and replay refuse it, not ignored: nothing would be sent.
-    locust = shutil.which("locust", path=os.path.dirname(sys.executable))
-    with gevent.Timeout(30):
-        result = gevent.subprocess.run(
-            [locust, "-f", "playback/locustfile.py", "--headless", "-u", "1", "-r", "1",
-             "-t", "5s", "--host", _url(servers[0]), "--log-file", COMMON,
-             "--host-depth", "2", "--only-summary"],
-            cwd=str(ROOT), stdout=gevent.subprocess.PIPE, stderr=gevent.subprocess.STDOUT,
-            timeout=25)
-    output = result.stdout.decode()
-    assert result.returncode != 0, output
+    returncode, output = _locust(servers[0], "-u", "1", "-r", "1", "-t", "5s",
+                                 "--host-depth", "2")
+    assert returncode != 0, output
     assert "locustfile: --host-depth needs --host-from-segment" in output
     assert servers[0].application.model.requests == 0
