@@ -1070,6 +1070,32 @@ def test_behind_relaying_lbs_a_class_recruits_the_worker_another_lb_recruited():
     assert e.recruited_elsewhere("new", {}, False) is None
 
 
+def test_behind_relaying_lbs_a_class_routed_here_takes_another_lbs_recruit_at_once():
+    # Kept only for a class short of a member, another LB's recruit went
+    # unused here while the LBs' widths for the class differed (one had
+    # widened it), and the worker it recruited idled in this LB's view.  A
+    # class this LB routes takes it as a skilled worker at once, at the
+    # class's lowest score; one it does not route yet keeps it for its
+    # first recruit (above).
+    pool = AffinityPool()
+    pool.lbs, pool.relayed = 2, True
+    for name in ["w%d" % i for i in range(6)]:
+        pool.add(name)
+    pool.new_resume("w0", {"c": 80.0, "d": 90.0})
+    pool.new_resume("w1", {"c": 40.0, "e": 90.0})
+    for i in range(60):
+        for rclass in ("c", "d", "e"):
+            pool.put(pool.get(rclass, "/%s/%d" % (rclass, i % 7)))
+    skilled = pool.skilled["c"]
+    assert len(skilled) >= pool.members.width(pool.classes["c"])  # (not short of a member)
+    other = next(w for w in pool.workers.values() if w not in skilled)
+    version = pool.skills_version
+    pool.take_keys(other.handle, {"c": [1], "new": [2]})
+    assert skilled[other] == min(skilled.values()) == other.resume["c"]
+    assert pool.skills_version > version
+    assert pool.recruits == {"new": other}
+
+
 def test_held_counts_each_class_keys_once_over_its_members():
     pool = big_and_small_classes(0)
     window = pool.requests // pool.footprint_window

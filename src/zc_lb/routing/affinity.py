@@ -55,7 +55,12 @@ from 0.173-0.198 to 0.112-0.122, and ``many_lbs`` with 2 from 4.16 to
 throughput (``mixed_fleet`` with 2 LBs: 667-697 requests a second
 against 779-812 with separate books) until members counted how busy
 they are (``busy_members``, the default: 801-840).  ``separate_books``
-turns it off.
+turns it off.  A class this LB already routes takes another LB's
+recruit at once, short of a member or not (``_adopt``): kept for when
+it was short, the recruit went unused here while the LBs' widths for
+the class differed, and idled in this LB's view (NASA with 4 LBs, seeds
+1-24: a worker under half a fair share of the work on 12 seeds, and 5
+with it, at 4% more throughput).
 Without relays (the setting) LBs keep different books, so they go by
 rendezvous alone and still agree.
 A key sent to two workers within one relay may be booked at either:
@@ -135,21 +140,16 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
     """Résumé routing with affinity keys, footprint-sized classes, slow
     start and re-learning; see the module docstring.
 
-    The pool owns the classes (``classes``: name -> ``ClassStats``),
-    the counts every part reads (``requests``, ``total``,
-    ``skills_version``), the measure of locality (``locality``) and the
-    siblings' view of the book (``siblings``, ``by_hash``).  Its parts
-    own the rest and are called with what they need: ``members`` (a
-    ``Members``: the classes' footprints and widths, their members,
-    recruits, the keys each worker is counted to hold) and
-    ``placement`` (a ``Placement``: where a key goes among them), which
-    read the pool as their ``MembersHost`` and ``PlacementHost``,
-    ``slowstart`` (a ``SlowStart``: the starters and the workers whose
-    floors fade) and ``relearning`` (a ``Relearning``: the book of keys,
-    stale skills, resets).  Their dicts ``starting``, ``fading`` and
-    ``book`` are read here as attributes of the pool, and re-learning's
-    counts (``resets``, ``adoptions``, ``unskilled``,
-    ``relearn_armed``) are properties."""
+    The pool owns the classes (``classes``: name -> ``ClassStats``), the
+    counts every part reads (``requests``, ``total``, ``skills_version``),
+    the measure of locality and the siblings' view of the book
+    (``siblings``, ``by_hash``).  Its parts own the rest: ``members``
+    (footprints, widths, members, recruits, the keys each worker holds)
+    and ``placement`` (where a key goes among them), which read the pool
+    as their ``MembersHost`` and ``PlacementHost``; ``slowstart`` (the
+    starters, and the workers whose floors fade) and ``relearning`` (the
+    book of keys, stale skills, resets), whose ``starting``, ``fading``
+    and ``book`` are read as the pool's, and their counts as properties."""
 
     SETTINGS: ClassVar[Tuple[str, ...]] = Pool.SETTINGS + (
         "spread", "footprint_window", "slow_start", "balance", "stick", "widen",
@@ -259,10 +259,10 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
     def new_resume(self, handle: Hashable, resume: Mapping[str, float],
                    pause: Optional[Callable[[], None]] = None) -> Set[str]:
         """Replace a worker's skills by those of its new résumé, but for
-        classes whose keys moved away from it (see ``routing/relearn.py``): it
-        holds their old data, so its score for them means nothing until
-        its résumé has dropped them.  The classes touched work out their
-        members again.  (``pause``: see ``Pool.new_resume``.)"""
+        classes whose keys moved away from it (``routing/relearn.py``): its
+        score for their old data means nothing until its résumé has dropped
+        them.  The classes touched work out their members again.  (``pause``:
+        see ``Pool.new_resume``.)"""
         touched = super().new_resume(handle, resume, pause)
         worker = self.workers.get(handle)
         if worker is None:
@@ -298,11 +298,10 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
         return self._keyed(rclass, key)
 
     def _keyed(self, rclass: str, key: str) -> Hashable:
-        """A request with a key: counted in its class (``Members.observe``),
-        and given, by what the book (and the siblings) say of the key, to
-        the least busy worker if the class's keys buy nothing where they
-        are (``_balanced``), else to a member (``_placed``); the book
-        notes where it went."""
+        """A request with a key: counted in its class (``Members.observe``)
+        and given, by what the book (and the siblings) say of the key, to the
+        least busy worker if the class's keys buy nothing where they are
+        (``_balanced``), else to a member (``_placed``); booked where it went."""
         stats, key_hash, book_hash = self.members.observe(rclass, key)
         entry = booked = self.book.get(book_hash)
         # (what locality buys is measured by a lone LB, or by LBs whose
@@ -330,11 +329,10 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
     def _placed(self, rclass: str, stats: ClassStats, key_hash: int,
                 entry: Optional[BookEntry], alone: bool, gain: Optional[float]
                 ) -> Tuple[PoolWorker, bool, Optional[PoolWorker]]:
-        """Where a key goes whose data is worth keeping: re-learning told
-        where it last went (``Relearning.moved``), slow start given its
-        part, the class's members worked out (``Members.of``), and the key
-        placed among them (``Placement.place``, which says what the
-        three it returns are)."""
+        """Where a key goes whose data is worth keeping: re-learning told where
+        it last went (``Relearning.moved``), slow start given its part, the
+        class's members worked out (``Members.of``), and the key placed among
+        them (``Placement.place``, which says what it returns)."""
         if self.relearning.moved(rclass, stats, entry, self.unskilled_score):
             self.skills_version += 1
         if self.starting or self.fading:
@@ -347,11 +345,10 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
     def _balanced(self, rclass: str, stats: ClassStats, book_hash: int,
                   entry: Optional[BookEntry], booked: Optional[BookEntry]) -> Hashable:
         """A key of a class whose keys buy nothing where they are goes by
-        least backlog (``Placement.balanced``); the book still says where
-        it went, and its last worker still counts as its home, so that
-        the gain stays measured.  ``booked`` is this LB's own book's
-        entry, ``entry`` the same with its siblings' worker
-        (``_siblings_entry``)."""
+        least backlog (``Placement.balanced``); the book still says where it
+        went, and its last worker counts as its home, so that the gain stays
+        measured.  ``booked``: this LB's book's entry; ``entry``, with its
+        siblings' worker (``_siblings_entry``)."""
         chosen, home = self.placement.balanced(rclass, entry)
         self._booked(book_hash, booked, rclass, chosen, AWAY)
         if home is not None:
@@ -392,11 +389,10 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
     def served(self, placed: Optional[Tuple[ClassStats, bool]], elapsed: float,
                cache: Optional[bool] = None) -> None:
         """The application took ``elapsed`` seconds for a request that
-        ``choose`` placed at its key's home, or away from it.  When the
-        application said whether its ``cache`` hit, that stands for where
-        the request was placed: a hit is a request served where its data
-        is, a miss one served where it is not, whatever the book said
-        (the data evicted at home, or already loaded away)."""
+        ``choose`` placed at its key's home, or away from it.  Where the
+        application said whether its ``cache`` hit, a hit counts as served
+        where its data is and a miss as not, whatever the book said (the
+        data evicted at home, or already loaded away)."""
         if placed is not None:
             self.locality.observe(placed[0], placed[1] if cache is None else cache, elapsed)
 
@@ -447,38 +443,49 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
         """Another LB sent these keys (class -> their hashes in the book)
         to worker ``handle``, which relayed them here: the book now says
         they are there, as if this LB had sent them (moved on, so that
-        they stay)."""
+        they stay), and a worker this LB knew unskilled in their class is
+        that LB's recruit (``_adopt``)."""
         worker = self.workers.get(handle)
         if worker is None:
             return
         book = self.book
         remember = self.relearning.remember
-        recruits = self.recruits
         for rclass, hashes in keys.items():
             if rclass not in worker.resume:  # (another LB's recruit, as far as this one knows)
-                if len(recruits) >= MAX_RECRUITS:
-                    recruits.clear()
-                recruits[rclass] = worker
+                self._adopt(rclass, worker)
             for book_hash in hashes:
                 remember(book_hash, book.get(book_hash), rclass, worker, AWAY)
 
+    def _adopt(self, rclass: str, worker: PoolWorker) -> None:
+        """Another LB's recruit: skilled at once, at the class's lowest score
+        as this LB's own recruit would be, where this LB routes the class
+        ("Several LBs"); else kept for its first recruit here."""
+        skilled = self.skilled.get(rclass)
+        if skilled and rclass in self.classes:
+            skilled[worker] = worker.resume[rclass] = min(skilled.values())
+            self.relearning.fresh(worker, rclass)
+            self.skills_version += 1
+            self.recruits.pop(rclass, None)
+        elif len(self.recruits) < MAX_RECRUITS:
+            self.recruits[rclass] = worker
+        else:  # (forgotten, all at once)
+            self.recruits = {rclass: worker}
+
     def backlog_scale(self) -> float:
         """All LBs over those whose requests in flight this one counts (its
-        own and its siblings'), ``lbs / siblings``, at least 1: what its
-        view of a backlog is multiplied by to stand for the worker's whole
-        backlog (each host running as many processes).  Read wherever one
-        request more stands for light load."""
+        own and its siblings'), ``lbs / siblings``, at least 1: its view of
+        a backlog times this stands for the worker's whole backlog (each
+        host running as many processes) where one request more is light load."""
         seen = self.siblings.count if self.siblings is not None else 1
         return float(self.lbs) / float(seen) if self.lbs > seen else 1.0
 
     def recruited_elsewhere(self, rclass: str, skilled: Dict[PoolWorker, float],
                             busiest: bool) -> Optional[PoolWorker]:
-        """The worker another LB recruited for ``rclass`` (the last one
-        the relays or the siblings tell of), for this LB to recruit too,
-        so that their members agree; None if there is none, or it is
-        gone, already skilled, or a starter for a class ``busiest``.
-        (Recruiting from the ring alone, two LBs on the NASA log loaded
-        9% more than with this, eight 13% more: simulations/README.rst.)"""
+        """The worker another LB recruited for ``rclass`` (the last one the
+        relays or the siblings tell of) for this LB to recruit too, so that
+        their members agree; None if there is none, or it is gone, already
+        skilled, or a starter for a class ``busiest``.  (From the ring alone,
+        2 and 8 LBs loaded NASA 9% and 13% more: simulations/README.rst.)"""
         worker = self.recruits.pop(rclass, None)
         if worker is None and self.siblings is not None:
             worker = self.by_hash.get(self.siblings.recruited(stable_hash(rclass)))
@@ -504,9 +511,8 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
                         for worker in self.workers.values()}
 
     def measure(self) -> Tuple[float, float]:
-        """The pool's measure of locality (its decayed sums of away time
-        over home time, and their count), for the siblings: each sees a
-        part of the requests, and the pool's gain counts all of them."""
+        """The pool's measure of locality (decayed sums of away over home time,
+        and their count), for the siblings: the pool's gain counts all theirs."""
         return self.locality.ratio, self.locality.weight
 
     def take_measure(self, ratio: float, weight: float) -> None:
