@@ -56,11 +56,11 @@ throughput (``mixed_fleet`` with 2 LBs: 667-697 requests a second
 against 779-812 with separate books) until members counted how busy
 they are (``busy_members``, the default: 801-840).  ``separate_books``
 turns it off.  A class this LB already routes takes another LB's
-recruit at once, short of a member or not (``_adopt``): kept for when
-it was short, the recruit went unused here while the LBs' widths for
-the class differed, and idled in this LB's view (NASA with 4 LBs, seeds
-1-24: a worker under half a fair share of the work on 12 seeds, and 5
-with it, at 4% more throughput).
+recruit at once, short of a member or not (``_take_recruit``): kept
+for when it was short, the recruit went unused here while the LBs'
+widths for the class differed, and idled in this LB's view (NASA with
+4 LBs, seeds 1-24: a worker under half a fair share of the work on 12
+seeds, and 5 with it, at 4% more throughput).
 Without relays (the setting) LBs keep different books, so they go by
 rendezvous alone and still agree.
 A key sent to two workers within one relay may be booked at either:
@@ -444,7 +444,7 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
         to worker ``handle``, which relayed them here: the book now says
         they are there, as if this LB had sent them (moved on, so that
         they stay), and a worker this LB knew unskilled in their class is
-        that LB's recruit (``_adopt``)."""
+        that LB's recruit (``_take_recruit``)."""
         worker = self.workers.get(handle)
         if worker is None:
             return
@@ -452,11 +452,11 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
         remember = self.relearning.remember
         for rclass, hashes in keys.items():
             if rclass not in worker.resume:  # (another LB's recruit, as far as this one knows)
-                self._adopt(rclass, worker)
+                self._take_recruit(rclass, worker)
             for book_hash in hashes:
                 remember(book_hash, book.get(book_hash), rclass, worker, AWAY)
 
-    def _adopt(self, rclass: str, worker: PoolWorker) -> None:
+    def _take_recruit(self, rclass: str, worker: PoolWorker) -> None:
         """Another LB's recruit: skilled at once, at the class's lowest score
         as this LB's own recruit would be, where this LB routes the class
         ("Several LBs"); else kept for its first recruit here."""
