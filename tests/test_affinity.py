@@ -968,7 +968,7 @@ def test_a_light_class_recruits_by_keys_and_backlog_a_heavy_one_by_keys(seed):
     assert pool.get("new", "/new/0") != emptiest.handle
     assert emptiest not in pool.skilled["new"]
     heavy: dict = {}
-    pool.members._recruit("heavy", heavy, light=False)
+    pool.members.recruit("heavy", heavy, light=False)
     assert list(heavy) == [emptiest]
     # Where moving a key is known to cost little (a gain under LIGHT_GAIN),
     # the bound spreads a queue anyway: a light class goes by keys alone.

@@ -457,19 +457,15 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
                 remember(book_hash, book.get(book_hash), rclass, worker, AWAY)
 
     def _take_recruit(self, rclass: str, worker: PoolWorker) -> None:
-        """Another LB's recruit: skilled at once, at the class's lowest score
-        as this LB's own recruit would be, where this LB routes the class
-        ("Several LBs"); else kept for its first recruit here."""
+        """Another LB's recruit, for this LB's next recruit in the class
+        (``recruited_elsewhere``): made at once where this LB routes the
+        class ("Several LBs"), at the class's lowest score."""
+        if len(self.recruits) >= MAX_RECRUITS:
+            self.recruits.clear()
+        self.recruits[rclass] = worker
         skilled = self.skilled.get(rclass)
-        if skilled and rclass in self.classes:
-            skilled[worker] = worker.resume[rclass] = min(skilled.values())
-            self.relearning.fresh(worker, rclass)
-            self.skills_version += 1
-            self.recruits.pop(rclass, None)
-        elif len(self.recruits) < MAX_RECRUITS:
-            self.recruits[rclass] = worker
-        else:  # (forgotten, all at once)
-            self.recruits = {rclass: worker}
+        if skilled and rclass in self.classes:  # (``worker``, here and unskilled, is the one)
+            self.members.recruit(rclass, skilled)
 
     def backlog_scale(self) -> float:
         """All LBs over those whose requests in flight this one counts (its

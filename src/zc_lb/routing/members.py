@@ -371,7 +371,7 @@ class Members:
             # (a class following its moved keys waits for their workers)
             gain = pool.locality.gain(stats)
             light = need < LIGHT and pool.busy_members and (gain is None or gain >= LIGHT_GAIN)
-            self._recruit(rclass, skilled, busiest=stats.extra > 0, light=light)
+            self.recruit(rclass, skilled, busiest=stats.extra > 0, light=light)
         if stats.floors:
             members = self._floored(stats, skilled, width)
         elif len(skilled) <= width:
@@ -490,8 +490,8 @@ class Members:
                 item[1], item[0].salt)))
         return dict(nlargest(width, members.items(), key=_by_score))
 
-    def _recruit(self, rclass: str, skilled: Dict[PoolWorker, float],
-                 busiest: bool = False, light: bool = False) -> None:
+    def recruit(self, rclass: str, skilled: Dict[PoolWorker, float],
+                busiest: bool = False, light: bool = False) -> None:
         """Make a worker not skilled in ``rclass`` skilled in it, at the
         class's lowest score: one another LB recruited for it, if any
         (``recruited_elsewhere``); else alone, the one holding the fewest
