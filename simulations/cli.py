@@ -80,12 +80,34 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", metavar="PARAM=V1,V2,...",
                    help="run once per value of a parameter (e.g. lbs=1,2,4,8), "
                         "one table each")
+    add_parameters(p)
+    return p
+
+
+def add_parameters(p: argparse.ArgumentParser) -> None:
+    """One option per parameter, overriding the scenario file; an option
+    not given is left out of the parsed arguments."""
     params = p.add_argument_group("parameters (override the scenario file)")
     for field in config_module.fields():
         params.add_argument("--" + field.name.replace("_", "-"), dest=field.name,
                             type=option_type(field), default=argparse.SUPPRESS,
                             help="default: %r" % (field_default(field),))
-    return p
+
+
+def configured(scenario: Optional[str], overrides: Dict[str, Any], prog: str
+               ) -> config_module.Config:
+    """The configuration of ``scenario`` (a file, a shipped scenario's
+    name, or None for the defaults) with ``overrides``; or exit, saying
+    what is wrong with them, as ``prog``."""
+    values: Dict[str, Any] = {}
+    try:
+        if scenario:
+            values = config_module.load(scenario_path(scenario))
+            values.setdefault("name", os.path.basename(scenario).rsplit(".", 1)[0])
+        values.update(overrides)
+        return config_module.build(values)
+    except (OSError, ValueError) as error:
+        raise SystemExit("%s: %s" % (prog, error))
 
 
 def scenario_path(name: str) -> str:
@@ -126,14 +148,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     as_json, out, no_plots = args.pop("json"), args.pop("out"), args.pop("no_plots")
     scale = args.pop("scale")
     sweep = sweep_values(args.pop("sweep"))
-    values: Dict[str, Any] = {}
-    if scenario:
-        values = config_module.load(scenario_path(scenario))
-        values.setdefault("name", os.path.basename(scenario).rsplit(".", 1)[0])
-    values.update(args)
-    config = config_module.build(values)
+    config = configured(scenario, args, "simulate")
     if scale != 1.0:
-        config = config_module.scaled(config, scale)
+        try:
+            config = config_module.scaled(config, scale)
+        except ValueError as error:
+            raise SystemExit("simulate: %s" % error)
     for name, value in sweep or [(None, None)]:
         swept = config if name is None else config.replace(
             **{name: value}, name="%s %s=%s" % (config.name, name, value))

@@ -130,7 +130,12 @@ def fields() -> List[dataclasses.Field]:
 def load(path: str) -> Dict[str, Any]:
     """Read a scenario file: a JSON object of Config fields."""
     with open(path, encoding="utf-8") as f:
-        data = json.load(f)
+        try:
+            data = json.load(f)
+        except ValueError as error:  # (not JSON, or not UTF-8)
+            raise ValueError("%s: not a JSON scenario: %s" % (path, error)) from None
+    if not isinstance(data, dict):
+        raise ValueError("%s: not a JSON object of parameters" % path)
     names = {field.name for field in fields()}
     unknown = sorted(set(data) - names - {"description"})
     if unknown:
@@ -142,6 +147,14 @@ def load(path: str) -> Dict[str, Any]:
 def build(overrides: Dict[str, Any]) -> Config:
     """A Config from defaults and overrides, checked."""
     config = Config(**overrides)
+    for field in fields():
+        default = field.default if field.default is not dataclasses.MISSING else None
+        value = getattr(config, field.name)
+        kind = float if type(default) is float else type(default)
+        if default is not None and not (
+                isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+                or kind is float and isinstance(value, int) and not isinstance(value, bool)):
+            raise ValueError("%s must be %s, not %r" % (field.name, kind.__name__, value))
     unknown = [p for p in config.policies if p not in POLICIES]
     if unknown:
         raise ValueError("unknown policies: %s" % ", ".join(unknown))
@@ -151,6 +164,12 @@ def build(overrides: Dict[str, Any]) -> Config:
         raise ValueError("need lbs >= 1")
     if config.concurrency < 1 or config.threads < 0:
         raise ValueError("need concurrency >= 1 and threads >= 0")
+    for name in ("requests", "workers", "cache_size", "sites", "objects_per_site",
+                 "site_depth"):
+        if getattr(config, name) < 1:
+            raise ValueError("need %s >= 1" % name)
+    if not 0.0 <= config.warmup < 1.0:
+        raise ValueError("need 0 <= warmup < 1")
     if not all(size > 0 for size in config.cache_sizes):
         raise ValueError("cache_sizes must be positive")
     if not all(speed > 0 for speed in config.speeds):

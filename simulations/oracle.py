@@ -1,6 +1,7 @@
 """How low a placement could take the loads, planned by an oracle.
 
-``python -m simulations.oracle SCENARIO [--slack S] [--seed N]``
+``python -m simulations.oracle SCENARIO [--slack S] [--PARAMETER VALUE ...]``
+(the simulator's parameters: ``--seed 3``, ``--site-depth 2``, ...)
 
 The partition bound (``bound.py``) is all the caches as one LRU; no
 router has that, since a key's objects live in the cache of the worker
@@ -189,17 +190,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--slack", type=float, default=DEFAULT_SLACK,
                         help="packed and learned: a worker's requests at most this "
                              "times the mean (default %(default)s)")
-    parser.add_argument("--seed", type=int, default=None)
-    args = parser.parse_args(argv)
-    from .cli import scenario_path
+    from .cli import add_parameters, configured
 
-    overrides = config_module.load(scenario_path(args.scenario))
-    if args.seed is not None:
-        overrides["seed"] = args.seed
-    config = config_module.build(overrides)
+    add_parameters(parser)  # (``--seed``, ``--site-depth 2``, ...)
+    args = vars(parser.parse_args(argv))
+    slack = args.pop("slack")
+    config = configured(args.pop("scenario"), args, "oracle")
     if config.cache_sizes or config.speeds or config.actions:
         parser.error("the oracle takes one cache size, one speed and no actions")
-    print("\n".join(report(config, args.slack)))
+    print("\n".join(report(config, slack)))
     return 0
 
 

@@ -170,6 +170,28 @@ def test_unknown_parameters_and_policies_are_refused(tmp_path):
         config_module.build({"policies": ["nope"]})
 
 
+@pytest.mark.parametrize("text, error", [
+    ('{"workers": 3,', "bad.json: not a JSON scenario"),
+    ('[3]', "bad.json: not a JSON object of parameters"),
+    ('{"workers": "six"}', "workers must be int, not 'six'"),
+    ('{"busy_members": 1}', "busy_members must be bool, not 1"),
+    ('{"workers": 0}', "need workers >= 1"),
+    ('{"warmup": 1.0}', "need 0 <= warmup < 1"),
+])
+def test_a_bad_scenario_file_is_a_clear_error_of_the_simulator_and_the_oracle(
+        tmp_path, text, error):
+    from zc_lb.simulations import oracle
+
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(SystemExit, match="^simulate: .*" + error):
+        cli.main([str(path), "--no-plots"])
+    with pytest.raises(SystemExit, match="^oracle: .*" + error):
+        oracle.main([str(path)])
+    with pytest.raises(SystemExit, match="^simulate: need site_depth >= 1"):
+        cli.main(["nasa", "--site-depth", "0", "--no-plots"])
+
+
 @pytest.mark.parametrize("scenario", cli.shipped())
 def test_every_scenario_runs_tiny(scenario, capsys):
     assert cli.main([scenario, "--scale", "0.01", "--no-plots", "--json",
@@ -517,6 +539,21 @@ def test_the_oracle_reaches_the_elastic_bound_only_knowing_the_caches_and_the_fu
     printed = capsys.readouterr().out.splitlines()
     assert printed[0] == "scenario elastic_twice, seed 1: partition bound 0.0139 misses/request"
     assert [line.split()[0] for line in printed[2:]] == ["classes", "packed", "learned"]
+
+
+def test_the_oracle_takes_the_simulators_parameters(capsys):
+    """``--site-depth 2`` and ``--seed`` as the simulator takes them: the
+    elastic log by section, whose classes a static plan by requests packs
+    within 1.1 times the bound (simulations/README.rst, "The oracle")."""
+    from zc_lb.simulations import oracle
+
+    assert oracle.main(["elastic", "--site-depth", "2", "--seed", "3", "--slack", "1.2"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "scenario elastic, seed 3: partition bound 0.1647 misses/request"
+    classes = printed[2].split()
+    assert classes[0] == "classes" and float(classes[2].rstrip("x")) < 1.1
+    assert oracle.main(["elastic", "--seed", "3"]) == 0  # by first segment: another bound
+    assert capsys.readouterr().out.splitlines()[0] != printed[0]
 
 
 def test_an_oracle_placement_keeps_each_key_on_one_worker():
