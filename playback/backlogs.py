@@ -24,7 +24,8 @@ Weak spots: a sample is a moment, so a spell shorter than ``interval``
 is missed or counted whole; several LBs are read one after the other, a
 few milliseconds apart.  Measuring costs what it measures: each LB
 writes its status document (every worker's skills) 20 times a second,
-CPU counted in its time a request, and the sampler is a thread beside
+about 0.7 ms of CPU each with 6 workers and 150 classes, counted in its
+time a request, and the sampler is a thread beside
 the replay's clients; HAProxy runs carry neither cost.
 """
 

@@ -95,6 +95,19 @@ def test_every_get_is_a_fresh_document_as_uncached_json():
     assert call(app)[2] == {"requests": 2}
 
 
+def test_the_document_is_indented_json_with_sorted_keys_whatever_their_type():
+    # Counts keyed by status code (ints) and tuples come out as JSON does
+    # them; a reading that is not a number (NaN) is null, valid JSON.
+    app = status_app(lambda: {"b": {503: 1, 200: 2}, "a": (1, 2.5), "c": float("nan")})
+    started = {}
+    body = b"".join(app({"REQUEST_METHOD": "GET", "PATH_INFO": "/status.json",
+                         "QUERY_STRING": "", "REMOTE_ADDR": "127.0.0.1"},
+                        lambda status, headers: started.update(status=status)))
+    assert started["status"] == "200 OK"
+    assert body.decode() == ('{\n  "a": [\n    1,\n    2.5\n  ],\n  "b": {\n    "200": 2,\n'
+                             '    "503": 1\n  },\n  "c": null\n}\n')
+
+
 def test_an_unknown_page_is_404_naming_the_pages():
     status, _, document = call(status_app(lambda: {}), path="/anything")
     assert status == "404 Not Found" and "/status.json" in document["pages"]
