@@ -438,6 +438,48 @@ def test_a_new_key_goes_to_the_least_busy_member():
         assert pool.workers[handle].backlog == least + 1
 
 
+def _warm_shop(pool, first_visits):
+    """A pool of four whose class "big" takes three requests in four, over
+    900 keys that come back, and "shop" the fourth: each for a product no
+    one asked for before (``first_visits``), or one of 20 that come back;
+    "shop" has fewer members than the pool has workers."""
+    for i in range(1200):
+        if i % 4:
+            pool.put(pool.get("big", "b%d" % (i % 900)))
+        else:
+            pool.put(pool.get("shop", "p%d" % (i if first_visits else i % 20)))
+    members = pool.classes["shop"].members
+    assert members and len(members) < len(pool.workers)
+    return members
+
+
+@pytest.mark.parametrize("first_visits", [True, False])
+def test_in_a_class_of_first_visits_a_new_key_goes_to_the_least_busy_worker(first_visits):
+    # Its data is on no worker: a member holds nothing more for it than
+    # another worker, where it does not wait behind the member's queue.
+    # A class whose keys come back keeps its new keys among its members.
+    pool = pool_of(4)
+    members = {w.handle for w in _warm_shop(pool, first_visits)}
+    assert classstats.first_visits(pool.classes["shop"], False) is first_visits
+    went = [pool.get("shop", "new%d" % i) for i in range(4)]  # none of them ends
+    if first_visits:
+        assert sorted(went) == sorted(pool.workers)  # one on each worker
+    else:
+        assert set(went) <= members
+
+
+def test_a_class_is_one_of_first_visits_after_some_180_new_keys_in_a_row():
+    # Not the first requests of every class to a cold LB, nor a crawl of
+    # a few dozen new pages in a class whose pages come back.
+    stats = classstats.ClassStats("c", 1000)
+    assert not any(classstats.first_visits(stats, True) for _ in range(170))
+    assert any(classstats.first_visits(stats, True) for _ in range(20))
+    visited = classstats.ClassStats("c", 1000)
+    for i in range(2000):  # one request in ten for a page new to the LB, and a crawl
+        classstats.first_visits(visited, i % 10 == 0)
+    assert not any(classstats.first_visits(visited, True) for _ in range(60))
+
+
 def _one_in_flight_per_member(pool, keys=20):
     """Known keys of class "c" sent round its members, one of them kept
     in flight on each."""

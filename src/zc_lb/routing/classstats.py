@@ -35,6 +35,8 @@ LEAST_DRAW: Final = 2.0 ** -54  # -ln(1 - 2**-54), the draw of the largest u
 # int is made a float first, as Python does
 SPAN: Final = (SKETCH_SIZE - 1) * float(MASK64)
 PRIOR = 16  # requests and keys per worker before shares and footprints count
+VISITS_DECAY: Final = 1.0 - 1.0 / 256  # per request of the class: its last few hundred
+FIRST_VISITS: Final = 0.5  # of them for keys the book did not know: a class of first visits
 
 
 def stable_hash(text: str) -> int:
@@ -173,7 +175,8 @@ class ClassStats:
     __slots__ = ("count", "seen", "footprint", "salt", "members", "uses", "version",
                  "joins", "holders", "held", "floors", "fresh", "moved", "following",
                  "senders", "reset", "work", "cost", "key_width", "extra", "pressure",
-                 "home_time", "home_count", "away_time", "away_count", "keys")
+                 "home_time", "home_count", "away_time", "away_count", "keys",
+                 "first_visits")
 
     def __init__(self, rclass: str, window: int, seed: int = 0) -> None:
         self.members: Optional[Dict[PoolWorker, float]] = None  # as last worked out
@@ -195,6 +198,9 @@ class ClassStats:
         # their key last went and elsewhere (``routing/locality.py``)
         self.home_time = self.home_count = 0.0
         self.away_time = self.away_count = 0.0
+        # the share of its requests for keys the book did not know, a mean
+        # decayed from none (``first_visits``)
+        self.first_visits = 0.0
         self.footprint = Footprint(window)
         # keys requested -> their hashes, remembered (``Members.observe``)
         self.keys: Dict[str, KeyHashes] = {}
@@ -209,3 +215,18 @@ class ClassStats:
         self.senders: Optional[Dict[PoolWorker, float]] = None
         self.reset = False  # its skills were reset: the book knows better
 
+
+def first_visits(stats: ClassStats, new: bool) -> bool:
+    """Count a request of ``stats``'s class, for a key the book did not know
+    (``new``) or for one it did; whether the class is one of first visits:
+    ``FIRST_VISITS`` of its requests for keys the book did not know, by a
+    mean over its last few hundred requests decayed from none, as a
+    shop's products might be, each visited once.  Starting from none, a
+    class takes some 180 requests for new keys in a row to be one: not
+    the first requests of every class, to a cold LB, nor a crawl of a few
+    dozen new pages in a class visited again."""
+    share = stats.first_visits * VISITS_DECAY
+    if new:
+        share += 1.0 - VISITS_DECAY
+    stats.first_visits = share
+    return share >= FIRST_VISITS
