@@ -468,6 +468,25 @@ def test_in_a_class_of_first_visits_a_new_key_goes_to_the_least_busy_worker(firs
         assert set(went) <= members
 
 
+def test_a_class_whose_first_visits_are_slower_elsewhere_keeps_them_among_its_members():
+    # Its pages share what its members hold (playback's cache app: a
+    # class's shared objects), which every other worker would load too.
+    pool = pool_of(4)
+    members = {w.handle for w in _warm_shop(pool, True)}
+    served = {True: 0, False: 0}
+    for i in range(50):  # first visits four at a time: the last find the members busy
+        chosen = [pool.choose("shop", "visit%d-%d" % (i, j)) for j in range(4)]
+        for handle, placed in chosen:
+            at_member = handle in members
+            pool.served(placed, 0.010 if at_member else 0.040)
+            served[at_member] += 1
+            pool.put(handle)
+    assert served[False] > 0  # (some went elsewhere, and proved slower there)
+    assert pool.locality.shares_data(pool.classes["shop"])
+    went = [pool.get("shop", "new%d" % i) for i in range(4)]  # none of them ends
+    assert set(went) <= members
+
+
 def test_a_class_is_one_of_first_visits_after_some_180_new_keys_in_a_row():
     # Not the first requests of every class to a cold LB, nor a crawl of
     # a few dozen new pages in a class whose pages come back.

@@ -14,7 +14,8 @@ from conftest import source_only
 from zc_lb.routing.affinity import AffinityPool
 from zc_lb.routing.placement import GAIN_BALANCE, MOVE_COST, NOISE
 from zc_lb.routing.classstats import ClassStats
-from zc_lb.routing.locality import MIN_SAMPLES, Locality
+from zc_lb.routing.locality import (FIRST_AT_MEMBER, FIRST_ELSEWHERE, MIN_SAMPLES,
+                                     SHARED_GAIN, Locality)
 
 
 def stats(name: str = "c") -> ClassStats:
@@ -34,6 +35,24 @@ def test_nothing_is_known_before_enough_of_each_kind():
         locality.observe(c, False, 0.004)
     assert locality.gain(c) == pytest.approx(4.0)
     assert locality.pool_gain() == pytest.approx(4.0)
+
+
+def test_first_visits_say_whether_a_class_shares_data_and_leave_the_gain_alone():
+    # A first visit (a key no worker served) slower away from the class's
+    # members than at them: its pages share what the members hold.
+    locality, shop, zodb = Locality(), stats("shop"), stats("zodb")
+    for _ in range(int(MIN_SAMPLES) + 4):
+        locality.observe(shop, FIRST_AT_MEMBER, 0.010)
+        locality.observe(zodb, FIRST_AT_MEMBER, 0.010)
+        assert not locality.shares_data(shop)  # (none elsewhere yet)
+        locality.observe(zodb, FIRST_ELSEWHERE, 0.011)
+    for _ in range(int(MIN_SAMPLES) - 1):
+        locality.observe(shop, FIRST_ELSEWHERE, 0.010 * SHARED_GAIN * 1.5)
+    assert not locality.shares_data(shop)
+    for _ in range(5):
+        locality.observe(shop, FIRST_ELSEWHERE, 0.010 * SHARED_GAIN * 1.5)
+    assert locality.shares_data(shop) and not locality.shares_data(zodb)
+    assert locality.gain(shop) is None and locality.pool_gain() is None  # (not home or away)
 
 
 def test_a_class_without_its_own_samples_takes_the_pools_gain():

@@ -120,7 +120,7 @@ from __future__ import annotations
 from typing import Any, Callable, ClassVar, Dict, Final, Hashable, List, Mapping, Optional, Set, Tuple
 
 from zc_lb.routing.classstats import ClassStats, stable_hash
-from zc_lb.routing.locality import Locality
+from zc_lb.routing.locality import PLACED_AWAY, PLACED_HOME, Locality
 from zc_lb.routing.members import Members, MembersHost
 from zc_lb.routing.placement import NOISE, Placement, PlacementHost
 from zc_lb.routing.pool import Pool, PoolWorker
@@ -323,7 +323,9 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
             if chosen_hash != placed:
                 siblings.place(book_hash, stats.salt, chosen_hash)
         if home is not None and home.handle in self.workers:
-            self._placed_as = (stats, chosen is home)
+            self._placed_as = (stats, PLACED_HOME if chosen is home else PLACED_AWAY)
+        elif self.placement.first:  # (a first visit: at a member or elsewhere)
+            self._placed_as = (stats, self.placement.first)
         return self._chosen(chosen)
 
     def _placed(self, rclass: str, stats: ClassStats, key_hash: int,
@@ -352,7 +354,7 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
         chosen, home = self.placement.balanced(rclass, entry)
         self._booked(book_hash, booked, rclass, chosen, AWAY)
         if home is not None:
-            self._placed_as = (stats, chosen is home)
+            self._placed_as = (stats, PLACED_HOME if chosen is home else PLACED_AWAY)
         return self._chosen(chosen)
 
     def _unkeyed(self, rclass: str) -> Hashable:
@@ -386,15 +388,16 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
             self.slowstart.got(worker, self.requests)
         return super()._chosen(worker)
 
-    def served(self, placed: Optional[Tuple[ClassStats, bool]], elapsed: float,
+    def served(self, placed: Optional[Tuple[ClassStats, int]], elapsed: float,
                cache: Optional[bool] = None) -> None:
         """The application took ``elapsed`` seconds for a request that
-        ``choose`` placed at its key's home, or away from it.  Where the
-        application said whether its ``cache`` hit, a hit counts as served
-        where its data is and a miss as not, whatever the book said (the
-        data evicted at home, or already loaded away)."""
-        if placed is not None:
-            self.locality.observe(placed[0], placed[1] if cache is None else cache, elapsed)
+        ``choose`` placed at its key's home, away, or as a first visit
+        (``routing/locality.py``).  Where the app said whether its ``cache``
+        hit, a hit counts as served where its data is and a miss as not,
+        whatever the book said (data evicted at home, or loaded away)."""
+        if placed is not None:  # (int(cache): PLACED_HOME on a hit, PLACED_AWAY on a miss)
+            how = placed[1] if cache is None or placed[1] > PLACED_HOME else int(cache)
+            self.locality.observe(placed[0], how, elapsed)
 
     # -- the book: relayed between LBs, shared with siblings -----------
 

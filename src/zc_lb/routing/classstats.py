@@ -176,7 +176,8 @@ class ClassStats:
                  "joins", "holders", "held", "floors", "fresh", "moved", "following",
                  "senders", "reset", "work", "cost", "key_width", "extra", "pressure",
                  "home_time", "home_count", "away_time", "away_count", "keys",
-                 "first_visits")
+                 "first_visits", "member_time", "member_count", "elsewhere_time",
+                 "elsewhere_count")
 
     def __init__(self, rclass: str, window: int, seed: int = 0) -> None:
         self.members: Optional[Dict[PoolWorker, float]] = None  # as last worked out
@@ -201,6 +202,10 @@ class ClassStats:
         # the share of its requests for keys the book did not know, a mean
         # decayed from none (``first_visits``)
         self.first_visits = 0.0
+        # and the decayed service times and counts of its first visits at
+        # its members and at other workers (``routing/locality.py``)
+        self.member_time = self.member_count = 0.0
+        self.elsewhere_time = self.elsewhere_count = 0.0
         self.footprint = Footprint(window)
         # keys requested -> their hashes, remembered (``Members.observe``)
         self.keys: Dict[str, KeyHashes] = {}

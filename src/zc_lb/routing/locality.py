@@ -38,6 +38,14 @@ and then a hit counts as a home request and a miss as an away one,
 wherever the request was placed: where the data really was, whatever
 the book says, and whatever waits the times include.
 
+First visits.  A request for a key no worker has served, in a class of
+first visits (``classstats.first_visits``), is neither home nor away:
+its time counts at the class's members or elsewhere, and where it takes
+``SHARED_GAIN`` times longer elsewhere the class's pages share data its
+members hold (``shares_data``), and its first visits stay with them
+(``Placement._first_visit``).  Measured only while some go elsewhere:
+once they stay, the measure stands.
+
 Weak spots, admitted.  A thread-mode worker's service time includes the
 time its request waited for the interpreter behind the worker's other
 threads, and any wait inside the application behind its other requests
@@ -61,7 +69,14 @@ from zc_lb.routing.classstats import ClassStats
 MIN_SAMPLES: Final = 8.0  # decayed samples of each kind before a gain counts
 CLASS_DECAY: Final = 1.0 - 1.0 / 64  # per sample of the class: its last hundred or so
 POOL_DECAY: Final = 1.0 - 1.0 / 256  # per away sample of any class
-HOME, AWAY = True, False
+# how ``choose`` placed a request (``AffinityPool.served`` passes it on):
+# away from its key's home or at it (as False and True); a first visit
+# (``classstats.first_visits``) at a member of its class, or elsewhere
+PLACED_AWAY: Final = 0
+PLACED_HOME: Final = 1
+FIRST_AT_MEMBER: Final = 2
+FIRST_ELSEWHERE: Final = 3
+SHARED_GAIN: Final = 1.5  # a first visit this many times slower elsewhere: its class shares data
 
 
 class Locality:
@@ -77,12 +92,22 @@ class Locality:
         self.ratio_elsewhere = 0.0
         self.weight_elsewhere = 0.0
 
-    def observe(self, stats: ClassStats, home: bool, elapsed: float) -> None:
-        """A request of ``stats``'s class placed ``home`` (or away) took
-        ``elapsed`` seconds of the application's time."""
+    def observe(self, stats: ClassStats, placed: int, elapsed: float) -> None:
+        """A request of ``stats``'s class ``placed`` at home
+        (``PLACED_HOME`` or True), away (``PLACED_AWAY`` or False), or as a
+        first visit (at a member or elsewhere) took ``elapsed`` seconds of
+        the application's time."""
         if not elapsed >= 0.0:  # (NaN, or a clock that went back)
             return
-        if home:
+        if placed >= FIRST_AT_MEMBER:
+            if placed == FIRST_AT_MEMBER:
+                stats.member_time = stats.member_time * CLASS_DECAY + elapsed
+                stats.member_count = stats.member_count * CLASS_DECAY + 1.0
+            else:
+                stats.elsewhere_time = stats.elsewhere_time * CLASS_DECAY + elapsed
+                stats.elsewhere_count = stats.elsewhere_count * CLASS_DECAY + 1.0
+            return
+        if placed:
             stats.home_time = stats.home_time * CLASS_DECAY + elapsed
             stats.home_count = stats.home_count * CLASS_DECAY + 1.0
             return
@@ -100,6 +125,17 @@ class Locality:
         (nothing measured yet)."""
         own = None if stats is None else self.class_gain(stats)
         return own if own is not None else self.pool_gain()
+
+    @staticmethod
+    def shares_data(stats: ClassStats) -> bool:
+        """Whether the first visits of ``stats``'s class (keys no worker has
+        served) take ``SHARED_GAIN`` times longer away from its members than
+        at them, ``MIN_SAMPLES`` of each measured: its keys share data its
+        members hold (a site's templates, say), which each other worker
+        would load and keep too."""
+        return (stats.member_count >= MIN_SAMPLES and stats.elsewhere_count >= MIN_SAMPLES
+                and stats.elsewhere_time * stats.member_count
+                > SHARED_GAIN * stats.member_time * stats.elsewhere_count)
 
     @staticmethod
     def class_gain(stats: ClassStats) -> Optional[float]:

@@ -98,14 +98,18 @@ busy worker of the pool when that one is at most half as busy as the
 least busy member, each counted plus one (``_first_visit``).  The key's
 data is on no worker, so a member holds only what the class's pages
 share; a key kept among busy members waited while another worker idled.
+Unless the class's first visits prove slower elsewhere than at its
+members (``Locality.shares_data``, 1.5 times): then its pages share
+what the members hold, and every other worker would load and keep it.
 In the simulator, on the NASA log with two requests in three made a page
 of their own (seeds 1-6), an application whose pages share nothing
 (ZODB's pages of eleven objects) served 471 requests a second, p99 166
 ms, its least busy worker 0.38 of a fair share of the work, below least
 backlog's 478; with the rule 504, p99 101, 1.00.  Where a class's pages
-share objects (playback's cache app) it costs them: 666 against 681 at
-10% more loads, least backlog 560.  Every other scenario routes bit for
-bit as before: no class of theirs is one of first visits.
+share objects (playback's cache app), 673 against 681 at 1% more loads
+(without the measure of shared data, 666 at 10% more; least backlog
+560).  Every other scenario routes bit for bit as before: no class of
+theirs is one of first visits.
 
 Spill.  When no member is under the cap, the request goes, as in the
 published algorithm, to the best skilled worker under the cap, unless
@@ -175,6 +179,7 @@ from typing import Container, Dict, Final, Hashable, Optional, Tuple
 from mypy_extensions import trait
 
 from zc_lb.routing.classstats import ClassStats, first_visits, rendezvous_draw
+from zc_lb.routing.locality import FIRST_AT_MEMBER, FIRST_ELSEWHERE, Locality
 from zc_lb.routing.pool import PoolWorker
 from zc_lb.routing.relearn import AWAY, BookEntry, Relearning
 from zc_lb.routing.slowstart import Starter
@@ -244,6 +249,9 @@ class Placement:
         self.bounded = 0  # requests moved off a worker past the bound of locality
         self.unexplored = 0  # requests that could have gone away to learn a gain
         self.explored = 0  # and those that did
+        # how the last key placed went as a first visit (the locality's
+        # FIRST_AT_MEMBER or FIRST_ELSEWHERE), or 0, for the pool to learn from
+        self.first = 0
 
     def place(self, rclass: str, stats: ClassStats, members: Dict[PoolWorker, float],
               key_hash: int, entry: Optional[BookEntry], alone: bool, gain: Optional[float]
@@ -254,6 +262,7 @@ class Placement:
         (see ``_choose``).  ``entry`` is what the book holds for the key;
         ``alone``, whether this LB routes as a lone one (see "Stickiness"
         and "Locality")."""
+        self.first = 0  # (not a first visit: see ``_first_visit``)
         balance = self.pool.balance
         if gain is not None and gain * GAIN_BALANCE > balance:
             balance = gain * GAIN_BALANCE  # (a key worth more at home waits longer there)
@@ -283,7 +292,8 @@ class Placement:
                 entry[3] == AWAY or entry[3] == stats.joins) else None
             chosen, away, owner = self._owner(members, key_hash, balance, last, entry is None)
             if first_visits(stats, entry is None) and entry is None and chosen is not None:
-                chosen, away = self._first_visit(chosen, owner)
+                chosen, away = self._first_visit(stats, chosen, owner)
+                self.first = FIRST_AT_MEMBER if chosen in members else FIRST_ELSEWHERE
             if (self.pool.lbs > 1 and last is not None and chosen is not None
                     and chosen is not last
                     and self._sent_elsewhere(rclass, members, last, chosen, owner, balance)):
@@ -297,15 +307,16 @@ class Placement:
             chosen, away = self._spill(rclass, members, key_hash, balance), True
         return chosen, away, home
 
-    def _first_visit(self, chosen: PoolWorker, owner: Optional[PoolWorker]
+    def _first_visit(self, stats: ClassStats, chosen: PoolWorker, owner: Optional[PoolWorker]
                      ) -> Tuple[PoolWorker, bool]:
         """Where a key no worker has served goes, in a class of first
         visits (``classstats.first_visits``): to the least busy worker of
         the pool (but for starters) if that one is at most half as busy as
-        ``chosen``, the least busy member, each counted plus one; and
-        whether it is not the key's ``owner``.  See "First visits" in the
-        module docstring."""
-        if chosen.backlog:
+        ``chosen``, the least busy member, each counted plus one, unless
+        its class's first visits proved slower away from its members
+        (``Locality.shares_data``); and whether it is not the key's
+        ``owner``.  See "First visits" in the module docstring."""
+        if chosen.backlog and not Locality.shares_data(stats):
             least = self.pool.least_loaded(self.pool.starting)
             if least is not None and 2 * (least.backlog + 1) <= chosen.backlog + 1:
                 return least, least is not owner
