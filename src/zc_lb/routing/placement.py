@@ -272,6 +272,8 @@ class Placement:
             weighed = self.weighed(chosen, gain, members)
             if weighed is not chosen:
                 chosen, away = weighed, True
+        if self.first and chosen not in members:  # (a first visit, where it went at last)
+            self.first = FIRST_ELSEWHERE
         return chosen, away, home
 
     def _choose(self, rclass: str, stats: ClassStats, members: Dict[PoolWorker, float],
@@ -293,7 +295,7 @@ class Placement:
             chosen, away, owner = self._owner(members, key_hash, balance, last, entry is None)
             if first_visits(stats, entry is None) and entry is None and chosen is not None:
                 chosen, away = self._first_visit(stats, chosen, owner)
-                self.first = FIRST_AT_MEMBER if chosen in members else FIRST_ELSEWHERE
+                self.first = FIRST_AT_MEMBER  # (or elsewhere: ``place`` says at last)
             if (self.pool.lbs > 1 and last is not None and chosen is not None
                     and chosen is not last
                     and self._sent_elsewhere(rclass, members, last, chosen, owner, balance)):
