@@ -147,13 +147,11 @@ def load(path: str) -> Dict[str, Any]:
 def build(overrides: Dict[str, Any]) -> Config:
     """A Config from defaults and overrides, checked."""
     config = Config(**overrides)
-    for field in fields():
-        default = field.default if field.default is not dataclasses.MISSING else None
-        value = getattr(config, field.name)
-        kind = float if type(default) is float else type(default)
-        if default is not None and not (
-                isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-                or kind is float and isinstance(value, int) and not isinstance(value, bool)):
+    for field in fields():  # (of the type of its default; a whole number for a float)
+        if field.default is dataclasses.MISSING or field.default is None:
+            continue  # (the lists, checked below)
+        value, kind = getattr(config, field.name), type(field.default)
+        if type(value) is not kind and not (kind is float and type(value) is int):
             raise ValueError("%s must be %s, not %r" % (field.name, kind.__name__, value))
     unknown = [p for p in config.policies if p not in POLICIES]
     if unknown:

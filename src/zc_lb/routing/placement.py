@@ -292,8 +292,9 @@ class Placement:
             home = entry[1] if entry is not None and entry[0] == rclass else None
             last = home if entry is not None and (
                 entry[3] == AWAY or entry[3] == stats.joins) else None
-            chosen, away, owner = self._owner(members, key_hash, balance, last, entry is None)
-            if first_visits(stats, entry is None) and entry is None and chosen is not None:
+            new = entry is None  # (a key no worker has served)
+            chosen, away, owner = self._owner(members, key_hash, balance, last, new)
+            if first_visits(stats, new) and new and chosen is not None:
                 chosen, away = self._first_visit(stats, chosen, owner)
                 self.first = FIRST_AT_MEMBER  # (or elsewhere: ``place`` says at last)
             if (self.pool.lbs > 1 and last is not None and chosen is not None
