@@ -16,6 +16,7 @@ from conftest import source_only
 from zc_lb.routing import members as membership
 from zc_lb.routing import classstats
 from zc_lb.routing.affinity import MAX_SENT, AffinityPool
+from zc_lb.routing.locality import FIRST_AT_MEMBER, STALE_AFTER
 from zc_lb.routing.policies import make_pool
 from zc_lb.routing.classstats import Footprint, Sketch, mix, rendezvous_weight, stable_hash
 from zc_lb.errors import ConfigurationError
@@ -485,6 +486,22 @@ def test_a_class_whose_first_visits_are_slower_elsewhere_keeps_them_among_its_me
     assert pool.locality.shares_data(pool.classes["shop"])
     went = [pool.get("shop", "new%d" % i) for i in range(4)]  # none of them ends
     assert set(went) <= members
+    for handle in went:
+        pool.put(handle)
+    # Kept there, they measure nothing elsewhere: after STALE_AFTER of
+    # them the measure is forgotten, and a first visit goes out again.
+    for i in range(STALE_AFTER):
+        for j in range(3):  # (as before: "shop" keeps fewer members than the pool has)
+            pool.put(pool.get("big", "b%d" % ((3 * i + j) % 900)))
+        handle, placed = pool.choose("shop", "later%d" % i)
+        assert placed[1] == FIRST_AT_MEMBER
+        pool.served(placed, 0.010)
+        pool.put(handle)
+    assert not pool.locality.shares_data(pool.classes["shop"])
+    members = {w.handle for w in pool.classes["shop"].members}
+    assert len(members) < len(pool.workers)
+    went = [pool.get("shop", "newer%d" % i) for i in range(4)]
+    assert not set(went) <= members
 
 
 def test_a_class_is_one_of_first_visits_after_some_180_new_keys_in_a_row():

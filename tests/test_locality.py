@@ -15,7 +15,7 @@ from zc_lb.routing.affinity import AffinityPool
 from zc_lb.routing.placement import GAIN_BALANCE, MOVE_COST, NOISE
 from zc_lb.routing.classstats import ClassStats
 from zc_lb.routing.locality import (FIRST_AT_MEMBER, FIRST_ELSEWHERE, MIN_SAMPLES,
-                                     SHARED_GAIN, Locality)
+                                     SHARED_GAIN, STALE_AFTER, Locality)
 
 
 def stats(name: str = "c") -> ClassStats:
@@ -53,6 +53,39 @@ def test_first_visits_say_whether_a_class_shares_data_and_leave_the_gain_alone()
         locality.observe(shop, FIRST_ELSEWHERE, 0.010 * SHARED_GAIN * 1.5)
     assert locality.shares_data(shop) and not locality.shares_data(zodb)
     assert locality.gain(shop) is None and locality.pool_gain() is None  # (not home or away)
+
+
+def test_first_visits_kept_among_the_members_check_elsewhere_again_now_and_then():
+    # Once they stay, nothing measures elsewhere: a measure taken on cold
+    # caches, or before the application changed, would stand for good.
+    locality, shop = Locality(), stats("shop")
+    for _ in range(40):
+        locality.observe(shop, FIRST_AT_MEMBER, 0.010)
+        locality.observe(shop, FIRST_ELSEWHERE, 0.030)
+    assert locality.shares_data(shop)
+    for _ in range(STALE_AFTER - 1):
+        locality.observe(shop, FIRST_AT_MEMBER, 0.010)
+    assert locality.shares_data(shop)
+    locality.observe(shop, FIRST_AT_MEMBER, 0.010)
+    assert not locality.shares_data(shop)  # (forgotten: the next go out)
+
+    def first_visits(elsewhere, count):
+        went = 0
+        for _ in range(count):
+            if locality.shares_data(shop):
+                locality.observe(shop, FIRST_AT_MEMBER, 0.010)
+            else:
+                locality.observe(shop, FIRST_ELSEWHERE, elsewhere)
+                went += 1
+        return went
+
+    # Still slower elsewhere: a few go out, and the rest stay again.
+    assert int(MIN_SAMPLES) <= first_visits(0.030, 500) <= 2 * MIN_SAMPLES
+    assert locality.shares_data(shop)
+    # The application changed, elsewhere is as fast: they stay until the
+    # measure is old, then go out, and keep going.
+    assert 0 < first_visits(0.010, STALE_AFTER) < STALE_AFTER / 2
+    assert first_visits(0.010, 500) == 500
 
 
 def test_a_class_without_its_own_samples_takes_the_pools_gain():

@@ -177,7 +177,7 @@ class ClassStats:
                  "senders", "reset", "work", "cost", "key_width", "extra", "pressure",
                  "home_time", "home_count", "away_time", "away_count", "keys",
                  "first_visits", "member_time", "member_count", "elsewhere_time",
-                 "elsewhere_count")
+                 "elsewhere_count", "member_run")
 
     def __init__(self, rclass: str, window: int, seed: int = 0) -> None:
         self.members: Optional[Dict[PoolWorker, float]] = None  # as last worked out
@@ -206,6 +206,7 @@ class ClassStats:
         # its members and at other workers (``routing/locality.py``)
         self.member_time = self.member_count = 0.0
         self.elsewhere_time = self.elsewhere_count = 0.0
+        self.member_run = 0  # first visits at its members since one elsewhere
         self.footprint = Footprint(window)
         # keys requested -> their hashes, remembered (``Members.observe``)
         self.keys: Dict[str, KeyHashes] = {}

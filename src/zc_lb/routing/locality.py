@@ -44,7 +44,12 @@ its time counts at the class's members or elsewhere, and where it takes
 ``SHARED_GAIN`` times longer elsewhere the class's pages share data its
 members hold (``shares_data``), and its first visits stay with them
 (``Placement._first_visit``).  Measured only while some go elsewhere:
-once they stay, the measure stands.
+once they stay, none does, so after ``STALE_AFTER`` first visits at
+its members and none elsewhere the class forgets the measure
+elsewhere, and its next few first visits go out to take it again.  A
+measure taken while every cache was cold, or before the application
+changed, so does not keep them among the members for good, for about
+one first visit in two hundred sent out to check.
 
 Weak spots, admitted.  A thread-mode worker's service time includes the
 time its request waited for the interpreter behind the worker's other
@@ -77,6 +82,7 @@ PLACED_HOME: Final = 1
 FIRST_AT_MEMBER: Final = 2
 FIRST_ELSEWHERE: Final = 3
 SHARED_GAIN: Final = 1.5  # a first visit this many times slower elsewhere: its class shares data
+STALE_AFTER: Final = 2048  # first visits at members, none elsewhere: the measure there is old
 
 
 class Locality:
@@ -103,7 +109,12 @@ class Locality:
             if placed == FIRST_AT_MEMBER:
                 stats.member_time = stats.member_time * CLASS_DECAY + elapsed
                 stats.member_count = stats.member_count * CLASS_DECAY + 1.0
+                stats.member_run += 1
+                if stats.member_run >= STALE_AFTER:
+                    stats.member_run = 0
+                    stats.elsewhere_time = stats.elsewhere_count = 0.0
             else:
+                stats.member_run = 0
                 stats.elsewhere_time = stats.elsewhere_time * CLASS_DECAY + elapsed
                 stats.elsewhere_count = stats.elsewhere_count * CLASS_DECAY + 1.0
             return

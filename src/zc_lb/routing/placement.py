@@ -99,8 +99,10 @@ least busy member, each counted plus one (``_first_visit``).  The key's
 data is on no worker, so a member holds only what the class's pages
 share; a key kept among busy members waited while another worker idled.
 Unless the class's first visits prove slower elsewhere than at its
-members (``Locality.shares_data``, 1.5 times): then its pages share
-what the members hold, and every other worker would load and keep it.
+members (``Locality.shares_data``, 1.5 times, measured again after
+every ``locality.STALE_AFTER`` first visits at members): then its pages
+share what the members hold, and every other worker would load and
+keep it.
 In the simulator, on the NASA log with two requests in three made a page
 of their own (seeds 1-6), an application whose pages share nothing
 (ZODB's pages of eleven objects) served 471 requests a second, p99 166
