@@ -504,6 +504,33 @@ def test_a_class_whose_first_visits_are_slower_elsewhere_keeps_them_among_its_me
     assert not set(went) <= members
 
 
+@pytest.mark.parametrize("apart", [True, False])
+def test_once_first_visits_proved_as_fast_elsewhere_a_new_key_of_any_class_goes_so(apart):
+    # The application's pages share nothing their class's members hold
+    # (ZODB's pages of objects of their own): a new page of a class whose
+    # pages come back is on no worker either.  Where first visits proved
+    # slower elsewhere (pages that share data), it stays among its members.
+    pool = pool_of(4)
+    members = {w.handle for w in _warm_shop(pool, True)}
+    for i in range(50):  # first visits four at a time: the last find the members busy
+        chosen = [pool.choose("shop", "visit%d-%d" % (i, j)) for j in range(4)]
+        for handle, placed in chosen:
+            pool.served(placed, 0.010 if apart or handle in members else 0.040)
+            pool.put(handle)
+    assert pool.locality.pages_apart() is apart
+    big = {w.handle for w in pool.classes["big"].members}
+    assert big and len(big) < len(pool.workers)
+    for i in range(40):  # known keys at its members, none ending: they are busy
+        handle = pool.get("big", "b%d" % i)
+        if handle not in big:
+            pool.put(handle)
+    backlogs = {handle: w.backlog for handle, w in pool.workers.items()}
+    assert 2 * (min(backlogs.values()) + 1) <= min(backlogs[h] for h in big) + 1
+    went = pool.get("big", "a-new-page")
+    assert (went not in big) is apart
+    assert not classstats.first_visits(pool.classes["big"], False)  # (not a class of them)
+
+
 def test_a_class_is_one_of_first_visits_after_some_180_new_keys_in_a_row():
     # Not the first requests of every class to a cold LB, nor a crawl of
     # a few dozen new pages in a class whose pages come back.

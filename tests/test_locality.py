@@ -88,6 +88,23 @@ def test_first_visits_kept_among_the_members_check_elsewhere_again_now_and_then(
     assert first_visits(0.010, 500) == 500
 
 
+def test_first_visits_over_every_class_say_whether_pages_share_nothing():
+    # The pool's sums of every class's first visits: as fast elsewhere
+    # as at members, the application's pages share nothing.
+    locality, a, b = Locality(), stats("a"), stats("b")
+    for _ in range(int(MIN_SAMPLES) + 4):
+        locality.observe(a, FIRST_AT_MEMBER, 0.010)
+    assert not locality.pages_apart()  # (none elsewhere yet)
+    for _ in range(int(MIN_SAMPLES) + 4):
+        locality.observe(b, FIRST_ELSEWHERE, 0.011)
+    assert locality.pages_apart()
+    assert not locality.shares_data(a) and not locality.shares_data(b)
+    for _ in range(40):  # slower elsewhere from now on
+        locality.observe(b, FIRST_AT_MEMBER, 0.010)
+        locality.observe(a, FIRST_ELSEWHERE, 0.010 * SHARED_GAIN * 2)
+    assert not locality.pages_apart()
+
+
 def test_a_class_without_its_own_samples_takes_the_pools_gain():
     locality, a, b = Locality(), stats("a"), stats("b")
     for _ in range(20):

@@ -49,7 +49,12 @@ its members and none elsewhere the class forgets the measure
 elsewhere, and its next few first visits go out to take it again.  A
 measure taken while every cache was cold, or before the application
 changed, so does not keep them among the members for good, for about
-one first visit in two hundred sent out to check.
+one first visit in two hundred sent out to check.  The pool sums the
+same times over every class: first visits as fast elsewhere as at
+their members (``pages_apart``) say that the application's pages share
+nothing their class's members hold (ZODB's pages of objects of their
+own), and then a new key of any class goes as a first visit does
+(``routing/placement.py``).
 
 Weak spots, admitted.  A thread-mode worker's service time includes the
 time its request waited for the interpreter behind the worker's other
@@ -88,7 +93,8 @@ STALE_AFTER: Final = 2048  # first visits at members, none elsewhere: the measur
 class Locality:
     """Service times at home and away, per class and for the pool."""
 
-    __slots__ = ("ratio", "weight", "ratio_elsewhere", "weight_elsewhere")
+    __slots__ = ("ratio", "weight", "ratio_elsewhere", "weight_elsewhere",
+                 "member_time", "member_count", "elsewhere_time", "elsewhere_count")
 
     def __init__(self) -> None:
         self.ratio = 0.0  # decayed sum of away time over the class's home mean
@@ -97,6 +103,10 @@ class Locality:
         # which the pool's gain counts too: each sees a part of the requests.
         self.ratio_elsewhere = 0.0
         self.weight_elsewhere = 0.0
+        # decayed service times and counts of first visits of every class at
+        # their class's members and elsewhere (``pages_apart``)
+        self.member_time = self.member_count = 0.0
+        self.elsewhere_time = self.elsewhere_count = 0.0
 
     def observe(self, stats: ClassStats, placed: int, elapsed: float) -> None:
         """A request of ``stats``'s class ``placed`` at home
@@ -106,6 +116,12 @@ class Locality:
         if not elapsed >= 0.0:  # (NaN, or a clock that went back)
             return
         if placed >= FIRST_AT_MEMBER:
+            if placed == FIRST_AT_MEMBER:
+                self.member_time = self.member_time * POOL_DECAY + elapsed
+                self.member_count = self.member_count * POOL_DECAY + 1.0
+            else:
+                self.elsewhere_time = self.elsewhere_time * POOL_DECAY + elapsed
+                self.elsewhere_count = self.elsewhere_count * POOL_DECAY + 1.0
             if placed == FIRST_AT_MEMBER:
                 stats.member_time = stats.member_time * CLASS_DECAY + elapsed
                 stats.member_count = stats.member_count * CLASS_DECAY + 1.0
@@ -147,6 +163,15 @@ class Locality:
         return (stats.member_count >= MIN_SAMPLES and stats.elsewhere_count >= MIN_SAMPLES
                 and stats.elsewhere_time * stats.member_count
                 > SHARED_GAIN * stats.member_time * stats.elsewhere_count)
+
+    def pages_apart(self) -> bool:
+        """Whether first visits, over every class, proved as fast away from
+        their class's members as at them (under ``SHARED_GAIN`` times,
+        ``MIN_SAMPLES`` of each): the application's pages share nothing
+        the members hold."""
+        return (self.member_count >= MIN_SAMPLES and self.elsewhere_count >= MIN_SAMPLES
+                and self.elsewhere_time * self.member_count
+                <= SHARED_GAIN * self.member_time * self.elsewhere_count)
 
     @staticmethod
     def class_gain(stats: ClassStats) -> Optional[float]:
