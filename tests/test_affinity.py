@@ -529,6 +529,14 @@ def test_once_first_visits_proved_as_fast_elsewhere_a_new_key_of_any_class_goes_
     went = pool.get("big", "a-new-page")
     assert (went not in big) is apart
     assert not classstats.first_visits(pool.classes["big"], False)  # (not a class of them)
+    # More new pages, none ending: to any worker less busy than the least
+    # busy member (not only one half as busy), so they even the backlogs.
+    went = [pool.get("big", "new-page-%d" % i) for i in range(20)]
+    backlogs = {handle: w.backlog for handle, w in pool.workers.items()}
+    if apart:
+        assert min(backlogs[h] for h in big) <= min(backlogs.values()) + 1
+    else:
+        assert set(went) <= big
 
 
 def test_a_class_is_one_of_first_visits_after_some_180_new_keys_in_a_row():

@@ -102,23 +102,21 @@ Unless the class's first visits prove slower elsewhere than at its
 members (``Locality.shares_data``, 1.5 times, measured again after
 every ``locality.STALE_AFTER`` first visits at members): then its pages
 share what the members hold, which every other worker would load too.
-In the simulator, on the NASA log with two requests in three made a page
-of their own (seeds 1-6), an application whose pages share nothing
-(ZODB's pages of eleven objects) served 471 requests a second, p99 166
-ms, its least busy worker 0.38 of a fair share of the work, below least
-backlog's 478; with the rule 504, p99 101, 1.00.  Where a class's pages
-share objects (playback's cache app), 673 against 681 at 1% more loads
+First visits as fast elsewhere as at their members over the whole pool
+(``Locality.pages_apart``) say that the application's pages share
+nothing, as ZODB's do: then a new key of any class goes as a first
+visit does (but for a class whose own first visits proved slower
+elsewhere), to any worker less busy than the least busy member: a
+class whose pages come back has new pages too.  In the simulator, on
+the NASA log with two requests in three made a page of their own
+(seeds 1-6), an application whose pages share nothing (ZODB's pages of
+eleven objects) served 471 requests a second, p99 166 ms, its least
+busy worker 0.38 of a fair share of the work, below least backlog's
+478; with the first rule 504, p99 101, 1.00, and with both (seeds
+1-12) 501 at p99 68, least backlog's.  Where a class's pages share
+objects (playback's cache app), 673 against 681 at 1% more loads
 (without the measure of shared data, 666 at 10% more; least backlog
-560).  Every other scenario routes bit for bit as before: no class of
-theirs is one of first visits.  First visits as fast elsewhere as at
-their members over the whole pool (``Locality.pages_apart``) say that
-the application's pages share nothing, as ZODB's do: then a new key of
-any class goes as a first visit does (but for a class whose own first
-visits proved slower elsewhere).  A class whose pages come back has new
-pages too, and each had waited behind its members' queues: the
-ZODB-like application's p99 fell from 99 ms to 85 (seeds 7-18) at 0.4%
-less throughput and 0.4% more loads; the cache app, whose first visits
-prove slower elsewhere, within 0.5% of before.
+560).  The other scenarios, with no class of first visits, route as before.
 
 Spill.  When no member is under the cap, the request goes, as in the
 published algorithm, to the best skilled worker under the cap, unless
@@ -324,16 +322,18 @@ class Placement:
     def _first_visit(self, stats: ClassStats, chosen: PoolWorker, owner: Optional[PoolWorker]
                      ) -> Tuple[PoolWorker, bool]:
         """Where a key no worker has served goes, in a class of first
-        visits (``classstats.first_visits``), or in any class once first
-        visits proved the pages apart (``Locality.pages_apart``): to the least busy worker of
-        the pool (but for starters) if that one is at most half as busy as
-        ``chosen``, the least busy member, each counted plus one, unless
-        its class's first visits proved slower away from its members
-        (``Locality.shares_data``); and whether it is not the key's
-        ``owner``.  See "First visits" in the module docstring."""
+        visits (``classstats.first_visits``), or in any once the pages
+        proved apart (``Locality.pages_apart``): to the least busy worker
+        of the pool (but for starters) if that one is at most half as busy
+        as ``chosen``, the least busy member, each counted plus one (less
+        busy at all once the pages proved apart), unless its class's first
+        visits proved slower away from its members (``Locality.shares_data``);
+        and whether it is not the key's ``owner``.  See "First visits"."""
         if chosen.backlog and not Locality.shares_data(stats):
             least = self.pool.least_loaded(self.pool.starting)
-            if least is not None and 2 * (least.backlog + 1) <= chosen.backlog + 1:
+            if least is not None and (
+                    least.backlog < chosen.backlog if self.pool.locality.pages_apart()
+                    else 2 * (least.backlog + 1) <= chosen.backlog + 1):
                 return least, least is not owner
         return chosen, chosen is not owner
 
