@@ -90,6 +90,16 @@ SHARED_GAIN: Final = 1.5  # a first visit this many times slower elsewhere: its 
 STALE_AFTER: Final = 2048  # first visits at members, none elsewhere: the measure there is old
 
 
+def _slower_elsewhere(member_time: float, member_count: float, elsewhere_time: float,
+                      elsewhere_count: float) -> Optional[bool]:
+    """Whether first visits took ``SHARED_GAIN`` times longer elsewhere than
+    at their class's members, from decayed sums of their times and counts;
+    None before ``MIN_SAMPLES`` of each."""
+    if member_count < MIN_SAMPLES or elsewhere_count < MIN_SAMPLES:
+        return None
+    return elsewhere_time * member_count > SHARED_GAIN * member_time * elsewhere_count
+
+
 class Locality:
     """Service times at home and away, per class and for the pool."""
 
@@ -115,14 +125,10 @@ class Locality:
         the application's time."""
         if not elapsed >= 0.0:  # (NaN, or a clock that went back)
             return
-        if placed >= FIRST_AT_MEMBER:
+        if placed >= FIRST_AT_MEMBER:  # (the class's, and the pool's over every class)
             if placed == FIRST_AT_MEMBER:
                 self.member_time = self.member_time * POOL_DECAY + elapsed
                 self.member_count = self.member_count * POOL_DECAY + 1.0
-            else:
-                self.elsewhere_time = self.elsewhere_time * POOL_DECAY + elapsed
-                self.elsewhere_count = self.elsewhere_count * POOL_DECAY + 1.0
-            if placed == FIRST_AT_MEMBER:
                 stats.member_time = stats.member_time * CLASS_DECAY + elapsed
                 stats.member_count = stats.member_count * CLASS_DECAY + 1.0
                 stats.member_run += 1
@@ -130,6 +136,8 @@ class Locality:
                     stats.member_run = 0
                     stats.elsewhere_time = stats.elsewhere_count = 0.0
             else:
+                self.elsewhere_time = self.elsewhere_time * POOL_DECAY + elapsed
+                self.elsewhere_count = self.elsewhere_count * POOL_DECAY + 1.0
                 stats.member_run = 0
                 stats.elsewhere_time = stats.elsewhere_time * CLASS_DECAY + elapsed
                 stats.elsewhere_count = stats.elsewhere_count * CLASS_DECAY + 1.0
@@ -160,18 +168,16 @@ class Locality:
         at them, ``MIN_SAMPLES`` of each measured: its keys share data its
         members hold (a site's templates, say), which each other worker
         would load and keep too."""
-        return (stats.member_count >= MIN_SAMPLES and stats.elsewhere_count >= MIN_SAMPLES
-                and stats.elsewhere_time * stats.member_count
-                > SHARED_GAIN * stats.member_time * stats.elsewhere_count)
+        return _slower_elsewhere(stats.member_time, stats.member_count,
+                                 stats.elsewhere_time, stats.elsewhere_count) is True
 
     def pages_apart(self) -> bool:
         """Whether first visits, over every class, proved as fast away from
         their class's members as at them (under ``SHARED_GAIN`` times,
         ``MIN_SAMPLES`` of each): the application's pages share nothing
         the members hold."""
-        return (self.member_count >= MIN_SAMPLES and self.elsewhere_count >= MIN_SAMPLES
-                and self.elsewhere_time * self.member_count
-                <= SHARED_GAIN * self.member_time * self.elsewhere_count)
+        return _slower_elsewhere(self.member_time, self.member_count,
+                                 self.elsewhere_time, self.elsewhere_count) is False
 
     @staticmethod
     def class_gain(stats: ClassStats) -> Optional[float]:
