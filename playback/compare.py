@@ -518,7 +518,7 @@ def lb_statuses(target: Target) -> List[dict]:
 
 # The affinity pool's counts kept with each run (docs/reference/status.rst)
 ROUTING_COUNTS = ("widenings", "narrowings", "widened", "spills", "bounded", "explored",
-                  "locality_gain")
+                  "locality_gain", "first_visit_gain")
 
 
 def result_row(name: str, report: dict, lb_cpu: float, statuses: Sequence[dict]) -> dict:

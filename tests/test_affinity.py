@@ -518,6 +518,7 @@ def test_once_first_visits_proved_as_fast_elsewhere_a_new_key_of_any_class_goes_
             pool.served(placed, 0.010 if apart or handle in members else 0.040)
             pool.put(handle)
     assert pool.locality.pages_apart() is apart
+    assert pool.status()["first_visit_gain"] == pytest.approx(1.0 if apart else 4.0)
     big = {w.handle for w in pool.classes["big"].members}
     assert big and len(big) < len(pool.workers)
     for i in range(40):  # known keys at its members, none ending: they are busy

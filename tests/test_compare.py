@@ -203,9 +203,11 @@ def test_a_zc_lb_row_keeps_what_the_affinity_pool_did():
     report = {"requests": 1, "responses": 1, "throughput": 1.0, "errors": 0, "status": {"200": 1},
               "latency": {"p50": 0.001, "p99": 0.002}}
     status = {"requests": 1, "retries": 0, "errors": {},
-              "pool": {"widenings": 2, "spills": 5, "locality_gain": 12.5, "variance": 2.0}}
+              "pool": {"widenings": 2, "spills": 5, "locality_gain": 12.5,
+                       "first_visit_gain": 1.1, "variance": 2.0}}
     row = compare.result_row("zc-lb", report, 0.0, [status])
-    assert row["lb_status"]["routing"] == {"widenings": 2, "spills": 5, "locality_gain": 12.5}
+    assert row["lb_status"]["routing"] == {"widenings": 2, "spills": 5, "locality_gain": 12.5,
+                                           "first_visit_gain": 1.1}
     # (the published pool counts none of them)
     status["pool"] = {"variance": 2.0}
     assert compare.result_row("zc-lb", report, 0.0, [status])["lb_status"]["routing"] == {}

@@ -118,6 +118,18 @@ def test_no_worker_counts_as_a_503_by_cause_and_in_the_histogram():
     assert lb.status()["recent_errors"][-1]["cause"] == "NoWorkerAvailable"
 
 
+def test_the_pools_measured_gains_are_gauges_once_measured():
+    def gauges(pool):
+        doc = {"pool": dict(pool, policy="AffinityPool"), "requests": 0}
+        return {name: value for (name, _), value in
+                samples(exposition(LBCollector(lambda: doc)).decode()).items()
+                if name.endswith("_gain")}
+
+    assert gauges({"locality_gain": None, "first_visit_gain": None}) == {}
+    assert gauges({"locality_gain": 12.5, "first_visit_gain": 1.1}) == {
+        "zc_lb_pool_locality_gain": 12.5, "zc_lb_pool_first_visit_gain": 1.1}
+
+
 def test_merged_documents_sum_histograms_and_per_worker_counts():
     def doc(n):
         latency = {"buckets": [0.1], "counts": [n, 1], "sum": 0.5}

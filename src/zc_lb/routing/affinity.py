@@ -523,7 +523,7 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
     def status(self) -> dict:
         """The published pool's status, with the affinity settings."""
         status = super().status()
-        gain = self.locality.pool_gain()
+        gain, first = self.locality.pool_gain(), self.locality.first_visit_gain()
         status.update(spread=self.spread, footprint_window=self.footprint_window,
                       balance=self.balance, stick=self.stick, widen=self.widen,
                       separate_books=self.separate_books, busy_members=self.busy_members,
@@ -532,6 +532,7 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
                       spills=self.placement.spills, bounded=self.placement.bounded,
                       explored=self.placement.explored,
                       locality_gain=(None if gain is None else round(gain, 3)),
+                      first_visit_gain=(None if first is None else round(first, 3)),
                       slow_start=self.slow_start, skill_resets=self.resets,
                       starting=len(self.starting), lbs=self.lbs, keys_relayed=self.relayed)
         return status

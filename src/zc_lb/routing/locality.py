@@ -90,14 +90,16 @@ SHARED_GAIN: Final = 1.5  # a first visit this many times slower elsewhere: its 
 STALE_AFTER: Final = 2048  # first visits at members, none elsewhere: the measure there is old
 
 
-def _slower_elsewhere(member_time: float, member_count: float, elsewhere_time: float,
-                      elsewhere_count: float) -> Optional[bool]:
-    """Whether first visits took ``SHARED_GAIN`` times longer elsewhere than
-    at their class's members, from decayed sums of their times and counts;
-    None before ``MIN_SAMPLES`` of each."""
+def _elsewhere_ratio(member_time: float, member_count: float, elsewhere_time: float,
+                     elsewhere_count: float) -> Optional[float]:
+    """How many times longer first visits took elsewhere than at their
+    class's members, from decayed sums of their times and counts; None
+    before ``MIN_SAMPLES`` of each."""
     if member_count < MIN_SAMPLES or elsewhere_count < MIN_SAMPLES:
         return None
-    return elsewhere_time * member_count > SHARED_GAIN * member_time * elsewhere_count
+    if member_time <= 0.0:
+        return 1.0 if elsewhere_time <= 0.0 else float("inf")
+    return (elsewhere_time / elsewhere_count) / (member_time / member_count)
 
 
 class Locality:
@@ -168,16 +170,24 @@ class Locality:
         at them, ``MIN_SAMPLES`` of each measured: its keys share data its
         members hold (a site's templates, say), which each other worker
         would load and keep too."""
-        return _slower_elsewhere(stats.member_time, stats.member_count,
-                                 stats.elsewhere_time, stats.elsewhere_count) is True
+        ratio = _elsewhere_ratio(stats.member_time, stats.member_count,
+                                 stats.elsewhere_time, stats.elsewhere_count)
+        return ratio is not None and ratio > SHARED_GAIN
 
     def pages_apart(self) -> bool:
         """Whether first visits, over every class, proved as fast away from
-        their class's members as at them (under ``SHARED_GAIN`` times,
-        ``MIN_SAMPLES`` of each): the application's pages share nothing
-        the members hold."""
-        return _slower_elsewhere(self.member_time, self.member_count,
-                                 self.elsewhere_time, self.elsewhere_count) is False
+        their class's members as at them (``first_visit_gain`` at most
+        ``SHARED_GAIN``): the application's pages share nothing the
+        members hold."""
+        ratio = self.first_visit_gain()
+        return ratio is not None and ratio <= SHARED_GAIN
+
+    def first_visit_gain(self) -> Optional[float]:
+        """How many times longer first visits of every class took away from
+        their class's members than at them, or None before ``MIN_SAMPLES``
+        of each."""
+        return _elsewhere_ratio(self.member_time, self.member_count,
+                                self.elsewhere_time, self.elsewhere_count)
 
     @staticmethod
     def class_gain(stats: ClassStats) -> Optional[float]:

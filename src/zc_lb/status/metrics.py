@@ -223,7 +223,10 @@ def pool_families(pool: dict) -> Iterator[Metric]:
                            ("mean_backlog", "The pool's decayed mean backlog."),
                            ("locality_gain", "How many times longer a request takes away "
                             "from its key's home (the affinity policy; absent until "
-                            "measured).")):
+                            "measured)."),
+                           ("first_visit_gain", "How many times longer a key no worker "
+                            "has served takes away from its class's members (the "
+                            "affinity policy; absent until measured).")):
         value = pool.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             yield GaugeMetricFamily("zc_lb_pool_" + key, help_text, value=value)
