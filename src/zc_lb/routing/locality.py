@@ -67,7 +67,11 @@ books the workers' relays keep alike (``routing/affinity.py``, "Several LBs"):
 behind several without, a key's home is only its rendezvous owner,
 which the other LBs' moves leave without its data, and gains read far
 too low.  Classes whose requests never go away keep
-the pool's gain, which a site of mixed classes blends.
+the pool's gain, which a site of mixed classes blends.  So does the
+pool's first-visit gain: where some classes' pages share data and
+others' do not, the new keys of a class that shares go out, once the
+pool reads its pages apart, until its own first visits prove slower
+elsewhere (eight of them).
 """
 
 from __future__ import annotations
