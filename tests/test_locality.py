@@ -103,6 +103,14 @@ def test_first_visits_over_every_class_say_whether_pages_share_nothing():
         locality.observe(b, FIRST_AT_MEMBER, 0.010)
         locality.observe(a, FIRST_ELSEWHERE, 0.010 * SHARED_GAIN * 2)
     assert not locality.pages_apart()
+    # Times a clock too coarse to see: no division by zero.
+    for elsewhere, gain in ((0.0, 1.0), (0.001, math.inf)):
+        locality, c = Locality(), stats("c")
+        for _ in range(int(MIN_SAMPLES) + 4):
+            locality.observe(c, FIRST_AT_MEMBER, 0.0)
+            locality.observe(c, FIRST_ELSEWHERE, elsewhere)
+        assert locality.first_visit_gain() == gain
+        assert locality.pages_apart() is (gain == 1.0) and locality.shares_data(c) is (gain > 1.0)
 
 
 def test_a_class_without_its_own_samples_takes_the_pools_gain():
