@@ -114,9 +114,8 @@ eleven objects) served 471 requests a second, p99 166 ms, its least
 busy worker 0.38 of a fair share of the work, below least backlog's
 478; with the first rule 504, p99 101, 1.00, and with both (seeds
 1-12) 501 at p99 68, least backlog's.  Where a class's pages share
-objects (playback's cache app), 673 against 681 at 1% more loads
-(without the measure of shared data, 666 at 10% more; least backlog
-560).  The other scenarios, with no class of first visits, route as before.
+objects (playback's cache app), 673 against 681 at 1% more loads (666
+at 10% more without the measure of shared data; least backlog 560).
 
 Spill.  When no member is under the cap, the request goes, as in the
 published algorithm, to the best skilled worker under the cap, unless
@@ -303,8 +302,9 @@ class Placement:
             new = entry is None  # (a key no worker has served)
             chosen, away, owner = self._owner(members, key_hash, balance, last, new)
             first = first_visits(stats, new)  # (counts every request of the class)
-            if new and chosen is not None and (first or self.pool.locality.pages_apart()):
-                chosen, away = self._first_visit(stats, chosen, owner)
+            apart = new and self.pool.locality.pages_apart()
+            if new and chosen is not None and (first or apart):
+                chosen, away = self._first_visit(stats, chosen, owner, apart)
                 self.first = FIRST_AT_MEMBER  # (or elsewhere: ``place`` says at last)
             if (self.pool.lbs > 1 and last is not None and chosen is not None
                     and chosen is not last
@@ -319,20 +319,20 @@ class Placement:
             chosen, away = self._spill(rclass, members, key_hash, balance), True
         return chosen, away, home
 
-    def _first_visit(self, stats: ClassStats, chosen: PoolWorker, owner: Optional[PoolWorker]
-                     ) -> Tuple[PoolWorker, bool]:
-        """Where a key no worker has served goes, in a class of first
-        visits (``classstats.first_visits``), or in any once the pages
-        proved apart (``Locality.pages_apart``): to the least busy worker
-        of the pool (but for starters) if that one is at most half as busy
-        as ``chosen``, the least busy member, each counted plus one (less
-        busy at all once the pages proved apart), unless its class's first
-        visits proved slower away from its members (``Locality.shares_data``);
-        and whether it is not the key's ``owner``.  See "First visits"."""
+    def _first_visit(self, stats: ClassStats, chosen: PoolWorker, owner: Optional[PoolWorker],
+                     apart: bool) -> Tuple[PoolWorker, bool]:
+        """Where a key no worker has served goes, in a class of first visits
+        (``classstats.first_visits``), or in any once the pages proved
+        ``apart`` (``Locality.pages_apart``): to the least busy worker of the
+        pool (but for starters) if at most half as busy as ``chosen``, the
+        least busy member, each counted plus one (less busy at all if
+        ``apart``), unless its class's first visits proved slower away from
+        its members (``Locality.shares_data``); and whether it is not the
+        key's ``owner``.  See "First visits"."""
         if chosen.backlog and not Locality.shares_data(stats):
             least = self.pool.least_loaded(self.pool.starting)
             if least is not None and (
-                    least.backlog < chosen.backlog if self.pool.locality.pages_apart()
+                    least.backlog < chosen.backlog if apart
                     else 2 * (least.backlog + 1) <= chosen.backlog + 1):
                 return least, least is not owner
         return chosen, chosen is not owner
