@@ -148,14 +148,16 @@ def test_a_site_classifier_that_blocks_is_logged_once_and_moved_to_threads(caplo
     assert classify({"SLEEP": "0.02"}) == "slow" and classify.pool is not None
     logged = [r.getMessage() for r in caplog.records if "blocking" in r.getMessage()]
     assert len(logged) == 1 and "test_classifier:slow_classifier took" in logged[0]
-    # From now on the loop stays free: 8 slow calls at once take one's time.
+    # From now on the loop stays free: 8 slow calls at once take one's time
+    # (0.3 s), not eight's (2.4 s), and the loop ticks meanwhile.  (Half of
+    # eight's as the bound: a test run beside others may wait for a CPU.)
     started = time.monotonic()
-    jobs = [gevent.spawn(classify, {"SLEEP": "0.1"}) for _ in range(8)]
+    jobs = [gevent.spawn(classify, {"SLEEP": "0.3"}) for _ in range(8)]
     ticks = 0
     while not all(job.ready() for job in jobs):
         gevent.sleep(0.01)
         ticks += 1
-    assert time.monotonic() - started < 0.5 and ticks > 5
+    assert time.monotonic() - started < 1.2 and ticks > 5
     assert [job.value for job in jobs] == ["slow"] * 8
     status = classify.status()
     assert status["threaded"] and status["slow_calls"] == 9
