@@ -88,7 +88,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from .backlogs import BacklogSampler
 from .cacheapp import ENV_PREFIX, STATS_PATH
@@ -116,6 +116,13 @@ class CompareError(ProcessError):
     """A balancer or a process could not be set up; the message says why."""
 
 
+class Database(NamedTuple):
+    """--app zodb: a balancer's ZEO server."""
+
+    address: str
+    pid: int
+
+
 @dataclasses.dataclass
 class Target:
     """A running balancer (``--lbs`` of them): where to send requests,
@@ -127,6 +134,10 @@ class Target:
     lb_pids: List[int]
     statuses: List[str] = dataclasses.field(default_factory=list)  # zc-lb's status addresses
     zeo: Optional[str] = None  # --app zodb: the ZEO server's address
+    # the application's servers (zc-lb's workers, or those behind HAProxy)
+    # and the database server's: whose CPU time the run reports
+    server_pids: List[int] = dataclasses.field(default_factory=list)
+    database_pids: List[int] = dataclasses.field(default_factory=list)
 
 
 # -- processes ------------------------------------------------------------
@@ -212,8 +223,10 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path, name: str = "zc-lb"
     ``zc-lb:POLICY`` runs the LB with ``--policy POLICY``."""
     zc_lb = [sys.executable, "-m", "zc_lb.cli", "--log-level", args.zc_lb_log_level]
     with contextlib.ExitStack() as stack:
-        workers, stats_urls = [], []
-        zeo = stack.enter_context(zeo_server(args, run_dir, name)) if args.app == "zodb" else None
+        workers, stats_urls, server_pids = [], [], []
+        database = (stack.enter_context(zeo_server(args, run_dir, name))
+                    if args.app == "zodb" else None)
+        zeo = database.address if database else None
         # Several LBs find the workers, and each other, in ZooKeeper: a
         # tree of this balancer's own, so that nothing of a previous one
         # is left in it.
@@ -229,6 +242,7 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path, name: str = "zc-lb"
                 log = run_dir / ("%s-worker%d.log" % (name.replace(":", "-"), i))
                 process = stack.enter_context(spawned(argv, log, env, stdout=subprocess.PIPE))
                 workers.append(read_ready_line(process, "zc-lb worker listening on ", log))
+                server_pids.append(process.pid)
                 continue
             stats = "127.0.0.1:%d" % free_port()
             env = dict(app_env(args), ZC_LB_CACHEAPP_WORKER_ID="zw%d" % i,
@@ -252,6 +266,7 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path, name: str = "zc-lb"
             log = run_dir / ("%s-worker%d.log" % (name.replace(":", "-"), i))
             process = stack.enter_context(spawned(argv, log, env, stdout=subprocess.PIPE))
             workers.append(read_ready_line(process, "zc-lb worker listening on ", log))
+            server_pids.append(process.pid)
             wait_for_port(stats, process, START_TIMEOUT)
             stats_urls.append("http://%s%s" % (stats, STATS_PATH))
         argv = zc_lb + ["lb", "--listen", "127.0.0.1:0"] + args.zc_lb_option
@@ -273,7 +288,8 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path, name: str = "zc-lb"
         for lb, status in zip(lbs, statuses):
             wait_for_port(status, lb, START_TIMEOUT)
             wait_for_pool(status, workers, args.lbs, lb)
-        yield Target(name, urls, stats_urls, [lb.pid for lb in lbs], statuses, zeo)
+        yield Target(name, urls, stats_urls, [lb.pid for lb in lbs], statuses, zeo,
+                     server_pids, [database.pid] if database else [])
 
 
 def wait_for_pool(status: str, workers: Sequence[str], lbs: int, lb: subprocess.Popen,
@@ -351,8 +367,10 @@ def zookeeper_server(run_dir: Path) -> Iterator[str]:
 def haproxy_target(name: str, args: argparse.Namespace, run_dir: Path) -> Iterator[Target]:
     """HAProxy with config ``name`` in front of cache apps on gevent.pywsgi."""
     with contextlib.ExitStack() as stack:
-        zeo = stack.enter_context(zeo_server(args, run_dir, name)) if args.app == "zodb" else None
-        servers = []
+        database = (stack.enter_context(zeo_server(args, run_dir, name))
+                    if args.app == "zodb" else None)
+        zeo = database.address if database else None
+        servers, server_pids = [], []
         for i in range(1, args.workers + 1):
             address = "127.0.0.1:%d" % free_port()
             log = run_dir / ("%s-app%d.log" % (name, i))
@@ -367,6 +385,7 @@ def haproxy_target(name: str, args: argparse.Namespace, run_dir: Path) -> Iterat
                      "--worker-id", "%s%d" % (name[0], i)] + app_argv(args), log))
             wait_for_port(address, process, START_TIMEOUT)
             servers.append(address)
+            server_pids.append(process.pid)
         listens, pids = [], []
         for i in range(1, args.lbs + 1):  # each balancing alone, as HAProxies do
             listens.append("127.0.0.1:%d" % free_port())
@@ -379,7 +398,8 @@ def haproxy_target(name: str, args: argparse.Namespace, run_dir: Path) -> Iterat
             pids.append(process.pid)
         yield Target(name, ["http://%s" % listen for listen in listens],
                      [] if zeo else ["http://%s%s" % (s, STATS_PATH) for s in servers],
-                     pids, zeo=zeo)
+                     pids, zeo=zeo, server_pids=server_pids,
+                     database_pids=[database.pid] if database else [])
 
 
 def haproxy_config(template: Path, listen: str, servers: Sequence[str]) -> str:
@@ -403,10 +423,10 @@ def zodb_env(args: argparse.Namespace, zeo: str, worker_id: str) -> Dict[str, st
 
 
 @contextlib.contextmanager
-def zeo_server(args: argparse.Namespace, run_dir: Path, name: str) -> Iterator[str]:
+def zeo_server(args: argparse.Namespace, run_dir: Path, name: str) -> Iterator[Database]:
     """A ZEO server of its own for balancer ``name``, on a copy of the
     database ``run`` populated: every balancer starts from the same cold
-    storage.  Its address."""
+    storage.  Its address and process id."""
     from .zodbapp import start_server
 
     filename = run_dir / ("zodb-%s.fs" % name.replace(":", "-"))
@@ -416,7 +436,7 @@ def zeo_server(args: argparse.Namespace, run_dir: Path, name: str) -> Iterator[s
         process = start_server(str(filename), address, log)
     try:
         wait_for_port(address, process, START_TIMEOUT)
-        yield address
+        yield Database(address, process.pid)
     finally:
         stop_process(process)
 
@@ -431,13 +451,39 @@ def start_target(name: str, args: argparse.Namespace, run_dir: Path):
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:
-    """utime + stime of ``pids`` in seconds, from /proc."""
+    """utime + stime of ``pids`` in seconds, from /proc (a process that
+    has ended counts nothing)."""
     ticks = 0
     for pid in pids:
-        with open("/proc/%d/stat" % pid) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
         ticks += int(fields[11]) + int(fields[12])
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def with_children(pids: Sequence[int]) -> List[int]:
+    """``pids`` and every process they started, and those started in turn
+    (gunicorn's arbiter serves nothing itself: its worker does), from
+    the parent ids in /proc."""
+    parents: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/stat" % entry) as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            parents.setdefault(parent, []).append(int(entry))
+    found, todo = [], list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.append(pid)
+            todo.extend(parents.get(pid, ()))
+    return found
 
 
 def steal_clock() -> Optional[Tuple[int, int]]:
@@ -473,16 +519,19 @@ def measure(name: str, warmup: list, entries: list, args: argparse.Namespace,
         if target.zeo is not None:
             from .zodbapp import server_loads
         loads = None if target.zeo is None else server_loads(target.zeo)
-        before, clock = cpu_seconds(target.lb_pids), steal_clock()
+        parts = {"lb": target.lb_pids, "workers": with_children(target.server_pids),
+                 "database": with_children(target.database_pids)}
+        before, clock = {part: cpu_seconds(pids) for part, pids in parts.items()}, steal_clock()
         with BacklogSampler(target.statuses, app_bound(args)) as backlogs:
             report = replay(entries, target.urls, stats_urls=target.stats_urls or None,
                             progress=progress, **options)
-        lb_cpu = cpu_seconds(target.lb_pids) - before
+        cpu = {part: cpu_seconds(pids) - before[part] for part, pids in parts.items()}
         steal = stolen(clock, steal_clock())
         if loads is not None:  # the database's own count
             report["server_loads"] = server_loads(target.zeo) - loads  # type: ignore[arg-type]
         statuses = lb_statuses(target)
-    row = result_row(name, report, lb_cpu, statuses)
+    row = result_row(name, report, cpu["lb"], statuses)
+    row.update(cpu_row(report, cpu, bool(target.database_pids)))
     if "server_loads" in report and report["responses"]:
         row["loads_per_request"] = report["server_loads"] / report["responses"]
     row["steal"] = steal
@@ -501,6 +550,20 @@ def loading(report: dict, miss_cost: float) -> Dict[str, float]:
         return {}
     return {worker: loads * miss_cost / duration
             for worker, loads in (report.get("worker_loads") or {}).items()}
+
+
+def cpu_row(report: dict, cpu: Dict[str, float], database: bool) -> dict:
+    """The CPU time a response took in the application's servers and, if
+    there is one, the database server, in microseconds; and in those and
+    the LBs together.  On a machine whose CPUs the run keeps busy, this
+    sum, not the LB's part alone, bounds the throughput."""
+    responses = report["responses"]
+    if not responses:
+        return {}
+    row = {"workers_cpu_us_per_request": cpu["workers"] * 1e6 / responses,
+           "database_cpu_us_per_request": cpu["database"] * 1e6 / responses if database else None}
+    row["cpu_us_per_request"] = sum(cpu.values()) * 1e6 / responses
+    return row
 
 
 def lb_statuses(target: Target) -> List[dict]:
@@ -566,7 +629,9 @@ def _ms(seconds: Optional[float]) -> Optional[float]:
 
 # How the worst of several runs is taken, column by column.
 WORST = {"throughput": min, "p50_ms": max, "p99_ms": max, "loads_per_request": max,
-         "overlap": max, "errors": max, "lb_cpu_us_per_request": max, "steal": max}
+         "overlap": max, "errors": max, "lb_cpu_us_per_request": max, "steal": max,
+         "workers_cpu_us_per_request": max, "database_cpu_us_per_request": max,
+         "cpu_us_per_request": max}
 
 
 def worst_of(rows: List[dict]) -> dict:
@@ -672,6 +737,26 @@ def served_shares(report: dict, workers: int) -> List[float]:
         return []
     counts += [0] * max(0, workers - len(counts))
     return sorted(count * workers / total for count in counts)
+
+
+def format_cpu(rows: List[dict]) -> str:
+    """A line per balancer: the CPU time a response took in its LBs, its
+    workers (the application's servers) and the database server, and
+    in all of them."""
+    several = any("runs" in row for row in rows)
+    lines = ["CPU time a response took, in microseconds%s:"
+             % (" (each the most of any run)" if several else "")]
+    width = max(len(row["balancer"]) for row in rows)
+    for row in rows:
+        if row.get("cpu_us_per_request") is None:
+            continue
+        parts = [("LB", row.get("lb_cpu_us_per_request")),
+                 ("workers", row.get("workers_cpu_us_per_request")),
+                 ("database", row.get("database_cpu_us_per_request")),
+                 ("together", row["cpu_us_per_request"])]
+        lines.append("  %s  %s" % (row["balancer"].ljust(width), "  ".join(
+            "%s %.0f" % (label, value) for label, value in parts if value is not None)))
+    return "\n".join(lines) if len(lines) > 1 else ""
 
 
 def format_served(rows: List[dict], workers: int) -> str:
@@ -1015,7 +1100,8 @@ def text_report(args: argparse.Namespace, result: dict) -> str:
     each = format_runs(result["results"])
     if each:
         parts.append(each)
-    for shares in (format_loading(result["results"]),
+    for shares in (format_cpu(result["results"]),
+                   format_loading(result["results"]),
                    format_served(result["results"], args.workers),
                    format_busy(result["results"])):
         if shares:

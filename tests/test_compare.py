@@ -65,6 +65,10 @@ def test_tiny_run_prints_three_rows_without_errors(tmp_path):
     for line in shares.group(1).splitlines():  # two workers each, least to most
         low, high = (float(share) for share in re.findall(NUMBER + "%", line))
         assert 0 <= low <= high, line
+    for name in compare.BALANCERS:  # the app servers' CPU time, no database
+        cpu = re.search(r"^  %s\s+LB \d+  workers (\d+)  together \d+$" % re.escape(name),
+                        out, re.M)
+        assert cpu and int(cpu.group(1)) > 0, out
     assert (tmp_path / "run" / "haproxy-hash.cfg").exists()
     assert (tmp_path / "run" / "zc-lb-lb.log").exists()
 
@@ -135,6 +139,45 @@ def test_ratios_and_table():
     assert lines[3].split()[-1] == "-"  # unknown steal
 
 
+def test_cpu_a_response_took_is_said_by_part_and_together():
+    cpu = {"lb": 0.5, "workers": 6.0, "database": 1.5}
+    row = compare.cpu_row({"responses": 2000}, cpu, database=True)
+    assert row == {"workers_cpu_us_per_request": 3000.0, "database_cpu_us_per_request": 750.0,
+                   "cpu_us_per_request": 4000.0}
+    row["lb_cpu_us_per_request"] = 250.0
+    cache = dict(compare.cpu_row({"responses": 2000}, dict(cpu, database=0.0), database=False),
+                 lb_cpu_us_per_request=250.0)
+    assert cache["database_cpu_us_per_request"] is None and cache["cpu_us_per_request"] == 3250.0
+    assert compare.cpu_row({"responses": 0}, cpu, database=True) == {}
+    rows = [dict(row, balancer="zc-lb"), dict(cache, balancer="leastconn"),
+            {"balancer": "hash"}]  # (no responses: no line)
+    assert compare.format_cpu(rows).splitlines() == [
+        "CPU time a response took, in microseconds:",
+        "  zc-lb      LB 250  workers 3000  database 750  together 4000",
+        "  leastconn  LB 250  workers 3000  together 3250"]
+    worst = compare.worst_of([dict(rows[0], throughput=1.0),
+                              dict(rows[0], throughput=2.0, cpu_us_per_request=5000.0)])
+    assert worst["cpu_us_per_request"] == 5000.0
+    assert "(each the most of any run)" in compare.format_cpu([worst])
+
+
+def test_a_servers_cpu_counts_the_processes_it_started():
+    # (gunicorn's arbiter starts the worker that serves)
+    parent = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while len(compare.with_children([parent.pid])) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        family = compare.with_children([parent.pid])
+        assert family[0] == parent.pid and len(family) == 3
+        assert compare.cpu_seconds(family) >= 0.0
+    finally:
+        subprocess.run(["pkill", "-P", str(parent.pid)])
+        parent.kill()
+        parent.wait()
+    assert compare.cpu_seconds([parent.pid]) == 0.0  # (ended: counts nothing)
+
+
 def test_steal_is_the_share_of_ticks_stolen_between_readings():
     assert compare.stolen((10, 1000), (40, 1600)) == 0.05
     assert compare.stolen(None, (40, 1600)) is None
@@ -190,6 +233,12 @@ def test_the_zodb_case_runs_each_balancer_on_its_own_zeo_server(tmp_path):
         # (the measured pages were read in the warm-up, some evicted since)
         assert 0 < loads < 11, out
         assert errors == "0", out
+    for name in ("zc-lb", "leastconn"):  # the database's CPU time beside the LB's and workers'
+        cpu = re.search(r"^  %s\s+LB (\d+)  workers (\d+)  database (\d+)  together (\d+)$"
+                        % re.escape(name), out, re.M)
+        assert cpu, out
+        lb, workers, database, together = (int(n) for n in cpu.groups())
+        assert workers > 0 and database > 0 and abs(lb + workers + database - together) <= 2
     assert (tmp_path / "run" / "zeo-zc-lb.log").exists()
     assert "floor" not in out  # (the cache model's; none for a real database)
 
