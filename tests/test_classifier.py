@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import os.path
 import time
 
@@ -162,6 +163,13 @@ def test_a_site_classifier_that_blocks_is_logged_once_and_moved_to_threads(caplo
     status = classify.status()
     assert status["threaded"] and status["slow_calls"] == 9
     assert len([r for r in caplog.records if "blocking" in r.getMessage()]) == 1
+    # Closed (the LB stops), its threads end, not left for the process's life.
+    threads = len(os.listdir("/proc/self/task"))
+    classify.close()
+    deadline = time.monotonic() + 5
+    while len(os.listdir("/proc/self/task")) > threads - 8 and time.monotonic() < deadline:
+        gevent.sleep(0.01)
+    assert len(os.listdir("/proc/self/task")) <= threads - 8
 
 
 @pytest.mark.parametrize("spec", [

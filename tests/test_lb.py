@@ -26,6 +26,21 @@ def test_a_class_and_an_affinity_key_per_request():
     assert lb._classify({"PATH_INFO": "/x"}) == ("42", None)
 
 
+def test_a_stopped_lb_closes_a_classifier_that_can_be_closed():
+    closed = []
+
+    class Classifier:  # (as routing/guard.py's, once moved to threads)
+        def __call__(self, environ):
+            return "a"
+
+        def close(self):
+            closed.append(True)
+
+    make_lb(lambda environ: "a").stop()  # (a plain function: nothing to close)
+    make_lb(Classifier()).stop()
+    assert closed == [True]
+
+
 def test_a_long_class_is_cut_to_a_bounded_name_that_keeps_classes_apart():
     # An 8 KiB Host header must not become an 8 KiB class, kept in every
     # worker's résumé and the LB's pool.

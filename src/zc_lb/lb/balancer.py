@@ -147,11 +147,15 @@ class LB:
         return self.flight.requests
 
     def stop(self) -> None:
-        """Close every worker connection."""
+        """Close every worker connection, and end a site classifier's
+        threads (routing/guard.py)."""
         self.awaiting.stop()
         if self._no_worker_watch is not None:
             self._no_worker_watch.kill(block=False)
         self.fleet.stop()
+        close = getattr(self.classifier, "close", None)
+        if close is not None:
+            close()
 
     def _tick(self, now: float) -> None:
         """The periodic chores (from the watchdog, lb/awaiting.py)."""

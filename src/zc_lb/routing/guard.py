@@ -77,6 +77,11 @@ class Guarded:
                         "docs/reference/failures.rst)", self.what, self.name,
                         elapsed * 1000, self.threads, self.what)
 
+    def close(self) -> None:
+        """End the threads, if ``func`` was moved to them (the LB stops)."""
+        if self.pool is not None:
+            self.pool.kill()
+
     def status(self) -> dict:
         return {"name": self.name, "threaded": self.pool is not None,
                 "slow_calls": self.slow_calls, "slowest": round(self.slowest, 6)}
