@@ -700,18 +700,24 @@ def format_table(rows: List[dict]) -> str:
 
 
 def format_runs(rows: List[dict]) -> str:
-    """With ``--runs``: a line per balancer, each run's throughput, p99
-    and loads, in the order they ran (the table above has the worst)."""
-    lines = ["each run (req/s, p99 ms, loads/req), the table's row being the worst of them:"]
+    """With ``--runs``: a line per balancer, each run's throughput, p99,
+    loads and CPU time a response took in all (``cpu_row``), in the
+    order they ran (the table above has the worst)."""
+    lines = ["each run (req/s, p99 ms, loads/req, CPU us/req in all), the table's row being "
+             "the worst of them:"]
     width = max(len(row["balancer"]) for row in rows)
     for row in rows:
         if "runs" in row:
             lines.append("  %s  %s" % (row["balancer"].ljust(width), "  ".join(
-                "%.0f %.1f %s" % (run["throughput"], run["p99_ms"],
-                                  "-" if run.get("loads_per_request") is None
-                                  else "%.3f" % run["loads_per_request"])
+                "%.0f %.1f %s %s" % (run["throughput"], run["p99_ms"],
+                                     _or_dash("%.3f", run.get("loads_per_request")),
+                                     _or_dash("%.0f", run.get("cpu_us_per_request")))
                 for run in row["runs"])))
     return "\n".join(lines) if len(lines) > 1 else ""
+
+
+def _or_dash(fmt: str, value: Optional[float]) -> str:
+    return "-" if value is None else fmt % value
 
 
 def format_loading(rows: List[dict]) -> str:

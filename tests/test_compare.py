@@ -331,9 +331,11 @@ def test_each_balancers_zookeeper_tree_is_its_own_and_removed_after(zk_hosts):
 
 def test_several_runs_are_reported_by_the_worst_of_each_column():
     runs = [{"balancer": "zc-lb", "throughput": 3000.0, "p50_ms": 2.0, "p99_ms": 80.0,
-             "loads_per_request": 0.087, "errors": 0, "report": "first"},
+             "loads_per_request": 0.087, "errors": 0, "report": "first",
+             "cpu_us_per_request": 520.4},
             {"balancer": "zc-lb", "throughput": 2800.0, "p50_ms": 3.0, "p99_ms": 50.0,
-             "loads_per_request": 0.098, "errors": 1, "report": "second"},
+             "loads_per_request": 0.098, "errors": 1, "report": "second",
+             "cpu_us_per_request": 560.0},
             {"balancer": "zc-lb", "throughput": 3300.0, "p50_ms": 1.0, "p99_ms": 55.0,
              "loads_per_request": 0.090, "errors": 0, "report": "third"}]
     worst = compare.worst_of(runs)
@@ -342,8 +344,8 @@ def test_several_runs_are_reported_by_the_worst_of_each_column():
     assert worst["report"] == "second" and worst["runs"] == runs  # (the run that loaded most)
     assert compare.worst_of(runs[:1]) is runs[0]
     lines = compare.format_runs([worst]).splitlines()
-    assert lines[1].split() == ["zc-lb", "3000", "80.0", "0.087", "2800", "50.0", "0.098",
-                                "3300", "55.0", "0.090"]
+    assert lines[1].split() == ["zc-lb", "3000", "80.0", "0.087", "520", "2800", "50.0", "0.098",
+                                "560", "3300", "55.0", "0.090", "-"]
     assert compare.format_runs(runs[:1]) == ""  # (one run: the table says it all)
     with pytest.raises(SystemExit):
         compare.main(["x.log", "--runs", "0"])
