@@ -486,9 +486,10 @@ def with_children(pids: Sequence[int]) -> List[int]:
     return found
 
 
-def steal_clock() -> Optional[Tuple[int, int]]:
-    """(stolen, all) clock ticks of this machine's CPUs so far, from the
-    first line of /proc/stat; None where there is no such file."""
+def steal_clock() -> Optional[Tuple[int, int, int]]:
+    """(stolen, idle, all) clock ticks of this machine's CPUs so far (idle
+    with iowait), from the first line of /proc/stat; None where there is
+    no such file."""
     try:
         with open("/proc/stat") as f:
             fields = f.readline().split()
@@ -498,15 +499,27 @@ def steal_clock() -> Optional[Tuple[int, int]]:
         return None
     # user nice system idle iowait irq softirq steal (guest time is in user)
     ticks = [int(field) for field in fields[1:9]]
-    return ticks[7], sum(ticks)
+    return ticks[7], ticks[3] + ticks[4], sum(ticks)
 
 
-def stolen(before: Optional[Tuple[int, int]], after: Optional[Tuple[int, int]]
-           ) -> Optional[float]:
+Clock = Optional[Tuple[int, int, int]]
+
+
+def stolen(before: Clock, after: Clock) -> Optional[float]:
     """The share of CPU time stolen between two ``steal_clock`` readings."""
-    if before is None or after is None or after[1] <= before[1]:
+    if before is None or after is None or after[2] <= before[2]:
         return None
-    return (after[0] - before[0]) / (after[1] - before[1])
+    return (after[0] - before[0]) / (after[2] - before[2])
+
+
+def busy(before: Clock, after: Clock) -> Optional[float]:
+    """The share of the machine's CPU time spent working between two
+    ``steal_clock`` readings (neither idle nor stolen): near 1, the run
+    was bound by the CPUs, whatever else its balancer did."""
+    if before is None or after is None or after[2] <= before[2]:
+        return None
+    idle = (after[1] - before[1]) + (after[0] - before[0])
+    return 1.0 - idle / (after[2] - before[2])
 
 
 def measure(name: str, warmup: list, entries: list, args: argparse.Namespace,
@@ -526,7 +539,8 @@ def measure(name: str, warmup: list, entries: list, args: argparse.Namespace,
             report = replay(entries, target.urls, stats_urls=target.stats_urls or None,
                             progress=progress, **options)
         cpu = {part: cpu_seconds(pids) - before[part] for part, pids in parts.items()}
-        steal = stolen(clock, steal_clock())
+        clock_after = steal_clock()
+        steal, cpus_busy = stolen(clock, clock_after), busy(clock, clock_after)
         if loads is not None:  # the database's own count
             report["server_loads"] = server_loads(target.zeo) - loads  # type: ignore[arg-type]
         statuses = lb_statuses(target)
@@ -535,6 +549,7 @@ def measure(name: str, warmup: list, entries: list, args: argparse.Namespace,
     if "server_loads" in report and report["responses"]:
         row["loads_per_request"] = report["server_loads"] / report["responses"]
     row["steal"] = steal
+    row["cpus_busy"] = cpus_busy
     if target.statuses:  # (zc-lb: its LBs' status says each worker's backlog)
         row["backlogs"] = backlogs.summary()
     # (the ZODB app's loads cost what the ZEO server takes, plus any delay)
@@ -631,7 +646,7 @@ def _ms(seconds: Optional[float]) -> Optional[float]:
 WORST = {"throughput": min, "p50_ms": max, "p99_ms": max, "loads_per_request": max,
          "overlap": max, "errors": max, "lb_cpu_us_per_request": max, "steal": max,
          "workers_cpu_us_per_request": max, "database_cpu_us_per_request": max,
-         "cpu_us_per_request": max}
+         "cpu_us_per_request": max, "cpus_busy": max}
 
 
 def worst_of(rows: List[dict]) -> dict:
@@ -748,7 +763,7 @@ def served_shares(report: dict, workers: int) -> List[float]:
 def format_cpu(rows: List[dict]) -> str:
     """A line per balancer: the CPU time a response took in its LBs, its
     workers (the application's servers) and the database server, and
-    in all of them."""
+    in all of them; and how busy the machine's CPUs were (``busy``)."""
     several = any("runs" in row for row in rows)
     lines = ["CPU time a response took, in microseconds%s:"
              % (" (each the most of any run)" if several else "")]
@@ -760,8 +775,10 @@ def format_cpu(rows: List[dict]) -> str:
                  ("workers", row.get("workers_cpu_us_per_request")),
                  ("database", row.get("database_cpu_us_per_request")),
                  ("together", row["cpu_us_per_request"])]
-        lines.append("  %s  %s" % (row["balancer"].ljust(width), "  ".join(
-            "%s %.0f" % (label, value) for label, value in parts if value is not None)))
+        cpus = row.get("cpus_busy")
+        lines.append("  %s  %s%s" % (row["balancer"].ljust(width), "  ".join(
+            "%s %.0f" % (label, value) for label, value in parts if value is not None),
+            "" if cpus is None else "; the machine's CPUs %.0f%% busy" % (100.0 * cpus)))
     return "\n".join(lines) if len(lines) > 1 else ""
 
 

@@ -66,8 +66,8 @@ def test_tiny_run_prints_three_rows_without_errors(tmp_path):
         low, high = (float(share) for share in re.findall(NUMBER + "%", line))
         assert 0 <= low <= high, line
     for name in compare.BALANCERS:  # the app servers' CPU time, no database
-        cpu = re.search(r"^  %s\s+LB \d+  workers (\d+)  together \d+$" % re.escape(name),
-                        out, re.M)
+        cpu = re.search(r"^  %s\s+LB \d+  workers (\d+)  together \d+; "
+                        r"the machine's CPUs \d+%% busy$" % re.escape(name), out, re.M)
         assert cpu and int(cpu.group(1)) > 0, out
     assert (tmp_path / "run" / "haproxy-hash.cfg").exists()
     assert (tmp_path / "run" / "zc-lb-lb.log").exists()
@@ -151,9 +151,11 @@ def test_cpu_a_response_took_is_said_by_part_and_together():
     assert compare.cpu_row({"responses": 0}, cpu, database=True) == {}
     rows = [dict(row, balancer="zc-lb"), dict(cache, balancer="leastconn"),
             {"balancer": "hash"}]  # (no responses: no line)
+    rows[0]["cpus_busy"] = 0.973
     assert compare.format_cpu(rows).splitlines() == [
         "CPU time a response took, in microseconds:",
-        "  zc-lb      LB 250  workers 3000  database 750  together 4000",
+        "  zc-lb      LB 250  workers 3000  database 750  together 4000; "
+        "the machine's CPUs 97% busy",
         "  leastconn  LB 250  workers 3000  together 3250"]
     worst = compare.worst_of([dict(rows[0], throughput=1.0),
                               dict(rows[0], throughput=2.0, cpu_us_per_request=5000.0)])
@@ -178,13 +180,15 @@ def test_a_servers_cpu_counts_the_processes_it_started():
     assert compare.cpu_seconds([parent.pid]) == 0.0  # (ended: counts nothing)
 
 
-def test_steal_is_the_share_of_ticks_stolen_between_readings():
-    assert compare.stolen((10, 1000), (40, 1600)) == 0.05
-    assert compare.stolen(None, (40, 1600)) is None
-    assert compare.stolen((10, 1000), (10, 1000)) is None  # no time passed
+def test_steal_and_busy_are_shares_of_the_ticks_between_readings():
+    assert compare.stolen((10, 300, 1000), (40, 400, 1600)) == 0.05
+    assert compare.busy((10, 300, 1000), (40, 400, 1600)) == 1.0 - 130 / 600
+    for share in (compare.stolen, compare.busy):
+        assert share(None, (40, 400, 1600)) is None
+        assert share((10, 300, 1000), (10, 300, 1000)) is None  # no time passed
     clock = compare.steal_clock()
     if Path("/proc/stat").exists():
-        assert clock is not None and 0 <= clock[0] <= clock[1]
+        assert clock is not None and 0 <= clock[0] <= clock[2] and 0 <= clock[1] <= clock[2]
 
 
 def test_loading_is_each_workers_loads_times_the_miss_cost_over_the_replay():
@@ -234,8 +238,8 @@ def test_the_zodb_case_runs_each_balancer_on_its_own_zeo_server(tmp_path):
         assert 0 < loads < 11, out
         assert errors == "0", out
     for name in ("zc-lb", "leastconn"):  # the database's CPU time beside the LB's and workers'
-        cpu = re.search(r"^  %s\s+LB (\d+)  workers (\d+)  database (\d+)  together (\d+)$"
-                        % re.escape(name), out, re.M)
+        cpu = re.search(r"^  %s\s+LB (\d+)  workers (\d+)  database (\d+)  together (\d+); "
+                        r"the machine's CPUs \d+%% busy$" % re.escape(name), out, re.M)
         assert cpu, out
         lb, workers, database, together = (int(n) for n in cpu.groups())
         assert workers > 0 and database > 0 and abs(lb + workers + database - together) <= 2
