@@ -486,7 +486,10 @@ def with_children(pids: Sequence[int]) -> List[int]:
     return found
 
 
-def steal_clock() -> Optional[Tuple[int, int, int]]:
+Clock = Optional[Tuple[int, int, int]]
+
+
+def cpu_clock() -> Clock:
     """(stolen, idle, all) clock ticks of this machine's CPUs so far (idle
     with iowait), from the first line of /proc/stat; None where there is
     no such file."""
@@ -502,11 +505,8 @@ def steal_clock() -> Optional[Tuple[int, int, int]]:
     return ticks[7], ticks[3] + ticks[4], sum(ticks)
 
 
-Clock = Optional[Tuple[int, int, int]]
-
-
 def stolen(before: Clock, after: Clock) -> Optional[float]:
-    """The share of CPU time stolen between two ``steal_clock`` readings."""
+    """The share of CPU time stolen between two ``cpu_clock`` readings."""
     if before is None or after is None or after[2] <= before[2]:
         return None
     return (after[0] - before[0]) / (after[2] - before[2])
@@ -514,12 +514,12 @@ def stolen(before: Clock, after: Clock) -> Optional[float]:
 
 def busy(before: Clock, after: Clock) -> Optional[float]:
     """The share of the machine's CPU time spent working between two
-    ``steal_clock`` readings (neither idle nor stolen): near 1, the run
+    ``cpu_clock`` readings (neither idle nor stolen): near 1, the run
     was bound by the CPUs, whatever else its balancer did."""
     if before is None or after is None or after[2] <= before[2]:
         return None
-    idle = (after[1] - before[1]) + (after[0] - before[0])
-    return 1.0 - idle / (after[2] - before[2])
+    idle, steal = after[1] - before[1], after[0] - before[0]
+    return 1.0 - (idle + steal) / (after[2] - before[2])
 
 
 def measure(name: str, warmup: list, entries: list, args: argparse.Namespace,
@@ -534,13 +534,13 @@ def measure(name: str, warmup: list, entries: list, args: argparse.Namespace,
         loads = None if target.zeo is None else server_loads(target.zeo)
         parts = {"lb": target.lb_pids, "workers": with_children(target.server_pids),
                  "database": with_children(target.database_pids)}
-        before, clock = {part: cpu_seconds(pids) for part, pids in parts.items()}, steal_clock()
+        before, clock = {part: cpu_seconds(pids) for part, pids in parts.items()}, cpu_clock()
         with BacklogSampler(target.statuses, app_bound(args)) as backlogs:
             report = replay(entries, target.urls, stats_urls=target.stats_urls or None,
                             progress=progress, **options)
         cpu = {part: cpu_seconds(pids) - before[part] for part, pids in parts.items()}
-        clock_after = steal_clock()
-        steal, cpus_busy = stolen(clock, clock_after), busy(clock, clock_after)
+        after = cpu_clock()
+        steal, cpus_busy = stolen(clock, after), busy(clock, after)
         if loads is not None:  # the database's own count
             report["server_loads"] = server_loads(target.zeo) - loads  # type: ignore[arg-type]
         statuses = lb_statuses(target)
