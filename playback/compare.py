@@ -450,18 +450,26 @@ def start_target(name: str, args: argparse.Namespace, run_dir: Path):
 # -- measuring ----------------------------------------------------------------
 
 
-def cpu_seconds(pids: Sequence[int]) -> float:
-    """utime + stime of ``pids`` in seconds, from /proc (a process that
-    has ended counts nothing)."""
-    ticks = 0
+def cpu_times(pids: Sequence[int]) -> Dict[int, float]:
+    """Each of ``pids`` still running -> its utime + stime in seconds,
+    from /proc."""
+    times = {}
     for pid in pids:
         try:
             with open("/proc/%d/stat" % pid) as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
-            continue
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
+            continue  # (ended)
+        times[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return times
+
+
+def cpu_used(before: Dict[int, float], after: Dict[int, float]) -> float:
+    """The CPU seconds used between two ``cpu_times`` readings: what each
+    process running at the second used since the first, all it used if
+    it started since (a server that replaced a worker); a process that
+    ended between them counts nothing."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
 
 
 def with_children(pids: Sequence[int]) -> List[int]:
@@ -532,13 +540,18 @@ def measure(name: str, warmup: list, entries: list, args: argparse.Namespace,
         if target.zeo is not None:
             from .zodbapp import server_loads
         loads = None if target.zeo is None else server_loads(target.zeo)
-        parts = {"lb": target.lb_pids, "workers": with_children(target.server_pids),
-                 "database": with_children(target.database_pids)}
-        before, clock = {part: cpu_seconds(pids) for part, pids in parts.items()}, cpu_clock()
+        # (each part with the processes it started: ``zc-lb lb --processes``'
+        # children, gunicorn's worker; looked up again after, for any that
+        # replaced one that ended)
+        parts = {"lb": target.lb_pids, "workers": target.server_pids,
+                 "database": target.database_pids}
+        before = {part: cpu_times(with_children(pids)) for part, pids in parts.items()}
+        clock = cpu_clock()
         with BacklogSampler(target.statuses, app_bound(args)) as backlogs:
             report = replay(entries, target.urls, stats_urls=target.stats_urls or None,
                             progress=progress, **options)
-        cpu = {part: cpu_seconds(pids) - before[part] for part, pids in parts.items()}
+        cpu = {part: cpu_used(before[part], cpu_times(with_children(pids)))
+               for part, pids in parts.items()}
         after = cpu_clock()
         steal, cpus_busy = stolen(clock, after), busy(clock, after)
         if loads is not None:  # the database's own count

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import os.path
 import time
 

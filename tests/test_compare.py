@@ -164,20 +164,32 @@ def test_cpu_a_response_took_is_said_by_part_and_together():
 
 
 def test_a_servers_cpu_counts_the_processes_it_started():
-    # (gunicorn's arbiter starts the worker that serves)
-    parent = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"])
+    # (gunicorn's arbiter starts the worker that serves; the child here
+    # computes, then waits)
+    parent = subprocess.Popen(["sh", "-c", "(i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; "
+                               "sleep 30) & sleep 30 & wait"])
     try:
-        deadline = time.monotonic() + 10
-        while len(compare.with_children([parent.pid])) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        deadline = time.monotonic() + 20
         family = compare.with_children([parent.pid])
+        while (len(family) < 3 or sum(compare.cpu_times(family[1:]).values()) < 0.05) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+            family = compare.with_children([parent.pid])
         assert family[0] == parent.pid and len(family) == 3
-        assert compare.cpu_seconds(family) >= 0.0
+        assert sum(compare.cpu_times(family[1:]).values()) >= 0.05  # the children's own
     finally:
         subprocess.run(["pkill", "-P", str(parent.pid)])
         parent.kill()
         parent.wait()
-    assert compare.cpu_seconds([parent.pid]) == 0.0  # (ended: counts nothing)
+    # (ended: not read; the pid is not reused so soon)
+    assert parent.pid not in compare.cpu_times([parent.pid])
+
+
+def test_cpu_used_is_never_less_than_nothing_when_a_process_ends_or_starts():
+    before = {1: 10.0, 2: 5.0}
+    after = {1: 12.5, 3: 0.75}  # (2 ended; 3 started and used 0.75 s)
+    assert compare.cpu_used(before, after) == 2.5 + 0.75
+    assert compare.cpu_used(before, {}) == 0.0
 
 
 def test_steal_and_busy_are_shares_of_the_ticks_between_readings():
