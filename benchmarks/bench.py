@@ -98,7 +98,8 @@ import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from zc_lb.testing import ProcessError, free_port, stop_process, wait_for_port
+from zc_lb.testing import (ProcessError, cpu_times, cpu_used, free_port, stop_process,
+                            wait_for_port, with_children)
 
 BODY = b"Hello, world\n"
 ROOT = Path(__file__).resolve().parents[1]  # the checkout
@@ -370,12 +371,6 @@ def make_pki(directory: str) -> Dict[str, str]:
             "lb": os.path.join(directory, "lb")}
 
 
-def children(pid: int) -> List[int]:
-    """The child processes of ``pid`` (Linux /proc)."""
-    with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
-        return [int(p) for p in f.read().split()]
-
-
 def lb_processes_target(processes: int):
     """The LB alone, as ``--processes N``, in front of SCALE_WORKERS workers."""
 
@@ -383,7 +378,7 @@ def lb_processes_target(processes: int):
     def target(args: argparse.Namespace) -> Iterator[Target]:
         with zc_lb_cluster(args, ["benchmarks.bench:hello_app", "--greenlets"], SCALE_WORKERS,
                            ("--processes", str(processes))) as (address, lb, workers):
-            pids = [lb.pid] + (children(lb.pid) if processes > 1 else [])
+            pids = with_children([lb.pid]) if processes > 1 else [lb.pid]
             yield "http://%s/" % address, pids, [p.pid for p in workers]
 
     return target
@@ -476,16 +471,6 @@ TARGET_FACTORIES = {"zc-lb": zc_lb_target, "zc-lb-tls": zc_lb_tls_target,
 # -- measuring -------------------------------------------------------------
 
 
-def cpu_seconds(pids: List[int]) -> float:
-    """utime + stime of the processes ``pids``, in seconds, from /proc."""
-    ticks = 0
-    for pid in pids:
-        with open("/proc/%d/stat" % pid) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
 UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60000.0, "h": 3600000.0}
 
 
@@ -537,13 +522,14 @@ def measure(name: str, args: argparse.Namespace) -> Dict[str, object]:
         check_response(url)
         if args.warmup:
             run_wrk(args.wrk, url, args.warmup, connections)
-        before = cpu_seconds(lb_pids), cpu_seconds(worker_pids)
+        before = cpu_times(lb_pids), cpu_times(worker_pids)
         result: Dict[str, object] = dict(parse_wrk(
             run_wrk(args.wrk, url, args.seconds, connections)))
-        after = cpu_seconds(lb_pids), cpu_seconds(worker_pids)
+        after = cpu_times(lb_pids), cpu_times(worker_pids)
     requests = max(int(result["requests"]), 1)  # type: ignore[call-overload]
-    result["lb_cpu_us_per_req"] = (after[0] - before[0]) * 1e6 / requests if lb_pids else None
-    result["worker_cpu_us_per_req"] = (after[1] - before[1]) * 1e6 / requests
+    result["lb_cpu_us_per_req"] = (cpu_used(before[0], after[0]) * 1e6 / requests
+                                   if lb_pids else None)
+    result["worker_cpu_us_per_req"] = cpu_used(before[1], after[1]) * 1e6 / requests
     result["target"] = name
     return result
 

@@ -95,7 +95,8 @@ from .cacheapp import ENV_PREFIX, STATS_PATH
 from .logparse import (DEFAULT_HOST_SUFFIX, FORMATS, check_host_depth, positive_int,
                        read_entries)
 from .replay import replay
-from zc_lb.testing import ProcessError, free_port, stop_process, wait_for_port
+from zc_lb.testing import (ProcessError, cpu_times, cpu_used, free_port, stop_process,
+                            wait_for_port, with_children)
 
 # The cache model's module, as this package is named: zc_lb.playback when
 # installed, playback when run in a checkout.
@@ -448,50 +449,6 @@ def start_target(name: str, args: argparse.Namespace, run_dir: Path):
 
 
 # -- measuring ----------------------------------------------------------------
-
-
-def cpu_times(pids: Sequence[int]) -> Dict[int, float]:
-    """Each of ``pids`` still running -> its utime + stime in seconds,
-    from /proc."""
-    times = {}
-    for pid in pids:
-        try:
-            with open("/proc/%d/stat" % pid) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # (ended)
-        times[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return times
-
-
-def cpu_used(before: Dict[int, float], after: Dict[int, float]) -> float:
-    """The CPU seconds used between two ``cpu_times`` readings: what each
-    process running at the second used since the first, all it used if
-    it started since (a server that replaced a worker); a process that
-    ended between them counts nothing."""
-    return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
-
-
-def with_children(pids: Sequence[int]) -> List[int]:
-    """``pids`` and every process they started, and those started in turn
-    (gunicorn's arbiter serves nothing itself: its worker does), from
-    the parent ids in /proc."""
-    parents: Dict[int, List[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open("/proc/%s/stat" % entry) as f:
-                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            parents.setdefault(parent, []).append(int(entry))
-    found, todo = [], list(pids)
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.append(pid)
-            todo.extend(parents.get(pid, ()))
-    return found
 
 
 Clock = Optional[Tuple[int, int, int]]

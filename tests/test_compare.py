@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from zc_lb import testing  # noqa: E402
 from zc_lb.playback import compare  # noqa: E402
 
 HAVE_HAPROXY = shutil.which("haproxy", path="/usr/sbin:/usr/bin")
@@ -170,26 +171,26 @@ def test_a_servers_cpu_counts_the_processes_it_started():
                                "sleep 30) & sleep 30 & wait"])
     try:
         deadline = time.monotonic() + 20
-        family = compare.with_children([parent.pid])
-        while (len(family) < 3 or sum(compare.cpu_times(family[1:]).values()) < 0.05) \
+        family = testing.with_children([parent.pid])
+        while (len(family) < 3 or sum(testing.cpu_times(family[1:]).values()) < 0.05) \
                 and time.monotonic() < deadline:
             time.sleep(0.05)
-            family = compare.with_children([parent.pid])
+            family = testing.with_children([parent.pid])
         assert family[0] == parent.pid and len(family) == 3
-        assert sum(compare.cpu_times(family[1:]).values()) >= 0.05  # the children's own
+        assert sum(testing.cpu_times(family[1:]).values()) >= 0.05  # the children's own
     finally:
         subprocess.run(["pkill", "-P", str(parent.pid)])
         parent.kill()
         parent.wait()
     # (ended: not read; the pid is not reused so soon)
-    assert parent.pid not in compare.cpu_times([parent.pid])
+    assert parent.pid not in testing.cpu_times([parent.pid])
 
 
 def test_cpu_used_is_never_less_than_nothing_when_a_process_ends_or_starts():
     before = {1: 10.0, 2: 5.0}
     after = {1: 12.5, 3: 0.75}  # (2 ended; 3 started and used 0.75 s)
-    assert compare.cpu_used(before, after) == 2.5 + 0.75
-    assert compare.cpu_used(before, {}) == 0.0
+    assert testing.cpu_used(before, after) == 2.5 + 0.75
+    assert testing.cpu_used(before, {}) == 0.0
 
 
 def test_steal_and_busy_are_shares_of_the_ticks_between_readings():

@@ -7,7 +7,9 @@ stop them (SIGTERM, or SIGKILL to simulate a crash).  ``ZooKeeperServer``
 runs a standalone ZooKeeper on a free port in a directory of its own (the
 test suite's, and ``zc-lb compare --lbs N``'s).  ``connection_pair`` joins
 an LB-side and a worker-side ``Connection`` over a socketpair, for
-protocol tests that need no ports.
+protocol tests that need no ports.  ``cpu_times``, ``cpu_used`` and
+``with_children`` count the CPU time processes took (``make bench``,
+``zc-lb compare``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,47 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def cpu_times(pids: Sequence[int]) -> Dict[int, float]:
+    """Each of ``pids`` still running -> its utime + stime in seconds,
+    from /proc."""
+    times = {}
+    for pid in pids:
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # (ended)
+        times[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return times
+
+
+def cpu_used(before: Dict[int, float], after: Dict[int, float]) -> float:
+    """The CPU seconds used between two ``cpu_times`` readings: what each
+    process running at the second used since the first, all it used if
+    it started since (a server that replaced a worker); a process that
+    ended between them counts nothing."""
+    return sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
+
+
+def with_children(pids: Sequence[int]) -> List[int]:
+    """``pids`` and the processes they started, and those started in turn
+    (``zc-lb lb --processes``'s children; gunicorn's arbiter, which
+    serves nothing itself, and its worker), from /proc."""
+    found, todo = [], list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid in found:
+            continue
+        found.append(pid)
+        try:
+            for task in os.listdir("/proc/%d/task" % pid):
+                with open("/proc/%d/task/%s/children" % (pid, task)) as f:
+                    todo.extend(int(child) for child in f.read().split())
+        except OSError:
+            pass  # (ended)
+    return found
 
 
 class ProcessError(RuntimeError):
