@@ -134,11 +134,11 @@ class Target:
     stats_urls: List[str]
     lb_pids: List[int]
     statuses: List[str] = dataclasses.field(default_factory=list)  # zc-lb's status addresses
-    zeo: Optional[str] = None  # --app zodb: the ZEO server's address
-    # the application's servers (zc-lb's workers, or those behind HAProxy)
-    # and the database server's: whose CPU time the run reports
+    database: Optional[Database] = None  # --app zodb: the ZEO server
+    # the application's servers (zc-lb's workers, or those behind
+    # HAProxy): whose CPU time the run reports, with the LBs' and the
+    # database's
     server_pids: List[int] = dataclasses.field(default_factory=list)
-    database_pids: List[int] = dataclasses.field(default_factory=list)
 
 
 # -- processes ------------------------------------------------------------
@@ -289,8 +289,8 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path, name: str = "zc-lb"
         for lb, status in zip(lbs, statuses):
             wait_for_port(status, lb, START_TIMEOUT)
             wait_for_pool(status, workers, args.lbs, lb)
-        yield Target(name, urls, stats_urls, [lb.pid for lb in lbs], statuses, zeo,
-                     server_pids, [database.pid] if database else [])
+        yield Target(name, urls, stats_urls, [lb.pid for lb in lbs], statuses, database,
+                     server_pids)
 
 
 def wait_for_pool(status: str, workers: Sequence[str], lbs: int, lb: subprocess.Popen,
@@ -399,8 +399,7 @@ def haproxy_target(name: str, args: argparse.Namespace, run_dir: Path) -> Iterat
             pids.append(process.pid)
         yield Target(name, ["http://%s" % listen for listen in listens],
                      [] if zeo else ["http://%s%s" % (s, STATS_PATH) for s in servers],
-                     pids, zeo=zeo, server_pids=server_pids,
-                     database_pids=[database.pid] if database else [])
+                     pids, database=database, server_pids=server_pids)
 
 
 def haproxy_config(template: Path, listen: str, servers: Sequence[str]) -> str:
@@ -494,14 +493,15 @@ def measure(name: str, warmup: list, entries: list, args: argparse.Namespace,
     with start_target(name, args, run_dir) as target:
         if warmup:
             replay(warmup, target.urls, **options)
-        if target.zeo is not None:
+        database = target.database
+        if database is not None:
             from .zodbapp import server_loads
-        loads = None if target.zeo is None else server_loads(target.zeo)
+        loads = None if database is None else server_loads(database.address)
         # (each part with the processes it started: ``zc-lb lb --processes``'
         # children, gunicorn's worker; looked up again after, for any that
         # replaced one that ended)
         parts = {"lb": target.lb_pids, "workers": target.server_pids,
-                 "database": target.database_pids}
+                 "database": [database.pid] if database else []}
         before = {part: cpu_times(with_children(pids)) for part, pids in parts.items()}
         clock = cpu_clock()
         with BacklogSampler(target.statuses, app_bound(args)) as backlogs:
@@ -512,10 +512,10 @@ def measure(name: str, warmup: list, entries: list, args: argparse.Namespace,
         after = cpu_clock()
         steal, cpus_busy = stolen(clock, after), busy(clock, after)
         if loads is not None:  # the database's own count
-            report["server_loads"] = server_loads(target.zeo) - loads  # type: ignore[arg-type]
+            report["server_loads"] = server_loads(database.address) - loads  # type: ignore[union-attr]
         statuses = lb_statuses(target)
     row = result_row(name, report, cpu["lb"], statuses)
-    row.update(cpu_row(report, cpu, bool(target.database_pids)))
+    row.update(cpu_row(report, cpu, database is not None))
     if "server_loads" in report and report["responses"]:
         row["loads_per_request"] = report["server_loads"] / report["responses"]
     row["steal"] = steal
