@@ -29,7 +29,7 @@ def test_a_class_and_an_affinity_key_per_request():
 def test_a_stopped_lb_closes_a_classifier_that_can_be_closed():
     closed = []
 
-    class Classifier:  # (as routing/guard.py's, once moved to threads)
+    class Classifier:  # (as lb/guard.py's, once moved to threads)
         def __call__(self, environ):
             return "a"
 

@@ -9,4 +9,6 @@ ejection, health checks, the keys relayed between LBs), ``links`` keeps
 one connection to each worker address, and ``outlier`` ejects a worker
 that fails where its peers do not.  ``relay`` is the request head as the
 front checked it, and ``spool`` holds a response for a slow client.
+``guard`` runs a site's own classifier on the loop, timed, and moves it
+to threads if it blocks.
 """

@@ -148,7 +148,7 @@ class LB:
 
     def stop(self) -> None:
         """Close every worker connection, and end a site classifier's
-        threads (routing/guard.py)."""
+        threads (lb/guard.py)."""
         self.awaiting.stop()
         if self._no_worker_watch is not None:
             self._no_worker_watch.kill(block=False)

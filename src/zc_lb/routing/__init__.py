@@ -1,7 +1,7 @@
 """Routing: which worker gets a request.
 
-``classifier`` gives a request its class (``guard`` runs a site's own on
-the event loop, timed); ``pool`` is the published résumé algorithm and
+``classifier`` gives a request its class (a site's own runs under
+``lb.guard``); ``pool`` is the published résumé algorithm and
 ``affinity`` the default policy built on it, with its parts:
 ``members`` (which workers serve a class), ``placement`` (where a key
 goes among them), ``classstats`` (what it sees of classes and keys),

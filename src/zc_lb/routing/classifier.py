@@ -11,7 +11,7 @@ Specs, as given on the command line or in ZooKeeper:
 ``module:dotted.name``
     Any importable callable taking the environ, e.g. ``myapp.lb:classify``.
     It must not block: it runs in the LB's event loop, timed, and is moved
-    to threads the first time it is slow (routing/guard.py).
+    to threads the first time it is slow (lb/guard.py).
 
 A classifier may return None: the request has no class, and the pool
 sends it to the least loaded worker.
@@ -150,7 +150,7 @@ def get_classifier(spec: str) -> Classifier:
     obj = import_object(spec)
     if not callable(obj):
         raise ConfigurationError("classifier %r is not callable" % spec)
-    from zc_lb.routing.guard import Guarded  # a site's function: timed, and off the loop if it blocks
+    from zc_lb.lb.guard import Guarded  # a site's function: timed, and off the loop if it blocks
 
     return Guarded(obj)
 
