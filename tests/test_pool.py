@@ -548,8 +548,10 @@ def test_get_and_put_touch_only_the_workers_skilled_in_the_class():
     all_workers, all_classes, lru = Counter(), Counter(), Counter()
     per_class = Counter()
     pool.workers = CountingDict(pool.workers, all_workers)
-    pool.skilled = CountingDict(
+    # (every class live, as after a request of each: see routing/skillmap.py)
+    pool.skilled.live = CountingDict(
         {c: CountingDict(s, per_class) for c, s in pool.skilled.items()}, all_classes)
+    pool.skilled.dormant = CountingDict({}, all_classes)
     assert isinstance(pool._lru, OrderedDict)  # the LRU order is an ordered dict
     pool._lru = CountingOrderedDict(pool._lru, lru)
 

@@ -76,8 +76,8 @@ def _start(args: argparse.Namespace) -> LBService:
     lb, fronts, status = build_lb(args)
     # What start-up made (modules, tables) lives as long as the process:
     # out of the collector's passes, which then scan only what serving
-    # makes.  A full pass over a pool of large résumés took 25-40 ms of the
-    # loop with them in, under 15 without (benchmarks: résumé intake).
+    # makes.  (The résumés' classes no request asked for lately stay out
+    # of them too: routing/skillmap.py.)
     gc.freeze()
     service = LBService(lb, fronts, status, args.drain_timeout)
     service.start(args.worker or [], args.health_check, args.health_interval)

@@ -372,9 +372,7 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
         workers done starting follow their shares."""
         slowstart = self.slowstart
         if self.starting:
-            skilled = self.skilled.get(rclass)
-            if skilled is None:
-                skilled = self.skilled[rclass] = {}
+            skilled = self.skilled.setdefault(rclass)
             if slowstart.join(rclass, stats, skilled, self.requests, len(self.workers),
                               self.backlog, self.total, self.unskilled_score):
                 self.skills_version += 1

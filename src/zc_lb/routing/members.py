@@ -101,7 +101,7 @@ from mypy_extensions import trait
 from zc_lb.routing.classstats import (PRIOR, ClassStats, Footprint, KeyHashes, mix, mixed,
                                       stable_hash)
 from zc_lb.routing.locality import Locality
-from zc_lb.routing.pool import PoolWorker
+from zc_lb.routing.pool import PoolWorker, SkillMap
 from zc_lb.routing.relearn import Relearning, adopted, floor_weight
 from zc_lb.routing.slowstart import SlowStart, Starter
 
@@ -194,7 +194,7 @@ class MembersHost:
 
     # the published pool's (``pool.Pool``)
     workers: Dict[Hashable, PoolWorker]
-    skilled: Dict[str, Dict[PoolWorker, float]]
+    skilled: SkillMap[PoolWorker]
     backlog: int
     lbs: int
     unskilled_score: float
@@ -364,9 +364,7 @@ class Members:
             width = self._widen(rclass, stats, members, share)
         elif stats.extra:  # (``widen`` set to 0 while the class was wide)
             stats.extra, stats.pressure = 0, 1.0
-        skilled = pool.skilled.get(rclass)
-        if skilled is None:
-            skilled = pool.skilled[rclass] = {}
+        skilled = pool.skilled.setdefault(rclass)
         if len(skilled) < width and not (skilled and stats.moved >= 1.0):
             # (a class following its moved keys waits for their workers)
             gain = pool.locality.gain(stats)
@@ -578,7 +576,8 @@ class Members:
         Without this a client sending a new Host header with every request (or a
         site with a subdomain per user) would grow the LB without end.  At most
         the classes of two windows and those worth a request are kept.  (Not a
-        class a starter or moved keys gave floors: those outlive it.)"""
+        class a starter or moved keys gave floors: those outlive it.)  Its
+        skills go to sleep (``SkillMap.rest``)."""
         pool = self.pool
         horizon = self.window_start + (window - 1 - self.window_base) * self.window_size
         decay = pool.rate_decay
@@ -590,6 +589,7 @@ class Members:
         for name in idle:
             self.keys_seen -= len(classes[name].keys)
             del classes[name]
+            pool.skilled.rest(name)
 
     def _count_held(self, stats: ClassStats, members: Dict[PoolWorker, float],
                     window: int) -> None:

@@ -186,7 +186,7 @@ from mypy_extensions import trait
 
 from zc_lb.routing.classstats import ClassStats, first_visits, rendezvous_draw
 from zc_lb.routing.locality import FIRST_AT_MEMBER, FIRST_ELSEWHERE, Locality
-from zc_lb.routing.pool import PoolWorker
+from zc_lb.routing.pool import PoolWorker, SkillMap
 from zc_lb.routing.relearn import AWAY, BookEntry, Relearning
 from zc_lb.routing.slowstart import Starter
 
@@ -217,7 +217,7 @@ class PlacementHost:
 
     # the published pool's (``pool.Pool``)
     workers: Dict[Hashable, PoolWorker]
-    skilled: Dict[str, Dict[PoolWorker, float]]
+    skilled: SkillMap[PoolWorker]
     backlog: int
     mbacklog: float
     variance: float
@@ -353,7 +353,7 @@ class Placement:
         starting = self.pool.starting
         if starting and (owner in starting or last in starting):
             return False
-        if last not in self.pool.skilled.get(rclass, EMPTY):
+        if last not in (self.pool.skilled.get(rclass) or EMPTY):
             return False
         max_backlog, min_backlog = self._cap(balance)
         return last.mbacklog - min_backlog <= max_backlog
@@ -454,7 +454,7 @@ class Placement:
         learned it.  (Not the unskilled score of 1 request a second
         against the owner's hundreds: that kept requests queued at the
         owner while the other worker idled, and it never learned.)"""
-        scores = [score for other, score in self.pool.skilled.get(rclass, {}).items()
+        scores = [score for other, score in (self.pool.skilled.get(rclass) or EMPTY).items()
                   if rclass not in other.given]
         return sum(scores) / len(scores) if scores else self.pool.unskilled_score
 

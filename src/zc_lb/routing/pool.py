@@ -35,7 +35,9 @@ and the cap would do nothing just when a pool starts or a class moves.
 
 Cost: ``get`` and ``put`` are O(workers skilled in C); nothing scans all
 classes or all workers.  The LRU order is an ordered dict (O(1) move to
-the end, O(1) first item).
+the end, O(1) first item).  The skills are a ``SkillMap``
+(``routing/skillmap.py``), which holds the classes not requested lately
+out of the cyclic collector's way.
 
 Weak spots, admitted: skills are only as good as the workers' résumés, so
 a changed classifier takes a while to be learned (a worker keeps its
@@ -54,6 +56,7 @@ from collections import OrderedDict
 from typing import (Any, Callable, ClassVar, Container, Dict, Hashable, Iterable, Iterator, List,
                     Mapping, Optional, Set, Tuple)
 
+from zc_lb.routing.skillmap import SkillMap
 from zc_lb.settings import LB_SETTINGS, check
 
 RESUME_STEP = 1000  # changed classes of a résumé taken in between pauses (``new_resume``)
@@ -106,17 +109,13 @@ class PoolWorker:
         )
 
 
-def unskill(skilled_map: Dict[str, Dict[PoolWorker, float]], worker: PoolWorker,
+def unskill(skilled_map: SkillMap[PoolWorker], worker: PoolWorker,
             classes: Iterable[str]) -> None:
     """Take ``worker`` out of the skilled workers of ``classes`` in
-    ``skilled_map`` (class -> worker -> score), and a class left with
-    none out of the map."""
+    ``skilled_map``, and a class left with none out of the map."""
+    remove = skilled_map.remove
     for rclass in classes:
-        skilled = skilled_map.get(rclass)
-        if skilled is not None:
-            skilled.pop(worker, None)
-            if not skilled:
-                del skilled_map[rclass]
+        remove(rclass, worker)
 
 
 def _changes(old: Dict[str, float], new: Dict[Any, Any]) -> Iterator[Tuple[str, float]]:
@@ -161,7 +160,7 @@ class Pool:
         # least recently chosen first
         self._lru: "OrderedDict[PoolWorker, None]" = OrderedDict()
         self._first: Optional[PoolWorker] = None  # its first, if known (``oldest``)
-        self.skilled: Dict[str, Dict[PoolWorker, float]] = {}
+        self.skilled: SkillMap[PoolWorker] = SkillMap()  # class -> worker -> score
         self.backlog = 0
         self.mbacklog = 0.0
         self.dsum = 0.0
@@ -240,6 +239,7 @@ class Pool:
         if worker is None:
             return
         self._forget_skills(worker)
+        self.skilled.forget(worker)
         del self._lru[worker]
         self._first = None
         self.backlog -= worker.backlog
@@ -290,14 +290,11 @@ class Pool:
         of ``_changes``, adding them to ``touched`` (and to ``current``,
         with ``pause``); how many are new to it, or None if it was
         removed during a pause."""
-        skilled_map = self.skilled
+        add = self.skilled.add
         added = steps = 0
         for rclass, score in _changes(old, new):
             added += rclass not in old
-            skilled = skilled_map.get(rclass)
-            if skilled is None:
-                skilled = skilled_map[rclass] = {}
-            skilled[worker] = score
+            add(rclass, worker, score)
             touched.add(rclass)
             if current is not None:
                 current[rclass] = score

@@ -54,6 +54,7 @@ from typing import Dict, Final, Hashable, Optional, Set, Tuple
 
 from zc_lb.routing.classstats import ClassStats
 from zc_lb.routing.pool import PoolWorker, unskill
+from zc_lb.routing.skillmap import SkillMap
 
 RELEARN_SHARE: Final = 0.5  # "most requests hit classes no worker is skilled in"
 BOOK_SIZE = 1 << 16  # keys the book remembers, least recently seen forgotten
@@ -104,7 +105,7 @@ class Relearning:
                  "resets", "adoptions")
 
     def __init__(self, workers: Dict[Hashable, PoolWorker],
-                 skilled: Dict[str, Dict[PoolWorker, float]],
+                 skilled: SkillMap[PoolWorker],
                  classes: Dict[str, ClassStats]) -> None:
         self.workers = workers
         self.skilled = skilled
@@ -269,9 +270,7 @@ class Relearning:
         member, floored at the members' mean (``ADOPTED``), and the first
         time, the old members, which hold other data, no longer count for
         the class until their résumés drop it.  Whether skills changed."""
-        skilled = self.skilled.get(rclass)
-        if skilled is None:
-            skilled = self.skilled[rclass] = {}
+        skilled = self.skilled.setdefault(rclass)
         if not stats.following:  # the old members hold the class's old data
             stats.following = True
             stale = self.stale
@@ -298,7 +297,7 @@ class Relearning:
         before it recruits a stranger.  Whether skills changed."""
         if worker is None or self.workers.get(worker.handle) is not worker:
             return False
-        skilled = self.skilled.setdefault(rclass, {})
+        skilled = self.skilled.setdefault(rclass)
         self.fresh(worker, rclass)
         skilled[worker] = worker.resume[rclass] = unskilled_score
         worker.given.add(rclass)
