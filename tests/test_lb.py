@@ -236,7 +236,8 @@ def test_two_lbs_hear_through_the_workers_where_each_sent_a_key():
             gevent.sleep(0.01)
         for key, handle in placed.items():  # (and the book decides, see test_affinity)
             entry = second.pool.book[mixed(crc32(key.encode()) ^ second.pool.hash_seed)]
-            assert entry[0] == "c" and entry[1].handle.peer == handle.peer, key
+            went = second.pool.relearning.by_ident[entry[1]]
+            assert entry[0] == "c" and went.handle.peer == handle.peer, key
         first.pool.put(busy)
         # A worker that dies: its keys are not sent, the relays go on for
         # the other.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import random
 from collections import Counter
 
@@ -61,12 +62,29 @@ def test_the_book_remembers_the_class_and_worker_a_key_last_went_to():
     for i in range(12):
         rclass, key = "abc"[i % 3], "/%d" % i
         handle, hashes[key], entry = booked(pool, rclass, key)
-        assert entry[:3] == (rclass, pool.workers[handle], False)
+        assert entry[:3] == (rclass, pool.workers[handle].ident, False)
     assert len(pool.book) == 12 and len(set(hashes.values())) == 12
     assert len({pool.book[h][1] for h in hashes.values()}) > 1  # (several workers)
     again, same_hash, entry = booked(pool, "a", "/0")  # seen again: the same entry
     assert same_hash == hashes["/0"] and len(pool.book) == 12
-    assert entry[:3] == ("a", pool.workers[again], False)
+    assert entry[:3] == ("a", pool.workers[again].ident, False)
+    # Numbers and a string: out of the cyclic collector's passes from its
+    # first, however many keys the book holds.
+    gc.collect()
+    assert not any(gc.is_tracked(entry) for entry in pool.book.values())
+
+
+def test_the_book_names_a_worker_by_a_number_no_later_worker_takes():
+    pool = pool_of(2)
+    handle, _, entry = booked(pool, "a", "/x")
+    gone = pool.workers[handle]
+    assert pool.relearning.holder(entry, "a") is gone
+    assert pool.relearning.holder(entry, "b") is None  # (a key of another class)
+    pool.remove(handle)
+    assert pool.relearning.holder(entry, "a") is None
+    pool.add(handle)  # back, under the same handle: a new record, a new number
+    assert pool.workers[handle].ident not in (0, gone.ident)
+    assert pool.relearning.holder(entry, "a") is None
 
 
 def test_a_key_seen_in_a_second_class_is_moved_and_in_a_third_is_shared_for_good():
@@ -74,7 +92,7 @@ def test_a_key_seen_in_a_second_class_is_moved_and_in_a_third_is_shared_for_good
     _, book_hash, _ = booked(pool, "a", "/x")
     handle, same_hash, entry = booked(pool, "b", "/x")  # the same path: one entry
     assert same_hash == book_hash and len(pool.book) == 1
-    assert entry[:3] == ("b", pool.workers[handle], True)
+    assert entry[:3] == ("b", pool.workers[handle].ident, True)
     assert booked(pool, "c", "/x")[2] == SHARED  # moved twice: in several classes
     assert booked(pool, "a", "/x")[2] == SHARED  # and it stays so
     assert booked(pool, "c", "/x")[2] == SHARED
@@ -108,9 +126,9 @@ def test_each_worker_counts_the_keys_the_book_says_went_to_it(monkeypatch):
         in_flight.append(handle)  # (backlogs build up: the bound moves keys on)
         if len(in_flight) > rng.randrange(1, 12):
             pool.put(in_flight.pop(rng.randrange(len(in_flight))))
-        tally = Counter(entry[1] for entry in pool.book.values() if entry[1] is not None)
+        tally = Counter(entry[1] for entry in pool.book.values() if entry[1])
         assert {w: w.booked for w in pool.workers.values()} == {
-            w: tally[w] for w in pool.workers.values()}, i
+            w: tally[w.ident] for w in pool.workers.values()}, i
     assert len(pool.book) == 50
     assert any(entry == SHARED for entry in pool.book.values())
 

@@ -237,6 +237,7 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
 
     def _added(self, worker: PoolWorker) -> None:
         worker.salt = stable_hash(worker.name)
+        self.relearning.add(worker)
         if self.siblings is not None:
             self.by_hash[self.siblings.worker_hash(worker.name)] = worker
         self.skills_version += 1
@@ -418,9 +419,9 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
         if worker is None:
             return entry
         if entry is None:
-            return (rclass, worker, False, AWAY)
-        if entry[0] == rclass and entry[1] is not worker:
-            return (rclass, worker, entry[2], AWAY)
+            return (rclass, worker.ident, False, AWAY)
+        if entry[0] == rclass and entry[1] != worker.ident:
+            return (rclass, worker.ident, entry[2], AWAY)
         return entry
 
     def sent_keys(self, handle: Hashable) -> Dict[str, List[int]]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from bisect import bisect_left
 import hashlib
 import math
-from typing import Dict, Final, List, Optional
+from typing import Dict, Final, List, Optional, Tuple
 
 from zc_lb.routing.pool import PoolWorker
 
@@ -156,17 +156,12 @@ class Footprint:
 
 
 
-class KeyHashes:
-    """A key's hash in its class and in the book, and the last footprint
-    window it was requested in (its first request there counts it in the
-    sketches; the others would change nothing)."""
-
-    __slots__ = ("key_hash", "book_hash", "window")
-
-    def __init__(self, key_hash: int, book_hash: int) -> None:
-        self.key_hash = key_hash
-        self.book_hash = book_hash
-        self.window = -1
+# A key's hash in its class and in the book, and the last footprint window
+# it was requested in (its first request there counts it in the sketches;
+# the others would change nothing).  A tuple of numbers, which Python's
+# cyclic collector stops tracking at its first pass, where a record object
+# for each of up to 65,536 keys would lengthen every full pass.
+KeyHashes = Tuple[int, int, int]
 
 
 class ClassStats:

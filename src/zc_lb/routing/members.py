@@ -98,7 +98,7 @@ from zlib import crc32
 
 from mypy_extensions import trait
 
-from zc_lb.routing.classstats import (PRIOR, ClassStats, Footprint, KeyHashes, mix, mixed,
+from zc_lb.routing.classstats import (PRIOR, ClassStats, Footprint, mix, mixed,
                                       stable_hash)
 from zc_lb.routing.locality import Locality
 from zc_lb.routing.pool import PoolWorker, SkillMap
@@ -303,18 +303,17 @@ class Members:
             crc = crc32(key.encode("utf-8", "surrogateescape"))
             # (the hash in the book is the same in every class, and a path
             # like / is in many: remembered)
-            hashes = KeyHashes(mix(stats.salt ^ crc), mixed(crc ^ pool.hash_seed))
+            hashes = (mix(stats.salt ^ crc), mixed(crc ^ pool.hash_seed), -1)
             if self.keys_seen >= MAX_KEYS_SEEN:
                 self._forget_keys()
-            stats.keys[key] = hashes
             self.keys_seen += 1
-        if hashes.window != window:  # (again in a window, it would change nothing)
-            hashes.window = window
-            key_hash = hashes.key_hash
+        key_hash, book_hash, counted = hashes
+        if counted != window:  # (again in a window, it would change nothing)
+            stats.keys[key] = (key_hash, book_hash, window)
             if stats.footprint.add(key_hash, window) and stats.members:
                 self._hold(stats, stats.members)  # (its keys held, counted again)
             self.footprint.add(key_hash, window)
-        return stats, hashes.key_hash, hashes.book_hash
+        return stats, key_hash, book_hash
 
     def _forget_keys(self) -> None:
         """The classes remember ``MAX_KEYS_SEEN`` keys: forget them all,

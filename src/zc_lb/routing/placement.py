@@ -296,7 +296,7 @@ class Placement:
             # The worker holding the key's data, unless the key went to
             # its owner there before the class grew: a new member may
             # own it now.
-            home = entry[1] if entry is not None and entry[0] == rclass else None
+            home = self.pool.relearning.holder(entry, rclass)
             last = home if entry is not None and (
                 entry[3] == AWAY or entry[3] == stats.joins) else None
             new = entry is None  # (a key no worker has served)
@@ -373,9 +373,7 @@ class Placement:
         never served and never started.)  ``entry`` is what the book
         holds for the key."""
         pool = self.pool
-        home = entry[1] if entry is not None and entry[0] == rclass else None
-        if home is not None and pool.workers.get(home.handle) is not home:
-            home = None
+        home = pool.relearning.holder(entry, rclass)  # (one in the pool)
         least = pool.least_loaded()  # (a starter too: it has no cache to warm)
         assert least is not None
         chosen = home if home is not None and home.backlog <= least.backlog else least

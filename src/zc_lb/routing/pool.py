@@ -67,7 +67,7 @@ class PoolWorker:
 
     __slots__ = ("handle", "backlog", "mbacklog", "dsum", "dcount", "resume",
                  "version", "name", "salt", "given", "held", "booked", "elsewhere",
-                 "sent")
+                 "sent", "ident")
 
     def __init__(self, handle: Hashable, version: Optional[str] = None,
                  name: Optional[str] = None) -> None:
@@ -83,6 +83,7 @@ class PoolWorker:
         self.salt = 0  # the affinity policy's per-worker hash salt
         self.held = 0.0  # and the distinct keys it counts the worker to hold
         self.booked = 0  # keys the book says last went to it (routing/relearn.py)
+        self.ident = 0  # the number the book knows it by (``Relearning.add``)
         # classes the pool made it skilled in at ``unskilled_score``, which
         # its résumé has not scored yet
         self.given: Set[str] = set()

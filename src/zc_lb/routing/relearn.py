@@ -83,12 +83,15 @@ def floor_weight(ratio: float) -> float:
     return 1.0 if ratio < 0.0 else ratio
 
 
-# (class, worker a key last went to, whether it moved between classes,
-# AWAY if that worker is not its owner in rendezvous order, else the
-# class's ``joins`` then: see ``Placement._choose``)
-BookEntry = Tuple[Optional[str], Optional[PoolWorker], bool, int]
+# (class, the ``ident`` of the worker a key last went to (0: none),
+# whether it moved between classes, AWAY if that worker is not its owner
+# in rendezvous order, else the class's ``joins`` then: see
+# ``Placement._choose``).  Numbers and a string, which Python's cyclic
+# collector stops tracking at its first pass: with the worker's record
+# in it, each of the book's 65,536 entries would lengthen every full pass.
+BookEntry = Tuple[Optional[str], int, bool, int]
 AWAY: Final = -1
-SHARED: BookEntry = (None, None, True, AWAY)  # a key of several classes
+SHARED: BookEntry = (None, 0, True, AWAY)  # a key of several classes
 
 
 class Relearning:
@@ -101,8 +104,8 @@ class Relearning:
     ``adoptions``.  ``workers``, ``skilled`` and ``classes`` are the
     pool's maps, which it reads and changes skills in."""
 
-    __slots__ = ("workers", "skilled", "classes", "book", "stale", "unskilled", "armed",
-                 "resets", "adoptions")
+    __slots__ = ("workers", "skilled", "classes", "book", "by_ident", "last_ident", "stale",
+                 "unskilled", "armed", "resets", "adoptions")
 
     def __init__(self, workers: Dict[Hashable, PoolWorker],
                  skilled: SkillMap[PoolWorker],
@@ -112,6 +115,8 @@ class Relearning:
         self.classes = classes
         # key -> (class, worker) it last went to, whether it moved
         self.book: OrderedDict[int, BookEntry] = OrderedDict()
+        self.by_ident: Dict[int, PoolWorker] = {}  # the pool's workers, by ``ident``
+        self.last_ident = 0
         # worker -> classes whose keys moved away from it, while its
         # résumé still lists them
         self.stale: Dict[PoolWorker, Set[str]] = {}
@@ -124,9 +129,25 @@ class Relearning:
         self.resets = 0
         self.adoptions = 0
 
+    def add(self, worker: PoolWorker) -> None:
+        """``worker`` joined the pool: it gets the ``ident`` the book
+        knows it by, never one a worker had before."""
+        self.last_ident += 1
+        worker.ident = self.last_ident
+        self.by_ident[worker.ident] = worker
+
     def remove(self, worker: PoolWorker) -> None:
-        """``worker`` left the pool: its stale skills go with it."""
+        """``worker`` left the pool: its stale skills go with it, and the
+        book's entries of it name no worker in the pool."""
         self.stale.pop(worker, None)
+        self.by_ident.pop(worker.ident, None)
+
+    def holder(self, entry: Optional[BookEntry], rclass: str) -> Optional[PoolWorker]:
+        """The worker in the pool that the book's ``entry`` says a key of
+        ``rclass`` last went to, if any."""
+        if entry is None or entry[0] != rclass:
+            return None
+        return self.by_ident.get(entry[1])
 
     def drop_stale(self, worker: PoolWorker, touched: Set[str]) -> None:
         """``worker`` has a new résumé: take back its skills in classes
@@ -184,27 +205,28 @@ class Relearning:
         keys least recently seen first.  Each worker counts the keys the
         book says went to it last (``PoolWorker.booked``)."""
         book = self.book
+        ident = worker.ident
         if entry is None:
-            book[book_hash] = (rclass, worker, False, where)
+            book[book_hash] = (rclass, ident, False, where)
             worker.booked += 1
             if len(book) > BOOK_SIZE:
-                forgotten = book.popitem(last=False)[1][1]
+                forgotten = self.by_ident.get(book.popitem(last=False)[1][1])
                 if forgotten is not None:
                     forgotten.booked -= 1
             return
         if entry[0] != rclass:
-            now: BookEntry = SHARED if entry[2] else (rclass, worker, True, where)
-        elif entry[1] is not worker or entry[3] != where:
-            now = (rclass, worker, entry[2], where)
+            now: BookEntry = SHARED if entry[2] else (rclass, ident, True, where)
+        elif entry[1] != ident or entry[3] != where:
+            now = (rclass, ident, entry[2], where)
         else:
             book.move_to_end(book_hash)
             return
-        last, went = entry[1], now[1]
-        if last is not went:
+        if entry[1] != now[1]:
+            last = self.by_ident.get(entry[1])
             if last is not None:
                 last.booked -= 1
-            if went is not None:
-                went.booked += 1
+            if now[1]:
+                worker.booked += 1
         book[book_hash] = now
         book.move_to_end(book_hash)
 
@@ -227,7 +249,8 @@ class Relearning:
             if stats.reset:  # the first of its keys the book knows since
                 stats.reset = False
                 if not self.skilled.get(rclass):
-                    return self._returned(rclass, entry[1], unskilled_score)
+                    return self._returned(rclass, self.by_ident.get(entry[1]),
+                                          unskilled_score)
             return False
         worker = self._sender(stats, entry)
         if worker is None:
@@ -251,8 +274,8 @@ class Relearning:
             stats.fresh += 1.0
             return None
         stats.moved += 1.0
-        worker = entry[1]
-        if worker is None or self.workers.get(worker.handle) is not worker:
+        worker = self.by_ident.get(entry[1])  # (one in the pool, if any)
+        if worker is None:
             return None
         if senders is None:
             senders = stats.senders = {}
