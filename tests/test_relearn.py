@@ -5,9 +5,11 @@ from __future__ import annotations
 import gc
 import random
 from collections import Counter
+from zlib import crc32
 
 from zc_lb.routing import relearn
 from zc_lb.routing.affinity import AffinityPool
+from zc_lb.routing.classstats import mixed
 from zc_lb.routing.relearn import ADOPTED, SHARED, adopted, floor_weight
 
 
@@ -20,11 +22,11 @@ def pool_of(n: int, **settings) -> AffinityPool:
 
 def booked(pool: AffinityPool, rclass: str, key: str):
     """Route one request; its handle, and the book's hash and entry for
-    its key (the most recently seen key: the book's last)."""
+    its key."""
     handle = pool.get(rclass, key)
     pool.put(handle)
-    book_hash, entry = next(reversed(pool.book.items()))
-    return handle, book_hash, entry
+    book_hash = mixed(crc32(key.encode()) ^ pool.hash_seed)
+    return handle, book_hash, pool.book[book_hash]
 
 
 def small_class_on_one_worker():
@@ -111,6 +113,24 @@ def test_the_book_is_bounded_and_forgets_the_least_recently_seen_key_first(monke
     for i in range(9, 40):
         booked(pool, "a", "/k%d" % i)
     assert len(pool.book) == 8
+
+
+def test_a_large_book_forgets_its_oldest_keys_in_batches(monkeypatch):
+    # A dict finds its oldest key by a scan from its start: the book
+    # lets a 256th more in, then sweeps down to its size at once.  A key
+    # seen again goes to the end once an age (a sixteenth of new keys).
+    monkeypatch.setattr(relearn, "BOOK_SIZE", 1024)
+    pool = pool_of(3)
+    hashes = [booked(pool, "a", "/k%d" % i)[1] for i in range(1028)]
+    assert list(pool.book) == hashes  # (four over, none forgotten yet)
+    booked(pool, "a", "/k0")  # seen again: the most recent now
+    hashes.append(booked(pool, "a", "/k1028")[1])
+    assert list(pool.book) == hashes[6:1028] + [hashes[0], hashes[1028]]  # 5 least recent went
+    booked(pool, "a", "/k0")  # again in the same age (no new key since): left where it is
+    assert list(pool.book)[-2:] == [hashes[0], hashes[1028]]
+    assert sum(w.booked for w in pool.workers.values()) == 1024
+    gc.collect()  # (a dict of numbers and strings: not walked by the collector)
+    assert not gc.is_tracked(pool.book)
 
 
 def test_each_worker_counts_the_keys_the_book_says_went_to_it(monkeypatch):

@@ -419,9 +419,9 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
         if worker is None:
             return entry
         if entry is None:
-            return (rclass, worker.ident, False, AWAY)
+            return (rclass, worker.ident, False, AWAY, 0)
         if entry[0] == rclass and entry[1] != worker.ident:
-            return (rclass, worker.ident, entry[2], AWAY)
+            return (rclass, worker.ident, entry[2], AWAY, entry[4])
         return entry
 
     def sent_keys(self, handle: Hashable) -> Dict[str, List[int]]:

@@ -49,8 +49,7 @@ at start.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import Dict, Final, Hashable, Optional, Set, Tuple
+from typing import Dict, Final, Hashable, List, Optional, Set, Tuple
 
 from zc_lb.routing.classstats import ClassStats
 from zc_lb.routing.pool import PoolWorker, unskill
@@ -86,17 +85,19 @@ def floor_weight(ratio: float) -> float:
 # (class, the ``ident`` of the worker a key last went to (0: none),
 # whether it moved between classes, AWAY if that worker is not its owner
 # in rendezvous order, else the class's ``joins`` then: see
-# ``Placement._choose``).  Numbers and a string, which Python's cyclic
-# collector stops tracking at its first pass: with the worker's record
-# in it, each of the book's 65,536 entries would lengthen every full pass.
-BookEntry = Tuple[Optional[str], int, bool, int]
+# ``Placement._choose``; and the book's ``age`` when the key was last put
+# at its end).  Numbers and a string, which Python's cyclic collector
+# stops tracking at its first pass: with the worker's record in it, each
+# of the book's 65,536 entries would lengthen every full pass.
+BookEntry = Tuple[Optional[str], int, bool, int, int]
 AWAY: Final = -1
-SHARED: BookEntry = (None, 0, True, AWAY)  # a key of several classes
+SHARED: BookEntry = (None, 0, True, AWAY, 0)  # a key of several classes
 
 
 class Relearning:
     """The affinity pool's re-learning (see the module docstring).  It
-    owns ``book`` (key -> ``BookEntry``, least recently seen first),
+    owns ``book`` (key -> ``BookEntry``, least recently seen first) and
+    ``by_ident`` (the pool's workers by the number the book names them by),
     ``stale`` (worker -> classes whose keys moved away from it, while
     its résumé still lists them), ``unskilled`` (decayed requests whose
     class had no skilled worker), ``armed`` (whether it may reset by
@@ -104,8 +105,8 @@ class Relearning:
     ``adoptions``.  ``workers``, ``skilled`` and ``classes`` are the
     pool's maps, which it reads and changes skills in."""
 
-    __slots__ = ("workers", "skilled", "classes", "book", "by_ident", "last_ident", "stale",
-                 "unskilled", "armed", "resets", "adoptions")
+    __slots__ = ("workers", "skilled", "classes", "book", "by_ident", "last_ident", "age",
+                 "new_keys", "stale", "unskilled", "armed", "resets", "adoptions")
 
     def __init__(self, workers: Dict[Hashable, PoolWorker],
                  skilled: SkillMap[PoolWorker],
@@ -114,9 +115,13 @@ class Relearning:
         self.skilled = skilled
         self.classes = classes
         # key -> (class, worker) it last went to, whether it moved
-        self.book: OrderedDict[int, BookEntry] = OrderedDict()
+        # (a plain dict, least recently seen first: the collector stops
+        # tracking a dict of numbers, where it walks an OrderedDict whole)
+        self.book: Dict[int, BookEntry] = {}
         self.by_ident: Dict[int, PoolWorker] = {}  # the pool's workers, by ``ident``
         self.last_ident = 0
+        self.age = 0  # a sixteenth of the book's size in new keys, counted
+        self.new_keys = 0  # (since the book last aged)
         # worker -> classes whose keys moved away from it, while its
         # résumé still lists them
         self.stale: Dict[PoolWorker, Set[str]] = {}
@@ -202,33 +207,57 @@ class Relearning:
         what the book held for it (looked up once per request); a key seen
         moving twice is in several classes (a path under several hosts)
         and tells nothing: it stays ``SHARED``.  The book forgets the
-        keys least recently seen first.  Each worker counts the keys the
-        book says went to it last (``PoolWorker.booked``)."""
+        keys least recently seen first (``_forget_oldest``), to within an
+        ``age``: a key seen again is put at its end once an age, not on
+        every request.  Each worker counts the keys the book says went to
+        it last (``PoolWorker.booked``)."""
         book = self.book
         ident = worker.ident
+        age = self.age
         if entry is None:
-            book[book_hash] = (rclass, ident, False, where)
+            book[book_hash] = (rclass, ident, False, where, age)
             worker.booked += 1
-            if len(book) > BOOK_SIZE:
-                forgotten = self.by_ident.get(book.popitem(last=False)[1][1])
-                if forgotten is not None:
-                    forgotten.booked -= 1
+            self.new_keys += 1
+            if self.new_keys >= BOOK_SIZE >> 4:
+                self.new_keys = 0
+                self.age += 1
+            if len(book) > BOOK_SIZE + (BOOK_SIZE >> 8):
+                self._forget_oldest()
             return
         if entry[0] != rclass:
-            now: BookEntry = SHARED if entry[2] else (rclass, ident, True, where)
-        elif entry[1] != ident or entry[3] != where:
-            now = (rclass, ident, entry[2], where)
+            now: BookEntry = SHARED if entry[2] else (rclass, ident, True, where, age)
+        elif entry[1] != ident or entry[3] != where or entry[4] != age:
+            now = (rclass, ident, entry[2], where, age)
         else:
-            book.move_to_end(book_hash)
-            return
+            return  # (put at the end already in this age)
         if entry[1] != now[1]:
             last = self.by_ident.get(entry[1])
             if last is not None:
                 last.booked -= 1
             if now[1]:
                 worker.booked += 1
+        del book[book_hash]  # (and in again: the most recently seen, last)
         book[book_hash] = now
-        book.move_to_end(book_hash)
+
+    def _forget_oldest(self) -> None:
+        """Forget the keys least recently seen, down to ``BOOK_SIZE``.  The
+        book lets a 256th more in first: a dict finds its first key by a
+        scan from the start of its table, past every key taken out before,
+        so it sweeps its oldest in batches, not one a key (and in batches
+        small enough, 256 keys of 65,536, to hold up the loop for well
+        under a millisecond)."""
+        book = self.book
+        oldest: List[int] = []
+        excess = len(book) - BOOK_SIZE
+        for book_hash in book:
+            if len(oldest) == excess:
+                break
+            oldest.append(book_hash)
+        by_ident = self.by_ident
+        for book_hash in oldest:
+            forgotten = by_ident.get(book.pop(book_hash)[1])
+            if forgotten is not None:
+                forgotten.booked -= 1
 
     def moved(self, rclass: str, stats: ClassStats, entry: Optional[BookEntry],
               unskilled_score: float) -> bool:
