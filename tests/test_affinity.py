@@ -112,6 +112,27 @@ def test_classes_remember_their_keys_hashes_and_count_a_key_once_a_window(monkey
     assert stats.keys["/k1"][2] == 1 and len(stats.footprint.current.smallest) == 5
 
 
+def test_past_the_bound_the_classes_forget_half_their_keys_a_few_a_new_key(monkeypatch):
+    # All at once, 65,536 keys freed held the loop up for some 14 ms: past
+    # the bound, each new key forgets FORGET_STEP (64) until half are left.
+    monkeypatch.setattr(membership, "MAX_KEYS_SEEN", 256)
+    pool = pool_of(3, footprint_window=10_000)
+    for i in range(256):
+        pool.put(pool.get("a", "/k%d" % i))
+    stats = pool.classes["a"]
+    assert len(stats.keys) == pool.members.keys_seen == 256
+    seen = []
+    for i in range(4):
+        pool.put(pool.get("b", "/new%d" % i))
+        seen.append((pool.members.keys_seen, len(stats.keys)))
+    assert seen == [(193, 192), (130, 128), (67, 64), (68, 64)]  # (half is 128)
+    assert len(pool.classes["b"].keys) == 4 and not pool.members.forgetting
+    assert "/k255" not in stats.keys and "/k0" in stats.keys
+    pool.put(pool.get("a", "/k255"))  # forgotten: hashed again, the same hashes
+    assert stats.keys["/k255"][:2] == (mix(stats.salt ^ crc32(b"/k255")),
+                                       classstats.mixed(crc32(b"/k255") ^ pool.hash_seed))
+
+
 def test_same_key_goes_to_the_same_worker_and_a_class_is_partitioned():
     pool = pool_of(4)
     for handle in ("w0", "w1", "w2"):

@@ -217,6 +217,29 @@ class ClassStats:
         self.reset = False  # its skills were reset: the book knows better
 
 
+FORGET_STEP: Final = 64  # keys forgotten at most a call of ``forget_keys``
+
+
+def forget_keys(classes: Dict[str, ClassStats], queue: List[Tuple[str, ClassStats]]) -> int:
+    """Forget up to ``FORGET_STEP`` of the keys the classes of ``queue``
+    (class name, stats; ``classes`` as they are, if it is empty) remember,
+    from its last class on, each class while it is still the one in
+    ``classes`` (one forgotten since took its keys with it); how many.  A
+    few a request: a dict of 65,536 keys freed at once holds up the loop
+    for some 14 ms."""
+    if not queue:
+        queue.extend(classes.items())
+    forgotten = 0
+    while queue and forgotten < FORGET_STEP:
+        name, stats = queue[-1]
+        if classes.get(name) is not stats or not stats.keys:
+            queue.pop()
+            continue
+        stats.keys.popitem()
+        forgotten += 1
+    return forgotten
+
+
 def first_visits(stats: ClassStats, new: bool) -> bool:
     """Count a request of ``stats``'s class, for a key the book did not know
     (``new``) or for one it did; whether the class is one of first visits:

@@ -98,7 +98,7 @@ from zlib import crc32
 
 from mypy_extensions import trait
 
-from zc_lb.routing.classstats import (PRIOR, ClassStats, Footprint, mix, mixed,
+from zc_lb.routing.classstats import (PRIOR, ClassStats, Footprint, forget_keys, mix, mixed,
                                       stable_hash)
 from zc_lb.routing.locality import Locality
 from zc_lb.routing.pool import PoolWorker, SkillMap
@@ -238,6 +238,7 @@ class Members:
         self.footprint = Footprint(0)  # distinct (class, key) pairs
         self.work = 0.0  # decayed seconds of work of every class
         self.keys_seen = 0  # keys the classes remember (``observe``)
+        self.forgetting: List[Tuple[str, ClassStats]] = []  # (``_forget_keys``)
         self.widenings = 0  # classes given a member for their pressure
         self.narrowings = 0  # and given one back
         self.held_window = 0  # the footprint window ``held`` was counted in
@@ -304,9 +305,9 @@ class Members:
             # (the hash in the book is the same in every class, and a path
             # like / is in many: remembered)
             hashes = (mix(stats.salt ^ crc), mixed(crc ^ pool.hash_seed), -1)
-            if self.keys_seen >= MAX_KEYS_SEEN:
-                self._forget_keys()
             self.keys_seen += 1
+            if self.keys_seen > MAX_KEYS_SEEN or self.forgetting:
+                self._forget_keys()
         key_hash, book_hash, counted = hashes
         if counted != window:  # (again in a window, it would change nothing)
             stats.keys[key] = (key_hash, book_hash, window)
@@ -316,11 +317,11 @@ class Members:
         return stats, key_hash, book_hash
 
     def _forget_keys(self) -> None:
-        """The classes remember ``MAX_KEYS_SEEN`` keys: forget them all,
-        to start again."""
-        self.keys_seen = 0
-        for stats in self.pool.classes.values():
-            stats.keys.clear()
+        """The classes remember more than ``MAX_KEYS_SEEN`` keys: they forget
+        half, a few with each new key (``classstats.forget_keys``)."""
+        self.keys_seen -= forget_keys(self.pool.classes, self.forgetting)
+        if self.keys_seen <= MAX_KEYS_SEEN // 2:
+            self.forgetting.clear()
 
     def width(self, stats: ClassStats) -> int:
         """How many workers the class should be spread over."""
