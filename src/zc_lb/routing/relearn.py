@@ -6,9 +6,10 @@ Theory of operation
 -------------------
 
 A changed classifier moves keys between classes, but their data stays
-where it was.  The LB keeps a book of keys (at most ``BOOK_SIZE``): the
-class and worker each last went to (which also keeps keys where they
-went, see "Stickiness" in ``routing/placement.py``).  When enough of a class's new keys
+where it was.  The LB keeps a book of keys (``BOOK_SIZE``, and up to a
+256th more between its sweeps): the class and worker each last went to
+(which also keeps keys where they went, see "Stickiness" in
+``routing/placement.py``).  When enough of a class's new keys
 come from other classes, it follows them: the workers most of them came
 from become its members (floored at the members' mean until the class
 settles, ranked by how many keys came from each), and its old members,

@@ -79,10 +79,6 @@ class SkillMap(Generic[W]):
         self.dormant.pop(rclass, None)
         self.live[rclass] = skilled
 
-    def __delitem__(self, rclass: str) -> None:
-        if self.live.pop(rclass, None) is None and self.dormant.pop(rclass, None) is None:
-            raise KeyError(rclass)
-
     def setdefault(self, rclass: str) -> Dict[W, float]:
         """The workers skilled in ``rclass``, an empty dict put there first
         if there are none."""
