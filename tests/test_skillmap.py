@@ -3,6 +3,7 @@ the same order, as one dict per class; the classes routing has not read
 held where Python's cyclic collector does not walk them."""
 
 import gc
+import itertools
 import random
 
 from zc_lb.routing.affinity import AffinityPool
@@ -10,12 +11,25 @@ from zc_lb.routing.pool import Pool
 from zc_lb.routing.skillmap import SkillMap
 
 
+NUMBERS = itertools.count(1)
+
+
 class Worker:
-    def __init__(self, name):
+    """A worker record, numbered and held by number as the pool does."""
+
+    def __init__(self, name, pool):
         self.name = name
+        self.ident = next(NUMBERS)  # (never another's, as Pool.add's)
+        pool[self.ident] = self
 
     def __repr__(self):
         return self.name
+
+
+def skills_of(*names):
+    """A SkillMap and workers of these names in its pool."""
+    pool = {}
+    return (SkillMap(pool),) + tuple(Worker(name, pool) for name in names)
 
 
 def as_lists(skills):
@@ -28,9 +42,9 @@ def test_it_holds_what_one_dict_a_class_holds_in_the_same_order():
     # removals, checked against a dict of dicts after every step: the
     # order of each class's workers is what ties and sums go by.
     rng = random.Random(7)
-    workers = [Worker("w%d" % n) for n in range(5)]
+    skills, *workers = skills_of(*("w%d" % n for n in range(5)))
     classes = ["c%d" % n for n in range(12)]
-    skills, reference = SkillMap(), {}
+    reference = {}
     for step in range(5000):
         rclass, worker = rng.choice(classes), rng.choice(workers)
         action = rng.random()
@@ -55,13 +69,14 @@ def test_it_holds_what_one_dict_a_class_holds_in_the_same_order():
             skilled[worker] = 9.0
             reference.setdefault(rclass, {})[worker] = 9.0
         else:
-            for rclass in classes:  # a worker leaves the pool
+            for rclass in classes:  # a worker leaves the pool, and comes back
                 skills.remove(rclass, worker)
                 if rclass in reference:
                     reference[rclass].pop(worker, None)
                     if not reference[rclass]:
                         del reference[rclass]
-            skills.forget(worker)
+            del skills.workers[worker.ident]
+            workers[workers.index(worker)] = Worker(worker.name, skills.workers)
         assert as_lists(skills) == {c: list(s.items()) for c, s in reference.items()}, step
         assert len(skills) == len(reference) and bool(skills) == bool(reference)
         assert all((c in skills) == (c in reference) for c in classes)
@@ -69,7 +84,7 @@ def test_it_holds_what_one_dict_a_class_holds_in_the_same_order():
 
 
 def test_a_class_wakes_when_read_and_its_updates_go_to_the_dict_then():
-    skills, one, two = SkillMap(), Worker("one"), Worker("two")
+    skills, one, two = skills_of("one", "two")
     skills.add("c", one, 1.0)
     skills.add("c", two, 2.0)
     skills.add("c", one, 3.0)  # (keeps its place)
@@ -84,7 +99,7 @@ def test_a_class_wakes_when_read_and_its_updates_go_to_the_dict_then():
 
 
 def test_dormant_classes_are_not_walked_by_the_cyclic_collector():
-    skills, workers = SkillMap(), [Worker("w%d" % n) for n in range(3)]
+    skills, *workers = skills_of("w0", "w1", "w2")
     for n in range(2000):
         for worker in workers[:1 + n % 3]:
             skills.add("c%d" % n, worker, 1.0 + n)
@@ -93,15 +108,16 @@ def test_dormant_classes_are_not_walked_by_the_cyclic_collector():
     assert gc.is_tracked(skills["c7"])  # (a live class's dict holds workers)
 
 
-def test_a_worker_forgotten_leaves_no_stale_skill_behind():
-    skills, one, two = SkillMap(), Worker("one"), Worker("two")
+def test_a_worker_gone_from_the_pool_leaves_no_stale_skill_behind():
+    skills, one, two = skills_of("one", "two")
     skills.add("c", one, 1.0)
     skills.add("c", two, 2.0)
-    skills.forget(one)  # (out of order: its classes not taken out first)
+    del skills.workers[one.ident]  # (out of order: its classes not taken out first)
     assert skills["c"] == {two: 2.0}
-    skills.add("d", one, 1.0)  # back again: a new id
+    again = Worker("one", skills.workers)  # back again: a new number
+    skills.add("d", again, 1.0)
     skills.rest("c")
-    assert skills["d"] == {one: 1.0} and skills["c"] == {two: 2.0}
+    assert skills["d"] == {again: 1.0} and skills["c"] == {two: 2.0}
 
 
 def test_a_pools_intake_keeps_the_classes_not_requested_dormant():

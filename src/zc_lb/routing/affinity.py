@@ -199,7 +199,7 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
         self.siblings: Any = None  # the other processes of --processes (``share_with``)
         self.by_hash: Dict[int, PoolWorker] = {}  # (their hashes of the workers' names)
         super().__init__(variance, backlog_history, unskilled_score)
-        self.relearning = Relearning(self.workers, self.skilled, self.classes)
+        self.relearning = Relearning(self.workers, self.by_ident, self.skilled, self.classes)
         self.book = self.relearning.book  # (read on every request)
 
     @property
@@ -237,7 +237,6 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
 
     def _added(self, worker: PoolWorker) -> None:
         worker.salt = stable_hash(worker.name)
-        self.relearning.add(worker)
         if self.siblings is not None:
             self.by_hash[self.siblings.worker_hash(worker.name)] = worker
         self.skills_version += 1

@@ -83,7 +83,7 @@ class PoolWorker:
         self.salt = 0  # the affinity policy's per-worker hash salt
         self.held = 0.0  # and the distinct keys it counts the worker to hold
         self.booked = 0  # keys the book says last went to it (routing/relearn.py)
-        self.ident = 0  # the number the book knows it by (``Relearning.add``)
+        self.ident = 0  # the number the pool gave it (``Pool.add``), never another's
         # classes the pool made it skilled in at ``unskilled_score``, which
         # its résumé has not scored yet
         self.given: Set[str] = set()
@@ -161,7 +161,9 @@ class Pool:
         # least recently chosen first
         self._lru: "OrderedDict[PoolWorker, None]" = OrderedDict()
         self._first: Optional[PoolWorker] = None  # its first, if known (``oldest``)
-        self.skilled: SkillMap[PoolWorker] = SkillMap()  # class -> worker -> score
+        self.by_ident: Dict[int, PoolWorker] = {}  # (the skills and the book name them so)
+        self._last_ident = 0
+        self.skilled: SkillMap[PoolWorker] = SkillMap(self.by_ident)  # class -> worker -> score
         self.backlog = 0
         self.mbacklog = 0.0
         self.dsum = 0.0
@@ -222,6 +224,9 @@ class Pool:
                 self.new_resume(handle, resume)
             return
         worker = PoolWorker(handle, version, name)
+        self._last_ident += 1
+        worker.ident = self._last_ident
+        self.by_ident[worker.ident] = worker
         self._added(worker)
         self.workers[handle] = worker
         self._lru[worker] = None
@@ -240,7 +245,7 @@ class Pool:
         if worker is None:
             return
         self._forget_skills(worker)
-        self.skilled.forget(worker)
+        del self.by_ident[worker.ident]
         del self._lru[worker]
         self._first = None
         self.backlog -= worker.backlog
@@ -381,9 +386,7 @@ class Pool:
                 score = self.unskilled_score
                 best_worker.resume[rclass] = score
                 best_worker.given.add(rclass)
-                if skilled is None:
-                    skilled = self.skilled[rclass] = {}
-                skilled[best_worker] = score
+                self.skilled.setdefault(rclass)[best_worker] = score
         return best_worker
 
     def _chosen(self, worker: PoolWorker) -> Hashable:

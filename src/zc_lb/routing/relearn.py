@@ -97,30 +97,27 @@ SHARED: BookEntry = (None, 0, True, AWAY, 0)  # a key of several classes
 
 class Relearning:
     """The affinity pool's re-learning (see the module docstring).  It
-    owns ``book`` (key -> ``BookEntry``, least recently seen first) and
-    ``by_ident`` (the pool's workers by the number the book names them by),
+    owns ``book`` (key -> ``BookEntry``, least recently seen first),
     ``stale`` (worker -> classes whose keys moved away from it, while
     its résumé still lists them), ``unskilled`` (decayed requests whose
     class had no skilled worker), ``armed`` (whether it may reset by
     itself, see ``notice_unskilled``) and the counts of ``resets`` and
-    ``adoptions``.  ``workers``, ``skilled`` and ``classes`` are the
-    pool's maps, which it reads and changes skills in."""
+    ``adoptions``.  ``workers``, ``by_ident``, ``skilled`` and ``classes``
+    are the pool's maps, which it reads and changes skills in."""
 
-    __slots__ = ("workers", "skilled", "classes", "book", "by_ident", "last_ident", "age",
-                 "new_keys", "stale", "unskilled", "armed", "resets", "adoptions")
+    __slots__ = ("workers", "by_ident", "skilled", "classes", "book", "age", "new_keys",
+                 "stale", "unskilled", "armed", "resets", "adoptions")
 
-    def __init__(self, workers: Dict[Hashable, PoolWorker],
-                 skilled: SkillMap[PoolWorker],
-                 classes: Dict[str, ClassStats]) -> None:
+    def __init__(self, workers: Dict[Hashable, PoolWorker], by_ident: Dict[int, PoolWorker],
+                 skilled: SkillMap[PoolWorker], classes: Dict[str, ClassStats]) -> None:
         self.workers = workers
+        self.by_ident = by_ident
         self.skilled = skilled
         self.classes = classes
         # key -> (class, worker) it last went to, whether it moved
         # (a plain dict, least recently seen first: the collector stops
         # tracking a dict of numbers, where it walks an OrderedDict whole)
         self.book: Dict[int, BookEntry] = {}
-        self.by_ident: Dict[int, PoolWorker] = {}  # the pool's workers, by ``ident``
-        self.last_ident = 0
         self.age = 0  # a sixteenth of the book's size in new keys, counted
         self.new_keys = 0  # (since the book last aged)
         # worker -> classes whose keys moved away from it, while its
@@ -135,18 +132,9 @@ class Relearning:
         self.resets = 0
         self.adoptions = 0
 
-    def add(self, worker: PoolWorker) -> None:
-        """``worker`` joined the pool: it gets the ``ident`` the book
-        knows it by, never one a worker had before."""
-        self.last_ident += 1
-        worker.ident = self.last_ident
-        self.by_ident[worker.ident] = worker
-
     def remove(self, worker: PoolWorker) -> None:
-        """``worker`` left the pool: its stale skills go with it, and the
-        book's entries of it name no worker in the pool."""
+        """``worker`` left the pool: its stale skills go with it."""
         self.stale.pop(worker, None)
-        self.by_ident.pop(worker.ident, None)
 
     def holder(self, entry: Optional[BookEntry], rclass: str) -> Optional[PoolWorker]:
         """The worker in the pool that the book's ``entry`` says a key of

@@ -14,9 +14,9 @@ loop, and a large résumé's new classes bring one on.
 
 So a class is held in one of two forms:
 
-- *dormant*: a flat tuple ``(id, score, id, score, ...)`` of floats,
-  the workers' ids (``SkillMap`` numbers each worker the first time it
-  scores) and scores, in the order they became skilled.  A tuple of
+- *dormant*: a flat tuple ``(ident, score, ident, score, ...)`` of
+  floats, the workers' numbers (``PoolWorker.ident``, by which the pool
+  holds them) and scores, in the order they became skilled.  A tuple of
   numbers only is dropped from the collector's lists at its first pass,
   and never walked again.  Résumés update it in place of the dict
   (``add``, ``remove``), without waking it.
@@ -32,29 +32,34 @@ sums included, is the same as if every class were a dict.
 Cost: a live class's read is one method call more than a dict's; a
 class waking or going to sleep, and a dormant class's update, copy its
 workers (O(workers skilled in it)).  A worker removed from the pool has
-its classes taken out first (``remove``), so its id is left in no tuple;
-a stale id would be skipped.
+its classes taken out first (``remove``), so its number is left in no
+tuple; a stale one would be skipped.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Generic, Hashable, Iterator, List, Optional, Set, Tuple, TypeVar
+from typing import Dict, Generic, Iterator, List, Optional, Protocol, Set, Tuple, TypeVar
 
-W = TypeVar("W", bound=Hashable)
+
+class Numbered(Protocol):
+    """A worker record with its number in the pool (``PoolWorker``)."""
+
+    ident: int
+
+
+W = TypeVar("W", bound=Numbered)
 
 
 class SkillMap(Generic[W]):
     """class -> worker -> score, with the classes routing has not read yet
     held dormant (see the module docstring).  Reads as a mapping of
-    classes to dicts; ``add`` and ``remove`` are the résumés' updates."""
+    classes to dicts; ``add`` and ``remove`` are the résumés' updates.
+    ``workers``: the pool's workers by number."""
 
-    def __init__(self) -> None:
+    def __init__(self, workers: Dict[int, W]) -> None:
         self.live: Dict[str, Dict[W, float]] = {}
         self.dormant: Dict[str, Tuple[float, ...]] = {}
-        # each worker's id (a float, as the tuples hold only floats)
-        self._ids: Dict[W, float] = {}
-        self._workers: Dict[float, W] = {}
-        self._next_id = 0.0
+        self.workers = workers
 
     # -- routing's reads (a dormant class wakes) ------------------------
 
@@ -74,10 +79,6 @@ class SkillMap(Generic[W]):
         if skilled is None:
             raise KeyError(rclass)
         return skilled
-
-    def __setitem__(self, rclass: str, skilled: Dict[W, float]) -> None:
-        self.dormant.pop(rclass, None)
-        self.live[rclass] = skilled
 
     def setdefault(self, rclass: str) -> Dict[W, float]:
         """The workers skilled in ``rclass``, an empty dict put there first
@@ -121,8 +122,6 @@ class SkillMap(Generic[W]):
     def clear(self) -> None:
         self.live.clear()
         self.dormant.clear()
-        self._ids.clear()
-        self._workers.clear()
 
     # -- résumés' updates (a dormant class stays dormant) ---------------
 
@@ -132,7 +131,7 @@ class SkillMap(Generic[W]):
         if skilled is not None:
             skilled[worker] = score
             return
-        wid = self._id(worker)
+        wid = float(worker.ident)
         held = self.dormant.get(rclass)
         if held is None:
             self.dormant[rclass] = (wid, score)
@@ -153,9 +152,9 @@ class SkillMap(Generic[W]):
                 del self.live[rclass]
             return
         held = self.dormant.get(rclass)
-        wid = self._ids.get(worker)
-        if held is None or wid is None:
+        if held is None:
             return
+        wid = float(worker.ident)
         for at in range(0, len(held), 2):
             if held[at] == wid:
                 rest = held[:at] + held[at + 2:]
@@ -172,26 +171,12 @@ class SkillMap(Generic[W]):
             return
         held: List[float] = []
         for worker, score in skilled.items():
-            held.append(self._id(worker))
+            held.append(float(worker.ident))
             held.append(score)
         del self.live[rclass]
         self.dormant[rclass] = tuple(held)
 
-    def forget(self, worker: W) -> None:
-        """``worker`` left the pool (its classes already taken out)."""
-        wid = self._ids.pop(worker, None)
-        if wid is not None:
-            del self._workers[wid]
-
     # -- the dormant form -------------------------------------------------
-
-    def _id(self, worker: W) -> float:
-        wid = self._ids.get(worker)
-        if wid is None:
-            wid = self._ids[worker] = self._next_id
-            self._workers[wid] = worker
-            self._next_id += 1.0
-        return wid
 
     def _wake(self, rclass: str) -> Optional[Dict[W, float]]:
         skilled = self._built(self.dormant.pop(rclass))
@@ -201,10 +186,10 @@ class SkillMap(Generic[W]):
         return skilled
 
     def _built(self, held: Tuple[float, ...]) -> Dict[W, float]:
-        workers = self._workers
+        workers = self.workers
         skilled: Dict[W, float] = {}
         for at in range(0, len(held), 2):
-            worker = workers.get(held[at])
+            worker = workers.get(int(held[at]))
             if worker is not None:
                 skilled[worker] = held[at + 1]
         return skilled
