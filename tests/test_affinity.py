@@ -309,7 +309,7 @@ def test_reset_skills_and_noticing_unknown_classes():
     pool = pool_of(3, footprint_window=100)
     pool.new_resume("w0", {"a": 5.0, "b": 5.0})
     pool.reset_skills()
-    assert pool.skilled == {} and pool.workers["w0"].resume == {}
+    assert not pool.skilled and pool.workers["w0"].resume == {}
     assert pool.resets == 1
     # Most requests for classes nobody knows (a new classifier) reset by itself.
     for i in range(200):

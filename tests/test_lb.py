@@ -64,7 +64,7 @@ def test_a_classifier_returning_none_means_no_class():
     lb.pool.add("a")
     lb.pool.add("b")
     assert lb.pool.get(None, "/x") in ("a", "b")
-    assert lb.pool.skilled == {}  # classless requests teach nothing
+    assert not lb.pool.skilled  # classless requests teach nothing
 
 
 def test_a_failing_classifier_is_logged_once_per_error_and_counted(caplog):

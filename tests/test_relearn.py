@@ -251,7 +251,7 @@ def test_reset_skills_forgets_every_skill_and_stale_mark_and_keeps_the_book():
     book = list(pool.book.items())
     version = pool.skills_version
     pool.reset_skills()
-    assert pool.stale == {} and pool.skilled == {}
+    assert pool.stale == {} and not pool.skilled
     assert all(not w.resume for w in pool.workers.values())
     assert pool.book and list(pool.book.items()) == book
     assert all(stats.reset for stats in pool.classes.values())

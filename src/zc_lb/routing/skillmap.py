@@ -38,7 +38,7 @@ tuple; a stale one would be skipped.
 
 from __future__ import annotations
 
-from typing import Dict, Generic, Iterator, List, Optional, Protocol, Set, Tuple, TypeVar
+from typing import Dict, Generic, Iterator, List, Optional, Protocol, Tuple, TypeVar
 
 
 class Numbered(Protocol):
@@ -105,19 +105,6 @@ class SkillMap(Generic[W]):
         is built for the reading, and the class stays dormant)."""
         return (list(self.live.items())
                 + [(rclass, self._built(held)) for rclass, held in self.dormant.items()])
-
-    def keys(self) -> Set[str]:
-        return set(self.live) | set(self.dormant)
-
-    def values(self) -> List[Dict[W, float]]:
-        return [skilled for _, skilled in self.items()]
-
-    def __eq__(self, other: object) -> bool:
-        """Equal to a mapping, or ``SkillMap``, of the same classes, workers
-        and scores (dormant or live alike)."""
-        if isinstance(other, SkillMap):
-            other = dict(other.items())
-        return dict(self.items()) == other
 
     def clear(self) -> None:
         self.live.clear()
