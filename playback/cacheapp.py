@@ -10,7 +10,11 @@ without ``www.`` and port, as zc-lb's ``host`` classifier). Each class owns
 ``objects_per_class`` objects, named ``CLASS#N``, so classes never share
 objects. A request touches ``objects_per_request`` of its class's objects,
 chosen by a random generator seeded with a hash of (class, path and
-query): the same URL always touches the same objects. ``skew`` > 0 draws
+query): the same URL always touches the same objects.  ``page_key``
+"path" names a page by its path alone, the query ignored, as the ZODB
+app (``playback.zodbapp``), the simulator and zc-lb's default affinity
+key do: ``/search?q=a`` and ``/search?q=b`` are then one page, where by
+default ("url") each query is a page of its own, loaded once. ``skew`` > 0 draws
 low object numbers more often (``N = int(objects_per_class * u ** (1 +
 skew))``), as when pages of a site share templates; 0 draws uniformly.
 
@@ -65,6 +69,7 @@ ZC_LB_CACHEAPP_OBJECTS_PER_REQUEST    10       objects a request touches
 ZC_LB_CACHEAPP_OBJECTS_PER_CLASS      1000     objects in a class's space
 ZC_LB_CACHEAPP_SKEW                   0        0: uniform, >0: skewed
 ZC_LB_CACHEAPP_PAGE_OBJECTS           0        objects of the URL's own, touched too
+ZC_LB_CACHEAPP_PAGE_KEY               url      url: a query is a page; path: not
 ZC_LB_CACHEAPP_CONCURRENCY            0        requests served at once (0: no bound)
 ZC_LB_CACHEAPP_BLOCKING               0        1: time.sleep and threading locks
 ZC_LB_CACHEAPP_CACHE_SIGNAL           0        1: tell a zc-lb worker hit or miss
@@ -99,6 +104,15 @@ def request_class(environ: dict) -> str:
     else:
         host = host.partition(":")[0]
     return host[4:] if host.startswith("www.") else host
+
+
+PAGE_KEYS = ("url", "path")
+
+
+def page_name(url: str, page_key: str = "url") -> str:
+    """What names the page of ``url`` (a path, with any query): the URL
+    itself, or with ``page_key`` "path" its path alone."""
+    return url.partition("?")[0] if page_key == "path" else url
 
 
 def objects_for(cls: str, url: str, count: int, per_class: int, skew: float = 0.0) -> List[str]:
@@ -157,11 +171,13 @@ class CacheModel:
 def make_app(cache_size: int = 1000, miss_cost: float = 0.002, objects_per_request: int = 10,
              objects_per_class: int = 1000, hit_cost: float = 0.0, skew: float = 0.0,
              worker_id: Optional[str] = None, page_objects: int = 0, concurrency: int = 0,
-             blocking: bool = False, cache_signal: bool = False):
+             blocking: bool = False, cache_signal: bool = False, page_key: str = "url"):
     """A WSGI app with its own cache (one per process that calls this);
     ``blocking``: an ordinary threaded app (time.sleep, threading locks)."""
     if concurrency < 0:
         raise ValueError("concurrency must be 0 (no bound) or more, not %r" % concurrency)
+    if page_key not in PAGE_KEYS:
+        raise ValueError("page_key must be one of %s, not %r" % (", ".join(PAGE_KEYS), page_key))
     model = CacheModel(cache_size)
     if blocking:
         import threading
@@ -210,8 +226,9 @@ def make_app(cache_size: int = 1000, miss_cost: float = 0.002, objects_per_reque
         cls = request_class(environ)
         query = environ.get("QUERY_STRING")
         url = path + "?" + query if query else path
-        ids = objects_for(cls, url, objects_per_request, objects_per_class, skew)
-        ids.extend("%s|%s|%d" % (cls, url, n) for n in range(page_objects))
+        page = page_name(url, page_key)
+        ids = objects_for(cls, page, objects_per_request, objects_per_class, skew)
+        ids.extend("%s|%s|%d" % (cls, page, n) for n in range(page_objects))
         if slots is None:
             hits, misses = serve(ids)
         else:
@@ -309,6 +326,7 @@ def app_from_environment(environ=os.environ):
         concurrency=get("CONCURRENCY", int, 0),
         blocking=get("BLOCKING", _yes, False),
         cache_signal=get("CACHE_SIGNAL", _yes, False),
+        page_key=get("PAGE_KEY", str, "url"),
     )
     listen = get("STATS_LISTEN", str, None)
     if listen:
@@ -335,6 +353,8 @@ def main(argv=None) -> None:
     parser.add_argument("--objects-per-class", type=int, default=1000)
     parser.add_argument("--skew", type=float, default=0.0)
     parser.add_argument("--page-objects", type=int, default=0)
+    parser.add_argument("--page-key", choices=PAGE_KEYS, default="url",
+                        help="what names a page: its URL (default) or its path alone")
     parser.add_argument("--concurrency", type=int, default=0,
                         help="requests served at once (default 0: no bound)")
     parser.add_argument("--worker-id")
@@ -343,7 +363,7 @@ def main(argv=None) -> None:
     host, _, port = args.listen.rpartition(":")
     wsgi = make_app(args.cache_size, args.miss_cost, args.objects_per_request,
                     args.objects_per_class, args.hit_cost, args.skew, args.worker_id,
-                    args.page_objects, args.concurrency)
+                    args.page_objects, args.concurrency, page_key=args.page_key)
     if args.stats_listen:
         wsgi.stats_server = start_stats_server(wsgi, args.stats_listen)
     server = WSGIServer((host or "127.0.0.1", int(port)), wsgi, log=None)

@@ -91,7 +91,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from .backlogs import BacklogSampler
-from .cacheapp import ENV_PREFIX, STATS_PATH
+from .cacheapp import ENV_PREFIX, PAGE_KEYS, STATS_PATH
 from .logparse import (DEFAULT_HOST_SUFFIX, FORMATS, check_host_depth, positive_int,
                        read_entries)
 from .replay import replay
@@ -189,7 +189,8 @@ def read_ready_line(process: subprocess.Popen, prefix: str, log: Path,
 
 # compare's option (its dest) -> the cache app's setting of the same meaning
 APP_SETTINGS = {name: name for name in ("cache_size", "miss_cost", "objects_per_request",
-                                        "objects_per_class", "skew", "page_objects")}
+                                        "objects_per_class", "skew", "page_objects",
+                                        "page_key")}
 APP_SETTINGS["worker_concurrency"] = "concurrency"
 
 
@@ -820,9 +821,11 @@ def format_header(args: argparse.Namespace, parse: dict, counts: Dict[str, int])
     if args.runs > 1:
         replayed += "; each balancer %d times, taking turns, the worst of them" % args.runs
     app = ("cache app: %d objects cached/worker, miss %g ms, %d objects/request of %d/class, "
-           "skew %g, %s requests at once%s; zc-lb workers (%s) --history %d%s; LB%s" % (
+           "skew %g,%s %s requests at once%s; zc-lb workers (%s) --history %d%s; LB%s" % (
                args.cache_size, args.miss_cost * 1000, args.objects_per_request,
-               args.objects_per_class, args.skew, args.worker_concurrency or "any",
+               args.objects_per_class, args.skew,
+               " pages by path (queries ignored)," if args.page_key == "path" else "",
+               args.worker_concurrency or "any",
                ", says hit or miss" if args.cache_signal else "",
                args.zc_lb_workers, args.history,
                "".join(" " + o for o in args.zc_lb_worker_option),
@@ -903,6 +906,10 @@ def make_parser() -> argparse.ArgumentParser:
     app.add_argument("--skew", type=float, default=0.0)
     app.add_argument("--page-objects", type=int, default=0,
                      help="objects of a URL's own that its requests touch too (default 0)")
+    app.add_argument("--page-key", choices=PAGE_KEYS, default="url",
+                     help="what names a page of the cache app: 'url', its path and query "
+                     "(default: each query a page of its own); 'path', the path alone, as "
+                     "the ZODB app, the simulator and zc-lb's default affinity key name it")
     app.add_argument("--worker-concurrency", type=int, default=1, metavar="N",
                      help="requests a worker process serves at once, the rest wait (0: no "
                      "bound; default %(default)s: a Python process whose loads are its own "
@@ -1043,16 +1050,17 @@ def floor_loads(warmup: list, measured: list, args: argparse.Namespace) -> float
     the same objects touched, nothing loaded twice.  With caches of a
     useful size no balancer does better; with tiny ones LRU's quirks can
     let one."""
-    from .cacheapp import CacheModel, objects_for, request_class
+    from .cacheapp import CacheModel, objects_for, page_name, request_class
 
     model = CacheModel(args.workers * args.cache_size)
     for n, entry in enumerate(warmup + measured):
         if n == len(warmup):
             model.misses = 0
         cls = request_class({"HTTP_HOST": entry.host or "localhost"})
-        ids = objects_for(cls, entry.path, args.objects_per_request,
-                          args.objects_per_class, args.skew)
-        ids.extend("%s|%s|%d" % (cls, entry.path, i) for i in range(args.page_objects))
+        page = page_name(entry.path, args.page_key)
+        ids = objects_for(cls, page, args.objects_per_request, args.objects_per_class,
+                          args.skew)
+        ids.extend("%s|%s|%d" % (cls, page, i) for i in range(args.page_objects))
         model.touch(ids)
     return model.misses / len(measured)
 

@@ -214,6 +214,26 @@ def test_loading_is_each_workers_loads_times_the_miss_cost_over_the_replay():
     assert compare.format_loading(rows[1:]) == ""
 
 
+def test_the_floor_names_pages_as_the_workers_app_does():
+    """The floor touches the objects the workers' app would: each query a
+    page of its own by default, one page for them all with --page-key path
+    (which the workers' app is told too)."""
+    from zc_lb.playback.logparse import Entry
+
+    entries = [Entry("GET", "/search?q=%d" % n, "a.example", 0.0, 200, "log:%d" % n, None)
+               for n in range(8)]
+    floors = {}
+    for page_key in ("url", "path"):
+        parser = compare.make_parser()
+        args = parser.parse_args(["x.log", "--objects-per-request", "3", "--objects-per-class",
+                                  "20", "--page-objects", "1", "--page-key", page_key])
+        compare.check_args(parser, args)
+        assert compare.app_env(args)["ZC_LB_CACHEAPP_PAGE_KEY"] == page_key
+        floors[page_key] = compare.floor_loads(entries[:2], entries[2:], args)
+    assert floors["path"] == 0.0  # (the warm-up loaded the one page and its objects)
+    assert floors["url"] >= 1.0  # (a page a query, each loaded once)
+
+
 def test_ratios_without_zc_lb_are_unknown():
     rows = [{"balancer": "hash", "throughput": 100.0, "loads_per_request": 1.0}]
     compare.add_ratios(rows)

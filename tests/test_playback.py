@@ -220,6 +220,32 @@ def test_page_objects_are_a_urls_own():
     assert len(app.model.cache) <= 2 + 6 and app.model.misses >= 2
 
 
+@pytest.mark.parametrize("page_key, pages", [
+    ("url", ["a.example|/s?q=1|0", "a.example|/s?q=2|0"]),
+    ("path", ["a.example|/s|0"]),
+])
+def test_a_page_is_named_by_its_url_or_by_its_path_alone(page_key, pages):
+    """By default each query is a page of its own; with page_key "path"
+    the query names nothing the app caches, as the ZODB app's pages."""
+    app = cacheapp.app_from_environment({
+        "ZC_LB_CACHEAPP_MISS_COST": "0", "ZC_LB_CACHEAPP_OBJECTS_PER_REQUEST": "3",
+        "ZC_LB_CACHEAPP_OBJECTS_PER_CLASS": "20", "ZC_LB_CACHEAPP_PAGE_OBJECTS": "1",
+        "ZC_LB_CACHEAPP_PAGE_KEY": page_key})
+    misses = []
+    for query in ("q=1", "q=2"):
+        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/s", "QUERY_STRING": query,
+                   "HTTP_HOST": "a.example"}
+        app(environ, lambda status, headers: misses.append(dict(headers)["X-Cache-Misses"]))
+    assert [o for o in app.model.cache if "|" in o] == pages
+    assert misses[0] == "4" and (misses[1] == "0") == (page_key == "path")
+    assert cacheapp.page_name("/s?q=1", page_key) == pages[0].split("|")[1]
+
+
+def test_an_unknown_page_key_is_refused():
+    with pytest.raises(ValueError, match="page_key must be one of url, path"):
+        cacheapp.make_app(page_key="query")
+
+
 def test_request_class():
     assert cacheapp.request_class({"HTTP_HOST": "WWW.Shop.Example:8080"}) == "shop.example"
     assert cacheapp.request_class({"HTTP_HOST": "x", "zc_lb.request_class": "c1"}) == "c1"
