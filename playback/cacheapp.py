@@ -14,9 +14,10 @@ query): the same URL always touches the same objects.  ``page_key``
 "path" names a page by its path alone, the query ignored, as the ZODB
 app (``playback.zodbapp``), the simulator and zc-lb's default affinity
 key do: ``/search?q=a`` and ``/search?q=b`` are then one page, where by
-default ("url") each query is a page of its own, loaded once. ``skew`` > 0 draws
-low object numbers more often (``N = int(objects_per_class * u ** (1 +
-skew))``), as when pages of a site share templates; 0 draws uniformly.
+default ("url") each query is a page of its own, loaded once.  ``skew``
+> 0 draws low object numbers more often (``N = int(objects_per_class *
+u ** (1 + skew))``), as when pages of a site share templates; 0 draws
+uniformly.
 
 A hit costs ``hit_cost`` seconds, a miss ``miss_cost`` (a database load),
 both spent in ``gevent.sleep``.  ``concurrency`` (0: unbounded) is how
