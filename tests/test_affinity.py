@@ -83,33 +83,31 @@ def test_footprint_forgets_keys_two_windows_old():
 
 def test_classes_remember_their_keys_hashes_and_count_a_key_once_a_window(monkeypatch):
     # A key seen again is not hashed again, and in the same footprint
-    # window not added to the sketches again (where it would change
-    # nothing); the classes remember at most MAX_KEYS_SEEN keys in all.
+    # window counted again to no effect on the sketches; the classes
+    # remember at most MAX_KEYS_SEEN keys in all.
     pool = pool_of(3, footprint_window=100)
     for i in range(60):
         pool.put(pool.get("a" if i % 2 else "b", "/k%d" % (i % 7)))
     stats = pool.classes["a"]
     crc = crc32(b"/k1")
-    hashes = stats.keys["/k1"]  # (its hash in the class, in the book, its window)
-    assert hashes == (classstats.mix(stats.salt ^ crc), classstats.mix(crc), 0)
-    gc.collect()  # (numbers only: out of the cyclic collector's passes from its first)
-    assert not any(gc.is_tracked(hashes) for hashes in stats.keys.values())
+    hashes = stats.keys["/k1"]  # (its hash in the class, and above it its hash in the book)
+    assert hashes == classstats.mix(stats.salt ^ crc) | classstats.mix(crc) << 64
+    assert not gc.is_tracked(stats.keys)  # (numbers: never in the cyclic collector's passes)
     assert len(stats.keys) == len(pool.classes["b"].keys) == pool.members.keys_seen // 2 == 7
     estimates = stats.footprint.estimate(0), pool.members.footprint.estimate(0)
     pool.put(pool.get("a", "/k1"))
     assert (stats.footprint.estimate(0), pool.members.footprint.estimate(0)) == estimates == (7, 14)
     for i in range(40):  # into the next window, where it counts again
         pool.put(pool.get("a", "/k1"))
-    assert stats.keys["/k1"] == hashes[:2] + (1,)
-    assert stats.keys["/k2"][2] == 0 and len(stats.footprint.current.smallest) == 1
+    assert stats.keys["/k1"] == hashes and len(stats.footprint.current.smallest) == 1
     pool.put(pool.get("a", "/k2"))
-    assert stats.keys["/k2"][2] == 1 and len(stats.footprint.current.smallest) == 2
+    assert len(stats.footprint.current.smallest) == 2
     monkeypatch.setattr(membership, "MAX_KEYS_SEEN", 16)
     for i in range(3):  # the third of these finds 16 remembered: all forgotten
         pool.put(pool.get("a", "/n%d" % i))
     assert list(stats.keys) == ["/n2"] and not pool.classes["b"].keys and pool.members.keys_seen == 1
     pool.put(pool.get("a", "/k1"))  # hashed again, and counted again to no effect
-    assert stats.keys["/k1"][2] == 1 and len(stats.footprint.current.smallest) == 5
+    assert stats.keys["/k1"] == hashes and len(stats.footprint.current.smallest) == 5
 
 
 def test_past_the_bound_the_classes_forget_half_their_keys_a_few_a_new_key(monkeypatch):
@@ -129,8 +127,8 @@ def test_past_the_bound_the_classes_forget_half_their_keys_a_few_a_new_key(monke
     assert len(pool.classes["b"].keys) == 4 and not pool.members.forgetting
     assert "/k255" not in stats.keys and "/k0" in stats.keys
     pool.put(pool.get("a", "/k255"))  # forgotten: hashed again, the same hashes
-    assert stats.keys["/k255"][:2] == (mix(stats.salt ^ crc32(b"/k255")),
-                                       classstats.mixed(crc32(b"/k255") ^ pool.hash_seed))
+    assert stats.keys["/k255"] == (mix(stats.salt ^ crc32(b"/k255"))
+                                   | classstats.mixed(crc32(b"/k255") ^ pool.hash_seed) << 64)
 
 
 def test_same_key_goes_to_the_same_worker_and_a_class_is_partitioned():
@@ -1336,7 +1334,7 @@ def test_a_key_another_lb_sent_to_a_skilled_worker_stays_there_though_not_a_memb
         members = pool.members.of("c", stats)
         outsider = next(w for w in pool.workers.values() if w not in members)
         assert outsider in pool.skilled["c"]
-        pool.take_keys(outsider.handle, {"c": [stats.keys["/c3"][1]]})
+        pool.take_keys(outsider.handle, {"c": [stats.keys["/c3"] >> 64]})
         return pool, outsider, members
 
     pool, outsider, members = relayed_to_an_outsider(2)
@@ -1419,7 +1417,7 @@ def test_keys_another_lb_sent_go_where_it_sent_them():
     moved = 0
     for k in range(300):
         key = "/%d" % k
-        book_hash = first.classes["c"].keys[key][1]
+        book_hash = first.classes["c"].keys[key] >> 64  # (``KeyHashes``)
         if book_hash not in where:
             continue
         for pool in (second, unrelayed):

@@ -7,6 +7,8 @@ import random
 from collections import Counter
 from zlib import crc32
 
+import pytest
+
 from zc_lb.routing import relearn
 from zc_lb.routing.affinity import AffinityPool
 from zc_lb.routing.classstats import mixed
@@ -70,10 +72,62 @@ def test_the_book_remembers_the_class_and_worker_a_key_last_went_to():
     again, same_hash, entry = booked(pool, "a", "/0")  # seen again: the same entry
     assert same_hash == hashes["/0"] and len(pool.book) == 12
     assert entry[:3] == ("a", pool.workers[again].ident, False)
-    # Numbers and a string: out of the cyclic collector's passes from its
-    # first, however many keys the book holds.
-    gc.collect()
-    assert not any(gc.is_tracked(entry) for entry in pool.book.values())
+    # A number and a string a key: never in the cyclic collector's passes,
+    # however many keys the book holds, nor are the classes' keys.
+    assert not gc.is_tracked(pool.book.packed) and not gc.is_tracked(pool.book.numbers)
+    assert pool.classes["a"].keys and not any(
+        gc.is_tracked(stats.keys) for stats in pool.classes.values())
+
+
+@pytest.mark.parametrize("entry", [
+    ("a", 1, False, relearn.AWAY, 0),
+    ("", 7, True, 0, 3),  # (an empty class name is a class)
+    ("b", (1 << 16) - 1, True, relearn.JOINS_LIMIT - 1, relearn.AGE_LIMIT - 1),
+    ("c", 1 << 40, False, 5, 1),  # (an ident past 2**16: a larger number)
+    SHARED,
+])
+def test_the_book_gives_back_each_entry_it_was_given(entry):
+    book = relearn.Book()
+    book.put(1, ("x", 2, False, 3, 4))
+    book.put(2 ** 64 - 1, entry)
+    assert book.get(2 ** 64 - 1) == entry and book[1] == ("x", 2, False, 3, 4)
+    assert list(book) == [1, 2 ** 64 - 1] and len(book) == 2 and 1 in book
+    book.remove(1)
+    assert book.get(1) is None and list(book.items()) == [(2 ** 64 - 1, entry)]
+    with pytest.raises(KeyError):
+        book[1]
+
+
+def test_the_book_numbers_a_class_while_it_holds_a_key_of_it():
+    book = relearn.Book()
+    for i in range(9):
+        book.put(i, ("c%d" % (i % 3), 1, False, 0, 0))
+    book.put(9, SHARED)  # (no class: no number)
+    assert sorted(book.numbers) == ["c0", "c1", "c2"] and not book.free
+    for i in (0, 3, 6):
+        book.remove(i)
+    assert sorted(book.numbers) == ["c1", "c2"] and len(book.free) == 1
+    book.put(10, ("new", 2, False, 0, 0))  # (the freed number, given again)
+    assert not book.free and len(book.names) == 4
+    assert [book[h][0] for h in book] == ["c1", "c2"] * 3 + [None, "new"]
+
+
+def test_a_classs_joins_and_the_books_age_are_counted_as_the_book_keeps_them(monkeypatch):
+    # Joins and ages wrap at their fields, so that an entry compares equal
+    # to the count it was made with.
+    pool = pool_of(2)
+    pool.relearning.age = relearn.AGE_LIMIT - 1
+    monkeypatch.setattr(relearn, "BOOK_SIZE", 16)  # (an age: one new key)
+    booked(pool, "a", "/x")
+    assert pool.relearning.age == 0
+    stats = pool.classes["a"]
+    stats.joins = relearn.JOINS_LIMIT - 1
+    workers = list(pool.workers.values())
+    stats.holders = workers[:1]
+    pool.members._new_members(stats, {w: 1.0 for w in workers}, 1)  # (it grew: a join)
+    assert stats.joins == 0
+    book_hash = booked(pool, "a", "/z")[1]
+    assert pool.book[book_hash][3] in (relearn.AWAY, 0)
 
 
 def test_the_book_names_a_worker_by_a_number_no_later_worker_takes():
@@ -129,8 +183,7 @@ def test_a_large_book_forgets_its_oldest_keys_in_batches(monkeypatch):
     booked(pool, "a", "/k0")  # again in the same age (no new key since): left where it is
     assert list(pool.book)[-2:] == [hashes[0], hashes[1028]]
     assert sum(w.booked for w in pool.workers.values()) == 1024
-    gc.collect()  # (a dict of numbers and strings: not walked by the collector)
-    assert not gc.is_tracked(pool.book)
+    assert not gc.is_tracked(pool.book.packed)  # (numbers: never walked by the collector)
 
 
 def test_each_worker_counts_the_keys_the_book_says_went_to_it(monkeypatch):

@@ -8,11 +8,11 @@ smallest hashes seen, from which the number of distinct ones follows with
 an error of about 1/sqrt(k).  ``ClassStats`` holds, per class, what the
 LB sees of it: its decayed request count, its footprint, its members as
 last worked out, the floors of the workers that joined it while starting
-(``routing/slowstart.py``) or followed its moved keys (``routing/relearn.py``), and the
-hashes of the keys requested (``KeyHashes``: hashed once, and counted in
-the sketches once a window, where a second time changes nothing).  These
-are plain records and functions: the pool (``affinity.AffinityPool``)
-and its parts keep them and act on them.
+(``routing/slowstart.py``) or followed its moved keys
+(``routing/relearn.py``), and the hashes of the keys requested
+(``KeyHashes``: hashed once; counted in the sketches again, a key
+changes nothing).  These are plain records and functions: the pool
+(``affinity.AffinityPool``) and its parts keep them and act on them.
 """
 
 from __future__ import annotations
@@ -156,12 +156,12 @@ class Footprint:
 
 
 
-# A key's hash in its class and in the book, and the last footprint window
-# it was requested in (its first request there counts it in the sketches;
-# the others would change nothing).  A tuple of numbers, which Python's
-# cyclic collector stops tracking at its first pass, where a record object
-# for each of up to 65,536 keys would lengthen every full pass.
-KeyHashes = Tuple[int, int, int]
+# A key's hash in its class and its hash in the book, as one number:
+# ``key_hash | book_hash << 64``.  A dict of numbers is never tracked by
+# Python's cyclic collector, where one of tuples is tracked again by each
+# tuple put in it until a full pass, and then walked whole, up to 65,536
+# keys, in each of the collector's passes until then.
+KeyHashes = int
 
 
 class ClassStats:

@@ -98,11 +98,11 @@ from zlib import crc32
 
 from mypy_extensions import trait
 
-from zc_lb.routing.classstats import (PRIOR, ClassStats, Footprint, forget_keys, mix, mixed,
-                                      stable_hash)
+from zc_lb.routing.classstats import (MASK64, PRIOR, ClassStats, Footprint, forget_keys, mix,
+                                      mixed, stable_hash)
 from zc_lb.routing.locality import Locality
 from zc_lb.routing.pool import PoolWorker, SkillMap
-from zc_lb.routing.relearn import Relearning, adopted, floor_weight
+from zc_lb.routing.relearn import JOINS_LIMIT, Relearning, adopted, floor_weight
 from zc_lb.routing.slowstart import SlowStart, Starter
 
 log = logging.getLogger(__name__)
@@ -302,18 +302,18 @@ class Members:
         hashes = stats.keys.get(key)
         if hashes is None:  # (most keys come back: no hashing then)
             crc = crc32(key.encode("utf-8", "surrogateescape"))
-            # (the hash in the book is the same in every class, and a path
-            # like / is in many: remembered)
-            hashes = (mix(stats.salt ^ crc), mixed(crc ^ pool.hash_seed), -1)
+            # (a book hash is the same in every class, and / is in many: remembered)
+            key_hash, book_hash = mix(stats.salt ^ crc), mixed(crc ^ pool.hash_seed)
             self.keys_seen += 1
             if self.keys_seen > MAX_KEYS_SEEN or self.forgetting:
                 self._forget_keys()
-        key_hash, book_hash, counted = hashes
-        if counted != window:  # (again in a window, it would change nothing)
-            stats.keys[key] = (key_hash, book_hash, window)
-            if stats.footprint.add(key_hash, window) and stats.members:
-                self._hold(stats, stats.members)  # (its keys held, counted again)
-            self.footprint.add(key_hash, window)
+            stats.keys[key] = key_hash | (book_hash << 64)  # (``KeyHashes``)
+        else:
+            key_hash, book_hash = hashes & MASK64, hashes >> 64
+        # (a key counted again in a window changes no sketch)
+        if stats.footprint.add(key_hash, window) and stats.members:
+            self._hold(stats, stats.members)  # (its keys held, counted again)
+        self.footprint.add(key_hash, window)
         return stats, key_hash, book_hash
 
     def _forget_keys(self) -> None:
@@ -418,7 +418,7 @@ class Members:
         # for pressure takes new keys and those the bound moves on, not those at home.)
         if len(members) > len(stats.holders) and not (
                 stats.extra and len(stats.holders) >= share):
-            stats.joins += 1
+            stats.joins = (stats.joins + 1) % JOINS_LIMIT  # (as the book keeps it)
         self._hold(stats, members)
 
     def _widen(self, rclass: str, stats: ClassStats, members: Dict[PoolWorker, float],

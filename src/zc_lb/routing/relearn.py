@@ -41,7 +41,7 @@ request's class and key (``notice_unskilled``, ``moved``,
 loses one (``remove``).  ``notice_unskilled`` and ``moved`` say whether
 they changed skills (a reset always does), so that the pool, which
 counts changes of skills (``skills_version``), marks them.  The pool
-reads ``book`` (the same dict) on its own path.
+reads ``book`` (the same ``Book``) on its own path.
 
 Weak spot, admitted.  A path shared by two classes may look moved before
 it is seen moving twice: such a class may follow a few of its keys once,
@@ -50,7 +50,7 @@ at start.
 
 from __future__ import annotations
 
-from typing import Dict, Final, Hashable, List, Optional, Set, Tuple
+from typing import Dict, Final, Hashable, Iterator, List, Optional, Set, Tuple
 
 from zc_lb.routing.classstats import ClassStats
 from zc_lb.routing.pool import PoolWorker, unskill
@@ -87,12 +87,116 @@ def floor_weight(ratio: float) -> float:
 # whether it moved between classes, AWAY if that worker is not its owner
 # in rendezvous order, else the class's ``joins`` then: see
 # ``Placement._choose``; and the book's ``age`` when the key was last put
-# at its end).  Numbers and a string, which Python's cyclic collector
-# stops tracking at its first pass: with the worker's record in it, each
-# of the book's 65,536 entries would lengthen every full pass.
+# at its end).  The book holds it as a number and a string (``Book``).
 BookEntry = Tuple[Optional[str], int, bool, int, int]
 AWAY: Final = -1
 SHARED: BookEntry = (None, 0, True, AWAY, 0)  # a key of several classes
+
+# A book entry packed into one number (``Book``), from its lowest bit:
+# whether the key moved, the class's joins then plus one (0 for AWAY),
+# the book's age, the class's number in the book (0: SHARED), and above
+# them the worker's ident.  Under 2**62, a number compiled code keeps
+# unboxed, while idents are under 2**16 (past them, a larger number,
+# which it boxes).  Joins and ages are counted modulo their fields
+# (``JOINS_LIMIT``, ``AGE_LIMIT``), so that what the book gives back is
+# what they are compared with: a count that wrapped only makes an entry
+# 65,535 joins, or 16 million new keys, old look current.
+JOINS_LIMIT: Final = (1 << 16) - 1
+AGE_LIMIT: Final = 1 << 12
+_WHERE_MASK: Final = JOINS_LIMIT  # (joins plus one, or 0 for AWAY)
+_AGE_AT: Final = 17
+_CLASS_AT: Final = 29
+_CLASS_MASK: Final = (1 << 17) - 1  # (the book's classes are fewer than its keys)
+_IDENT_AT: Final = 46
+
+
+class Book:
+    """The book of keys: a key's hash in the book -> its ``BookEntry``,
+    least recently put first.  An entry is kept as one number, in a dict
+    that Python's cyclic collector never tracks (a dict of tuples is
+    tracked again by each new tuple put in it, until a full pass, and
+    under a flood of new keys the collector walked the book's 65,536
+    entries three times a cycle, in passes of up to 21 ms).  A class is
+    numbered while the book holds a key of it: ``numbers`` and ``names``
+    (number 0: none, SHARED), ``uses`` (its keys) and ``free`` (numbers
+    to give again).  ``get`` makes an entry a tuple again, for one
+    request."""
+
+    __slots__ = ("packed", "numbers", "names", "uses", "free")
+
+    def __init__(self) -> None:
+        self.packed: Dict[int, int] = {}
+        self.numbers: Dict[str, int] = {}
+        self.names: List[str] = [""]
+        self.uses: List[int] = [0]
+        self.free: List[int] = []
+
+    def get(self, book_hash: int) -> Optional[BookEntry]:
+        packed = self.packed.get(book_hash)
+        if packed is None:
+            return None
+        number = (packed >> _CLASS_AT) & _CLASS_MASK
+        if not number:
+            return SHARED
+        return (self.names[number], packed >> _IDENT_AT, (packed & 1) != 0,
+                ((packed >> 1) & _WHERE_MASK) - 1, (packed >> _AGE_AT) & (AGE_LIMIT - 1))
+
+    def put(self, book_hash: int, entry: BookEntry) -> None:
+        """Put ``entry`` at the end (the key most recently seen): the caller
+        has taken out what the book held for the key, if anything."""
+        rclass = entry[0]
+        number = 0
+        if rclass is not None:
+            number = self.numbers.get(rclass, 0)
+            if not number:
+                number = self._number(rclass)
+            self.uses[number] += 1
+        self.packed[book_hash] = (
+            (1 if entry[2] else 0) | (((entry[3] + 1) & _WHERE_MASK) << 1)
+            | ((entry[4] & (AGE_LIMIT - 1)) << _AGE_AT) | (number << _CLASS_AT)
+            | (entry[1] << _IDENT_AT))
+
+    def _number(self, rclass: str) -> int:
+        if self.free:
+            number = self.free.pop()
+            self.names[number] = rclass
+        else:
+            number = len(self.names)
+            self.names.append(rclass)
+            self.uses.append(0)
+        self.numbers[rclass] = number
+        return number
+
+    def remove(self, book_hash: int) -> None:
+        number = (self.packed.pop(book_hash) >> _CLASS_AT) & _CLASS_MASK
+        if number:
+            self.uses[number] -= 1
+            if not self.uses[number]:  # (no key of the class left: its number is free)
+                del self.numbers[self.names[number]]
+                self.names[number] = ""
+                self.free.append(number)
+
+    def __len__(self) -> int:
+        return len(self.packed)
+
+    def __contains__(self, book_hash: int) -> bool:
+        return book_hash in self.packed
+
+    def __iter__(self) -> Iterator[int]:
+        """The keys' hashes, least recently put first."""
+        return iter(self.packed)
+
+    def __getitem__(self, book_hash: int) -> BookEntry:
+        entry = self.get(book_hash)
+        if entry is None:
+            raise KeyError(book_hash)
+        return entry
+
+    def items(self) -> List[Tuple[int, BookEntry]]:
+        return [(book_hash, self[book_hash]) for book_hash in self.packed]
+
+    def values(self) -> List[BookEntry]:
+        return [self[book_hash] for book_hash in self.packed]
 
 
 class Relearning:
@@ -115,9 +219,7 @@ class Relearning:
         self.skilled = skilled
         self.classes = classes
         # key -> (class, worker) it last went to, whether it moved
-        # (a plain dict, least recently seen first: the collector stops
-        # tracking a dict of numbers, where it walks an OrderedDict whole)
-        self.book: Dict[int, BookEntry] = {}
+        self.book = Book()
         self.age = 0  # a sixteenth of the book's size in new keys, counted
         self.new_keys = 0  # (since the book last aged)
         # worker -> classes whose keys moved away from it, while its
@@ -204,12 +306,12 @@ class Relearning:
         ident = worker.ident
         age = self.age
         if entry is None:
-            book[book_hash] = (rclass, ident, False, where, age)
+            book.put(book_hash, (rclass, ident, False, where, age))
             worker.booked += 1
             self.new_keys += 1
             if self.new_keys >= BOOK_SIZE >> 4:
                 self.new_keys = 0
-                self.age += 1
+                self.age = (self.age + 1) % AGE_LIMIT
             if len(book) > BOOK_SIZE + (BOOK_SIZE >> 8):
                 self._forget_oldest()
             return
@@ -225,8 +327,8 @@ class Relearning:
                 last.booked -= 1
             if now[1]:
                 worker.booked += 1
-        del book[book_hash]  # (and in again: the most recently seen, last)
-        book[book_hash] = now
+        book.remove(book_hash)  # (and in again: the most recently seen, last)
+        book.put(book_hash, now)
 
     def _forget_oldest(self) -> None:
         """Forget the keys least recently seen, down to ``BOOK_SIZE``.  The
@@ -238,15 +340,18 @@ class Relearning:
         book = self.book
         oldest: List[int] = []
         excess = len(book) - BOOK_SIZE
-        for book_hash in book:
+        for book_hash in book.packed:
             if len(oldest) == excess:
                 break
             oldest.append(book_hash)
         by_ident = self.by_ident
         for book_hash in oldest:
-            forgotten = by_ident.get(book.pop(book_hash)[1])
-            if forgotten is not None:
-                forgotten.booked -= 1
+            entry = book.get(book_hash)
+            book.remove(book_hash)
+            if entry is not None:
+                forgotten = by_ident.get(entry[1])
+                if forgotten is not None:
+                    forgotten.booked -= 1
 
     def moved(self, rclass: str, stats: ClassStats, entry: Optional[BookEntry],
               unskilled_score: float) -> bool:
