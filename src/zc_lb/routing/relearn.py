@@ -87,7 +87,7 @@ def floor_weight(ratio: float) -> float:
 # whether it moved between classes, AWAY if that worker is not its owner
 # in rendezvous order, else the class's ``joins`` then: see
 # ``Placement._choose``; and the book's ``age`` when the key was last put
-# at its end).  The book holds it as a number and a string (``Book``).
+# at its end).  The book holds it as one number (``Book``).
 BookEntry = Tuple[Optional[str], int, bool, int, int]
 AWAY: Final = -1
 SHARED: BookEntry = (None, 0, True, AWAY, 0)  # a key of several classes
@@ -106,7 +106,7 @@ AGE_LIMIT: Final = 1 << 12
 _WHERE_MASK: Final = JOINS_LIMIT  # (joins plus one, or 0 for AWAY)
 _AGE_AT: Final = 17
 _CLASS_AT: Final = 29
-_CLASS_MASK: Final = (1 << 17) - 1  # (the book's classes are fewer than its keys)
+_CLASS_MASK: Final = (1 << 17) - 1  # (no more classes than keys: BOOK_SIZE and a 256th)
 _IDENT_AT: Final = 46
 
 
