@@ -235,7 +235,7 @@ def test_two_lbs_hear_through_the_workers_where_each_sent_a_key():
         while time.monotonic() < deadline and len(second.pool.book) < len(placed):
             gevent.sleep(0.01)
         for key, handle in placed.items():  # (and the book decides, see test_affinity)
-            entry = second.pool.book[mixed(crc32(key.encode()) ^ second.pool.hash_seed)]
+            entry = second.pool.book.get(mixed(crc32(key.encode()) ^ second.pool.hash_seed))
             went = second.pool.relearning.by_ident[entry[1]]
             assert entry[0] == "c" and went.handle.peer == handle.peer, key
         first.pool.put(busy)

@@ -28,7 +28,7 @@ def booked(pool: AffinityPool, rclass: str, key: str):
     handle = pool.get(rclass, key)
     pool.put(handle)
     book_hash = mixed(crc32(key.encode()) ^ pool.hash_seed)
-    return handle, book_hash, pool.book[book_hash]
+    return handle, book_hash, pool.book.get(book_hash)
 
 
 def small_class_on_one_worker():
@@ -68,7 +68,7 @@ def test_the_book_remembers_the_class_and_worker_a_key_last_went_to():
         handle, hashes[key], entry = booked(pool, rclass, key)
         assert entry[:3] == (rclass, pool.workers[handle].ident, False)
     assert len(pool.book) == 12 and len(set(hashes.values())) == 12
-    assert len({pool.book[h][1] for h in hashes.values()}) > 1  # (several workers)
+    assert len({pool.book.get(h)[1] for h in hashes.values()}) > 1  # (several workers)
     again, same_hash, entry = booked(pool, "a", "/0")  # seen again: the same entry
     assert same_hash == hashes["/0"] and len(pool.book) == 12
     assert entry[:3] == ("a", pool.workers[again].ident, False)
@@ -90,12 +90,12 @@ def test_the_book_gives_back_each_entry_it_was_given(entry):
     book = relearn.Book()
     book.put(1, ("x", 2, False, 3, 4))
     book.put(2 ** 64 - 1, entry)
-    assert book.get(2 ** 64 - 1) == entry and book[1] == ("x", 2, False, 3, 4)
-    assert list(book) == [1, 2 ** 64 - 1] and len(book) == 2 and 1 in book
-    book.remove(1)
+    assert book.get(2 ** 64 - 1) == entry and book.get(1) == ("x", 2, False, 3, 4)
+    assert list(book) == [1, 2 ** 64 - 1] and len(book) == 2
+    assert book.remove(1) == 2  # (the ident it named)
     assert book.get(1) is None and list(book.items()) == [(2 ** 64 - 1, entry)]
     with pytest.raises(KeyError):
-        book[1]
+        book.remove(1)  # (not there)
 
 
 def test_the_book_numbers_a_class_while_it_holds_a_key_of_it():
@@ -109,7 +109,7 @@ def test_the_book_numbers_a_class_while_it_holds_a_key_of_it():
     assert sorted(book.numbers) == ["c1", "c2"] and len(book.free) == 1
     book.put(10, ("new", 2, False, 0, 0))  # (the freed number, given again)
     assert not book.free and len(book.names) == 4
-    assert [book[h][0] for h in book] == ["c1", "c2"] * 3 + [None, "new"]
+    assert [book.get(h)[0] for h in book] == ["c1", "c2"] * 3 + [None, "new"]
 
 
 def test_a_classs_joins_and_the_books_age_are_counted_as_the_book_keeps_them(monkeypatch):
@@ -127,7 +127,7 @@ def test_a_classs_joins_and_the_books_age_are_counted_as_the_book_keeps_them(mon
     pool.members._new_members(stats, {w: 1.0 for w in workers}, 1)  # (it grew: a join)
     assert stats.joins == 0
     book_hash = booked(pool, "a", "/z")[1]
-    assert pool.book[book_hash][3] in (relearn.AWAY, 0)
+    assert pool.book.get(book_hash)[3] in (relearn.AWAY, 0)
 
 
 def test_the_book_names_a_worker_by_a_number_no_later_worker_takes():
@@ -162,8 +162,8 @@ def test_the_book_is_bounded_and_forgets_the_least_recently_seen_key_first(monke
     booked(pool, "a", "/k0")  # seen again: the most recent now
     hashes["/k8"] = booked(pool, "a", "/k8")[1]
     assert len(pool.book) == 8
-    assert hashes["/k1"] not in pool.book  # the least recently seen went
-    assert hashes["/k0"] in pool.book and hashes["/k8"] in pool.book
+    assert pool.book.get(hashes["/k1"]) is None  # the least recently seen went
+    assert pool.book.get(hashes["/k0"]) and pool.book.get(hashes["/k8"])
     for i in range(9, 40):
         booked(pool, "a", "/k%d" % i)
     assert len(pool.book) == 8
@@ -199,11 +199,11 @@ def test_each_worker_counts_the_keys_the_book_says_went_to_it(monkeypatch):
         in_flight.append(handle)  # (backlogs build up: the bound moves keys on)
         if len(in_flight) > rng.randrange(1, 12):
             pool.put(in_flight.pop(rng.randrange(len(in_flight))))
-        tally = Counter(entry[1] for entry in pool.book.values() if entry[1])
+        tally = Counter(entry[1] for _, entry in pool.book.items() if entry[1])
         assert {w: w.booked for w in pool.workers.values()} == {
             w: tally[w.ident] for w in pool.workers.values()}, i
     assert len(pool.book) == 50
-    assert any(entry == SHARED for entry in pool.book.values())
+    assert any(entry == SHARED for _, entry in pool.book.items())
 
 
 # -- a changed classifier -------------------------------------------------------

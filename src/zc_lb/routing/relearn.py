@@ -103,7 +103,6 @@ SHARED: BookEntry = (None, 0, True, AWAY, 0)  # a key of several classes
 # 65,535 joins, or 16 million new keys, old look current.
 JOINS_LIMIT: Final = (1 << 16) - 1
 AGE_LIMIT: Final = 1 << 12
-_WHERE_MASK: Final = JOINS_LIMIT  # (joins plus one, or 0 for AWAY)
 _AGE_AT: Final = 17
 _CLASS_AT: Final = 29
 _CLASS_MASK: Final = (1 << 17) - 1  # (no more classes than keys: BOOK_SIZE and a 256th)
@@ -139,7 +138,7 @@ class Book:
         if not number:
             return SHARED
         return (self.names[number], packed >> _IDENT_AT, (packed & 1) != 0,
-                ((packed >> 1) & _WHERE_MASK) - 1, (packed >> _AGE_AT) & (AGE_LIMIT - 1))
+                ((packed >> 1) & JOINS_LIMIT) - 1, (packed >> _AGE_AT) & (AGE_LIMIT - 1))
 
     def put(self, book_hash: int, entry: BookEntry) -> None:
         """Put ``entry`` at the end (the key most recently seen): the caller
@@ -152,7 +151,7 @@ class Book:
                 number = self._number(rclass)
             self.uses[number] += 1
         self.packed[book_hash] = (
-            (1 if entry[2] else 0) | (((entry[3] + 1) & _WHERE_MASK) << 1)
+            (1 if entry[2] else 0) | (((entry[3] + 1) & JOINS_LIMIT) << 1)
             | ((entry[4] & (AGE_LIMIT - 1)) << _AGE_AT) | (number << _CLASS_AT)
             | (entry[1] << _IDENT_AT))
 
@@ -167,36 +166,28 @@ class Book:
         self.numbers[rclass] = number
         return number
 
-    def remove(self, book_hash: int) -> None:
-        number = (self.packed.pop(book_hash) >> _CLASS_AT) & _CLASS_MASK
+    def remove(self, book_hash: int) -> int:
+        """Take out the key's entry; the ident of the worker it named."""
+        packed = self.packed.pop(book_hash)
+        number = (packed >> _CLASS_AT) & _CLASS_MASK
         if number:
             self.uses[number] -= 1
             if not self.uses[number]:  # (no key of the class left: its number is free)
                 del self.numbers[self.names[number]]
                 self.names[number] = ""
                 self.free.append(number)
+        return packed >> _IDENT_AT
 
     def __len__(self) -> int:
         return len(self.packed)
-
-    def __contains__(self, book_hash: int) -> bool:
-        return book_hash in self.packed
 
     def __iter__(self) -> Iterator[int]:
         """The keys' hashes, least recently put first."""
         return iter(self.packed)
 
-    def __getitem__(self, book_hash: int) -> BookEntry:
-        entry = self.get(book_hash)
-        if entry is None:
-            raise KeyError(book_hash)
-        return entry
-
-    def items(self) -> List[Tuple[int, BookEntry]]:
-        return [(book_hash, self[book_hash]) for book_hash in self.packed]
-
-    def values(self) -> List[BookEntry]:
-        return [self[book_hash] for book_hash in self.packed]
+    def items(self) -> List[Tuple[int, Optional[BookEntry]]]:
+        """(For tests.)"""
+        return [(book_hash, self.get(book_hash)) for book_hash in self.packed]
 
 
 class Relearning:
@@ -340,18 +331,15 @@ class Relearning:
         book = self.book
         oldest: List[int] = []
         excess = len(book) - BOOK_SIZE
-        for book_hash in book.packed:
+        for book_hash in book:
             if len(oldest) == excess:
                 break
             oldest.append(book_hash)
         by_ident = self.by_ident
         for book_hash in oldest:
-            entry = book.get(book_hash)
-            book.remove(book_hash)
-            if entry is not None:
-                forgotten = by_ident.get(entry[1])
-                if forgotten is not None:
-                    forgotten.booked -= 1
+            forgotten = by_ident.get(book.remove(book_hash))
+            if forgotten is not None:
+                forgotten.booked -= 1
 
     def moved(self, rclass: str, stats: ClassStats, entry: Optional[BookEntry],
               unskilled_score: float) -> bool:
