@@ -49,14 +49,13 @@ def test_rendezvous_weights_follow_scores():
     assert 1.7 < wins["a"] / wins["b"] < 2.3
 
 
-def test_remembered_draws_are_the_draws_and_stay_bounded(monkeypatch):
-    monkeypatch.setattr(classstats, "MAX_DRAWS", 100)
-    monkeypatch.setattr(classstats, "_DRAWS", {})
-    for x in range(1000):
+def test_remembered_draws_are_the_draws_and_stay_bounded():
+    slots = classstats.MEMORY_SLOTS
+    for x in list(range(1000)) + [k * slots + 7 for k in range(1000)]:  # (the latter one slot)
         u = ((mix(x) >> 11) + 0.5) / classstats.UNIT
         assert classstats.rendezvous_draw(x) == -math.log(u)
         assert classstats.rendezvous_draw(x) == -math.log(u)  # remembered
-        assert len(classstats._DRAWS) <= 100
+    assert len(classstats._DRAW_INPUTS) == len(classstats._DRAWS) == slots
 
 
 def test_sketch_estimates_distinct_values_in_bounded_memory():

@@ -54,14 +54,17 @@ def test_mix_spreads_consecutive_inputs_over_all_64_bits():
         assert 0.45 < share < 0.55, (bit, share)
 
 
-def test_mixed_is_mix_before_and_after_its_memory_is_cleared(monkeypatch):
-    monkeypatch.setattr(classstats, "MAX_MIXED", 50)
-    monkeypatch.setattr(classstats, "_MIXED", {})
-    values = list(range(60)) + [stable_hash("k%d" % i) for i in range(60)]
-    for _ in range(2):  # the second time, some remembered and some cleared
+def test_mixed_is_mix_whichever_value_last_had_its_slot():
+    # Values a multiple of the slots apart share a slot: each takes it from
+    # the other, and each is still given its own mix.
+    slots = classstats.MEMORY_SLOTS
+    values = [0, 1, slots, slots + 1, 5 * slots, stable_hash("k"), stable_hash("k") ^ slots,
+              MASK64, MASK64 - slots]
+    for _ in range(2):  # the second time, each slot holds the last of its values
         for x in values:
             assert mixed(x) == mix(x)
-            assert len(classstats._MIXED) <= 50
+            assert mixed(x) == mix(x)  # (remembered)
+    assert len(classstats._MIX_INPUTS) == len(classstats._MIXES) == slots  # (bounded)
 
 
 # -- rendezvous ------------------------------------------------------------------

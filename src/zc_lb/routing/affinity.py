@@ -131,7 +131,7 @@ from zc_lb.routing.slowstart import SlowStart
 # (Final: compiled code has them as constants, where it would look a plain
 # module name up in the module's dict each time, some 30 times a request
 # in all the pool's modules.  Those the tests change stay plain: MAX_KEYS_SEEN
-# in members, PRIOR, MAX_MIXED and MAX_DRAWS in classstats, BOOK_SIZE in relearn.)
+# in members, PRIOR in classstats, BOOK_SIZE in relearn.)
 MAX_SENT: Final = 4096  # keys noted for a worker between two relays (50 ms), at most
 MAX_RECRUITS: Final = 65536  # classes whose recruit by another LB is remembered, at most
 
