@@ -58,7 +58,8 @@ def mix(x: int) -> int:
 # a flood of new keys, and took the hot keys with it; forgetting its
 # oldest entries a few at a time held up 1 request in 3,000 for 0.5-1 ms.
 # Final lists: compiled, a C global each, where a plain module name is
-# looked up in the module's dict every time.
+# looked up in the module's dict every time.  (An input and its value are
+# two stores: the pools run on one thread, the LB's loop.)
 MEMORY_SLOTS: Final = 1 << 15  # remembered mixes, and draws: hot keys' hashes
 _SLOT: Final = MEMORY_SLOTS - 1
 # (each slot starts as 0's: x lands in x's slot, so no other x is taken for 0)
