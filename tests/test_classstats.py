@@ -59,7 +59,7 @@ def test_mixed_is_mix_whichever_value_last_had_its_slot():
     # the other, and each is still given its own mix.
     slots = classstats.MEMORY_SLOTS
     values = [0, 1, slots, slots + 1, 5 * slots, stable_hash("k"), stable_hash("k") ^ slots,
-              MASK64, MASK64 - slots]
+              MASK64, MASK64 - slots, -1, -slots]  # (any int has a slot)
     for _ in range(2):  # the second time, each slot holds the last of its values
         for x in values:
             assert mixed(x) == mix(x)
