@@ -74,7 +74,8 @@ def test_the_book_remembers_the_class_and_worker_a_key_last_went_to():
     assert entry[:3] == ("a", pool.workers[again].ident, False)
     # A number and a string a key: never in the cyclic collector's passes,
     # however many keys the book holds, nor are the classes' keys.
-    assert not gc.is_tracked(pool.book.packed) and not gc.is_tracked(pool.book.numbers)
+    assert not any(gc.is_tracked(shard) for shard in pool.book.shards)
+    assert not gc.is_tracked(pool.book.numbers)
     assert pool.classes["a"].keys and not any(
         gc.is_tracked(stats.keys) for stats in pool.classes.values())
 
@@ -87,7 +88,7 @@ def test_the_book_remembers_the_class_and_worker_a_key_last_went_to():
     SHARED,
 ])
 def test_the_book_gives_back_each_entry_it_was_given(entry):
-    book = relearn.Book()
+    book = relearn.Book(1024)  # (one dict: in order)
     book.put(1, ("x", 2, False, 3, 4))
     book.put(2 ** 64 - 1, entry)
     assert book.get(2 ** 64 - 1) == entry and book.get(1) == ("x", 2, False, 3, 4)
@@ -99,7 +100,7 @@ def test_the_book_gives_back_each_entry_it_was_given(entry):
 
 
 def test_the_book_numbers_a_class_while_it_holds_a_key_of_it():
-    book = relearn.Book()
+    book = relearn.Book(1024)  # (one dict: in order)
     for i in range(9):
         book.put(i, ("c%d" % (i % 3), 1, False, 0, 0))
     book.put(9, SHARED)  # (no class: no number)
@@ -183,7 +184,46 @@ def test_a_large_book_forgets_its_oldest_keys_in_batches(monkeypatch):
     booked(pool, "a", "/k0")  # again in the same age (no new key since): left where it is
     assert list(pool.book)[-2:] == [hashes[0], hashes[1028]]
     assert sum(w.booked for w in pool.workers.values()) == 1024
-    assert not gc.is_tracked(pool.book.packed)  # (numbers: never walked by the collector)
+    assert not gc.is_tracked(pool.book.shards[0])  # (numbers: never walked by the collector)
+
+
+def test_a_book_of_the_default_size_is_split_in_shards_each_forgetting_its_oldest():
+    # A dict that keys come and go through is rebuilt now and then, all at
+    # once: in sixteen shards each rebuild is a sixteenth of the book's.
+    book = relearn.Book(relearn.BOOK_SIZE)
+    assert len(book.shards) == relearn.BOOK_SIZE // relearn.SHARD_KEYS == 16
+    assert book.limit * len(book.shards) == relearn.BOOK_SIZE
+    rng = random.Random(3)
+    order = []  # every hash put, oldest first
+    forgotten = 0
+    for i in range(3 * relearn.BOOK_SIZE):
+        book_hash = rng.getrandbits(64)
+        book.put(book_hash, ("c%d" % (i % 5), 1 + i % 3, False, 0, 0))
+        order.append(book_hash)
+        if book.crowded(book_hash):
+            oldest = book.oldest(book_hash)
+            shard = book.shards[book_hash & book.mask]
+            assert oldest == list(shard)[:len(shard) - book.limit]
+            for old in oldest:
+                book.remove(old)
+            forgotten += len(oldest)
+            assert len(shard) == book.limit
+    assert all(len(shard) <= book.limit * 257 // 256 for shard in book.shards)
+    assert relearn.BOOK_SIZE <= len(book) <= relearn.BOOK_SIZE * 257 // 256
+    assert len(book) + forgotten == len(order)
+    # Each shard kept its newest keys: across the book, those held are the
+    # most recent to within a shard's luck of the hash.
+    held = set(book)
+    assert held == {h for h in order if book.get(h) is not None}
+    newest = order[-relearn.BOOK_SIZE:]
+    assert sum(h in held for h in newest) > 0.97 * relearn.BOOK_SIZE
+    assert sum(h in held for h in order[:-relearn.BOOK_SIZE * 5 // 4]) == 0
+
+
+def test_a_book_under_twice_a_shard_is_one_dict():
+    assert len(relearn.Book(2 * relearn.SHARD_KEYS - 1).shards) == 1
+    assert len(relearn.Book(2 * relearn.SHARD_KEYS).shards) == 2
+    assert len(relearn.Book(8).shards) == 1
 
 
 def test_each_worker_counts_the_keys_the_book_says_went_to_it(monkeypatch):

@@ -58,6 +58,7 @@ from zc_lb.routing.skillmap import SkillMap
 
 RELEARN_SHARE: Final = 0.5  # "most requests hit classes no worker is skilled in"
 BOOK_SIZE = 1 << 16  # keys the book remembers, least recently seen forgotten
+SHARD_KEYS: Final = 1 << 12  # keys in each of the book's dicts, about (``Book``)
 MOVED_WINDOW: Final = 32  # new keys of a class over which moves count
 SETTLE: Final = 0.995  # moves and new keys of a class fade with each key it had before
 SETTLED: Final = 0.1  # moves below which a class that followed its keys is settled
@@ -110,28 +111,44 @@ _IDENT_AT: Final = 46
 
 
 class Book:
-    """The book of keys: a key's hash in the book -> its ``BookEntry``,
-    least recently put first.  An entry is kept as one number, in a dict
-    that Python's cyclic collector never tracks (a dict of tuples is
-    tracked again by each new tuple put in it, until a full pass, and
-    under a flood of new keys the collector walked the book's 65,536
-    entries three times a cycle, in passes of up to 21 ms).  A class is
-    numbered while the book holds a key of it: ``numbers`` and ``names``
-    (number 0: none, SHARED), ``uses`` (its keys) and ``free`` (numbers
-    to give again).  ``get`` makes an entry a tuple again, for one
-    request."""
+    """The book of keys: a key's hash in the book -> its ``BookEntry``.
+    An entry is kept as one number, in dicts that Python's cyclic
+    collector never tracks (a dict of tuples is tracked again by each new
+    tuple put in it, until a full pass, and under a flood of new keys the
+    collector walked the book's 65,536 entries three times a cycle, in
+    passes of up to 21 ms).
 
-    __slots__ = ("packed", "numbers", "names", "uses", "free")
+    The keys are split over ``shards`` by the low bits of their hash, each
+    a dict of at most ``SHARD_KEYS`` or so, least recently put first: a
+    dict that keys come and go through is rebuilt now and then (every
+    ~109,000 new keys at 65,536), and one of 65,536 took 3.7-5 ms of the
+    loop, where one of 4,096 takes about 0.3.  Each shard forgets its own
+    least recently seen keys (``crowded``, ``oldest``), so that the book
+    forgets the keys least recently seen across it to within a shard's
+    luck of the hash; a book of under twice ``SHARD_KEYS`` keys is one
+    dict, in exact order.
 
-    def __init__(self) -> None:
-        self.packed: Dict[int, int] = {}
+    A class is numbered while the book holds a key of it: ``numbers`` and
+    ``names`` (number 0: none, SHARED), ``uses`` (its keys) and ``free``
+    (numbers to give again).  ``get`` makes an entry a tuple again, for
+    one request."""
+
+    __slots__ = ("shards", "mask", "limit", "numbers", "names", "uses", "free")
+
+    def __init__(self, size: int) -> None:
+        count = 1
+        while count * 2 * SHARD_KEYS <= size:
+            count *= 2
+        self.shards: List[Dict[int, int]] = [{} for _ in range(count)]
+        self.mask = count - 1
+        self.limit = size // count  # (keys each shard keeps)
         self.numbers: Dict[str, int] = {}
         self.names: List[str] = [""]
         self.uses: List[int] = [0]
         self.free: List[int] = []
 
     def get(self, book_hash: int) -> Optional[BookEntry]:
-        packed = self.packed.get(book_hash)
+        packed = self.shards[book_hash & self.mask].get(book_hash)
         if packed is None:
             return None
         number = (packed >> _CLASS_AT) & _CLASS_MASK
@@ -141,8 +158,9 @@ class Book:
                 ((packed >> 1) & JOINS_LIMIT) - 1, (packed >> _AGE_AT) & (AGE_LIMIT - 1))
 
     def put(self, book_hash: int, entry: BookEntry) -> None:
-        """Put ``entry`` at the end (the key most recently seen): the caller
-        has taken out what the book held for the key, if anything."""
+        """Put ``entry`` at the end of its shard (the key most recently
+        seen): the caller has taken out what the book held for the key,
+        if anything."""
         rclass = entry[0]
         number = 0
         if rclass is not None:
@@ -150,7 +168,7 @@ class Book:
             if not number:
                 number = self._number(rclass)
             self.uses[number] += 1
-        self.packed[book_hash] = (
+        self.shards[book_hash & self.mask][book_hash] = (
             (1 if entry[2] else 0) | (((entry[3] + 1) & JOINS_LIMIT) << 1)
             | ((entry[4] & (AGE_LIMIT - 1)) << _AGE_AT) | (number << _CLASS_AT)
             | (entry[1] << _IDENT_AT))
@@ -168,7 +186,7 @@ class Book:
 
     def remove(self, book_hash: int) -> int:
         """Take out the key's entry; the ident of the worker it named."""
-        packed = self.packed.pop(book_hash)
+        packed = self.shards[book_hash & self.mask].pop(book_hash)
         number = (packed >> _CLASS_AT) & _CLASS_MASK
         if number:
             self.uses[number] -= 1
@@ -178,16 +196,35 @@ class Book:
                 self.free.append(number)
         return packed >> _IDENT_AT
 
+    def crowded(self, book_hash: int) -> bool:
+        """Whether the shard of ``book_hash`` holds a 256th more than its
+        share: time to forget its oldest (``oldest``)."""
+        limit = self.limit
+        return len(self.shards[book_hash & self.mask]) > limit + (limit >> 8)
+
+    def oldest(self, book_hash: int) -> List[int]:
+        """The hashes of the keys least recently put in the shard of
+        ``book_hash``, as many as it holds over its share."""
+        shard = self.shards[book_hash & self.mask]
+        oldest: List[int] = []
+        excess = len(shard) - self.limit
+        for other in shard:
+            if len(oldest) >= excess:
+                break
+            oldest.append(other)
+        return oldest
+
     def __len__(self) -> int:
-        return len(self.packed)
+        return sum(len(shard) for shard in self.shards)
 
     def __iter__(self) -> Iterator[int]:
-        """The keys' hashes, least recently put first."""
-        return iter(self.packed)
+        """The keys' hashes, shard by shard, each least recently put first."""
+        for shard in self.shards:
+            yield from shard
 
     def items(self) -> List[Tuple[int, Optional[BookEntry]]]:
         """(For tests.)"""
-        return [(book_hash, self.get(book_hash)) for book_hash in self.packed]
+        return [(book_hash, self.get(book_hash)) for book_hash in self]
 
 
 class Relearning:
@@ -210,7 +247,7 @@ class Relearning:
         self.skilled = skilled
         self.classes = classes
         # key -> (class, worker) it last went to, whether it moved
-        self.book = Book()
+        self.book = Book(BOOK_SIZE)
         self.age = 0  # a sixteenth of the book's size in new keys, counted
         self.new_keys = 0  # (since the book last aged)
         # worker -> classes whose keys moved away from it, while its
@@ -303,8 +340,8 @@ class Relearning:
             if self.new_keys >= BOOK_SIZE >> 4:
                 self.new_keys = 0
                 self.age = (self.age + 1) % AGE_LIMIT
-            if len(book) > BOOK_SIZE + (BOOK_SIZE >> 8):
-                self._forget_oldest()
+            if book.crowded(book_hash):
+                self._forget_oldest(book_hash)
             return
         if entry[0] != rclass:
             now: BookEntry = SHARED if entry[2] else (rclass, ident, True, where, age)
@@ -321,23 +358,17 @@ class Relearning:
         book.remove(book_hash)  # (and in again: the most recently seen, last)
         book.put(book_hash, now)
 
-    def _forget_oldest(self) -> None:
-        """Forget the keys least recently seen, down to ``BOOK_SIZE``.  The
-        book lets a 256th more in first: a dict finds its first key by a
-        scan from the start of its table, past every key taken out before,
-        so it sweeps its oldest in batches, not one a key (and in batches
-        small enough, 256 keys of 65,536, to hold up the loop for well
-        under a millisecond)."""
+    def _forget_oldest(self, book_hash: int) -> None:
+        """Forget the keys least recently seen in the shard of ``book_hash``,
+        down to its share of ``BOOK_SIZE``.  Each shard lets a 256th more
+        in first: a dict finds its first key by a scan from the start of
+        its table, past every key taken out before, so it sweeps its oldest
+        in batches, not one a key (and in batches small enough to hold up
+        the loop for well under a millisecond)."""
         book = self.book
-        oldest: List[int] = []
-        excess = len(book) - BOOK_SIZE
-        for book_hash in book:
-            if len(oldest) == excess:
-                break
-            oldest.append(book_hash)
         by_ident = self.by_ident
-        for book_hash in oldest:
-            forgotten = by_ident.get(book.remove(book_hash))
+        for oldest in book.oldest(book_hash):
+            forgotten = by_ident.get(book.remove(oldest))
             if forgotten is not None:
                 forgotten.booked -= 1
 
