@@ -67,6 +67,17 @@ def test_the_modules_are_all_compiled_or_all_source_and_say_which():
         assert build.split()[0] == expected, build
 
 
+def test_the_build_said_is_the_one_imported_whatever_is_on_disk_since(monkeypatch):
+    # What runs was decided at import: a library built or removed beside
+    # the package since changes nothing, and the status document and the
+    # metrics, which ask on every read, do not look at the disk.
+    said = zc_lb.build()
+    monkeypatch.setattr(zc_lb, "_built", lambda name: None)  # (the library gone)
+    monkeypatch.setattr(zc_lb, "_checkout", lambda: False)
+    assert zc_lb.build() == said
+    assert zc_lb._which_build().startswith("source (installed without compiling")
+
+
 def test_pure_runs_the_source_where_the_pool_is_built():
     code = ("import zc_lb, zc_lb.routing.affinity as a; "
             "print(zc_lb.build(), a.__file__.endswith('.py'))")

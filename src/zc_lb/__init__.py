@@ -82,7 +82,14 @@ class _SourceFinder:
 
 
 def build():
-    """How the ``COMPILED`` modules run: "compiled", or "source" and why."""
+    """How the ``COMPILED`` modules run: "compiled", or "source" and why:
+    as this package found when imported, which is what runs, whatever is
+    built or removed beside it since (and read without touching the disk:
+    the status document and the metrics ask on every read)."""
+    return _BUILD
+
+
+def _which_build():
     if _built("_compiled__mypyc") is None:
         if _checkout():
             return "source (not compiled: make compile builds it)"
@@ -101,3 +108,4 @@ elif _stale():
                      "the source (make builds them again)\n")
 if _pure_reason:
     sys.meta_path.insert(0, _SourceFinder)
+_BUILD = _which_build()
