@@ -111,7 +111,6 @@ def rendezvous_draw(x: int) -> float:
     return result
 
 
-
 class Sketch:
     """Distinct values seen, estimated from the k smallest 64-bit hashes."""
 
