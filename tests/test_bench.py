@@ -80,8 +80,9 @@ HAVE_TOOLS = shutil.which("wrk") and shutil.which("haproxy", path="/usr/sbin:/us
 def test_bench_tiny_run_prints_table():
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.bench", "--seconds", "1", "--warmup", "0",
-         "--connections", "4", "--targets", "zc-lb,haproxy,direct,floor"],
-        capture_output=True, text=True, timeout=60)
+         "--connections", "4", "--targets",
+         "zc-lb,haproxy,direct,floor,zc-lb-paced,haproxy-paced"],
+        capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr
     out = done.stdout
     for target in ("zc-lb", "haproxy", "direct", "floor"):
@@ -94,6 +95,12 @@ def test_bench_tiny_run_prints_table():
         ratio = re.search(r"^%s throughput ratio: ([\d.]+)$" % re.escape(label), out, re.M)
         assert ratio and float(ratio.group(1)) > 0, out
     assert re.search(r"^zc-lb LB CPU / the floor proxy's: [\d.]+$", out, re.M), out
+    paced = re.search(r"^paced \(-c24, each waiting 40 ms after a response\): LB CPU [\d.]+ "
+                      r"us/req at (\d+) req/s, [\d.]+x HAProxy's [\d.]+ at (\d+), "
+                      r"goal <= 2.0x: (NOT )?met$", out, re.M)
+    assert paced, out
+    # (paced: 24 connections each waiting 40 ms cannot pass 600 a second)
+    assert 0 < int(paced.group(1)) <= 600 and 0 < int(paced.group(2)) <= 600, out
     assert re.search(r"^pool choice \(get \+ put, 6 workers, 32 classes\): affinity [\d.]+ us/req, "
                      r"published [\d.]+ us/req; affinity / published [\d.]+; "
                      r"goal <= 3 us: (NOT )?met$", out, re.M), out
@@ -172,6 +179,18 @@ def test_the_floor_proxy_answers_pipelined_requests_and_refuses_a_body():
                     break
                 answer += data
             assert answer.startswith(b"HTTP/1.1 501 ")
+
+
+def test_the_paced_line_sets_the_lb_against_haproxy_at_the_same_pace():
+    row = {"target": "zc-lb-paced", "rps": 560.0, "p50_ms": 1.0, "p99_ms": 2.0,
+           "lb_cpu_us_per_req": 90.0, "worker_cpu_us_per_req": 40.0, "errors": 0}
+    haproxy = dict(row, target="haproxy-paced", rps=580.0, lb_cpu_us_per_req=50.0)
+    text = bench.format_table([row, haproxy])
+    assert ("paced (-c24, each waiting 40 ms after a response): LB CPU 90.0 us/req at 560 "
+            "req/s, 1.80x HAProxy's 50.0 at 580, goal <= 2.0x: met") in text.splitlines()
+    costly = bench.format_table([dict(row, lb_cpu_us_per_req=101.0), haproxy])
+    assert "2.02x HAProxy's 50.0 at 580, goal <= 2.0x: NOT met" in costly
+    assert "paced (" not in bench.format_table([row])  # (not without HAProxy's)
 
 
 def test_the_table_sets_the_lb_against_the_floor():
