@@ -31,7 +31,7 @@ buys nothing: a hot key must spread as least backlog would spread it.
 Then the paced pair: the first two targets again (``zc-lb-paced``,
 ``haproxy-paced``), each of ``PACED_CONNECTIONS`` wrk connections waiting
 ``PACED_DELAY_MS`` after each response before its next request (a wrk
-script's ``delay``), some 500 requests a second in all.  A front proxy
+script's ``delay``), some 570 requests a second in all.  A front proxy
 spends most of its life at such rates, not flat out, and there a
 request pays for its wakeups alone: the loop's turn, the system calls,
 caches gone cold in between.  Its line gives each LB's CPU per request
@@ -130,8 +130,8 @@ GOAL_SLOW_KB = 64.0  # the LB's memory per slow client
 SLOW_P99 = 2.0  # other clients' p99 with them, over without, at most (timing noise)
 REALISTIC = ("zc-lb-cpu", "haproxy-cpu")  # measured with CPU_CONNECTIONS
 PACED = ("zc-lb-paced", "haproxy-paced")  # measured with PACED_CONNECTIONS, each waiting
-PACED_CONNECTIONS = 24
-PACED_DELAY_MS = 40  # after each response: 24 / 0.04 s, some 500-600 requests a second
+PACED_CONNECTIONS = 24                      # PACED_DELAY_MS after each response: at most
+PACED_DELAY_MS = 40                         # 24 / 0.04 s = 600 requests a second
 SCALE_WORKERS = 4  # workers behind lb-1p and lb-2p: enough that the LB is the limit
 GOAL_LB_CPU = 2.0  # the LB's CPU per request over HAProxy's, in the same run
 GOAL_WORKER_US = 40  # a worker's CPU per request beyond the app's

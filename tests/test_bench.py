@@ -99,8 +99,9 @@ def test_bench_tiny_run_prints_table():
                       r"us/req at (\d+) req/s, [\d.]+x HAProxy's [\d.]+ at (\d+), "
                       r"goal <= 2.0x: (NOT )?met$", out, re.M)
     assert paced, out
-    # (paced: 24 connections each waiting 40 ms cannot pass 600 a second)
-    assert 0 < int(paced.group(1)) <= 600 and 0 < int(paced.group(2)) <= 600, out
+    # (paced: 24 connections each waiting 40 ms make 600 a second at most, give or take
+    # a second's rounding; unpaced, thousands)
+    assert 0 < int(paced.group(1)) <= 700 and 0 < int(paced.group(2)) <= 700, out
     assert re.search(r"^pool choice \(get \+ put, 6 workers, 32 classes\): affinity [\d.]+ us/req, "
                      r"published [\d.]+ us/req; affinity / published [\d.]+; "
                      r"goal <= 3 us: (NOT )?met$", out, re.M), out
