@@ -129,9 +129,9 @@ SLOW_KB = 256  # the response each of them asks for
 GOAL_SLOW_KB = 64.0  # the LB's memory per slow client
 SLOW_P99 = 2.0  # other clients' p99 with them, over without, at most (timing noise)
 REALISTIC = ("zc-lb-cpu", "haproxy-cpu")  # measured with CPU_CONNECTIONS
-PACED = ("zc-lb-paced", "haproxy-paced")  # measured with PACED_CONNECTIONS, each waiting
-PACED_CONNECTIONS = 24                      # PACED_DELAY_MS after each response: at most
-PACED_DELAY_MS = 40                         # 24 / 0.04 s = 600 requests a second
+PACED = ("zc-lb-paced", "haproxy-paced")  # measured with PACED_CONNECTIONS
+PACED_CONNECTIONS = 24  # each waiting PACED_DELAY_MS after a response:
+PACED_DELAY_MS = 40  # at most 24 / 0.04 s = 600 requests a second
 SCALE_WORKERS = 4  # workers behind lb-1p and lb-2p: enough that the LB is the limit
 GOAL_LB_CPU = 2.0  # the LB's CPU per request over HAProxy's, in the same run
 GOAL_WORKER_US = 40  # a worker's CPU per request beyond the app's
