@@ -914,11 +914,11 @@ def _cell(value: object, fmt: str) -> str:
 
 def format_table(results: List[Dict[str, object]]) -> str:
     """The results as a plain-text table followed by the ratios."""
-    head = "%-11s %10s %9s %9s %14s %15s %7s" % (
+    head = "%-13s %10s %9s %9s %14s %15s %7s" % (
         "target", "req/s", "p50 ms", "p99 ms", "LB CPU us/req", "wkr CPU us/req", "errors")
     lines = [head, "-" * len(head)]
     for r in results:
-        lines.append("%-11s %10.0f %9.2f %9.2f %14s %15s %7d" % (
+        lines.append("%-13s %10.0f %9.2f %9.2f %14s %15s %7d" % (
             r["target"], r["rps"], r["p50_ms"], r["p99_ms"],
             _cell(r["lb_cpu_us_per_req"], "%.1f"), _cell(r["worker_cpu_us_per_req"], "%.1f"),
             r["errors"]))
