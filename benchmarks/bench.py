@@ -850,7 +850,7 @@ def slow_line(result: Dict[str, object]) -> str:
             "p99 within %.0fx: %s" % (
                 result["clients"], result["response_kb"], result["kb_per_client"],
                 result["p99_ms_with"], result["p99_ms_without"], GOAL_SLOW_KB, SLOW_P99,
-                "met" if result["met"] else "NOT met"))
+                verdict(result["met"])))
 
 
 def read_response(sock: socket.socket) -> str:
@@ -884,7 +884,7 @@ def idle_line(result: Dict[str, object]) -> str:
             "goal <= %.0f KB: %s" % (
                 result["clients"], result["kb_per_client"], result["batch"],
                 result["burst_kb_per_client"], GOAL_IDLE_KB,
-                "met" if result["met"] else "NOT met"))
+                verdict(result["met"])))
 
 
 # -- reporting ------------------------------------------------------------
@@ -940,7 +940,7 @@ def format_table(results: List[Dict[str, object]]) -> str:
         lines.append("realistic (1 ms of CPU, one path, -c%d): zc-lb %.2fx HAProxy's "
                      "throughput, goal >= %.2f: %s" % (
                          CPU_CONNECTIONS, realistic, GOAL_REALISTIC,
-                         "met" if realistic >= GOAL_REALISTIC else "NOT met"))
+                         verdict(realistic >= GOAL_REALISTIC)))
     return "\n".join(lines)
 
 
@@ -954,7 +954,7 @@ def paced_lines(by_target: Dict[str, Dict[str, object]]) -> List[str]:
     return ["paced (-c%d, each waiting %d ms after a response): LB CPU %.1f us/req at %.0f "
             "req/s, %.2fx HAProxy's %.1f at %.0f, goal <= %.1fx: %s" % (
                 PACED_CONNECTIONS, PACED_DELAY_MS, cpu, ours["rps"], cpu / other, other,
-                theirs["rps"], GOAL_LB_CPU, "met" if cpu / other <= GOAL_LB_CPU else "NOT met")]
+                theirs["rps"], GOAL_LB_CPU, verdict(cpu / other <= GOAL_LB_CPU))]
 
 
 def floor_lines(by_target: Dict[str, Dict[str, object]]) -> List[str]:
@@ -972,12 +972,14 @@ def floor_lines(by_target: Dict[str, Dict[str, object]]) -> List[str]:
     return lines
 
 
+def verdict(ok: bool) -> str:
+    """A goal's word in the bench's lines."""
+    return "met" if ok else "NOT met"
+
+
 def goals(zc_lb: Dict[str, object], throughput: Optional[float], overhead: float,
           haproxy: Optional[Dict[str, object]]) -> List[str]:
     """Lines saying how this run stands against the front end's goals."""
-    def verdict(ok: bool) -> str:
-        return "met" if ok else "NOT met"
-
     cpu = zc_lb["lb_cpu_us_per_req"]
     lines = ["goals:"]
     theirs = haproxy["lb_cpu_us_per_req"] if haproxy is not None else None
@@ -1072,8 +1074,7 @@ def pool_line(costs: Dict[str, float]) -> str:
     if costs.get("published"):
         line += "; affinity / published %.1f" % (costs["affinity"] / costs["published"])
     if "affinity" in costs:
-        line += "; goal <= %g us: %s" % (GOAL_POOL_US, "met" if costs["affinity"] <= GOAL_POOL_US
-                                         else "NOT met")
+        line += "; goal <= %g us: %s" % (GOAL_POOL_US, verdict(costs["affinity"] <= GOAL_POOL_US))
     return line
 
 
@@ -1156,10 +1157,10 @@ def intake_line(intake: Dict[str, float]) -> str:
             "goal <= %g ms: %s" % (
                 INTAKE_CLASSES, INTAKE_CHANGED * 100, POOL_WORKERS, intake["median"],
                 intake["max"], GOAL_INTAKE_MS,
-                "met" if intake["median"] <= GOAL_INTAKE_MS else "NOT met", intake["decode"],
+                verdict(intake["median"] <= GOAL_INTAKE_MS), intake["decode"],
                 intake["churned_whole_median"], intake["churned_stretch_max"],
                 GOAL_INTAKE_STRETCH_MS,
-                "met" if intake["churned_stretch_max"] <= GOAL_INTAKE_STRETCH_MS else "NOT met"))
+                verdict(intake["churned_stretch_max"] <= GOAL_INTAKE_STRETCH_MS)))
 
 
 def find_tool(name: str, package: str) -> str:
