@@ -229,3 +229,37 @@ def test_calls_queued_on_the_apps_lock_are_kept_out_and_their_wait_measured(pool
     assert elapsed < 20 * 0.02 * 1.5  # one at a time, as fast as the app goes
     assert pool.status()["ceiling"] <= 2  # (a probe: one more, until seen queued)
     assert sum(queued) < 0.1
+
+
+class _GateLettingTheThreadRunFirst:
+    """A gate whose release lets the thread it wakes run before the hub goes
+    on, as when the hub loses the interpreter lock at that moment."""
+
+    def __init__(self, lock):
+        self.lock = lock
+
+    def locked(self):
+        return self.lock.locked()
+
+    def acquire(self):
+        return self.lock.acquire()
+
+    def release(self):
+        self.lock.release()
+        time.sleep(0.02)  # (drops the interpreter lock: the woken thread runs)
+
+
+def test_a_thread_let_in_again_takes_calls_whenever_it_wakes():
+    pool = Threads(3, fixed=True)  # (no sampler: the limit set by hand)
+    try:
+        pool._let_in(1)
+        _run_all(pool, [lambda: None] * 6)  # (threads 1 and 2 give their call back, park)
+        time.sleep(0.1)
+        for thread in pool._threads[1:]:
+            thread.gate = _GateLettingTheThreadRunFirst(thread.gate)
+        pool._let_in(3)
+        barrier = real_threading.Barrier(3, timeout=3)
+        results, _ = _run_all(pool, [lambda: barrier.wait() >= 0] * 3)
+        assert results == [True] * 3  # (three threads took calls at once)
+    finally:
+        pool.stop()

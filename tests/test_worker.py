@@ -1,6 +1,7 @@
 """worker.py in process: PEP 3333 conformance, threads, app loading."""
 
 import io
+import sys
 import threading
 import time
 import wsgiref.validate
@@ -12,7 +13,7 @@ import pytest
 
 from conftest import source_only
 from zc_lb.wire.connection import Connection, Handler
-from zc_lb.errors import ConfigurationError
+from zc_lb.errors import ConfigurationError, RequestCancelled
 from zc_lb.wire.decoder import head_fields
 from zc_lb.wire.frames import End, LB_FEATURES
 from zc_lb.sockets import parse_address
@@ -896,3 +897,86 @@ def test_a_thread_reading_a_body_the_lb_cancelled_gets_a_cancel_not_a_greenlet_e
     exchange.cancel()
     _wait_until(lambda: raised)
     assert isinstance(raised[0], RequestCancelled), raised
+
+
+# -- thread mode: requests the LB gave up on ----------------------------------
+
+
+@pytest.mark.parametrize("mode", [dict(threads=1), dict(threads=None, concurrency=1)])
+def test_a_request_cancelled_while_it_waits_for_a_thread_never_runs_the_app(serve, mode):
+    ran = []
+
+    def app(environ, start_response):
+        ran.append(environ["PATH_INFO"])
+        if environ["PATH_INFO"] == "/slow":
+            (time.sleep if mode["threads"] else gevent.sleep)(0.3)
+        start_response("200 OK", [])
+        return [b"ok"]
+
+    worker, connection, _ = serve(app, **mode)
+    slow = connection.open_request(dict(REQUEST, PATH_INFO="/slow"), end=True)
+    _wait_until(lambda: ran == ["/slow"])
+    waiting = connection.open_request(dict(REQUEST, PATH_INFO="/cancelled"), end=True)
+    gevent.sleep(0.05)
+    waiting.cancel()  # (its client went away while it waited)
+    slow.receive(5)
+    assert call(connection, {"PATH_INFO": "/next"})[1] == b"ok"
+    assert ran == ["/slow", "/next"]
+
+
+def test_a_file_wrapper_is_closed_when_the_lb_cancels_while_its_thread_runs(serve, tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"x" * 100_000)
+    reads, closed = [], []
+    File = _recording(io.FileIO, reads, closed)
+    go = threading.Event()
+
+    def app(environ, start_response):
+        if environ["PATH_INFO"] == "/next":
+            start_response("200 OK", [])
+            return [b"next"]
+        go.wait(5)  # (the app is busy in its thread when the LB cancels)
+        start_response("200 OK", [("Content-Length", "100000")])
+        return environ["wsgi.file_wrapper"](File(str(path)))
+
+    worker, connection, _ = serve(app, threads=2, sendfile="on")
+    exchange = connection.open_request(dict(REQUEST, PATH_INFO="/"), end=True)
+    gevent.sleep(0.1)
+    exchange.cancel()
+    gevent.sleep(0.05)
+    go.set()
+    assert call(connection, {"PATH_INFO": "/next"})[1] == b"next"
+    _wait_until(lambda: closed)  # (PEP 3333: close() is called)
+
+
+@pytest.mark.parametrize("threads", [None, 2])
+def test_start_response_with_exc_info_after_a_block_raises_again(serve, threads):
+    # PEP 3333: once a block was written the head counts as sent, in a thread
+    # too, where the hub may not have sent it yet.
+    raised = []
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Length", "20")])
+
+        def body():
+            yield b"first half"
+            try:
+                raise ValueError("mid-body")
+            except ValueError:
+                try:
+                    start_response("500 Internal Server Error", [("Content-Length", "5")],
+                                   sys.exc_info())
+                except ValueError:
+                    raised.append(True)
+                    raise
+                yield b"oops!"
+        return body()
+
+    worker, connection, _ = serve(app, threads=threads)
+    exchange = connection.open_request(dict(REQUEST, PATH_INFO="/"), end=True)
+    try:
+        start, datas, ended = _frames(exchange)
+    except RequestCancelled:  # (the 200 went, then the response was cut short)
+        start = None
+    assert raised == [True]
+    assert start is None or start.status.startswith("200")

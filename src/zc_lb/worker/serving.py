@@ -223,8 +223,12 @@ class Serving:
         output = ThreadOutput(hub, writer)
         assert self.threadpool is not None
         try:
-            error = self.threadpool.apply(functools.partial(
-                self._in_thread, environ, writer, output, stream))
+            try:
+                error = self.threadpool.apply(functools.partial(
+                    self._in_thread, environ, writer, output, stream))
+            except BaseException:  # (killed: cancelled, or its LB gone, the thread running on)
+                output.abandon()
+                raise
             if error is not None:
                 raise error
             try:  # back in the hub: what the thread queued, then the end
@@ -240,7 +244,12 @@ class Serving:
     def _in_thread(self, environ: Dict, writer: ResponseWriter, output: ThreadOutput,
                    stream: ThreadInput) -> Optional[ZcLbError]:
         """In a pool thread: run the application; the error that ended it
-        early if the LB went away (raised in the hub, not here)."""
+        early if the LB went away (raised in the hub, not here).  A request
+        cancelled (or whose LB went) while it waited for a thread is not
+        run: nobody waits for its response."""
+        error = writer.exchange.error
+        if error is not None:
+            return error
         writer.began = time.perf_counter()
         thread = self.threadpool.current()  # type: ignore[union-attr]
         writer.thread = output.thread = stream.thread = thread

@@ -40,6 +40,7 @@ import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
 
 from zc_lb.errors import CancelledHere, ZcLbError
+from zc_lb.front.h1 import start_again
 
 HIGH = 1024 * 1024  # response bytes queued or on their way before the thread waits
 CHUNK = 256 * 1024  # at most this much of the queue is sent as one chunk
@@ -49,6 +50,9 @@ READ_AHEAD = 256 * 1024  # request body bytes handed over ahead of the thread's 
 # anything else too); the worker's message, in either mode.
 NOT_BYTES = "the application's response body must be bytes, not %s"
 _NO_CHUNKS: Deque[bytes] = collections.deque()  # (ThreadInput's until its first read)
+# A file given to the hub by a thread whose request's greenlet may be gone:
+# who closes it (``ThreadOutput.send_file`` and ``abandon``; rare, so one lock).
+_HANDOFF = threading.Lock()
 
 
 class ThreadOutput:
@@ -64,7 +68,8 @@ class ThreadOutput:
     """
 
     __slots__ = ("_hub", "_writer", "thread", "_lock", "_room", "_blocks", "_held",
-                 "_sending", "_sent", "error", "_last", "_failed", "_file")
+                 "_sending", "_sent", "error", "_last", "_failed", "_file", "_wrote",
+                 "_abandoned")
 
     def __init__(self, hub: Any, writer: Any, thread: Any = None) -> None:
         self._hub = hub
@@ -83,12 +88,18 @@ class ThreadOutput:
         self._failed = False
         # Or send this file with sendfile(2), then close it: (wrapper, region).
         self._file: Optional[Tuple[Any, Tuple[int, int, int]]] = None
+        self._wrote = False  # (the thread) a block went: the head counts as sent
+        self._abandoned = False  # the request's greenlet left first (``abandon``)
 
     # -- in the pool thread ---------------------------------------------
 
     def start_response(self, status: str, headers: Any, exc_info: Any = None) -> Callable:
         """The application's ``start_response``: the writer's, whose
-        ``write`` callable is this output's."""
+        ``write`` callable is this output's.  Once a block was written the
+        head counts as sent (PEP 3333), though the hub may not have sent it
+        yet: ``exc_info`` is raised again, as the writer would."""
+        if exc_info and self._wrote:
+            start_again(exc_info, True, True)  # (raises)
         self._writer.start_response(status, headers, exc_info)
         return self.write
 
@@ -103,6 +114,7 @@ class ThreadOutput:
             raise AssertionError("write() before start_response()")
         if not data:
             return
+        self._wrote = True
         lock = self._lock
         if lock is None:  # (before the hub can see any of it)
             lock = self._lock = threading.Lock()
@@ -129,8 +141,13 @@ class ThreadOutput:
     def send_file(self, wrapper: Any, region: Tuple[int, int, int]) -> None:
         """The body is ``region`` of the file ``wrapper`` holds
         (``filewrapper.FileWrapper.region``): the hub sends it with
-        sendfile(2), ends the response and closes the file."""
-        self._file = (wrapper, region)
+        sendfile(2), ends the response and closes the file; or, if the
+        request's greenlet is gone (``abandon``), this thread closes it."""
+        with _HANDOFF:
+            if not self._abandoned:
+                self._file = (wrapper, region)
+                return
+        wrapper.close()
 
     def fail(self) -> None:
         """The application failed: the hub answers 500, or cancels a
@@ -151,6 +168,17 @@ class ThreadOutput:
                 thread.in_hub = False
 
     # -- in the hub -----------------------------------------------------
+
+    def abandon(self) -> None:
+        """The request's greenlet leaves before the thread's result came
+        (killed: the LB cancelled it, or went): nothing will ``close``
+        this output, so a file it was given is closed here, or by the
+        thread when it gives one (PEP 3333: ``close`` is called)."""
+        with _HANDOFF:
+            self._abandoned = True
+            given, self._file = self._file, None
+        if given is not None:
+            given[0].close()
 
     def _start_sender(self) -> None:
         sent = self._sent

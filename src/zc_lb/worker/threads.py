@@ -233,10 +233,12 @@ class Threads:
     def _let_in(self, active: int) -> None:
         """Let the first ``active`` threads take calls: those past it park
         after their call; those let in again are woken."""
-        for thread in self._threads[self._active:active]:
+        # (``_active`` first: a thread woken reads it at once, and with the
+        # old value would park again on the gate it was just let through)
+        before, self._active = self._active, active
+        for thread in self._threads[before:active]:
             if thread.gate.locked():  # (only the hub releases, so this is no race)
                 thread.gate.release()
-        self._active = active
 
     def stop(self) -> None:
         """End the threads once they are done with what they run."""
