@@ -691,3 +691,137 @@ def test_a_peer_that_floods_pings_loses_its_link_and_stalls_no_one(tmp_path):
         flooder.kill()
         flooder.wait()
         stderr.close()
+
+
+# -- the fleet under failure: health checks, readmission, removal -------------
+
+
+def _held(gate):
+    def app(environ, start_response):
+        gate.wait(20)
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+    return app
+
+
+BIG_PAGE = b"x" * (300 * 1024)  # (over a stream's window of credit)
+
+
+def _big_page(environ, start_response):
+    start_response("200 OK", [("Content-Length", str(len(BIG_PAGE)))])
+    return [BIG_PAGE]
+
+
+def test_a_health_page_larger_than_the_window_passes_and_leaves_nothing_open(stack):
+    s = stack(routes({"/health": _big_page}), outlier={"max_share": 1.0})
+    fleet = s.lb.fleet
+    fleet.start_health_checks("/health", interval=0.05, timeout=0.5)
+    poll(lambda: fleet.health_checks >= 8, message="eight checks")
+    assert fleet.worker_failures == 0
+    poll(lambda: s.streams() == 0, message="every check's stream ended")
+
+
+def test_a_health_check_that_times_out_is_cancelled_at_the_worker(stack):
+    gate = gevent.event.Event()
+    s = stack(routes({"/health": _held(gate)}), outlier={"max_share": 1.0})
+    fleet = s.lb.fleet
+    fleet.start_health_checks("/health", interval=0.05, timeout=0.1)
+    poll(lambda: fleet.health_checks >= 5, message="five checks")
+    assert fleet.worker_failures >= 5
+    assert s.streams() <= 2  # (at most the checks under way, not one more each time)
+    gate.set()
+
+
+def _draining(s, gate):
+    """A request held on the first worker, which is then stopped (GoAway):
+    its link and connection, draining."""
+    link = s.lb.fleet.links["127.0.0.1:%d" % s.worker.address[1]]
+    connection = link.connection
+    gevent.spawn(s.client().request, "GET", "/hold")
+    poll(lambda: s.worker.requests and len(s.worker.requests) == 1, message="held")
+    gevent.spawn(s.worker.stop, 10)
+    poll(lambda: link.draining is connection, message="draining")
+    return link, connection
+
+
+def test_a_draining_worker_is_not_health_checked_into_ejection(stack):
+    gate = gevent.event.Event()
+    s = stack(routes({"/hold": _held(gate)}), outlier={"max_share": 1.0})
+    link, connection = _draining(s, gate)
+    s.lb.fleet.start_health_checks("/", interval=0.05, timeout=0.5)
+    gevent.sleep(0.5)
+    assert s.lb.fleet.worker_failures == 0
+    assert not s.lb.fleet.ejector.ejected(connection.peer)
+    gate.set()
+
+
+def test_an_ejection_ending_while_its_worker_drains_does_not_readmit_it(stack):
+    gate = gevent.event.Event()
+    s = stack(routes({"/hold": _held(gate)}), n_workers=2, outlier={"max_share": 1.0})
+    fleet = s.lb.fleet
+    link = fleet.links["127.0.0.1:%d" % s.worker.address[1]]
+    connection = link.connection
+    other = [address for address in fleet.links if address != connection.peer][0]
+    fleet.drain_worker(other)  # (so that the held request goes to the first)
+    _draining(s, gate)  # (a request on it, then the operator restarts it)
+    fleet.enable_worker(other)
+    for _ in range(5):  # (it had failed: ejected)
+        fleet.outcome(connection, ok=False)
+    assert fleet.ejector.ejected(connection.peer) and connection not in s.lb.pool
+    fleet.readmit(time.monotonic() + 3600)  # its ejection time is up
+    assert connection not in s.lb.pool
+    fleet.outcome(connection, ok=False)  # (on probation: ejected again)
+    fleet.enable_worker(connection.peer)  # nor by an operator's word
+    assert connection not in s.lb.pool
+    assert s.client().request("POST", "/x", body=b"data")[0] == 200  # (the other worker)
+    gate.set()
+
+
+def test_a_request_none_of_which_was_sent_goes_to_another_worker_whatever_its_method(stack):
+    s = stack(ok_app, n_workers=2)
+    lb = s.lb
+    first = next(iter(lb.pool.order()))  # (the worker the pool chooses next)
+    first.protocol.peer_goes_away = True  # (its GoAway on its way: the pool has not heard)
+    statuses = [s.client().request("POST", "/x", body=b"data")[0] for _ in range(3)]
+    assert statuses == [200] * 3
+    assert lb.counters.retries == 1 and first not in lb.pool
+    assert lb.fleet.worker_failures == 0  # (its worker failed nothing)
+
+
+def test_response_timeouts_count_toward_ejecting_their_worker(stack):
+    gate = gevent.event.Event()
+    s = stack(routes({"/hung": _held(gate)}), n_workers=2, response_timeout=0.1,
+              outlier={"max_share": 1.0})
+    statuses = [s.client().request("GET", "/hung")[0] for _ in range(6)]
+    assert statuses == [504] * 6
+    assert s.lb.fleet.worker_failures == 6
+    assert s.lb.fleet.ejector.total_ejections >= 1
+    gate.set()
+
+
+def test_a_removed_workers_ejection_does_not_hold_back_another(stack):
+    s = stack(ok_app, n_workers=3)  # (max_ejected: half of them, one)
+    fleet = s.lb.fleet
+    a, b, c = (fleet.links[address].connection for address in sorted(fleet.links))
+    for _ in range(5):
+        fleet.outcome(a, ok=False)
+    assert fleet.ejector.ejected(a.peer)
+    fleet.set_workers([b.peer, c.peer])  # (a deregistered)
+    for _ in range(5):
+        fleet.outcome(b, ok=False)
+    assert fleet.ejector.ejected(b.peer)
+
+
+def test_a_worker_back_in_the_pool_counts_its_requests_still_in_flight(stack):
+    gate = gevent.event.Event()
+    s = stack(routes({"/hold": _held(gate)}))
+    fleet, pool = s.lb.fleet, s.lb.pool
+    connection = next(iter(fleet.links.values())).connection
+    held = [gevent.spawn(s.client().request, "POST", "/hold", body=b"x") for _ in range(3)]
+    poll(lambda: s.lb.in_flight == 3, message="three in flight")
+    fleet.drain_worker(connection.peer)  # (or silent, then heard)
+    fleet.enable_worker(connection.peer)
+    assert pool.workers[connection].backlog == 3
+    gate.set()
+    gevent.joinall(held, timeout=5)
+    assert pool.workers[connection].backlog == 0 and pool.backlog == 0

@@ -323,6 +323,7 @@ def test_removed_worker_with_requests_in_flight_leaves_no_trace():
         pool.get(rclass)
     assert pool.workers["a"].backlog > 0
     gone = pool.workers["a"]
+    in_flight = gone.backlog
     pool.remove("a")
     assert "a" not in pool.workers and "a" not in pool.order()
     assert all(gone not in skilled for _, skilled in pool.skilled.items())
@@ -337,10 +338,15 @@ def test_removed_worker_with_requests_in_flight_leaves_no_trace():
     pool.put("nobody")
     check_invariants(pool)
     assert pool.get("x") in ("b", "c")
-    # The same handle added again starts afresh.
+    # The same handle added again starts afresh, but for its requests still
+    # in flight (two of them ended meanwhile), which end with ``put``.
     pool.add("a")
-    assert (pool.workers["a"].backlog, pool.workers["a"].resume) == (0, {})
+    assert (pool.workers["a"].backlog, pool.workers["a"].resume) == (in_flight - 2, {})
     assert pool.workers["a"] is not gone
+    check_invariants(pool)
+    for _ in range(in_flight - 2):
+        pool.put("a")
+    assert pool.workers["a"].backlog == 0
     check_invariants(pool)
 
 

@@ -45,6 +45,7 @@ from zc_lb.errors import (
     ConnectionLost,
     NoWorkerAvailable,
     RequestTooLarge,
+    ResponseTimeout,
     ZcLbError,
 )
 from zc_lb.front.h1 import BODILESS_STATUS, HOP_BY_HOP_KEYS
@@ -212,9 +213,18 @@ class LB:
                 length = self._start(connection, response, environ, responder)
             except (ConnectionLost, ConnectionClosed):
                 self._abort(connection, exchange, upload)
+                if exchange is None:  # nothing sent: it was closing, and takes nothing new
+                    self.fleet.worker_down(connection)
+                    if self._retry(environ, counts, attempt):  # (any request may go on)
+                        continue
+                    raise
                 self.fleet.outcome(connection, ok=False)
                 if retryable and self._retry(environ, counts, attempt):
                     continue
+                raise
+            except ResponseTimeout:  # (a worker stuck under its requests: counted to eject it)
+                self._abort(connection, exchange, upload)
+                self.fleet.outcome(connection, ok=False)
                 raise
             except BaseException:
                 self._abort(connection, exchange, upload)

@@ -32,7 +32,7 @@ from zc_lb.lb.links import LinkConfig, LinkEvents, WorkerLink
 from zc_lb.lb.outlier import Ejector
 from zc_lb.routing.pool import RESUME_STEP, Pool
 from zc_lb.wire.connection import Connection
-from zc_lb.wire.frames import End, Response
+from zc_lb.wire.frames import Response
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ class Fleet(LinkEvents):
         for address in list(self.links):
             if address not in wanted:
                 self.links.pop(address).stop(self.link_config.drain_timeout)
+                self.ejector.forget(address)  # (an ejection of a worker gone counts no more)
                 self.removed(address)
                 log.info("worker %s removed", address)
         for address in sorted(wanted - set(self.links)):
@@ -159,8 +160,7 @@ class Fleet(LinkEvents):
 
     def worker_heard(self, connection: Connection) -> None:
         link = self.links.get(connection.peer)
-        if (link is None or link.connection is not connection or connection.closed
-                or link.draining is connection):
+        if link is None or _open(link) is not connection:
             return
         log.info("worker %s speaks again", connection.peer)
         self._admit(connection, link.resume)
@@ -204,8 +204,9 @@ class Fleet(LinkEvents):
                     ", ".join(sorted(str(a) for a in self.ejector.records
                                      if self.ejector.ejected(a))) or "none"))
         self.drained.discard(address)
-        if link.connection is not None and not link.connection.closed:
-            self._admit(link.connection, link.resume)
+        connection = _open(link)
+        if connection is not None and not connection.suspect:  # (else once heard)
+            self._admit(connection, link.resume)
         log.warning("worker %s %s by an operator", address,
                     "readmitted" if readmitted else "enabled")
 
@@ -227,31 +228,39 @@ class Fleet(LinkEvents):
         """Readmit the workers whose ejection is over, on probation."""
         for address in self.ejector.readmit(now):
             link = self.links.get(cast(str, address))  # (ejected by address: see outcome)
-            if link is not None and link.connection is not None:
-                if self._admit(link.connection, link.resume):
+            if link is None:
+                continue
+            connection = _open(link)
+            # (a silent one is admitted once heard, a draining one never)
+            if connection is not None and not connection.suspect:
+                if self._admit(connection, link.resume):
                     log.info("readmitted worker %s on probation", address)
 
     def start_health_checks(self, path: str, interval: float = 5.0,
                             timeout: float = 2.0) -> None:
-        """Every ``interval``, GET ``path`` from every connected worker; an
-        answer under 500 within ``timeout`` counts as a success, anything
-        else as a failure, for outlier detection as requests do."""
+        """Every ``interval``, GET ``path`` from every connected worker (not
+        one draining: it takes no request); a response head under 500
+        within ``timeout`` counts as a success, anything else as a failure,
+        for outlier detection as requests do.  The check is cancelled once
+        its head came or its time is up: its body is not wanted, and a
+        worker that hangs is not left one more request each time."""
         environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "QUERY_STRING": "",
                    "SERVER_NAME": "zc-lb", "SERVER_PORT": "0", "HTTP_HOST": "zc-lb",
                    "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http",
                    REQUEST_CLASS: "", "HTTP_USER_AGENT": "zc-lb health check"}
 
         def check(connection: Connection) -> None:
+            exchange = None
             try:
                 exchange = connection.open_request(environ, end=True)
                 with gevent.Timeout(timeout):
                     response = exchange.receive()
-                    if not getattr(response, "end", True):
-                        while not isinstance(exchange.receive(), End):
-                            pass
                 ok = isinstance(response, Response) and response.status[:1] != "5"
             except (ZcLbError, gevent.Timeout):
                 ok = False
+            finally:
+                if exchange is not None:
+                    exchange.cancel()  # (nothing, once it ended)
             self.health_checks += 1
             self.outcome(connection, ok)
 
@@ -259,8 +268,9 @@ class Fleet(LinkEvents):
             while True:
                 gevent.sleep(interval)
                 for link in list(self.links.values()):
-                    if link.connection is not None and not link.connection.closed:
-                        gevent.spawn(check, link.connection)
+                    connection = _open(link)
+                    if connection is not None:
+                        gevent.spawn(check, connection)
         self._health = gevent.spawn(loop)
 
     # -- the keys relayed between LBs ------------------------------------
@@ -333,6 +343,15 @@ class Fleet(LinkEvents):
                 links[address] = dict(_DOWN, version=version, standby=True, counts={},
                                       last_error="version %s is not the one served" % version)
         return links
+
+
+def _open(link: WorkerLink) -> Optional[Connection]:
+    """The link's connection if it may take requests: open, and not
+    draining (its worker said GoAway)."""
+    connection = link.connection
+    if connection is None or connection.closed or link.draining is connection:
+        return None
+    return connection
 
 
 def app_version(connection: Connection) -> Optional[str]:

@@ -165,6 +165,9 @@ class Pool:
         self._last_ident = 0
         self.skilled: SkillMap[PoolWorker] = SkillMap(self.by_ident)  # class -> worker -> score
         self.backlog = 0
+        # Requests still in flight on workers removed (``remove``), by handle:
+        # they end with ``put``, and a worker added again starts with them.
+        self._gone_backlog: Dict[Hashable, int] = {}
         self.mbacklog = 0.0
         self.dsum = 0.0
         self.dcount = 0.0
@@ -224,6 +227,9 @@ class Pool:
                 self.new_resume(handle, resume)
             return
         worker = PoolWorker(handle, version, name)
+        # (back after a removal, its requests still in flight: busy as it is)
+        worker.backlog = self._gone_backlog.pop(handle, 0)
+        self.backlog += worker.backlog
         self._last_ident += 1
         worker.ident = self._last_ident
         self.by_ident[worker.ident] = worker
@@ -240,10 +246,13 @@ class Pool:
         """A hook for policies that keep more per worker."""
 
     def remove(self, handle: Hashable) -> None:
-        """Forget a worker entirely, even with requests in flight on it."""
+        """Forget a worker entirely, even with requests in flight on it
+        (added again before they end, it starts with them)."""
         worker = self.workers.pop(handle, None)
         if worker is None:
             return
+        if worker.backlog > worker.elsewhere:
+            self._gone_backlog[handle] = worker.backlog - worker.elsewhere
         self._forget_skills(worker)
         del self.by_ident[worker.ident]
         del self._lru[worker]
@@ -469,8 +478,15 @@ class Pool:
     def put(self, handle: Hashable) -> None:
         """A request given to ``handle`` by ``get`` has ended."""
         worker = self.workers.get(handle)
-        if worker is None or worker.backlog <= worker.elsewhere:
-            return  # removed while the request was in flight
+        if worker is None:  # removed while the request was in flight
+            gone = self._gone_backlog.get(handle, 0)
+            if gone > 1:
+                self._gone_backlog[handle] = gone - 1
+            elif gone:
+                del self._gone_backlog[handle]
+            return
+        if worker.backlog <= worker.elsewhere:
+            return
         worker.backlog -= 1
         self.backlog -= 1
         self._decay(worker)

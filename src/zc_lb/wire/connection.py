@@ -188,6 +188,12 @@ class Connection(Link):
         """Wait for the reader to end."""
         gevent.joinall(self._greenlets[:1], timeout=timeout)
 
+    @property
+    def suspect(self) -> bool:
+        """The peer has been silent long enough to be suspected
+        (``Handler.handle_silent``), and not heard since."""
+        return self._keepalive.suspect
+
     # -- requests -----------------------------------------------------
 
     def open_request(self, environ: Optional[Dict[str, str]], end: bool = False,
