@@ -227,6 +227,19 @@ def test_a_lost_connection_is_down_then_reconnected(workers, links, caplog):
     assert response(request(second)) == ("200 OK", b"ok")
 
 
+def test_a_worker_that_drops_each_connection_at_once_is_tried_ever_less_often(workers, links):
+    worker = workers()
+    link, events = links(address_of(worker))
+    started = time.monotonic()
+    while time.monotonic() - started < 1.6:  # (as a worker that dies as it starts)
+        for connection in list(worker.lbs.connections):
+            connection.close("crash")
+        gevent.sleep(0.01)
+    # backoffs of 0.1, 0.2, 0.4, 0.8 s at most (each a random half to all of it),
+    # where a backoff back at 0.1 s after every connection made 10 or more
+    assert 2 <= len(events.named("up")) <= 6
+
+
 def test_a_restarted_worker_drains_without_a_warning_and_is_reconnected(
         workers, links, caplog):
     worker = workers()

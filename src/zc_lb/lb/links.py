@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT = 5.0
 BACKOFF_MIN = 0.1
 BACKOFF_MAX = 5.0
+STEADY = 10.0  # seconds a connection lasts for the next try to come at BACKOFF_MIN again
 
 
 @dataclass(frozen=True)
@@ -101,12 +103,19 @@ class WorkerLink(Handler):
                 connection.close("worker removed")
 
     def _run(self) -> None:
+        """Connect, and again whenever the connection ends, after a
+        backoff that doubles up to BACKOFF_MAX: from BACKOFF_MIN again
+        once a connection lasted STEADY seconds (a worker that restarts
+        is back soon), not after one that ended at once (one that dies
+        as it starts is not tried ten times a second)."""
         backoff = BACKOFF_MIN
         while not self.stopped:
             connection = self._connect()
             if connection is not None:
-                backoff = BACKOFF_MIN
+                began = time.monotonic()
                 connection.join()
+                if time.monotonic() - began >= STEADY:
+                    backoff = BACKOFF_MIN
             if self.stopped:
                 return
             gevent.sleep(backoff * random.uniform(0.5, 1.0))  # LBs out of step
