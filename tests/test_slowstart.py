@@ -45,7 +45,10 @@ class Traffic:
         return Counter(self.one(held)[1] for _ in range(n))
 
     def forget(self, handle) -> None:
-        """Drop the requests in flight on a worker being removed."""
+        """End the requests in flight on a worker being removed (failed, as
+        the LB ends them: each put back)."""
+        for _ in range(self.in_flight.count(handle)):
+            self.pool.put(handle)
         self.in_flight = [h for h in self.in_flight if h != handle]
 
 

@@ -138,6 +138,33 @@ def _changes(old: Dict[str, float], new: Dict[Any, Any]) -> Iterator[Tuple[str, 
         yield rclass, score
 
 
+class Departed:
+    """Requests still in flight on workers removed from a pool, by handle:
+    each ends with ``Pool.put``, and a worker added again before they all
+    ended starts with those left (silent then heard, drained then enabled,
+    ejected then readmitted: the same connection, still busy)."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts: Dict[Hashable, int] = {}
+
+    def left(self, handle: Hashable, in_flight: int) -> None:
+        """``handle`` was removed with ``in_flight`` requests of its own."""
+        if in_flight > 0:
+            self.counts[handle] = in_flight
+
+    def ended(self, handle: Hashable) -> None:
+        """One of them ended."""
+        count = self.counts.pop(handle, 0) - 1
+        if count > 0:
+            self.counts[handle] = count
+
+    def back(self, handle: Hashable) -> int:
+        """``handle`` is added again: its requests still in flight, now its own."""
+        return self.counts.pop(handle, 0)
+
+
 class Pool:
     """Résumé-based routing: skilled workers first, backlog capped."""
 
@@ -165,9 +192,7 @@ class Pool:
         self._last_ident = 0
         self.skilled: SkillMap[PoolWorker] = SkillMap(self.by_ident)  # class -> worker -> score
         self.backlog = 0
-        # Requests still in flight on workers removed (``remove``), by handle:
-        # they end with ``put``, and a worker added again starts with them.
-        self._gone_backlog: Dict[Hashable, int] = {}
+        self.departed = Departed()  # (removed workers' requests still in flight)
         self.mbacklog = 0.0
         self.dsum = 0.0
         self.dcount = 0.0
@@ -227,8 +252,7 @@ class Pool:
                 self.new_resume(handle, resume)
             return
         worker = PoolWorker(handle, version, name)
-        # (back after a removal, its requests still in flight: busy as it is)
-        worker.backlog = self._gone_backlog.pop(handle, 0)
+        worker.backlog = self.departed.back(handle)
         self.backlog += worker.backlog
         self._last_ident += 1
         worker.ident = self._last_ident
@@ -246,13 +270,11 @@ class Pool:
         """A hook for policies that keep more per worker."""
 
     def remove(self, handle: Hashable) -> None:
-        """Forget a worker entirely, even with requests in flight on it
-        (added again before they end, it starts with them)."""
+        """Forget a worker entirely, even with requests in flight on it."""
         worker = self.workers.pop(handle, None)
         if worker is None:
             return
-        if worker.backlog > worker.elsewhere:
-            self._gone_backlog[handle] = worker.backlog - worker.elsewhere
+        self.departed.left(handle, worker.backlog - worker.elsewhere)
         self._forget_skills(worker)
         del self.by_ident[worker.ident]
         del self._lru[worker]
@@ -367,8 +389,7 @@ class Pool:
         return self._chosen(self.published(rclass))
 
     def published(self, rclass: str) -> PoolWorker:
-        """The published choice for a request of ``rclass`` (steps 1 to
-        3 of the module docstring), not yet accounted."""
+        """The published choice for ``rclass`` (the module docstring's steps 1-3), unaccounted."""
         oldest = self.oldest()
         max_backlog = self.variance * self.mbacklog / float(len(self.workers))
         if max_backlog < 1.0:
@@ -434,9 +455,7 @@ class Pool:
     def _least_backlog(self) -> Optional[Hashable]:
         """The least loaded worker, ties to the least recently chosen: O(workers)."""
         best = self.least_loaded()
-        if best is None:
-            return None
-        return self._chosen(best)
+        return None if best is None else self._chosen(best)
 
     def least_loaded(self, skip: Container[PoolWorker] = ()) -> Optional[PoolWorker]:
         """The worker with the least backlog but for those in ``skip``,
@@ -452,10 +471,9 @@ class Pool:
     def room(self, load: float, floor: int = 1) -> int:
         """Requests the workers can take before any of them passes the cap
         that ``load`` requests spread over the pool would set: ``variance``
-        times the mean backlog per worker (the decayed mean, if higher),
-        and at least ``floor`` each.  What a retry may use: work moved
-        from a lost worker to others with room, never piled on a pool
-        already at its cap."""
+        times the mean backlog per worker (the decayed mean, if higher), and
+        at least ``floor`` each.  What a retry may use: work moved from a
+        lost worker to others with room, never piled on a pool at its cap."""
         if not self.workers:
             return 0
         load = max(load, self.mbacklog)
@@ -478,18 +496,12 @@ class Pool:
     def put(self, handle: Hashable) -> None:
         """A request given to ``handle`` by ``get`` has ended."""
         worker = self.workers.get(handle)
-        if worker is None:  # removed while the request was in flight
-            gone = self._gone_backlog.get(handle, 0)
-            if gone > 1:
-                self._gone_backlog[handle] = gone - 1
-            elif gone:
-                del self._gone_backlog[handle]
-            return
-        if worker.backlog <= worker.elsewhere:
-            return
-        worker.backlog -= 1
-        self.backlog -= 1
-        self._decay(worker)
+        if worker is None:
+            self.departed.ended(handle)  # (removed while the request was in flight)
+        elif worker.backlog > worker.elsewhere:
+            worker.backlog -= 1
+            self.backlog -= 1
+            self._decay(worker)
 
     def share_with(self, siblings: Any) -> None:
         """Route as one LB with the other processes of ``--processes``
