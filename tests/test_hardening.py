@@ -825,3 +825,17 @@ def test_a_worker_back_in_the_pool_counts_its_requests_still_in_flight(stack):
     gate.set()
     gevent.joinall(held, timeout=5)
     assert pool.workers[connection].backlog == 0 and pool.backlog == 0
+
+
+def test_a_failure_on_an_old_connection_ejects_the_workers_current_one_too(stack):
+    s = stack(ok_app, n_workers=2, outlier={"max_share": 1.0})
+    fleet = s.lb.fleet
+    link = fleet.links["127.0.0.1:%d" % s.worker.address[1]]
+    current = link.connection
+
+    class Old:  # (an earlier connection to the same address, still ending)
+        peer = current.peer
+    old = Old()
+    for _ in range(5):  # (its requests in flight failed: the address is ejected)
+        fleet.outcome(old, ok=False)
+    assert fleet.ejector.ejected(current.peer) and current not in s.lb.pool

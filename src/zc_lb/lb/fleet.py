@@ -220,6 +220,9 @@ class Fleet(LinkEvents):
         self.worker_failures += 1
         if self.ejector.failure(address, time.monotonic(), len(self.links), path):
             self.pool.remove(connection)
+            link = self.links.get(address)  # (ejected by address: its link's connection too,
+            if link is not None and link.connection is not None:  # if this one is an old one)
+                self.pool.remove(link.connection)
             record = self.ejector.records[address]
             log.warning("ejected worker %s for %gs: %s (ejection %d)", address,
                         record.until - time.monotonic(), record.reason, record.ejections)
