@@ -236,6 +236,15 @@ def test_a_bad_worker_list_is_refused_whole_and_lists_are_compared_with_what_run
         write(addresses)
         os.kill(lb.pid, signal.SIGHUP)
         wait_for(lambda: in_pool() == addresses, message="3 workers again")
+        # A file with no worker list at all (cut short as an editor writes it,
+        # the line commented out) keeps the workers; only an empty list empties.
+        path.write_text('[lb]\nlisten = "127.0.0.1:0"\nstatus = "%s"\n' % status_address)
+        os.kill(lb.pid, signal.SIGHUP)
+        wait_for(lambda: "no worker list in" in log(), message="the missing list logged")
+        assert in_pool() == addresses
+        write([])
+        os.kill(lb.pid, signal.SIGHUP)
+        wait_for(lambda: in_pool() == [], message="an empty pool")
     finally:
         lb.kill()
         for worker in workers:

@@ -287,12 +287,19 @@ class LBService:
     def configure(self, live: dict, source: str = "") -> None:
         """Live settings, and for a static LB its ``worker`` list, taken
         whole or not at all: a list with a bad address is refused
-        (ConfigurationError) before anything changes.  (``live`` is left
-        as it is: the caller records it as what runs.)"""
+        (ConfigurationError) before anything changes; no list at all (None)
+        keeps the workers.  (``live`` is left as it is: the caller records
+        it as what runs.)"""
         live = dict(live)
         workers = None
         if "worker" in live:
-            workers = worker_addresses(live.pop("worker") or [], "worker")
+            given = live.pop("worker")
+            if given is None:  # (a file cut short, a key commented out: not a list)
+                log.warning("no worker list in %s any more: the %d workers stay (an empty "
+                            "list, worker = [], empties the pool)", source or "the configuration",
+                            len(self.lb.fleet.links))
+            else:
+                workers = worker_addresses(given, "worker")
         if live:
             if self.membership is not None:  # ZooKeeper's values still win
                 self.membership.rebase(live, source)
