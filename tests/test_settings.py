@@ -89,6 +89,9 @@ def test_parse_converts_text_and_json_values():
     ("variance", True, "not a number"),
     ("variance", "abc", "not a number"),
     ("variance", "nan", "finite"),
+    ("variance", 10 ** 400, "finite"),  # (JSON's or TOML's integer, past a float's range)
+    ("backlog_history", 10 ** 400, "too large"),
+    ("backlog_history", float(2 ** 60), "too large"),
     ("variance", 0, "at least"),
     ("balance", 0.5, "at least 1"),
     ("max_ejected", 1.5, "at most 1"),

@@ -65,11 +65,18 @@ def _int(value: Any) -> int:
     if isinstance(value, float):
         if not value.is_integer():
             raise ValueError("not an integer")
-        return int(value)
-    try:
-        return int(value)
-    except ValueError:  # "2.7" as well as "abc"
-        raise ValueError("not an integer")
+        number = int(value)
+    else:
+        try:
+            number = int(value)
+        except ValueError:  # "2.7" as well as "abc"
+            raise ValueError("not an integer")
+    if abs(number) > MAX_INT:  # (the code computes with them as floats too)
+        raise ValueError("too large, over %d" % MAX_INT)
+    return number
+
+
+MAX_INT = 2 ** 53  # an integer setting's largest: a float holds it exactly
 
 
 def _float(value: Any) -> float:
@@ -79,6 +86,8 @@ def _float(value: Any) -> float:
         number = float(value)
     except ValueError:
         raise ValueError("not a number")
+    except OverflowError:  # (an integer of hundreds of digits, from JSON or TOML)
+        raise ValueError("not a finite number")
     if not math.isfinite(number):
         raise ValueError("not a finite number")
     return number
