@@ -57,6 +57,12 @@ def test_a_new_reset_skills_value_resets_the_pool_once():
     assert pool.resets == 1 and not pool.skilled
     membership.settings_changed({"reset_skills": "t2", "variance": 2})
     assert pool.resets == 1
+    # Removed (a site's tree imported with --delete), then put back: no new token.
+    membership.settings_changed({"variance": 2})
+    membership.settings_changed({"reset_skills": "t2"})
+    assert pool.resets == 1
+    membership.settings_changed({"reset_skills": "t3"})
+    assert pool.resets == 2
 
 
 def test_worker_settings_apply_each_good_value():

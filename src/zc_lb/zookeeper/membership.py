@@ -68,7 +68,7 @@ class NodeSettings:
         self.base: Dict[str, Any] = dict(base)
         self.applied: Dict[str, Any] = {}  # the settings in force
         self.properties: Optional[Dict[str, Any]] = None  # the node's, last seen
-        self.reset_token: Optional[str] = None  # the reset_skills value last seen
+        self.reset_token: Optional[str] = None  # the reset_skills token last seen
 
     def _configure(self, settings: Mapping[str, Any], source: str) -> None:
         raise NotImplementedError
@@ -92,10 +92,13 @@ class NodeSettings:
             log.error("ignoring bad %s settings in %s: %s", self.role, self.path, exc)
             return
         self.applied = settings
+        # A new token resets; its removal (a tree imported with --delete that
+        # does not name it) is no new token, nor is the same one put back.
         token = settings["reset_skills"]
-        if self.reset_token is not None and token != self.reset_token:
+        if token and self.reset_token is not None and token != self.reset_token:
             self._reset_skills(token)
-        self.reset_token = token
+        if token or self.reset_token is None:
+            self.reset_token = token
 
     def rebase(self, changes: Mapping[str, Any], source: str = "") -> None:
         """New values under ZooKeeper's (a config file read again): applied
