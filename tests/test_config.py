@@ -3,6 +3,7 @@ command line over the file, and SIGHUP applying a new file to a running LB."""
 
 import http.client
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -301,6 +302,28 @@ def test_reload_applies_live_settings_and_names_the_rest(tmp_path, caplog):
         reload_config(args, apply)
     assert "%s:2: history must be at least 1" % path in caplog.text
     assert len(applied) == 1 and args.history == 200
+
+
+def test_reload_takes_the_files_log_level_at_once(tmp_path, caplog):
+    from zc_lb.cli.reload import reload_config
+
+    path = tmp_path / "zc-lb.toml"
+    path.write_text('[worker]\napp = "apps:app"\nlog_level = "WARNING"\n')
+    argv = ["worker", "--config", str(path)]
+    args = build_parser().parse_args(argv)
+    args.argv = argv
+    args = read_config(args)
+    root = logging.getLogger()
+    before = root.level
+    try:
+        path.write_text('[worker]\napp = "apps:app"\nlog_level = "DEBUG"\n')
+        with caplog.at_level("INFO", logger="zc_lb"):
+            reload_config(args, lambda live: None)
+        assert root.level == logging.DEBUG and args.log_level == "DEBUG"
+        assert "log_level WARNING -> DEBUG (%s)" % path in caplog.text
+        assert "nothing changed" not in caplog.text
+    finally:
+        root.setLevel(before)
 
 
 def test_a_worker_list_is_checked_whole():

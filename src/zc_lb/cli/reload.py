@@ -5,9 +5,9 @@ Rules: the command line overrides the file.  On SIGHUP the file is
 read again and the command line parsed again with it; the settings that
 may change live (``settings.LIVE``, and what a command adds) are handed
 to the running process, which logs each change, and every other change
-is logged as needing a restart.  A bad file, or a value the process
-refuses, is logged and changes nothing: a reload never stops a serving
-process.
+is logged as needing a restart, but for the log level, taken at once.
+A bad file, or a value the process refuses, is logged and changes
+nothing: a reload never stops a serving process.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ def reload_config(args: argparse.Namespace, apply, live_extra=frozenset()) -> bo
         log.exception("SIGHUP: cannot read %s; keeping the running settings", args.config)
         return False
     live, restart = _changes(args, new, live_extra)
+    level = _log_level(args, new)
     if live:
         try:
             apply(live)
@@ -69,9 +70,21 @@ def reload_config(args: argparse.Namespace, apply, live_extra=frozenset()) -> bo
             if dest in live_extra:  # (logged once applied, as configure logs the others)
                 settings.log_change(dest, getattr(args, dest, None), value, args.config)
             setattr(args, dest, value)
-    if not live and not restart:
+    if not live and not restart and not level:
         log.info("SIGHUP: %s read again; nothing changed", args.config)
     return False
+
+
+def _log_level(args: argparse.Namespace, new: argparse.Namespace) -> bool:
+    """Take ``new``'s log level (the file's, unless the command line gives
+    one), logged; whether it changed."""
+    if new.log_level == args.log_level:
+        return False
+    logging.getLogger().setLevel(new.log_level)
+    log.warning("log_level %s -> %s (%s)", args.log_level, new.log_level,  # (whatever the level)
+                args.config)
+    args.log_level = new.log_level
+    return True
 
 
 def _changes(args: argparse.Namespace, new: argparse.Namespace, live_extra) -> tuple:
