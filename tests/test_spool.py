@@ -1,10 +1,17 @@
 """spool.py: a response body held in memory, then on disk, in order."""
 
 import os
+import time
 
+import gevent
+import gevent.event
 import pytest
 
+from zc_lb.lb.bodies import InFlight, ResponseBody
 from zc_lb.lb.spool import Spool, SpoolLimits
+from zc_lb.testing import connection_pair
+from zc_lb.wire.connection import Handler
+from zc_lb.wire.frames import Body, End
 
 
 def drain(spool):
@@ -133,3 +140,69 @@ def test_small_parts_in_memory_are_taken_together_up_to_join_bytes():
     assert spool.take() is big
     assert spool.take() == b"y"
     spool.close()
+
+
+def test_a_closed_spool_keeps_nothing_more(tmp_path):
+    # (a pump on its way when the client left: its bytes must not count)
+    limits = SpoolLimits(memory=2, total_memory=100, disk=100, total_disk=100,
+                         directory=str(tmp_path))
+    spool = Spool(limits)
+    spool.put(b"abc")
+    spool.close()
+    spool.put(b"abc")  # (past memory: it would go to a new file)
+    spool.put(b"de")
+    assert limits.in_memory == limits.on_disk == 0 and not spool
+
+
+class _Streaming(Handler):
+    """A worker side that answers with a head, then body frames once ``go``."""
+
+    def __init__(self, go):
+        self.go = go
+
+    def handle_request(self, connection, exchange):
+        gevent.spawn(self.stream, exchange)
+
+    def stream(self, exchange):
+        exchange.receive()
+        exchange.respond("200 OK", [])
+        try:
+            self.go.wait()
+            for _ in range(64):
+                exchange.send_body(b"x" * 16384)
+            exchange.send(End(exchange.rno))
+        except Exception:
+            pass
+
+
+class _Pool:
+    def put(self, connection):
+        pass
+
+
+@pytest.mark.parametrize("client_read_first", [True, False])
+def test_a_client_gone_as_the_pump_wakes_leaves_no_bytes_counted(client_read_first):
+    go = gevent.event.Event()
+    limits = SpoolLimits(memory=32 * 1024, disk=0) if client_read_first else SpoolLimits()
+    lb, worker = connection_pair(Handler(), _Streaming(go))
+    try:
+        flight = InFlight(_Pool(), limits)
+        exchange = lb.open_request({}, end=True)
+        response = exchange.receive(5)
+        body = ResponseBody(flight, lb, exchange, None, None, response)
+        if client_read_first:  # a slow client: the spool full, frames waiting in the inbox
+            go.set()
+            deadline = time.monotonic() + 5
+            while not (limits.stalled and exchange.inbox):
+                gevent.sleep(0.01)
+                assert time.monotonic() < deadline
+            next(iter(body))  # it takes a piece (which wakes the pump), then its send fails
+        else:  # a frame delivered in the loop turn in which the client's send fails
+            gevent.sleep(0.1)
+            exchange.received(Body(exchange.rno, b"y" * 16384))
+        body.close()
+        gevent.sleep(0.2)
+        assert (limits.in_memory, limits.on_disk) == (0, 0)
+    finally:
+        lb.close()
+        worker.close()

@@ -77,6 +77,7 @@ class Spool:
         self.disk = 0  # bytes held in the file, not yet read
         self._file: Optional[IO[bytes]] = None
         self._read_at = self._write_at = 0
+        self.closed = False  # (its client is gone: what still comes is dropped)
 
     def __bool__(self) -> bool:
         return bool(self._parts)
@@ -102,7 +103,10 @@ class Spool:
         """Keep ``data``: in memory if there is room, else on disk if there
         is room, else in memory all the same (the caller, who asks
         ``full`` before granting more credit, bounds the excess to what
-        the worker may send unasked)."""
+        the worker may send unasked).  Nothing, once closed: a pump on its
+        way when the client left must not count bytes no one drops."""
+        if self.closed:
+            return
         size = len(data)
         if not self._memory_room() and self._disk_room():
             try:
@@ -172,7 +176,8 @@ class Spool:
         return data
 
     def close(self) -> None:
-        """Drop what is held, and the file."""
+        """Drop what is held, and the file; keep nothing more (``put``)."""
+        self.closed = True
         self.limits.in_memory -= self.memory
         self.limits.on_disk -= self.disk
         self.memory = self.disk = 0
