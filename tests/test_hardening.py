@@ -839,3 +839,73 @@ def test_a_failure_on_an_old_connection_ejects_the_workers_current_one_too(stack
     for _ in range(5):  # (its requests in flight failed: the address is ejected)
         fleet.outcome(old, ok=False)
     assert fleet.ejector.ejected(current.peer) and current not in s.lb.pool
+
+
+def _read_all(environ, start_response):
+    body = b"%d" % len(environ["wsgi.input"].read())
+    start_response("200 OK", [("Content-Length", str(len(body)))])
+    return [body]
+
+
+def test_a_slow_upload_that_moves_is_no_response_timeout(stack):
+    s = stack(routes({"/up": _read_all}), response_timeout=0.4)
+    client = s.client()
+    client.send(b"POST /up HTTP/1.1\r\nHost: a.example\r\nContent-Length: 10\r\n\r\n")
+    for _ in range(10):  # (a byte every 0.1 s: a second in all)
+        client.send(b"x")
+        gevent.sleep(0.1)
+    assert client.response("POST")[::2] == (200, b"10")
+    assert s.lb.fleet.worker_failures == 0
+
+
+def _refuse(environ, start_response):
+    start_response("413 Content Too Large", [("Content-Length", "9")])
+    return [b"too large"]
+
+
+def test_an_answer_before_the_body_came_says_the_connection_closes(stack):
+    s = stack(routes({"/up": _refuse}))
+    client = s.client()
+    client.send(b"POST /up HTTP/1.1\r\nHost: a.example\r\nContent-Length: 5000000\r\n\r\n")
+    client.send(b"x" * 100_000)
+    status, headers, _ = client.response("POST")
+    assert status == 413 and headers.get("connection", "").lower() == "close"
+    assert client.closed_by_server(2.0)
+
+
+class _HeadThenBody(Handler):
+    """A worker side that sends a response's head at once and its body never."""
+
+    def handle_request(self, connection, exchange):
+        gevent.spawn(self.answer, exchange)
+
+    def answer(self, exchange):
+        exchange.receive()
+        exchange.respond("200 OK", [("Content-Length", "100")])
+
+
+def test_a_head_that_came_in_the_turn_its_request_timed_out_is_not_half_sent():
+    from zc_lb.errors import ResponseTimeout
+    from zc_lb.lb.awaiting import WATCHDOG_INTERVAL, Awaiting
+    from zc_lb.testing import connection_pair
+
+    lb, worker = connection_pair(Handler(), _HeadThenBody())
+    awaiting = Awaiting(0.1, lambda now: None)
+    try:
+        # The watchdog passes over a request whose head has come, however old.
+        exchange = lb.open_request({}, end=True)
+        poll(lambda: exchange.inbox, message="the head")
+        awaiting.waiting[exchange] = (time.monotonic() - 10, None, None, False)
+        awaiting.watchdog = gevent.spawn(awaiting._watch_slow_responses)
+        gevent.sleep(WATCHDOG_INTERVAL * 1.5)
+        assert exchange.error is None
+        # One failed in the loop turn its head came: the failure, not the head.
+        late = lb.open_request({}, end=True)
+        poll(lambda: late.inbox, message="the head")
+        late.fail(ResponseTimeout("no response within 0.1s"))
+        with pytest.raises(ResponseTimeout):
+            awaiting.receive(late, None, None, False, time.monotonic())
+    finally:
+        awaiting.stop()
+        lb.close()
+        worker.close()

@@ -119,3 +119,43 @@ def test_half_configured_tls_is_refused(pki):
     with pytest.raises(ConfigurationError, match="cannot use certificate"):
         lb_context(pki["ca"], pki["worker"] + ".key", pki["ca"])  # (a key of another)
     assert worker_context(None, None, None) is None
+
+
+def test_an_https_client_that_hangs_up_has_its_request_cancelled(tmp_path):
+    # (the watch for a hang-up peeked with flags an SSL socket refuses)
+    import gevent
+    import gevent.socket
+    import gevent.ssl
+    from test_hardening import poll, routes
+    from zc_lb.front.server import FrontServer, tls_context
+    from zc_lb.lb.balancer import LB
+    from zc_lb.routing.classifier import host_classifier
+    from zc_lb.routing.pool import Pool
+    from zc_lb.worker.server import Worker
+
+    def hang(environ, start_response):
+        gevent.sleep(3600)
+
+    ca = make_ca(str(tmp_path), "ca")
+    cert = make_cert(str(tmp_path), ca, "front")
+    worker = Worker(routes({"/hang": hang}))
+    worker.start()
+    lb = LB(Pool(), host_classifier)
+    lb.fleet.set_workers(["127.0.0.1:%d" % worker.address[1]])
+    poll(lambda: len(lb.pool) == 1)
+    front = FrontServer(("127.0.0.1", 0), lb, tls=tls_context(cert + ".pem", cert + ".key"))
+    front.start()
+    try:
+        context = gevent.ssl.SSLContext(gevent.ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname, context.verify_mode = False, gevent.ssl.CERT_NONE
+        sock = context.wrap_socket(gevent.socket.create_connection(front.address))
+        sock.sendall(b"GET /hang HTTP/1.1\r\nHost: a.example\r\n\r\n")
+        poll(lambda: lb.in_flight == 1)
+        sock.close()
+        poll(lambda: lb.in_flight == 0 and not worker.requests, timeout=4,
+             message="the abandoned request cancelled")
+    finally:
+        front.stop(timeout=0.5)
+        lb.stop()
+        worker.stop(timeout=0.5)
+        worker.requests.kill(block=False)

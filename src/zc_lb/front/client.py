@@ -404,6 +404,8 @@ class ClientConnection:
                 self.close = True  # the body ends when the connection does
         if self.server.draining:  # (a drain begun while the request was in flight)
             self.close = True
+        if not getattr(self.environ["wsgi.input"], "complete", True):  # type: ignore[index]
+            self.close = True  # (a body left unread: the connection ends after, so say it)
         if self.close:
             extra += b"Connection: close\r\n"
         elif self.environ["SERVER_PROTOCOL"] == "HTTP/1.0":  # type: ignore[index]

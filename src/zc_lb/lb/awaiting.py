@@ -2,7 +2,8 @@
 
 One watchdog greenlet, not a timer per request, looks at them every
 ``WATCHDOG_INTERVAL``: a response that has not started within the
-``response_timeout`` fails its request (ResponseTimeout: 504), and the
+``response_timeout`` fails its request (ResponseTimeout: 504; a request
+whose body is still on its way counts from the body's last move), and the
 client of one slower than ``WATCH_CLIENT_AFTER`` is watched for a
 hang-up, which cancels the request on its worker (once its upload, which
 reads the same socket, is over).  A worker that falls silent has its
@@ -72,6 +73,10 @@ class Awaiting:
                     watcher.kill(block=False)
         if not isinstance(response, Response):
             raise BadResponse("worker sent %s before a response" % type(response).__name__)
+        if exchange.error is not None and not response.end:
+            # (failed in the loop turn in which its head came: the rest of it will
+            # not come, so one outcome, not a head and half a body)
+            raise exchange.error
         return response
 
     def fail_silent(self, connection: Connection, seconds: float) -> int:
@@ -79,7 +84,8 @@ class Awaiting:
         move to other workers now; how many."""
         moved = 0
         for exchange, entry in list(self.waiting.items()):
-            if exchange.connection is connection and entry[3]:  # (retryable)
+            # (retryable, and not answered in the loop turn its owner has yet to run)
+            if exchange.connection is connection and entry[3] and not exchange.inbox:
                 exchange.fail(WorkerLost("%s silent for %.1fs" % (connection.peer, seconds)))
                 moved += 1
         return moved
@@ -95,7 +101,11 @@ class Awaiting:
             self.tick(now)
             timeout = self.response_timeout
             for exchange, (started, sock, upload, _) in list(self.waiting.items()):
-                age = now - started
+                if exchange.inbox:  # (its response came: its owner has yet to run)
+                    continue
+                # (a body on its way counts from its last move: the client's pace is not
+                # the worker's, but a worker that takes none of it is as one that answers none)
+                age = now - (started if upload is None else max(started, upload.moved))
                 if timeout is not None and age > timeout:
                     exchange.fail(ResponseTimeout("no response within %gs" % timeout))
                 elif age > WATCH_CLIENT_AFTER and exchange not in self.watchers:
@@ -110,9 +120,12 @@ class Awaiting:
 
 def watch_client(sock: Any, exchange: Exchange) -> None:
     """Cancel ``exchange`` if the client closes its connection."""
+    # (the socket under TLS too: an SSL socket takes no flags, and the end of
+    # the connection shows there; a TLS record that came is not taken for one)
+    raw = getattr(sock, "_sock", sock)
     try:
         gevent.socket.wait_read(sock.fileno())
-        if sock.recv(1, socket.MSG_PEEK):
+        if raw.recv(1, socket.MSG_PEEK):
             return  # a pipelined request, not a hang-up
     except OSError:
         pass

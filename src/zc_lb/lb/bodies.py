@@ -96,6 +96,7 @@ class Upload:
         self.wsgi_input = wsgi_input
         self.error: Optional[Exception] = None
         self.done = False
+        self.moved = time.monotonic()  # when it last sent some of the body (or began)
         self.greenlet = gevent.spawn(self._run)
 
     def _run(self) -> None:
@@ -107,9 +108,10 @@ class Upload:
                 data = read(UPLOAD_CHUNK)
                 if not data:
                     exchange.send(End(exchange.rno))
-                    self.done = True
+                    self.moved, self.done = time.monotonic(), True
                     return
                 exchange.send_body(data)
+                self.moved = time.monotonic()
         except ClientError as exc:  # a malformed body, or the client left
             self.error = exc
             exchange.cancel()
