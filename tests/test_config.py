@@ -263,6 +263,18 @@ def test_bad_worker_addresses_on_the_command_line_exit_2():
     assert "port out of range in '127.0.0.1:99999'" in done.stderr
 
 
+def test_single_version_without_zookeeper_says_it_does_nothing(tmp_path):
+    stderr = open(tmp_path / "lb.stderr", "w")
+    lb = LB(["--listen", "127.0.0.1:0", "--worker", "127.0.0.1:1", "--single-version"],
+            stderr=stderr).start()
+    try:
+        assert "--single-version does nothing without --zookeeper" in (
+            tmp_path / "lb.stderr").read_text()
+    finally:
+        lb.kill()
+        stderr.close()
+
+
 def test_a_worker_on_a_unix_socket_does_not_register_in_zookeeper(tmp_path):
     # (No LB elsewhere could reach it, and a path is no ZooKeeper node name.)
     done = subprocess.run(

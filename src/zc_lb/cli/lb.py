@@ -81,6 +81,9 @@ def _start(args: argparse.Namespace) -> LBService:
     gc.freeze()
     service = LBService(lb, fronts, status, args.drain_timeout)
     service.start(args.worker or [], args.health_check, args.health_interval)
+    if getattr(args, "single_version", False) and not args.zookeeper:
+        log.warning("--single-version does nothing without --zookeeper: the workers' "
+                    "versions are counted there")
     if args.zookeeper:
         from zc_lb.zookeeper.membership import LBMembership
 
