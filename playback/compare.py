@@ -57,7 +57,8 @@ directory.
 
 Every process's output goes to a file in the run directory (``--log-dir``,
 default a new ``/tmp/zc-lb-compare-*``), which is kept, so a failure can be
-traced to a log line. Processes are stopped (SIGTERM, then SIGKILL) in
+traced to a log line; the ZODB databases written there are removed once
+used. Processes are stopped (SIGTERM, then SIGKILL) in
 ``finally`` blocks, by the handles we started them with.
 
 Weak spots: everything shares this machine's cores, so a CPU-bound replay
@@ -440,6 +441,19 @@ def zeo_server(args: argparse.Namespace, run_dir: Path, name: str) -> Iterator[D
         yield Database(address, process.pid)
     finally:
         stop_process(process)
+        remove_database(filename)
+
+
+def remove_database(filename: Path) -> None:
+    """Remove a FileStorage and the files beside it (its index, lock and
+    temporary file): a run's databases are copies, gigabytes of them on a
+    large log, where the run directory is kept for its logs."""
+    for path in (filename, *(filename.with_name(filename.name + suffix)
+                             for suffix in (".index", ".lock", ".tmp", ".old"))):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
 
 
 def start_target(name: str, args: argparse.Namespace, run_dir: Path):
@@ -991,10 +1005,11 @@ def run(args: argparse.Namespace, run_dir: Path) -> dict:
         raise CompareError("the log has %d entries, none left after %d of warm-up" % (
             len(entries), args.warmup))
     progress = sys.stderr if (args.progress if args.progress is not None else sys.stderr.isatty()) else None
-    if args.app == "zodb":
-        prepare_zodb(args, run_dir, warmup + measured, measured)
     runs: Dict[str, List[dict]] = {name: [] for name in args.balancers}
     with contextlib.ExitStack() as stack:
+        if args.app == "zodb":
+            stack.callback(remove_database, run_dir / "zodb.fs")  # (the logs stay)
+            prepare_zodb(args, run_dir, warmup + measured, measured)
         if args.lbs > 1 and not args.zookeeper and any(
                 name.partition(":")[0] == "zc-lb" for name in args.balancers):
             args.zookeeper = stack.enter_context(zookeeper_server(run_dir))

@@ -277,6 +277,7 @@ def test_the_zodb_case_runs_each_balancer_on_its_own_zeo_server(tmp_path):
         lb, workers, database, together = (int(n) for n in cpu.groups())
         assert workers > 0 and database > 0 and abs(lb + workers + database - together) <= 2
     assert (tmp_path / "run" / "zeo-zc-lb.log").exists()
+    assert not list((tmp_path / "run").glob("*.fs*"))  # (the logs kept, the databases not)
     assert "floor" not in out  # (the cache model's; none for a real database)
 
 
