@@ -30,7 +30,7 @@ from zc_lb.lb.balancer import LB
 from zc_lb.routing.pool import Pool
 from zc_lb.wire.frames import Body, End, GoAway, Response
 from zc_lb.lb.spool import SpoolLimits
-from zc_lb.testing import LBProcess, WorkerProcess
+from zc_lb.testing import LBProcess, WorkerProcess, connection_pair
 from zc_lb.worker.server import Worker
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -832,13 +832,15 @@ def test_a_failure_on_an_old_connection_ejects_the_workers_current_one_too(stack
     fleet = s.lb.fleet
     link = fleet.links["127.0.0.1:%d" % s.worker.address[1]]
     current = link.connection
-
-    class Old:  # (an earlier connection to the same address, still ending)
-        peer = current.peer
-    old = Old()
-    for _ in range(5):  # (its requests in flight failed: the address is ejected)
-        fleet.outcome(old, ok=False)
-    assert fleet.ejector.ejected(current.peer) and current not in s.lb.pool
+    old, other = connection_pair(Handler(), Handler())  # (an earlier connection, ending)
+    old.peer = current.peer
+    try:
+        for _ in range(5):  # (its requests in flight failed: the address is ejected)
+            fleet.outcome(old, ok=False)
+        assert fleet.ejector.ejected(current.peer) and current not in s.lb.pool
+    finally:
+        old.close()
+        other.close()
 
 
 def _read_all(environ, start_response):
@@ -887,7 +889,6 @@ class _HeadThenBody(Handler):
 def test_a_head_that_came_in_the_turn_its_request_timed_out_is_not_half_sent():
     from zc_lb.errors import ResponseTimeout
     from zc_lb.lb.awaiting import WATCHDOG_INTERVAL, Awaiting
-    from zc_lb.testing import connection_pair
 
     lb, worker = connection_pair(Handler(), _HeadThenBody())
     awaiting = Awaiting(0.1, lambda now: None)

@@ -9,6 +9,7 @@ import pytest
 
 from zc_lb.lb.bodies import InFlight, ResponseBody
 from zc_lb.lb.spool import Spool, SpoolLimits
+from zc_lb.routing.pool import Pool
 from zc_lb.testing import connection_pair
 from zc_lb.wire.connection import Handler
 from zc_lb.wire.frames import Body, End
@@ -175,18 +176,13 @@ class _Streaming(Handler):
             pass
 
 
-class _Pool:
-    def put(self, connection):
-        pass
-
-
 @pytest.mark.parametrize("client_read_first", [True, False])
 def test_a_client_gone_as_the_pump_wakes_leaves_no_bytes_counted(client_read_first):
     go = gevent.event.Event()
     limits = SpoolLimits(memory=32 * 1024, disk=0) if client_read_first else SpoolLimits()
     lb, worker = connection_pair(Handler(), _Streaming(go))
     try:
-        flight = InFlight(_Pool(), limits)
+        flight = InFlight(Pool(), limits)
         exchange = lb.open_request({}, end=True)
         response = exchange.receive(5)
         body = ResponseBody(flight, lb, exchange, None, None, response)
