@@ -21,7 +21,7 @@ from zc_lb.routing.locality import FIRST_AT_MEMBER, STALE_AFTER
 from zc_lb.routing.policies import make_pool
 from zc_lb.routing.classstats import Footprint, Sketch, mix, rendezvous_weight, stable_hash
 from zc_lb.errors import ConfigurationError
-from zc_lb.routing.pool import ClasslessPool, Pool
+from zc_lb.routing.pool import RESUME_STEP, ClasslessPool, Pool
 
 
 def pool_of(n: int, **settings) -> AffinityPool:
@@ -1503,3 +1503,63 @@ def test_by_default_members_count_how_busy_they_are():
     # scenarios as much or more, and a mixed fleet 6-22% more.
     assert AffinityPool().busy_members is True
     assert _members_of_a(2.0, busy_members=AffinityPool().busy_members) == "slow"
+
+
+# -- a résumé taken in steps, the pool routing in its pauses ------------------
+
+
+def _big_resume(first=0):
+    return {"c%d" % i: 1.0 + i for i in range(first, first + RESUME_STEP + 5)}
+
+
+@pytest.mark.parametrize("make", [Pool, AffinityPool])
+def test_a_skill_granted_in_a_resumes_pause_stands_and_leaves_with_its_worker(make):
+    pool = make()
+    pool.add("w")
+    for i in range(100):  # (a running pool)
+        pool.put(pool.get("a", "/a%d" % i))
+    pool.new_resume("w", _big_resume(),
+                    lambda: [pool.put(pool.get("z", "/k%d" % i)) for i in range(50)])
+    w = pool.workers["w"]
+    assert w in pool.skilled["z"] and "z" in w.resume  # (granted in the pause: kept)
+    pool.add("v")
+    pool.remove("w")
+    assert all(x.handle in pool.workers for x in pool.skilled.get("z") or {})
+    assert all(pool.get("z", "/k%d" % i) == "v" for i in range(50))
+
+
+def test_a_class_that_follows_its_keys_in_a_resumes_pause_is_dropped_quietly():
+    pool = AffinityPool()
+    pool.add("w")
+    pool.add("v")
+    pool.new_resume("w", {"X": 5.0})
+    pool.new_resume("v", {"Y": 5.0})
+    for i in range(20):  # (Y's keys go to v, and the book says so)
+        pool.put(pool.get("Y", "/k%d" % i))
+    followed = []
+
+    def pause():  # requests of X come for Y's old keys: X follows them to v
+        for i in range(20):
+            pool.put(pool.get("X", "/k%d" % i))
+        followed.append(pool.adoptions)
+
+    pool.new_resume("w", _big_resume(), pause)  # (X dropped: it was taken away meanwhile)
+    assert followed and followed[0] >= 1
+
+
+def test_a_request_between_a_resumes_drop_steps_is_routed():
+    pool = AffinityPool()
+    pool.add("w")
+    pool.add("v")
+    old = {"X": 5.0}
+    old.update(("d%d" % i, 2.0) for i in range(RESUME_STEP + 500))
+    pool.new_resume("w", old)
+    pool.new_resume("v", {"Y": 5.0})
+    pool.put(pool.get("X", "/a"))  # (X's members worked out: w alone)
+    pauses = []
+
+    def pause():
+        pauses.append(pool.get("X", "/b") if len(pauses) == 1 else None)
+
+    pool.new_resume("w", {"c%d" % i: 3.0 for i in range(RESUME_STEP + 1)}, pause)
+    assert len(pauses) == 2 and pauses[1] in ("w", "v")

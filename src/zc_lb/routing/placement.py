@@ -386,7 +386,8 @@ class Placement:
         unless a member is quicker (``_stay``), else the published
         spill."""
         pool = self.pool
-        chosen = self._owner(pool.skilled[rclass], key_hash, balance)[0]
+        # (none left, its skills dropped part by part as a résumé comes in steps)
+        chosen = self._owner(pool.skilled.get(rclass) or EMPTY, key_hash, balance)[0]
         if chosen is not None:
             chosen = self._stay(rclass, members, chosen)
         if chosen not in members:

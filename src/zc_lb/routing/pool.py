@@ -285,20 +285,17 @@ class Pool:
 
     def new_resume(self, handle: Hashable, resume: Mapping[str, float],
                    pause: Optional[Callable[[], None]] = None) -> Set[str]:
-        """Replace a worker's skills by those of its new résumé; the
-        classes whose skill changed.  Only those are touched: an idle
-        class's score does not move (worker/resume.py), so a résumé of 10,000
-        classes of which a hundred were served costs a hundred updates,
-        and set differences in C to find them.  A score that is not a
-        positive finite number drops the class, as does its absence.
-        The LB's own skills (``given``) give way to the résumé's.
-
-        ``pause``, if given, is called after every ``RESUME_STEP``
-        changed classes (the LB lets the rest of its loop run there: a
-        résumé whose 10,000 classes all changed takes some 20-60 ms).
-        Meanwhile ``worker.resume`` holds what the skilled workers hold,
-        so that a worker removed during a pause leaves nothing behind;
-        the intake then stops."""
+        """Replace a worker's skills by those of its new résumé; the classes
+        whose skill changed.  Only those are touched: an idle class's score
+        does not move (worker/resume.py), so a résumé of 10,000 classes of
+        which a hundred were served costs a hundred updates.  A score that
+        is not a positive finite number drops the class, as does its
+        absence.  The LB's own skills (``given``) give way to the résumé's.
+        ``pause``, if given, is called after every ``RESUME_STEP`` changed
+        classes (the LB's loop runs there: 10,000 changed take 20-60 ms).
+        Meanwhile ``worker.resume`` holds what the skilled workers hold (a
+        worker removed then leaves nothing behind, and the intake stops),
+        and what the pool grants or takes away there stands."""
         worker = self.workers.get(handle)
         if worker is None:
             return set()
@@ -316,8 +313,12 @@ class Pool:
             if not self._drop_classes(worker, dropped, current, pause):
                 return touched
             touched.update(dropped)
-        worker.resume = new
-        worker.given.clear()
+        if current is None:
+            worker.resume = new
+            worker.given.clear()
+        else:  # (the skilled map's: with what the pool did meanwhile)
+            worker.resume = current
+            worker.given.intersection_update(current.keys() - new.keys())
         return touched
 
     def _take_scores(self, worker: PoolWorker, old: Dict[str, float], new: Dict[Any, Any],
@@ -346,10 +347,9 @@ class Pool:
     def _drop_classes(self, worker: PoolWorker, dropped: List[str],
                       current: Optional[Dict[str, float]],
                       pause: Optional[Callable[[], None]]) -> bool:
-        """``new_resume``'s other half: take ``worker`` out of the skilled
-        workers of the classes its new résumé ``dropped`` (with ``pause``,
-        in steps, each out of ``current`` as it goes); whether it is still
-        in the pool."""
+        """``new_resume``'s other half: take ``worker`` out of the skilled workers
+        of the classes its résumé ``dropped`` (with ``pause``, in steps, each out
+        of ``current`` as it goes); whether it is still in the pool."""
         for start in range(0, len(dropped), RESUME_STEP):
             if start and pause is not None:
                 pause()
@@ -359,7 +359,7 @@ class Pool:
             unskill(self.skilled, worker, part)
             if current is not None:
                 for rclass in part:
-                    del current[rclass]
+                    current.pop(rclass, None)  # (unless taken away meanwhile)
         return True
 
     def _forget_skills(self, worker: PoolWorker) -> None:
