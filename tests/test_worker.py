@@ -980,3 +980,29 @@ def test_start_response_with_exc_info_after_a_block_raises_again(serve, threads)
         start = None
     assert raised == [True]
     assert start is None or start.status.startswith("200")
+
+
+def test_a_cancel_after_the_whole_response_lets_the_apps_close_run(serve):
+    # (the LB ends a request whose body the app did not read: ResponseBody.close)
+    closed = gevent.event.Event()
+
+    class Result:
+        def __iter__(self):
+            yield b"too large"
+
+        def close(self):  # (a transaction's abort, a connection back to its pool)
+            gevent.sleep(0.2)
+            closed.set()
+
+    def app(environ, start_response):  # answers at once, reads no body
+        start_response("413 Content Too Large", [("Content-Type", "text/plain")])
+        return Result()
+
+    worker, connection, _ = serve(app)
+    exchange = connection.open_request(dict(REQUEST, REQUEST_METHOD="POST"))
+    head, body = read_response(exchange)
+    assert head.status.startswith("413") and body == b"too large"
+    exchange.cancel()
+    assert closed.wait(2), "the app's close() was cut short"
+    _wait_until(lambda: worker.serving.served + worker.serving.failed == 1)
+    assert worker.serving.served == 1  # (a whole response: served)

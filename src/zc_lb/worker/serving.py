@@ -123,8 +123,8 @@ class Serving:
         except gevent.GreenletExit:
             exchange.cancel()
             return
-        if (writer.status is None or writer.status[:1] == "5"
-                or isinstance(exchange.error, RequestCancelled)):  # (``exchange.cancelled``)
+        if (writer.status is None or writer.status[:1] == "5" or (
+                isinstance(exchange.error, RequestCancelled) and not writer.ended)):
             # A failure teaches nothing: answering 500 fast is no skill.
             self.failed += 1
             return

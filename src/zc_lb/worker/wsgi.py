@@ -230,6 +230,7 @@ class ResponseWriter:
         self.thread: Optional[Any] = None
         self.queued = 0.0
         self.refused = False  # its head was too large: a 500 went instead
+        self.ended = False  # its End went: a Cancel now ends the stream, not the request
 
     def start_response(self, status, headers, exc_info=None):
         start_again(exc_info, self.started, self.status is not None)
@@ -273,11 +274,20 @@ class ResponseWriter:
                     and len(data) <= exchange.connection.protocol.credit(exchange.rno)):
                 self.started = True
                 self._respond(b"" if self.head else data, True)
+                self._ended()
                 return
         if data:
             self.write(data)
         if not self.refused:
             exchange.send(End(exchange.rno))
+            self._ended()
+
+    def _ended(self) -> None:
+        """The response is whole: a Cancel from now on (the LB ending its
+        side of a request whose body it no longer sends) must not kill the
+        application's ``close()`` still to run."""
+        self.ended = True
+        self.exchange.on_cancel = None
 
     def fail(self) -> None:
         """The application failed: a 500, or, once the head is out, the
