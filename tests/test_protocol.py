@@ -328,6 +328,7 @@ def test_a_ready_head_that_does_not_end_the_response():
     ("200 OK", [("Content-Length", "-1")], "invalid Content-Length"),
     ("200 OK", [("Content-Length", "+5")], "invalid Content-Length"),
     ("200 OK", [("Content-Length", "5"), ("Content-Length", "6")], "invalid Content-Length"),
+    ("200 OK", [("Content-Length", "9" * 20)], "invalid Content-Length"),  # (past 64 bits)
     ("200 OK", [("X", "\u20ac")], "not latin-1"),
     ("200 OK", [("X", 1)], "not a pair of str"),
     ("200 OK", [("X", "a", "b")], "refused"),

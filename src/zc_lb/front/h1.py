@@ -527,7 +527,8 @@ def ready_head(status: str, headers: List[Tuple[str, str]]) -> Tuple[bytes, Opti
 
 
 def _content_length(value: str, before: Optional[int]) -> int:
-    length = int(value) if value.isdigit() and value.isascii() else -1
+    # (at most 18 digits: the worker protocol's frame carries a signed 64-bit length)
+    length = int(value) if value.isdigit() and value.isascii() and len(value) <= 18 else -1
     if length < 0 or (before is not None and length != before):
         raise BadResponseHead("invalid Content-Length %r" % value)
     return length
