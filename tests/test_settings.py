@@ -244,3 +244,10 @@ def test_sizes_with_units_on_the_command_line_and_in_a_file(tmp_path):
     args = parsers.build_parser().parse_args(["lb", "--config", str(path)])
     args.argv, args.command = ["lb", "--config", str(path)], "lb"
     assert reload.read_config(args).buffer_memory_total == 64 << 20
+
+
+@pytest.mark.parametrize("name", ["variance", "spread"])
+def test_a_setting_the_pool_rounds_up_refuses_what_would_overflow(name):
+    # (ceil of the product with a pool's counts: 1e308 made inf, and OverflowError)
+    with pytest.raises(ConfigurationError, match="at most"):
+        parse(LB_SETTINGS, name, 1e308)

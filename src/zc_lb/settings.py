@@ -185,7 +185,7 @@ LB_SETTINGS = _table([
     # The pool's, and what else ZooKeeper may change while the LB runs.
     Setting("variance", float, 1.0,
             "a worker's mean backlog may reach VARIANCE times the pool's",
-            minimum=1e-9, where=EVERYWHERE),
+            minimum=1e-9, maximum=1e6, where=EVERYWHERE),
     Setting("backlog_history", int, 9,
             "requests over which backlogs are averaged",
             minimum=1, where=EVERYWHERE, metavar="N"),
@@ -195,7 +195,7 @@ LB_SETTINGS = _table([
     Setting("spread", float, 1.0,
             "affinity: a class with a share S of requests gets at least SPREAD x S "
             "of the workers",
-            minimum=1e-9, where=EVERYWHERE),
+            minimum=1e-9, maximum=1e6, where=EVERYWHERE),
     Setting("footprint_window", int, 5000,
             "affinity: requests over which class shares and distinct keys are measured",
             minimum=1, where=EVERYWHERE, metavar="N"),
