@@ -1563,3 +1563,16 @@ def test_a_request_between_a_resumes_drop_steps_is_routed():
 
     pool.new_resume("w", {"c%d" % i: 3.0 for i in range(RESUME_STEP + 1)}, pause)
     assert len(pauses) == 2 and pauses[1] in ("w", "v")
+
+
+def test_classes_are_forgotten_also_where_keys_buy_nothing():
+    # (there classes go by least backlog, and never get members: forgetting
+    # idle classes ran only when members were counted)
+    pool = AffinityPool(footprint_window=500)
+    for handle in ("a", "b", "c"):
+        pool.add(handle)
+    pool.locality.ratio, pool.locality.weight = 100.0, 100.0  # (away as fast as home)
+    assert pool.locality.pool_gain() == 1.0
+    for i in range(20_000):  # a new Host every request (a subdomain per user, a flood)
+        pool.put(pool.get("user%d.example.com" % i, "/"))
+    assert len(pool.classes) <= 3 * 500

@@ -242,6 +242,7 @@ class Members:
         self.widenings = 0  # classes given a member for their pressure
         self.narrowings = 0  # and given one back
         self.held_window = 0  # the footprint window ``held`` was counted in
+        self.idle_window = 0  # the one idle classes were last forgotten in
         # Footprint windows numbered on from ``window_base`` at ``window_start``
         # requests, in windows of ``window_size`` (see ``window``).
         self.window_base = self.window_start = 0
@@ -287,6 +288,9 @@ class Members:
         book (the same in every class)."""
         pool = self.pool
         window = self.window()
+        if window != self.idle_window:  # (every class's way: none may keep one for good)
+            self.idle_window = window
+            self._forget_idle(window)
         stats = pool.classes.get(rclass)
         if stats is None:
             stats = pool.classes[rclass] = ClassStats(rclass, window, pool.hash_seed)
@@ -552,12 +556,11 @@ class Members:
         """Count the class's distinct keys as held by ``members``, each an
         equal part, instead of by those they were counted on before.  In
         each new footprint window every class is counted again, so that
-        classes no longer requested, whose footprints have gone, count
-        for nothing."""
+        classes no longer requested (``observe`` forgot the idle ones),
+        whose footprints have gone, count for nothing."""
         window = self.window()
         if window != self.held_window:
             self.held_window = window
-            self._forget_idle(window)
             for worker in self.pool.workers.values():
                 worker.held = 0.0
             for other in self.pool.classes.values():
