@@ -1576,3 +1576,17 @@ def test_classes_are_forgotten_also_where_keys_buy_nothing():
     for i in range(20_000):  # a new Host every request (a subdomain per user, a flood)
         pool.put(pool.get("user%d.example.com" % i, "/"))
     assert len(pool.classes) <= 3 * 500
+
+
+def test_a_long_key_is_remembered_short():
+    # (a path of 8 KiB, 65,536 of them, kept whole: half a gigabyte an LB)
+    from zc_lb.routing.classifier import MAX_CLASS
+
+    pool = AffinityPool()
+    for handle in ("a", "b"):
+        pool.add(handle)
+    pad = "x" * 8100
+    for i in range(1000):
+        pool.put(pool.get("example.com", "/%d/%s" % (i, pad)))
+    keys = pool.classes["example.com"].keys
+    assert len(keys) == 1000 and all(len(key) <= MAX_CLASS for key in keys)

@@ -119,6 +119,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar, Dict, Final, Hashable, List, Mapping, Optional, Set, Tuple
 
+from zc_lb.routing.classifier import MAX_CLASS, bounded_class
 from zc_lb.routing.classstats import ClassStats, stable_hash
 from zc_lb.routing.locality import PLACED_AWAY, PLACED_HOME, Locality
 from zc_lb.routing.members import Members, MembersHost
@@ -295,6 +296,8 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
             self.skills_version += 1
         if key is None:
             return self._unkeyed(rclass)
+        if len(key) > MAX_CLASS:  # (the classes remember keys: short, as a class's name)
+            key = bounded_class(key)
         return self._keyed(rclass, key)
 
     def _keyed(self, rclass: str, key: str) -> Hashable:

@@ -553,11 +553,9 @@ class Members:
         return best
 
     def _hold(self, stats: ClassStats, members: Dict[PoolWorker, float]) -> None:
-        """Count the class's distinct keys as held by ``members``, each an
-        equal part, instead of by those they were counted on before.  In
-        each new footprint window every class is counted again, so that
-        classes no longer requested (``observe`` forgot the idle ones),
-        whose footprints have gone, count for nothing."""
+        """Count the class's distinct keys as held by ``members``, each an equal
+        part, instead of by those they were counted on before.  Every class is
+        counted again in each new footprint window (``observe`` forgot the idle)."""
         window = self.window()
         if window != self.held_window:
             self.held_window = window
@@ -573,14 +571,13 @@ class Members:
         self._count_held(stats, members, window)
 
     def _forget_idle(self, window: int) -> None:
-        """Forget the classes not requested in this footprint window or the
-        last, whose decayed count has fallen under one request: their footprint
-        is gone and their share is nothing, so one coming back is a new class.
-        Without this a client sending a new Host header with every request (or a
-        site with a subdomain per user) would grow the LB without end.  At most
-        the classes of two windows and those worth a request are kept.  (Not a
-        class a starter or moved keys gave floors: those outlive it.)  Its
-        skills go to sleep (``SkillMap.rest``)."""
+        """Forget the classes not requested in this footprint window or the last,
+        whose decayed count has fallen under one request: their footprint is gone
+        and their share is nothing, so one coming back is a new class.  Without
+        this a client sending a new Host header with every request (or a site
+        with a subdomain per user) would grow the LB without end.  At most the
+        classes of two windows and those worth a request are kept (not one a
+        starter or moved keys gave floors).  Their skills sleep (``SkillMap.rest``)."""
         pool = self.pool
         horizon = self.window_start + (window - 1 - self.window_base) * self.window_size
         decay = pool.rate_decay
