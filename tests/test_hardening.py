@@ -910,3 +910,22 @@ def test_a_head_that_came_in_the_turn_its_request_timed_out_is_not_half_sent():
         awaiting.stop()
         lb.close()
         worker.close()
+
+
+def test_a_chore_that_fails_does_not_end_the_response_watchdog(caplog):
+    from zc_lb.lb.awaiting import WATCHDOG_INTERVAL, Awaiting
+
+    turns = []
+
+    def tick(now):
+        turns.append(now)
+        if len(turns) == 1:
+            raise RuntimeError("a bug in a chore")
+
+    awaiting = Awaiting(1.0, tick)
+    awaiting.watchdog = gevent.spawn(awaiting._watch_slow_responses)
+    try:
+        gevent.sleep(WATCHDOG_INTERVAL * 2.5)
+        assert len(turns) >= 2 and "the response watchdog failed a turn" in caplog.text
+    finally:
+        awaiting.stop()

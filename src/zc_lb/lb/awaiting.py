@@ -13,6 +13,7 @@ The same greenlet runs the LB's other periodic chores (``tick``).
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -26,6 +27,8 @@ from zc_lb.lb.bodies import Upload
 from zc_lb.wire.connection import Connection
 from zc_lb.wire.exchange import Exchange
 from zc_lb.wire.frames import Response
+
+log = logging.getLogger(__name__)
 
 WATCH_CLIENT_AFTER = 1.0  # seconds without a response before watching for a hang-up
 WATCHDOG_INTERVAL = 0.25
@@ -97,19 +100,25 @@ class Awaiting:
     def _watch_slow_responses(self) -> None:
         while True:
             gevent.sleep(WATCHDOG_INTERVAL)
-            now = time.monotonic()
-            self.tick(now)
-            timeout = self.response_timeout
-            for exchange, (started, sock, upload, _) in list(self.waiting.items()):
-                if exchange.inbox:  # (its response came: its owner has yet to run)
-                    continue
-                # (a body on its way counts from its last move: the client's pace is not
-                # the worker's, but a worker that takes none of it is as one that answers none)
-                age = now - (started if upload is None else max(started, upload.moved))
-                if timeout is not None and age > timeout:
-                    exchange.fail(ResponseTimeout("no response within %gs" % timeout))
-                elif age > WATCH_CLIENT_AFTER and exchange not in self.watchers:
-                    self._watch(exchange, sock, upload)
+            try:
+                self._look(time.monotonic())
+            except Exception:  # (a bug here must not end the timeouts for good)
+                log.exception("the response watchdog failed a turn")
+
+    def _look(self, now: float) -> None:
+        """One turn of the watchdog: the LB's chores, then the requests."""
+        self.tick(now)
+        timeout = self.response_timeout
+        for exchange, (started, sock, upload, _) in list(self.waiting.items()):
+            if exchange.inbox:  # (its response came: its owner has yet to run)
+                continue
+            # (a body on its way counts from its last move: the client's pace is not
+            # the worker's, but a worker that takes none of it is as one that answers none)
+            age = now - (started if upload is None else max(started, upload.moved))
+            if timeout is not None and age > timeout:
+                exchange.fail(ResponseTimeout("no response within %gs" % timeout))
+            elif age > WATCH_CLIENT_AFTER and exchange not in self.watchers:
+                self._watch(exchange, sock, upload)
 
     def _watch(self, exchange: Exchange, sock: Any, upload: Optional[Upload]) -> None:
         """Cancel the exchange if the client hangs up (once the upload,
