@@ -286,15 +286,21 @@ def test_a_worker_on_a_unix_socket_does_not_register_in_zookeeper(tmp_path):
     assert not (tmp_path / "w.sock").exists()
 
 
-def test_reload_applies_live_settings_and_names_the_rest(tmp_path, caplog):
-    from zc_lb.cli.reload import reload_config
-
+def _worker_config(tmp_path, lines):
+    """A worker's config file of ``lines`` (after its app), and the
+    arguments a worker started with it has."""
     path = tmp_path / "zc-lb.toml"
-    path.write_text('[worker]\napp = "apps:app"\nhistory = 100\nthreads = 4\n')
+    path.write_text('[worker]\napp = "apps:app"\n' + lines)
     argv = ["worker", "--config", str(path)]
     args = build_parser().parse_args(argv)
     args.argv = argv
-    args = read_config(args)
+    return path, read_config(args)
+
+
+def test_reload_applies_live_settings_and_names_the_rest(tmp_path, caplog):
+    from zc_lb.cli.reload import reload_config
+
+    path, args = _worker_config(tmp_path, 'history = 100\nthreads = 4\n')
     applied = []
     worker = Worker(lambda environ, start_response: [], history=100)  # (not started)
 
@@ -319,12 +325,7 @@ def test_reload_applies_live_settings_and_names_the_rest(tmp_path, caplog):
 def test_reload_takes_the_files_log_level_at_once(tmp_path, caplog):
     from zc_lb.cli.reload import reload_config
 
-    path = tmp_path / "zc-lb.toml"
-    path.write_text('[worker]\napp = "apps:app"\nlog_level = "WARNING"\n')
-    argv = ["worker", "--config", str(path)]
-    args = build_parser().parse_args(argv)
-    args.argv = argv
-    args = read_config(args)
+    path, args = _worker_config(tmp_path, 'log_level = "WARNING"\n')
     root = logging.getLogger()
     before = root.level
     try:
