@@ -171,10 +171,14 @@ class Fleet(LinkEvents):
     # -- who is in the pool ----------------------------------------------
 
     def _admit(self, connection: Connection, resume: Optional[Dict[str, float]] = None) -> bool:
-        """Put a connected worker in the pool, unless it is ejected (it is
-        readmitted when its ejection is over) or an operator drained it."""
+        """Put a connected worker in the pool, unless its connection takes no
+        request (not its link's open one, draining, or silent: it comes back
+        once heard), it is ejected (it is readmitted when its ejection is
+        over) or an operator drained it."""
         address = connection.peer
-        if self.ejector.ejected(address) or address in self.drained:
+        link = self.links.get(address)
+        if (link is None or _open(link) is not connection or connection.suspect
+                or self.ejector.ejected(address) or address in self.drained):
             return False
         self.pool.add(connection, resume, version=app_version(connection))
         self.changed.set()
@@ -204,9 +208,8 @@ class Fleet(LinkEvents):
                     ", ".join(sorted(str(a) for a in self.ejector.records
                                      if self.ejector.ejected(a))) or "none"))
         self.drained.discard(address)
-        connection = _open(link)
-        if connection is not None and not connection.suspect:  # (else once heard)
-            self._admit(connection, link.resume)
+        if link.connection is not None:
+            self._admit(link.connection, link.resume)
         log.warning("worker %s %s by an operator", address,
                     "readmitted" if readmitted else "enabled")
 
@@ -231,12 +234,8 @@ class Fleet(LinkEvents):
         """Readmit the workers whose ejection is over, on probation."""
         for address in self.ejector.readmit(now):
             link = self.links.get(cast(str, address))  # (ejected by address: see outcome)
-            if link is None:
-                continue
-            connection = _open(link)
-            # (a silent one is admitted once heard, a draining one never)
-            if connection is not None and not connection.suspect:
-                if self._admit(connection, link.resume):
+            if link is not None and link.connection is not None:
+                if self._admit(link.connection, link.resume):
                     log.info("readmitted worker %s on probation", address)
 
     def start_health_checks(self, path: str, interval: float = 5.0,
