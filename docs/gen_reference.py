@@ -120,8 +120,10 @@ def settings_rst():
         "(docs/reference/zookeeper.rst), whose value overrides the command\n"
         "line's, and those *applied live* take effect in a running process.\n"
         "Every way in refuses the same values: text that is not a number, a\n"
-        "non-integral value for an integer, a value out of limits.  Options\n"
-        "that are not settings (addresses, files, the classifier) are in\n"
+        "non-integral value for an integer, a value out of limits.  A setting\n"
+        "only another policy takes (``spread`` under ``--policy published``)\n"
+        "is checked all the same, and logged as unused.  Options that are not\n"
+        "settings (addresses, files, the classifier) are in\n"
         "docs/reference/cli.rst.\n\n")
     for role, heading, table in (("lb", "The LB's settings", settings.LB_SETTINGS),
                                  ("worker", "The worker's settings",

@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from zc_lb.routing.affinity import AffinityPool
+from zc_lb.routing.pool import Pool
 from zc_lb.routing.classifier import MAX_CLASS, bounded_class, get_classifier, get_key_function
 from zc_lb.lb.balancer import LB
 from zc_lb.errors import ConfigurationError
@@ -291,3 +292,20 @@ def test_configure_changes_the_pool_and_the_lb_and_logs_each(caplog):
     with pytest.raises(ConfigurationError):
         lb.configure({"variance": 3.0, "no_worker_timeout": -1})
     assert lb.pool.variance == 2.0 and lb.no_worker_timeout == 1.5
+
+
+def test_a_setting_the_policy_does_not_take_is_said_once_a_value(caplog):
+    # The published policy has no spread: set, it changes nothing, and says so,
+    # once for each value (ZooKeeper hands over every setting at each change).
+    lb = LB(Pool(), lambda environ: "a")
+    with caplog.at_level(logging.WARNING, logger="zc_lb.lb.balancer"):
+        lb.configure({"spread": 1.0, "balance": 1.5}, "zk")  # (the defaults)
+        assert not caplog.records
+        lb.configure({"spread": 2.0}, "zk")
+        lb.configure({"spread": 2.0, "variance": 3.0}, "zk")
+    said = [record.getMessage() for record in caplog.records]
+    assert said == ["spread = 2 (zk): the published policy does not use it "
+                    "(--policy affinity does)"]
+    with pytest.raises(ConfigurationError):  # a bad value is bad under any policy
+        lb.configure({"spread": -1.0, "variance": 4.0})
+    assert lb.pool.variance == 3.0

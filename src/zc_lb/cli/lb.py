@@ -175,7 +175,7 @@ def _make_lb(args: argparse.Namespace):
     if args.error_page:
         page = _read_page(args.error_page)
         pages = {502: page, 503: page}
-    return LB(pool, get_classifier(args.classifier),
+    lb = LB(pool, get_classifier(args.classifier),
               affinity_key=get_key_function(args.affinity_key),
               max_retries=args.max_retries,
               outlier=dict(consecutive=args.eject_after or 10**9, base_time=args.eject_time,
@@ -186,6 +186,8 @@ def _make_lb(args: argparse.Namespace):
               drain_timeout=args.drain_timeout,
               secret=read_secret(args.secret_file), pages=pages,
               max_request_body=args.max_request_body, spool_limits=_spool_limits(args))
+    lb.configure(_lb_settings(args))  # (says the settings another policy would take)
+    return lb
 
 
 def _read_page(path: str) -> bytes:

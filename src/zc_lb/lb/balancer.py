@@ -53,10 +53,11 @@ from zc_lb.front.forwarder import Responder
 from zc_lb.front.pages import ErrorPages, status_line
 from zc_lb.lb.outlier import Ejector
 from zc_lb.routing.pool import Pool
+from zc_lb.routing.policies import POOL_SETTINGS, policy_name, takers
 from zc_lb.wire.decoder import head_fields
 from zc_lb.wire.frames import Response
 from zc_lb.lb.relay import Relay
-from zc_lb.settings import LB_SETTINGS, check, log_change
+from zc_lb.settings import LB_SETTINGS, check, log_change, shown
 from zc_lb.routing.siblings import SYNC_INTERVAL, Siblings, sync
 from zc_lb.lb.awaiting import Awaiting
 from zc_lb.lb.bodies import InFlight, ResponseBody, Upload, send_body
@@ -113,6 +114,8 @@ class LB:
         link_config = LinkConfig(secret, keepalive_interval, keepalive_timeout, drain_timeout)
         self.fleet = Fleet(pool, link_config, Ejector(**(outlier or {})),
                            self.counters.worker_removed, self.awaiting.fail_silent)
+        # Settings of other policies than the pool's, as last given (said once a value)
+        self.unused: Dict[str, Any] = {}
 
     # -- the fleet ----------------------------------------------------
 
@@ -414,6 +417,9 @@ class LB:
                   for name in self.pool.SETTINGS if name in changes}
         own = {name: check(LB_SETTINGS, name, changes[name])
                for name in self.SETTINGS if changes.get(name) is not None}
+        unused = {name: check(LB_SETTINGS, name, changes[name])
+                  for name in POOL_SETTINGS.difference(self.pool.SETTINGS)
+                  if changes.get(name) is not None}
         old = {name: getattr(self.pool, name) for name in pooled}
         old.update((name, getattr(self, name)) for name in own)
         self.pool.update_settings(**pooled)
@@ -422,6 +428,18 @@ class LB:
         for name, value in {**pooled, **own}.items():
             if value != old[name]:
                 log_change(name, old[name], value, source)
+        self._say_unused(unused, source)
+
+    def _say_unused(self, unused: Dict[str, Any], source: str) -> None:
+        """Say a setting of another policy given away from its default,
+        once a value: it changes nothing here, and would otherwise change
+        nothing without a word."""
+        for name, value in sorted(unused.items()):
+            if value != self.unused.get(name, LB_SETTINGS[name].default):
+                log.warning("%s = %s%s: the %s policy does not use it (%s does)",
+                            name, shown(value), " (%s)" % source if source else "",
+                            policy_name(self.pool), takers(name))
+            self.unused[name] = value
 
     def reset_skills(self, why: str = "by an operator") -> None:
         """Forget the skills the pool holds; résumés teach them again."""
