@@ -319,7 +319,7 @@ def test_a_corrupt_resume_file_is_moved_aside_and_the_worker_serves(tmp_path, co
         for _ in range(10):
             assert request(lb, host="a.example")[0] == 200
         wait_for(lambda: resume_file.exists())  # a good one is written again
-        assert "a.example" in json.loads(resume_file.read_text())
+        assert "a.example" in json.loads(resume_file.read_text())["skills"]
     finally:
         lb.kill()
         worker.kill()
@@ -397,7 +397,7 @@ def test_worker_restarted_with_its_resume_file_has_its_skills_back(cluster, tmp_
         for _ in range(10):
             assert request(lb, host="skilled.example")[0] == 200
         wait_for(lambda: os.path.exists(resume_file))
-        assert "skilled.example" in json.load(open(resume_file))
+        assert "skilled.example" in json.load(open(resume_file))["skills"]
         assert worker.terminate() == 0
         wait_for(lambda: connected(lb) == 0)
         worker = WorkerProcess(APP, "--listen", "127.0.0.1:%d" % port, "--history", "5",

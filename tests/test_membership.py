@@ -72,7 +72,8 @@ def test_worker_settings_apply_each_good_value():
         settings=lambda: dict(history=100, max_skill_age=None, max_classes=10_000,
                               resume_interval=10.0),
         configure=lambda changes, source: configured.append(tuple(changes[n] for n in live)),
-        reset_skills=lambda: configured.append("reset"))
+        reset_skills=lambda token: configured.append("reset"), reset_token=None,
+        seen_reset_token=lambda token: None)
     membership = WorkerMembership(worker, "127.0.0.1:1", "/lb/workers")
     membership.settings_changed({"history": "x", "max_skill_age": 50, "max_classes": 0,
                                   "resume_interval": -1})
@@ -92,7 +93,8 @@ def test_both_roles_keep_the_value_in_force_on_a_bad_one_and_fall_back_when_remo
         settings=lambda: dict(history=100, max_skill_age=None, max_classes=10_000,
                               resume_interval=10.0),
         configure=lambda changes, source: configured.append(changes["history"]),
-        reset_skills=lambda: None)
+        reset_skills=lambda token: None, reset_token=None,
+        seen_reset_token=lambda token: None)
     membership = WorkerMembership(worker, "127.0.0.1:1", "/lb/workers")
     membership.settings_changed({"history": 50})
     membership.settings_changed({"history": "x"})  # bad: 50 stays
@@ -126,3 +128,29 @@ def test_an_lb_on_a_unix_socket_registers_under_a_name_without_slashes():
     assert advertised("/run/zc-lb/lb.sock") == "unix:%2Frun%2Fzc-lb%2Flb.sock@" + \
         socket.gethostname()
     assert advertised(("10.1.2.3", 8081)) == "10.1.2.3:8081"
+
+
+def test_a_worker_compares_the_first_token_with_its_resume_files():
+    # The first token seen resets nothing, unless the résumé file saw another
+    # before the worker stopped: a reset it missed.
+    def worker(file_token):
+        calls = []
+        fake = SimpleNamespace(
+            settings=lambda: dict(history=100, max_skill_age=None, max_classes=10_000,
+                                  resume_interval=10.0),
+            configure=lambda changes, source: None, reset_token=file_token,
+            reset_skills=lambda token: calls.append(("reset", token)),
+            seen_reset_token=lambda token: calls.append(("seen", token)))
+        membership = WorkerMembership(fake, "127.0.0.1:1", "/lb/workers")
+        membership.reset_token = fake.reset_token  # (as _start takes it)
+        return membership, calls
+
+    for file_token, zk_token, expected in [
+            ("t1", "t2", [("reset", "t2")]),  # reset while it was stopped
+            ("", "t2", [("reset", "t2")]),  # the first reset of the site, missed
+            ("t1", "t1", []),
+            ("t1", "", []),  # the property removed: no new token
+            (None, "t2", [("seen", "t2")])]:  # a file of format 1, or none: not known
+        membership, calls = worker(file_token)
+        membership.settings_changed({"reset_skills": zk_token} if zk_token else {})
+        assert calls == expected, (file_token, zk_token)

@@ -269,26 +269,34 @@ def test_save_then_load_round_trips(tmp_path):
     path = str(tmp_path / "resume.json")
     resume = {"example.com": 12.5, "\u00e9t\u00e9": 1e-9, "": 3.0, "big": 1e300}
     save_resume(path, resume)
-    assert load_resume(path) == resume
+    assert load_resume(path).skills == resume
     with open(path, encoding="utf-8") as f:
-        assert json.load(f) == resume
+        assert json.load(f) == {"zc_lb_resume": 2, "reset_skills": None, "skills": resume}
     assert os.listdir(tmp_path) == ["resume.json"]
+
+
+def test_the_file_keeps_the_reset_token_and_format_1_is_still_read(tmp_path):
+    path = tmp_path / "resume.json"
+    save_resume(str(path), {"a": 1.0}, "2026-11-30T20:00")
+    assert load_resume(str(path)) == ({"a": 1.0}, "2026-11-30T20:00")
+    path.write_text('{"a": 2.5}')  # format 1: the skills alone, their token not known
+    assert load_resume(str(path)) == ({"a": 2.5}, None)
 
 
 def test_save_replaces_the_old_file(tmp_path):
     path = str(tmp_path / "resume.json")
     save_resume(path, {"a": 1.0})
     save_resume(path, {"b": 2.0})
-    assert load_resume(path) == {"b": 2.0}
+    assert load_resume(path).skills == {"b": 2.0}
     save_resume(path, {})
-    assert load_resume(path) == {}
+    assert load_resume(path).skills == {}
     assert os.listdir(tmp_path) == ["resume.json"]
 
 
 def test_save_relative_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     save_resume("r.json", {"a": 1.0})
-    assert load_resume(str(tmp_path / "r.json")) == {"a": 1.0}
+    assert load_resume(str(tmp_path / "r.json")).skills == {"a": 1.0}
     assert os.listdir(tmp_path) == ["r.json"]
 
 
@@ -309,15 +317,15 @@ def test_save_writes_a_complete_temp_file_then_replaces(tmp_path, monkeypatch):
         assert os.path.dirname(os.path.abspath(src)) == str(tmp_path)
         assert os.path.abspath(dst) == path and os.path.abspath(src) != path
         with open(src, encoding="utf-8") as f:
-            assert json.load(f) == {"new": 2.0}
-        assert load_resume(path) == {"old": 1.0}
+            assert json.load(f)["skills"] == {"new": 2.0}
+        assert load_resume(path).skills == {"old": 1.0}
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", replace)
     monkeypatch.setattr(os, "fsync", fsync)
     save_resume(path, {"new": 2.0})
     assert seen == ["fsync", "replace"]
-    assert load_resume(path) == {"new": 2.0}
+    assert load_resume(path).skills == {"new": 2.0}
     assert os.listdir(tmp_path) == ["resume.json"]
 
 
@@ -327,7 +335,7 @@ def test_failed_save_leaves_old_file_and_no_temp_file(tmp_path, bad):
     save_resume(path, {"old": 1.0})
     with pytest.raises(TypeError):
         save_resume(path, bad)
-    assert load_resume(path) == {"old": 1.0}
+    assert load_resume(path).skills == {"old": 1.0}
     assert os.listdir(tmp_path) == ["resume.json"]
 
 
@@ -350,13 +358,13 @@ def test_save_into_a_missing_directory_fails_cleanly(tmp_path):
 
 
 def test_load_missing_file_is_empty(tmp_path):
-    assert load_resume(str(tmp_path / "missing.json")) == {}
+    assert load_resume(str(tmp_path / "missing.json")).skills == {}
 
 
 def test_load_accepts_integers_as_floats(tmp_path):
     path = tmp_path / "resume.json"
     path.write_text('{"a": 3, "b": 0.5}')
-    loaded = load_resume(str(path))
+    loaded = load_resume(str(path)).skills
     assert loaded == {"a": 3.0, "b": 0.5}
     assert all(type(v) is float for v in loaded.values())
 
@@ -369,6 +377,10 @@ def test_load_accepts_integers_as_floats(tmp_path):
     # its first résumé, at every LB's connection; one too small for its
     # inverse to be finite sent a score of 0)
     b'{"a": Infinity}', b'{"a": 1e-320}', b'{"a": 1%s}' % (b"0" * 400),
+    # format 2's: a newer format, no skills object, a token not a string
+    b'{"zc_lb_resume": 3, "skills": {}}', b'{"zc_lb_resume": 2, "skills": [1]}',
+    b'{"zc_lb_resume": 2, "reset_skills": 5, "skills": {}}',
+    b'{"zc_lb_resume": 2, "skills": {"a": -1}}',
 ])
 def test_load_garbage_or_bad_scores_names_the_file(tmp_path, content):
     path = tmp_path / "resume.json"
@@ -391,6 +403,6 @@ def test_skills_survive_a_restart_through_the_file(tmp_path):
     for i in range(8):
         published = skills.record("a" if i % 3 else "b", 0.2 if i % 3 else 0.5) or published
     save_resume(path, published)
-    restarted = Skills(history=4, resume=load_resume(path))
+    restarted = Skills(history=4, resume=load_resume(path).skills)
     assert restarted.resume() == pytest.approx(published)
 

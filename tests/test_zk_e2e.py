@@ -244,6 +244,35 @@ def test_reset_skills_through_zookeeper_resets_lbs_and_workers(site):
     assert get(lb1, host="new.example")[0] == 200
 
 
+def test_a_worker_stopped_during_a_reset_forgets_its_skills_when_it_starts(site, tmp_path):
+    # It kept them in its résumé file and brought them back at start; the
+    # reset it missed is now told from the token the file keeps.
+    resume_file = tmp_path / "resume.json"
+    worker = site.worker("--resume-file", str(resume_file))
+    lb = site.lb()
+    wait_for(lambda: in_pool(lb) == [worker.address])
+    for _ in range(3):  # history = 3: a résumé (and the file) after 3 requests
+        assert get(lb, host="old.example")[0] == 200
+    wait_for(lambda: "old.example" in json.loads(resume_file.read_text())["skills"])
+    assert worker.terminate() == 0
+    from zc_lb import cli
+    assert cli.main(["reset-skills", "--zookeeper", site.hosts, "--path", "/lb"]) == 0
+    token = json.loads(site.client.get("/lb/workers")[0])["reset_skills"]
+    worker = site.worker("--resume-file", str(resume_file))
+    wait_for(lambda: in_pool(lb) == [worker.address])
+    saved = json.loads(resume_file.read_text())
+    assert saved["skills"] == {} and saved["reset_skills"] == token
+    assert "old.example" not in status(lb)["workers"][worker.address].get("skills", {})
+    # Started again with no reset since: its skills stay.
+    for _ in range(3):
+        assert get(lb, host="new.example")[0] == 200
+    wait_for(lambda: "new.example" in json.loads(resume_file.read_text())["skills"])
+    assert worker.terminate() == 0
+    worker = site.worker("--resume-file", str(resume_file))
+    wait_for(lambda: in_pool(lb) == [worker.address])
+    wait_for(lambda: "new.example" in status(lb)["workers"][worker.address].get("skills", {}))
+
+
 def test_single_version_still_follows_after_a_zookeeper_blip(site, zookeeper, tmp_path):
     # kazoo calls the provider data watches with path=None when the
     # connection drops; that raised TypeError and the watches stopped for

@@ -13,7 +13,10 @@ Rules:
   learn within seconds of light traffic, not after thousands of
   requests).  A new LB gets the current résumé at once (``greet``).
 - The résumé file is a cache: a corrupt one is moved aside and the worker
-  starts with no skills; one that cannot be saved is logged.
+  starts with no skills; one that cannot be saved is logged.  It keeps
+  the last ``reset_skills`` token seen (``reset_token``), saved as soon
+  as it changes, so that a reset made while the worker was stopped is
+  carried out when it starts (zookeeper/membership.py).
 - Live settings (``LIVE``: ``history``, ``max_skill_age``,
   ``max_classes``, ``resume_interval``) are checked whole before any is
   applied, and each change logged.
@@ -57,6 +60,7 @@ class ResumePublisher:
         self.resume_interval = check(WORKER_SETTINGS, "resume_interval", resume_interval)
         self.resume_file = resume_file
         self.skills: Optional[resume_module.Skills] = None
+        self.reset_token: Optional[str] = None  # (the résumé file's; None: not known)
         self._published_at = time.monotonic()
         self._published_generation = 0  # the skills' generation the last résumé had
         self._timer_changed = gevent.event.Event()  # resume_interval set anew
@@ -64,9 +68,9 @@ class ResumePublisher:
 
     def start(self) -> None:
         """Load the résumé file, and publish on time from now on."""
-        initial = {}
+        initial: Dict[str, float] = {}
         if self.resume_file:
-            initial = self._load_resume(self.resume_file)
+            initial, self.reset_token = self._load_resume(self.resume_file)
         self.skills = resume_module.Skills(self.history, self.max_skill_age, initial,
                                            self.max_classes)
         self._timer = gevent.spawn(self._publish_on_time)
@@ -76,8 +80,8 @@ class ResumePublisher:
             self._timer.kill()
 
     @staticmethod
-    def _load_resume(path: str) -> Dict[str, float]:
-        """The skills in the résumé file at ``path``.  The file is a cache:
+    def _load_resume(path: str) -> resume_module.ResumeFile:
+        """The skills and token in the résumé file at ``path``.  The file is a cache:
         a corrupt one (empty, cut short, garbled) is moved aside to
         ``path.corrupt`` and the worker starts with no skills, rather than
         not at all (a unit that does not restart after exit status 2
@@ -93,7 +97,7 @@ class ResumePublisher:
                 log.error("%s; starting with no skills (cannot move it aside: %s)", exc, move)
             else:
                 log.error("%s; moved it to %s, starting with no skills", exc, aside)
-            return {}
+            return resume_module.ResumeFile({})
 
     def resume(self) -> Dict[str, float]:
         """The résumé now (none before ``start()``)."""
@@ -123,17 +127,32 @@ class ResumePublisher:
         self._published_at = time.monotonic()
         self._published_generation = self.skills.generation
         self.lbs.send_resume(skills)
+        self._save(skills)
+
+    def _save(self, skills: Dict[str, float]) -> None:
         if self.resume_file:
             try:
-                resume_module.save_resume(self.resume_file, skills)
+                resume_module.save_resume(self.resume_file, skills, self.reset_token)
             except OSError as exc:
                 log.error("cannot save résumé to %s: %s", self.resume_file, exc)
 
-    def reset(self) -> None:
-        """Forget every skill and tell the LBs (an operator's reset)."""
+    def reset(self, token: Optional[str] = None) -> None:
+        """Forget every skill and tell the LBs (an operator's reset, by
+        the ``reset_skills`` value ``token``)."""
+        if token is not None:
+            self.reset_token = token
         if self.skills is not None:
             self.skills.reset()
             self.publish()
+
+    def seen_reset_token(self, token: str) -> None:
+        """ZooKeeper's ``reset_skills`` value, not a reset (the first seen):
+        kept in the résumé file, so that a new one seen at a later start
+        is known as new."""
+        if token != self.reset_token:
+            self.reset_token = token
+            if self.skills is not None:
+                self._save(self.skills.resume())
 
     def settings(self) -> Dict[str, Any]:
         """The live settings' values now, by name."""

@@ -22,6 +22,14 @@ requested past ``max_classes`` (10,000), and publishes its
 résumé: ``record`` returns it, and the caller pushes it to every LB and
 writes it to the résumé file, atomically, so skills survive a restart.
 
+The résumé file is JSON: ``{"zc_lb_resume": 2, "reset_skills": TOKEN,
+"skills": {class: score}}``, TOKEN being the last ``reset_skills``
+value the worker saw in ZooKeeper (null without ZooKeeper), so that a
+worker stopped while an operator reset every skill forgets its own at
+its next start.  Format 1, the skills alone as one object, is still
+read (its token unknown); a release that knows only format 1 moves a
+format 2 file aside as corrupt, saying so, and starts without skills.
+
 Weak spot: a worker serving requests concurrently counts wall-clock time
 per request, so its scores fall when it is busy.  That is the intent: a
 loaded worker looks less attractive.
@@ -35,7 +43,7 @@ import logging
 import math
 import os
 import tempfile
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, Final, List, Mapping, NamedTuple, Optional
 
 import orjson
 
@@ -55,6 +63,7 @@ RESUME_BYTES = MAX_RESUME - 4096
 # would make it a hundred thousand (``max_skill_age``), and each LB takes
 # some 3 ms per thousand classes of every résumé, its event loop stopped.
 MAX_CLASSES = WORKER_SETTINGS["max_classes"].default
+FORMAT: Final = 2  # the résumé file's (the module's docstring)
 
 
 class _Skill:
@@ -201,24 +210,43 @@ def _finite_rate(score: object) -> Optional[float]:
     return None
 
 
-def load_resume(path: str) -> Dict[str, float]:
+class ResumeFile(NamedTuple):
+    """A résumé file's content."""
+
+    skills: Dict[str, float]
+    # The reset_skills token the worker last saw (None: not known)
+    reset_token: Optional[str] = None
+
+
+def load_resume(path: str) -> ResumeFile:
     """Read a résumé file; a missing file is an empty résumé.
 
     A file that cannot be read raises ConfigurationError; one that is not
-    a JSON object of positive, finite numbers (empty, cut short,
-    garbled) raises CorruptResumeFile, naming the file.
+    a résumé (empty, cut short, garbled, a score not a positive, finite
+    number, a format newer than ours) raises CorruptResumeFile, naming
+    the file.
     """
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except FileNotFoundError:
-        return {}
+        return ResumeFile({})
     except ValueError as exc:  # (UnicodeDecodeError too)
         raise CorruptResumeFile("résumé file %s is not JSON: %s" % (path, exc))
     except OSError as exc:
         raise ConfigurationError("cannot read résumé file %s: %s" % (path, exc))
     if not isinstance(data, dict):
         raise CorruptResumeFile("résumé file %s is not a JSON object" % path)
+    token = None
+    if "zc_lb_resume" in data:
+        version = data["zc_lb_resume"]
+        if version != FORMAT:
+            raise CorruptResumeFile("résumé file %s is of format %r; this zc-lb reads "
+                                    "formats 1 and %d" % (path, version, FORMAT))
+        token, data = data.get("reset_skills"), data.get("skills")
+        if not isinstance(data, dict) or not isinstance(token, (str, type(None))):
+            raise CorruptResumeFile("résumé file %s: no skills object, or a reset_skills "
+                                    "token that is not a string" % path)
     resume = {}
     for rclass, score in data.items():
         value = _finite_rate(score)
@@ -228,16 +256,18 @@ def load_resume(path: str) -> Dict[str, float]:
             raise CorruptResumeFile(
                 "résumé file %s: class %r has a bad score %r" % (path, rclass, score)
             )
-    return resume
+    return ResumeFile(resume, token)
 
 
-def save_resume(path: str, resume: Mapping[str, float]) -> None:
+def save_resume(path: str, resume: Mapping[str, float],
+                reset_token: Optional[str] = None) -> None:
     """Write a résumé file atomically: readers see the old file or the new."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".resume-", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(dict(resume), f, sort_keys=True)
+            json.dump({"zc_lb_resume": FORMAT, "reset_skills": reset_token,
+                       "skills": dict(resume)}, f, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -159,9 +159,19 @@ class Worker(Handler):
         """The live settings' values now, by name."""
         return self.publisher.settings()
 
-    def reset_skills(self) -> None:
-        """Forget every skill and tell the LBs (an operator's reset)."""
-        self.publisher.reset()
+    def reset_skills(self, token: Optional[str] = None) -> None:
+        """Forget every skill and tell the LBs (an operator's reset, by
+        ZooKeeper's ``reset_skills`` value ``token``)."""
+        self.publisher.reset(token)
+
+    @property
+    def reset_token(self) -> Optional[str]:
+        """The ``reset_skills`` value the résumé file saw last (None: not known)."""
+        return self.publisher.reset_token
+
+    def seen_reset_token(self, token: str) -> None:
+        """ZooKeeper's ``reset_skills`` value at start: kept in the résumé file."""
+        self.publisher.seen_reset_token(token)
 
     # -- connections --------------------------------------------------
 

@@ -76,6 +76,9 @@ class NodeSettings:
     def _reset_skills(self, token: str) -> None:
         raise NotImplementedError
 
+    def _token_seen(self, token: str) -> None:
+        """The first ``reset_skills`` value seen, which resets nothing."""
+
     def settings_changed(self, properties: Dict[str, Any], source: str = "") -> None:
         """The node's properties, as they are now."""
         self.properties = properties
@@ -94,8 +97,12 @@ class NodeSettings:
         self.applied = settings
         # A new token resets; its removal (a tree imported with --delete that
         # does not name it) is no new token, nor is the same one put back.
+        # The first one seen is none either, but for a worker's résumé
+        # file's: the token it saw before it stopped.
         token = settings["reset_skills"]
-        if token and self.reset_token is not None and token != self.reset_token:
+        if self.reset_token is None:
+            self._token_seen(token)
+        elif token and token != self.reset_token:
             self._reset_skills(token)
         if token or self.reset_token is None:
             self.reset_token = token
@@ -159,6 +166,8 @@ class WorkerMembership(NodeSettings):
 
     def _start(self, timeout: float) -> None:
         self.client = zk.connect(self.hosts, timeout=timeout, credentials=self.credentials)
+        if self.reset_token is None:  # (its résumé file's, if it has one)
+            self.reset_token = self.worker.reset_token
         self.watch = recipes.PropertiesWatch(self.client, self.path, self.settings_changed)
         self.watch.start()
         self.watch.wait(timeout)
@@ -189,7 +198,10 @@ class WorkerMembership(NodeSettings):
 
     def _reset_skills(self, token: str) -> None:
         log.warning("skills reset (reset_skills=%r)", token)
-        self.worker.reset_skills()
+        self.worker.reset_skills(token)
+
+    def _token_seen(self, token: str) -> None:
+        self.worker.seen_reset_token(token)
 
 
 class LBMembership(NodeSettings):
