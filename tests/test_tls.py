@@ -159,3 +159,43 @@ def test_an_https_client_that_hangs_up_has_its_request_cancelled(tmp_path):
         lb.stop()
         worker.stop(timeout=0.5)
         worker.requests.kill(block=False)
+
+
+def test_an_https_head_evicted_past_max_connections_gets_408(tmp_path):
+    # (the eviction shut the TLS socket down through gevent's SSLSocket,
+    # which drops the session: a traceback, and no 408)
+    import gevent
+    import gevent.socket
+    import gevent.ssl
+    from zc_lb.front.server import FrontServer, tls_context
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    def connect(address):
+        context = gevent.ssl.SSLContext(gevent.ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname, context.verify_mode = False, gevent.ssl.CERT_NONE
+        return context.wrap_socket(gevent.socket.create_connection(address, timeout=5))
+
+    ca = make_ca(str(tmp_path), "ca")
+    cert = make_cert(str(tmp_path), ca, "front")
+    errors = []
+    hub = gevent.get_hub()
+    handle_error = hub.handle_error
+    hub.handle_error = lambda *error: (errors.append(error[2]), handle_error(*error))
+    front = FrontServer(("127.0.0.1", 0), app, max_connections=1,
+                        tls=tls_context(cert + ".pem", cert + ".key"))
+    front.start()
+    try:
+        slow = connect(front.address)
+        slow.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n")  # a head begun, not ended
+        gevent.sleep(0.7)  # past EVICT_AFTER
+        newcomer = connect(front.address)
+        newcomer.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        assert newcomer.recv(65536).startswith(b"HTTP/1.1 200")
+        assert slow.recv(65536).startswith(b"HTTP/1.1 408")
+        assert not errors, errors
+    finally:
+        hub.handle_error = handle_error
+        front.stop(timeout=0.5)

@@ -76,7 +76,11 @@ def tls_context(certfile: str, keyfile: Optional[str] = None,
         raise ConfigurationError("TLS minimum version must be one of %s, not %r"
                                  % (", ".join(TLS_VERSIONS), min_version))
     context.minimum_version = ssl.TLSVersion[min_version.replace(".", "_")]
-    context.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+    # (An end of the stream without TLS's close_notify, a client gone or
+    # the LB's own shutdown of an evicted connection, is an end, not an
+    # error that leaves the session unable to send a last answer.)
+    context.options |= (ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+                        | ssl.OP_IGNORE_UNEXPECTED_EOF)
     try:
         context.set_ciphers(ciphers or DEFAULT_CIPHERS)
     except ssl.SSLError as exc:
@@ -284,8 +288,12 @@ class _Server(gevent.server.StreamServer):
             return False
         del waiting[oldest]
         oldest.evicted = True
+        # Its recv returns: it ends itself.  (Under a TLS socket, the socket
+        # itself: gevent's SSLSocket.shutdown drops the TLS session first,
+        # and the 408 could not be sent.)
+        sock = getattr(oldest.sock, "_sock", oldest.sock)
         try:
-            oldest.sock.shutdown(socket.SHUT_RD)  # its recv returns: it ends itself
+            sock.shutdown(socket.SHUT_RD)
         except OSError:
             pass
         return True
