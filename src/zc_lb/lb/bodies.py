@@ -260,8 +260,6 @@ class ResponseBody:
             self.flight.response_sent()
 
 
-
-
 def send_body(exchange: Exchange, wsgi_input) -> Optional[Upload]:
     """Send the request body: at once, in the same frame batch as the
     request, if it has all come and fits the worker's credit; else from an
