@@ -71,6 +71,10 @@ def test_unknown_field_refused_at_startup():
 def test_quote_escapes_what_would_break_a_line():
     assert quote('a"b\\c\nd\x7f') == 'a\\"b\\\\c\\x0ad\\x7f'
     assert quote("") == quote(None) == "-"
+    # C1's NEL and the line separator break lines for str.splitlines and
+    # many readers; what Python prints stays as it is
+    assert quote("a\x85b\x9bc\u2028d") == "a\\x85b\\x9bc\\u2028d"
+    assert quote("caf\xe9 \u00a0") == "caf\xe9 \\xa0"
 
 
 def test_logparse_reads_the_default_format_with_its_class():

@@ -46,6 +46,10 @@ def test_v2_length_comes_from_its_fixed_part():
     b"PROXY TCP4 1.2.3.4 5.6.7.8 x 2\r\n", b"PROXY TCP4 ::1 ::1 1 2\r\n",
     b"PROXY TCP5 1.2.3.4 5.6.7.8 1 2\r\n", b"PROXY TCP4 1.2.3.4 5.6.7.8 70000 2\r\n",
     b"PROXY " + b"x" * 200,
+    # an IPv6 zone may be any text: a newline, a comma, an escape sequence
+    # went into REMOTE_ADDR, X-Forwarded-For and the access log
+    b"PROXY TCP6 fe80::1%\nX ::1 1 2\r\n", b"PROXY TCP6 fe80::1%,6.6.6.6 ::1 1 2\r\n",
+    b"PROXY TCP6 ::1 fe80::1%\x1b[2J 1 2\r\n",
 ])
 def test_what_is_not_a_header_is_refused(data):
     with pytest.raises(BadRequest):
@@ -59,3 +63,6 @@ def test_bad_v2_headers_are_refused():
         parse(V2_SIGNATURE + bytes([0x31, 0x11]) + b"\x00\x00")  # version 3
     with pytest.raises(BadRequest):
         parse(v2(body=b"\x01\x02"))  # AF_INET, 2 bytes of addresses
+    for family in (0x10, 0x13, 0x1F, 0x01, 0x30, 0x33):  # undefined: to be refused
+        with pytest.raises(BadRequest):
+            parse(v2(family=family))

@@ -74,8 +74,18 @@ def clf_time(when: float) -> str:
         sign, offset // 3600, offset % 3600 // 60)
 
 
-_CONTROL = {i: "\\x%02x" % i for i in list(range(32)) + [127]}
-_CONTROL.update({ord('"'): '\\"', ord("\\"): "\\\\"})
+def _escaped(char: str) -> str:
+    """One character as a log line writes it: ``"`` and ``\\`` escaped,
+    and every character Python does not print (control characters, C1's
+    NEL among them, and the line and paragraph separators, which readers
+    take for line ends) as its code."""
+    if char == '"' or char == "\\":
+        return "\\" + char
+    if char.isprintable():
+        return char
+    code = ord(char)
+    return "\\x%02x" % code if code < 256 else "\\u%04x" % code if code < 65536 else (
+        "\\U%08x" % code)
 
 
 def quote(value: Optional[str]) -> str:
@@ -84,7 +94,7 @@ def quote(value: Optional[str]) -> str:
         return "-"
     if value.isprintable() and '"' not in value and "\\" not in value:
         return value
-    return value.translate(_CONTROL)
+    return "".join(map(_escaped, value))
 
 
 # A field's function takes the request's ClientConnection (front/client.py) and

@@ -30,6 +30,9 @@ V1_MAX = 107  # bytes of a version 1 line, CRLF included
 V2_SIGNATURE = b"\r\n\r\n\x00\r\nQUIT\n"
 V2_FIXED = 16  # the signature, version and command, family, length
 V2_MAX = V2_FIXED + 65535
+# The family and protocol bytes the specification defines: UNSPEC; TCP and
+# UDP over IPv4, IPv6 and UNIX sockets
+V2_FAMILIES = frozenset((0x00, 0x11, 0x12, 0x21, 0x22, 0x31, 0x32))
 Address = Optional[Tuple[str, int]]  # None: the connection's own
 
 
@@ -64,6 +67,8 @@ def _parse_v1(header: bytes) -> Address:
         return None
     if len(parts) != 5 or parts[0] not in (b"TCP4", b"TCP6"):
         raise BadRequest("malformed PROXY protocol line %r" % header[:V1_MAX])
+    if b"%" in parts[1] or b"%" in parts[2]:  # (an IPv6 zone: any text, newlines too)
+        raise BadRequest("malformed PROXY protocol line %r" % header[:V1_MAX])
     try:
         source = ipaddress.ip_address(parts[1].decode("ascii"))
         ipaddress.ip_address(parts[2].decode("ascii"))
@@ -83,6 +88,8 @@ def _parse_v2(header: bytes) -> Address:
     if version_command & 0x0F == 0:  # LOCAL: the proxy speaking for itself
         return None
     body = header[V2_FIXED:]
+    if family not in V2_FAMILIES:  # (the others "must be rejected as invalid")
+        raise BadRequest("PROXY protocol v2 family and protocol 0x%02x undefined" % family)
     if family >> 4 == 1 and len(body) >= 12:  # AF_INET: src, dst, sport, dport
         return str(ipaddress.IPv4Address(body[:4])), struct.unpack_from("!H", body, 8)[0]
     if family >> 4 == 2 and len(body) >= 36:  # AF_INET6
