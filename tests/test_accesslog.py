@@ -1,6 +1,7 @@
 """The access log: its format, reading it back with playback/logparse.py
 (classes included), replaying it, and reopening it on SIGUSR1."""
 
+import logging
 import os
 import signal
 import subprocess
@@ -188,3 +189,73 @@ def test_a_line_is_written_within_a_tenth_of_a_second_and_a_burst_in_one_write()
     gevent.sleep(FLUSH_DELAY * 2)
     assert stream.getvalue().endswith("again\n")
     log.close()
+
+
+FULL_DISK = r'''
+import resource, signal, sys
+from zc_lb.front.accesslog import AccessLog
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+log = AccessLog.open(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_FSIZE, (100, hard))  # the disk is full
+for i in range(400):
+    log.write("line %04d %s\n" % (i, "x" * 30))
+log.flush()
+log.write("held\n")
+log.flush()
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # room again
+log.write("after\n")
+log.flush()
+log.close()
+'''
+
+
+def test_a_full_disk_neither_loses_nor_garbles_access_log_lines(tmp_path):
+    # A failed write dropped its whole batch, and left a line cut short
+    # that the next batch was glued to.
+    import subprocess
+    import sys
+
+    path = tmp_path / "access.log"
+    result = subprocess.run([sys.executable, "-c", FULL_DISK, str(path)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.stderr.count("cannot write the access log") == 1, result.stderr
+    assert "the access log is written again" in result.stderr
+    lines = path.read_text().splitlines()
+    assert lines == ["line %04d %s" % (i, "x" * 30) for i in range(400)] + ["held", "after"]
+
+
+def test_lines_a_stream_refused_are_written_once_it_takes_them(monkeypatch, caplog):
+    import io
+
+    from zc_lb.front import accesslog
+    from zc_lb.front.accesslog import AccessLog
+
+    class Full(io.StringIO):
+        full = True
+
+        def write(self, text):
+            if self.full:
+                raise OSError(28, "No space left on device")
+            return super().write(text)
+
+    stream = Full()
+    log = AccessLog(stream)
+    log.write("first\n")
+    log.flush()
+    stream.full = False
+    log.write("second\n")
+    log.flush()
+    assert stream.getvalue() == "first\nsecond\n"
+    # Past the bytes it may hold, new lines are dropped, and counted.
+    monkeypatch.setattr(accesslog, "UNWRITTEN_LIMIT", 10)
+    stream.full = True
+    for line in ("third\n", "fourth\n", "fifth\n"):
+        log.write(line)
+        log.flush()
+    stream.full = False
+    log.write("sixth\n")
+    with caplog.at_level(logging.WARNING, logger="zc_lb.front.accesslog"):
+        log.flush()
+    assert stream.getvalue() == "first\nsecond\nthird\nsixth\n"
+    assert "2 lines were dropped meanwhile" in caplog.text

@@ -43,6 +43,7 @@ fields (``DEFAULT_FORMAT``), which playback/logparse.py reads back.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import time
@@ -221,6 +222,7 @@ class LogFormat:
 
 
 FLUSH_DELAY = 0.1  # seconds a line may wait in memory
+UNWRITTEN_LIMIT = 16 * 1024 * 1024  # bytes held while the log cannot be written
 
 
 class AccessLog:
@@ -229,7 +231,11 @@ class AccessLog:
     in one write: requests never wait on the disk, and an operator
     watching the log sees a request within a tenth of a second.  ``fmt``
     (front/accesslog.py) makes each line; ``reopen`` (SIGUSR1) opens the file
-    again by its name, after logrotate moved it."""
+    again by its name, after logrotate moved it.  A write that fails (the
+    disk full) loses nothing: what did not go out, to the byte, goes
+    first at the next write, and lines past ``UNWRITTEN_LIMIT`` bytes held
+    are dropped, counted, and the count logged once the log is written
+    again."""
 
     def __init__(self, stream: IO[str], fmt: Optional[LogFormat] = None,
                  path: Optional[str] = None) -> None:
@@ -237,6 +243,8 @@ class AccessLog:
         self.format = fmt or LogFormat()
         self.path = path
         self._lines: List[str] = []
+        self._unwritten = b""  # what a failed write left, from where it stopped
+        self.dropped = 0  # lines dropped while the log could not be written
         self._timer = None  # its flush timer, once started
         self.closed = False
 
@@ -269,13 +277,49 @@ class AccessLog:
             timer.start(self.flush)
 
     def flush(self) -> None:
-        if self._lines:
-            lines, self._lines = self._lines, []
+        lines, self._lines = self._lines, []
+        if not lines and not self._unwritten:
+            return
+        data = self._unwritten + "".join(lines).encode("utf-8", "replace")
+        written, error = self._write(data)
+        if error is not None:
+            if not self._unwritten:  # (said once while it lasts)
+                log.error("cannot write the access log: %s; keeping what is not written "
+                          "(up to %d MiB) for the next write", error, UNWRITTEN_LIMIT >> 20)
+            rest = data[written:]
+            if len(rest) > UNWRITTEN_LIMIT:  # the newest lines go
+                kept = rest.rfind(b"\n", 0, UNWRITTEN_LIMIT) + 1
+                self.dropped += rest.count(b"\n", kept)
+                rest = rest[:kept]
+            self._unwritten = rest
+        elif self._unwritten:
+            log.warning("the access log is written again%s",
+                        "; %d lines were dropped meanwhile" % self.dropped
+                        if self.dropped else "")
+            self._unwritten, self.dropped = b"", 0
+
+    def _write(self, data: bytes) -> Tuple[int, Optional[Exception]]:
+        """Write ``data`` to the file: how many bytes went out, and the
+        error that stopped it, if one did (a partial write comes before
+        the disk's error: the rest is written from where it stopped)."""
+        stream = self.stream
+        written = 0
+        try:
             try:
-                self.stream.write("".join(lines))
-                self.stream.flush()
-            except (OSError, ValueError) as exc:
-                log.error("cannot write the access log: %s", exc)
+                fd = stream.fileno()
+            except (OSError, ValueError, AttributeError):  # (a stream of no file)
+                fd = -1
+            if fd < 0:
+                stream.write(data.decode("utf-8", "replace"))
+                stream.flush()
+                return len(data), None
+            stream.flush()  # (what went through the stream goes first)
+            view = memoryview(data)
+            while written < len(data):
+                written += os.write(fd, view[written:])
+        except (OSError, ValueError) as exc:
+            return written, exc
+        return written, None
 
     def reopen(self) -> None:
         """Write what is buffered to the old file, then continue in a file
