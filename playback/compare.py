@@ -709,7 +709,7 @@ def format_runs(rows: List[dict]) -> str:
     for row in rows:
         if "runs" in row:
             lines.append("  %s  %s" % (row["balancer"].ljust(width), "  ".join(
-                "%.0f %.1f %s %s" % (run["throughput"], run["p99_ms"],
+                "%.0f %s %s %s" % (run["throughput"], _or_dash("%.1f", run.get("p99_ms")),
                                      _or_dash("%.3f", run.get("loads_per_request")),
                                      _or_dash("%.0f", run.get("cpu_us_per_request")))
                 for run in row["runs"])))
@@ -870,7 +870,7 @@ def make_parser() -> argparse.ArgumentParser:
     log.add_argument("--methods", default="GET,HEAD", help="methods to replay (default %(default)s)")
     host = log.add_mutually_exclusive_group()
     host.add_argument("--host", help="send this Host with every request (one class)")
-    host.add_argument("--host-from-segment", type=int, metavar="N",
+    host.add_argument("--host-from-segment", type=positive_int, metavar="N",
                       help="class (Host) = path segment N + --host-suffix, for single-site logs")
     log.add_argument("--host-suffix", default=DEFAULT_HOST_SUFFIX)
     log.add_argument("--host-depth", type=positive_int, default=1, metavar="D",
@@ -882,7 +882,7 @@ def make_parser() -> argparse.ArgumentParser:
                      help="measured requests per balancer (default %(default)s)")
     run.add_argument("--warmup", type=int, default=1000,
                      help="log entries replayed unmeasured before them (default %(default)s)")
-    run.add_argument("-c", "--concurrency", type=int, default=16,
+    run.add_argument("-c", "--concurrency", type=positive_int, default=16,
                      help="closed-loop clients (default %(default)s)")
     run.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     run.add_argument("--lbs", type=int, default=1, metavar="N",

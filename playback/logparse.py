@@ -82,8 +82,10 @@ import datetime
 import functools
 import gzip
 import io
+import math
 import re
 import sys
+import zlib
 from typing import IO, Dict, Iterable, Iterator, List, Optional, Sequence
 
 DEFAULT_METHODS = ("GET", "HEAD")
@@ -114,7 +116,6 @@ FORMATS: Dict[str, str] = {
 }
 
 _METHOD_RE = re.compile(r"[A-Z][A-Z_-]*\Z")
-_ESCAPE_RE = re.compile(r"\\x([0-9a-fA-F]{2})")
 _SEGMENT_BAD = re.compile(r"[^a-z0-9-]")
 # Bytes allowed verbatim in a request target (RFC 3986 unreserved,
 # sub-delims, ':', '@', '/', '?', and '%' for existing escapes).
@@ -184,7 +185,7 @@ def parse_clf_time(text: str) -> Optional[float]:
                 return None
             stamp -= sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
         return float(stamp)
-    except (ValueError, KeyError):
+    except (ValueError, KeyError, OverflowError):  # (OverflowError: a garbled year)
         return None
 
 
@@ -203,9 +204,11 @@ def parse_time(text: str, time_format: Optional[str] = None) -> Optional[float]:
     if stamp is not None:
         return stamp
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
         pass
+    else:  # ("inf" and "nan" are floats, and no time: a replay paced by them stops)
+        return seconds if math.isfinite(seconds) else None
     try:
         parsed = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
@@ -219,9 +222,9 @@ def parse_time(text: str, time_format: Optional[str] = None) -> Optional[float]:
 
 
 def encode_target(target: str) -> str:
-    """Percent-encode what may not appear in a request target; undo ``\\xNN``."""
-    if "\\" in target:
-        target = _ESCAPE_RE.sub(lambda m: chr(int(m.group(1), 16)), target)
+    """Percent-encode what may not appear in a request target; undo the
+    log's escapes (``unescape``)."""
+    target = unescape(target)
     raw = target.encode("latin-1", "replace")
     if all(b in _TARGET_SAFE for b in raw):
         return target
@@ -247,6 +250,12 @@ def split_request(request: str) -> Optional[tuple]:
     if not target.startswith("/"):
         return None
     return parts[0], host, encode_target(target)
+
+
+def _is_name(value: Optional[str]) -> bool:
+    """Whether a logged host or class can go into a request's Host field
+    (None can: there is none): printable, no white space."""
+    return value is None or (value.isprintable() and not any(c.isspace() for c in value))
 
 
 def unescape(value: str) -> str:
@@ -323,6 +332,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_number(text: str) -> float:
+    """``--speed``'s type: a number over 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError("%r is not a number over 0" % text)
+    return value
+
+
 # -- the reader ---------------------------------------------------------------
 
 
@@ -368,7 +388,11 @@ class LogReader:
         self.stats = ParseStats()
         for path in self.paths:
             with _open(path) as stream:
-                yield from self.parse_lines(stream, name=path)
+                try:
+                    yield from self.parse_lines(stream, name=path)
+                except (EOFError, zlib.error) as exc:  # (gzip's: not OSErrors)
+                    raise OSError("%s is cut short or corrupt after %d lines: %s"
+                                  % (path, self.stats.lines, exc))
 
     def parse_lines(self, lines: Iterable[str], name: str = "-") -> Iterator[Entry]:
         """Entries from lines of text; counts into ``stats``."""
@@ -418,13 +442,16 @@ class LogReader:
             log_host = pairs.get("host") or log_host
         if rclass == "-":
             rclass = None
+        host = fields.get("host") or fields.get("vhost") or log_host
+        if not all(_is_name(value) for value in (host, rclass)):  # (a CR LF: another header)
+            stats.bad_line(source, "a host or class that is no name", line)
+            return None
         return Entry(
             method=method,
             path=path,
-            host=self.choose_host(
-                path, fields.get("host") or fields.get("vhost") or log_host, rclass),
+            host=self.choose_host(path, host, rclass),
             time=stamp,
-            status=int(status) if status and status.isdigit() else None,
+            status=int(status) if status and status.isascii() and status.isdigit() else None,
             source=source,
             rclass=rclass,
         )

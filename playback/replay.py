@@ -46,6 +46,7 @@ if __name__ == "__main__" and not __package__:  # run as playback/replay.py
     __package__ = "playback"
 
 import argparse
+import re
 import time
 from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -56,7 +57,7 @@ import gevent.ssl
 from . import cacheapp
 from .httpclient import Connection, HTTPError, get_json, parse_url
 from .logparse import (DEFAULT_HOST_SUFFIX, FORMATS, Entry, LogReader, ParseStats,
-                       check_host_depth, positive_int)
+                       check_host_depth, positive_int, positive_number)
 from .pacing import Pacer
 from .report import Recorder, format_text, to_json
 
@@ -312,7 +313,7 @@ def make_parser() -> argparse.ArgumentParser:
                      help="methods to replay, comma-separated (default %(default)s)")
     host = log.add_mutually_exclusive_group()
     host.add_argument("--host", help="send this Host with every request")
-    host.add_argument("--host-from-segment", type=int, metavar="N",
+    host.add_argument("--host-from-segment", type=positive_int, metavar="N",
                       help="Host = path segment N (1-based) + --host-suffix")
     log.add_argument("--host-suffix", default=DEFAULT_HOST_SUFFIX,
                      help="suffix for --host-from-segment (default %(default)s)")
@@ -321,9 +322,9 @@ def make_parser() -> argparse.ArgumentParser:
                      "(segment N and the directories after it, joined by '-'; default "
                      "%(default)s)")
     run = parser.add_argument_group("replay")
-    run.add_argument("-c", "--concurrency", type=int, default=10,
+    run.add_argument("-c", "--concurrency", type=positive_int, default=10,
                      help="concurrent clients (default %(default)s)")
-    run.add_argument("--speed", type=float,
+    run.add_argument("--speed", type=positive_number,
                      help="paced mode: follow the log's timestamps, this many times faster; "
                      "without it, as fast as possible")
     run.add_argument("--tolerance", type=float, default=60.0,
@@ -361,7 +362,7 @@ def main(argv=None) -> int:
                            host_suffix=args.host_suffix, depth=args.host_depth)
         for target in args.target:  # a bad URL is refused before the log is read
             parse_url(target)
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, re.error) as exc:  # (re.error: a bad --regex)
         print("replay.py: %s" % exc, file=sys.stderr)
         return 2
     progress = args.progress if args.progress is not None else sys.stderr.isatty()

@@ -159,7 +159,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             **{name: value}, name="%s %s=%s" % (config.name, name, value))
         try:
             runs = run_all(swept, sys.stderr.write)
-        except ConfigurationError as error:  # a pool setting out of bounds
+        except (ConfigurationError, OSError) as error:  # a pool setting out of bounds, a log
             raise SystemExit("simulate: %s" % error)
         report_runs(swept, runs, as_json, None if no_plots else out)
     return 0

@@ -47,6 +47,8 @@ import os
 import random
 from typing import List, Optional, Tuple
 
+from zc_lb.errors import ConfigurationError
+
 from .config import Config
 
 
@@ -87,8 +89,8 @@ def read_log(path: str, depth: int = 1) -> Tuple[List[Tuple[int, int]], int, int
         site = logparse.section(page.lstrip("/").split("/"), 0, depth)
         requests.append((sites.setdefault(site, len(sites)),
                          pages.setdefault(page, len(pages))))
-    if not requests:
-        raise ValueError("%s: no requests" % path)
+    if not requests:  # (an empty log, one of garbage or of POSTs only)
+        raise ConfigurationError("%s: no request to replay in it" % path)
     return requests, len(sites), len(pages)
 
 

@@ -385,6 +385,11 @@ def test_several_runs_are_reported_by_the_worst_of_each_column():
     assert lines[1].split() == ["zc-lb", "3000", "80.0", "0.087", "520", "2800", "50.0", "0.098",
                                 "560", "3300", "55.0", "0.090", "-"]
     assert compare.format_runs(runs[:1]) == ""  # (one run: the table says it all)
+    # a run in which no request was answered has no p99: its line says "-"
+    # (it raised TypeError, after every run, and lost the whole comparison)
+    broken = dict(runs[1], throughput=0.0, p99_ms=None, loads_per_request=None)
+    assert compare.format_runs([dict(worst, runs=[runs[0], broken])]).splitlines()[1].split()[5:] \
+        == ["0", "-", "-", "560"]
     with pytest.raises(SystemExit):
         compare.main(["x.log", "--runs", "0"])
     with pytest.raises(SystemExit):

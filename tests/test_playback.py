@@ -154,6 +154,11 @@ def test_encode_target():
     assert encode_target("/caf\\xc3\\xa9") == "/caf%C3%A9"
     assert encode_target('/x"<y>') == "/x%22%3Cy%3E"
     assert encode_target("/ok/%20?a=1&b=2") == "/ok/%20?a=1&b=2"
+    # the log's own escapes of a quote and a backslash are undone too, in one
+    # pass: an escaped backslash before "x41" is no byte 0x41
+    assert encode_target('/x\\"y') == "/x%22y"
+    assert encode_target("/a\\\\b") == "/a%5Cb"
+    assert encode_target("/a\\\\x41") == "/a%5Cx41"
 
 
 def test_clf_time():
@@ -161,6 +166,59 @@ def test_clf_time():
     assert parse_clf_time("01/Jan/1970:01:00:00 +0100") == 0.0
     assert parse_clf_time("01/Jan/1970:00:00:00 -0400") == 4 * 3600.0
     assert parse_clf_time("32/Foo/1970:00:00:00 +0000") is None
+    assert parse_clf_time("01/Aug/99999999999999999999:00:00:01 -0400") is None  # (overflow)
+
+
+def line(time_text="01/Aug/1995:00:00:01 -0400", path="/a/b", extra=""):
+    return '1.2.3.4 - - [%s] "GET %s HTTP/1.0" 200 10 "-" "ua"%s' % (time_text, path, extra)
+
+
+@pytest.mark.parametrize("text", ["01/Aug/99999999999999999999:00:00:01 -0400",
+                                  "inf", "nan", "1e400", "-inf"])
+def test_a_garbled_or_endless_time_is_a_bad_time(text):
+    # A year of twenty digits raised OverflowError out of every tool; "inf"
+    # put a paced replay's clock past its end, which stopped it silently.
+    reader = LogReader([])
+    entry = reader.parse_line(line(text), "x:1")
+    assert entry is not None and entry.time is None and reader.stats.bad_times == 1
+
+
+@pytest.mark.parametrize("pair", ['host="evil\\x0d\\x0aX-Injected: 1"',
+                                  'host="a.example" class="c\\x0d\\x0aX-Injected: 1"'])
+def test_a_logged_host_or_class_that_is_no_name_is_a_bad_line(pair):
+    # Sent as the replayed request's Host, a CR LF in it was another header.
+    reader = LogReader([])
+    assert reader.parse_line(line(extra=" " + pair), "x:1") is None
+    assert reader.stats.unparsable == 1
+
+
+def test_a_status_of_other_digits_than_ascii_is_none():
+    # (read as latin-1, bytes B2 B3 B9 are digits to isdigit, not to int)
+    entry = LogReader([], regex=r"(?P<path>\S+) (?P<status>\S+)").parse_line("/a \xb2\xb3\xb9")
+    assert entry is not None and entry.status is None
+
+
+def test_a_compressed_log_cut_short_is_an_oserror_naming_it(tmp_path):
+    import gzip
+
+    data = gzip.compress("".join(line(path="/p%d" % i) + "\n" for i in range(4000)).encode())
+    path = tmp_path / "cut.log.gz"
+    path.write_bytes(data[:len(data) // 2])  # (a log still being copied)
+    with pytest.raises(OSError, match="cut.log.gz is cut short or corrupt after"):
+        read_entries([str(path)])
+    assert main([str(path), "--target", "http://127.0.0.1:1", "--timeout", "1"]) == 2
+
+
+@pytest.mark.parametrize("argv", [["--regex", "(?P<path>"], ["--host-from-segment", "0"],
+                                  ["--host-from-segment", "-1"], ["-c", "0"],
+                                  ["--speed", "-1"], ["--speed", "inf"]])
+def test_bad_replay_options_are_refused_with_exit_2(argv, capsys):
+    try:
+        code = main([COMMON, "--target", "http://127.0.0.1:1"] + argv)
+    except SystemExit as exc:  # (argparse's refusals)
+        code = exc.code
+    assert code == 2
+    assert "Traceback" not in capsys.readouterr().err
 
 
 # -- pacing -------------------------------------------------------------------

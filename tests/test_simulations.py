@@ -285,6 +285,16 @@ def test_the_log_workload_takes_classes_and_keys_from_the_log(tmp_path):
     assert len(objects) == config.objects_per_request + config.page_objects
 
 
+@pytest.mark.parametrize("content", ["", "garbage\n",
+                                     '1.2.3.4 - - [x] "POST /a HTTP/1.0" 200 1\n'])
+def test_a_log_of_no_request_to_replay_is_a_clear_error(tmp_path, capsys, content):
+    log = tmp_path / "access.log"
+    log.write_text(content)
+    with pytest.raises(SystemExit, match="simulate: .*access.log: no request to replay"):
+        cli.main(["--log", str(log), "--scale", "0.01", "--no-plots",
+                  "--policies", "round_robin"])
+
+
 def test_a_log_sites_depth_makes_sections_its_classes(tmp_path):
     log = tmp_path / "tiny.log"
     paths = ["/a/x/p.html", "/a/y/p.html", "/a/p.html", "/b/p.html", "/a/x/"]
