@@ -36,6 +36,50 @@ def test_merge_status_sums_counters_and_backlogs():
     assert merged["errors"] == {"502": 3, "503": 1}
     assert merged["pool"] == {"variance": 1.0}
     assert merged["workers"]["w"] == {"backlog": 3, "connected": True, "in_pool": False}
+    # (the buffers were the first process's alone; the pids were added up)
+    one.update(pid=1000, buffers={"memory": 100, "disk": 0, "spilled": 3, "stalled": 1})
+    two.update(pid=2000, buffers={"memory": 50, "disk": 8, "spilled": 4, "stalled": 1})
+    merged = merge_status([one, two])
+    assert merged["buffers"] == {"memory": 150, "disk": 8, "spilled": 7, "stalled": 2}
+    assert merged["pid"] == 1000
+
+
+def test_the_supervisor_sums_a_silent_child_as_it_last_was_and_acts_on_every_child(
+        monkeypatch):
+    # A child that missed one scrape was left out of the sum: the summed
+    # counters went back (Prometheus reads a reset).  An action stopped at
+    # the first child that failed, and the rest never got it.
+    from zc_lb.errors import ConfigurationError
+    from zc_lb.process import processes
+    from zc_lb.process.processes import Supervisor
+
+    answers = {"c0": [{"requests": 5, "workers": {}}, {"requests": 6, "workers": {}}],
+               "c1": [{"requests": 7, "workers": {}}, ConfigurationError("timed out")]}
+    done = []
+
+    def fetch(address, timeout=5.0, action=None, params=None, token=None):
+        if action is not None:
+            if address == "c0":
+                raise ConfigurationError("timed out")
+            done.append(address)
+            return {"done": action}
+        answer = answers[address].pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(processes, "fetch", fetch)
+    supervisor = Supervisor(2, ["lb"], ("127.0.0.1", 0))
+    supervisor.children = [processes.Child(i, [], -1, "INFO", None, None) for i in range(2)]
+    for i, child in enumerate(supervisor.children):
+        child.status = "c%d" % i
+    assert supervisor.status()["requests"] == 12
+    summed = supervisor.status()
+    assert summed["requests"] == 13 and summed["pid"] == os.getpid()
+    assert [p["stale"] for p in summed["processes"]] == [False, True]
+    with pytest.raises(ConfigurationError, match="enable failed in process 0: timed out"):
+        supervisor.action("enable")(worker="w")
+    assert done == ["c1"]
 
 
 def status(address):

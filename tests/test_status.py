@@ -113,6 +113,14 @@ def test_an_unknown_page_is_404_naming_the_pages():
     assert status == "404 Not Found" and "/status.json" in document["pages"]
 
 
+@pytest.mark.parametrize("method", ["PUT", "DELETE", "PATCH"])
+def test_a_method_the_status_address_does_not_serve_is_405(method):
+    # (it was served as a GET: DELETE /status.json answered 200)
+    status, headers, document = call(status_app(lambda: {}), method, "/status.json")
+    assert status == "405 Method Not Allowed" and headers["Allow"] == "GET, HEAD, POST"
+    assert document == {"error": "method %s not allowed" % method}
+
+
 def test_the_document_bounds_each_workers_skills_unless_asked_for_all():
     skills = {"c%d" % i: float(i) for i in range(250)}
     app = status_app(lambda: {"workers": {"w": {"skills": dict(skills)}}})

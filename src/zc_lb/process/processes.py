@@ -148,6 +148,7 @@ class Supervisor:
         self.sock: Optional[socket.socket] = None
         self.siblings_fd: Optional[int] = None  # the children's shared memory (routing/siblings.py)
         self.children: List[Child] = []
+        self._last: Dict[str, dict] = {}  # each child's last status document, by address
         self.stopping = False
 
     @property
@@ -234,31 +235,44 @@ class Supervisor:
         return False
 
     def status(self) -> dict:
-        """One summed view of every child's status document."""
+        """One summed view of every child's status document.  A child that
+        does not answer this time counts with its last document (marked
+        ``stale``), so that summed counters never go back."""
         docs: Dict[str, dict] = {}
+        stale = set()
         for child in self.children:
             if child.status is None:
                 continue
             try:
-                docs[child.status] = fetch(child.status, timeout=2.0)
+                docs[child.status] = self._last[child.status] = fetch(child.status, timeout=2.0)
             except ZcLbError as exc:
-                docs[child.status] = {"error": str(exc)}
+                docs[child.status] = self._last.get(child.status) or {"error": str(exc)}
+                stale.add(child.status)
+        self._last = {address: self._last[address] for address in docs if address in self._last}
         merged = merge_status(list(docs.values()))
+        merged["pid"] = os.getpid()
         merged["processes"] = [
             {"index": child.index, "pid": child.process.pid if child.process else None,
-             "status": child.status,
+             "status": child.status, "stale": child.status in stale,
              "requests": docs.get(child.status or "", {}).get("requests"),
              "in_flight": docs.get(child.status or "", {}).get("in_flight")}
             for child in self.children]
         return merged
 
     def action(self, name: str, token: Optional[bytes] = None):
-        """An action of the status address, done by every child."""
+        """An action of the status address, done by every child: each is
+        asked, whichever fails, and the failures are raised together."""
         def run(**params: str) -> dict:
             answer: dict = {}
+            failures = []
             for child in self.children:
                 if child.status is not None:
-                    answer = fetch(child.status, action=name, params=params, token=token)
+                    try:
+                        answer = fetch(child.status, action=name, params=params, token=token)
+                    except ZcLbError as exc:
+                        failures.append("process %d: %s" % (child.index, exc))
+            if failures:
+                raise ConfigurationError("%s failed in %s" % (name, "; ".join(failures)))
             answer.pop("done", None)
             return answer
         return run

@@ -185,7 +185,7 @@ def status_app(get_status: Callable[[], dict],
     metrics in the Prometheus text format; ``/healthz``: 200 "ok" while
     this process answers and can serve, 503 with the reason while
     ``unready()`` gives one (an LB with no worker in its pool); any other
-    GET: 404.  A POST to ``/NAME`` runs
+    GET: 404; another method than GET, HEAD and POST: 405.  A POST to ``/NAME`` runs
     ``actions[NAME](**query)`` (``/drain?worker=HOST:PORT``), answering
     what it returns; with a ``token`` it needs ``Authorization: Bearer
     TOKEN``, without one it is taken from loopback addresses only.
@@ -196,6 +196,10 @@ def status_app(get_status: Callable[[], dict],
         path = request.path_info
         if request.method == "POST":
             return _post(request, actions, token)
+        if request.method not in ("GET", "HEAD"):  # (a DELETE is no GET)
+            response = _as_json({"error": "method %s not allowed" % request.method}, 405)
+            response.allow = ("GET", "HEAD", "POST")
+            return response
         if path == "/healthz":
             return _health(unready() if unready is not None else None)
         if path == "/metrics" and collector is not None:
@@ -237,7 +241,7 @@ def _merge_totals(docs: List[dict]) -> dict:
     merged: dict = {}
     for doc in docs:
         for key, value in doc.items():
-            if isinstance(value, bool) or key in ("pool", "workers", "uptime"):
+            if isinstance(value, bool) or key in ("pool", "workers", "uptime", "pid"):
                 merged.setdefault(key, value)
             elif isinstance(value, (int, float)):
                 merged[key] = merged.get(key, 0) + value
@@ -250,7 +254,7 @@ def _merge_totals(docs: List[dict]) -> dict:
             elif key == "recent_errors":
                 merged[key] = sorted(merged.get(key, []) + list(value),
                                      key=lambda e: e.get("time", 0))[-RECENT_ERRORS:]
-            elif key in ("errors", "classifier_errors", "error_causes", "classes"):
+            elif key in ("errors", "classifier_errors", "error_causes", "classes", "buffers"):
                 total = merged.setdefault(key, {})
                 for name, count in value.items():
                     total[name] = total.get(name, 0) + count
