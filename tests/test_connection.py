@@ -365,3 +365,88 @@ def test_addresses_are_host_and_port_or_a_unix_sockets_path(tmp_path):
     client.connect(path)
     client.close()
     second.close()
+
+
+# -- liveness: floods of Pings, our own stalls ---------------------------------
+
+
+def test_pings_a_second_are_judged_however_their_bursts_are_spaced():
+    # The count was judged from its last reset: a burst coming a second
+    # after it was forgiven whole, so thousands a second went on for good.
+    from zc_lb.errors import RemoteProtocolError
+    from zc_lb.wire.keepalive import MAX_PINGS, Keepalive
+
+    keepalive = Keepalive(1.0, 5.0, now=0.0)
+    for second in range(1, 20):  # a live peer's Ping a second, and a few more
+        keepalive.count_pings(second * 3, now=float(second))
+    keepalive.count_pings(57 + MAX_PINGS, now=20.0)  # a burst of the whole allowance
+    keepalive.count_pings(57 + MAX_PINGS + 32, now=20.5)  # half a second's more
+    with pytest.raises(RemoteProtocolError, match="a flood of Pings"):
+        keepalive.count_pings(57 + MAX_PINGS + 32 + 5000, now=22.0)  # a burst, later
+
+
+def test_a_ping_flood_in_bursts_a_second_apart_loses_its_link(pair):
+    lb, worker, lb_handler, _ = pair()
+    for _ in range(3):
+        gevent.sleep(1.1)
+        worker.write(encoder.encode(frames.Ping()) * 2000)
+        gevent.sleep(0.1)
+        if lb_handler.lost.ready():
+            break
+    assert "a flood of Pings" in str(lb_handler.lost.get(timeout=1))
+
+
+def test_our_own_stall_is_taken_off_the_peers_silence():
+    # A stall of 2 to 3.5 s got a live worker suspected: its Pings waited
+    # unread in the socket, and only stalls past half the timeout were ours.
+    from zc_lb.wire.keepalive import Keepalive
+
+    keepalive = Keepalive(1.0, 5.0, now=0.0)
+    keepalive.last_received = 9.8  # heard just before the loop stalled
+    assert keepalive.stalled(slept=10.0, now=13.8) == pytest.approx(2.8)
+    assert not keepalive.suspicion_changed(13.8 - keepalive.last_received)  # 1.0 s, not 4
+    assert keepalive.stalled(slept=13.8, now=14.9) == 0.0  # a tick on time forgives nothing
+    # A peer silent all along is suspected all the same, only later.
+    assert keepalive.suspicion_changed(17.0 - keepalive.last_received)
+
+
+def test_a_lost_lb_connection_stops_the_application_its_requests_run():
+    # Only a peer's Cancel did: an LB that crashed or dropped the link left
+    # a hung application running, holding its --concurrency slot.
+    from zc_lb.worker.server import Worker
+
+    def hang(environ, start_response):
+        gevent.sleep(3600)
+
+    worker = Worker(hang, concurrency=1)
+    worker.start()
+    lb = None
+    try:
+        lb = Connection(gevent.socket.create_connection(worker.address), "lb", Recorder(),
+                        peer="worker")
+        lb.handshake()
+        lb.start()
+        lb.open_request({"REQUEST_METHOD": "GET", "PATH_INFO": "/", "SERVER_NAME": "x",
+                         "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1",
+                         "wsgi.url_scheme": "http"}, end=True)
+        with gevent.Timeout(3):
+            while len(worker.requests) != 1:
+                gevent.sleep(0.02)
+        lb.close("the LB went away")
+        with gevent.Timeout(3):
+            while len(worker.requests):
+                gevent.sleep(0.02)
+    finally:
+        if lb is not None:
+            lb.close()
+        worker.stop(timeout=0.5)
+
+
+def test_a_hello_no_lb_would_take_is_refused_at_start():
+    # A --version of a kilobyte made every LB refuse every connection, for good.
+    from zc_lb.errors import ConfigurationError
+    from zc_lb.worker.server import Worker
+
+    with pytest.raises(ConfigurationError, match="--version is too long"):
+        Worker(lambda environ, start_response: [b""], version="v" * 1000)
+    Worker(lambda environ, start_response: [b""], version="v" * 500)

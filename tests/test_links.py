@@ -283,6 +283,50 @@ def test_a_draining_worker_is_down_at_once_but_closed_only_when_idle(workers, li
     stopping.get(timeout=WAIT)
 
 
+def test_a_goaway_said_again_and_again_drains_once(workers, links, monkeypatch):
+    # Each frame spawned a drain greenlet held up to drain_timeout, and
+    # logged, and took the worker down again: a peer's 20 bytes apiece.
+    from zc_lb.lb import links as links_module
+    from zc_lb.wire import encoder
+    from zc_lb.wire.frames import GoAway
+
+    drains = []
+    real = links_module.close_when_idle
+    monkeypatch.setattr(links_module, "close_when_idle",
+                        lambda *args: (drains.append(args), real(*args)))
+    gate, worker, link, events, connection, exchange = _link_with_a_request_in_flight(
+        workers, links)
+    peer = next(iter(worker.lbs.connections))
+    peer.write(encoder.encode(GoAway("draining")) * 500)
+    events.wait_for("down")
+    gevent.sleep(0.3)
+    assert len(drains) == 1 and len(events.named("down")) == 1
+    gate.release.set()
+    assert response(exchange) == ("200 OK", b"ok")
+
+
+def test_a_connection_out_of_request_numbers_is_followed_at_once(workers, links):
+    # The next connection opened only once the old one had drained: with
+    # one long request in flight, the worker was out of the pool meanwhile.
+    from zc_lb.wire.protocol import RECYCLE_RNO
+
+    gate, worker, link, events, connection, exchange = _link_with_a_request_in_flight(
+        workers, links)
+    connection.protocol.last_rno = RECYCLE_RNO  # (as after some 4.29e9 requests)
+    second = request(connection)  # goes on the old one, which now drains
+    assert events.wait_for("down") == ("down", connection)
+    _, successor = events.wait_for("up", 2)
+    assert successor is not connection and link.connection is successor
+    assert not connection.closed  # its requests go on
+    gate.release.set()
+    assert response(exchange) == response(second) == ("200 OK", b"ok")
+    assert connection.idle.wait(WAIT)
+    events.wait_for("down", 2)  # the old one, closed
+    assert response(request(successor)) == ("200 OK", b"ok")
+    gevent.sleep(0.3)
+    assert link.connection is successor and len(events.named("up")) == 2  # no third
+
+
 # -- stopping ---------------------------------------------------------------------
 
 

@@ -84,6 +84,7 @@ class WorkerLink(Handler):
         self.resume: Dict[str, float] = {}
         self.draining: Optional[Connection] = None  # said GoAway: a planned end
         self._greenlet: Optional[gevent.Greenlet] = None
+        self._successor: Optional[gevent.Greenlet] = None  # connecting while one drains
 
     def start(self) -> None:
         self._greenlet = gevent.spawn(self._run)
@@ -111,15 +112,26 @@ class WorkerLink(Handler):
         backoff = BACKOFF_MIN
         while not self.stopped:
             connection = self._connect()
-            if connection is not None:
+            while connection is not None:
                 began = time.monotonic()
                 connection.join()
                 if time.monotonic() - began >= STEADY:
                     backoff = BACKOFF_MIN
+                connection = self._successor_of(connection)
             if self.stopped:
                 return
             gevent.sleep(backoff * random.uniform(0.5, 1.0))  # LBs out of step
             backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def _successor_of(self, connection: Connection) -> Optional[Connection]:
+        """The connection opened while ``connection`` drained (``recycle``),
+        once it is up, if it is."""
+        successor, self._successor = self._successor, None
+        if successor is not None:
+            successor.join()
+        current = self.connection
+        return current if current is not None and current is not connection and (
+            not current.closed) else None
 
     def _connect(self) -> Optional[Connection]:
         sock = self._socket()
@@ -196,10 +208,18 @@ class WorkerLink(Handler):
         self.events.worker_keys(connection, keys)
 
     def handle_goaway(self, connection: Connection, reason: str) -> None:
+        """The worker said GoAway, or we did (the connection's request
+        numbers run out): it drains, and for our own, the next connection
+        opens at once, so that the worker serves on meanwhile."""
+        if connection is self.draining:  # (once: a peer's repeats change nothing)
+            return
         log.info("worker %s is draining: %s", self.address, reason)
         self.draining = connection
         self.events.worker_down(connection)
         gevent.spawn(close_when_idle, connection, self.config.drain_timeout, "worker draining")
+        if (connection is self.connection and not connection.protocol.peer_goes_away
+                and not self.stopped and self._successor is None):
+            self._successor = gevent.spawn(self._connect)
 
     def handle_silent(self, connection: Connection, seconds: float) -> None:
         self.events.worker_silent(connection, seconds)

@@ -49,7 +49,7 @@ from zc_lb.wire.frames import GoAway, Keys, Ping, Request, Resume
 from zc_lb.wire.protocol import StreamEnded
 from zc_lb.sockets import set_nodelay
 from zc_lb.wire.exchange import Exchange, Link
-from zc_lb.wire.keepalive import KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, MAX_PINGS, Keepalive
+from zc_lb.wire.keepalive import KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, Keepalive
 from zc_lb.wire.writer import FileRegion, Writer
 
 log = logging.getLogger(__name__)
@@ -347,7 +347,7 @@ class Connection(Link):
             elif type(event) is protocol.Closed:
                 raise self._lost_error("%s closed the connection" % self.peer)
         keepalive = self._keepalive
-        if proto.pings - keepalive.pings_counted > MAX_PINGS:
+        if proto.pings != keepalive.pings_counted:  # (a Ping a second, from a live peer)
             keepalive.count_pings(proto.pings, time.monotonic())
         out = proto.data_to_send()  # our Pongs
         if out:
@@ -370,7 +370,7 @@ class Connection(Link):
                 return
             now = time.monotonic()
             stalled = keepalive.stalled(slept, now)
-            if stalled:  # our own loop was stuck: the silence is ours, not the peer's
+            if stalled > keepalive.interval:  # (our own loop was stuck: not the peer's silence)
                 log.warning("our event loop was blocked for %.1fs; not blaming %s",
                             stalled, self.peer)
             silent = now - keepalive.last_received
@@ -400,7 +400,7 @@ class Connection(Link):
             pass
         for stream in streams:
             if isinstance(stream.owner, Exchange):  # (every one, once its event was handed on)
-                stream.owner.fail(error)
+                stream.owner.lost(error)
         self.idle.set()
         self._writer.stop()
         current = gevent.getcurrent()

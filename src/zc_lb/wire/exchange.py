@@ -302,6 +302,14 @@ class Exchange:
             self.error = error
         self._wake()
 
+    def lost(self, error: ZcLbError) -> None:
+        """Its connection ended with ``error``: ``fail``, and, as a peer's
+        Cancel does, ``on_cancel`` (a worker's application is stopped, not
+        left to run for an answer nobody can take)."""
+        self.fail(error)
+        if self.on_cancel is not None:
+            self.on_cancel()
+
     def __repr__(self) -> str:
         return "<Exchange %d on %s credit=%d%s>" % (
             self.rno, self.connection.peer, self.credit,

@@ -5,7 +5,7 @@ other's Pings, so a live peer is heard at least that often.  A peer
 silent for SUSPECT_AFTER intervals is suspected (its owner is told, and
 told again when it speaks); silent past the keepalive timeout it is
 lost.  A tick that comes far later than asked means our own event loop
-was blocked: the silence is then ours, and the peer is not blamed.
+was blocked: that time is taken off the peer's silence.
 
 Rules: no I/O and no clock: the time comes in as an argument (the
 caller's ``time.monotonic()``).  ``connection.Connection`` tells a
@@ -37,16 +37,19 @@ class Keepalive:
         self.timeout = timeout
         self.last_received = now  # when the peer's bytes last came
         self.suspect = False  # silent past SUSPECT_AFTER intervals, and not heard since
-        self.pings_counted = 0  # the protocol's Ping count when ``_pings_since`` began
-        self._pings_since = now
+        self.pings_counted = 0  # the protocol's Ping count when last counted
+        self._ping_room = float(MAX_PINGS)  # Pings the peer may send now (a token bucket)
+        self._pings_at = now  # when they were last counted
 
     def stalled(self, slept: float, now: float) -> float:
         """How long our own loop was stuck, if a tick asked for an interval
-        after ``slept`` came at ``now``, past half the timeout late (the
-        silence since is ours, not the peer's, and is forgiven); else 0."""
-        if now - slept > self.interval + self.timeout / 2:
-            self.last_received = now
-            return now - slept - self.interval
+        after ``slept`` came at ``now``, more than half an interval late:
+        that time is taken off the peer's silence (its Pings may wait
+        unread in the socket meanwhile); else 0."""
+        late = now - slept - self.interval
+        if late > self.interval / 2:
+            self.last_received = min(now, self.last_received + late)
+            return late
         return 0.0
 
     def suspicion_changed(self, silent: float) -> bool:
@@ -58,11 +61,12 @@ class Keepalive:
         return True
 
     def count_pings(self, pings: int, now: float) -> None:
-        """More than MAX_PINGS Pings since ``_pings_since`` (``pings``, all
-        told): a flood if that was within a second (RemoteProtocolError),
-        else count anew."""
-        if now - self._pings_since < 1.0:
-            raise RemoteProtocolError("a flood of Pings: %d in %.2fs, more than %d a second"
-                                      % (pings - self.pings_counted, now - self._pings_since,
-                                         MAX_PINGS))
-        self.pings_counted, self._pings_since = pings, now
+        """The protocol has answered ``pings`` Pings, all told, by ``now``:
+        a peer may send MAX_PINGS at once, and MAX_PINGS a second after
+        (a token bucket); more is a flood (RemoteProtocolError), however
+        the bursts are spaced."""
+        room = min(float(MAX_PINGS), self._ping_room + (now - self._pings_at) * MAX_PINGS)
+        self._ping_room = room - (pings - self.pings_counted)
+        self.pings_counted, self._pings_at = pings, now
+        if self._ping_room < 0:
+            raise RemoteProtocolError("a flood of Pings: more than %d a second" % MAX_PINGS)

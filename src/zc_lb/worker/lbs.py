@@ -33,9 +33,12 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
 
-from zc_lb.errors import ZcLbError
+from zc_lb.errors import ConfigurationError, ZcLbError
 from zc_lb.sockets import is_loopback
 from zc_lb.wire.connection import HANDSHAKE_TIMEOUT, Connection, Handler
+from zc_lb.wire.encoder import encode
+from zc_lb.wire.frames import HEADER_SIZE
+from zc_lb.wire.handshake import HANDSHAKE_LIMIT, new_hello
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,11 @@ class LBConnections:
         self.features = features  # what we offer LBs beyond version 1
         self.secret = secret
         self.version = version  # the application's, told to every LB in our Hello
+        hello = len(encode(new_hello("worker", secret, version, features))) - HEADER_SIZE
+        if hello > HANDSHAKE_LIMIT:  # (every LB would refuse every connection)
+            raise ConfigurationError(
+                "--version is too long: %d characters make a Hello of %d bytes, over the "
+                "%d an LB takes" % (len(version or ""), hello, HANDSHAKE_LIMIT))
         self.tls = tls  # the server SSLContext (tls.worker_context), or None: cleartext
         self.sendfile = sendfile
         self.connections: Set[Connection] = set()
