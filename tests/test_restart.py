@@ -158,3 +158,19 @@ def test_systemd_hears_ready_reloading_and_the_new_main_pid(worker, tmp_path):
         notify.close()
         if new_pid:
             kill_pid(new_pid)
+
+
+def test_a_successor_that_cannot_be_run_leaves_this_lb_serving(tmp_path, caplog):
+    # (Popen's OSError, a start directory a deploy removed, left the
+    # signal loop: the serving LB exited at once, without a drain)
+    import socket
+
+    from zc_lb.process.restart import Successor
+
+    gone = tmp_path / "release-1"
+    sock = socket.socket()
+    try:
+        assert not Successor(["lb"], {"front0": sock}, cwd=str(gone)).start(timeout=5)
+    finally:
+        sock.close()
+    assert "cannot start a new LB" in caplog.text and "this one goes on serving" in caplog.text

@@ -47,11 +47,12 @@ def test_each_child_gets_its_own_addresses_and_files():
     argv = ["apps:app", "-w", "3", "--listen", "10.0.0.5:9001", "--status=10.0.0.5:9101",
             "--resume-file", "/var/lib/r.json", "--pid-file", "/run/w.pid", "--threads", "8"]
     assert child_argv(argv, 2, "10.0.0.5:9001", "10.0.0.5:9101", "/var/lib/r.json") == [
-        "apps:app", "--threads", "8", "--listen", "10.0.0.5:9003", "--status", "10.0.0.5:9103",
-        "--resume-file", "/var/lib/r.json.2"]
-    # (-w3 as one argument too: a child that got it would start a group of its own)
+        "apps:app", "--threads", "8", "--listen", "10.0.0.5:9003", "--workers", "1",
+        "--pid-file=", "--status", "10.0.0.5:9103", "--resume-file", "/var/lib/r.json.2"]
+    # (-w3 as one argument too: a child that got it would start a group of its own;
+    # and whatever a --config file or an abbreviation says, it has -w 1 and no pid file)
     assert child_argv(["apps:app", "-w3", "--threads=8"], 0, "127.0.0.1:0", None, None) == [
-        "apps:app", "--threads=8", "--listen", "127.0.0.1:0"]
+        "apps:app", "--threads=8", "--listen", "127.0.0.1:0", "--workers", "1", "--pid-file="]
     assert offset("127.0.0.1:0", 4) == "127.0.0.1:0"  # (ephemeral stays ephemeral)
     assert offset("[::1]:80", 1) == "[::1]:81"
     with pytest.raises(ConfigurationError, match="past the last port"):
@@ -192,3 +193,45 @@ def test_reload_in_a_group_ends_each_process_for_its_supervisor_to_start_again(t
     finally:
         stop(group, lb)
     assert group.returncode == 0, group.log()
+
+
+def test_a_group_takes_sigusr1_and_usr2_and_no_worker_outlives_its_killed_supervisor(
+        tmp_path):
+    # SIGUSR1 (a log rotation's, to every process of the unit) killed each
+    # worker at once: a worker had no handler.  Workers outlived a
+    # supervisor killed with SIGKILL, holding its ports.  A relative
+    # --chdir meant sub/sub to the workers; a --config file saying
+    # workers = 2 made each one a group of its own.
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "group.toml").write_text("[worker]\nworkers = 2\n")
+    port = consecutive_ports(2)
+    log = tempfile.TemporaryFile("w+")
+    group = subprocess.Popen(
+        [sys.executable, "-m", "zc_lb.cli", "worker", "apps:app", "-w", "2", "--chdir", "sub",
+         "--config", "sub/group.toml", "--listen", "127.0.0.1:%d" % port],
+        stdout=subprocess.PIPE, stderr=log, text=True, env=ENV, cwd=str(tmp_path))
+    group.log = lambda: (log.seek(0), log.read())[1]
+    workers = []
+    try:
+        assert read_addresses(group, 2) == ["127.0.0.1:%d" % p for p in (port, port + 1)]
+        workers = children(group.pid)
+        assert len(workers) == 2
+        for signum in (signal.SIGUSR1, signal.SIGUSR2):
+            group.send_signal(signum)
+        time.sleep(0.5)
+        assert children(group.pid) == workers, group.log()
+        assert "exited" not in group.log()
+        group.kill()
+        group.wait(10)
+        wait_for(lambda: not any(os.path.exists("/proc/%d" % pid) and
+                                 open("/proc/%d/stat" % pid).read().split(")")[1].split()[0]
+                                 != "Z" for pid in workers),
+                 timeout=15, message="the workers end with their supervisor")
+    finally:
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if group.poll() is None:
+            stop(group)

@@ -41,15 +41,14 @@ def run_lb(args: argparse.Namespace) -> int:
 
     # A bad address is refused here, with exit 2, not found later as 503s.
     args.worker = worker_addresses(args.worker or []) or None
+    for name in ("SIGHUP", "SIGUSR1", "SIGUSR2"):  # until wait_for_signal says so
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
     if args.processes > 1:
         from zc_lb.process.processes import run
 
         return run(args, args.argv)
 
     import gevent
-
-    for name in ("SIGHUP", "SIGUSR1", "SIGUSR2"):  # until wait_for_signal says so
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
     from zc_lb.process.service import PidFile
 
     service = _start(args)

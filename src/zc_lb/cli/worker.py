@@ -34,11 +34,12 @@ def run_worker(args: argparse.Namespace) -> int:
     the supervisor of N worker processes)."""
     if args.workers < 1 or args.max_requests < 0 or args.max_requests_jitter < 0:
         raise ConfigurationError("-w is at least 1, --max-requests and its jitter at least 0")
+    for name in ("SIGHUP", "SIGUSR1", "SIGUSR2"):  # until wait_for_signal says so
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
     if args.workers > 1:
         from zc_lb.process.workergroup import run
 
         return run(args, args.argv)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until wait_for_signal says so
     from zc_lb.process.service import PidFile
 
     service = build_worker(args)
@@ -70,13 +71,19 @@ def _handlers(args: argparse.Namespace, service: WorkerService,
               changed: List[str]) -> Dict[str, Callable]:
     """What a worker process does on each signal: SIGTERM and SIGINT stop
     it, SIGHUP reads --config again; with --reload, SIGUSR2 (sent once a
-    source file is in ``changed``) stops it to start again."""
+    source file is in ``changed``) stops it to start again.  SIGUSR1 (a
+    log rotation's, sent to every process of a unit) and SIGUSR2 otherwise
+    mean nothing to a worker, and are not its end."""
 
     def apply(live: dict) -> None:
         service.configure(live, args.config)
 
+    def nothing() -> bool:
+        log.info("nothing to do for that signal in a worker")
+        return False
+
     handlers = {"SIGTERM": service.stop, "SIGINT": service.stop,
-                "SIGHUP": sighup(args, apply)}
+                "SIGHUP": sighup(args, apply), "SIGUSR1": nothing, "SIGUSR2": nothing}
     if args.reload:
         import gevent
 

@@ -87,7 +87,7 @@ class Child:
         self.cwd = cwd  # where the supervisor started: --chdir means the same there
         self.argv = [sys.executable, "-m", "zc_lb.cli", "--log-level", log_level, "lb"] + argv + [
             "--listen-fd", str(fd), "--status", "127.0.0.1:0", "--process-index", str(index),
-            "--processes", "1"]  # whatever a --config file says
+            "--processes", "1", "--pid-file="]  # whatever a --config file says
         if siblings_fd is not None:
             self.argv += ["--siblings-fd", str(siblings_fd)]
         self.fds = (fd,) if siblings_fd is None else (fd, siblings_fd)
@@ -110,7 +110,7 @@ class Child:
         env.pop("NOTIFY_SOCKET", None)  # the supervisor is the service's main process
         self.process = gevent.subprocess.Popen(
             self.argv, pass_fds=self.fds, stdout=subprocess.PIPE, text=True, env=env,
-            preexec_fn=_die_with_parent(os.getpid()), cwd=self.cwd)
+            preexec_fn=die_with_parent(os.getpid()), cwd=self.cwd)
 
     def wait_started(self) -> None:
         import gevent
@@ -204,8 +204,8 @@ class Supervisor:
             if not self.stopping:
                 try:
                     child.start()
-                except ZcLbError as exc:
-                    log.error("%s", exc)
+                except (ZcLbError, OSError) as exc:  # (OSError: it could not be run at all)
+                    log.error("LB process %d: %s", child.index, exc)
 
     def stop(self, timeout: float) -> None:
         """SIGTERM every child (each drains) and wait for them all."""
@@ -296,7 +296,6 @@ def run(args, argv: Sequence[str]) -> int:
     if status is not None:
         print("zc-lb status on %s:%d" % status.address, flush=True)
 
-    restart.announce_ready()
     pid_file = PidFile(getattr(args, "pid_file", None))
 
     def stop() -> bool:
@@ -315,7 +314,10 @@ def run(args, argv: Sequence[str]) -> int:
     wait_for_signal({"SIGTERM": stop, "SIGINT": stop,
                      "SIGHUP": lambda: supervisor.send_signal(signal.SIGHUP),
                      "SIGUSR1": lambda: supervisor.send_signal(signal.SIGUSR1),
-                     "SIGUSR2": upgrade}, ready=pid_file.write)
+                     "SIGUSR2": upgrade},
+                    # (ready once it could write its pid file: a new LB that could
+                    # not leaves the old one serving)
+                    ready=lambda: (pid_file.write(), restart.announce_ready()))
     log.info("lb stopped (%d processes)", len(supervisor.children))
     return 0
 
@@ -342,7 +344,7 @@ def _status_server(args, supervisor: "Supervisor"):
     return status
 
 
-def _die_with_parent(parent: int):
+def die_with_parent(parent: int):
     """A preexec_fn: the child gets SIGTERM (and drains) when the
     supervisor dies, however it dies, so no LB process outlives it."""
     def preexec() -> None:

@@ -125,6 +125,10 @@ class Successor:
         try:
             self.process = gevent.subprocess.Popen(
                 self.argv, env=env, pass_fds=list(fds.values()) + [write_end], cwd=self.cwd)
+        except OSError as exc:  # (the start directory gone in a deploy, the interpreter)
+            os.close(read_end)
+            log.error("cannot start a new LB (%s): this one goes on serving", exc)
+            return False
         finally:
             os.close(write_end)
         said = None

@@ -64,7 +64,9 @@ def child_argv(argv: Sequence[str], index: int, listen: str, status: Optional[st
 
     out = without_options(argv, ("-w", "--workers", "--pid-file", "--listen", "--listen-fd",
                                  "--status", "--resume-file"))
-    out += ["--listen", offset(listen, index)]
+    # (a --config file, or an abbreviation, may say -w or --pid-file too:
+    # the child's own say none, whatever it reads)
+    out += ["--listen", offset(listen, index), "--workers", "1", "--pid-file="]
     if status:
         out += ["--status", offset(status, index)]
     if resume_file:
@@ -115,19 +117,24 @@ class Child:
     """One worker process of the group, and the socket (``sock``) the
     supervisor holds for it, if any."""
 
-    def __init__(self, index: int, argv: List[str], sock: Optional[socket.socket] = None
-                 ) -> None:
+    def __init__(self, index: int, argv: List[str], sock: Optional[socket.socket] = None,
+                 cwd: Optional[str] = None) -> None:
         self.index = index
         self.sock = sock
         self.argv = argv if sock is None else argv + ["--listen-fd", str(sock.fileno())]
+        self.cwd = cwd  # where the supervisor started: a relative --chdir means the same
         self.process: Optional[subprocess.Popen] = None
         self.started = 0.0
         self.pause = RESTART_MIN
+        self.not_before = 0.0  # (failing at start: when to try again)
 
     def start(self) -> None:
+        from zc_lb.process.processes import die_with_parent
+
         fds = () if self.sock is None else (self.sock.fileno(), )
         self.process = subprocess.Popen([sys.executable, "-m", "zc_lb.cli", *self.argv],
-                                        stdout=subprocess.PIPE, text=True, pass_fds=fds)
+                                        stdout=subprocess.PIPE, text=True, pass_fds=fds,
+                                        cwd=self.cwd, preexec_fn=die_with_parent(os.getpid()))
         self.started = time.monotonic()
         threading.Thread(target=self._echo, args=(self.process,), daemon=True).start()
 
@@ -144,9 +151,10 @@ class WorkerGroup:
     """N children, kept running until ``stop``."""
 
     def __init__(self, argvs: List[List[str]],
-                 socks: Optional[List[Optional[socket.socket]]] = None) -> None:
+                 socks: Optional[List[Optional[socket.socket]]] = None,
+                 cwd: Optional[str] = None) -> None:
         socks = socks or [None] * len(argvs)
-        self.children = [Child(i, argv, sock)
+        self.children = [Child(i, argv, sock, cwd)
                          for i, (argv, sock) in enumerate(zip(argvs, socks))]
         self.stopping = threading.Event()
 
@@ -160,18 +168,25 @@ class WorkerGroup:
             now = time.monotonic()
             for child in self.children:
                 process = child.process
-                if process is None or process.poll() is None:
+                if process is None or process.poll() is None or now < child.not_before:
                     continue
-                ran = now - child.started
-                log.info("worker process %d (pid %d) exited with status %s after %.1fs; "
-                         "starting it again", child.index, process.pid, process.returncode, ran)
-                if ran >= HEALTHY_RUN or process.returncode == 0:
+                if not child.not_before:
+                    ran = now - child.started
+                    log.info("worker process %d (pid %d) exited with status %s after %.1fs; "
+                             "starting it again", child.index, process.pid,
+                             process.returncode, ran)
+                    if ran < HEALTHY_RUN and process.returncode != 0:
+                        # failing at start: longer each time (the others' restarts wait not)
+                        child.not_before = now + child.pause
+                        child.pause = min(child.pause * 2, RESTART_MAX)
+                        continue
                     child.pause = RESTART_MIN  # (served its share, or ran well)
-                else:  # failing at start: wait longer each time
-                    if self.stopping.wait(child.pause):
-                        return
-                    child.pause = min(child.pause * 2, RESTART_MAX)
-                child.start()
+                child.not_before = 0.0
+                try:
+                    child.start()
+                except OSError as exc:  # (it could not be run at all: try again later)
+                    log.error("worker process %d: %s", child.index, exc)
+                    child.not_before = now + child.pause
 
     def signal_all(self, signum: int) -> None:
         for child in self.children:
@@ -210,12 +225,14 @@ def run(args, argv: Sequence[str]) -> int:
     group = WorkerGroup([prefix + child_argv(rest, index, args.listen, args.status,
                                              args.resume_file)
                          for index in range(args.workers)],
-                        held_sockets(args.listen, args.workers))
+                        held_sockets(args.listen, args.workers),
+                        getattr(args, "start_dir", None))
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     for signum in (signal.SIGHUP, signal.SIGUSR1):
         signal.signal(signum, lambda number, _: group.signal_all(number))
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # (no hand-over here: not our end)
     pid_file = PidFile(args.pid_file)
     group.start()
     pid_file.write()
