@@ -124,7 +124,7 @@ class WorkerLink(Handler):
             backoff = min(backoff * 2, BACKOFF_MAX)
 
     def _successor_of(self, connection: Connection) -> Optional[Connection]:
-        """The connection opened while ``connection`` drained (``recycle``),
+        """The connection opened while ``connection`` drained (``handle_goaway``),
         once it is up, if it is."""
         successor, self._successor = self._successor, None
         if successor is not None:
