@@ -254,8 +254,10 @@ def split_request(request: str) -> Optional[tuple]:
 
 def _is_name(value: Optional[str]) -> bool:
     """Whether a logged host or class can go into a request's Host field
-    (None can: there is none): printable, no white space."""
-    return value is None or (value.isprintable() and not any(c.isspace() for c in value))
+    without making another field of it (None can: there is none): no
+    control character (a class may hold spaces; a Host with one is the
+    LB's 400 to answer)."""
+    return value is None or value.isprintable()
 
 
 def unescape(value: str) -> str:
