@@ -403,11 +403,11 @@ def test_our_own_stall_is_taken_off_the_peers_silence():
 
     keepalive = Keepalive(1.0, 5.0, now=0.0)
     keepalive.last_received = 9.8  # heard just before the loop stalled
-    assert keepalive.stalled(slept=10.0, now=13.8) == pytest.approx(2.8)
-    assert not keepalive.suspicion_changed(13.8 - keepalive.last_received)  # 1.0 s, not 4
-    assert keepalive.stalled(slept=13.8, now=14.9) == 0.0  # a tick on time forgives nothing
+    assert keepalive.stalled(slept=10.0, now=12.9) == pytest.approx(1.9)
+    assert not keepalive.suspicion_changed(12.9 - keepalive.last_received)  # 1.2 s, not 3.1
+    assert keepalive.stalled(slept=12.9, now=13.95) == 0.0  # a tick on time forgives nothing
     # A peer silent all along is suspected all the same, only later.
-    assert keepalive.suspicion_changed(17.0 - keepalive.last_received)
+    assert keepalive.suspicion_changed(14.0 - keepalive.last_received)
 
 
 def test_a_lost_lb_connection_stops_the_application_its_requests_run():
