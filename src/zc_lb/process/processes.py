@@ -346,7 +346,8 @@ def _status_server(args, supervisor: "Supervisor"):
 
 def die_with_parent(parent: int):
     """A preexec_fn: the child gets SIGTERM (and drains) when the
-    supervisor dies, however it dies, so no LB process outlives it."""
+    supervisor dies, however it dies, so no LB process (nor a worker of
+    ``-w N``, workergroup.py) outlives it."""
     def preexec() -> None:
         try:
             libc = ctypes.CDLL(None, use_errno=True)
