@@ -82,6 +82,30 @@ def test_the_supervisor_sums_a_silent_child_as_it_last_was_and_acts_on_every_chi
     assert done == ["c1"]
 
 
+def test_a_supervisors_retried_enable_succeeds_and_says_whether_it_changed_anything(
+        monkeypatch):
+    # A retry after one child had failed asked the children that had taken
+    # it again, and each refused ("neither drained nor ejected"): enable is
+    # idempotent now, and the answer says whether any child had something
+    # to undo.
+    from zc_lb.process import processes
+    from zc_lb.process.processes import Supervisor
+
+    drained = {"c0": True, "c1": False}
+
+    def fetch(address, timeout=5.0, action=None, params=None, token=None):
+        changed, drained[address] = drained[address], False
+        return {"worker": params["worker"], "changed": changed, "done": action}
+
+    monkeypatch.setattr(processes, "fetch", fetch)
+    supervisor = Supervisor(2, ["lb"], ("127.0.0.1", 0))
+    supervisor.children = [processes.Child(i, [], -1, "INFO", None, None) for i in range(2)]
+    for i, child in enumerate(supervisor.children):
+        child.status = "c%d" % i
+    assert supervisor.action("enable")(worker="w") == {"worker": "w", "changed": True}
+    assert supervisor.action("enable")(worker="w") == {"worker": "w", "changed": False}
+
+
 def status(address):
     with urllib.request.urlopen("http://%s/" % address, timeout=5) as response:
         return json.load(response)

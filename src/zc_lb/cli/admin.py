@@ -65,10 +65,11 @@ def run_status(args: argparse.Namespace) -> int:
 def run_worker_state(args: argparse.Namespace) -> int:
     from zc_lb.status.document import fetch
 
-    fetch(args.address, action=args.action, params={"worker": args.worker},
-          token=read_secret(args.token_file))
-    print("%s %s on the LB at %s" % ("drained" if args.action == "drain" else "enabled",
-                                     args.worker, args.address))
+    answer = fetch(args.address, action=args.action, params={"worker": args.worker},
+                   token=read_secret(args.token_file))
+    print("%s %s on the LB at %s%s" % (
+        "drained" if args.action == "drain" else "enabled", args.worker, args.address,
+        " (it was neither drained nor ejected)" if answer.get("changed") is False else ""))
     return 0
 
 

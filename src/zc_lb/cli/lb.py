@@ -256,7 +256,8 @@ def lb_actions(lb) -> dict:
     """What an operator may POST to an LB's status address."""
     return {"reset-skills": lb.reset_skills,
             "drain": lambda worker: lb.fleet.drain_worker(worker) or {"worker": worker},
-            "enable": lambda worker: lb.fleet.enable_worker(worker) or {"worker": worker}}
+            "enable": lambda worker: {"worker": worker,
+                                      "changed": lb.fleet.enable_worker(worker)}}
 
 
 def _reload_tls(args: argparse.Namespace, servers: list) -> None:

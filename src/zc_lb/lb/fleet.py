@@ -196,22 +196,27 @@ class Fleet(LinkEvents):
             self.pool.remove(link.connection)
         log.warning("worker %s drained by an operator: nothing new goes to it", address)
 
-    def enable_worker(self, address: str) -> None:
+    def enable_worker(self, address: str) -> bool:
         """Undo ``drain_worker``, or readmit an ejected worker at once (the
-        operator's word that it is healthy)."""
+        operator's word that it is healthy); whether there was anything
+        to undo.  As a drain, it may be asked again: a worker neither
+        drained nor ejected is left as it is (a retried action, or one
+        through a ``--processes`` supervisor some children had taken)."""
         link = self.links.get(address)
-        readmitted = link is not None and self.ejector.readmit_now(address)
-        if link is None or not (readmitted or address in self.drained):
-            raise ConfigurationError(
-                "worker %s is neither drained nor ejected (drained: %s; ejected: %s)" % (
-                    address, ", ".join(sorted(self.drained)) or "none",
-                    ", ".join(sorted(str(a) for a in self.ejector.records
-                                     if self.ejector.ejected(a))) or "none"))
+        if link is None:
+            raise ConfigurationError("no worker %s (known: %s)"
+                                     % (address, ", ".join(sorted(self.links)) or "none"))
+        readmitted = self.ejector.readmit_now(address)
+        if not (readmitted or address in self.drained):
+            log.info("worker %s enabled by an operator: it was neither drained nor ejected",
+                     address)
+            return False
         self.drained.discard(address)
         if link.connection is not None:
             self._admit(link.connection, link.resume)
         log.warning("worker %s %s by an operator", address,
                     "readmitted" if readmitted else "enabled")
+        return True
 
     def outcome(self, connection: Connection, ok: bool, path: Optional[str] = None) -> None:
         """Count a request's outcome on its worker; eject a failing one.

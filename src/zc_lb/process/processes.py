@@ -264,6 +264,7 @@ class Supervisor:
         asked, whichever fails, and the failures are raised together."""
         def run(**params: str) -> dict:
             answer: dict = {}
+            changed = False  # (enable: whether any child had something to undo)
             failures = []
             for child in self.children:
                 if child.status is not None:
@@ -271,9 +272,13 @@ class Supervisor:
                         answer = fetch(child.status, action=name, params=params, token=token)
                     except ZcLbError as exc:
                         failures.append("process %d: %s" % (child.index, exc))
+                    else:
+                        changed = changed or answer.get("changed") is True
             if failures:
                 raise ConfigurationError("%s failed in %s" % (name, "; ".join(failures)))
             answer.pop("done", None)
+            if "changed" in answer:
+                answer["changed"] = changed
             return answer
         return run
 
