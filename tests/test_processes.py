@@ -191,6 +191,30 @@ def test_children_that_cannot_start_make_the_lb_exit_with_status_2():
     assert "did not start" in done.stderr
 
 
+@pytest.mark.parametrize("option", ["--listen", "--status"])
+def test_an_address_in_use_is_named_by_its_option(option):
+    import socket
+    import subprocess
+    import sys
+
+    # A taken address was a raw "[Errno 98] Address already in use" (with
+    # --status, once every child had started).
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    address = "127.0.0.1:%d" % taken.getsockname()[1]
+    addresses = {"--listen": "127.0.0.1:0", "--status": "127.0.0.1:0", option: address}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "zc_lb.cli", "lb", "--processes", "2",
+             "--listen", addresses["--listen"], "--status", addresses["--status"]],
+            capture_output=True, text=True, timeout=60)
+    finally:
+        taken.close()
+    assert done.returncode == 1, done.stderr
+    assert "zc-lb lb: error: %s %s: Address already in use\n" % (option, address) in done.stderr
+
+
 def test_no_lb_process_outlives_a_killed_supervisor(processes_lb):
     lb = processes_lb
     pids = [p["pid"] for p in status(lb.status_address)["processes"]]

@@ -40,7 +40,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from zc_lb.routing import siblings
-from zc_lb.errors import ConfigurationError, ZcLbError
+from zc_lb.errors import AddressUnavailable, ConfigurationError, ZcLbError
 from zc_lb.status.document import fetch, merge_status
 
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when its parent dies
@@ -179,10 +179,14 @@ class Supervisor:
             gevent.spawn(self._watch, child)
 
     def _socket(self) -> socket.socket:
-        from zc_lb.sockets import listening_socket
+        from zc_lb.sockets import address_text, listening_socket
 
         if isinstance(self.listen, (tuple, str)):  # (host, port), or a Unix socket's path
-            return listening_socket(self.listen, self.backlog)
+            try:
+                return listening_socket(self.listen, self.backlog)
+            except OSError as exc:  # (named as a single LB names it: service.start_named)
+                raise AddressUnavailable("--listen %s: %s" % (
+                    address_text(self.listen), exc.strerror or exc))
         self.listen.set_inheritable(True)  # handed down by the supervisor this one
         return self.listen                 # replaces (SIGUSR2)
 
@@ -332,7 +336,7 @@ def _status_server(args, supervisor: "Supervisor"):
     documents, its actions reaching every child; None without --status."""
     from zc_lb.process import restart
     from zc_lb.front.server import FrontServer
-    from zc_lb.process.service import lb_status_app, read_secret
+    from zc_lb.process.service import lb_status_app, read_secret, start_named
     from zc_lb.sockets import parse_address
 
     if not args.status:
@@ -345,7 +349,11 @@ def _status_server(args, supervisor: "Supervisor"):
         lambda: supervisor.status()["requests"], token,
         lambda: sum(1 for worker in supervisor.status().get("workers", {}).values()
                     if worker.get("in_pool"))))
-    status.start()
+    try:
+        start_named("--status", status.listen, status.start)
+    except AddressUnavailable:
+        supervisor.stop(timeout=5)  # (its children started: they drain, and end)
+        raise
     return status
 
 

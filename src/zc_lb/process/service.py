@@ -174,7 +174,7 @@ class PidFile:
             pass
 
 
-def _bind(option: str, address, start) -> None:
+def start_named(option: str, address, start) -> None:
     """``start()`` a server of ``option``'s address: an address in use or
     not ours is an AddressUnavailable that names the option (exit status
     1), not a raw errno."""
@@ -224,9 +224,9 @@ class WorkerService:
         self.drain_timeout = drain_timeout
 
     def start(self) -> None:
-        _bind("--listen", self.worker.listen, self.worker.start)
+        start_named("--listen", self.worker.listen, self.worker.start)
         if self.status is not None:
-            _bind("--status", getattr(self.status, "listen", None), self.status.start)
+            start_named("--status", getattr(self.status, "listen", None), self.status.start)
 
     def register(self) -> None:
         if self.membership is not None:
@@ -274,9 +274,9 @@ class LBService:
         if health_check:
             lb.fleet.start_health_checks(health_check, health_interval)
         for server in self.fronts:
-            _bind("--listen", getattr(server, "listen", None), server.start)
+            start_named("--listen", getattr(server, "listen", None), server.start)
         if self.status is not None:
-            _bind("--status", getattr(self.status, "listen", None), self.status.start)
+            start_named("--status", getattr(self.status, "listen", None), self.status.start)
 
     def register(self, membership) -> None:
         """Join ZooKeeper through ``membership`` (made after ``start()``:
