@@ -170,6 +170,20 @@ def test_an_address_in_use_is_refused_before_any_process_starts():
     assert "listening" not in out
 
 
+def test_a_status_address_in_use_is_refused_before_any_process_starts():
+    # It ran one worker short, that child failing at every start.
+    port = consecutive_ports(2)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port + 1))
+        taken.listen()
+        group = start_group("-w", "2", "--status", "127.0.0.1:%d" % port)
+        out, _ = group.communicate(timeout=60)
+    assert group.returncode == 1
+    assert "--status 127.0.0.1:%d (-w process 1): Address already in use" % (port + 1) \
+        in group.log()
+    assert "listening" not in out
+
+
 def test_reload_in_a_group_ends_each_process_for_its_supervisor_to_start_again(tmp_path):
     # A -w child's socket is its supervisor's: started again by exec, as a
     # single worker is, it would have lost it.

@@ -113,6 +113,23 @@ def held_sockets(listen: str, count: int) -> List[Optional[socket.socket]]:
     return socks
 
 
+def check_free(option: str, address: str, count: int) -> None:
+    """Refuse, naming ``option``, an address of ``count`` children (each
+    ``offset``) that is taken now: such a child would fail at every
+    start, and the group run one process short for good.  (The status
+    addresses are each child's own to bind; held_sockets holds --listen's.)"""
+    for index in range(count):
+        shown = offset(address, index)
+        where = parse_address(shown)
+        if not where[1]:
+            continue  # (ephemeral)
+        try:
+            listening_socket(where, 1).close()
+        except OSError as exc:
+            raise AddressUnavailable("%s %s (-w process %d): %s"
+                                     % (option, shown, index, exc.strerror or exc))
+
+
 class Child:
     """One worker process of the group, and the socket (``sock``) the
     supervisor holds for it, if any."""
@@ -220,6 +237,8 @@ def run(args, argv: Sequence[str]) -> int:
     if not args.app:
         raise ConfigurationError("no application: give module:callable (or a PasteDeploy "
                                  ".ini file) on the command line, or app in --config")
+    if args.status:
+        check_free("--status", args.status, args.workers)
     i = list(argv).index("worker") if "worker" in argv else 0
     prefix, rest = list(argv[:i + 1]), list(argv[i + 1:])
     group = WorkerGroup([prefix + child_argv(rest, index, args.listen, args.status,
