@@ -168,6 +168,34 @@ def test_a_child_that_dies_is_started_again(processes_lb):
     assert all(get(lb.address)[0] == 200 for _ in range(10))
 
 
+def test_a_child_started_again_with_its_config_file_gone_bad_starts_as_the_last_good(
+        tmp_path):
+    # It exited 2 at each restart, and the LB ran one process short.
+    config = tmp_path / "lb.toml"
+    config.write_text("[lb]\nvariance = 3.0\n")
+    stderr = open(tmp_path / "lb.log", "w")
+    lb = LBProcess([], "--processes", "2", "--status", "127.0.0.1:0", "--config", str(config),
+                   env=ENV, stderr=stderr).start()
+    try:
+        address = lb.said("zc-lb status on ")
+        config.write_text("[lb]\nvariance = 'wide'\n")
+        before = status(address)["processes"][0]
+
+        def restarted():
+            now = status(address)["processes"][0]
+            return (now["pid"] != before["pid"] and now["status"] not in (before["status"], None)
+                    and now["requests"] is not None)
+
+        os.kill(before["pid"], signal.SIGKILL)
+        wait_for(restarted, timeout=20, message="the child restarted")
+        assert status(address)["pool"]["variance"] == 3.0  # (the first child's)
+        assert "starting with the copy the supervisor last read well" in \
+            (tmp_path / "lb.log").read_text()
+    finally:
+        lb.kill()
+        stderr.close()
+
+
 def test_sigterm_drains_every_process(processes_lb):
     lb = processes_lb
     with concurrent.futures.ThreadPoolExecutor(4) as pool:

@@ -63,13 +63,14 @@ def test_each_child_gets_its_own_addresses_and_files():
         offset("unix:", 0)
 
 
-def start_group(*args, app="apps:app"):
+def start_group(*args, app="apps:app", env=None):
     """The supervisor of ``zc-lb worker APP ARGS``; its log (and its
     children's) goes to a file, ``log()``, which a full pipe could not
     stop and a failed assertion can show."""
     log = tempfile.TemporaryFile("w+")
     process = subprocess.Popen([sys.executable, "-m", "zc_lb.cli", "worker", app, *args],
-                               stdout=subprocess.PIPE, stderr=log, text=True, env=ENV)
+                               stdout=subprocess.PIPE, stderr=log, text=True,
+                               env=dict(ENV, **(env or {})))
     process.log = lambda: (log.seek(0), log.read())[1]
     return process
 
@@ -134,6 +135,47 @@ def test_a_process_past_max_requests_drains_and_is_started_again():
     finally:
         stop(group, lb)
     assert group.returncode == 0, group.log()
+
+
+def test_a_process_started_again_after_its_config_file_went_bad_starts_as_the_last_good(
+        tmp_path):
+    # A recycled child (--max-requests, or a crash) read a --config file
+    # broken since the supervisor read it, exited 2, and was retried for
+    # ever: the group ran one worker short.  It starts now with the copy
+    # the supervisor last read well (at start, or at a SIGHUP finding the
+    # file good), and says so.
+    config = tmp_path / "worker.toml"
+    config.write_text("[worker]\nhistory = 100\n")
+    port = consecutive_ports(2)
+    copies = tmp_path / "tmp"
+    copies.mkdir()
+    group = start_group("-w", "2", "--listen", "127.0.0.1:%d" % port, "--config", str(config),
+                        env={"TMPDIR": str(copies)})
+    try:
+        addresses = read_addresses(group, 2)
+        assert len(list(copies.iterdir())) == 1  # (the supervisor's copy)
+        config.write_text("[worker]\nhistory = 200\n")
+        group.send_signal(signal.SIGHUP)  # (good: the supervisor's copy is this one now)
+        wait_for(lambda: group.log().count("history 100 -> 200") == 2, message="both reloaded")
+        config.write_text("[worker]\nhistory = 'many'\n")
+        group.send_signal(signal.SIGHUP)  # (bad: refused, the copy stays)
+        wait_for(lambda: "processes started from now on start with the copy" in group.log(),
+                 message="the supervisor refusing the file")
+        killed = children(group.pid)
+        for child in killed:
+            os.kill(child, signal.SIGKILL)
+        assert read_addresses(group, 2) == addresses, group.log()
+        log = group.log()
+        assert log.count("starting with the copy the supervisor last read well") == 2, log
+        lb = LBProcess(addresses, "--policy", "classless").start()
+        try:
+            assert http_get(lb.address, "/")[0] == 200
+        finally:
+            lb.kill()
+    finally:
+        stop(group)
+    assert group.returncode == 0, group.log()
+    assert not list(copies.iterdir())  # (no copy left behind)
 
 
 def test_a_process_killed_leaves_its_port_held_for_the_next():

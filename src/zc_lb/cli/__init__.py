@@ -25,7 +25,7 @@ from zc_lb.cli.admin import run_reset_skills, run_status, run_worker_state, run_
 from zc_lb.cli.demo import run_demo
 from zc_lb.cli.lb import run_lb
 from zc_lb.cli.parsers import build_parser
-from zc_lb.cli.reload import read_config
+from zc_lb.cli.reload import read_config_at_start
 from zc_lb.cli.tools import PASS_THROUGH, run_pass_through
 from zc_lb.cli.worker import run_worker
 from zc_lb.errors import ConfigurationError, ZcLbError
@@ -53,7 +53,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if getattr(args, "config", None):
-            args = read_config(args)
+            args = read_config_at_start(args)
             # (SIGHUP reads it again, after --chdir: by where it was)
             args.config = os.path.abspath(args.config)
             if not any(a == "--log-level" or a.startswith("--log-level=") for a in argv):

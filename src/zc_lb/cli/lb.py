@@ -44,9 +44,10 @@ def run_lb(args: argparse.Namespace) -> int:
     for name in ("SIGHUP", "SIGUSR1", "SIGUSR2"):  # until wait_for_signal says so
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     if args.processes > 1:
+        from zc_lb.cli.reload import KeptConfig
         from zc_lb.process.processes import run
 
-        return run(args, args.argv)
+        return run(args, args.argv, KeptConfig(args))
 
     import gevent
     from zc_lb.process.service import PidFile

@@ -14,6 +14,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shutil
+import tempfile
+from typing import Dict, Optional
 
 from zc_lb import config, settings
 from zc_lb.cli.parsers import build_parser
@@ -38,6 +42,67 @@ def read_config(args: argparse.Namespace) -> argparse.Namespace:
         raise ConfigurationError("the command line is no longer valid with %s" % args.config)
     new.argv, new.start_dir = args.argv, getattr(args, "start_dir", None)
     return new
+
+
+# In a child of a supervisor (-w, --processes): the supervisor's copy of
+# --config as it last read it well (KeptConfig).
+LAST_GOOD_CONFIG = "ZC_LB_LAST_GOOD_CONFIG"
+
+
+def read_config_at_start(args: argparse.Namespace) -> argparse.Namespace:
+    """``read_config``; but a child of a supervisor that finds the file
+    bad starts with the supervisor's last good copy of it, and says so: a
+    file broken since the supervisor read it must not keep a child from
+    starting again (after ``--max-requests``, or a crash), one process
+    short for good.  The file itself stays the child's ``--config``, for
+    its SIGHUPs.  A process started alone refuses a bad file."""
+    kept = os.environ.pop(LAST_GOOD_CONFIG, None)  # (not the application's business)
+    try:
+        return read_config(args)
+    except ConfigurationError as exc:
+        if not kept or not os.path.exists(kept):
+            raise
+        log.error("%s; starting with the copy the supervisor last read well", exc)
+        return read_config(argparse.Namespace(**{**vars(args), "config": kept}))
+
+
+class KeptConfig:
+    """A supervisor's copy of its ``--config`` file as it last read it
+    well: at start, and at each SIGHUP (``take``) that finds the file
+    good.  Each child it starts gets the copy's path (``environ``), for
+    ``read_config_at_start``.  Without --config, nothing."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.path: Optional[str] = None
+        if getattr(args, "config", None):
+            directory = tempfile.mkdtemp(prefix="zc-lb-config-")
+            self.path = os.path.join(directory, os.path.basename(args.config))
+            self.take()
+
+    @property
+    def environ(self) -> Dict[str, str]:
+        return {LAST_GOOD_CONFIG: self.path} if self.path and os.path.exists(self.path) else {}
+
+    def take(self) -> bool:
+        """Copy the file again if it reads well now (a bad one is logged,
+        the copy before stays); whether it did."""
+        if self.path is None:
+            return False
+        trial = self.path + ".new"
+        try:
+            shutil.copyfile(self.args.config, trial)
+            read_config(argparse.Namespace(**{**vars(self.args), "config": trial}))
+        except (ConfigurationError, OSError) as exc:
+            log.warning("%s; processes started from now on start with the copy read "
+                        "before", str(exc).replace(trial, self.args.config))
+            return False
+        os.replace(trial, self.path)  # (a child reading it finds the old or the new)
+        return True
+
+    def remove(self) -> None:
+        if self.path is not None:
+            shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)
 
 
 def reload_config(args: argparse.Namespace, apply, live_extra=frozenset()) -> bool:

@@ -37,9 +37,10 @@ def run_worker(args: argparse.Namespace) -> int:
     for name in ("SIGHUP", "SIGUSR1", "SIGUSR2"):  # until wait_for_signal says so
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     if args.workers > 1:
+        from zc_lb.cli.reload import KeptConfig
         from zc_lb.process.workergroup import run
 
-        return run(args, args.argv)
+        return run(args, args.argv, KeptConfig(args))
     from zc_lb.process.service import PidFile
 
     service = build_worker(args)

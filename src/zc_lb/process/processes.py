@@ -37,7 +37,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from zc_lb.routing import siblings
 from zc_lb.errors import AddressUnavailable, ConfigurationError, ZcLbError
@@ -82,8 +82,10 @@ class Child:
     """One LB process and what it said when it started."""
 
     def __init__(self, index: int, argv: List[str], fd: int, log_level: str,
-                 cwd: Optional[str] = None, siblings_fd: Optional[int] = None) -> None:
+                 cwd: Optional[str] = None, siblings_fd: Optional[int] = None,
+                 kept: Any = None) -> None:
         self.index = index
+        self.kept = kept  # (cli/reload.py's KeptConfig: --config as last read well)
         self.cwd = cwd  # where the supervisor started: --chdir means the same there
         self.argv = [sys.executable, "-m", "zc_lb.cli", "--log-level", log_level, "lb"] + argv + [
             "--listen-fd", str(fd), "--status", "127.0.0.1:0", "--process-index", str(index),
@@ -106,7 +108,7 @@ class Child:
         import gevent.subprocess
 
         self.started = time.monotonic()
-        env = dict(os.environ)
+        env = dict(os.environ, **(self.kept.environ if self.kept is not None else {}))
         env.pop("NOTIFY_SOCKET", None)  # the supervisor is the service's main process
         self.process = gevent.subprocess.Popen(
             self.argv, pass_fds=self.fds, stdout=subprocess.PIPE, text=True, env=env,
@@ -138,13 +140,15 @@ class Supervisor:
     takes the socket handed down) and starts the children."""
 
     def __init__(self, count: int, argv: Sequence[str], listen, log_level: str = "INFO",
-                 backlog: int = 1024, scheme: str = "http", cwd: Optional[str] = None) -> None:
+                 backlog: int = 1024, scheme: str = "http", cwd: Optional[str] = None,
+                 kept: Any = None) -> None:
         if count < 1:
             raise ConfigurationError("--processes must be at least 1, got %d" % count)
         self.count, self.listen, self.log_level, self.backlog = count, listen, log_level, backlog
         # (each child serves the socket as the one --listen said: HTTP or HTTPS)
         self.argv = child_argv(argv) + ["--listen", scheme + "://127.0.0.1:0"]
         self.cwd = cwd
+        self.kept = kept
         self.sock: Optional[socket.socket] = None
         self.siblings_fd: Optional[int] = None  # the children's shared memory (routing/siblings.py)
         self.children: List[Child] = []
@@ -165,7 +169,7 @@ class Supervisor:
         if self.siblings_fd is None:  # (one segment for the supervisor's life: a
             self.siblings_fd = siblings.create(self.count)  # child restarted finds it)
         self.children = [Child(i, self.argv, self.sock.fileno(), self.log_level, self.cwd,
-                               self.siblings_fd)
+                               self.siblings_fd, self.kept)
                          for i in range(self.count)]
         try:
             for child in self.children:
@@ -287,8 +291,9 @@ class Supervisor:
         return run
 
 
-def run(args, argv: Sequence[str]) -> int:
-    """``zc-lb lb --processes N`` (N > 1)."""
+def run(args, argv: Sequence[str], kept: Any = None) -> int:
+    """``zc-lb lb --processes N`` (N > 1).  ``kept``: the --config file as
+    last read well, for the children (cli/reload.py)."""
     from zc_lb.sockets import address_text, parse_listen
     from zc_lb.process import restart
     from zc_lb.process.service import PidFile, hand_over, parse_listeners, wait_for_signal
@@ -296,7 +301,7 @@ def run(args, argv: Sequence[str]) -> int:
     (scheme, where), = parse_listeners(args)
     listen = restart.inherited("front0") or parse_listen(where)
     supervisor = Supervisor(args.processes, lb_argv(argv), listen, args.log_level,
-                            scheme=scheme, cwd=getattr(args, "start_dir", None))
+                            scheme=scheme, cwd=getattr(args, "start_dir", None), kept=kept)
     supervisor.start()
     status = _status_server(args, supervisor)
     log.info("%d LB processes, pids %s", len(supervisor.children),
@@ -312,6 +317,8 @@ def run(args, argv: Sequence[str]) -> int:
         if status is not None:
             status.stop(timeout=1)
         pid_file.remove()
+        if kept is not None:
+            kept.remove()
         return True
 
     def upgrade() -> bool:
@@ -321,7 +328,8 @@ def run(args, argv: Sequence[str]) -> int:
         return hand_over(args, sockets) and stop()
 
     wait_for_signal({"SIGTERM": stop, "SIGINT": stop,
-                     "SIGHUP": lambda: supervisor.send_signal(signal.SIGHUP),
+                     "SIGHUP": lambda: (kept is None or kept.take(),
+                                        supervisor.send_signal(signal.SIGHUP))[1],
                      "SIGUSR1": lambda: supervisor.send_signal(signal.SIGUSR1),
                      "SIGUSR2": upgrade},
                     # (ready once it could write its pid file: a new LB that could

@@ -41,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from zc_lb.errors import AddressUnavailable, ConfigurationError
 from zc_lb.sockets import UNIX, listening_socket, parse_address, parse_listen
@@ -135,8 +135,9 @@ class Child:
     supervisor holds for it, if any."""
 
     def __init__(self, index: int, argv: List[str], sock: Optional[socket.socket] = None,
-                 cwd: Optional[str] = None) -> None:
+                 cwd: Optional[str] = None, kept: Any = None) -> None:
         self.index = index
+        self.kept = kept  # (cli/reload.py's KeptConfig: --config as last read well)
         self.sock = sock
         self.argv = argv if sock is None else argv + ["--listen-fd", str(sock.fileno())]
         self.cwd = cwd  # where the supervisor started: a relative --chdir means the same
@@ -149,9 +150,11 @@ class Child:
         from zc_lb.process.processes import die_with_parent
 
         fds = () if self.sock is None else (self.sock.fileno(), )
+        env = dict(os.environ, **(self.kept.environ if self.kept is not None else {}))
         self.process = subprocess.Popen([sys.executable, "-m", "zc_lb.cli", *self.argv],
                                         stdout=subprocess.PIPE, text=True, pass_fds=fds,
-                                        cwd=self.cwd, preexec_fn=die_with_parent(os.getpid()))
+                                        cwd=self.cwd, env=env,
+                                        preexec_fn=die_with_parent(os.getpid()))
         self.started = time.monotonic()
         threading.Thread(target=self._echo, args=(self.process,), daemon=True).start()
 
@@ -169,9 +172,9 @@ class WorkerGroup:
 
     def __init__(self, argvs: List[List[str]],
                  socks: Optional[List[Optional[socket.socket]]] = None,
-                 cwd: Optional[str] = None) -> None:
+                 cwd: Optional[str] = None, kept: Any = None) -> None:
         socks = socks or [None] * len(argvs)
-        self.children = [Child(i, argv, sock, cwd)
+        self.children = [Child(i, argv, sock, cwd, kept)
                          for i, (argv, sock) in enumerate(zip(argvs, socks))]
         self.stopping = threading.Event()
 
@@ -230,8 +233,9 @@ class WorkerGroup:
                 child.sock.close()
 
 
-def run(args, argv: Sequence[str]) -> int:
-    """``zc-lb worker ... -w N`` (N > 1): the supervisor's life."""
+def run(args, argv: Sequence[str], kept: Any = None) -> int:
+    """``zc-lb worker ... -w N`` (N > 1): the supervisor's life.  ``kept``:
+    the --config file as last read well, for the children (cli/reload.py)."""
     from zc_lb.process.service import PidFile
 
     if not args.app:
@@ -245,12 +249,18 @@ def run(args, argv: Sequence[str]) -> int:
                                              args.resume_file)
                          for index in range(args.workers)],
                         held_sockets(args.listen, args.workers),
-                        getattr(args, "start_dir", None))
+                        getattr(args, "start_dir", None), kept)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    for signum in (signal.SIGHUP, signal.SIGUSR1):
-        signal.signal(signum, lambda number, _: group.signal_all(number))
+
+    def sighup(*_) -> None:
+        if kept is not None:
+            kept.take()
+        group.signal_all(signal.SIGHUP)
+
+    signal.signal(signal.SIGHUP, sighup)
+    signal.signal(signal.SIGUSR1, lambda number, _: group.signal_all(number))
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # (no hand-over here: not our end)
     pid_file = PidFile(args.pid_file)
     group.start()
@@ -265,6 +275,8 @@ def run(args, argv: Sequence[str]) -> int:
     finally:
         group.stop(args.drain_timeout + 5)
         pid_file.remove()
+        if kept is not None:
+            kept.remove()
     log.info("worker processes stopped")
     return 0
 
