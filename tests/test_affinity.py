@@ -1590,3 +1590,16 @@ def test_a_long_key_is_remembered_short():
         pool.put(pool.get("example.com", "/%d/%s" % (i, pad)))
     keys = pool.classes["example.com"].keys
     assert len(keys) == 1000 and all(len(key) <= MAX_CLASS for key in keys)
+
+
+def test_two_workers_of_one_name_recruit_from_the_ring():
+    # Equal names made equal points on the recruiting ring (several LBs),
+    # and sorting it compared the workers: TypeError from get().
+    pool = AffinityPool()
+    pool.lbs = 2
+    pool.add("old", name="10.0.0.1:8000")
+    pool.add("new", name="10.0.0.1:8000")
+    pool.add("other", name="10.0.0.2:8000")
+    handle = pool.get("a", "/x")
+    assert handle in ("old", "new", "other")
+    pool.put(handle)

@@ -666,3 +666,14 @@ def test_a_worker_removed_while_its_resume_is_taken_leaves_no_skill_behind():
     assert "w" not in pool.workers
     assert list(pool.skilled) == ["shared"]  # only v's
     assert [worker.name for worker in pool.skilled["shared"]] == ["v"]
+
+
+def test_a_resume_score_of_none_drops_its_class():
+    # None for a class the worker had no score in compared equal to the
+    # missing score, and stayed in its résumé (an int key too): status()
+    # could not sort them.
+    pool = Pool()
+    pool.add("w")
+    pool.new_resume("w", {"a": None, 7: None, "b": 2.0})
+    assert pool.workers["w"].resume == {"b": 2.0}
+    json.dumps(pool.status())

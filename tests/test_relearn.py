@@ -421,3 +421,30 @@ def test_an_automatic_reset_disarms_until_few_requests_hit_unknown_classes():
         pool.put(pool.get("site", "/p%d" % (i % 20)))
     assert pool.relearn_armed
     assert pool.unskilled < relearn.RELEARN_SHARE / 2 * pool.total
+
+
+def test_a_reset_during_a_resumes_pauses_leaves_skills_and_resume_agreeing():
+    # A reset while a large résumé was taken in steps (the LB's loop runs
+    # between them) cut the intake's copy loose, and the worker's résumé
+    # was set back to it at the end: classes it listed that the skill map
+    # did not, and the worker's next résumé, with the same scores, never
+    # brought them back.
+    from zc_lb.routing.pool import RESUME_STEP
+
+    pool = AffinityPool()
+    pool.add("w", {"old%d" % i: 2.0 for i in range(5)})
+    pool.add("v")
+    resume = {"c%d" % i: 3.0 for i in range(2 * RESUME_STEP + 5)}
+    resets = []
+
+    def pause():
+        if not resets:
+            resets.append(pool.reset_skills())
+
+    pool.new_resume("w", resume, pause)
+    worker = pool.workers["w"]
+    assert resets
+    assert all(pool.skilled.get(rclass, {}).get(worker) == score
+               for rclass, score in worker.resume.items())
+    pool.new_resume("w", dict(resume))  # (the same skills again: all of them back)
+    assert all(worker in pool.skilled.get(rclass, {}) for rclass in resume)

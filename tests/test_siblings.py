@@ -200,3 +200,36 @@ def test_sync_exchanges_a_pools_requests_in_flight():
     sync(siblings_one, one), sync(siblings_two, two)
     assert two.workers[handle].backlog == 0
     sync(None, two)  # (an LB without siblings: nothing)
+
+
+def test_a_row_counts_the_busy_workers_of_a_pool_past_its_row_size():
+    # Every worker went into a sibling's row, idle or not, in pool order:
+    # past MAX_WORKERS, the requests in flight on the later ones were
+    # never counted, however few the busy ones.
+    a, b = Siblings.in_memory(2)
+    pools = AffinityPool(), AffinityPool()
+    for pool, sibling in zip(pools, (a, b)):
+        for i in range(siblings.MAX_WORKERS + 100):
+            pool.add("w%d" % i)
+        pool.share_with(sibling)
+    busy = ["w%d" % i for i in range(siblings.MAX_WORKERS, siblings.MAX_WORKERS + 100)]
+    for name in busy:
+        pools[1].workers[name].backlog += 1
+        pools[1].backlog += 1
+    sync(b, pools[1])
+    sync(a, pools[0])
+    assert {name for name, w in pools[0].workers.items() if w.elsewhere == 1} == set(busy)
+
+
+def test_a_worker_in_the_pool_twice_stays_known_to_the_siblings_when_one_goes():
+    # Its old connection and its new one, both named by its address: the
+    # old one's removal took the new one out of the siblings' map, and their
+    # placements and recruits for it were ignored.
+    me, _ = Siblings.in_memory(2)
+    pool = AffinityPool()
+    pool.share_with(me)
+    pool.add("old", {"a": 5.0}, name="10.0.0.1:8000")
+    pool.add("other", {"a": 1.0}, name="10.0.0.2:8000")
+    pool.add("new", {"a": 5.0}, name="10.0.0.1:8000")
+    pool.remove("old")
+    assert pool.by_hash[me.worker_hash("10.0.0.1:8000")] is pool.workers["new"]

@@ -252,8 +252,8 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
             self.slowstart.remove(worker)
             self.relearning.remove(worker)
             self.members.workers_changed()
-            if self.siblings is not None:
-                self.by_hash.pop(self.siblings.worker_hash(worker.name), None)
+            if self.siblings is not None:  # (its own entry, not a namesake's added since)
+                self.by_hash = {h: w for h, w in self.by_hash.items() if w is not worker}
         super().remove(handle)
         self.skills_version += 1
 

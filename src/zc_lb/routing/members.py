@@ -527,9 +527,9 @@ class Members:
         ``RING_ROOM`` sent the fewest keys, if under ``RING_ROOMIER`` times as many."""
         ring = self._ring
         if ring is None:
-            ring = self._ring = sorted(
-                (mix(worker.salt ^ replica), worker)
-                for worker in self.pool.workers.values() for replica in range(RING_POINTS))
+            ring = self._ring = sorted(  # (by ident where two workers of one name tie)
+                [(mix(worker.salt ^ replica), worker) for worker in self.pool.workers.values()
+                 for replica in range(RING_POINTS)], key=lambda p: (p[0], p[1].ident))
         start = bisect.bisect(ring, (stable_hash(rclass), ))
         n = len(ring)
         relayed = self.pool.relayed

@@ -125,7 +125,8 @@ def _changes(old: Dict[str, float], new: Dict[Any, Any]) -> Iterator[Tuple[str, 
     time, as ``Pool.new_resume`` takes them): their classes made strings
     and their scores floats, and those that are not positive finite
     numbers taken out."""
-    for rclass in [rclass for rclass, score in new.items() if old.get(rclass) != score]:
+    for rclass in [rclass for rclass, score in new.items()  # (None is no class's score)
+                   if score is None or old.get(rclass) != score]:
         score = new.pop(rclass)
         try:
             score = float(score)

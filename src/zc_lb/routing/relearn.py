@@ -311,7 +311,7 @@ class Relearning:
 
     def _forget_all_skills(self) -> None:
         for worker in self.workers.values():
-            worker.resume = {}
+            worker.resume.clear()  # (in place: an intake in a pause holds it, pool.py)
             worker.given.clear()
         self.skilled.clear()
         self.stale.clear()

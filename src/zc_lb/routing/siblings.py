@@ -192,7 +192,7 @@ class Siblings:
                 measure: Tuple[float, float] = (0.0, 0.0)) -> None:
         """Write this sibling's requests in flight, worker name -> count,
         and its pool's measure of locality (``Pool.measure``)."""
-        pairs = [item for name, count in in_flight.items()
+        pairs = [item for name, count in in_flight.items() if count  # (none: nothing to add)
                  for item in (self.worker_hash(name), count)][:2 * MAX_WORKERS]
         row = self._row(self.index)
         segment = self.segment
