@@ -491,3 +491,23 @@ def test_lb_help_lists_its_options_in_groups_each_once(capsys):
     assert len(options) == len(set(options)) > 50
     routing = out[out.index("routing:"):out.index("buffering")]
     assert "--variance" in routing and "--policy" in routing and "--buffer-dir" not in routing
+
+
+@pytest.mark.parametrize("built, pure, warned", [
+    ("source (installed without compiling: pip install -v says why)", None, True),
+    ("source (ZC_LB_PURE=1)", "1", False),
+    ("compiled", None, False)])
+def test_an_lb_or_worker_running_the_source_unasked_says_so_at_start(
+        built, pure, warned, monkeypatch, caplog):
+    # A pip install without a C compiler ran the source, at some twice the
+    # CPU a request, and said so only to --version and the status page.
+    import zc_lb
+
+    monkeypatch.setattr(zc_lb, "_BUILD", built)
+    monkeypatch.delenv("ZC_LB_PURE", raising=False)
+    if pure:
+        monkeypatch.setenv("ZC_LB_PURE", pure)
+    with caplog.at_level("WARNING", logger="zc_lb"):
+        cli.say_build()
+    assert ("the hot path runs uncompiled" in caplog.text) == warned
+    assert (built in caplog.text) == warned

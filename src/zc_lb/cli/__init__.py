@@ -61,6 +61,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if "chdir" in args:
             _enter_directory(args.chdir)
         keep_freed_memory()  # (large bodies: see there)
+        if args.command in ("lb", "worker"):
+            say_build()
         return COMMANDS[args.command](args)
     except ZcLbError as exc:  # a configuration error exits 2, ZooKeeper down 69
         print("zc-lb %s: error: %s" % (args.command, exc), file=sys.stderr)
@@ -68,6 +70,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     except OSError as exc:  # e.g. the address is in use
         print("zc-lb %s: error: %s" % (args.command, exc), file=sys.stderr)
         return 1
+
+
+def say_build() -> None:
+    """Warn, at start, an LB or a worker that runs the source though it
+    was not asked to (ZC_LB_PURE=1): it costs some twice the CPU a
+    request, and a ``pip install`` without a C compiler does it silently."""
+    from zc_lb import build
+
+    if build() != "compiled" and os.environ.get("ZC_LB_PURE") != "1":
+        logging.getLogger("zc_lb").warning(
+            "build: %s: the hot path runs uncompiled, at some twice the CPU a request "
+            "(docs/reference/processes.rst)", build())
 
 
 def _enter_directory(directory: Optional[str]) -> None:
