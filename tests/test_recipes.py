@@ -128,6 +128,19 @@ def test_registration_waits_out_another_session(client, other_client):
     reg.stop()
 
 
+def test_registration_blocked_by_a_persistent_node_says_so(client, other_client):
+    other_client.create("/p/h:1", b"{}", makepath=True)  # by hand, or an old import
+    reg = recipes.Registration(client, "/p/h:1", {"pid": 2})
+    with LogEvent("zc_lb.zookeeper.recipes", "/p/h:1 is a persistent node") as logged:
+        reg.start()
+        assert logged.wait(10)
+    assert not reg.registered
+    other_client.delete("/p/h:1")
+    assert reg.wait(10)
+    assert json.loads(client.get("/p/h:1")[0]) == {"pid": 2}
+    reg.stop()
+
+
 def test_registration_follows_links(client):
     zk.import_tree(client, TREE)
     reg = recipes.Registration(client, "/lb/backend/providers/h:1", {})

@@ -9,7 +9,7 @@ import pytest
 
 from trees import TREE
 from zc_lb.cli import parsers
-from zc_lb.zookeeper import tree
+from zc_lb.zookeeper import recipes, tree
 from zc_lb.zookeeper import client as zk
 from zc_lb.errors import ConfigurationError
 
@@ -74,6 +74,29 @@ def test_import_keeps_or_deletes_and_spares_ephemerals(client):
     assert [(c.action, c.path) for c in changes] == [
         ("skip", "/lb/workers/providers/h:1")]
     assert zk.get(client, "/lb/workers/providers/h:1") == {}
+
+
+def test_import_never_writes_under_providers(client, other_client):
+    # A provider named in the file while its worker is down was created
+    # persistent: LBs tried it for ever and the worker could never register.
+    text = TREE.replace("    /providers\n",
+                        "    /providers\n      /127.0.0.1:9999\n        pid = 1\n")
+    changes = zk.import_tree(client, text)
+    assert ("skip", "/lb/workers/providers/127.0.0.1:9999") in [
+        (c.action, c.path) for c in changes]
+    assert zk.ls(client, "/lb/workers/providers") == []
+    registration = recipes.Registration(
+        other_client, "/lb/workers/providers/127.0.0.1:9999", {"pid": 2})
+    registration.start()
+    assert registration.wait(10)
+    registration.stop()
+    # Nor does --delete remove what is there, nor an import under it write.
+    client.create("/lb/workers/providers/h:1", b"{}")
+    assert zk.import_tree(client, TREE, delete=True) == []
+    assert zk.import_tree(client, "pid = 1\n", root="/lb/workers/providers/h:2") == [
+        tree.Change("skip", "/lb/workers/providers/h:2", None, -1,
+                    (tree.PROVIDERS_SKIPPED,))]
+    assert zk.ls(client, "/lb/workers/providers") == ["h:1"]
 
 
 def test_import_under_a_root(client):

@@ -285,7 +285,9 @@ def import_tree(client: KazooClient, text: str, root: str = "/",
       and nodes absent from the file are kept, unless ``delete``: then
       they are removed, except ephemeral nodes and subtrees holding any
       (live registrations) and /zookeeper.
-    - Ephemeral nodes are never written, even when the file names them.
+    - Ephemeral nodes are never written, even when the file names them,
+      nor is anything under a ``providers`` node (where processes
+      register): such nodes are planned as skips.
     - All changes are committed in one ZooKeeper transaction, with the
       versions read while planning: a concurrent change makes it fail
       whole and we plan again.  Importing the same file again changes

@@ -146,7 +146,8 @@ class Registration(_Follower):
     if someone deletes it.  A node left by one of our own earlier sessions
     is replaced; one owned by another session (a crashed predecessor on
     the same address whose session has not yet timed out, or a
-    misconfiguration) is waited out with a warning.  ``stop()`` deletes
+    misconfiguration) is waited out with a warning, and a persistent one
+    (made by hand or another tool) with an error, until it is deleted.  ``stop()`` deletes
     the node.
     """
 
@@ -189,6 +190,11 @@ class Registration(_Follower):
             log.info("replacing %s left by our expired session", node)
             self.client.delete(node, version=stat.version)
             self._wake.set()
+            raise _Again()
+        elif not stat.ephemeralOwner:
+            log.error("%s is a persistent node, no registration: it blocks ours until "
+                      "an operator deletes it; waiting", node)
+            self._ready.clear()
             raise _Again()
         else:
             log.warning("%s is held by another session (0x%x); waiting for "

@@ -301,6 +301,8 @@ def plan(reader: Reader, desired: Node, root: str = "/",
     see zk.import_tree for the rules."""
     changes: list[Change] = []
     segments = [s for s in root.split("/") if s]
+    if _under_providers(root):
+        return [Change("skip", root, None, -1, (PROVIDERS_SKIPPED,))]
     missing = False
     for i in range(1, len(segments)):
         ancestor = "/" + "/".join(segments[:i])
@@ -316,8 +318,22 @@ def _join(path: str, name: str) -> str:
     return path.rstrip("/") + "/" + name
 
 
+PROVIDERS = "providers"
+PROVIDERS_SKIPPED = ("under a providers node: registrations are made by running"
+                     " processes, never by an import")
+
+
+def _under_providers(path: str) -> bool:
+    """Whether ``path`` lies under a ``providers`` node (the node itself
+    does not): where processes register, and imports never write."""
+    return PROVIDERS in path.split("/")[:-1]
+
+
 def _plan_node(reader: Reader, path: str, node: Node, delete: bool,
                missing: bool, changes: list[Change]) -> None:
+    if _under_providers(path):
+        changes.append(Change("skip", path, None, -1, (PROVIDERS_SKIPPED,)))
+        return
     desired = to_data(node)
     stored = None if missing else reader.node(path)
     if stored is None:
@@ -342,7 +358,8 @@ def _plan_node(reader: Reader, path: str, node: Node, delete: bool,
                    name not in existing, changes)
     if delete:
         for name in sorted(existing - set(node.children)):
-            if not (path == "/" and name == "zookeeper"):
+            if not (path == "/" and name == "zookeeper") \
+                    and not _under_providers(_join(path, name)):
                 _plan_delete(reader, _join(path, name), changes)
 
 
