@@ -6,6 +6,7 @@ import time
 
 import gevent
 import gevent.event
+import pytest
 from kazoo.client import KazooClient, KazooState
 from kazoo.handlers.gevent import SequentialGeventHandler
 
@@ -13,6 +14,7 @@ from logevents import LogEvent
 from trees import TREE
 from zc_lb.zookeeper import recipes
 from zc_lb.zookeeper import client as zk
+from zc_lb.errors import ConfigurationError
 
 
 # Helpers ------------------------------------------------------------------
@@ -170,6 +172,24 @@ def test_providers_come_and_go(client, other_client):
                         ephemeral=True)
     seen.wait_for(lambda v: v == {"h:2": {"version": "2"}})
     watch.stop()
+
+
+def test_a_provider_with_data_nested_too_deep_is_one_without_data(client, other_client):
+    # json.loads raised RecursionError, no ValueError: every step failed and
+    # no worker was added or removed any more.
+    deep = b"[" * 100_000 + b"]" * 100_000
+    other_client.create("/p/bad:1", deep, makepath=True)
+    seen = Recorder()
+    watch = recipes.ProvidersWatch(client, "/p", seen)
+    watch.start()
+    seen.wait_for(lambda v: v == {"bad:1": {}})
+    other_client.create("/p/h:1", b'{"pid": 1}', ephemeral=True)
+    seen.wait_for(lambda v: v == {"bad:1": {}, "h:1": {"pid": 1}})
+    watch.stop()
+    with pytest.raises(ValueError, match="nested too deeply"):
+        zk.decode(deep)
+    with pytest.raises(ConfigurationError, match="not a JSON object"):
+        zk.get(client, "/p/bad:1")
 
 
 def test_providers_missing_path_then_created(client):

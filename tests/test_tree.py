@@ -34,6 +34,12 @@ def test_value_round_trip(value):
     assert type(tree.parse_value(tree.format_value(value))) is type(value)
 
 
+def test_a_value_nested_too_deep_for_json_is_a_string():
+    deep = "[" * 100_000 + "]" * 100_000
+    assert tree.parse_value(deep) == deep
+    assert tree.parse(f"/a\n  k = {deep}\n").children["a"].properties == {"k": deep}
+
+
 def test_parse_assignment():
     assert tree.parse_assignment("a=4") == ("a", 4)
     assert tree.parse_assignment("a = x=y") == ("a", "x=y")

@@ -114,10 +114,13 @@ def connect(hosts: str, timeout: float = 10.0, session_timeout: float = 10.0,
 
 def decode(raw: Optional[bytes]) -> dict[str, Any]:
     """Node data -> properties; empty data is {}; ValueError if not a JSON
-    object."""
+    object (nested too deep to read is not one either)."""
     if not raw:
         return {}
-    data = json.loads(raw.decode("utf-8"))
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("node data is nested too deeply") from None
     if not isinstance(data, dict):
         raise ValueError("node data is not a JSON object")
     return data

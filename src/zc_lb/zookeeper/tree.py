@@ -66,11 +66,12 @@ class Node:
 
 
 def parse_value(text: str) -> Any:
-    """A property value: JSON when it parses, else the trimmed string."""
+    """A property value: JSON when it parses (nested too deep to read, it
+    does not), else the trimmed string."""
     text = text.strip()
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text
 
 
