@@ -1,13 +1,19 @@
-"""zc_lb.zookeeper.membership without ZooKeeper: how settings read from a node are
-applied (the recipes that read them are tested in test_recipes.py)."""
+"""zc_lb.zookeeper.membership, mostly without ZooKeeper: how settings read from a
+node are applied (the recipes that read them are tested in test_recipes.py),
+and, against the real ZooKeeper of conftest.py, a start it refuses."""
 
 from __future__ import annotations
 
 import logging
+import time
 from types import SimpleNamespace
+
+import pytest
 
 from zc_lb.routing.affinity import AffinityPool
 from zc_lb.lb.balancer import LB
+from zc_lb.errors import ConfigurationError
+from zc_lb.zookeeper import client as zk
 from zc_lb.zookeeper.membership import LBMembership, WorkerMembership
 
 
@@ -154,3 +160,28 @@ def test_a_worker_compares_the_first_token_with_its_resume_files():
         membership, calls = worker(file_token)
         membership.settings_changed({"reset_skills": zk_token} if zk_token else {})
         assert calls == expected, (file_token, zk_token)
+
+
+def test_a_start_with_credentials_the_acl_refuses_is_a_configuration_error(zk_hosts):
+    # It started anyway, logged 4 tracebacks a second for ever, and took 4
+    # times its timeout to start.
+    site = zk.connect(zk_hosts, timeout=5, credentials=("site", "s3cret"))
+    try:
+        zk.import_tree(site, "/lb\n  variance = 4\n  /providers\n  /workers\n"
+                             "    /providers\n")
+    finally:
+        site.stop()
+        site.close()
+    worker = SimpleNamespace(settings=lambda: dict(history=100), reset_token=None,
+                             address=("127.0.0.1", 1))
+    for credentials in (("site", "wrong"), None):
+        lb = LBMembership(lb_membership().lb, zk_hosts, "/lb", ("127.0.0.1", 1),
+                          credentials=credentials)
+        worker_membership = WorkerMembership(worker, zk_hosts, "/lb/workers",
+                                             credentials=credentials)
+        for member, start in ((lb, lb.start), (worker_membership, worker_membership._start)):
+            began = time.monotonic()
+            with pytest.raises(ConfigurationError, match="ZooKeeper refused"):
+                start(timeout=2)
+            assert time.monotonic() - began < 2
+            member.stop()

@@ -264,6 +264,24 @@ def test_properties_live(client):
     watch.stop()
 
 
+def test_a_watch_the_acl_refuses_says_so_in_one_line_and_retries_slowly(
+        zk_hosts, client, caplog):
+    site = zk.connect(zk_hosts, credentials=("site", "s3cret"))
+    try:
+        site.create("/lb", b'{"variance": 2}')
+        watch = recipes.PropertiesWatch(client, "/lb", Recorder())
+        with LogEvent("zc_lb.zookeeper.recipes", "ZooKeeper refused") as logged:
+            watch.start()
+            assert logged.wait(10)
+        gevent.sleep(1.5)  # (a second later, another error was logged)
+        watch.stop()
+    finally:
+        site.stop()
+        site.close()
+    logged = [r for r in caplog.records if r.name == "zc_lb.zookeeper.recipes"]
+    assert len(logged) == 1 and logged[0].exc_info is None
+
+
 def test_registration_stop_is_bounded_when_zookeeper_is_down(
         zookeeper, client):
     reg = recipes.Registration(client, "/p/h:1", {})

@@ -109,6 +109,38 @@ def connect(hosts: str, timeout: float = 10.0, session_timeout: float = 10.0,
     return client
 
 
+def refused(credentials: Optional[Tuple[str, str]]) -> ConfigurationError:
+    """The error for ZooKeeper's NoAuthError: the ACL refuses us."""
+    return ConfigurationError(
+        "ZooKeeper refused: the nodes' ACL lets only the site's credentials read or "
+        "change them (%s)" % ("these are not they" if credentials
+                              else "give them with --zookeeper-auth-file"))
+
+
+def check_access(client: KazooClient, path: str,
+                 credentials: Optional[Tuple[str, str]] = None) -> None:
+    """Read ``path`` (or, missing, its nearest ancestor) once, so that a
+    process whose credentials the ACL refuses fails at start with
+    ``refused``'s ConfigurationError, not in its recipes for ever;
+    ZooKeeperUnavailable if ZooKeeper goes meanwhile."""
+    def attempt() -> None:
+        node = resolve(client, path)
+        while True:
+            try:
+                client.get(node)
+                return
+            except NoNodeError:
+                if node == "/":
+                    return
+                node = posixpath.dirname(node)
+    try:
+        client.retry(attempt)
+    except NoAuthError:
+        raise refused(credentials) from None
+    except (RetryFailedError, *_DISCONNECTED) as e:
+        raise ZooKeeperUnavailable(f"lost ZooKeeper: {e!r}") from None
+
+
 # Data and paths -----------------------------------------------------------
 
 
@@ -395,10 +427,7 @@ def run_zk_command(args: argparse.Namespace, out: Any = None) -> int:
     try:
         _run_command(client, args, text, out)
     except NoAuthError:
-        raise ConfigurationError(
-            "ZooKeeper refused: the nodes' ACL lets only the site's credentials read or "
-            "change them (%s)" % ("these are not they" if credentials
-                                  else "give them with --zookeeper-auth-file"))
+        raise refused(credentials) from None
     except (RetryFailedError, *_DISCONNECTED) as e:
         raise ZooKeeperUnavailable(f"lost ZooKeeper at {args.zookeeper}: {e!r}")
     finally:

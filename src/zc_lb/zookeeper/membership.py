@@ -51,6 +51,21 @@ def advertised(address) -> str:
     return "%s:%d" % (host, port)
 
 
+def _connect(hosts: str, path: str, timeout: float,
+             credentials: Optional[Tuple[str, str]]):
+    """A client of ``hosts`` that may read ``path``: ConfigurationError
+    (the ``zk`` commands' message, exit 2) when the ACL refuses our
+    credentials, before any recipe retries for ever."""
+    client = zk.connect(hosts, timeout=timeout, credentials=credentials)
+    try:
+        zk.check_access(client, path, credentials)
+    except Exception:
+        client.stop()
+        client.close()
+        raise
+    return client
+
+
 class NodeSettings:
     """Following a node's properties as live settings, for either role:
     the command line's values (``base``) under the node's, a property
@@ -161,11 +176,14 @@ class WorkerMembership(NodeSettings):
             except ZooKeeperUnavailable as exc:
                 log.info("still waiting for ZooKeeper (%s)", exc)
                 continue
+            except ConfigurationError as exc:
+                log.error("%s: not registering in %s", exc, self.path)
+                return
             log.warning("ZooKeeper reached: registered in %s", self.path)
             return
 
     def _start(self, timeout: float) -> None:
-        self.client = zk.connect(self.hosts, timeout=timeout, credentials=self.credentials)
+        self.client = _connect(self.hosts, self.path, timeout, self.credentials)
         if self.reset_token is None:  # (its résumé file's, if it has one)
             self.reset_token = self.worker.reset_token
         self.watch = recipes.PropertiesWatch(self.client, self.path, self.settings_changed)
@@ -228,8 +246,9 @@ class LBMembership(NodeSettings):
         self.recipes: list = []
 
     def start(self, timeout: float = 10.0) -> None:
-        """Connect, follow settings and workers, register."""
-        self.client = zk.connect(self.hosts, timeout=timeout, credentials=self.credentials)
+        """Connect, follow settings and workers, register; ConfigurationError
+        if ZooKeeper refuses our credentials."""
+        self.client = _connect(self.hosts, self.path, timeout, self.credentials)
         settings = recipes.PropertiesWatch(self.client, self.path, self.settings_changed)
         workers = recipes.ProvidersWatch(self.client, self._join("workers/providers"),
                                     self._providers_changed)

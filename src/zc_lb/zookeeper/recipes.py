@@ -34,7 +34,7 @@ from collections import Counter
 from typing import Any, Callable, Mapping, Optional
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import ConnectionLoss, NodeExistsError, NoNodeError
+from kazoo.exceptions import ConnectionLoss, NoAuthError, NodeExistsError, NoNodeError
 
 from zc_lb.zookeeper.client import _DISCONNECTED, decode, encode, normalize, resolve, settings_of
 
@@ -48,10 +48,13 @@ class _Follower:
     Subclasses define ``_step()``, which reads, (re)arms watches with
     ``self._wake_up`` as the watch function and reports.  Losing the
     connection in a step just waits for the next CONNECTED, which wakes
-    us; any other error is logged and the step retried a second later.
+    us; ZooKeeper refusing our credentials (NoAuthError) is logged in one
+    line and the step retried every ``refused_delay``; any other error is
+    logged and the step retried a second later.
     """
 
     retry_delay = 1.0
+    refused_delay = 30.0  # after NoAuthError: waiting on an operator
 
     def __init__(self, client: KazooClient, path: str):
         self.client = client
@@ -120,12 +123,16 @@ class _Follower:
                 log.info("%r: ZooKeeper unreachable (%r); waiting", self, e)
                 if self.client.connected:  # e.g. a timeout: no CONNECTED
                     self._retry_later()
+            except NoAuthError:  # an ACL changed since we started: no bug of ours
+                log.error("%r: ZooKeeper refused (the node's ACL does not let our "
+                          "credentials in); retrying in %gs", self, self.refused_delay)
+                self._retry_later(self.refused_delay)
             except Exception:
                 log.exception("%r failed; retrying", self)
                 self._retry_later()
 
-    def _retry_later(self) -> None:
-        self.client.handler.sleep_func(self.retry_delay)
+    def _retry_later(self, delay: Optional[float] = None) -> None:
+        self.client.handler.sleep_func(self.retry_delay if delay is None else delay)
         self._wake.set()
 
     def _step(self) -> None:
