@@ -99,6 +99,31 @@ def test_import_never_writes_under_providers(client, other_client):
     assert zk.ls(client, "/lb/workers/providers") == ["h:1"]
 
 
+def test_an_import_too_large_for_one_request_commits_in_several(client):
+    # One transaction over ZooKeeper's 1 MB made the server drop the
+    # connection: "lost ZooKeeper" (exit 69) after 10 s, nothing written.
+    text = "/big\n" + "".join(f"  /n{i:04d}\n    description = {'x' * 1000}\n"
+                               for i in range(1200))
+    assert len(zk.batches(zk.plan_import(client, tree.parse(text)))) == 2
+    changes = zk.import_tree(client, text)
+    assert len(changes) == 1201
+    assert len(zk.ls(client, "/big")) == 1200
+    assert zk.import_tree(client, text) == []
+
+
+def test_a_node_too_large_for_zookeeper_is_refused_by_name(client):
+    zk.import_tree(client, TREE)
+    before = zk.export_tree(client, "/")
+    huge = "x" * 1_100_000
+    for dry_run in (True, False):
+        with pytest.raises(ConfigurationError, match="^/lb/big: its data would be 1,100,"):
+            zk.import_tree(client, TREE + f"  /big\n    description = {huge}\n",
+                           dry_run=dry_run)
+    with pytest.raises(ConfigurationError, match="^/lb: its data would be"):
+        zk.set_properties(client, "/lb", [f"description={huge}"])
+    assert zk.export_tree(client, "/") == before
+
+
 def test_import_under_a_root(client):
     out = io.StringIO()
     zk.import_tree(client, "top = 1\n/a\n", root="/x/y", out=out)

@@ -51,6 +51,11 @@ from zc_lb.errors import ConfigurationError, ZooKeeperUnavailable
 log = logging.getLogger(__name__)
 
 MAX_LINKS = 16  # links followed while resolving one path: more is a loop
+# What one request may carry: ZooKeeper's default jute.maxbuffer (1 MiB
+# less a byte) less room for the request's headers.  A larger request
+# makes the server drop the connection, which looks like an outage.
+MAX_REQUEST = 1_000_000
+OP_OVERHEAD = 256  # bytes counted for an operation besides its path and data
 _DISCONNECTED = (ConnectionLoss, SessionExpiredError, ConnectionClosedError,
                  OperationTimeoutError)
 _CONFLICTS = (BadVersionError, NodeExistsError, NoNodeError, NotEmptyError)
@@ -158,8 +163,20 @@ def decode(raw: Optional[bytes]) -> dict[str, Any]:
     return data
 
 
-def encode(properties: Mapping[str, Any]) -> bytes:
-    return json.dumps(dict(properties), ensure_ascii=False).encode("utf-8")
+def encode(properties: Mapping[str, Any], path: Optional[str] = None) -> bytes:
+    """Properties -> node data; with ``path``, ConfigurationError naming
+    the node if ZooKeeper would refuse data that large."""
+    raw = json.dumps(dict(properties), ensure_ascii=False).encode("utf-8")
+    if path is not None and _cost(path, raw) > MAX_REQUEST:
+        raise ConfigurationError(
+            f"{path}: its data would be {len(raw):,} bytes, more than ZooKeeper takes"
+            f" in one node (some {MAX_REQUEST:,} bytes, jute.maxbuffer)")
+    return raw
+
+
+def _cost(path: str, raw: bytes) -> int:
+    """The bytes an operation on ``path`` writing ``raw`` adds to a request."""
+    return len(path.encode("utf-8")) + len(raw) + OP_OVERHEAD
 
 
 def settings_of(properties: Mapping[str, Any]) -> dict[str, Any]:
@@ -257,7 +274,7 @@ def set_properties(client: KazooClient, path: str,
             properties, stat = _read(client, resolved)
             properties.update(updates)
             try:
-                client.set(resolved, encode(properties), version=stat.version)
+                client.set(resolved, encode(properties, resolved), version=stat.version)
                 return properties
             except BadVersionError:
                 continue  # changed since we read it: merge again
@@ -323,31 +340,37 @@ def import_tree(client: KazooClient, text: str, root: str = "/",
     - Ephemeral nodes are never written, even when the file names them,
       nor is anything under a ``providers`` node (where processes
       register): such nodes are planned as skips.
-    - All changes are committed in one ZooKeeper transaction, with the
+    - The changes are committed in one ZooKeeper transaction, with the
       versions read while planning: a concurrent change makes it fail
-      whole and we plan again.  Importing the same file again changes
-      nothing; ``dry_run`` only reports.
+      whole and we plan again; changes too large for one request are
+      committed in several (see ``batches``), and one node's data too
+      large refused, even with ``dry_run``.  Importing the same file
+      again changes nothing; ``dry_run`` only reports.
     The changes (or "no changes") are written to ``out`` when given.
     """
-    desired = tree.parse(text)
-    root = normalize(root)
-    for _ in range(5):
-        changes = client.retry(plan_import, client, desired, root, delete)
-        if dry_run or not changes:
-            break
-        try:
-            client.retry(apply_changes, client, changes)
-            break
-        except _CONFLICTS as e:
-            log.info("tree changed while importing (%r); planning again", e)
-    else:
-        raise ConfigurationError("the tree kept changing during the import")
+    changes = _plan_and_commit(client, tree.parse(text), normalize(root), dry_run, delete)
     if out is not None:
         for change in changes:
             out.write(f"{change}\n")
         if not changes:
             out.write("no changes\n")
     return changes
+
+
+def _plan_and_commit(client: KazooClient, desired: tree.Node, root: str,
+                     dry_run: bool, delete: bool) -> list[tree.Change]:
+    for _ in range(5):
+        changes = client.retry(plan_import, client, desired, root, delete)
+        transactions = batches(changes)  # (a node too large fails here)
+        if dry_run or not changes:
+            return changes
+        try:
+            for transaction in transactions:
+                client.retry(apply_changes, client, transaction)
+            return changes
+        except _CONFLICTS as e:
+            log.info("tree changed while importing (%r); planning again", e)
+    raise ConfigurationError("the tree kept changing during the import")
 
 
 def plan_import(client: KazooClient, desired: tree.Node, root: str = "/",
@@ -380,15 +403,37 @@ class _Reader:
             return []
 
 
+def batches(changes: Iterable[tree.Change]) -> list[list[tree.Change]]:
+    """Planned changes cut, in order (parents created first, children
+    deleted first), into transactions that each fit in one ZooKeeper
+    request (``MAX_REQUEST``); ConfigurationError naming a node whose
+    data alone would not.  A concurrent change fails the transaction it
+    meets, and the import plans what is left again."""
+    result: list[list[tree.Change]] = []
+    size = MAX_REQUEST
+    for change in changes:
+        if change.action == "skip":
+            continue
+        raw = b"" if change.action == "delete" else encode(change.data or {}, change.path)
+        cost = _cost(change.path, raw)
+        if size + cost > MAX_REQUEST:
+            result.append([])
+            size = 0
+        result[-1].append(change)
+        size += cost
+    return result
+
+
 def apply_changes(client: KazooClient, changes: Iterable[tree.Change]) -> None:
-    """Commit planned changes in one transaction; raise the first failure
-    (a conflict such as BadVersionError when the tree moved meanwhile)."""
+    """Commit planned changes in one transaction (``batches`` cuts those
+    too large for one); raise the first failure (a conflict such as
+    BadVersionError when the tree moved meanwhile)."""
     transaction = client.transaction()
     for c in changes:
         if c.action == "create":
-            transaction.create(c.path, encode(c.data or {}))
+            transaction.create(c.path, encode(c.data or {}, c.path))
         elif c.action == "set":
-            transaction.set_data(c.path, encode(c.data or {}), c.version)
+            transaction.set_data(c.path, encode(c.data or {}, c.path), c.version)
         elif c.action == "delete":
             transaction.delete(c.path, c.version)
     if not transaction.operations:
