@@ -22,6 +22,38 @@ def test_connect_unreachable_is_a_clear_error(zookeeper):
         zk.connect(f"127.0.0.1:{free_port()}", timeout=0.5)
 
 
+def test_a_missing_chroot_is_created_with_the_nodes_above_it(zk_hosts):
+    # An import under it said "the tree kept changing during the import",
+    # and a process started before it existed never registered.
+    hosts = zk_hosts + "/sites/mysite"
+    client = zk.connect(hosts, timeout=5)
+    try:
+        registration = recipes.Registration(client, "/lb/workers/providers/h:1", {})
+        registration.start()
+        assert registration.wait(10)
+        zk.import_tree(client, TREE)
+        assert zk.get(client, "/lb")["variance"] == 4
+        registration.stop()
+    finally:
+        client.stop()
+        client.close()
+    site = zk.connect(zk_hosts, timeout=5)
+    try:
+        assert zk.ls(site, "/sites/mysite") == ["lb"]
+    finally:
+        site.stop()
+        site.close()
+
+
+def test_a_missing_chroot_under_nodes_the_acl_refuses_is_a_clear_error(zk_hosts):
+    site = zk.connect(zk_hosts, timeout=5, credentials=("site", "s3cret"))
+    site.ensure_path("/sites")
+    site.stop()
+    site.close()
+    with pytest.raises(ConfigurationError, match="ZooKeeper refused"):
+        zk.connect(zk_hosts + "/sites/other", timeout=5)
+
+
 def test_import_export_idempotent(client):
     changes = zk.import_tree(client, TREE)
     assert [c.action for c in changes] == ["create"] * 4

@@ -33,6 +33,7 @@ import json
 import logging
 import posixpath
 import sys
+import warnings
 from typing import Any, Iterable, Mapping, Optional, Tuple
 
 from kazoo.client import KazooClient
@@ -86,6 +87,9 @@ def connect(hosts: str, timeout: float = 10.0, session_timeout: float = 10.0,
     retries forever, at most ``max_reconnect_delay`` apart (kazoo's default
     backs off to an hour); a command's retries give up after ``timeout``.
     Raises ZooKeeperUnavailable when no server answers within ``timeout``.
+    A chroot that does not exist is created, with every missing node
+    above it (as ZooKeeper's own paths are, by the first process or
+    command of a new site).
 
     With ``credentials`` (user, password) the client authenticates
     (ZooKeeper's digest scheme), and every node it creates gets an ACL
@@ -93,6 +97,24 @@ def connect(hosts: str, timeout: float = 10.0, session_timeout: float = 10.0,
     the site's processes and operators then read or change its settings
     and registrations.
     """
+    client = _started(hosts, timeout, session_timeout, max_reconnect_delay, credentials)
+    try:
+        if client.chroot and client.retry(client.exists, "/") is None:
+            _make_chroot(hosts, client.chroot, timeout, credentials)
+    except (RetryFailedError, *_DISCONNECTED) as e:
+        client.stop()
+        client.close()
+        raise ZooKeeperUnavailable(f"lost ZooKeeper at {hosts}: {e!r}") from None
+    except BaseException:
+        client.stop()
+        client.close()
+        raise
+    return client
+
+
+def _started(hosts: str, timeout: float, session_timeout: float,
+             max_reconnect_delay: float,
+             credentials: Optional[Tuple[str, str]]) -> KazooClient:
     handler = SequentialGeventHandler()
     retry = dict(max_tries=-1, delay=0.1, backoff=2, max_jitter=0.2,
                  max_delay=max_reconnect_delay, sleep_func=handler.sleep_func)
@@ -106,12 +128,28 @@ def connect(hosts: str, timeout: float = 10.0, session_timeout: float = 10.0,
         connection_retry=KazooRetry(**retry),
         command_retry=KazooRetry(deadline=timeout, **retry), **auth)
     try:
-        client.start(timeout=timeout)
+        with warnings.catch_warnings():  # (a missing chroot: connect makes it)
+            warnings.filterwarnings("ignore", "No chroot path exists")
+            client.start(timeout=timeout)
     except handler.timeout_exception:
         client.close()
         raise ZooKeeperUnavailable(
             f"cannot reach ZooKeeper at {hosts} within {timeout:g}s")
     return client
+
+
+def _make_chroot(hosts: str, chroot: str, timeout: float,
+                 credentials: Optional[Tuple[str, str]]) -> None:
+    """Create ``chroot`` and the nodes above it, from a client without it."""
+    client = _started(hosts.split("/", 1)[0], timeout, timeout, 2.0, credentials)
+    try:
+        client.retry(client.ensure_path, chroot)
+        log.info("created the chroot %s", chroot)
+    except NoAuthError:
+        raise refused(credentials) from None
+    finally:
+        client.stop()
+        client.close()
 
 
 def refused(credentials: Optional[Tuple[str, str]]) -> ConfigurationError:
