@@ -58,6 +58,12 @@ def test_parse_assignment():
     ("/a/b\n", 1),
     ("/a\n  l ->\n", 2),
     ("/a\n  /b\n  b -> /c\n", 3),
+    ("/a\n  /b\x01c\n", 2),  # names ZooKeeper refuses: a BadArgumentsError traceback
+    ("/a\n  /\ue000\n", 2),
+    ("/a\n  /b\ufff0\n", 2),
+    ("/a\n\u00a0\u00a0/b\n", 2),  # NBSP indentation re-parented /b silently
+    ("/a\n \u3000/b\n", 2),
+    ("".join("  " * i + "/d\n" for i in range(101)), 101),  # (MAX_DEPTH + 1)
 ])
 def test_parse_errors_name_the_line(text, line):
     with pytest.raises(ConfigurationError) as info:
@@ -65,6 +71,12 @@ def test_parse_errors_name_the_line(text, line):
     bad = text.splitlines()[line - 1].strip()
     assert str(info.value).startswith(f"line {line}: ")
     assert repr(bad) in str(info.value)
+
+
+def test_a_tree_nested_very_deep_is_refused_without_recursing():
+    # 1,200 levels raised RecursionError in zc-lb zk import.
+    with pytest.raises(ConfigurationError, match="line 101: nodes nested more than 100"):
+        tree.parse("".join("  " * i + "/d\n" for i in range(1200)))
 
 
 class DictReader:
@@ -99,3 +111,12 @@ def test_plan_is_pure_and_spares_ephemerals():
     assert str(changes[0]) == "set /lb\n  variance = 4 (was 1)\n  remove old = 2"
     without_delete = tree.plan(reader, desired, "/")
     assert without_delete[0].data == {"variance": 4, "old": 2}
+
+
+def test_zookeepers_own_node_is_never_imported():
+    reader = DictReader({"/": tree.Stored({}, 0, False),
+                         "/zookeeper": tree.Stored({}, 0, False)})
+    with pytest.raises(ConfigurationError, match="/zookeeper is ZooKeeper's own node"):
+        tree.plan(reader, tree.parse("/zookeeper\n  a = 1\n"), "/")
+    assert [c.action for c in tree.plan(reader, tree.parse("/zookeeper\n"), "/x")] == [
+        "create", "create"]

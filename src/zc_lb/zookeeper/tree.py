@@ -19,8 +19,12 @@ version control; ``zc-lb zk import`` makes ZooKeeper match it and
 Rules:
 
 - Indentation is spaces only (a tab is an error, since its width is a
-  guess).  Everything under a node (properties, links, children) is
-  indented deeper than the node, all at one consistent depth.
+  guess, and so is any other white space).  Everything under a node
+  (properties, links, children) is indented deeper than the node, all at
+  one consistent depth.  Nodes nest at most ``MAX_DEPTH`` deep.
+- A name holds no character ZooKeeper refuses in a path (control
+  characters, U+D800 to U+F8FF, U+FFF0 to U+FFFF); ``/zookeeper``,
+  ZooKeeper's own node, is never imported.
 - Properties and links before the first top-level node belong to the
   root of the import (the path given to ``import``), never after it: a
   property at column 0 after a node is almost always a missing indent.
@@ -48,6 +52,7 @@ from zc_lb.errors import ConfigurationError
 
 LINK_SUFFIX = " ->"
 INDENT = "  "
+MAX_DEPTH = 100  # nodes nested in a file: deeper is a mistake (and a deep recursion)
 
 
 @dataclass
@@ -141,6 +146,8 @@ def parse(text: str, check: Callable[[str, str, Any], None] | None = None) -> No
             indent = _indent_of(line)
             frame = _frame_for(stack, indent)
             if stripped.startswith("/"):
+                if len(stack) > MAX_DEPTH:
+                    raise ValueError(f"nodes nested more than {MAX_DEPTH} deep")
                 name, child = _parse_node(stripped, frame.node)
                 stack.append(_Frame(child, indent, None,
                                     frame.path.rstrip("/") + "/" + name))
@@ -174,9 +181,12 @@ def _frame_for(stack: list[_Frame], indent: int) -> _Frame:
 
 
 def _indent_of(line: str) -> int:
-    body = line.lstrip(" ")
-    if body.startswith("\t"):
-        raise ValueError("tab in indentation (use spaces)")
+    body = line.lstrip()
+    for char in line[: len(line) - len(body)]:
+        if char == "\t":
+            raise ValueError("tab in indentation (use spaces)")
+        if char != " ":
+            raise ValueError(f"U+{ord(char):04X} in indentation (use spaces)")
     return len(line) - len(body)
 
 
@@ -215,6 +225,17 @@ def _parse_member(stripped: str, node: Node) -> Optional[tuple[str, Any]]:
 def _check_name(name: str, what: str) -> None:
     if not name or name in (".", "..") or "/" in name or "->" in name:
         raise ValueError(f"bad {what} name {name!r}")
+    for char in name:
+        if _refused_in_paths(char):
+            raise ValueError(f"bad {what} name {name!r}: ZooKeeper refuses"
+                             f" U+{ord(char):04X} in a path")
+
+
+def _refused_in_paths(char: str) -> bool:
+    """The characters ZooKeeper refuses in a path (its PathUtils)."""
+    code = ord(char)
+    return (code < 0x20 or 0x7F <= code <= 0x9F or 0xD800 <= code <= 0xF8FF
+            or 0xFFF0 <= code <= 0xFFFF)
 
 
 def _check_key(key: str) -> None:
@@ -335,6 +356,9 @@ def _plan_node(reader: Reader, path: str, node: Node, delete: bool,
     if _under_providers(path):
         changes.append(Change("skip", path, None, -1, (PROVIDERS_SKIPPED,)))
         return
+    if path == "/zookeeper":
+        raise ConfigurationError("/zookeeper is ZooKeeper's own node: an import"
+                                 " neither writes nor exports it")
     desired = to_data(node)
     stored = None if missing else reader.node(path)
     if stored is None:
