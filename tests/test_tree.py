@@ -27,6 +27,7 @@ def test_tree_round_trip(text):
 @pytest.mark.parametrize("value", [
     4, 4.0, -1.5, True, None, "", "x", "1.0", "true", "null", " padded ",
     "two\nlines", "a # b", "a -> b", "é", [1, "a"], {"k": [None]}, '"q',
+    "a\u2028b", ["\x85"], "#x",
 ])
 def test_value_round_trip(value):
     root = tree.Node(properties={"k": value})
@@ -38,6 +39,40 @@ def test_a_value_nested_too_deep_for_json_is_a_string():
     deep = "[" * 100_000 + "]" * 100_000
     assert tree.parse_value(deep) == deep
     assert tree.parse(f"/a\n  k = {deep}\n").children["a"].properties == {"k": deep}
+
+
+@pytest.mark.parametrize("node, named", [
+    (tree.Node(links={"a=b": "/x"}), "/lb"),  # read back as a property
+    (tree.Node(links={"#old": "/x"}), "/lb"),  # ... as a comment
+    (tree.Node(links={" sp": "/x"}), "/lb"),  # ... trimmed
+    (tree.Node(links={"k2": " /x"}), "/lb"),
+    (tree.Node(links={"a\u2028b": "/x"}), "/lb"),  # ... as two lines
+    (tree.Node(properties={"a\u2028b": 1}), "/lb"),
+    (tree.Node(children={" w": tree.Node()}), "/lb/ w"),
+    (tree.Node(children={"w\u2029": tree.Node()}), "/lb/w\u2029"),
+])
+def test_format_refuses_what_would_not_read_back(node, named):
+    # Export then import silently turned such links into properties or
+    # comments, and trimmed names.
+    with pytest.raises(ConfigurationError) as info:
+        tree.format(tree.Node(children={"lb": node}))
+    assert str(info.value).startswith(named + ": ")
+
+
+def test_format_refuses_nesting_parse_would():
+    node = deepest = tree.Node()
+    for _ in range(100):
+        deepest.children["d"] = deepest = tree.Node()
+    assert tree.parse(tree.format(node)) == node
+    deepest.children["d"] = tree.Node()
+    with pytest.raises(ConfigurationError, match="nested more than 100 deep"):
+        tree.format(node)
+
+
+def test_notes_stay_comments():
+    text = tree.format(tree.Node(notes=["/h:1 (ephemeral) not\n/json"]))
+    assert text == "# /h:1 (ephemeral) not\n# /json\n"
+    assert tree.parse(text) == tree.Node()
 
 
 def test_parse_assignment():

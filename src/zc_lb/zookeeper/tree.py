@@ -81,11 +81,18 @@ def parse_value(text: str) -> Any:
 
 
 def format_value(value: Any) -> str:
-    """The text ``parse_value`` reads back as ``value``."""
-    if isinstance(value, str) and value == value.strip() and "\n" not in value:
-        if value and parse_value(value) == value:
+    """The text ``parse_value`` reads back as ``value``, on one line."""
+    if isinstance(value, str) and value == value.strip() and _one_line(value):
+        if parse_value(value) == value:
             return value
-    return json.dumps(value, ensure_ascii=False)
+    text = json.dumps(value, ensure_ascii=False)
+    return text if _one_line(text) else json.dumps(value)  # (U+2028 escaped)
+
+
+def _one_line(text: str) -> bool:
+    """Whether ``text`` is one line, non-empty, by str.splitlines (U+2028,
+    U+0085... end lines too)."""
+    return text.splitlines() == [text]
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
@@ -238,17 +245,45 @@ def _refused_in_paths(char: str) -> bool:
             or 0xFFF0 <= code <= 0xFFFF)
 
 
-def _check_key(key: str) -> None:
+def _check_key(path: str, key: str) -> None:
     """Refuse (when formatting) a key that would not read back as itself."""
     if (
-        not key
-        or key != key.strip()
+        not _bare(key)
         or key[0] in "/#"
         or "=" in key
         or "->" in key
-        or "\n" in key
     ):
-        raise ConfigurationError(f"property name {key!r} cannot be written as text")
+        raise ConfigurationError(
+            f"{path}: property name {key!r} cannot be written as text")
+
+
+def _check_link(path: str, name: str, target: str) -> None:
+    """Refuse (when formatting) a link that would not read back as itself:
+    a name with '=' would be a property, one with '#' first a comment."""
+    try:
+        _check_name(name, "link")
+    except ValueError as e:
+        raise ConfigurationError(f"{path}: {e}: cannot be written as text") from None
+    if not (_bare(name) and _bare(target)) or name[0] in "/#" or "=" in name:
+        raise ConfigurationError(
+            f"{path}: link {name!r} -> {target!r} cannot be written as text")
+
+
+def _check_child(path: str, name: str, depth: int) -> None:
+    """Refuse (when formatting) a node that would not read back as itself."""
+    try:
+        _check_name(name, "node")
+    except ValueError as e:
+        raise ConfigurationError(f"{path}: {e}: cannot be written as text") from None
+    if not _bare(name):
+        raise ConfigurationError(f"{path}: node name {name!r} cannot be written as text")
+    if depth >= MAX_DEPTH:
+        raise ConfigurationError(f"{path}: nested more than {MAX_DEPTH} deep")
+
+
+def _bare(text: str) -> bool:
+    """Whether ``text`` reads back as itself within a line (not trimmed)."""
+    return _one_line(text) and text == text.strip()
 
 
 # Formatting ---------------------------------------------------------------
@@ -256,24 +291,29 @@ def _check_key(key: str) -> None:
 
 def format(root: Node) -> str:
     """Tree text for ``root``: its own properties and links first, then
-    its children as top-level nodes (children sorted by name)."""
+    its children as top-level nodes (children sorted by name).  What
+    would not read back as it is (``parse(format(t)) == t``) is refused:
+    ConfigurationError naming the node."""
     lines: list[str] = []
-    _format_contents(root, 0, lines)
+    _format_contents(root, "/", 0, lines)
     return "".join(line + "\n" for line in lines)
 
 
-def _format_contents(node: Node, depth: int, lines: list[str]) -> None:
+def _format_contents(node: Node, path: str, depth: int, lines: list[str]) -> None:
     pad = INDENT * depth
     for key, value in node.properties.items():
-        _check_key(key)
+        _check_key(path, key)
         lines.append(f"{pad}{key} = {format_value(value)}")
     for name, target in node.links.items():
+        _check_link(path, name, target)
         lines.append(f"{pad}{name} -> {target}")
     for note in node.notes:
-        lines.append(f"{pad}# {note}")
+        lines.extend(f"{pad}# {line}" for line in note.splitlines() or [""])
     for name in sorted(node.children):
+        child = _join(path, name)
+        _check_child(child, name, depth)
         lines.append(f"{pad}/{name}")
-        _format_contents(node.children[name], depth + 1, lines)
+        _format_contents(node.children[name], child, depth + 1, lines)
 
 
 # Import planning ----------------------------------------------------------
