@@ -114,6 +114,16 @@ def test_a_tree_nested_very_deep_is_refused_without_recursing():
         tree.parse("".join("  " * i + "/d\n" for i in range(1200)))
 
 
+def test_every_property_is_checked_but_under_providers_nodes():
+    # A node whose name merely began with "providers" escaped every check.
+    checked = []
+    tree.parse("/providers-site\n  variance = 1\n  /providers\n    k = 2\n"
+               "    /h:1\n      pid = 3\n  /workers\n    history = 4\n",
+               lambda path, key, value: checked.append((path, key)))
+    assert checked == [("/providers-site", "variance"),
+                       ("/providers-site/workers", "history")]
+
+
 class DictReader:
     def __init__(self, nodes):  # path -> Stored
         self.nodes = nodes

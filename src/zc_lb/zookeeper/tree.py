@@ -166,7 +166,8 @@ def parse(text: str, check: Callable[[str, str, Any], None] | None = None) -> No
                 )
             else:
                 prop = _parse_member(stripped, frame.node)
-                if prop is not None and check is not None and "/providers" not in frame.path:
+                if prop is not None and check is not None \
+                        and PROVIDERS not in frame.path.split("/"):
                     check(frame.path, *prop)
         except (ConfigurationError, ValueError) as e:
             raise ConfigurationError(
