@@ -52,6 +52,15 @@ def test_a_bad_setting_keeps_its_value_a_removed_one_falls_back():
     assert membership.lb.pool.variance == 2.0 and membership.lb.pool.spread == 1.0
 
 
+def test_a_null_setting_falls_back_to_the_command_lines_value():
+    # (`zc-lb zk set /lb variance=null`) It gave the built-in default.
+    membership = lb_membership(variance=4.0)
+    membership.settings_changed({"variance": 2})
+    assert membership.lb.pool.variance == 2.0
+    membership.settings_changed({"variance": None})
+    assert membership.lb.pool.variance == 4.0
+
+
 def test_a_new_reset_skills_value_resets_the_pool_once():
     membership = lb_membership()
     pool = membership.lb.pool

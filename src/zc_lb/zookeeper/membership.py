@@ -95,7 +95,9 @@ class NodeSettings:
         """The first ``reset_skills`` value seen, which resets nothing."""
 
     def settings_changed(self, properties: Dict[str, Any], source: str = "") -> None:
-        """The node's properties, as they are now."""
+        """The node's properties, as they are now; a JSON null is no
+        value: the setting falls back to the command line's."""
+        properties = {name: value for name, value in properties.items() if value is not None}
         self.properties = properties
         good, bad = parse_each(self.node_settings, properties)
         for message in bad:
