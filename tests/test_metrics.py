@@ -157,6 +157,97 @@ def test_the_request_rate_sparkline():
     assert "<polyline" not in sparkline([])
 
 
+@pytest.fixture
+def in_process():
+    """An LB (its front server on loopback) and one in-process worker of
+    ``app``: (LB, front server, worker address)."""
+    from zc_lb.front.server import FrontServer
+    from zc_lb.routing.classifier import get_key_function
+    from zc_lb.worker.server import Worker
+
+    started = []
+
+    def make(app):
+        worker = Worker(app)
+        worker.start()
+        lb = LB(AffinityPool(), lambda environ: "a", affinity_key=get_key_function("none"),
+                no_worker_timeout=1)
+        address = "127.0.0.1:%d" % worker.address[1]
+        lb.fleet.set_workers([address])
+        front = FrontServer(("127.0.0.1", 0), lb)
+        front.start()
+        started.append((front, lb, worker))
+        assert lb.fleet.wait_for_workers(10)
+        return lb, front, address
+
+    yield make
+    for front, lb, worker in started:
+        front.stop(timeout=1)
+        lb.stop()
+        worker.stop(timeout=1)
+
+
+def ask(front, path):
+    """The status line of a GET of ``path`` through ``front``."""
+    import gevent.socket
+
+    sock = gevent.socket.create_connection(front.address)
+    sock.sendall(b"GET %s HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n" % path.encode())
+    with sock.makefile("rb") as answer:
+        line = answer.read().split(b"\r\n", 1)[0]
+    sock.close()
+    return line
+
+
+def app_of_500s_and_slow_answers(environ, start_response):
+    import gevent
+
+    if environ["PATH_INFO"] == "/slow":
+        gevent.sleep(0.5)
+    status = "500 Internal Server Error" if environ["PATH_INFO"] == "/error" else "200 OK"
+    start_response(status, [("Content-Length", "2")])
+    return [b"ok"]
+
+
+def test_the_workers_5xx_never_go_back_when_a_worker_is_removed(in_process):
+    # The total was summed over the workers known at each scrape: a worker
+    # removed took its 5xx with it, and Prometheus read a counter reset.
+    lb, front, address = in_process(app_of_500s_and_slow_answers)
+    for _ in range(3):
+        assert ask(front, "/error").startswith(b"HTTP/1.1 500")
+    assert ask(front, "/").startswith(b"HTTP/1.1 200")
+    worker_5xx = ("zc_lb_5xx_total", (("cause", "worker"),))
+    assert samples(exposition(LBCollector(lb.status)).decode())[worker_5xx] == 3
+    lb.fleet.set_workers([])
+    metrics = samples(exposition(LBCollector(lb.status)).decode())
+    assert metrics[worker_5xx] == 3
+    assert not any(name == "zc_lb_worker_requests_total" for name, _ in metrics)
+    assert lb.status()["retired_workers"] == {"requests": 4, "5xx": 3, "2xx": 1}
+    merged = merge_status([lb.status(), lb.status()])
+    assert samples(exposition(LBCollector(lambda: merged)).decode())[worker_5xx] == 6
+
+
+def test_an_answer_ending_after_its_worker_was_removed_counts_as_the_retired_workers(
+        in_process):
+    # It made the removed worker's counters anew (a leak under churn), and
+    # the address, registered again, went on from them.
+    import gevent
+
+    lb, front, address = in_process(app_of_500s_and_slow_answers)
+    assert ask(front, "/").startswith(b"HTTP/1.1 200")
+    slow = gevent.spawn(ask, front, "/slow")
+    gevent.sleep(0.2)
+    lb.fleet.set_workers([])  # deregistered while a request is in flight
+    assert slow.get(timeout=5).startswith(b"HTTP/1.1 200")
+    assert lb.counters.workers == {} and lb.counters.worker_latency == {}
+    assert lb.counters.retired == {"requests": 2, "2xx": 2}
+    lb.fleet.set_workers([address])  # the same address, registered again
+    assert lb.fleet.wait_for_workers(10)
+    assert lb.status()["workers"][address]["counts"] == {}
+    assert ask(front, "/").startswith(b"HTTP/1.1 200")
+    assert lb.status()["workers"][address]["counts"] == {"requests": 1, "2xx": 1}
+
+
 # -- real processes ------------------------------------------------------------------
 
 

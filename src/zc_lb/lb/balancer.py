@@ -113,7 +113,8 @@ class LB:
         self._no_worker_watch: Optional[gevent.Greenlet] = None
         link_config = LinkConfig(secret, keepalive_interval, keepalive_timeout, drain_timeout)
         self.fleet = Fleet(pool, link_config, Ejector(**(outlier or {})),
-                           self.counters.worker_removed, self.awaiting.fail_silent)
+                           self.counters.worker_added, self.counters.worker_removed,
+                           self.awaiting.fail_silent)
         # Settings of other policies than the pool's, as last given (said once a value)
         self.unused: Dict[str, Any] = {}
 
@@ -201,7 +202,7 @@ class LB:
             handle, placed = self._get_worker(rclass, key)
             connection = cast(Connection, handle)
             environ[WORKER] = connection.peer
-            counts = self.counters.workers[connection.peer]
+            counts = self.counters.worker_counts(connection.peer)
             counts["requests"] = counts.get("requests", 0) + 1
             exchange = upload = None
             try:
@@ -363,12 +364,12 @@ class LB:
                 ejector.succeeded_on(_request_path(environ), connection.peer)
         else:
             self.fleet.outcome(connection, False, _request_path(environ))
-        counts, what = self.counters.workers[connection.peer], code[0] + "xx"
+        counts, what = self.counters.worker_counts(connection.peer), code[0] + "xx"
         counts[what] = counts.get(what, 0) + 1
 
     def _abort(self, connection: Connection, exchange: Optional[Exchange],
                upload: Optional[Upload]) -> None:
-        counts = self.counters.workers[connection.peer]  # failed here before its response started
+        counts = self.counters.worker_counts(connection.peer)  # failed here before its response started
         counts["errors"] = counts.get("errors", 0) + 1
         if upload is not None:
             upload.stop()

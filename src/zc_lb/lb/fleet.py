@@ -13,8 +13,8 @@ LBs").
 
 The LB (lb/balancer.py) forwards requests; it reads the fleet's
 ``changed`` event while it waits for a worker, and is told through two
-callables when a worker is removed (its counters end with it) and when
-one falls silent (its requests waiting for a response move elsewhere).
+callables when a worker is added and removed (its counters begin and end
+with it) and when one falls silent (its requests waiting for a response move elsewhere).
 """
 
 from __future__ import annotations
@@ -50,11 +50,12 @@ class Fleet(LinkEvents):
     """The known workers' links, and which of them the pool may choose."""
 
     def __init__(self, pool: Pool, link_config: LinkConfig, ejector: Ejector,
-                 removed: Callable[[str], None],
+                 added: Callable[[str], None], removed: Callable[[str], None],
                  silent: Callable[[Connection, float], int]) -> None:
         self.pool = pool
         self.link_config = link_config
         self.ejector = ejector
+        self.added = added  # a worker address known
         self.removed = removed  # a worker address gone for good
         self.silent = silent  # a silent worker's waiting requests moved: how many
         self.links: Dict[str, WorkerLink] = {}
@@ -80,6 +81,7 @@ class Fleet(LinkEvents):
                 self.removed(address)
                 log.info("worker %s removed", address)
         for address in sorted(wanted - set(self.links)):
+            self.added(address)
             link = self.links[address] = WorkerLink(address, self.link_config, self)
             link.start()
 

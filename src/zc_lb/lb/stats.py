@@ -4,7 +4,11 @@ Each is a plain increment or dict update per request, no lock and no
 labels, read at scrape time (status/metrics.py).  Per-class counts are
 bounded: past ``MAX_COUNTED_CLASSES`` distinct classes, a request counts
 as ``OTHER_CLASS``'s, and the document lists the ``STATUS_CLASSES``
-busiest, the rest summed as ``OTHER_CLASS``.  Latency is counted until
+busiest, the rest summed as ``OTHER_CLASS``.  A worker's counts are kept
+while the LB knows its address (``worker_added`` to ``worker_removed``);
+the counts of workers gone, and of their answers that end after, are
+added up in ``retired``, so that totals over workers never go back
+either.  Latency is counted until
 the response starts (its head is with the front server), in the fixed
 buckets of ``settings.LATENCY_BUCKETS``, so that a request costs one
 bisect and one list increment: in all, by the worker that answered (the
@@ -17,7 +21,7 @@ import collections
 import logging
 import time
 from bisect import bisect_left
-from typing import DefaultDict, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from zc_lb.settings import LATENCY_BUCKETS
 
@@ -43,8 +47,10 @@ class Counters:
         self.error_causes: Dict[str, int] = {}  # exception class name -> count
         self.recent_errors: "collections.deque[dict]" = collections.deque(maxlen=RECENT_ERRORS)
         self.classifier_errors: Dict[str, int] = {}
-        # address -> what -> count (a dict each: no key tuple to build and hash a request)
-        self.workers: DefaultDict[str, Dict[str, int]] = collections.defaultdict(dict)
+        # address -> what -> count (a dict each: no key tuple to build and hash a
+        # request), for the known workers; the workers gone: what -> count
+        self.workers: Dict[str, Dict[str, int]] = {}
+        self.retired: Dict[str, int] = {}
         self.classes: Dict[str, int] = {}
         self.latency = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
@@ -62,12 +68,25 @@ class Counters:
         classes[name] = (count or 0) + 1
         return name
 
+    def worker_added(self, address: str) -> None:
+        """A worker address is known: its counts begin."""
+        self.workers.setdefault(address, {})
+
+    def worker_counts(self, address: str) -> Dict[str, int]:
+        """The counts of worker ``address``: its own while it is known,
+        else the retired workers' (an answer that ends after its worker
+        was removed)."""
+        counts = self.workers.get(address)
+        return self.retired if counts is None else counts
+
     def count_latency(self, elapsed: float, worker: Optional[str],
                       counted_class: Optional[str]) -> None:
         """A response started ``elapsed`` seconds after its request came."""
         bucket = bisect_left(LATENCY_BUCKETS, elapsed)
         self.latency[bucket] += 1
         self.latency_sum += elapsed
+        if worker is not None and worker not in self.workers:
+            worker = None  # (removed meanwhile: its series ended)
         for table, name in ((self.worker_latency, worker),
                             (self.class_latency, counted_class)):
             if name is not None:
@@ -101,8 +120,13 @@ class Counters:
                       "logged once, counted in status)", exc_info=exc)
 
     def worker_removed(self, address: str) -> None:
-        """A worker address is gone for good: its series end with it."""
-        self.workers.pop(address, None)
+        """A worker address is gone for good: its series end with it, its
+        counts added to the retired workers'."""
+        counts = self.workers.pop(address, None)
+        if counts:
+            retired = self.retired
+            for what, count in counts.items():
+                retired[what] = retired.get(what, 0) + count
         self.worker_latency.pop(address, None)
 
     def document(self) -> dict:
@@ -122,6 +146,7 @@ class Counters:
             "classes": classes,
             "class_latency": {name: histogram(self.class_latency[name])
                               for name in classes if name in self.class_latency},
+            "retired_workers": dict(self.retired),
         }
 
     def add_to_workers(self, workers: Dict[str, dict]) -> Dict[str, dict]:

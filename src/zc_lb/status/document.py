@@ -254,7 +254,8 @@ def _merge_totals(docs: List[dict]) -> dict:
             elif key == "recent_errors":
                 merged[key] = sorted(merged.get(key, []) + list(value),
                                      key=lambda e: e.get("time", 0))[-RECENT_ERRORS:]
-            elif key in ("errors", "classifier_errors", "error_causes", "classes", "buffers"):
+            elif key in ("errors", "classifier_errors", "error_causes", "classes", "buffers",
+                         "retired_workers"):
                 total = merged.setdefault(key, {})
                 for name, count in value.items():
                     total[name] = total.get(name, 0) + count

@@ -208,8 +208,16 @@ def causes_of_5xx(doc: dict, workers: Dict[str, dict]) -> Dict[str, float]:
     made = sum(count for status, count in doc.get("errors", {}).items()
                if str(status)[:1] == "5")
     causes["other"] += max(made - sum(causes.values()), 0)
-    causes["worker"] = sum(info.get("counts", {}).get("5xx", 0) for info in workers.values())
+    causes["worker"] = workers_5xx(doc)
     return causes
+
+
+def workers_5xx(doc: dict) -> int:
+    """The workers' own 5xx answers: those of the workers known, and of
+    those gone (``retired_workers``), so that the total never goes back."""
+    known = sum((info.get("counts") or {}).get("5xx", 0)
+                for info in (doc.get("workers") or {}).values())
+    return known + (doc.get("retired_workers") or {}).get("5xx", 0)
 
 
 def pool_families(pool: dict) -> Iterator[Metric]:

@@ -14,6 +14,7 @@ from html import escape
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from zc_lb.status.document import worker_state
+from zc_lb.status.metrics import workers_5xx
 
 REFRESH = 10  # seconds
 TOP_SKILLS = 5
@@ -108,8 +109,7 @@ def _p50_p99(latency: Optional[dict]) -> str:
 def _summary(doc: dict) -> str:
     """The summary list: the document's counters and the pool's settings."""
     pool = doc.get("pool", {})
-    app_errors = sum((info.get("counts") or {}).get("5xx", 0)
-                     for info in (doc.get("workers") or {}).values())
+    app_errors = workers_5xx(doc)
     latency = doc.get("latency") or {}
     summary = [
         ("requests", doc.get("requests")), ("in flight", doc.get("in_flight")),
