@@ -149,8 +149,8 @@ def test_drain_gives_up_at_its_timeout():
 
 
 def test_past_the_classes_it_counts_the_lb_still_forwards_each_requests_own_class(monkeypatch):
-    # The status counts the first classes by name and the rest as
-    # "other"; the worker is told each request's own class all the same.
+    # The status counts a bounded table of classes by name and the rest
+    # as "other"; the worker is told each request's own class all the same.
     import gevent.socket
 
     import zc_lb.lb.stats
@@ -180,13 +180,15 @@ def test_past_the_classes_it_counts_the_lb_still_forwards_each_requests_own_clas
                 bodies.append(answer.read().split(b"\r\n\r\n", 1)[1])
             sock.close()
         assert bodies == [b"a.example", b"b.example", b"c.example", b"d.example"]
-        assert lb.counters.classes == {"a.example": 1, "b.example": 1, "other": 2}
+        # (the table full, the class with the fewest requests, the oldest
+        # first, is folded into "other" to make room)
+        assert lb.counters.classes == {"other": 2, "c.example": 1, "d.example": 1}
         # Response times by worker and by class as counted (for the page).
         doc = lb.status()
         address = "%s:%d" % worker.address[:2]
         assert sum(doc["workers"][address]["latency"]["counts"]) == 4
         assert {name: sum(h["counts"]) for name, h in doc["class_latency"].items()} == {
-            "a.example": 1, "b.example": 1, "other": 2}
+            "c.example": 1, "d.example": 1, "other": 2}
         from zc_lb.status.metrics import LBCollector, exposition
 
         text = exposition(LBCollector(lb.status)).decode()

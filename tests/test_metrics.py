@@ -103,6 +103,41 @@ def test_class_labels_are_bounded_to_the_busiest_and_other():
     assert bound_classes({"a": 1}, 20) == {"a": 1}
 
 
+def hit(lb, host):
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/", "QUERY_STRING": "",
+               "HTTP_HOST": host, "SERVER_NAME": "x", "SERVER_PORT": "80"}
+    b"".join(lb(environ, lambda status, headers: None))
+
+
+def class_series(collector):
+    return {dict(labels)["class"]: value for (name, labels), value in
+            samples(exposition(collector).decode()).items()
+            if name == "zc_lb_class_requests_total"}
+
+
+def test_classes_seen_first_do_not_keep_the_busiest_out_of_the_series():
+    # The first 1000 classes were counted by name for good, every later
+    # one as "other": a scanner's random Host headers, once each, kept the
+    # site's busiest class out of the series until a restart.
+    from zc_lb.lb.stats import MAX_COUNTED_CLASSES
+    from zc_lb.routing.classifier import get_classifier
+
+    lb = LB(AffinityPool(), get_classifier("host"), no_worker_timeout=0)
+    collector = LBCollector(lb.status)
+    for i in range(MAX_COUNTED_CLASSES + 50):
+        hit(lb, "junk%d.example" % i)
+    before = class_series(collector)
+    for _ in range(30):
+        hit(lb, "shop.example")
+    for i in range(MAX_COUNTED_CLASSES, 2 * MAX_COUNTED_CLASSES):  # more junk after
+        hit(lb, "junk%d.example" % i)
+    after = class_series(collector)
+    assert after["shop.example"] == 30 and lb.status()["classes"]["shop.example"] == 30
+    assert len(lb.counters.classes) <= MAX_COUNTED_CLASSES + 1
+    assert after["other"] >= before["other"]
+    assert sum(after.values()) == lb.counters.requests == 2 * MAX_COUNTED_CLASSES + 80
+
+
 def test_no_worker_counts_as_a_503_by_cause_and_in_the_histogram():
     lb = LB(AffinityPool(), lambda environ: "a", no_worker_timeout=0)
     environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/", "QUERY_STRING": "",

@@ -2,9 +2,11 @@
 
 Each is a plain increment or dict update per request, no lock and no
 labels, read at scrape time (status/metrics.py).  Per-class counts are
-bounded: past ``MAX_COUNTED_CLASSES`` distinct classes, a request counts
-as ``OTHER_CLASS``'s, and the document lists the ``STATUS_CLASSES``
-busiest, the rest summed as ``OTHER_CLASS``.  A worker's counts are kept
+bounded: at most ``MAX_COUNTED_CLASSES`` classes are counted by name;
+when a new one comes and the table is full, the tenth of them with the
+fewest requests (the oldest first among equals) is folded into
+``OTHER_CLASS``, so that the busiest classes keep their names whatever
+came first, and no count goes back.  A worker's counts are kept
 while the LB knows its address (``worker_added`` to ``worker_removed``);
 the counts of workers gone, and of their answers that end after, are
 added up in ``retired``, so that totals over workers never go back
@@ -27,7 +29,7 @@ from zc_lb.settings import LATENCY_BUCKETS
 
 log = logging.getLogger(__name__)
 
-MAX_COUNTED_CLASSES = 1000  # distinct classes counted; later ones count as OTHER_CLASS
+MAX_COUNTED_CLASSES = 1000  # classes counted by name at once (the rest: OTHER_CLASS)
 OTHER_CLASS = "other"
 STATUS_CLASSES = 100  # the busiest classes in the status document (the rest: OTHER_CLASS)
 RECENT_ERRORS = 20  # error responses kept for the status page
@@ -63,10 +65,32 @@ class Counters:
         counted under."""
         classes = self.classes
         count = classes.get(name)
-        if count is None and len(classes) >= MAX_COUNTED_CLASSES:
-            name, count = OTHER_CLASS, classes.get(OTHER_CLASS)
-        classes[name] = (count or 0) + 1
+        if count is None:
+            count = 0
+            if len(classes) - (OTHER_CLASS in classes) >= MAX_COUNTED_CLASSES:
+                self._evict_classes()
+        classes[name] = count + 1
         return name
+
+    def _evict_classes(self) -> None:
+        """Fold the tenth of the counted classes with the fewest requests
+        (the oldest first among equals: a class just come is not the
+        first to go) into ``OTHER_CLASS``, latency too."""
+        classes = self.classes
+        named = [name for name in classes if name != OTHER_CLASS]
+        named.sort(key=classes.__getitem__)  # (stable: the oldest first among equals)
+        other = classes.get(OTHER_CLASS, 0)
+        for name in named[:max(1, MAX_COUNTED_CLASSES // 10)]:
+            other += classes.pop(name)
+            latency = self.class_latency.pop(name, None)
+            if latency is not None:
+                into = self.class_latency.get(OTHER_CLASS)
+                if into is None:
+                    self.class_latency[OTHER_CLASS] = latency
+                else:
+                    for i, value in enumerate(latency):
+                        into[i] += value
+        classes[OTHER_CLASS] = other
 
     def worker_added(self, address: str) -> None:
         """A worker address is known: its counts begin."""
@@ -87,6 +111,8 @@ class Counters:
         self.latency_sum += elapsed
         if worker is not None and worker not in self.workers:
             worker = None  # (removed meanwhile: its series ended)
+        if counted_class is not None and counted_class not in self.classes:
+            counted_class = OTHER_CLASS  # (folded into it meanwhile)
         for table, name in ((self.worker_latency, worker),
                             (self.class_latency, counted_class)):
             if name is not None:
