@@ -59,6 +59,32 @@ def test_a_long_class_is_cut_to_a_bounded_name_that_keeps_classes_apart():
     assert bounded_class("é" * 300) != bounded_class("é" * 301)
 
 
+def test_a_class_utf8_cannot_encode_is_escaped_and_the_status_and_metrics_serve():
+    # A module: classifier decoding the path's bytes with surrogateescape
+    # (as WSGI applications do) made a class of lone surrogates: /metrics
+    # (UnicodeEncodeError) and /status.json (orjson) failed for as long as
+    # it was among the busiest.
+    from zc_lb.status.document import status_app
+    from zc_lb.status.metrics import LBCollector
+    from zc_lb.status.page import render
+
+    lb = make_lb(lambda environ: environ["PATH_INFO"].encode("latin-1").decode(
+        "utf-8", "surrogateescape"))
+    assert lb._classify({"PATH_INFO": "/caf\xe9"})[0] == "/caf\\udce9"
+    assert lb._classify({"PATH_INFO": "/caf\xc3\xa9"})[0] == "/caf\xe9"
+    assert bounded_class("\ud800" * 300).isascii()  # (cut short too, not a surrogate left)
+    lb.counters.count_class(lb._classify({"PATH_INFO": "/caf\xe9"})[0] or "")
+    app = status_app(lb.status, collector=LBCollector(lb.status), page=render)
+    for path, shown in (("/metrics", b"/caf\\\\udce9"), ("/status.json", b"/caf\\\\udce9"),
+                        ("/", b"/caf\\udce9")):
+        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": path, "SERVER_NAME": "x",
+                   "SERVER_PORT": "80", "wsgi.url_scheme": "http", "QUERY_STRING": "",
+                   "HTTP_ACCEPT": "text/html"}
+        status = []
+        body = b"".join(app(environ, lambda line, headers: status.append(line)))
+        assert status == ["200 OK"] and shown in body, path
+
+
 def test_a_classifier_returning_none_means_no_class():
     lb = make_lb(lambda environ: None)
     assert lb._classify({"PATH_INFO": "/x"}) == (None, "/x")  # not the class "None"

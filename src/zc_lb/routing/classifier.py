@@ -41,7 +41,11 @@ A bad spec raises ConfigurationError at start-up, never per request.
 A class longer than ``MAX_CLASS`` characters is cut to that length, its
 end a hash of the whole (``bounded_class``): a class is a name kept in
 every worker's résumé and in the LB's pool, and a client free to send
-8 KiB Host headers must not make those 8 KiB a class.
+8 KiB Host headers must not make those 8 KiB a class.  A class that is
+not UTF-8 text (a lone surrogate, as a classifier decoding bytes with
+``surrogateescape`` makes) has each such character written as its
+escape (``"\\udce9"``): a class is sent to workers, logged, shown and
+exposed as UTF-8.
 """
 
 from __future__ import annotations
@@ -61,13 +65,26 @@ CLASS_HASH: Final = 16  # hex digits of the hash that ends a class cut short
 
 
 def bounded_class(rclass: str) -> str:
-    """``rclass``, or, if longer than ``MAX_CLASS``, its start and a hash
-    of the whole, ``MAX_CLASS`` long: classes that differ stay apart."""
+    """``rclass`` as UTF-8 text (``utf8_text``), or, if longer than
+    ``MAX_CLASS``, its start and a hash of the whole, ``MAX_CLASS`` long:
+    classes that differ stay apart."""
+    if not rclass.isascii():
+        rclass = utf8_text(rclass)
     if len(rclass) <= MAX_CLASS:
         return rclass
-    digest = hashlib.blake2b(rclass.encode("utf-8", "surrogateescape"),
+    digest = hashlib.blake2b(rclass.encode("utf-8"),
                              digest_size=CLASS_HASH // 2).hexdigest()
     return "%s~%s" % (rclass[:MAX_CLASS - CLASS_HASH - 1], digest)
+
+
+def utf8_text(name: str) -> str:
+    """``name``, its lone surrogates (which UTF-8 cannot encode) written
+    as their escapes."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "backslashreplace").decode("utf-8")
+    return name
 
 
 def host_classifier(environ: Mapping[str, object]) -> str:
