@@ -106,6 +106,59 @@ def test_a_supervisors_retried_enable_succeeds_and_says_whether_it_changed_anyth
     assert supervisor.action("enable")(worker="w") == {"worker": "w", "changed": False}
 
 
+def supervisor_of(monkeypatch, documents):
+    """A Supervisor of children whose status addresses (the keys of
+    ``documents``) answer as an LB's status address serving each
+    document does, to the query the supervisor asks."""
+    import urllib.parse
+
+    from zc_lb.process import processes
+    from zc_lb.process.processes import Supervisor
+    from zc_lb.status.document import status_app
+
+    def fetch(address, timeout=5.0, action=None, params=None, token=None):
+        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/", "SERVER_NAME": "x",
+                   "SERVER_PORT": "80", "wsgi.url_scheme": "http",
+                   "QUERY_STRING": urllib.parse.urlencode(params or {})}
+        app = status_app(lambda: documents[address])
+        return json.loads(b"".join(app(environ, lambda status, headers: None)))
+
+    monkeypatch.setattr(processes, "fetch", fetch)
+    supervisor = Supervisor(len(documents), ["lb"], ("127.0.0.1", 0))
+    supervisor.children = [processes.Child(i, [], -1, "INFO", None, None)
+                           for i in range(len(documents))]
+    for child, address in zip(supervisor.children, documents):
+        child.status = address
+    return supervisor
+
+
+def test_the_summed_metrics_count_every_skill_of_a_worker(monkeypatch):
+    # The supervisor read each child's document with at most 100 skills a
+    # worker: zc_lb_worker_skills stopped at 100, its own document said
+    # skills_count 100, and a class past a worker's best 100 did not
+    # count it in zc_lb_class_workers.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from zc_lb.status.document import status_app
+    from zc_lb.status.metrics import LBCollector, exposition
+
+    skills = {"c%03d" % i: 1.0 + i for i in range(150)}
+    child = {"pool": {}, "requests": 1, "classes": {"c000": 5},
+             "workers": {"w:1": {"connected": True, "in_pool": True, "skills": skills}}}
+    supervisor = supervisor_of(monkeypatch, {"c0": child, "c1": child})
+    metrics = {(sample.name, tuple(sample.labels.values())): sample.value
+               for family in text_string_to_metric_families(
+                   exposition(LBCollector(supervisor.status)).decode())
+               for sample in family.samples}
+    assert metrics["zc_lb_worker_skills", ("w:1",)] == 150
+    assert metrics["zc_lb_class_workers", ("c000",)] == 1
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/status.json", "SERVER_NAME": "x",
+               "SERVER_PORT": "80", "wsgi.url_scheme": "http", "QUERY_STRING": ""}
+    served = json.loads(b"".join(status_app(supervisor.status)(environ, lambda *args: None)))
+    assert served["workers"]["w:1"]["skills_count"] == 150
+    assert len(served["workers"]["w:1"]["skills"]) == 100
+
+
 def status(address):
     with urllib.request.urlopen("http://%s/" % address, timeout=5) as response:
         return json.load(response)

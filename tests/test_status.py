@@ -129,6 +129,8 @@ def test_the_document_bounds_each_workers_skills_unless_asked_for_all():
     assert sorted(worker["skills"]) == sorted("c%d" % i for i in range(150, 250))  # the best
     full = call(app, path="/status.json", query="skills=all")[2]["workers"]["w"]
     assert full["skills"] == skills
+    # a document bounded already (a supervisor's, from its children's) keeps its count
+    assert bound_skills({"workers": {"w": worker}})["workers"]["w"]["skills_count"] == 250
 
 
 def test_a_post_runs_its_action_and_only_a_known_one():

@@ -50,6 +50,9 @@ READY = "zc-lb lb listening on "
 STATUS_READY = "zc-lb status on "
 START_TIMEOUT = 30.0
 RESTART_EVERY = 1.0  # seconds between restarts of a child that died
+# What the summed document needs of each child's: every worker's every
+# skill (its skills_count, and the workers skilled for each class).
+CHILD_QUERY = {"skills": "all"}
 
 
 def without_options(argv: Sequence[str], names: Sequence[str]) -> List[str]:
@@ -252,7 +255,8 @@ class Supervisor:
             if child.status is None:
                 continue
             try:
-                docs[child.status] = self._last[child.status] = fetch(child.status, timeout=2.0)
+                docs[child.status] = self._last[child.status] = fetch(
+                    child.status, timeout=2.0, params=CHILD_QUERY)
             except ZcLbError as exc:
                 docs[child.status] = self._last.get(child.status) or {"error": str(exc)}
                 stale.add(child.status)

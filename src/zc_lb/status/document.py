@@ -79,8 +79,8 @@ def _wants_html(request: Request) -> bool:
 
 def bound_skills(document: dict, n: int = STATUS_SKILLS) -> dict:
     """``document`` with at most ``n`` skills a worker (the best), and each
-    worker's ``skills_count``: a site with 40,000 classes made a document
-    of megabytes."""
+    worker's ``skills_count`` (as it was, if the document has one): a
+    site with 40,000 classes made a document of megabytes."""
     workers = document.get("workers")
     if not workers:
         return document
@@ -88,7 +88,8 @@ def bound_skills(document: dict, n: int = STATUS_SKILLS) -> dict:
     for address, info in workers.items():
         skills = info.get("skills")
         if skills is not None:
-            info = bounded["workers"][address] = dict(info, skills_count=len(skills))
+            info = bounded["workers"][address] = dict(
+                info, skills_count=info.get("skills_count", len(skills)))
             if len(skills) > n:
                 info["skills"] = dict(sorted(skills.items(), key=lambda item: -item[1])[:n])
     return bounded
@@ -306,15 +307,15 @@ def _merge_workers(docs: List[dict]) -> Dict[str, dict]:
 
 def fetch(address: str, timeout: float = 5.0, action: Optional[str] = None,
           params: Optional[Dict[str, str]] = None, token: Optional[bytes] = None) -> dict:
-    """Get the status document from an LB's status address (or POST to
-    one of its actions, with ``params`` and the admin ``token``, and get
-    the answer)."""
+    """Get the status document from an LB's status address, ``params``
+    its query (or POST to one of its actions, with ``params`` and the
+    admin ``token``, and get the answer)."""
     url = address if "://" in address else "http://%s/" % address
     data = None
     if action is not None:
         url, data = url.rstrip("/") + "/" + action, b""
-        if params:
-            url += "?" + urllib.parse.urlencode(params)
+    if params:
+        url += "?" + urllib.parse.urlencode(params)
     request = urllib.request.Request(url, data=data)
     if token is not None:
         request.add_header("Authorization", "Bearer " + token.decode("latin-1"))

@@ -279,7 +279,7 @@ def worker_families(workers: Dict[str, dict]) -> Iterator[Metric]:
         retries.add_metric([address], counts.get("retries", 0))
         values = {"in_flight": data.get("streams", 0), "backlog": data.get("backlog", 0),
                   "mean_backlog": data.get("mean_backlog", 0),
-                  "skills": len(data.get("skills") or {}),
+                  "skills": data.get("skills_count", len(data.get("skills") or {})),
                   "connected": bool(data.get("connected")),
                   "in_pool": bool(data.get("in_pool")), "ejected": bool(data.get("ejected"))}
         for key, value in values.items():
