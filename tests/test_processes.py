@@ -44,6 +44,24 @@ def test_merge_status_sums_counters_and_backlogs():
     assert merged["pid"] == 1000
 
 
+def test_merge_status_keeps_the_busiest_classes_as_an_lb_counts_them(monkeypatch):
+    from zc_lb.status import document
+
+    monkeypatch.setattr(document, "MAX_COUNTED_CLASSES", 2)
+
+    def histogram(n):
+        return {"buckets": [1.0], "counts": [n, 0], "sum": 0.0}
+
+    one = {"workers": {}, "classes": {"a": 5, "b": 1},
+           "class_latency": {"a": histogram(5), "b": histogram(1)}}
+    two = {"workers": {}, "classes": {"c": 4, "d": 2, "other": 1},
+           "class_latency": {"c": histogram(4), "d": histogram(2)}}
+    merged = merge_status([one, two])
+    assert merged["classes"] == {"a": 5, "c": 4, "other": 4}
+    assert merged["class_latency"] == {"a": histogram(5), "c": histogram(4),
+                                       "other": histogram(3)}
+
+
 def test_the_supervisor_sums_a_silent_child_as_it_last_was_and_acts_on_every_child(
         monkeypatch):
     # A child that missed one scrape was left out of the sum: the summed
@@ -109,7 +127,7 @@ def test_a_supervisors_retried_enable_succeeds_and_says_whether_it_changed_anyth
 def supervisor_of(monkeypatch, documents):
     """A Supervisor of children whose status addresses (the keys of
     ``documents``) answer as an LB's status address serving each
-    document does, to the query the supervisor asks."""
+    document (a function giving it) does, to the query the supervisor asks."""
     import urllib.parse
 
     from zc_lb.process import processes
@@ -120,7 +138,7 @@ def supervisor_of(monkeypatch, documents):
         environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/", "SERVER_NAME": "x",
                    "SERVER_PORT": "80", "wsgi.url_scheme": "http",
                    "QUERY_STRING": urllib.parse.urlencode(params or {})}
-        app = status_app(lambda: documents[address])
+        app = status_app(documents[address])
         return json.loads(b"".join(app(environ, lambda status, headers: None)))
 
     monkeypatch.setattr(processes, "fetch", fetch)
@@ -132,24 +150,30 @@ def supervisor_of(monkeypatch, documents):
     return supervisor
 
 
+def samples(collector):
+    """{(name, label values): value} of ``collector``'s exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from zc_lb.status.metrics import exposition
+
+    return {(sample.name, tuple(sample.labels.values())): sample.value
+            for family in text_string_to_metric_families(exposition(collector).decode())
+            for sample in family.samples}
+
+
 def test_the_summed_metrics_count_every_skill_of_a_worker(monkeypatch):
     # The supervisor read each child's document with at most 100 skills a
     # worker: zc_lb_worker_skills stopped at 100, its own document said
     # skills_count 100, and a class past a worker's best 100 did not
     # count it in zc_lb_class_workers.
-    from prometheus_client.parser import text_string_to_metric_families
-
     from zc_lb.status.document import status_app
-    from zc_lb.status.metrics import LBCollector, exposition
+    from zc_lb.status.metrics import LBCollector
 
     skills = {"c%03d" % i: 1.0 + i for i in range(150)}
     child = {"pool": {}, "requests": 1, "classes": {"c000": 5},
              "workers": {"w:1": {"connected": True, "in_pool": True, "skills": skills}}}
-    supervisor = supervisor_of(monkeypatch, {"c0": child, "c1": child})
-    metrics = {(sample.name, tuple(sample.labels.values())): sample.value
-               for family in text_string_to_metric_families(
-                   exposition(LBCollector(supervisor.status)).decode())
-               for sample in family.samples}
+    supervisor = supervisor_of(monkeypatch, {"c0": lambda: child, "c1": lambda: child})
+    metrics = samples(LBCollector(supervisor.status))
     assert metrics["zc_lb_worker_skills", ("w:1",)] == 150
     assert metrics["zc_lb_class_workers", ("c000",)] == 1
     environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/status.json", "SERVER_NAME": "x",
@@ -157,6 +181,38 @@ def test_the_summed_metrics_count_every_skill_of_a_worker(monkeypatch):
     served = json.loads(b"".join(status_app(supervisor.status)(environ, lambda *args: None)))
     assert served["workers"]["w:1"]["skills_count"] == 150
     assert len(served["workers"]["w:1"]["skills"]) == 100
+
+
+def test_a_summed_class_counter_never_goes_back(monkeypatch):
+    # The supervisor summed each child's 100 busiest classes: a class
+    # leaving one child's 100 took that child's share of it into "other",
+    # and its summed series went back.
+    from zc_lb.lb.balancer import LB
+    from zc_lb.routing.affinity import AffinityPool
+    from zc_lb.routing.classifier import get_classifier
+    from zc_lb.status.metrics import LBCollector
+
+    a, b = (LB(AffinityPool(), get_classifier("host"), no_worker_timeout=0) for _ in range(2))
+
+    def hit(lb, host, n=1):
+        environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/", "QUERY_STRING": "",
+                   "HTTP_HOST": host, "SERVER_NAME": "x", "SERVER_PORT": "80"}
+        for _ in range(n):
+            b"".join(lb(dict(environ), lambda status, headers: None))
+
+    for i in range(100):
+        hit(a, "a%03d" % i, 3)
+    hit(a, "x", 4)  # among a's 100 busiest
+    hit(b, "x", 200)
+    supervisor = supervisor_of(monkeypatch, {"c0": a.status, "c1": b.status})
+    collector = LBCollector(supervisor.status)
+    assert samples(collector)["zc_lb_class_requests_total", ("x",)] == 204
+    for i in range(100):  # a's other classes pass x
+        hit(a, "a%03d" % i, 2)
+    metrics = samples(collector)
+    assert metrics["zc_lb_class_requests_total", ("x",)] == 204
+    assert metrics["zc_lb_classes", ()] == 101  # (the document's busiest 100, and the rest)
+    assert len(supervisor.status()["classes"]) == 101  # (every class counted, as an LB's)
 
 
 def status(address):

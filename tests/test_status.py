@@ -133,6 +133,17 @@ def test_the_document_bounds_each_workers_skills_unless_asked_for_all():
     assert bound_skills({"workers": {"w": worker}})["workers"]["w"]["skills_count"] == 250
 
 
+def test_the_document_lists_the_busiest_classes_unless_asked_for_all():
+    classes = {"c%d" % i: i for i in range(1, 151)}
+    latency = {name: {"buckets": [1.0], "counts": [n, 0], "sum": 0.0}
+               for name, n in classes.items()}
+    app = status_app(lambda: {"classes": dict(classes), "class_latency": latency})
+    document = call(app, path="/status.json")[2]
+    assert len(document["classes"]) == 101 and document["classes"]["other"] == sum(range(1, 51))
+    assert set(document["class_latency"]) == set(document["classes"]) - {"other"}
+    assert call(app, path="/status.json", query="classes=all")[2]["classes"] == classes
+
+
 def test_a_post_runs_its_action_and_only_a_known_one():
     done = []
     app = status_app(lambda: {}, {"reset-skills": lambda: done.append("reset")})

@@ -2,7 +2,9 @@
 
 Each is a plain increment or dict update per request, no lock and no
 labels, read at scrape time (status/metrics.py).  Per-class counts are
-bounded: at most ``MAX_COUNTED_CLASSES`` classes are counted by name;
+bounded: at most ``MAX_COUNTED_CLASSES`` classes are counted by name
+(the status address lists the ``STATUS_CLASSES`` busiest, the rest
+summed as ``OTHER_CLASS``, unless asked for all);
 when a new one comes and the table is full, the tenth of them with the
 fewest requests (the oldest first among equals) is folded into
 ``OTHER_CLASS``, so that the busiest classes keep their names whatever
@@ -156,8 +158,9 @@ class Counters:
         self.worker_latency.pop(address, None)
 
     def document(self) -> dict:
-        """The counters' part of the LB's status document."""
-        classes = top_classes(self.classes, STATUS_CLASSES)
+        """The counters' part of the LB's status document, with every
+        class counted (``top_classes`` bounds them for a reader)."""
+        classes = self.classes
         return {
             "requests": self.requests,
             "retries": self.retries,
@@ -169,9 +172,9 @@ class Counters:
                         "sum": round(self.latency_sum, 6)},
             "error_causes": dict(self.error_causes),
             "recent_errors": list(self.recent_errors),
-            "classes": classes,
-            "class_latency": {name: histogram(self.class_latency[name])
-                              for name in classes if name in self.class_latency},
+            "classes": dict(classes),
+            "class_latency": {name: histogram(counts)
+                              for name, counts in self.class_latency.items()},
             "retired_workers": dict(self.retired),
         }
 

@@ -51,8 +51,10 @@ STATUS_READY = "zc-lb status on "
 START_TIMEOUT = 30.0
 RESTART_EVERY = 1.0  # seconds between restarts of a child that died
 # What the summed document needs of each child's: every worker's every
-# skill (its skills_count, and the workers skilled for each class).
-CHILD_QUERY = {"skills": "all"}
+# skill (its skills_count, and the workers skilled for each class), and
+# every class counted (a class's sum goes back if a child's share of it
+# drops into that child's "other").
+CHILD_QUERY = {"skills": "all", "classes": "all"}
 
 
 def without_options(argv: Sequence[str], names: Sequence[str]) -> List[str]:

@@ -22,6 +22,7 @@ import orjson
 from webob import Request, Response
 
 from zc_lb.errors import ConfigurationError
+from zc_lb.lb.stats import MAX_COUNTED_CLASSES, OTHER_CLASS, STATUS_CLASSES, top_classes
 from zc_lb.sockets import is_loopback
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,18 @@ def bound_skills(document: dict, n: int = STATUS_SKILLS) -> dict:
     return bounded
 
 
+def busiest_classes(document: dict, n: int = STATUS_CLASSES) -> dict:
+    """``document`` with its ``n`` busiest classes, the rest summed as
+    "other", and the latency of those listed."""
+    classes = document.get("classes")
+    if not classes or len(classes) <= n:
+        return document
+    bounded = top_classes(classes, n)
+    latency = document.get("class_latency") or {}
+    return dict(document, classes=bounded,
+                class_latency={name: latency[name] for name in bounded if name in latency})
+
+
 def _respond(body: bytes, content_type: str, status: int = 200) -> Response:
     """An uncached response of ``body`` (text in UTF-8)."""
     response = Response(body=body, status=status, content_type=content_type,
@@ -162,10 +175,13 @@ def _metrics(collector) -> Response:
 
 def _document(request: Request, document: dict, page: Optional[Callable[..., str]],
               history: Optional[RequestHistory]) -> Response:
-    """The status document as JSON (its skills bounded unless ``?skills=all``), or
-    as the HTML page for a browser at ``/``."""
+    """The status document as JSON (its skills bounded unless ``?skills=all``,
+    its classes unless ``?classes=all``), or as the HTML page for a
+    browser at ``/``."""
     if request.GET.get("skills") != "all":
         document = bound_skills(document)
+    if request.GET.get("classes") != "all":
+        document = busiest_classes(document)
     if request.path_info == "/" and page is not None and _wants_html(request):
         return _respond(page(document, history).encode("utf-8"), "text/html")
     return _as_json(document)
@@ -180,7 +196,8 @@ def status_app(get_status: Callable[[], dict],
     """The status address's WSGI app (operators only: not for the public).
 
     GET ``/status.json``: the status document as JSON, with at most
-    STATUS_SKILLS skills a worker (``?skills=all``: every one); GET ``/``:
+    STATUS_SKILLS skills a worker (``?skills=all``: every one) and
+    STATUS_CLASSES classes (``?classes=all``: every one); GET ``/``:
     the same document, or the HTML status page (``page(doc, history)``)
     for a client that asks for text/html; ``/metrics``: ``collector``'s
     metrics in the Prometheus text format; ``/healthz``: 200 "ok" while
@@ -231,6 +248,7 @@ def merge_status(docs: List[dict]) -> dict:
     if not good:
         return {"workers": {}, "errors": {}, "pool": {}}
     merged = _merge_totals(good)
+    _cap_classes(merged)
     merged["workers"] = _merge_workers(good)
     merged["uptime"] = min(doc.get("uptime", 0) for doc in good)
     return merged
@@ -263,6 +281,19 @@ def _merge_totals(docs: List[dict]) -> dict:
             else:
                 merged.setdefault(key, value)
     return merged
+
+
+def _cap_classes(merged: dict) -> None:
+    """At most MAX_COUNTED_CLASSES classes in ``merged`` (the busiest), as
+    in an LB's document: the rest, and their latency, summed as "other"."""
+    classes = merged.get("classes")
+    if not classes or len(classes) <= MAX_COUNTED_CLASSES + 1:
+        return
+    merged["classes"] = kept = top_classes(classes, MAX_COUNTED_CLASSES)
+    latency = merged.get("class_latency") or {}
+    for name in [name for name in latency if name not in kept]:
+        histogram = latency.pop(name)
+        latency[OTHER_CLASS] = _add_histograms(latency.get(OTHER_CLASS), histogram)
 
 
 def _add_histograms(into: Optional[dict], value: dict) -> dict:

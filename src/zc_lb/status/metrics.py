@@ -25,6 +25,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from zc_lb.lb.stats import STATUS_CLASSES
+
 TOP_CLASSES = 20
 OTHER = "other"
 
@@ -306,8 +308,8 @@ def class_families(classes: Dict[str, int], workers: Dict[str, dict],
                                            if name in (info.get("skills") or {})))
     yield skilled
     yield GaugeMetricFamily("zc_lb_classes", "Classes in the status document: the "
-                            "distinct ones up to its 100 busiest, plus 'other'.",
-                            value=len(classes))
+                            "distinct ones up to its %d busiest, plus 'other'."
+                            % STATUS_CLASSES, value=len(bound_classes(classes, STATUS_CLASSES)))
 
 
 class WorkerCollector:
