@@ -261,6 +261,25 @@ def test_failures_teach_the_resume_nothing(serve):
     assert worker.status()["failed"] == 3 and worker.status()["served"] == 1
 
 
+@pytest.mark.parametrize("mode", [dict(), dict(threads=1)])
+def test_a_request_the_lb_cancels_while_the_app_runs_counts_as_failed(serve, mode):
+    # zc_lb_app_requests_total's failed counts "a 5xx, an exception or a
+    # cancel": a cancel (the LB's response timeout, its client gone)
+    # counted as neither served nor failed.
+    def app(environ, start_response):
+        (time.sleep if mode else gevent.sleep)(0.5)
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    worker, connection, _ = serve(app, **mode)
+    exchange = connection.open_request(dict(REQUEST, PATH_INFO="/"), end=True)
+    gevent.sleep(0.2)
+    exchange.cancel()
+    _wait_until(lambda: worker.status()["failed"] == 1)
+    gevent.sleep(0.5)  # (the thread's app done too)
+    assert worker.status()["served"] == 0 and worker.status()["failed"] == 1
+
+
 def _slow_app(environ, start_response):
     gevent.sleep(float(environ.get("QUERY_STRING") or 0))
     start_response("200 OK", [("Content-Type", "text/plain")])

@@ -118,9 +118,11 @@ class Serving:
         except ZcLbError as exc:  # the LB went away or cancelled
             log.info("request %d from %s ended early: %s",
                      exchange.rno, exchange.connection.peer, exc)
+            self.failed += 1
             exchange.cancel()
             return
         except gevent.GreenletExit:
+            self.failed += 1
             exchange.cancel()
             return
         if (writer.status is None or writer.status[:1] == "5" or (
