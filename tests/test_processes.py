@@ -44,6 +44,21 @@ def test_merge_status_sums_counters_and_backlogs():
     assert merged["pid"] == 1000
 
 
+def test_merge_status_adds_up_the_pools_counters():
+    # The pool was the first process's: zc_lb_pool_spills_total and
+    # zc_lb_pool_bounded_total showed a single process's.
+    one = {"workers": {}, "pool": {"policy": "AffinityPool", "variance": 1.0,
+                                   "spills": 5, "bounded": 7}}
+    two = {"workers": {}, "pool": {"policy": "AffinityPool", "variance": 1.0,
+                                   "spills": 50, "bounded": 70}}
+    merged = merge_status([one, two])
+    assert merged["pool"] == {"policy": "AffinityPool", "variance": 1.0,
+                              "spills": 55, "bounded": 77}
+    assert one["pool"]["spills"] == 5  # (the children's documents as they were)
+    assert merge_status([{"workers": {}, "pool": {"policy": "Pool"}}])["pool"] == {
+        "policy": "Pool"}
+
+
 def test_merge_status_keeps_the_busiest_classes_as_an_lb_counts_them(monkeypatch):
     from zc_lb.status import document
 

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 RECENT_ERRORS = 20  # in a merged document
 STATUS_SKILLS = 100  # skills a worker in the document, unless ?skills=all
+POOL_COUNTERS = ("bounded", "spills")  # the pool's counters, added up in a merged document
 
 
 class RequestHistory:
@@ -242,13 +243,19 @@ def _health(why: Optional[str]) -> Response:
 
 def merge_status(docs: List[dict]) -> dict:
     """One view of several LB processes' status documents: counters
-    added up, each worker's backlog and streams summed, the pool's
-    settings and each worker's skills as the first process has them."""
+    (the pool's too) added up, each worker's backlog and streams summed,
+    the pool's settings and each worker's skills as the first process
+    has them."""
     good = [doc for doc in docs if "workers" in doc]
     if not good:
         return {"workers": {}, "errors": {}, "pool": {}}
     merged = _merge_totals(good)
     _cap_classes(merged)
+    pool = merged["pool"] = dict(merged.get("pool") or {})
+    for key in POOL_COUNTERS:
+        counts = [(doc.get("pool") or {}).get(key) for doc in good]
+        if any(isinstance(count, int) for count in counts):
+            pool[key] = sum(count for count in counts if isinstance(count, int))
     merged["workers"] = _merge_workers(good)
     merged["uptime"] = min(doc.get("uptime", 0) for doc in good)
     return merged
