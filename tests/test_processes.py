@@ -230,6 +230,30 @@ def test_a_summed_class_counter_never_goes_back(monkeypatch):
     assert len(supervisor.status()["classes"]) == 101  # (every class counted, as an LB's)
 
 
+def test_the_supervisors_health_checks_ask_its_children_for_the_bounded_document(
+        monkeypatch):
+    # /healthz and the request rate's samples (often, and only totals and
+    # workers' states) asked every child for every skill and class, as a
+    # scrape does; nor may their documents stand in for a full one.
+    from zc_lb.process import processes
+    from zc_lb.process.processes import Supervisor
+
+    asked = []
+
+    def fetch(address, timeout=5.0, action=None, params=None, token=None):
+        asked.append(params)
+        return {"requests": 1, "workers": {}, "full": bool(params)}
+
+    monkeypatch.setattr(processes, "fetch", fetch)
+    supervisor = Supervisor(1, ["lb"], ("127.0.0.1", 0))
+    supervisor.children = [processes.Child(0, [], -1, "INFO", None, None)]
+    supervisor.children[0].status = "c0"
+    supervisor.status()
+    supervisor.status(full=False)
+    assert asked == [processes.CHILD_QUERY, None]
+    assert supervisor._last["c0"]["full"]
+
+
 def status(address):
     with urllib.request.urlopen("http://%s/" % address, timeout=5) as response:
         return json.load(response)

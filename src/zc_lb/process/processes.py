@@ -247,22 +247,29 @@ class Supervisor:
                 child.process.send_signal(signum)
         return False
 
-    def status(self) -> dict:
+    def status(self, full: bool = True) -> dict:
         """One summed view of every child's status document.  A child that
         does not answer this time counts with its last document (marked
-        ``stale``), so that summed counters never go back."""
+        ``stale``), so that summed counters never go back.  Not ``full``
+        (/healthz, the request rate's samples: often, and only totals and
+        the workers' states), each child's bounded document, kept for
+        nothing."""
         docs: Dict[str, dict] = {}
         stale = set()
         for child in self.children:
             if child.status is None:
                 continue
             try:
-                docs[child.status] = self._last[child.status] = fetch(
-                    child.status, timeout=2.0, params=CHILD_QUERY)
+                doc = fetch(child.status, timeout=2.0, params=CHILD_QUERY if full else None)
+                docs[child.status] = doc
+                if full:
+                    self._last[child.status] = doc
             except ZcLbError as exc:
                 docs[child.status] = self._last.get(child.status) or {"error": str(exc)}
                 stale.add(child.status)
-        self._last = {address: self._last[address] for address in docs if address in self._last}
+        if full:  # (a child gone leaves nothing behind)
+            self._last = {address: self._last[address] for address in docs
+                          if address in self._last}
         merged = merge_status(list(docs.values()))
         merged["pid"] = os.getpid()
         merged["processes"] = [
@@ -360,8 +367,8 @@ def _status_server(args, supervisor: "Supervisor"):
                          lb_status_app(
         supervisor.status, {name: supervisor.action(name, token)
                             for name in ("reset-skills", "drain", "enable")},
-        lambda: supervisor.status()["requests"], token,
-        lambda: sum(1 for worker in supervisor.status().get("workers", {}).values()
+        lambda: supervisor.status(full=False)["requests"], token,
+        lambda: sum(1 for worker in supervisor.status(full=False).get("workers", {}).values()
                     if worker.get("in_pool"))))
     try:
         start_named("--status", status.listen, status.start)
