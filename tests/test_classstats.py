@@ -240,3 +240,23 @@ def test_the_largest_hash_draws_a_positive_number_not_minus_zero():
     assert classstats.mix(x) == 2**64 - 1
     assert classstats.rendezvous_draw(x) == 2.0 ** -54
     assert classstats.rendezvous_weight(x, 0, 1.0) == 2.0 ** 54
+
+
+def test_any_lone_surrogate_hashes_and_escaped_bytes_hash_as_before():
+    # A classifier's key with a lone surrogate outside surrogateescape's
+    # range raised UnicodeEncodeError from the pool's get().
+    from zc_lb.routing.classstats import stable_hash, text_bytes
+
+    assert text_bytes("caf\udce9") == b"caf\xe9"  # (as hashed before)
+    assert text_bytes("a\ud800b") == b"a\xed\xa0\x80b"
+    assert stable_hash("a\ud800b") != stable_hash("a\ud801b")
+
+
+def test_an_affinity_key_with_a_lone_surrogate_is_routed():
+    from zc_lb.routing.affinity import AffinityPool
+
+    pool = AffinityPool()
+    pool.add("w", {"a": 5.0})
+    handle = pool.get("a", "/\ud800")
+    assert handle == "w"
+    pool.put(handle)

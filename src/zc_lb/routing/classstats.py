@@ -41,8 +41,17 @@ FIRST_VISITS: Final = 0.5  # of them for keys the book did not know: a class of 
 
 def stable_hash(text: str) -> int:
     """A 64-bit hash of ``text``, the same in every process (unlike hash())."""
-    data = text.encode("utf-8", "surrogateescape")
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+    return int.from_bytes(hashlib.blake2b(text_bytes(text), digest_size=8).digest(), "big")
+
+
+def text_bytes(text: str) -> bytes:
+    """``text`` as bytes to hash: UTF-8, a byte that ``surrogateescape``
+    decoding kept as a surrogate given back, any other lone surrogate (a
+    classifier's key may hold one) encoded as UTF-8 would if it could."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
 
 
 def mix(x: int) -> int:

@@ -99,7 +99,7 @@ from zlib import crc32
 from mypy_extensions import trait
 
 from zc_lb.routing.classstats import (MASK64, PRIOR, ClassStats, Footprint, forget_keys, mix,
-                                      mixed, stable_hash)
+                                      mixed, stable_hash, text_bytes)
 from zc_lb.routing.locality import Locality
 from zc_lb.routing.pool import PoolWorker, SkillMap
 from zc_lb.routing.relearn import JOINS_LIMIT, Relearning, adopted, floor_weight
@@ -305,7 +305,7 @@ class Members:
         stats.seen = pool.requests
         hashes = stats.keys.get(key)
         if hashes is None:  # (most keys come back: no hashing then)
-            crc = crc32(key.encode("utf-8", "surrogateescape"))
+            crc = crc32(text_bytes(key))
             # (a book hash is the same in every class, and / is in many: remembered)
             key_hash, book_hash = mix(stats.salt ^ crc), mixed(crc ^ pool.hash_seed)
             self.keys_seen += 1
