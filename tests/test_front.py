@@ -234,6 +234,14 @@ def test_chunked_upload_and_chunked_response():
     assert sent.endswith(b"0\r\n\r\n")
 
 
+def test_a_trailer_section_over_the_head_limit_is_431_and_the_connection_closes():
+    request = (b"POST /up HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"3\r\nhel\r\n0\r\nX-T: ")
+    sent, closed = serve_pieces(body_app, [request] + [b"v" * 16384] * 16 + [b"\r\n\r\n"])
+    [(status, _, _)] = responses(sent)
+    assert status == 431 and closed
+
+
 def test_http_1_0_keep_alive_and_close():
     request = b"GET /a HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /b HTTP/1.0\r\n\r\n"
     sent, closed = serve_pieces(path_app, [request])

@@ -76,6 +76,36 @@ def test_a_head_that_never_ends_is_cut_at_the_limit_without_holding_it_all():
     assert reader.broken and reader.next_request().refusal.http_status == 431
 
 
+CHUNKED = b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def test_a_trailer_section_that_never_ends_is_cut_at_the_head_limit():
+    reader = RequestReader()
+    reader.receive_data(CHUNKED + b"1\r\na\r\n0\r\nX-T: ")
+    request = reader.next_request()
+    for _ in range(100):  # 1.6 MB of one trailer field, 16 KiB at a time
+        reader.receive_data(b"v" * 16384)
+        if reader.broken:
+            break
+    assert reader.broken and not request.complete and request.error.http_status == 431
+
+
+def test_a_trailer_section_has_the_head_limits_on_its_fields():
+    fields = b"X: y\r\n" * MAX_FIELDS
+    [request, after], reader = read(CHUNKED + b"1\r\na\r\n0\r\n" + fields + b"\r\n"
+                                    b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+    assert request.complete and after.complete and not reader.broken
+    for trailer in (fields + b"X: y\r\n", b"X: " + b"v" * MAX_FIELD_LINE + b"\r\n"):
+        [request], reader = read(CHUNKED + b"1\r\na\r\n0\r\n" + trailer + b"\r\n")
+        assert reader.broken and request.error.http_status == 431
+
+
+def test_chunk_data_arriving_after_its_size_line_is_no_trailer():
+    data = b"x" * (4 * MAX_HEAD)
+    [request], reader = read(CHUNKED + b"%x\r\n" % len(data), data, b"\r\n0\r\n\r\n")
+    assert request.complete and request.error is None and request.body_size == len(data)
+
+
 def test_a_long_target_is_414():
     assert refusal_status(b"GET /" + b"a" * MAX_TARGET + b" HTTP/1.1\r\nHost: a\r\n\r\n") == 414
 

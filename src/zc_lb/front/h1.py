@@ -34,7 +34,10 @@ Weak spots, admitted: llhttp knows methods by name (the IANA registry's),
 so an unknown method token is refused with 400 where HTTP would allow it;
 llhttp accepts more than one space between the parts of the request line.
 Chunked trailers are parsed by llhttp and dropped: none reaches the
-worker.
+worker.  A trailer section is held to a head's limits (``MAX_FIELDS``
+fields, ``MAX_FIELD_LINE`` bytes a field line, ``MAX_HEAD`` in all),
+counted as it comes since llhttp keeps a field until its end: past
+them, the body is refused with 431.
 """
 
 from __future__ import annotations
@@ -104,6 +107,13 @@ class RequestReader:
         self._started = 0.0
         self._refusal: Optional[ClientError] = None
         self._counting = 0  # bytes to come of a body read without llhttp
+        # A chunk's size line has come and none of its data: the trailer
+        # section follows if it was the last chunk.  ``_trailer_bytes``:
+        # what was fed since (bounds a trailer field that never ends).
+        self._after_chunk_header = False
+        self._trailer_bytes = 0
+        self._trailer_fields = 0
+        self._trailer_size = 0  # bytes of the trailer field lines parsed
         self.broken = False
 
     # -- what the server calls ------------------------------------------
@@ -135,6 +145,8 @@ class RequestReader:
             if self._head_bytes > MAX_HEAD + MAX_FIELD_LINE:
                 self._refuse(BadRequest("request head too large", 431))
                 return
+        elif self._after_chunk_header:
+            self._trailer_bytes += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -142,6 +154,10 @@ class RequestReader:
                 self._refuse(BadRequest("protocol upgrades are not supported", 501))
         except httptools.HttpParserError as exc:
             self._parse_error(exc)
+        else:
+            # (None of it was a chunk's data: a trailer section's, past the limit.)
+            if self._after_chunk_header and self._trailer_bytes > MAX_HEAD + MAX_FIELD_LINE:
+                self._body_error(BadRequest("chunked trailer section too large", 431))
 
     def next_request(self) -> Optional[Request]:
         """The next request whose head is complete, or None (feed more)."""
@@ -219,14 +235,22 @@ class RequestReader:
         reason = str(exc) or type(exc).__name__
         current = self._current
         if not self._in_head and current is not None and not current.complete:
-            current.error = BadRequest("malformed request body: %s" % reason)
-            self.broken = True
+            cause = exc.__context__  # (what a callback raised, for a trailer's field)
+            self._body_error(cause if isinstance(cause, ClientError)
+                             else BadRequest("malformed request body: %s" % reason))
             return
         if "Content-Length overflow" in reason:
             self._refuse(RequestTooLarge("Content-Length too large"))
             return
         status = 505 if "HTTP version" in reason else 400
         self._refuse(BadRequest("malformed request: %s" % reason, status))
+
+    def _body_error(self, error: ClientError) -> None:
+        """The body being read is malformed: its request's ``error``."""
+        current = self._current
+        if current is not None:
+            current.error = error
+        self.broken = True
 
     def _refuse(self, refusal: ClientError) -> None:
         self._ready.append(Request(None, refusal, self._started))
@@ -241,6 +265,7 @@ class RequestReader:
         self._fields = []
         self._head_size = 0
         self._refusal = None
+        self._trailer_fields = self._trailer_size = 0
         self._started = self._clock() if self._clock is not None else 0.0
 
     def on_url(self, url: bytes) -> None:
@@ -250,9 +275,15 @@ class RequestReader:
             raise self._refusal
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if not self._in_head:
+        if not self._in_head:  # a chunked trailer: checked, counted, dropped
             check_trailer(name.decode("latin-1"))  # (BadRequest: the body is malformed)
-            return  # a chunked trailer: dropped
+            line = len(name) + len(value) + 2
+            self._trailer_fields += 1
+            self._trailer_size += line + 2
+            if (line > MAX_FIELD_LINE or self._trailer_size > MAX_HEAD
+                    or self._trailer_fields > MAX_FIELDS):
+                raise BadRequest("chunked trailer section too large", 431)
+            return
         fields = self._fields
         line = len(name) + len(value) + 2
         self._head_size += line + 2
@@ -290,13 +321,19 @@ class RequestReader:
         self._ready.append(request)
         self._fields, self._url = [], b""  # (an idle client keeps none of its last head)
 
+    def on_chunk_header(self) -> None:
+        self._after_chunk_header = True
+        self._trailer_bytes = 0
+
     def on_body(self, data: bytes) -> None:
+        self._after_chunk_header = False
         current = self._current
         if current is not None:
             current.body.append(data)
             current.body_size += len(data)
 
     def on_message_complete(self) -> None:
+        self._after_chunk_header = False
         current = self._current
         if current is not None:
             current.complete = True

@@ -45,7 +45,8 @@ Decisions (README.rst, "The HTTP front", says the same to operators):
 - chunked trailers are parsed by llhttp and dropped by front/h1.py (none
   reaches the worker), but one that may not be a trailer
   (``NOT_IN_TRAILERS``: Host, framing, authentication, request
-  modifiers, content format; RFC 9110 6.5.1) makes the request 400.
+  modifiers, content format; RFC 9110 6.5.1) makes the request 400; a
+  trailer section has a head's size limits (431).
 """
 
 from __future__ import annotations
