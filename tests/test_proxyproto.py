@@ -1,4 +1,5 @@
-"""proxyproto.py: PROXY protocol v1 and v2 headers."""
+"""proxyproto.py: PROXY protocol v1 and v2 headers; the front server's
+read of one, in process."""
 
 import socket
 import struct
@@ -66,3 +67,32 @@ def test_bad_v2_headers_are_refused():
     for family in (0x10, 0x13, 0x1F, 0x01, 0x30, 0x33):  # undefined: to be refused
         with pytest.raises(BadRequest):
             parse(v2(family=family))
+
+
+def test_a_proxy_header_trickling_in_or_never_sent_is_cut_or_makes_room():
+    # (each read had the timeout, not the header; and a connection in its
+    # header could not be evicted to make room past --max-connections)
+    import gevent
+    import gevent.socket
+    from test_tls import trickled_until_closed
+    from zc_lb.front.server import FrontServer
+
+    def app(environ, start_response):
+        body = environ["REMOTE_ADDR"].encode()
+        start_response("200 OK", [("Content-Length", str(len(body)))])
+        return [body]
+
+    front = FrontServer(("127.0.0.1", 0), app, header_timeout=1.0, proxy_protocol=True,
+                        max_connections=1)
+    front.start()
+    try:
+        closed = trickled_until_closed(front.address, V1)
+        assert closed is not None and closed < 2.0, closed
+        silent = gevent.socket.create_connection(front.address)
+        gevent.sleep(0.7)  # past EVICT_AFTER
+        newcomer = gevent.socket.create_connection(front.address, timeout=5)
+        newcomer.sendall(V1 + b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+        assert newcomer.recv(65536).endswith(b"\r\n\r\n203.0.113.7")
+        assert silent.recv(1) == b""
+    finally:
+        front.stop(timeout=0.5)

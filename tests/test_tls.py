@@ -3,6 +3,7 @@ and LB processes on loopback, certificates made here with openssl."""
 
 import json
 import os
+import socket
 import subprocess
 import urllib.request
 
@@ -198,4 +199,88 @@ def test_an_https_head_evicted_past_max_connections_gets_408(tmp_path):
         assert not errors, errors
     finally:
         hub.handle_error = handle_error
+        front.stop(timeout=0.5)
+
+
+def _https_front(tmp_path, **options):
+    """A FrontServer on HTTPS (started) answering 200 "ok"."""
+    from zc_lb.front.server import FrontServer, tls_context
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    cert = make_cert(str(tmp_path), make_ca(str(tmp_path), "ca"), "front")
+    front = FrontServer(("127.0.0.1", 0), app, tls=tls_context(cert + ".pem", cert + ".key"),
+                        **options)
+    front.start()
+    return front
+
+
+def _client_hello():
+    """The first bytes a TLS client sends."""
+    import ssl
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    client = context.wrap_bio(incoming, outgoing)
+    with pytest.raises(ssl.SSLWantReadError):
+        client.do_handshake()
+    return outgoing.read()
+
+
+def trickled_until_closed(address, data, pace=0.25, within=4.0):
+    """Send ``data`` a byte every ``pace`` seconds; the seconds until the
+    server closed the connection, or None if it had not within ``within``."""
+    import time
+    import gevent.socket
+    sock = gevent.socket.create_connection(address)
+    sock.settimeout(pace)
+    started = time.monotonic()
+    try:
+        for byte in data:
+            if time.monotonic() - started > within:
+                return None
+            try:
+                sock.sendall(bytes([byte]))
+                if not sock.recv(65536):
+                    return time.monotonic() - started
+            except socket.timeout:
+                continue
+            except OSError:
+                return time.monotonic() - started
+        return None
+    finally:
+        sock.close()
+
+
+def test_a_tls_handshake_trickling_in_is_cut_at_the_header_timeout(tmp_path):
+    # (each read had the timeout, not the handshake: a byte a second kept it open)
+    front = _https_front(tmp_path, header_timeout=1.0)
+    try:
+        closed = trickled_until_closed(front.address, _client_hello())
+        assert closed is not None and closed < 2.0, closed
+    finally:
+        front.stop(timeout=0.5)
+
+
+def test_silent_connections_in_their_tls_handshake_make_room_past_max_connections(tmp_path):
+    # (only connections waiting for a head were evicted: two silent TCP
+    # connections to the HTTPS port kept every TLS client out)
+    import gevent
+    import gevent.socket
+    import gevent.ssl
+    front = _https_front(tmp_path, max_connections=2)
+    try:
+        silent = [gevent.socket.create_connection(front.address) for _ in range(2)]
+        gevent.sleep(0.7)  # past EVICT_AFTER
+        context = gevent.ssl.SSLContext(gevent.ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname, context.verify_mode = False, gevent.ssl.CERT_NONE
+        for _ in range(2):
+            newcomer = context.wrap_socket(gevent.socket.create_connection(front.address,
+                                                                           timeout=5))
+            newcomer.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+            assert newcomer.recv(65536).startswith(b"HTTP/1.1 200")
+        assert all(sock.recv(1) == b"" for sock in silent)  # (ended to make room)
+    finally:
         front.stop(timeout=0.5)

@@ -276,8 +276,8 @@ LB_SETTINGS = _table([
     Setting("max_connections", int, None,
             "concurrent client connections (default: half the open-file hard limit, "
             "at most 50,000); past it, the connection waiting longest for a request "
-            "head makes room, else 503 (0 no cap; the open-file limit is raised to "
-            "fit)",
+            "head (or in its TLS handshake or PROXY header) makes room, else 503 (0 "
+            "no cap; the open-file limit is raised to fit)",
             minimum=0, metavar="N"),
     Setting("buffer_memory", int, 1024 * 1024,
             "bytes of one response the LB holds in memory for a slow client, so "

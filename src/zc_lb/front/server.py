@@ -30,7 +30,7 @@ import logging
 import socket
 import sys
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import gevent
 import gevent.server
@@ -53,7 +53,8 @@ MAX_DEFAULT_CONNECTIONS = 50000  # --max-connections by default, at most
 TURN_AWAY_LINGER = 0.5  # seconds to read a refused client's request
 MAX_TURNING_AWAY = 50  # past this, refused clients are closed unanswered
 EVICT_AFTER = 0.5  # seconds a connection waits for a head before it may make room
-ACCEPT_HEADER_WAIT = 10.0  # seconds for a PROXY header when no timeout is set
+ACCEPT_HEADER_WAIT = 10.0  # seconds for a PROXY header and handshake when no timeout is set
+EVICTED = "evicted to make room (the connections ran out)"
 OUT_OF_FILES = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM))
 ACCEPT_PAUSE = 0.1  # seconds without accepting when out of descriptors
 OUT_OF_FILES_LOG_EVERY = 10.0
@@ -149,6 +150,10 @@ class _Server(gevent.server.StreamServer):
         # Connections waiting for a request head, longest waiting first.
         self.waiting: "collections.OrderedDict[ClientConnection, float]" = (
             collections.OrderedDict())
+        # Sockets in their PROXY protocol header or TLS handshake, oldest
+        # first: when each was accepted, and its file descriptor.
+        self.opening: "collections.OrderedDict[Any, Tuple[float, int]]" = (
+            collections.OrderedDict())
         self.application = application
         # The LB is called as a Forwarder (front/forwarder.py): a Relay in
         # place of the request's variables, and the connection to answer on.
@@ -216,13 +221,14 @@ class _Server(gevent.server.StreamServer):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
-            if self.proxy_protocol:
-                address = self._proxied(sock, address)
-                if address is None:
+            if self.proxy_protocol or self.tls is not None:
+                opened = self._open(sock, address)
+                if opened is None:
                     return
-            client = sock if self.tls is None else self._handshake(sock, address)
-            if client is not None:
-                connection = ClientConnection(self, client, address)
+                client, address = opened
+            else:
+                client = sock
+            connection = ClientConnection(self, client, address)
         finally:
             if connection is None:
                 if client is not None:
@@ -250,18 +256,42 @@ class _Server(gevent.server.StreamServer):
         self.connections -= 1
         sock.close()
 
+    def _open(self, sock, address):
+        """The connection's PROXY protocol header and TLS handshake, as
+        it has them, within one deadline from the accept (the header
+        timeout, else the client timeout, else ACCEPT_HEADER_WAIT), and
+        evictable meanwhile (``_make_room``): (the socket to serve, the
+        client's address), or None (logged; the caller closes)."""
+        opening = self.opening
+        opening[sock] = (time.monotonic(), sock.fileno())
+        limit = self.header_timeout or self.client_timeout or ACCEPT_HEADER_WAIT
+        timeout = gevent.Timeout(limit, socket.timeout("not done within %gs" % limit))
+        timeout.start()
+        try:
+            if self.proxy_protocol:
+                address = self._proxied(sock, address)
+                if address is None:
+                    return None
+            if self.tls is None:
+                return sock, address
+            client = self._handshake(sock, address)
+            return None if client is None else (client, address)
+        finally:
+            timeout.close()
+            opening.pop(sock, None)
+
     def _proxied(self, sock, address):
         """The client's address from the PROXY protocol header the
         connection must begin with (read to its last byte, and no further:
         a TLS handshake may follow), or the connection's own for UNKNOWN
-        and LOCAL; None, the connection closed and logged, if the header
-        is missing or bad, or the peer is not a trusted proxy."""
+        and LOCAL; None, logged, if the header is missing or bad, or the
+        peer is not a trusted proxy, or the connection was evicted (no
+        longer ``opening``)."""
         forwarding = self.forwarding
         if forwarding is not None and forwarding.trusted and not forwarding.trusts(address[0]):
             log.info("PROXY protocol from %s, not a trusted proxy: closed", _peer(address))
             return None
         try:
-            sock.settimeout(self.header_timeout or self.client_timeout or ACCEPT_HEADER_WAIT)
             data = b""
             length = None
             while length is None:  # v1 a byte at a time, to its CRLF; v2 its fixed part
@@ -271,16 +301,25 @@ class _Server(gevent.server.StreamServer):
             data += _read_exactly(sock, length - len(data))
             client = proxyproto.parse(data)
         except (ClientError, OSError) as exc:
-            log.info("PROXY protocol from %s: %s; closed", _peer(address), exc)
+            log.info("PROXY protocol from %s: %s; closed", _peer(address),
+                     exc if sock in self.opening else EVICTED)
             return None
         return address if client is None else client
 
     def _make_room(self) -> bool:
         """Out of connections: end the one that has waited longest for a
-        request head (a slow or idle client), if it has waited EVICT_AFTER
-        seconds, so that a client sending its head promptly still gets in;
-        whether there was one."""
-        waiting = self.waiting
+        request head (a slow or idle client), or in its PROXY protocol
+        header or TLS handshake, if it has waited EVICT_AFTER seconds, so
+        that a client sending its head promptly still gets in; whether
+        there was one."""
+        waiting, opening = self.waiting, self.opening
+        if opening:
+            sock, (since, fd) = next(iter(opening.items()))
+            if (time.monotonic() - since >= EVICT_AFTER
+                    and (not waiting or since <= next(iter(waiting.values())))):
+                del opening[sock]  # (its read fails: ``_open`` ends it)
+                _shut_down(fd)
+                return True
         if not waiting:
             return False
         oldest, since = next(iter(waiting.items()))
@@ -299,18 +338,21 @@ class _Server(gevent.server.StreamServer):
         return True
 
     def _handshake(self, sock, address):
-        """The TLS socket, or None (logged, closed) if the handshake failed."""
+        """The TLS socket, or None (logged) if the handshake failed or the
+        connection was evicted (no longer ``opening``)."""
+        tls_sock = None
         try:
-            sock.settimeout(self.header_timeout or self.client_timeout)
             tls_sock = self.tls.wrap_socket(sock, server_side=True,
                                             do_handshake_on_connect=False)
             tls_sock.do_handshake()
             return tls_sock
         except OSError as exc:  # ssl.SSLError and socket.timeout are OSErrors
             reason = getattr(exc, "reason", None) or exc
-            log.info("TLS handshake with %s failed: %s%s", _peer(address), reason,
+            log.info("TLS handshake with %s failed: %s%s", _peer(address),
+                     reason if sock in self.opening else EVICTED,
                      " (plain HTTP sent to the HTTPS port)" if reason == "HTTP_REQUEST" else "")
-            sock.close()
+            if tls_sock is not None:
+                tls_sock.close()  # (it holds the descriptor now, not ``sock``)
             return None
 
     def _turn_away(self, sock, address) -> None:
@@ -447,6 +489,18 @@ def https_redirect(port: Callable[[], int]) -> Callable:
                                 ("Content-Length", str(len(body)))])
         return [body]
     return app
+
+
+def _shut_down(fd: int) -> None:
+    """Shut down the socket of descriptor ``fd``, whichever object holds
+    it (a TLS socket takes over the accepted one's)."""
+    sock = socket.socket(fileno=fd)
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.detach()
 
 
 def _read_exactly(sock, size: int) -> bytes:
