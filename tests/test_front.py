@@ -273,6 +273,17 @@ def test_a_response_head_that_would_split_is_refused_with_500(status, headers):
     assert sent.startswith(b"HTTP/1.1 500 ") and b"stolen" not in sent and closed
 
 
+@pytest.mark.parametrize("status", ["100 Continue", "101 Switching Protocols", "199 X"])
+def test_a_final_1xx_status_is_refused_with_500(status):
+    def app(environ, start_response):
+        start_response(status, [("Upgrade", "websocket")])
+        return []
+
+    for version in (b"1.1", b"1.0"):
+        sent, closed = serve_pieces(app, [b"GET / HTTP/%s\r\nHost: a\r\n\r\n" % version])
+        assert sent.startswith(b"HTTP/1.1 500 ") and b" 1" not in sent[:12] and closed
+
+
 def test_an_app_failing_before_or_during_its_body():
     def before(environ, start_response):
         raise RuntimeError("boom")

@@ -226,6 +226,20 @@ def test_an_invalid_content_length_from_the_app_is_a_500_from_its_worker(stack):
          timeout=2, message="in_flight, backlog and streams back to 0")
 
 
+def _interim_status_app(environ, start_response):
+    start_response("103 Early Hints", [("Link", "</a.css>; rel=preload")])
+    return []
+
+
+def test_a_final_1xx_status_from_the_app_is_a_500_from_its_worker(stack):
+    # A 1xx is interim: a client sent one as the response would wait on,
+    # and take the next response on the connection for this one's.
+    s = stack(routes({"/interim": _interim_status_app}))
+    client = s.client()
+    assert client.request(path="/interim")[0] == 500
+    assert client.request(path="/next")[:3:2] == (200, b"ok /next")  # still in sync
+
+
 def _big_stream_app(environ, start_response):
     start_response("200 OK", [("Content-Length", str(64 * 256 * 1024))])
     return (b"x" * (256 * 1024) for _ in range(64))

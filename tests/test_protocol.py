@@ -325,6 +325,7 @@ def test_a_ready_head_that_does_not_end_the_response():
 @pytest.mark.parametrize("status, headers, error", [
     ("200 OK", [("X-Bad", "a\r\nSet-Cookie: stolen")], "invalid header"),
     ("200 OK\r\nX: y", [], "invalid status"),
+    ("103 Early Hints", [], "invalid status"),  # (interim: no final status)
     ("200 OK", [("Content-Length", "-1")], "invalid Content-Length"),
     ("200 OK", [("Content-Length", "+5")], "invalid Content-Length"),
     ("200 OK", [("Content-Length", "5"), ("Content-Length", "6")], "invalid Content-Length"),
@@ -815,7 +816,7 @@ texts = st.text(max_size=12)
 rnos = st.integers(1, MAX_RNO)
 # A ready head's status and fields: latin-1, no CR or LF, a field not empty.
 head_text = st.text(st.characters(max_codepoint=255, blacklist_characters="\r\n"), max_size=10)
-statuses = st.builds("{} {}".format, st.integers(100, 999), head_text)
+statuses = st.builds("{} {}".format, st.integers(200, 999), head_text)
 fields = head_text.filter(bool).map(lambda text: text.encode("latin-1") + b"\r\n")
 elapsed_times = st.none() | st.floats(0.0, MAX_ELAPSED, exclude_max=True)
 messages = st.one_of(
@@ -1321,8 +1322,8 @@ def test_a_request_goes_as_its_head():
 
 # A ready head's framing, as a regular expression: what ``ready_status``
 # checks with string operations.
-READY_HEAD = re.compile(rb"HTTP/1\.1 ([0-9]{3}[^\r\n]*)\r\n(?:[^\r\n]+\r\n)*")
-head_pieces = st.sampled_from([b"HTTP/1.1 ", b"200", b"2", b" OK", b"\r\n", b"\r", b"\n",
+READY_HEAD = re.compile(rb"HTTP/1\.1 ([2-9][0-9]{2}[^\r\n]*)\r\n(?:[^\r\n]+\r\n)*")
+head_pieces = st.sampled_from([b"HTTP/1.1 ", b"200", b"2", b"1", b" OK", b"\r\n", b"\r", b"\n",
                                b"X: y", b":", b"\xb2", b"\x00", b"\r\n\r\n", b"HTTP/1.0 "])
 
 
@@ -1340,6 +1341,8 @@ def test_ready_status_is_the_framing_rule(pieces):
     (b"HTTP/1.1 204\r\n", "204"),
     (b"HTTP/1.1 2000 OK\r\n", "2000 OK"),  # (the worker checked the status itself)
     (b"HTTP/1.1 20 OK\r\n", None),
+    (b"HTTP/1.1 100 Continue\r\n", None),  # (interim: the client would wait on)
+    (b"HTTP/1.1 099 X\r\n", None),
     (b"HTTP/1.1 2\xb20 OK\r\n", None),  # (a digit in Unicode, not in HTTP)
     (b"HTTP/1.1 200 OK\r\nA: b\r\n\r\nHTTP/1.1 200 OK\r\n", None),
     (b"HTTP/1.1 200 OK\r\nA: b\nC: d\r\n", None),

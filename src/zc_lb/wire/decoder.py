@@ -192,8 +192,10 @@ def _decode_ready_response(max_message: int, max_body: int, rno: int,
 def ready_status(head: bytes) -> Optional[str]:
     """The status of a ready head whose framing is right, else None.  Its
     framing (the worker checked its fields): an HTTP/1.1 status line of
-    three digits, then lines that each end in CRLF, with no bare CR or LF
-    and no empty line, which would end the head early.  (In string
+    three digits, the first 2 to 9 (a 1xx is interim: the client would
+    take the next response for this one's), then lines that each end in
+    CRLF, with no bare CR or LF and no empty line, which would end the
+    head early.  (In string
     operations, which mypyc compiles, at half a regular expression's
     cost; tests/test_protocol.py checks it against one.)"""
     text = head.decode("latin-1")
@@ -205,6 +207,8 @@ def ready_status(head: bytes) -> Optional[str]:
     for i in range(9, 12):
         if not 48 <= ord(text[i]) <= 57:  # (ASCII digits; compiled, ints compare natively)
             return None
+    if text[9] < "2":
+        return None  # (a 1xx, or 0xx)
     return text[9:text.find("\r\n")]
 
 
