@@ -335,6 +335,35 @@ def test_413_closes_the_connection_instead_of_reading_the_body(stack):
     assert client.closed_by_server(2.0), "the LB waits for 10 GB it already refused"
 
 
+def _body_length_app(environ, start_response):
+    body = b"%d" % len(environ["wsgi.input"].read())
+    start_response("200 OK", [("Content-Length", str(len(body)))])
+    return [body]
+
+
+def test_a_chunked_body_is_held_to_max_request_body_as_it_comes(stack):
+    # (only a Content-Length was checked: any chunked body went through)
+    s = stack(routes({"/len": _body_length_app, "/echo": _line_echo_app}),
+              max_request_body=10)
+    head = b"POST /%s HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n\r\n"
+    client = s.client()
+    client.send(head % b"len" + b"a\r\n0123456789\r\n0\r\n\r\n")
+    assert client.response("POST")[::2] == (200, b"10")  # (at the limit)
+    client.send(head % b"len" + b"b\r\n0123456789a\r\n0\r\n\r\n")  # all come at once
+    assert client.response("POST")[0] == 413 and client.closed_by_server(2.0)
+    client = s.client()
+    client.send(head % b"len" + b"6\r\n012345\r\n")  # coming, then over the limit
+    gevent.sleep(0.1)
+    client.send(b"6\r\n6789ab\r\n")
+    assert client.response("POST")[0] == 413 and client.closed_by_server(2.0)
+    client = s.client()
+    client.send(head % b"echo" + b"6\r\nline1\n\r\n")  # the response under way
+    gevent.sleep(0.1)
+    client.send(b"6\r\nline2\n\r\n")
+    assert client.closed_by_server(2.0)
+    poll(lambda: s.lb.in_flight == 0, timeout=2, message="the request ended on its worker")
+
+
 def test_malformed_chunked_upload_gets_400(stack):
     s = stack(ok_app)
     client = s.client(timeout=3)

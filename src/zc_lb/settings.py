@@ -311,7 +311,8 @@ LB_SETTINGS = _table([
             "X-Forwarded-Proto and -Host are kept (comma list)",
             metavar="CIDRS"),
     Setting("max_request_body", int, 2**30,
-            "answer 413 to a larger Content-Length (bytes)",
+            "answer 413 to a larger request body (bytes): a Content-Length over it "
+            "at once, a chunked body once it goes past it; the connection closes",
             minimum=0, metavar="BYTES", size=True),
     Setting("tls_min_version", str, "TLSv1.2",
             "oldest TLS version accepted",

@@ -208,7 +208,7 @@ class LB:
             try:
                 exchange = self._open(connection, environ, relay, has_body)
                 if has_body:
-                    upload = send_body(exchange, environ["wsgi.input"])
+                    upload = send_body(exchange, environ["wsgi.input"], self.max_request_body)
                 sent = time.monotonic()
                 response = self.awaiting.receive(exchange, upload, responder.sock, retryable, sent)
                 environ[UPSTREAM_TIME] = time.monotonic() - sent
@@ -392,9 +392,11 @@ class LB:
         log.warning("%d for %s %s: %s", status, environ.get("REQUEST_METHOD"),
                     environ.get("PATH_INFO"), message)
         # A 503 asks again about when a worker may be back; a body nobody
-        # wants could take forever to read: hang up instead.
-        head = self.pages.head(status, max(1, math.ceil(self.no_worker_timeout)),
-                               close=not getattr(environ.get("wsgi.input"), "complete", True))
+        # wants could take forever to read: hang up instead (and after a
+        # body too large, whether or not it has all come).
+        close = (isinstance(exc, RequestTooLarge)
+                 or not getattr(environ.get("wsgi.input"), "complete", True))
+        head = self.pages.head(status, max(1, math.ceil(self.no_worker_timeout)), close=close)
         responder.start_response(status_line(status), head)
         return [self.pages.body(status)]
 

@@ -3,9 +3,11 @@
 ``Upload`` sends a request body to the worker from a greenlet of its
 own, so that a worker may answer, and stream, while it still reads;
 ``send_body`` sends a body that has all come in the request's own frame
-batch instead.  ``ResponseBody`` takes a response body from the worker
-into a spool (lb/spool.py) as fast as it comes, and gives it to the
-client at the client's pace.
+batch instead.  Both hold a body to ``--max-request-body`` as it comes
+(a Content-Length over it is refused before: this is for chunked ones).
+``ResponseBody`` takes a response body from the worker into a spool
+(lb/spool.py) as fast as it comes, and gives it to the client at the
+client's pace.
 
 ``InFlight`` counts what a drain waits for: requests a worker has not
 finished, and buffered responses a client is still being sent.  A worker
@@ -22,7 +24,7 @@ from typing import Hashable, Optional
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
 
-from zc_lb.errors import BadResponse, ClientError, ClientGone, ZcLbError
+from zc_lb.errors import BadResponse, ClientError, ClientGone, RequestTooLarge, ZcLbError
 from zc_lb.lb.spool import Spool, SpoolLimits
 from zc_lb.routing.pool import Pool
 from zc_lb.wire.connection import Connection
@@ -89,11 +91,14 @@ class InFlight:
 
 class Upload:
     """The request body, sent to the worker from a greenlet of its own,
-    so that a worker may answer, and stream, while it still reads."""
+    so that a worker may answer, and stream, while it still reads; past
+    ``limit`` bytes (None: none), the request is cancelled and its error
+    is RequestTooLarge."""
 
-    def __init__(self, exchange: Exchange, wsgi_input) -> None:
+    def __init__(self, exchange: Exchange, wsgi_input, limit: Optional[int] = None) -> None:
         self.exchange = exchange
         self.wsgi_input = wsgi_input
+        self.limit = limit
         self.error: Optional[Exception] = None
         self.done = False
         self.moved = time.monotonic()  # when it last sent some of the body (or began)
@@ -103,6 +108,8 @@ class Upload:
         exchange = self.exchange
         # (The front's input reads a piece as it came: see Input.read1.)
         read = getattr(self.wsgi_input, "read1", self.wsgi_input.read)
+        limit = self.limit
+        size = 0
         try:
             while True:
                 data = read(UPLOAD_CHUNK)
@@ -110,6 +117,9 @@ class Upload:
                     exchange.send(End(exchange.rno))
                     self.moved, self.done = time.monotonic(), True
                     return
+                size += len(data)
+                if limit is not None and size > limit:
+                    raise RequestTooLarge("request body over the limit of %d bytes" % limit)
                 exchange.send_body(data)
                 self.moved = time.monotonic()
         except ClientError as exc:  # a malformed body, or the client left
@@ -196,7 +206,9 @@ class ResponseBody:
                     return
                 owed = len(data)
         except ZcLbError as exc:  # the worker lost, or the request cancelled
-            self.error = exc
+            failure = self.upload.failure() if self.upload is not None else None
+            # (the cause, if it was the upload's: a body too large, say)
+            self.error = failure if isinstance(failure, ZcLbError) else exc
             self._arrived.set()
 
     def _keep(self, data: bytes) -> bool:
@@ -260,12 +272,17 @@ class ResponseBody:
             self.flight.response_sent()
 
 
-def send_body(exchange: Exchange, wsgi_input) -> Optional[Upload]:
+def send_body(exchange: Exchange, wsgi_input, limit: Optional[int] = None) -> Optional[Upload]:
     """Send the request body: at once, in the same frame batch as the
     request, if it has all come and fits the worker's credit; else from an
-    Upload greenlet, as it arrives, while the worker may answer."""
+    Upload greenlet, as it arrives, while the worker may answer.  A body
+    over ``limit`` bytes (None: no limit) is RequestTooLarge: at once if
+    it has all come, else from the Upload's ``failure``."""
     size = getattr(wsgi_input, "buffered", -1)
     if getattr(wsgi_input, "complete", False) and 0 <= size <= min(exchange.credit, MAX_BODY):
+        if limit is not None and size > limit:
+            raise RequestTooLarge("request body of %d bytes is over the limit of %d"
+                                  % (size, limit))
         exchange.send(Body(exchange.rno, wsgi_input.read(size)), End(exchange.rno))
         return None
-    return Upload(exchange, wsgi_input)
+    return Upload(exchange, wsgi_input, limit)
