@@ -16,6 +16,7 @@ import pytest
 
 import echo_app
 from corpus import CASES, CHUNKINGS, IDS, FileSock, check_answer, chunks, request_bytes
+from zc_lb.front.body import SMALL_PIECES
 from zc_lb.front.client import ClientConnection
 from zc_lb.front.server import _Server
 from zc_lb.lb.balancer import _forwarded_environ
@@ -456,6 +457,27 @@ def test_read1_gives_a_piece_as_it_came_and_at_most_what_is_asked():
     assert len(pieces) >= 3 and after == b"" and complete  # (not joined into one)
     sent, _ = serve_pieces(pieces_app, [b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"])
     assert responses(sent)[0][2] == repr(([b""], b"", True)).encode()
+
+
+def test_read1_joins_small_pieces_that_came_together():
+    # (a body sent in 1-byte chunks went on a byte a frame)
+    def sizes_app(environ, start_response):
+        body, sizes = environ["wsgi.input"], []
+        while True:
+            piece = body.read1(65536)
+            if not piece:
+                break
+            sizes.append(len(piece))
+        answer = repr(sizes).encode()
+        start_response("200 OK", [("Content-Length", str(len(answer)))])
+        return [answer]
+    large = b"%x\r\n" % SMALL_PIECES + b"b" * SMALL_PIECES + b"\r\n"
+    sent, _ = serve_pieces(sizes_app, [
+        b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"1\r\na\r\n" * 20000 + large + b"0\r\n\r\n"])
+    sizes = eval(responses(sent)[0][2])
+    assert sum(sizes) == 20000 + SMALL_PIECES and max(sizes) <= SMALL_PIECES
+    assert len(sizes) < 10 and SMALL_PIECES in sizes  # (the large piece as it came)
 
 
 def test_a_response_in_flight_when_a_drain_begins_says_connection_close():

@@ -9,10 +9,12 @@ A request without a body gets ``NO_BODY``, which keeps nothing.
 
 from __future__ import annotations
 
-from typing import List, Protocol
+from typing import Final, List, Protocol
 
 from zc_lb.errors import ClientGone
 from zc_lb.front.h1 import Request, RequestReader
+
+SMALL_PIECES: Final = 16 * 1024  # ``read1`` joins pieces under this, up to this
 
 
 class Source(Protocol):
@@ -74,7 +76,9 @@ class Input:
         waiting for more only while nothing has: ``io``'s read1.  The
         LB's upload reads with it, so that a body goes on a piece at a
         time as it comes, not joined into larger ones first (a copy of
-        the whole body)."""
+        the whole body); but small pieces that have come together (a
+        chunk each, of a body sent in tiny chunks) are joined up to
+        SMALL_PIECES, as each piece costs the upload a frame."""
         request = self._request
         while not request.body_size and self._more():
             pass
@@ -82,6 +86,13 @@ class Input:
         if not body:
             return b""
         part = body[0]
+        if len(part) < SMALL_PIECES and len(body) > 1:
+            joined = 0
+            for piece in body:
+                if joined and joined + len(piece) > SMALL_PIECES:
+                    break
+                joined += len(piece)
+            return self._take(joined if size < 0 else min(joined, size))
         if size < 0 or len(part) <= size:
             body.popleft()
             request.body_size -= len(part)
