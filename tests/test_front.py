@@ -243,6 +243,20 @@ def test_a_trailer_section_over_the_head_limit_is_431_and_the_connection_closes(
     assert status == 431 and closed
 
 
+def test_an_empty_write_sends_nothing_not_the_last_chunk():
+    def app(environ, start_response):
+        write = start_response("200 OK", [("Content-Type", "text/plain")])
+        write(b"")
+        write(b"first ")
+        write(b"")
+        return [b"", b"second"]
+
+    sent, _ = serve_pieces(app, [b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"
+                                 b"GET /next HTTP/1.1\r\nHost: a\r\n\r\n"])
+    [(_, headers, body), (_, _, again)] = responses(sent)
+    assert headers["Transfer-Encoding"] == "chunked" and body == again == b"first second"
+
+
 def test_http_1_0_keep_alive_and_close():
     request = b"GET /a HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /b HTTP/1.0\r\n\r\n"
     sent, closed = serve_pieces(path_app, [request])

@@ -359,7 +359,11 @@ class ClientConnection:
             self._send(b"0\r\n\r\n")
 
     def write(self, data: Any) -> None:
-        """WSGI's write callable (and the way each body chunk goes out)."""
+        """WSGI's write callable (and the way each body chunk goes out).
+        An empty write sends nothing (PEP 3333): in a chunked body it
+        would be the last chunk."""
+        if not data:
+            return
         if not self.headers_sent:
             self._send_head(data, None)
         elif self._bodiless:
