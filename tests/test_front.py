@@ -257,6 +257,20 @@ def test_an_empty_write_sends_nothing_not_the_last_chunk():
     assert headers["Transfer-Encoding"] == "chunked" and body == again == b"first second"
 
 
+def test_the_connection_field_is_the_fronts_and_said_once():
+    def app(environ, start_response):
+        connection = environ["PATH_INFO"][1:]
+        start_response("200 OK", [("Content-Length", "2"), ("Connection", connection)])
+        return [b"ok"]
+
+    for request, said in [(b"GET /close HTTP/1.1\r\nHost: a\r\n\r\n", b"close"),
+                          (b"GET /keep-alive HTTP/1.0\r\n\r\n", b"close"),
+                          (b"GET /keep-alive HTTP/1.1\r\nHost: a\r\n\r\n", None)]:
+        sent, closed = serve_pieces(app, [request])
+        fields = [line for line in sent.split(b"\r\n") if line.lower().startswith(b"connection:")]
+        assert fields == ([b"Connection: " + said] if said else []) and closed == bool(said)
+
+
 def test_http_1_0_keep_alive_and_close():
     request = b"GET /a HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /b HTTP/1.0\r\n\r\n"
     sent, closed = serve_pieces(path_app, [request])

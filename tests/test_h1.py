@@ -8,7 +8,7 @@ from corpus import CASES, request_bytes
 
 from zc_lb.errors import ClientGone
 from zc_lb.errors import BadResponseHead
-from zc_lb.front.h1 import MAX_TARGET, RequestReader, check_response
+from zc_lb.front.h1 import MAX_TARGET, RequestReader, check_response, ready_head
 from zc_lb.front.httpparse import MAX_FIELD_LINE, MAX_FIELDS, MAX_HEAD
 
 
@@ -148,6 +148,14 @@ def test_expect_100_continue_is_noted_on_http_1_1_only():
 def test_a_response_head_that_could_split_is_refused(status, headers):
     with pytest.raises(BadResponseHead):
         check_response(status, headers)
+
+
+def test_a_ready_head_says_a_repeated_content_length_once():
+    head, length = ready_head("200 OK", [("Content-Length", "5"), ("X", "y"),
+                                         ("content-length", "5")])
+    assert head.count(b"ontent-") == 1 and length == 5
+    with pytest.raises(BadResponseHead):
+        ready_head("200 OK", [("Content-Length", "5"), ("Content-Length", "6")])
 
 
 def test_start_response_again_follows_pep_3333():

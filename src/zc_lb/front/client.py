@@ -359,9 +359,8 @@ class ClientConnection:
             self._send(b"0\r\n\r\n")
 
     def write(self, data: Any) -> None:
-        """WSGI's write callable (and the way each body chunk goes out).
-        An empty write sends nothing (PEP 3333): in a chunked body it
-        would be the last chunk."""
+        """WSGI's write callable (and the way each body chunk goes out);
+        an empty one sends nothing (in a chunked body, the last chunk)."""
         if not data:
             return
         if not self.headers_sent:
@@ -391,9 +390,12 @@ class ClientConnection:
         if status is None:
             raise AssertionError("the application did not call start_response")
         ready = self._ready
+        headers = self._headers
         if ready is None:
-            length, dated, close = scan_headers(self._headers)
-            self.close = self.close or close
+            length, dated, connection = scan_headers(headers)
+            if connection is not None:  # (the front alone says what the connection does)
+                self.close = self.close or "close" in connection.lower()
+                headers = [field for field in headers if field[0].lower() != "connection"]
         else:
             length, dated = self._ready_length, True
         extra = b"" if dated else date_line()
@@ -415,7 +417,7 @@ class ClientConnection:
         elif self.environ["SERVER_PROTOCOL"] == "HTTP/1.0":  # type: ignore[index]
             extra += b"Connection: keep-alive\r\n"
         if ready is None:
-            head = response_head(status, self._headers, extra)
+            head = response_head(status, headers, extra)
         else:
             head = b"%s%s\r\n" % (ready, extra)
         self.headers_sent = True
@@ -478,19 +480,20 @@ def completed(environ: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     return environ
 
 
-def scan_headers(headers: Any) -> Tuple[object, bool, bool]:
+def scan_headers(headers: Any) -> Tuple[object, bool, Optional[str]]:
     """What an application's headers say of the framing: their
-    Content-Length (None: none), whether they have a Date, and whether
-    they say ``Connection: close`` (the connection then closes after)."""
+    Content-Length (None: none), whether they have a Date, and their
+    Connection fields' values, joined (None: none; with ``close``, the
+    connection closes after)."""
     length: object = None
-    dated = close = False
+    dated = False
+    connection: Optional[str] = None
     for name, value in headers:
         lowered = name.lower()
         if lowered == "content-length":
             length = value
         elif lowered == "connection":
-            if "close" in value.lower():
-                close = True
+            connection = value if connection is None else connection + "," + value
         elif lowered == "date":
             dated = True
-    return length, dated, close
+    return length, dated, connection

@@ -540,7 +540,8 @@ def ready_head(status: str, headers: List[Tuple[str, str]]) -> Tuple[bytes, Opti
     lines, each ending in CRLF, without the empty line (the LB adds its
     own lines first).  Checked as ``check_response`` checks; hop-by-hop
     fields are left out (they are the LB's and the client's business), a
-    Content-Length too where the status has no body, and a Date is added
+    Content-Length too where the status has no body (and once said, the
+    same again: another is refused), and a Date is added
     if the application gave none.  BadResponseHead for a head HTTP forbids,
     an invalid Content-Length included."""
     check_response(status, headers)
@@ -553,7 +554,10 @@ def ready_head(status: str, headers: List[Tuple[str, str]]) -> Tuple[bytes, Opti
         if lowered == "content-length":
             if bodiless:
                 continue
+            repeated = length is not None
             length = _content_length(value, length)
+            if repeated:  # (the same length again, else refused: said once)
+                continue
         elif lowered in HOP_BY_HOP:
             continue
         elif lowered == "date":
