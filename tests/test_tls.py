@@ -284,3 +284,50 @@ def test_silent_connections_in_their_tls_handshake_make_room_past_max_connection
         assert all(sock.recv(1) == b"" for sock in silent)  # (ended to make room)
     finally:
         front.stop(timeout=0.5)
+
+
+def test_idle_connections_in_their_tls_handshake_cannot_crowd_out_an_lb(pki):
+    # The TLS handshake (10 s allowed) ran before the bound on connections
+    # in their handshake: every idle TCP connection held a descriptor and
+    # a greenlet, and at the descriptor limit an LB could not connect.
+    # They count among the MAX_HANDSHAKING, the oldest closed for newer.
+    import gevent
+    import gevent.socket
+    from test_hardening import poll
+    from test_worker import LBSide
+    from zc_lb.wire.connection import Connection
+    from zc_lb.worker.lbs import MAX_HANDSHAKING
+    from zc_lb.worker.server import Worker
+
+    def closed(sock):
+        try:
+            return sock.recv(1) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
+    worker = Worker(lambda environ, start_response: [], tls=worker_context(
+        pki["worker"] + ".pem", pki["worker"] + ".key", pki["ca"]))
+    worker.start()
+    held = []
+    try:
+        for _ in range(MAX_HANDSHAKING + 36):
+            sock = gevent.socket.create_connection(worker.address)
+            sock.setblocking(False)
+            held.append(sock)
+        poll(lambda: sum(closed(sock) for sock in held) >= 36, timeout=3,
+             message="the oldest idle connections closed")
+        assert not any(closed(sock) for sock in held[-MAX_HANDSHAKING:])
+        context = lb_context(pki["lb"] + ".pem", pki["lb"] + ".key", pki["ca"])
+        sock = context.wrap_socket(gevent.socket.create_connection(worker.address),
+                                   server_hostname="127.0.0.1")
+        lb = Connection(sock, "lb", LBSide(), peer="worker")
+        lb.handshake(5)
+        lb.start()
+        poll(lambda: len(worker.lbs.connections) == 1, message="the LB kept")
+        lb.close()
+    finally:
+        for sock in held:
+            sock.close()
+        worker.stop(timeout=0.5)

@@ -6,7 +6,7 @@ Rules:
 - A connection is admitted once through its TLS handshake (when the
   worker has TLS), bounded by ``HANDSHAKE_TIMEOUT``, and the protocol's
   handshake, in which the LB proves the shared secret.  At most
-  ``MAX_HANDSHAKING`` are in their handshake at once: they are
+  ``MAX_HANDSHAKING`` are in their handshakes (either) at once: they are
   unauthenticated and held, so the oldest is closed to make room for a
   newer one.
 - A refusal is logged: each at once, but in a flood (a port scanned,
@@ -26,9 +26,10 @@ connection is first told and when to stop admitting.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
@@ -69,9 +70,11 @@ class LBConnections:
         self.tls = tls  # the server SSLContext (tls.worker_context), or None: cleartext
         self.sendfile = sendfile
         self.connections: Set[Connection] = set()
-        # Connections not yet through their handshake, oldest first: at most
-        # MAX_HANDSHAKING (an LB's takes milliseconds; held ones cost memory).
-        self._handshaking: "collections.OrderedDict[Connection, None]" = (
+        # Connections not yet through their handshakes (TLS's, then the
+        # protocol's), oldest first, each with what closes it: at most
+        # MAX_HANDSHAKING (an LB's take milliseconds; held ones cost a
+        # descriptor and memory).
+        self._handshaking: "collections.OrderedDict[Any, Callable[[], None]]" = (
             collections.OrderedDict())
         self._crowded = 0
         self._crowded_logged = -CROWDED_LOG_EVERY
@@ -85,39 +88,58 @@ class LBConnections:
         its handshakes and not yet started; None if it was refused (and
         closed, and logged)."""
         peer = "%s:%s" % address[:2] if isinstance(address, tuple) else "a local process"
-        if self.tls is not None:
-            sock = self._wrap(sock, peer)
-            if sock is None:
-                return None
-        connection = Connection(sock, "worker", self.handler, peer=peer, secret=self.secret,
-                                app_version=self.version, features=self.features,
-                                keepalive_timeout=LB_SILENCE)
-        if self.sendfile == "off" or (self.sendfile == "auto" and (
-                not isinstance(address, tuple) or is_loopback(address[0]))):
-            connection.sendfile = False  # (its bytes are copied either way: see settings)
-        return connection if self._handshake(connection, peer) else None
-
-    def _wrap(self, sock: Any, peer: str) -> Any:
-        """``sock`` through its TLS handshake, or None (closed, logged)."""
-        try:  # (bounded: a peer that stalls it holds nothing for long)
-            with gevent.Timeout(HANDSHAKE_TIMEOUT):
-                return self.tls.wrap_socket(sock, server_side=True)
-        except (OSError, gevent.Timeout) as exc:  # (ssl.SSLError too)
-            sock.close()
-            self._say_rejected(peer, "TLS handshake: %s%s" % (
-                exc or "timed out", " (a cleartext LB? give it --worker-tls-cert)"
-                if "WRONG_VERSION" in str(exc) or "HTTP_REQUEST" in str(exc) else ""))
-            return None
-
-    def _handshake(self, connection: Connection, peer: str) -> bool:
-        """The protocol's handshake, with MAX_HANDSHAKING at most at once;
-        whether it went through (if not, the connection is closed)."""
         handshaking = self._handshaking
         if len(handshaking) >= MAX_HANDSHAKING:  # unauthenticated, and held: make room
-            oldest, _ = handshaking.popitem(last=False)
-            oldest.close("too many connections in their handshake")
+            _, close = handshaking.popitem(last=False)
+            close()
             self._say_crowded(peer)
-        handshaking[connection] = None
+        key = sock  # (its place among those in their handshakes, kept through both)
+        handshaking[key] = sock.close
+        try:
+            if self.tls is not None:
+                sock = self._wrap(key, sock, peer)
+                if sock is None:
+                    return None
+            connection = Connection(sock, "worker", self.handler, peer=peer,
+                                    secret=self.secret, app_version=self.version,
+                                    features=self.features, keepalive_timeout=LB_SILENCE)
+            if self.sendfile == "off" or (self.sendfile == "auto" and (
+                    not isinstance(address, tuple) or is_loopback(address[0]))):
+                connection.sendfile = False  # (its bytes are copied either way: see settings)
+            return connection if self._handshake(key, connection, peer) else None
+        finally:
+            handshaking.pop(key, None)
+
+    def _wrap(self, key: Any, sock: Any, peer: str) -> Any:
+        """``sock`` through its TLS handshake, or None (closed, logged
+        unless it was closed to make room)."""
+        tls_sock = None
+        try:  # (bounded: a peer that stalls it holds nothing for long)
+            with gevent.Timeout(HANDSHAKE_TIMEOUT):
+                tls_sock = self.tls.wrap_socket(sock, server_side=True,
+                                                do_handshake_on_connect=False)
+                if key in self._handshaking:  # (what closes it now: it took the descriptor)
+                    self._handshaking[key] = tls_sock.close
+                tls_sock.do_handshake()
+                return tls_sock
+        except (OSError, gevent.Timeout) as exc:  # (ssl.SSLError too)
+            (sock if tls_sock is None else tls_sock).close()
+            if key in self._handshaking:  # (not: it made room for a newer one)
+                self._say_rejected(peer, "TLS handshake: %s%s" % (
+                    exc or "timed out", " (a cleartext LB? give it --worker-tls-cert)"
+                    if "WRONG_VERSION" in str(exc) or "HTTP_REQUEST" in str(exc) else ""))
+            return None
+
+    def _handshake(self, key: Any, connection: Connection, peer: str) -> bool:
+        """The protocol's handshake, ``connection`` holding the place of
+        ``key`` among those in their handshakes; whether it went through
+        (if not, the connection is closed)."""
+        if key in self._handshaking:
+            self._handshaking[key] = functools.partial(
+                connection.close, "too many connections in their handshake")
+        else:  # (made room for a newer one during its TLS handshake)
+            connection.close("too many connections in their handshake")
+            return False
         try:
             connection.handshake()
         except (ZcLbError, OSError) as exc:
@@ -125,8 +147,6 @@ class LBConnections:
                 self._say_rejected(peer, exc)
                 connection.close("handshake failed")
             return False
-        finally:
-            handshaking.pop(connection, None)
         return True
 
     def _say_crowded(self, peer: str) -> None:
