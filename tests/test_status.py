@@ -195,6 +195,16 @@ def test_actions_need_the_token_or_else_a_loopback_client():
     assert done == [1, 2, 2, 2]
 
 
+def test_actions_from_loopback_are_taken_on_a_status_address_of_both_families():
+    # On --status [::]:PORT an IPv4 client is ::ffff:127.0.0.1, which
+    # ipaddress does not call loopback (Python 3.11): it was refused.
+    done = []
+    app = status_app(lambda: {}, {"reset-skills": lambda: done.append(1)})
+    assert call(app, "POST", "/reset-skills", remote="::ffff:127.0.0.1")[0] == "200 OK"
+    assert call(app, "POST", "/reset-skills", remote="::ffff:10.1.2.3")[0] == "403 Forbidden"
+    assert done == [1]
+
+
 # -- fetch -----------------------------------------------------------------------
 
 

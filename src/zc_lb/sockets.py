@@ -241,9 +241,12 @@ def is_loopback(host: Optional[str]) -> bool:
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # (a socket of [::] takes IPv4 clients so)
+    return address.is_loopback
 
 
 def set_nodelay(sock: socket.socket) -> None:
