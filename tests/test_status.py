@@ -205,6 +205,35 @@ def test_actions_from_loopback_are_taken_on_a_status_address_of_both_families():
     assert done == [1]
 
 
+def test_actions_posted_by_a_web_page_of_another_site_are_refused():
+    # Without a token a page in a browser on the LB's host could post an
+    # action from loopback (a form needs no CORS); a browser says whence.
+    done = []
+    app = status_app(lambda: {}, {"reset-skills": lambda: done.append(1)})
+    for headers in ({"HTTP_ORIGIN": "http://evil.example"},
+                    {"HTTP_ORIGIN": "http://127.0.0.1:8082"},  # (another port)
+                    {"HTTP_ORIGIN": "null"},
+                    {"HTTP_SEC_FETCH_SITE": "cross-site"},
+                    {"HTTP_SEC_FETCH_SITE": "same-site"},
+                    {"HTTP_ORIGIN": "http://127.0.0.1:8081", "HTTP_SEC_FETCH_SITE": "cross-site"}):
+        status, _, document = call(app, "POST", "/reset-skills", HTTP_HOST="127.0.0.1:8081",
+                                   **headers)
+        assert status == "403 Forbidden", headers
+        assert document["error"].startswith(
+            "actions are not taken from a web page of another site ("), document
+    token_app = status_app(lambda: {}, {"reset-skills": lambda: done.append(2)}, token=b"t")
+    assert call(token_app, "POST", "/reset-skills", HTTP_AUTHORIZATION="Bearer t",
+                HTTP_ORIGIN="http://evil.example")[0] == "403 Forbidden"
+    assert done == []
+    for headers in ({},  # (zc-lb drain, curl)
+                    {"HTTP_ORIGIN": "http://127.0.0.1:8081", "HTTP_SEC_FETCH_SITE": "same-origin"},
+                    {"HTTP_ORIGIN": "HTTP://127.0.0.1:8081"},
+                    {"HTTP_SEC_FETCH_SITE": "none"}):
+        assert call(app, "POST", "/reset-skills", HTTP_HOST="127.0.0.1:8081",
+                    **headers)[0] == "200 OK", headers
+    assert done == [1] * 4
+
+
 # -- fetch -----------------------------------------------------------------------
 
 

@@ -131,8 +131,29 @@ def _as_json(document, status: int = 200) -> Response:
     return _respond(body, "application/json", status)
 
 
+def _cross_site(request: Request) -> Optional[str]:
+    """Why ``request`` comes from a web page of another site, or None: a
+    browser's ``Origin`` naming another address than its ``Host``, or its
+    ``Sec-Fetch-Site`` other than ``same-origin`` or ``none`` (typed in).
+    ``zc-lb drain`` and curl send neither.  (Without a token, a page in a
+    browser on the LB's host would otherwise post actions from loopback.)"""
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None and site.strip().lower() not in ("same-origin", "none"):
+        return "Sec-Fetch-Site: %s" % site
+    origin = request.headers.get("Origin")
+    if origin is not None:
+        host = request.headers.get("Host", "")
+        if urllib.parse.urlsplit(origin.strip()).netloc.lower() != host.strip().lower():
+            return "Origin: %s, Host: %s" % (origin, host)
+    return None
+
+
 def _refusal(request: Request, token: Optional[bytes]) -> Optional[Response]:
     """The 401 or 403 answer to an action the client may not run, or None if it may."""
+    cross_site = _cross_site(request)
+    if cross_site is not None:
+        return _as_json({"error": "actions are not taken from a web page of another "
+                                  "site (%s)" % cross_site}, 403)
     if token is not None:
         # The scheme is case-insensitive (RFC 9110, 11.1); the token is not.
         scheme, _, credentials = request.headers.get("Authorization", "").strip().partition(" ")
