@@ -25,6 +25,46 @@ def test_a_secret_file_is_read_stripped_and_an_empty_or_missing_one_refused(tmp_
         read_secret(str(tmp_path / "missing"))
 
 
+
+@pytest.mark.parametrize("mode, who", [(0o644, "group and others"), (0o640, "group"),
+                                       (0o604, "others")])
+def test_a_secret_file_others_can_read_is_used_with_a_warning_naming_it(
+        tmp_path, caplog, mode, who):
+    # (as ssh says of a key; refusing it would stop deployments that run)
+    import logging
+    import os
+
+    path = tmp_path / "secret"
+    path.write_bytes(b"s3cret\n")
+    path.chmod(mode)
+    stranger = 65534  # (nogroup: not this process's)
+    if stranger in (os.getegid(), *os.getgroups()):
+        pytest.skip("this process is in group %d" % stranger)
+    try:
+        os.chown(path, -1, stranger)
+    except PermissionError:
+        pytest.skip("cannot give a file another group")
+    with caplog.at_level(logging.WARNING, logger="zc_lb"):
+        assert read_secret(str(path)) == b"s3cret"
+    assert [r.getMessage() for r in caplog.records] == [
+        "secret file %s can be read by %s (mode %04o): make it readable by the service "
+        "alone (chmod 600, or 640 and a group the service runs in)" % (path, who, mode)]
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400, 0o640])
+def test_a_secret_file_of_the_service_alone_or_its_group_is_read_without_a_word(
+        tmp_path, caplog, mode):
+    # 640 of the service's own group: docs/howto/deploy-systemd.rst's
+    import logging
+
+    path = tmp_path / "secret"
+    path.write_bytes(b"s3cret\n")
+    path.chmod(mode)
+    with caplog.at_level(logging.WARNING, logger="zc_lb"):
+        assert read_secret(str(path)) == b"s3cret"
+    assert not caplog.records
+
+
 def listeners(*listen, certfile=None, redirect=False, processes=1):
     return parse_listeners(argparse.Namespace(listen=list(listen) or None, certfile=certfile,
                                               redirect_https=redirect, processes=processes))

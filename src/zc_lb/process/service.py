@@ -12,6 +12,7 @@ import argparse
 import logging
 import os
 import signal
+import stat
 from typing import List, Optional, Tuple
 
 from zc_lb.process import restart
@@ -57,17 +58,42 @@ def keep_freed_memory() -> bool:
 
 
 def read_secret(path: Optional[str]) -> Optional[bytes]:
-    """The shared secret (or admin token) in the file at ``path``, if any."""
+    """The shared secret (or admin token) in the file at ``path``, if any.
+    A file that others may read, or a group this process is not in, is
+    used with a warning (``secret_readers``)."""
     if not path:
         return None
     try:
         with open(path, "rb") as f:
+            info = os.fstat(f.fileno())
             secret = f.read().strip()
     except OSError as exc:
         raise ConfigurationError("cannot read secret file %s: %s" % (path, exc))
     if not secret:
         raise ConfigurationError("secret file %s is empty" % path)
+    readers = secret_readers(info)
+    if readers:
+        log.warning("secret file %s can be read by %s (mode %04o): make it readable by "
+                    "the service alone (chmod 600, or 640 and a group the service runs in)",
+                    path, readers, stat.S_IMODE(info.st_mode))
     return secret
+
+
+def secret_readers(info: os.stat_result) -> Optional[str]:
+    """Who else than this service may read a secret file of ``info`` (its
+    ``fstat``): "others", "group" (a group this process is not in: its
+    own, as in docs/howto/deploy-systemd.rst, is the service), both, or
+    None.  As ssh says of a key, but it is not refused: that would stop
+    deployments that run."""
+    if not stat.S_ISREG(info.st_mode):  # (a pipe, /dev/stdin)
+        return None
+    readers = []
+    if info.st_mode & stat.S_IRGRP and info.st_gid not in (
+            os.getegid(), *os.getgroups()):
+        readers.append("group")
+    if info.st_mode & stat.S_IROTH:
+        readers.append("others")
+    return " and ".join(readers) or None
 
 
 def ignore_sighup() -> bool:
