@@ -65,6 +65,54 @@ def test_a_secret_file_of_the_service_alone_or_its_group_is_read_without_a_word(
     assert not caplog.records
 
 
+
+def test_sighup_says_a_changed_secret_file_needs_a_restart(tmp_path, caplog, monkeypatch):
+    # The secret is read at start; a SIGHUP said "nothing changed" while
+    # the old one stayed in use.
+    import logging
+    import os
+    import signal
+
+    import gevent
+
+    from zc_lb.process import service
+    from zc_lb.process.service import wait_for_signal
+
+    monkeypatch.setattr(service, "SECRETS_READ", {}, raising=False)
+    secret, token = tmp_path / "secret", tmp_path / "token"
+    secret.write_bytes(b"s3cret\n")
+    token.write_bytes(b"t0ken\n")
+    read_secret(str(secret)), read_secret(str(token))
+    secret.write_bytes(b"s3cret\n\n")  # (the same secret)
+    caplog.clear()
+    said = []
+
+    def hangup():  # (after the files were read again)
+        said.append([r.getMessage() for r in caplog.records])
+        caplog.clear()
+        if len(said) == 1:
+            secret.write_bytes(b"n3w\n")
+            token.unlink()
+            os.kill(os.getpid(), signal.SIGHUP)
+        return len(said) == 2
+
+    previous = signal.getsignal(signal.SIGHUP)
+    keeper = gevent.spawn(gevent.sleep, 10)  # (signal watchers alone do not keep the loop)
+    try:
+        gevent.spawn_later(0.05, os.kill, os.getpid(), signal.SIGHUP)
+        with caplog.at_level(logging.WARNING, logger="zc_lb"):
+            wait_for_signal({"SIGHUP": hangup})
+    finally:
+        keeper.kill()
+        signal.signal(signal.SIGHUP, previous)
+    unchanged, changed = said
+    assert unchanged == []
+    assert changed[0] == ("secret file %s changed: restart to apply (the secret read at "
+                          "start stays in force)" % secret), changed
+    assert changed[1].startswith("SIGHUP: cannot read secret file %s: " % token), changed
+    assert changed[1].endswith("; the secret read at start stays in force"), changed
+
+
 def listeners(*listen, certfile=None, redirect=False, processes=1):
     return parse_listeners(argparse.Namespace(listen=list(listen) or None, certfile=certfile,
                                               redirect_https=redirect, processes=processes))

@@ -9,11 +9,13 @@ sockets over to a successor (SIGUSR2), serve an LB's status address.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import logging
 import os
 import signal
 import stat
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from zc_lb.process import restart
 from zc_lb.errors import AddressUnavailable, ConfigurationError
@@ -57,12 +59,31 @@ def keep_freed_memory() -> bool:
                 and mallopt(M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD))
 
 
+# The secret files this process read (the shared secret, the admin
+# token), each with its content's digest: SIGHUP reads them again
+# (``check_secret_files``).
+SECRETS_READ: Dict[str, bytes] = {}
+
+
 def read_secret(path: Optional[str]) -> Optional[bytes]:
     """The shared secret (or admin token) in the file at ``path``, if any.
     A file that others may read, or a group this process is not in, is
     used with a warning (``secret_readers``)."""
     if not path:
         return None
+    secret, info = _read_secret_file(path)
+    readers = secret_readers(info)
+    if readers:
+        log.warning("secret file %s can be read by %s (mode %04o): make it readable by "
+                    "the service alone (chmod 600, or 640 and a group the service runs in)",
+                    path, readers, stat.S_IMODE(info.st_mode))
+    SECRETS_READ[path] = hashlib.sha256(secret).digest()
+    return secret
+
+
+def _read_secret_file(path: str) -> Tuple[bytes, os.stat_result]:
+    """The secret in the file at ``path``, stripped, and the file's
+    ``fstat``; ConfigurationError if it cannot be read or is empty."""
     try:
         with open(path, "rb") as f:
             info = os.fstat(f.fileno())
@@ -71,12 +92,26 @@ def read_secret(path: Optional[str]) -> Optional[bytes]:
         raise ConfigurationError("cannot read secret file %s: %s" % (path, exc))
     if not secret:
         raise ConfigurationError("secret file %s is empty" % path)
-    readers = secret_readers(info)
-    if readers:
-        log.warning("secret file %s can be read by %s (mode %04o): make it readable by "
-                    "the service alone (chmod 600, or 640 and a group the service runs in)",
-                    path, readers, stat.S_IMODE(info.st_mode))
-    return secret
+    return secret, info
+
+
+def check_secret_files() -> List[str]:
+    """(SIGHUP) Read every secret file this process read again, and warn
+    of each that changed, or cannot be read now: the secret read at start
+    stays in force until a restart.  The paths of those."""
+    changed = []
+    for path, digest in SECRETS_READ.items():
+        try:
+            secret, _ = _read_secret_file(path)
+        except ConfigurationError as exc:
+            log.warning("SIGHUP: %s; the secret read at start stays in force", exc)
+            changed.append(path)
+            continue
+        if not hmac.compare_digest(hashlib.sha256(secret).digest(), digest):
+            log.warning("secret file %s changed: restart to apply (the secret read at "
+                        "start stays in force)", path)
+            changed.append(path)
+    return changed
 
 
 def secret_readers(info: os.stat_result) -> Optional[str]:
@@ -107,7 +142,8 @@ def ignore_sighup() -> bool:
 def wait_for_signal(handlers: dict, ready=None) -> None:
     """Queue SIGTERM/SIGINT/SIGHUP (and any other signal ``handlers``
     names, e.g. SIGUSR1); dispatch each to ``handlers[name]`` until a
-    handler returns True (meaning: exit).  ``ready()``, if given, runs
+    handler returns True (meaning: exit); SIGHUP reads the secret files
+    again first (``check_secret_files``).  ``ready()``, if given, runs
     once they are handled (the pid file: a SIGTERM to the pid it names
     must find them)."""
     import gevent
@@ -123,6 +159,8 @@ def wait_for_signal(handlers: dict, ready=None) -> None:
     while True:
         name = signals.get()
         log.info("got %s", name)
+        if name == "SIGHUP":
+            check_secret_files()
         if handlers[name]():
             # Signals that came while the last one was handled (a second
             # SIGUSR2 during a restart, say) go to no one: say so.
