@@ -65,18 +65,36 @@ def test_a_secret_file_of_the_service_alone_or_its_group_is_read_without_a_word(
     assert not caplog.records
 
 
-
-def test_sighup_says_a_changed_secret_file_needs_a_restart(tmp_path, caplog, monkeypatch):
-    # The secret is read at start; a SIGHUP said "nothing changed" while
-    # the old one stayed in use.
+def handled(signum, handler, caplog):
+    """Send ourselves ``signum`` and serve it with ``handler`` (by
+    ``wait_for_signal``, until a handler returns True), with warnings and
+    up in ``caplog``."""
     import logging
     import os
     import signal
 
     import gevent
 
-    from zc_lb.process import service
     from zc_lb.process.service import wait_for_signal
+
+    previous = signal.getsignal(signum)
+    keeper = gevent.spawn(gevent.sleep, 10)  # (signal watchers alone do not keep the loop)
+    try:
+        gevent.spawn_later(0.05, os.kill, os.getpid(), signum)
+        with caplog.at_level(logging.WARNING, logger="zc_lb"):
+            wait_for_signal({signal.Signals(signum).name: handler})
+    finally:
+        keeper.kill()
+        signal.signal(signum, previous)
+
+
+def test_sighup_says_a_changed_secret_file_needs_a_restart(tmp_path, caplog, monkeypatch):
+    # The secret is read at start; a SIGHUP said "nothing changed" while
+    # the old one stayed in use.
+    import os
+    import signal
+
+    from zc_lb.process import service
 
     monkeypatch.setattr(service, "SECRETS_READ", {}, raising=False)
     secret, token = tmp_path / "secret", tmp_path / "token"
@@ -96,15 +114,7 @@ def test_sighup_says_a_changed_secret_file_needs_a_restart(tmp_path, caplog, mon
             os.kill(os.getpid(), signal.SIGHUP)
         return len(said) == 2
 
-    previous = signal.getsignal(signal.SIGHUP)
-    keeper = gevent.spawn(gevent.sleep, 10)  # (signal watchers alone do not keep the loop)
-    try:
-        gevent.spawn_later(0.05, os.kill, os.getpid(), signal.SIGHUP)
-        with caplog.at_level(logging.WARNING, logger="zc_lb"):
-            wait_for_signal({"SIGHUP": hangup})
-    finally:
-        keeper.kill()
-        signal.signal(signal.SIGHUP, previous)
+    handled(signal.SIGHUP, hangup, caplog)
     unchanged, changed = said
     assert unchanged == []
     assert changed[0] == ("secret file %s changed: restart to apply (the secret read at "
@@ -209,27 +219,16 @@ def test_an_lb_service_takes_a_new_worker_list_and_passes_the_rest_on():
 
 def test_signals_that_come_while_the_last_is_handled_are_logged_when_the_process_ends(caplog):
     # A second SIGUSR2 during a restart used to vanish without a word.
-    import logging
     import os
     import signal
 
     import gevent
-
-    from zc_lb.process.service import wait_for_signal
 
     def restart():
         os.kill(os.getpid(), signal.SIGUSR2)  # (a second one, while this one is handled)
         gevent.sleep(0.2)
         return True  # the new LB took over: this one ends
 
-    previous = signal.getsignal(signal.SIGUSR2)
-    keeper = gevent.spawn(gevent.sleep, 10)  # (signal watchers alone do not keep the loop)
-    try:
-        gevent.spawn_later(0.05, os.kill, os.getpid(), signal.SIGUSR2)
-        with caplog.at_level(logging.WARNING, logger="zc_lb"):
-            wait_for_signal({"SIGUSR2": restart})
-    finally:
-        keeper.kill()
-        signal.signal(signal.SIGUSR2, previous)
+    handled(signal.SIGUSR2, restart, caplog)
     assert any("SIGUSR2 came while SIGUSR2 was handled" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]

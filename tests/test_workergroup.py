@@ -199,29 +199,17 @@ def test_a_process_killed_leaves_its_port_held_for_the_next():
     assert group.returncode == 0, group.log()
 
 
-def test_an_address_in_use_is_refused_before_any_process_starts():
+@pytest.mark.parametrize("option", ["--listen", "--status"])
+def test_an_address_in_use_is_refused_before_any_process_starts(option):
+    # (--status: it ran one worker short, that child failing at every start)
     port = consecutive_ports(2)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", port + 1))
         taken.listen()
-        group = start_group("-w", "2", "--listen", "127.0.0.1:%d" % port)
+        group = start_group("-w", "2", option, "127.0.0.1:%d" % port)
         out, _ = group.communicate(timeout=60)
     assert group.returncode == 1  # (the environment's, not the configuration's)
-    assert "--listen 127.0.0.1:%d (-w process 1): Address already in use" % (port + 1) \
-        in group.log()
-    assert "listening" not in out
-
-
-def test_a_status_address_in_use_is_refused_before_any_process_starts():
-    # It ran one worker short, that child failing at every start.
-    port = consecutive_ports(2)
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", port + 1))
-        taken.listen()
-        group = start_group("-w", "2", "--status", "127.0.0.1:%d" % port)
-        out, _ = group.communicate(timeout=60)
-    assert group.returncode == 1
-    assert "--status 127.0.0.1:%d (-w process 1): Address already in use" % (port + 1) \
+    assert "%s 127.0.0.1:%d (-w process 1): Address already in use" % (option, port + 1) \
         in group.log()
     assert "listening" not in out
 
