@@ -369,7 +369,7 @@ class LB:
 
     def _abort(self, connection: Connection, exchange: Optional[Exchange],
                upload: Optional[Upload]) -> None:
-        counts = self.counters.worker_counts(connection.peer)  # failed here before its response started
+        counts = self.counters.worker_counts(connection.peer)  # (failed before its response)
         counts["errors"] = counts.get("errors", 0) + 1
         if upload is not None:
             upload.stop()

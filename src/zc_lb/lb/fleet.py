@@ -189,10 +189,7 @@ class Fleet(LinkEvents):
     def drain_worker(self, address: str) -> None:
         """An operator's drain: send the worker nothing new (its requests in
         flight finish) until ``enable_worker``; it stays connected."""
-        link = self.links.get(address)
-        if link is None:
-            raise ConfigurationError("no worker %s (known: %s)"
-                                     % (address, ", ".join(sorted(self.links)) or "none"))
+        link = self._known(address)
         self.drained.add(address)
         if link.connection is not None:
             self.pool.remove(link.connection)
@@ -204,10 +201,7 @@ class Fleet(LinkEvents):
         to undo.  As a drain, it may be asked again: a worker neither
         drained nor ejected is left as it is (a retried action, or one
         through a ``--processes`` supervisor some children had taken)."""
-        link = self.links.get(address)
-        if link is None:
-            raise ConfigurationError("no worker %s (known: %s)"
-                                     % (address, ", ".join(sorted(self.links)) or "none"))
+        link = self._known(address)
         readmitted = self.ejector.readmit_now(address)
         if not (readmitted or address in self.drained):
             log.info("worker %s enabled by an operator: it was neither drained nor ejected",
@@ -219,6 +213,15 @@ class Fleet(LinkEvents):
         log.warning("worker %s %s by an operator", address,
                     "readmitted" if readmitted else "enabled")
         return True
+
+    def _known(self, address: str) -> WorkerLink:
+        """The link of worker ``address``, for an operator's action;
+        ConfigurationError naming the known ones if there is none."""
+        link = self.links.get(address)
+        if link is None:
+            raise ConfigurationError("no worker %s (known: %s)"
+                                     % (address, ", ".join(sorted(self.links)) or "none"))
+        return link
 
     def outcome(self, connection: Connection, ok: bool, path: Optional[str] = None) -> None:
         """Count a request's outcome on its worker; eject a failing one.
