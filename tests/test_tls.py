@@ -264,6 +264,35 @@ def test_a_tls_handshake_trickling_in_is_cut_at_the_header_timeout(tmp_path):
         front.stop(timeout=0.5)
 
 
+def test_the_first_head_after_a_slow_tls_handshake_is_due_at_the_header_timeout(tmp_path):
+    # (after the handshake the head had a header timeout of its own: from
+    # the accept, twice the header timeout)
+    import time
+    import gevent
+    import gevent.socket
+    import gevent.ssl
+    front = _https_front(tmp_path, header_timeout=1.0)
+    try:
+        started = time.monotonic()
+        sock = gevent.socket.create_connection(front.address, timeout=5)
+        gevent.sleep(0.6)
+        context = gevent.ssl.SSLContext(gevent.ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname, context.verify_mode = False, gevent.ssl.CERT_NONE
+        client = context.wrap_socket(sock)
+        client.sendall(b"GET / HTTP/1.1\r\n")  # (and no more)
+        answer = b""
+        while True:
+            data = client.recv(65536)
+            if not data:
+                break
+            answer += data
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert time.monotonic() - started < 1.4
+        client.close()
+    finally:
+        front.stop(timeout=0.5)
+
+
 def test_silent_connections_in_their_tls_handshake_make_room_past_max_connections(tmp_path):
     # (only connections waiting for a head were evicted: two silent TCP
     # connections to the HTTPS port kept every TLS client out)

@@ -47,8 +47,9 @@ class ClientConnection:
     ``status``, ``requestline``, ``response_length``, ``time_start``,
     ``time_finish``, ``client_address``), as it did pywsgi's handler's."""
 
-    def __init__(self, server: Any, sock: Any, address: Any) -> None:
+    def __init__(self, server: Any, sock: Any, address: Any, accepted: float = 0.0) -> None:
         self.server = server
+        self.accepted = accepted  # (monotonic; 0.0: now) the first head is due from it
         self.sock = sock
         self.client_address = address
         self.reader = RequestReader(time.time if server.access_log is not None else None)
@@ -148,7 +149,8 @@ class ClientConnection:
         reader, server = self.reader, self.server
         header_timeout, client_timeout = server.header_timeout, server.client_timeout
         park_after = server.park_after
-        deadline = time.monotonic() + header_timeout if first and header_timeout else None
+        deadline = ((self.accepted or time.monotonic()) + header_timeout
+                    if first and header_timeout else None)
         while True:
             if deadline is None and header_timeout and reader.in_head:
                 deadline = time.monotonic() + header_timeout

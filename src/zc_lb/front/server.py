@@ -216,19 +216,21 @@ class _Server(gevent.server.StreamServer):
             return
         self.connections += 1
         client = connection = None
+        accepted = 0.0  # (a plain socket: its first wait begins at once)
         try:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
             if self.proxy_protocol or self.tls is not None:
+                accepted = time.monotonic()  # (its first head is due from the accept)
                 opened = self._open(sock, address)
                 if opened is None:
                     return
                 client, address = opened
             else:
                 client = sock
-            connection = ClientConnection(self, client, address)
+            connection = ClientConnection(self, client, address, accepted)
         finally:
             if connection is None:
                 if client is not None:
