@@ -53,17 +53,21 @@ def run_lb(args: argparse.Namespace) -> int:
     from zc_lb.process.service import PidFile
 
     service = _start(args)
-    for server in service.fronts:
-        print("zc-lb lb listening on %s" % address_text(server.address), flush=True)
-    if service.status is not None:
-        print("zc-lb status on %s:%d" % service.status.address, flush=True)
     gevent.spawn(_ready_when_serving, service.lb)
     # (one of --processes N: the supervisor has the pid file)
     pid_file = PidFile(args.pid_file if args.process_index is None else None)
+
+    def ready() -> None:  # (said once signals are handled: one sent on seeing it counts)
+        for server in service.fronts:
+            print("zc-lb lb listening on %s" % address_text(server.address), flush=True)
+        if service.status is not None:
+            print("zc-lb status on %s:%d" % service.status.address, flush=True)
+        pid_file.write()
+
     try:
         wait_for_signal({"SIGTERM": service.stop, "SIGINT": service.stop,
                          "SIGHUP": _hangup(args, service), "SIGUSR1": service.reopen,
-                         "SIGUSR2": lambda: service.hand_over(args)}, ready=pid_file.write)
+                         "SIGUSR2": lambda: service.hand_over(args)}, ready=ready)
     finally:
         pid_file.remove()
     log.info("lb stopped")

@@ -47,14 +47,18 @@ def run_worker(args: argparse.Namespace) -> int:
     service.start()
     pid_file = PidFile(args.pid_file)
     changed: List[str] = []  # (--reload: the application's file that changed)
-    try:
-        # Ready for LBs that know our address, whatever ZooKeeper is doing.
+    def ready() -> None:
+        # Said once signals are handled (a SIGHUP sent on seeing it was
+        # lost), and before ZooKeeper: ready for LBs that know our address.
         print("zc-lb worker listening on %s" % address_text(service.worker.address),
               flush=True)
         if service.status is not None:
             print("zc-lb worker status on %s:%d" % service.status.address, flush=True)
         service.register()
-        wait_for_signal(_handlers(args, service, changed), ready=pid_file.write)
+        pid_file.write()
+
+    try:
+        wait_for_signal(_handlers(args, service, changed), ready=ready)
     finally:
         pid_file.remove()
     if changed and args.listen_fd is not None:  # (one of -w N: its supervisor
