@@ -344,6 +344,31 @@ def test_a_child_started_again_with_its_config_file_gone_bad_starts_as_the_last_
         stderr.close()
 
 
+def test_the_supervisor_warns_of_a_secret_file_once_not_once_a_process(tmp_path):
+    # (each child said it: the mode at start, and a change at each SIGHUP)
+    secret, token = tmp_path / "secret", tmp_path / "token"
+    for path in (secret, token):
+        path.write_bytes(b"s3cret\n")
+        path.chmod(0o604)
+    stderr = open(tmp_path / "lb.log", "w")
+    lb = LBProcess([], "--processes", "2", "--status", "127.0.0.1:0", "--secret-file",
+                   str(secret), "--admin-token-file", str(token), env=ENV,
+                   stderr=stderr).start()
+    log = (tmp_path / "lb.log").read_text
+    try:
+        address = lb.said("zc-lb status on ")
+        wait_for(lambda: len(status(address)["processes"]) == 2, message="both processes")
+        for path in (secret, token):
+            assert log().count("secret file %s can be read by others" % path) == 1, log()
+        secret.write_bytes(b"n3w\n")
+        os.kill(lb.process.pid, signal.SIGHUP)
+        wait_for(lambda: log().count("got SIGHUP") == 3, message="the children's SIGHUP")
+        assert log().count("secret file %s changed: restart to apply" % secret) == 1, log()
+    finally:
+        lb.kill()
+        stderr.close()
+
+
 def test_sigterm_drains_every_process(processes_lb):
     lb = processes_lb
     with concurrent.futures.ThreadPoolExecutor(4) as pool:

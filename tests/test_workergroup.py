@@ -178,6 +178,38 @@ def test_a_process_started_again_after_its_config_file_went_bad_starts_as_the_la
     assert not list(copies.iterdir())  # (no copy left behind)
 
 
+def test_a_group_warns_of_its_secret_file_once_not_once_a_process(tmp_path):
+    # (each child warned of the file's mode at start, and of a change at
+    # each SIGHUP: -w 8 said it eight times)
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s3cret\n")
+    secret.chmod(0o604)
+    port = consecutive_ports(2)
+    group = start_group("-w", "2", "--listen", "127.0.0.1:%d" % port,
+                        "--secret-file", str(secret))
+    try:
+        read_addresses(group, 2)
+        assert group.log().count("secret file %s can be read by others" % secret) == 1, \
+            group.log()
+        secret.write_bytes(b"n3w\n")
+        group.send_signal(signal.SIGHUP)
+        wait_for(lambda: group.log().count("SIGHUP ignored") == 2, message="both children")
+        assert group.log().count("secret file %s changed: restart to apply" % secret) == 1, \
+            group.log()
+    finally:
+        stop(group)
+    assert group.returncode == 0, group.log()
+
+
+def test_a_group_with_a_secret_file_it_cannot_read_is_refused_at_start(tmp_path):
+    port = consecutive_ports(2)
+    group = start_group("-w", "2", "--listen", "127.0.0.1:%d" % port,
+                        "--secret-file", str(tmp_path / "missing"))
+    group.communicate(timeout=30)
+    assert group.returncode == 2, group.log()
+    assert group.log().count("cannot read secret file %s" % (tmp_path / "missing")) == 1
+
+
 def test_a_process_killed_leaves_its_port_held_for_the_next():
     """The supervisor holds each child's socket: while a killed child is
     started again, an LB connecting is queued, not refused, and the next

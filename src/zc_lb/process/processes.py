@@ -309,9 +309,11 @@ def run(args, argv: Sequence[str], kept: Any = None) -> int:
     last read well, for the children (cli/reload.py)."""
     from zc_lb.sockets import address_text, parse_listen
     from zc_lb.process import restart
-    from zc_lb.process.service import PidFile, hand_over, parse_listeners, wait_for_signal
+    from zc_lb.process.service import (PidFile, hand_over, parse_listeners, wait_for_signal,
+                                       watch_secrets_for_children)
 
     (scheme, where), = parse_listeners(args)
+    watch_secrets_for_children(args.secret_file, args.admin_token_file)
     listen = restart.inherited("front0") or parse_listen(where)
     supervisor = Supervisor(args.processes, lb_argv(argv), listen, args.log_level,
                             scheme=scheme, cwd=getattr(args, "start_dir", None), kept=kept)

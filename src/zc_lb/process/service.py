@@ -11,11 +11,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import hmac
+import json
 import logging
 import os
 import signal
 import stat
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, FrozenSet, List, Optional, Tuple
 
 from zc_lb.process import restart
 from zc_lb.errors import AddressUnavailable, ConfigurationError
@@ -64,15 +65,48 @@ def keep_freed_memory() -> bool:
 # (``check_secret_files``).
 SECRETS_READ: Dict[str, bytes] = {}
 
+# A supervisor (``-w``, ``--processes``) reads the secret files before it
+# starts its children, and names them to the children in this variable:
+# it alone warns of their mode at start and of a change at SIGHUP, once
+# for the group, not once a process.
+SECRETS_WATCHED = "ZC_LB_SECRETS_WATCHED"
+_watched: Optional[FrozenSet[str]] = None  # (read from it at the first secret)
+
+
+def watch_secrets_for_children(*paths: Optional[str]) -> None:
+    """(A supervisor, before it starts its children.)  Read the secret
+    files at ``paths`` (a bad one is an error at start, once, not in each
+    child), warn of each that others may read, and name them to the
+    children (``SECRETS_WATCHED``)."""
+    global _watched
+    os.environ.pop(SECRETS_WATCHED, None)  # (an old supervisor's, at a hand-over)
+    _watched = frozenset()
+    for path in paths:
+        read_secret(path)
+    os.environ[SECRETS_WATCHED] = json.dumps(sorted(SECRETS_READ))
+
+
+def _watched_by_supervisor() -> FrozenSet[str]:
+    global _watched
+    if _watched is None:
+        try:
+            _watched = frozenset(json.loads(os.environ.pop(SECRETS_WATCHED, "[]")))
+        except (ValueError, TypeError):
+            _watched = frozenset()
+    return _watched
+
 
 def read_secret(path: Optional[str]) -> Optional[bytes]:
     """The shared secret (or admin token) in the file at ``path``, if any.
     A file that others may read, or a group this process is not in, is
-    used with a warning (``secret_readers``)."""
+    used with a warning (``secret_readers``), once a process, and not in
+    a supervisor's child (``watch_secrets_for_children``)."""
     if not path:
         return None
     secret, info = _read_secret_file(path)
-    readers = secret_readers(info)
+    if path in _watched_by_supervisor():
+        return secret  # (its supervisor warns, and reads it again at SIGHUP)
+    readers = None if path in SECRETS_READ else secret_readers(info)
     if readers:
         log.warning("secret file %s can be read by %s (mode %04o): make it readable by "
                     "the service alone (chmod 600, or 640 and a group the service runs in)",

@@ -236,13 +236,14 @@ class WorkerGroup:
 def run(args, argv: Sequence[str], kept: Any = None) -> int:
     """``zc-lb worker ... -w N`` (N > 1): the supervisor's life.  ``kept``:
     the --config file as last read well, for the children (cli/reload.py)."""
-    from zc_lb.process.service import PidFile
+    from zc_lb.process.service import PidFile, check_secret_files, watch_secrets_for_children
 
     if not args.app:
         raise ConfigurationError("no application: give module:callable (or a PasteDeploy "
                                  ".ini file) on the command line, or app in --config")
     if args.status:
         check_free("--status", args.status, args.workers)
+    watch_secrets_for_children(args.secret_file)
     i = list(argv).index("worker") if "worker" in argv else 0
     prefix, rest = list(argv[:i + 1]), list(argv[i + 1:])
     group = WorkerGroup([prefix + child_argv(rest, index, args.listen, args.status,
@@ -255,6 +256,7 @@ def run(args, argv: Sequence[str], kept: Any = None) -> int:
         signal.signal(signum, lambda *_: stop.set())
 
     def sighup(*_) -> None:
+        check_secret_files()
         if kept is not None:
             kept.take()
         group.signal_all(signal.SIGHUP)
