@@ -47,18 +47,9 @@ def run_worker(args: argparse.Namespace) -> int:
     service.start()
     pid_file = PidFile(args.pid_file)
     changed: List[str] = []  # (--reload: the application's file that changed)
-    def ready() -> None:
-        # Said once signals are handled (a SIGHUP sent on seeing it was
-        # lost), and before ZooKeeper: ready for LBs that know our address.
-        print("zc-lb worker listening on %s" % address_text(service.worker.address),
-              flush=True)
-        if service.status is not None:
-            print("zc-lb worker status on %s:%d" % service.status.address, flush=True)
-        service.register()
-        pid_file.write()
-
     try:
-        wait_for_signal(_handlers(args, service, changed), ready=ready)
+        wait_for_signal(_handlers(args, service, changed),
+                        ready=lambda: _ready(service, pid_file))
     finally:
         pid_file.remove()
     if changed and args.listen_fd is not None:  # (one of -w N: its supervisor
@@ -70,6 +61,17 @@ def run_worker(args: argparse.Namespace) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "zc_lb.cli"] + list(args.argv))
     log.info("worker stopped")
     return 0
+
+
+def _ready(service: WorkerService, pid_file) -> None:
+    """Say where the worker listens, register, write the pid file: once
+    signals are handled (a SIGHUP sent on seeing the line was lost), and
+    before ZooKeeper is reached (ready for LBs that know our address)."""
+    print("zc-lb worker listening on %s" % address_text(service.worker.address), flush=True)
+    if service.status is not None:
+        print("zc-lb worker status on %s:%d" % service.status.address, flush=True)
+    service.register()
+    pid_file.write()
 
 
 def _handlers(args: argparse.Namespace, service: WorkerService,

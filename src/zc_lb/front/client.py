@@ -41,15 +41,15 @@ EVICTED = "evicted: the slowest request head when the connections ran out"
 
 
 class ClientConnection:
-    """One client connection: requests read (front/h1.py), the app called once
-    per request in this greenlet, responses written.  The access log
-    reads a request's record from its attributes (``environ``,
-    ``status``, ``requestline``, ``response_length``, ``time_start``,
-    ``time_finish``, ``client_address``), as it did pywsgi's handler's."""
+    """One client connection: requests read (front/h1.py), the app called
+    once per request in this greenlet, responses written.  The access log
+    reads a request's record from its attributes (``environ``, ``status``,
+    ``requestline``, ``response_length``, ``time_start``, ``time_finish``,
+    ``client_address``), as it did pywsgi's handler's."""
 
     def __init__(self, server: Any, sock: Any, address: Any, accepted: float = 0.0) -> None:
         self.server = server
-        self.accepted = accepted  # (monotonic; 0.0: now) the first head is due from it
+        self.accepted = accepted or time.monotonic()  # (the first head is due from it)
         self.sock = sock
         self.client_address = address
         self.reader = RequestReader(time.time if server.access_log is not None else None)
@@ -57,10 +57,9 @@ class ClientConnection:
         # kept in dicts of this connection's own: an idle client costs less).
         self.remote = (address[0], str(address[1])) if isinstance(address, tuple) else None
         self.facts: Optional[Facts] = None  # (lb/relay.py's, made at the first request)
-        forwarding = server.forwarding
         self.peer = address[0] if isinstance(address, tuple) else None
         self.evicted = False  # ended by the server to make room
-        self.trusted = forwarding is not None and forwarding.trusts(self.peer)
+        self.trusted = server.forwarding is not None and server.forwarding.trusts(self.peer)
         self.transport = Transport(sock, server.client_timeout)
         self._reset()
 
@@ -149,8 +148,7 @@ class ClientConnection:
         reader, server = self.reader, self.server
         header_timeout, client_timeout = server.header_timeout, server.client_timeout
         park_after = server.park_after
-        deadline = ((self.accepted or time.monotonic()) + header_timeout
-                    if first and header_timeout else None)
+        deadline = self.accepted + header_timeout if first and header_timeout else None
         while True:
             if deadline is None and header_timeout and reader.in_head:
                 deadline = time.monotonic() + header_timeout
