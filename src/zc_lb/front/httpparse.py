@@ -12,7 +12,7 @@ whose framing is unambiguous.  Anything else raises ``BadRequest`` with
 the status to answer, after which the connection is closed: a peer that
 broke the grammar once cannot be trusted to frame the next request.
 
-Decisions (README.rst, "The HTTP front", says the same to operators):
+Decisions (docs/reference/http.rst says the same to operators):
 
 - line endings: CRLF (llhttp refuses a bare LF, which RFC 9112 2.2
   would allow);
