@@ -101,10 +101,11 @@ def read_secret(path: Optional[str]) -> Optional[bytes]:
     A file that others may read, or a group this process is not in, is
     used with a warning (``secret_readers``), once a process, and not in
     a supervisor's child (``watch_secrets_for_children``)."""
+    watched = _watched_by_supervisor()  # (read, and gone from the app's environment)
     if not path:
         return None
     secret, info = _read_secret_file(path)
-    if path in _watched_by_supervisor():
+    if path in watched:
         return secret  # (its supervisor warns, and reads it again at SIGHUP)
     readers = None if path in SECRETS_READ else secret_readers(info)
     if readers:
