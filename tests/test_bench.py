@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from benchmarks import bench, floor
+from zc_lb.testing import read_until_closed
 
 WRK_OUTPUT = """\
 Running 1s test @ http://127.0.0.1:8080/
@@ -173,13 +174,7 @@ def test_the_floor_proxy_answers_pipelined_requests_and_refuses_a_body():
                 received += data
             assert received.count(b"HTTP/1.1 200 OK\r\n") == 3
             sock.sendall(b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
-            answer = b""
-            while True:
-                data = sock.recv(65536)
-                if not data:
-                    break
-                answer += data
-            assert answer.startswith(b"HTTP/1.1 501 ")
+            assert read_until_closed(sock).startswith(b"HTTP/1.1 501 ")
 
 
 def test_the_paced_line_sets_the_lb_against_haproxy_at_the_same_pace():

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from zc_lb.errors import ConfigurationError
-from zc_lb.testing import LBProcess, WorkerProcess, http_get, wait_for
+from zc_lb.testing import LBProcess, WorkerProcess, http_get, read_until_closed, wait_for
 from zc_lb.tls import lb_context, worker_context
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -280,12 +280,7 @@ def test_the_first_head_after_a_slow_tls_handshake_is_due_at_the_header_timeout(
         context.check_hostname, context.verify_mode = False, gevent.ssl.CERT_NONE
         client = context.wrap_socket(sock)
         client.sendall(b"GET / HTTP/1.1\r\n")  # (and no more)
-        answer = b""
-        while True:
-            data = client.recv(65536)
-            if not data:
-                break
-            answer += data
+        answer = read_until_closed(client)
         assert answer.startswith(b"HTTP/1.1 408"), answer
         assert time.monotonic() - started < 1.4
         client.close()

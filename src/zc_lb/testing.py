@@ -459,6 +459,16 @@ def write_text_app(path, text: str) -> None:
     os.utime(path, (later, later))
 
 
+def read_until_closed(sock) -> bytes:
+    """All a socket receives until its peer closes it."""
+    received = b""
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            return received
+        received += data
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02,
              message: str = "condition") -> None:
     """Poll ``predicate`` until true; AssertionError after ``timeout``."""
