@@ -65,7 +65,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
 def _ready(service: WorkerService, pid_file) -> None:
     """Say where the worker listens, register, write the pid file: once
-    signals are handled (a SIGHUP sent on seeing the line was lost), and
+    signals are handled (so that one sent on seeing the line counts), and
     before ZooKeeper is reached (ready for LBs that know our address)."""
     print("zc-lb worker listening on %s" % address_text(service.worker.address), flush=True)
     if service.status is not None:
