@@ -205,7 +205,10 @@ def test_a_group_with_a_secret_file_it_cannot_read_is_refused_at_start(tmp_path)
     port = consecutive_ports(2)
     group = start_group("-w", "2", "--listen", "127.0.0.1:%d" % port,
                         "--secret-file", str(tmp_path / "missing"))
-    group.communicate(timeout=30)
+    try:
+        group.communicate(timeout=30)
+    finally:
+        group.kill()  # (a supervisor that retries its children for ever must not outlive it)
     assert group.returncode == 2, group.log()
     assert group.log().count("cannot read secret file %s" % (tmp_path / "missing")) == 1
 
