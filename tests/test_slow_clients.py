@@ -148,8 +148,11 @@ def test_slow_downloaders_hold_no_worker_thread_and_stall_nobody(procs):
     finally:
         for sock in readers:
             sock.close()
-    # Within 2x (timing on a shared machine: a baseline of at least 5 ms).
-    assert p99(during) <= 2 * max(p99(before), 0.005), (p99(before), p99(during))
+    # Within 2x, with a baseline of at least 25 ms: on a shared machine
+    # (the suite runs three files at once on two cores) a 5 ms baseline
+    # failed at 10.6 ms, where a request stalled behind a slow client
+    # waits for it, seconds, until the client's timeout.
+    assert p99(during) <= 2 * max(p99(before), 0.025), (p99(before), p99(during))
     wait_for(lambda: fetch_json(status_url)["buffers"] == dict(
         fetch_json(status_url)["buffers"], memory=0, disk=0), message="buffers freed")
 
