@@ -337,3 +337,41 @@ def test_a_setting_the_policy_does_not_take_is_said_once_a_value(caplog):
     with pytest.raises(ConfigurationError):  # a bad value is bad under any policy
         lb.configure({"spread": -1.0, "variance": 4.0})
     assert lb.pool.variance == 3.0
+
+
+def test_an_lb_of_another_policy_keeps_its_workers_when_keys_are_relayed_to_it():
+    # The workers relay an affinity LB's keys to every other LB: one of
+    # the published policy (another policy during a rolling change, say)
+    # has no book to put them in, and its connection to the worker failed
+    # on each relay (AttributeError), every 50 ms.
+    from zc_lb.worker.server import Worker
+
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        return [b""]
+
+    worker = Worker(app)
+    affinity = make_lb(lambda environ: "c")
+    published = LB(Pool(), lambda environ: "c")
+    try:
+        worker.start()
+        address = "%s:%d" % worker.address
+        for lb in (affinity, published):
+            lb.pool.lbs = 2
+            lb.fleet.set_workers([address])
+            assert lb.fleet.wait_for_workers(10)
+        affinity.fleet.relay_turn()
+        assert affinity.pool.relayed
+        connection = published.fleet.links[address].connection
+        for i in range(5):
+            affinity.pool.put(affinity.pool.get("c", "/k%d" % i))
+        affinity.fleet.relay_turn()
+        deadline = time.monotonic() + 0.5  # (the relayed frame's way back)
+        while time.monotonic() < deadline and not connection.closed:
+            gevent.sleep(0.01)
+        assert not connection.closed and published.fleet.links[address].connection is connection
+    finally:
+        for lb in (affinity, published):
+            lb.stop()
+        worker.stop(timeout=1)
+

@@ -146,10 +146,11 @@ class Fleet(LinkEvents):
 
     def worker_keys(self, connection: Connection, keys: Dict[str, List[int]]) -> None:
         """A worker relayed the keys another LB sent it: the pool's book
-        says they are there."""
-        pool: Any = self.pool  # (an AffinityPool: ``lbs_changed`` says)
-        if connection in pool:
-            pool.take_keys(connection, keys)
+        says they are there.  A pool of another policy keeps no book: the
+        workers relay to every LB all the same, and it leaves them."""
+        take_keys = getattr(self.pool, "take_keys", None)
+        if take_keys is not None and connection in self.pool:
+            take_keys(connection, keys)
 
     def worker_silent(self, connection: Connection, seconds: float) -> None:
         """A worker says nothing (stopped, or its loop blocked): send it
