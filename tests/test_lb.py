@@ -375,3 +375,24 @@ def test_an_lb_of_another_policy_keeps_its_workers_when_keys_are_relayed_to_it()
             lb.stop()
         worker.stop(timeout=1)
 
+
+def test_relayed_keys_of_classes_json_escapes_go_in_frames_a_worker_takes():
+    # A class is the classifier's (a re: one on the path can give control
+    # characters, which JSON writes as six bytes each): parts sized by the
+    # class's length made frames over the limit, and the worker dropped
+    # the LB's connection and its requests in flight.
+    from zc_lb.lb.fleet import RELAY_FRAME, _parts
+    from zc_lb.wire.encoder import encode
+    from zc_lb.wire.frames import HEADER_SIZE, MAX_MESSAGE, Keys
+
+    for char in ("\x01", '"', "\u4e2d", "\U0001f600", "a"):
+        keys = {bounded_class(char * 300 + str(i)): [2 ** 64 - 1 - i] for i in range(2000)}
+        keys["many"] = list(range(2 ** 64 - 20000, 2 ** 64))
+        parts = _parts(keys)
+        sizes = [len(encode(Keys(part))) - HEADER_SIZE for part in parts]
+        assert max(sizes) <= RELAY_FRAME < MAX_MESSAGE, char
+        merged = {}
+        for part in parts:
+            for rclass, hashes in part.items():
+                merged.setdefault(rclass, []).extend(hashes)
+        assert merged == keys

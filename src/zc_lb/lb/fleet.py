@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set, cast
 
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
+import orjson
 
 from zc_lb.environ import REQUEST_CLASS
 from zc_lb.errors import ConfigurationError, ZcLbError
@@ -37,7 +38,7 @@ from zc_lb.wire.frames import Response
 log = logging.getLogger(__name__)
 
 RELAY_INTERVAL = 0.05  # seconds between the keys an LB sends each worker to relay
-RELAY_FRAME = 128 * 1024  # bytes of keys in one frame, about (frames.Keys)
+RELAY_FRAME = 128 * 1024  # bytes of keys in one frame at most (frames.Keys)
 
 # What the status document says of a worker not in the pool: every key a
 # pooled one has, so that a reader need not guess.
@@ -379,19 +380,21 @@ def _let_others_run() -> None:
 
 
 def _parts(keys: Dict[str, List[int]]) -> List[Dict[str, List[int]]]:
-    """``keys`` (class -> key hashes) in parts of about RELAY_FRAME bytes
-    of JSON each, under the peer's frame limit."""
+    """``keys`` (class -> key hashes) in parts of at most RELAY_FRAME
+    bytes of JSON each (a class's name counted as JSON writes it: a
+    control character takes six bytes), under the peer's frame limit."""
     parts: List[Dict[str, List[int]]] = []
     part: Dict[str, List[int]] = {}
-    size = 0
+    size = 2  # (the braces)
     for rclass, hashes in keys.items():
-        step = max(1, (RELAY_FRAME - len(rclass)) // 21)  # (a hash: 20 digits and a comma)
+        name = len(orjson.dumps(rclass)) + 4  # (quoted; a colon, brackets, a comma)
+        step = max(1, (RELAY_FRAME - 2 - name) // 21)  # (a hash: 20 digits and a comma)
         for start in range(0, len(hashes), step):
             chunk = hashes[start:start + step]
-            cost = len(rclass) * 2 + 8 + 21 * len(chunk)
+            cost = name + 21 * len(chunk)
             if part and size + cost > RELAY_FRAME:
                 parts.append(part)
-                part, size = {}, 0
+                part, size = {}, 2
             part.setdefault(rclass, []).extend(chunk)
             size += cost
     if part:
