@@ -233,3 +233,45 @@ def test_a_worker_in_the_pool_twice_stays_known_to_the_siblings_when_one_goes():
     pool.add("new", {"a": 5.0}, name="10.0.0.1:8000")
     pool.remove("old")
     assert pool.by_hash[me.worker_hash("10.0.0.1:8000")] is pool.workers["new"]
+
+
+def test_a_pool_of_another_policy_counts_its_siblings_requests_on_a_worker_it_never_chose():
+    # A sibling read back only the workers it had named, and a published
+    # pool named a worker only once it had a request of its own on it: the
+    # siblings' requests on the others were not counted, and it sent its
+    # next ones to the busiest.
+    one, two = Siblings.in_memory(2)
+    pools = Pool(), Pool()
+    for pool in pools:
+        pool.add("w:1"), pool.add("w:2")
+    sync(two, pools[1])  # (the second's exchanges, before and after the first's requests)
+    for _ in range(5):  # (the first sibling's five requests, all on w:1)
+        pools[0].workers["w:1"].backlog += 1
+        pools[0].backlog += 1
+    sync(one, pools[0])
+    sync(two, pools[1])
+    assert (pools[1].workers["w:1"].backlog, pools[1].workers["w:2"].backlog) == (5, 0)
+    assert pools[1].get(None) == "w:2"
+
+
+def test_a_sibling_forgets_the_names_of_workers_gone_from_its_pool():
+    # Workers on ports of the kernel's choice take a new name each time
+    # they start again: a sibling kept every name it had seen, for ever.
+    one, two = Siblings.in_memory(2)
+    pools = AffinityPool(), AffinityPool()
+    for pool, sibling in zip(pools, (one, two)):
+        pool.share_with(sibling)
+    for n in range(2000):
+        name = "10.0.0.1:%d" % (40000 + n)
+        for pool, sibling in zip(pools, (one, two)):
+            pool.add(name)
+            pool.put(pool.get("c", "/k"))
+            sync(sibling, pool)
+            if n >= 4:
+                pool.remove("10.0.0.1:%d" % (40000 + n - 4))
+    assert len(one.names) < 100 and len(one.worker_hashes) < 100
+    pools[1].workers["10.0.0.1:41999"].backlog += 3  # (the workers still in the pool: counted)
+    pools[1].backlog += 3
+    sync(two, pools[1])
+    sync(one, pools[0])
+    assert pools[0].workers["10.0.0.1:41999"].elsewhere == 3

@@ -54,7 +54,7 @@ import mmap
 import os
 import struct
 import time
-from typing import Callable, Dict, Mapping, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from zc_lb.routing.classstats import stable_hash
 from zc_lb.errors import ConfigurationError
@@ -65,6 +65,7 @@ HEADER_SIZE = 64
 BOOK_SLOTS = 1 << 16  # keys the shared book holds (a power of two)
 SLOT = struct.Struct("<QQQQ")  # key hash, class hash, worker hash, check
 MAX_WORKERS = 1024  # workers a sibling's row counts
+FORGET_SLACK = 64  # names of workers gone a sibling keeps, past twice its pool's, before it forgets
 SEQUENCE = struct.Struct("<Q")  # a row's first word: odd while it is written
 ROW_HEAD = struct.Struct("<QdddI")  # sequence, time written, locality's two sums, workers
 ROW_TAIL = struct.Struct("<dddI")  # the same less the sequence, written before it
@@ -191,9 +192,23 @@ class Siblings:
     def publish(self, in_flight: Mapping[str, int],
                 measure: Tuple[float, float] = (0.0, 0.0)) -> None:
         """Write this sibling's requests in flight, worker name -> count,
-        and its pool's measure of locality (``Pool.measure``)."""
-        pairs = [item for name, count in in_flight.items() if count  # (none: nothing to add)
-                 for item in (self.worker_hash(name), count)][:2 * MAX_WORKERS]
+        and its pool's measure of locality (``Pool.measure``).
+        ``in_flight`` names every worker of the pool, idle ones too: the
+        siblings' requests are read back on those (``elsewhere``), and
+        the names of workers gone since are forgotten (a worker on a port
+        of the kernel's choice has a new one each time it starts)."""
+        hashes = self.worker_hashes
+        if len(hashes) > 2 * len(in_flight) + FORGET_SLACK:
+            self.worker_hashes = hashes = {name: hashed for name, hashed in hashes.items()
+                                           if name in in_flight}
+            self.names = {hashed: name for name, hashed in hashes.items()}
+        pairs: List[int] = []
+        for name, count in in_flight.items():
+            hashed = hashes.get(name)
+            if hashed is None:
+                hashed = self.worker_hash(name)
+            if count and len(pairs) < 2 * MAX_WORKERS:  # (none: nothing to add)
+                pairs += (hashed, count)
         row = self._row(self.index)
         segment = self.segment
         self.seq += 1  # odd: being written
@@ -206,8 +221,8 @@ class Siblings:
 
     def elsewhere(self) -> Tuple[Dict[str, int], float, float]:
         """Worker name -> requests the other siblings have in flight on it
-        (workers this sibling has not named yet are left out), and the
-        sums of their measures of locality."""
+        (workers not in this sibling's pool when it last published are
+        left out), and the sums of their measures of locality."""
         segment = self.segment
         names = self.names
         now = self.clock()
