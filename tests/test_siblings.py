@@ -275,3 +275,13 @@ def test_a_sibling_forgets_the_names_of_workers_gone_from_its_pool():
     sync(two, pools[1])
     sync(one, pools[0])
     assert pools[0].workers["10.0.0.1:41999"].elsewhere == 3
+
+
+def test_a_segment_short_of_its_siblings_rows_is_refused_as_such():
+    # It was refused as "process index 0 outside the 2 siblings".
+    segment = mmap.mmap(-1, siblings.segment_size(1))
+    siblings.HEADER.pack_into(segment, 0, siblings.MAGIC, 2, siblings.BOOK_SLOTS,
+                              siblings.MAX_WORKERS)
+    with pytest.raises(ConfigurationError, match="is %d bytes, short of the %d its 2 siblings"
+                       % (siblings.segment_size(1), siblings.segment_size(2))):
+        Siblings(segment, 0)

@@ -115,7 +115,11 @@ class Siblings:
                 "the shared segment of --processes has another layout (%r, %d slots, %d "
                 "workers; this zc-lb's is %r, %d, %d): the supervisor and its children must "
                 "be the same version" % (magic, slots, workers, MAGIC, BOOK_SLOTS, MAX_WORKERS))
-        if not 0 <= index < count or len(segment) < segment_size(count):
+        if len(segment) < segment_size(count):
+            raise ConfigurationError("the shared segment of --processes is %d bytes, short of "
+                                     "the %d its %d siblings take" % (len(segment),
+                                                                      segment_size(count), count))
+        if not 0 <= index < count:
             raise ConfigurationError("process index %d outside the %d siblings of the shared "
                                      "segment" % (index, count))
         self.segment = segment
