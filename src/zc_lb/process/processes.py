@@ -22,9 +22,10 @@ started again (at most once a second), so one crash does not halve the
 LB for good.
 
 In ZooKeeper mode each child registers as an LB of its own
-(``HOST:PORT#I``), so the pool's count of LBs, which ring recruiting
-uses, counts processes: LBs on other hosts keep no book the children
-could share, and every LB recruits from the same ring.
+(``HOST:PORT#I``), so the pool's count of LBs counts processes: the
+children share their book through the segment, and with LBs on other
+hosts through the keys the workers relay, as any LB does
+(docs/design.rst, "Several LBs").
 """
 
 from __future__ import annotations
