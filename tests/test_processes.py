@@ -44,6 +44,14 @@ def test_merge_status_sums_counters_and_backlogs():
     assert merged["pid"] == 1000
 
 
+def test_merge_status_leaves_out_the_childrens_view_of_their_siblings_backlog():
+    # Each child's siblings_backlog is the others' share of the summed
+    # backlog: the first child's beside the sum read as counted twice.
+    one = {"workers": {"w": {"backlog": 1, "siblings_backlog": 2}}}
+    two = {"workers": {"w": {"backlog": 2, "siblings_backlog": 1}}}
+    assert merge_status([one, two])["workers"]["w"] == {"backlog": 3}
+
+
 def test_merge_status_adds_up_the_pools_counters():
     # The pool was the first process's: zc_lb_pool_spills_total and
     # zc_lb_pool_bounded_total showed a single process's.

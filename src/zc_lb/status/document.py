@@ -337,13 +337,16 @@ def _add_histograms(into: Optional[dict], value: dict) -> dict:
 
 def _merge_workers(docs: List[dict]) -> Dict[str, dict]:
     """The documents' workers merged: backlogs, streams and counts added up,
-    connected and in_pool only if so in every document, the rest the first's."""
+    connected and in_pool only if so in every document, the rest the first's.
+    A child's ``siblings_backlog`` (the others' requests on the worker) is
+    left out: the summed backlog holds every child's."""
     workers: Dict[str, dict] = {}
     for doc in docs:
         for address, info in doc["workers"].items():
             into = workers.get(address)
             if into is None:
                 workers[address] = dict(info)
+                workers[address].pop("siblings_backlog", None)
                 if "counts" in info:
                     workers[address]["counts"] = dict(info["counts"])
                 if "latency" in info:
