@@ -6,12 +6,14 @@ import json
 import os
 import random
 
+import orjson
 import pytest
 
 from zc_lb.errors import ConfigurationError
 from zc_lb.wire import encoder, frames
-from zc_lb.worker.resume import (DEFAULT_HISTORY, MAX_CLASSES, MIN_ELAPSED, RESUME_BYTES, Skills,
-                          load_resume, save_resume)
+from zc_lb.worker.publisher import ResumePublisher
+from zc_lb.worker.resume import (DEFAULT_HISTORY, MAX_CLASSES, MAX_FILE, MIN_ELAPSED, RESUME_BYTES,
+                                 Skills, load_resume, save_resume)
 
 
 class EagerSkills:
@@ -198,7 +200,7 @@ def test_a_resume_too_big_for_a_frame_keeps_the_most_requested_classes_that_fit(
     whole = skills.resume()
     assert len(whole) == 202 and len(encoder._json(whole)) > 4000
     resume = skills.resume(max_bytes=4000)
-    assert len(encoder._json(resume)) <= 4000 < len(encoder._json(resume)) + 120
+    assert len(orjson.dumps(resume)) <= 4000 < len(encoder._json(resume)) + 120
     assert resume["site"] == whole["site"] and resume["other"] == whole["other"]
     assert set(resume) < set(whole)
     kept = sorted(int(rclass[1:].partition("-")[0]) for rclass in resume
@@ -406,3 +408,50 @@ def test_skills_survive_a_restart_through_the_file(tmp_path):
     restarted = Skills(history=4, resume=load_resume(path).skills)
     assert restarted.resume() == pytest.approx(published)
 
+
+
+class NoLBs:
+    """A worker's LBs, none connected: what ``ResumePublisher`` sends them."""
+
+    def __init__(self):
+        self.sent = []
+
+    def send_resume(self, skills):
+        self.sent.append(dict(skills))
+
+
+@pytest.mark.parametrize("content", [b"[" * 100000, b'{"a": ' * 100000])
+def test_a_file_nested_too_deep_is_moved_aside_not_a_crash(tmp_path, content):
+    # (json.load raised RecursionError, which stopped the worker at start
+    # with a traceback)
+    path = tmp_path / "resume.json"
+    path.write_bytes(content)
+    with pytest.raises(ConfigurationError, match="is not JSON") as info:
+        load_resume(str(path))
+    assert str(path) in str(info.value)
+    publisher = ResumePublisher(NoLBs(), resume_file=str(path))
+    publisher.start()
+    publisher.stop()
+    assert len(publisher.skills) == 0
+    assert (tmp_path / "resume.json.corrupt").read_bytes() == content
+
+
+def test_a_file_bigger_than_any_resume_is_corrupt_and_not_read(tmp_path):
+    path = tmp_path / "resume.json"
+    with open(path, "wb") as f:
+        f.truncate(MAX_FILE + 1)  # (sparse: a gigabyte would do as well)
+    with pytest.raises(ConfigurationError, match="is %d bytes, over the %d of any résumé"
+                       % (MAX_FILE + 1, MAX_FILE)):
+        load_resume(str(path))
+
+
+def test_the_file_is_compact_utf8_so_the_biggest_resume_fits_max_file(tmp_path):
+    # (json.dump's \uXXXX escapes made a résumé of non-ASCII classes up
+    # to six times its size on the wire)
+    path = tmp_path / "resume.json"
+    resume = {"\u00e9t\u00e9-%d" % i: 1.5 for i in range(1000)}
+    save_resume(str(path), resume, "token")
+    header = len(b'{"reset_skills":"token","skills":,"zc_lb_resume":2}')
+    assert path.stat().st_size == len(orjson.dumps(resume)) + header
+    assert MAX_FILE >= RESUME_BYTES + header + 1024 * 1024
+    assert load_resume(str(path)) == (resume, "token")

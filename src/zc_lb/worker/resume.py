@@ -38,7 +38,6 @@ loaded worker looks less attractive.
 from __future__ import annotations
 
 import heapq
-import json
 import logging
 import math
 import os
@@ -64,6 +63,10 @@ RESUME_BYTES = MAX_RESUME - 4096
 # some 3 ms per thousand classes of every résumé, its event loop stopped.
 MAX_CLASSES = WORKER_SETTINGS["max_classes"].default
 FORMAT: Final = 2  # the résumé file's (the module's docstring)
+# What a résumé file may hold: a résumé (RESUME_BYTES, written compact)
+# and a reset_skills token (a ZooKeeper node's value, 1 MiB at most).
+# A bigger file is none of ours, and is not read into memory.
+MAX_FILE: Final = MAX_RESUME + 2 * 1024 * 1024
 
 
 class _Skill:
@@ -222,19 +225,26 @@ def load_resume(path: str) -> ResumeFile:
     """Read a résumé file; a missing file is an empty résumé.
 
     A file that cannot be read raises ConfigurationError; one that is not
-    a résumé (empty, cut short, garbled, a score not a positive, finite
-    number, a format newer than ours) raises CorruptResumeFile, naming
-    the file.
+    a résumé (empty, cut short, garbled, nested past 1,024 levels, over
+    MAX_FILE bytes, a score not a positive, finite number, a format newer
+    than ours) raises CorruptResumeFile, naming the file; a big one is
+    not read.
     """
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_FILE:
+                raise CorruptResumeFile("résumé file %s is %d bytes, over the %d of any "
+                                        "résumé" % (path, size, MAX_FILE))
+            content = f.read(MAX_FILE + 1)
     except FileNotFoundError:
         return ResumeFile({})
-    except ValueError as exc:  # (UnicodeDecodeError too)
-        raise CorruptResumeFile("résumé file %s is not JSON: %s" % (path, exc))
     except OSError as exc:
         raise ConfigurationError("cannot read résumé file %s: %s" % (path, exc))
+    try:
+        data = orjson.loads(content)  # (nesting within 1024 levels, valid UTF-8)
+    except orjson.JSONDecodeError as exc:
+        raise CorruptResumeFile("résumé file %s is not JSON: %s" % (path, exc))
     if not isinstance(data, dict):
         raise CorruptResumeFile("résumé file %s is not a JSON object" % path)
     token = None
@@ -261,13 +271,16 @@ def load_resume(path: str) -> ResumeFile:
 
 def save_resume(path: str, resume: Mapping[str, float],
                 reset_token: Optional[str] = None) -> None:
-    """Write a résumé file atomically: readers see the old file or the new."""
+    """Write a résumé file atomically: readers see the old file or the new.
+    It is compact JSON in UTF-8, as the résumé's size is measured, so that
+    it stays within MAX_FILE."""
+    content = orjson.dumps({"zc_lb_resume": FORMAT, "reset_skills": reset_token,
+                            "skills": dict(resume)}, option=orjson.OPT_SORT_KEYS)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".resume-", dir=directory)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"zc_lb_resume": FORMAT, "reset_skills": reset_token,
-                       "skills": dict(resume)}, f, sort_keys=True)
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
