@@ -455,3 +455,19 @@ def test_the_file_is_compact_utf8_so_the_biggest_resume_fits_max_file(tmp_path):
     assert path.stat().st_size == len(orjson.dumps(resume)) + header
     assert MAX_FILE >= RESUME_BYTES + header + 1024 * 1024
     assert load_resume(str(path)) == (resume, "token")
+
+
+def test_a_stopping_worker_saves_what_it_learnt_since_the_last_resume(tmp_path):
+    # (skills learnt since the last résumé were lost at every restart:
+    # up to history - 1 requests' worth, all of them with resume_interval 0)
+    path = tmp_path / "resume.json"
+    lbs = NoLBs()
+    publisher = ResumePublisher(lbs, history=100, resume_interval=0, resume_file=str(path))
+    publisher.start()
+    for _ in range(50):
+        publisher.record("a.example", 0.01)
+    publisher.stop()
+    assert lbs.sent == [] and load_resume(str(path)).skills == {"a.example": pytest.approx(100)}
+    path.unlink()
+    publisher.stop()  # (nothing new: nothing written)
+    assert not path.exists()

@@ -12,6 +12,7 @@ Rules:
   after the last push while something was served since (so that LBs
   learn within seconds of light traffic, not after thousands of
   requests).  A new LB gets the current résumé at once (``greet``).
+  A stopping worker saves what it learnt since the last (``stop``).
 - The résumé file is a cache: a corrupt one is moved aside and the worker
   starts with no skills; one that cannot be saved is logged.  It keeps
   the last ``reset_skills`` token seen (``reset_token``), saved as soon
@@ -63,6 +64,7 @@ class ResumePublisher:
         self.reset_token: Optional[str] = None  # (the résumé file's; None: not known)
         self._published_at = time.monotonic()
         self._published_generation = 0  # the skills' generation the last résumé had
+        self._saved_generation = 0  # and the last one saved (or tried)
         self._timer_changed = gevent.event.Event()  # resume_interval set anew
         self._timer: Optional[gevent.Greenlet] = None
 
@@ -76,8 +78,12 @@ class ResumePublisher:
         self._timer = gevent.spawn(self._publish_on_time)
 
     def stop(self) -> None:
+        """Publish no more, and save what was learnt since the last
+        résumé (its LBs gone: the next start gets it from the file)."""
         if self._timer is not None:
             self._timer.kill()
+        if self.skills is not None and self.skills.generation != self._saved_generation:
+            self._save(self.skills.resume())
 
     @staticmethod
     def _load_resume(path: str) -> resume_module.ResumeFile:
@@ -130,6 +136,7 @@ class ResumePublisher:
         self._save(skills)
 
     def _save(self, skills: Dict[str, float]) -> None:
+        self._saved_generation = self.skills.generation if self.skills else 0
         if self.resume_file:
             try:
                 resume_module.save_resume(self.resume_file, skills, self.reset_token)
