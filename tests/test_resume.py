@@ -471,3 +471,21 @@ def test_a_stopping_worker_saves_what_it_learnt_since_the_last_resume(tmp_path):
     path.unlink()
     publisher.stop()  # (nothing new: nothing written)
     assert not path.exists()
+
+
+def test_a_resume_file_that_is_a_link_stays_one(tmp_path):
+    # (the save replaced the link by a file of its own, beside it)
+    (tmp_path / "var").mkdir()
+    (tmp_path / "etc").mkdir()
+    target, link = tmp_path / "var" / "resume.json", tmp_path / "etc" / "resume.json"
+    link.symlink_to(target)
+    save_resume(str(link), {"a": 1.0})
+    assert link.is_symlink() and load_resume(str(target)).skills == {"a": 1.0}
+    assert os.listdir(tmp_path / "etc") == ["resume.json"]
+    assert os.listdir(tmp_path / "var") == ["resume.json"]
+    target.write_text("garbage")  # moved aside where it is
+    publisher = ResumePublisher(NoLBs(), resume_file=str(link))
+    publisher.start()
+    publisher.stop()
+    assert link.is_symlink() and not target.exists()
+    assert (tmp_path / "var" / "resume.json.corrupt").read_text() == "garbage"

@@ -96,9 +96,9 @@ class ResumePublisher:
         try:
             return resume_module.load_resume(path)
         except CorruptResumeFile as exc:
-            aside = path + ".corrupt"
+            aside = os.path.realpath(path) + ".corrupt"  # (a link's target's, the link kept)
             try:
-                os.replace(path, aside)
+                os.replace(os.path.realpath(path), aside)
             except OSError as move:
                 log.error("%s; starting with no skills (cannot move it aside: %s)", exc, move)
             else:

@@ -271,13 +271,14 @@ def load_resume(path: str) -> ResumeFile:
 
 def save_resume(path: str, resume: Mapping[str, float],
                 reset_token: Optional[str] = None) -> None:
-    """Write a résumé file atomically: readers see the old file or the new.
+    """Write a résumé file atomically: readers see the old file or the new
+    (a symbolic link's target, the link kept).
     It is compact JSON in UTF-8, as the résumé's size is measured, so that
     it stays within MAX_FILE."""
     content = orjson.dumps({"zc_lb_resume": FORMAT, "reset_skills": reset_token,
                             "skills": dict(resume)}, option=orjson.OPT_SORT_KEYS)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".resume-", dir=directory)
+    path = os.path.realpath(path)  # (a link stays a link: its target is written)
+    fd, tmp = tempfile.mkstemp(prefix=".resume-", dir=os.path.dirname(path))
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(content)
