@@ -489,3 +489,40 @@ def test_a_resume_file_that_is_a_link_stays_one(tmp_path):
     publisher.stop()
     assert link.is_symlink() and not target.exists()
     assert (tmp_path / "var" / "resume.json.corrupt").read_text() == "garbage"
+
+
+def test_two_workers_given_one_file_do_not_write_over_each_other(tmp_path, caplog):
+    # (each saved its own skills over the other's, and each restart got
+    # whichever worker saved last)
+    path = tmp_path / "resume.json"
+    first, second = (ResumePublisher(NoLBs(), history=2, resume_file=str(path))
+                     for _ in range(2))
+    first.start()
+    second.start()
+    assert "résumé file %s is in use by another worker (pid %d)" % (
+        path, os.getpid()) in caplog.text
+    second.record("second.example", 0.1)
+    second.record("second.example", 0.1)  # (a résumé: sent, not saved)
+    assert second.lbs.sent and not path.exists()
+    first.record("first.example", 0.1)
+    first.record("first.example", 0.1)
+    assert list(load_resume(str(path)).skills) == ["first.example"]
+    first.stop()  # frees it: the other saves from now on
+    second.record("second.example", 0.1)
+    second.record("second.example", 0.1)
+    assert list(load_resume(str(path)).skills) == ["second.example"]
+    second.stop()
+    assert "resume.json.corrupt" not in os.listdir(tmp_path)
+
+
+def test_a_temporary_file_left_by_a_killed_save_is_removed_at_start(tmp_path):
+    path = tmp_path / "resume.json"
+    save_resume(str(path), {"a": 1.0})
+    (tmp_path / ".resume.json.tmp").write_bytes(b'{"zc_lb_resume": 2, "sk')  # (killed here)
+    (tmp_path / ".other.json.tmp").write_bytes(b"another worker's")
+    publisher = ResumePublisher(NoLBs(), resume_file=str(path))
+    publisher.start()
+    assert sorted(os.listdir(tmp_path)) == [".other.json.tmp", ".resume.json.lock",
+                                            "resume.json"]
+    assert publisher.skills.resume() == {"a": 1.0}
+    publisher.stop()

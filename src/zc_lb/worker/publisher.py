@@ -14,7 +14,9 @@ Rules:
   requests).  A new LB gets the current résumé at once (``greet``).
   A stopping worker saves what it learnt since the last (``stop``).
 - The résumé file is a cache: a corrupt one is moved aside and the worker
-  starts with no skills; one that cannot be saved is logged.  It keeps
+  starts with no skills; one that cannot be saved is logged.  It is one
+  worker's: another given the same file (``resume.ResumeLock``) reads
+  it, says so, and saves nothing to it while the first runs.  It keeps
   the last ``reset_skills`` token seen (``reset_token``), saved as soon
   as it changes, so that a reset made while the worker was stopped is
   carried out when it starts (zookeeper/membership.py).
@@ -67,11 +69,18 @@ class ResumePublisher:
         self._saved_generation = 0  # and the last one saved (or tried)
         self._timer_changed = gevent.event.Event()  # resume_interval set anew
         self._timer: Optional[gevent.Greenlet] = None
+        self._lock: Optional[resume_module.ResumeLock] = None  # (with a résumé file)
+        self._lock_refused = False  # another worker holds it, and we said so
 
     def start(self) -> None:
         """Load the résumé file, and publish on time from now on."""
         initial: Dict[str, float] = {}
         if self.resume_file:
+            self._lock = resume_module.ResumeLock(self.resume_file)
+            try:
+                self._hold()
+            except OSError as exc:  # (and at every save: see _save)
+                log.error("cannot lock résumé file %s: %s", self.resume_file, exc)
             initial, self.reset_token = self._load_resume(self.resume_file)
         self.skills = resume_module.Skills(self.history, self.max_skill_age, initial,
                                            self.max_classes)
@@ -84,6 +93,8 @@ class ResumePublisher:
             self._timer.kill()
         if self.skills is not None and self.skills.generation != self._saved_generation:
             self._save(self.skills.resume())
+        if self._lock is not None:
+            self._lock.release()
 
     @staticmethod
     def _load_resume(path: str) -> resume_module.ResumeFile:
@@ -139,9 +150,28 @@ class ResumePublisher:
         self._saved_generation = self.skills.generation if self.skills else 0
         if self.resume_file:
             try:
-                resume_module.save_resume(self.resume_file, skills, self.reset_token)
+                if self._hold():
+                    resume_module.save_resume(self.resume_file, skills, self.reset_token)
             except OSError as exc:
                 log.error("cannot save résumé to %s: %s", self.resume_file, exc)
+
+    def _hold(self) -> bool:
+        """Whether this worker holds its résumé file's lock, taking it if
+        it is free; saying so, once, when another worker holds it, and
+        when it is ours again.  OSError if it cannot be made."""
+        assert self._lock is not None
+        if self._lock.acquire():
+            if self._lock_refused:
+                self._lock_refused = False
+                log.warning("résumé file %s is free: this worker saves its skills to it",
+                            self.resume_file)
+            return True
+        if not self._lock_refused:
+            self._lock_refused = True
+            log.error("résumé file %s is in use by another worker (pid %s): this worker "
+                      "saves its skills to it only once it is free; give each worker its "
+                      "own --resume-file", self.resume_file, self._lock.holder())
+        return False
 
     def reset(self, token: Optional[str] = None) -> None:
         """Forget every skill and tell the LBs (an operator's reset, by

@@ -40,8 +40,8 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+import fcntl
 import os
-import tempfile
 from typing import Dict, Final, List, Mapping, NamedTuple, Optional
 
 import orjson
@@ -272,13 +272,16 @@ def load_resume(path: str) -> ResumeFile:
 def save_resume(path: str, resume: Mapping[str, float],
                 reset_token: Optional[str] = None) -> None:
     """Write a résumé file atomically: readers see the old file or the new
-    (a symbolic link's target, the link kept).
+    (a symbolic link's target, the link kept), written whole to
+    ``.NAME.tmp`` beside it first; its writer holds its ``ResumeLock``.
     It is compact JSON in UTF-8, as the résumé's size is measured, so that
     it stays within MAX_FILE."""
     content = orjson.dumps({"zc_lb_resume": FORMAT, "reset_skills": reset_token,
                             "skills": dict(resume)}, option=orjson.OPT_SORT_KEYS)
     path = os.path.realpath(path)  # (a link stays a link: its target is written)
-    fd, tmp = tempfile.mkstemp(prefix=".resume-", dir=os.path.dirname(path))
+    tmp = beside(path, "tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(content)
@@ -291,3 +294,59 @@ def save_resume(path: str, resume: Mapping[str, float],
         except OSError:
             pass
         raise
+
+
+def beside(path: str, suffix: str) -> str:
+    """The hidden file ``.NAME.suffix`` beside the résumé file ``path``
+    (its link's target)."""
+    path = os.path.realpath(path)
+    return os.path.join(os.path.dirname(path), ".%s.%s" % (os.path.basename(path), suffix))
+
+
+class ResumeLock:
+    """A worker's hold on its résumé file, so that two workers given one
+    file name do not write over each other's skills: an exclusive
+    ``flock`` on ``.NAME.lock`` beside it, holding the holder's pid, for
+    as long as the worker runs (the kernel lets go when it ends, however
+    it ends).  The holder alone writes the file, and removes the
+    temporary file a save killed half way left (``save_resume``)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = beside(path, "lock")
+        self._temporary = beside(path, "tmp")
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> bool:
+        """Whether we hold the lock, taking it if it is free; OSError if
+        the lock file cannot be made (no such directory, no permission)."""
+        if self._fd is not None:
+            return True
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.ftruncate(fd, 0)
+            os.write(fd, b"%d\n" % os.getpid())
+        except BaseException as exc:
+            os.close(fd)
+            if isinstance(exc, BlockingIOError):
+                return False
+            raise
+        self._fd = fd
+        try:
+            os.unlink(self._temporary)
+        except OSError:  # (none; or written over at the next save)
+            pass
+        return True
+
+    def holder(self) -> str:
+        """The pid the lock file names, its holder's ("?" if not known)."""
+        try:
+            with open(self.path, encoding="ascii", errors="replace") as f:
+                return f.read(32).strip() or "?"
+        except OSError:
+            return "?"
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # (and the flock goes with it)
+            self._fd = None
