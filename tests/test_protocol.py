@@ -878,6 +878,23 @@ def test_check_hello_version_mismatch(version):
     assert not isinstance(info.value, AuthenticationError)
 
 
+@pytest.mark.parametrize("role, version, older", [
+    ("lb", 2, "this worker"), ("worker", 2 ** 40, "this LB"), ("lb", 0, "the LB"),
+    ("worker", -1, "the worker")])
+def test_a_peer_of_another_protocol_version_is_refused_saying_which_to_upgrade(
+        role, version, older):
+    # (it said "peer speaks protocol version 2, we speak 1": neither which
+    # side to upgrade nor where to read how)
+    ours = new_hello("worker" if role == "lb" else "lb", None)
+    with pytest.raises(RemoteProtocolError) as info:
+        check_hello(ours, Hello(version, role, "n", False))
+    assert str(info.value) == (
+        "the %s speaks protocol version %d and this %s version %d: their zc-lb releases "
+        "are too far apart to work together; upgrade %s (docs/howto/upgrade.rst)" % (
+            "LB" if role == "lb" else "worker", version,
+            "worker" if role == "lb" else "LB", VERSION, older))
+
+
 @pytest.mark.parametrize("ours_role,theirs_role", [
     ("lb", "lb"), ("worker", "worker"), ("lb", "client"), ("worker", ""), ("lb", "LB"),
 ])

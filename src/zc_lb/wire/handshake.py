@@ -60,6 +60,11 @@ def new_hello(role: str, secret: Optional[bytes], app_version: Optional[str] = N
                  role_features(role) if features is None else features)
 
 
+def _name(role: str) -> str:
+    """What the log calls a peer of ``role``."""
+    return {"lb": "LB", "worker": "worker"}.get(role, "peer")
+
+
 def auth_digest(secret: bytes, nonce: str, role: str) -> str:
     """HMAC-SHA256 of the peer's nonce and the prover's role."""
     return hmac.new(secret, (nonce + ":" + role).encode(), hashlib.sha256).hexdigest()
@@ -69,8 +74,12 @@ def check_hello(ours: Hello, theirs: Hello) -> None:
     """Raise unless the peer's Hello fits ours (version, role, the
     role's features, secret)."""
     if theirs.version != VERSION:
+        peer, us = _name(theirs.role), _name(ours.role)
         raise RemoteProtocolError(
-            "peer speaks protocol version %d, we speak %d" % (theirs.version, VERSION))
+            "the %s speaks protocol version %d and this %s version %d: their zc-lb "
+            "releases are too far apart to work together; upgrade %s (%s)" % (
+                peer, theirs.version, us, VERSION,
+                "this " + us if theirs.version > VERSION else "the " + peer, UPGRADE))
     if theirs.role == ours.role or theirs.role not in ("lb", "worker"):
         raise RemoteProtocolError("peer has role %r, we are %r" % (theirs.role, ours.role))
     missing = [name for name in role_features(theirs.role) if name not in theirs.features]
@@ -78,7 +87,7 @@ def check_hello(ours: Hello, theirs: Hello) -> None:
         raise RemoteProtocolError(
             "the %s lacks the protocol features %s: it is of an older zc-lb "
             "release and must be upgraded (%s)" % (
-                "LB" if theirs.role == "lb" else "worker", ", ".join(missing), UPGRADE))
+                _name(theirs.role), ", ".join(missing), UPGRADE))
     if theirs.auth != ours.auth:
         raise AuthenticationError(
             "shared secret configured on %s only" % ("the peer" if theirs.auth else "our side"))
