@@ -221,6 +221,22 @@ class ResumeFile(NamedTuple):
     reset_token: Optional[str] = None
 
 
+def _read(path: str) -> Optional[bytes]:
+    """The bytes of the file at ``path``, None if there is none;
+    CorruptResumeFile, unread, if it is bigger than any résumé file."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_FILE:
+                raise CorruptResumeFile("résumé file %s is %d bytes, over the %d of any "
+                                        "résumé" % (path, size, MAX_FILE))
+            return f.read(MAX_FILE + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigurationError("cannot read résumé file %s: %s" % (path, exc))
+
+
 def load_resume(path: str) -> ResumeFile:
     """Read a résumé file; a missing file is an empty résumé.
 
@@ -230,17 +246,9 @@ def load_resume(path: str) -> ResumeFile:
     than ours) raises CorruptResumeFile, naming the file; a big one is
     not read.
     """
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_FILE:
-                raise CorruptResumeFile("résumé file %s is %d bytes, over the %d of any "
-                                        "résumé" % (path, size, MAX_FILE))
-            content = f.read(MAX_FILE + 1)
-    except FileNotFoundError:
+    content = _read(path)
+    if content is None:
         return ResumeFile({})
-    except OSError as exc:
-        raise ConfigurationError("cannot read résumé file %s: %s" % (path, exc))
     try:
         data = orjson.loads(content)  # (nesting within 1024 levels, valid UTF-8)
     except orjson.JSONDecodeError as exc:
