@@ -112,6 +112,41 @@ def test_a_failing_classifier_is_logged_once_per_error_and_counted(caplog):
     assert lb.status()["classifier_errors"] == {"TypeError: bad type": 5, "KeyError: '/k'": 3}
 
 
+def test_a_classifier_whose_result_is_not_text_routes_without_a_class(caplog):
+    # Its result was made text outside the guard: a __str__ that raised,
+    # or an int too long for str(), made the request a 500.
+    class Unprintable:
+        def __str__(self):
+            raise RuntimeError("no text")
+
+    for result, error in ((Unprintable(), "RuntimeError: no text"),
+                          (10 ** 5000, "ValueError: Exceeds the limit")):
+        lb = make_lb(lambda environ: result)
+        with caplog.at_level(logging.ERROR, logger="zc_lb.lb.balancer"):
+            assert lb._classify({"PATH_INFO": "/x"}) == (None, None)
+        assert list(lb.status()["classifier_errors"])[0].startswith(error)
+
+
+def test_a_classifier_returning_bytes_gives_their_text_as_the_class():
+    # Not the class "b'tenant'".
+    lb = make_lb(lambda environ: environ["PATH_INFO"].encode("latin-1")[1:])
+    assert lb._classify({"PATH_INFO": "/tenant"}) == ("tenant", "/tenant")
+    assert lb._classify({"PATH_INFO": "/caf\xc3\xa9"})[0] == "caf\xe9"
+    assert lb._classify({"PATH_INFO": "/caf\xe9"})[0] == "caf\\udce9"  # (not UTF-8)
+    assert make_lb(lambda environ: bytearray(b"t"))._classify({"PATH_INFO": "/"})[0] == "t"
+
+
+def test_a_classifier_that_exits_does_not_end_the_lb(caplog):
+    # SystemExit from a request's greenlet reached gevent's hub, which
+    # raises it in the main greenlet: one request ended the LB.
+    import sys
+
+    lb = make_lb(lambda environ: sys.exit(3))
+    with caplog.at_level(logging.ERROR, logger="zc_lb.lb.balancer"):
+        assert lb._classify({"PATH_INFO": "/x"}) == (None, None)
+    assert lb.status()["classifier_errors"] == {"SystemExit: 3": 1}
+
+
 def test_the_retry_budget_is_the_room_the_healthy_workers_have():
     lb = make_lb(lambda environ: "a")
     assert lb._may_retry({})  # no worker: it waits for one, as a new request does

@@ -32,7 +32,7 @@ from typing import (Any, Callable, ClassVar, Dict, Hashable, Iterable, Mapping, 
 import gevent  # type: ignore[import-untyped]
 
 from zc_lb import build
-from zc_lb.routing.classifier import bounded_class
+from zc_lb.routing.classifier import as_text, bounded_class
 from zc_lb.wire.connection import Connection
 from zc_lb.wire.exchange import Exchange
 from zc_lb.wire.keepalive import KEEPALIVE_INTERVAL
@@ -304,15 +304,19 @@ class LB:
         """The request's class (None: no class) and affinity key, from an
         environ or a Relay (a mapping of the request's variables).  A failing
         classifier or key function routes the request without either, and
-        is logged once per distinct error, then counted."""
-        try:  # (a user's function may return any object: its str is used)
-            rclass = self.classifier(environ)
-            key = self.affinity_key(environ) if self.affinity_key else None
-        except Exception as exc:
+        is logged once per distinct error, then counted: so does one that
+        exits (SystemExit, which would end the LB), and one whose result
+        cannot be made text (``as_text``)."""
+        try:
+            value = self.classifier(environ)
+            rclass = None if value is None else bounded_class(
+                value if type(value) is str else as_text(value))
+            value = self.affinity_key(environ) if self.affinity_key else None
+            key = None if value is None else value if type(value) is str else as_text(value)
+        except (Exception, SystemExit) as exc:
             self.counters.classifier_failed(exc)
             return None, None
-        return (None if rclass is None else bounded_class(str(rclass)),
-                None if key is None else str(key))
+        return rclass, key
 
     def share_with(self, siblings: Siblings) -> None:
         """Route as one LB with the other processes of ``--processes``

@@ -135,7 +135,7 @@ class Counters:
             "method": environ.get("REQUEST_METHOD"), "path": environ.get("PATH_INFO"),
             "message": message[:200]})
 
-    def classifier_failed(self, exc: Exception) -> None:
+    def classifier_failed(self, exc: BaseException) -> None:
         """A classifier or key function raised: logged once per distinct
         error, then counted."""
         error = "%s: %s" % (type(exc).__name__, exc)

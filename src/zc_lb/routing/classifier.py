@@ -14,7 +14,8 @@ Specs, as given on the command line or in ZooKeeper:
     to threads the first time it is slow (lb/guard.py).
 
 A classifier may return None: the request has no class, and the pool
-sends it to the least loaded worker.
+sends it to the least loaded worker.  What else it returns is made text
+(``as_text``): bytes are read as UTF-8, another object is its str.
 
 Affinity keys (``--affinity-key``) split a class finer, so that requests
 for the same page go to the same worker among those skilled in the
@@ -75,6 +76,16 @@ def bounded_class(rclass: str) -> str:
     digest = hashlib.blake2b(rclass.encode("utf-8"),
                              digest_size=CLASS_HASH // 2).hexdigest()
     return "%s~%s" % (rclass[:MAX_CLASS - CLASS_HASH - 1], digest)
+
+
+def as_text(value: object) -> str:
+    """What a classifier or key function returned, as text: bytes read
+    as UTF-8 (a byte that is not kept as a lone surrogate, which
+    ``bounded_class`` writes as its escape), any other object its str
+    (``42`` is the class ``"42"``)."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "surrogateescape")
+    return str(value)
 
 
 def utf8_text(name: str) -> str:
