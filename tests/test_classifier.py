@@ -52,6 +52,16 @@ def test_host(host, expected):
     assert get_classifier("host")({"HTTP_HOST": host, "SERVER_NAME": "other"}) == expected
 
 
+@pytest.mark.parametrize("host", [
+    "example.com.", "Example.COM.", "example.com.:8080", "www.example.com.",
+    "WWW.Example.com.:443",
+])
+def test_host_with_the_trailing_dot_of_a_fully_qualified_name_is_the_same_class(host):
+    # ``example.com.`` (curl sends it as it was given) names the host
+    # ``example.com`` does: two classes split its skills and its keys.
+    assert host_classifier({"HTTP_HOST": host}) == "example.com"
+
+
 def test_host_falls_back_to_server_name():
     assert host_classifier({"SERVER_NAME": "WWW.Fallback.org", "SERVER_PORT": "80"}) == (
         "fallback.org")

@@ -3,8 +3,9 @@
 Specs, as given on the command line or in ZooKeeper:
 
 ``host``
-    The Host header, lower-cased, without a leading ``www.`` and without a
-    port (falls back to SERVER_NAME).
+    The Host header, lower-cased, without a leading ``www.``, a port or
+    the trailing dot of a fully qualified name (falls back to
+    SERVER_NAME).
 ``re:ENVKEY:PATTERN``
     A regular expression with a named group ``class``, searched in
     ``environ[ENVKEY]``; no match (or no such key) gives the empty class.
@@ -99,7 +100,8 @@ def utf8_text(name: str) -> str:
 
 
 def host_classifier(environ: Mapping[str, object]) -> str:
-    """The Host header, lower-cased, no leading ``www.``, no port."""
+    """The Host header, lower-cased, no leading ``www.``, no port, no
+    trailing dot (``example.com.`` names the host ``example.com`` does)."""
     host = environ.get("HTTP_HOST") or environ.get("SERVER_NAME") or ""
     host = str(host).lower()
     if host.startswith("["):  # IPv6 literal: [::1]:8080
@@ -109,6 +111,8 @@ def host_classifier(environ: Mapping[str, object]) -> str:
         host = host.partition(":")[0]
     if host.startswith("www."):
         host = host[4:]
+    if host.endswith("."):
+        host = host[:-1]
     return host
 
 
