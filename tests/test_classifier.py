@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from zc_lb.routing.classifier import get_classifier, host_classifier, import_object, regex_classifier
+from zc_lb.routing.classifier import (get_classifier, get_key_function, host_classifier,
+                                      import_object, regex_classifier)
 from zc_lb.errors import ConfigurationError
 
 
@@ -191,6 +192,23 @@ def test_a_site_classifier_that_blocks_is_logged_once_and_moved_to_threads(caplo
 def test_bad_specs(spec):
     with pytest.raises(ConfigurationError):
         get_classifier(spec)
+
+
+@pytest.mark.parametrize("envkey", [
+    "path_info", "Path_Info", "HTTP_X-TENANT", "HTTP_x_tenant", " PATH_INFO", "HTTP HOST",
+])
+def test_an_envkey_no_request_can_have_is_refused_at_start(envkey):
+    # It was accepted, and every request got the empty class (or no key).
+    with pytest.raises(ConfigurationError, match="environ key"):
+        get_classifier("re:%s:(?P<class>x)" % envkey)
+    with pytest.raises(ConfigurationError, match="environ key"):
+        get_key_function("re:%s:x" % envkey)
+
+
+def test_an_envkey_may_be_any_a_request_can_have():
+    for envkey in ("PATH_INFO", "HTTP_X_TENANT", "REMOTE_ADDR", "wsgi.url_scheme"):
+        assert get_classifier("re:%s:(?P<class>.+)" % envkey)({envkey: "v"}) == "v"
+        assert get_key_function("re:%s:.+" % envkey)({envkey: "v"}) == "v"
 
 
 def test_bad_spec_messages_say_what_is_wrong():

@@ -9,6 +9,8 @@ Specs, as given on the command line or in ZooKeeper:
 ``re:ENVKEY:PATTERN``
     A regular expression with a named group ``class``, searched in
     ``environ[ENVKEY]``; no match (or no such key) gives the empty class.
+    An ENVKEY no request can have (``path_info``, ``HTTP_X-TENANT``: not
+    upper case, or with a ``-``) is a ConfigurationError.
 ``module:dotted.name``
     Any importable callable taking the environ, e.g. ``myapp.lb:classify``.
     It must not block: it runs in the LB's event loop, timed, and is moved
@@ -128,6 +130,13 @@ def _split_regex_spec(spec: str, what: str):
     if not sep or not envkey or not pattern:
         raise ConfigurationError("expected re:ENVKEY:PATTERN for the %s, got %r"
                                  % (what, spec))
+    if "." not in envkey and (envkey.upper() != envkey or "-" in envkey
+                              or any(c.isspace() for c in envkey)):
+        # (a dotted key is namespaced, as wsgi.url_scheme)
+        raise ConfigurationError(
+            "no request has the environ key %r (the %s's ENVKEY in %r): environ keys are "
+            "upper case, with _ for -, and a header field's is HTTP_ and its name "
+            "(HTTP_X_TENANT for X-Tenant)" % (envkey, what, spec))
     return envkey, pattern
 
 
