@@ -182,6 +182,39 @@ def test_a_site_classifier_that_blocks_is_logged_once_and_moved_to_threads(caplo
     assert len(os.listdir("/proc/self/task")) <= threads - 8
 
 
+def test_a_request_waits_a_bounded_time_for_a_classifier_hung_in_its_threads():
+    # Moved to threads, a classifier that hung (a lookup with no timeout)
+    # held its request, and once its threads were all taken every other
+    # request, for ever: now each is routed without a class after ``wait``.
+    import threading
+
+    import gevent
+
+    from zc_lb.lb.guard import Guarded
+
+    release = threading.Event()
+
+    def hangs(environ):
+        if environ.get("HANG"):
+            release.wait(30)
+        return "c"
+
+    classify = Guarded(hangs, slow=0.0, threads=2, wait=0.2)  # (every call is slow)
+    try:
+        assert classify({}) == "c" and classify.pool is not None
+        started = time.monotonic()
+        jobs = [gevent.spawn(classify, {"HANG": "1"}) for _ in range(4)]  # (2 wait for a thread)
+        gevent.joinall(jobs, timeout=5)
+        assert time.monotonic() - started < 2
+        assert all(isinstance(job.exception, TimeoutError) for job in jobs)
+        assert "gave no answer in 0.2 s" in str(jobs[0].exception)
+        release.set()  # (the hung calls end; the next is answered)
+        assert gevent.spawn(classify, {}).get(timeout=5) == "c"
+    finally:
+        release.set()
+        classify.close()
+
+
 @pytest.mark.parametrize("spec", [
     "", " ", "re:", "re:KEY", "re:KEY:", "re::(?P<class>x)", "re:KEY:(",
     "re:KEY:(?P<class>", "re:KEY:x", "re:KEY:(?P<klass>x)", "re:KEY:(x)",

@@ -10,7 +10,11 @@ first call that takes longer than ``slow`` seconds is logged once, with
 the function's name, and from then on the function runs in a pool of
 ``threads`` threads: the loop stays free, and a function that waits on
 I/O serves ``threads`` requests at once.  What it costs shows in the
-status document (``classifier``).
+status document (``classifier``).  There a request waits at most
+``wait`` seconds for its answer (a thread to be free, then the call),
+then raises TimeoutError, and the LB routes it without a class: a
+function that hangs (a lookup with no timeout of its own) takes its
+threads, not every request.
 
 The first slow call has blocked the loop already; the connections'
 keepalives allow for that (a loop stall on our side is not the peer's
@@ -24,10 +28,13 @@ import logging
 import time
 from typing import Callable, Mapping, Optional
 
+import gevent  # type: ignore[import-untyped]
+
 log = logging.getLogger(__name__)
 
 SLOW = 0.005  # seconds: a call longer than this blocked the loop
 THREADS = 8
+WAIT = 1.0  # seconds a request waits for an answer from the threads
 
 
 def describe(func: Callable) -> str:
@@ -41,20 +48,30 @@ class Guarded:
     """``func`` called inline and timed; in a thread pool once it was slow."""
 
     def __init__(self, func: Callable, what: str = "classifier", slow: float = SLOW,
-                 threads: int = THREADS) -> None:
+                 threads: int = THREADS, wait: float = WAIT) -> None:
         self.func = func
         self.what = what
         self.name = describe(func)
         self.slow = slow
         self.threads = threads
+        self.wait = wait
         self.pool = None  # a gevent ThreadPool, once ``func`` proved slow
         self.slow_calls = 0
         self.slowest = 0.0
 
     def __call__(self, environ: Mapping[str, object]) -> Optional[str]:
-        if self.pool is not None:
+        if self.pool is None:
+            return self._timed(environ)
+        timeout = gevent.Timeout.start_new(self.wait)
+        try:
             return self.pool.apply(self._timed, (environ,))
-        return self._timed(environ)
+        except gevent.Timeout as exc:
+            if exc is not timeout:
+                raise
+            raise TimeoutError("%s %s gave no answer in %g s" % (self.what, self.name,
+                                                                 self.wait)) from None
+        finally:
+            timeout.close()
 
     def _timed(self, environ: Mapping[str, object]) -> Optional[str]:
         started = time.perf_counter()
