@@ -112,6 +112,21 @@ def test_a_failing_classifier_is_logged_once_per_error_and_counted(caplog):
     assert lb.status()["classifier_errors"] == {"TypeError: bad type": 5, "KeyError: '/k'": 3}
 
 
+def test_a_failing_classifier_whose_errors_say_what_the_client_sent_is_logged_once(caplog):
+    # Logged once per distinct message, a classifier failing on what each
+    # client sent (int() of a header) logged a traceback a request: any
+    # client could fill the LB's log.  Logged once per where it failed.
+    lb = make_lb(lambda environ: int(environ["HTTP_X_TENANT"]))
+    with caplog.at_level(logging.ERROR, logger="zc_lb.lb.balancer"):
+        for n in range(50):
+            assert lb._classify({"HTTP_X_TENANT": "t%d" % n, "PATH_INFO": "/"}) == (None, None)
+        assert lb._classify({"HTTP_X_TENANT": "x" * 8000, "PATH_INFO": "/"}) == (None, None)
+    assert len([r for r in caplog.records if "classifier failed" in r.getMessage()]) == 1
+    errors = lb.status()["classifier_errors"]
+    assert len(errors) == 51 and errors["ValueError: invalid literal for int() with base 10: 't7'"] == 1
+    assert max(len(error) for error in errors) <= 200  # (not an 8 KiB header in the status)
+
+
 def test_a_classifier_whose_result_is_not_text_routes_without_a_class(caplog):
     # Its result was made text outside the guard: a __str__ that raised,
     # or an int too long for str(), made the request a 500.

@@ -304,7 +304,7 @@ class LB:
         """The request's class (None: no class) and affinity key, from an
         environ or a Relay (a mapping of the request's variables).  A failing
         classifier or key function routes the request without either, and
-        is logged once per distinct error, then counted: so does one that
+        is logged once per kind of error, and counted (``classifier_failed``): so does one that
         exits (SystemExit, which would end the LB), and one whose result
         cannot be made text (``as_text``)."""
         try:

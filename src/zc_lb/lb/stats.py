@@ -25,7 +25,7 @@ import collections
 import logging
 import time
 from bisect import bisect_left
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Set, Tuple
 
 from zc_lb.settings import LATENCY_BUCKETS
 
@@ -36,6 +36,8 @@ OTHER_CLASS = "other"
 STATUS_CLASSES = 100  # the busiest classes in the status document (the rest: OTHER_CLASS)
 RECENT_ERRORS = 20  # error responses kept for the status page
 MAX_CLASSIFIER_ERRORS = 100  # distinct classifier errors kept in status
+MAX_CLASSIFIER_ERROR = 200  # characters of one kept (its message may hold what a client sent)
+MAX_FAILED_AT = 1000  # places a classifier failed at that are remembered as logged
 
 
 class Counters:
@@ -51,6 +53,7 @@ class Counters:
         self.error_causes: Dict[str, int] = {}  # exception class name -> count
         self.recent_errors: "collections.deque[dict]" = collections.deque(maxlen=RECENT_ERRORS)
         self.classifier_errors: Dict[str, int] = {}
+        self.classifier_failed_at: Set[Tuple[str, str, int]] = set()  # (logged: ``failed_at``)
         # address -> what -> count (a dict each: no key tuple to build and hash a
         # request), for the known workers; the workers gone: what -> count
         self.workers: Dict[str, Dict[str, int]] = {}
@@ -136,14 +139,21 @@ class Counters:
             "message": message[:200]})
 
     def classifier_failed(self, exc: BaseException) -> None:
-        """A classifier or key function raised: logged once per distinct
-        error, then counted."""
-        error = "%s: %s" % (type(exc).__name__, exc)
+        """A classifier or key function raised: counted by its error (the
+        message cut to ``MAX_CLASSIFIER_ERROR``), and logged once per
+        type of error and where it was raised (``failed_at``): a message
+        may say what each client sent, and each must not log a
+        traceback."""
+        error = ("%s: %s" % (type(exc).__name__, exc))[:MAX_CLASSIFIER_ERROR]
         count = self.classifier_errors.get(error, 0) + 1
         self.classifier_errors[error] = count
-        if count == 1:
-            if len(self.classifier_errors) > MAX_CLASSIFIER_ERRORS:
-                self.classifier_errors.pop(next(iter(self.classifier_errors)))
+        if count == 1 and len(self.classifier_errors) > MAX_CLASSIFIER_ERRORS:
+            self.classifier_errors.pop(next(iter(self.classifier_errors)))
+        where = failed_at(exc)
+        if where not in self.classifier_failed_at:
+            if len(self.classifier_failed_at) >= MAX_FAILED_AT:
+                self.classifier_failed_at.clear()
+            self.classifier_failed_at.add(where)
             log.error("classifier failed (routing such requests without a class; "
                       "logged once, counted in status)", exc_info=exc)
 
@@ -205,3 +215,13 @@ def top_classes(counts: Dict[str, int], n: int) -> Dict[str, int]:
     if rest:
         top[OTHER_CLASS] = rest
     return top
+
+
+def failed_at(exc: BaseException) -> Tuple[str, str, int]:
+    """An error's type, and the file and line it was raised at."""
+    tb = exc.__traceback__
+    filename, line = "", 0
+    while tb is not None:
+        filename, line = tb.tb_frame.f_code.co_filename, tb.tb_lineno
+        tb = tb.tb_next
+    return type(exc).__name__, filename, line
