@@ -27,6 +27,26 @@ class Classifiers:
 NOT_CALLABLE = {"a": "b"}
 
 
+def wsgi_app(environ, start_response):
+    return []
+
+
+def make_classifier():
+    return classify_by_method
+
+
+class Callable:
+    def __call__(self, environ, extra=None):
+        return "c"
+
+
+def any_arguments(*args, **kw):
+    return "c"
+
+
+CALLABLE = Callable()
+
+
 # -- host --------------------------------------------------------------------------
 
 
@@ -213,6 +233,21 @@ def test_a_request_waits_a_bounded_time_for_a_classifier_hung_in_its_threads():
     finally:
         release.set()
         classify.close()
+
+
+@pytest.mark.parametrize("spec", ["test_classifier:wsgi_app", "test_classifier:make_classifier"])
+def test_a_module_classifier_that_cannot_take_one_argument_is_refused_at_start(spec):
+    # It was accepted, and every request's call raised TypeError: the
+    # site ran without classes, one line in the log saying why.
+    with pytest.raises(ConfigurationError, match="one argument"):
+        get_classifier(spec)
+
+
+def test_a_module_classifier_may_take_one_argument_any_way():
+    for spec in ("test_classifier:CALLABLE", "test_classifier:any_arguments",
+                 "test_classifier:classify_by_method"):
+        get_classifier(spec)
+    assert get_classifier("builtins:len").func is len
 
 
 @pytest.mark.parametrize("spec", [

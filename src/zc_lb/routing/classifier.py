@@ -12,7 +12,9 @@ Specs, as given on the command line or in ZooKeeper:
     An ENVKEY no request can have (``path_info``, ``HTTP_X-TENANT``: not
     upper case, or with a ``-``) is a ConfigurationError.
 ``module:dotted.name``
-    Any importable callable taking the environ, e.g. ``myapp.lb:classify``.
+    Any importable callable taking the environ, e.g. ``myapp.lb:classify``
+    (one whose signature takes no single argument, as a WSGI application
+    or a factory of classifiers, is a ConfigurationError).
     It must not block: it runs in the LB's event loop, timed, and is moved
     to threads the first time it is slow (lb/guard.py).
 
@@ -56,6 +58,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import re
 from typing import Callable, Final, Mapping, Optional
 
@@ -191,6 +194,13 @@ def get_classifier(spec: str) -> Classifier:
     obj = import_object(spec)
     if not callable(obj):
         raise ConfigurationError("classifier %r is not callable" % spec)
+    try:
+        inspect.signature(obj).bind(None)
+    except TypeError as exc:
+        raise ConfigurationError("classifier %r cannot be called with one argument, the "
+                                 "request's variables: %s" % (spec, exc))
+    except ValueError:
+        pass  # (no signature to read, as some built-ins: called as it is)
     from zc_lb.lb.guard import Guarded  # a site's function: timed, and off the loop if it blocks
 
     return Guarded(obj)
