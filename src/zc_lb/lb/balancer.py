@@ -302,21 +302,16 @@ class LB:
 
     def _classify(self, environ: Any) -> Tuple[Optional[str], Optional[str]]:
         """The request's class (None: no class) and affinity key, from an
-        environ or a Relay (a mapping of the request's variables).  A failing
-        classifier or key function routes the request without either, and
-        is logged once per kind of error, and counted (``classifier_failed``): so does one that
-        exits (SystemExit, which would end the LB), and one whose result
-        cannot be made text (``as_text``)."""
+        environ or a Relay (a mapping of the request's variables), as text
+        (``as_text``).  A classifier or key function that fails (or exits)
+        routes the request without either, counted (``classifier_failed``)."""
         try:
-            value = self.classifier(environ)
-            rclass = None if value is None else bounded_class(
-                value if type(value) is str else as_text(value))
-            value = self.affinity_key(environ) if self.affinity_key else None
-            key = None if value is None else value if type(value) is str else as_text(value)
-        except (Exception, SystemExit) as exc:
+            rclass = as_text(self.classifier(environ))
+            key = as_text(self.affinity_key(environ)) if self.affinity_key else None
+        except (Exception, SystemExit) as exc:  # (SystemExit would end the LB)
             self.counters.classifier_failed(exc)
             return None, None
-        return rclass, key
+        return None if rclass is None else bounded_class(rclass), key
 
     def share_with(self, siblings: Siblings) -> None:
         """Route as one LB with the other processes of ``--processes``

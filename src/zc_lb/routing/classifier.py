@@ -84,11 +84,13 @@ def bounded_class(rclass: str) -> str:
     return "%s~%s" % (rclass[:MAX_CLASS - CLASS_HASH - 1], digest)
 
 
-def as_text(value: object) -> str:
-    """What a classifier or key function returned, as text: bytes read
-    as UTF-8 (a byte that is not kept as a lone surrogate, which
-    ``bounded_class`` writes as its escape), any other object its str
-    (``42`` is the class ``"42"``)."""
+def as_text(value: object) -> Optional[str]:
+    """What a classifier or key function returned, as text: None as it
+    is, bytes read as UTF-8 (a byte that is not kept as a lone
+    surrogate, which ``bounded_class`` writes as its escape), any other
+    object its str (``42`` is the class ``"42"``)."""
+    if value is None or type(value) is str:
+        return value
     if isinstance(value, (bytes, bytearray)):
         return bytes(value).decode("utf-8", "surrogateescape")
     return str(value)
