@@ -235,6 +235,51 @@ def test_a_request_waits_a_bounded_time_for_a_classifier_hung_in_its_threads():
         classify.close()
 
 
+def test_a_classifier_moved_to_threads_comes_back_to_the_loop_once_it_proves_fast(caplog):
+    # One slow call (a busy machine preempting a fast function) moved it
+    # to threads for the LB's life, some 65 us of CPU a request.  Now it
+    # comes back after back_after fast calls there, and each time it is
+    # slow anew the next return waits twice as long.
+    import threading
+
+    import gevent
+
+    from zc_lb.lb.guard import Guarded
+
+    ran_in = []
+
+    def classifier(environ):
+        ran_in.append(threading.get_ident())
+        time.sleep(float(environ.get("SLEEP", 0)))
+        return "c"
+
+    loop = threading.get_ident()
+    classify = Guarded(classifier, slow=0.05, back_after=5)
+    try:
+        def call(environ=None):
+            return gevent.spawn(classify, environ or {}).get(timeout=5)
+
+        assert call() == "c" and ran_in[-1] == loop
+        assert call({"SLEEP": "0.08"}) == "c" and classify.status()["threaded"]
+        for _ in range(4):
+            assert call() == "c" and ran_in[-1] != loop and classify.status()["threaded"]
+        assert call() == "c" and not classify.status()["threaded"]  # (the fifth fast one)
+        assert call() == "c" and ran_in[-1] == loop
+        assert classify.status()["moved_back"] == 1
+        # Slow again on the loop: back in the threads, for 10 fast calls now.
+        assert call({"SLEEP": "0.08"}) == "c" and classify.status()["threaded"]
+        for _ in range(9):
+            call()
+        assert classify.status()["threaded"] and ran_in[-1] != loop
+        call()
+        assert not classify.status()["threaded"] and classify.status()["moved_back"] == 2
+        assert classify.status()["slow_calls"] == 2
+        warned = [r for r in caplog.records if "blocking" in r.getMessage()]
+        assert len(warned) == 1  # (the first move alone is a warning)
+    finally:
+        classify.close()
+
+
 @pytest.mark.parametrize("spec", ["test_classifier:wsgi_app", "test_classifier:make_classifier"])
 def test_a_module_classifier_that_cannot_take_one_argument_is_refused_at_start(spec):
     # It was accepted, and every request's call raised TypeError: the

@@ -16,6 +16,14 @@ then raises TimeoutError, and the LB routes it without a class: a
 function that hangs (a lookup with no timeout of its own) takes its
 threads, not every request.
 
+A fast function can read slow once (the process preempted on a busy
+machine, a collection of the garbage, a first call's imports), so the
+threads are not for life: after ``back_after`` calls in a row under
+``slow`` there, the function runs inline again, and each time it
+proves slow anew the next return waits twice as many calls.  A
+function that blocks now and then stalls the loop less and less
+often; one that never blocks again costs no thread's toll for good.
+
 The first slow call has blocked the loop already; the connections'
 keepalives allow for that (a loop stall on our side is not the peer's
 silence, and workers give an LB a minute).  The built-in classifiers
@@ -26,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import gevent  # type: ignore[import-untyped]
 
@@ -35,6 +43,7 @@ log = logging.getLogger(__name__)
 SLOW = 0.005  # seconds: a call longer than this blocked the loop
 THREADS = 8
 WAIT = 1.0  # seconds a request waits for an answer from the threads
+BACK_AFTER = 1000  # calls in a row under SLOW in the threads, then inline again (doubling)
 
 
 def describe(func: Callable) -> str:
@@ -45,22 +54,28 @@ def describe(func: Callable) -> str:
 
 
 class Guarded:
-    """``func`` called inline and timed; in a thread pool once it was slow."""
+    """``func`` called inline and timed; in a thread pool once it was
+    slow, until it proves fast there."""
 
     def __init__(self, func: Callable, what: str = "classifier", slow: float = SLOW,
-                 threads: int = THREADS, wait: float = WAIT) -> None:
+                 threads: int = THREADS, wait: float = WAIT,
+                 back_after: int = BACK_AFTER) -> None:
         self.func = func
         self.what = what
         self.name = describe(func)
         self.slow = slow
         self.threads = threads
         self.wait = wait
-        self.pool = None  # a gevent ThreadPool, once ``func`` proved slow
+        self.pool: Any = None  # a gevent ThreadPool, once ``func`` proved slow
+        self.threaded = False  # calls go to ``pool`` (else: inline)
+        self.back_after = back_after  # fast calls in the threads, then inline again
+        self.fast_calls = 0  # in a row, in the threads
+        self.moved_back = 0  # times it went back inline
         self.slow_calls = 0
         self.slowest = 0.0
 
     def __call__(self, environ: Mapping[str, object]) -> Optional[str]:
-        if self.pool is None:
+        if not self.threaded:
             return self._timed(environ)
         timeout = gevent.Timeout.start_new(self.wait)
         try:
@@ -81,18 +96,39 @@ class Guarded:
             elapsed = time.perf_counter() - started
             if elapsed > self.slow:
                 self._slow_call(elapsed)
+            elif self.threaded:
+                self._fast_call()
 
     def _slow_call(self, elapsed: float) -> None:
         self.slow_calls += 1
         self.slowest = max(self.slowest, elapsed)
+        self.fast_calls = 0
+        if self.threaded:
+            return
+        self.threaded = True
         if self.pool is None:
             import gevent.threadpool  # type: ignore[import-untyped]
 
             self.pool = gevent.threadpool.ThreadPool(self.threads)
             log.warning("%s %s took %.0f ms, blocking the LB's event loop: it runs in "
-                        "%d threads from now on (a %s must not block; see "
-                        "docs/reference/failures.rst)", self.what, self.name,
+                        "%d threads from now on, until it proves fast (a %s must not "
+                        "block; see docs/reference/failures.rst)", self.what, self.name,
                         elapsed * 1000, self.threads, self.what)
+        else:
+            self.back_after *= 2
+            log.info("%s %s took %.0f ms on the event loop again: back in its threads "
+                     "(%d calls under %.0f ms there before it returns)", self.what,
+                     self.name, elapsed * 1000, self.back_after, self.slow * 1000)
+
+    def _fast_call(self) -> None:
+        self.fast_calls += 1
+        if self.fast_calls >= self.back_after:
+            self.threaded = False
+            self.fast_calls = 0
+            self.moved_back += 1
+            log.info("%s %s: %d calls in a row under %.0f ms in its threads: it runs on "
+                     "the event loop again", self.what, self.name, self.back_after,
+                     self.slow * 1000)
 
     def close(self) -> None:
         """End the threads, if ``func`` was moved to them (the LB stops)."""
@@ -100,5 +136,5 @@ class Guarded:
             self.pool.kill()
 
     def status(self) -> dict:
-        return {"name": self.name, "threaded": self.pool is not None,
+        return {"name": self.name, "threaded": self.threaded, "moved_back": self.moved_back,
                 "slow_calls": self.slow_calls, "slowest": round(self.slowest, 6)}

@@ -16,7 +16,7 @@ Specs, as given on the command line or in ZooKeeper:
     (one whose signature takes no single argument, as a WSGI application
     or a factory of classifiers, is a ConfigurationError).
     It must not block: it runs in the LB's event loop, timed, and is moved
-    to threads the first time it is slow (lb/guard.py).
+    to threads while it is slow (lb/guard.py).
 
 A classifier may return None: the request has no class, and the pool
 sends it to the least loaded worker.  What else it returns is made text
