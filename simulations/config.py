@@ -12,12 +12,26 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any, Dict, List
 
 from zc_lb.settings import LB_SETTINGS, WORKER_SETTINGS
 
 POLICIES = ("affinity", "published", "least_backlog", "round_robin", "two_choices",
             "bounded_hash", "lard")
+ACTIONS = ("add_worker", "remove_worker", "hot_site", "change_classifier")
+CLASSIFIER_CHANGES = ("rename", "permute")
+# the parameters that count something, and the least each may be
+AT_LEAST = {"requests": 1, "workers": 1, "cache_size": 1, "sites": 1, "objects_per_site": 1,
+            "site_depth": 1, "window": 1, "sample_every": 1, "hash_replicas": 1, "lbs": 1,
+            "concurrency": 1, "threads": 0, "lbs_told": 0, "pages_per_site": 0,
+            "page_objects": 0, "objects_per_request": 0, "max_skill_age": 0,
+            "lard_low": 0, "lard_high": 0}
+# the parameters that are lists, and of what
+LISTS = {"policies": str, "cache_sizes": int, "speeds": float, "actions": dict}
+# the times and rates, none below 0
+NOT_NEGATIVE = ("base_cost", "hit_cost", "miss_cost", "think_time", "arrival_rate",
+                "relay_interval", "resume_interval")
 
 
 @dataclasses.dataclass
@@ -148,30 +162,75 @@ def build(overrides: Dict[str, Any]) -> Config:
     """A Config from defaults and overrides, checked."""
     config = Config(**overrides)
     for field in fields():  # (of the type of its default; a whole number for a float)
-        if field.default is dataclasses.MISSING or field.default is None:
-            continue  # (the lists, checked below)
-        value, kind = getattr(config, field.name), type(field.default)
-        if type(value) is not kind and not (kind is float and type(value) is int):
+        value = getattr(config, field.name)
+        if field.name in LISTS:
+            if not isinstance(value, list) or not all(
+                    of_kind(item, LISTS[field.name]) for item in value):
+                raise ValueError("%s must be a list of %s, not %r"
+                                 % (field.name, LISTS[field.name].__name__, value))
+            continue
+        kind = type(field.default)
+        if not of_kind(value, kind):
             raise ValueError("%s must be %s, not %r" % (field.name, kind.__name__, value))
+        if kind is float and not math.isfinite(value):
+            raise ValueError("%s must be a finite number, not %r" % (field.name, value))
     unknown = [p for p in config.policies if p not in POLICIES]
     if unknown:
         raise ValueError("unknown policies: %s" % ", ".join(unknown))
+    if not config.policies:
+        raise ValueError("need at least one policy (of %s)" % ", ".join(POLICIES))
     if config.clients <= 0 and config.arrival_rate <= 0:
         raise ValueError("need clients > 0 (closed loop) or arrival_rate > 0")
-    if config.lbs < 1:
-        raise ValueError("need lbs >= 1")
-    if config.concurrency < 1 or config.threads < 0:
-        raise ValueError("need concurrency >= 1 and threads >= 0")
-    for name in ("requests", "workers", "cache_size", "sites", "objects_per_site",
-                 "site_depth"):
-        if getattr(config, name) < 1:
-            raise ValueError("need %s >= 1" % name)
+    for name, least in AT_LEAST.items():
+        if getattr(config, name) < least:
+            raise ValueError("need %s >= %d" % (name, least))
+    for name in NOT_NEGATIVE:
+        if getattr(config, name) < 0:
+            raise ValueError("need %s >= 0" % name)
     if not 0.0 <= config.warmup < 1.0:
         raise ValueError("need 0 <= warmup < 1")
+    if config.hash_balance_factor < 1:
+        raise ValueError("need hash_balance_factor >= 1")
     if not all(size > 0 for size in config.cache_sizes):
         raise ValueError("cache_sizes must be positive")
-    if not all(speed > 0 for speed in config.speeds):
-        raise ValueError("speeds must be positive")
+    if not all(0 < speed < math.inf for speed in config.speeds):
+        raise ValueError("speeds must be positive and finite")
     if config.popularity not in ("zipf", "exponential"):
         raise ValueError("popularity must be zipf or exponential")
+    if config.popularity == "exponential" and config.popularity_param <= 0:
+        raise ValueError("need popularity_param > 0 (sites per e-fold) with exponential")
+    for action in config.actions:
+        check_action(action, config)
     return config
+
+
+def of_kind(value: Any, kind: type) -> bool:
+    """Whether ``value`` is a ``kind`` (a whole number counts as a float;
+    a bool as nothing else)."""
+    return type(value) is kind or (kind is float and type(value) is int)
+
+
+def check_action(action: Any, config: Config) -> None:
+    """Refuse a scheduled action the run could not carry out, before it
+    starts."""
+    at, do = action.get("at"), action.get("do")
+    if type(at) is not int or at < 0:
+        raise ValueError("action %r: at must be a request number >= 0" % (action,))
+    if do not in ACTIONS:
+        raise ValueError("action %r: do must be one of %s" % (action, ", ".join(ACTIONS)))
+    if do == "remove_worker":  # (no worker, or null: the first live one)
+        worker = action.get("worker")
+        if worker is not None and (type(worker) is not int or worker < 0):
+            raise ValueError("action %r: worker must be a worker's number >= 0" % (action,))
+    elif do == "hot_site":
+        site, fraction = action.get("site"), action.get("fraction")
+        if config.log:
+            raise ValueError("action %r: a log workload cannot make a site hot" % (action,))
+        if type(site) is not int or not 0 <= site < config.sites:
+            raise ValueError("action %r: site must be a site's number, 0 to %d"
+                             % (action, config.sites - 1))
+        if not of_kind(fraction, float) or not 0 <= fraction <= 1:
+            raise ValueError("action %r: fraction must be from 0 to 1" % (action,))
+    elif do == "change_classifier" and action.get("mode", "rename") not in CLASSIFIER_CHANGES:
+        raise ValueError("action %r: mode must be one of %s"
+                         % (action, ", ".join(CLASSIFIER_CHANGES)))

@@ -478,6 +478,54 @@ def test_a_pool_setting_out_of_bounds_is_a_clear_error():
         cli.main(["steady", "--scale", "0.005", "--no-plots", "--stick", "-1"])
 
 
+@pytest.mark.parametrize("option, error", [
+    (["--sample-every", "0"], "need sample_every >= 1"),
+    (["--window", "0"], "need window >= 1"),
+    (["--pages-per-site", "-1"], "need pages_per_site >= 0"),
+    (["--page-objects", "-2"], "need page_objects >= 0"),
+    (["--base-cost", "-1"], "need base_cost >= 0"),
+    (["--hash-replicas", "0"], "need hash_replicas >= 1"),
+    (["--hash-balance-factor", "0.5"], "need hash_balance_factor >= 1"),
+    (["--popularity", "exponential", "--popularity-param", "0"], "need popularity_param > 0"),
+    (["--popularity-param", "nan"], "popularity_param must be a finite number, not nan"),
+    (["--speeds", "1,inf"], "speeds must be positive and finite"),
+    (["--policies", ""], "need at least one policy"),
+    (["--cache-sizes", ""], None),  # (an empty list: the one cache size)
+])
+def test_a_parameter_out_of_bounds_is_a_clear_error_before_any_run(option, error, capsys):
+    # Each of these crashed in a run (a modulo by zero, an index out of
+    # range, matplotlib given no policy) or ran with negative times.
+    argv = ["steady", "--scale", "0.001", "--no-plots", "--policies", "round_robin"] + option
+    if error is None:
+        assert cli.main(argv) == 0
+        return
+    with pytest.raises(SystemExit, match="^simulate: " + error):
+        cli.main(argv)
+    assert "round_robin" not in capsys.readouterr().err  # (refused before it ran)
+
+
+@pytest.mark.parametrize("actions, error", [
+    ([{"do": "add_worker"}], "at must be a request number >= 0"),
+    ([{"at": 10, "do": "explode"}], "do must be one of add_worker, remove_worker"),
+    ([{"at": 10, "do": "hot_site"}], "site must be a site's number, 0 to 99"),
+    ([{"at": 10, "do": "hot_site", "site": 5, "fraction": 2}], "fraction must be from 0 to 1"),
+    ([{"at": 10, "do": "change_classifier", "mode": "zap"}], "mode must be one of rename"),
+    ([{"at": 10, "do": "remove_worker", "worker": -1}], "worker must be a worker's number"),
+    ([3], "actions must be a list of dict, not \\[3\\]"),
+    ({"at": 10}, "actions must be a list of dict"),
+])
+def test_a_bad_action_is_a_clear_error_before_any_run(actions, error):
+    with pytest.raises(SystemExit, match="^simulate: .*" + error):
+        cli.main(["steady", "--scale", "0.01", "--no-plots", "--policies", "round_robin",
+                  "--actions", json.dumps(actions)])
+
+
+def test_a_hot_site_on_a_log_workload_is_a_clear_error_before_any_run():
+    with pytest.raises(SystemExit, match="^simulate: .*a log workload cannot make a site hot"):
+        cli.main(["nasa", "--scale", "0.01", "--no-plots", "--policies", "round_robin",
+                  "--actions", '[{"at": 10, "do": "hot_site", "site": 1, "fraction": 0.5}]'])
+
+
 # -- where locality buys nothing -------------------------------------------------
 
 
