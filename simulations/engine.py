@@ -48,6 +48,7 @@ import random
 from collections import deque
 from typing import Any, Dict, List, Optional
 
+from zc_lb.errors import ConfigurationError
 from zc_lb.worker.resume import Skills
 from zc_lb.routing.siblings import SYNC_INTERVAL, Siblings, sync
 
@@ -178,6 +179,10 @@ class Simulation:
                 self.done(data)
             else:
                 self.issue(data)
+        if self.waiting:  # (their clients wait for ever: nothing more was issued)
+            raise ConfigurationError(
+                "%d requests found no worker: the actions removed every worker and "
+                "none was added in time" % len(self.waiting))
         return self.results()
 
     def start_load(self) -> None:
@@ -457,7 +462,12 @@ class Simulation:
 
     def remove_worker(self, wid: Optional[int] = None) -> None:
         """Take a worker (the busiest-skilled one by default: worker 0) away."""
-        worker = self.workers[wid if wid is not None else self.live[0].id]
+        if wid is None and self.live:
+            wid = self.live[0].id
+        if wid is None or wid >= len(self.workers) or not self.workers[wid].alive:
+            raise ConfigurationError("remove_worker at request %d: no worker %s to remove"
+                                     % (self.issued, "left" if wid is None else wid))
+        worker = self.workers[wid]
         worker.alive = False
         self.live.remove(worker)
         for lb in self.lbs:

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from zc_lb.errors import ConfigurationError  # noqa: E402
 from zc_lb.simulations import bound, cli, config as config_module  # noqa: E402
 from zc_lb.simulations.cache import Holders, LRUCache  # noqa: E402
 from zc_lb.simulations.config import POLICIES, Config  # noqa: E402
@@ -524,6 +525,31 @@ def test_a_hot_site_on_a_log_workload_is_a_clear_error_before_any_run():
     with pytest.raises(SystemExit, match="^simulate: .*a log workload cannot make a site hot"):
         cli.main(["nasa", "--scale", "0.01", "--no-plots", "--policies", "round_robin",
                   "--actions", '[{"at": 10, "do": "hot_site", "site": 1, "fraction": 0.5}]'])
+
+
+def test_removing_a_worker_that_is_not_there_or_the_last_one_is_a_clear_error():
+    # The last one removed, the requests waited for ever and the run
+    # reported what the others had served, with no word of them.
+    argv = ["steady", "--requests", "2000", "--no-plots", "--policies", "round_robin",
+            "--workers", "2", "--actions"]
+    with pytest.raises(SystemExit, match="^simulate: remove_worker at request 10: no worker 7"):
+        cli.main(argv + ['[{"at": 10, "do": "remove_worker", "worker": 7}]'])
+    with pytest.raises(SystemExit, match="^simulate: remove_worker at request 10: no worker 1 "):
+        cli.main(argv + ['[{"at": 5, "do": "remove_worker", "worker": 1},'
+                         ' {"at": 10, "do": "remove_worker", "worker": 1}]'])
+    with pytest.raises(SystemExit, match="^simulate: .*requests found no worker"):
+        cli.main(argv + ['[{"at": 10, "do": "remove_worker"}, {"at": 10, "do": "remove_worker"}]'])
+    with pytest.raises(SystemExit, match="^simulate: remove_worker at request 10: no worker left"):
+        cli.main(argv + ['[{"at": 10, "do": "remove_worker"}, {"at": 10, "do": "remove_worker"},'
+                         ' {"at": 10, "do": "remove_worker"}]'])
+    # (removed, then one added: the requests that waited are served; with
+    # closed-loop clients all waiting, no later request brings the new one)
+    removed = [{"at": 100, "do": "remove_worker"}, {"at": 200, "do": "add_worker"}]
+    run = simulate(small(workers=1, clients=0, arrival_rate=500.0, actions=removed),
+                   "round_robin")
+    assert sum(w["requests"] for w in run["windows"]) == SMALL["requests"]
+    with pytest.raises(ConfigurationError, match="^8 requests found no worker"):
+        simulate(small(workers=1, actions=removed), "round_robin")
 
 
 # -- where locality buys nothing -------------------------------------------------
