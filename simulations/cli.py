@@ -154,15 +154,27 @@ def main(argv: Optional[List[str]] = None) -> int:
             config = config_module.scaled(config, scale)
         except ValueError as error:
             raise SystemExit("simulate: %s" % error)
-    for name, value in sweep or [(None, None)]:
-        swept = config if name is None else config.replace(
-            **{name: value}, name="%s %s=%s" % (config.name, name, value))
+    for swept in swept_configs(config, sweep):
         try:
             runs = run_all(swept, sys.stderr.write)
         except (ConfigurationError, OSError) as error:  # a pool setting out of bounds, a log
             raise SystemExit("simulate: %s" % error)
         report_runs(swept, runs, as_json, None if no_plots else out)
     return 0
+
+
+def swept_configs(config: config_module.Config, sweep: List[Any]
+                  ) -> List[config_module.Config]:
+    """One configuration per value of the sweep (``config`` alone without
+    one), each checked before any runs."""
+    if not sweep:
+        return [config]
+    try:
+        return [config_module.build(dict(dataclasses.asdict(config), **{name: value},
+                                         name="%s %s=%s" % (config.name, name, value)))
+                for name, value in sweep]
+    except ValueError as error:
+        raise SystemExit("simulate: --sweep: %s" % error)
 
 
 def sweep_values(text: Optional[str]) -> List[Any]:

@@ -552,6 +552,13 @@ def test_removing_a_worker_that_is_not_there_or_the_last_one_is_a_clear_error():
         simulate(small(workers=1, actions=removed), "round_robin")
 
 
+def test_a_sweep_value_out_of_bounds_is_refused_before_any_run(capsys):
+    with pytest.raises(SystemExit, match="^simulate: --sweep: need workers >= 1"):
+        cli.main(["steady", "--scale", "0.005", "--no-plots", "--policies", "round_robin",
+                  "--sweep", "workers=2,0"])
+    assert "scenario steady" not in capsys.readouterr().out
+
+
 # -- where locality buys nothing -------------------------------------------------
 
 
