@@ -154,7 +154,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             config = config_module.scaled(config, scale)
         except ValueError as error:
             raise SystemExit("simulate: %s" % error)
-    for swept in swept_configs(config, sweep):
+    configs = swept_configs(config, sweep)
+    if not no_plots:
+        try:  # (before any run, not after minutes of them)
+            os.makedirs(out, exist_ok=True)
+        except OSError as error:
+            raise SystemExit("simulate: --out: %s (or give --no-plots)" % error)
+    for swept in configs:
         try:
             runs = run_all(swept, sys.stderr.write)
         except (ConfigurationError, OSError) as error:  # a pool setting out of bounds, a log

@@ -259,6 +259,16 @@ def test_table_and_plot(tmp_path, capsys):
     assert (tmp_path / "add_worker.png").stat().st_size > 1000
 
 
+def test_a_plot_directory_that_cannot_be_made_is_refused_before_any_run(tmp_path, capsys):
+    # It failed with a traceback after the first table, and a sweep's
+    # other runs were lost.
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit, match="^simulate: --out: .*Not a directory.*--no-plots"):
+        cli.main(["steady", "--scale", "0.005", "--policies", "round_robin",
+                  "--sweep", "lbs=1,2", "--out", str(tmp_path / "file" / "plots")])
+    assert "scenario steady" not in capsys.readouterr().out
+
+
 # -- the affinity policy against the published one, on small runs ----------------
 
 NASA_LOG = ROOT / "playback" / "logs" / "nasa_aug95_first20k.log"
