@@ -116,7 +116,8 @@ def scenario_path(name: str) -> str:
         return name
     path = os.path.join(SCENARIOS, name + ".json")
     if not os.path.exists(path):
-        raise SystemExit("no scenario %r (try --list)" % (name,))
+        raise ValueError("no scenario file or shipped scenario %r (shipped: %s)"
+                         % (name, ", ".join(shipped())))
     return path
 
 

@@ -569,6 +569,16 @@ def test_a_sweep_value_out_of_bounds_is_refused_before_any_run(capsys):
     assert "scenario steady" not in capsys.readouterr().out
 
 
+def test_an_unknown_scenario_is_a_clear_error_naming_the_shipped_ones():
+    from zc_lb.simulations import oracle
+
+    with pytest.raises(SystemExit, match="^simulate: no scenario file or shipped scenario "
+                                         "'stedy' \\(shipped: add_worker, .*steady"):
+        cli.main(["stedy"])
+    with pytest.raises(SystemExit, match="^oracle: no scenario .*'stedy'"):
+        oracle.main(["stedy"])
+
+
 # -- where locality buys nothing -------------------------------------------------
 
 
