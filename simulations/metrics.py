@@ -88,7 +88,8 @@ class Recorder:
         self.holders = holders
         self.completed = 0
         self.window = Series(0.0)
-        self.summary: Optional[Series] = None
+        # (from the start with no warm-up: ``request`` starts it at a completion)
+        self.summary: Optional[Series] = Series(0.0) if warmup_requests <= 0 else None
         self.windows: List[Dict[str, float]] = []
         self.overlaps: List[float] = []
         self.track_new = False

@@ -569,6 +569,16 @@ def test_a_sweep_value_out_of_bounds_is_refused_before_any_run(capsys):
     assert "scenario steady" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("changes", [dict(warmup=0.0), dict(requests=3)])
+def test_with_no_warm_up_the_summary_covers_every_request(changes):
+    # A warm-up of no request (--warmup 0, or a run of under five
+    # requests) left the summary empty: 0 requests a second, 0 misses.
+    run = simulate(small(**changes), "round_robin")
+    requests = changes.get("requests", SMALL["requests"])
+    assert run["summary"]["requests"] == requests
+    assert run["summary"]["misses_per_request"] > 0 and run["summary"]["throughput"] > 0
+
+
 def test_an_unknown_scenario_is_a_clear_error_naming_the_shipped_ones():
     from zc_lb.simulations import oracle
 
