@@ -15,6 +15,7 @@ one worker) is known at any moment in O(1), without scanning caches.
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from typing import Iterable, Optional
 
@@ -23,8 +24,8 @@ class Holders:
     """How many caches hold each object; objects are ints 0..n-1."""
 
     def __init__(self, n_objects: int) -> None:
-        # a byte per object: at most 255 workers, which is plenty here
-        self.count = bytearray(n_objects)
+        # (a count may pass 255: hundreds of workers, or of connections' caches)
+        self.count = array("I", bytes(array("I").itemsize * n_objects))
         self.cached = 0  # objects held by at least one cache
         self.shared = 0  # objects held by at least two caches
 

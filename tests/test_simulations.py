@@ -579,6 +579,18 @@ def test_with_no_warm_up_the_summary_covers_every_request(changes):
     assert run["summary"]["misses_per_request"] > 0 and run["summary"]["throughput"] > 0
 
 
+def test_holders_count_past_255_caches():
+    # Hundreds of workers, or of connections' caches, may hold one object.
+    holders = Holders(2)
+    caches = [LRUCache(1, holders) for _ in range(300)]
+    for cache in caches:
+        cache.touch(1)
+    assert (holders.count[1], holders.cached, holders.shared) == (300, 1, 1)
+    for cache in caches:
+        cache.clear()
+    assert (holders.count[1], holders.cached, holders.shared) == (0, 0, 0)
+
+
 def test_an_unknown_scenario_is_a_clear_error_naming_the_shipped_ones():
     from zc_lb.simulations import oracle
 
