@@ -195,6 +195,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     add_parameters(parser)  # (``--seed``, ``--site-depth 2``, ...)
     args = vars(parser.parse_args(argv))
     slack = args.pop("slack")
+    if not 1 <= slack < math.inf:  # (below 1 no worker could keep to it: all were over)
+        parser.error("--slack must be a number >= 1, not %r" % (slack,))
     config = configured(args.pop("scenario"), args, "oracle")
     if config.cache_sizes or config.speeds or config.actions:
         parser.error("the oracle takes one cache size, one speed and no actions")

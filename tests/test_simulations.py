@@ -689,6 +689,17 @@ def test_the_oracle_takes_the_simulators_parameters(capsys):
     assert capsys.readouterr().out.splitlines()[0] != printed[0]
 
 
+@pytest.mark.parametrize("slack", ["0", "-1", "0.5", "nan", "inf"])
+def test_an_oracle_slack_under_one_or_not_finite_is_a_clear_error(slack, capsys):
+    # (each printed a table: every worker over the limit, or none)
+    from zc_lb.simulations import oracle
+
+    with pytest.raises(SystemExit):
+        oracle.main(["nasa", "--requests", "500", "--slack", slack])
+    out, err = capsys.readouterr()
+    assert "--slack must be a number >= 1" in err and out == ""
+
+
 def test_an_oracle_placement_keeps_each_key_on_one_worker():
     from zc_lb.simulations import oracle
 
