@@ -12,6 +12,7 @@ import shutil
 import site
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import urllib.request
@@ -335,6 +336,44 @@ def test_wheel_installed_outside_the_checkout_has_the_tools_and_the_licence(tmp_
     assert len(where.split()) == 3 and all(path.startswith(purelib) for path in where.split())
     assert subprocess.run([python, "-c", "import playback"], cwd=outside, env=env,
                           capture_output=True).returncode == 1  # no top-level name taken
+
+
+# -- the sdist --------------------------------------------------------------
+
+
+# What the checkout holds beside the package: what .gitignore leaves out
+# (build products, caches, the venv) is not.
+CHECKOUT = [".ci", ".gitignore", "LICENSE.txt", "MANIFEST.in", "Makefile", "README.rst",
+            "benchmarks", "docs", "etc", "playback", "pyproject.toml", "pytest.ini", "setup.py",
+            "simulations", "src", "tests"]
+UNSHIPPED = shutil.ignore_patterns("__pycache__", "*.py[cod]", "*.egg-info", "*.so", "out",
+                                   "build", "dist", ".hypothesis", ".mypy_cache")
+
+
+def test_the_sdist_holds_the_whole_checkout(tmp_path):
+    # It held the package and the tests' modules, but not their helpers
+    # (conftest.py, tests/data), docs/ (which the README points to), etc/
+    # (the systemd units), the Makefile, the benchmarks nor the simulator's
+    # golden results: "make test" could not run from it.
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in CHECKOUT:
+        if os.path.isdir(os.path.join(ROOT, name)):
+            shutil.copytree(os.path.join(ROOT, name), source / name, ignore=UNSHIPPED)
+        elif os.path.exists(os.path.join(ROOT, name)):
+            shutil.copy(os.path.join(ROOT, name), source / name)
+    expected = {os.path.relpath(os.path.join(top, name), source)
+                for top, _, names in os.walk(source) for name in names}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ZC_LB_COMPILE")}
+    build = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path)],
+                           cwd=source, env=env, capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr
+    (sdist,) = tmp_path.glob("zc[_-]lb-*.tar.gz")  # (older setuptools: zc-lb)
+    with tarfile.open(sdist) as archive:
+        shipped = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    assert sorted(expected - shipped) == []
+    assert "docs/index.rst" in shipped and "tests/conftest.py" in shipped
+    assert not [name for name in shipped if "__pycache__" in name or name.endswith(".so")]
 
 
 DOCUMENTS = ["README.rst", "playback/README.rst", "playback/logs/README.rst",
