@@ -100,8 +100,11 @@ setup(
     },
     ext_modules=compiled_modules(),
     python_requires=">=3.11",
-    install_requires=["gevent>=23", "kazoo>=2.9", "webob>=1.8", "orjson>=3.9",
-                      "httptools>=0.6.2", "prometheus-client>=0.17",
+    # The floors are the oldest releases zc-lb runs on: WebOb 1.8.9 is the
+    # first that imports on Python 3.13 (before 1.8.3, not even on 3.10),
+    # httptools 0.6.3 the first with set_dangerous_leniencies (front/h1.py).
+    install_requires=["gevent>=23", "kazoo>=2.9", "webob>=1.8.9", "orjson>=3.9",
+                      "httptools>=0.6.3", "prometheus-client>=0.17",
                       # mypyc_attr: how the compiled protocol treats its messages
                       "mypy_extensions>=1.0"],
     extras_require={

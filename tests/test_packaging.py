@@ -3,6 +3,7 @@
 says when it was pointed at the wrong port, and a wheel that carries all
 of it (and the licence) outside the checkout."""
 
+import ast
 import glob
 import http.server
 import json
@@ -15,11 +16,13 @@ import sys
 import tarfile
 import threading
 import time
+import tomllib
 import urllib.request
 import zipfile
 from importlib import metadata
 
 import pytest
+from packaging.requirements import Requirement
 
 from zc_lb.cli import parsers
 from zc_lb.testing import LBProcess, WorkerProcess
@@ -374,6 +377,41 @@ def test_the_sdist_holds_the_whole_checkout(tmp_path):
     assert sorted(expected - shipped) == []
     assert "docs/index.rst" in shipped and "tests/conftest.py" in shipped
     assert not [name for name in shipped if "__pycache__" in name or name.endswith(".so")]
+
+
+# -- the dependencies --------------------------------------------------------
+
+
+def setup_requirements():
+    """setup.py's ``install_requires``, read without running it."""
+    with open(os.path.join(ROOT, "setup.py")) as f:
+        tree = ast.parse(f.read())
+    (value,) = [keyword.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+                for keyword in node.keywords if keyword.arg == "install_requires"]
+    return [Requirement(text) for text in ast.literal_eval(value)]
+
+
+# Releases that the floors once allowed and zc-lb cannot run on.
+BROKEN = [("webob", "1.8.2", "from collections import MutableMapping: not on Python 3.10+"),
+          ("webob", "1.8.8", "imports cgi, which Python 3.13 has not"),
+          ("httptools", "0.6.2", "no set_dangerous_leniencies, which front/h1.py calls")]
+
+
+@pytest.mark.parametrize("name, version, why", BROKEN, ids=["%s-%s" % b[:2] for b in BROKEN])
+def test_the_dependency_floors_leave_out_releases_zc_lb_cannot_run_on(name, version, why):
+    (requirement,) = [r for r in setup_requirements() if r.name.lower() == name]
+    assert not requirement.specifier.contains(version), why
+
+
+def test_the_build_requires_the_same_floors_as_an_install():
+    # mypyc type-checks against the build's orjson and httptools
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        build = [Requirement(text) for text in tomllib.load(f)["build-system"]["requires"]]
+    install = {r.name.lower(): r.specifier for r in setup_requirements()}
+    shared = [r for r in build if r.name.lower() in install]
+    assert {r.name.lower() for r in shared} == {"orjson", "httptools"}
+    for requirement in shared:
+        assert requirement.specifier == install[requirement.name.lower()], requirement
 
 
 DOCUMENTS = ["README.rst", "playback/README.rst", "playback/logs/README.rst",
