@@ -5,6 +5,8 @@ import sys
 import sysconfig
 
 from setuptools import find_packages, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import CCompilerError, ExecError, PlatformError
 
 with open("README.rst") as f:
     long_description = f.read()
@@ -32,16 +34,24 @@ def should_compile():
         import mypyc.build  # noqa: F401  (mypy is a build requirement: pyproject.toml)
     except ImportError:
         missing.append("mypyc (pip install mypy)")
-    compiler = os.environ.get("CC", "cc").split()[0]
+    compiler = c_compiler()
     if shutil.which(compiler) is None:
         missing.append("a C compiler (%s)" % compiler)
     if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
         missing.append("Python's headers (python3-dev)")
     if missing:
-        sys.stderr.write("zc-lb: WARNING: building the pure-Python zc-lb, which costs some "
-                         "twice the CPU a request; missing: %s\n" % ", ".join(missing))
+        sys.stderr.write("zc-lb: WARNING: %s; missing: %s\n" % (PURE, ", ".join(missing)))
         return False
     return True
+
+
+def c_compiler():
+    """The C compiler the build runs: $CC, else the one Python was built
+    with (``gcc``, Debian's ``x86_64-linux-gnu-gcc``), not ``cc``."""
+    return (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+
+
+PURE = "building the pure-Python zc-lb, which costs some twice the CPU a request"
 
 
 def compiled_modules():
@@ -61,9 +71,29 @@ def compiled_modules():
             raise
         # A mypy other than the one zc-lb is checked with may reject the
         # source: an install that runs beats none.
-        sys.stderr.write("zc-lb: WARNING: mypyc could not compile zc-lb (above); building "
-                         "the pure-Python zc-lb, which costs some twice the CPU a request\n")
+        sys.stderr.write("zc-lb: WARNING: mypyc could not compile zc-lb (above); %s\n" % PURE)
         return []
+
+
+class BuildExt(build_ext):
+    """Builds ``zc_lb.COMPILED``; where the C compiler fails on them (one
+    that rejects mypyc's C, a broken tool chain), builds the pure-Python
+    zc-lb instead, as where there is none, and says so.  ZC_LB_COMPILE=1
+    fails instead."""
+
+    def run(self):
+        try:
+            super().run()
+        except (CCompilerError, ExecError, PlatformError):
+            if os.environ.get("ZC_LB_COMPILE") == "1":
+                raise
+            for extension in self.extensions:  # none half built
+                path = self.get_ext_fullpath(extension.name)
+                if os.path.exists(path):
+                    os.remove(path)
+            self.extensions = self.distribution.ext_modules = []
+            sys.stderr.write("zc-lb: WARNING: the C compiler failed on zc-lb (above); %s\n"
+                             % PURE)
 
 
 def package_constant(name):
@@ -99,6 +129,7 @@ setup(
         "zc_lb.simulations": ["README.rst", "scenarios/*.json"],
     },
     ext_modules=compiled_modules(),
+    cmdclass={"build_ext": BuildExt},
     python_requires=">=3.11",
     # The floors are the oldest releases zc-lb runs on: WebOb 1.8.9 is the
     # first that imports on Python 3.13 (before 1.8.3, not even on 3.10),

@@ -13,6 +13,7 @@ import shutil
 import site
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import threading
 import time
@@ -240,6 +241,50 @@ def test_without_a_compiler_the_wheel_is_pure_and_says_so(tmp_path):
                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert version.stdout == ("zc-lb %s (source (installed without compiling: pip install -v "
                               "says why))\n" % package_version()), version.stderr
+
+
+def build_here(source, env):
+    """``setup.py build`` in ``source``, as a wheel's build runs it; the
+    completed process, and the compiled modules it built."""
+    build = subprocess.run([sys.executable, "setup.py", "build"], cwd=source, env=env,
+                           capture_output=True, text=True, timeout=300)
+    return build, sorted(os.path.relpath(path, source) for path in glob.glob(
+        os.path.join(source, "build", "lib*", "zc_lb", "**", "*.so"), recursive=True))
+
+
+def test_a_compiler_that_fails_on_zc_lb_gives_the_pure_build_and_says_so(tmp_path):
+    # A C compiler is there, but fails (one that rejects mypyc's C, a
+    # broken tool chain): the install failed.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ZC_LB_COMPILE")}
+    env["CC"] = "false"
+    source = copy_source(tmp_path)
+    build, compiled = build_here(source, env)
+    assert build.returncode == 0, build.stderr[-3000:]
+    assert ("the C compiler failed on zc-lb (above); building the pure-Python zc-lb"
+            in build.stderr), build.stderr[-3000:]
+    assert compiled == []
+    # make asks for the compiled build, and gets it or an error
+    env["ZC_LB_COMPILE"] = "1"
+    assert build_here(source, env)[0].returncode != 0
+
+
+def test_the_compiler_looked_for_is_the_one_the_build_runs(tmp_path):
+    # Without $CC the build runs the compiler Python was built with (gcc,
+    # x86_64-linux-gnu-gcc), but "cc" was looked for: where only cc was
+    # there (clang), the install failed.
+    python_cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if python_cc == "cc":
+        pytest.skip("this Python's compiler is cc")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    os.symlink(shutil.which("gcc") or shutil.which("cc"), bin_dir / "cc")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "ZC_LB_COMPILE", "CC")}
+    env["PATH"] = str(bin_dir)
+    build, compiled = build_here(copy_source(tmp_path), env)
+    assert build.returncode == 0, build.stderr[-3000:]
+    assert "missing: a C compiler (%s)" % os.path.basename(python_cc) in build.stderr
+    assert compiled == []
 
 
 def test_wheel_installed_outside_the_checkout_has_the_tools_and_the_licence(tmp_path):
