@@ -427,13 +427,19 @@ def test_the_sdist_holds_the_whole_checkout(tmp_path):
 # -- the dependencies --------------------------------------------------------
 
 
-def setup_requirements():
-    """setup.py's ``install_requires``, read without running it."""
+def setup_argument(name):
+    """The argument ``name`` of setup.py's ``setup()``, read without
+    running it."""
     with open(os.path.join(ROOT, "setup.py")) as f:
         tree = ast.parse(f.read())
     (value,) = [keyword.value for node in ast.walk(tree) if isinstance(node, ast.Call)
-                for keyword in node.keywords if keyword.arg == "install_requires"]
-    return [Requirement(text) for text in ast.literal_eval(value)]
+                for keyword in node.keywords if keyword.arg == name]
+    return ast.literal_eval(value)
+
+
+def setup_requirements():
+    """setup.py's ``install_requires``."""
+    return [Requirement(text) for text in setup_argument("install_requires")]
 
 
 # Releases that the floors once allowed and zc-lb cannot run on.
@@ -457,6 +463,16 @@ def test_the_build_requires_the_same_floors_as_an_install():
     assert {r.name.lower() for r in shared} == {"orjson", "httptools"}
     for requirement in shared:
         assert requirement.specifier == install[requirement.name.lower()], requirement
+
+
+def test_the_readme_says_how_to_install_and_names_every_extra():
+    # It said only "make run", in a checkout, with Debian's packages.
+    with open(os.path.join(ROOT, "README.rst"), encoding="utf-8") as f:
+        install = f.read().split("Install\n=======\n")[1].split("\n====")[0]
+    assert "pip install" in install and "zc-lb --version" in install
+    assert "(compiled)" in install and "(source ...)" in install
+    for extra in setup_argument("extras_require"):
+        assert "``%s``" % extra in install, extra
 
 
 DOCUMENTS = ["README.rst", "playback/README.rst", "playback/logs/README.rst",
