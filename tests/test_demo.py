@@ -43,3 +43,28 @@ def test_demo_routes_each_site_to_a_worker_that_has_it_cached():
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(20) == 0
+
+
+def test_demo_names_the_zc_lb_it_runs_for_the_status_command(tmp_path):
+    # It said "(or: .venv/bin/zc-lb status ...)", true of make run alone.
+    script = tmp_path / "bin" / "zc-lb"  # installed, but not on PATH
+    script.parent.mkdir()
+    script.write_text("#!%s\nimport sys\nfrom zc_lb.cli import main\nsys.exit(main())\n"
+                      % sys.executable)
+    script.chmod(0o755)
+    status_port = free_port()
+    process = subprocess.Popen(
+        [str(script), "demo", "--workers", "1", "--listen", "127.0.0.1:%d" % free_port(),
+         "--status", "127.0.0.1:%d" % status_port],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        lines = []
+        for line in iter(process.stdout.readline, ""):
+            lines.append(line)
+            if line.startswith("Stop with Ctrl-C"):
+                break
+        (status,) = [line for line in lines if line.startswith("Status:")]
+        assert status == "Status:  %s status 127.0.0.1:%d\n" % (script, status_port)
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(20) == 0

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shutil
 import subprocess
 import sys
 from typing import List
@@ -81,7 +83,19 @@ def _print_demo_help(address, status_address, workers) -> None:
     for host in ("alpha.example", "beta.example", "gamma.example", "www.alpha.example"):
         print("  curl -H 'Host: %s' %s/" % (host, url))
     print('  for i in $(seq 20); do curl -s -H "Host: site$((i %% 6)).example" %s/; done' % url)
-    print("Status:  zc-lb status %s:%d   (or: .venv/bin/zc-lb status ...)" % status_address)
+    print("Status:  %s status %s:%d" % ((_zc_lb_command(),) + tuple(status_address)))
     print("Status page: http://%s:%d/   metrics: http://%s:%d/metrics" % (
         status_address + status_address))
     print("Stop with Ctrl-C.", flush=True)
+
+
+def _zc_lb_command() -> str:
+    """The command that runs this zc-lb where the demo was started:
+    ``zc-lb`` where that is the one on PATH (or the demo runs as
+    ``python -m zc_lb.cli``), else the script as it was started (make
+    run's ``.venv/bin/zc-lb``, an installed ``/opt/zc-lb/bin/zc-lb``)."""
+    script = sys.argv[0]
+    found = shutil.which("zc-lb")
+    if os.path.basename(script) != "zc-lb" or (found and os.path.samefile(found, script)):
+        return "zc-lb"
+    return script
