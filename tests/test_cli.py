@@ -148,6 +148,17 @@ def test_a_bad_option_value_exits_2_with_one_error_line_and_no_traceback():
         "zc-lb lb: error: argument --variance: variance must be at least 1e-09, got '0'"]
 
 
+def test_a_report_whose_reader_went_away_ends_quietly():
+    # ``zc-lb status ... | head`` printed "error: [Errno 32] Broken pipe"
+    # (or Python's "Exception ignored" at the exit).
+    child = subprocess.Popen([sys.executable, "-m", "zc_lb.cli", "simulate", "--list"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child.stdout.close()  # (the reader goes before the report is written)
+    stderr = child.stderr.read().decode()
+    assert child.wait(timeout=30) == 1
+    assert stderr == ""
+
+
 # Each command below would fail another way (an application that does not
 # import, a --listen that does not parse, a résumé file that cannot be
 # read) were its error not caught first: a regression fails at once

@@ -63,10 +63,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         keep_freed_memory()  # (large bodies: see there)
         if args.command in ("lb", "worker"):
             say_build()
-        return COMMANDS[args.command](args)
+        status = COMMANDS[args.command](args)
+        sys.stdout.flush()  # (a reader gone is found here, not at the exit)
+        return status
     except ZcLbError as exc:  # a configuration error exits 2, ZooKeeper down 69
         print("zc-lb %s: error: %s" % (args.command, exc), file=sys.stderr)
         return exc.exit_status
+    except BrokenPipeError:
+        if args.command in ("lb", "worker"):
+            raise
+        # The reader of a report went away (``zc-lb status ... | head``):
+        # nothing is wrong, and nothing more can be said on stdout.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except OSError as exc:  # e.g. the address is in use
         print("zc-lb %s: error: %s" % (args.command, exc), file=sys.stderr)
         return 1
