@@ -72,13 +72,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     except BrokenPipeError:
         if args.command in ("lb", "worker"):
             raise
-        # The reader of a report went away (``zc-lb status ... | head``):
-        # nothing is wrong, and nothing more can be said on stdout.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return _reader_gone()
     except OSError as exc:  # e.g. the address is in use
         print("zc-lb %s: error: %s" % (args.command, exc), file=sys.stderr)
         return 1
+
+
+def _reader_gone() -> int:
+    """The reader of a report went away (``zc-lb status ... | head``):
+    nothing is wrong, and nothing more can be said on stdout."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1
 
 
 def say_build() -> None:
