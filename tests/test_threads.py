@@ -3,6 +3,7 @@ errors to their greenlets, and as many threads taking calls as keep two
 computing (concurrency.py decides from what the pool samples)."""
 
 import os
+import resource
 import sys
 import threading as real_threading
 import time
@@ -263,3 +264,26 @@ def test_a_thread_let_in_again_takes_calls_whenever_it_wakes():
         assert results == [True] * 3  # (three threads took calls at once)
     finally:
         pool.stop()
+
+
+def test_a_pool_whose_proc_files_would_crowd_out_connections_does_not_adapt(monkeypatch, caplog):
+    """Each thread keeps two /proc files open: at ``ulimit -n`` 1,024, 600
+    threads took every descriptor and the worker accepted no LB.  A pool
+    whose files would take more than half of them lets all its threads
+    take calls, opens none, and says why."""
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (64, 4096))
+    threads = Threads(17)  # (34 files, of 64)
+    try:
+        _run_all(threads, [lambda: _compute(0.005)] * 20)
+        assert not threads.status()["adapts"]
+        assert threads.status()["taking_requests"] == 17
+        assert all(thread.syscall is None for thread in threads._threads)
+        assert "17 threads would keep 34 of the 64 file descriptors" in caplog.text
+        assert "raise the limit to 68 or more" in caplog.text
+    finally:
+        threads.stop()
+    fits = Threads(16)  # (32 of 64: half)
+    try:
+        assert fits.status()["adapts"]
+    finally:
+        fits.stop()

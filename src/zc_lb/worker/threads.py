@@ -16,6 +16,13 @@ the limit parks after the call it has (or, waiting for one when the
 limit fell, gives the call it gets back to the queue); one let in again
 is woken at once.  Calls wait in the queue, not in the threads, and a
 thread that finishes one takes the next without the hub.
+
+Each thread keeps those two files open: a pool whose files would take
+more than ``FILES_SHARE`` of the descriptors the process may open
+(``ulimit -n``) would leave too few for the LBs' connections and the
+application's own (at 1,024, 600 threads took them all and the worker
+could accept no LB), so such a pool does not adapt: all its threads take
+calls, and the log says why.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import resource
 import sys
 import threading
 import time
@@ -42,6 +50,8 @@ _start_thread = get_original("_thread", "start_new_thread")
 _allocate_lock = get_original("_thread", "allocate_lock")
 _SimpleQueue = get_original("queue", "SimpleQueue")
 _get_ident = get_original("_thread", "get_ident")
+
+FILES_SHARE = 0.5  # of the process's file descriptors, at most, for the threads' /proc files
 
 # Every pool's threads, by ident (a thread is in one pool): ``current``,
 # and call_in_hub marks its thread as waiting on the hub.
@@ -89,11 +99,26 @@ class Threads:
         self._blind: Optional[OSError] = None  # a thread could not open its states
         gil = getattr(sys, "_is_gil_enabled", lambda: True)()  # (False: free-threaded)
         if (not fixed and gil and self._futex is not None
-                and os.path.exists("/proc/thread-self/syscall")):
+                and os.path.exists("/proc/thread-self/syscall") and self._files_fit(size)):
             self._sampler = self._hub.loop.timer(SAMPLE, SAMPLE)
             self._sampler.ref = False
         for index in range(size):
             _start_thread(self._run, (index,))
+
+    @staticmethod
+    def _files_fit(size: int) -> bool:
+        """Whether ``size`` threads' /proc files (two a thread) leave the
+        process enough file descriptors; if not, log why the pool does
+        not adapt."""
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY or 2 * size <= soft * FILES_SHARE:
+            return True
+        log.warning("%d threads would keep %d of the %d file descriptors this process may "
+                    "open (ulimit -n) to see which are blocked, two a thread: all %d take "
+                    "requests, as with --threads-fixed; raise the limit to %d or more for "
+                    "the worker to adapt how many do", size, 2 * size, soft, size,
+                    int(2 * size / FILES_SHARE))
+        return False
 
     def apply(self, func: Callable[[], Any]) -> Any:
         """``func()``, run in one of the threads (from a greenlet of the
