@@ -3,6 +3,7 @@ errors to their greenlets, and as many threads taking calls as keep two
 computing (concurrency.py decides from what the pool samples)."""
 
 import os
+import re
 import resource
 import sys
 import threading as real_threading
@@ -12,6 +13,7 @@ import gevent
 import pytest
 
 from zc_lb.worker.concurrency import COMPUTING
+from zc_lb.worker import threads as threads_module
 from zc_lb.worker.threads import Threads
 
 
@@ -109,7 +111,8 @@ def test_a_call_whose_greenlet_is_killed_does_not_disturb_the_next():
 
 
 def test_computing_calls_run_two_at_a_time(pool):
-    assert pool.status() == {"size": 16, "taking_requests": 16, "blocked": 0.0,
+    assert pool.status() == {"size": 16, "taking_requests": 16, "busy": 0, "waiting": 0,
+                             "blocked": 0.0,
                              "stalls": 0, "ceiling": 16, "adapts": True}
     _settle(pool)
     idents, _ = _run_all(pool, [lambda: _compute(0.005)] * 8)
@@ -287,3 +290,35 @@ def test_a_pool_whose_proc_files_would_crowd_out_connections_does_not_adapt(monk
         assert fits.status()["adapts"]
     finally:
         fits.stop()
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_a_pool_whose_every_thread_hangs_says_so_with_what_they_run(fixed, monkeypatch, caplog):
+    """An application deadlocked, or waiting on what never answers: the
+    calls wait, and the log and status say why (once), with the requests
+    the threads run; and again when calls finish."""
+    monkeypatch.setattr(threads_module, "HUNG", 0.3)
+    monkeypatch.setattr(threads_module, "WATCH", 0.05)
+    threads = Threads(2, fixed=fixed)
+    release = real_threading.Event()
+    try:
+        calls = [gevent.spawn(threads.apply, lambda: release.wait(10), "GET /hang/%d" % n)
+                 for n in range(3)]
+        deadline = time.monotonic() + 5
+        while "is the application stuck?" not in caplog.text and time.monotonic() < deadline:
+            gevent.sleep(0.05)
+        assert re.search(r"no request has finished for \d+ s and 1 wait for a thread; 2 "
+                         r"threads run one \(GET /hang/0 for \d+ s, GET /hang/1 for \d+ s\)",
+                         caplog.text)
+        assert threads.status()["busy"] == 2 and threads.status()["waiting"] == 1
+        gevent.sleep(0.3)
+        assert caplog.text.count("is the application stuck?") == 1  # (once)
+        release.set()
+        gevent.joinall(calls, timeout=5, raise_error=True)
+        assert [call.value for call in calls] == [True] * 3
+        assert re.search(r"the application's threads finish requests again, after \d+ s",
+                         caplog.text)
+        assert threads.status()["busy"] == threads.status()["waiting"] == 0
+    finally:
+        release.set()
+        threads.stop()

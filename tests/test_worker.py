@@ -307,6 +307,35 @@ def test_drain_gives_up_at_its_timeout(serve):
     assert 0.25 < time.monotonic() - started < 3
 
 
+@pytest.mark.parametrize("threads", [2, None])
+def test_a_stop_that_cuts_off_requests_at_the_drain_timeout_says_what_they_were(
+        serve, caplog, threads):
+    release, started = threading.Event(), threading.Event()
+
+    def hanging_app(environ, start_response):
+        started.set()
+        if threads:
+            release.wait(10)
+        else:
+            while not release.is_set():
+                gevent.sleep(0.01)
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"late"]
+
+    worker, connection, handler = serve(hanging_app, threads=threads)
+    try:
+        connection.open_request({"REQUEST_METHOD": "GET", "PATH_INFO": "/hang",
+                                 "QUERY_STRING": ""}, end=True)
+        deadline = time.monotonic() + 5
+        while not started.is_set() and time.monotonic() < deadline:
+            gevent.sleep(0.01)
+        worker.stop(timeout=0.3)
+        assert "1 requests still in flight after the drain timeout (0.3 s) are cut off: " \
+               "the application runs GET /hang" in caplog.text
+    finally:
+        release.set()
+
+
 def _napping_app(environ, start_response):
     gevent.sleep(0.2)  # cooperates: other greenlets run meanwhile
     start_response("200 OK", [("Content-Type", "text/plain")])

@@ -144,6 +144,11 @@ class Worker(Handler):
         if self.server is not None:
             self.server.close()
         self.drain(timeout)
+        if self.requests:
+            running = self.serving.running()
+            log.warning("%d requests still in flight after the drain timeout (%g s) are cut "
+                        "off%s", len(self.requests), timeout,
+                        ": the application runs " + ", ".join(running) if running else "")
         self.lbs.close("worker stopped", deadline)
         self.serving.stop()
         self.publisher.stop()

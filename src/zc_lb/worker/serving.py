@@ -33,7 +33,7 @@ import os
 import signal
 import time
 from bisect import bisect_left
-from typing import Callable, Dict, Optional, cast
+from typing import Callable, Dict, List, Optional, cast
 
 import gevent  # type: ignore[import-untyped]
 import gevent.lock  # type: ignore[import-untyped]
@@ -92,6 +92,15 @@ class Serving:
             self.loopwatch.stop()
         if self.threadpool is not None:
             self.threadpool.stop()
+
+    def running(self) -> List[str]:
+        """What the application runs now, for the log: the longest first
+        in thread mode ("GET /path for 12 s")."""
+        if self.threadpool is not None:
+            return self.threadpool.running()
+        if self.loopwatch is not None:
+            return list(self.loopwatch.requests.values())
+        return []
 
     def serve(self, exchange: Exchange) -> None:
         """Serve the request of ``exchange`` (in its greenlet)."""
@@ -227,7 +236,8 @@ class Serving:
         try:
             try:
                 error = self.threadpool.apply(functools.partial(
-                    self._in_thread, environ, writer, output, stream))
+                    self._in_thread, environ, writer, output, stream),
+                    environ["REQUEST_METHOD"] + " " + environ["PATH_INFO"])
             except BaseException:  # (killed: cancelled, or its LB gone, the thread running on)
                 output.abandon()
                 raise

@@ -23,6 +23,13 @@ more than ``FILES_SHARE`` of the descriptors the process may open
 application's own (at 1,024, 600 threads took them all and the worker
 could accept no LB), so such a pool does not adapt: all its threads take
 calls, and the log says why.
+
+A pool whose calls wait while none has finished for ``HUNG`` seconds
+(every thread let in runs one: an application deadlocked, or waiting on
+something that does not answer) says so in the log once, with what its
+threads run and for how long, and again when calls finish.  Its status
+has the threads running a call (``busy``, a call whose request was
+cancelled too: the thread runs on) and the calls waiting for one.
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ _SimpleQueue = get_original("queue", "SimpleQueue")
 _get_ident = get_original("_thread", "get_ident")
 
 FILES_SHARE = 0.5  # of the process's file descriptors, at most, for the threads' /proc files
+HUNG = 10.0  # seconds calls wait and none finished: the log says what the threads run
+WATCH = 1.0  # seconds between looks for that, while calls run
 
 # Every pool's threads, by ident (a thread is in one pool): ``current``,
 # and call_in_hub marks its thread as waiting on the hub.
@@ -62,7 +71,7 @@ class _Thread:
     """What the pool knows of one of its threads."""
 
     __slots__ = ("gate", "busy", "syscall", "schedstat", "cpu", "cpu_at", "futex",
-                 "in_hub", "queued", "queued_until")
+                 "in_hub", "queued", "queued_until", "started", "what")
 
     def __init__(self) -> None:
         self.gate = _allocate_lock()  # held while the thread may run: it parks on it
@@ -76,6 +85,8 @@ class _Thread:
         self.in_hub = False  # waiting for the hub (call_in_hub): on the LB, not the app
         self.queued = 0.0  # seconds of its call seen queued on a lock (worker/concurrency.py)
         self.queued_until = 0.0  # (monotonic) how far ``queued`` counts: its call's start at first
+        self.started = 0.0  # (monotonic) when its call started
+        self.what = ""  # its call's request, for the log ("GET /path")
 
 
 class Threads:
@@ -97,6 +108,9 @@ class Threads:
         self._futex = FUTEX.get(os.uname().machine)
         self._sampler = None  # (started by a call, stopped when the pool is idle)
         self._blind: Optional[OSError] = None  # a thread could not open its states
+        self._watch = self._hub.loop.timer(WATCH, WATCH)  # (looks for a pool stuck: HUNG)
+        self._watch.ref = False
+        self._hung = False  # said so, until a call finishes
         gil = getattr(sys, "_is_gil_enabled", lambda: True)()  # (False: free-threaded)
         if (not fixed and gil and self._futex is not None
                 and os.path.exists("/proc/thread-self/syscall") and self._files_fit(size)):
@@ -120,15 +134,18 @@ class Threads:
                     int(2 * size / FILES_SHARE))
         return False
 
-    def apply(self, func: Callable[[], Any]) -> Any:
+    def apply(self, func: Callable[[], Any], what: str = "") -> Any:
         """``func()``, run in one of the threads (from a greenlet of the
-        hub's); what it raises is raised here."""
+        hub's); what it raises is raised here.  ``what``: its request,
+        for the log."""
         waiter = gevent.hub.Waiter(self._hub)
-        self._calls.put((func, waiter))
+        self._calls.put((func, waiter, what))
         self._in_pool += 1
         if self._in_pool == 1:
             self._wake.ref = True
             self._finished = time.monotonic()  # (an idle pool has not stalled)
+            if not self._watch.active:
+                self._watch.start(self._look)
             if self._sampler is not None and not self._sampler.active:
                 self._sampler.start(self._sample)
         return waiter.get()
@@ -157,8 +174,8 @@ class Threads:
             if index >= self._active:  # the limit fell while this one waited
                 calls.put(call)  # (for a thread let in; behind the others)
                 continue
-            func, waiter = call
-            thread.queued_until = time.monotonic()
+            func, waiter, thread.what = call
+            thread.started = thread.queued_until = time.monotonic()
             thread.queued = 0.0
             thread.busy = True
             try:
@@ -177,7 +194,12 @@ class Threads:
     def _deliver(self) -> None:
         """(In the hub) hand each finished call's result to its greenlet."""
         results = self._results
-        self._finished = time.monotonic()  # (for the limit: no stall)
+        now = time.monotonic()
+        if self._hung:
+            self._hung = False
+            log.warning("the application's threads finish requests again, after %.0f s",
+                        now - self._finished)
+        self._finished = now  # (for the limit: no stall)
         while results:
             waiter, ok, value = results.popleft()
             self._in_pool -= 1
@@ -187,6 +209,30 @@ class Threads:
                 waiter.switch(value)
             else:
                 waiter.throw(value)
+
+    def running(self, most: int = 5) -> List[str]:
+        """What the threads run, the longest first ("GET /path for 12 s"),
+        at most ``most`` of them."""
+        now = time.monotonic()
+        busy = sorted((thread.started, thread.what) for thread in self._threads if thread.busy)
+        return ["%s for %.0f s" % (what or "a call", now - started)
+                for started, what in busy[:most]]
+
+    def _look(self) -> None:
+        """(A timer in the hub, every WATCH while calls run) say once when
+        calls wait and none has finished for HUNG seconds."""
+        if not self._in_pool:
+            self._watch.stop()
+            return
+        waiting = self._calls.qsize()
+        stuck = time.monotonic() - self._finished
+        if self._hung or not waiting or stuck < HUNG:
+            return
+        self._hung = True
+        busy = sum(thread.busy for thread in self._threads)
+        log.warning("no request has finished for %.0f s and %d wait for a thread; %d "
+                    "threads run one (%s): is the application stuck?",
+                    stuck, waiting, busy, ", ".join(self.running()))
 
     # -- the limit ------------------------------------------------------
 
@@ -269,6 +315,7 @@ class Threads:
         """End the threads once they are done with what they run."""
         if self._sampler is not None:
             self._sampler.stop()
+        self._watch.stop()
         self._let_in(self.size)
         for _ in range(self.size):
             self._calls.put(None)
@@ -277,6 +324,8 @@ class Threads:
     def status(self) -> dict:
         """The pool's size, and how many of its threads take requests now."""
         return {"size": self.size, "taking_requests": self._active,
+                "busy": sum(thread.busy for thread in self._threads),
+                "waiting": self._calls.qsize(),
                 "blocked": round(self.limit.blocked, 2), "stalls": self.limit.stalls,
                 "ceiling": self.limit.ceiling, "adapts": self._sampler is not None}
 
