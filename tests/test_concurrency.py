@@ -77,6 +77,19 @@ def test_requests_waiting_behind_a_stall_get_one_more_thread_each_stall():
     assert limit.update(0, waiting=False) == 2  # the queue is empty: back to the rule
 
 
+def test_a_hang_lets_in_every_thread_and_counts_no_stall_past_them():
+    # Nothing finishes for a minute (a database that does not answer):
+    # every thread is let in, and ``stalls`` (the status's) says the
+    # threads let in for it, not one a half second for as long as it lasts.
+    limit = Limit(4)
+    for sample in range(6000):
+        limit.update(0, waiting=True, since_finished=sample * concurrency.SAMPLE)
+    assert limit.value == 4
+    assert limit.stalls == 3
+    assert limit.update(0, waiting=True, since_finished=0.0) == 4  # kept while they wait
+    assert limit.update(0, waiting=False) == COMPUTING
+
+
 def test_a_long_lock_wait_is_a_queued_thread_io_is_blocked():
     turn = LOCK_TURNS
     assert state(RUNNING, FUTEX, 10.0, turn) == COMPUTES

@@ -166,8 +166,8 @@ class Limit:
         self.blocked += SMOOTHING * (blocked - self.blocked)
         if not waiting:
             self.stalls = 0
-        elif since_finished > STALL * (self.stalls + 1):
-            self.stalls += 1
+        elif since_finished > STALL * (self.stalls + 1) and self.stalls < self.size - 1:
+            self.stalls += 1  # (one past the others is every thread: no more to let in)
         self.calm += waiting
         if queued:
             self.ceiling, self.calm = max(1, working), 0
