@@ -117,6 +117,30 @@ def test_threads_queued_behind_the_others_bring_the_ceiling_down_to_those_workin
     assert limit.update(4, waiting=True, queued=2, working=4) == 4
 
 
+def test_after_a_hold_up_the_ceiling_doubles_back_to_where_it_fell_from():
+    # A database failover held every thread behind one for a moment: the
+    # ceiling fell to one.  Rising one a second, an application that
+    # overlaps 16 waits ran below its bound for 15 s after it.
+    limit = Limit(16)
+    limit.update(0, waiting=True, queued=15, working=1)
+    assert limit.ceiling == 1
+    seen = []
+    for _ in range(5 * PROBE):
+        limit.update(0, waiting=True)
+        seen.append(limit.ceiling)
+    assert [seen[n * PROBE - 1] for n in range(1, 5)] == [2, 4, 8, 16]
+    # Past the ceiling it fell from, one at a time, as an application
+    # whose bound is that ceiling is probed at steady state.
+    limit = Limit(16)
+    limit.update(4, waiting=True, queued=2, working=4)  # (a pool of four)
+    limit.update(0, waiting=True, queued=3, working=1)  # (a reconnect under a lock)
+    rises = []
+    for _ in range(3 * PROBE):
+        limit.update(0, waiting=True)
+        rises.append(limit.ceiling)
+    assert [rises[n * PROBE - 1] for n in range(1, 4)] == [2, 4, 5]
+
+
 def test_the_ceiling_rises_only_while_requests_wait_and_stalls_pass_it():
     limit = Limit(16)
     limit.update(1, queued=1, working=1)

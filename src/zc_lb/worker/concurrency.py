@@ -62,9 +62,14 @@ following a moving average of the blocked count (``SMOOTHING`` a
 sample), since a blocked thread's request may end and the next one
 block again within a sample.  When threads are seen queued, the ceiling
 falls to the threads working beside them, at once; while requests wait
-for a thread and none is seen queued, it rises by one every ``PROBE``
-samples, so an application whose bound grows (a pool that is no longer
-shared) is found again, at the cost of a request's wait now and then.
+for a thread and none is seen queued, it rises every ``PROBE`` samples,
+so an application whose bound grows (a pool that is no longer shared)
+is found again, at the cost of a request's wait now and then.  It rises
+by one, but doubles while under the ceiling it last fell from: a
+moment's hold-up that queued every thread behind one (a database's
+failover, a reconnect under a lock) brings the ceiling down to that
+one, and at one a second an application that overlaps 16 waits would
+run below its bound for 15 s after a 2 s hold-up; doubling, 4 s.
 An application that never queues its threads has no ceiling.  And while
 requests wait and none has finished for ``STALL`` seconds, it lets in
 one more, and one more each ``STALL`` after, past the ceiling too, until
@@ -155,6 +160,7 @@ class Limit:
         self.blocked = 0.0  # the moving average of blocked threads
         self.stalls = 0  # threads let in for a stall, until no request waits
         self.ceiling = size  # the requests the application was last seen to serve at once
+        self.fell_from = size  # the ceiling before it last fell
         self.calm = 0  # samples with requests waiting since the ceiling last moved
 
     def update(self, blocked: int, waiting: bool = False, since_finished: float = 0.0,
@@ -170,9 +176,11 @@ class Limit:
             self.stalls += 1  # (one past the others is every thread: no more to let in)
         self.calm += waiting
         if queued:
-            self.ceiling, self.calm = max(1, working), 0
+            self.fell_from, self.ceiling, self.calm = self.ceiling, max(1, working), 0
         elif self.ceiling < self.size and self.calm >= PROBE:
-            self.ceiling, self.calm = self.ceiling + 1, 0
+            below = self.fell_from - self.ceiling  # (doubling back to it, then one at a time)
+            self.ceiling += max(1, min(self.ceiling, below))
+            self.calm = 0
         wanted = self.computing + 2 * max(blocked, int(self.blocked + 0.5))
         self.value = min(self.size, min(wanted, self.ceiling) + self.stalls)
         return self.value
