@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from zc_lb.testing import LBProcess, WorkerProcess, free_port, wait_for
+from zc_lb.testing import LBProcess, Process, WorkerProcess, free_port, http_get, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -111,6 +111,56 @@ def test_sigusr2_hands_the_sockets_to_a_new_lb_and_no_request_fails(worker, tmp_
                 kill_pid(int(line.split("the new LB (pid ")[1].split(")")[0]))
 
 
+def new_lb_pids(log_path):
+    """The pids of the new LBs the old one named in its log."""
+    return [int(line.split("the new LB (pid ")[1].split(")")[0])
+            for line in log_path.read_text().splitlines() if "the new LB (pid " in line]
+
+
+class ConfiguredLB(Process):
+    """``zc-lb lb ARGS...``: its addresses from its --config alone."""
+
+    command = "lb"
+
+
+def refused(address):
+    import socket
+
+    try:
+        socket.create_connection(address.split(":"), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_hitless_restart_moves_the_addresses_the_file_changed_and_closes_the_old(
+        worker, tmp_path, processes):
+    # The new LB served on the old sockets whatever its --listen said, and
+    # kept the old status socket it did not use open: a changed address
+    # that "a hitless restart applies" never moved, and connections to
+    # one taken out of the file were taken, and never answered.
+    before, status_before, after = ("127.0.0.1:%d" % free_port() for _ in range(3))
+    config = tmp_path / "lb.toml"
+    config.write_text('[lb]\nworker = ["%s"]\nlisten = ["%s"]\nstatus = "%s"\nprocesses = %d\n'
+                      % (worker.address, before, status_before, processes))
+    log_path = tmp_path / "lb.log"
+    with open(log_path, "w") as log:
+        lb = ConfiguredLB(["--config", str(config)], env=ENV, stderr=log).start()
+    try:
+        assert lb.address == before and status(status_before)["requests"] >= 0
+        config.write_text('[lb]\nworker = ["%s"]\nlisten = ["%s"]\nprocesses = %d\n'
+                          % (worker.address, after, processes))
+        os.kill(lb.pid, signal.SIGUSR2)
+        assert lb.process.wait(40) == 0
+        assert http_get(after)[0] == 200
+        assert refused(before) and refused(status_before)
+    finally:
+        lb.kill()
+        for pid in new_lb_pids(log_path):
+            kill_pid(pid)
+
+
 def test_a_new_lb_that_cannot_start_leaves_the_old_one_serving(worker, tmp_path):
     config = tmp_path / "lb.toml"
     config.write_text('[lb]\nworker = ["%s"]\n' % worker.address)
@@ -174,3 +224,47 @@ def test_a_successor_that_cannot_be_run_leaves_this_lb_serving(tmp_path, caplog)
     finally:
         sock.close()
     assert "cannot start a new LB" in caplog.text and "this one goes on serving" in caplog.text
+
+
+def test_a_new_lb_takes_each_socket_by_its_address_and_closes_those_it_does_not_take(
+        monkeypatch):
+    # (by name alone, front0 of a reordered --listen took front1's socket)
+    import json
+    import socket
+
+    from zc_lb.process import restart
+
+    sockets = [socket.socket() for _ in range(3)]
+    fds = [sock.detach() for sock in sockets]
+    for name in ("_inherited", "_addresses", "_ready_fd"):  # (read from the environment)
+        monkeypatch.setattr(restart, name, None)
+    monkeypatch.setenv(restart.INHERIT_ENV, "front0=%d,front1=%d,status=%d" % tuple(fds))
+    monkeypatch.setenv(restart.ADDRESSES_ENV, json.dumps(
+        {"front0": "a:1", "front1": "b:2", "status": "c:3"}))
+    taken = restart.inherited("front0", "b:2")
+    try:
+        assert taken.fileno() == fds[1]
+        assert restart.inherited("front1", "a:9") is None  # (moved: bound anew)
+        assert restart.inherited("status", "a:1") is None  # (a front's, not a status's)
+        restart.close_unclaimed()
+        for fd in (fds[0], fds[2]):
+            with pytest.raises(OSError):
+                os.fstat(fd)
+    finally:
+        taken.close()
+
+
+def test_a_new_lb_takes_the_sockets_of_an_old_release_by_name(monkeypatch):
+    # (an LB of the release before names no addresses)
+    import socket
+
+    from zc_lb.process import restart
+
+    fd = socket.socket().detach()
+    for name in ("_inherited", "_addresses", "_ready_fd"):  # (read from the environment)
+        monkeypatch.setattr(restart, name, None)
+    monkeypatch.setenv(restart.INHERIT_ENV, "front0=%d" % fd)
+    monkeypatch.delenv(restart.ADDRESSES_ENV, raising=False)
+    taken = restart.inherited("front0", "anything:1")
+    assert taken.fileno() == fd
+    taken.close()

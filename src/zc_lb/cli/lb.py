@@ -160,7 +160,7 @@ def build_lb(args: argparse.Namespace):
     fronts = _build_fronts(args, lb, tls, access_log)
     status = None
     if args.status:
-        status = FrontServer(restart.inherited("status") or parse_address(args.status),
+        status = FrontServer(restart.inherited("status", args.status) or parse_address(args.status),
                              lb_status_app(
             functools.partial(_lb_document, lb, fronts), lb_actions(lb),
             lambda: lb.counters.requests, read_secret(args.admin_token_file),
@@ -229,7 +229,7 @@ def _build_fronts(args: argparse.Namespace, lb, tls, access_log) -> list:
         return next((front.address[1] for front in fronts
                      if front.tls is not None and isinstance(front.address, tuple)), 443)
     for index, (scheme, where) in enumerate(listeners):
-        listen = restart.inherited("front%d" % index)  # from the LB this one replaces
+        listen = restart.inherited("front%d" % index, where)  # from the LB this one replaces
         if listen is None and args.listen_fd is not None:  # one of --processes N
             from zc_lb.sockets import inherited_socket
 

@@ -315,7 +315,7 @@ def run(args, argv: Sequence[str], kept: Any = None) -> int:
 
     (scheme, where), = parse_listeners(args)
     watch_secrets_for_children(args.secret_file, args.admin_token_file)
-    listen = restart.inherited("front0") or parse_listen(where)
+    listen = restart.inherited("front0", where) or parse_listen(where)
     supervisor = Supervisor(args.processes, lb_argv(argv), listen, args.log_level,
                             scheme=scheme, cwd=getattr(args, "start_dir", None), kept=kept)
     supervisor.start()
@@ -338,10 +338,11 @@ def run(args, argv: Sequence[str], kept: Any = None) -> int:
         return True
 
     def upgrade() -> bool:
-        sockets = {"front0": supervisor.sock}
+        sockets, addresses = {"front0": supervisor.sock}, {"front0": where}
         if status is not None:
             sockets["status"] = status.server.socket  # type: ignore[union-attr]
-        return hand_over(args, sockets) and stop()
+            addresses["status"] = args.status
+        return hand_over(args, sockets, addresses) and stop()
 
     wait_for_signal({"SIGTERM": stop, "SIGINT": stop,
                      "SIGHUP": lambda: (kept is None or kept.take(),
@@ -366,7 +367,7 @@ def _status_server(args, supervisor: "Supervisor"):
     if not args.status:
         return None
     token = read_secret(args.admin_token_file)
-    status = FrontServer(restart.inherited("status") or parse_address(args.status),
+    status = FrontServer(restart.inherited("status", args.status) or parse_address(args.status),
                          lb_status_app(
         supervisor.status, {name: supervisor.action(name, token)
                             for name in ("reset-skills", "drain", "enable")},

@@ -225,12 +225,13 @@ def parse_listeners(args: argparse.Namespace) -> List[Tuple[str, str]]:
     return found
 
 
-def hand_over(args: argparse.Namespace, sockets: dict) -> bool:
-    """SIGUSR2: start a new LB on our ``sockets`` and wait until it
-    serves; whether it does (then this one drains and exits)."""
+def hand_over(args: argparse.Namespace, sockets: dict, addresses: Dict[str, str]) -> bool:
+    """SIGUSR2: start a new LB on our ``sockets`` (name -> socket, each
+    listening at ``addresses[name]``, its option's text) and wait until
+    it serves; whether it does (then this one drains and exits)."""
     restart.sd_notify("RELOADING=1")
     successor = restart.Successor(restart.command_line(args.argv), sockets,
-                                  cwd=getattr(args, "start_dir", None))
+                                  cwd=getattr(args, "start_dir", None), addresses=addresses)
     log.info("SIGUSR2: starting a new LB on our sockets")
     if not successor.start():
         restart.sd_notify("READY=1")
@@ -419,9 +420,11 @@ class LBService:
     def hand_over(self, args: argparse.Namespace) -> bool:
         """SIGUSR2: a new LB on our sockets; once it serves, we stop."""
         sockets = {"front%d" % i: server.server.socket for i, server in enumerate(self.fronts)}
+        addresses = {"front%d" % i: where for i, (_, where) in enumerate(parse_listeners(args))}
         if self.status is not None:
             sockets["status"] = self.status.server.socket
-        return hand_over(args, sockets) and self.stop()
+            addresses["status"] = args.status
+        return hand_over(args, sockets, addresses) and self.stop()
 
     def stop(self) -> bool:
         """Stop accepting, finish what is in flight, close; True."""
