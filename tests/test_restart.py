@@ -113,8 +113,8 @@ def test_sigusr2_hands_the_sockets_to_a_new_lb_and_no_request_fails(worker, tmp_
 
 def new_lb_pids(log_path):
     """The pids of the new LBs the old one named in its log."""
-    return [int(line.split("the new LB (pid ")[1].split(")")[0])
-            for line in log_path.read_text().splitlines() if "the new LB (pid " in line]
+    return sorted({int(line.split("the new LB (pid ")[1].split(")")[0])
+                   for line in log_path.read_text().splitlines() if "the new LB (pid " in line})
 
 
 class ConfiguredLB(Process):
@@ -268,3 +268,37 @@ def test_a_new_lb_takes_the_sockets_of_an_old_release_by_name(monkeypatch):
     taken = restart.inherited("front0", "anything:1")
     assert taken.fileno() == fd
     taken.close()
+
+
+def gone(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # (exited, not yet reaped)
+    except OSError:
+        return True
+
+
+def test_a_sigterm_or_sighup_that_comes_while_the_new_lb_starts_is_passed_on_to_it(tmp_path):
+    # A SIGTERM sent while the new LB started was "not acted on by this
+    # process, which is ending": the old one drained, and the new one
+    # served on, the stop lost; a SIGHUP for a file changed meanwhile, too.
+    log_path = tmp_path / "lb.log"
+    nowhere = "127.0.0.1:%d" % free_port()  # (the new LB waits for it: a slow start)
+    with open(log_path, "w") as log:
+        lb = LBProcess([nowhere], env=ENV, stderr=log).start()
+    try:
+        os.kill(lb.pid, signal.SIGUSR2)
+        wait_for(lambda: "starting a new LB" in log_path.read_text(), message="the start")
+        os.kill(lb.pid, signal.SIGHUP)
+        os.kill(lb.pid, signal.SIGTERM)
+        assert lb.process.wait(40) == 0
+        new_pid, = new_lb_pids(log_path)
+        text = log_path.read_text()
+        for name in ("SIGHUP", "SIGTERM"):
+            assert "%s came while the new LB (pid %d) started: passed on to it" % (
+                name, new_pid) in text, text
+        wait_for(lambda: gone(new_pid), timeout=20, message="the new LB stopping")
+    finally:
+        lb.kill()
+        for pid in new_lb_pids(log_path):
+            kill_pid(pid)

@@ -16,7 +16,7 @@ import logging
 import os
 import signal
 import stat
-from typing import Dict, FrozenSet, List, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 from zc_lb.process import restart
 from zc_lb.errors import AddressUnavailable, ConfigurationError
@@ -174,6 +174,33 @@ def ignore_sighup() -> bool:
     return False
 
 
+# The signals wait_for_signal has queued and not yet handled, while it runs.
+_pending: Any = None
+
+# What a signal that came while a new LB started (SIGUSR2) is to the new
+# LB, which is the service once it serves: passed on (``pass_on_pending``).
+PASSED_ON = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1")
+
+
+def pass_on_pending(pid: int) -> None:
+    """(The new LB of pid ``pid`` serves.)  Pass it the signals that came
+    while it started, meant for the service it now is: a SIGTERM stops it
+    too, a SIGHUP has it read --config again (it may have read it before
+    the change the SIGHUP was sent for); a SIGUSR2 is the restart just
+    done, and is dropped.  Each said."""
+    while _pending is not None and not _pending.empty():
+        name = _pending.get()
+        if name not in PASSED_ON:
+            log.warning("%s came while the new LB (pid %d) started: not passed on to it",
+                        name, pid)
+            continue
+        log.warning("%s came while the new LB (pid %d) started: passed on to it", name, pid)
+        try:
+            os.kill(pid, getattr(signal, name))
+        except OSError as exc:
+            log.error("cannot pass %s on to the new LB (pid %d): %s", name, pid, exc)
+
+
 def wait_for_signal(handlers: dict, ready=None) -> None:
     """Queue SIGTERM/SIGINT/SIGHUP (and any other signal ``handlers``
     names, e.g. SIGUSR1); dispatch each to ``handlers[name]`` until a
@@ -184,25 +211,31 @@ def wait_for_signal(handlers: dict, ready=None) -> None:
     import gevent
     import gevent.queue
 
+    global _pending
     signals: "gevent.queue.Queue[str]" = gevent.queue.Queue()
+    _pending = signals
     handlers = dict(handlers)
     handlers.setdefault("SIGHUP", ignore_sighup)  # its default would kill us
     for name in handlers:
         gevent.signal_handler(getattr(signal, name), signals.put, name)
     if ready is not None:
         ready()
-    while True:
-        name = signals.get()
-        log.info("got %s", name)
-        if name == "SIGHUP":
-            check_secret_files()
-        if handlers[name]():
-            # Signals that came while the last one was handled (a second
-            # SIGUSR2 during a restart, say) go to no one: say so.
-            while not signals.empty():
-                log.warning("%s came while %s was handled, and is not acted on by this "
-                            "process, which is ending", signals.get(), name)
-            return
+    try:
+        while True:
+            name = signals.get()
+            log.info("got %s", name)
+            if name == "SIGHUP":
+                check_secret_files()
+            if handlers[name]():
+                # Signals that came while the last one was handled (a second
+                # SIGUSR2 during a restart, say, or any during the drain
+                # that follows one) go to no one: say so.
+                while not signals.empty():
+                    log.warning("%s came while %s was handled, and is not acted on by this "
+                                "process, which is ending", signals.get(), name)
+                return
+    finally:
+        _pending = None
 
 
 def parse_listeners(args: argparse.Namespace) -> List[Tuple[str, str]]:
@@ -236,8 +269,10 @@ def hand_over(args: argparse.Namespace, sockets: dict, addresses: Dict[str, str]
     if not successor.start():
         restart.sd_notify("READY=1")
         return False
+    pid = successor.process.pid  # type: ignore[union-attr]
     log.info("the new LB (pid %d) serves: this one (pid %d) stops accepting and drains",
-             successor.process.pid, os.getpid())  # type: ignore[union-attr]
+             pid, os.getpid())
+    pass_on_pending(pid)
     return True
 
 
