@@ -329,6 +329,25 @@ def test_reload_passes_a_live_extra_and_logs_its_change(tmp_path, caplog):
         in caplog.text
 
 
+def test_reload_of_a_file_without_the_worker_list_keeps_it_and_says_no_change(
+        tmp_path, caplog):
+    # The LB kept its workers ("no worker list in ... the 1 workers stay"),
+    # and the log said "worker a:1 -> (none)" all the same; the list put
+    # back was then a change, "worker (none) -> a:1", applied again.
+    args, path = parsed(tmp_path, '[lb]\nworker = ["a:1"]\nvariance = 1.0\n')
+    path.write_text("[lb]\nvariance = 1.0\n")  # (cut short, or the line commented out)
+    applied = []
+    with caplog.at_level("INFO", logger="zc_lb"):
+        reload_config(args, applied.append, frozenset({"worker"}))
+        assert applied == [{"worker": None}]  # (LBService.configure keeps the list)
+        assert args.worker == ["a:1"]
+        path.write_text('[lb]\nworker = ["a:1"]\nvariance = 1.0\n')
+        reload_config(args, applied.append, frozenset({"worker"}))
+    assert len(applied) == 1
+    assert "-> (none)" not in caplog.text and "(none) ->" not in caplog.text
+    assert "SIGHUP: %s read again; nothing changed" % path in caplog.text
+
+
 @pytest.mark.parametrize("error, logged", [
     (ConfigurationError("no such thing"), "SIGHUP: cannot apply {path}: no such thing; "
                                           "keeping the running settings"),

@@ -109,7 +109,8 @@ def reload_config(args: argparse.Namespace, apply, live_extra=frozenset()) -> bo
     """SIGHUP with --config: read the file again; pass the changed settings
     that may change live (``where`` has "live", and ``live_extra``) to
     ``apply``, whose configure method logs each as "name old -> new
-    (file)" (``live_extra`` is logged here); log the others as needing a
+    (file)" (``live_extra`` is logged here; one the file no longer gives,
+    None, ``apply`` keeps as it runs); log the others as needing a
     restart.  A bad file is logged and changes nothing.  Never exits."""
     try:
         new = read_config(args)
@@ -133,6 +134,8 @@ def reload_config(args: argparse.Namespace, apply, live_extra=frozenset()) -> bo
             return False
         for dest, value in live.items():
             if dest in live_extra:  # (logged once applied, as configure logs the others)
+                if value is None:  # (none in the file: ``apply`` kept what runs, and said so)
+                    continue
                 settings.log_change(dest, getattr(args, dest, None), value, args.config)
             setattr(args, dest, value)
     if not live and not restart and not level:
