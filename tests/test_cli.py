@@ -371,6 +371,33 @@ def test_a_reload_that_cannot_be_applied_keeps_the_settings_and_never_raises(
     assert "worker a:1 -> a:1 b:2" not in caplog.text  # (a change that did not happen)
 
 
+@pytest.mark.parametrize("command, before, after, said", [
+    ("lb", 'processes = 2\nworker = ["a:1"]\n', 'processes = 3\nworker = ["a:1"]\n',
+     "processes changed in {path}; restart to apply (2 stays in force)"),
+    ("lb", 'processes = 2\nworker = ["a:1"]\n',
+     'processes = 2\nworker = ["a:1"]\npid_file = "lb.pid"\n',
+     "pid_file changed in {path}; restart to apply ((none) stays in force)"),
+    ("worker", 'app = "apps:app"\nworkers = 2\nlisten = "127.0.0.1:9001"\n',
+     'app = "apps:app"\nworkers = 2\nlisten = "127.0.0.1:9101"\n',
+     "listen changed in {path}; restart to apply (127.0.0.1:9001 stays in force)"),
+])
+def test_a_supervisor_says_a_change_to_its_own_settings_needs_a_restart(
+        tmp_path, caplog, command, before, after, said):
+    # Its children's command lines say --processes 1, --pid-file= (and
+    # for -w their --listen, --status): a change to those in the file
+    # went unsaid, in the supervisor and in every child.
+    table = "[%s]\n" % command
+    args, path = parsed(tmp_path, table + before, command=command)
+    kept = reload.KeptConfig(args)
+    try:
+        path.write_text(table + after)
+        with caplog.at_level("INFO", logger="zc_lb"):
+            assert kept.take()
+    finally:
+        kept.remove()
+    assert [r.getMessage() for r in caplog.records] == [said.format(path=path)]
+
+
 def test_a_relative_config_path_is_read_again_on_sighup_after_chdir(tmp_path, monkeypatch):
     # SIGHUP read "rel.toml" again in the --chdir directory: not found (or
     # another file of that name).

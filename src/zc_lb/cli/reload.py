@@ -66,10 +66,20 @@ def read_config_at_start(args: argparse.Namespace) -> argparse.Namespace:
         return read_config(argparse.Namespace(**{**vars(args), "config": kept}))
 
 
+# The settings a supervisor keeps to itself: its children's command lines
+# give their own (process/processes.py's and process/workergroup.py's
+# child_argv), whatever the file says, so only the supervisor can say
+# that a change to one needs a restart.
+SUPERVISOR_OWN = {"lb": ("processes", "status", "pid_file"),
+                  "worker": ("workers", "listen", "status", "resume_file", "pid_file")}
+
+
 class KeptConfig:
     """A supervisor's copy of its ``--config`` file as it last read it
     well: at start, and at each SIGHUP (``take``) that finds the file
-    good.  Each child it starts gets the copy's path (``environ``), for
+    good, when a change to the supervisor's own settings
+    (``SUPERVISOR_OWN``) is logged as needing a restart.  Each child it
+    starts gets the copy's path (``environ``), for
     ``read_config_at_start``.  Without --config, nothing."""
 
     def __init__(self, args: argparse.Namespace) -> None:
@@ -92,12 +102,16 @@ class KeptConfig:
         trial = self.path + ".new"
         try:
             shutil.copyfile(self.args.config, trial)
-            read_config(argparse.Namespace(**{**vars(self.args), "config": trial}))
+            new = read_config(argparse.Namespace(**{**vars(self.args), "config": trial}))
         except (ConfigurationError, OSError) as exc:
             log.warning("%s; processes started from now on start with the copy read "
                         "before", str(exc).replace(trial, self.args.config))
             return False
         os.replace(trial, self.path)  # (a child reading it finds the old or the new)
+        for dest in SUPERVISOR_OWN.get(self.args.command, ()):
+            before = getattr(self.args, dest, None)
+            if getattr(new, dest, None) != before:
+                _needs_restart(dest, before, self.args.config)
         return True
 
     def remove(self) -> None:
@@ -169,9 +183,13 @@ def _changes(args: argparse.Namespace, new: argparse.Namespace, live_extra) -> t
             live[dest] = after
         else:
             restart.append(dest)
-            log.warning("%s changed in %s; restart to apply (%s stays in force)",
-                        dest, args.config, settings.shown(before))
+            _needs_restart(dest, before, args.config)
     return live, restart
+
+
+def _needs_restart(dest: str, before, path: str) -> None:
+    log.warning("%s changed in %s; restart to apply (%s stays in force)",
+                dest, path, settings.shown(before))
 
 
 def sighup(args: argparse.Namespace, apply, live_extra=frozenset()):
