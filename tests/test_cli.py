@@ -398,6 +398,22 @@ def test_a_supervisor_says_a_change_to_its_own_settings_needs_a_restart(
     assert [r.getMessage() for r in caplog.records] == [said.format(path=path)]
 
 
+def test_a_supervisor_names_a_config_file_it_cannot_read_as_a_process_does(tmp_path, caplog):
+    # It said "[Errno 2] No such file or directory: '/etc/zc-lb/lb.toml'".
+    args, path = parsed(tmp_path, '[lb]\nprocesses = 2\nworker = ["a:1"]\n')
+    kept = reload.KeptConfig(args)
+    try:
+        path.unlink()
+        with caplog.at_level("INFO", logger="zc_lb"):
+            assert not kept.take()
+        assert kept.environ  # (the copy read before stays)
+    finally:
+        kept.remove()
+    assert [r.getMessage() for r in caplog.records] == [
+        "cannot read config file %s: No such file or directory; processes started from now "
+        "on start with the copy read before" % path]
+
+
 def test_a_relative_config_path_is_read_again_on_sighup_after_chdir(tmp_path, monkeypatch):
     # SIGHUP read "rel.toml" again in the --chdir directory: not found (or
     # another file of that name).

@@ -101,9 +101,9 @@ class KeptConfig:
             return False
         trial = self.path + ".new"
         try:
-            shutil.copyfile(self.args.config, trial)
+            self._copy(trial)
             new = read_config(argparse.Namespace(**{**vars(self.args), "config": trial}))
-        except (ConfigurationError, OSError) as exc:
+        except ConfigurationError as exc:
             log.warning("%s; processes started from now on start with the copy read "
                         "before", str(exc).replace(trial, self.args.config))
             return False
@@ -113,6 +113,16 @@ class KeptConfig:
             if getattr(new, dest, None) != before:
                 _needs_restart(dest, before, self.args.config)
         return True
+
+    def _copy(self, trial: str) -> None:
+        """The file copied to ``trial``; ConfigurationError saying why not,
+        as read_config says it."""
+        try:
+            shutil.copyfile(self.args.config, trial)
+        except OSError as exc:
+            raise ConfigurationError("cannot %s config file %s: %s" % (
+                "copy" if exc.filename == trial else "read", self.args.config,
+                exc.strerror or exc))
 
     def remove(self) -> None:
         if self.path is not None:
