@@ -542,6 +542,28 @@ def test_what_the_app_says_of_its_cache_goes_to_the_lb(serve, said, cache):
     assert response.cache is cache
 
 
+@pytest.mark.parametrize("threads", [None, 2])
+@pytest.mark.parametrize("path", ["/raise", "/503"])
+def test_a_failed_request_tells_the_lb_neither_time_nor_cache(serve, threads, path):
+    # A failure teaches nothing, in the résumé and in the LB's measure of
+    # what a key's data buys (routing/locality.py): a 500 that came fast
+    # (the database down) read as a fast miss, a slow one as a slow hit.
+    def app(environ, start_response):
+        environ["zc_lb.cache"] = "miss"
+        if environ["PATH_INFO"] == "/raise":
+            raise RuntimeError("on purpose")
+        status = "503 Service Unavailable" if environ["PATH_INFO"] == "/503" else "200 OK"
+        start_response(status, [("Content-Type", "text/plain")])
+        return [b"down"]
+
+    worker, connection, _ = serve(app, threads=threads)
+    response, _ = call(connection, {"PATH_INFO": path})
+    assert response.status[:1] == "5"
+    assert (response.elapsed, response.cache) == (None, None)
+    response, _ = call(connection, {"PATH_INFO": "/ok"})
+    assert response.elapsed is not None and response.cache is False
+
+
 @pytest.mark.parametrize("feature", LB_FEATURES)
 def test_an_lb_of_an_older_release_is_refused_in_one_line_of_the_log(serve, caplog, feature):
     # An LB whose Hello lacks a feature of its role (one of a release

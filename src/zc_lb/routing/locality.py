@@ -14,7 +14,8 @@ worker the key last went to or, when the LB keeps no book of keys
 (``stick`` 0), its rendezvous owner), *away* (any other worker, for a
 key that has a home), or neither (a key no worker has served yet: cold
 everywhere, it tells nothing).  The worker says how long the application
-took for each response (its service time, without the worker's queue),
+took for each response (its service time, without the worker's queue;
+a 5xx says nothing: a failure teaches nothing),
 and the pool keeps, per class, decayed means of the service times of
 home and of away requests.  Their ratio is the class's *gain*: how many
 times longer a request takes where its key's data is not.

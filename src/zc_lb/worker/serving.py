@@ -19,7 +19,9 @@ Rules:
   cancels the request at once, so that the LB does not wait out its
   response timeout.
 - A failure (no response, a 5xx, a cancel) teaches nothing: it is
-  counted in ``failed`` and kept out of the résumé.  A request served is
+  counted in ``failed`` and kept out of the résumé, and a 5xx tells
+  the LB neither the application's time nor what its cache did
+  (worker/wsgi.py).  A request served is
   counted with its time, by latency bucket, and recorded in the résumé;
   the ``max_requests``-th makes the process drain and exit, as on
   SIGTERM.

@@ -324,19 +324,27 @@ class ResponseWriter:
             self.exchange.cancel()
             self.refused = True  # (nothing more goes: no End)
 
-    def _respond(self, body: bytes = b"", end: bool = False) -> bool:
-        """Send the head (with ``body``, and End if ``end``); False if it
-        was refused as too large for a frame and a 500 went instead (the
-        request alone fails: the connection and its other requests go on)."""
-        exchange = self.exchange
-        # The application's seconds until its response starts: the LB learns
-        # from them what a key's cached data buys (``routing/locality.py``).
+    def _taught(self) -> Tuple[Optional[float], Optional[bool]]:
+        """What the response starting tells the LB, which learns from it
+        what a key's cached data buys (``routing/locality.py``): the
+        application's seconds until now, and what it said its cache did;
+        nothing for a 5xx (a failure teaches nothing)."""
+        status = self.status
+        if type(status) is str and status[:1] == "5":
+            return None, None
         began = self.began
         elapsed = None if began is None else time.perf_counter() - began - (
             self.queued if self.thread is None else self.thread.queued)
         environ = self.environ
         said = None if environ is None else environ.get(CACHE)
-        cache = None if said is None else cache_said(said)  # (most apps say nothing)
+        return elapsed, None if said is None else cache_said(said)  # (most apps say nothing)
+
+    def _respond(self, body: bytes = b"", end: bool = False) -> bool:
+        """Send the head (with ``body``, and End if ``end``); False if it
+        was refused as too large for a frame and a 500 went instead (the
+        request alone fails: the connection and its other requests go on)."""
+        exchange = self.exchange
+        elapsed, cache = self._taught()
         try:
             exchange.respond(self.status, self.headers, body, end,  # type: ignore[arg-type]
                              elapsed, cache)
@@ -347,6 +355,6 @@ class ResponseWriter:
         self.refused = True
         self.status = "500 Internal Server Error"
         self.headers = [("Content-Type", "text/html"), ("Content-Length", str(len(ERROR_500)))]
-        exchange.respond(self.status, self.headers, ERROR_500, True, elapsed)
+        exchange.respond(self.status, self.headers, ERROR_500, True)
         return False
 
