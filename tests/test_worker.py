@@ -521,8 +521,13 @@ def test_a_wait_on_the_apps_own_lock_is_not_counted_as_the_apps_time(serve):
     assert worker.status()["threads"]["ceiling"] == 1  # the app serves one at a time
 
 
+class _Word(str):
+    """A str of the app's own kind (a template library's, a framework's)."""
+
+
 @pytest.mark.parametrize("said, cache", [("hit", True), ("MISS", False), (True, True),
-                                         (False, False), ("maybe", None), (None, None)])
+                                         (False, False), ("maybe", None), (None, None),
+                                         (_Word("hit"), True)])
 def test_what_the_app_says_of_its_cache_goes_to_the_lb(serve, said, cache):
     def app(environ, start_response):
         if said is not None:
@@ -540,6 +545,43 @@ def test_what_the_app_says_of_its_cache_goes_to_the_lb(serve, said, cache):
     finally:
         connection.close()
     assert response.cache is cache
+
+
+def _cache_lines(caplog):
+    return [r.getMessage() for r in caplog.records if "zc_lb.cache" in r.getMessage()]
+
+
+@pytest.fixture
+def cache_log(caplog):
+    """The worker's lines about ``zc_lb.cache``, said once a process: said
+    again for this test."""
+    import logging
+
+    from zc_lb.worker import wsgi
+
+    wsgi.SAID_ONCE.clear()
+    with caplog.at_level(logging.WARNING, logger="zc_lb.worker.wsgi"):
+        yield lambda: _cache_lines(caplog)
+    wsgi.SAID_ONCE.clear()
+
+
+@pytest.mark.parametrize("threads", [None, 2])
+def test_a_cache_value_the_worker_does_not_know_is_said_once_in_the_log(serve, cache_log,
+                                                                        threads):
+    # b"hit", 1, "yes": the LB was told nothing, and nobody was told why.
+    values = [b"hit", 1, "yes", "h" * 10 ** 6, b"hit"]
+
+    def app(environ, start_response):
+        environ["zc_lb.cache"] = values[int(environ["QUERY_STRING"])]
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    worker, connection, _ = serve(app, threads=threads)
+    for n in range(len(values)):
+        response, _ = call(connection, {"QUERY_STRING": str(n)})
+        assert response.status == "200 OK" and response.cache is None
+    [line] = cache_log()
+    assert "b'hit'" in line and '"hit" or True, "miss" or False' in line, line
 
 
 @pytest.mark.parametrize("threads", [None, 2])

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import io
 import logging
+import reprlib
 import sys
 import time
-from typing import Any, Dict, Final, List, Optional, Tuple, cast
+from typing import Any, Dict, Final, List, Optional, Set, Tuple, cast
 
 from zc_lb.environ import CACHE, REQUEST_CLASS, WORKER
 from zc_lb.errors import BadResponseHead
@@ -197,17 +198,36 @@ class RequestInput(io.RawIOBase):
 # -- response output --------------------------------------------------------
 
 
+CACHE_WORDS: Final = '"hit" or True, "miss" or False'  # (what the log says it takes)
+# The log's lines about what an application says of its cache, each said
+# once a process: an application that says it wrong says it on every
+# request.  (The hub's alone: no lock.)
+SAID_ONCE: Final[Set[str]] = set()
+
+
+def say_once(what: str, message: str, *args: object) -> None:
+    """Log ``message`` % ``args`` as a warning, the first time ``what``
+    happens in this process."""
+    if what not in SAID_ONCE:
+        SAID_ONCE.add(what)
+        log.warning(message + " (logged once)", *args)
+
+
 def cache_said(value: object) -> Optional[bool]:
     """What an application's ``zc_lb.cache`` says: True (a hit), False
-    (a miss), or None (nothing, or a value it does not know)."""
+    (a miss), or None (nothing, or a value it does not know: said once
+    in the log)."""
     if value is True or value is False:
         return value
-    if type(value) is str:
+    if isinstance(value, str) and 3 <= len(value) <= 4:  # (a long one is no word)
         word = value.lower()
         if word == "hit":
             return True
         if word == "miss":
             return False
+    if value is not None:
+        say_once("unknown", "the application set zc_lb.cache to %s, which says nothing: "
+                 "it takes %s", reprlib.repr(value), CACHE_WORDS)
     return None
 
 
