@@ -585,6 +585,26 @@ def test_a_cache_value_the_worker_does_not_know_is_said_once_in_the_log(serve, c
 
 
 @pytest.mark.parametrize("threads", [None, 2])
+def test_a_cache_said_after_the_response_started_is_said_once_in_the_log(serve, cache_log,
+                                                                         threads):
+    # Set once the head was out (by the app's generator, or a middleware
+    # wrapping it): the LB never got it, the log said nothing, and in
+    # thread mode it got there or not as the hub's timing went.
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        yield b"first"
+        environ["zc_lb.cache"] = "hit"
+        yield b"second"
+
+    worker, connection, _ = serve(app, threads=threads)
+    for _ in range(3):
+        response, body = call(connection, {})
+        assert (response.cache, body) == (None, b"firstsecond")
+    [line] = cache_log()
+    assert "after the response to / started" in line, line
+
+
+@pytest.mark.parametrize("threads", [None, 2])
 @pytest.mark.parametrize("path", ["/raise", "/503"])
 def test_a_failed_request_tells_the_lb_neither_time_nor_cache(serve, threads, path):
     # A failure teaches nothing, in the résumé and in the LB's measure of

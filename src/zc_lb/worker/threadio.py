@@ -114,7 +114,9 @@ class ThreadOutput:
             raise AssertionError("write() before start_response()")
         if not data:
             return
-        self._wrote = True
+        if not self._wrote:  # (the head is out, for the app: what it said of its cache)
+            self._wrote = True
+            self._writer.cache_now()
         lock = self._lock
         if lock is None:  # (before the hub can see any of it)
             lock = self._lock = threading.Lock()

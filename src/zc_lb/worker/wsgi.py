@@ -240,6 +240,11 @@ class ResponseWriter:
         self.exchange = exchange
         self.head = head
         self.environ = environ  # (for what the app says of its cache: CACHE)
+        # Its CACHE when the response started (``cache_now``), and what
+        # that told the LB.
+        self.said: object = None
+        self.said_taken = False
+        self.cache: Optional[bool] = None
         self.status: Optional[str] = None
         self.headers: List[Tuple[str, str]] = []
         self.started = False
@@ -286,7 +291,8 @@ class ResponseWriter:
         if type(data) is not bytes:
             raise TypeError(NOT_BYTES % type(data).__name__)
         exchange = self.exchange
-        if not self.started:
+        started = self.started
+        if not started:
             if self.status is None:
                 raise AssertionError("application returned without start_response()")
             if self.head or not data or (  # (``exchange.credit``, without its call)
@@ -301,6 +307,31 @@ class ResponseWriter:
         if not self.refused:
             exchange.send(End(exchange.rno))
             self._ended()
+            if started:  # (its head went before: the app ran on after it)
+                self._said_late()
+
+    def cache_now(self) -> None:
+        """The response starts: what the application's ``zc_lb.cache``
+        says is taken now.  (In thread mode, at its first block, in its
+        thread: the hub sends the head later, but for the application it
+        is out, as in greenlet mode.)"""
+        environ = self.environ
+        self.said = None if environ is None else environ.get(CACHE)
+        self.said_taken = True
+
+    def _said_late(self) -> None:
+        """A ``zc_lb.cache`` set once the response's head was out reached
+        no LB (a generator's, or a middleware's that wraps one): said once
+        in the log."""
+        environ, status = self.environ, self.status
+        if environ is None or status is None or status[:1] == "5":  # (nothing went: _respond)
+            return
+        said = environ.get(CACHE)
+        if said is not None and said is not self.said and cache_said(said) not in (
+                None, self.cache):
+            say_once("late", "the application set zc_lb.cache after the response to %s "
+                     "started: the LB did not get it; set it before the first body bytes",
+                     environ.get("PATH_INFO"))
 
     def _ended(self) -> None:
         """The response is whole: a Cancel from now on (the LB ending its
@@ -355,9 +386,12 @@ class ResponseWriter:
         began = self.began
         elapsed = None if began is None else time.perf_counter() - began - (
             self.queued if self.thread is None else self.thread.queued)
-        environ = self.environ
-        said = None if environ is None else environ.get(CACHE)
-        return elapsed, None if said is None else cache_said(said)  # (most apps say nothing)
+        if not self.said_taken:
+            self.cache_now()
+        said = self.said
+        if said is not None:  # (most apps say nothing)
+            self.cache = cache_said(said)
+        return elapsed, self.cache
 
     def _respond(self, body: bytes = b"", end: bool = False) -> bool:
         """Send the head (with ``body``, and End if ``end``); False if it
