@@ -620,6 +620,21 @@ def test_forwarding_headers_tell_the_app_the_client_not_a_forgery(procs):
     assert forwarded(lb, {"X-Request-ID": "abc-1"})["HTTP_X_REQUEST_ID"] == "abc-1"
 
 
+def test_the_app_sees_the_clients_address_as_remote_addr_not_the_lbs(procs):
+    # The docs said REMOTE_ADDR was the LB's (to be read from
+    # X-Forwarded-For): the client here is 127.0.0.2, the LB's connection
+    # to its worker comes from 127.0.0.1.
+    lb, _ = lb_with_worker(procs)
+    connection = http.client.HTTPConnection(*address(lb.address), timeout=10,
+                                            source_address=("127.0.0.2", 0))
+    try:
+        connection.request("GET", "/headers", headers={"Host": "a.example"})
+        seen = json.loads(connection.getresponse().read())
+    finally:
+        connection.close()
+    assert (seen["REMOTE_ADDR"], seen["HTTP_X_FORWARDED_FOR"]) == ("127.0.0.2", "127.0.0.2")
+
+
 def test_a_trusted_proxy_keeps_its_proto_and_host_and_none_sets_nothing(procs):
     lb, _ = lb_with_worker(procs, "--trusted-proxies", "127.0.0.0/8,::1")
     seen = forwarded(lb, FORGED)
