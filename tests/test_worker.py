@@ -497,6 +497,46 @@ def test_request_input_reads_across_chunks_as_asked():
     assert body.read(100) == b"".join(chunks) and exchange.consumed_bytes == 16
 
 
+class _Read1:
+    """A source of body chunks for ``threadio.ThreadInput``'s pump."""
+
+    def __init__(self, *chunks):
+        self.chunks = list(chunks)
+
+    def read1(self, size):
+        return self.chunks.pop(0) if self.chunks else b""
+
+
+def _thread_input(*chunks):
+    from zc_lb.worker.threadio import ThreadInput
+
+    return ThreadInput(gevent.get_hub(), _Read1(*chunks))
+
+
+@source_only  # (compiled, RequestInput takes a real Exchange; make test runs it on the source)
+@pytest.mark.parametrize("threads", [False, True])
+def test_a_long_line_of_the_body_is_read_in_one_pass(threads):
+    # readline() copied and searched the whole line so far with each
+    # chunk: a line of 32 MiB in 16 KiB chunks took 5 to 30 seconds.
+    from zc_lb.worker.wsgi import RequestInput
+
+    chunks = [b"x" * 16384] * 2048 + [b"\nnext\nlast"]
+    body = _thread_input(*chunks) if threads else RequestInput(_Chunks(*chunks))
+
+    def read():
+        started = time.perf_counter()
+        return body.readline(), time.perf_counter() - started, body.readlines()
+
+    line, took, rest = gevent.get_hub().threadpool.apply(read) if threads else read()
+    assert line == b"x" * (16384 * 2048) + b"\n" and rest == [b"next\n", b"last"]
+    assert took < 0.5, took
+    body = _thread_input(*chunks) if threads else RequestInput(_Chunks(*chunks))
+    read = body.readline if not threads else (
+        lambda size: gevent.get_hub().threadpool.apply(body.readline, (size,)))
+    assert [len(read(size)) for size in (5, 16384, 16384 * 1024, -1)] == [
+        5, 16384, 16384 * 1024, 16384 * 1023 - 5 + 1]
+
+
 def _one_connection_app(environ, start_response):
     """An ordinary app with one database connection: one request at a
     time, the others waiting inside it for the lock."""

@@ -385,15 +385,22 @@ class ThreadInput:
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def readline(self, size: Optional[int] = -1) -> bytes:
+        # (As ``wsgi.RequestInput.readline``: each chunk searched once, the
+        # pieces joined once.)
         limit = -1 if size is None else size
-        while self._buffer.find(b"\n", self._pos) < 0 and (
-                limit < 0 or len(self._buffer) - self._pos < limit):
-            if not self._fill():
+        pieces = []
+        got = 0
+        while limit < 0 or got < limit:
+            if self._pos == len(self._buffer) and not self._fill():
                 break
-        end = (self._buffer.find(b"\n", self._pos) + 1 or len(self._buffer)) - self._pos
-        if limit >= 0:
-            end = min(end, limit)
-        return self._take(end)
+            buffer, pos = self._buffer, self._pos
+            n = (buffer.find(b"\n", pos) + 1 or len(buffer)) - pos
+            piece = self._take(n if limit < 0 else min(n, limit - got))
+            pieces.append(piece)
+            got += len(piece)
+            if piece[-1:] == b"\n":
+                break
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def readlines(self, hint: int = -1) -> List[bytes]:
         lines: List[bytes] = []

@@ -182,14 +182,23 @@ class RequestInput(io.RawIOBase):
         return len(data)
 
     def readline(self, size: Optional[int] = -1) -> bytes:
-        while self._buffer.find(b"\n", self._pos) < 0 and (size is None or size < 0
-                                                          or self._buffered < size):
-            if not self._fill():
+        # Each chunk searched once and taken as it is, the pieces joined
+        # once: a long line grown chunk by chunk was copied and searched
+        # whole with each one (seconds for a line of some megabytes).
+        limit = -1 if size is None else size
+        pieces: List[bytes] = []
+        got = 0
+        while limit < 0 or got < limit:
+            if not self._buffered and not self._fill():
                 break
-        end = (self._buffer.find(b"\n", self._pos) + 1 or len(self._buffer)) - self._pos
-        if size is not None and size >= 0:
-            end = min(end, size)
-        return self._take(end)
+            buffer, pos = self._buffer, self._pos
+            n = (buffer.find(b"\n", pos) + 1 or len(buffer)) - pos
+            piece = self._take(n if limit < 0 else min(n, limit - got))
+            pieces.append(piece)
+            got += len(piece)
+            if piece[-1:] == b"\n":
+                break
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def __iter__(self):
         return iter(self.readline, b"")
