@@ -254,6 +254,33 @@ class ThreadOutput:
                 self._file[0].close()
 
 
+def read_line(view: Callable[[], Tuple[bytes, int]], fill: Callable[[], bool],
+              take: Callable[[int], bytes], size: Optional[int] = -1) -> bytes:
+    """A body's next line, at most ``size`` bytes (any, if negative or
+    None), from a reader's buffer: ``view()`` the buffer and the position
+    in it, ``fill()`` more (False at the end), ``take(n)`` the next ``n``
+    bytes buffered.  Each chunk searched once and taken as it is, the
+    pieces joined once: a long line grown chunk by chunk was copied and
+    searched whole with each one (seconds for a line of some megabytes).
+    (``ThreadInput``'s and ``wsgi.RequestInput``'s.)"""
+    limit = -1 if size is None else size
+    pieces: List[bytes] = []
+    got = 0
+    while limit < 0 or got < limit:
+        buffer, pos = view()
+        if pos == len(buffer):
+            if not fill():
+                break
+            buffer, pos = view()
+        n = (buffer.find(b"\n", pos) + 1 or len(buffer)) - pos
+        piece = take(n if limit < 0 else min(n, limit - got))
+        pieces.append(piece)
+        got += len(piece)
+        if piece[-1:] == b"\n":
+            break
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
 class ThreadInput:
     """``wsgi.input`` for an application in a pool thread.
 
@@ -385,22 +412,10 @@ class ThreadInput:
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     def readline(self, size: Optional[int] = -1) -> bytes:
-        # (As ``wsgi.RequestInput.readline``: each chunk searched once, the
-        # pieces joined once.)
-        limit = -1 if size is None else size
-        pieces = []
-        got = 0
-        while limit < 0 or got < limit:
-            if self._pos == len(self._buffer) and not self._fill():
-                break
-            buffer, pos = self._buffer, self._pos
-            n = (buffer.find(b"\n", pos) + 1 or len(buffer)) - pos
-            piece = self._take(n if limit < 0 else min(n, limit - got))
-            pieces.append(piece)
-            got += len(piece)
-            if piece[-1:] == b"\n":
-                break
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return read_line(self._view, self._fill, self._take, size)
+
+    def _view(self) -> Tuple[bytes, int]:
+        return self._buffer, self._pos
 
     def readlines(self, hint: int = -1) -> List[bytes]:
         lines: List[bytes] = []

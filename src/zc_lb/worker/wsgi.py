@@ -34,7 +34,7 @@ from zc_lb.front.httpparse import HOP_BY_HOP
 from zc_lb.wire.exchange import Exchange
 from zc_lb.wire.frames import Body, End, MAX_BODY
 from zc_lb.worker.filewrapper import FileWrapper
-from zc_lb.worker.threadio import NOT_BYTES
+from zc_lb.worker.threadio import NOT_BYTES, read_line
 
 log = logging.getLogger(__name__)
 
@@ -182,23 +182,10 @@ class RequestInput(io.RawIOBase):
         return len(data)
 
     def readline(self, size: Optional[int] = -1) -> bytes:
-        # Each chunk searched once and taken as it is, the pieces joined
-        # once: a long line grown chunk by chunk was copied and searched
-        # whole with each one (seconds for a line of some megabytes).
-        limit = -1 if size is None else size
-        pieces: List[bytes] = []
-        got = 0
-        while limit < 0 or got < limit:
-            if not self._buffered and not self._fill():
-                break
-            buffer, pos = self._buffer, self._pos
-            n = (buffer.find(b"\n", pos) + 1 or len(buffer)) - pos
-            piece = self._take(n if limit < 0 else min(n, limit - got))
-            pieces.append(piece)
-            got += len(piece)
-            if piece[-1:] == b"\n":
-                break
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return read_line(self._view, self._fill, self._take, size)
+
+    def _view(self) -> Tuple[bytes, int]:
+        return self._buffer, self._pos
 
     def __iter__(self):
         return iter(self.readline, b"")
