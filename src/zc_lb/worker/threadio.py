@@ -2,10 +2,10 @@
 
 In thread mode the application runs in a pool thread, while the
 connection to the LB belongs to the hub (the event loop in the main
-thread).  A handoff between them (``threads.call_in_hub``) costs a loop
-turn and two thread switches: made for every block an application
-yields or reads (Django iterates a file in 4 KiB blocks), it was most of
-a large body's time.  So blocks cross in bulk, and the thread waits for
+thread).  A handoff between them (a callback in the hub, a wait in the
+thread) costs a loop turn and two thread switches: made for every block
+an application yields or reads (Django iterates a file in 4 KiB
+blocks), it was most of a large body's time.  So blocks cross in bulk, and the thread waits for
 the hub only when it must:
 
 ``ThreadOutput``

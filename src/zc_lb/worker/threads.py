@@ -39,7 +39,6 @@ import logging
 import os
 import resource
 import sys
-import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -63,7 +62,7 @@ HUNG = 10.0  # seconds calls wait and none finished: the log says what the threa
 WATCH = 1.0  # seconds between looks for that, while calls run
 
 # Every pool's threads, by ident (a thread is in one pool): ``current``,
-# and call_in_hub marks its thread as waiting on the hub.
+# and threadio marks its thread as waiting on the hub (``in_hub``).
 _records: Dict[int, "_Thread"] = {}
 
 
@@ -82,7 +81,7 @@ class _Thread:
         self.cpu = b""  # its CPU time when last sampled, and when that changed
         self.cpu_at = 0.0
         self.futex = False  # in a lock wait when last sampled
-        self.in_hub = False  # waiting for the hub (call_in_hub): on the LB, not the app
+        self.in_hub = False  # waiting for the hub (threadio): on the LB, not the app
         self.queued = 0.0  # seconds of its call seen queued on a lock (worker/concurrency.py)
         self.queued_until = 0.0  # (monotonic) how far ``queued`` counts: its call's start at first
         self.started = 0.0  # (monotonic) when its call started
@@ -328,33 +327,3 @@ class Threads:
                 "waiting": self._calls.qsize(),
                 "blocked": round(self.limit.blocked, 2), "stalls": self.limit.stalls,
                 "ceiling": self.limit.ceiling, "adapts": self._sampler is not None}
-
-
-def call_in_hub(hub, func, *args):
-    """From a pool thread: run ``func`` in a greenlet in the hub's thread
-    and return its result (or raise its exception)."""
-    done = threading.Event()
-    outcome = []  # (ok, the result or the exception)
-    thread = _records.get(_get_ident())
-
-    def run():
-        try:
-            outcome.append((True, func(*args)))
-        except BaseException as exc:
-            outcome.append((False, exc))
-        finally:
-            done.set()
-
-    hub.loop.run_callback_threadsafe(lambda: gevent.spawn(run))
-    if thread is None:
-        done.wait()
-    else:  # (the sampler: a wait on the hub, not behind the app's other requests)
-        thread.in_hub = True
-        try:
-            done.wait()
-        finally:
-            thread.in_hub = False
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return value
