@@ -302,7 +302,8 @@ def test_a_pool_whose_every_thread_hangs_says_so_with_what_they_run(fixed, monke
     threads = Threads(2, fixed=fixed)
     release = real_threading.Event()
     try:
-        calls = [gevent.spawn(threads.apply, lambda: release.wait(10), "GET /hang/%d" % n)
+        calls = [gevent.spawn(threads.apply, lambda: release.wait(10),
+                              {"REQUEST_METHOD": "GET", "PATH_INFO": "/hang/%d" % n})
                  for n in range(3)]
         deadline = time.monotonic() + 5
         while "is the application stuck?" not in caplog.text and time.monotonic() < deadline:

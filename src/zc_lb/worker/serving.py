@@ -238,8 +238,7 @@ class Serving:
         try:
             try:
                 error = self.threadpool.apply(functools.partial(
-                    self._in_thread, environ, writer, output, stream),
-                    environ["REQUEST_METHOD"] + " " + environ["PATH_INFO"])
+                    self._in_thread, environ, writer, output, stream), environ)
             except BaseException:  # (killed: cancelled, or its LB gone, the thread running on)
                 output.abandon()
                 raise

@@ -5,8 +5,8 @@ connection to the LB belongs to the hub (the event loop in the main
 thread).  A handoff between them (a callback in the hub, a wait in the
 thread) costs a loop turn and two thread switches: made for every block
 an application yields or reads (Django iterates a file in 4 KiB
-blocks), it was most of a large body's time.  So blocks cross in bulk, and the thread waits for
-the hub only when it must:
+blocks), it was most of a large body's time.  So blocks cross in bulk,
+and the thread waits for the hub only when it must:
 
 ``ThreadOutput``
     The response.  The thread appends the application's blocks to a

@@ -40,7 +40,7 @@ import os
 import resource
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import gevent  # type: ignore[import-untyped]
 import gevent.hub  # type: ignore[import-untyped]
@@ -70,7 +70,7 @@ class _Thread:
     """What the pool knows of one of its threads."""
 
     __slots__ = ("gate", "busy", "syscall", "schedstat", "cpu", "cpu_at", "futex",
-                 "in_hub", "queued", "queued_until", "started", "what")
+                 "in_hub", "queued", "queued_until", "started", "environ")
 
     def __init__(self) -> None:
         self.gate = _allocate_lock()  # held while the thread may run: it parks on it
@@ -85,7 +85,7 @@ class _Thread:
         self.queued = 0.0  # seconds of its call seen queued on a lock (worker/concurrency.py)
         self.queued_until = 0.0  # (monotonic) how far ``queued`` counts: its call's start at first
         self.started = 0.0  # (monotonic) when its call started
-        self.what = ""  # its call's request, for the log ("GET /path")
+        self.environ: Optional[Mapping[str, Any]] = None  # its call's request's, for the log
 
 
 class Threads:
@@ -133,12 +133,13 @@ class Threads:
                     int(2 * size / FILES_SHARE))
         return False
 
-    def apply(self, func: Callable[[], Any], what: str = "") -> Any:
+    def apply(self, func: Callable[[], Any],
+              environ: Optional[Mapping[str, Any]] = None) -> Any:
         """``func()``, run in one of the threads (from a greenlet of the
-        hub's); what it raises is raised here.  ``what``: its request,
-        for the log."""
+        hub's); what it raises is raised here.  ``environ``: its
+        request's, named in the log should the pool hang (``running``)."""
         waiter = gevent.hub.Waiter(self._hub)
-        self._calls.put((func, waiter, what))
+        self._calls.put((func, waiter, environ))
         self._in_pool += 1
         if self._in_pool == 1:
             self._wake.ref = True
@@ -173,7 +174,7 @@ class Threads:
             if index >= self._active:  # the limit fell while this one waited
                 calls.put(call)  # (for a thread let in; behind the others)
                 continue
-            func, waiter, thread.what = call
+            func, waiter, thread.environ = call
             thread.started = thread.queued_until = time.monotonic()
             thread.queued = 0.0
             thread.busy = True
@@ -213,9 +214,11 @@ class Threads:
         """What the threads run, the longest first ("GET /path for 12 s"),
         at most ``most`` of them."""
         now = time.monotonic()
-        busy = sorted((thread.started, thread.what) for thread in self._threads if thread.busy)
-        return ["%s for %.0f s" % (what or "a call", now - started)
-                for started, what in busy[:most]]
+        busy = sorted(((thread.started, thread.environ) for thread in self._threads
+                       if thread.busy), key=lambda item: item[0])
+        return ["%s for %.0f s" % ("a call" if environ is None else "%s %s" % (
+            environ.get("REQUEST_METHOD"), environ.get("PATH_INFO")), now - started)
+                for started, environ in busy[:most]]
 
     def _look(self) -> None:
         """(A timer in the hub, every WATCH while calls run) say once when
