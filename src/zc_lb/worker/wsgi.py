@@ -194,6 +194,7 @@ class RequestInput(io.RawIOBase):
 # -- response output --------------------------------------------------------
 
 
+NOT_TAKEN: Final = object()  # (a response's zc_lb.cache before it starts)
 CACHE_WORDS: Final = '"hit" or True, "miss" or False'  # (what the log says it takes)
 # The log's lines about what an application says of its cache, each said
 # once a process: an application that says it wrong says it on every
@@ -236,10 +237,9 @@ class ResponseWriter:
         self.exchange = exchange
         self.head = head
         self.environ = environ  # (for what the app says of its cache: CACHE)
-        # Its CACHE when the response started (``cache_now``), and what
-        # that told the LB.
-        self.said: object = None
-        self.said_taken = False
+        # Its CACHE when the response started (``cache_now``; NOT_TAKEN
+        # before), and what that told the LB.
+        self.said: object = NOT_TAKEN
         self.cache: Optional[bool] = None
         self.status: Optional[str] = None
         self.headers: List[Tuple[str, str]] = []
@@ -313,7 +313,6 @@ class ResponseWriter:
         is out, as in greenlet mode.)"""
         environ = self.environ
         self.said = None if environ is None else environ.get(CACHE)
-        self.said_taken = True
 
     def _said_late(self) -> None:
         """A ``zc_lb.cache`` set once the response's head was out reached
@@ -382,7 +381,7 @@ class ResponseWriter:
         began = self.began
         elapsed = None if began is None else time.perf_counter() - began - (
             self.queued if self.thread is None else self.thread.queued)
-        if not self.said_taken:
+        if self.said is NOT_TAKEN:
             self.cache_now()
         said = self.said
         if said is not None:  # (most apps say nothing)
