@@ -17,7 +17,7 @@ from zc_lb.errors import ConfigurationError, RequestCancelled
 from zc_lb.wire.decoder import head_fields
 from zc_lb.wire.frames import End, LB_FEATURES
 from zc_lb.sockets import parse_address
-from zc_lb.testing import read_response
+from zc_lb.testing import read_body, read_response
 from zc_lb.worker.server import Worker, load_app
 
 
@@ -1178,3 +1178,62 @@ def test_a_cancel_after_the_whole_response_lets_the_apps_close_run(serve):
     assert closed.wait(2), "the app's close() was cut short"
     _wait_until(lambda: worker.serving.served + worker.serving.failed == 1)
     assert worker.serving.served == 1  # (a whole response: served)
+
+
+def _skills_recorded(worker):
+    """The seconds the worker records in its résumé from now on, as a list."""
+    recorded = []
+    record = worker.publisher.skills.record
+    worker.publisher.skills.record = lambda rclass, elapsed: (recorded.append(elapsed),
+                                                    record(rclass, elapsed))[1]
+    return recorded
+
+
+def _first_recorded(recorded):
+    _wait_until(lambda: recorded)  # (a skill is recorded after its response is out)
+    return recorded[0]
+
+
+@pytest.mark.parametrize("threads", [2, None])
+def test_a_slow_upload_is_not_counted_as_the_apps_time(serve, threads):
+    # A client uploading slowly keeps the app waiting in wsgi.input: that
+    # is the LB's time, not the app's, and must not lower the worker's
+    # skill at the class (the request took 0.3 s; the app, none of it).
+    def app(environ, start_response):
+        body = environ["wsgi.input"].read()
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"%d" % len(body)]
+
+    worker, connection, _ = serve(app, threads=threads)
+    recorded = _skills_recorded(worker)
+    exchange = connection.open_request(dict(REQUEST, REQUEST_METHOD="POST", PATH_INFO="/",
+                                            CONTENT_LENGTH="20"), end=False)
+    exchange.send_body(b"x" * 10)
+    gevent.sleep(0.3)  # the client's upload stalls
+    exchange.send_body(b"y" * 10)
+    exchange.send(End(exchange.rno))
+    assert read_response(exchange, 10)[1] == b"20"
+    assert _first_recorded(recorded) < 0.15, recorded
+
+
+@pytest.mark.parametrize("threads", [2, None])
+@pytest.mark.parametrize("streamed", [True, False])
+def test_a_slow_reader_is_not_counted_as_the_apps_time(serve, threads, streamed):
+    # A response larger than the LB's credit waits for the LB to take it
+    # (flow control: a full spool, a slow client): the LB's time too, in
+    # the app's writes, or, for a thread, in the hub's sending after it.
+    blocks = [b"z" * 65536] * 64  # 4 MiB
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Length", str(65536 * len(blocks)))])
+        return iter(blocks) if streamed else [b"".join(blocks)]
+
+    worker, connection, _ = serve(app, threads=threads)
+    recorded = _skills_recorded(worker)
+    exchange = connection.open_request(dict(REQUEST, PATH_INFO="/"), end=True)
+    start = exchange.receive(5)
+    gevent.sleep(0.3)  # no credit back meanwhile
+    if start.body:
+        exchange.consumed(len(start.body))
+    assert len(start.body + read_body(exchange, 10)) == 65536 * len(blocks)
+    assert _first_recorded(recorded) < 0.15, recorded

@@ -142,7 +142,7 @@ class Serving:
             self.failed += 1
             return
         assert writer.began is not None  # (the application ran)
-        elapsed = time.perf_counter() - writer.began - writer.queued
+        elapsed = writer.app_seconds()
         self.served += 1
         if self.served == self.max_requests:  # (--max-requests: drain and exit, as on SIGTERM)
             log.info("served %d requests: draining to be started again", self.served)
@@ -230,7 +230,9 @@ class Serving:
         (and the LB would move its keys away just as it is most useful).
         Nor is a wait inside the app behind its other requests (its lock,
         its connection pool), as far as the pool saw it (``writer.queued``,
-        worker/threads.py)."""
+        worker/threads.py), nor one on the LB (for the request's body, for
+        room for the response), nor the hub's sending of the response once
+        the app returned (``writer.app_seconds``)."""
         hub = gevent.get_hub()
         stream = environ["wsgi.input"] = ThreadInput(hub, environ["wsgi.input"])
         output = ThreadOutput(hub, writer)
@@ -271,6 +273,10 @@ class Serving:
         except ZcLbError as exc:  # the LB went away: raised here, not printed there
             return exc
         finally:
-            if thread is not None:
-                writer.queued, writer.thread = thread.queued, None
+            if thread is None:
+                writer.took = time.perf_counter() - writer.began
+            else:  # (``took`` before ``thread`` goes: the hub may be reading them)
+                writer.queued = thread.queued
+                writer.took = time.perf_counter() - writer.began - thread.queued - thread.held
+                writer.thread = None
         return None

@@ -27,13 +27,15 @@ and the thread waits for the hub only when it must:
 Errors the hub meets (the LB went away, the request was cancelled) are
 raised in the thread at its next write, or in the hub when it ends the
 response.  While the thread waits for the hub it is marked ``in_hub``,
-so the pool's sampler counts the wait as the LB's, not the app's.
+so the pool's sampler counts the wait as the LB's, not the app's, and
+the wait is taken off the app's measured time.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
+import time
 from typing import Any, Callable, Deque, List, Optional, Tuple
 
 import gevent  # type: ignore[import-untyped]
@@ -53,6 +55,22 @@ _NO_CHUNKS: Deque[bytes] = collections.deque()  # (ThreadInput's until its first
 # A file given to the hub by a thread whose request's greenlet may be gone:
 # who closes it (``ThreadOutput.send_file`` and ``abandon``; rare, so one lock).
 _HANDOFF = threading.Lock()
+
+
+def _in_hub(thread: Any) -> float:
+    """A pool thread (its record, or None) starts to wait on the hub: for
+    its request's body, or for room for its response.  The sampler counts
+    the wait as the LB's, not the app's, and so does the app's measured
+    time (the record's ``held``).  When it began: for ``_out_of_hub``."""
+    if thread is not None:
+        thread.in_hub = True
+    return time.perf_counter()
+
+
+def _out_of_hub(thread: Any, began: float) -> None:
+    if thread is not None:
+        thread.in_hub = False
+        thread.held += time.perf_counter() - began
 
 
 class ThreadOutput:
@@ -160,14 +178,12 @@ class ThreadOutput:
         """(Under the lock) wait while HIGH bytes are held and all goes well."""
         room, thread = self._room, self.thread
         assert room is not None
-        if thread is not None:
-            thread.in_hub = True  # (the sampler: a wait on the LB, not on the app)
+        began = _in_hub(thread)
         try:
             while self._held >= HIGH and self.error is None:
                 room.wait()
         finally:
-            if thread is not None:
-                thread.in_hub = False
+            _out_of_hub(thread, began)
 
     # -- in the hub -----------------------------------------------------
 
@@ -361,14 +377,12 @@ class ThreadInput:
         with self._lock:
             if not self._chunks and not self._ended:
                 thread = self.thread
-                if thread is not None:
-                    thread.in_hub = True  # (the sampler: a wait on the LB, not the app)
+                began = _in_hub(thread)
                 try:
                     while not self._chunks and not self._ended:
                         self._arrived.wait()
                 finally:
-                    if thread is not None:
-                        thread.in_hub = False
+                    _out_of_hub(thread, began)
             if not self._chunks:
                 if self._error is not None:
                     raise self._error

@@ -70,7 +70,7 @@ class _Thread:
     """What the pool knows of one of its threads."""
 
     __slots__ = ("gate", "busy", "syscall", "schedstat", "cpu", "cpu_at", "futex",
-                 "in_hub", "queued", "queued_until", "started", "environ")
+                 "in_hub", "held", "queued", "queued_until", "started", "environ")
 
     def __init__(self) -> None:
         self.gate = _allocate_lock()  # held while the thread may run: it parks on it
@@ -82,6 +82,7 @@ class _Thread:
         self.cpu_at = 0.0
         self.futex = False  # in a lock wait when last sampled
         self.in_hub = False  # waiting for the hub (threadio): on the LB, not the app
+        self.held = 0.0  # seconds of its call it was in_hub
         self.queued = 0.0  # seconds of its call seen queued on a lock (worker/concurrency.py)
         self.queued_until = 0.0  # (monotonic) how far ``queued`` counts: its call's start at first
         self.started = 0.0  # (monotonic) when its call started
@@ -176,7 +177,7 @@ class Threads:
                 continue
             func, waiter, thread.environ = call
             thread.started = thread.queued_until = time.monotonic()
-            thread.queued = 0.0
+            thread.queued = thread.held = 0.0
             thread.busy = True
             try:
                 outcome = (waiter, True, func())

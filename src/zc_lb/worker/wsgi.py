@@ -98,6 +98,9 @@ class RequestInput(io.RawIOBase):
         self._buffer = b""
         self._pos = 0  # bytes of the buffer read already (not cut off: no copy)
         self._eof = ended  # the request came whole: it has no body
+        # Seconds its reader waited for the body to come: the client's
+        # pace (a slow upload), not the application's time.
+        self.waited = 0.0
 
     def readable(self) -> bool:
         return True
@@ -110,7 +113,11 @@ class RequestInput(io.RawIOBase):
             # The application keeps up (it read all that came): let the
             # body come at full speed, not a window at a time.
             self._exchange.widen()
-        message = self._exchange.receive()
+            began = time.perf_counter()
+            message = self._exchange.receive()
+            self.waited += time.perf_counter() - began
+        else:
+            message = self._exchange.receive()
         if isinstance(message, End):
             self._eof = True
             return False
@@ -245,11 +252,20 @@ class ResponseWriter:
         self.headers: List[Tuple[str, str]] = []
         self.started = False
         self.began: Optional[float] = None  # perf_counter() when the app began
-        # In thread mode: the pool's record of the thread running the app
-        # while it runs, and the seconds it was seen queued inside the app
-        # behind the others (worker/threads.py), which are not the app's time.
+        # What of its time since is not the application's (``app_seconds``).
+        # In greenlet mode: its waits for the request's body (``input``'s)
+        # and for the LB's credit for its response (``held``).  In thread
+        # mode: the pool's record of the thread running the app while it
+        # runs, with its waits inside the app behind the others (``queued``:
+        # worker/threads.py) and on the hub (``held``: threadio.py); then
+        # the app's own seconds (``took``), reckoned as the thread returned:
+        # what the hub sends after is the LB's pace, not the app's.
+        stream = None if environ is None else environ.get("wsgi.input")
+        self.input = stream if isinstance(stream, RequestInput) else None
+        self.held = 0.0
         self.thread: Optional[Any] = None
         self.queued = 0.0
+        self.took: Optional[float] = None
         self.refused = False  # its head was too large: a 500 went instead
         self.ended = False  # its End went: a Cancel now ends the stream, not the request
 
@@ -278,7 +294,9 @@ class ResponseWriter:
             if not self._respond():
                 return
         if data and not self.head:
+            began = time.perf_counter()
             exchange.send_body(data)
+            self.held += time.perf_counter() - began
 
     def finish(self, data: object = b"") -> None:
         """End the response, after ``data`` (the whole body, when the
@@ -364,7 +382,10 @@ class ResponseWriter:
         for name, value in self.headers:
             if name.lower() == "content-length" and value.isdigit():
                 count = min(count, int(value))
-        if not self.exchange.send_file(fd, offset, count):
+        began = time.perf_counter()
+        whole = self.exchange.send_file(fd, offset, count)
+        self.held += time.perf_counter() - began
+        if not whole:
             log.error("request %d from %s: the file ended before its response did",
                       self.exchange.rno, self.exchange.connection.peer)
             self.exchange.cancel()
@@ -378,15 +399,25 @@ class ResponseWriter:
         status = self.status
         if type(status) is str and status[:1] == "5":
             return None, None
-        began = self.began
-        elapsed = None if began is None else time.perf_counter() - began - (
-            self.queued if self.thread is None else self.thread.queued)
+        elapsed = None if self.began is None else self.app_seconds()
         if self.said is NOT_TAKEN:
             self.cache_now()
         said = self.said
         if said is not None:  # (most apps say nothing)
             self.cache = cache_said(said)
         return elapsed, self.cache
+
+    def app_seconds(self) -> float:
+        """The application's own seconds from its start to now (to its
+        return, in thread mode): less its waits behind its other requests
+        and on the LB, which are no measure of its skill."""
+        thread = self.thread
+        if thread is not None:  # (thread mode, while it runs)
+            return time.perf_counter() - cast(float, self.began) - thread.queued - thread.held
+        if self.took is not None:  # (thread mode, once it returned)
+            return self.took
+        waited = self.queued + self.held + (0.0 if self.input is None else self.input.waited)
+        return time.perf_counter() - cast(float, self.began) - waited
 
     def _respond(self, body: bytes = b"", end: bool = False) -> bool:
         """Send the head (with ``body``, and End if ``end``); False if it
