@@ -5,7 +5,7 @@ import pytest
 
 from zc_lb.worker import concurrency
 from zc_lb.worker.concurrency import (BLOCKED, COMPUTES, COMPUTING, LOCK_TURNS, PROBE, QUEUED, RUNNING,
-                                Limit, state, syscall, turns)
+                                STALL, Limit, state, syscall, turns)
 
 FUTEX = 202
 
@@ -70,11 +70,26 @@ def test_a_steady_share_of_blocked_threads_settles_the_limit_between():
 def test_requests_waiting_behind_a_stall_get_one_more_thread_each_stall():
     limit = Limit(16)
     assert limit.update(0, waiting=True, since_finished=0.1) == 2
-    assert limit.update(0, waiting=True, since_finished=0.6) == 3
-    assert limit.update(0, waiting=True, since_finished=0.9) == 3  # (one a stall)
-    assert limit.update(0, waiting=True, since_finished=1.1) == 4
-    assert limit.update(0, waiting=True, since_finished=0.0) == 4  # kept while they wait
-    assert limit.update(0, waiting=False) == 2  # the queue is empty: back to the rule
+    assert limit.update(0, waiting=True, since_finished=0.6, stuck=2) == 3
+    assert limit.update(0, waiting=True, since_finished=0.9, stuck=2) == 3  # (one a stall)
+    assert limit.update(0, waiting=True, since_finished=1.1, stuck=2) == 4
+    # Kept while the calls that made the stall run, though others finish.
+    assert limit.update(0, waiting=True, since_finished=0.0, stuck=2) == 4
+    assert limit.update(0, waiting=False, stuck=2) == 2  # the queue is empty: back to the rule
+
+
+def test_a_stall_ends_with_the_calls_that_made_it_though_requests_still_wait():
+    # An application behind one lock, under steady load (requests always
+    # wait for a thread): one request held the lock for a second.  The
+    # threads let in for it only queue on the lock; once it is over they
+    # must not stay let in for as long as the load lasts.
+    limit = Limit(16)
+    assert limit.update(1, waiting=True, queued=3, working=1) == 1
+    assert limit.update(1, waiting=True, since_finished=0.6, stuck=1) == 2
+    assert limit.update(1, waiting=True, since_finished=1.1, stuck=2) == 3
+    assert limit.update(1, waiting=True, since_finished=0.0, stuck=1) == 2  # the first is over
+    assert limit.update(1, waiting=True, since_finished=0.0, stuck=0) == 1
+    assert limit.stalls == 0
 
 
 def test_a_hang_lets_in_every_thread_and_counts_no_stall_past_them():
@@ -82,12 +97,13 @@ def test_a_hang_lets_in_every_thread_and_counts_no_stall_past_them():
     # every thread is let in, and ``stalls`` (the status's) says the
     # threads let in for it, not one a half second for as long as it lasts.
     limit = Limit(4)
-    for sample in range(6000):
-        limit.update(0, waiting=True, since_finished=sample * concurrency.SAMPLE)
+    for sample in range(6000):  # (each call let in runs on: ``stuck`` STALL after)
+        limit.update(0, waiting=True, since_finished=sample * concurrency.SAMPLE,
+                     stuck=min(4, int(sample * concurrency.SAMPLE / STALL)))
     assert limit.value == 4
     assert limit.stalls == 3
-    assert limit.update(0, waiting=True, since_finished=0.0) == 4  # kept while they wait
-    assert limit.update(0, waiting=False) == COMPUTING
+    assert limit.update(0, waiting=True, since_finished=0.0, stuck=4) == 4  # while they hang
+    assert limit.update(0, waiting=True, since_finished=0.0, stuck=0) == COMPUTING
 
 
 def test_a_long_lock_wait_is_a_queued_thread_io_is_blocked():
@@ -148,8 +164,8 @@ def test_the_ceiling_rises_only_while_requests_wait_and_stalls_pass_it():
         limit.update(1, waiting=False)
     assert limit.ceiling == 1  # no request waited: nothing to find out
     # A request that holds the only thread for seconds: one more each stall.
-    assert limit.update(1, waiting=True, since_finished=0.6) == 2
-    assert limit.update(1, waiting=True, since_finished=1.1) == 3
+    assert limit.update(1, waiting=True, since_finished=0.6, stuck=1) == 2
+    assert limit.update(1, waiting=True, since_finished=1.1, stuck=2) == 3
 
 
 def test_an_application_that_never_queues_its_threads_has_no_ceiling():

@@ -72,10 +72,15 @@ one, and at one a second an application that overlaps 16 waits would
 run below its bound for 15 s after a 2 s hold-up; doubling, 4 s.
 An application that never queues its threads has no ceiling.  And while
 requests wait and none has finished for ``STALL`` seconds, it lets in
-one more, and one more each ``STALL`` after, past the ceiling too, until
-the queue is empty: requests that compute for seconds (a report) take
-turns with the short ones queued behind them rather than hold them, and
-a wait this sampling misjudges cannot hold the rest for longer.
+one more, and one more each ``STALL`` after, past the ceiling too, for
+as long as the calls that held the others run: requests that compute
+for seconds (a report) take turns with the short ones queued behind
+them rather than hold them, and a wait this sampling misjudges cannot
+hold the rest for longer.  A stall ends with the calls that made it (a
+stall lasts at most as many threads as calls have run for ``STALL``),
+not when the queue is empty: under steady load the queue never is, and
+the threads let in past the ceiling for one slow request would queue
+inside an application that serializes for as long as the load lasts.
 
 What the pool's threads queue on is also measured: each sample that
 finds a request's thread queued adds the time since the last sample to
@@ -158,22 +163,24 @@ class Limit:
         self.computing = min(computing, size)
         self.value = size  # (all, until the first sample)
         self.blocked = 0.0  # the moving average of blocked threads
-        self.stalls = 0  # threads let in for a stall, until no request waits
+        self.stalls = 0  # threads let in for a stall, while the calls that made it run
         self.ceiling = size  # the requests the application was last seen to serve at once
         self.fell_from = size  # the ceiling before it last fell
         self.calm = 0  # samples with requests waiting since the ceiling last moved
 
     def update(self, blocked: int, waiting: bool = False, since_finished: float = 0.0,
-               queued: int = 0, working: int = 0) -> int:
+               queued: int = 0, working: int = 0, stuck: int = 0) -> int:
         """Take a sample: the count of blocked threads, whether requests
-        wait for a thread, the seconds since one last finished, and the
+        wait for a thread, the seconds since one last finished, the
         threads queued on a lock beside ``working`` others (computing or
-        blocked); the threads to let in."""
+        blocked), and the calls running for ``STALL`` seconds or more
+        (``stuck``); the threads to let in."""
         self.blocked += SMOOTHING * (blocked - self.blocked)
         if not waiting:
             self.stalls = 0
         elif since_finished > STALL * (self.stalls + 1) and self.stalls < self.size - 1:
             self.stalls += 1  # (one past the others is every thread: no more to let in)
+        self.stalls = min(self.stalls, stuck)  # (the calls that made a stall are over)
         self.calm += waiting
         if queued:
             self.fell_from, self.ceiling, self.calm = self.ceiling, max(1, working), 0

@@ -46,8 +46,8 @@ import gevent  # type: ignore[import-untyped]
 import gevent.hub  # type: ignore[import-untyped]
 from gevent.monkey import get_original  # type: ignore[import-untyped]
 
-from zc_lb.worker.concurrency import (BLOCKED, COMPUTES, FUTEX, QUEUED, QUICK_TURN, RUNNING, SAMPLE, Limit,
-                          state, syscall, turns)
+from zc_lb.worker.concurrency import (BLOCKED, COMPUTES, FUTEX, QUEUED, QUICK_TURN, RUNNING,
+                                      SAMPLE, STALL, Limit, state, syscall, turns)
 
 log = logging.getLogger(__name__)
 
@@ -264,8 +264,9 @@ class Threads:
             blocked, waits = counts[BLOCKED], counts[QUEUED]
         else:  # a lock wait beside no other request: on the process's own I/O
             blocked, waits = counts[BLOCKED] + counts[QUEUED], 0
+        stuck = sum(thread.busy and now - thread.started >= STALL for thread in self._threads)
         self._let_in(self.limit.update(blocked, self._calls.qsize() > 0,
-                                       now - self._finished, waits, working))
+                                       now - self._finished, waits, working, stuck))
 
     def _states(self, now: float) -> Tuple[List[int], List[_Thread]]:
         """The threads running calls, counted by state (COMPUTES, BLOCKED,
