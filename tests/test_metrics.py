@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from zc_lb.routing.affinity import AffinityPool
 from zc_lb.lb.balancer import LB
-from zc_lb.status.metrics import LBCollector, bound_classes, exposition
+from zc_lb.status.metrics import LBCollector, WorkerCollector, bound_classes, exposition
 from zc_lb.status.document import RequestHistory, merge_status, status_app
 from zc_lb.status.page import render, sparkline
 from zc_lb.testing import LBProcess, WorkerProcess, wait_for
@@ -496,3 +496,13 @@ def test_the_build_info_says_the_version_and_whether_compiled():
     for collector in (LBCollector(lambda: {"workers": {}}), WorkerCollector(lambda: {})):
         text = exposition(collector).decode()
         assert 'zc_lb_build_info{build="%s",version="%s"} 1.0' % (build(), version()) in text
+
+
+def test_a_hung_thread_pool_shows_in_the_worker_metrics():
+    # Every thread busy and requests piling up behind them: what an alert
+    # on a hung application watches, as the status document says it.
+    doc = {"served": 5, "failed": 0, "threads": {
+        "size": 16, "taking_requests": 16, "busy": 16, "waiting": 40, "ceiling": 16}}
+    metrics = samples(exposition(WorkerCollector(lambda: doc)).decode())
+    assert metrics["zc_lb_app_threads_busy", ()] == 16
+    assert metrics["zc_lb_app_threads_waiting", ()] == 40

@@ -335,7 +335,8 @@ class WorkerCollector:
         yield from latency_families(
             doc.get("latency"), "zc_lb_app_request_seconds",
             "Seconds the application took for each served request (its own time: not "
-            "its wait for a thread, nor one seen queued inside it).")
+            "its wait for a thread, nor one seen queued inside it, nor one on the LB "
+            "for the request's body or for room for the response).")
         yield GaugeMetricFamily("zc_lb_app_in_flight", "Requests being served now.",
                                 value=doc.get("in_flight", 0))
         yield GaugeMetricFamily("zc_lb_app_resume_classes", "Classes in the résumé.",
@@ -353,6 +354,13 @@ class WorkerCollector:
                 "zc_lb_app_threads_ceiling", "Requests the application was last seen to "
                 "serve at once (thread mode): --threads until a thread is seen queued "
                 "on a lock inside it.", value=threads.get("ceiling", threads["size"]))
+            yield GaugeMetricFamily(
+                "zc_lb_app_threads_busy", "Threads running a request now (thread mode).",
+                value=threads.get("busy", 0))
+            yield GaugeMetricFamily(
+                "zc_lb_app_threads_waiting", "Requests waiting for a thread (thread mode): "
+                "the worker's queue; one that grows while busy stays put is a hung "
+                "application.", value=threads.get("waiting", 0))
         yield _counter("zc_lb_app_queued_seconds", "Seconds requests' threads were seen "
                        "queued inside the application behind others (thread mode), "
                        "taken off their time.", doc.get("queued_seconds", 0))
