@@ -186,18 +186,82 @@ def test_a_client_gone_as_the_pump_wakes_leaves_no_bytes_counted(client_read_fir
         exchange = lb.open_request({}, end=True)
         response = exchange.receive(5)
         body = ResponseBody(flight, lb, exchange, None, None, response)
-        if client_read_first:  # a slow client: the spool full, frames waiting in the inbox
+        if client_read_first:  # a slow client: the spool full, the worker held
             go.set()
             deadline = time.monotonic() + 5
-            while not (limits.stalled and exchange.inbox):
+            while not limits.stalled:
                 gevent.sleep(0.01)
                 assert time.monotonic() < deadline
-            next(iter(body))  # it takes a piece (which wakes the pump), then its send fails
+            next(iter(body))  # it takes a piece (which grants credit), then its send fails
         else:  # a frame delivered in the loop turn in which the client's send fails
             gevent.sleep(0.1)
             exchange.received(Body(exchange.rno, b"y" * 16384))
         body.close()
         gevent.sleep(0.2)
+        assert (limits.in_memory, limits.on_disk) == (0, 0)
+    finally:
+        lb.close()
+        worker.close()
+
+
+class _Sends(Handler):
+    """A worker side that answers with ``chunks`` of body, then End (or,
+    with ``cancel``, cancels instead of ending)."""
+
+    def __init__(self, chunks, cancel=False):
+        self.chunks, self.cancel = chunks, cancel
+        self.done = gevent.event.Event()
+
+    def handle_request(self, connection, exchange):
+        gevent.spawn(self.stream, exchange)
+
+    def stream(self, exchange):
+        exchange.receive()
+        exchange.respond("200 OK", [])
+        try:
+            for chunk in self.chunks:
+                exchange.send_body(chunk)
+            if self.cancel:
+                exchange.cancel()
+            else:
+                exchange.send(End(exchange.rno))
+        finally:
+            self.done.set()
+
+
+@pytest.mark.parametrize("cancel", [False, True])
+def test_a_worker_done_while_the_spool_is_full_is_back_in_the_pool_at_once(cancel):
+    # The spool is full after the first chunk, but the rest of the body
+    # fits the worker's credit window: the worker sends it and its End
+    # (or cancels) and is free.  The LB must give it back to the pool
+    # then, not once a slow client has made room in the spool (until
+    # then the pool counted a busy worker that was idle, and a request
+    # the worker had ended); the client still gets every byte that came.
+    chunks = [bytes([65 + i]) * 16384 for i in range(6)]
+    sender = _Sends(chunks, cancel)
+    limits = SpoolLimits(memory=16384, total_memory=10 * 16384, disk=0, total_disk=0)
+    lb, worker = connection_pair(Handler(), sender)
+    try:
+        flight = InFlight(Pool(), limits)
+        flight.started()
+        exchange = lb.open_request({}, end=True)
+        response = exchange.receive(5)
+        body = ResponseBody(flight, lb, exchange, None, None, response)
+        assert sender.done.wait(5)
+        deadline = time.monotonic() + 5
+        while flight.requests and time.monotonic() < deadline:
+            gevent.sleep(0.01)
+        assert flight.requests == 0, "the worker is still held for the client"
+        got = b""
+        try:
+            for data in body:
+                got += data
+        except Exception as exc:
+            assert cancel, exc
+        else:
+            assert not cancel
+        assert got == b"".join(chunks)
+        body.close()
         assert (limits.in_memory, limits.on_disk) == (0, 0)
     finally:
         lb.close()

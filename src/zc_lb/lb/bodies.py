@@ -147,14 +147,18 @@ class ResponseBody:
     """The response body as a WSGI iterable, buffered (lb/spool.py).
 
     A greenlet of its own takes the body from the worker as fast as it
-    comes, granting credit as it keeps each chunk, and gives the worker
-    back to the pool at the body's End; the client reads at its own pace
-    from the spool.  So a slow client holds memory or disk, never a
-    worker thread (and, past the spool's bounds, the worker waits, as flow
-    control makes it).  The worker is held to its Content-Length: bytes
-    past it are dropped, and a body that ends short, or a worker lost
-    mid-body, raises once the client has what came (the front server then
-    closes the connection, so a truncated body never looks complete)."""
+    comes, and gives the worker back to the pool as soon as the worker's
+    part is over (its End, or a cancel or loss); the client reads at its
+    own pace from the spool.  Credit for what the spool kept is granted
+    while the spool has room, else once the client has taken some, so a
+    slow client holds memory or disk, never a worker thread (and, past
+    the spool's bounds, the worker waits, as flow control makes it, while
+    the pump still takes what the worker may send unasked: a body's last
+    bytes and its End are not left waiting for the client).  The worker
+    is held to its Content-Length: bytes past it are dropped, and a body
+    that ends short, or a worker lost mid-body, raises once the client
+    has what came (the front server then closes the connection, so a
+    truncated body never looks complete)."""
 
     def __init__(self, flight: InFlight, connection: Connection, exchange: Exchange,
                  upload: Optional[Upload], length: Optional[int], response: Response) -> None:
@@ -168,7 +172,8 @@ class ResponseBody:
         self.error: Optional[ZcLbError] = None  # raised once the spool is read
         self._released = False  # the worker is back in the pool
         self._arrived = gevent.event.Event()  # the pump kept something, or ended
-        self._room = gevent.event.Event()  # the client took something
+        self._owed = 0  # body bytes kept and not yet granted back to the worker
+        self._stalled = False  # credit held back: the spool is full
         self._pump: Optional[gevent.Greenlet] = None
         self._closed = False
         flight.response_started()  # (a drain waits for the client to have it all)
@@ -179,23 +184,19 @@ class ResponseBody:
                 self._pump = gevent.spawn(self._take_body, len(response.body))
 
     def _take_body(self, owed: int) -> None:
-        """The pump: receive the body, keep it, grant credit while there is
-        room (``owed``: bytes kept and not yet granted back)."""
+        """The pump: receive the body and keep it, granting credit for what
+        it kept while there is room (``owed``: bytes kept and not yet
+        granted back; ``_grant``)."""
         exchange, spool = self.exchange, self.spool
+        self._owed = owed
         try:
             while True:
-                if owed:
-                    if spool.full:
-                        self.flight.spool_limits.stalled += 1
-                        while spool.full:
-                            self._room.clear()
-                            self._room.wait()
-                    exchange.consumed(owed)
+                self._grant()
                 if not spool:
                     # The client keeps up (it took all so far): let the
                     # body come at full speed.  If it stops reading, what
-                    # waits here for room in its spool stays within
-                    # WIDE_WINDOW (flow control holds the worker).
+                    # comes unasked stays within WIDE_WINDOW (flow control
+                    # holds the worker).
                     exchange.widen()
                 message = exchange.receive()
                 if type(message) is End:
@@ -204,12 +205,28 @@ class ResponseBody:
                 data = message.data  # type: ignore[union-attr]
                 if not self._keep(data):
                     return
-                owed = len(data)
+                self._owed += len(data)
         except ZcLbError as exc:  # the worker lost, or the request cancelled
             failure = self.upload.failure() if self.upload is not None else None
             # (the cause, if it was the upload's: a body too large, say)
             self.error = failure if isinstance(failure, ZcLbError) else exc
+            self._release()  # (its part is over: the client still reads what came)
             self._arrived.set()
+
+    def _grant(self) -> None:
+        """Grant the worker credit for the bytes kept, unless the spool is
+        full: then the worker waits until the client has taken some (from
+        ``__iter__``), counted once a stall."""
+        owed = self._owed
+        if not owed:
+            return
+        if self.spool.full:
+            if not self._stalled:
+                self._stalled = True
+                self.flight.spool_limits.stalled += 1
+            return
+        self._owed, self._stalled = 0, False
+        self.exchange.consumed(owed)
 
     def _keep(self, data: bytes) -> bool:
         """Spool ``data``; False (and the body over) if it goes past the
@@ -240,6 +257,7 @@ class ResponseBody:
         self._arrived.set()
 
     def _release(self) -> None:
+        self._owed = 0  # (the worker's part is over: no credit to grant)
         if not self._released:
             self._released = True
             self.flight.worker_done(self.connection)
@@ -249,7 +267,8 @@ class ResponseBody:
         while True:
             data = spool.take()
             if data:
-                self._room.set()
+                if self._owed:
+                    self._grant()
                 yield data
             elif self.error is not None:
                 raise self.error
