@@ -266,3 +266,32 @@ def test_a_worker_done_while_the_spool_is_full_is_back_in_the_pool_at_once(cance
     finally:
         lb.close()
         worker.close()
+
+
+def test_a_disk_that_fails_a_read_is_said_and_left(tmp_path, caplog, monkeypatch):
+    # A buffer file that cannot be read back (an I/O error) used to raise
+    # a bare OSError, which the front takes for the client's socket
+    # failing: the truncated response was logged at DEBUG only, and every
+    # later response went on to the failing disk.  Now it is an error
+    # said once, the disk is left for memory, and the response fails with
+    # a ZcLbError (which the front logs as it closes the connection).
+    from zc_lb.errors import ZcLbError
+    import zc_lb.lb.spool as spool_module
+
+    limits = SpoolLimits(memory=2, total_memory=100, disk=100, total_disk=100,
+                         directory=str(tmp_path))
+    spool = Spool(limits)
+    spool.put(b"ab")
+    spool.put(b"cd")  # on disk
+
+    def failing_pread(fd, size, offset):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(spool_module.os, "pread", failing_pread)
+    assert spool.take() == b"ab"
+    with pytest.raises(ZcLbError):
+        spool.take()
+    assert [r for r in caplog.records if r.levelname == "ERROR" and "disk" in r.getMessage()]
+    assert limits.total_disk == 0
+    spool.close()
+    assert limits.in_memory == limits.on_disk == 0

@@ -56,6 +56,12 @@ class AddressUnavailable(ZcLbError):
     names the option."""
 
 
+class BufferUnreadable(ZcLbError):
+    """A response held on disk for a slow client could not be read back
+    (a failing disk): the environment's; the client's connection is
+    closed, the response cut short, and buffering goes on in memory."""
+
+
 class ZooKeeperUnavailable(ZcLbError):
     """ZooKeeper could not be reached (wrong hosts, or down): an outage,
     not a mistake in the configuration."""

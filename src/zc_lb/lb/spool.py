@@ -12,10 +12,12 @@ temporary file (unlinked at once) up to ``disk`` bytes a response and
 ``total_disk`` in all.  Past those, the spool is ``full`` and the LB
 stops granting credit: the worker waits, as it did before (flow control
 is the last resort, never loss).  A disk that fails a write (full,
-read-only, failing) is logged, and buffering goes on in memory alone,
-within the memory bounds; a response whose client has read all its
-spool holds is never held back, so that no response waits for room that
-only other responses' clients can make.
+read-only, failing) or a read is logged, and buffering goes on in memory
+alone, within the memory bounds (a response whose bytes could not be
+read back fails with ``BufferUnreadable``: its client's connection is
+closed); a response whose client has read all its spool holds is never
+held back, so that no response waits for room that only other
+responses' clients can make.
 
 A ``Spool`` keeps its parts in order, each either bytes in memory or the
 length of the next bytes in its file, so a body may go to disk and back
@@ -33,6 +35,7 @@ import os
 import tempfile
 from typing import IO, Deque, Optional, Union
 
+from zc_lb.errors import BufferUnreadable
 from zc_lb.settings import LB_SETTINGS
 
 log = logging.getLogger(__name__)
@@ -132,7 +135,14 @@ class Spool:
             return b""
         part = parts.popleft()
         if type(part) is not bytes:
-            return self._read(part)  # type: ignore[arg-type]
+            try:
+                return self._read(part)  # type: ignore[arg-type]
+            except OSError as exc:  # (not the client's socket: say so, and leave the disk)
+                if self.limits.total_disk:
+                    log.error("cannot read a buffered response back from disk (%s); "
+                              "buffering in memory alone from now on", exc)
+                    self.limits.total_disk = 0
+                raise BufferUnreadable("buffered response unreadable: %s" % exc) from exc
         size = len(part)
         if size < SMALL and parts and type(parts[0]) is bytes:
             pieces = [part]
