@@ -92,3 +92,18 @@ def test_a_worker_ejected_for_unanswered_failures_is_back_on_probation_once_it_r
     for path in ("/a", "/b", "/c"):
         ejector.failure("w2", 0.0, 4, path)
     assert ejector.ejected("w2") and not ejector.reconnected("w2")
+
+
+def test_a_path_failing_now_on_the_peer_that_answered_it_well_blames_no_worker():
+    # /x failed once on w1 and w2 answered it well; later a deploy breaks the
+    # route everywhere: w2 fails it too, and w1's 500s there are the
+    # application's again, not w1's (else a broken route ejects half the fleet).
+    ejector = Ejector(consecutive=3)
+    ejector.failure("w1", 0.0, 2, "/x")
+    ejector.succeeded_on("/x", "w2")
+    ejector.success("w1")
+    assert not ejector.failure("w2", 1.0, 2, "/x")
+    assert not any(ejector.failure("w1", 1.0, 2, "/x") for _ in range(5))
+    assert not ejector.ejected("w1")
+    ejector.succeeded_on("/x", "w2")  # (it answers it well again: w1's failures count)
+    assert ejector.failure("w1", 2.0, 2, "/x")

@@ -22,8 +22,9 @@ everywhere.  And the affinity policy sends a path where it went before,
 so a broken route's errors all land on one worker, which comparing
 failure rates across workers would then take for the sick one.  So an
 answered failure counts against the worker when another worker answered
-the same path well since the path first failed (the peers do not fail
-there: ``watched`` paths, and ``succeeded_on``), and otherwise a run of
+the same path well since the path first failed, and has not failed it
+since (the peers do not fail there: ``watched`` paths, and
+``succeeded_on``), and otherwise a run of
 them ejects only if its requests were for ``MIN_PATHS`` different paths:
 a worker whose database connection broke fails whatever it is asked, a
 broken route fails one path, everywhere.  A failure of the worker itself
@@ -145,11 +146,16 @@ class Ejector:
 
     def _blamed_path(self, key: Hashable, path: str) -> Optional[str]:
         """The path of an answered failure on ``key``, watched from now on;
-        None if a peer answers it well (then it is the worker's failure)."""
+        None if a peer answers it well (then it is the worker's failure).
+        A failure there of the peer that answered it well ends that: a
+        route broken since breaks on it too."""
         watched = self.watched
         fine = watched.get(path)
-        if fine is not None and fine != key:
-            return None
+        if fine is not None:
+            if fine != key:
+                return None
+            # (the peer that answered it well fails it now: none is known to)
+            watched[path] = None
         if path not in watched:
             watched[path] = None
             if len(watched) > MAX_WATCHED:
