@@ -855,6 +855,27 @@ def test_a_removed_workers_ejection_does_not_hold_back_another(stack):
     assert fleet.ejector.ejected(b.peer)
 
 
+def test_a_removed_workers_requests_ending_after_it_went_leave_no_ejection(stack):
+    gate = gevent.event.Event()
+    s = stack(routes({"/hold": _held(gate)}), n_workers=3)  # (max_ejected: half, one)
+    fleet, ejector = s.lb.fleet, s.lb.fleet.ejector
+    held = gevent.spawn(s.client().request, "GET", "/hold")
+    poll(lambda: s.lb.in_flight == 1, message="held")
+    connections = [link.connection for link in fleet.links.values()]
+    a = next(connection for connection in connections if connection.protocol.streams)
+    b, c = (connection for connection in connections if connection is not a)
+    fleet.set_workers([b.peer, c.peer])  # (a deregistered, its request still in flight)
+    gate.set()
+    assert held.get(timeout=5)[0] == 200  # (it ends well after a went)
+    assert a.peer not in ejector.records
+    for _ in range(5):  # (others fail as its connection closes)
+        fleet.outcome(a, ok=False)
+    assert a.peer not in ejector.records  # (nothing left of it, nor counted in the share)
+    for _ in range(5):
+        fleet.outcome(b, ok=False)
+    assert ejector.ejected(b.peer)
+
+
 def test_a_worker_back_in_the_pool_counts_its_requests_still_in_flight(stack):
     gate = gevent.event.Event()
     s = stack(routes({"/hold": _held(gate)}))

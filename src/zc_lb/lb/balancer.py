@@ -358,7 +358,8 @@ class LB:
         (lb/outlier.py), and counted by its status's first digit."""
         if code[0] != "5":
             ejector = self.fleet.ejector
-            ejector.success(connection.peer)  # (``Fleet.outcome``, without its call)
+            if connection.peer in self.fleet.links:  # (``Fleet.outcome``, without its call)
+                ejector.success(connection.peer)
             if ejector.watched:  # (paths failed lately: is this one among them?)
                 ejector.succeeded_on(_request_path(environ), connection.peer)
         else:

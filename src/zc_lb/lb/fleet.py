@@ -227,13 +227,16 @@ class Fleet(LinkEvents):
 
     def outcome(self, connection: Connection, ok: bool, path: Optional[str] = None) -> None:
         """Count a request's outcome on its worker; eject a failing one.
-        ``path``: the request's, when the worker answered 5xx (lb/outlier.py)."""
+        ``path``: the request's, when the worker answered 5xx (lb/outlier.py).
+        A worker removed (``set_workers``) is counted no more: its record
+        went with it, and its requests ending after it went make none anew."""
         address = connection.peer
         if ok:
-            self.ejector.success(address)
+            if address in self.links:
+                self.ejector.success(address)
             return
         self.worker_failures += 1
-        if self.ejector.failure(address, time.monotonic(), len(self.links), path):
+        if address in self.links and self.ejector.failure(address, time.monotonic(), len(self.links), path):
             self.pool.remove(connection)
             link = self.links.get(address)  # (ejected by address: its link's connection too,
             if link is not None and link.connection is not None:  # if this one is an old one)
