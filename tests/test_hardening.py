@@ -876,6 +876,19 @@ def test_a_removed_workers_requests_ending_after_it_went_leave_no_ejection(stack
     assert ejector.ejected(b.peer)
 
 
+def test_workers_ejected_before_any_request_are_readmitted_in_time(stack):
+    # (ejected by health checks, say, with no request forwarded yet: the
+    # LB's chores, which readmit, must run all the same)
+    s = stack(ok_app, n_workers=2, outlier={"max_share": 1.0, "base_time": 0.1})
+    fleet = s.lb.fleet
+    connections = [link.connection for link in fleet.links.values()]
+    for connection in connections:
+        for _ in range(5):
+            fleet.outcome(connection, ok=False)
+    assert not len(s.lb.pool)
+    poll(lambda: len(s.lb.pool) == 2, timeout=2, message="readmitted")
+
+
 def test_a_worker_back_in_the_pool_counts_its_requests_still_in_flight(stack):
     gate = gevent.event.Event()
     s = stack(routes({"/hold": _held(gate)}))

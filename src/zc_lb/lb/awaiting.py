@@ -60,7 +60,7 @@ class Awaiting:
         waiting = self.waiting
         waiting[exchange] = (sent, sock, upload, retryable)
         if self.watchdog is None:
-            self.watchdog = gevent.spawn(self._watch_slow_responses)
+            self.start()
         try:
             response = exchange.receive()
         except RequestCancelled:
@@ -92,6 +92,13 @@ class Awaiting:
                 exchange.fail(WorkerLost("%s silent for %.1fs" % (connection.peer, seconds)))
                 moved += 1
         return moved
+
+    def start(self) -> None:
+        """Start the watchdog, and with it the LB's chores, unless it runs:
+        at the first request awaiting a response, or sooner if a chore is
+        due (an ejection to end)."""
+        if self.watchdog is None:
+            self.watchdog = gevent.spawn(self._watch_slow_responses)
 
     def stop(self) -> None:
         if self.watchdog is not None:

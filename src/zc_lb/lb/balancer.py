@@ -114,7 +114,7 @@ class LB:
         link_config = LinkConfig(secret, keepalive_interval, keepalive_timeout, drain_timeout)
         self.fleet = Fleet(pool, link_config, Ejector(**(outlier or {})),
                            self.counters.worker_added, self.counters.worker_removed,
-                           self.awaiting.fail_silent)
+                           self.awaiting.fail_silent, self.awaiting.start)
         # Settings of other policies than the pool's, as last given (said once a value)
         self.unused: Dict[str, Any] = {}
 

@@ -14,7 +14,9 @@ LBs").
 The LB (lb/balancer.py) forwards requests; it reads the fleet's
 ``changed`` event while it waits for a worker, and is told through two
 callables when a worker is added and removed (its counters begin and end
-with it) and when one falls silent (its requests waiting for a response move elsewhere).
+with it), when one falls silent (its requests waiting for a response move
+elsewhere) and when one is ejected (the chores that readmit it must run,
+requests or none: ``LB._tick``).
 """
 
 from __future__ import annotations
@@ -52,13 +54,15 @@ class Fleet(LinkEvents):
 
     def __init__(self, pool: Pool, link_config: LinkConfig, ejector: Ejector,
                  added: Callable[[str], None], removed: Callable[[str], None],
-                 silent: Callable[[Connection, float], int]) -> None:
+                 silent: Callable[[Connection, float], int],
+                 ejected: Callable[[], None]) -> None:
         self.pool = pool
         self.link_config = link_config
         self.ejector = ejector
         self.added = added  # a worker address known
         self.removed = removed  # a worker address gone for good
         self.silent = silent  # a silent worker's waiting requests moved: how many
+        self.ejected = ejected  # a worker ejected: the chores that readmit it run
         self.links: Dict[str, WorkerLink] = {}
         self.drained: Set[str] = set()  # addresses an operator drained
         self.standby: Dict[str, Optional[str]] = {}  # other-version workers: their versions
@@ -241,6 +245,7 @@ class Fleet(LinkEvents):
             link = self.links.get(address)  # (ejected by address: its link's connection too,
             if link is not None and link.connection is not None:  # if this one is an old one)
                 self.pool.remove(link.connection)
+            self.ejected()
             record = self.ejector.records[address]
             log.warning("ejected worker %s for %gs: %s (ejection %d)", address,
                         record.until - time.monotonic(), record.reason, record.ejections)
