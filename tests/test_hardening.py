@@ -1003,6 +1003,34 @@ def test_a_chore_that_fails_does_not_end_the_response_watchdog(caplog):
     awaiting.watchdog = gevent.spawn(awaiting._watch_slow_responses)
     try:
         gevent.sleep(WATCHDOG_INTERVAL * 2.5)
-        assert len(turns) >= 2 and "the response watchdog failed a turn" in caplog.text
+        assert len(turns) >= 2 and "the LB's chores failed a turn" in caplog.text
     finally:
         awaiting.stop()
+
+
+class _NoAnswer(Handler):
+    """A worker side that takes requests and answers none."""
+
+    def handle_request(self, connection, exchange):
+        pass
+
+
+def test_a_chore_failing_every_turn_does_not_stop_the_response_timeouts(caplog):
+    from zc_lb.errors import ResponseTimeout
+    from zc_lb.lb.awaiting import Awaiting
+
+    def tick(now):
+        raise RuntimeError("a bug in a chore, every time")
+
+    lb, worker = connection_pair(Handler(), _NoAnswer())
+    awaiting = Awaiting(0.1, tick)
+    try:
+        exchange = lb.open_request({}, end=True)
+        with pytest.raises(ResponseTimeout):
+            with gevent.Timeout(2):
+                awaiting.receive(exchange, None, None, False, time.monotonic())
+        assert "chores failed" in caplog.text
+    finally:
+        awaiting.stop()
+        lb.close()
+        worker.close()

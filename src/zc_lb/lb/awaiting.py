@@ -113,8 +113,12 @@ class Awaiting:
                 log.exception("the response watchdog failed a turn")
 
     def _look(self, now: float) -> None:
-        """One turn of the watchdog: the LB's chores, then the requests."""
-        self.tick(now)
+        """One turn of the watchdog: the LB's chores, then the requests
+        (whatever became of the chores)."""
+        try:
+            self.tick(now)
+        except Exception:  # (a chore that fails every turn must not stop the timeouts)
+            log.exception("the LB's chores failed a turn")
         timeout = self.response_timeout
         for exchange, (started, sock, upload, _) in list(self.waiting.items()):
             if exchange.inbox:  # (its response came: its owner has yet to run)
