@@ -555,6 +555,19 @@ def test_client_leaving_a_hung_request_frees_it(stack):
 
 
 
+def test_a_client_that_pipelined_a_request_then_hung_up_has_its_request_cancelled(stack):
+    # (bytes behind the slow request, as a TLS client's close_notify is, were
+    # taken for a client still there, and its hang-up behind them never seen)
+    s = stack(routes({"/hang": _hang_app}))
+    client = s.client()
+    client.send(b"GET /hang HTTP/1.1\r\nHost: a.example\r\n\r\n")
+    poll(lambda: s.lb.awaiting.watchers, message="the client watched")
+    client.send(b"GET /next HTTP/1.1\r\nHost: a.example\r\n\r\n")
+    client.close()
+    poll(lambda: s.lb.in_flight == 0 and s.backlog() == 0 and not s.worker.requests,
+         timeout=3, message="the abandoned request to be cancelled")
+
+
 def _read_content_length_app(environ, start_response):
     # The idiom of countless apps (and of cgi/multipart parsers): one read
     # of CONTENT_LENGTH bytes.  pywsgi, gunicorn, waitress and mod_wsgi all

@@ -122,8 +122,11 @@ def test_half_configured_tls_is_refused(pki):
     assert worker_context(None, None, None) is None
 
 
-def test_an_https_client_that_hangs_up_has_its_request_cancelled(tmp_path):
-    # (the watch for a hang-up peeked with flags an SSL socket refuses)
+@pytest.mark.parametrize("close_notify", [False, True])
+def test_an_https_client_that_hangs_up_has_its_request_cancelled(tmp_path, close_notify):
+    # (the watch for a hang-up peeked with flags an SSL socket refuses; and
+    # took the close_notify a client sends as it closes, which Go's and
+    # OpenSSL's do, for a request pipelined after this one)
     import gevent
     import gevent.socket
     import gevent.ssl
@@ -152,6 +155,10 @@ def test_an_https_client_that_hangs_up_has_its_request_cancelled(tmp_path):
         sock = context.wrap_socket(gevent.socket.create_connection(front.address))
         sock.sendall(b"GET /hang HTTP/1.1\r\nHost: a.example\r\n\r\n")
         poll(lambda: lb.in_flight == 1)
+        if close_notify:
+            sock.settimeout(0.1)  # (it waits for the LB's close_notify: none comes)
+            with pytest.raises(OSError):
+                sock.unwrap()
         sock.close()
         poll(lambda: lb.in_flight == 0 and not worker.requests, timeout=4,
              message="the abandoned request cancelled")

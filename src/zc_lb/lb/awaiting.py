@@ -14,12 +14,14 @@ The same greenlet runs the LB's other periodic chores (``tick``).
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import gevent  # type: ignore[import-untyped]
 import gevent.socket  # type: ignore[import-untyped]
+from gevent.monkey import get_original  # type: ignore[import-untyped]
 
 from zc_lb.errors import (BadResponse, ClientGone, RequestCancelled, ResponseTimeout,
                           WorkerLost)
@@ -146,7 +148,22 @@ def watch_client(sock: Any, exchange: Exchange) -> None:
     try:
         gevent.socket.wait_read(sock.fileno())
         if raw.recv(1, socket.MSG_PEEK):
-            return  # a pipelined request, not a hang-up
+            # Bytes came: a pipelined request, or under TLS the close_notify
+            # a client sends as it closes.  The end behind them shows only
+            # to a poll for the peer's hang-up (POLLRDHUP).
+            _wait_hang_up(raw.fileno())
     except OSError:
         pass
     exchange.cancel(ClientGone("client went away while the worker worked"))
+
+
+_poll = get_original("select", "poll")  # (the real one, even where an application patched it)
+
+
+def _wait_hang_up(fd: int) -> None:
+    """Return once the peer of socket ``fd`` has closed its end (or the
+    socket failed), looking every ``WATCHDOG_INTERVAL``."""
+    poller = _poll()
+    poller.register(fd, select.POLLRDHUP)
+    while not poller.poll(0):
+        gevent.sleep(WATCHDOG_INTERVAL)
