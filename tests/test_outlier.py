@@ -107,3 +107,9 @@ def test_a_path_failing_now_on_the_peer_that_answered_it_well_blames_no_worker()
     assert not ejector.ejected("w1")
     ejector.succeeded_on("/x", "w2")  # (it answers it well again: w1's failures count)
     assert ejector.failure("w1", 2.0, 2, "/x")
+
+
+def test_the_share_cap_is_not_cut_short_by_rounding():
+    ejector = Ejector(consecutive=1, max_share=0.29)  # (0.29 * 100 is 28.999999999999996)
+    assert all(ejector.failure("w%d" % n, 0.0, 100) for n in range(29))
+    assert not ejector.failure("w29", 0.0, 100) and ejector.ejected_count() == 29

@@ -127,8 +127,8 @@ class Ejector:
             return False
         if record.answered and len(record.paths) < MIN_PATHS:
             return False  # (the application's errors, on too few paths to blame the worker)
-        if self.ejected_count() + 1 > self.max_share * workers:
-            return False
+        if self.ejected_count() + 1 > self.max_share * workers + 1e-9:
+            return False  # (the margin: 0.29 * 100 is 28.999999999999996)
         record.ejections += 1
         record.until = now + min(self.base_time * 2 ** (record.ejections - 1), self.max_time)
         record.reason = ("%d failed requests in a row%s" % (
