@@ -61,7 +61,9 @@ Each target gets a short wrk warm-up, then one measured wrk run with the
 same settings (``wrk -t1 -cC -dNs --latency``).  Requests per second and
 latency percentiles come from wrk; CPU per request is the balancer's (and
 the workers') utime+stime from /proc/PID/stat over the measured run,
-divided by the requests wrk completed.  The pywsgi servers set
+divided by the requests wrk completed.  A measured run whose figures
+would mislead stops the bench with an error: no request completed, more
+than 1% of them errors, or a process of the target gone by its end.  The pywsgi servers set
 TCP_NODELAY on accepted sockets and do not log.
 
 After the table, the pool's own cost: ``get`` and ``put`` of each policy
@@ -531,6 +533,28 @@ def check_response(url: str) -> None:
         raise BenchError("%s answered %s %r" % (url, response.status, body[:80]))
 
 
+MAX_ERRORS = 0.01  # a measured run's errors over its requests, for its figures to stand
+
+
+def check_run(name: str, result: Dict[str, object], pids: List[int],
+              running: Dict[int, float]) -> None:
+    """BenchError where a measured run's figures would mislead: wrk
+    completed no request, more than MAX_ERRORS of them were errors (fast
+    failures passing for speed), or one of the target's ``pids`` is not
+    among those ``running`` after it (an ended process counts no CPU)."""
+    requests = int(result["requests"])  # type: ignore[call-overload]
+    errors = int(result["errors"])  # type: ignore[call-overload]
+    if requests == 0:
+        raise BenchError("%s completed no request in the measured run" % name)
+    if errors > MAX_ERRORS * requests:
+        raise BenchError("%s: %d errors in %d requests in the measured run" % (
+            name, errors, requests))
+    ended = [str(pid) for pid in pids if pid not in running]
+    if ended:
+        raise BenchError("%s: process %s ended during the measured run" % (
+            name, ", ".join(ended)))
+
+
 def measure(name: str, args: argparse.Namespace) -> Dict[str, object]:
     """Start target ``name``, warm it up, measure it, stop it."""
     connections = (CPU_CONNECTIONS if name in REALISTIC else
@@ -551,7 +575,8 @@ def measure(name: str, args: argparse.Namespace) -> Dict[str, object]:
         result: Dict[str, object] = dict(parse_wrk(
             run_wrk(args.wrk, url, args.seconds, connections, path)))
         after = cpu_times(lb_pids), cpu_times(worker_pids)
-    requests = max(int(result["requests"]), 1)  # type: ignore[call-overload]
+    check_run(name, result, lb_pids + worker_pids, {**after[0], **after[1]})
+    requests = int(result["requests"])  # type: ignore[call-overload]
     result["lb_cpu_us_per_req"] = (cpu_used(before[0], after[0]) * 1e6 / requests
                                    if lb_pids else None)
     result["worker_cpu_us_per_req"] = cpu_used(before[1], after[1]) * 1e6 / requests
