@@ -527,8 +527,11 @@ def check_response(url: str) -> None:
     quickly must not pass for a fast one."""
     import urllib.request
 
-    with urllib.request.urlopen(url, timeout=10) as response:
-        body = response.read()
+    try:  # (urllib raises for an error status)
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = response.read()
+    except OSError as exc:
+        raise BenchError("%s: %s" % (url, exc)) from exc
     if response.status != 200 or body != BODY:
         raise BenchError("%s answered %s %r" % (url, response.status, body[:80]))
 

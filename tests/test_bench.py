@@ -346,3 +346,31 @@ def test_a_run_that_completed_nothing_or_mostly_errors_is_an_error(monkeypatch):
     # (a few, as a busy machine makes, leave the figures standing)
     few = WRK_OUTPUT  # 7 errors in 12345
     assert _measure_with(monkeypatch, few, [{1: 1.0}, {2: 1.0}, {1: 2.0}, {2: 2.0}])["errors"] == 7
+
+
+def test_a_target_that_answers_an_error_first_is_a_bench_error():
+    # (urllib raises its own error for a 502: the bench's clear message,
+    # not a traceback)
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(502)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(bench.BenchError, match="502"):
+            bench.check_response("http://127.0.0.1:%d/" % server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(bench.BenchError, match="127.0.0.1:1/"):
+        bench.check_response("http://127.0.0.1:1/")  # (nothing listens)
