@@ -1338,6 +1338,22 @@ def time_in_process_clients(address: Tuple[str, int], head: bytes, batch: int, n
     return time.process_time() - started
 
 
+@contextlib.contextmanager
+def exit_on_sigterm() -> Iterator[None]:
+    """Within, SIGTERM unwinds this process as Ctrl-C does (as SystemExit,
+    status 143), so that what it started (HAProxy, the LB, workers, wrk)
+    is stopped and its temporary files removed: SIGTERM's default would
+    end it alone and leave them running."""
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"] and len(argv) in (2, 3):
@@ -1370,7 +1386,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         build_parser().error("--seconds, --connections, --body-mb and --body-transfers "
                              "must be at least 1, --warmup 0")
     try:
-        return run_bench(args)
+        with exit_on_sigterm():
+            return run_bench(args)
     except ProcessError as exc:
         print("zc-lb bench: error: %s" % exc, file=sys.stderr)
         return 1

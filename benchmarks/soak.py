@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Dict, Iterator, List, Tuple
 
-from .bench import read_response, rss_kb, running
+from .bench import exit_on_sigterm, read_response, rss_kb, running
 
 FLAT = 0.05  # memory may grow this much after warm-up and still be flat
 FD_SLACK = 8  # descriptors a busy process may hold more at one moment
@@ -172,7 +172,7 @@ def main(argv=None) -> int:
     parser.add_argument("--share", type=float, default=0.5, help="of capacity (default 0.5)")
     args = parser.parse_args(argv)
 
-    with deployment() as (address, pids):
+    with exit_on_sigterm(), deployment() as (address, pids):
         client = Client(address)
         capacity = client.run(min(5.0, args.duration / 4), args.connections)
         rate = capacity * args.share

@@ -374,3 +374,41 @@ def test_a_target_that_answers_an_error_first_is_a_bench_error():
         server.server_close()
     with pytest.raises(bench.BenchError, match="127.0.0.1:1/"):
         bench.check_response("http://127.0.0.1:1/")  # (nothing listens)
+
+
+STOPPED_BENCH = """
+import sys, time
+from benchmarks import bench
+
+def run_bench(args):  # (a server started, then a long measure)
+    with bench.running(bench.serve_argv(), bench.SERVE_READY) as (process, _):
+        print(process.pid, flush=True)
+        time.sleep(30)
+    return 0
+
+bench.run_bench = run_bench
+sys.exit(bench.main(["--targets", ""]))
+"""
+
+
+def test_a_bench_stopped_by_sigterm_stops_what_it_started():
+    import os
+    import signal
+
+    done = subprocess.Popen([sys.executable, "-c", STOPPED_BENCH], stdout=subprocess.PIPE,
+                            text=True)
+    server = None
+    try:
+        server = int(done.stdout.readline())
+        done.send_signal(signal.SIGTERM)
+        status = done.wait(10)
+        with pytest.raises(ProcessLookupError):
+            os.kill(server, 0)
+        assert status == 128 + signal.SIGTERM
+    finally:
+        done.kill()
+        done.wait()
+        done.stdout.close()
+        if server is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(server, signal.SIGKILL)
