@@ -10,7 +10,8 @@ seconds (30) it samples the LB's and each worker's resident memory and
 open file descriptors from /proc, and prints them as a series.  At the
 end it says whether they stayed flat: less than 5% growth from the first
 sample after warm-up (a minute, or a fifth of the run) to the last, for
-memory; for descriptors, at most a few more than then.
+memory; for descriptors, at most a few more than then.  A run with no
+sample after that first one is "too short to tell", not flat.
 
 The client is this process, gevent and raw sockets, paced by a token
 clock; it counts answers by status and errors (no answer, a bad one).
@@ -134,15 +135,30 @@ def sample(pid: int) -> Tuple[int, int]:
     return rss_kb(pid), len(os.listdir("/proc/%d/fd" % pid))
 
 
+TOO_SHORT = "too short to tell"
+
+
 def verdict(series: List[Tuple[int, int]], warm: int) -> str:
-    """"flat" or "growing ..." for one process's samples after ``warm``."""
+    """"flat", "growing ..." or TOO_SHORT for one process's samples after ``warm``."""
     if len(series) <= warm + 1:
-        return "too short to tell"
+        return TOO_SHORT
     (rss0, fd0), (rss1, fd1) = series[warm], series[-1]
     growth = (rss1 - rss0) / rss0
     if growth < FLAT and fd1 <= fd0 + FD_SLACK:
         return "flat (RSS %+.1f%%, fds %+d)" % (100 * growth, fd1 - fd0)
     return "GROWING (RSS %+.1f%%, fds %+d)" % (100 * growth, fd1 - fd0)
+
+
+def summary(verdicts: Dict[str, str], counts: Dict[str, int]) -> Tuple[str, int]:
+    """The last line and the exit status, from each process's verdict and
+    the answers by status: 0 only where every process was judged flat
+    and every answer was a 2xx."""
+    bad = [name for name, said in verdicts.items() if said.startswith("GROWING")]
+    short = any(said == TOO_SHORT for said in verdicts.values())
+    errors = sum(n for kind, n in counts.items() if not kind.startswith("2"))
+    state = "growing: " + ", ".join(bad) if bad else TOO_SHORT if short else "flat"
+    return ("verdict: %s; %d answers not 2xx" % (state, errors),
+            1 if bad or short or errors else 0)
 
 
 @contextlib.contextmanager
@@ -198,11 +214,9 @@ def main(argv=None) -> int:
                     for name in names}
         for name in names:
             print("%s: %s" % (name, verdicts[name]))
-        bad = [n for n, v in verdicts.items() if v.startswith("GROWING")]
-        errors = sum(n for k, n in client.counts.items() if not k.startswith("2"))
-        print("verdict: %s; %d answers not 2xx" % (
-            "growing: " + ", ".join(bad) if bad else "flat", errors))
-        return 1 if bad or errors else 0
+        line, status = summary(verdicts, client.counts)
+        print(line)
+        return status
 
 
 if __name__ == "__main__":

@@ -5,10 +5,12 @@ itself")."""
 from benchmarks import soak
 
 
-def test_a_short_soak_samples_and_says_flat(capsys):
-    assert soak.main(["--duration", "4", "--every", "2", "--connections", "8"]) == 0
+def test_a_short_soak_samples_and_says_it_cannot_tell(capsys):
+    # (two samples, the first of them the warm-up's: nothing to judge by,
+    # which must not pass for flat)
+    assert soak.main(["--duration", "4", "--every", "2", "--connections", "8"]) == 1
     out = capsys.readouterr().out
-    assert "capacity" in out and "verdict: flat; 0 answers not 2xx" in out
+    assert "capacity" in out and "verdict: too short to tell; 0 answers not 2xx" in out
     assert out.count("/") >= 6  # RSS/fds samples for three processes, twice
 
 
@@ -17,3 +19,16 @@ def test_verdict():
     assert soak.verdict([(100, 5), (100, 5), (106, 5)], 1).startswith("GROWING")
     assert soak.verdict([(100, 5), (100, 5), (100, 20)], 1).startswith("GROWING")
     assert soak.verdict([(100, 5)], 1) == "too short to tell"
+
+
+def test_the_last_line_is_flat_only_where_every_process_was_judged_flat():
+    flat, growing, short = "flat (RSS +1.0%, fds +0)", "GROWING (RSS +9.0%, fds +0)", \
+        "too short to tell"
+    assert soak.summary({"lb": flat, "worker1": flat}, {"200": 9}) == (
+        "verdict: flat; 0 answers not 2xx", 0)
+    assert soak.summary({"lb": flat, "worker1": flat}, {"200": 9, "503": 2}) == (
+        "verdict: flat; 2 answers not 2xx", 1)
+    assert soak.summary({"lb": growing, "worker1": short}, {"200": 9}) == (
+        "verdict: growing: lb; 0 answers not 2xx", 1)
+    assert soak.summary({"lb": short, "worker1": short}, {"200": 9}) == (
+        "verdict: too short to tell; 0 answers not 2xx", 1)
