@@ -187,6 +187,8 @@ def main(argv=None) -> int:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--share", type=float, default=0.5, help="of capacity (default 0.5)")
     args = parser.parse_args(argv)
+    if min(args.duration, args.every, args.share) <= 0 or args.connections < 1:
+        parser.error("--duration, --every and --share must be over 0, --connections at least 1")
 
     with exit_on_sigterm(), deployment() as (address, pids):
         client = Client(address)

@@ -32,3 +32,17 @@ def test_the_last_line_is_flat_only_where_every_process_was_judged_flat():
         "verdict: growing: lb; 0 answers not 2xx", 1)
     assert soak.summary({"lb": short, "worker1": short}, {"200": 9}) == (
         "verdict: too short to tell; 0 answers not 2xx", 1)
+
+
+def test_settings_it_cannot_run_with_are_refused_before_it_starts(capsys):
+    import pytest
+
+    # (--every 0 divided by zero after the whole run; --share 0 soaked
+    # unpaced, at full speed)
+    for argv in (["--every", "0"], ["--share", "0"], ["--duration", "-1"],
+                 ["--connections", "0"]):
+        with pytest.raises(SystemExit) as exc:
+            soak.main(["--duration", "0.2"] + argv)
+        assert exc.value.code == 2, argv
+        assert "must be" in capsys.readouterr().err
+
