@@ -193,6 +193,10 @@ def main(argv=None) -> int:
     with exit_on_sigterm(), deployment() as (address, pids):
         client = Client(address)
         capacity = client.run(min(5.0, args.duration / 4), args.connections)
+        if not capacity:  # (a rate of 0 would soak unpaced)
+            print("zc-lb soak: error: no request answered in the capacity run (%s)" % ", ".join(
+                "%s %d" % kv for kv in sorted(client.counts.items())), file=sys.stderr)
+            return 1
         rate = capacity * args.share
         print("capacity %.0f req/s; soaking at %.0f req/s for %gs, sampling every %gs"
               % (capacity, rate, args.duration, args.every), flush=True)

@@ -46,3 +46,20 @@ def test_settings_it_cannot_run_with_are_refused_before_it_starts(capsys):
         assert exc.value.code == 2, argv
         assert "must be" in capsys.readouterr().err
 
+
+def test_a_deployment_that_answers_nothing_is_an_error_not_an_unpaced_soak(
+        monkeypatch, capsys):
+    import contextlib
+    import os
+
+    from zc_lb.testing import free_port
+
+    @contextlib.contextmanager
+    def deployment():  # (nothing listens there)
+        yield ("127.0.0.1", free_port()), {"lb": os.getpid()}
+
+    monkeypatch.setattr(soak, "deployment", deployment)
+    assert soak.main(["--duration", "0.4", "--every", "0.2", "--connections", "2"]) == 1
+    out, err = capsys.readouterr()
+    assert "soaking at" not in out
+    assert "no request answered in the capacity run (error: ConnectionRefusedError" in err
