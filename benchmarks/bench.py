@@ -63,8 +63,10 @@ latency percentiles come from wrk; CPU per request is the balancer's (and
 the workers') utime+stime from /proc/PID/stat over the measured run,
 divided by the requests wrk completed.  A measured run whose figures
 would mislead stops the bench with an error: no request completed, more
-than 1% of them errors, or a process of the target gone by its end.  The pywsgi servers set
-TCP_NODELAY on accepted sockets and do not log.
+than 1% of them errors, or a process of the target gone by its end.  The
+first line says which build of zc-lb ran (``zc_lb.build()``: compiled,
+or the source, which costs some twice the CPU a request).  The pywsgi
+servers set TCP_NODELAY on accepted sockets and do not log.
 
 After the table, the pool's own cost: ``get`` and ``put`` of each policy
 for the same 60,000 requests (32 classes and 200 paths each, both Zipf,
@@ -110,6 +112,7 @@ import time
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
+import zc_lb
 from zc_lb.testing import (ProcessError, cpu_times, cpu_used, free_port, stop_process,
                             wait_for_port, with_children)
 
@@ -1211,8 +1214,10 @@ def run_bench(args: argparse.Namespace) -> int:
     slow = measure_slow(args) if SLOW in args.targets else None
     costs = {policy: pool_us(policy) for policy in ("affinity", "published")}
     intake = intake_ms()
+    build = zc_lb.build()  # (the LB's and workers' too: they import zc_lb as this does)
     if args.json:
-        print(json.dumps({"settings": {"seconds": args.seconds, "connections": args.connections,
+        print(json.dumps({"settings": {"build": build,
+                                       "seconds": args.seconds, "connections": args.connections,
                                        "warmup": args.warmup, "policy": args.policy,
                                        "body_mb": args.body_mb,
                                        "body_transfers": args.body_transfers,
@@ -1222,6 +1227,7 @@ def run_bench(args: argparse.Namespace) -> int:
                           "pool_us_per_request": costs, "resume_intake_ms": intake},
                          indent=2))
         return 0
+    print("zc-lb build: %s" % build)
     if results:
         print("wrk -t1 -c%d -d%ds, %ds warm-up, %s CPUs, zc-lb policy %s" % (
             args.connections, args.seconds, args.warmup, os.cpu_count(), args.policy))
@@ -1374,7 +1380,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if argv[:1] == ["in-process"]:
         profile = argv[2] if argv[1:2] == ["--profile"] and len(argv) == 3 else None
         print("in-process: %.1f us of CPU per request (worker, LB and front in one "
-              "process)" % in_process(profile=profile))
+              "process; zc-lb %s)" % (in_process(profile=profile), zc_lb.build()))
         return 0
     args = build_parser().parse_args(argv)
     args.targets = [t for t in args.targets.split(",") if t]

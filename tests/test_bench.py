@@ -412,3 +412,19 @@ def test_a_bench_stopped_by_sigterm_stops_what_it_started():
         if server is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(server, signal.SIGKILL)
+
+
+def test_the_bench_says_which_build_it_measured(monkeypatch, capsys):
+    # (the source costs some twice the CPU a request of the compiled
+    # build: a run must not leave a reader to guess which it was)
+    import json
+
+    import zc_lb
+
+    monkeypatch.setattr(bench, "pool_us", lambda policy: 1.0)
+    monkeypatch.setattr(bench, "intake_ms", lambda: dict.fromkeys(
+        ("median", "max", "decode", "churned_whole_median", "churned_stretch_max"), 1.0))
+    assert bench.main(["--targets", ""]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "zc-lb build: " + zc_lb.build()
+    assert bench.main(["--targets", "", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["settings"]["build"] == zc_lb.build()
