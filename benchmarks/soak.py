@@ -32,6 +32,8 @@ import sys
 import time
 from typing import Dict, Iterator, List, Tuple
 
+from zc_lb.testing import ProcessError
+
 from .bench import exit_on_sigterm, read_response, rss_kb, running
 
 FLAT = 0.05  # memory may grow this much after warm-up and still be flat
@@ -131,8 +133,17 @@ class Client:
 
 
 def sample(pid: int) -> Tuple[int, int]:
-    """(RSS in KiB, open file descriptors) of ``pid``."""
-    return rss_kb(pid), len(os.listdir("/proc/%d/fd" % pid))
+    """(RSS in KiB, open file descriptors) of ``pid``; ProcessError if it
+    has ended (a child of ours not yet reaped reads as 0 and 0, which
+    would pass for memory given back)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        if state not in ("Z", "X"):
+            return rss_kb(pid), len(os.listdir("/proc/%d/fd" % pid))
+    except OSError:
+        pass
+    raise ProcessError("pid %d has ended" % pid)
 
 
 TOO_SHORT = "too short to tell"
@@ -210,7 +221,12 @@ def main(argv=None) -> int:
             client.run(min(args.every, left), args.connections, rate)
             row = []
             for name in names:
-                rss, fds = sample(pids[name])
+                try:
+                    rss, fds = sample(pids[name])
+                except ProcessError:
+                    print("zc-lb soak: error: %s (pid %d) ended during the soak" % (
+                        name, pids[name]), file=sys.stderr)
+                    return 1
                 series[name].append((rss, fds))
                 row.append("%-18s" % ("%d/%d" % (rss, fds)))
             print("%8.0f  %s" % (time.monotonic() - started, "  ".join(row)), flush=True)

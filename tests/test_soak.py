@@ -63,3 +63,34 @@ def test_a_deployment_that_answers_nothing_is_an_error_not_an_unpaced_soak(
     out, err = capsys.readouterr()
     assert "soaking at" not in out
     assert "no request answered in the capacity run (error: ConnectionRefusedError" in err
+
+
+def test_a_process_that_ends_during_the_soak_is_an_error_not_flat(monkeypatch, capsys):
+    # (a child that ended and is not yet reaped reads as 0 KiB and no
+    # descriptors: RSS -100%, "flat")
+    import contextlib
+    import subprocess
+    import sys
+
+    from zc_lb.testing import wait_for
+
+    def state(pid):
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+
+    zombie = subprocess.Popen([sys.executable, "-c", ""])
+    reaped = subprocess.Popen([sys.executable, "-c", ""])
+    reaped.wait()
+    try:
+        wait_for(lambda: state(zombie.pid) == "Z")
+        monkeypatch.setattr(soak.Client, "run", lambda self, *args: 100.0)
+        for pid in (zombie.pid, reaped.pid):
+            @contextlib.contextmanager
+            def deployment():
+                yield ("127.0.0.1", 1), {"lb": pid}
+
+            monkeypatch.setattr(soak, "deployment", deployment)
+            assert soak.main(["--duration", "0.2", "--every", "0.1"]) == 1
+            assert "zc-lb soak: error: lb (pid %d) ended" % pid in capsys.readouterr().err
+    finally:
+        zombie.wait()
