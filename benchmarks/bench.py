@@ -542,12 +542,22 @@ def check_response(url: str) -> None:
 MAX_ERRORS = 0.01  # a measured run's errors over its requests, for its figures to stand
 
 
-def check_run(name: str, result: Dict[str, object], pids: List[int],
-              running: Dict[int, float]) -> None:
+def has_ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended: gone from /proc, or a zombie (a
+    child of ours not yet reaped, whose /proc reads no memory and no
+    more CPU)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def check_run(name: str, result: Dict[str, object], ended: List[int]) -> None:
     """BenchError where a measured run's figures would mislead: wrk
     completed no request, more than MAX_ERRORS of them were errors (fast
-    failures passing for speed), or one of the target's ``pids`` is not
-    among those ``running`` after it (an ended process counts no CPU)."""
+    failures passing for speed), or processes of the target had
+    ``ended`` by its end (their CPU stops counting when they end)."""
     requests = int(result["requests"])  # type: ignore[call-overload]
     errors = int(result["errors"])  # type: ignore[call-overload]
     if requests == 0:
@@ -555,10 +565,9 @@ def check_run(name: str, result: Dict[str, object], pids: List[int],
     if errors > MAX_ERRORS * requests:
         raise BenchError("%s: %d errors in %d requests in the measured run" % (
             name, errors, requests))
-    ended = [str(pid) for pid in pids if pid not in running]
     if ended:
         raise BenchError("%s: process %s ended during the measured run" % (
-            name, ", ".join(ended)))
+            name, ", ".join(str(pid) for pid in ended)))
 
 
 def measure(name: str, args: argparse.Namespace) -> Dict[str, object]:
@@ -581,7 +590,8 @@ def measure(name: str, args: argparse.Namespace) -> Dict[str, object]:
         result: Dict[str, object] = dict(parse_wrk(
             run_wrk(args.wrk, url, args.seconds, connections, path)))
         after = cpu_times(lb_pids), cpu_times(worker_pids)
-    check_run(name, result, lb_pids + worker_pids, {**after[0], **after[1]})
+        ended = [pid for pid in lb_pids + worker_pids if has_ended(pid)]
+    check_run(name, result, ended)
     requests = int(result["requests"])  # type: ignore[call-overload]
     result["lb_cpu_us_per_req"] = (cpu_used(before[0], after[0]) * 1e6 / requests
                                    if lb_pids else None)

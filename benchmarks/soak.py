@@ -34,7 +34,7 @@ from typing import Dict, Iterator, List, Tuple
 
 from zc_lb.testing import ProcessError
 
-from .bench import exit_on_sigterm, read_response, rss_kb, running
+from .bench import exit_on_sigterm, has_ended, read_response, rss_kb, running
 
 FLAT = 0.05  # memory may grow this much after warm-up and still be flat
 FD_SLACK = 8  # descriptors a busy process may hold more at one moment
@@ -136,13 +136,9 @@ def sample(pid: int) -> Tuple[int, int]:
     """(RSS in KiB, open file descriptors) of ``pid``; ProcessError if it
     has ended (a child of ours not yet reaped reads as 0 and 0, which
     would pass for memory given back)."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        if state not in ("Z", "X"):
+    if not has_ended(pid):
+        with contextlib.suppress(OSError):  # (unless it ends now)
             return rss_kb(pid), len(os.listdir("/proc/%d/fd" % pid))
-    except OSError:
-        pass
     raise ProcessError("pid %d has ended" % pid)
 
 

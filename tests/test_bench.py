@@ -301,18 +301,23 @@ def test_the_slow_measure_holds_clients_that_read_nothing_and_times_another():
                     r"goal <= 64 KB, p99 within 2x: (NOT )?met$", bench.slow_line(result))
 
 
-def _measure_with(monkeypatch, wrk_output, readings):
-    """``bench.measure`` of a stand-in target (lb pid 1, worker pid 2)
-    whose wrk run printed ``wrk_output`` and whose CPU readings are
-    ``readings`` (before, then after, for the LB and then the workers)."""
+def _measure_with(monkeypatch, wrk_output, readings, pids=None):
+    """``bench.measure`` of a stand-in target (``pids``: its LB's and its
+    worker's, this process's by default) whose wrk run printed
+    ``wrk_output`` and whose CPU readings are ``readings`` (before, then
+    after, for the LB and then the worker)."""
+    import os
+
+    lb, worker = pids or (os.getpid(), os.getpid())
+
     @contextlib.contextmanager
     def target(args):
-        yield "http://127.0.0.1:1/", [1], [2]
+        yield "http://127.0.0.1:1/", [lb], [worker]
 
     monkeypatch.setitem(bench.TARGET_FACTORIES, "zc-lb", target)
     monkeypatch.setattr(bench, "check_response", lambda url: None)
     monkeypatch.setattr(bench, "run_wrk", lambda *args: wrk_output)
-    readings = iter(readings)
+    readings = iter({pid: seconds} for pid, seconds in zip((lb, worker) * 2, readings))
     monkeypatch.setattr(bench, "cpu_times", lambda pids: next(readings))
     args = bench.build_parser().parse_args(["--warmup", "0"])
     args.wrk = "wrk"
@@ -324,28 +329,51 @@ CLEAN_WRK = WRK_OUTPUT.replace("read 2, write 0, timeout 1", "read 0, write 0, t
 
 
 def test_a_clean_run_gives_cpu_per_request(monkeypatch):
-    result = _measure_with(monkeypatch, CLEAN_WRK, [{1: 1.0}, {2: 1.0}, {1: 2.2345}, {2: 3.469}])
+    result = _measure_with(monkeypatch, CLEAN_WRK, [1.0, 1.0, 2.2345, 3.469])
     assert result["lb_cpu_us_per_req"] == pytest.approx(100.0)
     assert result["worker_cpu_us_per_req"] == pytest.approx(200.0)
 
 
 def test_a_target_process_that_ended_in_the_run_is_an_error(monkeypatch):
-    # (its CPU would count nothing: 0 us a request, the goal "met")
-    with pytest.raises(bench.BenchError, match="zc-lb.*ended during the measured run"):
-        _measure_with(monkeypatch, CLEAN_WRK, [{1: 1.0}, {2: 1.0}, {}, {2: 2.0}])
+    # (a child that ended, not yet reaped: its CPU stopped counting, and
+    # one reaped counts none at all: 0 us a request, the goal "met")
+    import os
+
+    zombie = subprocess.Popen([sys.executable, "-c", ""])
+    try:
+        _wait_for_state(zombie.pid, "Z")
+        with pytest.raises(bench.BenchError,
+                           match="zc-lb: process %d ended during the measured run" % zombie.pid):
+            _measure_with(monkeypatch, CLEAN_WRK, [1.0, 1.0, 2.0, 2.0],
+                          (zombie.pid, os.getpid()))
+    finally:
+        zombie.wait()
+    with pytest.raises(bench.BenchError, match="process %d ended" % zombie.pid):
+        _measure_with(monkeypatch, CLEAN_WRK, [1.0, 1.0, 2.0, 2.0], (os.getpid(), zombie.pid))
+
+
+def _wait_for_state(pid, state):
+    from zc_lb.testing import wait_for
+
+    def now():
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+
+    wait_for(lambda: now() == state)
 
 
 def test_a_run_that_completed_nothing_or_mostly_errors_is_an_error(monkeypatch):
     nothing = CLEAN_WRK.replace("12345 requests in", "0 requests in").replace(
         "Requests/sec:  12345.67", "Requests/sec:      0.00")
     with pytest.raises(bench.BenchError, match="zc-lb completed no request"):
-        _measure_with(monkeypatch, nothing, [{1: 1.0}, {2: 1.0}, {1: 2.0}, {2: 2.0}])
-    failing = CLEAN_WRK.replace("Requests/sec:", "  Non-2xx or 3xx responses: 12000\nRequests/sec:")
+        _measure_with(monkeypatch, nothing, [1.0, 1.0, 2.0, 2.0])
+    failing = CLEAN_WRK.replace(
+        "Requests/sec:", "  Non-2xx or 3xx responses: 12000\nRequests/sec:")
     with pytest.raises(bench.BenchError, match="zc-lb: 12000 errors in 12345 requests"):
-        _measure_with(monkeypatch, failing, [{1: 1.0}, {2: 1.0}, {1: 2.0}, {2: 2.0}])
+        _measure_with(monkeypatch, failing, [1.0, 1.0, 2.0, 2.0])
     # (a few, as a busy machine makes, leave the figures standing)
     few = WRK_OUTPUT  # 7 errors in 12345
-    assert _measure_with(monkeypatch, few, [{1: 1.0}, {2: 1.0}, {1: 2.0}, {2: 2.0}])["errors"] == 7
+    assert _measure_with(monkeypatch, few, [1.0, 1.0, 2.0, 2.0])["errors"] == 7
 
 
 def test_a_target_that_answers_an_error_first_is_a_bench_error():
