@@ -2,7 +2,7 @@
 
 Method (see "Performance method" in docs/design.rst): every number is taken in
 one process run on one machine, and the ones that matter are ratios, not
-absolute times.  Three targets serve the same trivial WSGI app
+absolute times.  The first targets serve the same trivial WSGI app
 (``hello_app``, a fixed 13-byte body), one after the other, all on
 127.0.0.1:
 

@@ -240,7 +240,8 @@ class Fleet(LinkEvents):
                 self.ejector.success(address)
             return
         self.worker_failures += 1
-        if address in self.links and self.ejector.failure(address, time.monotonic(), len(self.links), path):
+        if address in self.links and self.ejector.failure(address, time.monotonic(),
+                                                          len(self.links), path):
             self.pool.remove(connection)
             link = self.links.get(address)  # (ejected by address: its link's connection too,
             if link is not None and link.connection is not None:  # if this one is an old one)
