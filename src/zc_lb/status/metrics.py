@@ -343,27 +343,32 @@ class WorkerCollector:
                                 value=len(doc.get("resume") or {}))
         yield GaugeMetricFamily("zc_lb_app_lbs", "LBs connected to the worker.",
                                 value=len(doc.get("lbs") or ()))
-        threads = doc.get("threads")
-        if threads:
-            yield GaugeMetricFamily(
-                "zc_lb_app_threads_taking_requests", "Threads of the pool that take "
-                "requests now (thread mode): two, and two for each request blocked "
-                "outside the interpreter, at most the ceiling.",
-                value=threads["taking_requests"])
-            yield GaugeMetricFamily(
-                "zc_lb_app_threads_ceiling", "Requests the application was last seen to "
-                "serve at once (thread mode): --threads until a thread is seen queued "
-                "on a lock inside it.", value=threads.get("ceiling", threads["size"]))
-            yield GaugeMetricFamily(
-                "zc_lb_app_threads_busy", "Threads running a request now (thread mode).",
-                value=threads.get("busy", 0))
-            yield GaugeMetricFamily(
-                "zc_lb_app_threads_waiting", "Requests waiting for a thread (thread mode): "
-                "the worker's queue; one that grows while busy stays put is a hung "
-                "application.", value=threads.get("waiting", 0))
+        yield from _thread_families(doc.get("threads"))
         yield _counter("zc_lb_app_queued_seconds", "Seconds requests' threads were seen "
                        "queued inside the application behind others (thread mode), "
                        "taken off their time.", doc.get("queued_seconds", 0))
+
+
+def _thread_families(threads: Optional[dict]) -> Iterator[Metric]:
+    """A thread-mode worker's pool, from its status document's ``threads``."""
+    if not threads:
+        return
+    yield GaugeMetricFamily(
+        "zc_lb_app_threads_taking_requests", "Threads of the pool that take "
+        "requests now (thread mode): two, and two for each request blocked "
+        "outside the interpreter, at most the ceiling.",
+        value=threads["taking_requests"])
+    yield GaugeMetricFamily(
+        "zc_lb_app_threads_ceiling", "Requests the application was last seen to "
+        "serve at once (thread mode): --threads until a thread is seen queued "
+        "on a lock inside it.", value=threads.get("ceiling", threads["size"]))
+    yield GaugeMetricFamily(
+        "zc_lb_app_threads_busy", "Threads running a request now (thread mode).",
+        value=threads.get("busy", 0))
+    yield GaugeMetricFamily(
+        "zc_lb_app_threads_waiting", "Requests waiting for a thread (thread mode): "
+        "the worker's queue (growing while every thread stays busy: a hung "
+        "application).", value=threads.get("waiting", 0))
 
 
 def exposition(collector) -> bytes:
