@@ -241,8 +241,8 @@ def test_reset_skills_asks_every_status_address_given(monkeypatch, in_process, c
     monkeypatch.setattr(status, "fetch", lambda address, **kw: asked.append((address, kw)))
     assert main(["reset-skills", "--status", "10.0.0.1:8079",
                  "--status", "10.0.0.2:8079"]) == 0
-    assert asked == [("10.0.0.1:8079", {"action": "reset-skills"}),
-                     ("10.0.0.2:8079", {"action": "reset-skills"})]
+    assert asked == [("10.0.0.1:8079", {"action": "reset-skills", "token": None}),
+                     ("10.0.0.2:8079", {"action": "reset-skills", "token": None})]
     assert capsys.readouterr().out.splitlines() == [
         "reset skills on the LB at 10.0.0.1:8079", "reset skills on the LB at 10.0.0.2:8079"]
 

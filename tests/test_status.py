@@ -304,3 +304,16 @@ def test_zc_lb_status_of_an_unreachable_address_is_a_one_line_error(capsys):
     err = capsys.readouterr().err
     assert err.startswith("zc-lb status: error: cannot reach a status server at ")
     assert err.count("\n") == 1
+
+
+def test_zc_lb_reset_skills_sends_the_admin_token(serve, tmp_path, capsys):
+    # It had no --token-file: an LB with --admin-token-file answered 401, always.
+    done = []
+    address = serve(status_app(lambda: DOCUMENT, {"reset-skills": lambda: done.append(1)},
+                               token=b"t0ken"))
+    token = tmp_path / "admin-token"
+    token.write_text("t0ken\n")
+    token.chmod(0o600)
+    assert cli.main(["reset-skills", "--status", address, "--token-file", str(token)]) == 0
+    assert done == [1]
+    assert capsys.readouterr().out == "reset skills on the LB at %s\n" % address

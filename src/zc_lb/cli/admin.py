@@ -78,8 +78,9 @@ def run_reset_skills(args: argparse.Namespace) -> int:
 
     if not args.zookeeper and not args.status:
         raise ConfigurationError("give --zookeeper or --status")
+    token = read_secret(args.token_file)
     for address in args.status:
-        fetch(address, action="reset-skills")
+        fetch(address, action="reset-skills", token=token)
         print("reset skills on the LB at %s" % address)
     if args.zookeeper:
         from zc_lb.zookeeper import client as zk

@@ -280,6 +280,8 @@ def _add_reset_skills_parser(sub) -> None:
     p.add_argument("--status", action="append", metavar="HOST:PORT", default=[],
                    help="an LB's status address (static mode: that LB resets, its "
                         "workers keep their résumés); may be repeated")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="the LBs' --admin-token-file")
 
 
 def _add_zk_parser(sub) -> None:
