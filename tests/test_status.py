@@ -317,3 +317,18 @@ def test_zc_lb_reset_skills_sends_the_admin_token(serve, tmp_path, capsys):
     assert cli.main(["reset-skills", "--status", address, "--token-file", str(token)]) == 0
     assert done == [1]
     assert capsys.readouterr().out == "reset skills on the LB at %s\n" % address
+
+
+def test_an_action_posted_to_what_is_no_status_server_fails(serve, capsys):
+    # An LB's front port hands the POST to the application; one answering
+    # JSON made zc-lb drain say "drained", though nothing was.
+    def application(environ, start_response):
+        start_response("200 OK", [("Content-Type", "application/json")])
+        return [b'{"ok": true}']
+    address = serve(application)
+    for argv in (["drain", address, "10.0.0.5:9001"], ["enable", address, "10.0.0.5:9001"],
+                 ["reset-skills", "--status", address]):
+        assert cli.main(argv) == 2, argv
+        out, err = capsys.readouterr()
+        assert out == "", argv
+        assert "is not a zc-lb status server" in err, argv

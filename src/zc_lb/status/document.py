@@ -371,7 +371,7 @@ def fetch(address: str, timeout: float = 5.0, action: Optional[str] = None,
           params: Optional[Dict[str, str]] = None, token: Optional[bytes] = None) -> dict:
     """Get the status document from an LB's status address, ``params``
     its query (or POST to one of its actions, with ``params`` and the
-    admin ``token``, and get the answer)."""
+    admin ``token``, and get the answer, which says it was ``done``)."""
     url = address if "://" in address else "http://%s/" % address
     data = None
     if action is not None:
@@ -383,11 +383,18 @@ def fetch(address: str, timeout: float = 5.0, action: Optional[str] = None,
         request.add_header("Authorization", "Bearer " + token.decode("latin-1"))
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            return json.load(response)
+            answer = json.load(response)
     except urllib.error.HTTPError as exc:
         raise ConfigurationError("%s answered %s: %s" % (url, exc.code, _said(exc)))
     except (OSError, ValueError) as exc:
         raise ConfigurationError("cannot get status from %s: %s" % (url, exc))
+    if action is not None and not (isinstance(answer, dict) and answer.get("done") == action):
+        # (an LB's front port hands the POST to the application, which may
+        # answer JSON too: nothing was done)
+        raise ConfigurationError("%s is not a zc-lb status server: its answer does not say "
+                                 "%s was done; give the address of an LB's --status" % (
+                                     url, action))
+    return answer
 
 
 def _said(error) -> str:
