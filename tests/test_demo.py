@@ -68,3 +68,22 @@ def test_demo_names_the_zc_lb_it_runs_for_the_status_command(tmp_path):
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(20) == 0
+
+
+def test_demo_on_a_port_in_use_says_which_option():
+    # It said "[Errno 98] Address already in use: ('127.0.0.1', PORT)".
+    import socket
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "zc_lb.cli", "--log-level", "ERROR", "demo", "--workers", "1",
+             "--listen", "127.0.0.1:%d" % port, "--status", "127.0.0.1:0"],
+            capture_output=True, text=True, timeout=60)
+    finally:
+        taken.close()
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        "zc-lb demo: error: --listen 127.0.0.1:%d: Address already in use" % port)

@@ -20,7 +20,7 @@ from typing import List
 from zc_lb.cli.lb import build_lb
 from zc_lb.cli.parsers import build_parser
 from zc_lb.errors import ConfigurationError
-from zc_lb.process.service import wait_for_signal
+from zc_lb.process.service import start_named, wait_for_signal
 
 log = logging.getLogger("zc_lb")
 
@@ -41,8 +41,8 @@ def run_demo(args: argparse.Namespace) -> int:
              "--variance", "2"] + [a for address in addresses for a in ("--worker", address)])
         lb, (front,), status = build_lb(lb_args)
         lb.fleet.set_workers(addresses)
-        front.start()
-        status.start()
+        start_named("--listen", front.listen, front.start)  # (in use: say which)
+        start_named("--status", status.listen, status.start)
         if not lb.fleet.wait_for_workers(DEMO_CONNECT_TIMEOUT):  # routing settles with all of them
             log.warning("not every demo worker is connected yet")
         _print_demo_help(front.address, status.address, addresses)
