@@ -7,6 +7,7 @@ import gevent
 import gevent.event
 import pytest
 
+from zc_lb.errors import ZcLbError
 from zc_lb.lb.bodies import InFlight, ResponseBody
 from zc_lb.lb.spool import Spool, SpoolLimits
 from zc_lb.routing.pool import Pool
@@ -155,11 +156,14 @@ def test_a_closed_spool_keeps_nothing_more(tmp_path):
     assert limits.in_memory == limits.on_disk == 0 and not spool
 
 
-class _Streaming(Handler):
-    """A worker side that answers with a head, then body frames once ``go``."""
+class _Sends(Handler):
+    """A worker side that answers with a head, then ``chunks`` of body
+    (once ``go`` is set, if given), then End (or, with ``cancel``, cancels
+    instead of ending).  A send the LB cut short ends it quietly."""
 
-    def __init__(self, go):
-        self.go = go
+    def __init__(self, chunks, cancel=False, go=None):
+        self.chunks, self.cancel, self.go = chunks, cancel, go
+        self.done = gevent.event.Event()
 
     def handle_request(self, connection, exchange):
         gevent.spawn(self.stream, exchange)
@@ -168,19 +172,25 @@ class _Streaming(Handler):
         exchange.receive()
         exchange.respond("200 OK", [])
         try:
-            self.go.wait()
-            for _ in range(64):
-                exchange.send_body(b"x" * 16384)
-            exchange.send(End(exchange.rno))
-        except Exception:
+            if self.go is not None:
+                self.go.wait()
+            for chunk in self.chunks:
+                exchange.send_body(chunk)
+            if self.cancel:
+                exchange.cancel()
+            else:
+                exchange.send(End(exchange.rno))
+        except ZcLbError:
             pass
+        finally:
+            self.done.set()
 
 
 @pytest.mark.parametrize("client_read_first", [True, False])
 def test_a_client_gone_as_the_pump_wakes_leaves_no_bytes_counted(client_read_first):
     go = gevent.event.Event()
     limits = SpoolLimits(memory=32 * 1024, disk=0) if client_read_first else SpoolLimits()
-    lb, worker = connection_pair(Handler(), _Streaming(go))
+    lb, worker = connection_pair(Handler(), _Sends([b"x" * 16384] * 64, go=go))
     try:
         flight = InFlight(Pool(), limits)
         exchange = lb.open_request({}, end=True)
@@ -202,31 +212,6 @@ def test_a_client_gone_as_the_pump_wakes_leaves_no_bytes_counted(client_read_fir
     finally:
         lb.close()
         worker.close()
-
-
-class _Sends(Handler):
-    """A worker side that answers with ``chunks`` of body, then End (or,
-    with ``cancel``, cancels instead of ending)."""
-
-    def __init__(self, chunks, cancel=False):
-        self.chunks, self.cancel = chunks, cancel
-        self.done = gevent.event.Event()
-
-    def handle_request(self, connection, exchange):
-        gevent.spawn(self.stream, exchange)
-
-    def stream(self, exchange):
-        exchange.receive()
-        exchange.respond("200 OK", [])
-        try:
-            for chunk in self.chunks:
-                exchange.send_body(chunk)
-            if self.cancel:
-                exchange.cancel()
-            else:
-                exchange.send(End(exchange.rno))
-        finally:
-            self.done.set()
 
 
 @pytest.mark.parametrize("cancel", [False, True])
