@@ -45,7 +45,6 @@ def run_demo(args: argparse.Namespace) -> int:
         start_named("--status", status.listen, status.start)
         if not lb.fleet.wait_for_workers(DEMO_CONNECT_TIMEOUT):  # routing settles with all of them
             log.warning("not every demo worker is connected yet")
-        _print_demo_help(front.address, status.address, addresses)
 
         def stop() -> bool:
             front.stop(timeout=1)
@@ -53,7 +52,10 @@ def run_demo(args: argparse.Namespace) -> int:
             lb.stop()
             return True
 
-        wait_for_signal({"SIGTERM": stop, "SIGINT": stop})
+        # "Stop with Ctrl-C" once Ctrl-C is handled: a SIGINT that came
+        # before ended the demo with a KeyboardInterrupt (exit status 1).
+        wait_for_signal({"SIGTERM": stop, "SIGINT": stop}, ready=lambda: _print_demo_help(
+            front.address, status.address, addresses))
     finally:
         for process in processes:
             process.terminate()
