@@ -277,6 +277,6 @@ class Serving:
                 writer.took = time.perf_counter() - writer.began
             else:  # (``took`` before ``thread`` goes: the hub may be reading them)
                 writer.queued = thread.queued
-                writer.took = time.perf_counter() - writer.began - thread.queued - thread.held
+                writer.took = writer.app_seconds()
                 writer.thread = None
         return None
