@@ -15,7 +15,7 @@ import pytest
 
 from zc_lb import cli
 from zc_lb.routing.classifier import host_classifier
-from zc_lb.errors import ConfigurationError
+from zc_lb.errors import ConfigurationError, ZcLbError
 from zc_lb.lb.balancer import LB
 from zc_lb.routing.pool import Pool
 from zc_lb.status.document import bound_skills, fetch, format_status, status_app
@@ -246,16 +246,19 @@ def test_fetch_gets_the_document_or_posts_an_action(serve):
     assert done == [1]
 
 
-def test_fetch_failures_are_configuration_errors_naming_the_url(serve):
+def test_fetch_failures_name_the_url_and_who_is_at_fault(serve):
+    # Nothing answering was a ConfigurationError too: zc-lb drain exited 2
+    # ("fix it") where zc-lb status exits 1 ("try again").
     from zkserver import free_port
     nowhere = "127.0.0.1:%d" % free_port()
-    with pytest.raises(ConfigurationError, match="cannot get status from http://%s/" % nowhere):
+    with pytest.raises(ZcLbError, match="cannot get status from http://%s/" % nowhere) as info:
         fetch(nowhere, timeout=2)
+    assert not isinstance(info.value, ConfigurationError)
 
     def not_json(environ, start_response):
         start_response("200 OK", [("Content-Type", "text/plain")])
         return [b"<html>"]
-    with pytest.raises(ConfigurationError, match="cannot get status"):
+    with pytest.raises(ConfigurationError, match="is not a zc-lb status server"):
         fetch(serve(not_json))
     with pytest.raises(ConfigurationError, match="404: no such action"):
         fetch(serve(status_app(lambda: {})), action="shutdown")
@@ -304,6 +307,51 @@ def test_zc_lb_status_of_an_unreachable_address_is_a_one_line_error(capsys):
     err = capsys.readouterr().err
     assert err.startswith("zc-lb status: error: cannot reach a status server at ")
     assert err.count("\n") == 1
+
+
+def test_the_admin_commands_exit_1_when_nothing_answers(capsys):
+    # drain, enable and reset-skills exited 2 (a configuration error) where
+    # status exits 1, and the docs say 1: nobody there is not a typo.
+    from zkserver import free_port
+    nowhere = "127.0.0.1:%d" % free_port()
+    for argv in (["status", nowhere], ["drain", nowhere, "10.0.0.5:9001"],
+                 ["enable", nowhere, "10.0.0.5:9001"], ["reset-skills", "--status", nowhere]):
+        assert cli.main(argv) == 1, argv
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1, argv
+        assert err.startswith("zc-lb %s: error: cannot " % argv[0]) and nowhere in err, argv
+
+
+def test_the_admin_commands_at_what_speaks_no_http_exit_2(capsys):
+    # http.client's BadStatusLine (and InvalidURL, for a bad port) went
+    # through as a traceback.
+    import socket
+    import threading
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    address = "127.0.0.1:%d" % listener.getsockname()[1]
+
+    def serve():
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            with connection:
+                connection.recv(4096)
+                connection.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        for where in (address, "127.0.0.1:x"):
+            for argv in (["status", where], ["drain", where, "10.0.0.5:9001"],
+                         ["reset-skills", "--status", where]):
+                assert cli.main(argv) == 2, argv
+                out, err = capsys.readouterr()
+                assert out == "" and err.count("\n") == 1, argv
+                assert where in err and "is not a zc-lb status server" in err, (argv, err)
+    finally:
+        listener.close()
 
 
 def test_zc_lb_reset_skills_sends_the_admin_token(serve, tmp_path, capsys):

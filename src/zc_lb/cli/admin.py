@@ -2,8 +2,10 @@
 status``, ``drain``, ``enable``, ``reset-skills`` and ``zk``.
 
 Rules: each does its one thing and exits; what it reaches is named in
-its error (exit status 2 for an address that is not a zc-lb status
-server, 1 when nothing answers there, 69 when ZooKeeper does not).
+its error.  Exit status 1 when nothing answers at an address (the LB
+is down: try again), 2 when what answers is not a zc-lb status server
+or refuses the action (a wrong address, token or worker: fix it), 69
+when ZooKeeper does not answer.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ def fetch_status(address: str, timeout: float = 5.0) -> dict:
     """The status document at ADDRESS, or an error that says what answered
     there instead: ConfigurationError (exit status 2) for anything that is
     not a zc-lb status server, ZcLbError (1) when nothing answers."""
+    import http.client
     import json
     import urllib.error
     import urllib.request
@@ -31,9 +34,12 @@ def fetch_status(address: str, timeout: float = 5.0) -> dict:
             code, kind, body = response.status, response.headers.get_content_type(), response.read()
     except urllib.error.HTTPError as exc:
         code, kind, body = exc.code, exc.headers.get_content_type(), b""
-    except (OSError, ValueError) as exc:  # refused, timed out, not HTTP at all
+    except OSError as exc:  # refused, timed out: nothing answers
         raise ZcLbError("cannot reach a status server at %s: %s" % (
             address, getattr(exc, "reason", exc)))
+    except (http.client.HTTPException, ValueError) as exc:  # not HTTP, or no address
+        raise ConfigurationError("%s is not a zc-lb status server: %s: %s" % (
+            address, type(exc).__name__, str(exc).strip() or "-"))
     doc = None
     if code == 200 and kind == "application/json":
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import hmac
+import http.client
 import json
 import logging
 import time
@@ -21,7 +22,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import orjson
 from webob import Request, Response
 
-from zc_lb.errors import ConfigurationError
+from zc_lb.errors import ConfigurationError, ZcLbError
 from zc_lb.lb.stats import MAX_COUNTED_CLASSES, OTHER_CLASS, STATUS_CLASSES, top_classes
 from zc_lb.sockets import is_loopback
 
@@ -371,7 +372,10 @@ def fetch(address: str, timeout: float = 5.0, action: Optional[str] = None,
           params: Optional[Dict[str, str]] = None, token: Optional[bytes] = None) -> dict:
     """Get the status document from an LB's status address, ``params``
     its query (or POST to one of its actions, with ``params`` and the
-    admin ``token``, and get the answer, which says it was ``done``)."""
+    admin ``token``, and get the answer, which says it was ``done``).
+    Nothing answering there is a ZcLbError (exit status 1); an answer
+    that is no zc-lb status server's, or a refusal, a ConfigurationError
+    (2): the address, the token or the worker given is wrong."""
     url = address if "://" in address else "http://%s/" % address
     data = None
     if action is not None:
@@ -383,11 +387,18 @@ def fetch(address: str, timeout: float = 5.0, action: Optional[str] = None,
         request.add_header("Authorization", "Bearer " + token.decode("latin-1"))
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            answer = json.load(response)
+            body = response.read()
     except urllib.error.HTTPError as exc:
         raise ConfigurationError("%s answered %s: %s" % (url, exc.code, _said(exc)))
-    except (OSError, ValueError) as exc:
-        raise ConfigurationError("cannot get status from %s: %s" % (url, exc))
+    except OSError as exc:  # refused, timed out: nothing answers (exit status 1)
+        raise ZcLbError("cannot get status from %s: %s" % (url, getattr(exc, "reason", exc)))
+    except (http.client.HTTPException, ValueError) as exc:  # not HTTP, or no address
+        raise ConfigurationError("%s is not a zc-lb status server: %s" % (url, _named(exc)))
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        raise ConfigurationError("%s is not a zc-lb status server: its answer is not JSON"
+                                 % url)
     if action is not None and not (isinstance(answer, dict) and answer.get("done") == action):
         # (an LB's front port hands the POST to the application, which may
         # answer JSON too: nothing was done)
@@ -395,6 +406,12 @@ def fetch(address: str, timeout: float = 5.0, action: Optional[str] = None,
                                  "%s was done; give the address of an LB's --status" % (
                                      url, action))
     return answer
+
+
+def _named(error: Exception) -> str:
+    """``error`` as one line with its kind (http.client's say only what
+    they read: "SSH-2.0-OpenSSH")."""
+    return "%s: %s" % (type(error).__name__, str(error).strip() or "-")
 
 
 def _said(error) -> str:
