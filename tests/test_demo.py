@@ -87,3 +87,40 @@ def test_demo_on_a_port_in_use_says_which_option():
     assert result.returncode == 1
     assert result.stderr.splitlines()[-1] == (
         "zc-lb demo: error: --listen 127.0.0.1:%d: Address already in use" % port)
+
+
+def test_a_demo_worker_that_does_not_end_is_killed_in_one_line(monkeypatch, caplog):
+    # One that outlived the wait after SIGTERM ended the demo in a
+    # TimeoutExpired traceback, and left it (and the others) running.
+    import socket
+
+    from zc_lb import cli
+    from zc_lb.cli import demo
+    stubborn = []
+
+    def start_worker_process(argv):
+        process = subprocess.Popen([sys.executable, "-c", (
+            "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('ready', flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+        process.stdout.readline()  # (its SIGTERM ignored from now on)
+        stubborn.append(process)
+        return process, "127.0.0.1:1"
+    monkeypatch.setattr(demo, "start_worker_process", start_worker_process)
+    monkeypatch.setattr(demo, "WORKER_STOP_TIMEOUT", 0.2, raising=False)
+    taken = socket.socket()  # (the demo stops at its --listen, before it serves)
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        status = cli.main(["demo", "--workers", "2", "--listen",
+                           "127.0.0.1:%d" % taken.getsockname()[1], "--status", "127.0.0.1:0"])
+    finally:
+        taken.close()
+        for process in stubborn:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert status == 1  # (the address in use's, as ever)
+    assert [process.returncode for process in stubborn] == [-signal.SIGKILL] * 2
+    killed = [r.getMessage() for r in caplog.records if "killed" in r.getMessage()]
+    assert killed == ["demo worker (pid %d) did not end within 0.2s of SIGTERM: killed"
+                      % process.pid for process in stubborn]

@@ -2,7 +2,7 @@
 what ``make run`` starts.
 
 Rules: the workers are processes of their own (``zc-lb worker``), ended
-with the demo; the LB is built as ``zc-lb lb`` builds it, and says it is
+with the demo (killed if they do not end within ``WORKER_STOP_TIMEOUT``); the LB is built as ``zc-lb lb`` builds it, and says it is
 up once its workers are connected (at most ``DEMO_CONNECT_TIMEOUT``
 seconds), with commands to try.
 """
@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from typing import List
 
 from zc_lb.cli.lb import build_lb
@@ -26,6 +27,7 @@ log = logging.getLogger("zc_lb")
 
 
 DEMO_CONNECT_TIMEOUT = 10.0  # seconds the demo waits for its workers before saying it is up
+WORKER_STOP_TIMEOUT = 10.0  # seconds the demo's workers have to end after SIGTERM
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -57,11 +59,24 @@ def run_demo(args: argparse.Namespace) -> int:
         wait_for_signal({"SIGTERM": stop, "SIGINT": stop}, ready=lambda: _print_demo_help(
             front.address, status.address, addresses))
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(10)
+        stop_workers(processes)
     return 0
+
+
+def stop_workers(processes: List[subprocess.Popen]) -> None:
+    """SIGTERM every demo worker, and SIGKILL (saying so, one line each)
+    those not ended within WORKER_STOP_TIMEOUT seconds."""
+    for process in processes:
+        process.terminate()
+    deadline = time.monotonic() + WORKER_STOP_TIMEOUT
+    for process in processes:
+        try:
+            process.wait(max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            log.warning("demo worker (pid %d) did not end within %gs of SIGTERM: killed",
+                        process.pid, WORKER_STOP_TIMEOUT)
+            process.kill()
+            process.wait()
 
 
 def start_worker_process(argv: List[str], timeout: float = 30.0):
