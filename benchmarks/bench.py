@@ -145,6 +145,7 @@ GOAL_INTAKE_MS = 2.0  # the affinity pool's intake of a 10,000-class résumé, 1
 GOAL_INTAKE_STRETCH_MS = 20.0  # the longest the loop waits on a résumé of any churn
 GOAL_REALISTIC = 0.95  # the realistic pair's throughput, zc-lb over HAProxy
 IN_PROCESS_TIMEOUT = 120  # seconds for the in-process measure's requests
+WRK_GRACE = 30.0  # seconds a wrk run may take beyond its own before it is killed
 
 
 class BenchError(ProcessError):
@@ -515,11 +516,18 @@ def parse_wrk(output: str) -> Dict[str, float]:
 
 
 def run_wrk(wrk: str, url: str, seconds: int, connections: int,
-            script: Optional[str] = None) -> str:
-    """Run wrk once against ``url`` (with the Lua ``script``, if given); its output."""
+            script: Optional[str] = None, target: str = "") -> str:
+    """Run wrk once against ``url``, of ``target`` (with the Lua
+    ``script``, if given); its output.  A run past its ``seconds`` by
+    WRK_GRACE is killed, a BenchError naming the target."""
     argv = [wrk, "-t1", "-c%d" % connections, "-d%ds" % seconds, "--latency",
             *(["-s", script] if script else []), url]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 30)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True,
+                              timeout=seconds + WRK_GRACE)
+    except subprocess.TimeoutExpired:  # (subprocess.run has killed it)
+        raise BenchError("%s: wrk against %s did not end within %gs of its %ds run: "
+                         "killed" % (target or url, url, WRK_GRACE, seconds)) from None
     if done.returncode != 0:
         raise BenchError("%s failed: %s" % (" ".join(argv), done.stderr.strip()))
     return done.stdout
@@ -585,10 +593,10 @@ def measure(name: str, args: argparse.Namespace) -> Dict[str, object]:
         check_response(url)
         path = script.name if script is not None else None
         if args.warmup:
-            run_wrk(args.wrk, url, args.warmup, connections, path)
+            run_wrk(args.wrk, url, args.warmup, connections, path, name)
         before = cpu_times(lb_pids), cpu_times(worker_pids)
         result: Dict[str, object] = dict(parse_wrk(
-            run_wrk(args.wrk, url, args.seconds, connections, path)))
+            run_wrk(args.wrk, url, args.seconds, connections, path, name)))
         after = cpu_times(lb_pids), cpu_times(worker_pids)
         ended = [pid for pid in lb_pids + worker_pids if has_ended(pid)]
     check_run(name, result, ended)

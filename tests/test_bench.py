@@ -456,3 +456,29 @@ def test_the_bench_says_which_build_it_measured(monkeypatch, capsys):
     assert capsys.readouterr().out.splitlines()[0] == "zc-lb build: " + zc_lb.build()
     assert bench.main(["--targets", "", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["settings"]["build"] == zc_lb.build()
+
+
+def test_a_wrk_run_past_its_time_is_a_bench_error_naming_the_target(monkeypatch, tmp_path):
+    # It ended the bench in subprocess.TimeoutExpired's traceback.
+    wrk = tmp_path / "wrk"
+    wrk.write_text("#!/bin/sh\nexec sleep 60\n")  # (exec: the kill reaches the sleep)
+    wrk.chmod(0o755)
+    stopped = []
+
+    @contextlib.contextmanager
+    def target(args):
+        try:
+            yield "http://127.0.0.1:1/", [], []
+        finally:
+            stopped.append(True)
+
+    monkeypatch.setitem(bench.TARGET_FACTORIES, "zc-lb", target)
+    monkeypatch.setattr(bench, "check_response", lambda url: None)
+    monkeypatch.setattr(bench, "WRK_GRACE", 0.3, raising=False)
+    args = bench.build_parser().parse_args(["--warmup", "0", "--seconds", "1"])
+    args.wrk = str(wrk)
+    with pytest.raises(bench.BenchError) as info:
+        bench.measure("zc-lb", args)
+    assert str(info.value) == ("zc-lb: wrk against http://127.0.0.1:1/ did not end within "
+                               "0.3s of its 1s run: killed")
+    assert stopped == [True]  # (the target's clean-up done)
