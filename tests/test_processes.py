@@ -113,7 +113,7 @@ def test_the_supervisor_sums_a_silent_child_as_it_last_was_and_acts_on_every_chi
     supervisor = Supervisor(2, ["lb"], ("127.0.0.1", 0))
     supervisor.children = [processes.Child(i, [], -1, "INFO", None, None) for i in range(2)]
     for i, child in enumerate(supervisor.children):
-        child.status = "c%d" % i
+        serving(child, "c%d" % i)
     assert supervisor.status()["requests"] == 12
     summed = supervisor.status()
     assert summed["requests"] == 13 and summed["pid"] == os.getpid()
@@ -142,7 +142,7 @@ def test_a_supervisors_retried_enable_succeeds_and_says_whether_it_changed_anyth
     supervisor = Supervisor(2, ["lb"], ("127.0.0.1", 0))
     supervisor.children = [processes.Child(i, [], -1, "INFO", None, None) for i in range(2)]
     for i, child in enumerate(supervisor.children):
-        child.status = "c%d" % i
+        serving(child, "c%d" % i)
     assert supervisor.action("enable")(worker="w") == {"worker": "w", "changed": True}
     assert supervisor.action("enable")(worker="w") == {"worker": "w", "changed": False}
 
@@ -169,8 +169,82 @@ def supervisor_of(monkeypatch, documents):
     supervisor.children = [processes.Child(i, [], -1, "INFO", None, None)
                            for i in range(len(documents))]
     for child, address in zip(supervisor.children, documents):
-        child.status = address
+        serving(child, address)
     return supervisor
+
+
+class Running:
+    """A stand-in for a child's process that runs."""
+
+    pid = 0
+
+    def poll(self):
+        return None
+
+
+def serving(child, status):
+    """``child`` as it is once started: running, its status address said."""
+    child.process, child.status, child.ready = Running(), status, True
+
+
+STARTING_CHILD = """
+import signal, sys, time
+time.sleep(0.3)  # (importing: SIGHUP's default action kills it)
+signal.signal(signal.SIGHUP, lambda *_: print("SIGHUP", file=open(sys.argv[1], "a")))
+print("zc-lb status on 127.0.0.1:1", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_child_started_again_gets_the_signals_and_drains_that_came_meanwhile(
+        monkeypatch, tmp_path):
+    # A SIGHUP passed on while a child started again (after a crash) killed
+    # it, or was ignored by it, which read the file before the change; a
+    # drain left it out (and one before its crash was forgotten): the
+    # worker drained had new requests from it.
+    import sys
+
+    import gevent
+
+    from zc_lb.process import processes
+
+    asked = []
+    monkeypatch.setattr(processes, "fetch", lambda address, action=None, params=None,
+                        token=None, **_: asked.append((action, params["worker"])) or {
+                            "done": action})
+    monkeypatch.setattr(processes, "RESTART_EVERY", 0.0)
+    supervisor = processes.Supervisor(1, ["lb"], ("127.0.0.1", 0))
+    child = processes.Child(0, [], -1, "INFO")
+    child.argv, child.fds = [sys.executable, "-c", STARTING_CHILD, str(tmp_path / "got")], ()
+    supervisor.children = [child]
+    child.start()
+    first = child.process
+    watcher = gevent.spawn(supervisor._watch, child)
+    try:
+        supervisor.action("drain")(worker="10.0.0.1:9001")
+        first.kill()
+        for _ in range(500):
+            if child.process is not first:
+                break
+            gevent.sleep(0.01)
+        supervisor.send_signal(signal.SIGHUP)  # (it is starting)
+        supervisor.action("drain")(worker="10.0.0.2:9001")  # (not asked: no error)
+        supervisor.action("drain")(worker="10.0.0.3:9001")
+        supervisor.action("enable")(worker="10.0.0.3:9001")
+        for _ in range(500):
+            if (tmp_path / "got").exists():
+                break
+            gevent.sleep(0.01)
+        assert (tmp_path / "got").read_text() == "SIGHUP\n"
+        assert child.process.poll() is None and child.process is not first
+        assert asked == [("drain", "10.0.0.1:9001"),  # then, started again:
+                         ("drain", "10.0.0.1:9001"), ("drain", "10.0.0.2:9001")]
+    finally:
+        supervisor.stopping = True
+        watcher.kill()
+        for process in (first, child.process):
+            process.kill()
+            process.wait()
 
 
 def samples(collector):

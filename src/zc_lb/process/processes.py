@@ -19,7 +19,8 @@ again) and SIGUSR1 (reopen the access log) are passed on to every child,
 as are SIGTERM and SIGINT, on which each child drains as a single LB
 does; the supervisor exits when they all have.  A child that dies otherwise is
 started again (at most once a second), so one crash does not halve the
-LB for good.
+LB for good; once it serves, it is given the SIGHUP and SIGUSR1 that came
+while it started, and the drains not undone.
 
 In ZooKeeper mode each child registers as an LB of its own
 (``HOST:PORT#I``), so the pool's count of LBs counts processes: the
@@ -38,7 +39,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 from zc_lb.routing import siblings
 from zc_lb.errors import AddressUnavailable, ConfigurationError, ZcLbError
@@ -103,6 +104,15 @@ class Child:
         self.process: Optional[subprocess.Popen] = None
         self.status: Optional[str] = None
         self.started = 0.0
+        self.ready = False  # (it said its status address: it handles signals)
+        self.missed: Set[int] = set()  # signals that came while it started
+
+    @property
+    def serving(self) -> bool:
+        """Whether it runs and handles signals and actions (not dead, nor
+        starting: the default action of SIGHUP or SIGUSR1 kills a process
+        before it handles them, and an LB ignores them while it starts)."""
+        return self.ready and self.process is not None and self.process.poll() is None
 
     def start(self) -> None:
         self.launch()
@@ -114,6 +124,8 @@ class Child:
         import gevent.subprocess
 
         self.started = time.monotonic()
+        self.ready = False
+        self.missed.clear()  # (it reads --config and opens its log from now on)
         env = dict(os.environ, **(self.kept.environ if self.kept is not None else {}))
         env.pop("NOTIFY_SOCKET", None)  # the supervisor is the service's main process
         self.process = gevent.subprocess.Popen(
@@ -134,6 +146,7 @@ class Child:
             raise ConfigurationError("LB process %d did not start (exit status %s)"
                                      % (self.index, self.process.wait()))
         gevent.spawn(_discard, self.process.stdout)  # nothing more should come
+        self.ready = True
 
     def __repr__(self) -> str:
         return "<Child %d pid=%s status=%s>" % (
@@ -147,7 +160,7 @@ class Supervisor:
 
     def __init__(self, count: int, argv: Sequence[str], listen, log_level: str = "INFO",
                  backlog: int = 1024, scheme: str = "http", cwd: Optional[str] = None,
-                 kept: Any = None) -> None:
+                 kept: Any = None, admin_token: Optional[bytes] = None) -> None:
         if count < 1:
             raise ConfigurationError("--processes must be at least 1, got %d" % count)
         self.count, self.listen, self.log_level, self.backlog = count, listen, log_level, backlog
@@ -155,6 +168,8 @@ class Supervisor:
         self.argv = child_argv(argv) + ["--listen", scheme + "://127.0.0.1:0"]
         self.cwd = cwd
         self.kept = kept
+        self.admin_token = admin_token  # (what its children's actions need)
+        self.drained: Set[str] = set()  # workers drained through us, not enabled since
         self.sock: Optional[socket.socket] = None
         self.siblings_fd: Optional[int] = None  # the children's shared memory (routing/siblings.py)
         self.children: List[Child] = []
@@ -220,6 +235,25 @@ class Supervisor:
                     child.start()
                 except (ZcLbError, OSError) as exc:  # (OSError: it could not be run at all)
                     log.error("LB process %d: %s", child.index, exc)
+                else:
+                    self._catch_up(child)
+
+    def _catch_up(self, child: Child) -> None:
+        """Give ``child``, started again, what its siblings were given while
+        it started: the signals (each said), and the drains not undone."""
+        assert child.process is not None
+        for signum in sorted(child.missed):
+            log.info("LB process %d: passing on %s, which came while it started",
+                     child.index, signal.Signals(signum).name)
+            child.process.send_signal(signum)
+        child.missed.clear()
+        for worker in sorted(self.drained):
+            try:
+                fetch(child.status, action="drain", params={"worker": worker},
+                      token=self.admin_token)
+            except ZcLbError as exc:
+                log.error("LB process %d, started again, does not have worker %s drained: %s",
+                          child.index, worker, exc)
 
     def stop(self, timeout: float) -> None:
         """SIGTERM every child (each drains) and wait for them all."""
@@ -242,10 +276,13 @@ class Supervisor:
 
     def send_signal(self, signum: int) -> bool:
         """Pass a signal on to every child (SIGHUP: each reads its --config
-        again; SIGUSR1: each reopens its access log); never exits."""
+        again; SIGUSR1: each reopens its access log), or to one that is
+        starting, once it serves (``_catch_up``); never exits."""
         for child in self.children:
-            if child.process is not None and child.process.poll() is None:
-                child.process.send_signal(signum)
+            if child.serving:
+                child.process.send_signal(signum)  # type: ignore[union-attr]
+            else:
+                child.missed.add(signum)
         return False
 
     def status(self, full: bool = True) -> dict:
@@ -281,21 +318,28 @@ class Supervisor:
             for child in self.children]
         return merged
 
-    def action(self, name: str, token: Optional[bytes] = None):
+    def action(self, name: str):
         """An action of the status address, done by every child: each is
-        asked, whichever fails, and the failures are raised together."""
+        asked, whichever fails, and the failures are raised together.  A
+        child being started again is not asked: it starts with no skills,
+        and is given the drains when it serves (``_catch_up``)."""
         def run(**params: str) -> dict:
             answer: dict = {}
             changed = False  # (enable: whether any child had something to undo)
             failures = []
             for child in self.children:
-                if child.status is not None:
+                if child.serving:
                     try:
-                        answer = fetch(child.status, action=name, params=params, token=token)
+                        answer = fetch(child.status, action=name, params=params,
+                                       token=self.admin_token)
                     except ZcLbError as exc:
                         failures.append("process %d: %s" % (child.index, exc))
                     else:
                         changed = changed or answer.get("changed") is True
+            if name == "enable":
+                self.drained.discard(params.get("worker", ""))
+            elif name == "drain" and not failures:
+                self.drained.add(params.get("worker", ""))
             if failures:
                 raise ConfigurationError("%s failed in %s" % (name, "; ".join(failures)))
             answer.pop("done", None)
@@ -310,14 +354,15 @@ def run(args, argv: Sequence[str], kept: Any = None) -> int:
     last read well, for the children (cli/reload.py)."""
     from zc_lb.sockets import address_text, parse_listen
     from zc_lb.process import restart
-    from zc_lb.process.service import (PidFile, hand_over, parse_listeners, wait_for_signal,
-                                       watch_secrets_for_children)
+    from zc_lb.process.service import (PidFile, hand_over, parse_listeners, read_secret,
+                                       wait_for_signal, watch_secrets_for_children)
 
     (scheme, where), = parse_listeners(args)
     watch_secrets_for_children(args.secret_file, args.admin_token_file)
     listen = restart.inherited("front0", where) or parse_listen(where)
     supervisor = Supervisor(args.processes, lb_argv(argv), listen, args.log_level,
-                            scheme=scheme, cwd=getattr(args, "start_dir", None), kept=kept)
+                            scheme=scheme, cwd=getattr(args, "start_dir", None), kept=kept,
+                            admin_token=read_secret(args.admin_token_file))
     supervisor.start()
     status = _status_server(args, supervisor)
     log.info("%d LB processes, pids %s", len(supervisor.children),
@@ -361,17 +406,16 @@ def _status_server(args, supervisor: "Supervisor"):
     documents, its actions reaching every child; None without --status."""
     from zc_lb.process import restart
     from zc_lb.front.server import FrontServer
-    from zc_lb.process.service import lb_status_app, read_secret, start_named
+    from zc_lb.process.service import lb_status_app, start_named
     from zc_lb.sockets import parse_address
 
     if not args.status:
         return None
-    token = read_secret(args.admin_token_file)
     status = FrontServer(restart.inherited("status", args.status) or parse_address(args.status),
                          lb_status_app(
-        supervisor.status, {name: supervisor.action(name, token)
+        supervisor.status, {name: supervisor.action(name)
                             for name in ("reset-skills", "drain", "enable")},
-        lambda: supervisor.status(full=False)["requests"], token,
+        lambda: supervisor.status(full=False)["requests"], supervisor.admin_token,
         lambda: sum(1 for worker in supervisor.status(full=False).get("workers", {}).values()
                     if worker.get("in_pool"))))
     try:
