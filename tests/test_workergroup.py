@@ -314,3 +314,34 @@ def test_a_group_takes_sigusr1_and_usr2_and_no_worker_outlives_its_killed_superv
                 pass
         if group.poll() is None:
             stop(group)
+
+
+STARTING_WORKER = """
+import signal, sys, time
+time.sleep(0.3)  # (importing, loading the application: SIGHUP kills it, or is ignored)
+signal.signal(signal.SIGHUP, lambda *_: print("SIGHUP", file=open(sys.argv[1], "a")))
+print("zc-lb worker listening on 127.0.0.1:1", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_sighup_that_comes_while_a_process_starts_reaches_it_once_it_serves(tmp_path):
+    # With --max-requests, processes start all the time: a SIGHUP passed on
+    # while one started (loaded its application) killed it, or was ignored
+    # by it, which had read --config before the change.
+    from zc_lb.process.workergroup import WorkerGroup
+
+    got = tmp_path / "got"
+    group = WorkerGroup([[]])
+    (child,) = group.children
+    child.command = [sys.executable, "-c", STARTING_WORKER, str(got)]
+    group.start()
+    try:
+        group.signal_all(signal.SIGHUP)  # (it is starting)
+        wait_for(got.exists, timeout=10, message="the SIGHUP passed on once it serves")
+        assert got.read_text() == "SIGHUP\n" and child.process.poll() is None
+        group.signal_all(signal.SIGHUP)  # (it serves: at once)
+        wait_for(lambda: got.read_text() == "SIGHUP\n" * 2, timeout=10)
+    finally:
+        group.stop(timeout=5)
+    assert child.process.returncode == -signal.SIGTERM

@@ -26,7 +26,8 @@ then waits:
   ephemeral port) can take the port.  Ephemeral ports (0) are each
   child's own, as every new process registers its own in ZooKeeper;
 - SIGTERM or SIGINT: every child drains and exits, then the supervisor;
-- SIGHUP and SIGUSR1 go to every child.
+- SIGHUP and SIGUSR1 go to every child (to one starting, once it
+  handles them: it says so by its first line).
 
 No I/O beyond its children and signals; the children do the serving.
 """
@@ -41,7 +42,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Set
 
 from zc_lb.errors import AddressUnavailable, ConfigurationError
 from zc_lb.sockets import UNIX, listening_socket, parse_address, parse_listen
@@ -53,6 +54,7 @@ RESTART_MAX = 10.0
 HEALTHY_RUN = 5.0  # seconds a child must have run for its exit to be no failure
 STOP_TIMEOUT = 60.0  # seconds a child may take to drain after SIGTERM
 LISTEN_BACKLOG = 128  # LB connections a held socket queues while its process restarts
+READY = "zc-lb worker listening on "  # a child's first line, once it handles signals
 
 
 def child_argv(argv: Sequence[str], index: int, listen: str, status: Optional[str],
@@ -141,30 +143,60 @@ class Child:
         self.sock = sock
         self.argv = argv if sock is None else argv + ["--listen-fd", str(sock.fileno())]
         self.cwd = cwd  # where the supervisor started: a relative --chdir means the same
+        self.command = [sys.executable, "-m", "zc_lb.cli", *self.argv]
         self.process: Optional[subprocess.Popen] = None
         self.started = 0.0
         self.pause = RESTART_MIN
         self.not_before = 0.0  # (failing at start: when to try again)
+        self.ready = False  # (it said READY: it handles signals)
+        self.missed: Set[int] = set()  # signals that came while it started
+        self.lock = threading.RLock()  # (signal handlers take it: reentrant)
 
     def start(self) -> None:
         from zc_lb.process.processes import die_with_parent
 
         fds = () if self.sock is None else (self.sock.fileno(), )
         env = dict(os.environ, **(self.kept.environ if self.kept is not None else {}))
-        self.process = subprocess.Popen([sys.executable, "-m", "zc_lb.cli", *self.argv],
-                                        stdout=subprocess.PIPE, text=True, pass_fds=fds,
-                                        cwd=self.cwd, env=env,
-                                        preexec_fn=die_with_parent(os.getpid()))
+        with self.lock:
+            self.ready = False
+            self.missed.clear()  # (it reads --config and opens its log from now on)
+            self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, text=True,
+                                            pass_fds=fds, cwd=self.cwd, env=env,
+                                            preexec_fn=die_with_parent(os.getpid()))
         self.started = time.monotonic()
         threading.Thread(target=self._echo, args=(self.process,), daemon=True).start()
 
-    @staticmethod
-    def _echo(process: subprocess.Popen) -> None:
-        """Pass the child's lines (its addresses) on to our stdout."""
+    def pass_on(self, signum: int) -> None:
+        """Send ``signum`` to the process if it handles signals; if it is
+        starting, once it does (the default action of SIGHUP and SIGUSR1
+        kills a process before it handles them, and a worker ignores them
+        while it starts, reading --config before its application loads)."""
+        with self.lock:
+            if self.ready and self.process is not None and self.process.poll() is None:
+                self.process.send_signal(signum)
+            else:
+                self.missed.add(signum)
+
+    def _echo(self, process: subprocess.Popen) -> None:
+        """Pass the child's lines (its addresses) on to our stdout; at the
+        first, pass it the signals that came while it started."""
         assert process.stdout is not None
         for line in process.stdout:
             sys.stdout.write(line)
             sys.stdout.flush()
+            if line.startswith(READY):
+                self._serving(process)
+
+    def _serving(self, process: subprocess.Popen) -> None:
+        with self.lock:
+            if self.process is not process or self.ready:
+                return
+            self.ready = True
+            missed, self.missed = sorted(self.missed), set()
+            for signum in missed:
+                log.info("worker process %d: passing on %s, which came while it started",
+                         self.index, signal.Signals(signum).name)
+                process.send_signal(signum)
 
 
 class WorkerGroup:
@@ -209,14 +241,17 @@ class WorkerGroup:
                     child.not_before = now + child.pause
 
     def signal_all(self, signum: int) -> None:
+        """Pass ``signum`` on to every child (to one starting, once it
+        handles signals)."""
         for child in self.children:
-            if child.process is not None and child.process.poll() is None:
-                child.process.send_signal(signum)
+            child.pass_on(signum)
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> None:
         """SIGTERM every child (each drains), wait for them, kill stragglers."""
         self.stopping.set()
-        self.signal_all(signal.SIGTERM)
+        for child in self.children:  # (one starting too: it has nothing to drain)
+            if child.process is not None and child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
         for child in self.children:
             if child.process is None:
