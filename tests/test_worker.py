@@ -86,6 +86,51 @@ def test_the_keys_an_lb_sent_go_to_the_other_lbs(serve):
     first.close()
 
 
+
+def test_keys_skip_an_lb_that_takes_nothing_in_and_it_costs_the_worker_a_bounded_queue(
+        serve, caplog):
+    # An LB stuck with its connection open (its loop blocked, a SIGSTOP)
+    # reads nothing for up to LB_SILENCE: the keys the other LBs send
+    # every 50 ms queued for it all that while, without bound.
+    import logging
+    import socket
+
+    from zc_lb.worker.lbs import RELAY_BACKLOG
+
+    worker, first, _ = serve(reader_app)
+    sock = gevent.socket.create_connection(worker.address)
+    side = LBSide()
+    awake = Connection(sock, "lb", side, peer="worker")
+    awake.handshake()
+    awake.start()
+    stuck_sock = gevent.socket.socket()
+    stuck_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stuck_sock.connect(worker.address)
+    stuck = Connection(stuck_sock, "lb", LBSide(), peer="worker")
+    stuck.handshake()  # (and never started: it reads nothing from now on)
+    deadline = time.monotonic() + 5
+    while len(worker.lbs.connections) < 3 and time.monotonic() < deadline:
+        gevent.sleep(0.01)
+    local = "%s:%s" % stuck_sock.getsockname()[:2]
+    [toward] = [c for c in worker.lbs.connections if c.peer == local]
+    toward.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # (no autotuning)
+    keys = {"c": [2**64 - 1 - i for i in range(6000)]}  # (a frame of 126 KB)
+    frames = 3 * RELAY_BACKLOG // 126000
+    with caplog.at_level(logging.INFO, logger="zc_lb.worker.lbs"):
+        for _ in range(frames):
+            first.send_keys(keys)
+            gevent.sleep(0)
+        deadline = time.monotonic() + 10
+        while len(side.keys) < frames and time.monotonic() < deadline:
+            gevent.sleep(0.01)
+        assert len(side.keys) == frames  # (an LB that reads gets every one)
+        unsent = sum(len(piece) for piece in toward._writer._outgoing)
+        assert unsent <= RELAY_BACKLOG + 130000
+        lines = [r.getMessage() for r in caplog.records if "takes nothing in" in r.getMessage()]
+        assert len(lines) == 1 and local in lines[0]
+    awake.close()
+    stuck.close()
+
 def call(connection, environ, body=b"", timeout=10):
     environ = dict({"REQUEST_METHOD": "GET", "PATH_INFO": "/", "SERVER_NAME": "x",
                     "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1",

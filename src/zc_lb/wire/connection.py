@@ -238,6 +238,12 @@ class Connection(Link):
             raise self.error or self.closed_error(self.peer)
         self._writer.write(data)
 
+    @property
+    def queued(self) -> int:
+        """Bytes queued that the socket has not taken yet (a peer that
+        reads nothing makes them grow)."""
+        return self._writer.queued
+
     def write_chunk(self, header: bytes, chunk) -> None:
         """Queue a Body frame's header and its large chunk as they are
         (``writer.Writer.write_chunk``); raise once the connection has

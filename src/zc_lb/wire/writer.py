@@ -57,6 +57,7 @@ class Writer:
         self.stopped = False  # the connection ended: nothing more goes out
         self._tls = tls
         self._outgoing: List[bytes] = []
+        self.queued = 0  # bytes in ``_outgoing``: what waits behind the socket
         self._wake = gevent.event.Event()  # wakes the writer greenlet
         self._flush_scheduled = False  # a _flush callback is pending
         self._busy = False  # the writer greenlet has bytes the socket did not take
@@ -76,6 +77,7 @@ class Writer:
         from the writer greenlet when the socket cannot take it all at
         once."""
         self._outgoing.append(data)
+        self.queued += len(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.flushed.clear()
@@ -91,6 +93,7 @@ class Writer:
         self._vectored = True
         self.write(header)
         self._outgoing.append(chunk)
+        self.queued += len(chunk)
 
     def write_region(self, header: bytes, region: FileRegion) -> None:
         """Queue a Body frame's header and its chunk from a file, for the
@@ -113,6 +116,7 @@ class Writer:
             self._wake.set()
             return
         pieces, self._outgoing = outgoing, []
+        self.queued = 0
         if not self._vectored:  # (small frames: one join costs less than sendmsg's buffers)
             pieces = [pieces[0] if len(pieces) == 1 else b"".join(pieces)]
         self._vectored = False
@@ -124,6 +128,7 @@ class Writer:
             rest = pieces  # the writer greenlet meets the error and ends the connection
         if rest:
             self._outgoing[:0] = rest
+            self.queued += sum(map(len, rest))
             self._busy = True
             self._wake.set()
         else:
@@ -143,6 +148,7 @@ class Writer:
                 sendmsg = None if self._tls else getattr(sock, "sendmsg", None)
                 while self._outgoing:
                     pieces, self._outgoing = self._outgoing, []
+                    self.queued = 0
                     if self._regions:
                         self._send_with_regions(pieces, sendmsg)
                         continue
@@ -152,6 +158,7 @@ class Writer:
                 self.flushed.set()
         except OSError:
             self._outgoing.clear()
+            self.queued = 0
             self.flushed.set()
             raise
 

@@ -18,6 +18,12 @@ Rules:
 - What goes to every LB (a résumé, the keys another LB sent, GoAway)
   skips a connection that fails: it is ending, and its loss comes as
   ``lost`` from the worker's ``connection_lost``.
+- The keys another LB sent skip an LB that takes nothing in (stuck,
+  its connection open): while more than ``RELAY_BACKLOG`` bytes wait
+  for its socket, they are dropped, said once when it starts and once
+  when it catches up, so that it costs the worker at most that much
+  until its silence drops it (``LB_SILENCE``).  A book missing a few
+  keys only routes them as if new.
 
 The worker (the connections' handler) decides what an admitted
 connection is first told and when to stop admitting.
@@ -49,6 +55,7 @@ log = logging.getLogger(__name__)
 LB_SILENCE = 60.0
 MAX_HANDSHAKING = 64  # connections in their handshake at once; the oldest makes room
 CROWDED_LOG_EVERY = 10.0
+RELAY_BACKLOG = 1024 * 1024  # bytes waiting for an LB's socket past which keys skip it
 
 
 class LBConnections:
@@ -80,6 +87,7 @@ class LBConnections:
         self._crowded_logged = -CROWDED_LOG_EVERY
         self._rejected = 0  # connections refused in their handshake since the last line
         self._rejected_logged = -CROWDED_LOG_EVERY
+        self._behind: Dict[Connection, int] = {}  # LBs keys skip (RELAY_BACKLOG): how many
         self._no_lbs = gevent.event.Event()  # set while no LB is connected
         self._no_lbs.set()
 
@@ -183,6 +191,7 @@ class LBConnections:
 
     def lost(self, connection: Connection, error: ZcLbError) -> None:
         """``connection`` ended (the worker's ``connection_lost``)."""
+        self._behind.pop(connection, None)
         if connection in self.connections:
             self.connections.discard(connection)
             if not self.connections:
@@ -196,13 +205,32 @@ class LBConnections:
 
     def relay_keys(self, connection: Connection, keys: Dict[str, List[int]]) -> None:
         """An LB sent the keys it sent us: relay them to our other LBs
-        (``frames.Keys``), so that each knows where every key's data is."""
+        (``frames.Keys``), so that each knows where every key's data is;
+        not to one that takes nothing in (``RELAY_BACKLOG``)."""
         for other in list(self.connections):
-            if other is not connection:
-                try:
-                    other.send_keys(keys)
-                except ZcLbError:
-                    pass
+            if other is connection or self._backed_up(other):
+                continue
+            try:
+                other.send_keys(keys)
+            except ZcLbError:
+                pass
+
+    def _backed_up(self, connection: Connection) -> bool:
+        """Whether keys skip ``connection``: more than RELAY_BACKLOG bytes
+        wait for its socket.  Said when it starts, and when it ends."""
+        behind = self._behind
+        if connection.queued > RELAY_BACKLOG:
+            if connection not in behind:
+                behind[connection] = 0
+                log.warning("LB %s takes nothing in (%d bytes wait for its socket): the "
+                            "keys other LBs send are not relayed to it until it catches up",
+                            connection.peer, connection.queued)
+            behind[connection] += 1
+            return True
+        if connection in behind:
+            log.info("LB %s takes its bytes in again: %d relays of keys were dropped for it",
+                     connection.peer, behind.pop(connection))
+        return False
 
     def send_resume(self, skills: Dict[str, float]) -> None:
         """Send every LB the résumé ``skills``."""
