@@ -8,8 +8,8 @@ import pytest
 from zc_lb.wire import encoder, frames
 from zc_lb.wire.connection import Connection, Handler
 from zc_lb.sockets import send_pieces, unsent
-from zc_lb.errors import (AuthenticationError, BadResponse, ConnectionLost, RequestCancelled,
-                          ResponseHeadTooLarge, WorkerLost)
+from zc_lb.errors import (AuthenticationError, BadResponse, ConnectionLost, RemoteProtocolError,
+                          RequestCancelled, ResponseHeadTooLarge, WorkerLost)
 from zc_lb.wire.frames import Body, End
 from zc_lb.wire.stream import WINDOW
 from zc_lb.testing import connection_pair, read_body, read_response
@@ -450,3 +450,79 @@ def test_a_hello_no_lb_would_take_is_refused_at_start():
     with pytest.raises(ConfigurationError, match="--version is too long"):
         Worker(lambda environ, start_response: [b""], version="v" * 1000)
     Worker(lambda environ, start_response: [b""], version="v" * 500)
+
+
+def stranger_pair(role, answer=None, hold=False):
+    """A connection of ``role`` to a socket peer that is no zc-lb peer:
+    it reads the Hello, sends ``answer`` (if any), and closes (unless
+    ``hold``)."""
+    import socket
+
+    ours, theirs = socket.socketpair()
+    ours, theirs = gevent.socket.socket(fileno=ours.detach()), gevent.socket.socket(
+        fileno=theirs.detach())
+
+    def peer():
+        theirs.recv(4096)
+        if answer:
+            theirs.sendall(answer)
+        if not hold:
+            theirs.close()
+    gevent.spawn(peer)
+    return Connection(ours, role, Recorder(), peer="peer"), theirs
+
+
+@pytest.mark.parametrize("role, answer, said", [
+    ("lb", b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",
+     "expected a zc-lb worker's Hello, received b'HTTP/1.1 400 Bad Request\\r\\n"
+     "Content-Length'...: an HTTP server, not a zc-lb worker's port"),
+    ("worker", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+     "expected a zc-lb LB's Hello, received b'GET / HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n': "
+     "an HTTP client on a zc-lb worker's port, which takes LBs only"),
+    ("lb", b"\x1b[31m" + b"x" * 100, "expected a zc-lb worker's Hello, received b'\\x1b[31m"
+     + "x" * 35 + "'..."),
+    ("lb", None, "peer closed during handshake, before its Hello: nothing received "
+     "(is it a zc-lb worker's port?)"),
+    ("worker", b"\x00\x00", "peer closed during handshake, before its Hello: "
+     "received b'\\x00\\x00'"),
+])
+def test_a_peer_that_is_not_zc_lb_is_said_to_be_with_what_it_sent(role, answer, said):
+    # Its first bytes, shown escaped and cut short, and what they look
+    # like, not "unknown frame type 47" nor a bare closed connection.
+    connection, _ = stranger_pair(role, answer)
+    with pytest.raises((RemoteProtocolError, ConnectionLost, WorkerLost)) as raised:
+        connection.handshake(timeout=5)
+    assert str(raised.value) == said
+    connection.close()
+
+
+def test_a_peer_that_sends_no_hello_in_time_is_said_to_have_sent_nothing():
+    connection, theirs = stranger_pair("lb", hold=True)
+    with pytest.raises(RemoteProtocolError) as raised:
+        connection.handshake(timeout=0.2)
+    assert str(raised.value) == ("handshake timed out: no Hello from peer in 0.2s, nothing "
+                                 "received (is it a zc-lb worker's port?)")
+    connection.close()
+    theirs.close()
+
+
+def test_a_peer_that_closes_after_its_hello_refused_ours():
+    # An LB of a release before a feature, refused by the worker, which
+    # says why in its log: this side says it was refused, and where to look.
+    a, b = gevent.socket.socketpair()
+    older = Connection(a, "lb", Recorder(), peer="worker", secret=b"s",
+                       features=tuple(f for f in frames.LB_FEATURES if f != "ready"))
+    worker = Connection(b, "worker", Recorder(), peer="lb", secret=b"s")
+
+    def refuse():
+        try:
+            worker.handshake(5)
+        finally:
+            worker.close()
+    refusing = gevent.spawn(refuse)
+    with pytest.raises(WorkerLost) as raised:
+        older.handshake(5)
+    assert str(raised.value) == ("worker closed during handshake, after its Hello: it "
+                                 "refused this LB (its log says why)")
+    assert "lacks the protocol features ready" in str(refusing.exception)
+    older.close()

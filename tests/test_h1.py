@@ -110,6 +110,18 @@ def test_a_long_target_is_414():
     assert refusal_status(b"GET /" + b"a" * MAX_TARGET + b" HTTP/1.1\r\nHost: a\r\n\r\n") == 414
 
 
+
+def test_an_lbs_hello_on_the_http_port_is_refused_saying_what_it_is():
+    # An LB given this HTTP port as a worker's address sends its Hello:
+    # "Invalid method encountered" left the operator to guess.
+    from zc_lb.wire.encoder import encode
+    from zc_lb.wire.handshake import new_hello
+
+    [request], reader = read(encode(new_hello("lb", None)))
+    assert request.refusal.http_status == 400
+    assert "zc-lb LB's Hello" in str(request.refusal)
+    assert "a worker's address" in str(request.refusal)
+
 def test_a_head_cut_short_is_the_client_leaving_not_a_bad_request():
     found, reader = read(b"GET / HTTP/1.1\r\nHost: a\r\nX: y", b"")
     assert found == [] and reader.broken

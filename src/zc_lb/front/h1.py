@@ -52,6 +52,7 @@ from urllib.parse import unquote_to_bytes
 import httptools
 
 from zc_lb.errors import BadRequest, BadResponseHead, ClientError, ClientGone, RequestTooLarge
+from zc_lb.wire.handshake import HELLO_START
 from zc_lb.front.httpparse import (HOP_BY_HOP, MAX_FIELD_LINE, MAX_FIELDS, MAX_HEAD, TARGET,
                         RequestHead, check_head, check_trailer, matches)
 
@@ -153,7 +154,7 @@ class RequestReader:
             if self._refusal is None:  # check_head refuses every upgrade first
                 self._refuse(BadRequest("protocol upgrades are not supported", 501))
         except httptools.HttpParserError as exc:
-            self._parse_error(exc)
+            self._parse_error(exc, data)
         else:
             # (None of it was a chunk's data: a trailer section's, past the limit.)
             if self._after_chunk_header and self._trailer_bytes > MAX_HEAD + MAX_FIELD_LINE:
@@ -228,9 +229,13 @@ class RequestReader:
             current.error = ClientGone("client closed the connection in the body")
         self.broken = True
 
-    def _parse_error(self, exc: Exception) -> None:
+    def _parse_error(self, exc: Exception, data: bytes) -> None:
         if self._refusal is not None:
             self._refuse(self._refusal)
+            return
+        if data.startswith(HELLO_START):  # (no client: an LB's link to a worker)
+            self._refuse(BadRequest("a zc-lb LB's Hello, not HTTP: an LB has this HTTP "
+                                    "port as a worker's address"))
             return
         reason = str(exc) or type(exc).__name__
         current = self._current

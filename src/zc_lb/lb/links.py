@@ -185,7 +185,7 @@ class WorkerLink(Handler):
             connection.close("handshake failed")
             hint = ""
             if config.tls is None and (isinstance(exc, ConnectionResetError)
-                                       or "closed during handshake" in str(exc)):
+                                       or "closed during handshake, before" in str(exc)):
                 # (a worker that takes TLS only drops a cleartext Hello unread)
                 hint = (" (if the worker takes TLS only, give the LB --worker-tls-cert, "
                         "--worker-tls-key and --worker-tls-ca)")

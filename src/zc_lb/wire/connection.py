@@ -46,6 +46,7 @@ from zc_lb.errors import (
     ZcLbError,
 )
 from zc_lb.wire.frames import GoAway, Keys, Ping, Request, Resume
+from zc_lb.wire.handshake import SHOWN, shown, stranger
 from zc_lb.wire.protocol import StreamEnded
 from zc_lb.sockets import set_nodelay
 from zc_lb.wire.exchange import Exchange, Link
@@ -141,31 +142,76 @@ class Connection(Link):
     # -- lifecycle ----------------------------------------------------
 
     def handshake(self, timeout: float = HANDSHAKE_TIMEOUT) -> None:
-        """Exchange Hello (and Auth); raise on mismatch, failure or timeout."""
+        """Exchange Hello (and Auth); raise on mismatch, failure or timeout,
+        saying what came instead when the peer is no zc-lb peer."""
+        received = bytearray()  # (the peer's first bytes: what it is, if not ours)
+        with gevent.Timeout(timeout, False):
+            try:
+                self._exchange_hellos(received)
+            except (BrokenPipeError, ConnectionResetError):
+                if self.protocol.peer_hello is None:
+                    raise
+                raise self._closed_in_handshake(received) from None  # (our Auth cut off)
+            return
+        if self.protocol.peer_hello is not None:
+            raise RemoteProtocolError("handshake timed out: %s sent its Hello but no Auth "
+                                      "in %gs" % (self.peer, timeout))
+        raise RemoteProtocolError("handshake timed out: no Hello from %s in %gs, %s" % (
+            self.peer, timeout, self._heard(received)))
+
+    def _exchange_hellos(self, received: bytearray) -> None:
+        """``handshake``'s exchange, keeping the peer's first bytes in
+        ``received`` (handshake.SHOWN)."""
         proto = self.protocol
-        with gevent.Timeout(timeout, RemoteProtocolError("handshake timed out")):
-            self.sock.sendall(proto.data_to_send())  # our Hello
-            while True:
+        self.sock.sendall(proto.data_to_send())  # our Hello
+        while True:
+            try:
                 event = proto.next_event()
-                out = proto.data_to_send()  # our Auth, once the peer's Hello came
-                if out:
-                    self.sock.sendall(out)
-                if event is decoder.NEED_DATA:
-                    data = self.sock.recv(HANDSHAKE_RECV)
-                    if not data:
-                        raise self._lost_error("%s closed during handshake" % self.peer)
-                    if self._pending is None and looks_like_tls(data):
-                        raise RemoteProtocolError(
-                            "%s speaks TLS and this side does not: %s" % (self.peer, (
-                                "give the LB --worker-tls-cert, --worker-tls-key and "
-                                "--worker-tls-ca" if self.role == "lb" else
-                                "give the worker --tls-cert, --tls-key and --tls-ca")))
-                    proto.receive_data(data)
-                elif isinstance(event, protocol.Ready):
-                    self.peer_hello = event.peer
-                    return
-                else:  # Closed: nothing else passes the handshake's limits
-                    raise self._lost_error("%s closed during handshake" % self.peer)
+            except RemoteProtocolError:
+                what = None if proto.peer_hello else stranger(self.role, bytes(received))
+                if what is None:
+                    raise
+                raise RemoteProtocolError(what) from None
+            out = proto.data_to_send()  # our Auth, once the peer's Hello came
+            if out:
+                self.sock.sendall(out)
+            if event is decoder.NEED_DATA:
+                data = self.sock.recv(HANDSHAKE_RECV)
+                if not data:
+                    raise self._closed_in_handshake(received)
+                if self._pending is None and looks_like_tls(data):
+                    raise RemoteProtocolError(
+                        "%s speaks TLS and this side does not: %s" % (self.peer, (
+                            "give the LB --worker-tls-cert, --worker-tls-key and "
+                            "--worker-tls-ca" if self.role == "lb" else
+                            "give the worker --tls-cert, --tls-key and --tls-ca")))
+                if len(received) < SHOWN + 1:
+                    received += data[:SHOWN + 1 - len(received)]
+                proto.receive_data(data)
+            elif isinstance(event, protocol.Ready):
+                self.peer_hello = event.peer
+                return
+            else:  # Closed: nothing else passes the handshake's limits
+                raise self._closed_in_handshake(received)
+
+    def _closed_in_handshake(self, received: bytearray) -> ZcLbError:
+        """The error of a peer that closed the connection in the handshake:
+        after its Hello, it refused ours (its log says why); before, it
+        may be no zc-lb peer at all."""
+        if self.protocol.peer_hello is not None:
+            return self._lost_error("%s closed during handshake, after its Hello: it "
+                                    "refused this %s (its log says why)" % (
+                                        self.peer, "LB" if self.role == "lb" else "worker"))
+        return self._lost_error("%s closed during handshake, before its Hello: %s" % (
+            self.peer, self._heard(received)))
+
+    def _heard(self, received: bytearray) -> str:
+        """What came from a peer that sent no Hello, for a log line."""
+        if received:
+            return "received %s" % shown(bytes(received))
+        if self.role == "lb":
+            return "nothing received (is it a zc-lb worker's port?)"
+        return "nothing received"
 
     def start(self) -> None:
         """Start reading and keeping alive (after the handshake)."""

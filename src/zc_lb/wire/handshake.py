@@ -17,8 +17,11 @@ else: an unauthenticated peer can make us buffer a kilobyte, not a
 résumé's 64 MiB.  Once open, it may send what its role sends
 (``open_limits``): a worker accepts no résumé or response, an LB no
 request.  What the features bring is part of every open connection: a
-peer without one never gets this far.  No I/O: ``protocol.Connection``
-drives these.
+peer without one never gets this far.  A peer whose first bytes do
+not begin a Hello frame is none of ours, and ``stranger`` says what it
+sent (escaped, cut short) and what that looks like (an HTTP server or
+client), for both the LB's and the worker's log.  No I/O:
+``protocol.Connection`` drives these.
 """
 
 from __future__ import annotations
@@ -43,6 +46,10 @@ from zc_lb.wire.frames import (
 )
 
 HANDSHAKE_LIMIT: Final = 1024  # payload bytes of a Hello or Auth: nothing more before it
+HELLO_START: Final = bytes((0, 0, 0, 0, Hello.TYPE))  # how a Hello frame begins
+SHOWN: Final = 40  # bytes of a stranger's first ones a log line shows
+HTTP_METHODS: Final = (b"GET ", b"HEAD ", b"POST ", b"PUT ", b"DELETE ", b"OPTIONS ",
+                       b"PATCH ", b"CONNECT ", b"TRACE ", b"PRI * ")
 UPGRADE: Final = "docs/howto/upgrade.rst"  # what a refused peer's operator reads
 
 
@@ -63,6 +70,27 @@ def new_hello(role: str, secret: Optional[bytes], app_version: Optional[str] = N
 def _name(role: str) -> str:
     """What the log calls a peer of ``role``."""
     return {"lb": "LB", "worker": "worker"}.get(role, "peer")
+
+
+def shown(data: bytes) -> str:
+    """The first bytes a peer sent, for a log line: escaped (control
+    characters and all), at most SHOWN of them."""
+    return repr(data[:SHOWN]) + ("..." if len(data) > SHOWN else "")
+
+
+def stranger(role: str, received: bytes) -> Optional[str]:
+    """What to say of the peer of our ``role`` whose first bytes are
+    ``received``, if they do not begin a Hello frame: not zc-lb's peer,
+    and what it looks like; None if they do (or may yet)."""
+    if received[:len(HELLO_START)] == HELLO_START[:len(received)]:
+        return None
+    peer = "worker" if role == "lb" else "lb"
+    guess = ""
+    if role == "lb" and received.startswith(b"HTTP/"):
+        guess = ": an HTTP server, not a zc-lb worker's port"
+    elif role == "worker" and received.startswith(HTTP_METHODS):
+        guess = ": an HTTP client on a zc-lb worker's port, which takes LBs only"
+    return "expected a zc-lb %s's Hello, received %s%s" % (_name(peer), shown(received), guess)
 
 
 def auth_digest(secret: bytes, nonce: str, role: str) -> str:
