@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, cast
+from typing import Callable, Dict, Iterable, List, Optional, Set, cast
 
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
@@ -33,6 +33,7 @@ from zc_lb.environ import REQUEST_CLASS
 from zc_lb.errors import ConfigurationError, ZcLbError
 from zc_lb.lb.links import LinkConfig, LinkEvents, WorkerLink
 from zc_lb.lb.outlier import Ejector
+from zc_lb.routing.affinity import AffinityPool
 from zc_lb.routing.pool import RESUME_STEP, Pool
 from zc_lb.wire.connection import Connection
 from zc_lb.wire.frames import Response
@@ -57,6 +58,9 @@ class Fleet(LinkEvents):
                  silent: Callable[[Connection, float], int],
                  ejected: Callable[[], None]) -> None:
         self.pool = pool
+        # The pool's book of keys, relayed between the LBs: the affinity
+        # policy's alone (a pool of another policy leaves the relayed keys).
+        self.book: Optional[AffinityPool] = pool if isinstance(pool, AffinityPool) else None
         self.link_config = link_config
         self.ejector = ejector
         self.added = added  # a worker address known
@@ -153,9 +157,9 @@ class Fleet(LinkEvents):
         """A worker relayed the keys another LB sent it: the pool's book
         says they are there.  A pool of another policy keeps no book: the
         workers relay to every LB all the same, and it leaves them."""
-        take_keys = getattr(self.pool, "take_keys", None)
-        if take_keys is not None and connection in self.pool:
-            take_keys(connection, keys)
+        book = self.book
+        if book is not None and connection in book:
+            book.take_keys(connection, keys)
 
     def worker_silent(self, connection: Connection, seconds: float) -> None:
         """A worker says nothing (stopped, or its loop blocked): send it
@@ -303,8 +307,8 @@ class Fleet(LinkEvents):
         the keys sent to workers are relayed from now on (``_relay_keys``,
         which then runs for good: it notices when they are one again).
         An LB alone starts nothing, and wakes for nothing."""
-        pool: Any = self.pool
-        if self._relay is None and pool.lbs > 1 and hasattr(pool, "take_keys"):
+        book = self.book
+        if self._relay is None and book is not None and book.lbs > 1:
             self._relay = gevent.spawn(self._relay_keys)
 
     def _relay_keys(self) -> None:
@@ -323,7 +327,9 @@ class Fleet(LinkEvents):
 
     def relay_turn(self) -> None:
         """One turn of ``_relay_keys``."""
-        pool: Any = self.pool  # (an AffinityPool: ``lbs_changed`` says)
+        pool = self.book
+        if pool is None:  # (a pool of another policy: nothing to relay)
+            return
         connections = []
         if pool.lbs > 1 and not pool.separate_books:  # (an LB alone: nothing to do)
             connections = [link.connection for link in list(self.links.values())
