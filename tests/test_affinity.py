@@ -22,6 +22,7 @@ from zc_lb.routing.policies import make_pool
 from zc_lb.routing.classstats import Footprint, Sketch, mix, rendezvous_weight, stable_hash
 from zc_lb.errors import ConfigurationError
 from zc_lb.routing.pool import RESUME_STEP, ClasslessPool, Pool
+from zc_lb.routing.relearn import ADOPTED
 
 
 def pool_of(n: int, **settings) -> AffinityPool:
@@ -1288,6 +1289,27 @@ def test_a_class_a_starter_joined_is_not_forgotten_while_the_floor_stands():
     for n in range(3 * window):
         pool.put(pool.get("g%d.example" % n, "/"))
     assert "site" not in pool.classes
+
+
+def test_a_floor_of_a_worker_removed_keeps_no_idle_class():
+    # A floor (a starter's, or a worker moved keys adopted) keeps an idle
+    # class only while its worker is in the pool: the floor of one removed,
+    # or of a namesake added since, kept the class (and the worker's
+    # record) for good, so workers coming and going grew the LB.
+    window = 100
+    pool = pool_of(3, footprint_window=window)
+    for rclass in ("started", "adopted", "live"):
+        pool.get(rclass, "/")
+    gone = pool.workers["w0"]
+    pool.classes["started"].floors = {gone: 1.0}
+    pool.classes["adopted"].floors = {gone: ADOPTED}
+    pool.classes["live"].floors = {pool.workers["w1"]: 1.0}
+    pool.remove("w0")
+    pool.add("w0")  # (a namesake: not the worker the floors name)
+    for n in range(10 * window):
+        pool.put(pool.get("h%d.example" % n, "/"))
+    assert "started" not in pool.classes and "adopted" not in pool.classes
+    assert "live" in pool.classes
 
 
 def test_a_class_whose_keys_hover_at_a_whole_number_of_workers_keeps_its_members(

@@ -577,15 +577,15 @@ class Members:
         this a client sending a new Host header with every request (or a site
         with a subdomain per user) would grow the LB without end.  At most the
         classes of two windows and those worth a request are kept (not one a
-        starter or moved keys gave floors).  Their skills sleep (``SkillMap.rest``)."""
+        starter or moved keys gave floors while a floored worker is in the pool).
+        Their skills sleep (``SkillMap.rest``)."""
         pool = self.pool
         horizon = self.window_start + (window - 1 - self.window_base) * self.window_size
-        decay = pool.rate_decay
-        requests = pool.requests
-        classes = pool.classes
+        decay, requests = pool.rate_decay, pool.requests
+        classes, workers = pool.classes, pool.workers
         idle = [name for name, stats in classes.items()
-                if stats.seen < horizon and not stats.floors
-                and stats.count * decay ** (requests - stats.seen) < 1.0]
+                if stats.seen < horizon and stats.count * decay ** (requests - stats.seen) < 1.0
+                and not (stats.floors and any(workers.get(w.handle) is w for w in stats.floors))]
         for name in idle:
             self.keys_seen -= len(classes[name].keys)
             del classes[name]
