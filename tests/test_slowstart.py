@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 import pytest
 
 from zc_lb.routing.affinity import AffinityPool
-from zc_lb.routing.slowstart import CLASS_TAKE, GIVE_UP, Starter
+from zc_lb.routing.slowstart import CLASS_TAKE, GIVE_UP, STARTED, Starter
 
 CLASSES = ["c0", "c1", "c2"]  # each worth more than a worker of five
 
@@ -184,3 +184,26 @@ def test_a_starters_share_is_its_decayed_part_of_the_pools_requests():
     # Sent nothing for a horizon, its share fades: its requests decay
     # (to 1/e), and the pool's go on.
     assert 0.2 < every.share(400 + horizon, horizon) < 0.3
+
+
+def test_a_class_that_follows_moved_keys_away_from_a_starter_no_longer_counts_for_it():
+    # A class following its moved keys (a changed classifier) takes its
+    # skills from its old members, a starter among them, and drops their
+    # floors.  The starter counted the class toward its share still: it
+    # joined nothing more, short of its share, until it gave up.
+    pool, traffic = warm_pool(1000)
+    pool.add("new")
+    new = pool.workers["new"]
+    starter = pool.starting[new]
+    for _ in range(2000):  # until it holds what it needs once warm
+        if sum(starter.joined.values()) >= STARTED / len(pool):
+            break
+        traffic.one()
+    stats = next(iter(starter.joined))
+    rclass = next(name for name, known in pool.classes.items() if known is stats)
+    other = next(c for c in CLASSES if c != rclass)
+    for i in range(4):  # keys that went to another class: "rclass" follows them
+        pool.put(pool.get(rclass, "/%s/%d" % (other, i)))
+    assert stats.following and pool.starting.get(new) is starter
+    # A class counts for the starter while it is skilled there.
+    assert (stats in starter.joined) == (new in pool.skilled[rclass])

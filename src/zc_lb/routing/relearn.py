@@ -442,8 +442,8 @@ class Relearning:
             for old in skilled:
                 old.resume.pop(rclass, None)
                 stale.setdefault(old, set()).add(rclass)
-            skilled.clear()
-            stats.floors = None
+            skilled.clear()  # (their floors are dropped when the members are next
+            # worked out, ``Members._floored``, which tells slow start a starter left)
         if worker in skilled:
             return False
         self.fresh(worker, rclass)
