@@ -207,3 +207,26 @@ def test_a_class_that_follows_moved_keys_away_from_a_starter_no_longer_counts_fo
     assert stats.following and pool.starting.get(new) is starter
     # A class counts for the starter while it is skilled there.
     assert (stats in starter.joined) == (new in pool.skilled[rclass])
+
+
+def test_a_starter_that_joins_a_class_again_after_it_followed_moved_keys_keeps_it():
+    # The starter, an old member of a class that followed its moved keys,
+    # is stale there (its data is another class's).  Joining the class
+    # again makes it skilled afresh, as a recruit is: its next résumé,
+    # which lists the class, took the skill away again, and with it the
+    # keys it had begun to warm.
+    pool, traffic = warm_pool(1000)
+    pool.add("new")
+    new = pool.workers["new"]
+    starter = pool.starting[new]
+    while not starter.joined:
+        traffic.one()
+    stats = next(iter(starter.joined))
+    rclass = next(name for name, known in pool.classes.items() if known is stats)
+    other = next(c for c in CLASSES if c != rclass)
+    for i in range(4):  # keys that went to another class: "rclass" follows them
+        pool.put(pool.get(rclass, "/%s/%d" % (other, i)))
+    assert stats.following and new in pool.skilled[rclass]  # (joined again)
+    assert rclass not in pool.stale.get(new, ())
+    pool.new_resume("new", dict(new.resume))
+    assert new in pool.skilled[rclass] and stats in starter.joined

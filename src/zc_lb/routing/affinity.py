@@ -370,14 +370,14 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
         return self._chosen(published)
 
     def _slow_start(self, rclass: str, stats: ClassStats) -> None:
-        """Slow start's part in a request of ``rclass`` (``routing/slowstart.py``):
-        a starter behind its ramp may join the class; the floors of the
-        workers done starting follow their shares."""
+        """Slow start's part in a request of ``rclass`` (``routing/slowstart.py``): a
+        starter behind its ramp may join the class; the floors of those done follow their shares."""
         slowstart = self.slowstart
         if self.starting:
-            skilled = self.skilled.setdefault(rclass)
-            if slowstart.join(rclass, stats, skilled, self.requests, len(self.workers),
-                              self.backlog, self.total, self.unskilled_score):
+            new = slowstart.join(rclass, stats, self.skilled.setdefault(rclass), self.requests,
+                                 len(self.workers), self.backlog, self.total, self.unskilled_score)
+            if new is not None:  # (skilled afresh, as a recruit: not stale there)
+                self.relearning.fresh(new, rclass)
                 self.skills_version += 1
         if self.fading:
             slowstart.fade(self.requests, len(self.workers))

@@ -46,7 +46,7 @@ request given (``got``) and of a worker no longer skilled in a class it
 joined (``left``), and asks it to let a starter join a request's class
 (``join``, given the class's skilled workers and the pool's numbers it
 needs), to check the starters' keys (``offer``) and to fade floors
-(``fade``).  ``join`` says whether a worker joined and ``offer`` how
+(``fade``).  ``join`` says which worker joined and ``offer`` how
 many floors it raised, so that the pool, which counts changes of skills
 (``skills_version``), marks them.  The pool reads ``starting`` and
 ``fading`` (the same dicts) on its own path.
@@ -58,7 +58,7 @@ slow for good keeps the keys it then holds.
 
 from __future__ import annotations
 
-from typing import Dict, Final, List
+from typing import Dict, Final, List, Optional
 
 from zc_lb.routing.classstats import PRIOR, ClassStats, rendezvous_weight
 from zc_lb.routing.pool import PoolWorker
@@ -151,14 +151,15 @@ class SlowStart:
             starter.joined.pop(stats, None)
 
     def join(self, rclass: str, stats: ClassStats, skilled: Dict[PoolWorker, float],
-             now: int, n: int, backlog: int, total: float, unskilled_score: float) -> bool:
+             now: int, n: int, backlog: int, total: float, unskilled_score: float
+             ) -> Optional[PoolWorker]:
         """Make a starting worker that is behind its ramp, and not busier
         than the mean, one of ``rclass``'s members (``skilled``: its
         skilled workers, floored in ``stats``), so it takes whole keys of
         warm classes; one that has its share after the ramp is done
         starting.  ``now``, ``n``, ``backlog`` and ``total``: the pool's
         requests, workers, backlog and decayed requests of every class.
-        Whether a worker joined (a skill changed)."""
+        The worker that joined, if one did (a skill changed)."""
         fair = 1.0 / n
         for worker, starter in list(self.starting.items()):
             if not self._behind(worker, starter, now, fair):
@@ -180,8 +181,8 @@ class SlowStart:
                 starter.joined[stats] = take * cshare
                 starter.offered[stats] = [0, 0]
                 starter.last_join = now
-                return True
-        return False
+                return worker
+        return None
 
     def _behind(self, worker: PoolWorker, starter: Starter, now: int, fair: float) -> bool:
         """Whether a starter is behind its ramp and short of what it needs
