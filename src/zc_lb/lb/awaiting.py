@@ -8,7 +8,9 @@ client of one slower than ``WATCH_CLIENT_AFTER`` is watched for a
 hang-up, which cancels the request on its worker (once its upload, which
 reads the same socket, is over).  A worker that falls silent has its
 requests that may be retried moved elsewhere at once (``fail_silent``).
-The same greenlet runs the LB's other periodic chores (``tick``).
+The same greenlet runs the LB's other periodic chores (``tick``).  A turn
+that fails is logged with its traceback once, then at most once a minute
+while it fails on (``Failing``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 
 WATCH_CLIENT_AFTER = 1.0  # seconds without a response before watching for a hang-up
 WATCHDOG_INTERVAL = 0.25
+SAY_FAILURES_EVERY = 60.0  # seconds: a turn that fails on and on is said at most this often
 
 _Waiting = Tuple[float, Any, Optional[Upload], bool]
 """A request waiting for its response to start: when it was sent, its
@@ -54,6 +57,8 @@ class Awaiting:
         # Of those, the ones whose client is watched for a hang-up (``_watch``).
         self.watchers: Dict[Exchange, gevent.Greenlet] = {}
         self.watchdog: Optional[gevent.Greenlet] = None
+        self.chores_failing = Failing("the LB's chores")
+        self.turns_failing = Failing("the response watchdog")
 
     def receive(self, exchange: Exchange, upload: Optional[Upload], sock: Any,
                 retryable: bool, sent: float) -> Response:
@@ -109,18 +114,23 @@ class Awaiting:
     def _watch_slow_responses(self) -> None:
         while True:
             gevent.sleep(WATCHDOG_INTERVAL)
+            now = time.monotonic()
             try:
-                self._look(time.monotonic())
-            except Exception:  # (a bug here must not end the timeouts for good)
-                log.exception("the response watchdog failed a turn")
+                self._look(now)
+            except Exception as exc:  # (a bug here must not end the timeouts for good)
+                self.turns_failing.failed(now, exc)
+            else:
+                self.turns_failing.worked()
 
     def _look(self, now: float) -> None:
         """One turn of the watchdog: the LB's chores, then the requests
         (whatever became of the chores)."""
         try:
             self.tick(now)
-        except Exception:  # (a chore that fails every turn must not stop the timeouts)
-            log.exception("the LB's chores failed a turn")
+        except Exception as exc:  # (a chore that fails every turn must not stop the timeouts)
+            self.chores_failing.failed(now, exc)
+        else:
+            self.chores_failing.worked()
         timeout = self.response_timeout
         for exchange, (started, sock, upload, _) in list(self.waiting.items()):
             if exchange.inbox:  # (its response came: its owner has yet to run)
@@ -138,6 +148,41 @@ class Awaiting:
         which reads the same socket, is over)."""
         if sock is not None and (upload is None or upload.done):
             self.watchers[exchange] = gevent.spawn(watch_client, sock, exchange)
+
+
+class Failing:
+    """What a turn of the watchdog that keeps failing says: its first
+    failure, with the traceback; then, while it fails on, at most one line
+    every SAY_FAILURES_EVERY seconds saying how many turns failed since
+    (and the latest error); and that it works again.  Not a traceback
+    four times a second for as long as a bug lasts."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.turns = 0  # failed in a row
+        self.unsaid = 0  # of those, failed since the last line said
+        self.said = 0.0  # when that line was said
+
+    def failed(self, now: float, error: Exception) -> None:
+        """A turn failed with ``error`` (call it from the ``except`` that
+        caught it: the first is logged with its traceback)."""
+        self.turns += 1
+        if self.turns == 1:
+            log.exception("%s failed a turn", self.what)
+            self.said = now
+        elif now - self.said >= SAY_FAILURES_EVERY:
+            log.error("%s failed %d more turns in %.0fs (%d in a row), the latest with "
+                      "%s: %s", self.what, self.unsaid + 1, now - self.said, self.turns,
+                      type(error).__name__, error)
+            self.said, self.unsaid = now, 0
+        else:
+            self.unsaid += 1
+
+    def worked(self) -> None:
+        """A turn worked: if turns failed before it, say they are over."""
+        if self.turns:
+            log.warning("%s ran again, after %d failed turns", self.what, self.turns)
+            self.turns = self.unsaid = 0
 
 
 def watch_client(sock: Any, exchange: Exchange) -> None:
