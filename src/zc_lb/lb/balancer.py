@@ -16,7 +16,8 @@ worker when the response ends.
 Failure semantics (docs/design.rst, "Failure semantics"): a worker lost
 before the response starts means a transparent retry for a GET or HEAD
 without a body, and 502 otherwise; lost mid-body, the iterator raises and the front server closes
-the client's connection, so a truncated body never looks complete; no
+the client's connection, so a truncated body never looks complete (either
+way the loss counts toward the worker's ejection); no
 worker in time gives 503.  All errors become responses in ``_error``.
 """
 
@@ -238,15 +239,15 @@ class LB:
 
     def _body(self, connection: Connection, exchange: Exchange, upload: Optional[Upload],
               length: Optional[int], response: Response) -> Iterable[bytes]:
-        """The response's body, to the client: ``length`` bytes of it (None:
-        as many as come)."""
+        """The response's body: ``length`` bytes of it (None: all that come)."""
         if (response.end and upload is None
                 and (length is None or length == len(response.body))):
             # The whole response came in one piece: the worker is done
             # with it, and the front sends it in one write.
             self.flight.worker_done(connection)
             return [response.body]
-        return ResponseBody(self.flight, connection, exchange, upload, length, response)
+        return ResponseBody(self.flight, connection, exchange, upload, length, response,
+                            self.fleet.outcome)
 
     def _retry(self, environ: dict, counts: Dict[str, int], attempt: int) -> bool:
         """Whether a request lost with its worker (whose ``counts`` these

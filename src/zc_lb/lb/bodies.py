@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Hashable, Optional
+from typing import Callable, Hashable, Optional
 
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
 
-from zc_lb.errors import BadResponse, ClientError, ClientGone, RequestTooLarge, ZcLbError
+from zc_lb.errors import (BadResponse, ClientError, ClientGone, ConnectionClosed,
+                          ConnectionLost, RequestTooLarge, ZcLbError)
 from zc_lb.lb.spool import Spool, SpoolLimits
 from zc_lb.routing.pool import Pool
 from zc_lb.wire.connection import Connection
@@ -34,6 +35,9 @@ from zc_lb.wire.frames import Body, End, MAX_BODY, Response
 log = logging.getLogger(__name__)
 
 UPLOAD_CHUNK = MAX_BODY  # a request body is read and sent a frame at a time
+# How a worker fails a body it has started (counted toward its ejection, as
+# before the start): its connection lost or closed under it.
+WORKER_FAILURES = (ConnectionLost, ConnectionClosed)
 
 
 class InFlight:
@@ -158,11 +162,16 @@ class ResponseBody:
     is held to its Content-Length: bytes past it are dropped, and a body
     that ends short, or a worker lost mid-body, raises once the client
     has what came (the front server then closes the connection, so a
-    truncated body never looks complete)."""
+    truncated body never looks complete).  A worker that fails the body
+    (``WORKER_FAILURES``) is told to ``outcome`` (``Fleet.outcome``), once,
+    for outlier detection (lb/outlier.py); the request is not retried:
+    bytes of it went out."""
 
     def __init__(self, flight: InFlight, connection: Connection, exchange: Exchange,
-                 upload: Optional[Upload], length: Optional[int], response: Response) -> None:
+                 upload: Optional[Upload], length: Optional[int], response: Response,
+                 outcome: Optional[Callable[[Connection, bool], None]] = None) -> None:
         self.flight = flight
+        self.outcome = outcome
         self.connection = connection
         self.exchange = exchange
         self.upload = upload
@@ -212,6 +221,8 @@ class ResponseBody:
             self.error = failure if isinstance(failure, ZcLbError) else exc
             self._release()  # (its part is over: the client still reads what came)
             self._arrived.set()
+            if isinstance(exc, WORKER_FAILURES) and self.outcome is not None:
+                self.outcome(self.connection, False)
 
     def _grant(self) -> None:
         """Grant the worker credit for the bytes kept, unless the spool is
