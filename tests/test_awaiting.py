@@ -10,6 +10,7 @@ import time
 import gevent
 import pytest
 
+from zc_lb.lb.spool import SpoolLimits
 from test_hardening import poll, routes, stack  # noqa: F401 (stack: a fixture)
 
 pytestmark = pytest.mark.timeout(20)
@@ -50,6 +51,50 @@ def _read_to_eof(sock, timeout):
             return got
         got += data
     return None
+
+
+def test_a_worker_silent_mid_body_is_cut_off_counted_and_its_slot_freed(stack, caplog):
+    s = stack(routes({"/stall": _stalls_mid_body}), response_timeout=0.3,
+              outlier={"consecutive": 1, "max_share": 1.0})
+    peer = next(iter(s.lb.fleet.links))
+    started = time.monotonic()
+    got = _read_to_eof(_raw_get(s, "/stall"), timeout=2.0)
+    assert got is not None, "the client's connection is left open for ever"
+    assert got.startswith(b"HTTP/1.1 200 OK") and got.endswith(STALL_AFTER)
+    assert time.monotonic() - started < 1.5
+    poll(lambda: s.lb.in_flight == 0 and s.backlog() == 0, timeout=2, message="slot freed")
+    poll(lambda: not s.worker.requests, timeout=2, message="cancelled at the worker")
+    assert s.lb.fleet.worker_failures == 1
+    assert s.lb.fleet.ejector.ejected(peer)
+    [said] = [r for r in caplog.records if "/stall" in r.getMessage()]
+    assert said.levelno == logging.WARNING and peer in said.getMessage()
+
+
+def _big_stream(environ, start_response):
+    start_response("200 OK", [("Content-Length", str(256 * 64 * 1024))])
+    return (b"x" * (64 * 1024) for _ in range(256))
+
+
+def test_a_worker_held_back_for_a_slow_client_is_not_timed_out(stack):
+    # The spool is full and the client reads nothing for longer than the
+    # response timeout: the LB holds the worker back, which is the client's
+    # stall (client_timeout's), not the worker's.
+    size = 256 * 64 * 1024
+    s = stack(routes({"/big": _big_stream}), response_timeout=0.3,
+              spool_limits=SpoolLimits(memory=64 * 1024, disk=0))
+    sock = _raw_get(s, "/big", rcvbuf=16 * 1024)
+    poll(lambda: s.lb.flight.spool_limits.stalled > 0, message="the spool full")
+    gevent.sleep(0.7)  # (the client reads nothing: past the response timeout)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1 << 20)
+    got = len(head.partition(b"\r\n\r\n")[2])
+    while got < size:  # (counted, not kept: a copy of all each time would stall the loop)
+        data = sock.recv(1 << 20)
+        assert data, "the connection closed after %d bytes of the body" % got
+        got += len(data)
+    assert head.startswith(b"HTTP/1.1 200 OK") and got == size
+    assert s.lb.fleet.worker_failures == 0
 
 
 def test_a_worker_lost_mid_body_counts_once_toward_its_ejection(stack):

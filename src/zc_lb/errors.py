@@ -158,7 +158,9 @@ class BadResponse(WorkerError):
 
 
 class ResponseTimeout(WorkerError):
-    """The worker did not start a response within the response timeout."""
+    """The worker did not start a response within the response timeout
+    (504), or sent nothing more of one it started for as long, free to
+    (its client's connection is closed)."""
 
     http_status = 504
 

@@ -241,8 +241,9 @@ LB_SETTINGS = _table([
             where=ZOOKEEPER_ONLY),
     # Command line only.
     Setting("response_timeout", float, 300.0,
-            "seconds to wait for a worker to start responding, then 504; 0 waits "
-            "forever",
+            "seconds to wait for a worker to start responding, then 504, and "
+            "for more of a response it started while the LB lets it send, then "
+            "the client's connection is closed; 0 waits forever",
             minimum=0, metavar="S"),
     Setting("max_retries", int, 1,
             "retry a GET or HEAD whose worker was lost at most N times, while "

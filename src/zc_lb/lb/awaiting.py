@@ -1,9 +1,13 @@
-"""Requests sent to workers that await the start of their response.
+"""Requests sent to workers that await the start of their response, or
+the rest of it.
 
 One watchdog greenlet, not a timer per request, looks at them every
 ``WATCHDOG_INTERVAL``: a response that has not started within the
 ``response_timeout`` fails its request (ResponseTimeout: 504; a request
-whose body is still on its way counts from the body's last move), and the
+whose body is still on its way counts from the body's last move); one
+whose worker, free to send, sent nothing more of its body for as long
+(``ResponseBody.silent_for``: not while the LB holds the worker back for
+a slow client) is cut off (``ResponseBody.time_out``); and the
 client of one slower than ``WATCH_CLIENT_AFTER`` is watched for a
 hang-up, which cancels the request on its worker (once its upload, which
 reads the same socket, is over).  A worker that falls silent has its
@@ -27,7 +31,7 @@ from gevent.monkey import get_original  # type: ignore[import-untyped]
 
 from zc_lb.errors import (BadResponse, ClientGone, RequestCancelled, ResponseTimeout,
                           WorkerLost)
-from zc_lb.lb.bodies import Upload
+from zc_lb.lb.bodies import InFlight, Upload
 from zc_lb.wire.connection import Connection
 from zc_lb.wire.exchange import Exchange
 from zc_lb.wire.frames import Response
@@ -50,9 +54,10 @@ class Awaiting:
     """The requests awaiting their responses, and their watchdog."""
 
     def __init__(self, response_timeout: Optional[float],
-                 tick: Callable[[float], None]) -> None:
+                 tick: Callable[[float], None], flight: Optional[InFlight] = None) -> None:
         self.response_timeout = response_timeout
         self.tick = tick  # called with the time at every look
+        self.flight = flight  # (its ``streaming`` bodies are watched too)
         self.waiting: Dict[Exchange, _Waiting] = {}
         # Of those, the ones whose client is watched for a hang-up (``_watch``).
         self.watchers: Dict[Exchange, gevent.Greenlet] = {}
@@ -142,6 +147,14 @@ class Awaiting:
                 exchange.fail(ResponseTimeout("no response within %gs" % timeout))
             elif age > WATCH_CLIENT_AFTER and exchange not in self.watchers:
                 self._watch(exchange, sock, upload)
+        if timeout is not None and self.flight is not None and self.flight.streaming:
+            self._look_at_bodies(now, timeout, self.flight)
+
+    def _look_at_bodies(self, now: float, timeout: float, flight: InFlight) -> None:
+        """Cut off the responses whose worker fell silent mid-body."""
+        for body in list(flight.streaming):
+            if body.silent_for(now) > timeout:
+                body.time_out(timeout)
 
     def _watch(self, exchange: Exchange, sock: Any, upload: Optional[Upload]) -> None:
         """Cancel the exchange if the client hangs up (once the upload,

@@ -110,7 +110,7 @@ class LB:
         self.flight = InFlight(pool, spool_limits or SpoolLimits())
         self.max_retries = max_retries
         self.counters = Counters()
-        self.awaiting = Awaiting(response_timeout, self._tick)
+        self.awaiting = Awaiting(response_timeout, self._tick, self.flight)
         self._no_worker_watch: Optional[gevent.Greenlet] = None
         link_config = LinkConfig(secret, keepalive_interval, keepalive_timeout, drain_timeout)
         self.fleet = Fleet(pool, link_config, Ejector(**(outlier or {})),

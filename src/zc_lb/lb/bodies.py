@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Hashable, Optional
+from typing import Callable, Hashable, Optional, Set
 
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
 
 from zc_lb.errors import (BadResponse, ClientError, ClientGone, ConnectionClosed,
-                          ConnectionLost, RequestTooLarge, ZcLbError)
+                          ConnectionLost, RequestTooLarge, ResponseTimeout, ZcLbError)
 from zc_lb.lb.spool import Spool, SpoolLimits
 from zc_lb.routing.pool import Pool
 from zc_lb.wire.connection import Connection
@@ -36,8 +36,8 @@ log = logging.getLogger(__name__)
 
 UPLOAD_CHUNK = MAX_BODY  # a request body is read and sent a frame at a time
 # How a worker fails a body it has started (counted toward its ejection, as
-# before the start): its connection lost or closed under it.
-WORKER_FAILURES = (ConnectionLost, ConnectionClosed)
+# before the start): its connection lost or closed under it, or silent.
+WORKER_FAILURES = (ConnectionLost, ConnectionClosed, ResponseTimeout)
 
 
 class InFlight:
@@ -50,6 +50,8 @@ class InFlight:
         self.spool_limits = spool_limits  # (the responses' spools share them)
         self.requests = 0  # on workers
         self.responses = 0  # buffered, a client still being sent
+        # Of those, the ones whose worker still sends (the watchdog's: lb/awaiting.py)
+        self.streaming: Set[ResponseBody] = set()
         self.idle = gevent.event.Event()
         self.idle.set()
         self.woken = gevent.event.Event()
@@ -162,7 +164,9 @@ class ResponseBody:
     is held to its Content-Length: bytes past it are dropped, and a body
     that ends short, or a worker lost mid-body, raises once the client
     has what came (the front server then closes the connection, so a
-    truncated body never looks complete).  A worker that fails the body
+    truncated body never looks complete).  A worker silent mid-body while
+    it is free to send (``silent_for``) is cut off (``time_out``) by the
+    watchdog (lb/awaiting.py).  A worker that fails the body
     (``WORKER_FAILURES``) is told to ``outcome`` (``Fleet.outcome``), once,
     for outlier detection (lb/outlier.py); the request is not retried:
     bytes of it went out."""
@@ -185,11 +189,13 @@ class ResponseBody:
         self._stalled = False  # credit held back: the spool is full
         self._pump: Optional[gevent.Greenlet] = None
         self._closed = False
+        self.moved = time.monotonic()  # when the worker last sent some (or was let send)
         flight.response_started()  # (a drain waits for the client to have it all)
         if self._keep(response.body):
             if response.end:
                 self._end()
             else:
+                flight.streaming.add(self)
                 self._pump = gevent.spawn(self._take_body, len(response.body))
 
     def _take_body(self, owed: int) -> None:
@@ -208,6 +214,7 @@ class ResponseBody:
                     # holds the worker).
                     exchange.widen()
                 message = exchange.receive()
+                self.moved = time.monotonic()
                 if type(message) is End:
                     self._end()
                     return
@@ -236,8 +243,31 @@ class ResponseBody:
                 self._stalled = True
                 self.flight.spool_limits.stalled += 1
             return
+        if self._stalled:  # (held back until now: its silence counts from here)
+            self.moved = time.monotonic()
         self._owed, self._stalled = 0, False
         self.exchange.consumed(owed)
+
+    def silent_for(self, now: float) -> float:
+        """Seconds the worker has sent nothing of the body while free to
+        send: 0 while the LB holds it back (its spool full: the client's
+        stall) or while what it sent waits for the pump.  A request body
+        still on its way counts from its last move, as before the start."""
+        if self._stalled or self.exchange.inbox:
+            return 0.0
+        upload = self.upload
+        return now - (self.moved if upload is None else max(self.moved, upload.moved))
+
+    def time_out(self, timeout: float) -> None:
+        """The worker was silent mid-body for ``timeout`` seconds: cancel the
+        request there, as a client's hang-up does.  The pump ends: the
+        worker is back in the pool, counted failed (``outcome``), and the
+        client, once it has what came, has its connection closed."""
+        exchange = self.exchange
+        exchange.fail(ResponseTimeout(
+            "worker %s sent nothing more of the response for %gs (response_timeout)"
+            % (self.connection.peer, timeout)))
+        exchange.cancel()  # (the error stays the timeout's)
 
     def _keep(self, data: bytes) -> bool:
         """Spool ``data``; False (and the body over) if it goes past the
@@ -271,6 +301,7 @@ class ResponseBody:
         self._owed = 0  # (the worker's part is over: no credit to grant)
         if not self._released:
             self._released = True
+            self.flight.streaming.discard(self)
             self.flight.worker_done(self.connection)
 
     def __iter__(self):
