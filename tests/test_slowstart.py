@@ -186,6 +186,17 @@ def test_a_starters_share_is_its_decayed_part_of_the_pools_requests():
     assert 0.2 < every.share(400 + horizon, horizon) < 0.3
 
 
+def follow_moved_keys(pool, starter):
+    """Make a class the ``starter`` joined follow keys that went to
+    another class (a changed classifier): that class's stats and name."""
+    stats = next(iter(starter.joined))
+    rclass = next(name for name, known in pool.classes.items() if known is stats)
+    other = next(c for c in CLASSES if c != rclass)
+    for i in range(4):
+        pool.put(pool.get(rclass, "/%s/%d" % (other, i)))
+    return stats, rclass
+
+
 def test_a_class_that_follows_moved_keys_away_from_a_starter_no_longer_counts_for_it():
     # A class following its moved keys (a changed classifier) takes its
     # skills from its old members, a starter among them, and drops their
@@ -199,11 +210,7 @@ def test_a_class_that_follows_moved_keys_away_from_a_starter_no_longer_counts_fo
         if sum(starter.joined.values()) >= STARTED / len(pool):
             break
         traffic.one()
-    stats = next(iter(starter.joined))
-    rclass = next(name for name, known in pool.classes.items() if known is stats)
-    other = next(c for c in CLASSES if c != rclass)
-    for i in range(4):  # keys that went to another class: "rclass" follows them
-        pool.put(pool.get(rclass, "/%s/%d" % (other, i)))
+    stats, rclass = follow_moved_keys(pool, starter)
     assert stats.following and pool.starting.get(new) is starter
     # A class counts for the starter while it is skilled there.
     assert (stats in starter.joined) == (new in pool.skilled[rclass])
@@ -221,11 +228,7 @@ def test_a_starter_that_joins_a_class_again_after_it_followed_moved_keys_keeps_i
     starter = pool.starting[new]
     while not starter.joined:
         traffic.one()
-    stats = next(iter(starter.joined))
-    rclass = next(name for name, known in pool.classes.items() if known is stats)
-    other = next(c for c in CLASSES if c != rclass)
-    for i in range(4):  # keys that went to another class: "rclass" follows them
-        pool.put(pool.get(rclass, "/%s/%d" % (other, i)))
+    stats, rclass = follow_moved_keys(pool, starter)
     assert stats.following and new in pool.skilled[rclass]  # (joined again)
     assert rclass not in pool.stale.get(new, ())
     pool.new_resume("new", dict(new.resume))
