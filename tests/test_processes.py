@@ -212,7 +212,7 @@ def test_a_child_started_again_gets_the_signals_and_drains_that_came_meanwhile(
     monkeypatch.setattr(processes, "fetch", lambda address, action=None, params=None,
                         token=None, **_: asked.append((action, params["worker"])) or {
                             "done": action})
-    monkeypatch.setattr(processes, "RESTART_EVERY", 0.0)
+    monkeypatch.setattr(processes, "RESTART_MIN", 0.0)
     supervisor = processes.Supervisor(1, ["lb"], ("127.0.0.1", 0))
     child = processes.Child(0, [], -1, "INFO")
     child.argv, child.fds = [sys.executable, "-c", STARTING_CHILD, str(tmp_path / "got")], ()
@@ -245,6 +245,100 @@ def test_a_child_started_again_gets_the_signals_and_drains_that_came_meanwhile(
         for process in (first, child.process):
             process.kill()
             process.wait()
+
+
+def one_child(script, *args):
+    """A Supervisor of one child running ``script`` (Python) with ``args``,
+    started (not watched yet)."""
+    import sys
+
+    from zc_lb.process import processes
+
+    supervisor = processes.Supervisor(1, ["lb"], ("127.0.0.1", 0))
+    child = processes.Child(0, [], -1, "INFO")
+    child.argv, child.fds = [sys.executable, "-c", script, *map(str, args)], ()
+    supervisor.children = [child]
+    child.start()
+    return supervisor, child
+
+
+def wait_until(condition, timeout=10.0):
+    import gevent
+
+    for _ in range(int(timeout / 0.01)):
+        if condition():
+            return
+        gevent.sleep(0.01)
+    raise AssertionError("timed out")
+
+
+def test_a_child_is_started_again_at_once_after_a_good_run_else_after_a_growing_pause():
+    from zc_lb.process.processes import HEALTHY_RUN, RESTART_MAX, RESTART_MIN, Backoff
+
+    backoff = Backoff()
+    pauses = [backoff.after_exit(0.5, 2) for _ in range(12)]
+    assert pauses[:3] == [RESTART_MIN, RESTART_MIN * 2, RESTART_MIN * 4]
+    assert pauses[-1] == RESTART_MAX and pauses == sorted(pauses)
+    assert backoff.after_exit(HEALTHY_RUN, 1) == 0.0  # (it served for a while)
+    assert backoff.after_exit(0.5, 2) == RESTART_MIN
+    assert backoff.after_exit(0.5, 0) == 0.0  # (it ended well: --max-requests)
+    assert backoff.failed() == RESTART_MIN and backoff.failed() == RESTART_MIN * 2
+
+
+FAILING_CHILD = "import sys; sys.exit(2)"
+
+
+def test_a_child_failing_at_start_is_tried_again_less_and_less_often(monkeypatch, caplog):
+    # It was started again once a second for ever, two lines logged each
+    # time (its exit, and that it "did not start").
+    import gevent
+
+    from zc_lb.process import processes
+
+    monkeypatch.setattr(processes, "RESTART_MIN", 0.01, raising=False)
+    caplog.set_level("INFO", logger=processes.__name__)
+    supervisor, child = one_child(STARTING_CHILD, "/dev/null")
+    child.argv[2] = FAILING_CHILD
+    child.process.kill()
+    watcher = gevent.spawn(supervisor._watch, child)
+    try:
+        wait_until(lambda: len(said(caplog)) >= 4)
+    finally:
+        supervisor.stopping = True
+        watcher.kill()
+    lines = said(caplog)
+    assert all(" exited with status " in line for line in lines), lines  # (one line a time)
+    assert [line.rsplit(" ", 1)[1] for line in lines[:4]] == [
+        "0.01s", "0.02s", "0.04s", "0.08s"], lines
+    assert all("before it served" in line for line in lines[1:]), lines
+
+
+def said(caplog):
+    """What the supervisor logged."""
+    return [record.getMessage() for record in caplog.records
+            if record.name == "zc_lb.process.processes"]
+
+
+def test_a_stop_while_a_child_starts_again_is_no_error(caplog):
+    # The child, ended by the stop, was logged "did not start".
+    import gevent
+
+    supervisor, child = one_child(STARTING_CHILD, "/dev/null")
+    first = child.process
+    watcher = gevent.spawn(supervisor._watch, child)
+    try:
+        first.kill()
+        wait_until(lambda: child.process is not first)  # (it is starting)
+        supervisor.stop(timeout=5)
+        watcher.join(5)
+        assert watcher.dead and child.process.poll() is not None
+        assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+    finally:
+        watcher.kill()
+        for process in (first, child.process):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
 
 
 def samples(collector):

@@ -18,8 +18,9 @@ address), and a POST action goes to every child.  SIGHUP (read --config
 again) and SIGUSR1 (reopen the access log) are passed on to every child,
 as are SIGTERM and SIGINT, on which each child drains as a single LB
 does; the supervisor exits when they all have.  A child that dies otherwise is
-started again (at most once a second), so one crash does not halve the
-LB for good; once it serves, it is given the SIGHUP and SIGUSR1 that came
+started again, so one crash does not halve the LB for good: at once if
+it ran for a while, after a growing pause if it keeps failing at start
+(``Backoff``, the rule of ``worker -w`` too); once it serves, it is given the SIGHUP and SIGUSR1 that came
 while it started, and the drains not undone.
 
 In ZooKeeper mode each child registers as an LB of its own
@@ -51,7 +52,9 @@ log = logging.getLogger(__name__)
 READY = "zc-lb lb listening on "
 STATUS_READY = "zc-lb status on "
 START_TIMEOUT = 30.0
-RESTART_EVERY = 1.0  # seconds between restarts of a child that died
+RESTART_MIN = 0.1  # seconds before a child failing at start is started again, doubling
+RESTART_MAX = 10.0
+HEALTHY_RUN = 5.0  # seconds a child must have run for its exit to be no failure
 # What the summed document needs of each child's: every worker's every
 # skill (its skills_count, and the workers skilled for each class), and
 # every class counted (a class's sum goes back if a child's share of it
@@ -106,6 +109,7 @@ class Child:
         self.started = 0.0
         self.ready = False  # (it said its status address: it handles signals)
         self.missed: Set[int] = set()  # signals that came while it started
+        self.backoff = Backoff()
 
     @property
     def serving(self) -> bool:
@@ -217,26 +221,43 @@ class Supervisor:
 
     def _watch(self, child: Child) -> None:
         """Start ``child`` again whenever it dies (not when we stop them),
-        at most once every RESTART_EVERY seconds: a greenlet per child,
-        waiting on its exit (gevent's child watcher), not polling."""
-        import gevent
-
+        after a pause if it keeps failing at start (``Backoff``): a greenlet
+        per child, waiting on its exit (gevent's child watcher), not polling."""
         while not self.stopping:
             process = child.process
             assert process is not None
             process.wait()
             if self.stopping:
                 return
-            log.warning("LB process %d (pid %d) exited with status %s; starting it again",
-                        child.index, process.pid, process.returncode)
-            gevent.sleep(max(0.0, child.started + RESTART_EVERY - time.monotonic()))
-            if not self.stopping:
-                try:
-                    child.start()
-                except (ZcLbError, OSError) as exc:  # (OSError: it could not be run at all)
-                    log.error("LB process %d: %s", child.index, exc)
-                else:
-                    self._catch_up(child)
+            ran = time.monotonic() - child.started
+            pause = child.backoff.after_exit(ran, process.returncode)
+            log.warning("LB process %d (pid %d) exited with status %s after %.1fs%s; "
+                        "starting it again%s", child.index, process.pid, process.returncode,
+                        ran, "" if child.ready else ", before it served",
+                        " in %gs" % pause if pause else "")
+            self._start_again(child, pause)
+
+    def _start_again(self, child: Child, pause: float) -> None:
+        """Start ``child`` after ``pause`` seconds; once it serves, catch it
+        up.  One that exits before it serves is left to ``_watch`` (which
+        says so, once); one that cannot be run at all is tried again."""
+        import gevent
+
+        while True:
+            gevent.sleep(pause)
+            if self.stopping:
+                return
+            try:
+                child.start()
+            except OSError as exc:  # (it could not be run at all)
+                pause = child.backoff.failed()
+                log.error("LB process %d cannot be run (%s): trying again in %gs",
+                          child.index, exc, pause)
+                continue
+            except ZcLbError:
+                return  # (it exited before it served)
+            self._catch_up(child)
+            return
 
     def _catch_up(self, child: Child) -> None:
         """Give ``child``, started again, what its siblings were given while
@@ -424,6 +445,32 @@ def _status_server(args, supervisor: "Supervisor"):
         supervisor.stop(timeout=5)  # (its children started: they drain, and end)
         raise
     return status
+
+
+class Backoff:
+    """When a supervisor (this one, and ``worker -w``'s) starts again a
+    child that exited: at once if it ran for HEALTHY_RUN seconds or more,
+    or exited well (status 0: ``--max-requests``, a SIGTERM of its own);
+    else, failing at start, after a pause that doubles at each failure in
+    a row, from RESTART_MIN to RESTART_MAX, and is short again once the
+    child has run well.  No I/O: the supervisor sleeps."""
+
+    def __init__(self) -> None:
+        self.pause = RESTART_MIN
+
+    def after_exit(self, ran: float, status: Optional[int]) -> float:
+        """Seconds to wait before starting again a child that exited with
+        ``status`` after running ``ran`` seconds."""
+        if ran >= HEALTHY_RUN or status == 0:
+            self.pause = RESTART_MIN
+            return 0.0
+        return self.failed()
+
+    def failed(self) -> float:
+        """Seconds to wait before starting again a child that failed at
+        start (or could not be run at all); the next pause is twice as long."""
+        pause, self.pause = self.pause, min(self.pause * 2, RESTART_MAX)
+        return pause
 
 
 def die_with_parent(parent: int):

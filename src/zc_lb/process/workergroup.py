@@ -49,9 +49,6 @@ from zc_lb.sockets import UNIX, listening_socket, parse_address, parse_listen
 
 log = logging.getLogger(__name__)
 
-RESTART_MIN = 0.1  # seconds before a failing child is started again, doubling
-RESTART_MAX = 10.0
-HEALTHY_RUN = 5.0  # seconds a child must have run for its exit to be no failure
 STOP_TIMEOUT = 60.0  # seconds a child may take to drain after SIGTERM
 LISTEN_BACKLOG = 128  # LB connections a held socket queues while its process restarts
 READY = "zc-lb worker listening on "  # a child's first line, once it handles signals
@@ -138,6 +135,8 @@ class Child:
 
     def __init__(self, index: int, argv: List[str], sock: Optional[socket.socket] = None,
                  cwd: Optional[str] = None, kept: Any = None) -> None:
+        from zc_lb.process.processes import Backoff
+
         self.index = index
         self.kept = kept  # (cli/reload.py's KeptConfig: --config as last read well)
         self.sock = sock
@@ -146,7 +145,7 @@ class Child:
         self.command = [sys.executable, "-m", "zc_lb.cli", *self.argv]
         self.process: Optional[subprocess.Popen] = None
         self.started = 0.0
-        self.pause = RESTART_MIN
+        self.backoff = Backoff()  # (the rule of lb --processes too)
         self.not_before = 0.0  # (failing at start: when to try again)
         self.ready = False  # (it said READY: it handles signals)
         self.missed: Set[int] = set()  # signals that came while it started
@@ -224,21 +223,20 @@ class WorkerGroup:
                     continue
                 if not child.not_before:
                     ran = now - child.started
+                    # (failing at start: longer each time; the others' restarts wait not)
+                    pause = child.backoff.after_exit(ran, process.returncode)
                     log.info("worker process %d (pid %d) exited with status %s after %.1fs; "
-                             "starting it again", child.index, process.pid,
-                             process.returncode, ran)
-                    if ran < HEALTHY_RUN and process.returncode != 0:
-                        # failing at start: longer each time (the others' restarts wait not)
-                        child.not_before = now + child.pause
-                        child.pause = min(child.pause * 2, RESTART_MAX)
+                             "starting it again%s", child.index, process.pid,
+                             process.returncode, ran, " in %gs" % pause if pause else "")
+                    if pause:
+                        child.not_before = now + pause
                         continue
-                    child.pause = RESTART_MIN  # (served its share, or ran well)
                 child.not_before = 0.0
                 try:
                     child.start()
                 except OSError as exc:  # (it could not be run at all: try again later)
                     log.error("worker process %d: %s", child.index, exc)
-                    child.not_before = now + child.pause
+                    child.not_before = now + child.backoff.failed()
 
     def signal_all(self, signum: int) -> None:
         """Pass ``signum`` on to every child (to one starting, once it
