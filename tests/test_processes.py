@@ -341,6 +341,42 @@ def test_a_stop_while_a_child_starts_again_is_no_error(caplog):
                 process.wait()
 
 
+def test_a_stop_while_a_child_is_launched_again_stops_it_too(monkeypatch):
+    # Popen yields (gevent's waits for the exec): a stop that came then sent
+    # the new process no SIGTERM, and did not wait for it; it ran on until
+    # the supervisor had exited (PDEATHSIG).
+    import gevent
+    import gevent.event
+    import gevent.subprocess
+
+    supervisor, child = one_child(STARTING_CHILD, "/dev/null")
+    first = child.process
+    launching = gevent.event.Event()
+    popen = gevent.subprocess.Popen
+
+    def slow_popen(*args, **kwargs):
+        launching.set()
+        gevent.sleep(0.3)
+        return popen(*args, **kwargs)
+
+    monkeypatch.setattr(gevent.subprocess, "Popen", slow_popen)
+    watcher = gevent.spawn(supervisor._watch, child)
+    try:
+        first.kill()
+        assert launching.wait(10)
+        supervisor.stop(timeout=5)
+        assert child.process is not first
+        assert child.process.poll() == -signal.SIGTERM  # (stopped, and reaped)
+    finally:
+        supervisor.stopping = True
+        watcher.join(5)
+        watcher.kill()
+        for process in (first, child.process):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
 def samples(collector):
     """{(name, label values): value} of ``collector``'s exposition."""
     from prometheus_client.parser import text_string_to_metric_families

@@ -94,6 +94,8 @@ class Child:
     def __init__(self, index: int, argv: List[str], fd: int, log_level: str,
                  cwd: Optional[str] = None, siblings_fd: Optional[int] = None,
                  kept: Any = None) -> None:
+        import gevent.event
+
         self.index = index
         self.kept = kept  # (cli/reload.py's KeptConfig: --config as last read well)
         self.cwd = cwd  # where the supervisor started: --chdir means the same there
@@ -105,6 +107,8 @@ class Child:
         self.fds = (fd,) if siblings_fd is None else (fd, siblings_fd)
         self.fd = fd
         self.process: Optional[subprocess.Popen] = None
+        self.launched = gevent.event.Event()  # (not set while a launch is under way)
+        self.launched.set()
         self.status: Optional[str] = None
         self.started = 0.0
         self.ready = False  # (it said its status address: it handles signals)
@@ -132,9 +136,13 @@ class Child:
         self.missed.clear()  # (it reads --config and opens its log from now on)
         env = dict(os.environ, **(self.kept.environ if self.kept is not None else {}))
         env.pop("NOTIFY_SOCKET", None)  # the supervisor is the service's main process
-        self.process = gevent.subprocess.Popen(
-            self.argv, pass_fds=self.fds, stdout=subprocess.PIPE, text=True, env=env,
-            preexec_fn=die_with_parent(os.getpid()), cwd=self.cwd)
+        self.launched.clear()  # (Popen yields: a stop meanwhile waits for the process)
+        try:
+            self.process = gevent.subprocess.Popen(
+                self.argv, pass_fds=self.fds, stdout=subprocess.PIPE, text=True, env=env,
+                preexec_fn=die_with_parent(os.getpid()), cwd=self.cwd)
+        finally:
+            self.launched.set()
 
     def wait_started(self) -> None:
         import gevent
@@ -279,6 +287,8 @@ class Supervisor:
     def stop(self, timeout: float) -> None:
         """SIGTERM every child (each drains) and wait for them all."""
         self.stopping = True
+        for child in self.children:  # (one being launched again is stopped with the others)
+            child.launched.wait(timeout)
         for child in self.children:
             if child.process is not None and child.process.poll() is None:
                 child.process.send_signal(signal.SIGTERM)
