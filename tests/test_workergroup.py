@@ -213,6 +213,24 @@ def test_a_group_with_a_secret_file_it_cannot_read_is_refused_at_start(tmp_path)
     assert group.log().count("cannot read secret file %s" % (tmp_path / "missing")) == 1
 
 
+def test_a_pid_file_that_cannot_be_written_is_one_error_and_starts_no_process(tmp_path):
+    # It was written once the children had started, out of the clean stop:
+    # they were ended by PDEATHSIG alone, and the --config copy was left.
+    config = tmp_path / "worker.toml"
+    config.write_text("[worker]\nhistory = 100\n")
+    copies = tmp_path / "tmp"
+    copies.mkdir()
+    port = consecutive_ports(2)
+    group = start_group("-w", "2", "--listen", "127.0.0.1:%d" % port, "--config", str(config),
+                        "--pid-file", str(tmp_path / "missing" / "w.pid"),
+                        env={"TMPDIR": str(copies)})
+    out, _ = group.communicate(timeout=30)
+    assert group.returncode == 2, group.log()
+    assert group.log().count("--pid-file %s" % (tmp_path / "missing" / "w.pid")) == 1
+    assert "listening" not in out and "worker processes" not in group.log(), group.log()
+    assert not list(copies.iterdir())  # (no copy left behind)
+
+
 def test_a_process_killed_leaves_its_port_held_for_the_next():
     """The supervisor holds each child's socket: while a killed child is
     started again, an LB connecting is queued, not refused, and the next

@@ -298,13 +298,12 @@ def run(args, argv: Sequence[str], kept: Any = None) -> int:
     signal.signal(signal.SIGUSR1, lambda number, _: group.signal_all(number))
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # (no hand-over here: not our end)
     pid_file = PidFile(args.pid_file)
-    group.start()
-    pid_file.write()
-    watcher = threading.Thread(target=group.watch, daemon=True)
-    watcher.start()
-    log.info("%d worker processes, pids %s", len(group.children),
-             " ".join(str(c.process.pid) for c in group.children if c.process))
     try:
+        pid_file.write()  # (signals are handled; a failure is one error, with no child to end)
+        group.start()
+        threading.Thread(target=group.watch, daemon=True).start()
+        log.info("%d worker processes, pids %s", len(group.children),
+                 " ".join(str(c.process.pid) for c in group.children if c.process))
         while not stop.wait(0.5):
             pass
     finally:
