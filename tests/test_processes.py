@@ -377,6 +377,55 @@ def test_a_stop_while_a_child_is_launched_again_stops_it_too(monkeypatch):
                 process.wait()
 
 
+def test_a_drain_a_child_started_again_refuses_is_asked_again_until_it_takes_it(
+        monkeypatch, caplog):
+    # In ZooKeeper mode a child started again knows no worker that was not
+    # registered then (away for maintenance, or named to it late): the drain
+    # was logged as an error, never asked again, and once the worker came
+    # that child alone sent it requests.
+    import gevent
+
+    from zc_lb.errors import ConfigurationError
+    from zc_lb.process import processes
+
+    known = {"10.0.0.1:9001", "10.0.0.2:9001"}
+    asked = []
+
+    def fetch(address, action=None, params=None, token=None, **_):
+        worker = params["worker"]
+        asked.append((worker, worker in known))
+        if worker not in known:
+            raise ConfigurationError("answered 400: drain: no worker %s" % worker)
+        return {"done": action}
+
+    monkeypatch.setattr(processes, "fetch", fetch)
+    monkeypatch.setattr(processes, "RESTART_MIN", 0.0, raising=False)
+    monkeypatch.setattr(processes, "DRAIN_RETRY", 0.01, raising=False)
+    supervisor, child = one_child(STARTING_CHILD, "/dev/null")
+    first = child.process
+    watcher = gevent.spawn(supervisor._watch, child)
+    try:
+        for worker in sorted(known):
+            supervisor.action("drain")(worker=worker)
+        known.discard("10.0.0.1:9001")  # (the child started again does not know it)
+        first.kill()
+        wait_until(lambda: ("10.0.0.1:9001", False) in asked)
+        wait_until(lambda: asked.count(("10.0.0.1:9001", False)) >= 3)  # (asked again)
+        known.add("10.0.0.1:9001")  # (ZooKeeper names it)
+        wait_until(lambda: asked[-1] == ("10.0.0.1:9001", True))
+        gevent.sleep(0.1)
+        assert asked[-1] == ("10.0.0.1:9001", True)  # (then no more)
+        assert asked.count(("10.0.0.2:9001", True)) == 2
+        assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+    finally:
+        supervisor.stopping = True
+        watcher.kill()
+        for process in (first, child.process):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
 def samples(collector):
     """{(name, label values): value} of ``collector``'s exposition."""
     from prometheus_client.parser import text_string_to_metric_families

@@ -20,8 +20,10 @@ as are SIGTERM and SIGINT, on which each child drains as a single LB
 does; the supervisor exits when they all have.  A child that dies otherwise is
 started again, so one crash does not halve the LB for good: at once if
 it ran for a while, after a growing pause if it keeps failing at start
-(``Backoff``, the rule of ``worker -w`` too); once it serves, it is given the SIGHUP and SIGUSR1 that came
-while it started, and the drains not undone.
+(``Backoff``, the rule of ``worker -w`` too).  Once it serves, it is
+given the SIGHUP and SIGUSR1 that came while it started, and the drains
+not undone (asked again until it takes each: in ZooKeeper mode it may
+not know the worker yet).
 
 In ZooKeeper mode each child registers as an LB of its own
 (``HOST:PORT#I``), so the pool's count of LBs counts processes: the
@@ -55,6 +57,7 @@ START_TIMEOUT = 30.0
 RESTART_MIN = 0.1  # seconds before a child failing at start is started again, doubling
 RESTART_MAX = 10.0
 HEALTHY_RUN = 5.0  # seconds a child must have run for its exit to be no failure
+DRAIN_RETRY = 1.0  # seconds between asks of a child started again to take a drain it refused
 # What the summed document needs of each child's: every worker's every
 # skill (its skills_count, and the workers skilled for each class), and
 # every class counted (a class's sum goes back if a child's share of it
@@ -276,13 +279,46 @@ class Supervisor:
                      child.index, signal.Signals(signum).name)
             child.process.send_signal(signum)
         child.missed.clear()
-        for worker in sorted(self.drained):
+        refused = self._drain_in(child, sorted(self.drained))
+        if refused:
+            import gevent
+
+            gevent.spawn(self._drain_later, child, child.process, refused)
+
+    def _drain_in(self, child: Child, workers: List[str]) -> Dict[str, ZcLbError]:
+        """Ask ``child`` to drain each of ``workers``: those it refused, and why."""
+        refused = {}
+        for worker in workers:
             try:
                 fetch(child.status, action="drain", params={"worker": worker},
                       token=self.admin_token)
             except ZcLbError as exc:
-                log.error("LB process %d, started again, does not have worker %s drained: %s",
-                          child.index, worker, exc)
+                refused[worker] = exc
+        return refused
+
+    def _drain_later(self, child: Child, process: Any, refused: Dict[str, ZcLbError]) -> None:
+        """Ask ``child`` (``process``, started again) every DRAIN_RETRY
+        seconds to drain the workers it ``refused``: in ZooKeeper mode it
+        knows no worker that was not registered when it started (one away
+        for maintenance, or named to it late), and would send it requests
+        once it comes.  Until it takes each, the worker is enabled, the
+        process ends, or we stop."""
+        import gevent
+
+        for worker, exc in sorted(refused.items()):
+            log.warning("LB process %d, started again, does not have worker %s drained yet "
+                        "(%s): asking it again every %gs", child.index, worker, exc,
+                        DRAIN_RETRY)
+        pending = set(refused)
+        while pending:
+            gevent.sleep(DRAIN_RETRY)
+            pending &= self.drained
+            if self.stopping or child.process is not process or not child.serving:
+                return
+            refused = self._drain_in(child, sorted(pending))
+            for worker in sorted(pending - set(refused)):
+                log.info("LB process %d has worker %s drained now", child.index, worker)
+            pending = set(refused)
 
     def stop(self, timeout: float) -> None:
         """SIGTERM every child (each drains) and wait for them all."""
