@@ -653,6 +653,26 @@ def test_children_that_cannot_start_make_the_lb_exit_with_status_2():
     assert "did not start" in done.stderr
 
 
+def test_a_pid_file_that_cannot_be_written_stops_the_children_and_leaves_nothing(tmp_path):
+    # The error left the children to end by PDEATHSIG once the supervisor
+    # had exited, and the --config copy behind.
+    import subprocess
+    import sys
+
+    config = tmp_path / "lb.toml"
+    config.write_text("[lb]\nvariance = 3.0\n")
+    copies = tmp_path / "tmp"
+    copies.mkdir()
+    pid_file = tmp_path / "missing" / "lb.pid"
+    done = subprocess.run(
+        [sys.executable, "-m", "zc_lb.cli", "lb", "--listen", "127.0.0.1:0", "--processes", "2",
+         "--config", str(config), "--pid-file", str(pid_file)],
+        capture_output=True, text=True, timeout=60, env=dict(os.environ, TMPDIR=str(copies)))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("--pid-file %s" % pid_file) == 1, done.stderr
+    assert not list(copies.iterdir()), done.stderr  # (no copy left behind)
+
+
 @pytest.mark.parametrize("option", ["--listen", "--status"])
 def test_an_address_in_use_is_named_by_its_option(option):
     import socket

@@ -456,14 +456,21 @@ def run(args, argv: Sequence[str], kept: Any = None) -> int:
             addresses["status"] = args.status
         return hand_over(args, sockets, addresses) and stop()
 
+    def ready() -> None:
+        # (ready once it could write its pid file: a new LB that could not
+        # leaves the old one serving)
+        try:
+            pid_file.write()
+        except ConfigurationError:
+            stop()  # (one error, and a clean stop: the children drain, nothing is left)
+            raise
+        restart.announce_ready()
+
     wait_for_signal({"SIGTERM": stop, "SIGINT": stop,
                      "SIGHUP": lambda: (kept is None or kept.take(),
                                         supervisor.send_signal(signal.SIGHUP))[1],
                      "SIGUSR1": lambda: supervisor.send_signal(signal.SIGUSR1),
-                     "SIGUSR2": upgrade},
-                    # (ready once it could write its pid file: a new LB that could
-                    # not leaves the old one serving)
-                    ready=lambda: (pid_file.write(), restart.announce_ready()))
+                     "SIGUSR2": upgrade}, ready=ready)
     log.info("lb stopped (%d processes)", len(supervisor.children))
     return 0
 
