@@ -363,3 +363,41 @@ def test_a_sighup_that_comes_while_a_process_starts_reaches_it_once_it_serves(tm
     finally:
         group.stop(timeout=5)
     assert child.process.returncode == -signal.SIGTERM
+
+
+def test_a_stop_while_a_process_is_started_again_stops_it_too(tmp_path, monkeypatch):
+    # A stop that came while the watcher started a child again sent the new
+    # process no SIGTERM (it found the old one, gone), nor waited for it.
+    import threading
+
+    from zc_lb.process.workergroup import WorkerGroup
+
+    group = WorkerGroup([[]])
+    (child,) = group.children
+    child.command = [sys.executable, "-c", STARTING_WORKER, str(tmp_path / "got")]
+    group.start()
+    first = child.process
+    launching = threading.Event()
+    popen = subprocess.Popen
+
+    def slow_popen(*args, **kwargs):
+        launching.set()
+        time.sleep(0.3)
+        return popen(*args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", slow_popen)
+    watcher = threading.Thread(target=group.watch, daemon=True)
+    watcher.start()
+    try:
+        first.kill()
+        assert launching.wait(10)
+        group.stop(timeout=5)
+        assert child.process is not first
+        assert child.process.poll() == -signal.SIGTERM  # (stopped, and reaped)
+    finally:
+        group.stopping.set()
+        watcher.join(5)
+        for process in (first, child.process):
+            if process.poll() is None:
+                process.kill()
+                process.wait()

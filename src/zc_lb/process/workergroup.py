@@ -232,11 +232,14 @@ class WorkerGroup:
                         child.not_before = now + pause
                         continue
                 child.not_before = 0.0
-                try:
-                    child.start()
-                except OSError as exc:  # (it could not be run at all: try again later)
-                    log.error("worker process %d: %s", child.index, exc)
-                    child.not_before = now + child.backoff.failed()
+                with child.lock:  # (stop takes it: a child starts before its SIGTERM, or not)
+                    if self.stopping.is_set():
+                        return
+                    try:
+                        child.start()
+                    except OSError as exc:  # (it could not be run at all: try again later)
+                        log.error("worker process %d: %s", child.index, exc)
+                        child.not_before = now + child.backoff.failed()
 
     def signal_all(self, signum: int) -> None:
         """Pass ``signum`` on to every child (to one starting, once it
@@ -248,8 +251,9 @@ class WorkerGroup:
         """SIGTERM every child (each drains), wait for them, kill stragglers."""
         self.stopping.set()
         for child in self.children:  # (one starting too: it has nothing to drain)
-            if child.process is not None and child.process.poll() is None:
-                child.process.send_signal(signal.SIGTERM)
+            with child.lock:  # (one being started again by ``watch``: once it is)
+                if child.process is not None and child.process.poll() is None:
+                    child.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
         for child in self.children:
             if child.process is None:
