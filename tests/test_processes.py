@@ -319,6 +319,53 @@ def said(caplog):
             if record.name == "zc_lb.process.processes"]
 
 
+def test_a_child_that_hangs_at_start_is_killed_in_time(monkeypatch):
+    # START_TIMEOUT was never used: the supervisor waited for ever (at its
+    # start, or the child, started again, was "starting" for good).
+    import sys
+
+    from zc_lb.errors import ConfigurationError
+    from zc_lb.process import processes
+
+    monkeypatch.setattr(processes, "START_TIMEOUT", 0.3)
+    child = processes.Child(0, [], -1, "INFO")
+    child.argv, child.fds = [sys.executable, "-c", "import time; time.sleep(5)"], ()
+    try:
+        with pytest.raises(ConfigurationError, match="did not start within 0.3s: killed"):
+            child.start()
+        assert child.process.returncode == -signal.SIGKILL and not child.ready
+    finally:
+        child.process.kill()
+        child.process.wait()
+
+
+def test_a_child_killed_for_hanging_at_start_is_tried_again_less_and_less_often(
+        monkeypatch, caplog):
+    # However long it took, a start that never served is a failed start.
+    import gevent
+
+    from zc_lb.process import processes
+
+    caplog.set_level("INFO", logger=processes.__name__)
+    supervisor, child = one_child(STARTING_CHILD, "/dev/null")
+    for name, value in (("START_TIMEOUT", 0.3), ("HEALTHY_RUN", 0.1), ("RESTART_MIN", 0.01)):
+        monkeypatch.setattr(processes, name, value)
+    child.argv[2] = "import time; time.sleep(5)"
+    gevent.sleep(0.2)  # (it served for a while)
+    child.process.kill()
+    watcher = gevent.spawn(supervisor._watch, child)
+    try:
+        wait_until(lambda: len(said(caplog)) >= 3)
+    finally:
+        supervisor.stopping = True
+        watcher.kill()
+        child.process.kill()
+        child.process.wait()
+    lines = said(caplog)
+    assert lines[0].endswith("; starting it again"), lines  # (at once)
+    assert [line.rsplit(" ", 1)[1] for line in lines[1:3]] == ["0.01s", "0.02s"], lines
+
+
 def test_a_stop_while_a_child_starts_again_is_no_error(caplog):
     # The child, ended by the stop, was logged "did not start".
     import gevent

@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 READY = "zc-lb lb listening on "
 STATUS_READY = "zc-lb status on "
-START_TIMEOUT = 30.0
+START_TIMEOUT = 60.0  # seconds a child has to say its status address (a new LB's too)
 RESTART_MIN = 0.1  # seconds before a child failing at start is started again, doubling
 RESTART_MAX = 10.0
 HEALTHY_RUN = 5.0  # seconds a child must have run for its exit to be no failure
@@ -148,15 +148,26 @@ class Child:
             self.launched.set()
 
     def wait_started(self) -> None:
+        """Wait until the process says its status address (it handles
+        signals from then on); ConfigurationError if it exits first, or
+        has not said it START_TIMEOUT seconds after its launch (killed)."""
         import gevent
 
         assert self.process is not None
         self.status = None
-        for line in self.process.stdout:  # type: ignore[union-attr]
-            if line.startswith(STATUS_READY):
-                self.status = line[len(STATUS_READY):].strip()
-            if self.status is not None:
-                break
+        timed_out = True
+        with gevent.Timeout(max(self.started + START_TIMEOUT - time.monotonic(), 0.01), False):
+            for line in self.process.stdout:  # type: ignore[union-attr]
+                if line.startswith(STATUS_READY):
+                    self.status = line[len(STATUS_READY):].strip()
+                if self.status is not None:
+                    break
+            timed_out = False
+        if timed_out:
+            self.process.kill()
+            self.process.wait()
+            raise ConfigurationError("LB process %d did not start within %gs: killed"
+                                     % (self.index, START_TIMEOUT))
         if self.status is None:
             raise ConfigurationError("LB process %d did not start (exit status %s)"
                                      % (self.index, self.process.wait()))
@@ -241,7 +252,8 @@ class Supervisor:
             if self.stopping:
                 return
             ran = time.monotonic() - child.started
-            pause = child.backoff.after_exit(ran, process.returncode)
+            # (one that never served failed at start, however long it took)
+            pause = child.backoff.after_exit(ran if child.ready else 0.0, process.returncode)
             log.warning("LB process %d (pid %d) exited with status %s after %.1fs%s; "
                         "starting it again%s", child.index, process.pid, process.returncode,
                         ran, "" if child.ready else ", before it served",
