@@ -291,8 +291,6 @@ FAILING_CHILD = "import sys; sys.exit(2)"
 def test_a_child_failing_at_start_is_tried_again_less_and_less_often(monkeypatch, caplog):
     # It was started again once a second for ever, two lines logged each
     # time (its exit, and that it "did not start").
-    import gevent
-
     from zc_lb.process import processes
 
     monkeypatch.setattr(processes, "RESTART_MIN", 0.01, raising=False)
@@ -300,13 +298,7 @@ def test_a_child_failing_at_start_is_tried_again_less_and_less_often(monkeypatch
     supervisor, child = one_child(STARTING_CHILD, "/dev/null")
     child.argv[2] = FAILING_CHILD
     child.process.kill()
-    watcher = gevent.spawn(supervisor._watch, child)
-    try:
-        wait_until(lambda: len(said(caplog)) >= 4)
-    finally:
-        supervisor.stopping = True
-        watcher.kill()
-    lines = said(caplog)
+    lines = watch_until_said(supervisor, child, caplog, 4)
     assert all(" exited with status " in line for line in lines), lines  # (one line a time)
     assert [line.rsplit(" ", 1)[1] for line in lines[:4]] == [
         "0.01s", "0.02s", "0.04s", "0.08s"], lines
@@ -353,15 +345,10 @@ def test_a_child_killed_for_hanging_at_start_is_tried_again_less_and_less_often(
     child.argv[2] = "import time; time.sleep(5)"
     gevent.sleep(0.2)  # (it served for a while)
     child.process.kill()
-    watcher = gevent.spawn(supervisor._watch, child)
     try:
-        wait_until(lambda: len(said(caplog)) >= 3)
+        lines = watch_until_said(supervisor, child, caplog, 3)
     finally:
-        supervisor.stopping = True
-        watcher.kill()
-        child.process.kill()
-        child.process.wait()
-    lines = said(caplog)
+        kill_left(child.process)
     assert lines[0].endswith("; starting it again"), lines  # (at once)
     assert [line.rsplit(" ", 1)[1] for line in lines[1:3]] == ["0.01s", "0.02s"], lines
 
@@ -382,10 +369,7 @@ def test_a_stop_while_a_child_starts_again_is_no_error(caplog):
         assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
     finally:
         watcher.kill()
-        for process in (first, child.process):
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        kill_left(first, child.process)
 
 
 def test_a_stop_while_a_child_is_launched_again_stops_it_too(monkeypatch):
@@ -398,15 +382,7 @@ def test_a_stop_while_a_child_is_launched_again_stops_it_too(monkeypatch):
 
     supervisor, child = one_child(STARTING_CHILD, "/dev/null")
     first = child.process
-    launching = gevent.event.Event()
-    popen = gevent.subprocess.Popen
-
-    def slow_popen(*args, **kwargs):
-        launching.set()
-        gevent.sleep(0.3)
-        return popen(*args, **kwargs)
-
-    monkeypatch.setattr(gevent.subprocess, "Popen", slow_popen)
+    launching = slow_launches(monkeypatch, gevent.subprocess, gevent.event.Event(), gevent.sleep)
     watcher = gevent.spawn(supervisor._watch, child)
     try:
         first.kill()
@@ -418,10 +394,7 @@ def test_a_stop_while_a_child_is_launched_again_stops_it_too(monkeypatch):
         supervisor.stopping = True
         watcher.join(5)
         watcher.kill()
-        for process in (first, child.process):
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        kill_left(first, child.process)
 
 
 def test_a_drain_a_child_started_again_refuses_is_asked_again_until_it_takes_it(
@@ -467,10 +440,7 @@ def test_a_drain_a_child_started_again_refuses_is_asked_again_until_it_takes_it(
     finally:
         supervisor.stopping = True
         watcher.kill()
-        for process in (first, child.process):
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        kill_left(first, child.process)
 
 
 def samples(collector):
@@ -787,3 +757,39 @@ def test_the_processes_see_each_others_requests_in_flight(processes_lb):
                        for child in children for name, w in child["workers"].items())
         wait_for(seen_alike, timeout=5, message="each child sees the others' requests")
         assert [f.result()[0] for f in slow] == [200] * len(slow)
+
+
+def kill_left(*processes):
+    """Kill and reap those of ``processes`` a test left running."""
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def slow_launches(monkeypatch, module, launching, sleep):
+    """Make ``module.Popen`` set ``launching``, then take 0.3 s (with
+    ``sleep``) before it launches: a stop can come meanwhile.  ``launching``."""
+    popen = module.Popen
+
+    def slow_popen(*args, **kwargs):
+        launching.set()
+        sleep(0.3)
+        return popen(*args, **kwargs)
+
+    monkeypatch.setattr(module, "Popen", slow_popen)
+    return launching
+
+
+def watch_until_said(supervisor, child, caplog, count):
+    """Let ``supervisor`` watch ``child`` until it has said ``count`` lines
+    of its exits (``said``), then stop it: the lines."""
+    import gevent
+
+    watcher = gevent.spawn(supervisor._watch, child)
+    try:
+        wait_until(lambda: len(said(caplog)) >= count)
+    finally:
+        supervisor.stopping = True
+        watcher.kill()
+    return said(caplog)

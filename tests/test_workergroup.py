@@ -14,6 +14,7 @@ import pytest
 
 from zc_lb.errors import ConfigurationError
 from zc_lb.testing import LBProcess, http_get, wait_for, write_text_app
+from test_processes import kill_left, slow_launches
 from zc_lb.process.workergroup import child_argv, offset
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -377,15 +378,7 @@ def test_a_stop_while_a_process_is_started_again_stops_it_too(tmp_path, monkeypa
     child.command = [sys.executable, "-c", STARTING_WORKER, str(tmp_path / "got")]
     group.start()
     first = child.process
-    launching = threading.Event()
-    popen = subprocess.Popen
-
-    def slow_popen(*args, **kwargs):
-        launching.set()
-        time.sleep(0.3)
-        return popen(*args, **kwargs)
-
-    monkeypatch.setattr(subprocess, "Popen", slow_popen)
+    launching = slow_launches(monkeypatch, subprocess, threading.Event(), time.sleep)
     watcher = threading.Thread(target=group.watch, daemon=True)
     watcher.start()
     try:
@@ -397,7 +390,4 @@ def test_a_stop_while_a_process_is_started_again_stops_it_too(tmp_path, monkeypa
     finally:
         group.stopping.set()
         watcher.join(5)
-        for process in (first, child.process):
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+        kill_left(first, child.process)
