@@ -2,9 +2,10 @@
 what ``make run`` starts.
 
 Rules: the workers are processes of their own (``zc-lb worker``), ended
-with the demo (killed if they do not end within ``WORKER_STOP_TIMEOUT``); the LB is built as ``zc-lb lb`` builds it, and says it is
-up once its workers are connected (at most ``DEMO_CONNECT_TIMEOUT``
-seconds), with commands to try.
+with the demo (killed if they do not end within ``WORKER_STOP_TIMEOUT``);
+the LB is built as ``zc-lb lb`` builds it, and says it is up once its
+workers are connected (at most ``DEMO_CONNECT_TIMEOUT`` seconds), with
+commands to try.
 """
 
 from __future__ import annotations
