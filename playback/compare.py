@@ -298,7 +298,9 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path, name: str = "zc-lb"
 def wait_for_pool(status: str, workers: Sequence[str], lbs: int, lb: subprocess.Popen,
                   timeout: float = START_TIMEOUT) -> None:
     """Wait until the LB's status says every worker is connected and in the
-    pool, and that it counts ``lbs`` LBs (with several, found in ZooKeeper)."""
+    pool, and, for a policy that counts LBs (the affinity pool, which hears
+    the others' keys), that it counts ``lbs`` (with several, found in
+    ZooKeeper); the published policy balances each LB alone."""
     from zc_lb.errors import ZcLbError
     from zc_lb.status.document import fetch
 
@@ -309,7 +311,7 @@ def wait_for_pool(status: str, workers: Sequence[str], lbs: int, lb: subprocess.
             doc = fetch(status)
         known = doc.get("workers", {})
         if (all(known.get(w, {}).get("connected") and known[w].get("in_pool") for w in workers)
-                and doc.get("pool", {}).get("lbs", 1) == lbs):
+                and doc.get("pool", {}).get("lbs", lbs) == lbs):
             return
         time.sleep(0.05)
     raise CompareError("the zc-lb LB at %s did not connect to all workers, or count %d LBs: "

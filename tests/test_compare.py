@@ -310,15 +310,17 @@ def test_a_zc_lb_row_keeps_what_the_affinity_pool_did():
 def test_several_lbs_take_turns_and_zc_lbs_find_each_other_in_zookeeper(tmp_path):
     # --lbs 2 without --zookeeper: compare starts a ZooKeeper in the run
     # directory; two zc-lb LBs find the workers and each other there, and
-    # relay keys; two HAProxies balance alone.  The clients take turns.
+    # relay keys; two HAProxies balance alone, as do two LBs of the
+    # published policy, which counts no LBs.  The clients take turns.
     import json
 
-    out = tiny_run(tmp_path, "--lbs", "2", "--balancers", "zc-lb,leastconn", "--json",
-                   "--cache-size", "20", "--miss-cost", "0.001", timeout=90)
+    out = tiny_run(tmp_path, "--lbs", "2", "--balancers", "zc-lb,zc-lb:published,leastconn",
+                   "--json", "--cache-size", "20", "--miss-cost", "0.001", timeout=120)
     result = json.loads(out)
     assert result["settings"]["lbs"] == 2
-    zc_lb, leastconn = result["results"]
-    assert zc_lb["errors"] == leastconn["errors"] == 0
+    zc_lb, published, leastconn = result["results"]
+    assert zc_lb["errors"] == published["errors"] == leastconn["errors"] == 0
+    assert len(published["lb_status"]["each"]) == 2
     each = zc_lb["lb_status"]["each"]
     assert len(each) == 2 and all(lb["requests"] > 0 for lb in each), each
     assert zc_lb["lb_status"]["requests"] >= 150
