@@ -10,7 +10,9 @@ Theory of operation
 
 Three balancers, one after the other, each in front of its own fresh set
 of ``-w`` cache-model processes (``playback.cacheapp``, same cache size,
-miss cost, objects per request and class on every process):
+miss cost, objects per request and class on every process, or on a mixed
+fleet, ``--cache-sizes`` and ``--speeds``, worker i the same behind every
+balancer):
 
 ``zc-lb``      ``zc-lb lb`` in front of ``zc-lb worker playback.cacheapp:app``
                processes (``--history`` requests between résumés; the
@@ -140,6 +142,8 @@ class Target:
     # HAProxy): whose CPU time the run reports, with the LBs' and the
     # database's
     server_pids: List[int] = dataclasses.field(default_factory=list)
+    # the cache app: each worker's name (X-Worker) -> the seconds a load takes it
+    miss_costs: Dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 # -- processes ------------------------------------------------------------
@@ -195,9 +199,34 @@ APP_SETTINGS = {name: name for name in ("cache_size", "miss_cost", "objects_per_
 APP_SETTINGS["worker_concurrency"] = "concurrency"
 
 
-def app_env(args: argparse.Namespace) -> Dict[str, str]:
-    """The cache app's settings as ZC_LB_CACHEAPP_* variables."""
-    return {ENV_PREFIX + setting.upper(): str(getattr(args, name))
+def cache_size_of(args: argparse.Namespace, number: int) -> int:
+    """Objects worker ``number`` (from 1) caches: ``--cache-size``, or on a
+    mixed fleet entry ``number - 1`` of ``--cache-sizes``, counted round
+    (as the simulator's lists)."""
+    sizes = args.cache_sizes
+    return sizes[(number - 1) % len(sizes)] if sizes else args.cache_size
+
+
+def miss_cost_of(args: argparse.Namespace, number: int) -> float:
+    """Seconds a load takes worker ``number``: ``--miss-cost`` over its
+    entry of ``--speeds``, counted round."""
+    speeds = args.speeds
+    return args.miss_cost / speeds[(number - 1) % len(speeds)] if speeds else args.miss_cost
+
+
+def worker_settings(args: argparse.Namespace, number: int) -> Dict[str, object]:
+    """Worker ``number``'s cache app settings, by compare's option names:
+    the same for every worker but on a mixed fleet.  Worker ``number``
+    gets the same settings behind every balancer."""
+    settings = {name: getattr(args, name) for name in APP_SETTINGS}
+    settings.update(cache_size=cache_size_of(args, number), miss_cost=miss_cost_of(args, number))
+    return settings
+
+
+def app_env(args: argparse.Namespace, number: int = 1) -> Dict[str, str]:
+    """Worker ``number``'s cache app settings as ZC_LB_CACHEAPP_* variables."""
+    settings = worker_settings(args, number)
+    return {ENV_PREFIX + setting.upper(): str(settings[name])
             for name, setting in APP_SETTINGS.items()}
 
 
@@ -208,12 +237,19 @@ def app_bound(args: argparse.Namespace) -> int:
     return args.worker_concurrency if args.app == "cache" else 0
 
 
-def app_argv(args: argparse.Namespace) -> List[str]:
+def app_argv(args: argparse.Namespace, number: int = 1) -> List[str]:
     """The same settings as ``python -m playback.cacheapp`` options."""
+    settings = worker_settings(args, number)
     argv: List[str] = []
     for name, setting in APP_SETTINGS.items():
-        argv += ["--" + setting.replace("_", "-"), str(getattr(args, name))]
+        argv += ["--" + setting.replace("_", "-"), str(settings[name])]
     return argv
+
+
+def miss_costs(args: argparse.Namespace, names: Sequence[str]) -> Dict[str, float]:
+    """Worker name (``X-Worker``, the i-th of ``names`` worker i) -> the
+    seconds its loads take."""
+    return {worker: miss_cost_of(args, number) for number, worker in enumerate(names, 1)}
 
 
 # -- the balancers ----------------------------------------------------------
@@ -248,7 +284,7 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path, name: str = "zc-lb"
                 server_pids.append(process.pid)
                 continue
             stats = "127.0.0.1:%d" % free_port()
-            env = dict(app_env(args), ZC_LB_CACHEAPP_WORKER_ID="zw%d" % i,
+            env = dict(app_env(args, i), ZC_LB_CACHEAPP_WORKER_ID="zw%d" % i,
                        ZC_LB_CACHEAPP_STATS_LISTEN=stats)
             argv = zc_lb + ["worker", CACHEAPP + ":app", "--listen", "127.0.0.1:0",
                             "--history", str(args.history)] + register
@@ -292,7 +328,7 @@ def zc_lb_target(args: argparse.Namespace, run_dir: Path, name: str = "zc-lb"
             wait_for_port(status, lb, START_TIMEOUT)
             wait_for_pool(status, workers, args.lbs, lb)
         yield Target(name, urls, stats_urls, [lb.pid for lb in lbs], statuses, database,
-                     server_pids)
+                     server_pids, miss_costs(args, ["zw%d" % i for i in range(1, args.workers + 1)]))
 
 
 def wait_for_pool(status: str, workers: Sequence[str], lbs: int, lb: subprocess.Popen,
@@ -387,7 +423,7 @@ def haproxy_target(name: str, args: argparse.Namespace, run_dir: Path) -> Iterat
             else:
                 process = stack.enter_context(spawned(
                     [sys.executable, "-m", CACHEAPP, "--listen", address,
-                     "--worker-id", "%s%d" % (name[0], i)] + app_argv(args), log))
+                     "--worker-id", "%s%d" % (name[0], i)] + app_argv(args, i), log))
             wait_for_port(address, process, START_TIMEOUT)
             servers.append(address)
             server_pids.append(process.pid)
@@ -403,7 +439,9 @@ def haproxy_target(name: str, args: argparse.Namespace, run_dir: Path) -> Iterat
             pids.append(process.pid)
         yield Target(name, ["http://%s" % listen for listen in listens],
                      [] if zeo else ["http://%s%s" % (s, STATS_PATH) for s in servers],
-                     pids, database=database, server_pids=server_pids)
+                     pids, database=database, server_pids=server_pids,
+                     miss_costs=miss_costs(args, ["%s%d" % (name[0], i)
+                                                  for i in range(1, args.workers + 1)]))
 
 
 def haproxy_config(template: Path, listen: str, servers: Sequence[str]) -> str:
@@ -540,18 +578,19 @@ def measure(name: str, warmup: list, entries: list, args: argparse.Namespace,
     if target.statuses:  # (zc-lb: its LBs' status says each worker's backlog)
         row["backlogs"] = backlogs.summary()
     # (the ZODB app's loads cost what the ZEO server takes, plus any delay)
-    row["loading"] = loading(report, args.miss_cost) if args.app == "cache" else {}
+    row["loading"] = loading(report, target.miss_costs) if args.app == "cache" else {}
     return row
 
 
-def loading(report: dict, miss_cost: float) -> Dict[str, float]:
+def loading(report: dict, miss_costs: Dict[str, float]) -> Dict[str, float]:
     """Worker -> the share of the replay it spent loading (its loads
-    times ``miss_cost``, over the replay's duration)."""
+    times its miss cost, over the replay's duration)."""
     duration = report["duration"]
     if duration <= 0:
         return {}
-    return {worker: loads * miss_cost / duration
-            for worker, loads in (report.get("worker_loads") or {}).items()}
+    return {worker: loads * miss_costs[worker] / duration
+            for worker, loads in (report.get("worker_loads") or {}).items()
+            if worker in miss_costs}
 
 
 def cpu_row(report: dict, cpu: Dict[str, float], database: bool) -> dict:
@@ -836,9 +875,14 @@ def format_header(args: argparse.Namespace, parse: dict, counts: Dict[str, int])
                      "ZooKeeper, HAProxy's each alone)" % args.lbs)
     if args.runs > 1:
         replayed += "; each balancer %d times, taking turns, the worst of them" % args.runs
-    app = ("cache app: %d objects cached/worker, miss %g ms, %d objects/request of %d/class, "
+    fleet = "%d objects cached/worker, miss %g ms" % (args.cache_size, args.miss_cost * 1000)
+    if args.cache_sizes or args.speeds:
+        fleet = "a mixed fleet: " + ", ".join("%d objects and miss %g ms" % (
+            cache_size_of(args, n), miss_cost_of(args, n) * 1000)
+            for n in range(1, args.workers + 1))
+    app = ("cache app: %s, %d objects/request of %d/class, "
            "skew %g,%s %s requests at once%s; zc-lb workers (%s) --history %d%s; LB%s" % (
-               args.cache_size, args.miss_cost * 1000, args.objects_per_request,
+               fleet, args.objects_per_request,
                args.objects_per_class, args.skew,
                " pages by path (queries ignored)," if args.page_key == "path" else "",
                args.worker_concurrency or "any",
@@ -917,6 +961,14 @@ def make_parser() -> argparse.ArgumentParser:
                      "(default %(default)s)")
     app.add_argument("--miss-cost", type=float, default=0.010,
                      help="seconds per cache miss, a database load (default %(default)s)")
+    app.add_argument("--cache-sizes", type=number_list(int), default=[], metavar="N,N,...",
+                     help="a fleet of unlike machines: worker i (from 1) caches entry i of "
+                     "this list, counted round (e.g. 150,600: every other worker four "
+                     "times the cache); instead of --cache-size")
+    app.add_argument("--speeds", type=number_list(float), default=[], metavar="S,S,...",
+                     help="with it or alone: worker i's loads take --miss-cost over entry i "
+                     "of this list, counted round (e.g. 1,1,2,2 with --cache-sizes "
+                     "150,600: each size at each speed, as the simulator's mixed_fleet)")
     app.add_argument("--objects-per-request", type=int, default=10)
     app.add_argument("--objects-per-class", type=int, default=1000)
     app.add_argument("--skew", type=float, default=0.0)
@@ -972,6 +1024,22 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def number_list(kind: type):
+    """An argparse type: a comma-separated list of positive finite numbers."""
+
+    def parse(text: str) -> list:
+        try:
+            numbers = [kind(item) for item in text.split(",") if item.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError("not a list of numbers: %r" % text) from None
+        if not numbers or not all(0 < n < float("inf") for n in numbers):
+            raise argparse.ArgumentTypeError("want positive numbers, comma-separated: %r" % text)
+        return numbers
+
+    parse.__name__ = "list of %s" % kind.__name__  # (argparse's "invalid ... value")
+    return parse
+
+
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     args.balancers = [b for b in args.balancers.split(",") if b]
     unknown = set(args.balancers) - set(BALANCERS) - {"zc-lb:" + p for p in ZC_LB_POLICIES}
@@ -984,6 +1052,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
     check_host_depth(parser, args)
     if args.worker_concurrency < 0:
         parser.error("--worker-concurrency must be 0 (no bound) or more")
+    if (args.cache_sizes or args.speeds) and args.app != "cache":
+        parser.error("--cache-sizes and --speeds shape the cache app's fleet (not --app %s)"
+                     % args.app)
     if args.app == "zodb":
         try:
             import gunicorn  # noqa: F401
@@ -1032,7 +1103,7 @@ def run(args: argparse.Namespace, run_dir: Path) -> dict:
         "logs", "format", "host", "host_from_segment", "host_depth", "max_requests", "warmup", "runs",
         "concurrency", "lbs",
         "workers", "history", "zc_lb_option", "zc_lb_workers", "zc_lb_worker_option",
-        "cache_signal", "app", "zodb_cache_size", "zeo_cache_size", "load_delay",
+        "cache_signal", "cache_sizes", "speeds", "app", "zodb_cache_size", "zeo_cache_size", "load_delay",
         "gunicorn_threads", "balancers") + tuple(APP_SETTINGS)}
     return {"settings": settings, "counts": counts, "parse": parse_stats.as_dict(),
             "cpus": os.cpu_count(), "log_dir": str(run_dir), "results": rows,
@@ -1069,7 +1140,7 @@ def floor_loads(warmup: list, measured: list, args: argparse.Namespace) -> float
     let one."""
     from .cacheapp import CacheModel, objects_for, page_name, request_class
 
-    model = CacheModel(args.workers * args.cache_size)
+    model = CacheModel(sum(cache_size_of(args, number) for number in range(1, args.workers + 1)))
     for n, entry in enumerate(warmup + measured):
         if n == len(warmup):
             model.misses = 0

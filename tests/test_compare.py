@@ -99,12 +99,13 @@ def test_haproxy_accepts_the_configs(name, tmp_path):
 
 
 @pytest.mark.skipif(not HAVE_HAPROXY, reason="needs haproxy (apt-get install haproxy)")
-def test_two_zc_lb_policies_in_one_run(tmp_path):
+def test_two_zc_lb_policies_in_one_run_on_a_mixed_fleet(tmp_path):
     log = tmp_path / "access.log"
     write_log(log)
     done = subprocess.run(
         [sys.executable, str(ROOT / "playback" / "compare.py"), str(log), "--host-from-segment", "1",
-         "-w", "2", "-c", "4", "-n", "100", "--warmup", "50", "--cache-size", "20",
+         "-w", "2", "-c", "4", "-n", "100", "--warmup", "50", "--cache-sizes", "10,30",
+         "--speeds", "1,2",
          "--objects-per-request", "3", "--objects-per-class", "20", "--page-objects", "1",
          "--miss-cost", "0.001", "--history", "10", "--log-dir", str(tmp_path / "run"),
          "--balancers", "zc-lb:affinity,zc-lb:published,leastconn", "--no-progress"],
@@ -117,6 +118,10 @@ def test_two_zc_lb_policies_in_one_run(tmp_path):
         assert float(row.group(4)) > 0
     floor = re.search(r"^floor .*: %s loads/request$" % NUMBER, done.stdout, re.M)
     assert floor and float(floor.group(1)) > 0  # (tiny LRUs: not always the least)
+    assert "a mixed fleet: 10 objects and miss 1 ms, 30 objects and miss 0.5 ms" in done.stdout
+    # each worker's loads timed at its own miss cost, found by its name
+    loading = re.search(r"^time each worker spent loading .*\n((?:  .*\n){3})", done.stdout, re.M)
+    assert loading and len(re.findall(NUMBER + "%", loading.group(1))) == 6, done.stdout
     for policy in ("affinity", "published"):  # each its own LB, logged apart
         assert (tmp_path / "run" / ("zc-lb-%s-lb.log" % policy)).exists()
     with pytest.raises(SystemExit):
@@ -206,8 +211,9 @@ def test_steal_and_busy_are_shares_of_the_ticks_between_readings():
 
 def test_loading_is_each_workers_loads_times_the_miss_cost_over_the_replay():
     report = {"duration": 2.0, "worker_loads": {"a": 50, "b": 150}}
-    assert compare.loading(report, 0.01) == {"a": 0.25, "b": 0.75}
-    assert compare.loading({"duration": 2.0}, 0.01) == {}  # no cache headers came back
+    assert compare.loading(report, {"a": 0.01, "b": 0.01}) == {"a": 0.25, "b": 0.75}
+    assert compare.loading(report, {"a": 0.02, "b": 0.01}) == {"a": 0.5, "b": 0.75}
+    assert compare.loading({"duration": 2.0}, {"a": 0.01}) == {}  # no cache headers came back
     rows = [{"balancer": "zc-lb", "loading": {"a": 0.75, "b": 0.25}},
             {"balancer": "leastconn", "loading": {}}]
     assert compare.format_loading(rows).splitlines()[1:] == ["  zc-lb       25%  75%"]
@@ -232,6 +238,56 @@ def test_the_floor_names_pages_as_the_workers_app_does():
         floors[page_key] = compare.floor_loads(entries[:2], entries[2:], args)
     assert floors["path"] == 0.0  # (the warm-up loaded the one page and its objects)
     assert floors["url"] >= 1.0  # (a page a query, each loaded once)
+
+
+def test_a_mixed_fleet_gives_each_worker_its_entry_of_the_lists_counted_round():
+    """--cache-sizes and --speeds: worker i takes entry i of each list,
+    counted round, behind every balancer; the floor caches what they
+    cache together."""
+    from zc_lb.playback.logparse import Entry
+
+    parser = compare.make_parser()
+    args = parser.parse_args(["x.log", "-w", "4", "--miss-cost", "0.010", "--cache-sizes",
+                              "150,450", "--speeds", "1,1,2,2", "--objects-per-request", "1",
+                              "--objects-per-class", "1000"])
+    compare.check_args(parser, args)
+    fleet = [(compare.app_env(args, n)["ZC_LB_CACHEAPP_CACHE_SIZE"],
+              float(compare.app_env(args, n)["ZC_LB_CACHEAPP_MISS_COST"])) for n in range(1, 5)]
+    assert fleet == [("150", 0.010), ("450", 0.010), ("150", 0.005), ("450", 0.005)]
+    argv = compare.app_argv(args, 4)
+    assert argv[argv.index("--cache-size") + 1] == "450"
+    assert float(argv[argv.index("--miss-cost") + 1]) == 0.005
+    assert compare.miss_costs(args, ["l1", "l2", "l3", "l4"]) == {
+        "l1": 0.010, "l2": 0.010, "l3": 0.005, "l4": 0.005}
+    # 1,200 objects of one class, touched once and then again: the four
+    # caches hold all of them together (150 + 450 + 150 + 450), no one alone
+    entries = [Entry("GET", "/p%d" % (n % 1200), "a.example", 0.0, 200, "log:%d" % n, None)
+               for n in range(2400)]
+    assert compare.floor_loads(entries[:1200], entries[1200:], args) == 0.0
+    header = compare.format_header(args, {"entries": 2400}, {
+        "warmup": 1200, "measured": 1200, "classes": 1})
+    assert "a mixed fleet: 150 objects and miss 10 ms, 450 objects and miss 10 ms, " \
+        "150 objects and miss 5 ms, 450 objects and miss 5 ms" in header
+
+
+@pytest.mark.parametrize("option, value, said", [
+    ("--cache-sizes", "150,x", "not a list of numbers"),
+    ("--cache-sizes", "1.5", "not a list of numbers"),
+    ("--speeds", "1,0", "want positive numbers"),
+    ("--speeds", "nan", "want positive numbers"),
+    ("--speeds", ",", "want positive numbers"),
+])
+def test_a_bad_fleet_list_is_refused_by_name(option, value, said, capsys):
+    with pytest.raises(SystemExit):
+        compare.main(["x.log", option, value])
+    err = capsys.readouterr().err
+    assert option in err and said in err, err
+
+
+def test_a_mixed_fleet_is_the_cache_apps_only(capsys):
+    with pytest.raises(SystemExit):
+        compare.main(["x.log", "--app", "zodb", "--speeds", "1,2"])
+    assert "not --app zodb" in capsys.readouterr().err
 
 
 def test_ratios_without_zc_lb_are_unknown():
