@@ -315,6 +315,18 @@ def test_keys_from_a_worker_that_is_gone_are_not_followed():
     assert gone not in pool.skilled["c"]
 
 
+def test_removing_a_worker_drops_its_votes_as_a_sender():
+    # A worker gone leaves no trace in a class's books: its votes would
+    # hold it (and its résumé) in memory, and stand as the top sender that
+    # another worker's keys must reach half of before they are followed.
+    pool, holder = small_class_on_one_worker()
+    rename(pool, "c", 20)
+    stats, gone = pool.classes["c"], pool.workers[holder]
+    assert stats.following and gone in stats.senders
+    pool.remove(holder)
+    assert gone not in (stats.senders or {})
+
+
 def test_removing_a_worker_forgets_its_stale_skills():
     pool, holder = small_class_on_one_worker()
     elsewhere = next(h for h in pool.workers if h != holder)

@@ -263,8 +263,15 @@ class Relearning:
         self.adoptions = 0
 
     def remove(self, worker: PoolWorker) -> None:
-        """``worker`` left the pool: its stale skills go with it."""
+        """``worker`` left the pool: its stale skills go with it, and its
+        votes as a sender of moved keys (``_sender``), which would stand as
+        the top sender others must reach half of.  (Its floors go when
+        each class's members are next worked out, ``Members._floored``.)"""
         self.stale.pop(worker, None)
+        for stats in self.classes.values():
+            senders = stats.senders
+            if senders and worker in senders:
+                del senders[worker]
 
     def holder(self, entry: Optional[BookEntry], rclass: str) -> Optional[PoolWorker]:
         """The worker in the pool that the book's ``entry`` says a key of
