@@ -131,6 +131,53 @@ def test_keys_skip_an_lb_that_takes_nothing_in_and_it_costs_the_worker_a_bounded
     awake.close()
     stuck.close()
 
+def test_resumes_for_an_lb_that_takes_nothing_in_wait_the_newest_replacing_the_older(
+        serve, caplog):
+    # Each résumé queued for a stuck LB until its silence dropped it (60 s):
+    # some hundreds of KB each, every few seconds, without bound.  Now one
+    # waits, the newest, and goes once the LB reads again.
+    import logging
+    import socket
+
+    from zc_lb.worker.lbs import RELAY_BACKLOG
+
+    worker, first, first_side = serve(reader_app)
+    stuck_sock = gevent.socket.socket()
+    stuck_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stuck_sock.connect(worker.address)
+    stuck_side = LBSide()
+    stuck = Connection(stuck_sock, "lb", stuck_side, peer="worker")
+    stuck.handshake()  # (not started yet: it reads nothing)
+    deadline = time.monotonic() + 5
+    while len(worker.lbs.connections) < 2 and time.monotonic() < deadline:
+        gevent.sleep(0.01)
+    local = "%s:%s" % stuck_sock.getsockname()[:2]
+    [toward] = [c for c in worker.lbs.connections if c.peer == local]
+    toward.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # (no autotuning)
+    big = {"c%06d.example/some/path" % i: 1.5 for i in range(5000)}  # (~170 KB a frame)
+    count = 3 * RELAY_BACKLOG // 170000
+    with caplog.at_level(logging.INFO, logger="zc_lb.worker.lbs"):
+        for n in range(count):
+            worker.lbs.send_resume(dict(big, n=float(n + 1)))
+            gevent.sleep(0)
+        deadline = time.monotonic() + 10
+        while len(first_side.resumes) < count + 1 and time.monotonic() < deadline:
+            gevent.sleep(0.01)
+        assert len(first_side.resumes) == count + 1  # (its greeting, then every one)
+        unsent = sum(len(piece) for piece in toward._writer._outgoing)
+        assert unsent <= RELAY_BACKLOG + 200000
+        lines = [r.getMessage() for r in caplog.records if "takes nothing in" in r.getMessage()]
+        assert len(lines) == 1 and local in lines[0] and "résumé" in lines[0]
+        stuck.start()  # it reads again: the newest résumé comes, last
+        deadline = time.monotonic() + 10
+        while not (stuck_side.resumes and stuck_side.resumes[-1].get("n") == count) and (
+                time.monotonic() < deadline):
+            gevent.sleep(0.01)
+        assert stuck_side.resumes[-1]["n"] == count
+        assert len(stuck_side.resumes) < count
+    stuck.close()
+
+
 def call(connection, environ, body=b"", timeout=10):
     environ = dict({"REQUEST_METHOD": "GET", "PATH_INFO": "/", "SERVER_NAME": "x",
                     "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1",

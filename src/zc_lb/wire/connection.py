@@ -290,6 +290,11 @@ class Connection(Link):
         reads nothing makes them grow)."""
         return self._writer.queued
 
+    def wait_flushed(self, timeout: Optional[float] = None) -> bool:
+        """Wait, at most ``timeout`` seconds, until the socket took every
+        byte queued or the connection ended; whether it did."""
+        return bool(self._writer.flushed.wait(timeout))
+
     def write_chunk(self, header: bytes, chunk) -> None:
         """Queue a Body frame's header and its large chunk as they are
         (``writer.Writer.write_chunk``); raise once the connection has

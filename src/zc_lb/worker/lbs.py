@@ -23,7 +23,10 @@ Rules:
   for its socket, they are dropped, said once when it starts and once
   when it catches up, so that it costs the worker at most that much
   until its silence drops it (``LB_SILENCE``).  A book missing a few
-  keys only routes them as if new.
+  keys only routes them as if new.  A résumé for such an LB waits
+  instead, one at most, a newer one replacing it, and goes once the
+  bytes ahead of it went out: each supersedes the last, so the LB gets
+  the newest skills when it reads again.
 
 The worker (the connections' handler) decides what an admitted
 connection is first told and when to stop admitting.
@@ -55,7 +58,8 @@ log = logging.getLogger(__name__)
 LB_SILENCE = 60.0
 MAX_HANDSHAKING = 64  # connections in their handshake at once; the oldest makes room
 CROWDED_LOG_EVERY = 10.0
-RELAY_BACKLOG = 1024 * 1024  # bytes waiting for an LB's socket past which keys skip it
+# bytes waiting for an LB's socket past which keys skip it and résumés wait
+RELAY_BACKLOG = 1024 * 1024
 
 
 class LBConnections:
@@ -88,6 +92,7 @@ class LBConnections:
         self._rejected = 0  # connections refused in their handshake since the last line
         self._rejected_logged = -CROWDED_LOG_EVERY
         self._behind: Dict[Connection, int] = {}  # LBs keys skip (RELAY_BACKLOG): how many
+        self._owed: Dict[Connection, Dict[str, float]] = {}  # the résumé each such LB waits for
         self._no_lbs = gevent.event.Event()  # set while no LB is connected
         self._no_lbs.set()
 
@@ -192,6 +197,7 @@ class LBConnections:
     def lost(self, connection: Connection, error: ZcLbError) -> None:
         """``connection`` ended (the worker's ``connection_lost``)."""
         self._behind.pop(connection, None)
+        self._owed.pop(connection, None)
         if connection in self.connections:
             self.connections.discard(connection)
             if not self.connections:
@@ -208,7 +214,10 @@ class LBConnections:
         (``frames.Keys``), so that each knows where every key's data is;
         not to one that takes nothing in (``RELAY_BACKLOG``)."""
         for other in list(self.connections):
-            if other is connection or self._backed_up(other):
+            if other is connection:
+                continue
+            if self._backed_up(other):
+                self._behind[other] += 1
                 continue
             try:
                 other.send_keys(keys)
@@ -223,9 +232,8 @@ class LBConnections:
             if connection not in behind:
                 behind[connection] = 0
                 log.warning("LB %s takes nothing in (%d bytes wait for its socket): the "
-                            "keys other LBs send are not relayed to it until it catches up",
-                            connection.peer, connection.queued)
-            behind[connection] += 1
+                            "keys other LBs send are not relayed to it, and its next résumé "
+                            "waits, until it catches up", connection.peer, connection.queued)
             return True
         if connection in behind:
             log.info("LB %s takes its bytes in again: %d relays of keys were dropped for it",
@@ -233,8 +241,28 @@ class LBConnections:
         return False
 
     def send_resume(self, skills: Dict[str, float]) -> None:
-        """Send every LB the résumé ``skills``."""
+        """Send every LB the résumé ``skills``; to one that takes nothing in
+        (``RELAY_BACKLOG``), once it reads again, unless a newer one comes
+        first (``_resume_when_read``)."""
+        owed = self._owed
         for connection in list(self.connections):
+            if connection in owed or self._backed_up(connection):
+                if connection not in owed:
+                    gevent.spawn(self._resume_when_read, connection)
+                owed[connection] = skills  # (in place of one still waiting)
+                continue
+            try:
+                connection.send_resume(skills)
+            except ZcLbError:
+                pass
+
+    def _resume_when_read(self, connection: Connection) -> None:
+        """Send ``connection`` the résumé it waits for once no more than
+        ``RELAY_BACKLOG`` bytes wait for its socket (or nothing, if it ends)."""
+        while not connection.closed and self._backed_up(connection):
+            connection.wait_flushed(1.0)  # (and look again: it may read a little)
+        skills = self._owed.pop(connection, None)
+        if skills is not None and not connection.closed:
             try:
                 connection.send_resume(skills)
             except ZcLbError:
