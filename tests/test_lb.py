@@ -217,6 +217,25 @@ def test_a_request_during_the_quiet_spell_restarts_it():
     assert time.monotonic() - started >= 0.2  # 0.02 + the request + a whole quiet spell
 
 
+def test_a_drained_worker_away_from_the_registry_can_be_enabled_and_comes_back_enabled():
+    # Drained, then deregistered (away for maintenance): enabling it was
+    # refused ("no worker"), and once it registered again the LB (every
+    # child of --processes that had it) still held it drained.
+    lb = make_lb(lambda environ: "a")
+    fleet, address = lb.fleet, "127.0.0.1:1"  # (never connects: it need not)
+    try:
+        fleet.set_workers([address])
+        fleet.drain_worker(address)
+        fleet.set_workers([])
+        assert fleet.enable_worker(address) is True
+        fleet.set_workers([address])
+        assert address not in fleet.drained
+        with pytest.raises(ConfigurationError, match="no worker 127.0.0.9:1"):
+            fleet.enable_worker("127.0.0.9:1")  # (neither known nor drained: a typo)
+    finally:
+        fleet.set_workers([])
+
+
 def test_drain_gives_up_at_its_timeout():
     lb = make_lb(lambda environ: "a")
     lb.pool.add("w")

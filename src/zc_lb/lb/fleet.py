@@ -210,7 +210,14 @@ class Fleet(LinkEvents):
         operator's word that it is healthy); whether there was anything
         to undo.  As a drain, it may be asked again: a worker neither
         drained nor ejected is left as it is (a retried action, or one
-        through a ``--processes`` supervisor some children had taken)."""
+        through a ``--processes`` supervisor some children had taken).
+        A drained worker not known now (deregistered, away for
+        maintenance) is enabled too: it comes back so."""
+        if address not in self.links and address in self.drained:
+            self.drained.discard(address)
+            log.warning("worker %s enabled by an operator (not known now: it comes back "
+                        "enabled)", address)
+            return True
         link = self._known(address)
         readmitted = self.ejector.readmit_now(address)
         if not (readmitted or address in self.drained):
