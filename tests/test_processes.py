@@ -443,6 +443,71 @@ def test_a_drain_a_child_started_again_refuses_is_asked_again_until_it_takes_it(
         kill_left(first, child.process)
 
 
+def test_an_enable_is_taken_though_a_child_started_again_never_took_the_drain(
+        monkeypatch):
+    # The child started again did not know the worker, so never took its
+    # drain (asked again every DRAIN_RETRY): an enable then failed there
+    # ("no worker"), told as a failure though nothing was left drained.
+    import gevent
+
+    from zc_lb.errors import ConfigurationError
+    from zc_lb.process import processes
+
+    worker, known, asked = "10.0.0.1:9001", {True}, []
+
+    def fetch(address, action=None, params=None, token=None, **_):
+        asked.append(action)
+        if not known:
+            raise ConfigurationError("answered 400: %s: no worker %s" % (action, worker))
+        return {"worker": worker, "changed": action == "enable", "done": action}
+
+    monkeypatch.setattr(processes, "fetch", fetch)
+    monkeypatch.setattr(processes, "RESTART_MIN", 0.0, raising=False)
+    monkeypatch.setattr(processes, "DRAIN_RETRY", 0.01, raising=False)
+    supervisor, child = one_child(STARTING_CHILD, "/dev/null")
+    first = child.process
+    watcher = gevent.spawn(supervisor._watch, child)
+    try:
+        supervisor.action("drain")(worker=worker)
+        known.clear()  # (the child started again does not know it)
+        first.kill()
+        wait_until(lambda: asked.count("drain") >= 3)  # (asked again)
+        assert supervisor.action("enable")(worker=worker) == {"worker": worker,
+                                                              "changed": False}
+        gevent.sleep(0.1)
+        assert worker not in supervisor.drained and asked[-1] == "drain"  # (no more asks)
+    finally:
+        supervisor.stopping = True
+        watcher.kill()
+        kill_left(first, child.process)
+
+
+def test_a_worker_enabled_while_its_drain_went_to_a_child_ends_enabled_there(monkeypatch):
+    # A drain given to a child started again could reach it after the
+    # operator's enable, which that child had taken first: it stayed
+    # drained there alone.
+    from zc_lb.process import processes
+    from zc_lb.process.processes import Supervisor
+
+    worker, drained_there = "10.0.0.1:9001", set()
+    supervisor = Supervisor(1, ["lb"], ("127.0.0.1", 0))
+
+    def fetch(address, action=None, params=None, token=None, **_):
+        if action == "drain" and not fetch.enabled:  # the enable overtakes it
+            fetch.enabled = True
+            supervisor.action("enable")(worker=worker)
+        (drained_there.add if action == "drain" else drained_there.discard)(worker)
+        return {"worker": worker, "changed": True, "done": action}
+
+    fetch.enabled = False
+    monkeypatch.setattr(processes, "fetch", fetch)
+    supervisor.children = [processes.Child(0, [], -1, "INFO", None, None)]
+    serving(supervisor.children[0], "c0")
+    supervisor.drained.add(worker)
+    assert supervisor._drain_in(supervisor.children[0], [worker]) == {}
+    assert fetch.enabled and drained_there == set() and supervisor.drained == set()
+
+
 def samples(collector):
     """{(name, label values): value} of ``collector``'s exposition."""
     from prometheus_client.parser import text_string_to_metric_families

@@ -116,6 +116,7 @@ class Child:
         self.started = 0.0
         self.ready = False  # (it said its status address: it handles signals)
         self.missed: Set[int] = set()  # signals that came while it started
+        self.refused: Set[str] = set()  # drains it has not taken yet (asked again)
         self.backoff = Backoff()
 
     @property
@@ -137,6 +138,7 @@ class Child:
         self.started = time.monotonic()
         self.ready = False
         self.missed.clear()  # (it reads --config and opens its log from now on)
+        self.refused.clear()  # (it is given the drains again once it serves)
         env = dict(os.environ, **(self.kept.environ if self.kept is not None else {}))
         env.pop("NOTIFY_SOCKET", None)  # the supervisor is the service's main process
         self.launched.clear()  # (Popen yields: a stop meanwhile waits for the process)
@@ -298,12 +300,19 @@ class Supervisor:
             gevent.spawn(self._drain_later, child, child.process, refused)
 
     def _drain_in(self, child: Child, workers: List[str]) -> Dict[str, ZcLbError]:
-        """Ask ``child`` to drain each of ``workers``: those it refused, and why."""
+        """Ask ``child`` to drain each of ``workers`` still drained: those it
+        refused, and why.  One enabled while its drain was on its way (the
+        child may have taken the enable first) is enabled there again."""
         refused = {}
         for worker in workers:
+            if worker not in self.drained:
+                continue
+            params = {"worker": worker}
             try:
-                fetch(child.status, action="drain", params={"worker": worker},
-                      token=self.admin_token)
+                fetch(child.status, action="drain", params=params, token=self.admin_token)
+                if worker not in self.drained:
+                    fetch(child.status, action="enable", params=params,
+                          token=self.admin_token)
             except ZcLbError as exc:
                 refused[worker] = exc
         return refused
@@ -321,7 +330,7 @@ class Supervisor:
             log.warning("LB process %d, started again, does not have worker %s drained yet "
                         "(%s): asking it again every %gs", child.index, worker, exc,
                         DRAIN_RETRY)
-        pending = set(refused)
+        child.refused = pending = set(refused)
         while pending:
             gevent.sleep(DRAIN_RETRY)
             pending &= self.drained
@@ -329,8 +338,9 @@ class Supervisor:
                 return
             refused = self._drain_in(child, sorted(pending))
             for worker in sorted(pending - set(refused)):
-                log.info("LB process %d has worker %s drained now", child.index, worker)
-            pending = set(refused)
+                if worker in self.drained:
+                    log.info("LB process %d has worker %s drained now", child.index, worker)
+            child.refused = pending = set(refused)
 
     def stop(self, timeout: float) -> None:
         """SIGTERM every child (each drains) and wait for them all."""
@@ -401,13 +411,21 @@ class Supervisor:
         """An action of the status address, done by every child: each is
         asked, whichever fails, and the failures are raised together.  A
         child being started again is not asked: it starts with no skills,
-        and is given the drains when it serves (``_catch_up``)."""
+        and is given the drains when it serves (``_catch_up``); nor is one
+        asked to enable a worker whose drain it has not taken (it does not
+        know the worker yet: ``_drain_later``).  An enable forgets the drain
+        first, so that a drain on its way to a child is undone there."""
         def run(**params: str) -> dict:
             answer: dict = {}
             changed = False  # (enable: whether any child had something to undo)
             failures = []
+            worker = params.get("worker", "")
+            if name == "enable":
+                self.drained.discard(worker)
             for child in self.children:
-                if child.serving:
+                if name == "enable" and worker in child.refused:
+                    child.refused.discard(worker)  # (nothing to undo there)
+                elif child.serving:
                     try:
                         answer = fetch(child.status, action=name, params=params,
                                        token=self.admin_token)
@@ -415,14 +433,14 @@ class Supervisor:
                         failures.append("process %d: %s" % (child.index, exc))
                     else:
                         changed = changed or answer.get("changed") is True
-            if name == "enable":
-                self.drained.discard(params.get("worker", ""))
-            elif name == "drain" and not failures:
-                self.drained.add(params.get("worker", ""))
+            if name == "drain" and not failures:
+                self.drained.add(worker)
             if failures:
                 raise ConfigurationError("%s failed in %s" % (name, "; ".join(failures)))
             answer.pop("done", None)
-            if "changed" in answer:
+            if name == "enable":  # (also when no child was asked: nothing undone)
+                answer["worker"] = worker
+            if "changed" in answer or name == "enable":
                 answer["changed"] = changed
             return answer
         return run
