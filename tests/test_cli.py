@@ -509,9 +509,7 @@ def test_the_pid_file_names_the_process_while_it_serves_and_goes_with_it(tmp_pat
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert " listening on " in process.stdout.readline()
-        deadline = time.monotonic() + 10
-        while not pid_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        # (written before the line: a script that waits for it finds the pid)
         assert pid_file.read_text() == "%d\n" % process.pid
     finally:
         process.terminate()
@@ -519,6 +517,22 @@ def test_the_pid_file_names_the_process_while_it_serves_and_goes_with_it(tmp_pat
     assert process.returncode == 0
     assert not pid_file.exists()
     assert list(pid_file.parent.iterdir()) == []  # (no temporary file left either)
+
+
+@pytest.mark.parametrize("argv", [["lb"], ["lb", "--processes", "2"], ["worker", "zc_lb.demo:app"]])
+def test_a_pid_file_that_cannot_be_written_is_said_before_any_listening_line(tmp_path, argv):
+    # A script waiting for "listening on" must not take a process that
+    # is about to end for one that serves.
+    import subprocess
+    import sys
+
+    pid_file = tmp_path / "missing" / "zc-lb.pid"
+    done = subprocess.run([sys.executable, "-m", "zc_lb.cli", *argv, "--listen", "127.0.0.1:0",
+                           "--pid-file", str(pid_file)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "--pid-file %s" % pid_file in done.stderr
+    assert "listening on" not in done.stdout, done.stdout
 
 
 def test_reload_starts_the_worker_again_when_the_application_changes(tmp_path):

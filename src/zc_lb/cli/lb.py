@@ -57,12 +57,14 @@ def run_lb(args: argparse.Namespace) -> int:
     # (one of --processes N: the supervisor has the pid file)
     pid_file = PidFile(args.pid_file if args.process_index is None else None)
 
-    def ready() -> None:  # (said once signals are handled: one sent on seeing it counts)
+    def ready() -> None:
+        # (said once signals are handled, so that one sent on seeing it
+        # counts, and the pid file written, so that it names us by then)
+        pid_file.write()
         for server in service.fronts:
             print("zc-lb lb listening on %s" % address_text(server.address), flush=True)
         if service.status is not None:
             print("zc-lb status on %s:%d" % service.status.address, flush=True)
-        pid_file.write()
 
     try:
         wait_for_signal({"SIGTERM": service.stop, "SIGINT": service.stop,

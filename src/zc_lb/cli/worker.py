@@ -64,14 +64,15 @@ def run_worker(args: argparse.Namespace) -> int:
 
 
 def _ready(service: WorkerService, pid_file) -> None:
-    """Say where the worker listens, register, write the pid file: once
-    signals are handled (so that one sent on seeing the line counts), and
-    before ZooKeeper is reached (ready for LBs that know our address)."""
+    """Write the pid file, say where the worker listens, register: once
+    signals are handled (so that one sent on seeing the line counts), the
+    pid file naming us by then, and before ZooKeeper is reached (ready for
+    LBs that know our address)."""
+    pid_file.write()
     print("zc-lb worker listening on %s" % address_text(service.worker.address), flush=True)
     if service.status is not None:
         print("zc-lb worker status on %s:%d" % service.status.address, flush=True)
     service.register()
-    pid_file.write()
 
 
 def _handlers(args: argparse.Namespace, service: WorkerService,

@@ -464,10 +464,6 @@ def run(args, argv: Sequence[str], kept: Any = None) -> int:
     status = _status_server(args, supervisor)
     log.info("%d LB processes, pids %s", len(supervisor.children),
              " ".join(str(c.process.pid) for c in supervisor.children if c.process))
-    print("zc-lb lb listening on %s" % address_text(supervisor.address), flush=True)
-    if status is not None:
-        print("zc-lb status on %s:%d" % status.address, flush=True)
-
     pid_file = PidFile(getattr(args, "pid_file", None))
 
     def stop() -> bool:
@@ -494,6 +490,11 @@ def run(args, argv: Sequence[str], kept: Any = None) -> int:
         except ConfigurationError:
             stop()  # (one error, and a clean stop: the children drain, nothing is left)
             raise
+        # (said once the pid file names us, and signals are handled: one
+        # sent on seeing it counts)
+        print("zc-lb lb listening on %s" % address_text(supervisor.address), flush=True)
+        if status is not None:
+            print("zc-lb status on %s:%d" % status.address, flush=True)
         restart.announce_ready()
 
     wait_for_signal({"SIGTERM": stop, "SIGINT": stop,
