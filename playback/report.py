@@ -39,10 +39,10 @@ def percentiles(values: Iterable[float]) -> dict:
 
 
 class _ClassStats:
-    __slots__ = ("requests", "errors", "latencies", "hits", "misses")
+    __slots__ = ("requests", "errors", "latencies", "cache_responses", "hits", "misses")
 
     def __init__(self) -> None:
-        self.requests = self.errors = self.hits = self.misses = 0
+        self.requests = self.errors = self.cache_responses = self.hits = self.misses = 0
         self.latencies = array.array("d")
 
 
@@ -89,6 +89,7 @@ class Recorder:
             self.misses += misses
             if worker is not None:
                 self.worker_loads[worker] += misses
+            stats.cache_responses += 1
             stats.hits += hits
             stats.misses += misses
 
@@ -134,7 +135,10 @@ class Recorder:
         return [
             {"class": name, "requests": stats.requests, "errors": stats.errors,
              "latency": percentiles(stats.latencies),
-             "loads_per_request": stats.misses / len(stats.latencies) if stats.latencies else None}
+             # over the responses that carried the cache model's headers, as the
+             # report's own; None for a class whose responses said nothing of it
+             "loads_per_request": (stats.misses / stats.cache_responses
+                                   if stats.cache_responses else None)}
             for name, stats in ranked[:top]
         ]
 

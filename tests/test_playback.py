@@ -25,7 +25,7 @@ from zc_lb.playback.logparse import (  # noqa: E402
     Entry, LogReader, encode_target, host_from_segment, parse_clf_time, read_entries)
 from zc_lb.playback.pacing import Pacer  # noqa: E402
 from zc_lb.playback.replay import cache_overlap, main, replay, reset_caches  # noqa: E402
-from zc_lb.playback.report import format_text  # noqa: E402
+from zc_lb.playback.report import Recorder, format_text  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 COMMON = str(DATA / "playback_common.log")
@@ -423,6 +423,21 @@ def test_replay_end_to_end_numbers_agree(servers):
     assert overlap["overlap"] == 0.0  # one worker holds everything
     assert reset_caches(stats_urls) == []
     assert servers[0].application.model.requests == 0
+
+
+def test_a_class_whose_responses_say_nothing_of_the_cache_shows_no_loads():
+    recorder = Recorder()
+    recorder.record("plain.example", 0.01, 200, {})  # an app without the cache model
+    recorder.record("model.example", 0.01, 200, {"x-cache-hits": "1", "x-cache-misses": "1"})
+    recorder.record("model.example", 0.01, 200, {"x-cache-hits": "2", "x-cache-misses": "0"})
+    report = recorder.report(1.0)
+    rows = {row["class"]: row for row in report["classes"]["top"]}
+    assert rows["plain.example"]["loads_per_request"] is None
+    assert rows["model.example"]["loads_per_request"] == 0.5
+    lines = {line.split()[0]: line for line in format_text(report).splitlines()
+             if ".example" in line}
+    assert "loads/req" not in lines["plain.example"]
+    assert "0.50 loads/req" in lines["model.example"]
 
 
 def test_overlap_between_two_live_workers(servers):
