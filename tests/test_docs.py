@@ -208,3 +208,42 @@ def test_the_docs_link_to_files_that_exist(path):
 @pytest.mark.parametrize("path", DOCUMENTS)
 def test_the_docs_stay_inside_the_repository(path):
     assert "../shared" not in read(path)
+
+
+# -- references to sections ---------------------------------------------------
+
+# A section named beside its file: (docs/routing.rst, "Several LB
+# processes"), README, "Quick start", docs/design.rst ("Failure semantics").
+SECTION_REFERENCE = re.compile(
+    r'(?<![\w/.-])((?:docs|playback|simulations)/[\w./-]+\.rst|README(?:\.rst)?)'
+    r'(?:,\s*|\s*\()"([^"]+)"')
+REFERRING = DOCUMENTS + sorted(
+    os.path.relpath(path, ROOT) for pattern in (
+        "etc/**/*", "src/zc_lb/**/*.py", "playback/*.rst", "simulations/*.rst")
+    for path in glob.glob(os.path.join(ROOT, pattern), recursive=True)
+    if os.path.isfile(path) and not os.path.islink(path))
+
+
+def sections(path):
+    """The headings of an .rst file, and the terms it defines in *emphasis*
+    at the start of a paragraph."""
+    lines = read(path).splitlines()
+    found = {above.strip() for above, line in zip(lines, lines[1:])
+             if above.strip() and line.strip() and set(line.strip()) <= set("=-~^*+#")
+             and len(line.strip()) >= len(above.strip())}
+    found.update(re.findall(r"(?m)^\*([^*]+)\*", read(path)))
+    return {" ".join(title.split()) for title in found}
+
+
+def test_the_section_references_are_found():
+    # (so that a change to how they are found cannot pass by finding none)
+    found = [m for path in REFERRING for m in SECTION_REFERENCE.finditer(read(path))]
+    assert len(found) >= 10
+
+
+@pytest.mark.parametrize("path", REFERRING)
+def test_a_section_named_beside_its_file_is_there(path):
+    for match in SECTION_REFERENCE.finditer(read(path)):
+        target = match.group(1) if match.group(1).endswith(".rst") else "README.rst"
+        title = " ".join(match.group(2).split())
+        assert title in sections(target), "%s names %s, %r" % (path, target, title)

@@ -29,7 +29,7 @@ In ZooKeeper mode each child registers as an LB of its own
 (``HOST:PORT#I``), so the pool's count of LBs counts processes: the
 children share their book through the segment, and with LBs on other
 hosts through the keys the workers relay, as any LB does
-(docs/design.rst, "Several LBs").
+(docs/routing.rst, "Several LB processes").
 """
 
 from __future__ import annotations
