@@ -273,9 +273,10 @@ def test_the_table_has_a_row_per_worker_with_its_state_and_top_skills():
     assert lines[1] == ("backlog=3  mean backlog=1.5  in flight=3  requests=120  retries=2"
                         "  errors={'502': 1}")
     assert lines[2] == ""
-    header, *rows = lines[3:]
+    header, *rows, why = lines[3:]
     assert cells(header) == ["worker", "state", "version", "backlog", "mean", "classes",
                              "top skills (req/s)"]
+    assert why == "127.0.0.1:8003 down: refused"  # (the JSON's reason, under the table)
     assert [cells(row) for row in rows] == [  # sorted by address
         ["127.0.0.1:8001", "in pool", "-", "3", "1.5", "3", "b=200, a=10"],  # 2 best of 3
         ["127.0.0.1:8002", "draining", "-", "0", "0.0", "0"],

@@ -464,6 +464,10 @@ def format_status(doc: dict, max_skills: int = 5) -> str:
                      str(info.get("skills_count", len(skills))),
                      ", ".join("%s=%.3g" % item for item in top)])
     lines.extend(_table(rows))
+    for address, info in sorted(workers.items()):  # why a worker is not serving
+        if info.get("last_error") and worker_state(info) in ("down", "ejected",
+                                                              "idle (other version)"):
+            lines.append("%s %s: %s" % (address, worker_state(info), info["last_error"]))
     for process in doc.get("processes", ()):
         lines.append("process %s (pid %s, status %s): %s requests, %s in flight" % (
             process.get("index"), process.get("pid"), process.get("status"),
