@@ -303,7 +303,10 @@ def _add_zk_parser(sub) -> None:
     i.add_argument("--force", action="store_true",
                    help="accept properties that are no known setting")
     e = zk.add_parser("export", help="print the tree at PATH as text")
-    e.add_argument("path", nargs="?", default="/")
+    e.add_argument("path", nargs="?", default="/",
+                   help="the node (default /), printed under its own name: import the "
+                   "text under its parent (zc-lb zk export /lb/workers > f; zc-lb zk "
+                   "import f /lb)")
     e.add_argument("--ephemeral", action="store_true",
                    help="list ephemeral nodes as comments")
     g = zk.add_parser("get", help="print a node's properties as JSON")
