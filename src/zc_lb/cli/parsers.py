@@ -293,7 +293,7 @@ def _add_zk_parser(sub) -> None:
                    help="seconds to wait for ZooKeeper (default 10)")
     zk = p.add_subparsers(dest="zk_command", required=True, metavar="ZKCOMMAND")
     i = zk.add_parser("import", help="make the tree match FILE (- for stdin)")
-    i.add_argument("file")
+    i.add_argument("file", help="the tree text (- for stdin; etc/tree.txt is a sample)")
     i.add_argument("root", nargs="?", default="/", help="import under this path")
     i.add_argument("--dry-run", action="store_true", help="print the changes only")
     i.add_argument("--delete", action="store_true",
@@ -310,14 +310,15 @@ def _add_zk_parser(sub) -> None:
     e.add_argument("--ephemeral", action="store_true",
                    help="list ephemeral nodes as comments")
     g = zk.add_parser("get", help="print a node's properties as JSON")
-    g.add_argument("path")
+    g.add_argument("path", help="the node, e.g. /lb")
     s = zk.add_parser("set", help="set properties: key=value (JSON, else string)")
-    s.add_argument("path")
-    s.add_argument("assignments", nargs="+", metavar="key=value")
+    s.add_argument("path", help="the node, e.g. /lb")
+    s.add_argument("assignments", nargs="+", metavar="key=value",
+                   help="a property and its value, e.g. variance=2 (repeat)")
     s.add_argument("--force", action="store_true",
                    help="accept properties that are no known setting")
     ls = zk.add_parser("ls", help="list a node's children")
-    ls.add_argument("path", nargs="?", default="/")
+    ls.add_argument("path", nargs="?", default="/", help="the node (default /)")
 
 
 def _add_demo_parser(sub) -> None:
