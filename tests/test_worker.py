@@ -263,6 +263,25 @@ def test_a_body_that_is_not_bytes_is_the_applications_500(serve, caplog, threads
     assert start.status.startswith("500")
 
 
+@pytest.mark.parametrize("threads", [None, 2])
+@pytest.mark.parametrize("status", [b"200 OK", None, 200])
+def test_a_status_that_is_not_a_str_is_the_applications_500_said_alike_in_both_builds(
+        serve, caplog, threads, status):
+    # Compiled, the writer's typed attribute refused it with "str or None
+    # object expected"; from the source it passed, and None passed for no
+    # start_response at all.
+    def app(environ, start_response):
+        start_response(status, [])
+        return [b"x"]
+
+    worker, connection, _ = serve(app, threads=threads)
+    start, data = call(connection, {})
+    assert start.status.startswith("500")
+    assert "status must be a str, not %s" % type(status).__name__ in caplog.text
+    start, data = call(connection, {})  # still serving
+    assert start.status.startswith("500")
+
+
 def test_threads_run_blocking_apps_concurrently(serve):
     def blocking(environ, start_response):
         time.sleep(0.5)  # not gevent-aware: only threads help

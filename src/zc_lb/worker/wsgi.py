@@ -201,6 +201,7 @@ class RequestInput(io.RawIOBase):
 # -- response output --------------------------------------------------------
 
 
+NOT_A_STATUS: Final = "the application's status must be a str, not %s"
 NOT_TAKEN: Final = object()  # (a response's zc_lb.cache before it starts)
 CACHE_WORDS: Final = '"hit" or True, "miss" or False'  # (what the log says it takes)
 # The log's lines about what an application says of its cache, each said
@@ -271,6 +272,8 @@ class ResponseWriter:
 
     def start_response(self, status, headers, exc_info=None):
         start_again(exc_info, self.started, self.status is not None)
+        if not isinstance(status, str):  # (compiled, ``self.status``'s type check said less)
+            raise TypeError(NOT_A_STATUS % type(status).__name__)
         self.status = status
         self.headers = [(k, v) for (k, v) in headers if k.lower() not in HOP_BY_HOP]
         return self.write
