@@ -508,6 +508,48 @@ def test_a_worker_enabled_while_its_drain_went_to_a_child_ends_enabled_there(mon
     assert fetch.enabled and drained_there == set() and supervisor.drained == set()
 
 
+def test_a_drain_some_children_took_is_held_for_the_others_until_they_know_the_worker(
+        monkeypatch):
+    # In ZooKeeper mode each child learns a worker on its own: a drain of
+    # one just registered failed (400) where one child did not know it
+    # yet, while the others took it, and the supervisor forgot it: that
+    # child alone sent the worker requests once it knew it.
+    import gevent
+
+    from zc_lb.errors import ConfigurationError
+    from zc_lb.process import processes
+
+    worker = "10.0.0.1:9001"
+    knows = {"c0": True, "c1": False}
+    drained_in, asked = set(), []
+
+    def fetch(address, action=None, params=None, token=None, **_):
+        asked.append((address, action))
+        if not knows[address]:
+            raise ConfigurationError("answered 400: %s: no worker %s" % (action, worker))
+        (drained_in.add if action == "drain" else drained_in.discard)(address)
+        return {"worker": worker, "changed": True, "done": action}
+
+    monkeypatch.setattr(processes, "fetch", fetch)
+    monkeypatch.setattr(processes, "DRAIN_RETRY", 0.01, raising=False)
+    supervisor = processes.Supervisor(2, ["lb"], ("127.0.0.1", 0))
+    supervisor.children = [processes.Child(i, [], -1, "INFO") for i in (0, 1)]
+    for child, status in zip(supervisor.children, ("c0", "c1")):
+        serving(child, status)
+    supervisor.action("drain")(worker=worker)  # (no failure raised)
+    assert worker in supervisor.drained and drained_in == {"c0"}
+    wait_until(lambda: asked.count(("c1", "drain")) >= 3)  # (asked again)
+    knows["c1"] = True  # (ZooKeeper names it to that child too)
+    wait_until(lambda: drained_in == {"c0", "c1"})
+    gevent.sleep(0.05)
+    assert asked[-1] == ("c1", "drain") and supervisor.children[1].refused == set()
+    # nobody knows it: the drain fails, and nothing is held
+    knows.update(c0=False, c1=False)
+    with pytest.raises(ConfigurationError, match="process 0: .*process 1: "):
+        supervisor.action("drain")(worker="10.0.0.9:9001")
+    assert "10.0.0.9:9001" not in supervisor.drained
+
+
 def samples(collector):
     """{(name, label values): value} of ``collector``'s exposition."""
     from prometheus_client.parser import text_string_to_metric_families

@@ -327,20 +327,23 @@ class Supervisor:
         import gevent
 
         for worker, exc in sorted(refused.items()):
-            log.warning("LB process %d, started again, does not have worker %s drained yet "
-                        "(%s): asking it again every %gs", child.index, worker, exc,
-                        DRAIN_RETRY)
-        child.refused = pending = set(refused)
-        while pending:
+            log.warning("LB process %d does not have worker %s drained yet (%s): asking it "
+                        "again every %gs", child.index, worker, exc, DRAIN_RETRY)
+        if child.refused:  # (it is asked again already: for these too)
+            child.refused.update(refused)
+            return
+        child.refused = set(refused)
+        while child.refused:
             gevent.sleep(DRAIN_RETRY)
-            pending &= self.drained
             if self.stopping or child.process is not process or not child.serving:
                 return
+            pending = child.refused & self.drained
             refused = self._drain_in(child, sorted(pending))
             for worker in sorted(pending - set(refused)):
                 if worker in self.drained:
                     log.info("LB process %d has worker %s drained now", child.index, worker)
-            child.refused = pending = set(refused)
+            # (with those added while it asked)
+            child.refused = set(refused) | (child.refused & self.drained) - pending
 
     def stop(self, timeout: float) -> None:
         """SIGTERM every child (each drains) and wait for them all."""
@@ -408,17 +411,15 @@ class Supervisor:
         return merged
 
     def action(self, name: str):
-        """An action of the status address, done by every child: each is
-        asked, whichever fails, and the failures are raised together.  A
-        child being started again is not asked: it starts with no skills,
-        and is given the drains when it serves (``_catch_up``); nor is one
-        asked to enable a worker whose drain it has not taken (it does not
-        know the worker yet: ``_drain_later``).  An enable forgets the drain
-        first, so that a drain on its way to a child is undone there."""
+        """An action of the status address, done by every child serving
+        (one starting gets the drains then: ``_catch_up``); failures raised
+        together, but for a drain some took: the others may not know the
+        worker yet (``_drain_later``).  An enable forgets the drain first,
+        and asks no child that never took it."""
         def run(**params: str) -> dict:
             answer: dict = {}
-            changed = False  # (enable: whether any child had something to undo)
-            failures = []
+            changed = took = False  # (enable: whether any child had something to undo)
+            refused: Dict[Child, ZcLbError] = {}
             worker = params.get("worker", "")
             if name == "enable":
                 self.drained.discard(worker)
@@ -430,13 +431,18 @@ class Supervisor:
                         answer = fetch(child.status, action=name, params=params,
                                        token=self.admin_token)
                     except ZcLbError as exc:
-                        failures.append("process %d: %s" % (child.index, exc))
+                        refused[child] = exc
                     else:
-                        changed = changed or answer.get("changed") is True
-            if name == "drain" and not failures:
+                        took, changed = True, changed or answer.get("changed") is True
+            if name == "drain" and (took or not refused):
+                import gevent
+
                 self.drained.add(worker)
-            if failures:
-                raise ConfigurationError("%s failed in %s" % (name, "; ".join(failures)))
+                for child, exc in refused.items():
+                    gevent.spawn(self._drain_later, child, child.process, {worker: exc})
+            elif refused:
+                raise ConfigurationError("%s failed in %s" % (name, "; ".join(
+                    "process %d: %s" % (child.index, exc) for child, exc in refused.items())))
             answer.pop("done", None)
             if name == "enable":  # (also when no child was asked: nothing undone)
                 answer["worker"] = worker
