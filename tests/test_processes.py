@@ -2,6 +2,7 @@
 status, a child restarted, SIGTERM draining every one."""
 
 import concurrent.futures
+import contextlib
 import http.client
 import json
 import os
@@ -397,6 +398,29 @@ def test_a_stop_while_a_child_is_launched_again_stops_it_too(monkeypatch):
         kill_left(first, child.process)
 
 
+@contextlib.contextmanager
+def watched_child(monkeypatch, fetch):
+    """A supervisor of one child (``STARTING_CHILD``), watched (started
+    again at once when it ends, drains asked again every 10 ms), whose
+    status actions go to ``fetch``; stopped after."""
+    import gevent
+
+    from zc_lb.process import processes
+
+    monkeypatch.setattr(processes, "fetch", fetch)
+    monkeypatch.setattr(processes, "RESTART_MIN", 0.0, raising=False)
+    monkeypatch.setattr(processes, "DRAIN_RETRY", 0.01, raising=False)
+    supervisor, child = one_child(STARTING_CHILD, "/dev/null")
+    first = child.process
+    watcher = gevent.spawn(supervisor._watch, child)
+    try:
+        yield supervisor, child
+    finally:
+        supervisor.stopping = True
+        watcher.kill()
+        kill_left(first, child.process)
+
+
 def test_a_drain_a_child_started_again_refuses_is_asked_again_until_it_takes_it(
         monkeypatch, caplog):
     # In ZooKeeper mode a child started again knows no worker that was not
@@ -406,7 +430,6 @@ def test_a_drain_a_child_started_again_refuses_is_asked_again_until_it_takes_it(
     import gevent
 
     from zc_lb.errors import ConfigurationError
-    from zc_lb.process import processes
 
     known = {"10.0.0.1:9001", "10.0.0.2:9001"}
     asked = []
@@ -418,13 +441,8 @@ def test_a_drain_a_child_started_again_refuses_is_asked_again_until_it_takes_it(
             raise ConfigurationError("answered 400: drain: no worker %s" % worker)
         return {"done": action}
 
-    monkeypatch.setattr(processes, "fetch", fetch)
-    monkeypatch.setattr(processes, "RESTART_MIN", 0.0, raising=False)
-    monkeypatch.setattr(processes, "DRAIN_RETRY", 0.01, raising=False)
-    supervisor, child = one_child(STARTING_CHILD, "/dev/null")
-    first = child.process
-    watcher = gevent.spawn(supervisor._watch, child)
-    try:
+    with watched_child(monkeypatch, fetch) as (supervisor, child):
+        first = child.process
         for worker in sorted(known):
             supervisor.action("drain")(worker=worker)
         known.discard("10.0.0.1:9001")  # (the child started again does not know it)
@@ -437,10 +455,6 @@ def test_a_drain_a_child_started_again_refuses_is_asked_again_until_it_takes_it(
         assert asked[-1] == ("10.0.0.1:9001", True)  # (then no more)
         assert asked.count(("10.0.0.2:9001", True)) == 2
         assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
-    finally:
-        supervisor.stopping = True
-        watcher.kill()
-        kill_left(first, child.process)
 
 
 def test_an_enable_is_taken_though_a_child_started_again_never_took_the_drain(
@@ -451,7 +465,6 @@ def test_an_enable_is_taken_though_a_child_started_again_never_took_the_drain(
     import gevent
 
     from zc_lb.errors import ConfigurationError
-    from zc_lb.process import processes
 
     worker, known, asked = "10.0.0.1:9001", {True}, []
 
@@ -461,13 +474,8 @@ def test_an_enable_is_taken_though_a_child_started_again_never_took_the_drain(
             raise ConfigurationError("answered 400: %s: no worker %s" % (action, worker))
         return {"worker": worker, "changed": action == "enable", "done": action}
 
-    monkeypatch.setattr(processes, "fetch", fetch)
-    monkeypatch.setattr(processes, "RESTART_MIN", 0.0, raising=False)
-    monkeypatch.setattr(processes, "DRAIN_RETRY", 0.01, raising=False)
-    supervisor, child = one_child(STARTING_CHILD, "/dev/null")
-    first = child.process
-    watcher = gevent.spawn(supervisor._watch, child)
-    try:
+    with watched_child(monkeypatch, fetch) as (supervisor, child):
+        first = child.process
         supervisor.action("drain")(worker=worker)
         known.clear()  # (the child started again does not know it)
         first.kill()
@@ -476,10 +484,6 @@ def test_an_enable_is_taken_though_a_child_started_again_never_took_the_drain(
                                                               "changed": False}
         gevent.sleep(0.1)
         assert worker not in supervisor.drained and asked[-1] == "drain"  # (no more asks)
-    finally:
-        supervisor.stopping = True
-        watcher.kill()
-        kill_left(first, child.process)
 
 
 def test_a_worker_enabled_while_its_drain_went_to_a_child_ends_enabled_there(monkeypatch):
