@@ -86,6 +86,27 @@ def test_the_keys_an_lb_sent_go_to_the_other_lbs(serve):
     first.close()
 
 
+def stuck_lb(worker, lbs):
+    """An LB's connection to ``worker`` that reads nothing until started
+    (a 4 KB receive buffer), once the worker counts ``lbs`` LBs: it, its
+    side, its address as the worker names it, and the worker's
+    connection toward it (a 4 KB send buffer: no autotuning)."""
+    import socket
+
+    sock = gevent.socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(worker.address)
+    side = LBSide()
+    stuck = Connection(sock, "lb", side, peer="worker")
+    stuck.handshake()
+    deadline = time.monotonic() + 5
+    while len(worker.lbs.connections) < lbs and time.monotonic() < deadline:
+        gevent.sleep(0.01)
+    local = "%s:%s" % sock.getsockname()[:2]
+    [toward] = [c for c in worker.lbs.connections if c.peer == local]
+    toward.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    return stuck, side, local, toward
+
 
 def test_keys_skip_an_lb_that_takes_nothing_in_and_it_costs_the_worker_a_bounded_queue(
         serve, caplog):
@@ -93,7 +114,6 @@ def test_keys_skip_an_lb_that_takes_nothing_in_and_it_costs_the_worker_a_bounded
     # reads nothing for up to LB_SILENCE: the keys the other LBs send
     # every 50 ms queued for it all that while, without bound.
     import logging
-    import socket
 
     from zc_lb.worker.lbs import RELAY_BACKLOG
 
@@ -103,17 +123,7 @@ def test_keys_skip_an_lb_that_takes_nothing_in_and_it_costs_the_worker_a_bounded
     awake = Connection(sock, "lb", side, peer="worker")
     awake.handshake()
     awake.start()
-    stuck_sock = gevent.socket.socket()
-    stuck_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    stuck_sock.connect(worker.address)
-    stuck = Connection(stuck_sock, "lb", LBSide(), peer="worker")
-    stuck.handshake()  # (and never started: it reads nothing from now on)
-    deadline = time.monotonic() + 5
-    while len(worker.lbs.connections) < 3 and time.monotonic() < deadline:
-        gevent.sleep(0.01)
-    local = "%s:%s" % stuck_sock.getsockname()[:2]
-    [toward] = [c for c in worker.lbs.connections if c.peer == local]
-    toward.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # (no autotuning)
+    stuck, _, local, toward = stuck_lb(worker, 3)  # (never started: it reads nothing)
     keys = {"c": [2**64 - 1 - i for i in range(6000)]}  # (a frame of 126 KB)
     frames = 3 * RELAY_BACKLOG // 126000
     with caplog.at_level(logging.INFO, logger="zc_lb.worker.lbs"):
@@ -131,29 +141,18 @@ def test_keys_skip_an_lb_that_takes_nothing_in_and_it_costs_the_worker_a_bounded
     awake.close()
     stuck.close()
 
+
 def test_resumes_for_an_lb_that_takes_nothing_in_wait_the_newest_replacing_the_older(
         serve, caplog):
     # Each résumé queued for a stuck LB until its silence dropped it (60 s):
     # some hundreds of KB each, every few seconds, without bound.  Now one
     # waits, the newest, and goes once the LB reads again.
     import logging
-    import socket
 
     from zc_lb.worker.lbs import RELAY_BACKLOG
 
     worker, first, first_side = serve(reader_app)
-    stuck_sock = gevent.socket.socket()
-    stuck_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    stuck_sock.connect(worker.address)
-    stuck_side = LBSide()
-    stuck = Connection(stuck_sock, "lb", stuck_side, peer="worker")
-    stuck.handshake()  # (not started yet: it reads nothing)
-    deadline = time.monotonic() + 5
-    while len(worker.lbs.connections) < 2 and time.monotonic() < deadline:
-        gevent.sleep(0.01)
-    local = "%s:%s" % stuck_sock.getsockname()[:2]
-    [toward] = [c for c in worker.lbs.connections if c.peer == local]
-    toward.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # (no autotuning)
+    stuck, stuck_side, local, toward = stuck_lb(worker, 2)  # (not started yet: reads nothing)
     big = {"c%06d.example/some/path" % i: 1.5 for i in range(5000)}  # (~170 KB a frame)
     count = 3 * RELAY_BACKLOG // 170000
     with caplog.at_level(logging.INFO, logger="zc_lb.worker.lbs"):
