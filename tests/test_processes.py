@@ -554,6 +554,63 @@ def test_a_drain_some_children_took_is_held_for_the_others_until_they_know_the_w
     assert "10.0.0.9:9001" not in supervisor.drained
 
 
+@pytest.mark.parametrize("when", ["after", "during"])
+def test_a_child_started_again_while_its_drain_was_asked_again_is_not_left_refusing(
+        monkeypatch, when):
+    # The greenlet asking a child again for a drain it refused went on
+    # writing the old process's refusals after the child was started again
+    # (its launch had cleared them, ``when`` its Popen was done or still
+    # under way), and then left: no one asked the new process again, and
+    # an enable skipped it as one that never took the drain, though it had
+    # taken it once it served: the worker stayed drained there alone.
+    import gevent
+    import gevent.event
+    import gevent.subprocess
+
+    from zc_lb.errors import ConfigurationError
+    from zc_lb.process import processes
+
+    worker, asked = "10.0.0.1:9001", []
+    popen_done = gevent.event.Event()
+
+    def popen(*args, **kwargs):
+        if when == "during":
+            popen_done.wait(5)
+        return Running()
+
+    def relaunch():
+        child.launch()
+        serving(child, "c0")  # (it serves, and takes the drain: its catch-up)
+
+    def fetch(address, action=None, params=None, token=None, **_):
+        asked.append(action)
+        if action == "drain" and asked.count("drain") == 1:  # the process ends meanwhile
+            relaunching = gevent.spawn(relaunch)
+            gevent.sleep(0)  # (the launch, under way: its Popen yields)
+            if when == "after":
+                popen_done.set()
+                relaunching.join()
+            raise ConfigurationError("cannot reach LB process 0")
+        return {"worker": worker, "changed": True, "done": action}
+
+    monkeypatch.setattr(processes, "fetch", fetch)
+    monkeypatch.setattr(processes, "DRAIN_RETRY", 0.01, raising=False)
+    monkeypatch.setattr(gevent.subprocess, "Popen", popen)
+    supervisor = processes.Supervisor(1, ["lb"], ("127.0.0.1", 0))
+    child = processes.Child(0, [], -1, "INFO")
+    supervisor.children = [child]
+    serving(child, "c0")
+    supervisor.drained.add(worker)
+    retry = gevent.spawn(supervisor._drain_later, child, child.process,
+                         {worker: ConfigurationError("no worker %s" % worker)})
+    wait_until(lambda: asked)
+    popen_done.set()
+    retry.join(5)
+    assert child.refused == set()
+    assert supervisor.action("enable")(worker=worker) == {"worker": worker, "changed": True}
+    assert asked[-1] == "enable"
+
+
 def samples(collector):
     """{(name, label values): value} of ``collector``'s exposition."""
     from prometheus_client.parser import text_string_to_metric_families

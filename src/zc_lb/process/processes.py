@@ -138,7 +138,6 @@ class Child:
         self.started = time.monotonic()
         self.ready = False
         self.missed.clear()  # (it reads --config and opens its log from now on)
-        self.refused.clear()  # (it is given the drains again once it serves)
         env = dict(os.environ, **(self.kept.environ if self.kept is not None else {}))
         env.pop("NOTIFY_SOCKET", None)  # the supervisor is the service's main process
         self.launched.clear()  # (Popen yields: a stop meanwhile waits for the process)
@@ -147,6 +146,7 @@ class Child:
                 self.argv, pass_fds=self.fds, stdout=subprocess.PIPE, text=True, env=env,
                 preexec_fn=die_with_parent(os.getpid()), cwd=self.cwd)
         finally:
+            self.refused.clear()  # (once the process is new: the last one's refusals go)
             self.launched.set()
 
     def wait_started(self) -> None:
@@ -326,6 +326,8 @@ class Supervisor:
         process ends, or we stop."""
         import gevent
 
+        if child.process is not process:  # (started again since: given the drains anew)
+            return
         for worker, exc in sorted(refused.items()):
             log.warning("LB process %d does not have worker %s drained yet (%s): asking it "
                         "again every %gs", child.index, worker, exc, DRAIN_RETRY)
@@ -339,6 +341,8 @@ class Supervisor:
                 return
             pending = child.refused & self.drained
             refused = self._drain_in(child, sorted(pending))
+            if child.process is not process:  # (what the last one refused is no news)
+                return
             for worker in sorted(pending - set(refused)):
                 if worker in self.drained:
                     log.info("LB process %d has worker %s drained now", child.index, worker)
