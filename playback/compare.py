@@ -1134,8 +1134,9 @@ def prepare_zodb(args: argparse.Namespace, run_dir: Path, entries: list, measure
 
 def floor_loads(warmup: list, measured: list, args: argparse.Namespace) -> float:
     """Database loads per measured request of the perfect partition: the
-    workers' caches as one shared LRU of ``workers * cache_size`` objects,
-    the same objects touched, nothing loaded twice.  With caches of a
+    workers' caches as one shared LRU of all their objects (``--cache-sizes``
+    summed over the workers, or ``workers * cache_size``), the same objects
+    touched, nothing loaded twice.  With caches of a
     useful size no balancer does better; with tiny ones LRU's quirks can
     let one."""
     from .cacheapp import CacheModel, objects_for, page_name, request_class
