@@ -405,11 +405,11 @@ def watched_child(monkeypatch, fetch):
     status actions go to ``fetch``; stopped after."""
     import gevent
 
-    from zc_lb.process import processes
+    from zc_lb.process import drains, processes
 
     monkeypatch.setattr(processes, "fetch", fetch)
     monkeypatch.setattr(processes, "RESTART_MIN", 0.0, raising=False)
-    monkeypatch.setattr(processes, "DRAIN_RETRY", 0.01, raising=False)
+    monkeypatch.setattr(drains, "DRAIN_RETRY", 0.01)
     supervisor, child = one_child(STARTING_CHILD, "/dev/null")
     first = child.process
     watcher = gevent.spawn(supervisor._watch, child)
@@ -483,7 +483,7 @@ def test_an_enable_is_taken_though_a_child_started_again_never_took_the_drain(
         assert supervisor.action("enable")(worker=worker) == {"worker": worker,
                                                               "changed": False}
         gevent.sleep(0.1)
-        assert worker not in supervisor.drained and asked[-1] == "drain"  # (no more asks)
+        assert worker not in supervisor.drains.drained and asked[-1] == "drain"  # (no more asks)
 
 
 def test_a_worker_enabled_while_its_drain_went_to_a_child_ends_enabled_there(monkeypatch):
@@ -507,9 +507,9 @@ def test_a_worker_enabled_while_its_drain_went_to_a_child_ends_enabled_there(mon
     monkeypatch.setattr(processes, "fetch", fetch)
     supervisor.children = [processes.Child(0, [], -1, "INFO", None, None)]
     serving(supervisor.children[0], "c0")
-    supervisor.drained.add(worker)
-    assert supervisor._drain_in(supervisor.children[0], [worker]) == {}
-    assert fetch.enabled and drained_there == set() and supervisor.drained == set()
+    supervisor.drains.drained.add(worker)
+    assert supervisor.drains.drain_in(supervisor.children[0], [worker]) == {}
+    assert fetch.enabled and drained_there == set() and supervisor.drains.drained == set()
 
 
 def test_a_drain_some_children_took_is_held_for_the_others_until_they_know_the_worker(
@@ -521,7 +521,7 @@ def test_a_drain_some_children_took_is_held_for_the_others_until_they_know_the_w
     import gevent
 
     from zc_lb.errors import ConfigurationError
-    from zc_lb.process import processes
+    from zc_lb.process import drains, processes
 
     worker = "10.0.0.1:9001"
     knows = {"c0": True, "c1": False}
@@ -535,13 +535,13 @@ def test_a_drain_some_children_took_is_held_for_the_others_until_they_know_the_w
         return {"worker": worker, "changed": True, "done": action}
 
     monkeypatch.setattr(processes, "fetch", fetch)
-    monkeypatch.setattr(processes, "DRAIN_RETRY", 0.01, raising=False)
+    monkeypatch.setattr(drains, "DRAIN_RETRY", 0.01)
     supervisor = processes.Supervisor(2, ["lb"], ("127.0.0.1", 0))
     supervisor.children = [processes.Child(i, [], -1, "INFO") for i in (0, 1)]
     for child, status in zip(supervisor.children, ("c0", "c1")):
         serving(child, status)
     supervisor.action("drain")(worker=worker)  # (no failure raised)
-    assert worker in supervisor.drained and drained_in == {"c0"}
+    assert worker in supervisor.drains.drained and drained_in == {"c0"}
     wait_until(lambda: asked.count(("c1", "drain")) >= 3)  # (asked again)
     knows["c1"] = True  # (ZooKeeper names it to that child too)
     wait_until(lambda: drained_in == {"c0", "c1"})
@@ -551,7 +551,7 @@ def test_a_drain_some_children_took_is_held_for_the_others_until_they_know_the_w
     knows.update(c0=False, c1=False)
     with pytest.raises(ConfigurationError, match="process 0: .*process 1: "):
         supervisor.action("drain")(worker="10.0.0.9:9001")
-    assert "10.0.0.9:9001" not in supervisor.drained
+    assert "10.0.0.9:9001" not in supervisor.drains.drained
 
 
 @pytest.mark.parametrize("when", ["after", "during"])
@@ -568,7 +568,7 @@ def test_a_child_started_again_while_its_drain_was_asked_again_is_not_left_refus
     import gevent.subprocess
 
     from zc_lb.errors import ConfigurationError
-    from zc_lb.process import processes
+    from zc_lb.process import drains, processes
 
     worker, asked = "10.0.0.1:9001", []
     popen_done = gevent.event.Event()
@@ -594,14 +594,14 @@ def test_a_child_started_again_while_its_drain_was_asked_again_is_not_left_refus
         return {"worker": worker, "changed": True, "done": action}
 
     monkeypatch.setattr(processes, "fetch", fetch)
-    monkeypatch.setattr(processes, "DRAIN_RETRY", 0.01, raising=False)
+    monkeypatch.setattr(drains, "DRAIN_RETRY", 0.01)
     monkeypatch.setattr(gevent.subprocess, "Popen", popen)
     supervisor = processes.Supervisor(1, ["lb"], ("127.0.0.1", 0))
     child = processes.Child(0, [], -1, "INFO")
     supervisor.children = [child]
     serving(child, "c0")
-    supervisor.drained.add(worker)
-    retry = gevent.spawn(supervisor._drain_later, child, child.process,
+    supervisor.drains.drained.add(worker)
+    retry = gevent.spawn(supervisor.drains.later, child, child.process,
                          {worker: ConfigurationError("no worker %s" % worker)})
     wait_until(lambda: asked)
     popen_done.set()
@@ -609,6 +609,29 @@ def test_a_child_started_again_while_its_drain_was_asked_again_is_not_left_refus
     assert child.refused == set()
     assert supervisor.action("enable")(worker=worker) == {"worker": worker, "changed": True}
     assert asked[-1] == "enable"
+
+
+def test_a_child_that_starts_serving_while_a_drain_is_asked_is_given_it(monkeypatch):
+    # The drain was held only once every child had been asked: a child
+    # that started serving meanwhile was caught up without it, and not
+    # asked either, so it alone went on sending the worker requests.
+    from zc_lb.process import processes
+
+    worker, drained_in = "10.0.0.1:9001", set()
+    supervisor = processes.Supervisor(2, ["lb"], ("127.0.0.1", 0))
+    starting, first = supervisor.children = [processes.Child(i, [], -1, "INFO") for i in (0, 1)]
+    serving(first, "c1")
+
+    def fetch(address, action=None, params=None, token=None, **_):
+        if address == "c1" and not starting.serving:  # (it serves now: caught up)
+            serving(starting, "c0")
+            supervisor._catch_up(starting)
+        drained_in.add(address)
+        return {"worker": worker, "changed": True, "done": action}
+
+    monkeypatch.setattr(processes, "fetch", fetch)
+    supervisor.action("drain")(worker=worker)
+    assert drained_in == {"c0", "c1"} and worker in supervisor.drains.drained
 
 
 def samples(collector):

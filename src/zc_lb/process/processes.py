@@ -44,6 +44,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Set
 
+from zc_lb.process.drains import Drains, ask_each, failed, merged
 from zc_lb.routing import siblings
 from zc_lb.errors import AddressUnavailable, ConfigurationError, ZcLbError
 from zc_lb.status.document import fetch, merge_status
@@ -57,7 +58,6 @@ START_TIMEOUT = 60.0  # seconds a child has to say its status address (a new LB'
 RESTART_MIN = 0.1  # seconds before a child failing at start is started again, doubling
 RESTART_MAX = 10.0
 HEALTHY_RUN = 5.0  # seconds a child must have run for its exit to be no failure
-DRAIN_RETRY = 1.0  # seconds between asks of a child started again to take a drain it refused
 # What the summed document needs of each child's: every worker's every
 # skill (its skills_count, and the workers skilled for each class), and
 # every class counted (a class's sum goes back if a child's share of it
@@ -197,7 +197,7 @@ class Supervisor:
         self.cwd = cwd
         self.kept = kept
         self.admin_token = admin_token  # (what its children's actions need)
-        self.drained: Set[str] = set()  # workers drained through us, not enabled since
+        self.drains = Drains(self._ask, lambda: self.stopping)  # (and enables)
         self.sock: Optional[socket.socket] = None
         self.siblings_fd: Optional[int] = None  # the children's shared memory (routing/siblings.py)
         self.children: List[Child] = []
@@ -293,61 +293,12 @@ class Supervisor:
                      child.index, signal.Signals(signum).name)
             child.process.send_signal(signum)
         child.missed.clear()
-        refused = self._drain_in(child, sorted(self.drained))
-        if refused:
-            import gevent
+        self.drains.catch_up(child)
 
-            gevent.spawn(self._drain_later, child, child.process, refused)
-
-    def _drain_in(self, child: Child, workers: List[str]) -> Dict[str, ZcLbError]:
-        """Ask ``child`` to drain each of ``workers`` still drained: those it
-        refused, and why.  One enabled while its drain was on its way (the
-        child may have taken the enable first) is enabled there again."""
-        refused = {}
-        for worker in workers:
-            if worker not in self.drained:
-                continue
-            params = {"worker": worker}
-            try:
-                fetch(child.status, action="drain", params=params, token=self.admin_token)
-                if worker not in self.drained:
-                    fetch(child.status, action="enable", params=params,
-                          token=self.admin_token)
-            except ZcLbError as exc:
-                refused[worker] = exc
-        return refused
-
-    def _drain_later(self, child: Child, process: Any, refused: Dict[str, ZcLbError]) -> None:
-        """Ask ``child`` (``process``, started again) every DRAIN_RETRY
-        seconds to drain the workers it ``refused``: in ZooKeeper mode it
-        knows no worker that was not registered when it started (one away
-        for maintenance, or named to it late), and would send it requests
-        once it comes.  Until it takes each, the worker is enabled, the
-        process ends, or we stop."""
-        import gevent
-
-        if child.process is not process:  # (started again since: given the drains anew)
-            return
-        for worker, exc in sorted(refused.items()):
-            log.warning("LB process %d does not have worker %s drained yet (%s): asking it "
-                        "again every %gs", child.index, worker, exc, DRAIN_RETRY)
-        if child.refused:  # (it is asked again already: for these too)
-            child.refused.update(refused)
-            return
-        child.refused = set(refused)
-        while child.refused:
-            gevent.sleep(DRAIN_RETRY)
-            if self.stopping or child.process is not process or not child.serving:
-                return
-            pending = child.refused & self.drained
-            refused = self._drain_in(child, sorted(pending))
-            if child.process is not process:  # (what the last one refused is no news)
-                return
-            for worker in sorted(pending - set(refused)):
-                if worker in self.drained:
-                    log.info("LB process %d has worker %s drained now", child.index, worker)
-            # (with those added while it asked)
-            child.refused = set(refused) | (child.refused & self.drained) - pending
+    def _ask(self, child: Child, action: str, worker: str = "") -> dict:
+        """``child``'s answer to a status action (of ``worker``)."""
+        return fetch(child.status, action=action, params={"worker": worker} if worker else {},
+                     token=self.admin_token)
 
     def stop(self, timeout: float) -> None:
         """SIGTERM every child (each drains) and wait for them all."""
@@ -415,44 +366,19 @@ class Supervisor:
         return merged
 
     def action(self, name: str):
-        """An action of the status address, done by every child serving
-        (one starting gets the drains then: ``_catch_up``); failures raised
-        together, but for a drain some took: the others may not know the
-        worker yet (``_drain_later``).  An enable forgets the drain first,
-        and asks no child that never took it."""
+        """An action of the status address, done by every child that
+        serves, whichever fails, the failures raised together; drains and
+        enables are ``drains.Drains``'s."""
         def run(**params: str) -> dict:
-            answer: dict = {}
-            changed = took = False  # (enable: whether any child had something to undo)
-            refused: Dict[Child, ZcLbError] = {}
             worker = params.get("worker", "")
+            if name == "drain":
+                return self.drains.drain(worker, self.children)
             if name == "enable":
-                self.drained.discard(worker)
-            for child in self.children:
-                if name == "enable" and worker in child.refused:
-                    child.refused.discard(worker)  # (nothing to undo there)
-                elif child.serving:
-                    try:
-                        answer = fetch(child.status, action=name, params=params,
-                                       token=self.admin_token)
-                    except ZcLbError as exc:
-                        refused[child] = exc
-                    else:
-                        took, changed = True, changed or answer.get("changed") is True
-            if name == "drain" and (took or not refused):
-                import gevent
-
-                self.drained.add(worker)
-                for child, exc in refused.items():
-                    gevent.spawn(self._drain_later, child, child.process, {worker: exc})
-            elif refused:
-                raise ConfigurationError("%s failed in %s" % (name, "; ".join(
-                    "process %d: %s" % (child.index, exc) for child, exc in refused.items())))
-            answer.pop("done", None)
-            if name == "enable":  # (also when no child was asked: nothing undone)
-                answer["worker"] = worker
-            if "changed" in answer or name == "enable":
-                answer["changed"] = changed
-            return answer
+                return self.drains.enable(worker, self.children)
+            answers, refused = ask_each(self.children, lambda child: self._ask(child, name, worker))
+            if refused:
+                raise failed(name, refused)
+            return merged(answers)
         return run
 
 

@@ -1,0 +1,166 @@
+"""The drains of ``zc-lb lb --processes N``: each child an LB of its own.
+
+Theory of operation
+-------------------
+
+An operator drains a worker at the supervisor's status address, which
+asks every child that serves (``Drains.drain``).  The supervisor keeps
+the workers drained through it (``drained``) until they are enabled, so
+that:
+
+- a drain is held before any child is asked: a child that starts
+  serving meanwhile is given it with the others (``catch_up``), as is a
+  child started again after a crash, once it serves;
+- a child that refuses one while others take it is asked again every
+  ``DRAIN_RETRY`` seconds until it takes it (``later``): in ZooKeeper
+  mode each child learns a worker on its own, and one started again
+  knows no worker that was not registered then (away for maintenance,
+  or named to it late); a drain no child takes fails, and is not held;
+- an enable forgets the drain first, so that a drain on its way to a
+  child is undone there (``drain_in``), and asks no child that never
+  took the drain (it does not know the worker: nothing to undo).
+
+A child here is the supervisor's ``processes.Child``: its ``index``,
+``process``, whether it is ``serving``, and ``refused``, the drains it
+has not taken yet, which its launch clears.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+import gevent  # type: ignore[import-untyped]
+
+from zc_lb.errors import ConfigurationError, ZcLbError
+
+log = logging.getLogger(__name__)
+
+DRAIN_RETRY = 1.0  # seconds between asks of a child to take a drain it refused
+
+# (child, action, worker) -> the child's answer; raises ZcLbError
+Ask = Callable[[Any, str, str], dict]
+
+
+def ask_each(children: Sequence[Any], ask: Callable[[Any], Optional[dict]]
+             ) -> Tuple[List[dict], Dict[Any, ZcLbError]]:
+    """``ask`` every child that serves, whichever fails: their answers
+    (but None's), and the failures by child."""
+    answers, refused = [], {}
+    for child in children:
+        if child.serving:
+            try:
+                answer = ask(child)
+            except ZcLbError as exc:
+                refused[child] = exc
+            else:
+                if answer is not None:
+                    answers.append(answer)
+    return answers, refused
+
+
+def failed(action: str, refused: Dict[Any, ZcLbError]) -> ConfigurationError:
+    """The error of ``action`` that ``refused`` children failed."""
+    return ConfigurationError("%s failed in %s" % (action, "; ".join(
+        "process %d: %s" % (child.index, exc) for child, exc in refused.items())))
+
+
+def merged(answers: List[dict]) -> dict:
+    """The children's answers as one: the last, with ``changed`` if any
+    child changed something."""
+    answer = dict(answers[-1]) if answers else {}
+    answer.pop("done", None)
+    if "changed" in answer:
+        answer["changed"] = any(a.get("changed") is True for a in answers)
+    return answer
+
+
+class Drains:
+    """The workers drained through the supervisor, given to its children;
+    ``ask`` asks a child, ``stopping`` says whether the supervisor stops."""
+
+    def __init__(self, ask: Ask, stopping: Callable[[], bool]) -> None:
+        self.drained: Set[str] = set()  # drained through us, not enabled since
+        self.ask = ask
+        self.stopping = stopping
+
+    def drain(self, worker: str, children: Sequence[Any]) -> dict:
+        """Drain ``worker`` in every child that serves: the merged answer."""
+        held = worker in self.drained
+        self.drained.add(worker)  # (first: a child serving from now on is given it)
+        answers, refused = ask_each(children, lambda child: self.ask(child, "drain", worker))
+        if refused and not answers:
+            if not held:
+                self.drained.discard(worker)
+            raise failed("drain", refused)
+        for child, exc in refused.items():
+            gevent.spawn(self.later, child, child.process, {worker: exc})
+        return merged(answers)
+
+    def enable(self, worker: str, children: Sequence[Any]) -> dict:
+        """Enable ``worker`` in every child that serves and took its drain:
+        the merged answer, ``changed`` if any child had something to undo."""
+        self.drained.discard(worker)
+
+        def ask(child: Any) -> Optional[dict]:
+            if worker in child.refused:
+                child.refused.discard(worker)  # (nothing to undo there)
+                return None
+            return self.ask(child, "enable", worker)
+
+        answers, refused = ask_each(children, ask)
+        if refused:
+            raise failed("enable", refused)
+        answer = merged(answers)
+        answer["worker"] = worker  # (also when no child was asked: nothing undone)
+        answer["changed"] = any(a.get("changed") is True for a in answers)
+        return answer
+
+    def catch_up(self, child: Any) -> None:
+        """Give ``child``, which serves (again), the drains not undone."""
+        refused = self.drain_in(child, sorted(self.drained))
+        if refused:
+            gevent.spawn(self.later, child, child.process, refused)
+
+    def drain_in(self, child: Any, workers: List[str]) -> Dict[str, ZcLbError]:
+        """Ask ``child`` to drain each of ``workers`` still drained: those it
+        refused, and why.  One enabled while its drain was on its way (the
+        child may have taken the enable first) is enabled there again."""
+        refused = {}
+        for worker in workers:
+            if worker not in self.drained:
+                continue
+            try:
+                self.ask(child, "drain", worker)
+                if worker not in self.drained:
+                    self.ask(child, "enable", worker)
+            except ZcLbError as exc:
+                refused[worker] = exc
+        return refused
+
+    def later(self, child: Any, process: Any, refused: Dict[str, ZcLbError]) -> None:
+        """Ask ``child`` (``process``) every DRAIN_RETRY seconds to drain the
+        workers it ``refused``, until it takes each, the worker is
+        enabled, the process ends, or the supervisor stops."""
+        if child.process is not process:  # (started again since: given the drains anew)
+            return
+        for worker, exc in sorted(refused.items()):
+            log.warning("LB process %d does not have worker %s drained yet (%s): asking it "
+                        "again every %gs", child.index, worker, exc, DRAIN_RETRY)
+        if child.refused:  # (it is asked again already: for these too)
+            child.refused.update(refused)
+            return
+        child.refused = set(refused)
+        while child.refused:
+            gevent.sleep(DRAIN_RETRY)
+            if self.stopping() or child.process is not process or not child.serving:
+                return
+            pending = child.refused & self.drained
+            refused = self.drain_in(child, sorted(pending))
+            if child.process is not process:  # (what the last one refused is no news)
+                return
+            for worker in sorted(pending - set(refused)):
+                if worker in self.drained:
+                    log.info("LB process %d has worker %s drained now", child.index, worker)
+            # (with those added while it asked)
+            child.refused = set(refused) | (child.refused & self.drained) - pending
