@@ -183,6 +183,30 @@ def test_a_new_lb_that_cannot_start_leaves_the_old_one_serving(worker, tmp_path)
         lb.kill()
 
 
+def test_a_new_lb_that_dies_before_it_serves_leaves_the_pid_file_naming_the_old_one(
+        worker, tmp_path):
+    # The new LB writes the pid file once it handles signals, and says it
+    # serves only once its workers are connected: one that died between
+    # the two left the file naming a dead process while the old LB served.
+    config = tmp_path / "lb.toml"
+    config.write_text('[lb]\nworker = ["%s"]\n' % worker.address)
+    pid_file = tmp_path / "lb.pid"
+    lb = LBProcess([], "--config", str(config), "--pid-file", str(pid_file), env=ENV).start()
+    try:
+        wait_for(lambda: pid_file.exists(), timeout=10, message="the pid file")
+        assert pid_file.read_text() == "%d\n" % lb.pid
+        config.write_text('[lb]\nworker = ["127.0.0.1:%d"]\n' % free_port())  # (never ready)
+        os.kill(lb.pid, signal.SIGUSR2)
+        wait_for(lambda: pid_file.read_text() != "%d\n" % lb.pid, timeout=30,
+                 message="the new LB's pid")
+        kill_pid(int(pid_file.read_text()))  # (SIGKILL: it removes nothing)
+        wait_for(lambda: pid_file.exists() and pid_file.read_text() == "%d\n" % lb.pid,
+                 timeout=30, message="the pid file naming the old LB again")
+        assert lb.process.poll() is None and http_get(lb.address)[0] == 200
+    finally:
+        lb.kill()
+
+
 def test_systemd_hears_ready_reloading_and_the_new_main_pid(worker, tmp_path):
     # etc/systemd/zc-lb.service: Type=notify, NotifyAccess=all, and
     # ExecReload=/bin/kill -USR2 $MAINPID.

@@ -268,6 +268,10 @@ def hand_over(args: argparse.Namespace, sockets: dict, addresses: Dict[str, str]
     log.info("SIGUSR2: starting a new LB on our sockets")
     if not successor.start():
         restart.sd_notify("READY=1")
+        try:  # (the new LB wrote its own pid there before it failed)
+            PidFile(getattr(args, "pid_file", None)).write()
+        except ConfigurationError as exc:
+            log.error("%s", exc)
         return False
     pid = successor.process.pid  # type: ignore[union-attr]
     log.info("the new LB (pid %d) serves: this one (pid %d) stops accepting and drains",
