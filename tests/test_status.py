@@ -144,6 +144,22 @@ def test_the_document_lists_the_busiest_classes_unless_asked_for_all():
     assert call(app, path="/status.json", query="classes=all")[2]["classes"] == classes
 
 
+def test_the_document_keeps_as_many_skills_and_classes_as_asked():
+    # (a script polling backlogs 20 times a second got every worker's 100
+    # skills and the 100 busiest classes each time)
+    app = status_app(lambda: {"workers": {"w": {"backlog": 2, "skills": {"a": 1.0, "b": 2.0}}},
+                              "classes": {"a": 5, "b": 3}})
+    light = call(app, path="/status.json", query="skills=0&classes=0")[2]
+    assert light["workers"]["w"] == {"backlog": 2, "skills": {}, "skills_count": 2}
+    assert light["classes"] == {"other": 8}
+    one = call(app, path="/status.json", query="skills=1&classes=1")[2]
+    assert one["workers"]["w"]["skills"] == {"b": 2.0} and one["classes"] == {"a": 5, "other": 3}
+    for query in ("skills=-1", "skills=ten", "classes=1.5", "skills=%D9%A3"):
+        status, _, document = call(app, path="/status.json", query=query)
+        assert status == "400 Bad Request", query
+        assert "takes a count or 'all'" in document["error"], document
+
+
 def test_a_post_runs_its_action_and_only_a_known_one():
     done = []
     app = status_app(lambda: {}, {"reset-skills": lambda: done.append("reset")})

@@ -29,7 +29,7 @@ from zc_lb.sockets import is_loopback
 log = logging.getLogger(__name__)
 
 RECENT_ERRORS = 20  # in a merged document
-STATUS_SKILLS = 100  # skills a worker in the document, unless ?skills=all
+STATUS_SKILLS = 100  # skills a worker in the document, unless ?skills= says
 POOL_COUNTERS = ("bounded", "spills")  # the pool's counters, added up in a merged document
 
 
@@ -198,16 +198,34 @@ def _metrics(collector) -> Response:
 
 def _document(request: Request, document: dict, page: Optional[Callable[..., str]],
               history: Optional[RequestHistory]) -> Response:
-    """The status document as JSON (its skills bounded unless ``?skills=all``,
-    its classes unless ``?classes=all``), or as the HTML page for a
-    browser at ``/``."""
-    if request.GET.get("skills") != "all":
-        document = bound_skills(document)
-    if request.GET.get("classes") != "all":
-        document = busiest_classes(document)
+    """The status document as JSON (its skills and classes bounded, by
+    ``?skills=`` and ``?classes=`` if given: a count, or ``all``), or as
+    the HTML page for a browser at ``/``."""
+    try:
+        skills = _limit(request, "skills", STATUS_SKILLS)
+        classes = _limit(request, "classes", STATUS_CLASSES)
+    except ValueError as exc:
+        return _as_json({"error": str(exc)}, 400)
+    if skills is not None:
+        document = bound_skills(document, skills)
+    if classes is not None:
+        document = busiest_classes(document, classes)
     if request.path_info == "/" and page is not None and _wants_html(request):
         return _respond(page(document, history).encode("utf-8"), "text/html")
     return _as_json(document)
+
+
+def _limit(request: Request, name: str, default: int) -> Optional[int]:
+    """How many of its ``name`` the document keeps: ``?NAME=``'s count,
+    None for ``all``, else ``default``; ValueError for anything else."""
+    value = request.GET.get(name)
+    if value is None:
+        return default
+    if value == "all":
+        return None
+    if value.isascii() and value.isdigit():
+        return int(value)
+    raise ValueError("?%s= takes a count or 'all', not %r" % (name, value[:40]))
 
 
 def status_app(get_status: Callable[[], dict],
@@ -219,8 +237,8 @@ def status_app(get_status: Callable[[], dict],
     """The status address's WSGI app (operators only: not for the public).
 
     GET ``/status.json``: the status document as JSON, with at most
-    STATUS_SKILLS skills a worker (``?skills=all``: every one) and
-    STATUS_CLASSES classes (``?classes=all``: every one); GET ``/``:
+    STATUS_SKILLS skills a worker (``?skills=N``: N, ``all``: every one)
+    and STATUS_CLASSES classes (``?classes=N``, ``all``); GET ``/``:
     the same document, or the HTML status page (``page(doc, history)``)
     for a client that asks for text/html; ``/metrics``: ``collector``'s
     metrics in the Prometheus text format; ``/healthz``: 200 "ok" while
