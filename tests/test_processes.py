@@ -792,7 +792,7 @@ def test_a_child_started_again_with_its_config_file_gone_bad_starts_as_the_last_
     config.write_text("[lb]\nvariance = 3.0\n")
     stderr = open(tmp_path / "lb.log", "w")
     lb = LBProcess([], "--processes", "2", "--status", "127.0.0.1:0", "--config", str(config),
-                   env=ENV, stderr=stderr).start()
+                   env=dict(ENV, TMPDIR=str(tmp_path)), stderr=stderr).start()  # (killed)
     try:
         address = lb.said("zc-lb status on ")
         config.write_text("[lb]\nvariance = 'wide'\n")

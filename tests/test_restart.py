@@ -84,7 +84,8 @@ def test_sigusr2_hands_the_sockets_to_a_new_lb_and_no_request_fails(worker, tmp_
     (tmp_path / "lb.toml").write_text('[lb]\nworker = ["%s"]\n' % worker.address)
     with open(log_path, "w") as log:
         lb = LBProcess([], "--status", status_address, "--config", "lb.toml", "--chdir", "sub",
-                       "--processes", str(processes), env=ENV, stderr=log,
+                       "--processes", str(processes), env=dict(ENV, TMPDIR=str(tmp_path)),
+                       stderr=log,
                        cwd=str(tmp_path)).start()
     new_pid = None
     try:
@@ -146,7 +147,8 @@ def test_a_hitless_restart_moves_the_addresses_the_file_changed_and_closes_the_o
                       % (worker.address, before, status_before, processes))
     log_path = tmp_path / "lb.log"
     with open(log_path, "w") as log:
-        lb = ConfiguredLB(["--config", str(config)], env=ENV, stderr=log).start()
+        lb = ConfiguredLB(["--config", str(config)], env=dict(ENV, TMPDIR=str(tmp_path)),
+                          stderr=log).start()
     try:
         assert lb.address == before and status(status_before)["requests"] >= 0
         config.write_text('[lb]\nworker = ["%s"]\nlisten = ["%s"]\nprocesses = %d\n'

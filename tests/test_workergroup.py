@@ -307,7 +307,8 @@ def test_a_group_takes_sigusr1_and_usr2_and_no_worker_outlives_its_killed_superv
     group = subprocess.Popen(
         [sys.executable, "-m", "zc_lb.cli", "worker", "apps:app", "-w", "2", "--chdir", "sub",
          "--config", "sub/group.toml", "--listen", "127.0.0.1:%d" % port],
-        stdout=subprocess.PIPE, stderr=log, text=True, env=ENV, cwd=str(tmp_path))
+        stdout=subprocess.PIPE, stderr=log, text=True, env=dict(ENV, TMPDIR=str(tmp_path)),
+        cwd=str(tmp_path))  # (its supervisor killed: what it keeps in TMPDIR stays)
     group.log = lambda: (log.seek(0), log.read())[1]
     workers = []
     try:
