@@ -1625,3 +1625,31 @@ def test_two_workers_of_one_name_recruit_from_the_ring():
     handle = pool.get("a", "/x")
     assert handle in ("old", "new", "other")
     pool.put(handle)
+
+
+def test_an_infinite_gain_on_an_idle_pool_caps_a_member_as_any_balance_does():
+    # A class whose home requests measured no time (its gain infinite)
+    # raised its balance to infinity, and on a pool idle since it started
+    # (its decayed mean backlog 0) the cap was inf * 0, NaN: every member
+    # was under it (NaN compared False) but a worker another LB sent a
+    # key to was over it, and the key left the worker holding its data.
+    pool = pool_of(4)
+    pool.lbs, pool.relayed = 2, True
+    for i in range(4):
+        pool.new_resume("w%d" % i, {"c": 100.0, "other": 100.0})
+    for i in range(2000):  # ("c" is a small part of the requests: few members)
+        pool.put(pool.get("other", "/o%d" % (i % 400)))
+        if i % 50 == 0:
+            pool.put(pool.get("c", "/c%d" % (i % 7)))
+    stats = pool.classes["c"]
+    members = pool.members.of("c", stats)
+    outsider = next(w for w in pool.workers.values() if w not in members)
+    pool.take_keys(outsider.handle, {"c": [stats.keys["/c3"] >> 64]})
+    stats.home_count = stats.away_count = 10.0
+    stats.home_time, stats.away_time = 0.0, 1.0
+    assert math.isinf(pool.locality.gain(stats))
+    pool.mbacklog = 0.0
+    for worker in pool.workers.values():
+        worker.mbacklog = 0.0
+    assert pool.placement._cap(math.inf)[0] == 1.0  # (as with any balance)
+    assert pool.get("c", "/c3") == outsider.handle

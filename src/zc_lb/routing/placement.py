@@ -538,10 +538,11 @@ class Placement:
         The bound keeps the members even among themselves, so the cap
         only has to catch members far over the pool's mean, and a key's
         owner, which holds its data, is worth a longer queue than a
-        skilled worker."""
+        skilled worker.  At least 1.0, also where inf * 0 is NaN (an
+        infinite gain's balance, an idle pool), which compares as false."""
         pool = self.pool
         max_backlog = balance * pool.variance * pool.mbacklog / len(pool.workers)
-        if max_backlog < 1.0:
+        if not max_backlog >= 1.0:  # (NaN too)
             max_backlog = 1.0
         return max_backlog, pool.oldest().mbacklog + 1.0
 
