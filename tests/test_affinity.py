@@ -1653,3 +1653,22 @@ def test_an_infinite_gain_on_an_idle_pool_caps_a_member_as_any_balance_does():
         worker.mbacklog = 0.0
     assert pool.placement._cap(math.inf)[0] == 1.0  # (as with any balance)
     assert pool.get("c", "/c3") == outsider.handle
+
+
+def test_an_infinite_first_visit_gain_is_shown_as_infinity_not_as_unmeasured():
+    # First visits at members measured no time, elsewhere some: the ratio
+    # is infinite, and the status JSON (orjson: no infinite numbers) said
+    # null, as before anything was measured.
+    import orjson
+
+    pool = pool_of(2)
+    assert pool.status()["first_visit_gain"] is None
+    locality = pool.locality
+    locality.member_time, locality.member_count = 0.0, 10.0
+    locality.elsewhere_time, locality.elsewhere_count = 0.5, 10.0
+    assert math.isinf(locality.first_visit_gain())
+    status = pool.status()
+    assert status["first_visit_gain"] == "Infinity"
+    assert orjson.loads(orjson.dumps(status))["first_visit_gain"] == "Infinity"
+    locality.member_time = 0.25
+    assert pool.status()["first_visit_gain"] == 2.0

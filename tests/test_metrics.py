@@ -163,6 +163,9 @@ def test_the_pools_measured_gains_are_gauges_once_measured():
     assert gauges({"locality_gain": None, "first_visit_gain": None}) == {}
     assert gauges({"locality_gain": 12.5, "first_visit_gain": 1.1}) == {
         "zc_lb_pool_locality_gain": 12.5, "zc_lb_pool_first_visit_gain": 1.1}
+    # (first visits at members measured no time, elsewhere some: +Inf)
+    assert gauges({"first_visit_gain": "Infinity"}) == {
+        "zc_lb_pool_first_visit_gain": float("inf")}
 
 
 def test_merged_documents_sum_histograms_and_per_worker_counts():

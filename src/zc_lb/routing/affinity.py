@@ -121,7 +121,7 @@ from typing import Any, Callable, ClassVar, Dict, Final, Hashable, List, Mapping
 
 from zc_lb.routing.classifier import MAX_CLASS, bounded_class
 from zc_lb.routing.classstats import ClassStats, stable_hash
-from zc_lb.routing.locality import PLACED_AWAY, PLACED_HOME, Locality
+from zc_lb.routing.locality import PLACED_AWAY, PLACED_HOME, Locality, shown_ratio
 from zc_lb.routing.members import Members, MembersHost
 from zc_lb.routing.placement import NOISE, Placement, PlacementHost
 from zc_lb.routing.pool import Pool, PoolWorker
@@ -532,8 +532,7 @@ class AffinityPool(Pool, MembersHost, PlacementHost):
                       widenings=self.members.widenings, narrowings=self.members.narrowings,
                       spills=self.placement.spills, bounded=self.placement.bounded,
                       explored=self.placement.explored,
-                      locality_gain=(None if gain is None else round(gain, 3)),
-                      first_visit_gain=(None if first is None else round(first, 3)),
+                      locality_gain=shown_ratio(gain), first_visit_gain=shown_ratio(first),
                       slow_start=self.slow_start, skill_resets=self.resets,
                       starting=len(self.starting), lbs=self.lbs, keys_relayed=self.relayed)
         return status

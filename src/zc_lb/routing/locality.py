@@ -77,7 +77,8 @@ elsewhere (eight of them).
 
 from __future__ import annotations
 
-from typing import Final, Optional
+import math
+from typing import Final, Optional, Union
 
 from zc_lb.routing.classstats import ClassStats
 
@@ -93,6 +94,9 @@ FIRST_AT_MEMBER: Final = 2
 FIRST_ELSEWHERE: Final = 3
 SHARED_GAIN: Final = 1.5  # a first visit this many times slower elsewhere: its class shares data
 STALE_AFTER: Final = 2048  # first visits at members, none elsewhere: the measure there is old
+# An infinite ratio as the status document shows it (JSON has no such
+# number, and its null says "not measured yet")
+INFINITE: Final = "Infinity"
 
 
 def _elsewhere_ratio(member_time: float, member_count: float, elsewhere_time: float,
@@ -105,6 +109,14 @@ def _elsewhere_ratio(member_time: float, member_count: float, elsewhere_time: fl
     if member_time <= 0.0:
         return 1.0 if elsewhere_time <= 0.0 else float("inf")
     return (elsewhere_time / elsewhere_count) / (member_time / member_count)
+
+
+def shown_ratio(ratio: Optional[float]) -> Union[float, str, None]:
+    """A gain as the status document shows it: rounded, ``INFINITE`` (the
+    time at home measured none), or None (not measured yet)."""
+    if ratio is None:
+        return None
+    return INFINITE if ratio == math.inf else round(ratio, 3)
 
 
 class Locality:

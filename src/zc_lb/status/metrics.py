@@ -13,6 +13,7 @@ request count keep their own ``class`` label; the rest are summed under
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Dict, Iterator, Optional
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -26,6 +27,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from zc_lb.lb.stats import STATUS_CLASSES
+from zc_lb.routing.locality import INFINITE
 
 TOP_CLASSES = 20
 OTHER = "other"
@@ -238,6 +240,8 @@ def pool_families(pool: dict) -> Iterator[Metric]:
                             "has served takes away from its class's members (the "
                             "affinity policy; absent until measured).")):
         value = pool.get(key)
+        if value == INFINITE:  # (the document's word for it: +Inf here)
+            value = math.inf
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             yield GaugeMetricFamily("zc_lb_pool_" + key, help_text, value=value)
     for key, help_text in (("bounded", "Requests sent to the least busy worker because "
