@@ -598,3 +598,27 @@ def test_an_lb_or_worker_running_the_source_unasked_says_so_at_start(
         cli.say_build()
     assert ("the hot path runs uncompiled" in caplog.text) == warned
     assert (built in caplog.text) == warned
+
+
+@pytest.mark.parametrize("argv", [
+    ["zk", "import", "tree.txt", "--delete", "/lb"],
+    ["zk", "import", "--delete", "tree.txt", "/lb"],
+    ["zk", "import", "tree.txt", "/lb", "--delete"],
+    ["zk", "import", "tree.txt", "--zookeeper", "zk1:2181", "--delete", "/lb"],
+    ["zk", "--zookeeper", "zk1:2181", "import", "tree.txt", "--timeout", "3", "/lb",
+     "--delete", "--log-level", "WARNING"],
+])
+def test_a_tree_commands_options_go_before_between_or_after_its_arguments(argv):
+    # ``zk import FILE --delete ROOT`` was refused (argparse gave the
+    # optional ROOT its default before --delete, then had /lb left over),
+    # as was any of zk's own options after the tree command.
+    args = build_parser().parse_args(argv)
+    assert (args.zk_command, args.file, args.root, args.delete) == (
+        "import", "tree.txt", "/lb", True)
+    assert args.zookeeper == ("zk1:2181" if "--zookeeper" in argv else "127.0.0.1:2181")
+    assert args.timeout == (3.0 if "--timeout" in argv else 10.0)
+    assert args.log_level == ("WARNING" if "WARNING" in argv else "INFO")
+    args = build_parser().parse_args(["zk", "set", "/lb", "a=1", "--force", "b=2"])
+    assert (args.path, args.assignments, args.force) == ("/lb", ["a=1", "b=2"], True)
+    args = build_parser().parse_args(["zk", "ls", "--timeout", "2", "/lb"])
+    assert (args.path, args.timeout, args.zookeeper) == ("/lb", 2.0, "127.0.0.1:2181")

@@ -13,6 +13,7 @@ command is ``zc_lb.cli.COMMANDS``'s to say; the tools passed through
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from zc_lb import config, settings
 from zc_lb.cli.tools import PASS_THROUGH
@@ -284,6 +285,25 @@ def _add_reset_skills_parser(sub) -> None:
                    help="the LBs' --admin-token-file")
 
 
+class AnyOrderParser(config.Parser):
+    """A command's parser that takes its options before, between or after
+    its arguments, as ``zc-lb zk import FILE --delete ROOT``: argparse
+    alone, at an option between two arguments, gives an optional one its
+    default and leaves the next one over.  (Only for a parser without
+    commands of its own: argparse cannot intermix those.)"""
+
+    _parsing = False  # (in the intermixed parse, whose passes are argparse's own)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        if self._parsing:
+            return super().parse_known_args(args, namespace)
+        self._parsing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._parsing = False
+
+
 def _add_zk_parser(sub) -> None:
     p = sub.add_parser("zk", help="import, export, read and set the ZooKeeper tree")
     p.add_argument("--zookeeper", default="127.0.0.1:2181", metavar="HOSTS",
@@ -291,7 +311,8 @@ def _add_zk_parser(sub) -> None:
     _add_zookeeper_auth(p)
     p.add_argument("--timeout", type=float, default=10.0,
                    help="seconds to wait for ZooKeeper (default 10)")
-    zk = p.add_subparsers(dest="zk_command", required=True, metavar="ZKCOMMAND")
+    zk = p.add_subparsers(dest="zk_command", required=True, metavar="ZKCOMMAND",
+                          parser_class=AnyOrderParser)
     i = zk.add_parser("import", help="make the tree match FILE (- for stdin)")
     i.add_argument("file", help="the tree text (- for stdin; etc/tree.txt is a sample)")
     i.add_argument("root", nargs="?", default="/", help="import under this path")
@@ -319,6 +340,20 @@ def _add_zk_parser(sub) -> None:
                    help="accept properties that are no known setting")
     ls = zk.add_parser("ls", help="list a node's children")
     ls.add_argument("path", nargs="?", default="/", help="the node (default /)")
+    _add_zk_options_after(zk.choices.values())
+
+
+def _add_zk_options_after(commands) -> None:
+    """zk's options to its ``commands``, to be given after ZKCOMMAND too."""
+    for command in commands:
+        command.add_argument("--zookeeper", metavar="HOSTS", default=argparse.SUPPRESS,
+                             help="as before ZKCOMMAND")
+        command.add_argument("--zookeeper-auth-file", metavar="FILE",
+                             default=argparse.SUPPRESS, help="as before ZKCOMMAND")
+        command.add_argument("--timeout", type=float, default=argparse.SUPPRESS,
+                             help="as before ZKCOMMAND")
+        command.add_argument("--log-level", choices=LOG_LEVELS, default=argparse.SUPPRESS,
+                             help="as before the command (default INFO)")
 
 
 def _add_demo_parser(sub) -> None:
