@@ -1347,3 +1347,33 @@ def test_a_slow_reader_is_not_counted_as_the_apps_time(serve, threads, streamed)
         exchange.consumed(len(start.body))
     assert len(start.body + read_body(exchange, 10)) == 65536 * len(blocks)
     assert _first_recorded(recorded) < 0.15, recorded
+
+
+def test_a_worker_past_max_requests_says_so_once_and_drains_as_on_sigterm(serve, caplog):
+    # It sent itself a SIGTERM, and its log said "got SIGTERM" as though
+    # someone had stopped it.
+    import logging
+    import signal
+
+    from zc_lb.process.service import wait_for_signal
+
+    worker, connection, _ = serve(reader_app, threads=None, max_requests=2)
+    stops = []
+
+    def requests():
+        for _ in range(2):
+            assert call(connection, {})[0].status == "200 OK"
+
+    previous = signal.getsignal(signal.SIGTERM)
+    client = gevent.spawn(requests)
+    try:
+        with caplog.at_level(logging.INFO, logger="zc_lb"), gevent.Timeout(5):
+            wait_for_signal({"SIGTERM": lambda: stops.append(1) or True})
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    client.get(timeout=5)
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("zc_lb")]
+    assert stops == [1]
+    assert "got SIGTERM" not in said, said
+    assert said.count("served 2 requests (--max-requests 2): draining to be started "
+                      "again") == 1, said

@@ -174,7 +174,8 @@ def ignore_sighup() -> bool:
     return False
 
 
-# The signals wait_for_signal has queued and not yet handled, while it runs.
+# The signals wait_for_signal has queued and not yet handled, while it
+# runs: (name, what the log says of it).
 _pending: Any = None
 
 # What a signal that came while a new LB started (SIGUSR2) is to the new
@@ -189,7 +190,7 @@ def pass_on_pending(pid: int) -> None:
     the change the SIGHUP was sent for); a SIGUSR2 is the restart just
     done, and is dropped.  Each said."""
     while _pending is not None and not _pending.empty():
-        name = _pending.get()
+        name = _pending.get()[0]
         if name not in PASSED_ON:
             log.warning("%s came while the new LB (pid %d) started: not passed on to it",
                         name, pid)
@@ -212,18 +213,18 @@ def wait_for_signal(handlers: dict, ready=None) -> None:
     import gevent.queue
 
     global _pending
-    signals: "gevent.queue.Queue[str]" = gevent.queue.Queue()
+    signals: "gevent.queue.Queue[Tuple[str, str]]" = gevent.queue.Queue()
     _pending = signals
     handlers = dict(handlers)
     handlers.setdefault("SIGHUP", ignore_sighup)  # its default would kill us
     for name in handlers:
-        gevent.signal_handler(getattr(signal, name), signals.put, name)
+        gevent.signal_handler(getattr(signal, name), signals.put, (name, "got " + name))
     if ready is not None:
         ready()
     try:
         while True:
-            name = signals.get()
-            log.info("got %s", name)
+            name, why = signals.get()
+            log.info("%s", why)
             if name == "SIGHUP":
                 check_secret_files()
             if handlers[name]():
@@ -232,10 +233,22 @@ def wait_for_signal(handlers: dict, ready=None) -> None:
                 # that follows one) go to no one: say so.
                 while not signals.empty():
                     log.warning("%s came while %s was handled, and is not acted on by this "
-                                "process, which is ending", signals.get(), name)
+                                "process, which is ending", signals.get()[0], name)
                 return
     finally:
         _pending = None
+
+
+def act_as_on(name: str, why: str) -> None:
+    """Do what signal ``name`` does in ``wait_for_signal``, whose log says
+    ``why`` rather than "got NAME": a worker past --max-requests drains as
+    on SIGTERM, though no one sent one.  (Outside ``wait_for_signal``, that
+    signal is sent to this process.)"""
+    if _pending is not None:
+        _pending.put((name, why))
+        return
+    log.info("%s", why)
+    os.kill(os.getpid(), getattr(signal, name))
 
 
 def parse_listeners(args: argparse.Namespace) -> List[Tuple[str, str]]:

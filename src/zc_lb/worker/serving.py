@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import signal
 import time
 from bisect import bisect_left
 from typing import Callable, Dict, List, Optional, cast
@@ -43,6 +41,7 @@ import gevent.lock  # type: ignore[import-untyped]
 from zc_lb.environ import REQUEST_CLASS
 from zc_lb.errors import RequestCancelled, ZcLbError
 from zc_lb.process.loopwatch import LoopWatch
+from zc_lb.process.service import act_as_on
 from zc_lb.settings import LATENCY_BUCKETS
 from zc_lb.wire.exchange import Exchange
 from zc_lb.wire.frames import Request
@@ -145,8 +144,8 @@ class Serving:
         elapsed = writer.app_seconds()
         self.served += 1
         if self.served == self.max_requests:  # (--max-requests: drain and exit, as on SIGTERM)
-            log.info("served %d requests: draining to be started again", self.served)
-            os.kill(os.getpid(), signal.SIGTERM)
+            act_as_on("SIGTERM", "served %d requests (--max-requests %d): draining to be "
+                      "started again" % (self.served, self.max_requests))
         self.app_seconds += elapsed
         self.queued_seconds += writer.queued
         self.latency[bisect_left(LATENCY_BUCKETS, elapsed)] += 1
