@@ -280,6 +280,51 @@ def test_fetch_failures_name_the_url_and_who_is_at_fault(serve):
         fetch(serve(status_app(lambda: {})), action="shutdown")
 
 
+def test_zc_lb_status_and_the_actions_read_an_answer_and_its_failures_in_one_place(serve):
+    # fetch and zc-lb status's fetch_status each mapped urllib's errors to
+    # messages of their own making, alike but for the words.
+    import socket
+
+    from zkserver import free_port
+
+    from zc_lb.cli.admin import fetch_status
+    from zc_lb.status.document import answer_at
+
+    address = serve(status_app(lambda: {}))
+    code, kind, body, reason = answer_at("http://%s/nothing" % address, address)
+    assert (code, kind, json.loads(body)["error"], reason) == (
+        404, "application/json", "no such page", "Not Found")
+    nowhere = "127.0.0.1:%d" % free_port()
+    for get, said in ((fetch, "cannot get status from http://%s/: " % nowhere),
+                      (fetch_status, "cannot reach a status server at %s: " % nowhere)):
+        with pytest.raises(ZcLbError) as info:
+            get(nowhere, timeout=2)
+        assert str(info.value).startswith(said) and type(info.value) is ZcLbError
+    talker = socket.socket()  # (not HTTP: a line, then hang up)
+    talker.bind(("127.0.0.1", 0))
+    talker.listen(4)
+    there = "127.0.0.1:%d" % talker.getsockname()[1]
+
+    def talk():
+        for _ in range(2):
+            conn = talker.accept()[0]
+            conn.recv(1024)
+            conn.sendall(b"SSH-2.0-OpenSSH\r\n")
+            conn.close()
+
+    thread = threading.Thread(target=talk, daemon=True)
+    thread.start()
+    try:
+        for get, where in ((fetch, "http://%s/" % there), (fetch_status, there)):
+            with pytest.raises(ConfigurationError) as info:
+                get(there, timeout=2)
+            assert str(info.value) == ("%s is not a zc-lb status server: BadStatusLine: "
+                                       "SSH-2.0-OpenSSH" % where)
+    finally:
+        thread.join(5)
+        talker.close()
+
+
 # -- printing --------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ import logging
 import os
 import time
 
-from zc_lb.errors import ConfigurationError, ZcLbError
+from zc_lb.errors import ConfigurationError
 from zc_lb.process.service import read_secret
 
 
@@ -23,23 +23,13 @@ def fetch_status(address: str, timeout: float = 5.0) -> dict:
     """The status document at ADDRESS, or an error that says what answered
     there instead: ConfigurationError (exit status 2) for anything that is
     not a zc-lb status server, ZcLbError (1) when nothing answers."""
-    import http.client
     import json
-    import urllib.error
-    import urllib.request
+
+    from zc_lb.status.document import answer_at
 
     url = address if "://" in address else "http://%s/" % address
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            code, kind, body = response.status, response.headers.get_content_type(), response.read()
-    except urllib.error.HTTPError as exc:
-        code, kind, body = exc.code, exc.headers.get_content_type(), b""
-    except OSError as exc:  # refused, timed out: nothing answers
-        raise ZcLbError("cannot reach a status server at %s: %s" % (
-            address, getattr(exc, "reason", exc)))
-    except (http.client.HTTPException, ValueError) as exc:  # not HTTP, or no address
-        raise ConfigurationError("%s is not a zc-lb status server: %s: %s" % (
-            address, type(exc).__name__, str(exc).strip() or "-"))
+    code, kind, body, _ = answer_at(url, address, timeout,
+                                    unreachable="cannot reach a status server at %s")
     doc = None
     if code == 200 and kind == "application/json":
         try:

@@ -403,15 +403,9 @@ def fetch(address: str, timeout: float = 5.0, action: Optional[str] = None,
     request = urllib.request.Request(url, data=data)
     if token is not None:
         request.add_header("Authorization", "Bearer " + token.decode("latin-1"))
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            body = response.read()
-    except urllib.error.HTTPError as exc:
-        raise ConfigurationError("%s answered %s: %s" % (url, exc.code, _said(exc)))
-    except OSError as exc:  # refused, timed out: nothing answers (exit status 1)
-        raise ZcLbError("cannot get status from %s: %s" % (url, getattr(exc, "reason", exc)))
-    except (http.client.HTTPException, ValueError) as exc:  # not HTTP, or no address
-        raise ConfigurationError("%s is not a zc-lb status server: %s" % (url, _named(exc)))
+    code, _, body, reason = answer_at(request, url, timeout)
+    if not 200 <= code < 300:  # (what urllib raises for)
+        raise ConfigurationError("%s answered %s: %s" % (url, code, _said(body, reason)))
     try:
         answer = json.loads(body)
     except ValueError:
@@ -426,18 +420,42 @@ def fetch(address: str, timeout: float = 5.0, action: Optional[str] = None,
     return answer
 
 
+def answer_at(request, where: str, timeout: float = 5.0,
+              unreachable: str = "cannot get status from %s") -> Tuple[int, str, bytes, str]:
+    """What answers ``request`` (a URL, or a urllib Request), named
+    ``where`` in errors: its HTTP status, content type, body and reason,
+    an error status's too.  Nothing answering is a ZcLbError (exit
+    status 1: try again), saying ``unreachable`` (of ``where``) and why;
+    an answer not in HTTP, or no address, a ConfigurationError (2: fix
+    it).  For ``zc-lb status`` and the actions alike."""
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return (response.status, response.headers.get_content_type(), response.read(),
+                    str(response.reason))
+    except urllib.error.HTTPError as exc:
+        try:
+            body = exc.read()
+        except (OSError, http.client.HTTPException):
+            body = b""
+        return exc.code, exc.headers.get_content_type(), body, str(exc.reason)
+    except OSError as exc:  # refused, timed out: nothing answers
+        raise ZcLbError("%s: %s" % (unreachable % where, getattr(exc, "reason", exc)))
+    except (http.client.HTTPException, ValueError) as exc:  # not HTTP, or no address
+        raise ConfigurationError("%s is not a zc-lb status server: %s" % (where, _named(exc)))
+
+
 def _named(error: Exception) -> str:
     """``error`` as one line with its kind (http.client's say only what
     they read: "SSH-2.0-OpenSSH")."""
     return "%s: %s" % (type(error).__name__, str(error).strip() or "-")
 
 
-def _said(error) -> str:
-    """The ``error`` of a JSON answer, or the HTTP reason."""
+def _said(body: bytes, reason: str) -> str:
+    """The ``error`` of a JSON answer's ``body``, or the HTTP ``reason``."""
     try:
-        return json.loads(error.read())["error"]
+        return json.loads(body)["error"]
     except Exception:
-        return str(error.reason)
+        return reason
 
 
 def _table(rows: List[List[str]]) -> List[str]:
