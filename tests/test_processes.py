@@ -601,8 +601,8 @@ def test_a_child_started_again_while_its_drain_was_asked_again_is_not_left_refus
     supervisor.children = [child]
     serving(child, "c0")
     supervisor.drains.drained.add(worker)
-    retry = gevent.spawn(supervisor.drains.later, child, child.process,
-                         {worker: ConfigurationError("no worker %s" % worker)})
+    child.refused = {worker}  # (refused: held, and asked again)
+    retry = gevent.spawn(supervisor.drains.ask_again, child, child.process)
     wait_until(lambda: asked)
     popen_done.set()
     retry.join(5)
@@ -984,3 +984,44 @@ def watch_until_said(supervisor, child, caplog, count):
         supervisor.stopping = True
         watcher.kill()
     return said(caplog)
+
+
+def test_an_enable_while_a_child_started_again_catches_up_on_its_drain_is_taken(
+        monkeypatch):
+    # A child started again is given the drains (catch_up): an operator's
+    # enable that came while that drain was on its way, or once the child
+    # had refused it but before it was asked again, asked the child, which
+    # did not know the worker yet, and answered 400 ("enable failed in
+    # process 0: ... no worker"), though the child had nothing to undo.
+    from zc_lb.errors import ConfigurationError
+    from zc_lb.process import drains, processes
+    from zc_lb.process.processes import Supervisor
+
+    one, two = "10.0.0.1:9001", "10.0.0.2:9001"
+    supervisor = Supervisor(1, ["lb"], ("127.0.0.1", 0))
+    answers = []
+
+    def fetch(address, action=None, params=None, token=None, **_):
+        worker = params["worker"]
+        if action == "drain" and worker == two:  # (one refused, two on its way)
+            for enabled in (one, two):
+                try:
+                    answers.append(supervisor.action("enable")(worker=enabled))
+                except ConfigurationError as exc:
+                    answers.append(exc)
+        raise ConfigurationError("answered 400: %s: no worker %s" % (action, worker))
+
+    monkeypatch.setattr(processes, "fetch", fetch)
+    monkeypatch.setattr(drains, "DRAIN_RETRY", 0.01)
+    supervisor.children = [processes.Child(0, [], -1, "INFO", None, None)]
+    child = supervisor.children[0]
+    serving(child, "c0")
+    supervisor.drains.drained.update({one, two})
+    supervisor.drains.catch_up(child)
+    assert answers == [{"worker": one, "changed": False}, {"worker": two, "changed": False}]
+    # Refused, and not yet asked again: nothing to undo there either.
+    supervisor.drains.drained.add(one)
+    supervisor.drains.catch_up(child)
+    assert supervisor.action("enable")(worker=one) == {"worker": one, "changed": False}
+    assert supervisor.drains.drained == set()
+    wait_until(lambda: not child.refused)

@@ -17,8 +17,10 @@ that:
   knows no worker that was not registered then (away for maintenance,
   or named to it late); a drain no child takes fails, and is not held;
 - an enable forgets the drain first, so that a drain on its way to a
-  child is undone there (``drain_in``), and asks no child that never
-  took the drain (it does not know the worker: nothing to undo).
+  child is undone there (``drain_in``), and asks no child that has not
+  taken the drain: one ``drain_in`` is giving it to (caught up, or
+  asked again), or one that refused it (it does not know the worker:
+  nothing to undo), held as refused at once.
 
 A child here is the supervisor's ``processes.Child``: its ``index``,
 ``process``, whether it is ``serving``, and ``refused``, the drains it
@@ -81,6 +83,9 @@ class Drains:
 
     def __init__(self, ask: Ask, stopping: Callable[[], bool]) -> None:
         self.drained: Set[str] = set()  # drained through us, not enabled since
+        # (a child's process, a worker): drains on their way to it, or
+        # refused by it and not yet held in its ``refused`` (``drain_in``)
+        self.sending: Set[Tuple[Any, str]] = set()
         self.ask = ask
         self.stopping = stopping
 
@@ -94,7 +99,7 @@ class Drains:
                 self.drained.discard(worker)
             raise failed("drain", refused)
         for child, exc in refused.items():
-            gevent.spawn(self.later, child, child.process, {worker: exc})
+            self.later(child, child.process, {worker: exc})
         return merged(answers)
 
     def enable(self, worker: str, children: Sequence[Any]) -> dict:
@@ -106,6 +111,8 @@ class Drains:
             if worker in child.refused:
                 child.refused.discard(worker)  # (nothing to undo there)
                 return None
+            if (child.process, worker) in self.sending:
+                return None  # (not taken there yet: drain_in undoes it if it is)
             return self.ask(child, "enable", worker)
 
         answers, refused = ask_each(children, ask)
@@ -120,29 +127,40 @@ class Drains:
         """Give ``child``, which serves (again), the drains not undone."""
         refused = self.drain_in(child, sorted(self.drained))
         if refused:
-            gevent.spawn(self.later, child, child.process, refused)
+            self.later(child, child.process, refused)
 
     def drain_in(self, child: Any, workers: List[str]) -> Dict[str, ZcLbError]:
         """Ask ``child`` to drain each of ``workers`` still drained: those it
         refused, and why.  One enabled while its drain was on its way (the
-        child may have taken the enable first) is enabled there again."""
-        refused = {}
-        for worker in workers:
-            if worker not in self.drained:
-                continue
-            try:
-                self.ask(child, "drain", worker)
+        child may have taken the enable first) is enabled there again.
+        Until the child takes one, and until this returns those it
+        refused (for the caller to hold, ``later``), an enable asks the
+        child nothing (``sending``)."""
+        refused, process = {}, child.process
+        sending = {(process, worker) for worker in workers if worker in self.drained}
+        self.sending |= sending
+        try:
+            for worker in workers:
                 if worker not in self.drained:
-                    self.ask(child, "enable", worker)
-            except ZcLbError as exc:
-                refused[worker] = exc
+                    continue
+                try:
+                    self.ask(child, "drain", worker)
+                    if worker not in self.drained:
+                        self.ask(child, "enable", worker)
+                except ZcLbError as exc:
+                    refused[worker] = exc
+                else:
+                    self.sending.discard((process, worker))  # (taken there)
+        finally:
+            self.sending -= sending
         return refused
 
     def later(self, child: Any, process: Any, refused: Dict[str, ZcLbError]) -> None:
-        """Ask ``child`` (``process``) every DRAIN_RETRY seconds to drain the
-        workers it ``refused``, until it takes each, the worker is
-        enabled, the process ends, or the supervisor stops."""
-        if child.process is not process:  # (started again since: given the drains anew)
+        """Hold the drains ``child`` (``process``) ``refused`` that are not
+        undone, at once (an enable then asks the child nothing), and have
+        it asked again (``ask_again``)."""
+        refused = {worker: exc for worker, exc in refused.items() if worker in self.drained}
+        if child.process is not process or not refused:  # (started again: given them anew)
             return
         for worker, exc in sorted(refused.items()):
             log.warning("LB process %d does not have worker %s drained yet (%s): asking it "
@@ -151,6 +169,12 @@ class Drains:
             child.refused.update(refused)
             return
         child.refused = set(refused)
+        gevent.spawn(self.ask_again, child, process)
+
+    def ask_again(self, child: Any, process: Any) -> None:
+        """Ask ``child`` (``process``) every DRAIN_RETRY seconds to drain the
+        workers it refused, until it takes each, the worker is enabled,
+        the process ends, or the supervisor stops."""
         while child.refused:
             gevent.sleep(DRAIN_RETRY)
             if self.stopping() or child.process is not process or not child.serving:
