@@ -16,9 +16,9 @@ import logging
 import os
 import signal
 import stat
-from typing import Any, Dict, FrozenSet, List, Optional, Tuple
+from typing import Dict, FrozenSet, List, Optional, Tuple
 
-from zc_lb.process import restart
+from zc_lb.process import pending, restart
 from zc_lb.errors import AddressUnavailable, ConfigurationError
 from zc_lb.sockets import address_text, worker_addresses
 
@@ -174,10 +174,6 @@ def ignore_sighup() -> bool:
     return False
 
 
-# The signals wait_for_signal has queued and not yet handled, while it
-# runs: (name, what the log says of it).
-_pending: Any = None
-
 # What a signal that came while a new LB started (SIGUSR2) is to the new
 # LB, which is the service once it serves: passed on (``pass_on_pending``).
 PASSED_ON = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1")
@@ -189,8 +185,9 @@ def pass_on_pending(pid: int) -> None:
     too, a SIGHUP has it read --config again (it may have read it before
     the change the SIGHUP was sent for); a SIGUSR2 is the restart just
     done, and is dropped.  Each said."""
-    while _pending is not None and not _pending.empty():
-        name = _pending.get()[0]
+    queued = pending.queue
+    while queued is not None and not queued.empty():
+        name = queued.get()[0]
         if name not in PASSED_ON:
             log.warning("%s came while the new LB (pid %d) started: not passed on to it",
                         name, pid)
@@ -212,9 +209,8 @@ def wait_for_signal(handlers: dict, ready=None) -> None:
     import gevent
     import gevent.queue
 
-    global _pending
     signals: "gevent.queue.Queue[Tuple[str, str]]" = gevent.queue.Queue()
-    _pending = signals
+    pending.queue = signals
     handlers = dict(handlers)
     handlers.setdefault("SIGHUP", ignore_sighup)  # its default would kill us
     for name in handlers:
@@ -236,19 +232,7 @@ def wait_for_signal(handlers: dict, ready=None) -> None:
                                 "process, which is ending", signals.get()[0], name)
                 return
     finally:
-        _pending = None
-
-
-def act_as_on(name: str, why: str) -> None:
-    """Do what signal ``name`` does in ``wait_for_signal``, whose log says
-    ``why`` rather than "got NAME": a worker past --max-requests drains as
-    on SIGTERM, though no one sent one.  (Outside ``wait_for_signal``, that
-    signal is sent to this process.)"""
-    if _pending is not None:
-        _pending.put((name, why))
-        return
-    log.info("%s", why)
-    os.kill(os.getpid(), getattr(signal, name))
+        pending.queue = None
 
 
 def parse_listeners(args: argparse.Namespace) -> List[Tuple[str, str]]:

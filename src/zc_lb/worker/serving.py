@@ -41,7 +41,7 @@ import gevent.lock  # type: ignore[import-untyped]
 from zc_lb.environ import REQUEST_CLASS
 from zc_lb.errors import RequestCancelled, ZcLbError
 from zc_lb.process.loopwatch import LoopWatch
-from zc_lb.process.service import act_as_on
+from zc_lb.process.pending import act_as_on
 from zc_lb.settings import LATENCY_BUCKETS
 from zc_lb.wire.exchange import Exchange
 from zc_lb.wire.frames import Request
