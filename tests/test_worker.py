@@ -241,6 +241,39 @@ def test_an_exception_before_the_response_is_a_500(serve, caplog):
 
 
 @pytest.mark.parametrize("threads", [None, 2])
+@pytest.mark.parametrize("exit", [SystemExit(3), KeyboardInterrupt()])
+@pytest.mark.parametrize("where", ["call", "body"])
+def test_an_application_that_raises_systemexit_gets_a_500_logged_where_it_was_raised(
+        serve, caplog, threads, exit, where):
+    # sys.exit() in a view (code shared with a command-line script) went
+    # past the worker's handler: the LB got the request cancelled (a 502)
+    # and, in thread mode, the log's traceback ended in gevent, not where
+    # the application raised it.
+    def raising(environ, start_response):
+        if environ["PATH_INFO"] == "/ok":
+            start_response("200 OK", [])
+            return [b"ok"]
+        if where == "call":
+            raise exit
+        start_response("200 OK", [])
+        yield b"x"
+        raise exit
+
+    worker, connection, _ = serve(raising, threads=threads)
+    if where == "call":
+        start, data = call(connection, {})
+        assert start.status.startswith("500")
+    else:  # (a response cut short, as for any exception there)
+        with pytest.raises(RequestCancelled):
+            call(connection, {})
+    assert "application error for /" in caplog.text
+    assert "in raising" in caplog.text  # (the application's frame)
+    assert "request greenlet failed" not in caplog.text
+    start, data = call(connection, {"PATH_INFO": "/ok"})  # still serving
+    assert start.status.startswith("200")
+
+
+@pytest.mark.parametrize("threads", [None, 2])
 @pytest.mark.parametrize("body", [["text"], [None], [bytearray(b"x")], [memoryview(b"x")]])
 def test_a_body_that_is_not_bytes_is_the_applications_500(serve, caplog, threads, body):
     # PEP 3333 bodies are bytes.  A str once went down to the protocol,

@@ -53,6 +53,12 @@ from zc_lb.worker.wsgi import ResponseWriter, fixed_environ, make_environ
 
 log = logging.getLogger(__name__)
 
+# What an application raises that is its own failure: a 500, logged
+# with its traceback.  sys.exit() in a view (code shared with a script)
+# is one: it ends the request, not the worker.  (GreenletExit is not: it
+# is how a cancelled request is stopped.)
+APPLICATION_ERRORS = (Exception, SystemExit, KeyboardInterrupt)
+
 
 class Serving:
     """How a worker serves each request: ``serve(exchange)``, in the
@@ -160,7 +166,7 @@ class Serving:
                               else output.start_response)
         except ZcLbError:
             raise
-        except Exception:
+        except APPLICATION_ERRORS:
             log.exception("application error for %s", environ.get("PATH_INFO"))
             self._fail(writer, output)
             return
@@ -184,7 +190,7 @@ class Serving:
                 sink.finish()
         except ZcLbError:
             raise
-        except Exception:
+        except APPLICATION_ERRORS:
             log.exception("application error for %s", environ.get("PATH_INFO"))
             self._fail(writer, output)
         finally:
