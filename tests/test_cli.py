@@ -439,6 +439,13 @@ def test_a_relative_config_path_is_read_again_on_sighup_after_chdir(tmp_path, mo
 @pytest.mark.parametrize("source, cause", [
     ("def app(environ, start_response)\n", "expected ':'"),
     ("raise RuntimeError('no database')\n", "RuntimeError: no database"),
+    # A settings module that exits when a variable is missing: it ended
+    # the worker with status 1 (0, silently, for sys.exit(0)), which a
+    # service manager restarts again and again, and without saying what
+    # was being loaded.
+    ("import sys; sys.exit('DATABASE_URL is not set')\n",
+     "SystemExit: DATABASE_URL is not set"),
+    ("import sys; sys.exit(0)\n", "SystemExit: 0"),
 ])
 def test_an_application_that_cannot_load_exits_2_with_the_short_cause(tmp_path, source, cause):
     import subprocess

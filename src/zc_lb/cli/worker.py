@@ -197,7 +197,7 @@ def _load_app(spec: str, load_app):
     except SyntaxError as exc:
         raise ConfigurationError("cannot load the application %s: %s (%s, line %s)" % (
             spec, exc.msg, exc.filename, exc.lineno))
-    except Exception as exc:  # (its module raised as it ran)
+    except (Exception, SystemExit) as exc:  # (its module raised, or exited, as it ran)
         where = traceback.extract_tb(exc.__traceback__)[-1]
         raise ConfigurationError("cannot load the application %s: %s: %s (%s, line %s)" % (
             spec, type(exc).__name__, exc, where.filename, where.lineno))
