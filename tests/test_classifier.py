@@ -161,6 +161,26 @@ def test_module_expr_dotted_module():
     assert import_object("os:path.basename") is os.path.basename
 
 
+@pytest.mark.parametrize("source, cause", [
+    ("raise RuntimeError('no database')\n", "RuntimeError: no database"),
+    ("import sys; sys.exit('SITE is not set')\n", "SystemExit: SITE is not set"),
+    ("def classify(environ)\n", "expected ':'"),
+])
+def test_a_classifier_module_that_fails_as_it_loads_is_a_configuration_error_saying_where(
+        tmp_path, monkeypatch, source, cause):
+    # It ended the LB with a traceback and status 1 (a service manager
+    # restarts that), where the same module as a worker's application
+    # exits 2 with one line.
+    name = "brokenclassifier%d" % abs(hash(source))
+    (tmp_path / (name + ".py")).write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigurationError) as refused:
+        get_classifier(name + ":classify")
+    message = str(refused.value)
+    assert message.startswith("cannot load the classifier %s:classify: " % name), message
+    assert cause in message and "%s.py, line 1" % name in message
+
+
 def slow_classifier(environ):
     time.sleep(float(environ.get("SLEEP", 0)))
     return "slow"

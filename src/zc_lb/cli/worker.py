@@ -129,6 +129,7 @@ def _watch_sources(root: str, changed: List[str]) -> None:
 
 def build_worker(args: argparse.Namespace) -> WorkerService:
     """The worker, its status server and membership, not started."""
+    from zc_lb.routing.classifier import load_object
     from zc_lb.tls import worker_context
     from zc_lb.worker.server import Worker, load_app
 
@@ -145,7 +146,8 @@ def build_worker(args: argparse.Namespace) -> WorkerService:
     _check_exposure(listen, secret, args.insecure, tls)
     if args.listen_fd is not None:  # one of -w N: the supervisor holds the socket
         listen = inherited_socket(args.listen_fd)
-    worker = Worker(_load_app(args.app, load_app), listen=listen, history=args.history,
+    app = load_object(args.app, "application", load_app)
+    worker = Worker(app, listen=listen, history=args.history,
                     max_skill_age=args.max_skill_age, max_classes=args.max_classes,
                     resume_interval=args.resume_interval, resume_file=args.resume_file,
                     threads=args.threads, threads_fixed=args.threads_fixed,
@@ -182,25 +184,6 @@ def _check_exposure(listen, secret: Optional[bytes], insecure: bool, tls=None) -
             "send requests (with any REMOTE_ADDR) and read its résumé; give "
             "--secret-file (or --tls-cert), or --insecure if that is what you want"
             % (listen[0] or "*"))
-
-
-def _load_app(spec: str, load_app):
-    """The application, or a ConfigurationError (exit status 2) with the
-    short cause: a SyntaxError's file and line, an error raised while
-    its module ran with where, not a traceback."""
-    import traceback
-
-    try:
-        return load_app(spec)
-    except ConfigurationError:
-        raise
-    except SyntaxError as exc:
-        raise ConfigurationError("cannot load the application %s: %s (%s, line %s)" % (
-            spec, exc.msg, exc.filename, exc.lineno))
-    except (Exception, SystemExit) as exc:  # (its module raised, or exited, as it ran)
-        where = traceback.extract_tb(exc.__traceback__)[-1]
-        raise ConfigurationError("cannot load the application %s: %s: %s (%s, line %s)" % (
-            spec, type(exc).__name__, exc, where.filename, where.lineno))
 
 
 def _max_requests(args: argparse.Namespace) -> int:

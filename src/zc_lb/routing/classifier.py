@@ -186,6 +186,25 @@ def import_object(spec: str) -> object:
     return obj
 
 
+def load_object(spec: str, what: str, load: Callable[[str], object] = import_object) -> object:
+    """``load(spec)`` (``import_object``), a site's ``what`` ("classifier",
+    "application"); a module that raises, or exits, as it runs is a
+    ConfigurationError with the short cause and where, not a traceback."""
+    import traceback
+
+    try:
+        return load(spec)
+    except ConfigurationError:
+        raise
+    except SyntaxError as exc:
+        raise ConfigurationError("cannot load the %s %s: %s (%s, line %s)" % (
+            what, spec, exc.msg, exc.filename, exc.lineno))
+    except (Exception, SystemExit) as exc:  # (its module raised, or exited, as it ran)
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        raise ConfigurationError("cannot load the %s %s: %s: %s (%s, line %s)" % (
+            what, spec, type(exc).__name__, exc, where.filename, where.lineno))
+
+
 def get_classifier(spec: str) -> Classifier:
     """Turn a classifier spec into a classifier function."""
     spec = spec.strip()
@@ -193,7 +212,7 @@ def get_classifier(spec: str) -> Classifier:
         return host_classifier
     if spec.startswith("re:"):
         return regex_classifier(*_split_regex_spec(spec, "classifier"))
-    obj = import_object(spec)
+    obj = load_object(spec, "classifier")
     if not callable(obj):
         raise ConfigurationError("classifier %r is not callable" % spec)
     try:
