@@ -414,6 +414,28 @@ def test_a_supervisor_names_a_config_file_it_cannot_read_as_a_process_does(tmp_p
         "on start with the copy read before" % path]
 
 
+def test_a_worker_list_with_a_bad_address_is_no_good_copy_for_a_child_started_again(
+        tmp_path, monkeypatch, caplog):
+    # The supervisor took such a file as read well: the running processes
+    # refused it at SIGHUP, but a child started again (a crash,
+    # --max-requests) found it in the file and in the copy, exited 2 at
+    # each try, and the LB ran one process short for good.
+    args, path = parsed(tmp_path, '[lb]\nprocesses = 2\nworker = ["a:1"]\n')
+    kept = reload.KeptConfig(args)
+    try:
+        path.write_text('[lb]\nprocesses = 2\nworker = ["nohost", "a:2"]\n')
+        with caplog.at_level("INFO", logger="zc_lb"):
+            assert not kept.take()
+        assert "expected HOST:PORT, got 'nohost'" in caplog.text
+        assert "processes started from now on start with the copy read before" in caplog.text
+        monkeypatch.setenv(reload.LAST_GOOD_CONFIG, kept.environ[reload.LAST_GOOD_CONFIG])
+        child = build_parser().parse_args(args.argv)
+        child.argv = args.argv
+        assert reload.read_config_at_start(child).worker == ["a:1"]
+    finally:
+        kept.remove()
+
+
 def test_a_relative_config_path_is_read_again_on_sighup_after_chdir(tmp_path, monkeypatch):
     # SIGHUP read "rel.toml" again in the --chdir directory: not found (or
     # another file of that name).

@@ -32,7 +32,12 @@ NOT_COMPARED = frozenset({"argv", "start_dir", "config", "command", "log_level"}
 
 def read_config(args: argparse.Namespace) -> argparse.Namespace:
     """``args.argv`` parsed again with ``args.config``'s values as the
-    defaults (config.py): the command line overrides the file."""
+    defaults (config.py): the command line overrides the file.  An LB's
+    worker list is checked whole here, as at start: a file whose list has
+    a bad address reads as bad (a supervisor does not keep it as the copy
+    its children start with, which would refuse it)."""
+    from zc_lb.sockets import worker_addresses
+
     parser = build_parser()
     command = parser.commands[args.command]  # type: ignore[attr-defined]
     try:
@@ -40,6 +45,8 @@ def read_config(args: argparse.Namespace) -> argparse.Namespace:
                            COMMAND_SETTINGS[args.command])
     except SystemExit:  # argparse refused the command line (it said why)
         raise ConfigurationError("the command line is no longer valid with %s" % args.config)
+    if args.command == "lb" and new.worker:
+        worker_addresses(new.worker, "%s: worker" % args.config)
     new.argv, new.start_dir = args.argv, getattr(args, "start_dir", None)
     return new
 
