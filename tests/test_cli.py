@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -406,12 +407,13 @@ def test_a_supervisor_names_a_config_file_it_cannot_read_as_a_process_does(tmp_p
         path.unlink()
         with caplog.at_level("INFO", logger="zc_lb"):
             assert not kept.take()
-        assert kept.environ  # (the copy read before stays)
+        assert kept.copy  # (the copy read before stays)
     finally:
         kept.remove()
     assert [r.getMessage() for r in caplog.records] == [
-        "cannot read config file %s: No such file or directory; processes started from now "
-        "on start with the copy read before" % path]
+        "SIGHUP: cannot read config file %s: No such file or directory; the running processes "
+        "keep their settings, and those started from now on start with the copy read before"
+        % path]
 
 
 def test_a_worker_list_with_a_bad_address_is_no_good_copy_for_a_child_started_again(
@@ -427,13 +429,74 @@ def test_a_worker_list_with_a_bad_address_is_no_good_copy_for_a_child_started_ag
         with caplog.at_level("INFO", logger="zc_lb"):
             assert not kept.take()
         assert "expected HOST:PORT, got 'nohost'" in caplog.text
-        assert "processes started from now on start with the copy read before" in caplog.text
-        monkeypatch.setenv(reload.LAST_GOOD_CONFIG, kept.environ[reload.LAST_GOOD_CONFIG])
+        assert "those started from now on start with the copy read before" in caplog.text
+        monkeypatch.setattr(reload, "_supervised", False)  # (restored)
+        monkeypatch.setenv(reload.CONFIG_COPY, kept.copy)
         child = build_parser().parse_args(args.argv)
         child.argv = args.argv
         assert reload.read_config_at_start(child).worker == ["a:1"]
     finally:
         kept.remove()
+
+
+def test_a_copy_no_process_could_start_with_is_set_aside_until_a_sighup_reads_the_file(
+        tmp_path):
+    # A file that reads well but that no process can be built from (a
+    # classifier that does not import) became the copy every child started
+    # again read: each exited 2, at every try, and the LB ran one short.
+    args, path = parsed(tmp_path, '[lb]\nworker = ["a:1"]\n')
+    kept = reload.KeptConfig(args)
+    try:
+        first = kept.copy
+        kept.served(first)  # (the children started at start serve)
+        path.write_text('[lb]\nworker = ["a:1"]\nclassifier = "nosuchmod:x"\n')
+        assert kept.take()
+        second = kept.copy
+        assert second != first
+        assert not kept.set_aside(second, 1)  # (not a configuration error: tried again)
+        assert kept.set_aside(second, 2)
+        assert kept.copy == first
+        assert not kept.set_aside(second, 2)  # (said once: a sibling's failure too)
+        assert kept.take()  # (the module installed since, say: tried again)
+        third = kept.copy
+        kept.served(third)
+        path.write_text('[lb]\nworker = ["a:1"]\nclassifier = "nosuchmod:y"\n')
+        assert kept.take()
+        assert kept.set_aside(kept.copy, 2)
+        assert kept.copy == third  # (the last one a process started with and served)
+        path.write_text('[lb]\nworker = ["a:1"]\nclassifier = "nosuchmod:x"\n')
+        assert kept.take()  # (as the good copy: no new one)
+        assert kept.copy == third
+        for _ in range(5):
+            assert kept.take()
+        assert len(os.listdir(os.path.dirname(third))) <= 3  # (copies not given are removed)
+    finally:
+        kept.remove()
+    assert not os.path.exists(os.path.dirname(third))
+
+
+def test_a_child_of_a_supervisor_reads_its_copy_and_leaves_a_bad_file_to_it(
+        tmp_path, monkeypatch, caplog):
+    # Each of N children logged the file's error at each SIGHUP, after the
+    # supervisor's own: N + 1 lines for one mistake.
+    args, path = parsed(tmp_path, '[lb]\nworker = ["a:1"]\nvariance = 2.0\n')
+    kept = reload.KeptConfig(args)
+    try:
+        path.write_text('[lb]\nworker = ["a:1"]\nvariance = 3.0\n')  # (no SIGHUP yet)
+        monkeypatch.setattr(reload, "_supervised", False)  # (restored)
+        monkeypatch.setenv(reload.CONFIG_COPY, kept.copy)
+        child = build_parser().parse_args(args.argv)
+        child.argv = args.argv
+        child = reload.read_config_at_start(child)
+        assert child.variance == 2.0 and child.config == str(path)  # (its SIGHUPs read the file)
+        assert reload.CONFIG_COPY not in os.environ
+        path.write_text('[lb]\nworker = ["a:1"]\nvariance = -1\n')
+        with caplog.at_level("INFO", logger="zc_lb"):
+            assert not kept.take()
+            reload_config(child, lambda live: None)
+    finally:
+        kept.remove()
+    assert [r.getMessage().count("variance must be at least") for r in caplog.records] == [1]
 
 
 def test_a_relative_config_path_is_read_again_on_sighup_after_chdir(tmp_path, monkeypatch):

@@ -806,10 +806,56 @@ def test_a_child_started_again_with_its_config_file_gone_bad_starts_as_the_last_
         os.kill(before["pid"], signal.SIGKILL)
         wait_for(restarted, timeout=20, message="the child restarted")
         assert status(address)["pool"]["variance"] == 3.0  # (the first child's)
-        assert "starting with the copy the supervisor last read well" in \
-            (tmp_path / "lb.log").read_text()
+        assert "%s:2:" % config not in (tmp_path / "lb.log").read_text()  # (the copy read)
     finally:
         lb.kill()
+        stderr.close()
+
+
+def test_a_child_started_again_after_a_sighup_the_lb_cannot_build_starts_as_before(tmp_path):
+    # A file that reads well but that no LB can be built from (a classifier
+    # that does not import) was kept as the copy children start with: the
+    # running children kept their settings, but one started again (a crash,
+    # --max-requests) exited 2 at every try, and the LB ran one short.
+    worker = WorkerProcess("apps:app", env=ENV).start()
+    config = tmp_path / "lb.toml"
+
+    def write(text):
+        config.write_text('[lb]\nworker = ["%s"]\n%s\n' % (worker.address, text))
+
+    write("variance = 3.0")
+    stderr = open(tmp_path / "lb.log", "w")
+    lb = LBProcess([], "--processes", "2", "--status", "127.0.0.1:0", "--config", str(config),
+                   env=dict(ENV, TMPDIR=str(tmp_path)), stderr=stderr).start()  # (killed)
+    log = (tmp_path / "lb.log").read_text
+    address = lb.said("zc-lb status on ")
+
+    def start_again(index):
+        before = status(address)["processes"][index]
+        os.kill(before["pid"], signal.SIGKILL)
+        wait_for(lambda: status(address)["processes"][index]["pid"] not in (before["pid"], None)
+                 and status(address)["processes"][index]["requests"] is not None,
+                 timeout=10, message="the child started again")
+        return status(status(address)["processes"][index]["status"])
+
+    try:
+        write('variance = 3.0\nclassifier = "nosuchmod:x"')
+        os.kill(lb.process.pid, signal.SIGHUP)
+        wait_for(lambda: log().count("classifier changed in") == 2, message="both children")
+        assert start_again(0)["pool"]["variance"] == 3.0
+        assert all(get(lb.address)[0] == 200 for _ in range(10))
+        said = "could not start with %s as the last SIGHUP read it" % config
+        assert log().count(said) == 1, log()
+        assert log().count("No module named 'nosuchmod'") == 1, log()  # (the child's, once)
+        write("variance = 4.0")  # (fixed: taken by a child started from now on)
+        os.kill(lb.process.pid, signal.SIGHUP)
+        wait_for(lambda: log().count("variance 3 -> 4") == 2, message="both children")
+        assert start_again(1)["pool"]["variance"] == 4.0
+        assert start_again(1)["pool"]["variance"] == 4.0  # (a good copy now)
+        assert log().count(said) == 1, log()
+    finally:
+        lb.kill()
+        worker.kill()
         stderr.close()
 
 

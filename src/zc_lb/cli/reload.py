@@ -13,6 +13,7 @@ nothing: a reload never stops a serving process.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
@@ -51,26 +52,27 @@ def read_config(args: argparse.Namespace) -> argparse.Namespace:
     return new
 
 
-# In a child of a supervisor (-w, --processes): the supervisor's copy of
-# --config as it last read it well (KeptConfig).
-LAST_GOOD_CONFIG = "ZC_LB_LAST_GOOD_CONFIG"
+# In a child of a supervisor (-w, --processes): the copy of --config it
+# starts with (KeptConfig.copy; empty: the file itself).
+CONFIG_COPY = "ZC_LB_CONFIG_COPY"
+_supervised = False  # (a child of a supervisor: it logs a bad file at SIGHUP)
 
 
 def read_config_at_start(args: argparse.Namespace) -> argparse.Namespace:
-    """``read_config``; but a child of a supervisor that finds the file
-    bad starts with the supervisor's last good copy of it, and says so: a
-    file broken since the supervisor read it must not keep a child from
-    starting again (after ``--max-requests``, or a crash), one process
-    short for good.  The file itself stays the child's ``--config``, for
-    its SIGHUPs.  A process started alone refuses a bad file."""
-    kept = os.environ.pop(LAST_GOOD_CONFIG, None)  # (not the application's business)
-    try:
+    """``read_config``; but a child of a supervisor reads the copy the
+    supervisor gives it (``KeptConfig``), the file as a SIGHUP last read
+    it: a file edited or broken since costs no process, and the children
+    run alike.  The file itself stays the child's ``--config``, for its
+    SIGHUPs.  A process started alone reads the file (a bad one: exit 2)."""
+    global _supervised
+    _supervised = CONFIG_COPY in os.environ
+    copy = os.environ.pop(CONFIG_COPY, None)  # (not the application's business)
+    if not copy or not os.path.exists(copy):
         return read_config(args)
+    try:
+        return read_config(argparse.Namespace(**{**vars(args), "config": copy}))
     except ConfigurationError as exc:
-        if not kept or not os.path.exists(kept):
-            raise
-        log.error("%s; starting with the copy the supervisor last read well", exc)
-        return read_config(argparse.Namespace(**{**vars(args), "config": kept}))
+        raise ConfigurationError(str(exc).replace(copy, args.config))
 
 
 # The settings a supervisor keeps to itself: its children's command lines
@@ -82,44 +84,98 @@ SUPERVISOR_OWN = {"lb": ("processes", "status", "pid_file"),
 
 
 class KeptConfig:
-    """A supervisor's copy of its ``--config`` file as it last read it
-    well: at start, and at each SIGHUP (``take``) that finds the file
-    good, when a change to the supervisor's own settings
-    (``SUPERVISOR_OWN``) is logged as needing a restart.  Each child it
-    starts gets the copy's path (``environ``), for
-    ``read_config_at_start``.  Without --config, nothing."""
+    """A supervisor's copies of its ``--config`` file, which the children
+    it starts read in its place (``copy``, ``environ``): ``latest``, the
+    file as the last SIGHUP that found it good read it (or the start),
+    and ``good``, the last copy a child started from and served with.
+
+    A SIGHUP reads the file, not the LB or application it makes: the
+    running children refuse what they cannot apply, but a setting only a
+    process being built checks (a classifier that does not import, a bad
+    certificate...) is found by the next child started.  So a child
+    started with ``latest`` that serves makes it ``good``; one that exits
+    with status 2 before it serves sets it aside (``set_aside``), and the
+    children start with ``good`` until a SIGHUP reads the file again: a
+    bad file never costs a process for good.  At each SIGHUP that reads
+    the file well (``take``), a change to the supervisor's own settings
+    (``SUPERVISOR_OWN``) is logged as needing a restart.  Without
+    --config, nothing."""
 
     def __init__(self, args: argparse.Namespace) -> None:
+        import threading
+
         self.args = args
-        self.path: Optional[str] = None
+        self.directory: Optional[str] = None
+        self.latest: Optional[str] = None  # (None: none, or set aside)
+        self.good: Optional[str] = None
+        self.taken = 0  # (each copy is a file of its own: a child reads the one it was given)
+        self.lock = threading.RLock()  # (worker -w: its threads and signal handlers)
         if getattr(args, "config", None):
-            directory = tempfile.mkdtemp(prefix="zc-lb-config-")
-            self.path = os.path.join(directory, os.path.basename(args.config))
+            self.directory = tempfile.mkdtemp(prefix="zc-lb-config-")
             self.take()
 
     @property
-    def environ(self) -> Dict[str, str]:
-        return {LAST_GOOD_CONFIG: self.path} if self.path and os.path.exists(self.path) else {}
+    def copy(self) -> Optional[str]:
+        """The copy a child started now reads (None: the file itself)."""
+        with self.lock:
+            return next((path for path in (self.latest, self.good)
+                         if path is not None and os.path.exists(path)), None)
+
+    def environ(self, copy: Optional[str]) -> Dict[str, str]:
+        """What a child given ``copy`` needs in its environment."""
+        return {CONFIG_COPY: copy or ""} if self.directory is not None else {}
 
     def take(self) -> bool:
         """Copy the file again if it reads well now (a bad one is logged,
-        the copy before stays); whether it did."""
-        if self.path is None:
+        the copies before stay); whether it did."""
+        if self.directory is None:
             return False
-        trial = self.path + ".new"
-        try:
-            self._copy(trial)
-            new = read_config(argparse.Namespace(**{**vars(self.args), "config": trial}))
-        except ConfigurationError as exc:
-            log.warning("%s; processes started from now on start with the copy read "
-                        "before", str(exc).replace(trial, self.args.config))
-            return False
-        os.replace(trial, self.path)  # (a child reading it finds the old or the new)
+        with self.lock:
+            self._tidy()
+            self.taken += 1
+            trial = os.path.join(self.directory, "%d-%s" % (
+                self.taken, os.path.basename(self.args.config)))
+            try:
+                self._copy(trial)
+                new = read_config(argparse.Namespace(**{**vars(self.args), "config": trial}))
+            except ConfigurationError as exc:
+                log.error("SIGHUP: %s; the running processes keep their settings, and "
+                          "those started from now on start with the copy read before",
+                          str(exc).replace(trial, self.args.config))
+                return False
+            self.latest = None if self.good and _same(trial, self.good) else trial
         for dest in SUPERVISOR_OWN.get(self.args.command, ()):
             before = getattr(self.args, dest, None)
             if getattr(new, dest, None) != before:
                 _needs_restart(dest, before, self.args.config)
         return True
+
+    def served(self, copy: Optional[str]) -> None:
+        """A child started with ``copy`` serves: it is good."""
+        with self.lock:
+            if copy is not None and copy == self.latest:
+                self.good, self.latest = copy, None
+
+    def set_aside(self, copy: Optional[str], status: Optional[int]) -> bool:
+        """A child started with ``copy`` exited with ``status`` before it
+        served: if that is the last SIGHUP's copy and a configuration
+        error, children start with the good copy from now on.  Whether it
+        was (the caller says so, and starts the child again at once)."""
+        with self.lock:
+            if copy is None or copy != self.latest or status != ConfigurationError.exit_status:
+                return False
+            self.latest = None
+            return True
+
+    def _tidy(self) -> None:
+        """Remove the copies no child is given any more (a child given
+        one since the last SIGHUP has read it by the next)."""
+        assert self.directory is not None
+        for name in os.listdir(self.directory):
+            path = os.path.join(self.directory, name)
+            if path not in (self.latest, self.good):
+                with contextlib.suppress(OSError):
+                    os.remove(path)
 
     def _copy(self, trial: str) -> None:
         """The file copied to ``trial``; ConfigurationError saying why not,
@@ -132,8 +188,17 @@ class KeptConfig:
                 exc.strerror or exc))
 
     def remove(self) -> None:
-        if self.path is not None:
-            shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _same(path: str, other: str) -> bool:
+    """Whether the files at ``path`` and ``other`` hold the same bytes."""
+    try:
+        with open(path, "rb") as a, open(other, "rb") as b:
+            return a.read() == b.read()
+    except OSError:
+        return False
 
 
 def reload_config(args: argparse.Namespace, apply, live_extra=frozenset()) -> bool:
@@ -145,8 +210,9 @@ def reload_config(args: argparse.Namespace, apply, live_extra=frozenset()) -> bo
     restart.  A bad file is logged and changes nothing.  Never exits."""
     try:
         new = read_config(args)
-    except ConfigurationError as exc:
-        log.error("SIGHUP: %s; keeping the running settings", exc)
+    except ConfigurationError as exc:  # (a supervisor's child: the supervisor said it, once)
+        (log.debug if _supervised else log.error)(
+            "SIGHUP: %s; keeping the running settings", exc)
         return False
     except Exception:  # a reload must never stop a serving process
         log.exception("SIGHUP: cannot read %s; keeping the running settings", args.config)

@@ -100,7 +100,8 @@ class Child:
         import gevent.event
 
         self.index = index
-        self.kept = kept  # (cli/reload.py's KeptConfig: --config as last read well)
+        self.kept = kept  # (cli/reload.py's KeptConfig: the --config copies)
+        self.copy: Optional[str] = None  # (the one it was started with)
         self.cwd = cwd  # where the supervisor started: --chdir means the same there
         self.argv = [sys.executable, "-m", "zc_lb.cli", "--log-level", log_level, "lb"] + argv + [
             "--listen-fd", str(fd), "--status", "127.0.0.1:0", "--process-index", str(index),
@@ -138,7 +139,8 @@ class Child:
         self.started = time.monotonic()
         self.ready = False
         self.missed.clear()  # (it reads --config and opens its log from now on)
-        env = dict(os.environ, **(self.kept.environ if self.kept is not None else {}))
+        self.copy = self.kept.copy if self.kept is not None else None
+        env = dict(os.environ, **(self.kept.environ(self.copy) if self.kept is not None else {}))
         env.pop("NOTIFY_SOCKET", None)  # the supervisor is the service's main process
         self.launched.clear()  # (Popen yields: a stop meanwhile waits for the process)
         try:
@@ -175,6 +177,8 @@ class Child:
                                      % (self.index, self.process.wait()))
         gevent.spawn(_discard, self.process.stdout)  # nothing more should come
         self.ready = True
+        if self.kept is not None:
+            self.kept.served(self.copy)
 
     def __repr__(self) -> str:
         return "<Child %d pid=%s status=%s>" % (
@@ -254,6 +258,9 @@ class Supervisor:
             if self.stopping:
                 return
             ran = time.monotonic() - child.started
+            if self._set_aside(child, process):
+                self._start_again(child, 0.0)
+                continue
             # (one that never served failed at start, however long it took)
             pause = child.backoff.after_exit(ran if child.ready else 0.0, process.returncode)
             log.warning("LB process %d (pid %d) exited with status %s after %.1fs%s; "
@@ -261,6 +268,19 @@ class Supervisor:
                         ran, "" if child.ready else ", before it served",
                         " in %gs" % pause if pause else "")
             self._start_again(child, pause)
+
+    def _set_aside(self, child: Child, process: subprocess.Popen) -> bool:
+        """Whether ``child`` exited at start for a configuration error in
+        the --config copy of the last SIGHUP (cli/reload.py's KeptConfig):
+        said once; it starts again at once with the copy read before."""
+        if child.ready or child.kept is None or not child.kept.set_aside(
+                child.copy, process.returncode):
+            return False
+        log.error("LB process %d (pid %d) could not start with %s as the last SIGHUP read it "
+                  "(exit status %s: its error is above); it and every process started until "
+                  "a SIGHUP finds the file good start with the copy read before",
+                  child.index, process.pid, child.kept.args.config, process.returncode)
+        return True
 
     def _start_again(self, child: Child, pause: float) -> None:
         """Start ``child`` after ``pause`` seconds; once it serves, catch it
@@ -383,8 +403,8 @@ class Supervisor:
 
 
 def run(args, argv: Sequence[str], kept: Any = None) -> int:
-    """``zc-lb lb --processes N`` (N > 1).  ``kept``: the --config file as
-    last read well, for the children (cli/reload.py)."""
+    """``zc-lb lb --processes N`` (N > 1).  ``kept``: the --config
+    copies, for the children (cli/reload.py)."""
     from zc_lb.sockets import address_text, parse_listen
     from zc_lb.process import restart
     from zc_lb.process.service import (PidFile, hand_over, parse_listeners, read_secret,

@@ -138,7 +138,8 @@ class Child:
         from zc_lb.process.processes import Backoff
 
         self.index = index
-        self.kept = kept  # (cli/reload.py's KeptConfig: --config as last read well)
+        self.kept = kept  # (cli/reload.py's KeptConfig: the --config copies)
+        self.copy: Optional[str] = None  # (the one it was started with)
         self.sock = sock
         self.argv = argv if sock is None else argv + ["--listen-fd", str(sock.fileno())]
         self.cwd = cwd  # where the supervisor started: a relative --chdir means the same
@@ -155,8 +156,9 @@ class Child:
         from zc_lb.process.processes import die_with_parent
 
         fds = () if self.sock is None else (self.sock.fileno(), )
-        env = dict(os.environ, **(self.kept.environ if self.kept is not None else {}))
         with self.lock:
+            self.copy = self.kept.copy if self.kept is not None else None
+            env = dict(os.environ, **(self.kept.environ(self.copy) if self.kept else {}))
             self.ready = False
             self.missed.clear()  # (it reads --config and opens its log from now on)
             self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, text=True,
@@ -176,6 +178,20 @@ class Child:
             else:
                 self.missed.add(signum)
 
+    def set_aside(self, process: subprocess.Popen) -> bool:
+        """Whether the process exited at start for a configuration error
+        in the --config copy of the last SIGHUP (cli/reload.py's
+        KeptConfig): said once; it starts again at once with the copy
+        read before."""
+        if self.ready or self.kept is None or not self.kept.set_aside(
+                self.copy, process.returncode):
+            return False
+        log.error("worker process %d (pid %d) could not start with %s as the last SIGHUP "
+                  "read it (exit status %s: its error is above); it and every process started "
+                  "until a SIGHUP finds the file good start with the copy read before",
+                  self.index, process.pid, self.kept.args.config, process.returncode)
+        return True
+
     def _echo(self, process: subprocess.Popen) -> None:
         """Pass the child's lines (its addresses) on to our stdout; at the
         first, pass it the signals that came while it started."""
@@ -191,6 +207,8 @@ class Child:
             if self.process is not process or self.ready:
                 return
             self.ready = True
+            if self.kept is not None:
+                self.kept.served(self.copy)
             missed, self.missed = sorted(self.missed), set()
             for signum in missed:
                 log.info("worker process %d: passing on %s, which came while it started",
@@ -221,7 +239,8 @@ class WorkerGroup:
                 process = child.process
                 if process is None or process.poll() is None or now < child.not_before:
                     continue
-                if not child.not_before:
+                # (one set aside is started again at once, with the copy read before)
+                if not child.not_before and not child.set_aside(process):
                     ran = now - child.started
                     # (failing at start: longer each time; the others' restarts wait not)
                     pause = child.backoff.after_exit(ran, process.returncode)
@@ -272,7 +291,7 @@ class WorkerGroup:
 
 def run(args, argv: Sequence[str], kept: Any = None) -> int:
     """``zc-lb worker ... -w N`` (N > 1): the supervisor's life.  ``kept``:
-    the --config file as last read well, for the children (cli/reload.py)."""
+    the --config copies, for the children (cli/reload.py)."""
     from zc_lb.process.service import PidFile, check_secret_files, watch_secrets_for_children
 
     if not args.app:
