@@ -5,6 +5,7 @@ import http.client
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -351,3 +352,14 @@ def test_a_worker_list_is_checked_whole():
     assert message.startswith("worker: ")
     for part in ("'nohost'", "'127.0.0.1:99999'", "port 0 in 'a:0'", "bad port in 'b:x'", "7"):
         assert part in message
+
+
+@pytest.mark.parametrize("address", [" 127.0.0.1:8001", "127.0.0.1:8001 ", "127.0.0.1 :8001",
+                                     "127.0.0.1:\t8001", "unix:/run/w.sock\n"])
+def test_a_worker_address_with_a_space_is_refused(address):
+    # It was taken (int() skips spaces), then never resolved: the worker
+    # was reported unreachable for ever, with the space hard to see.
+    from zc_lb.sockets import worker_addresses
+
+    with pytest.raises(ConfigurationError, match=re.escape("a space in %r" % address)):
+        worker_addresses(["127.0.0.1:9000", address], "worker")

@@ -152,14 +152,19 @@ def connect(where: Listen, timeout: float) -> Any:
 
 def worker_addresses(texts: Iterable[str], what: str = "--worker") -> List[str]:
     """A list of worker addresses, each checked (HOST:PORT, a port from 1
-    to 65535, or unix:PATH), duplicates dropped; ConfigurationError naming
-    every bad one, so that a list is taken whole or not at all."""
+    to 65535, or unix:PATH; no spaces around, none in HOST:PORT), duplicates
+    dropped; ConfigurationError naming every bad one, so that a list is
+    taken whole or not at all."""
     bad: List[str] = []
     seen: Dict[str, None] = {}
     for text in texts:
         try:
             if not isinstance(text, str):
                 raise ConfigurationError("expected HOST:PORT, got %r" % (text,))
+            unspaced = text if text.startswith(UNIX) else "".join(text.split())
+            if text != text.strip() or text != unspaced:
+                # (int() skips spaces around the port, and a host with one never resolves)
+                raise ConfigurationError("a space in %r" % text)
             where = parse_listen(text)
             if isinstance(where, tuple) and where[1] == 0:
                 raise ConfigurationError("port 0 in %r: a worker listens on a port of "
