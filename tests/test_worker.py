@@ -1410,3 +1410,108 @@ def test_a_worker_past_max_requests_says_so_once_and_drains_as_on_sigterm(serve,
     assert "got SIGTERM" not in said, said
     assert said.count("served 2 requests (--max-requests 2): draining to be started "
                       "again") == 1, said
+
+
+def _length_app(environ, start_response):
+    """Responses whose bodies are not what their heads say (tests/test_worker.py)."""
+    path = environ["PATH_INFO"]
+    if path == "/204":
+        start_response("204 No Content", [])
+        return [b"body"]
+    if path == "/304":
+        start_response("304 Not Modified", [("Content-Length", "1234")])
+        return iter([b"two", b" pieces"])
+    start_response("200 OK", [("Content-Length", "10")])
+    return {"/long": [b"x" * 20], "/long2": [b"x" * 5, b"y" * 15],
+            "/long3": iter([b"x" * 10, b"y", b"z"]), "/short": [b"x" * 5],
+            "/short2": iter([b"x" * 3, b"y" * 2]), "/head": [b"x" * 20],
+            "/right": iter([b"x" * 4, b"y" * 6])}[path]
+
+
+def _warnings(caplog):
+    return [r.getMessage() for r in caplog.records
+            if r.name == "zc_lb.worker.wsgi" and r.levelname == "WARNING"]
+
+
+@pytest.mark.parametrize("threads", [None, 2])
+def test_an_application_body_past_its_content_length_is_cut_at_the_worker_and_said_once(
+        serve, caplog, threads):
+    # The worker sent it all, and said nothing; the LB cut it and logged
+    # "worker ... sent a body longer than its Content-Length", which reads
+    # as a broken worker.  The fault is the application's: said where it runs.
+    import logging
+
+    worker, connection, _ = serve(_length_app, threads=threads)
+    with caplog.at_level(logging.WARNING, logger="zc_lb.worker.wsgi"):
+        for path, body in [("/long", b"x" * 10), ("/long2", b"x" * 5 + b"y" * 5),
+                           ("/long3", b"x" * 10)]:
+            caplog.clear()
+            start, datas, ended = _frames(
+                connection.open_request(dict(REQUEST, PATH_INFO=path), end=True))
+            assert start.status == "200 OK" and ended
+            assert b"".join(datas) == body, path  # (no more than its length left the worker)
+            assert _warnings(caplog) == [
+                "the application's response to GET %s ran past its Content-Length of 10: "
+                "cut there" % path]
+        caplog.clear()
+        assert call(connection, {"PATH_INFO": "/right"})[1] == b"x" * 4 + b"y" * 6
+        assert call(connection, {"PATH_INFO": "/head", "REQUEST_METHOD": "HEAD"})[1] == b""
+        assert _warnings(caplog) == []  # (a HEAD's body is dropped, as WSGI apps give one)
+
+
+@pytest.mark.parametrize("threads", [None, 2])
+def test_an_application_body_short_of_its_content_length_is_said_at_the_worker(
+        serve, caplog, threads):
+    import logging
+
+    worker, connection, _ = serve(_length_app, threads=threads)
+    with caplog.at_level(logging.WARNING, logger="zc_lb.worker.wsgi"):
+        for path in ["/short", "/short2"]:
+            caplog.clear()
+            start, datas, ended = _frames(
+                connection.open_request(dict(REQUEST, PATH_INFO=path), end=True))
+            assert b"".join(datas) == b"x" * 5 or b"".join(datas) == b"xxxyy"
+            assert _warnings(caplog) == [
+                "the application's response to GET %s ended 5 bytes short of its "
+                "Content-Length of 10 (the LB closes the client's connection after it)" % path]
+
+
+@pytest.mark.parametrize("threads", [None, 2])
+def test_a_body_on_a_204_or_304_is_dropped_at_the_worker_and_said_once(
+        serve, caplog, threads):
+    import logging
+
+    worker, connection, _ = serve(_length_app, threads=threads)
+    with caplog.at_level(logging.WARNING, logger="zc_lb.worker.wsgi"):
+        for code in ["204", "304"]:
+            caplog.clear()
+            start, datas, ended = _frames(
+                connection.open_request(dict(REQUEST, PATH_INFO="/" + code), end=True))
+            assert start.status.startswith(code) and ended and b"".join(datas) == b""
+            assert _warnings(caplog) == [
+                "the application's %s response to GET /%s has a body: dropped (a %s "
+                "response has none)" % (code, code, code)]
+
+
+@pytest.mark.parametrize("threads", [None, 2])
+def test_an_endless_body_past_its_content_length_is_not_drawn_on(serve, threads):
+    # The LB cancelled such a response, which stopped the application;
+    # with the worker cutting it, nothing did: an endless generator ran on.
+    drawn, closed = [], []
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Length", "10")])
+
+        def body():
+            try:
+                for _ in range(20000):  # (20 MB, for the test's bound)
+                    drawn.append(1)
+                    yield b"x" * 1024
+            finally:
+                closed.append(True)
+        return body()
+
+    worker, connection, _ = serve(app, threads=threads)
+    assert call(connection, {})[1] == b"x" * 10
+    _wait_until(lambda: closed)
+    assert len(drawn) < 2000  # (thread mode: what went before the hub saw it, some 1 MiB)

@@ -33,7 +33,7 @@ import functools
 import logging
 import time
 from bisect import bisect_left
-from typing import Callable, Dict, List, Optional, cast
+from typing import Callable, Dict, Iterable, List, Optional, Union, cast
 
 import gevent  # type: ignore[import-untyped]
 import gevent.lock  # type: ignore[import-untyped]
@@ -183,11 +183,7 @@ class Serving:
                     output.send_file(result, region)  # type: ignore[arg-type]
                     result = None
             else:
-                sink = output or writer
-                for data in result:
-                    if data:
-                        sink.write(data)
-                sink.finish()
+                _send_blocks(result, writer, output or writer)
         except ZcLbError:
             raise
         except APPLICATION_ERRORS:
@@ -285,3 +281,17 @@ class Serving:
                 writer.took = writer.app_seconds()
                 writer.thread = None
         return None
+
+
+def _send_blocks(result: Iterable, writer: ResponseWriter,
+                 sink: Union[ThreadOutput, ResponseWriter]) -> None:
+    """The application's body, block by block, through ``sink`` (its
+    ``writer``, or a pool thread's output), then its end.  None of it is
+    drawn once it went past its Content-Length (the writer's ``limit``
+    -1): the rest would go nowhere, and an endless one would run on."""
+    for data in result:
+        if data:
+            sink.write(data)
+            if writer.limit == -1:
+                break
+    sink.finish()

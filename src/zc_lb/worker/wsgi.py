@@ -29,7 +29,7 @@ from typing import Any, Dict, Final, List, Optional, Set, Tuple, cast
 
 from zc_lb.environ import CACHE, REQUEST_CLASS, WORKER
 from zc_lb.errors import BadResponseHead
-from zc_lb.front.h1 import start_again
+from zc_lb.front.h1 import BODILESS_STATUS, start_again
 from zc_lb.front.httpparse import HOP_BY_HOP
 from zc_lb.wire.exchange import Exchange
 from zc_lb.wire.frames import Body, End, MAX_BODY
@@ -218,6 +218,17 @@ def say_once(what: str, message: str, *args: object) -> None:
         log.warning(message + " (logged once)", *args)
 
 
+def body_limit(status: str, length: object) -> Optional[int]:
+    """The body bytes a response of ``status`` may have: none if the
+    status has no body (a 204, a 304), else its Content-Length ``length``
+    (None: any, when there is none, or one the head will refuse)."""
+    if status[:3] in BODILESS_STATUS:
+        return 0
+    if type(length) is str and length.isdigit() and length.isascii() and len(length) <= 18:
+        return int(length)
+    return None
+
+
 def cache_said(value: object) -> Optional[bool]:
     """What an application's ``zc_lb.cache`` says: True (a hit), False
     (a miss), or None (nothing, or a value it does not know: said once
@@ -251,6 +262,10 @@ class ResponseWriter:
         self.cache: Optional[bool] = None
         self.status: Optional[str] = None
         self.headers: List[Tuple[str, str]] = []
+        # Body bytes the application may still give (``body_limit``: its
+        # Content-Length, none for a 204 or 304; None: any, and for HEAD,
+        # whose body goes nowhere): past it, they are cut (``_past``).
+        self.limit: Optional[int] = None
         self.started = False
         self.began: Optional[float] = None  # perf_counter() when the app began
         # What of its time since is not the application's (``app_seconds``).
@@ -270,12 +285,21 @@ class ResponseWriter:
         self.refused = False  # its head was too large: a 500 went instead
         self.ended = False  # its End went: a Cancel now ends the stream, not the request
 
-    def start_response(self, status, headers, exc_info=None):
+    def start_response(self, status: object, headers: Any, exc_info: Any = None) -> Any:
         start_again(exc_info, self.started, self.status is not None)
         if not isinstance(status, str):  # (compiled, ``self.status``'s type check said less)
             raise TypeError(NOT_A_STATUS % type(status).__name__)
         self.status = status
-        self.headers = [(k, v) for (k, v) in headers if k.lower() not in HOP_BY_HOP]
+        kept: List[Any] = []  # (Any: an application's pair is checked as the head is made)
+        length: object = None
+        for name, value in headers:
+            lowered = name.lower()
+            if lowered not in HOP_BY_HOP:
+                kept.append((name, value))
+                if lowered == "content-length":
+                    length = value
+        self.headers = kept
+        self.limit = None if self.head else body_limit(status, length)
         return self.write
 
     def write(self, data: object) -> None:
@@ -286,6 +310,12 @@ class ResponseWriter:
         exchange = self.exchange
         if self.refused:
             return
+        limit = self.limit
+        if limit is not None:
+            if len(data) > limit:
+                data = self._past(data, limit)
+            else:
+                self.limit = limit - len(data)
         if not self.started:
             self.started = True
             if self.head or not data:
@@ -315,6 +345,10 @@ class ResponseWriter:
             if self.head or not data or (  # (``exchange.credit``, without its call)
                     len(data) <= MAX_BODY
                     and len(data) <= exchange.connection.protocol.credit(exchange.rno)):
+                limit = self.limit
+                if limit is not None and len(data) != limit:  # (the app's body is not its head's)
+                    data = self._past(data, limit) if len(data) > limit else self._short(
+                        data, limit - len(data))
                 self.started = True
                 self._respond(b"" if self.head else data, True)
                 self._ended()
@@ -322,6 +356,9 @@ class ResponseWriter:
         if data:
             self.write(data)
         if not self.refused:
+            limit = self.limit
+            if limit is not None and limit > 0:  # (bytes its head said would come)
+                self._short(b"", limit)
             exchange.send(End(exchange.rno))
             self._ended()
             if started:  # (its head went before: the app ran on after it)
@@ -356,6 +393,45 @@ class ResponseWriter:
         self.ended = True
         self.exchange.on_cancel = None
 
+    def _past(self, data: bytes, limit: int) -> bytes:
+        """The application's body goes past what its head allows (its
+        Content-Length, or none for a 204 or 304): what of ``data`` is
+        within ``limit``, the rest dropped, and the first time for the
+        request a warning (``limit`` -1: said already)."""
+        if limit >= 0:
+            status = cast(str, self.status)
+            if status[:3] in BODILESS_STATUS:
+                log.warning("the application's %s response to %s has a body: dropped (a %s "
+                            "response has none)", status[:3], self._request(), status[:3])
+            else:
+                log.warning("the application's response to %s ran past its Content-Length "
+                            "of %s: cut there", self._request(), self._content_length())
+        self.limit = -1
+        return data[:limit] if limit > 0 else b""
+
+    def _short(self, data: bytes, missing: int) -> bytes:
+        """The application's body ends ``missing`` bytes short of its
+        Content-Length: said in the log (the LB closes its client's
+        connection: a truncated body must not look complete)."""
+        log.warning("the application's response to %s ended %d bytes short of its "
+                    "Content-Length of %s (the LB closes the client's connection after it)",
+                    self._request(), missing, self._content_length())
+        self.limit = 0
+        return data
+
+    def _request(self) -> str:
+        """The request, for the log: its method and path."""
+        environ = self.environ
+        if environ is None:
+            return "request %d" % self.exchange.rno
+        return "%s %s" % (environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"))
+
+    def _content_length(self) -> str:
+        for name, value in self.headers:
+            if name.lower() == "content-length":
+                return value
+        return "?"
+
     def fail(self) -> None:
         """The application failed: a 500, or, once the head is out, the
         response cut short."""
@@ -382,9 +458,13 @@ class ResponseWriter:
                 return
         elif self.head:
             return
-        for name, value in self.headers:
-            if name.lower() == "content-length" and value.isdigit():
-                count = min(count, int(value))
+        limit = self.limit
+        if limit is not None:
+            if count > limit:
+                self._past(b"", limit)
+                count = max(limit, 0)
+            else:
+                self.limit = limit - count
         began = time.perf_counter()
         whole = self.exchange.send_file(fd, offset, count)
         self.held += time.perf_counter() - began
