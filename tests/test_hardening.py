@@ -10,6 +10,7 @@ processes, like test_e2e.py.  Every wait is bounded.
 
 import http.client
 import json
+import logging
 import os
 import signal
 import socket
@@ -306,6 +307,91 @@ def test_body_shorter_than_content_length_closes_the_client_connection(stack):
     client.send(b"GET /short HTTP/1.1\r\nHost: a.example\r\n\r\n")
     # a truncated body must not look complete: the LB must close
     assert client.closed_by_server(2.0)
+
+
+def _unframed_app(environ, start_response):
+    # Bodies that are not what their heads say.
+    path = environ["PATH_INFO"]
+    if path == "/204":
+        start_response("204 No Content", [])
+        return [b"body"]
+    start_response("200 OK", [("Content-Length", "10")])
+    return {"/long": [b"x" * 20], "/long2": [b"x" * 5, b"y" * 15], "/short": [b"x" * 5]}[path]
+
+
+def _said(caplog, prefix):
+    return [r.getMessage() for r in caplog.records
+            if r.name.startswith(prefix) and r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("threads", [None, 2])
+def test_an_apps_body_unlike_its_head_is_said_by_its_worker_and_not_blamed_on_it(
+        stack, caplog, threads):
+    # The client got the right bytes, but the worker logged nothing and
+    # the LB logged "worker ADDR sent a body longer than its
+    # Content-Length" once a request: a broken worker, to an operator.
+    s = stack(routes({"/long": _unframed_app, "/long2": _unframed_app, "/204": _unframed_app,
+                      "/short": _unframed_app}), worker_kw={"threads": threads})
+    with caplog.at_level(logging.WARNING):
+        client = s.client()
+        assert client.request(path="/long")[::2] == (200, b"x" * 10)
+        assert client.request(path="/long2")[::2] == (200, b"x" * 5 + b"y" * 5)
+        assert client.request(path="/204")[::2] == (204, b"")
+        assert client.request(path="/next")[::2] == (200, b"ok /next")  # (still in sync)
+        client.send(b"GET /short HTTP/1.1\r\nHost: a.example\r\n\r\n")
+        assert client.closed_by_server(2.0)
+    assert _said(caplog, "zc_lb.worker") == [
+        "the application's response to GET /long ran past its Content-Length of 10: cut there",
+        "the application's response to GET /long2 ran past its Content-Length of 10: cut there",
+        "the application's 204 response to GET /204 has a body: dropped (a 204 response has "
+        "none)",
+        "the application's response to GET /short ended 5 bytes short of its Content-Length "
+        "of 10 (the LB closes the client's connection after it)"]
+    assert _said(caplog, "zc_lb.lb") == []
+    assert _said(caplog, "zc_lb.front") == [
+        "closing client connection (GET /short): the application's body from worker "
+        "127.0.0.1:%d ended 5 bytes short of its Content-Length" % s.worker.address[1]]
+    assert s.lb.fleet.worker_failures == 0
+
+
+class _UnframedWorker(Worker):
+    """A worker that sends the body the application gave, whatever its
+    head said, as one of an earlier release did."""
+
+    def handle_request(self, connection, exchange):
+        gevent.spawn(self._answer, exchange)
+
+    def _answer(self, exchange):
+        path = exchange.receive().environ.get("PATH_INFO")
+        if path == "/short":
+            exchange.respond("200 OK", [("Content-Length", "10")], b"x" * 5, True)
+        else:
+            exchange.respond("200 OK", [("Content-Length", "10")], b"x" * 5)
+            exchange.send_body(b"y" * 15)
+            exchange.send(End(exchange.rno))
+
+
+def test_a_body_unlike_its_head_from_a_worker_is_said_as_the_applications_not_a_failure(
+        stack, caplog):
+    # The LB's lines read as a broken worker ("worker ADDR sent a body
+    # longer than its Content-Length", "worker's body ended 5 bytes
+    # short"); and such responses must not count toward its ejection.
+    s = stack(ok_app, worker_class=_UnframedWorker)
+    port = s.worker.address[1]
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            client = s.client()
+            assert client.request(path="/long")[::2] == (200, b"x" * 5 + b"y" * 5)
+            client.send(b"GET /short HTTP/1.1\r\nHost: a.example\r\n\r\n")
+            assert client.closed_by_server(2.0)
+    assert set(_said(caplog, "zc_lb.lb")) == {
+        "the response to GET /long from worker 127.0.0.1:%d ran past the length its head "
+        "gives (the application's body, as the worker sent it): cut there" % port}
+    assert set(_said(caplog, "zc_lb.front")) == {
+        "closing client connection (GET /short): the application's body from worker "
+        "127.0.0.1:%d ended 5 bytes short of its Content-Length" % port}
+    assert s.lb.fleet.worker_failures == 0 and len(s.lb.pool) == 1
+    assert not s.lb.fleet.ejector.ejected("127.0.0.1:%d" % port)
 
 
 def _head_streaming_app(environ, start_response):

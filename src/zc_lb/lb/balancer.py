@@ -61,7 +61,7 @@ from zc_lb.lb.relay import Relay
 from zc_lb.settings import LB_SETTINGS, check, log_change, shown
 from zc_lb.routing.siblings import SYNC_INTERVAL, Siblings, sync
 from zc_lb.lb.awaiting import Awaiting
-from zc_lb.lb.bodies import InFlight, ResponseBody, Upload, send_body
+from zc_lb.lb.bodies import InFlight, ResponseBody, Upload, request_path, send_body
 from zc_lb.lb.spool import SpoolLimits
 from zc_lb.lb.stats import Counters
 from zc_lb.environ import (CLASS, COUNTED_CLASS, ERROR, FORWARD, RELAY,
@@ -234,11 +234,11 @@ class LB:
             except BaseException:
                 self._abort(connection, exchange, upload)
                 raise
-            return self._body(connection, exchange, upload, length, response)
+            return self._body(connection, exchange, upload, length, response, environ)
         raise NoWorkerAvailable("no worker answered")
 
     def _body(self, connection: Connection, exchange: Exchange, upload: Optional[Upload],
-              length: Optional[int], response: Response) -> Iterable[bytes]:
+              length: Optional[int], response: Response, environ: dict) -> Iterable[bytes]:
         """The response's body: ``length`` bytes of it (None: all that come)."""
         if (response.end and upload is None
                 and (length is None or length == len(response.body))):
@@ -247,7 +247,7 @@ class LB:
             self.flight.worker_done(connection)
             return [response.body]
         return ResponseBody(self.flight, connection, exchange, upload, length, response,
-                            self.fleet.outcome)
+                            self.fleet.outcome, environ)
 
     def _retry(self, environ: dict, counts: Dict[str, int], attempt: int) -> bool:
         """Whether a request lost with its worker (whose ``counts`` these
@@ -362,9 +362,9 @@ class LB:
             if connection.peer in self.fleet.links:  # (``Fleet.outcome``, without its call)
                 ejector.success(connection.peer)
             if ejector.watched:  # (paths failed lately: is this one among them?)
-                ejector.succeeded_on(_request_path(environ), connection.peer)
+                ejector.succeeded_on(request_path(environ), connection.peer)
         else:
-            self.fleet.outcome(connection, False, _request_path(environ))
+            self.fleet.outcome(connection, False, request_path(environ))
         counts, what = self.counters.worker_counts(connection.peer), code[0] + "xx"
         counts[what] = counts.get(what, 0) + 1
 
@@ -495,17 +495,6 @@ class WSGIResponder:
             return self.start_response(status, head_fields(head))
         except Exception as exc:
             raise BadResponse("worker sent a response head HTTP forbids: %s" % exc)
-
-
-def _request_path(environ: dict) -> str:
-    """The request's path, without its query (a relayed request's environ
-    has no PATH_INFO until completed: its head has the target)."""
-    path = environ.get("PATH_INFO")
-    if path is None:
-        relay = environ.get(RELAY)
-        target = relay.head.path if relay is not None else "/"
-        path = target.partition("?")[0]
-    return path or "/"
 
 
 def _has_body(environ: dict, limit: Optional[int]) -> bool:

@@ -24,6 +24,7 @@ from typing import Callable, Hashable, Optional, Set
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
 
+from zc_lb.environ import RELAY
 from zc_lb.errors import (BadResponse, ClientError, ClientGone, ConnectionClosed,
                           ConnectionLost, RequestTooLarge, ResponseTimeout, ZcLbError)
 from zc_lb.lb.spool import Spool, SpoolLimits
@@ -166,16 +167,20 @@ class ResponseBody:
     has what came (the front server then closes the connection, so a
     truncated body never looks complete).  A worker silent mid-body while
     it is free to send (``silent_for``) is cut off (``time_out``) by the
-    watchdog (lb/awaiting.py).  A worker that fails the body
-    (``WORKER_FAILURES``) is told to ``outcome`` (``Fleet.outcome``), once,
-    for outlier detection (lb/outlier.py); the request is not retried:
-    bytes of it went out."""
+    watchdog (lb/awaiting.py).  A body past or short of its length is
+    the application's (a worker sends what the application gave, within
+    its length), logged as such, and no failure of the worker's.  A
+    worker that fails the body (``WORKER_FAILURES``) is told to
+    ``outcome`` (``Fleet.outcome``), once, for outlier detection
+    (lb/outlier.py); the request is not retried: bytes of it went out."""
 
     def __init__(self, flight: InFlight, connection: Connection, exchange: Exchange,
                  upload: Optional[Upload], length: Optional[int], response: Response,
-                 outcome: Optional[Callable[[Connection, bool], None]] = None) -> None:
+                 outcome: Optional[Callable[[Connection, bool], None]] = None,
+                 environ: Optional[dict] = None) -> None:
         self.flight = flight
         self.outcome = outcome
+        self.environ = environ  # (the request's, for the log)
         self.connection = connection
         self.exchange = exchange
         self.upload = upload
@@ -275,8 +280,9 @@ class ResponseBody:
         keep-alive connection."""
         remaining = self.remaining
         if remaining is not None and len(data) > remaining:
-            log.warning("worker %s sent a body longer than its Content-Length",
-                        self.connection.peer)
+            log.warning("the response to %s from worker %s ran past the length its head "
+                        "gives (the application's body, as the worker sent it): cut there",
+                        self._request(), self.connection.peer)
             data, self.remaining = data[:remaining], 0
             if data:
                 self.spool.put(data)
@@ -292,10 +298,19 @@ class ResponseBody:
 
     def _end(self) -> None:
         if self.remaining:
-            self.error = BadResponse("worker's body ended %d bytes short" % self.remaining)
+            self.error = BadResponse(
+                "the application's body from worker %s ended %d bytes short of its "
+                "Content-Length" % (self.connection.peer, self.remaining))
         self.ended = True
         self._release()
         self._arrived.set()
+
+    def _request(self) -> str:
+        """The request, for the log: its method and path."""
+        environ = self.environ
+        if environ is None:
+            return "request %d" % self.exchange.rno
+        return "%s %s" % (environ.get("REQUEST_METHOD"), request_path(environ))
 
     def _release(self) -> None:
         self._owed = 0  # (the worker's part is over: no credit to grant)
@@ -347,3 +362,14 @@ def send_body(exchange: Exchange, wsgi_input, limit: Optional[int] = None) -> Op
         exchange.send(Body(exchange.rno, wsgi_input.read(size)), End(exchange.rno))
         return None
     return Upload(exchange, wsgi_input, limit)
+
+
+def request_path(environ: dict) -> str:
+    """The request's path, without its query (a relayed request's environ
+    has no PATH_INFO until completed: its head has the target)."""
+    path = environ.get("PATH_INFO")
+    if path is None:
+        relay = environ.get(RELAY)
+        target = relay.head.path if relay is not None else "/"
+        path = target.partition("?")[0]
+    return path or "/"
