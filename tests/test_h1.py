@@ -162,6 +162,16 @@ def test_a_response_head_that_could_split_is_refused(status, headers):
         check_response(status, headers)
 
 
+@pytest.mark.parametrize("status", ["999 Weird", "600 Above", "099 Below", "20 Short",
+                                    "2000 Long"])
+def test_a_status_out_of_http_s_range_is_refused(status):
+    # RFC 9110 15: a status code is three digits, 100-599 (a client takes
+    # any other as a 5xx; the LB counted it a success, in no class).
+    with pytest.raises(BadResponseHead):
+        check_response(status, [])
+    check_response("599 Edge", [])
+
+
 def test_a_ready_head_says_a_repeated_content_length_once():
     head, length = ready_head("200 OK", [("Content-Length", "5"), ("X", "y"),
                                          ("content-length", "5")])

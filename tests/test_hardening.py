@@ -241,6 +241,22 @@ def test_a_final_1xx_status_from_the_app_is_a_500_from_its_worker(stack):
     assert client.request(path="/next")[:3:2] == (200, b"ok /next")  # still in sync
 
 
+def _weird_status_app(environ, start_response):
+    start_response("999 Weird", [("Content-Length", "5")])
+    return [b"weird"]
+
+
+def test_a_status_past_599_from_the_app_is_a_500_from_its_worker(stack, caplog):
+    # It went to the client as it was, which (RFC 9110 15) takes it as a
+    # 5xx; the LB counted it a success, and in no class of its counts.
+    s = stack(routes({"/weird": _weird_status_app}))
+    client = s.client()
+    with caplog.at_level(logging.ERROR, logger="zc_lb.worker"):
+        assert client.request(path="/weird")[0] == 500
+    assert client.request(path="/next")[:3:2] == (200, b"ok /next")  # still in sync
+    assert "'999 Weird'" in caplog.text
+
+
 def _big_stream_app(environ, start_response):
     start_response("200 OK", [("Content-Length", str(64 * 256 * 1024))])
     return (b"x" * (256 * 1024) for _ in range(64))

@@ -485,9 +485,11 @@ REASONS: Final = {400: "Bad Request", 408: "Request Timeout", 413: "Request Enti
                   500: "Internal Server Error", 501: "Not Implemented", 502: "Bad Gateway",
                   503: "Service Unavailable", 504: "Gateway Timeout",
                   505: "HTTP Version Not Supported"}
-# A final status: 2xx to 9xx.  A 1xx is interim (RFC 9110 15.2): a client
+# A final status: 2xx to 5xx.  A 1xx is interim (RFC 9110 15.2): a client
 # would wait on for the final one, and take the next response for it.
-STATUS: Final = re.compile(r"[2-9][0-9][0-9] [^\x00-\x08\x0a-\x1f\x7f]*\Z")
+# Past 599 a status is invalid (RFC 9110 15): a client takes it as a 5xx,
+# which the LB would count a success, in none of its classes.
+STATUS: Final = re.compile(r"[2-5][0-9][0-9] [^\x00-\x08\x0a-\x1f\x7f]*\Z")
 FIELD_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 FIELD_VALUE_BAD: Final = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
@@ -509,8 +511,8 @@ def start_again(exc_info, started: bool, status_set: bool) -> None:
 
 def check_response(status: object, headers: Iterable[Any]) -> None:
     """Refuse a status or header that could split or smuggle a response
-    (or is not a str: an application's, so of any type), and a 1xx status,
-    which is no final one."""
+    (or is not a str: an application's, so of any type), a 1xx status,
+    which is no final one, and one past 599, which HTTP does not define."""
     if type(status) is not str or not matches(STATUS, status, _VALID_STATUS):
         raise BadResponseHead("invalid status %r" % (status,))
     for name, value in headers:
