@@ -1012,6 +1012,51 @@ def test_a_thread_apps_small_blocks_go_to_the_lb_in_large_frames(serve):
     assert len(datas) < 100  # (1,024 before)
 
 
+def test_a_thread_apps_large_blocks_reach_the_lb_whole_in_order_in_frames_of_max_body(serve):
+    # A thread's blocks cross to the hub in bulk: sizes that straddle
+    # frames and credit come out whole and in order.
+    from zc_lb.wire.frames import MAX_BODY
+
+    sizes = [65536, 70001, 1, 300000, 65536, 16384, 99999] * 12
+    blocks = [bytes([i % 251]) * size for i, size in enumerate(sizes)]
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Length", str(sum(sizes)))])
+        return iter(blocks)
+
+    worker, connection, _ = serve(app, threads=2)
+    for _ in range(2):
+        exchange = connection.open_request(dict(REQUEST, PATH_INFO="/"), end=True)
+        start, datas, ended = _frames(exchange)
+        assert start.status == "200 OK" and ended
+        assert b"".join(datas) == b"".join(blocks)
+        assert max(map(len, datas)) <= MAX_BODY
+
+
+@pytest.mark.parametrize("extra", [0, -65436])
+def test_a_thread_apps_large_blocks_are_held_to_its_content_length(serve, caplog, extra):
+    # Large blocks that cross to the hub in bulk count against the head's
+    # length: past it, cut there and said once; up to it, nothing said.
+    import logging
+
+    blocks = [bytes([i]) * 65536 for i in range(8)]
+    length = 8 * 65536 + extra
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Length", str(length))])
+        return iter(blocks)
+
+    worker, connection, _ = serve(app, threads=2)
+    with caplog.at_level(logging.WARNING, logger="zc_lb.worker.wsgi"):
+        exchange = connection.open_request(dict(REQUEST, PATH_INFO="/big"), end=True)
+        start, datas, ended = _frames(exchange)
+    assert start.status == "200 OK" and ended
+    assert b"".join(datas) == b"".join(blocks)[:length]
+    assert _warnings(caplog) == ([] if not extra else [
+        "the application's response to GET /big ran past its Content-Length of %d: "
+        "cut there" % length])
+
+
 REQUEST = {"REQUEST_METHOD": "GET", "SERVER_NAME": "x", "SERVER_PORT": "80",
            "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "http"}
 
