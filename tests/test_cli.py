@@ -475,6 +475,32 @@ def test_a_copy_no_process_could_start_with_is_set_aside_until_a_sighup_reads_th
     assert not os.path.exists(os.path.dirname(third))
 
 
+def test_a_sighup_after_a_tmp_cleaner_removed_the_copies_copies_the_file_again(tmp_path,
+                                                                             caplog):
+    # systemd-tmpfiles ages $TMPDIR: once it removed the copies' directory,
+    # the next SIGHUP raised FileNotFoundError out of the supervisor's
+    # handler, which ended (lb --processes: its children killed, not
+    # drained; -w N: every worker stopped).
+    import shutil
+
+    args, path = parsed(tmp_path, '[lb]\nworker = ["a:1"]\n')
+    kept = reload.KeptConfig(args)
+    try:
+        kept.served(kept.copy)
+        shutil.rmtree(kept.directory)
+        assert kept.copy is None  # (meanwhile a child started reads the file itself)
+        for worker in ("a:1", "a:2"):  # (unchanged, then changed)
+            path.write_text('[lb]\nworker = ["%s"]\n' % worker)
+            assert kept.take()
+            copy = kept.copy
+            assert copy is not None and 'worker = ["%s"]' % worker in open(copy).read()
+        kept.served(copy)
+        assert kept.copy == copy
+    finally:
+        kept.remove()
+    assert not os.path.exists(os.path.dirname(copy))
+
+
 def test_a_child_of_a_supervisor_reads_its_copy_and_leaves_a_bad_file_to_it(
         tmp_path, monkeypatch, caplog):
     # Each of N children logged the file's error at each SIGHUP, after the

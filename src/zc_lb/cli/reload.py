@@ -131,11 +131,10 @@ class KeptConfig:
         if self.directory is None:
             return False
         with self.lock:
-            self._tidy()
             self.taken += 1
-            trial = os.path.join(self.directory, "%d-%s" % (
-                self.taken, os.path.basename(self.args.config)))
+            trial = "%d-%s" % (self.taken, os.path.basename(self.args.config))
             try:
+                trial = os.path.join(self._tidy(), trial)
                 self._copy(trial)
                 new = read_config(argparse.Namespace(**{**vars(self.args), "config": trial}))
             except ConfigurationError as exc:
@@ -167,15 +166,29 @@ class KeptConfig:
             self.latest = None
             return True
 
-    def _tidy(self) -> None:
+    def _tidy(self) -> str:
         """Remove the copies no child is given any more (a child given
-        one since the last SIGHUP has read it by the next)."""
+        one since the last SIGHUP has read it by the next); the directory,
+        made anew if something removed it (a cleaner of $TMPDIR's old
+        files: until then, children read the file itself)."""
         assert self.directory is not None
-        for name in os.listdir(self.directory):
+        if not os.path.isdir(self.directory):
+            try:
+                self.directory = tempfile.mkdtemp(prefix="zc-lb-config-")
+            except OSError as exc:
+                raise ConfigurationError("cannot copy config file %s: %s" % (
+                    self.args.config, exc.strerror or exc))
+            return self.directory
+        try:
+            names = os.listdir(self.directory)
+        except OSError:  # (removed just now: the copy says so)
+            names = []
+        for name in names:
             path = os.path.join(self.directory, name)
             if path not in (self.latest, self.good):
                 with contextlib.suppress(OSError):
                     os.remove(path)
+        return self.directory
 
     def _copy(self, trial: str) -> None:
         """The file copied to ``trial``; ConfigurationError saying why not,
