@@ -943,6 +943,33 @@ def test_a_file_handed_to_the_file_wrapper_goes_out_with_sendfile(serve, tmp_pat
     assert reads and not sendfiles
 
 
+@pytest.mark.parametrize("threads", [None, 2])
+@pytest.mark.parametrize("sendfile", ["on", "off"])
+def test_a_file_wrappers_part_up_to_its_content_length_goes_without_a_warning(
+        serve, tmp_path, threads, sendfile, caplog):
+    # A file left standing at a range's start, with the range's length as
+    # its Content-Length (WSGI's way to send part of a file): each such
+    # response logged "ran past its Content-Length", as a broken body does.
+    import logging
+
+    data = bytes(range(256)) * 64
+    path = tmp_path / "file.bin"
+    path.write_bytes(data)
+
+    def app(environ, start_response):
+        f = open(path, "rb")
+        f.seek(100)
+        start_response("206 Partial Content", [("Content-Length", "1000")])
+        return environ["wsgi.file_wrapper"](f, 256)
+
+    worker, connection, _ = serve(app, threads=threads, sendfile=sendfile)
+    with caplog.at_level(logging.WARNING, logger="zc_lb.worker.wsgi"):
+        for _ in range(2):
+            response, body = call(connection, {})
+            assert response.status == "206 Partial Content" and body == data[100:1100]
+    assert _warnings(caplog) == []
+
+
 @pytest.mark.parametrize("threads", [None, 16])
 def test_a_file_that_ends_before_its_region_cuts_the_response_and_spares_the_connection(
         serve, tmp_path, threads, monkeypatch, caplog):

@@ -171,6 +171,7 @@ class Serving:
             self._fail(writer, output)
             return
         try:
+            writer.from_file = type(result) is FileWrapper
             if type(result) in (list, tuple) and len(result) <= 1:
                 # The common case, [body]: head, body and End in one write.
                 (output or writer).finish(result[0] if result else b"")

@@ -266,6 +266,10 @@ class ResponseWriter:
         # Content-Length, none for a 204 or 304; None: any, and for HEAD,
         # whose body goes nowhere): past it, they are cut (``_past``).
         self.limit: Optional[int] = None
+        # The body is a ``wsgi.file_wrapper``'s: a file read up to its
+        # Content-Length is how WSGI sends part of one (a range), cut there
+        # without a word.
+        self.from_file = False
         self.started = False
         self.began: Optional[float] = None  # perf_counter() when the app began
         # What of its time since is not the application's (``app_seconds``).
@@ -397,13 +401,14 @@ class ResponseWriter:
         """The application's body goes past what its head allows (its
         Content-Length, or none for a 204 or 304): what of ``data`` is
         within ``limit``, the rest dropped, and the first time for the
-        request a warning (``limit`` -1: said already)."""
+        request a warning (``limit`` -1: said already), but for a file
+        wrapper's part of a file (``from_file``)."""
         if limit >= 0:
             status = cast(str, self.status)
             if status[:3] in BODILESS_STATUS:
                 log.warning("the application's %s response to %s has a body: dropped (a %s "
                             "response has none)", status[:3], self._request(), status[:3])
-            else:
+            elif not self.from_file:
                 log.warning("the application's response to %s ran past its Content-Length "
                             "of %s: cut there", self._request(), self._content_length())
         self.limit = -1
