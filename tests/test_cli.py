@@ -740,3 +740,20 @@ def test_a_tree_commands_options_go_before_between_or_after_its_arguments(argv):
     assert (args.path, args.assignments, args.force) == ("/lb", ["a=1", "b=2"], True)
     args = build_parser().parse_args(["zk", "ls", "--timeout", "2", "/lb"])
     assert (args.path, args.timeout, args.zookeeper) == ("/lb", 2.0, "127.0.0.1:2181")
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["zk", "import", "--", "-tree.txt"], ("-tree.txt", "/")),
+    (["zk", "import", "--delete", "--", "-tree.txt", "/lb"], ("-tree.txt", "/lb")),
+    (["zk", "import", "tree.txt", "--", "-lb"], ("tree.txt", "-lb")),
+    (["zk", "get", "--", "-lb"], "-lb"),
+    (["zk", "ls", "--", "-lb"], "-lb"),
+    (["zk", "set", "--", "-lb", "a=1"], ("-lb", ["a=1"])),
+])
+def test_a_tree_commands_arguments_after_double_dash_may_start_with_a_dash(argv, expected):
+    # Taking options in any order lost ``--``: what followed it was read
+    # as an option ("unrecognized arguments: -tree.txt").
+    args = build_parser().parse_args(argv)
+    got = {"import": lambda: (args.file, args.root), "set": lambda: (args.path, args.assignments)
+           }.get(args.zk_command, lambda: args.path)()
+    assert got == expected

@@ -290,12 +290,14 @@ class AnyOrderParser(config.Parser):
     its arguments, as ``zc-lb zk import FILE --delete ROOT``: argparse
     alone, at an option between two arguments, gives an optional one its
     default and leaves the next one over.  (Only for a parser without
-    commands of its own: argparse cannot intermix those.)"""
+    commands of its own: argparse cannot intermix those.)  A command
+    line with ``--`` is argparse's alone: its intermixed parse drops the
+    ``--``, and reads what followed it as options."""
 
     _parsing = False  # (in the intermixed parse, whose passes are argparse's own)
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
-        if self._parsing:
+        if self._parsing or (args is not None and "--" in args):
             return super().parse_known_args(args, namespace)
         self._parsing = True
         try:
