@@ -1587,3 +1587,30 @@ def test_an_endless_body_past_its_content_length_is_not_drawn_on(serve, threads)
     assert call(connection, {})[1] == b"x" * 10
     _wait_until(lambda: closed)
     assert len(drawn) < 2000  # (thread mode: what went before the hub saw it, some 1 MiB)
+
+
+@pytest.mark.parametrize("threads", [None, 2])
+@pytest.mark.parametrize("status", ["600 Beyond", "200 OK"])
+def test_an_endless_body_under_a_refused_head_is_not_drawn_on(serve, threads, status):
+    # A head the worker refused (a status past 599, a bad header) went as
+    # its 500, whole: the LB cancels nothing, and the worker drew the
+    # application's body on for nothing, an endless one for ever.
+    drawn, closed = [], []
+
+    def app(environ, start_response):
+        start_response(status, [("X-Bad", "a\r\nb")] if status == "200 OK" else [])
+
+        def body():
+            try:
+                for _ in range(20000):  # (20 MB, for the test's bound)
+                    drawn.append(1)
+                    yield b"x" * 1024
+            finally:
+                closed.append(True)
+        return body()
+
+    worker, connection, _ = serve(app, threads=threads)
+    response, _ = call(connection, {})
+    assert response.status.startswith("500")
+    _wait_until(lambda: closed)
+    assert len(drawn) < 2000  # (thread mode: what went before the hub saw it, some 1 MiB)

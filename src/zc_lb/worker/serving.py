@@ -289,10 +289,11 @@ def _send_blocks(result: Iterable, writer: ResponseWriter,
     """The application's body, block by block, through ``sink`` (its
     ``writer``, or a pool thread's output), then its end.  None of it is
     drawn once it went past its Content-Length (the writer's ``limit``
-    -1): the rest would go nowhere, and an endless one would run on."""
+    -1), or once its head was refused (a 500 went instead, whole): the
+    rest would go nowhere, and an endless one would run on."""
     for data in result:
         if data:
             sink.write(data)
-            if writer.limit == -1:
+            if writer.limit == -1 or writer.refused:
                 break
     sink.finish()
