@@ -475,6 +475,26 @@ def test_a_copy_no_process_could_start_with_is_set_aside_until_a_sighup_reads_th
     assert not os.path.exists(os.path.dirname(third))
 
 
+def test_a_sighup_while_the_first_children_start_still_leaves_a_good_copy(tmp_path):
+    # The children started with the first copy served after a SIGHUP had
+    # made another the latest: none was good, and once a file no process
+    # can be built from came, a child set aside started with the file
+    # itself, exited 2 at every try, and the pool ran one short for good.
+    args, path = parsed(tmp_path, '[lb]\nworker = ["a:1"]\n')
+    kept = reload.KeptConfig(args)
+    try:
+        first = kept.copy
+        path.write_text('[lb]\nworker = ["a:1"]\nvariance = 3.0\n')
+        assert kept.take()  # (while the children start)
+        kept.served(first)
+        path.write_text('[lb]\nworker = ["a:1"]\nclassifier = "nosuchmod:x"\n')
+        assert kept.take()
+        assert kept.set_aside(kept.copy, 2)
+        assert kept.copy == first
+    finally:
+        kept.remove()
+
+
 def test_a_sighup_after_a_tmp_cleaner_removed_the_copies_copies_the_file_again(tmp_path,
                                                                              caplog):
     # systemd-tmpfiles ages $TMPDIR: once it removed the copies' directory,

@@ -150,10 +150,13 @@ class KeptConfig:
         return True
 
     def served(self, copy: Optional[str]) -> None:
-        """A child started with ``copy`` serves: it is good."""
+        """A child started with ``copy`` serves: it is good (one a SIGHUP
+        made older while the child started is, when none is yet)."""
         with self.lock:
             if copy is not None and copy == self.latest:
                 self.good, self.latest = copy, None
+            elif copy is not None and self.good is None and os.path.exists(copy):
+                self.good = copy
 
     def set_aside(self, copy: Optional[str], status: Optional[int]) -> bool:
         """A child started with ``copy`` exited with ``status`` before it
