@@ -158,16 +158,22 @@ class KeptConfig:
             elif copy is not None and self.good is None and os.path.exists(copy):
                 self.good = copy
 
-    def set_aside(self, copy: Optional[str], status: Optional[int]) -> bool:
+    def set_aside(self, copy: Optional[str], status: Optional[int], who: str = "") -> bool:
         """A child started with ``copy`` exited with ``status`` before it
         served: if that is the last SIGHUP's copy and a configuration
-        error, children start with the good copy from now on.  Whether it
-        was (the caller says so, and starts the child again at once)."""
+        error, children start with the good copy from now on, said once
+        of ``who`` (the child, with its pid).  Whether it was (the caller
+        starts the child again at once)."""
         with self.lock:
             if copy is None or copy != self.latest or status != ConfigurationError.exit_status:
                 return False
             self.latest = None
-            return True
+        if who:
+            log.error("%s could not start with %s as the last SIGHUP read it (exit status %s: "
+                      "its error is above); it and every process started until a SIGHUP finds "
+                      "the file good start with the copy read before",
+                      who, self.args.config, status)
+        return True
 
     def _tidy(self) -> str:
         """Remove the copies no child is given any more (a child given

@@ -273,14 +273,8 @@ class Supervisor:
         """Whether ``child`` exited at start for a configuration error in
         the --config copy of the last SIGHUP (cli/reload.py's KeptConfig):
         said once; it starts again at once with the copy read before."""
-        if child.ready or child.kept is None or not child.kept.set_aside(
-                child.copy, process.returncode):
-            return False
-        log.error("LB process %d (pid %d) could not start with %s as the last SIGHUP read it "
-                  "(exit status %s: its error is above); it and every process started until "
-                  "a SIGHUP finds the file good start with the copy read before",
-                  child.index, process.pid, child.kept.args.config, process.returncode)
-        return True
+        return not child.ready and child.kept is not None and child.kept.set_aside(
+            child.copy, process.returncode, "LB process %d (pid %d)" % (child.index, process.pid))
 
     def _start_again(self, child: Child, pause: float) -> None:
         """Start ``child`` after ``pause`` seconds; once it serves, catch it

@@ -183,14 +183,9 @@ class Child:
         in the --config copy of the last SIGHUP (cli/reload.py's
         KeptConfig): said once; it starts again at once with the copy
         read before."""
-        if self.ready or self.kept is None or not self.kept.set_aside(
-                self.copy, process.returncode):
-            return False
-        log.error("worker process %d (pid %d) could not start with %s as the last SIGHUP "
-                  "read it (exit status %s: its error is above); it and every process started "
-                  "until a SIGHUP finds the file good start with the copy read before",
-                  self.index, process.pid, self.kept.args.config, process.returncode)
-        return True
+        return not self.ready and self.kept is not None and self.kept.set_aside(
+            self.copy, process.returncode,
+            "worker process %d (pid %d)" % (self.index, process.pid))
 
     def _echo(self, process: subprocess.Popen) -> None:
         """Pass the child's lines (its addresses) on to our stdout; at the
