@@ -1336,28 +1336,32 @@ def test_a_class_whose_keys_hover_at_a_whole_number_of_workers_keeps_its_members
     assert len(pool.classes["a"].members) == pool.members.width(pool.classes["a"]) == 3
 
 
+def relayed_to_an_outsider(lbs):
+    """A pool of 4 behind ``lbs`` LBs whose keys are relayed, where another
+    LB sent the key /c3 of the small class "c" to a worker skilled in it
+    but not one of its members: (the pool, that worker, the members)."""
+    pool = pool_of(4)
+    pool.lbs, pool.relayed = lbs, True
+    for i in range(4):
+        pool.new_resume("w%d" % i, {"c": 100.0, "other": 100.0})
+    for i in range(2000):  # ("c" is a small part of the requests: few members)
+        pool.put(pool.get("other", "/o%d" % (i % 400)))
+        if i % 50 == 0:
+            pool.put(pool.get("c", "/c%d" % (i % 7)))
+    stats = pool.classes["c"]
+    members = pool.members.of("c", stats)
+    outsider = next(w for w in pool.workers.values() if w not in members)
+    assert outsider in pool.skilled["c"]
+    pool.take_keys(outsider.handle, {"c": [stats.keys["/c3"] >> 64]})
+    return pool, outsider, members
+
+
 def test_a_key_another_lb_sent_to_a_skilled_worker_stays_there_though_not_a_member():
     # LBs whose keys are relayed may not agree on a class's members: each
     # ranks them by the backlogs it sees.  A key another LB sent to a
     # worker skilled in the class stays there, though this LB does not
     # count that worker a member, while it is no busier than the member
     # the key would go to: sent there, it would be loaded again.
-    def relayed_to_an_outsider(lbs):
-        pool = pool_of(4)
-        pool.lbs, pool.relayed = lbs, True
-        for i in range(4):
-            pool.new_resume("w%d" % i, {"c": 100.0, "other": 100.0})
-        for i in range(2000):  # ("c" is a small part of the requests: few members)
-            pool.put(pool.get("other", "/o%d" % (i % 400)))
-            if i % 50 == 0:
-                pool.put(pool.get("c", "/c%d" % (i % 7)))
-        stats = pool.classes["c"]
-        members = pool.members.of("c", stats)
-        outsider = next(w for w in pool.workers.values() if w not in members)
-        assert outsider in pool.skilled["c"]
-        pool.take_keys(outsider.handle, {"c": [stats.keys["/c3"] >> 64]})
-        return pool, outsider, members
-
     pool, outsider, members = relayed_to_an_outsider(2)
     handle = pool.get("c", "/c3")
     assert handle == outsider.handle
@@ -1633,18 +1637,8 @@ def test_an_infinite_gain_on_an_idle_pool_caps_a_member_as_any_balance_does():
     # (its decayed mean backlog 0) the cap was inf * 0, NaN: every member
     # was under it (NaN compared False) but a worker another LB sent a
     # key to was over it, and the key left the worker holding its data.
-    pool = pool_of(4)
-    pool.lbs, pool.relayed = 2, True
-    for i in range(4):
-        pool.new_resume("w%d" % i, {"c": 100.0, "other": 100.0})
-    for i in range(2000):  # ("c" is a small part of the requests: few members)
-        pool.put(pool.get("other", "/o%d" % (i % 400)))
-        if i % 50 == 0:
-            pool.put(pool.get("c", "/c%d" % (i % 7)))
+    pool, outsider, _ = relayed_to_an_outsider(2)
     stats = pool.classes["c"]
-    members = pool.members.of("c", stats)
-    outsider = next(w for w in pool.workers.values() if w not in members)
-    pool.take_keys(outsider.handle, {"c": [stats.keys["/c3"] >> 64]})
     stats.home_count = stats.away_count = 10.0
     stats.home_time, stats.away_time = 0.0, 1.0
     assert math.isinf(pool.locality.gain(stats))

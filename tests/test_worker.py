@@ -1505,6 +1505,26 @@ def _warnings(caplog):
             if r.name == "zc_lb.worker.wsgi" and r.levelname == "WARNING"]
 
 
+def _endless(drawn, closed):
+    """An endless body (20 MB, for a test's bound) of 1 KiB blocks: each
+    drawn counted in ``drawn``, its close() in ``closed``."""
+    try:
+        for _ in range(20000):
+            drawn.append(1)
+            yield b"x" * 1024
+    finally:
+        closed.append(True)
+
+
+def _said(connection, caplog, path):
+    """GET ``path``: (its Response, its body, whether End came, the
+    worker's warnings about it)."""
+    caplog.clear()
+    start, datas, ended = _frames(
+        connection.open_request(dict(REQUEST, PATH_INFO=path), end=True))
+    return start, b"".join(datas), ended, _warnings(caplog)
+
+
 @pytest.mark.parametrize("threads", [None, 2])
 def test_an_application_body_past_its_content_length_is_cut_at_the_worker_and_said_once(
         serve, caplog, threads):
@@ -1517,12 +1537,10 @@ def test_an_application_body_past_its_content_length_is_cut_at_the_worker_and_sa
     with caplog.at_level(logging.WARNING, logger="zc_lb.worker.wsgi"):
         for path, body in [("/long", b"x" * 10), ("/long2", b"x" * 5 + b"y" * 5),
                            ("/long3", b"x" * 10)]:
-            caplog.clear()
-            start, datas, ended = _frames(
-                connection.open_request(dict(REQUEST, PATH_INFO=path), end=True))
+            start, data, ended, warnings = _said(connection, caplog, path)
             assert start.status == "200 OK" and ended
-            assert b"".join(datas) == body, path  # (no more than its length left the worker)
-            assert _warnings(caplog) == [
+            assert data == body, path  # (no more than its length left the worker)
+            assert warnings == [
                 "the application's response to GET %s ran past its Content-Length of 10: "
                 "cut there" % path]
         caplog.clear()
@@ -1539,11 +1557,9 @@ def test_an_application_body_short_of_its_content_length_is_said_at_the_worker(
     worker, connection, _ = serve(_length_app, threads=threads)
     with caplog.at_level(logging.WARNING, logger="zc_lb.worker.wsgi"):
         for path in ["/short", "/short2"]:
-            caplog.clear()
-            start, datas, ended = _frames(
-                connection.open_request(dict(REQUEST, PATH_INFO=path), end=True))
-            assert b"".join(datas) == b"x" * 5 or b"".join(datas) == b"xxxyy"
-            assert _warnings(caplog) == [
+            start, data, ended, warnings = _said(connection, caplog, path)
+            assert data == b"x" * 5 or data == b"xxxyy"
+            assert warnings == [
                 "the application's response to GET %s ended 5 bytes short of its "
                 "Content-Length of 10 (the LB closes the client's connection after it)" % path]
 
@@ -1556,11 +1572,9 @@ def test_a_body_on_a_204_or_304_is_dropped_at_the_worker_and_said_once(
     worker, connection, _ = serve(_length_app, threads=threads)
     with caplog.at_level(logging.WARNING, logger="zc_lb.worker.wsgi"):
         for code in ["204", "304"]:
-            caplog.clear()
-            start, datas, ended = _frames(
-                connection.open_request(dict(REQUEST, PATH_INFO="/" + code), end=True))
-            assert start.status.startswith(code) and ended and b"".join(datas) == b""
-            assert _warnings(caplog) == [
+            start, data, ended, warnings = _said(connection, caplog, "/" + code)
+            assert start.status.startswith(code) and ended and data == b""
+            assert warnings == [
                 "the application's %s response to GET /%s has a body: dropped (a %s "
                 "response has none)" % (code, code, code)]
 
@@ -1573,15 +1587,7 @@ def test_an_endless_body_past_its_content_length_is_not_drawn_on(serve, threads)
 
     def app(environ, start_response):
         start_response("200 OK", [("Content-Length", "10")])
-
-        def body():
-            try:
-                for _ in range(20000):  # (20 MB, for the test's bound)
-                    drawn.append(1)
-                    yield b"x" * 1024
-            finally:
-                closed.append(True)
-        return body()
+        return _endless(drawn, closed)
 
     worker, connection, _ = serve(app, threads=threads)
     assert call(connection, {})[1] == b"x" * 10
@@ -1599,15 +1605,7 @@ def test_an_endless_body_under_a_refused_head_is_not_drawn_on(serve, threads, st
 
     def app(environ, start_response):
         start_response(status, [("X-Bad", "a\r\nb")] if status == "200 OK" else [])
-
-        def body():
-            try:
-                for _ in range(20000):  # (20 MB, for the test's bound)
-                    drawn.append(1)
-                    yield b"x" * 1024
-            finally:
-                closed.append(True)
-        return body()
+        return _endless(drawn, closed)
 
     worker, connection, _ = serve(app, threads=threads)
     response, _ = call(connection, {})
