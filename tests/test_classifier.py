@@ -181,6 +181,25 @@ def test_a_classifier_module_that_fails_as_it_loads_is_a_configuration_error_say
     assert cause in message and "%s.py, line 1" % name in message
 
 
+@pytest.mark.parametrize("spec, cause", [
+    ("nosuchmodule_zc_lb:classify", "cannot import 'nosuchmodule_zc_lb': No module named"),
+    ("zc_lb.nosuchmodule:classify", "cannot import 'zc_lb.nosuchmodule': No module named"),
+    ("os:nosuchattr", "os has no attribute 'nosuchattr'"),
+    ("os:path.nosuch", "os.path has no attribute 'nosuch'"),
+    ("os", "expected module:dotted.name"),
+    ("os:1abc", "bad name '1abc'"),
+])
+def test_a_classifier_that_cannot_be_imported_is_named_with_its_spec(spec, cause):
+    # "cannot import 'nosuchmodule_zc_lb' from ..." did not say it was the
+    # classifier: with an application given too, which of them was it?
+    with pytest.raises(ConfigurationError) as refused:
+        get_classifier(spec)
+    message = str(refused.value)
+    assert message.startswith("cannot load the classifier %s: " % spec), message
+    assert cause in message, message
+    assert message.count(spec) == 1, message
+
+
 def slow_classifier(environ):
     time.sleep(float(environ.get("SLEEP", 0)))
     return "slow"

@@ -172,9 +172,9 @@ NOWHERE = ["--listen", "nowhere"]
     (["worker"], "no application: give module:callable"),
     (["worker", APP, "--listen", "nowhere"], "expected HOST:PORT, got 'nowhere'"),
     (["worker", APP, "--listen", "127.0.0.1:70000"], "port out of range in"),
-    (["worker", APP], "cannot import %r" % NO_SUCH_MODULE),
+    (["worker", APP], "cannot load the application %s: cannot import %r" % (APP, NO_SUCH_MODULE)),
     (["worker", "zc_lb.cli.parsers:LOG_LEVELS", "--resume-file", "/"],  # (a directory: unreadable)
-     "application 'zc_lb.cli.parsers:LOG_LEVELS' is not callable"),
+     "cannot load the application zc_lb.cli.parsers:LOG_LEVELS: it is not callable"),
     (["lb"] + NOWHERE, "expected HOST:PORT, got 'nowhere'"),
     (["lb", "--keyfile", "key.pem"] + NOWHERE, "--keyfile needs --certfile"),
     (["lb", "--error-page", "/nonexistent/sorry.html"] + NOWHERE,
@@ -265,7 +265,8 @@ def test_a_worker_configured_on_a_public_address_without_a_secret_exits_2(
     secret.write_text("s3cret\n")
     for extra in (["--listen", "127.0.0.1:0"], ["--insecure"], ["--secret-file", str(secret)]):
         assert main(config + extra) == 2, extra  # the command line over the file
-        assert error_line(capsys, "worker").startswith("cannot import %r" % NO_SUCH_MODULE)
+        assert error_line(capsys, "worker").startswith(
+            "cannot load the application %s: cannot import %r" % (APP, NO_SUCH_MODULE))
 
 
 def test_without_config_sighup_is_ignored_and_with_it_the_file_is_read_again(

@@ -168,34 +168,40 @@ def regex_classifier(envkey: str, pattern: str) -> Classifier:
 
 
 def import_object(spec: str) -> object:
-    """Import ``module:dotted.name``: attribute access from the module, nothing else."""
+    """Import ``module:dotted.name``: attribute access from the module,
+    nothing else.  Its errors do not repeat ``spec``: ``load_object``
+    names it, with what it was to be."""
     module_name, sep, expr = spec.partition(":")
     if not sep or not module_name or not expr:
-        raise ConfigurationError("expected module:dotted.name, got %r" % spec)
+        raise ConfigurationError("expected module:dotted.name")
     try:
         obj: object = importlib.import_module(module_name)
     except (ImportError, TypeError, ValueError) as exc:
-        raise ConfigurationError("cannot import %r from %r: %s" % (module_name, spec, exc))
+        raise ConfigurationError("cannot import %r: %s" % (module_name, exc))
+    where = module_name
     for name in expr.split("."):
         if not name.isidentifier():
-            raise ConfigurationError("bad name %r in %r" % (name, spec))
+            raise ConfigurationError("bad name %r" % name)
         try:
             obj = getattr(obj, name)
         except AttributeError:
-            raise ConfigurationError("%r has no attribute %r (from %r)" % (obj, name, spec))
+            raise ConfigurationError("%s has no attribute %r" % (where, name))
+        where += "." + name
     return obj
 
 
 def load_object(spec: str, what: str, load: Callable[[str], object] = import_object) -> object:
     """``load(spec)`` (``import_object``), a site's ``what`` ("classifier",
-    "application"); a module that raises, or exits, as it runs is a
-    ConfigurationError with the short cause and where, not a traceback."""
+    "application"); any failure is a ConfigurationError that names
+    ``what`` and ``spec`` (an operator who gave both an application and
+    a classifier can tell which), and for a module that raises, or
+    exits, as it runs, the short cause and where, not a traceback."""
     import traceback
 
     try:
         return load(spec)
-    except ConfigurationError:
-        raise
+    except ConfigurationError as exc:
+        raise ConfigurationError("cannot load the %s %s: %s" % (what, spec, exc))
     except SyntaxError as exc:
         raise ConfigurationError("cannot load the %s %s: %s (%s, line %s)" % (
             what, spec, exc.msg, exc.filename, exc.lineno))

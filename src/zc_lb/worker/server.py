@@ -47,12 +47,14 @@ log = logging.getLogger(__name__)
 
 
 def load_app(spec: str) -> Callable:
-    """``module:callable`` or a PasteDeploy ``.ini`` file -> WSGI app."""
+    """``module:callable`` or a PasteDeploy ``.ini`` file -> WSGI app
+    (its ConfigurationErrors do not repeat ``spec``: ``load_object`` says
+    which application)."""
     if spec.endswith(".ini") or spec.startswith("config:"):
         try:
             from paste.deploy import loadapp  # type: ignore[import-untyped, import-not-found]
         except ImportError:
-            raise ConfigurationError("%s needs PasteDeploy, which is not installed" % spec)
+            raise ConfigurationError("it needs PasteDeploy, which is not installed")
         path = spec[len("config:"):] if spec.startswith("config:") else spec
         if not os.path.exists(path):
             raise ConfigurationError("no such file: %s" % path)
@@ -60,7 +62,7 @@ def load_app(spec: str) -> Callable:
     from zc_lb.routing.classifier import import_object
     app = import_object(spec)
     if not callable(app):
-        raise ConfigurationError("application %r is not callable" % spec)
+        raise ConfigurationError("it is not callable")
     return app  # type: ignore[return-value]
 
 
