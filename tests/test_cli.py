@@ -522,6 +522,47 @@ def test_a_sighup_after_a_tmp_cleaner_removed_the_copies_copies_the_file_again(t
     assert not os.path.exists(os.path.dirname(copy))
 
 
+@pytest.mark.parametrize("served", [True, False])
+def test_a_copy_a_starting_child_was_given_stays_until_it_serves_or_exits(tmp_path, served):
+    # Two SIGHUPs while a child started (importing the application) removed
+    # the copy it was given: it read the operator's file itself, which may
+    # have changed again since (and been refused by the supervisor).
+    import subprocess
+    import sys
+
+    from zc_lb.process.workergroup import Child
+
+    args, path = parsed(tmp_path, '[worker]\nhistory = 100\n', command="worker")
+    kept = reload.KeptConfig(args)
+    child = Child(0, [], kept=kept)
+    child.command = [sys.executable, "-c", "import time; time.sleep(30)"]  # (never serves)
+    try:
+        kept.served(kept.copy)  # (the children started at start serve)
+        path.write_text('[worker]\nhistory = 200\n')
+        assert kept.take()
+        child.start()  # (given the copy of history = 200)
+        given = child.copy
+        for history in (300, 400, 500):
+            path.write_text('[worker]\nhistory = %d\n' % history)
+            assert kept.take()
+        assert given is not None and "history = 200" in open(given).read()
+        if served:
+            child._serving(child.process)  # (as at its READY line)
+        child.process.kill()
+        child.process.wait()
+        if not served:
+            assert not child.set_aside(child.process)  # (status -9: started again)
+        path.write_text('[worker]\nhistory = 600\n')
+        assert kept.take()
+        assert not os.path.exists(given)  # (held no longer: removed)
+        assert len(os.listdir(kept.directory)) <= 3  # (the good, the last two read)
+    finally:
+        if child.process.poll() is None:
+            child.process.kill()
+        child.process.wait()
+        kept.remove()
+
+
 def test_a_child_of_a_supervisor_reads_its_copy_and_leaves_a_bad_file_to_it(
         tmp_path, monkeypatch, caplog):
     # Each of N children logged the file's error at each SIGHUP, after the

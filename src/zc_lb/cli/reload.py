@@ -88,6 +88,10 @@ class KeptConfig:
     it starts read in its place (``copy``, ``environ``): ``latest``, the
     file as the last SIGHUP that found it good read it (or the start),
     and ``good``, the last copy a child started from and served with.
+    A child is given its copy (``give``) and holds it until it serves
+    (``served``) or exits before it does (``set_aside``): a SIGHUP
+    removes the older copies but those, so that a child still starting
+    reads the copy it was given, not the file as it is by then.
 
     A SIGHUP reads the file, not the LB or application it makes: the
     running children refuse what they cannot apply, but a setting only a
@@ -108,6 +112,7 @@ class KeptConfig:
         self.directory: Optional[str] = None
         self.latest: Optional[str] = None  # (None: none, or set aside)
         self.good: Optional[str] = None
+        self.held: Dict[str, int] = {}  # copy -> how many children starting with it
         self.taken = 0  # (each copy is a file of its own: a child reads the one it was given)
         self.lock = threading.RLock()  # (worker -w: its threads and signal handlers)
         if getattr(args, "config", None):
@@ -120,6 +125,24 @@ class KeptConfig:
         with self.lock:
             return next((path for path in (self.latest, self.good)
                          if path is not None and os.path.exists(path)), None)
+
+    def give(self) -> Optional[str]:
+        """``copy``, for a child started now, which holds it until it
+        serves (``served``) or exits (``set_aside``); its launch that
+        failed gives it back (``release``)."""
+        with self.lock:
+            copy = self.copy
+            if copy is not None:
+                self.held[copy] = self.held.get(copy, 0) + 1
+            return copy
+
+    def release(self, copy: Optional[str]) -> None:
+        """A child given ``copy`` holds it no longer."""
+        with self.lock:
+            if copy is not None and copy in self.held:
+                self.held[copy] -= 1
+                if not self.held[copy]:
+                    del self.held[copy]
 
     def environ(self, copy: Optional[str]) -> Dict[str, str]:
         """What a child given ``copy`` needs in its environment."""
@@ -153,6 +176,7 @@ class KeptConfig:
         """A child started with ``copy`` serves: it is good (one a SIGHUP
         made older while the child started is, when none is yet)."""
         with self.lock:
+            self.release(copy)
             if copy is not None and copy == self.latest:
                 self.good, self.latest = copy, None
             elif copy is not None and self.good is None and os.path.exists(copy):
@@ -165,6 +189,7 @@ class KeptConfig:
         of ``who`` (the child, with its pid).  Whether it was (the caller
         starts the child again at once)."""
         with self.lock:
+            self.release(copy)
             if copy is None or copy != self.latest or status != ConfigurationError.exit_status:
                 return False
             self.latest = None
@@ -176,8 +201,7 @@ class KeptConfig:
         return True
 
     def _tidy(self) -> str:
-        """Remove the copies no child is given any more (a child given
-        one since the last SIGHUP has read it by the next); the directory,
+        """Remove the copies no child is given any more, nor holds; the directory,
         made anew if something removed it (a cleaner of $TMPDIR's old
         files: until then, children read the file itself)."""
         assert self.directory is not None
@@ -194,7 +218,7 @@ class KeptConfig:
             names = []
         for name in names:
             path = os.path.join(self.directory, name)
-            if path not in (self.latest, self.good):
+            if path not in (self.latest, self.good) and path not in self.held:
                 with contextlib.suppress(OSError):
                     os.remove(path)
         return self.directory

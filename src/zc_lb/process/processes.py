@@ -139,7 +139,7 @@ class Child:
         self.started = time.monotonic()
         self.ready = False
         self.missed.clear()  # (it reads --config and opens its log from now on)
-        self.copy = self.kept.copy if self.kept is not None else None
+        self.copy = self.kept.give() if self.kept is not None else None
         env = dict(os.environ, **(self.kept.environ(self.copy) if self.kept is not None else {}))
         env.pop("NOTIFY_SOCKET", None)  # the supervisor is the service's main process
         self.launched.clear()  # (Popen yields: a stop meanwhile waits for the process)
@@ -147,6 +147,10 @@ class Child:
             self.process = gevent.subprocess.Popen(
                 self.argv, pass_fds=self.fds, stdout=subprocess.PIPE, text=True, env=env,
                 preexec_fn=die_with_parent(os.getpid()), cwd=self.cwd)
+        except BaseException:
+            if self.kept is not None:
+                self.kept.release(self.copy)  # (no process holds it)
+            raise
         finally:
             self.refused.clear()  # (once the process is new: the last one's refusals go)
             self.launched.set()

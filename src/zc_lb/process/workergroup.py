@@ -157,13 +157,18 @@ class Child:
 
         fds = () if self.sock is None else (self.sock.fileno(), )
         with self.lock:
-            self.copy = self.kept.copy if self.kept is not None else None
+            self.copy = self.kept.give() if self.kept is not None else None
             env = dict(os.environ, **(self.kept.environ(self.copy) if self.kept else {}))
             self.ready = False
             self.missed.clear()  # (it reads --config and opens its log from now on)
-            self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, text=True,
-                                            pass_fds=fds, cwd=self.cwd, env=env,
-                                            preexec_fn=die_with_parent(os.getpid()))
+            try:
+                self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE,
+                                                text=True, pass_fds=fds, cwd=self.cwd, env=env,
+                                                preexec_fn=die_with_parent(os.getpid()))
+            except BaseException:
+                if self.kept is not None:
+                    self.kept.release(self.copy)  # (no process holds it)
+                raise
         self.started = time.monotonic()
         threading.Thread(target=self._echo, args=(self.process,), daemon=True).start()
 
