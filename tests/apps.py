@@ -12,6 +12,9 @@ One app, dispatching on the path:
     /bighead?KB  answers with a response head of KB kibibytes (one long header)
     /error       raises
     /upload-slow reads the body slowly; writes a mark file if cancelled
+    /endless     streams 1 KiB blocks, no Content-Length, for at most 20 s
+                 (?late: start_response in its first block); its close()
+                 writes the mark file "closed", holding how many it gave
 
 With ZC_LB_TEST_FAIL=1 in its environment a worker answers 500 at once to
 everything: a broken deploy.
@@ -33,11 +36,11 @@ def _text(start_response, text, status="200 OK"):
     return [body]
 
 
-def _mark(name):
+def _mark(name, text=None):
     directory = os.environ.get("ZC_LB_TEST_MARKS")
     if directory:
         with open(os.path.join(directory, name), "w") as f:
-            f.write(str(os.getpid()))
+            f.write(str(os.getpid()) if text is None else text)
 
 
 def _count(environ):
@@ -60,6 +63,33 @@ def _upload_slow(environ, start_response):
         _mark("cancelled")
         raise
     return _text(start_response, "done")
+
+
+class _Endless:
+    """A body without end (20 s at most, for a test's bound), whose
+    close() writes the mark "closed", holding how many blocks it gave;
+    ``late``: start_response called in its first block."""
+
+    def __init__(self, start_response, late):
+        self.start_response, self.late, self.given = start_response, late, 0
+        if not late:
+            self._start()
+
+    def _start(self):
+        self.start_response("200 OK", [("Content-Type", "application/octet-stream"),
+                                       ("X-Endless", "yes")])
+
+    def __iter__(self):
+        if self.late:
+            self._start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and self.given < 1000000:
+            self.given += 1
+            yield b"e" * 1024
+            gevent.sleep(0)  # (--greenlets: the worker's loop goes on)
+
+    def close(self):
+        _mark("closed", str(self.given))
 
 
 def app(environ, start_response):
@@ -104,5 +134,7 @@ def app(environ, start_response):
         raise RuntimeError("application failure, on purpose")
     elif path == "/upload-slow":
         return _upload_slow(environ, start_response)
+    elif path == "/endless":
+        return _Endless(start_response, query == "late")
     return _text(start_response, "%s %s\n" % (
         environ.get("zc_lb.worker"), environ.get("zc_lb.request_class")))

@@ -527,6 +527,30 @@ def test_client_disconnecting_mid_upload_cancels_the_workers_request(cluster, tm
     assert request(lb)[0] == 200
 
 
+@pytest.mark.parametrize("mode", [(), ("--greenlets",)], ids=["threads", "greenlets"])
+def test_a_head_to_an_endless_body_is_answered_at_once_and_the_body_closed(
+        cluster, tmp_path, mode):
+    # The worker drew the body on (a HEAD's goes nowhere) until it ended,
+    # and the client had its answer only then: an endless one, never.
+    lb, workers = cluster(1, worker_args=mode, env={"ZC_LB_TEST_MARKS": str(tmp_path)})
+    host, port = lb.address.split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=15)
+    try:
+        for query, given in (("", "0"), ("?late", "1")):  # (late: in its first block)
+            connection.request("HEAD", "/endless" + query, headers={"Host": "x"})
+            response = connection.getresponse()
+            assert (response.status, response.getheader("X-Endless")) == (200, "yes")
+            assert response.read() == b""
+            closed = tmp_path / "closed"
+            wait_for(closed.exists, message="the body's close() called")
+            assert closed.read_text() == given  # (no block drawn after start_response)
+            closed.unlink()
+        connection.request("GET", "/", headers={"Host": "x"})  # (the connection goes on)
+        assert connection.getresponse().status == 200
+    finally:
+        connection.close()
+
+
 def test_a_large_upload_arrives_intact_however_it_comes_and_the_next_request_follows(cluster):
     """A large body of a plain Content-Length is counted off the LB's
     reads as they come and handed on in pieces of the worker's reads

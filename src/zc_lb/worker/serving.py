@@ -289,9 +289,17 @@ def _send_blocks(result: Iterable, writer: ResponseWriter,
     """The application's body, block by block, through ``sink`` (its
     ``writer``, or a pool thread's output), then its end.  None of it is
     drawn once it went past its Content-Length (the writer's ``limit``
-    -1), or once its head was refused (a 500 went instead, whole): the
-    rest would go nowhere, and an endless one would run on."""
+    -1), or once its head was refused (a 500 went instead, whole), nor,
+    for a HEAD, once the application called start_response (before its
+    first block, or in it): the rest would go nowhere, and an endless one
+    would run on."""
+    head = writer.head
+    if head and writer.status is not None:
+        sink.finish()  # (the head and End, at once)
+        return
     for data in result:
+        if head and writer.status is not None:
+            break
         if data:
             sink.write(data)
             if writer.limit == -1 or writer.refused:
