@@ -410,6 +410,44 @@ def test_a_body_unlike_its_head_from_a_worker_is_said_as_the_applications_not_a_
     assert not s.lb.fleet.ejector.ejected("127.0.0.1:%d" % port)
 
 
+class _PastStatusWorker(Worker):
+    """A worker that passes on an application's status past 599, as one
+    of the release before did (the protocol is the same)."""
+
+    def handle_request(self, connection, exchange):
+        gevent.spawn(self._answer, connection, exchange)
+
+    def _answer(self, connection, exchange):
+        weird = exchange.receive().environ.get("PATH_INFO") == "/weird"
+        frame = connection.protocol.respond(exchange.rno, "200 Beyond",
+                                            [("Content-Length", "5")], b"weird", True)
+        connection.write(frame.replace(b"HTTP/1.1 200 ", b"HTTP/1.1 600 ", 1) if weird
+                         else frame)
+
+
+@pytest.mark.parametrize("wsgi", [False, True], ids=["standalone", "embedded"])
+def test_a_status_past_599_from_an_older_worker_reaches_a_host_server_that_takes_it(
+        stack, caplog, wsgi):
+    # Run as a plain WSGI application under a server that refuses such a
+    # status, the LB answered 502 saying "worker sent a response head HTTP
+    # forbids": which worker, and that the status was the application's,
+    # went unsaid.  Standalone, it goes on as the worker sent it.
+    s = stack(ok_app, worker_class=_PastStatusWorker, wsgi=wsgi)
+    port = s.worker.address[1]
+    client = s.client()
+    with caplog.at_level(logging.WARNING):
+        status, _, body = client.request(path="/weird")
+    if not wsgi:
+        assert (status, body) == (600, b"weird")
+        assert _said(caplog, "zc_lb") == []
+        return
+    assert status == 502
+    assert _said(caplog, "zc_lb") == [
+        "502 for GET /weird: worker 127.0.0.1:%d's response head (status '600 Beyond') was "
+        "refused by the WSGI server running the LB: invalid status '600 Beyond'" % port]
+    assert client.request(path="/next")[0] == 200  # (the connection goes on)
+
+
 def _head_streaming_app(environ, start_response):
     start_response("200 OK", [("Content-Type", "text/plain")])  # no Content-Length
     return iter([b"streamed"])

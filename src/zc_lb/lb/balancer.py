@@ -173,7 +173,7 @@ class LB:
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         """The LB as a plain WSGI application (run by another server)."""
-        return self.forward(environ, WSGIResponder(start_response))
+        return self.forward(environ, WSGIResponder(start_response, environ))
 
     def forward(self, environ: dict, responder: Responder) -> Iterable[bytes]:
         """The LB as the front server's Forwarder (front/forwarder.py):
@@ -483,18 +483,22 @@ class WSGIResponder:
     front: a worker's ready head goes as its fields, and no client socket
     is watched for a hang-up."""
 
-    def __init__(self, start_response: Callable) -> None:
+    def __init__(self, start_response: Callable, environ: Optional[dict] = None) -> None:
         self.start_response = start_response
+        self.environ = environ  # (the request's: the worker it went to, for errors)
         self.sock: Any = None
 
     def start_ready(self, status: str, head: bytes, length: Optional[int]) -> Callable:
         """Start the response with the head's fields, as WSGI does; a
-        status or field the server refuses is the worker's fault
-        (BadResponse)."""
+        status or field the server refuses (an older worker passes on an
+        application's status past 599, which some servers refuse) is a
+        BadResponse naming the worker and the status."""
         try:
             return self.start_response(status, head_fields(head))
         except Exception as exc:
-            raise BadResponse("worker sent a response head HTTP forbids: %s" % exc)
+            worker = (self.environ or {}).get(WORKER)
+            raise BadResponse("worker %s's response head (status %r) was refused by the "
+                              "WSGI server running the LB: %s" % (worker, status, exc))
 
 
 def _has_body(environ: dict, limit: Optional[int]) -> bool:
