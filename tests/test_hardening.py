@@ -516,6 +516,25 @@ def test_malformed_chunked_upload_gets_400(stack):
     assert status == 400
 
 
+def test_a_clients_bad_or_too_large_body_is_said_at_info_not_as_a_warning(stack, caplog):
+    # A body refused for what the client sent (a bad chunk: 400; over
+    # --max-request-body: 413) was a WARNING from the balancer, while a
+    # refused head is one INFO line (docs/reference/http.rst): any client
+    # could fill an operator's warnings.
+    s = stack(ok_app, max_request_body=10)
+    with caplog.at_level(logging.INFO, logger="zc_lb"):
+        client = s.client(timeout=3)
+        client.send(b"POST /bad HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n"
+                    b"\r\n5\r\nabcdeXX")
+        assert client.response("POST")[0] == 400
+        client = s.client(timeout=3)
+        client.send(b"POST /big HTTP/1.1\r\nHost: a.example\r\nContent-Length: 11\r\n\r\n")
+        assert client.response("POST")[0] == 413
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "zc_lb.lb.balancer"]
+    assert [text.split(":")[0] for _, text in said] == ["400 for POST /bad", "413 for POST /big"]
+    assert {level for level, _ in said} == {logging.INFO}
+
+
 def _line_echo_app(environ, start_response):
     # A streaming (full-duplex) app: one output line per input line.
     start_response("200 OK", [("Content-Type", "text/plain")])

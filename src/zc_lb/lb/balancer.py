@@ -41,6 +41,7 @@ from zc_lb.lb.fleet import Fleet
 from zc_lb.lb.links import LinkConfig
 from zc_lb.errors import (
     BadResponse,
+    ClientError,
     ClientGone,
     ConnectionClosed,
     ConnectionLost,
@@ -390,8 +391,8 @@ class LB:
             message = "%s; %s" % (message, refused)
             environ[ERROR] = cause + ",retry-refused"
         self.counters.count_error(status, cause, message, environ)
-        log.warning("%d for %s %s: %s", status, environ.get("REQUEST_METHOD"),
-                    environ.get("PATH_INFO"), message)
+        log.log(_log_level(exc), "%d for %s %s: %s", status, environ.get("REQUEST_METHOD"),
+                environ.get("PATH_INFO"), message)
         # A 503 asks again about when a worker may be back; a body nobody
         # wants could take forever to read: hang up instead (and after a
         # body too large, whether or not it has all come).
@@ -499,6 +500,13 @@ class WSGIResponder:
             worker = (self.environ or {}).get(WORKER)
             raise BadResponse("worker %s's response head (status %r) was refused by the "
                               "WSGI server running the LB: %s" % (worker, status, exc))
+
+
+def _log_level(exc: ZcLbError) -> int:
+    """How an error answered is logged: the client's own (a bad or too
+    large body) at INFO, as the front logs a refused head (any client
+    could fill the warnings otherwise); the LB's and workers' as warnings."""
+    return logging.INFO if isinstance(exc, ClientError) else logging.WARNING
 
 
 def _has_body(environ: dict, limit: Optional[int]) -> bool:
