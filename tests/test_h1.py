@@ -242,6 +242,7 @@ SIMPLE_VARIANTS = [
     b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n",
     b"GET /%zz HTTP/1.1\r\nHost: a\r\n\r\n",
     b"GET /a#frag HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"GET http://b.example#frag HTTP/1.1\r\nHost: a\r\n\r\n",  # (llhttp: 400; by hand: 200)
     b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close, x-a\r\nX-A: 1\r\n\r\n",
     b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
     b"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",

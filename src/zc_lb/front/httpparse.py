@@ -20,8 +20,9 @@ Decisions (docs/reference/http.rst says the same to operators):
   to path + query, and its authority replaces the Host field (RFC 9112
   3.2.2); asterisk-form only with OPTIONS; authority-form only with
   CONNECT, which is refused with 501 like every upgrade (we proxy no
-  tunnels); a fragment is cut off; only printable ASCII is accepted, and
-  ``%`` in the path must start a valid escape (the query, passed through
+  tunnels); a fragment is cut off (right after an absolute-form's host,
+  with no path, it is 400, as llhttp has it); only printable ASCII is
+  accepted, and ``%`` in the path must start a valid escape (the query, passed through
   untouched, may hold a lone ``%``);
 - versions: HTTP/1.0 and HTTP/1.1; HTTP/1.2-1.9 are served as 1.1 (RFC
   9110 2.5); other majors get 505;
@@ -176,6 +177,8 @@ def _target(method: str, target: bytes) -> Tuple[str, Optional[str]]:
         scheme, host, target = match.groups()
         if scheme.lower() not in (b"http", b"https") or not host or b"@" in host:
             raise BadRequest("invalid absolute-form target")
+        if target[:1] == b"#":  # (llhttp refuses a fragment right after the host)
+            raise BadRequest("fragment after the host of an absolute-form target")
         authority = host.decode("ascii")
         target = target if target.startswith(b"/") else b"/" + target
     # As text from here: ``b"#" in target`` cost half a microsecond, as
