@@ -232,3 +232,22 @@ def test_signals_that_come_while_the_last_is_handled_are_logged_when_the_process
     handled(signal.SIGUSR2, restart, caplog)
     assert any("SIGUSR2 came while SIGUSR2 was handled" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+def test_a_second_wait_for_signal_in_the_process_gets_its_signals(caplog):
+    # The first left its watchers behind: once the signal's disposition was
+    # put back (by a test, or a library), the second never saw its signal.
+    import signal
+
+    import gevent
+
+    got_by_python = []
+    previous = signal.signal(signal.SIGUSR1, lambda *_: got_by_python.append(1))
+    try:
+        for _ in range(2):
+            with gevent.Timeout(5):
+                handled(signal.SIGUSR1, lambda: True, caplog)
+            signal.signal(signal.SIGUSR1, lambda *_: got_by_python.append(1))
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert got_by_python == []

@@ -213,11 +213,13 @@ def wait_for_signal(handlers: dict, ready=None) -> None:
     pending.queue = signals
     handlers = dict(handlers)
     handlers.setdefault("SIGHUP", ignore_sighup)  # its default would kill us
-    for name in handlers:
-        gevent.signal_handler(getattr(signal, name), signals.put, (name, "got " + name))
-    if ready is not None:
-        ready()
+    # (cancelled on return: a watcher left behind keeps its signal from
+    # the next watchers of this process, which libev then never installs)
+    watchers = [gevent.signal_handler(getattr(signal, name), signals.put, (name, "got " + name))
+                for name in handlers]
     try:
+        if ready is not None:
+            ready()
         while True:
             name, why = signals.get()
             log.info("%s", why)
@@ -233,6 +235,8 @@ def wait_for_signal(handlers: dict, ready=None) -> None:
                 return
     finally:
         pending.queue = None
+        for watcher in watchers:
+            watcher.cancel()
 
 
 def parse_listeners(args: argparse.Namespace) -> List[Tuple[str, str]]:
