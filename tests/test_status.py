@@ -280,6 +280,21 @@ def test_fetch_failures_name_the_url_and_who_is_at_fault(serve):
         fetch(serve(status_app(lambda: {})), action="shutdown")
 
 
+def test_a_503_is_nothing_answering_not_a_refusal(serve):
+    # A --processes N supervisor answers an action 503 when its children
+    # did not answer in time: zc-lb drain said "answered 503" and exited 2
+    # ("fix it") where asking again later is all there is to do.
+    def busy(environ, start_response):
+        start_response("503 Service Unavailable", [("Content-Type", "application/json")])
+        return [b'{"error": "drain: no answer from LB process 1 (try again)"}']
+    address = serve(busy)
+    with pytest.raises(ZcLbError) as info:
+        fetch(address, action="drain", params={"worker": "10.0.0.1:9001"})
+    assert type(info.value) is ZcLbError and info.value.exit_status == 1
+    assert str(info.value) == ("http://%s/drain?worker=10.0.0.1%%3A9001 answered 503: drain: "
+                               "no answer from LB process 1 (try again)" % address)
+
+
 def test_zc_lb_status_and_the_actions_read_an_answer_and_its_failures_in_one_place(serve):
     # fetch and zc-lb status's fetch_status each mapped urllib's errors to
     # messages of their own making, alike but for the words.

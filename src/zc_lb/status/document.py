@@ -9,6 +9,7 @@ Prometheus metrics at ``/metrics`` (status/metrics.py) and ``/healthz``;
 from __future__ import annotations
 
 import collections
+import contextlib
 import hmac
 import http.client
 import json
@@ -17,10 +18,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import orjson
-from webob import Request, Response
+from webob import Request, Response  # type: ignore[import-untyped]
 
 from zc_lb.errors import ConfigurationError, ZcLbError
 from zc_lb.lb.stats import MAX_COUNTED_CLASSES, OTHER_CLASS, STATUS_CLASSES, top_classes
@@ -57,7 +58,7 @@ class RequestHistory:
                 for (t0, n0), (t1, n1) in zip(samples, samples[1:])]
 
     def start(self) -> "RequestHistory":
-        import gevent
+        import gevent  # type: ignore[import-untyped]
 
         def loop() -> None:
             while True:
@@ -180,7 +181,7 @@ def _post(request: Request, actions: Dict[str, Callable[..., object]],
     if action is None:
         return _as_json({"error": "no such action", "actions": sorted(actions)}, 404)
     try:
-        result = action(**dict(request.GET))
+        result: Any = action(**dict(request.GET))
     except (ConfigurationError, TypeError) as exc:
         return _as_json({"error": "%s: %s" % (name, exc)}, 400)
     log.warning("status action %s %s by %s", name, dict(request.GET), request.remote_addr)
@@ -391,19 +392,38 @@ def fetch(address: str, timeout: float = 5.0, action: Optional[str] = None,
     """Get the status document from an LB's status address, ``params``
     its query (or POST to one of its actions, with ``params`` and the
     admin ``token``, and get the answer, which says it was ``done``).
-    Nothing answering there is a ZcLbError (exit status 1); an answer
-    that is no zc-lb status server's, or a refusal, a ConfigurationError
-    (2): the address, the token or the worker given is wrong."""
+    Nothing answering there (or a 503: try again) is a ZcLbError (exit
+    status 1); an answer that is no zc-lb status server's, or a refusal,
+    a ConfigurationError (2): the address, the token or the worker given
+    is wrong.  (process/asking.py asks the same, over gevent's sockets.)"""
+    url, data = status_request(address, action, params)
+    request = urllib.request.Request(url, data=data)
+    if token is not None:
+        request.add_header("Authorization", "Bearer " + token.decode("latin-1"))
+    code, _, body, reason = answer_at(request, url, timeout)
+    return status_answer(url, action, code, body, reason)
+
+
+def status_request(address: str, action: Optional[str] = None,
+                   params: Optional[Dict[str, str]] = None) -> Tuple[str, Optional[bytes]]:
+    """The URL that ``fetch`` asks at ``address`` (its ``action``, its
+    query ``params``), and its body: b"" for an action's POST, None for a GET."""
     url = address if "://" in address else "http://%s/" % address
     data = None
     if action is not None:
         url, data = url.rstrip("/") + "/" + action, b""
     if params:
         url += "?" + urllib.parse.urlencode(params)
-    request = urllib.request.Request(url, data=data)
-    if token is not None:
-        request.add_header("Authorization", "Bearer " + token.decode("latin-1"))
-    code, _, body, reason = answer_at(request, url, timeout)
+    return url, data
+
+
+def status_answer(url: str, action: Optional[str], code: int, body: bytes,
+                  reason: str) -> dict:
+    """The status document (or an ``action``'s answer) that ``url``
+    answered with HTTP status ``code``, ``body`` and ``reason``; the
+    errors ``fetch`` raises for an answer that is none."""
+    if code == 503:  # (a supervisor none of whose children answered: try again)
+        raise ZcLbError("%s answered %s: %s" % (url, code, _said(body, reason)))
     if not 200 <= code < 300:  # (what urllib raises for)
         raise ConfigurationError("%s answered %s: %s" % (url, code, _said(body, reason)))
     try:
@@ -420,6 +440,19 @@ def fetch(address: str, timeout: float = 5.0, action: Optional[str] = None,
     return answer
 
 
+@contextlib.contextmanager
+def answering(where: str, unreachable: str = "cannot get status from %s") -> Iterator[None]:
+    """The errors of asking ``where``: nothing answering (refused, timed
+    out: an OSError) a ZcLbError saying ``unreachable`` (of ``where``)
+    and why; an answer not in HTTP, or no address, a ConfigurationError."""
+    try:
+        yield
+    except OSError as exc:  # refused, timed out: nothing answers
+        raise ZcLbError("%s: %s" % (unreachable % where, getattr(exc, "reason", exc)))
+    except (http.client.HTTPException, ValueError) as exc:  # not HTTP, or no address
+        raise ConfigurationError("%s is not a zc-lb status server: %s" % (where, _named(exc)))
+
+
 def answer_at(request, where: str, timeout: float = 5.0,
               unreachable: str = "cannot get status from %s") -> Tuple[int, str, bytes, str]:
     """What answers ``request`` (a URL, or a urllib Request), named
@@ -427,21 +460,18 @@ def answer_at(request, where: str, timeout: float = 5.0,
     an error status's too.  Nothing answering is a ZcLbError (exit
     status 1: try again), saying ``unreachable`` (of ``where``) and why;
     an answer not in HTTP, or no address, a ConfigurationError (2: fix
-    it).  For ``zc-lb status`` and the actions alike."""
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return (response.status, response.headers.get_content_type(), response.read(),
-                    str(response.reason))
-    except urllib.error.HTTPError as exc:
+    it) (``answering``).  For ``zc-lb status`` and the actions alike."""
+    with answering(where, unreachable):
         try:
-            body = exc.read()
-        except (OSError, http.client.HTTPException):
-            body = b""
-        return exc.code, exc.headers.get_content_type(), body, str(exc.reason)
-    except OSError as exc:  # refused, timed out: nothing answers
-        raise ZcLbError("%s: %s" % (unreachable % where, getattr(exc, "reason", exc)))
-    except (http.client.HTTPException, ValueError) as exc:  # not HTTP, or no address
-        raise ConfigurationError("%s is not a zc-lb status server: %s" % (where, _named(exc)))
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return (response.status, response.headers.get_content_type(), response.read(),
+                        str(response.reason))
+        except urllib.error.HTTPError as exc:
+            try:
+                body = exc.read()
+            except (OSError, http.client.HTTPException):
+                body = b""
+            return exc.code, exc.headers.get_content_type(), body, str(exc.reason)
 
 
 def _named(error: Exception) -> str:
