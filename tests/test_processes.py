@@ -110,7 +110,7 @@ def test_the_supervisor_sums_a_silent_child_as_it_last_was_and_acts_on_every_chi
             raise answer
         return answer
 
-    monkeypatch.setattr(processes, "fetch", fetch)
+    monkeypatch.setattr(processes, "ask", fetch)
     supervisor = Supervisor(2, ["lb"], ("127.0.0.1", 0))
     supervisor.children = [processes.Child(i, [], -1, "INFO", None, None) for i in range(2)]
     for i, child in enumerate(supervisor.children):
@@ -139,7 +139,7 @@ def test_a_supervisors_retried_enable_succeeds_and_says_whether_it_changed_anyth
         changed, drained[address] = drained[address], False
         return {"worker": params["worker"], "changed": changed, "done": action}
 
-    monkeypatch.setattr(processes, "fetch", fetch)
+    monkeypatch.setattr(processes, "ask", fetch)
     supervisor = Supervisor(2, ["lb"], ("127.0.0.1", 0))
     supervisor.children = [processes.Child(i, [], -1, "INFO", None, None) for i in range(2)]
     for i, child in enumerate(supervisor.children):
@@ -165,7 +165,7 @@ def supervisor_of(monkeypatch, documents):
         app = status_app(documents[address])
         return json.loads(b"".join(app(environ, lambda status, headers: None)))
 
-    monkeypatch.setattr(processes, "fetch", fetch)
+    monkeypatch.setattr(processes, "ask", fetch)
     supervisor = Supervisor(len(documents), ["lb"], ("127.0.0.1", 0))
     supervisor.children = [processes.Child(i, [], -1, "INFO", None, None)
                            for i in range(len(documents))]
@@ -210,7 +210,7 @@ def test_a_child_started_again_gets_the_signals_and_drains_that_came_meanwhile(
     from zc_lb.process import processes
 
     asked = []
-    monkeypatch.setattr(processes, "fetch", lambda address, action=None, params=None,
+    monkeypatch.setattr(processes, "ask", lambda address, action=None, params=None,
                         token=None, **_: asked.append((action, params["worker"])) or {
                             "done": action})
     monkeypatch.setattr(processes, "RESTART_MIN", 0.0)
@@ -407,7 +407,7 @@ def watched_child(monkeypatch, fetch):
 
     from zc_lb.process import drains, processes
 
-    monkeypatch.setattr(processes, "fetch", fetch)
+    monkeypatch.setattr(processes, "ask", fetch)
     monkeypatch.setattr(processes, "RESTART_MIN", 0.0, raising=False)
     monkeypatch.setattr(drains, "DRAIN_RETRY", 0.01)
     supervisor, child = one_child(STARTING_CHILD, "/dev/null")
@@ -504,7 +504,7 @@ def test_a_worker_enabled_while_its_drain_went_to_a_child_ends_enabled_there(mon
         return {"worker": worker, "changed": True, "done": action}
 
     fetch.enabled = False
-    monkeypatch.setattr(processes, "fetch", fetch)
+    monkeypatch.setattr(processes, "ask", fetch)
     supervisor.children = [processes.Child(0, [], -1, "INFO", None, None)]
     serving(supervisor.children[0], "c0")
     supervisor.drains.drained.add(worker)
@@ -534,7 +534,7 @@ def test_a_drain_some_children_took_is_held_for_the_others_until_they_know_the_w
         (drained_in.add if action == "drain" else drained_in.discard)(address)
         return {"worker": worker, "changed": True, "done": action}
 
-    monkeypatch.setattr(processes, "fetch", fetch)
+    monkeypatch.setattr(processes, "ask", fetch)
     monkeypatch.setattr(drains, "DRAIN_RETRY", 0.01)
     supervisor = processes.Supervisor(2, ["lb"], ("127.0.0.1", 0))
     supervisor.children = [processes.Child(i, [], -1, "INFO") for i in (0, 1)]
@@ -593,7 +593,7 @@ def test_a_child_started_again_while_its_drain_was_asked_again_is_not_left_refus
             raise ConfigurationError("cannot reach LB process 0")
         return {"worker": worker, "changed": True, "done": action}
 
-    monkeypatch.setattr(processes, "fetch", fetch)
+    monkeypatch.setattr(processes, "ask", fetch)
     monkeypatch.setattr(drains, "DRAIN_RETRY", 0.01)
     monkeypatch.setattr(gevent.subprocess, "Popen", popen)
     supervisor = processes.Supervisor(1, ["lb"], ("127.0.0.1", 0))
@@ -629,7 +629,7 @@ def test_a_child_that_starts_serving_while_a_drain_is_asked_is_given_it(monkeypa
         drained_in.add(address)
         return {"worker": worker, "changed": True, "done": action}
 
-    monkeypatch.setattr(processes, "fetch", fetch)
+    monkeypatch.setattr(processes, "ask", fetch)
     supervisor.action("drain")(worker=worker)
     assert drained_in == {"c0", "c1"} and worker in supervisor.drains.drained
 
@@ -713,7 +713,7 @@ def test_the_supervisors_health_checks_ask_its_children_for_the_bounded_document
         asked.append(params)
         return {"requests": 1, "workers": {}, "full": bool(params)}
 
-    monkeypatch.setattr(processes, "fetch", fetch)
+    monkeypatch.setattr(processes, "ask", fetch)
     supervisor = Supervisor(1, ["lb"], ("127.0.0.1", 0))
     supervisor.children = [processes.Child(0, [], -1, "INFO", None, None)]
     supervisor.children[0].status = "c0"
@@ -1057,7 +1057,7 @@ def test_an_enable_while_a_child_started_again_catches_up_on_its_drain_is_taken(
                     answers.append(exc)
         raise ConfigurationError("answered 400: %s: no worker %s" % (action, worker))
 
-    monkeypatch.setattr(processes, "fetch", fetch)
+    monkeypatch.setattr(processes, "ask", fetch)
     monkeypatch.setattr(drains, "DRAIN_RETRY", 0.01)
     supervisor.children = [processes.Child(0, [], -1, "INFO", None, None)]
     child = supervisor.children[0]
@@ -1071,3 +1071,114 @@ def test_an_enable_while_a_child_started_again_catches_up_on_its_drain_is_taken(
     assert supervisor.action("enable")(worker=one) == {"worker": one, "changed": False}
     assert supervisor.drains.drained == set()
     wait_until(lambda: not child.refused)
+
+
+@pytest.fixture
+def supervised(monkeypatch):
+    """A Supervisor, in this process, of two real LB processes and their
+    one worker (both connected); its children given 0.5 s to answer for
+    their status, 1 s for an action.  Every child is resumed (SIGCONT)
+    and stopped after."""
+    from zc_lb.process import processes
+
+    monkeypatch.setattr(processes, "STATUS_TIMEOUT", 0.5)
+    monkeypatch.setattr(processes, "ACTION_TIMEOUT", 1.0)
+    worker = WorkerProcess("apps:app", env=ENV).start()
+    supervisor = processes.Supervisor(2, ["--worker", worker.address], ("127.0.0.1", 0))
+    try:
+        supervisor.start()
+        wait_until(lambda: [w.get("connected") for w in supervisor.status()["workers"].values()]
+                   == [True])
+        yield supervisor, worker.address
+    finally:
+        for child in supervisor.children:
+            if child.process is not None and child.process.poll() is None:
+                os.kill(child.process.pid, signal.SIGCONT)
+        supervisor.stop(timeout=5)
+        worker.kill()
+
+
+def test_a_stopped_child_holds_up_neither_the_supervisors_status_nor_its_signals(supervised):
+    # The supervisor asked its children one after another with urllib,
+    # blocking: a child stopped (SIGSTOP) or stuck held its whole loop for
+    # the timeout, each status request after another, and a signal waited.
+    import threading
+    import time
+
+    import gevent
+
+    supervisor, _ = supervised
+    stopped = supervisor.children[0]
+    os.kill(stopped.process.pid, signal.SIGSTOP)
+    handled = []
+    watcher = gevent.signal_handler(signal.SIGUSR2, lambda: handled.append(time.monotonic()))
+    try:
+        started = time.monotonic()
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGUSR2)).start()
+        asking = [gevent.spawn(supervisor.status) for _ in range(2)]
+        asking.append(gevent.spawn(supervisor.status, full=False))
+        gevent.joinall(asking, timeout=10)
+        took = time.monotonic() - started
+        assert handled and handled[0] - started < 0.4, handled
+    finally:
+        watcher.cancel()
+    assert took < 0.9, took  # (one child's timeout, 0.5 s: not three, nor six)
+    for greenlet in asking:
+        assert [p["stale"] for p in greenlet.get()["processes"]] == [True, False]
+
+
+def test_an_action_no_child_answers_is_a_503_naming_the_processes(supervised):
+    # It was a ConfigurationError, answered 400, "your request is wrong",
+    # though asking again later is all the operator can do.
+    import time
+
+    from zc_lb.errors import ChildUnavailable
+    from zc_lb.status.document import status_app
+
+    supervisor, worker = supervised
+    for child in supervisor.children:
+        os.kill(child.process.pid, signal.SIGSTOP)
+    started = time.monotonic()
+    with pytest.raises(ChildUnavailable, match=r"drain failed: no answer from LB processes "
+                                               r"0, 1 \(try again\): process 0: .*timed out"):
+        supervisor.action("drain")(worker=worker)
+    assert time.monotonic() - started < 1.5  # (asked at once: one timeout, not two)
+    assert worker not in supervisor.drains.drained  # (nobody took it: not held)
+    app = status_app(supervisor.status, {"enable": supervisor.action("enable")})
+    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/enable", "REMOTE_ADDR": "127.0.0.1",
+               "QUERY_STRING": "worker=" + worker}
+    said = []
+    body = b"".join(app(environ, lambda status, headers: said.append(status)))
+    assert said == ["503 Service Unavailable"]
+    assert json.loads(body)["error"].startswith(
+        "enable: enable failed: no answer from LB processes 0, 1 (try again): ")
+
+
+def test_two_actions_reach_each_child_in_the_order_they_came(monkeypatch):
+    # Actions ran side by side: an enable that came while a drain was on
+    # its way to a slow child reached that child first, and the worker
+    # ended drained there.
+    import gevent
+
+    from zc_lb.process import processes
+
+    worker, seen = "10.0.0.1:9001", {"c0": [], "c1": []}
+
+    def ask(address, action=None, params=None, token=None, **_):
+        if address == "c0" and action == "drain":
+            gevent.sleep(0.2)  # (slow to get there)
+        seen[address].append(action)
+        return {"worker": worker, "changed": True, "done": action}
+
+    monkeypatch.setattr(processes, "ask", ask)
+    supervisor = processes.Supervisor(2, ["lb"], ("127.0.0.1", 0))
+    supervisor.children = [processes.Child(i, [], -1, "INFO") for i in (0, 1)]
+    for child, status in zip(supervisor.children, ("c0", "c1")):
+        serving(child, status)
+    actions = [gevent.spawn(supervisor.action(name), worker=worker)
+               for name in ("drain", "enable", "drain", "reset-skills")]
+    gevent.joinall(actions, timeout=5, raise_error=True)
+    assert seen == {"c0": ["drain", "enable", "drain", "reset-skills"],
+                    "c1": ["drain", "enable", "drain", "reset-skills"]}
+    assert worker in supervisor.drains.drained
+

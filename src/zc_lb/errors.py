@@ -62,6 +62,15 @@ class BufferUnreadable(ZcLbError):
     closed, the response cut short, and buffering goes on in memory."""
 
 
+class ChildUnavailable(ZcLbError):
+    """LB processes of a ``--processes N`` supervisor did not answer an
+    action in time (stopped, or stuck), and none refused it: an outage,
+    not the operator's mistake; the status address answers 503 (try
+    again), naming those processes."""
+
+    http_status = 503
+
+
 class ZooKeeperUnavailable(ZcLbError):
     """ZooKeeper could not be reached (wrong hosts, or down): an outage,
     not a mistake in the configuration."""

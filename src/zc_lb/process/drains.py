@@ -20,7 +20,11 @@ that:
   child is undone there (``drain_in``), and asks no child that has not
   taken the drain: one ``drain_in`` is giving it to (caught up, or
   asked again), or one that refused it (it does not know the worker:
-  nothing to undo), held as refused at once.
+  nothing to undo), held as refused at once;
+- the children of an action are asked at once (process/asking.py), one
+  action after another (the supervisor's ``FifoLock``); a drain no child
+  answered, or an enable some child did not answer and none refused, is
+  ChildUnavailable (503, try again).
 
 A child here is the supervisor's ``processes.Child``: its ``index``,
 ``process``, whether it is ``serving``, and ``refused``, the drains it
@@ -34,7 +38,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import gevent  # type: ignore[import-untyped]
 
-from zc_lb.errors import ConfigurationError, ZcLbError
+from zc_lb.errors import ChildUnavailable, ConfigurationError, ZcLbError
+from zc_lb.process.asking import each
 
 log = logging.getLogger(__name__)
 
@@ -46,25 +51,33 @@ Ask = Callable[[Any, str, str], dict]
 
 def ask_each(children: Sequence[Any], ask: Callable[[Any], Optional[dict]]
              ) -> Tuple[List[dict], Dict[Any, ZcLbError]]:
-    """``ask`` every child that serves, whichever fails: their answers
-    (but None's), and the failures by child."""
+    """``ask`` every child that serves, all at once, whichever fails:
+    their answers (but None's), and the failures by child."""
     answers, refused = [], {}
-    for child in children:
-        if child.serving:
-            try:
-                answer = ask(child)
-            except ZcLbError as exc:
-                refused[child] = exc
-            else:
-                if answer is not None:
-                    answers.append(answer)
+    for child, answer in each([child for child in children if child.serving], ask):
+        if isinstance(answer, ZcLbError):
+            refused[child] = answer
+        elif answer is not None:
+            answers.append(answer)
     return answers, refused
 
 
-def failed(action: str, refused: Dict[Any, ZcLbError]) -> ConfigurationError:
-    """The error of ``action`` that ``refused`` children failed."""
-    return ConfigurationError("%s failed in %s" % (action, "; ".join(
-        "process %d: %s" % (child.index, exc) for child, exc in refused.items())))
+def failed(action: str, refused: Dict[Any, ZcLbError]) -> ZcLbError:
+    """The error of ``action`` that ``refused`` children failed: a
+    ConfigurationError (400) if any refused it, else ChildUnavailable
+    (503, try again) naming those that did not answer."""
+    said = "; ".join("process %d: %s" % (child.index, exc) for child, exc in refused.items())
+    if not all(unanswered(exc) for exc in refused.values()):
+        return ConfigurationError("%s failed in %s" % (action, said))
+    return ChildUnavailable("%s failed: no answer from LB process%s %s (try again): %s" % (
+        action, "es" if len(refused) > 1 else "",
+        ", ".join(str(child.index) for child in refused), said))
+
+
+def unanswered(exc: ZcLbError) -> bool:
+    """Whether ``exc`` says that a child did not answer (it may have
+    done what it was asked, late), not that it refused."""
+    return not isinstance(exc, ConfigurationError)
 
 
 def merged(answers: List[dict]) -> dict:

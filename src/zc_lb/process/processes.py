@@ -14,7 +14,9 @@ flight.
 The supervisor serves ``--status`` itself: one summed view of the
 children's documents (counters added, each worker's backlog summed over
 the processes, ``processes`` listing each child with its own status
-address), and a POST action goes to every child.  SIGHUP (read --config
+address), and a POST action goes to every child: all asked at once,
+over gevent's sockets, so one that hangs holds up nothing else
+(process/asking.py), actions one after another.  SIGHUP (read --config
 again) and SIGUSR1 (reopen the access log) are passed on to every child,
 as are SIGTERM and SIGINT, on which each child drains as a single LB
 does; the supervisor exits when they all have.  A child that dies otherwise is
@@ -44,10 +46,11 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Set
 
+from zc_lb.process.asking import FifoLock, ask, each
 from zc_lb.process.drains import Drains, ask_each, failed, merged
 from zc_lb.routing import siblings
 from zc_lb.errors import AddressUnavailable, ConfigurationError, ZcLbError
-from zc_lb.status.document import fetch, merge_status
+from zc_lb.status.document import merge_status
 
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when its parent dies
 log = logging.getLogger(__name__)
@@ -58,6 +61,8 @@ START_TIMEOUT = 60.0  # seconds a child has to say its status address (a new LB'
 RESTART_MIN = 0.1  # seconds before a child failing at start is started again, doubling
 RESTART_MAX = 10.0
 HEALTHY_RUN = 5.0  # seconds a child must have run for its exit to be no failure
+STATUS_TIMEOUT = 2.0  # seconds a child has to answer for its status document
+ACTION_TIMEOUT = 5.0  # seconds a child has to answer an action
 # What the summed document needs of each child's: every worker's every
 # skill (its skills_count, and the workers skilled for each class), and
 # every class counted (a class's sum goes back if a child's share of it
@@ -206,6 +211,7 @@ class Supervisor:
         self.kept = kept
         self.admin_token = admin_token  # (what its children's actions need)
         self.drains = Drains(self._ask, lambda: self.stopping)  # (and enables)
+        self.acting = FifoLock()  # (one action after another, in the order they came)
         self.sock: Optional[socket.socket] = None
         self.siblings_fd: Optional[int] = None  # the children's shared memory (routing/siblings.py)
         self.children: List[Child] = []
@@ -315,8 +321,8 @@ class Supervisor:
 
     def _ask(self, child: Child, action: str, worker: str = "") -> dict:
         """``child``'s answer to a status action (of ``worker``)."""
-        return fetch(child.status, action=action, params={"worker": worker} if worker else {},
-                     token=self.admin_token)
+        return ask(child.status, timeout=ACTION_TIMEOUT, action=action,
+                   params={"worker": worker} if worker else {}, token=self.admin_token)
 
     def stop(self, timeout: float) -> None:
         """SIGTERM every child (each drains) and wait for them all."""
@@ -359,17 +365,16 @@ class Supervisor:
         nothing."""
         docs: Dict[str, dict] = {}
         stale = set()
-        for child in self.children:
-            if child.status is None:
+        asked = [child.status for child in self.children if child.status is not None]
+        for address, doc in each(asked, lambda address: ask(
+                address, timeout=STATUS_TIMEOUT, params=CHILD_QUERY if full else None)):
+            if isinstance(doc, ZcLbError):  # (all asked at once: one that hangs delays none)
+                docs[address] = self._last.get(address) or {"error": str(doc)}
+                stale.add(address)
                 continue
-            try:
-                doc = fetch(child.status, timeout=2.0, params=CHILD_QUERY if full else None)
-                docs[child.status] = doc
-                if full:
-                    self._last[child.status] = doc
-            except ZcLbError as exc:
-                docs[child.status] = self._last.get(child.status) or {"error": str(exc)}
-                stale.add(child.status)
+            docs[address] = doc
+            if full:
+                self._last[address] = doc
         if full:  # (a child gone leaves nothing behind)
             self._last = {address: self._last[address] for address in docs
                           if address in self._last}
@@ -385,15 +390,19 @@ class Supervisor:
 
     def action(self, name: str):
         """An action of the status address, done by every child that
-        serves, whichever fails, the failures raised together; drains and
+        serves (all asked at once), whichever fails, the failures raised
+        together (``drains.failed``: ChildUnavailable if none refused);
+        one action after another, in the order they came; drains and
         enables are ``drains.Drains``'s."""
         def run(**params: str) -> dict:
             worker = params.get("worker", "")
-            if name == "drain":
-                return self.drains.drain(worker, self.children)
-            if name == "enable":
-                return self.drains.enable(worker, self.children)
-            answers, refused = ask_each(self.children, lambda child: self._ask(child, name, worker))
+            with self.acting:
+                if name == "drain":
+                    return self.drains.drain(worker, self.children)
+                if name == "enable":
+                    return self.drains.enable(worker, self.children)
+                answers, refused = ask_each(self.children,
+                                            lambda child: self._ask(child, name, worker))
             if refused:
                 raise failed(name, refused)
             return merged(answers)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import orjson
 from webob import Request, Response  # type: ignore[import-untyped]
 
-from zc_lb.errors import ConfigurationError, ZcLbError
+from zc_lb.errors import ChildUnavailable, ConfigurationError, ZcLbError
 from zc_lb.lb.stats import MAX_COUNTED_CLASSES, OTHER_CLASS, STATUS_CLASSES, top_classes
 from zc_lb.sockets import is_loopback
 
@@ -184,6 +184,8 @@ def _post(request: Request, actions: Dict[str, Callable[..., object]],
         result: Any = action(**dict(request.GET))
     except (ConfigurationError, TypeError) as exc:
         return _as_json({"error": "%s: %s" % (name, exc)}, 400)
+    except ChildUnavailable as exc:  # (a supervisor's: none of its children answered)
+        return _as_json({"error": "%s: %s" % (name, exc)}, 503)
     log.warning("status action %s %s by %s", name, dict(request.GET), request.remote_addr)
     return _as_json(dict(result or {}, done=name))
 
