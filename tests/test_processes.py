@@ -1154,6 +1154,35 @@ def test_an_action_no_child_answers_is_a_503_naming_the_processes(supervised):
         "enable: enable failed: no answer from LB processes 0, 1 (try again): ")
 
 
+def test_an_enable_reaches_a_child_whose_drain_went_unanswered(supervised):
+    # A drain one child did not answer in time was held for it as one it
+    # refused: an enable then asked that child nothing ("nothing to undo
+    # there"), and said it was done; the child, resumed, took the drain it
+    # had been sent, and alone sent the worker nothing, for good.
+    import gevent
+
+    from zc_lb.errors import ChildUnavailable
+    from zc_lb.status.document import fetch
+
+    supervisor, worker = supervised
+    late = supervisor.children[0]
+    os.kill(late.process.pid, signal.SIGSTOP)
+    supervisor.action("drain")(worker=worker)  # (the other took it: held for this one)
+    try:
+        supervisor.action("enable")(worker=worker)
+        told_to_retry = False
+    except ChildUnavailable:  # (that child did not answer the enable either)
+        told_to_retry = True
+    os.kill(late.process.pid, signal.SIGCONT)
+    gevent.sleep(0.3)  # (it reads what it was sent meanwhile)
+    if told_to_retry:
+        supervisor.action("enable")(worker=worker)  # (the operator asks again, as told)
+    for child in supervisor.children:
+        document = fetch(child.status, timeout=5)
+        assert not document["workers"][worker].get("drained"), child
+    assert told_to_retry
+
+
 def test_two_actions_reach_each_child_in_the_order_they_came(monkeypatch):
     # Actions ran side by side: an enable that came while a drain was on
     # its way to a slow child reached that child first, and the worker
@@ -1182,3 +1211,29 @@ def test_two_actions_reach_each_child_in_the_order_they_came(monkeypatch):
                     "c1": ["drain", "enable", "drain", "reset-skills"]}
     assert worker in supervisor.drains.drained
 
+
+def test_a_worker_enabled_while_a_child_did_not_answer_its_drain_is_enabled_there(monkeypatch):
+    # A child started again is given the drains (catch_up); an enable that
+    # came meanwhile left that child to the catch-up, which, the drain
+    # unanswered (the child may take it late), asked the child nothing more.
+    from zc_lb.errors import ZcLbError
+    from zc_lb.process import processes
+
+    worker, asked = "10.0.0.1:9001", []
+    supervisor = processes.Supervisor(1, ["lb"], ("127.0.0.1", 0))
+
+    def ask(address, action=None, params=None, token=None, **_):
+        asked.append(action)
+        if action == "drain":
+            supervisor.action("enable")(worker=worker)  # (while the drain is on its way)
+            raise ZcLbError("cannot get status from c0: timed out")
+        return {"worker": worker, "changed": True, "done": action}
+
+    monkeypatch.setattr(processes, "ask", ask)
+    supervisor.children = [processes.Child(0, [], -1, "INFO", None, None)]
+    child = supervisor.children[0]
+    serving(child, "c0")
+    supervisor.drains.drained.add(worker)
+    supervisor.drains.catch_up(child)
+    assert asked == ["drain", "enable"] and child.unanswered == set()
+    assert supervisor.drains.drained == set() and child.refused == set()

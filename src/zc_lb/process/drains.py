@@ -20,15 +20,18 @@ that:
   child is undone there (``drain_in``), and asks no child that has not
   taken the drain: one ``drain_in`` is giving it to (caught up, or
   asked again), or one that refused it (it does not know the worker:
-  nothing to undo), held as refused at once;
+  nothing to undo), held as refused at once.  One whose drain went
+  unanswered (``unanswered``: it may have taken it late) is asked, and
+  its refusal then means it never took it;
 - the children of an action are asked at once (process/asking.py), one
   action after another (the supervisor's ``FifoLock``); a drain no child
   answered, or an enable some child did not answer and none refused, is
   ChildUnavailable (503, try again).
 
 A child here is the supervisor's ``processes.Child``: its ``index``,
-``process``, whether it is ``serving``, and ``refused``, the drains it
-has not taken yet, which its launch clears.
+``process``, whether it is ``serving``, ``refused``, the drains it has
+not taken yet, and ``unanswered``, the drains it did not answer, which
+its launch clears.
 """
 
 from __future__ import annotations
@@ -106,7 +109,7 @@ class Drains:
         """Drain ``worker`` in every child that serves: the merged answer."""
         held = worker in self.drained
         self.drained.add(worker)  # (first: a child serving from now on is given it)
-        answers, refused = ask_each(children, lambda child: self.ask(child, "drain", worker))
+        answers, refused = ask_each(children, lambda child: self.ask_drain(child, worker))
         if refused and not answers:
             if not held:
                 self.drained.discard(worker)
@@ -122,11 +125,12 @@ class Drains:
 
         def ask(child: Any) -> Optional[dict]:
             if worker in child.refused:
-                child.refused.discard(worker)  # (nothing to undo there)
-                return None
+                child.refused.discard(worker)
+                if worker not in child.unanswered:
+                    return None  # (it refused the drain: nothing to undo there)
             if (child.process, worker) in self.sending:
                 return None  # (not taken there yet: drain_in undoes it if it is)
-            return self.ask(child, "enable", worker)
+            return self.ask_enable(child, worker)
 
         answers, refused = ask_each(children, ask)
         if refused:
@@ -134,6 +138,36 @@ class Drains:
         answer = merged(answers)
         answer["worker"] = worker  # (also when no child was asked: nothing undone)
         answer["changed"] = any(a.get("changed") is True for a in answers)
+        return answer
+
+    def ask_drain(self, child: Any, worker: str) -> dict:
+        """``child``'s answer to the drain of ``worker``.  One that did
+        not answer may have taken it late: the worker is ``unanswered``
+        there (an enable asks it) until it answers a drain or an enable."""
+        process = child.process
+        try:
+            answer = self.ask(child, "drain", worker)
+        except ZcLbError as exc:
+            if unanswered(exc) and child.process is process:
+                child.unanswered.add(worker)
+            raise
+        if child.process is process:
+            child.unanswered.discard(worker)
+        return answer
+
+    def ask_enable(self, child: Any, worker: str) -> Optional[dict]:
+        """``child``'s answer to the enable of ``worker``; None if a child
+        whose drain went unanswered refuses it (it does not know the
+        worker: it never took the drain)."""
+        unsure, process = worker in child.unanswered, child.process
+        try:
+            answer = self.ask(child, "enable", worker)
+        except ConfigurationError:
+            if not unsure:
+                raise
+            answer = None
+        if child.process is process:
+            child.unanswered.discard(worker)
         return answer
 
     def catch_up(self, child: Any) -> None:
@@ -157,16 +191,26 @@ class Drains:
                 if worker not in self.drained:
                     continue
                 try:
-                    self.ask(child, "drain", worker)
-                    if worker not in self.drained:
-                        self.ask(child, "enable", worker)
+                    self.ask_drain(child, worker)
                 except ZcLbError as exc:
                     refused[worker] = exc
-                else:
+                taken = worker not in refused
+                if worker not in self.drained and (taken or worker in child.unanswered):
+                    self.undo(child, worker)  # (taken, or perhaps taken late)
+                if taken:
                     self.sending.discard((process, worker))  # (taken there)
         finally:
             self.sending -= sending
         return refused
+
+    def undo(self, child: Any, worker: str) -> None:
+        """Enable ``worker`` again in ``child``, which took its drain (or
+        did not answer it) after an enable had left it out."""
+        try:
+            self.ask_enable(child, worker)
+        except ZcLbError as exc:
+            log.warning("LB process %d may have worker %s drained, though it was enabled: "
+                        "%s", child.index, worker, exc)
 
     def later(self, child: Any, process: Any, refused: Dict[str, ZcLbError]) -> None:
         """Hold the drains ``child`` (``process``) ``refused`` that are not

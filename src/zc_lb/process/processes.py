@@ -123,6 +123,7 @@ class Child:
         self.ready = False  # (it said its status address: it handles signals)
         self.missed: Set[int] = set()  # signals that came while it started
         self.refused: Set[str] = set()  # drains it has not taken yet (asked again)
+        self.unanswered: Set[str] = set()  # drains it did not answer (it may have them)
         self.backoff = Backoff()
 
     @property
@@ -158,6 +159,7 @@ class Child:
             raise
         finally:
             self.refused.clear()  # (once the process is new: the last one's refusals go)
+            self.unanswered.clear()
             self.launched.set()
 
     def wait_started(self) -> None:
