@@ -1,10 +1,10 @@
 """How the supervisor of ``zc-lb lb --processes N`` asks its children.
 
 The supervisor is one gevent loop, not monkey-patched: a blocking
-urllib call to a child that hangs (stopped, or stuck) stopped it all
+urllib call to a child that hangs (stopped, or stuck) would stop it all
 for the call's timeout, a child after another, with no signal handled,
 no other status request served and no crashed child started again
-meanwhile.  Here a child is asked over gevent's sockets (``ask``, the
+meanwhile.  So a child is asked over gevent's sockets (``ask``, the
 same answer and errors as ``status.document.fetch``'s), every child at
 once (``each``), and actions in the order they came (``FifoLock``).
 """
