@@ -1,7 +1,11 @@
 """Shared fixtures: one real ZooKeeper per test session (tests/zkserver.py),
-and clients of it for test_zk.py and test_recipes.py."""
+and clients of it for test_zk.py and test_recipes.py; a WSGI app served in
+a thread (the status server, for test_status.py and test_asking.py)."""
 
 import itertools
+import socket
+import threading
+import wsgiref.simple_server
 
 import pytest
 
@@ -92,3 +96,60 @@ def procs():
     yield start
     for process in reversed(started):
         process.kill()
+
+
+class _QuietHandler(wsgiref.simple_server.WSGIRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def wsgi_thread():
+    """wsgi_thread(app) -> "127.0.0.1:PORT" of a thread serving ``app``
+    (wsgiref: blocking clients such as ``fetch`` meet a real HTTP server)."""
+    servers = []
+
+    def start(app):
+        server = wsgiref.simple_server.make_server(
+            "127.0.0.1", 0, app, handler_class=_QuietHandler)
+        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                                  daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        return "127.0.0.1:%d" % server.server_address[1]
+
+    yield start
+    for server, thread in servers:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+@pytest.fixture
+def not_http():
+    """not_http(count) -> "127.0.0.1:PORT" where each of ``count``
+    connections is answered with a line that is not HTTP (an SSH server's
+    greeting), then hung up on."""
+    started = []
+
+    def start(count):
+        talker = socket.socket()
+        talker.bind(("127.0.0.1", 0))
+        talker.listen(4)
+
+        def talk():
+            for _ in range(count):
+                conn = talker.accept()[0]
+                conn.recv(1024)
+                conn.sendall(b"SSH-2.0-OpenSSH\r\n")
+                conn.close()
+
+        thread = threading.Thread(target=talk, daemon=True)
+        thread.start()
+        started.append((talker, thread))
+        return "127.0.0.1:%d" % talker.getsockname()[1]
+
+    yield start
+    for talker, thread in started:
+        thread.join(5)
+        talker.close()

@@ -9,9 +9,7 @@ the connection and the request, no one reads them)."""
 
 import contextlib
 import socket
-import threading
 import time
-import wsgiref.simple_server
 
 import gevent
 import pytest
@@ -21,32 +19,6 @@ from zc_lb.process.asking import FifoLock, ask, each
 from zc_lb.status.document import fetch, status_app
 
 pytestmark = pytest.mark.timeout(30)
-
-
-class _QuietHandler(wsgiref.simple_server.WSGIRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def serve():
-    """serve(app) -> "127.0.0.1:PORT" of a thread serving ``app``."""
-    servers = []
-
-    def start(app):
-        server = wsgiref.simple_server.make_server(
-            "127.0.0.1", 0, app, handler_class=_QuietHandler)
-        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                                  daemon=True)
-        thread.start()
-        servers.append((server, thread))
-        return "127.0.0.1:%d" % server.server_address[1]
-
-    yield start
-    for server, thread in servers:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
 
 
 @contextlib.contextmanager
@@ -77,7 +49,7 @@ def both(*args, **kwargs):
     return said
 
 
-def test_ask_gets_what_fetch_gets_and_fails_as_it_fails(serve):
+def test_ask_gets_what_fetch_gets_and_fails_as_it_fails(wsgi_thread):
     # The supervisor asked its children with fetch (urllib, blocking its
     # gevent loop); ask is the same question over gevent's sockets, and
     # its answers, and its errors, must be fetch's.
@@ -87,7 +59,7 @@ def test_ask_gets_what_fetch_gets_and_fails_as_it_fails(serve):
     document = {"requests": 3, "workers": {}}
     app = status_app(lambda: document, {"drain": lambda worker: done.append(worker) or {
         "worker": worker, "changed": True}}, token=b"sesame")
-    address = serve(app)
+    address = wsgi_thread(app)
     cases = [
         ((address,), {}),
         ((address,), {"params": {"skills": "all"}}),
@@ -117,33 +89,16 @@ def test_ask_gets_what_fetch_gets_and_fails_as_it_fails(serve):
         return [b'{"error": "drain: no answer"}']
 
     for app in (not_json, not_done, busy):
-        fetched, asked = both(serve(app), action="drain")
+        fetched, asked = both(wsgi_thread(app), action="drain")
         assert fetched == asked and asked[0] is (ZcLbError if app is busy
                                                  else ConfigurationError), asked
 
 
-def test_ask_is_not_http_where_fetch_is_not():
-    talker = socket.socket()  # (not HTTP: a line, then hang up)
-    talker.bind(("127.0.0.1", 0))
-    talker.listen(4)
-    there = "127.0.0.1:%d" % talker.getsockname()[1]
-
-    def talk():
-        for _ in range(2):
-            conn = talker.accept()[0]
-            conn.recv(1024)
-            conn.sendall(b"SSH-2.0-OpenSSH\r\n")
-            conn.close()
-
-    thread = threading.Thread(target=talk, daemon=True)
-    thread.start()
-    try:
-        fetched, asked = both(there, timeout=2)
-        assert fetched == asked == (ConfigurationError, "http://%s/ is not a zc-lb status "
-                                    "server: BadStatusLine: SSH-2.0-OpenSSH" % there)
-    finally:
-        thread.join(5)
-        talker.close()
+def test_ask_is_not_http_where_fetch_is_not(not_http):
+    there = not_http(2)
+    fetched, asked = both(there, timeout=2)
+    assert fetched == asked == (ConfigurationError, "http://%s/ is not a zc-lb status "
+                                "server: BadStatusLine: SSH-2.0-OpenSSH" % there)
 
 
 def test_a_child_that_never_answers_is_given_up_in_time_while_the_rest_runs():
@@ -163,9 +118,9 @@ def test_a_child_that_never_answers_is_given_up_in_time_while_the_rest_runs():
     assert ran and ran[0] - started < 0.3
 
 
-def test_every_child_is_asked_at_once(serve):
+def test_every_child_is_asked_at_once(wsgi_thread):
     # One after another, each child that hung added its timeout.
-    good = serve(status_app(lambda: {"requests": 1}))
+    good = wsgi_thread(status_app(lambda: {"requests": 1}))
     with silent(3) as quiet:
         started = time.monotonic()
         answers = each([quiet[0], good, quiet[1], quiet[2]],

@@ -8,8 +8,6 @@ and ``zc-lb status`` run against it, are in test_e2e.py.
 
 import json
 import re
-import threading
-import wsgiref.simple_server
 
 import pytest
 
@@ -54,32 +52,6 @@ def call(app, method="GET", path="/", query="", remote="127.0.0.1", **extra):
     body = b"".join(app(environ, start_response))
     assert int(started["headers"]["Content-Length"]) == len(body)
     return started["status"], started["headers"], json.loads(body)
-
-
-class _QuietHandler(wsgiref.simple_server.WSGIRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def serve():
-    """serve(app) -> "127.0.0.1:PORT" of a thread serving ``app``."""
-    servers = []
-
-    def start(app):
-        server = wsgiref.simple_server.make_server(
-            "127.0.0.1", 0, app, handler_class=_QuietHandler)
-        thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                                  daemon=True)
-        thread.start()
-        servers.append((server, thread))
-        return "127.0.0.1:%d" % server.server_address[1]
-
-    yield start
-    for server, thread in servers:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
 
 
 # -- the app ---------------------------------------------------------------------
@@ -253,16 +225,16 @@ def test_actions_posted_by_a_web_page_of_another_site_are_refused():
 # -- fetch -----------------------------------------------------------------------
 
 
-def test_fetch_gets_the_document_or_posts_an_action(serve):
+def test_fetch_gets_the_document_or_posts_an_action(wsgi_thread):
     done = []
-    address = serve(status_app(lambda: DOCUMENT, {"reset-skills": lambda: done.append(1)}))
+    address = wsgi_thread(status_app(lambda: DOCUMENT, {"reset-skills": lambda: done.append(1)}))
     assert fetch(address) == bound_skills(DOCUMENT)
     assert fetch("http://%s/" % address) == bound_skills(DOCUMENT)  # a URL will do too
     assert fetch(address, action="reset-skills") == {"done": "reset-skills"}
     assert done == [1]
 
 
-def test_fetch_failures_name_the_url_and_who_is_at_fault(serve):
+def test_fetch_failures_name_the_url_and_who_is_at_fault(wsgi_thread):
     # Nothing answering was a ConfigurationError too: zc-lb drain exited 2
     # ("fix it") where zc-lb status exits 1 ("try again").
     from zkserver import free_port
@@ -275,19 +247,19 @@ def test_fetch_failures_name_the_url_and_who_is_at_fault(serve):
         start_response("200 OK", [("Content-Type", "text/plain")])
         return [b"<html>"]
     with pytest.raises(ConfigurationError, match="is not a zc-lb status server"):
-        fetch(serve(not_json))
+        fetch(wsgi_thread(not_json))
     with pytest.raises(ConfigurationError, match="404: no such action"):
-        fetch(serve(status_app(lambda: {})), action="shutdown")
+        fetch(wsgi_thread(status_app(lambda: {})), action="shutdown")
 
 
-def test_a_503_is_nothing_answering_not_a_refusal(serve):
+def test_a_503_is_nothing_answering_not_a_refusal(wsgi_thread):
     # A --processes N supervisor answers an action 503 when its children
     # did not answer in time: zc-lb drain said "answered 503" and exited 2
     # ("fix it") where asking again later is all there is to do.
     def busy(environ, start_response):
         start_response("503 Service Unavailable", [("Content-Type", "application/json")])
         return [b'{"error": "drain: no answer from LB process 1 (try again)"}']
-    address = serve(busy)
+    address = wsgi_thread(busy)
     with pytest.raises(ZcLbError) as info:
         fetch(address, action="drain", params={"worker": "10.0.0.1:9001"})
     assert type(info.value) is ZcLbError and info.value.exit_status == 1
@@ -295,17 +267,16 @@ def test_a_503_is_nothing_answering_not_a_refusal(serve):
                                "no answer from LB process 1 (try again)" % address)
 
 
-def test_zc_lb_status_and_the_actions_read_an_answer_and_its_failures_in_one_place(serve):
+def test_zc_lb_status_and_the_actions_read_an_answer_and_its_failures_in_one_place(
+        wsgi_thread, not_http):
     # fetch and zc-lb status's fetch_status each mapped urllib's errors to
     # messages of their own making, alike but for the words.
-    import socket
-
     from zkserver import free_port
 
     from zc_lb.cli.admin import fetch_status
     from zc_lb.status.document import answer_at
 
-    address = serve(status_app(lambda: {}))
+    address = wsgi_thread(status_app(lambda: {}))
     code, kind, body, reason = answer_at("http://%s/nothing" % address, address)
     assert (code, kind, json.loads(body)["error"], reason) == (
         404, "application/json", "no such page", "Not Found")
@@ -315,29 +286,12 @@ def test_zc_lb_status_and_the_actions_read_an_answer_and_its_failures_in_one_pla
         with pytest.raises(ZcLbError) as info:
             get(nowhere, timeout=2)
         assert str(info.value).startswith(said) and type(info.value) is ZcLbError
-    talker = socket.socket()  # (not HTTP: a line, then hang up)
-    talker.bind(("127.0.0.1", 0))
-    talker.listen(4)
-    there = "127.0.0.1:%d" % talker.getsockname()[1]
-
-    def talk():
-        for _ in range(2):
-            conn = talker.accept()[0]
-            conn.recv(1024)
-            conn.sendall(b"SSH-2.0-OpenSSH\r\n")
-            conn.close()
-
-    thread = threading.Thread(target=talk, daemon=True)
-    thread.start()
-    try:
-        for get, where in ((fetch, "http://%s/" % there), (fetch_status, there)):
-            with pytest.raises(ConfigurationError) as info:
-                get(there, timeout=2)
-            assert str(info.value) == ("%s is not a zc-lb status server: BadStatusLine: "
-                                       "SSH-2.0-OpenSSH" % where)
-    finally:
-        thread.join(5)
-        talker.close()
+    there = not_http(2)
+    for get, where in ((fetch, "http://%s/" % there), (fetch_status, there)):
+        with pytest.raises(ConfigurationError) as info:
+            get(there, timeout=2)
+        assert str(info.value) == ("%s is not a zc-lb status server: BadStatusLine: "
+                                   "SSH-2.0-OpenSSH" % where)
 
 
 # -- printing --------------------------------------------------------------------
@@ -370,8 +324,8 @@ def test_the_document_of_a_real_lb_prints():
     assert text.splitlines()[-1].split()[0] == "worker"  # no workers, no rows
 
 
-def test_zc_lb_status_prints_the_table_or_the_json(serve, capsys):
-    address = serve(status_app(lambda: DOCUMENT))
+def test_zc_lb_status_prints_the_table_or_the_json(wsgi_thread, capsys):
+    address = wsgi_thread(status_app(lambda: DOCUMENT))
     assert cli.main(["status", address]) == 0
     assert capsys.readouterr().out == format_status(DOCUMENT) + "\n"
     assert cli.main(["status", "--json", address]) == 0
@@ -399,42 +353,23 @@ def test_the_admin_commands_exit_1_when_nothing_answers(capsys):
         assert err.startswith("zc-lb %s: error: cannot " % argv[0]) and nowhere in err, argv
 
 
-def test_the_admin_commands_at_what_speaks_no_http_exit_2(capsys):
+def test_the_admin_commands_at_what_speaks_no_http_exit_2(not_http, capsys):
     # http.client's BadStatusLine (and InvalidURL, for a bad port) went
     # through as a traceback.
-    import socket
-    import threading
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    address = "127.0.0.1:%d" % listener.getsockname()[1]
-
-    def serve():
-        while True:
-            try:
-                connection, _ = listener.accept()
-            except OSError:
-                return
-            with connection:
-                connection.recv(4096)
-                connection.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
-    threading.Thread(target=serve, daemon=True).start()
-    try:
-        for where in (address, "127.0.0.1:x"):
-            for argv in (["status", where], ["drain", where, "10.0.0.5:9001"],
-                         ["reset-skills", "--status", where]):
-                assert cli.main(argv) == 2, argv
-                out, err = capsys.readouterr()
-                assert out == "" and err.count("\n") == 1, argv
-                assert where in err and "is not a zc-lb status server" in err, (argv, err)
-    finally:
-        listener.close()
+    address = not_http(3)
+    for where in (address, "127.0.0.1:x"):
+        for argv in (["status", where], ["drain", where, "10.0.0.5:9001"],
+                     ["reset-skills", "--status", where]):
+            assert cli.main(argv) == 2, argv
+            out, err = capsys.readouterr()
+            assert out == "" and err.count("\n") == 1, argv
+            assert where in err and "is not a zc-lb status server" in err, (argv, err)
 
 
-def test_zc_lb_reset_skills_sends_the_admin_token(serve, tmp_path, capsys):
+def test_zc_lb_reset_skills_sends_the_admin_token(wsgi_thread, tmp_path, capsys):
     # It had no --token-file: an LB with --admin-token-file answered 401, always.
     done = []
-    address = serve(status_app(lambda: DOCUMENT, {"reset-skills": lambda: done.append(1)},
+    address = wsgi_thread(status_app(lambda: DOCUMENT, {"reset-skills": lambda: done.append(1)},
                                token=b"t0ken"))
     token = tmp_path / "admin-token"
     token.write_text("t0ken\n")
@@ -444,13 +379,13 @@ def test_zc_lb_reset_skills_sends_the_admin_token(serve, tmp_path, capsys):
     assert capsys.readouterr().out == "reset skills on the LB at %s\n" % address
 
 
-def test_an_action_posted_to_what_is_no_status_server_fails(serve, capsys):
+def test_an_action_posted_to_what_is_no_status_server_fails(wsgi_thread, capsys):
     # An LB's front port hands the POST to the application; one answering
     # JSON made zc-lb drain say "drained", though nothing was.
     def application(environ, start_response):
         start_response("200 OK", [("Content-Type", "application/json")])
         return [b'{"ok": true}']
-    address = serve(application)
+    address = wsgi_thread(application)
     for argv in (["drain", address, "10.0.0.5:9001"], ["enable", address, "10.0.0.5:9001"],
                  ["reset-skills", "--status", address]):
         assert cli.main(argv) == 2, argv
