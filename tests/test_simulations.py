@@ -2,6 +2,7 @@
 comparison policies, and every shipped scenario in a tiny run."""
 
 import collections
+import copy
 import json
 import math
 import random
@@ -280,6 +281,21 @@ def scenario(name, **changes):
     return config_module.build(values)
 
 
+_summaries: dict = {}
+
+
+def summary_of(config, policy):
+    """``simulate(config, policy)``'s summary, run once for this module:
+    a run is the same for the same config (test_same_seed_same_result),
+    and the tests of the logs below look at the same runs (NASA's seeds
+    1-3 under affinity, mixed_fleet's 60,000 requests) for different
+    things."""
+    key = (repr(config), policy)
+    if key not in _summaries:
+        _summaries[key] = simulate(config, policy)["summary"]
+    return copy.deepcopy(_summaries[key])
+
+
 def test_the_log_workload_takes_classes_and_keys_from_the_log(tmp_path):
     log = tmp_path / "tiny.log"
     log.write_text("".join(
@@ -348,7 +364,7 @@ def test_affinity_loads_less_than_published_on_the_nasa_log():
     for seed in (1, 2, 3):
         config = scenario("nasa", seed=seed)
         for policy, total in totals.items():
-            summary = simulate(config, policy)["summary"]
+            summary = summary_of(config, policy)
             total[0] += summary["misses_per_request"]
             total[1] += summary["overlap"]
     assert totals["affinity"][0] < 0.9 * totals["published"][0]
@@ -363,10 +379,10 @@ def test_affinity_loads_within_a_fifth_of_the_partition_on_the_logs(log):
     # rising with its gain is what took it there (1.36-1.54x before).
     for seed in (1, 2, 3):
         config = scenario(log, seed=seed)
-        summary = simulate(config, "affinity")["summary"]
+        summary = summary_of(config, "affinity")
         assert summary["misses_per_request"] <= 1.2 * bound.partition_misses(config), seed
         if log == "nasa":
-            least = simulate(config, "least_backlog")["summary"]
+            least = summary_of(config, "least_backlog")
             assert summary["throughput"] >= 2.0 * least["throughput"], seed
             assert summary["p99_ms"] < least["p99_ms"], seed
 
@@ -379,7 +395,7 @@ def test_the_least_busy_worker_does_half_a_fair_share_of_the_work_on_the_logs():
     # every seed: simulations/README.rst, "the least busy worker's share".)
     for log, seeds in (("nasa", (1, 2, 3)), ("elastic", (1, 2, 3, 9))):
         for seed in seeds:
-            summary = simulate(scenario(log, seed=seed), "affinity")["summary"]
+            summary = summary_of(scenario(log, seed=seed), "affinity")
             assert summary["least_busy"] >= 0.5, (log, seed, summary["least_busy"])
 
 
@@ -388,7 +404,7 @@ def test_several_lbs_that_hear_each_others_keys_load_less():
     # others, whose books then agree; NASA with two LBs, seeds 1-2.
     for seed in (1, 2):
         config = scenario("nasa", seed=seed, lbs=2)
-        relayed = simulate(config, "affinity")["summary"]
+        relayed = summary_of(config, "affinity")
         alone = simulate(config.replace(separate_books=True), "affinity")["summary"]
         assert relayed["misses_per_request"] < 0.8 * alone["misses_per_request"], seed
         assert relayed["throughput"] > alone["throughput"], seed
@@ -402,8 +418,8 @@ def test_two_lbs_that_take_each_others_recruits_load_about_as_one_lb():
     # changes of routing.)
     misses = {}
     for lbs in (1, 2):
-        misses[lbs] = sum(simulate(scenario("nasa", seed=seed, lbs=lbs), "affinity")
-                          ["summary"]["misses_per_request"] for seed in range(1, 9))
+        misses[lbs] = sum(summary_of(scenario("nasa", seed=seed, lbs=lbs), "affinity")
+                          ["misses_per_request"] for seed in range(1, 9))
     assert misses[2] < 1.1 * misses[1], misses
 
 
@@ -411,7 +427,7 @@ def test_a_mixed_fleet_serves_by_speed_and_cache_and_affinity_favours_the_big_ca
     # Without a hand-set weight: résumé scores carry a worker's speed, and
     # its cache shows in them as hits.  Least backlog sees only the speed.
     config = scenario("mixed_fleet", requests=60000)
-    kinds = {policy: simulate(config, policy)["summary"]["by_kind"]
+    kinds = {policy: summary_of(config, policy)["by_kind"]
              for policy in ("affinity", "least_backlog")}
     for by_kind in kinds.values():
         assert sorted(by_kind) == ["cache 20000 speed 1", "cache 20000 speed 2",
@@ -439,7 +455,7 @@ def test_on_a_mixed_fleet_affinity_serves_about_as_much_as_published(lbs, share)
     # four, each LB's quarter of a backlog had to be counted for the
     # other three's (714-773 against 736-792, seeds 1-3).
     config = scenario("mixed_fleet", requests=60000, lbs=lbs)
-    served = {policy: simulate(config, policy)["summary"]["throughput"]
+    served = {policy: summary_of(config, policy)["throughput"]
               for policy in ("affinity", "published")}
     assert served["affinity"] >= share * served["published"], served
 
@@ -720,7 +736,7 @@ def test_waits_inside_the_app_the_worker_cannot_see_cost_loads_and_the_cache_sig
     # key's data buys reads far too low.  The app's word on its cache
     # (hit or miss) does not depend on those times.
     config = scenario("nasa", seed=1)
-    default = simulate(config, "affinity")["summary"]["misses_per_request"]
+    default = summary_of(config, "affinity")["misses_per_request"]
     blind = simulate(config.replace(threads=16), "affinity")["summary"]["misses_per_request"]
     told = simulate(config.replace(threads=16, cache_signal=True),
                     "affinity")["summary"]["misses_per_request"]
@@ -786,5 +802,5 @@ def test_the_least_busy_worker_is_measured_by_requests_and_by_work():
     # The affinity policy on the NASA log: fewer requests than a fair share
     # for its least busy worker, and less short of a fair share of the work
     # (simulations/README.rst, "The least busy worker's share").
-    summary = simulate(scenario("nasa", seed=1), "affinity")["summary"]
+    summary = summary_of(scenario("nasa", seed=1), "affinity")
     assert 0.0 < summary["least_share"] < summary["least_busy"] < 1.0
