@@ -382,7 +382,9 @@ def test_a_sighup_that_comes_while_a_process_starts_reaches_it_once_it_serves(tm
     group.start()
     try:
         group.signal_all(signal.SIGHUP)  # (it is starting)
-        wait_for(got.exists, timeout=10, message="the SIGHUP passed on once it serves")
+        # (open() makes the file before print writes the line: wait for the line)
+        wait_for(lambda: got.exists() and got.read_text(), timeout=10,
+                 message="the SIGHUP passed on once it serves")
         assert got.read_text() == "SIGHUP\n" and child.process.poll() is None
         group.signal_all(signal.SIGHUP)  # (it serves: at once)
         wait_for(lambda: got.read_text() == "SIGHUP\n" * 2, timeout=10)
