@@ -42,8 +42,8 @@ run: venv
 	$(VENV)/bin/zc-lb demo
 
 test: setup
-	ZC_LB_EXPECT_BUILD=compiled $(PY) -m pytest -q -n 3 --dist loadfile tests
-	ZC_LB_PURE=1 ZC_LB_EXPECT_BUILD=source $(PY) -m pytest -q -n 3 --dist loadfile $(SOURCE_TESTS)
+	ZC_LB_EXPECT_BUILD=compiled $(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder tests
+	ZC_LB_PURE=1 ZC_LB_EXPECT_BUILD=source $(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder $(SOURCE_TESTS)
 
 bench: setup
 	$(PY) -m benchmarks.bench
