@@ -142,8 +142,9 @@ setup(
         # selenium drives Debian's chromium (make sysdeps) in the status page's test;
         # PyYAML reads etc/prometheus.yml back; flask is the third-party framework
         # the forwarding headers are tried with (Werkzeug's ProxyFix); pytest-xdist
-        # runs the suite in two processes, each with its own ZooKeeper
-        "test": ["pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3", "hypothesis>=6",
+        # runs the suite in three processes, each with its own ZooKeeper (3.8:
+        # --no-loadscope-reorder, which keeps tests/conftest.py's order of the files)
+        "test": ["pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3.8", "hypothesis>=6",
                  "mypy>=1.0", "pastedeploy>=3",
                  "selenium>=4.10", "PyYAML>=6", "flask>=2", "docutils>=0.22"],
         # replay and compare need only gevent; the Locust front end
