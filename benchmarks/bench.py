@@ -996,10 +996,14 @@ def format_table(results: List[Dict[str, object]]) -> str:
 def paced_lines(by_target: Dict[str, Dict[str, object]]) -> List[str]:
     """The paced pair's line: each LB's CPU per request at a moderate rate."""
     ours, theirs = (by_target.get(name) for name in PACED)
-    if ours is None or theirs is None or not theirs["lb_cpu_us_per_req"]:
+    if ours is None or theirs is None or theirs["lb_cpu_us_per_req"] is None:
         return []
     cpu = float(ours["lb_cpu_us_per_req"])  # type: ignore[arg-type]
     other = float(theirs["lb_cpu_us_per_req"])  # type: ignore[arg-type]
+    if not other:  # (a short run: HAProxy's CPU under the kernel's tick, 10 ms)
+        return ["paced (-c%d, each waiting %d ms after a response): LB CPU %.1f us/req at %.0f "
+                "req/s, HAProxy's under one clock tick at %.0f: too short a run for a ratio" % (
+                    PACED_CONNECTIONS, PACED_DELAY_MS, cpu, ours["rps"], theirs["rps"])]
     return ["paced (-c%d, each waiting %d ms after a response): LB CPU %.1f us/req at %.0f "
             "req/s, %.2fx HAProxy's %.1f at %.0f, goal <= %.1fx: %s" % (
                 PACED_CONNECTIONS, PACED_DELAY_MS, cpu, ours["rps"], cpu / other, other,
