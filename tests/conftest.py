@@ -52,6 +52,7 @@ def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # (stable)
 
+
 _chroots = itertools.count(1)
 
 
