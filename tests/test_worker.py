@@ -1151,6 +1151,68 @@ def test_a_thread_app_that_reads_in_small_blocks_waits_for_the_hub_seldom(serve,
     assert 0 < len(waits) < 200  # (2,048 reads; the first of each waited)
 
 
+def test_a_thread_reading_a_large_body_is_woken_for_gather_bytes_not_each_piece(
+        serve, monkeypatch):
+    # A thread that has read all that came waits for the hub; woken for
+    # each piece the connection brought (a quarter megabyte at most), it
+    # cost the worker a quarter of its CPU in thread switches.  It
+    # is woken once GATHER bytes came, or the end (or LINGER seconds
+    # after the first of them: long here, so that only those count).
+    import threading as threading_module
+
+    from zc_lb.worker import threadio
+
+    waits = []
+
+    class Condition(threading_module.Condition):  # (the thread waits for the hub on it)
+        def wait(self, timeout=None):
+            waits.append(1)
+            return super().wait(timeout)
+
+    monkeypatch.setattr(threading_module, "Condition", Condition)
+    monkeypatch.setattr(threadio, "LINGER", 60.0, raising=False)
+
+    def app(environ, start_response):
+        read, size = environ["wsgi.input"].read, 0
+        while True:
+            data = read(65536)
+            if not data:
+                break
+            size += len(data)
+        start_response("200 OK", [])
+        return [b"%d" % size]
+
+    worker, connection, _ = serve(app, threads=2)
+    body = b"u" * (8 * 1024 * 1024)
+    start, data = call(connection, {"REQUEST_METHOD": "POST",
+                                    "CONTENT_LENGTH": str(len(body))}, body)
+    assert data == b"%d" % len(body)
+    assert 0 < len(waits) <= len(body) // threadio.GATHER + 1, len(waits)
+
+
+def test_a_thread_is_handed_a_body_that_trickles_as_it_comes(serve):
+    # Less than GATHER bytes came and no more for now: the waiting
+    # thread has them after LINGER seconds, not when the rest comes.
+    got = []
+
+    def app(environ, start_response):
+        stream = environ["wsgi.input"]
+        got.append(stream.read(10))
+        got.append(stream.read())
+        start_response("200 OK", [])
+        return [b"".join(got)]
+
+    worker, connection, _ = serve(app, threads=2)
+    exchange = connection.open_request(dict(REQUEST, REQUEST_METHOD="POST",
+                                            CONTENT_LENGTH="20"), end=False)
+    exchange.send_body(b"a" * 10)
+    _wait_until(lambda: got)  # (the rest has not been sent)
+    assert got == [b"a" * 10]
+    exchange.send_body(b"b" * 10)
+    exchange.send(End(exchange.rno))
+    assert read_response(exchange, 10)[1] == b"a" * 10 + b"b" * 10
+
+
 def test_a_thread_app_that_leaves_its_body_unread_leaves_no_pump_behind(serve):
     # The pump stops at READ_AHEAD bytes ahead of the app; an app that
     # answers without reading the rest must not leave it waiting.
