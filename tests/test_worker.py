@@ -1115,20 +1115,27 @@ def read_response_rest(exchange):
     return None, read_body(exchange, 5)
 
 
-def test_a_thread_app_that_reads_in_small_blocks_waits_for_the_hub_seldom(serve, monkeypatch):
-    # wsgi.input in a thread: each read was a handoff to the hub; now a
-    # pump in the hub hands the body over as it comes, in chunks.
+def counted_waits(monkeypatch):
+    """A list that grows by one each time a thread waits for the hub (on
+    a threading.Condition, which threadio looks up at each request,
+    compiled or not)."""
     import threading as threading_module
 
     waits = []
 
-    class Condition(threading_module.Condition):  # (the thread waits for the hub on it)
+    class Condition(threading_module.Condition):
         def wait(self, timeout=None):
             waits.append(1)
             return super().wait(timeout)
 
-    # (threadio looks it up at each request, compiled or not)
     monkeypatch.setattr(threading_module, "Condition", Condition)
+    return waits
+
+
+def test_a_thread_app_that_reads_in_small_blocks_waits_for_the_hub_seldom(serve, monkeypatch):
+    # wsgi.input in a thread: each read was a handoff to the hub; now a
+    # pump in the hub hands the body over as it comes, in chunks.
+    waits = counted_waits(monkeypatch)
 
     def app(environ, start_response):
         read, pieces = environ["wsgi.input"].read, []
@@ -1158,18 +1165,9 @@ def test_a_thread_reading_a_large_body_is_woken_for_gather_bytes_not_each_piece(
     # cost the worker a quarter of its CPU in thread switches.  It
     # is woken once GATHER bytes came, or the end (or LINGER seconds
     # after the first of them: long here, so that only those count).
-    import threading as threading_module
-
     from zc_lb.worker import threadio
 
-    waits = []
-
-    class Condition(threading_module.Condition):  # (the thread waits for the hub on it)
-        def wait(self, timeout=None):
-            waits.append(1)
-            return super().wait(timeout)
-
-    monkeypatch.setattr(threading_module, "Condition", Condition)
+    waits = counted_waits(monkeypatch)
     monkeypatch.setattr(threadio, "LINGER", 60.0, raising=False)
 
     def app(environ, start_response):
