@@ -465,6 +465,7 @@ def test_an_enable_is_taken_though_a_child_started_again_never_took_the_drain(
     import gevent
 
     from zc_lb.errors import ConfigurationError
+    from zc_lb.process import drains
 
     worker, known, asked = "10.0.0.1:9001", {True}, []
 
@@ -480,6 +481,11 @@ def test_an_enable_is_taken_though_a_child_started_again_never_took_the_drain(
         known.clear()  # (the child started again does not know it)
         first.kill()
         wait_until(lambda: asked.count("drain") >= 3)  # (asked again)
+        # (the children are asked at once, which yields: a retry that ran
+        # before the child was asked had forgotten the worker there, and
+        # the enable asked it, and failed)
+        each = drains.each
+        monkeypatch.setattr(drains, "each", lambda *args: (gevent.sleep(0.05), each(*args))[1])
         assert supervisor.action("enable")(worker=worker) == {"worker": worker,
                                                               "changed": False}
         gevent.sleep(0.1)

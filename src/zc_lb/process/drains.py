@@ -122,15 +122,20 @@ class Drains:
         """Enable ``worker`` in every child that serves and took its drain:
         the merged answer, ``changed`` if any child had something to undo."""
         self.drained.discard(worker)
-
-        def ask(child: Any) -> Optional[dict]:
+        # Which children to leave out is settled before any is asked: the
+        # asks yield, and a child's retry (``ask_again``) that runs
+        # meanwhile forgets the worker, no longer drained, in ``refused``.
+        left_out = set()
+        for child in children:
             if worker in child.refused:
                 child.refused.discard(worker)
                 if worker not in child.unanswered:
-                    return None  # (it refused the drain: nothing to undo there)
+                    left_out.add(child)  # (it refused the drain: nothing to undo there)
             if (child.process, worker) in self.sending:
-                return None  # (not taken there yet: drain_in undoes it if it is)
-            return self.ask_enable(child, worker)
+                left_out.add(child)  # (not taken there yet: drain_in undoes it if it is)
+
+        def ask(child: Any) -> Optional[dict]:
+            return None if child in left_out else self.ask_enable(child, worker)
 
         answers, refused = ask_each(children, ask)
         if refused:
