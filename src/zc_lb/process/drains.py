@@ -28,10 +28,36 @@ that:
   answered, or an enable some child did not answer and none refused, is
   ChildUnavailable (503, try again).
 
+What is held of one child and one worker drained through the
+supervisor, and what an enable of the worker does with it
+(``Drains.release``):
+
+=====================  ====================================  ======================
+held in                meaning                               an enable
+=====================  ====================================  ======================
+``Drains.sending``     a drain on its way to the child's     leaves the child out:
+                       process (``drain_in``), or refused    ``drain_in`` undoes the
+                       and not yet in ``refused``            drain there if taken
+``child.refused``      not taken: refused, or not answered;  forgets it; leaves the
+                       asked again (``ask_again``)           child out unless it is
+                                                             also ``unanswered``
+``child.unanswered``   a drain went unanswered, and no       asks the child; a
+                       drain was taken nor enable answered   refusal then is no error
+                       since: the child may have taken it
+nothing                taken (or never asked)                asks the child
+=====================  ====================================  ======================
+
+The three are apart, not one state, because they overlap: a drain
+``ask_again`` sends is ``refused`` and ``sending``; one that goes
+unanswered is ``unanswered`` as well, and stays so after a refusal (the
+child may have taken the unanswered one); a drain no child answered is
+held by none, and ``unanswered`` alone.  ``sending`` is the
+supervisor's, by process, so that a drain still on its way to a process
+that ended touches nothing of the one started after it.
+
 A child here is the supervisor's ``processes.Child``: its ``index``,
-``process``, whether it is ``serving``, ``refused``, the drains it has
-not taken yet, and ``unanswered``, the drains it did not answer, which
-its launch clears.
+``process``, whether it is ``serving``, ``refused`` and ``unanswered``
+(above), which its launch clears.
 """
 
 from __future__ import annotations
@@ -125,14 +151,7 @@ class Drains:
         # Which children to leave out is settled before any is asked: the
         # asks yield, and a child's retry (``ask_again``) that runs
         # meanwhile forgets the worker, no longer drained, in ``refused``.
-        left_out = set()
-        for child in children:
-            if worker in child.refused:
-                child.refused.discard(worker)
-                if worker not in child.unanswered:
-                    left_out.add(child)  # (it refused the drain: nothing to undo there)
-            if (child.process, worker) in self.sending:
-                left_out.add(child)  # (not taken there yet: drain_in undoes it if it is)
+        left_out = {child for child in children if self.release(child, worker)}
 
         def ask(child: Any) -> Optional[dict]:
             return None if child in left_out else self.ask_enable(child, worker)
@@ -144,6 +163,18 @@ class Drains:
         answer["worker"] = worker  # (also when no child was asked: nothing undone)
         answer["changed"] = any(a.get("changed") is True for a in answers)
         return answer
+
+    def release(self, child: Any, worker: str) -> bool:
+        """Forget the drain of ``worker`` held for ``child`` (the worker is
+        enabled): whether the enable leaves the child out, as the module's
+        table says: its drain is on its way there (``drain_in`` undoes
+        it if it is taken), or the child refused it and answered (it
+        does not know the worker: nothing to undo)."""
+        held = worker in child.refused
+        child.refused.discard(worker)
+        if (child.process, worker) in self.sending:
+            return True
+        return held and worker not in child.unanswered
 
     def ask_drain(self, child: Any, worker: str) -> dict:
         """``child``'s answer to the drain of ``worker``.  One that did
