@@ -149,6 +149,26 @@ def test_a_bad_option_value_exits_2_with_one_error_line_and_no_traceback():
         "zc-lb lb: error: argument --variance: variance must be at least 1e-09, got '0'"]
 
 
+@pytest.mark.parametrize("name", ["child_status_timeout", "child_action_timeout"])
+@pytest.mark.parametrize("value, said", [
+    ("0", "%s must be at least 0.01, got '0'"), ("-2", "%s must be at least 0.01, got '-2'"),
+    ("soon", "bad value for %s: 'soon' (not a number)"),
+    ("nan", "bad value for %s: 'nan' (not a finite number)")])
+def test_a_childs_timeout_that_is_no_positive_number_exits_2_naming_it(
+        name, value, said, tmp_path, in_process, capsys):
+    option = "--" + name.replace("_", "-")
+    with pytest.raises(SystemExit) as info:
+        main(["lb", "--processes", "2", option, value])
+    assert info.value.code == 2  # (after argparse's usage: its one error line)
+    assert capsys.readouterr().err.splitlines()[-1] == "zc-lb lb: error: argument %s: %s" % (
+        option, said % name)
+    config = tmp_path / "zc-lb.toml"  # (in a --config file: the same, with its line)
+    config.write_text("[lb]\nprocesses = 2\n%s = %s\n" % (
+        name, value if value[-1].isdigit() else '"%s"' % value))
+    assert main(["lb", "--config", str(config)]) == 2
+    assert error_line(capsys, "lb").startswith("%s:3: %s" % (config, said.split("'")[0] % name))
+
+
 def test_a_report_whose_reader_went_away_ends_quietly():
     # ``zc-lb status ... | head`` printed "error: [Errno 32] Broken pipe"
     # (or Python's "Exception ignored" at the exit).

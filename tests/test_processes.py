@@ -1189,6 +1189,61 @@ def test_an_enable_reaches_a_child_whose_drain_went_unanswered(supervised):
     assert told_to_retry
 
 
+class Built(Exception):
+    """``Supervisor.start`` stopped: the supervisor ``run`` built, not started."""
+
+
+def test_a_child_is_given_the_time_the_options_say_to_answer(monkeypatch):
+    # A child had 2 s to answer for its status and 5 s for an action,
+    # constants: an operator whose children are slow (a large pool, a
+    # loaded box) could not give them longer, nor shorter.
+    import socket
+    import time
+
+    from zc_lb.cli.parsers import build_parser
+    from zc_lb.errors import ChildUnavailable
+    from zc_lb.process import processes, service
+
+    argv = ["lb", "--processes", "2", "--listen", "127.0.0.1:0",
+            "--child-status-timeout", "0.2", "--child-action-timeout", "1"]
+    built = []
+
+    def start(supervisor):
+        built.append(supervisor)
+        raise Built()
+
+    monkeypatch.setattr(processes.Supervisor, "start", start)
+    monkeypatch.setenv(service.SECRETS_WATCHED, "[]")  # (what ``run`` names to children)
+    monkeypatch.setattr(service, "_watched", service._watched)
+    with pytest.raises(Built):
+        processes.run(build_parser().parse_args(argv), argv)
+    supervisor, = built
+    silent = socket.create_server(("127.0.0.1", 0))  # takes a request, never answers
+    try:
+        supervisor.children = [processes.Child(0, [], -1, "INFO")]
+        serving(supervisor.children[0], "127.0.0.1:%d" % silent.getsockname()[1])
+        started = time.monotonic()
+        assert [p["stale"] for p in supervisor.status()["processes"]] == [True]
+        took = time.monotonic() - started
+        assert 0.15 < took < 0.7, took
+        started = time.monotonic()
+        with pytest.raises(ChildUnavailable, match="no answer from LB process 0 .*timed out"):
+            supervisor.action("drain")(worker="10.0.0.1:9001")
+        took = time.monotonic() - started
+        assert 0.9 < took < 1.5, took
+    finally:
+        silent.close()
+
+
+def test_a_supervisor_refuses_a_childs_timeout_that_is_no_positive_number():
+    from zc_lb.errors import ConfigurationError
+    from zc_lb.process.processes import Supervisor
+
+    for timeouts in ({"status_timeout": 0}, {"action_timeout": -1.0}, {"status_timeout": "2"}):
+        with pytest.raises(ConfigurationError, match="child_(status|action)_timeout must be"):
+            Supervisor(2, ["lb"], ("127.0.0.1", 0), **timeouts)
+
+
 def test_two_actions_reach_each_child_in_the_order_they_came(monkeypatch):
     # Actions ran side by side: an enable that came while a drain was on
     # its way to a slow child reached that child first, and the worker

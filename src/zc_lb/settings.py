@@ -321,6 +321,16 @@ LB_SETTINGS = _table([
     Setting("drain_timeout", float, 30.0,
             "seconds to finish requests in flight on SIGTERM",
             minimum=0, metavar="S"),
+    Setting("child_status_timeout", float, 2.0,
+            "with --processes: seconds the supervisor gives each LB process to answer "
+            "for its status (the status document, /metrics, /healthz); one that does "
+            "not counts as it last answered, marked stale",
+            minimum=0.01, metavar="S"),
+    Setting("child_action_timeout", float, 5.0,
+            "with --processes: seconds the supervisor gives each LB process to answer "
+            "an action (drain, enable, reset-skills); if one does not and none refuses, "
+            "the action fails with 503 (try again)",
+            minimum=0.01, metavar="S"),
 ])
 
 WORKER_SETTINGS = _table([

@@ -42,7 +42,7 @@ LB_HELP_GROUPS = {
         "buffer_memory", "buffer_memory_total", "buffer_disk", "buffer_disk_total", "buffer_dir"],
     "operations": [
         "status", "admin_token_file", "access_log", "access_log_format", "pid_file",
-        "drain_timeout", "version"],
+        "drain_timeout", "child_status_timeout", "child_action_timeout", "version"],
 }
 
 

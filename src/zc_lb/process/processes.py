@@ -16,7 +16,8 @@ children's documents (counters added, each worker's backlog summed over
 the processes, ``processes`` listing each child with its own status
 address), and a POST action goes to every child: all asked at once,
 over gevent's sockets, so one that hangs holds up nothing else
-(process/asking.py), actions one after another.  SIGHUP (read --config
+(process/asking.py), each given --child-status-timeout or
+--child-action-timeout seconds to answer, actions one after another.  SIGHUP (read --config
 again) and SIGUSR1 (reopen the access log) are passed on to every child,
 as are SIGTERM and SIGINT, on which each child drains as a single LB
 does; the supervisor exits when they all have.  A child that dies otherwise is
@@ -50,6 +51,7 @@ from zc_lb.process.asking import FifoLock, ask, each
 from zc_lb.process.drains import Drains, ask_each, failed, merged
 from zc_lb.routing import siblings
 from zc_lb.errors import AddressUnavailable, ConfigurationError, ZcLbError
+from zc_lb.settings import LB_SETTINGS, check
 from zc_lb.status.document import merge_status
 
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a child gets when its parent dies
@@ -61,8 +63,10 @@ START_TIMEOUT = 60.0  # seconds a child has to say its status address (a new LB'
 RESTART_MIN = 0.1  # seconds before a child failing at start is started again, doubling
 RESTART_MAX = 10.0
 HEALTHY_RUN = 5.0  # seconds a child must have run for its exit to be no failure
-STATUS_TIMEOUT = 2.0  # seconds a child has to answer for its status document
-ACTION_TIMEOUT = 5.0  # seconds a child has to answer an action
+# Seconds a child has to answer for its status document, and an action,
+# unless --child-status-timeout and --child-action-timeout say otherwise.
+STATUS_TIMEOUT = LB_SETTINGS["child_status_timeout"].default
+ACTION_TIMEOUT = LB_SETTINGS["child_action_timeout"].default
 # What the summed document needs of each child's: every worker's every
 # skill (its skills_count, and the workers skilled for each class), and
 # every class counted (a class's sum goes back if a child's share of it
@@ -199,13 +203,24 @@ class Child:
 class Supervisor:
     """Starts, watches and stops the LB processes; serves their status.
     Constructing one does nothing; ``start()`` binds the address (or
-    takes the socket handed down) and starts the children."""
+    takes the socket handed down) and starts the children.  A child has
+    ``status_timeout`` seconds to answer for its status document, and
+    ``action_timeout`` to answer an action (STATUS_TIMEOUT and
+    ACTION_TIMEOUT if not given)."""
 
     def __init__(self, count: int, argv: Sequence[str], listen, log_level: str = "INFO",
                  backlog: int = 1024, scheme: str = "http", cwd: Optional[str] = None,
-                 kept: Any = None, admin_token: Optional[bytes] = None) -> None:
+                 kept: Any = None, admin_token: Optional[bytes] = None,
+                 status_timeout: Optional[float] = None,
+                 action_timeout: Optional[float] = None) -> None:
         if count < 1:
             raise ConfigurationError("--processes must be at least 1, got %d" % count)
+        self.status_timeout: float = check(
+            LB_SETTINGS, "child_status_timeout",
+            STATUS_TIMEOUT if status_timeout is None else status_timeout)
+        self.action_timeout: float = check(
+            LB_SETTINGS, "child_action_timeout",
+            ACTION_TIMEOUT if action_timeout is None else action_timeout)
         self.count, self.listen, self.log_level, self.backlog = count, listen, log_level, backlog
         # (each child serves the socket as the one --listen said: HTTP or HTTPS)
         self.argv = child_argv(argv) + ["--listen", scheme + "://127.0.0.1:0"]
@@ -323,7 +338,7 @@ class Supervisor:
 
     def _ask(self, child: Child, action: str, worker: str = "") -> dict:
         """``child``'s answer to a status action (of ``worker``)."""
-        return ask(child.status, timeout=ACTION_TIMEOUT, action=action,
+        return ask(child.status, timeout=self.action_timeout, action=action,
                    params={"worker": worker} if worker else {}, token=self.admin_token)
 
     def stop(self, timeout: float) -> None:
@@ -369,7 +384,7 @@ class Supervisor:
         stale = set()
         asked = [child.status for child in self.children if child.status is not None]
         for address, doc in each(asked, lambda address: ask(
-                address, timeout=STATUS_TIMEOUT, params=CHILD_QUERY if full else None)):
+                address, timeout=self.status_timeout, params=CHILD_QUERY if full else None)):
             if isinstance(doc, ZcLbError):  # (all asked at once: one that hangs delays none)
                 docs[address] = self._last.get(address) or {"error": str(doc)}
                 stale.add(address)
@@ -424,7 +439,9 @@ def run(args, argv: Sequence[str], kept: Any = None) -> int:
     listen = restart.inherited("front0", where) or parse_listen(where)
     supervisor = Supervisor(args.processes, lb_argv(argv), listen, args.log_level,
                             scheme=scheme, cwd=getattr(args, "start_dir", None), kept=kept,
-                            admin_token=read_secret(args.admin_token_file))
+                            admin_token=read_secret(args.admin_token_file),
+                            status_timeout=args.child_status_timeout,
+                            action_timeout=args.child_action_timeout)
     supervisor.start()
     status = _status_server(args, supervisor)
     log.info("%d LB processes, pids %s", len(supervisor.children),
