@@ -22,6 +22,7 @@ import gevent.event
 import gevent.socket
 import pytest
 
+from zc_lb import errors
 from zc_lb.wire import decoder, encoder, frames
 from zc_lb.wire.stream import WIDE_WINDOW
 from zc_lb.routing.classifier import host_classifier
@@ -460,6 +461,61 @@ def test_head_without_content_length_sends_no_body(stack):
     assert status == 200 and body == b""
     status, _, body = client.request(path="/next")
     assert (status, body) == (200, b"ok /next")
+
+
+class _EndlessHeadWorker(Worker):
+    """A worker of the release before, which drew on the endless body of
+    a HEAD and sent End only once it ended: its head, then nothing more,
+    or (``chunks``) body bytes, until the LB cancels (``cancelled``)."""
+
+    chunks = False
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.cancelled = gevent.event.Event()
+
+    def handle_request(self, connection, exchange):
+        self.requests.spawn(self._answer, exchange)  # (killed as the stack closes)
+
+    def _answer(self, exchange):
+        if exchange.receive().environ.get("REQUEST_METHOD") != "HEAD":
+            exchange.respond("200 OK", [("Content-Length", "2")], b"ok", True)
+            return
+        exchange.respond("200 OK", [("Content-Type", "application/octet-stream")])
+        try:
+            for _ in range(2000 if self.chunks else 1):  # (bounded: 2 MiB, or 5 s)
+                if self.chunks:
+                    exchange.send_body(b"e" * 1024)
+                    gevent.sleep(0.001)
+                else:
+                    exchange.receive(timeout=5)  # (only a Cancel can come now)
+        except errors.RequestCancelled:
+            self.cancelled.set()
+        except (errors.ZcLbError, gevent.Timeout):
+            pass  # (the LB went, or never cancelled: the test failed already)
+
+
+@pytest.mark.parametrize("chunks", [False, True], ids=["silent", "chunks"])
+@pytest.mark.parametrize("wsgi", [False, True], ids=["standalone", "embedded"])
+def test_a_head_an_older_worker_draws_on_is_ended_by_the_lb_with_its_head(
+        stack, caplog, chunks, wsgi):
+    # A worker of the release before sends a HEAD's End only once the
+    # application's body ends: for an endless one, the client had no head
+    # and its connection no next response until response_timeout (a
+    # 504), and the request held its worker; with body bytes, the LB
+    # cut them as a body "past the length its head gives".
+    s = stack(ok_app, worker_class=_EndlessHeadWorker, wsgi=wsgi)
+    s.worker.chunks = chunks
+    client = s.client(timeout=2.0)
+    with caplog.at_level(logging.WARNING):
+        status, headers, body = client.request("HEAD", "/endless")
+        assert (status, headers["content-type"], body) == (200, "application/octet-stream", b"")
+        assert s.worker.cancelled.wait(2.0), "the LB left the worker on the HEAD"
+        assert client.request(path="/next")[::2] == (200, b"ok")  # (the connection goes on)
+        poll(lambda: s.lb.in_flight == 0 and s.backlog() == 0 and s.streams() == 0,
+             timeout=2, message="in_flight, backlog and streams back to 0")
+    assert _said(caplog, "zc_lb") == []
+    assert s.lb.fleet.worker_failures == 0
 
 
 # -- request bodies -------------------------------------------------------------

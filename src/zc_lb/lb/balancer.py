@@ -62,7 +62,8 @@ from zc_lb.lb.relay import Relay
 from zc_lb.settings import LB_SETTINGS, check, log_change, shown
 from zc_lb.routing.siblings import SYNC_INTERVAL, Siblings, sync
 from zc_lb.lb.awaiting import Awaiting
-from zc_lb.lb.bodies import InFlight, ResponseBody, Upload, request_path, send_body
+from zc_lb.lb.bodies import (InFlight, ResponseBody, Upload, body_in_hand, request_path,
+                             send_body)
 from zc_lb.lb.spool import SpoolLimits
 from zc_lb.lb.stats import Counters
 from zc_lb.environ import (CLASS, COUNTED_CLASS, ERROR, FORWARD, RELAY,
@@ -241,12 +242,10 @@ class LB:
     def _body(self, connection: Connection, exchange: Exchange, upload: Optional[Upload],
               length: Optional[int], response: Response, environ: dict) -> Iterable[bytes]:
         """The response's body: ``length`` bytes of it (None: all that come)."""
-        if (response.end and upload is None
-                and (length is None or length == len(response.body))):
-            # The whole response came in one piece: the worker is done
-            # with it, and the front sends it in one write.
-            self.flight.worker_done(connection)
-            return [response.body]
+        body = body_in_hand(self.flight, connection, exchange, upload, length, response,
+                            environ["REQUEST_METHOD"] == "HEAD")
+        if body is not None:
+            return body
         return ResponseBody(self.flight, connection, exchange, upload, length, response,
                             self.fleet.outcome, environ)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Hashable, Optional, Set
+from typing import Callable, Hashable, List, Optional, Set
 
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
@@ -346,6 +346,30 @@ class ResponseBody:
         if not self._closed:
             self._closed = True
             self.flight.response_sent()
+
+
+def body_in_hand(flight: InFlight, connection: Connection, exchange: Exchange,
+                 upload: Optional[Upload], length: Optional[int], response: Response,
+                 head: bool) -> Optional[List[bytes]]:
+    """The body of a response whose start came, if the client has all of
+    it with that start, the worker then done with the request (``flight``);
+    None if more is to come from the worker (``ResponseBody``).  So it is
+    when the whole response came in one piece (the front sends it in one
+    write), and when it answers a HEAD (``head``): all of that is in its
+    head, and the request ends on its worker with a Cancel (unless its End
+    came), as a client's hang-up ends one.  (A worker of the release before
+    draws the application's body on for a HEAD, and sends End once it
+    ends: for an endless one, never.)"""
+    if head:
+        if upload is not None:
+            upload.stop()
+        exchange.cancel()  # (a no-op once both directions have ended)
+        flight.worker_done(connection)
+        return [b""]
+    if response.end and upload is None and (length is None or length == len(response.body)):
+        flight.worker_done(connection)
+        return [response.body]
+    return None
 
 
 def send_body(exchange: Exchange, wsgi_input, limit: Optional[int] = None) -> Optional[Upload]:
