@@ -3,6 +3,7 @@ and clients of it for test_zk.py and test_recipes.py; a WSGI app served in
 a thread (the status server, for test_status.py and test_asking.py)."""
 
 import itertools
+import os
 import socket
 import threading
 import wsgiref.simple_server
@@ -23,6 +24,8 @@ source_only = pytest.mark.skipif(
 def pytest_report_header(config):
     return "zc-lb build: " + zc_lb.build()
 
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
 
 # The test files that take a second or more, longest first, as measured
 # (--durations, make test's compiled and source runs on two cores).  With
@@ -46,6 +49,27 @@ LONGEST_FIRST = (
     "test_proxyproto.py", "test_relearn.py", "test_classifier.py", "test_deployment.py",
     "test_awaiting.py", "test_loopwatch.py",
 )
+
+
+def misnamed(order=LONGEST_FIRST, directory=TESTS):
+    """What is wrong with ``order``'s names of test files in
+    ``directory``: those that name no test file there (renamed or
+    removed: such a file would drop out of the order without a word),
+    and those named twice."""
+    wrong = ["%s (no such test file)" % name for name in order
+             if not (name.startswith("test_") and name.endswith(".py")
+                     and os.path.isfile(os.path.join(directory, name)))]
+    wrong += ["%s (named twice)" % name for name in sorted(set(order))
+              if order.count(name) > 1]
+    return wrong
+
+
+def pytest_configure(config):
+    wrong = misnamed()
+    if wrong:
+        raise pytest.UsageError(
+            "tests/conftest.py: LONGEST_FIRST names %s; name each test file as it is "
+            "in tests/, once" % ", ".join(wrong))
 
 
 def pytest_collection_modifyitems(items):

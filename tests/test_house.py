@@ -2,7 +2,8 @@
 measured by walking its syntax trees: no import cycles, no module
 reaching into another object's private state, at most 12 modules in a
 package, the environ keys named in one module, and no module, class or
-function grown past what a newcomer reads at once."""
+function grown past what a newcomer reads at once; and the order the
+test files run in (conftest.py's LONGEST_FIRST) names each as it is."""
 
 from __future__ import annotations
 
@@ -135,3 +136,14 @@ def test_few_functions_are_long():
                       if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
                       and _length(node) > LONG_FUNCTION}
     assert len(long_functions) <= MAX_LONG_FUNCTIONS, long_functions
+
+
+def test_the_longest_first_order_names_each_test_file_as_it_is():
+    # A test file renamed or removed dropped out of conftest.py's
+    # LONGEST_FIRST without a word, and ran after the long ones; now no
+    # run starts until the order names it as it is (pytest_configure).
+    import conftest
+    assert conftest.misnamed() == []
+    assert conftest.misnamed(("test_house.py", "test_gone.py", "apps.py", "test_house.py")) == [
+        "test_gone.py (no such test file)", "apps.py (no such test file)",
+        "test_house.py (named twice)"]
