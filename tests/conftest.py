@@ -1,6 +1,7 @@
 """Shared fixtures: one real ZooKeeper per test session (tests/zkserver.py),
 and clients of it for test_zk.py and test_recipes.py; a WSGI app served in
-a thread (the status server, for test_status.py and test_asking.py)."""
+a thread (the status server, for test_status.py and test_asking.py), a
+listener that speaks no HTTP and one that never answers."""
 
 import itertools
 import os
@@ -207,3 +208,20 @@ def not_http():
     for talker, thread in started:
         thread.join(5)
         talker.close()
+
+
+@pytest.fixture
+def silent():
+    """silent(count=1) -> ``count`` "127.0.0.1:PORT" addresses that take
+    connections and requests and never answer (as an LB process stopped
+    with SIGSTOP: the kernel accepts, no one reads)."""
+    sockets = []
+
+    def start(count=1):
+        started = [socket.create_server(("127.0.0.1", 0), backlog=8) for _ in range(count)]
+        sockets.extend(started)
+        return ["127.0.0.1:%d" % sock.getsockname()[1] for sock in started]
+
+    yield start
+    for sock in sockets:
+        sock.close()

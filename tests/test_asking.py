@@ -4,11 +4,10 @@ children, over gevent's sockets: the same answers and errors as
 
 The children here are status apps served by wsgiref in a thread (so
 that ``fetch``, blocking, can be asked the same), and listening sockets
-that never answer (as a child stopped with SIGSTOP: the kernel takes
-the connection and the request, no one reads them)."""
+that never answer (conftest's ``silent``: as a child stopped with
+SIGSTOP, the kernel takes the connection and the request, no one reads
+them)."""
 
-import contextlib
-import socket
 import time
 
 import gevent
@@ -19,22 +18,6 @@ from zc_lb.process.asking import FifoLock, ask, each
 from zc_lb.status.document import fetch, status_app
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@contextlib.contextmanager
-def silent(count=1):
-    """``count`` addresses that take connections and never answer."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sock.listen(8)
-            sockets.append(sock)
-        yield ["127.0.0.1:%d" % sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def both(*args, **kwargs):
@@ -101,16 +84,16 @@ def test_ask_is_not_http_where_fetch_is_not(not_http):
                                 "server: BadStatusLine: SSH-2.0-OpenSSH" % there)
 
 
-def test_a_child_that_never_answers_is_given_up_in_time_while_the_rest_runs():
+def test_a_child_that_never_answers_is_given_up_in_time_while_the_rest_runs(silent):
     # fetch blocked the supervisor's whole loop for its timeout: nothing
     # else ran meanwhile, not even a greenlet due long before.
     ran = []
-    with silent() as (address,):
-        ticker = gevent.spawn_later(0.1, lambda: ran.append(time.monotonic()))
-        started = time.monotonic()
-        with pytest.raises(ZcLbError) as info:
-            ask(address, timeout=0.5)
-        took = time.monotonic() - started
+    address, = silent()
+    ticker = gevent.spawn_later(0.1, lambda: ran.append(time.monotonic()))
+    started = time.monotonic()
+    with pytest.raises(ZcLbError) as info:
+        ask(address, timeout=0.5)
+    took = time.monotonic() - started
     assert type(info.value) is ZcLbError
     assert str(info.value) == "cannot get status from http://%s/: timed out" % address
     assert 0.45 < took < 1.0
@@ -118,14 +101,14 @@ def test_a_child_that_never_answers_is_given_up_in_time_while_the_rest_runs():
     assert ran and ran[0] - started < 0.3
 
 
-def test_every_child_is_asked_at_once(wsgi_thread):
+def test_every_child_is_asked_at_once(wsgi_thread, silent):
     # One after another, each child that hung added its timeout.
     good = wsgi_thread(status_app(lambda: {"requests": 1}))
-    with silent(3) as quiet:
-        started = time.monotonic()
-        answers = each([quiet[0], good, quiet[1], quiet[2]],
-                       lambda address: ask(address, timeout=0.5))
-        took = time.monotonic() - started
+    quiet = silent(3)
+    started = time.monotonic()
+    answers = each([quiet[0], good, quiet[1], quiet[2]],
+                   lambda address: ask(address, timeout=0.5))
+    took = time.monotonic() - started
     assert took < 1.0  # (not 1.5)
     assert [address for address, _ in answers] == [quiet[0], good, quiet[1], quiet[2]]
     assert answers[1][1] == {"requests": 1}
