@@ -169,6 +169,30 @@ def test_a_childs_timeout_that_is_no_positive_number_exits_2_naming_it(
     assert error_line(capsys, "lb").startswith("%s:3: %s" % (config, said.split("'")[0] % name))
 
 
+@pytest.mark.parametrize("argv", [["status", "127.0.0.1:1"],
+                                  ["drain", "127.0.0.1:1", "10.0.0.1:9001"],
+                                  ["enable", "127.0.0.1:1", "10.0.0.1:9001"],
+                                  ["reset-skills", "--status", "127.0.0.1:1"]])
+@pytest.mark.parametrize("value, said", [
+    ("0", "timeout must be at least 0.01, got '0'"),
+    ("-1", "timeout must be at least 0.01, got '-1'"),
+    ("soon", "bad value for timeout: 'soon' (not a number)"),
+    ("inf", "bad value for timeout: 'inf' (not a finite number)")])
+def test_an_admin_commands_timeout_that_is_no_positive_number_exits_2_naming_it(
+        argv, value, said, capsys):
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(argv + ["--timeout", value])
+    assert info.value.code == 2  # (after argparse's usage: its one error line)
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "zc-lb %s: error: argument --timeout: %s" % (argv[0], said))
+
+
+def test_the_admin_commands_wait_5_s_unless_told():
+    parser = build_parser()
+    assert parser.parse_args(["status", "a:1"]).timeout == 5.0
+    assert parser.parse_args(["drain", "a:1", "w:2", "--timeout", "12.5"]).timeout == 12.5
+
+
 def test_a_report_whose_reader_went_away_ends_quietly():
     # ``zc-lb status ... | head`` printed "error: [Errno 32] Broken pipe"
     # (or Python's "Exception ignored" at the exit).
@@ -262,8 +286,10 @@ def test_reset_skills_asks_every_status_address_given(monkeypatch, in_process, c
     monkeypatch.setattr(status, "fetch", lambda address, **kw: asked.append((address, kw)))
     assert main(["reset-skills", "--status", "10.0.0.1:8079",
                  "--status", "10.0.0.2:8079"]) == 0
-    assert asked == [("10.0.0.1:8079", {"action": "reset-skills", "token": None}),
-                     ("10.0.0.2:8079", {"action": "reset-skills", "token": None})]
+    assert asked == [("10.0.0.1:8079", {"action": "reset-skills", "token": None,
+                                        "timeout": 5.0}),
+                     ("10.0.0.2:8079", {"action": "reset-skills", "token": None,
+                                        "timeout": 5.0})]
     assert capsys.readouterr().out.splitlines() == [
         "reset skills on the LB at 10.0.0.1:8079", "reset skills on the LB at 10.0.0.2:8079"]
 

@@ -8,6 +8,7 @@ and ``zc-lb status`` run against it, are in test_e2e.py.
 
 import json
 import re
+import time
 
 import pytest
 
@@ -351,6 +352,28 @@ def test_the_admin_commands_exit_1_when_nothing_answers(capsys):
         out, err = capsys.readouterr()
         assert out == "" and err.count("\n") == 1, argv
         assert err.startswith("zc-lb %s: error: cannot " % argv[0]) and nowhere in err, argv
+
+
+ADMIN_COMMANDS = {"status": ["status", "{}"], "drain": ["drain", "{}", "10.0.0.5:9001"],
+                  "enable": ["enable", "{}", "10.0.0.5:9001"],
+                  "reset-skills": ["reset-skills", "--status", "{}"]}
+
+
+@pytest.mark.parametrize("command", sorted(ADMIN_COMMANDS))
+def test_the_admin_commands_wait_their_timeout_for_an_answer(command, silent, capsys):
+    # They waited 5 s, fixed: an LB --processes N whose supervisor gives
+    # its children --child-action-timeout 5 s or more answered after they
+    # had said nothing answered.
+    address, = silent()
+    argv = [arg.format(address) for arg in ADMIN_COMMANDS[command]]
+    started = time.monotonic()
+    assert cli.main(argv + ["--timeout", "0.3"]) == 1
+    took = time.monotonic() - started
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert err.startswith("zc-lb %s: error: cannot " % command) and address in err, err
+    assert err.endswith(": timed out\n"), err
+    assert 0.25 < took < 1.5
 
 
 def test_the_admin_commands_at_what_speaks_no_http_exit_2(not_http, capsys):

@@ -50,7 +50,7 @@ def run_status(args: argparse.Namespace) -> int:
 
     from zc_lb.status.document import format_status
 
-    doc = fetch_status(args.address)
+    doc = fetch_status(args.address, args.timeout)
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:
@@ -62,7 +62,7 @@ def run_worker_state(args: argparse.Namespace) -> int:
     from zc_lb.status.document import fetch
 
     answer = fetch(args.address, action=args.action, params={"worker": args.worker},
-                   token=read_secret(args.token_file))
+                   token=read_secret(args.token_file), timeout=args.timeout)
     print("%s %s on the LB at %s%s" % (
         "drained" if args.action == "drain" else "enabled", args.worker, args.address,
         " (it was neither drained nor ejected)" if answer.get("changed") is False else ""))
@@ -76,7 +76,7 @@ def run_reset_skills(args: argparse.Namespace) -> int:
         raise ConfigurationError("give --zookeeper or --status")
     token = read_secret(args.token_file)
     for address in args.status:
-        fetch(address, action="reset-skills", token=token)
+        fetch(address, action="reset-skills", token=token, timeout=args.timeout)
         print("reset skills on the LB at %s" % address)
     if args.zookeeper:
         from zc_lb.zookeeper import client as zk

@@ -256,6 +256,7 @@ def _add_status_parser(sub) -> None:
     p = sub.add_parser("status", help="print an LB's status")
     p.add_argument("address", help="the LB's --status HOST:PORT")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
+    _add_answer_timeout(p, "the LB's answer", "--child-status-timeout")
 
 
 def _add_worker_state_parsers(sub) -> None:
@@ -267,6 +268,7 @@ def _add_worker_state_parsers(sub) -> None:
         p.add_argument("worker", help="the worker's HOST:PORT, as the LB knows it")
         p.add_argument("--token-file", metavar="FILE",
                        help="the LB's --admin-token-file")
+        _add_answer_timeout(p, "the LB's answer", "--child-action-timeout")
         p.set_defaults(action=name)
 
 
@@ -283,6 +285,17 @@ def _add_reset_skills_parser(sub) -> None:
                         "workers keep their résumés); may be repeated")
     p.add_argument("--token-file", metavar="FILE",
                    help="the LBs' --admin-token-file")
+    _add_answer_timeout(p, "each --status address's answer", "--child-action-timeout")
+
+
+def _add_answer_timeout(p, answer: str, childs: str) -> None:
+    """--timeout: how long a command waits for an LB's status address,
+    checked as a setting is (a number, at least 0.01: else exit status 2)."""
+    settings.add_argument(p, settings.Setting(
+        "timeout", float, 5.0,
+        "seconds to wait for %s; an LB with --processes waits up to its %s for its "
+        "processes' answers: give more than that" % (answer, childs),
+        minimum=0.01, metavar="S"))
 
 
 class AnyOrderParser(config.Parser):
