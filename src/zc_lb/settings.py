@@ -324,12 +324,14 @@ LB_SETTINGS = _table([
     Setting("child_status_timeout", float, 2.0,
             "with --processes: seconds the supervisor gives each LB process to answer "
             "for its status (the status document, /metrics, /healthz); one that does "
-            "not counts as it last answered, marked stale",
+            "not counts as it last answered, marked stale; keep it under zc-lb "
+            "status's --timeout",
             minimum=0.01, metavar="S"),
     Setting("child_action_timeout", float, 5.0,
             "with --processes: seconds the supervisor gives each LB process to answer "
             "an action (drain, enable, reset-skills); if one does not and none refuses, "
-            "the action fails with 503 (try again)",
+            "the action fails with 503 (try again); give those commands a --timeout "
+            "above it",
             minimum=0.01, metavar="S"),
 ])
 
