@@ -518,6 +518,42 @@ def test_a_head_an_older_worker_draws_on_is_ended_by_the_lb_with_its_head(
     assert s.lb.fleet.worker_failures == 0
 
 
+def _head_written_app(environ, start_response):
+    # The legacy write(): the head goes out with it (a HEAD's at once, its
+    # body going nowhere), and the application works on before it returns.
+    write = start_response("200 OK", [("Content-Type", "text/plain"),
+                                      ("Content-Length", "7")])
+    write(b"written")
+    (time.sleep if environ["wsgi.multithread"] else gevent.sleep)(0.05)
+    return []
+
+
+@pytest.mark.parametrize("threads", [None, 2], ids=["greenlets", "threads"])
+def test_a_head_the_lb_ends_once_its_head_came_is_served_on_its_worker(
+        stack, caplog, threads):
+    # The LB cancels a HEAD's request on its worker once it has the head,
+    # unless its End came with it.  An application that answers through
+    # write() and works on sends the head before the End: its worker
+    # counted each such HEAD as failed, left it out of its résumé and
+    # logged that it "ended early", though the client had all a HEAD gets.
+    s = stack(routes({"/written": _head_written_app}), worker_kw={"threads": threads})
+    client = s.client(timeout=2.0)
+    serving = s.worker.serving
+    with caplog.at_level(logging.DEBUG):
+        for n in range(1, 4):
+            assert client.request("HEAD", "/written")[::2] == (200, b"")
+            poll(lambda: serving.served + serving.failed == n, timeout=2,
+                 message="HEAD %d counted on the worker" % n)
+        assert client.request(path="/next")[::2] == (200, b"ok /next")  # (still in sync)
+        poll(lambda: serving.served + serving.failed == 4, timeout=2, message="GET counted")
+    status = s.worker.status()
+    assert (status["served"], status["failed"]) == (4, 0)
+    assert sum(status["latency"]["counts"]) == 4
+    assert "a.example" in status["resume"]
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("zc_lb.worker")
+            and r.levelno >= logging.INFO and "ended early" in r.getMessage()] == []
+
+
 # -- request bodies -------------------------------------------------------------
 
 

@@ -423,6 +423,40 @@ def test_a_request_the_lb_cancels_while_the_app_runs_counts_as_failed(serve, mod
     assert worker.status()["served"] == 0 and worker.status()["failed"] == 1
 
 
+@pytest.mark.parametrize("mode", [dict(), dict(threads=1)], ids=["greenlets", "threads"])
+@pytest.mark.parametrize("method", ["HEAD", "GET"])
+def test_a_head_the_lb_cancels_once_its_head_is_out_is_served(serve, caplog, mode, method):
+    # The LB cancels a HEAD's request once it has the head (unless the End
+    # came with it): the client has all a HEAD gets.  Its worker counted it
+    # as failed, kept it out of its résumé and logged that it "ended
+    # early".  A GET cancelled once its head is out was cut short: failed.
+    def app(environ, start_response):
+        write = start_response("200 OK", [("Content-Length", "7")])
+        write(b"written")
+        environ["wsgi.input"].read()  # (a body that never comes: the LB cancels first)
+        return []
+
+    import logging
+
+    worker, connection, _ = serve(app, **mode)
+    exchange = connection.open_request(
+        dict(REQUEST, REQUEST_METHOD=method, PATH_INFO="/", CONTENT_LENGTH="5",
+             **{"zc_lb.request_class": "c"}))
+    with caplog.at_level(logging.DEBUG, logger="zc_lb.worker"):
+        start = exchange.receive(5)
+        assert (start.status, start.end) == ("200 OK", False)
+        exchange.cancel()
+        _wait_until(lambda: worker.status()["served"] + worker.status()["failed"] == 1)
+    said = [r.getMessage() for r in caplog.records if "ended early" in r.getMessage()]
+    if method == "GET":
+        assert (worker.status()["served"], worker.status()["failed"]) == (0, 1)
+        assert "c" not in worker.publisher.resume()
+        return
+    assert (worker.status()["served"], worker.status()["failed"]) == (1, 0)
+    assert "c" in worker.publisher.resume() and sum(worker.status()["latency"]["counts"]) == 1
+    assert said == []
+
+
 def _slow_app(environ, start_response):
     gevent.sleep(float(environ.get("QUERY_STRING") or 0))
     start_response("200 OK", [("Content-Type", "text/plain")])

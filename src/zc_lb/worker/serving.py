@@ -25,6 +25,14 @@ Rules:
   counted with its time, by latency bucket, and recorded in the résumé;
   the ``max_requests``-th makes the process drain and exit, as on
   SIGTERM.
+- A HEAD the LB cancels once its head went out is served, not failed:
+  the client has all a HEAD gets, and the LB ends a HEAD so once it has
+  the head, unless the End came with it (lb/bodies.py), as it does not
+  when the application answers through write() and works on.  Its time
+  runs to the cancel: the application is stopped there (in thread mode
+  its thread is left to finish, as for any cancel, unwatched), and a
+  HEAD is timed to its response whole, which is its head (its body is
+  never drawn: ``_send_blocks``).
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ import gevent  # type: ignore[import-untyped]
 import gevent.lock  # type: ignore[import-untyped]
 
 from zc_lb.environ import REQUEST_CLASS
-from zc_lb.errors import RequestCancelled, ZcLbError
+from zc_lb.errors import PeerCancelled, RequestCancelled, ZcLbError
 from zc_lb.process.loopwatch import LoopWatch
 from zc_lb.process.pending import act_as_on
 from zc_lb.settings import LATENCY_BUCKETS
@@ -131,13 +139,13 @@ class Serving:
                 self._run_in_thread(environ, writer)
             else:
                 self._run_watched(environ, writer)
-        except ZcLbError as exc:  # the LB went away or cancelled
-            log.info("request %d from %s ended early: %s",
-                     exchange.rno, exchange.connection.peer, exc)
-            self.failed += 1
-            exchange.cancel()
-            return
-        except gevent.GreenletExit:
+        except (ZcLbError, gevent.GreenletExit) as exc:  # the LB went away or cancelled
+            if _head_out(writer, exchange):
+                self._count(writer, rclass)  # (the LB's end of a HEAD it has whole)
+                return
+            if isinstance(exc, ZcLbError):
+                log.info("request %d from %s ended early: %s",
+                         exchange.rno, exchange.connection.peer, exc)
             self.failed += 1
             exchange.cancel()
             return
@@ -146,14 +154,21 @@ class Serving:
             # A failure teaches nothing: answering 500 fast is no skill.
             self.failed += 1
             return
+        self._count(writer, rclass)
+
+    def _count(self, writer: ResponseWriter, rclass: str) -> None:
+        """A request served: counted with the application's time so far
+        (to its return, unless the LB ended a HEAD before it: to then)."""
         assert writer.began is not None  # (the application ran)
         elapsed = writer.app_seconds()
+        thread = writer.thread  # (thread mode, the app still running: its waits so far)
+        queued = writer.queued if thread is None else thread.queued
         self.served += 1
         if self.served == self.max_requests:  # (--max-requests: drain and exit, as on SIGTERM)
             act_as_on("SIGTERM", "served %d requests (--max-requests %d): draining to be "
                       "started again" % (self.served, self.max_requests))
         self.app_seconds += elapsed
-        self.queued_seconds += writer.queued
+        self.queued_seconds += queued
         self.latency[bisect_left(LATENCY_BUCKETS, elapsed)] += 1
         self.publisher.record(rclass, elapsed)
 
@@ -282,6 +297,17 @@ class Serving:
                 writer.took = writer.app_seconds()
                 writer.thread = None
         return None
+
+
+def _head_out(writer: ResponseWriter, exchange: Exchange) -> bool:
+    """Whether ``exchange``, stopped by its LB, answered a HEAD whose head
+    had gone out (not a 500 in its place, nor a 5xx): the client has all a
+    HEAD gets, and the LB cancels a HEAD once it has the head, unless the
+    End came with it (lb/bodies.py), as it does not when the application
+    answers through write() and works on.  So the request was served."""
+    status = writer.status
+    return (writer.head and writer.started and not writer.refused and status is not None
+            and status[:1] != "5" and isinstance(exchange.error, PeerCancelled))
 
 
 def _send_blocks(result: Iterable, writer: ResponseWriter,
