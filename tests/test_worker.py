@@ -424,14 +424,17 @@ def test_a_request_the_lb_cancels_while_the_app_runs_counts_as_failed(serve, mod
 
 
 @pytest.mark.parametrize("mode", [dict(), dict(threads=1)], ids=["greenlets", "threads"])
-@pytest.mark.parametrize("method", ["HEAD", "GET"])
-def test_a_head_the_lb_cancels_once_its_head_is_out_is_served(serve, caplog, mode, method):
+@pytest.mark.parametrize("method,status,served", [
+    ("HEAD", "200 OK", True), ("GET", "200 OK", False), ("HEAD", "503 Busy", False)])
+def test_a_head_the_lb_cancels_once_its_head_is_out_is_served(serve, caplog, mode, method,
+                                                               status, served):
     # The LB cancels a HEAD's request once it has the head (unless the End
     # came with it): the client has all a HEAD gets.  Its worker counted it
     # as failed, kept it out of its résumé and logged that it "ended
-    # early".  A GET cancelled once its head is out was cut short: failed.
+    # early".  A GET cancelled once its head is out was cut short, and a
+    # 5xx teaches nothing: failed.
     def app(environ, start_response):
-        write = start_response("200 OK", [("Content-Length", "7")])
+        write = start_response(status, [("Content-Length", "7")])
         write(b"written")
         environ["wsgi.input"].read()  # (a body that never comes: the LB cancels first)
         return []
@@ -444,11 +447,11 @@ def test_a_head_the_lb_cancels_once_its_head_is_out_is_served(serve, caplog, mod
              **{"zc_lb.request_class": "c"}))
     with caplog.at_level(logging.DEBUG, logger="zc_lb.worker"):
         start = exchange.receive(5)
-        assert (start.status, start.end) == ("200 OK", False)
+        assert (start.status, start.end) == (status, False)
         exchange.cancel()
         _wait_until(lambda: worker.status()["served"] + worker.status()["failed"] == 1)
     said = [r.getMessage() for r in caplog.records if "ended early" in r.getMessage()]
-    if method == "GET":
+    if not served:
         assert (worker.status()["served"], worker.status()["failed"]) == (0, 1)
         assert "c" not in worker.publisher.resume()
         return
