@@ -425,6 +425,12 @@ def test_a_reload_that_cannot_be_applied_keeps_the_settings_and_never_raises(
     ("lb", 'processes = 2\nworker = ["a:1"]\n',
      'processes = 2\nworker = ["a:1"]\npid_file = "lb.pid"\n',
      "pid_file changed in {path}; restart to apply ((none) stays in force)"),
+    ("lb", 'processes = 2\nworker = ["a:1"]\n',
+     'processes = 2\nworker = ["a:1"]\nchild_action_timeout = 10\n',
+     "child_action_timeout changed in {path}; restart to apply (5 stays in force)"),
+    ("lb", 'processes = 2\nworker = ["a:1"]\nchild_status_timeout = 1\n',
+     'processes = 2\nworker = ["a:1"]\n',
+     "child_status_timeout changed in {path}; restart to apply (1 stays in force)"),
     ("worker", 'app = "apps:app"\nworkers = 2\nlisten = "127.0.0.1:9001"\n',
      'app = "apps:app"\nworkers = 2\nlisten = "127.0.0.1:9101"\n',
      "listen changed in {path}; restart to apply (127.0.0.1:9001 stays in force)"),
@@ -444,6 +450,36 @@ def test_a_supervisor_says_a_change_to_its_own_settings_needs_a_restart(
     finally:
         kept.remove()
     assert [r.getMessage() for r in caplog.records] == [said.format(path=path)]
+
+
+def test_the_childs_timeouts_a_sighup_changes_are_said_by_the_supervisor_alone(
+        tmp_path, caplog):
+    # Only the supervisor of --processes uses them, but each of its N
+    # children read them from the file: the supervisor said nothing of a
+    # change, and every child said it needed a restart (N lines, and a
+    # child started again applies nothing of it).
+    from zc_lb.process.processes import Child, Supervisor
+
+    before = '[lb]\nprocesses = 2\nworker = ["a:1"]\nchild_status_timeout = 1\n'
+    args, path = parsed(tmp_path, before)
+    supervisor = Supervisor(2, args.argv[1:], ("127.0.0.1", 0), status_timeout=1.0)
+    argv = Child(0, supervisor.argv, 3, "INFO").argv
+    argv = argv[argv.index("lb"):]
+    child = build_parser().parse_args(argv)
+    child.argv = argv
+    child = reload.read_config(child)
+    kept = reload.KeptConfig(args)
+    try:
+        path.write_text(before.replace("= 1", "= 3") + "child_action_timeout = 10\n")
+        with caplog.at_level("INFO", logger="zc_lb"):
+            assert kept.take()
+            reload_config(child, lambda live: None)
+    finally:
+        kept.remove()
+    assert [r.getMessage() for r in caplog.records] == [
+        "child_status_timeout changed in %s; restart to apply (1 stays in force)" % path,
+        "child_action_timeout changed in %s; restart to apply (5 stays in force)" % path,
+        "SIGHUP: %s read again; nothing changed" % path]
 
 
 def test_a_supervisor_names_a_config_file_it_cannot_read_as_a_process_does(tmp_path, caplog):

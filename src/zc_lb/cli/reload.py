@@ -77,9 +77,10 @@ def read_config_at_start(args: argparse.Namespace) -> argparse.Namespace:
 
 # The settings a supervisor keeps to itself: its children's command lines
 # give their own (process/processes.py's and process/workergroup.py's
-# child_argv), whatever the file says, so only the supervisor can say
-# that a change to one needs a restart.
-SUPERVISOR_OWN = {"lb": ("processes", "status", "pid_file"),
+# child_argv, and the Supervisor's), whatever the file says, so only the
+# supervisor can say that a change to one needs a restart.
+SUPERVISOR_OWN = {"lb": ("processes", "status", "pid_file", "child_status_timeout",
+                         "child_action_timeout"),
                   "worker": ("workers", "listen", "status", "resume_file", "pid_file")}
 
 

@@ -222,8 +222,13 @@ class Supervisor:
             LB_SETTINGS, "child_action_timeout",
             ACTION_TIMEOUT if action_timeout is None else action_timeout)
         self.count, self.listen, self.log_level, self.backlog = count, listen, log_level, backlog
-        # (each child serves the socket as the one --listen said: HTTP or HTTPS)
-        self.argv = child_argv(argv) + ["--listen", scheme + "://127.0.0.1:0"]
+        # (each child serves the socket as the one --listen said: HTTP or
+        # HTTPS; and has our timeouts for it, whatever a --config file says:
+        # only we use them, and say that a change to one needs a restart)
+        self.argv = child_argv(argv) + [
+            "--listen", scheme + "://127.0.0.1:0",
+            "--child-status-timeout", repr(self.status_timeout),
+            "--child-action-timeout", repr(self.action_timeout)]
         self.cwd = cwd
         self.kept = kept
         self.admin_token = admin_token  # (what its children's actions need)
