@@ -177,7 +177,9 @@ def test_a_childs_timeout_that_is_no_positive_number_exits_2_naming_it(
     ("0", "timeout must be at least 0.01, got '0'"),
     ("-1", "timeout must be at least 0.01, got '-1'"),
     ("soon", "bad value for timeout: 'soon' (not a number)"),
-    ("inf", "bad value for timeout: 'inf' (not a finite number)")])
+    ("inf", "bad value for timeout: 'inf' (not a finite number)"),
+    # (past what a socket takes: Python's OverflowError, a traceback and exit 1)
+    ("1e10", "timeout must be at most 1e+06, got '1e10'")])
 def test_an_admin_commands_timeout_that_is_no_positive_number_exits_2_naming_it(
         argv, value, said, capsys):
     with pytest.raises(SystemExit) as info:
@@ -191,6 +193,9 @@ def test_the_admin_commands_wait_5_s_unless_told():
     parser = build_parser()
     assert parser.parse_args(["status", "a:1"]).timeout == 5.0
     assert parser.parse_args(["drain", "a:1", "w:2", "--timeout", "12.5"]).timeout == 12.5
+    longest = parser.parse_args(["status", "a:1", "--timeout", "1e6"]).timeout
+    with socket.socket() as sock:
+        sock.settimeout(longest)  # (the longest it takes is one a socket takes)
 
 
 def test_a_report_whose_reader_went_away_ends_quietly():

@@ -21,6 +21,10 @@ from zc_lb.front.accesslog import DEFAULT_FORMAT
 from zc_lb.process.service import DEFAULT_LISTEN
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# The admin commands' longest --timeout: a socket's timeout past about
+# 9e9 s is an OverflowError (a traceback, exit status 1) where a bad
+# value is a usage error (2); this one is over eleven days.
+ANSWER_TIMEOUT_MAX = 1e6
 
 # ``zc-lb lb --help`` in groups: each option's dest, by the group it shows in
 # (the rest, --config, --chdir, --log-level, stay under "options").
@@ -290,12 +294,13 @@ def _add_reset_skills_parser(sub) -> None:
 
 def _add_answer_timeout(p, answer: str, childs: str) -> None:
     """--timeout: how long a command waits for an LB's status address,
-    checked as a setting is (a number, at least 0.01: else exit status 2)."""
+    checked as a setting is (a number from 0.01 to ANSWER_TIMEOUT_MAX:
+    else exit status 2)."""
     settings.add_argument(p, settings.Setting(
         "timeout", float, 5.0,
         "seconds to wait for %s; an LB with --processes waits up to its %s for its "
         "processes' answers: give more than that" % (answer, childs),
-        minimum=0.01, metavar="S"))
+        minimum=0.01, maximum=ANSWER_TIMEOUT_MAX, metavar="S"))
 
 
 class AnyOrderParser(config.Parser):
