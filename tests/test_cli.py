@@ -169,6 +169,34 @@ def test_a_childs_timeout_that_is_no_positive_number_exits_2_naming_it(
     assert error_line(capsys, "lb").startswith("%s:3: %s" % (config, said.split("'")[0] % name))
 
 
+@pytest.mark.parametrize("name, value, said", [
+    # (a worker starts all its threads at once: 1e10 took all the memory there
+    # was, and it never served)
+    ("threads", "10000000000", "threads must be at most 10000, got '10000000000'"),
+    # (a gevent semaphore's count, a C int: an OverflowError, a traceback and exit 1)
+    ("concurrency", "10000000000", "concurrency must be at most 1e+06, got '10000000000'")])
+def test_a_workers_count_past_its_maximum_exits_2_naming_it(name, value, said, tmp_path,
+                                                            capsys):
+    option, mode = "--" + name, ["--greenlets"] if name == "concurrency" else []
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["worker", "app:app", option, value] + mode)
+    assert info.value.code == 2  # (after argparse's usage: its one error line)
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "zc-lb worker: error: argument %s: %s" % (option, said))
+    with pytest.raises(ConfigurationError) as info:  # (a --config file: the same, and its line)
+        parsed(tmp_path, "[worker]\n%s = %s\n" % (name, value), "app:app", *mode,
+               command="worker")
+    assert str(info.value).startswith("%s:2: %s" % (tmp_path / "zc-lb.toml", said.split("'")[0]))
+
+
+def test_a_workers_greatest_concurrency_is_one_its_semaphore_takes():
+    import gevent.lock
+
+    most = build_parser().parse_args(["worker", "app:app", "--greenlets", "--concurrency",
+                                      str(settings.MAX_CONCURRENCY)]).concurrency
+    assert gevent.lock.Semaphore(most).counter == most
+
+
 @pytest.mark.parametrize("argv", [["status", "127.0.0.1:1"],
                                   ["drain", "127.0.0.1:1", "10.0.0.1:9001"],
                                   ["enable", "127.0.0.1:1", "10.0.0.1:9001"],

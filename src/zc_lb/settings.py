@@ -335,6 +335,16 @@ LB_SETTINGS = _table([
             minimum=0.01, metavar="S"),
 ])
 
+# The worker starts all its --threads at once: 1e10 of them took all the
+# memory there was, never serving, and a few tens of thousands take every
+# process id of a machine (Linux's default pid_max is 32768); 10,000 start
+# in a second or two.
+MAX_THREADS = 10_000
+# --concurrency is a gevent semaphore's count, a C int: past 2**31 - 1 it
+# was an OverflowError at start.  Far more requests at once than a worker
+# holds is no bound at all (0).
+MAX_CONCURRENCY = 1_000_000
+
 WORKER_SETTINGS = _table([
     Setting("history", int, 9999,
             "requests between résumé updates; the skill decay horizon",
@@ -358,7 +368,7 @@ WORKER_SETTINGS = _table([
     Setting("threads", int, 16,  # as gunicorn's gthread and waitress size theirs
             "run the application in a pool of N threads: safe for applications that "
             "block, as most do",
-            minimum=1, metavar="N"),
+            minimum=1, maximum=MAX_THREADS, metavar="N"),
     Setting("threads_fixed", bool, False,
             "let all --threads threads take requests at once; by default the worker "
             "lets in two for requests that compute and two for each request blocked "
@@ -366,7 +376,7 @@ WORKER_SETTINGS = _table([
     Setting("concurrency", int, 0,
             "with --greenlets, serve at most N requests at once, the others waiting "
             "their turn (a wait résumés do not count); 0: no bound",
-            minimum=0, metavar="N"),
+            minimum=0, maximum=MAX_CONCURRENCY, metavar="N"),
     Setting("sendfile", str, "auto",
             "send a file the application hands to wsgi.file_wrapper with sendfile(2): "
             "on, off, or auto: on except to an LB on this machine, where reading it "
