@@ -197,6 +197,31 @@ def test_a_workers_greatest_concurrency_is_one_its_semaphore_takes():
     assert gevent.lock.Semaphore(most).counter == most
 
 
+@pytest.mark.parametrize("argv", [["worker", "app:app", "-w"], ["lb", "--processes"],
+                                  ["demo", "--workers"]])
+@pytest.mark.parametrize("value, said", [
+    # (worker -w listed its children until the memory ran out, lb --processes
+    # sized their shared memory: 1e30 was an OverflowError, a traceback)
+    ("10000000000", "must be at most 1024"), (str(10 ** 30), "must be at most 1024"),
+    ("0", "must be at least 1"), ("1e10", "not an integer: '1e10'")])
+def test_a_count_of_processes_out_of_range_exits_2_naming_it(argv, value, said, capsys):
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(argv + [value])
+    assert info.value.code == 2  # (after argparse's usage: its one error line)
+    option = "-w/--workers" if argv[-1] == "-w" else argv[-1]
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "zc-lb %s: error: argument %s: %s" % (argv[0], option, said))
+
+
+@pytest.mark.parametrize("command, key", [("worker", "workers"), ("lb", "processes")])
+def test_a_count_of_processes_out_of_range_in_a_config_file_is_refused(command, key, tmp_path):
+    app = ["app:app"] if command == "worker" else []
+    with pytest.raises(ConfigurationError) as info:
+        parsed(tmp_path, "[%s]\n%s = 10000000000\n" % (command, key), *app, command=command)
+    assert str(info.value) == "%s:2: bad value for %s: 10000000000 (must be at most 1024)" % (
+        tmp_path / "zc-lb.toml", key)
+
+
 @pytest.mark.parametrize("argv", [["status", "127.0.0.1:1"],
                                   ["drain", "127.0.0.1:1", "10.0.0.1:9001"],
                                   ["enable", "127.0.0.1:1", "10.0.0.1:9001"],

@@ -25,6 +25,10 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # 9e9 s is an OverflowError (a traceback, exit status 1) where a bad
 # value is a usage error (2); this one is over eleven days.
 ANSWER_TIMEOUT_MAX = 1e6
+# The most processes one command starts (worker -w, lb --processes, demo
+# --workers): -w 1e10 listed its children until the memory ran out, and
+# lb --processes 1e30 was an OverflowError sizing their shared memory.
+MAX_PROCESSES = 1024
 
 # ``zc-lb lb --help`` in groups: each option's dest, by the group it shows in
 # (the rest, --config, --chdir, --log-level, stay under "options").
@@ -127,7 +131,7 @@ def _add_worker_settings(p) -> None:
 
 def _add_worker_processes(p) -> None:
     """How many worker processes, and when each is started again."""
-    p.add_argument("-w", "--workers", type=int, default=1, metavar="N",
+    p.add_argument("-w", "--workers", type=_process_count, default=1, metavar="N",
                    help="run N worker processes, the i-th on --listen's port + i (and "
                    "--status's), or each on an ephemeral port, or on unix:PATH.i "
                    "(default 1)")
@@ -194,7 +198,7 @@ def _add_lb_listen_arguments(p) -> None:
     p.add_argument("--redirect-https", action="store_true",
                    help="the HTTP listeners answer every request with a redirect to the "
                         "HTTPS one")
-    p.add_argument("--processes", type=_positive_int, default=1, metavar="N",
+    p.add_argument("--processes", type=_process_count, default=1, metavar="N",
                    help="run N LB processes accepting on the one --listen address, each "
                         "with its own pool and worker connections (default 1); --status "
                         "then sums them")
@@ -379,7 +383,7 @@ def _add_zk_options_after(commands) -> None:
 def _add_demo_parser(sub) -> None:
     text = "an LB on 127.0.0.1:8080 with 4 local demo workers (what make run starts)"
     p = sub.add_parser("demo", help=text, description=text + "; Ctrl-C stops them all.")
-    p.add_argument("--workers", type=_positive_int, default=4,
+    p.add_argument("--workers", type=_process_count, default=4,
                    help="demo worker processes to start (default 4)")
     p.add_argument("--listen", default="127.0.0.1:8080",
                    help="the LB's HOST:PORT (default 127.0.0.1:8080)")
@@ -417,10 +421,16 @@ def _add_zookeeper_auth(p) -> None:
                    "creates only they may read or change")
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
+def _process_count(text: str) -> int:
+    """A number of processes to start: from 1 to MAX_PROCESSES."""
+    try:
+        value = int(text)
+    except ValueError:  # (argparse would name this function)
+        raise argparse.ArgumentTypeError("not an integer: %r" % text)
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
+    if value > MAX_PROCESSES:
+        raise argparse.ArgumentTypeError("must be at most %d" % MAX_PROCESSES)
     return value
 
 
