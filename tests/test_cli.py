@@ -251,6 +251,25 @@ def test_the_admin_commands_wait_5_s_unless_told():
         sock.settimeout(longest)  # (the longest it takes is one a socket takes)
 
 
+@pytest.mark.parametrize("before", [True, False], ids=["before ZKCOMMAND", "after"])
+@pytest.mark.parametrize("value, said", [
+    ("0", "timeout must be at least 0.01, got '0'"),
+    ("-1", "timeout must be at least 0.01, got '-1'"),
+    # (each waited for a dead ZooKeeper for good)
+    ("nan", "bad value for timeout: 'nan' (not a finite number)"),
+    ("1e10", "timeout must be at most 1e+06, got '1e10'")])
+def test_a_zk_timeout_that_is_no_positive_number_exits_2_naming_it(before, value, said, capsys):
+    argv = ["zk", "--timeout", value, "ls", "/"] if before else [
+        "zk", "ls", "/", "--timeout", value]
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(argv)
+    assert info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "zc-lb %s: error: argument --timeout: %s" % (
+        "zk" if before else "zk ls", said)
+    assert build_parser().parse_args(["zk", "ls", "/"]).timeout == 10.0
+    assert build_parser().parse_args(["zk", "ls", "/", "--timeout", "0.5"]).timeout == 0.5
+
+
 def test_a_report_whose_reader_went_away_ends_quietly():
     # ``zc-lb status ... | head`` printed "error: [Errno 32] Broken pipe"
     # (or Python's "Exception ignored" at the exit).

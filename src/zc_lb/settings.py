@@ -503,6 +503,13 @@ def add_argument(parser: Any, setting: Setting) -> None:
             parser.add_argument(setting.option, action="store_true", help=text)
         return
 
+    parser.add_argument(setting.option, type=converter(setting), default=setting.default,
+                        choices=setting.choices, metavar=setting.metavar, help=text)
+
+
+def converter(setting: Setting) -> Callable[[str], Any]:
+    """An argparse ``type`` for ``setting``: its value, checked as a
+    setting is, or the error argparse says in one line (exit status 2)."""
     def convert(text: str) -> Any:
         try:
             return setting.convert(text)
@@ -510,8 +517,7 @@ def add_argument(parser: Any, setting: Setting) -> None:
             raise argparse.ArgumentTypeError(str(exc))
 
     convert.__name__ = setting.name  # argparse names a converter in some messages
-    parser.add_argument(setting.option, type=convert, default=setting.default,
-                        choices=setting.choices, metavar=setting.metavar, help=text)
+    return convert
 
 
 def add_arguments(parser: Any, settings: Mapping[str, Setting]) -> None:

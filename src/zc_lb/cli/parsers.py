@@ -29,6 +29,10 @@ ANSWER_TIMEOUT_MAX = 1e6
 # --workers): -w 1e10 listed its children until the memory ran out, and
 # lb --processes 1e30 was an OverflowError sizing their shared memory.
 MAX_PROCESSES = 1024
+# zc-lb zk's --timeout: 1e10 or nan waited for a dead ZooKeeper for good,
+# -1 said it could not reach it "within -1s".
+ZK_TIMEOUT = settings.Setting("timeout", float, 10.0, "seconds to wait for ZooKeeper",
+                              minimum=0.01, maximum=ANSWER_TIMEOUT_MAX, metavar="S")
 
 # ``zc-lb lb --help`` in groups: each option's dest, by the group it shows in
 # (the rest, --config, --chdir, --log-level, stay under "options").
@@ -333,8 +337,7 @@ def _add_zk_parser(sub) -> None:
     p.add_argument("--zookeeper", default="127.0.0.1:2181", metavar="HOSTS",
                    help="host:port,...[/chroot] (default 127.0.0.1:2181)")
     _add_zookeeper_auth(p)
-    p.add_argument("--timeout", type=float, default=10.0,
-                   help="seconds to wait for ZooKeeper (default 10)")
+    settings.add_argument(p, ZK_TIMEOUT)
     zk = p.add_subparsers(dest="zk_command", required=True, metavar="ZKCOMMAND",
                           parser_class=AnyOrderParser)
     i = zk.add_parser("import", help="make the tree match FILE (- for stdin)")
@@ -374,8 +377,8 @@ def _add_zk_options_after(commands) -> None:
                              help="as before ZKCOMMAND")
         command.add_argument("--zookeeper-auth-file", metavar="FILE",
                              default=argparse.SUPPRESS, help="as before ZKCOMMAND")
-        command.add_argument("--timeout", type=float, default=argparse.SUPPRESS,
-                             help="as before ZKCOMMAND")
+        command.add_argument("--timeout", type=settings.converter(ZK_TIMEOUT),
+                             default=argparse.SUPPRESS, metavar="S", help="as before ZKCOMMAND")
         command.add_argument("--log-level", choices=LOG_LEVELS, default=argparse.SUPPRESS,
                              help="as before the command (default INFO)")
 
