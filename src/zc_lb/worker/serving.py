@@ -301,10 +301,8 @@ class Serving:
 
 def _head_out(writer: ResponseWriter, exchange: Exchange) -> bool:
     """Whether ``exchange``, stopped by its LB, answered a HEAD whose head
-    had gone out (not a 500 in its place, nor a 5xx): the client has all a
-    HEAD gets, and the LB cancels a HEAD once it has the head, unless the
-    End came with it (lb/bodies.py), as it does not when the application
-    answers through write() and works on.  So the request was served."""
+    had gone out (not a 500 in its place, nor a 5xx): served, by the
+    module's rule."""
     status = writer.status
     return (writer.head and writer.started and not writer.refused and status is not None
             and status[:1] != "5" and isinstance(exchange.error, PeerCancelled))
