@@ -314,6 +314,43 @@ def test_a_status_that_is_not_a_str_is_the_applications_500_said_alike_in_both_b
     assert start.status.startswith("500")
 
 
+class _CloseRaises:
+    """A response whose close() raises (PEP 3333 calls it at the end)."""
+
+    def __init__(self, blocks):
+        self.blocks = blocks
+
+    def __iter__(self):
+        return iter(self.blocks)
+
+    def close(self):
+        raise RuntimeError("close failed on purpose")
+
+
+@pytest.mark.parametrize("threads", [None, 2])
+@pytest.mark.parametrize("blocks", [[b"whole"], [b"who", b"le"]])
+def test_a_close_that_raises_is_the_applications_error_and_its_response_stands(
+        serve, caplog, threads, blocks):
+    # close() raising went past the application's handler: in thread mode
+    # the whole response was cancelled (the client got a 502, or a
+    # chunked body cut short), in greenlet mode it went, and both logged
+    # "request greenlet failed", the worker's own failure.  gunicorn and
+    # the front's own server log it and let the response stand.
+    def app(environ, start_response):
+        headers = [("Content-Length", "5")] if len(blocks) == 1 else []
+        start_response("200 OK", headers)
+        return _CloseRaises(blocks)
+
+    worker, connection, _ = serve(app, threads=threads)
+    start, data = call(connection, {})
+    assert start.status == "200 OK" and data == b"whole"
+    assert "application error closing the response to /" in caplog.text
+    assert "close failed on purpose" in caplog.text
+    assert "request greenlet failed" not in caplog.text
+    start, data = call(connection, {})  # still serving
+    assert start.status == "200 OK" and data == b"whole"
+
+
 def test_threads_run_blocking_apps_concurrently(serve):
     def blocking(environ, start_response):
         time.sleep(0.5)  # not gevent-aware: only threads help

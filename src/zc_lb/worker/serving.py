@@ -14,10 +14,11 @@ Rules:
   application behind its other requests that the pool saw: a résumé
   that counted them would call a busy worker unskilled.
 - An application that raises is logged and answered 500, or its
-  response cut short once its head is out.  An LB that went away or
-  cancelled ends the request early.  A failure of the worker's own
-  cancels the request at once, so that the LB does not wait out its
-  response timeout.
+  response cut short once its head is out; one whose result's
+  ``close()`` raises is logged, and the response it ended stands.  An
+  LB that went away or cancelled ends the request early.  A failure of
+  the worker's own cancels the request at once, so that the LB does not
+  wait out its response timeout.
 - A failure (no response, a 5xx, a cancel) teaches nothing: it is
   counted in ``failed`` and kept out of the résumé, and a 5xx tells
   the LB neither the application's time nor what its cache did
@@ -208,7 +209,7 @@ class Serving:
         finally:
             close = getattr(result, "close", None)
             if close is not None:
-                close()
+                _close(close, environ)
 
     def _fail(self, writer: ResponseWriter, output: Optional[ThreadOutput]) -> None:
         """The application failed: a 500, or a response cut short (in the
@@ -297,6 +298,20 @@ class Serving:
                 writer.took = writer.app_seconds()
                 writer.thread = None
         return None
+
+
+def _close(close: Callable[[], object], environ: Dict) -> None:
+    """Call the application's ``close()`` (PEP 3333).  One that raises is
+    the application's error, logged; the response it ended stands, as in
+    gunicorn and the front's own server: it is whole, and cancelling it
+    now would give the client a 502 or a body cut short for it."""
+    try:
+        close()
+    except ZcLbError:
+        raise
+    except APPLICATION_ERRORS:
+        log.exception("application error closing the response to %s",
+                      environ.get("PATH_INFO"))
 
 
 def _head_out(writer: ResponseWriter, exchange: Exchange) -> bool:
