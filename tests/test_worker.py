@@ -351,6 +351,24 @@ def test_a_close_that_raises_is_the_applications_error_and_its_response_stands(
     assert start.status == "200 OK" and data == b"whole"
 
 
+@pytest.mark.parametrize("threads", [None, 2])
+@pytest.mark.parametrize("body", [b"x", b"xyz"])
+def test_two_different_content_lengths_are_a_500_said_once_for_what_they_are(
+        serve, caplog, threads, body):
+    # The body was held to the last field's length and said in the log to
+    # miss the first's ("ended 1 bytes short of its Content-Length of 1"),
+    # before the head was refused for the two.
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Length", "1"), ("Content-Length", "2")])
+        return [body]
+
+    worker, connection, _ = serve(app, threads=threads)
+    start, data = call(connection, {})
+    assert start.status.startswith("500")
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("zc_lb.worker")]
+    assert len(said) == 1 and "invalid Content-Length '2'" in said[0], said
+
+
 def test_threads_run_blocking_apps_concurrently(serve):
     def blocking(environ, start_response):
         time.sleep(0.5)  # not gevent-aware: only threads help

@@ -229,6 +229,15 @@ def body_limit(status: str, length: object) -> Optional[int]:
     return None
 
 
+def _same_length(first: object, second: object) -> object:
+    """The Content-Length of two of an application's fields: the first if
+    both say the same valid number, as the head takes them, else "", no
+    limit: such a head is refused (a 500 goes instead), and its body is
+    held to neither, nor said in the log to miss either."""
+    number = body_limit("200", first)
+    return first if number is not None and number == body_limit("200", second) else ""
+
+
 def cache_said(value: object) -> Optional[bool]:
     """What an application's ``zc_lb.cache`` says: True (a hit), False
     (a miss), or None (nothing, or a value it does not know: said once
@@ -301,7 +310,7 @@ class ResponseWriter:
             if lowered not in HOP_BY_HOP:
                 kept.append((name, value))
                 if lowered == "content-length":
-                    length = value
+                    length = value if length is None else _same_length(length, value)
         self.headers = kept
         self.limit = None if self.head else body_limit(status, length)
         return self.write
