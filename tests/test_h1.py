@@ -145,6 +145,25 @@ def test_pipelined_requests_with_bodies_in_any_chunking(size):
     assert ("X-Trailer", "t") not in found[1].head.fields
 
 
+@pytest.mark.parametrize("first", [
+    b"GET /a HTTP/1.1\r\nHost: a\r\nProxy-Connection: close\r\n\r\n",
+    b"GET /a HTTP/1.1\r\nHost: a\r\nX-Tab: a\tb\r\nProxy-Connection: close\r\n\r\n",
+    b"POST /a HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"1\r\nx\r\n0\r\nProxy-Connection: close\r\n\r\n",
+])
+@pytest.mark.parametrize("size", [1, 7, 1000])
+def test_whether_a_request_ends_its_connection_is_its_heads_close_not_llhttps(first, size):
+    # llhttp, strict, reads Proxy-Connection as Connection: after a head
+    # (or a trailer) with "Proxy-Connection: close" that it parsed, the
+    # request pipelined behind was refused 400 ("Data after `Connection:
+    # close`"), though the front kept the connection open; a head read
+    # by hand (``_simple``) had the next request served.
+    data = first + b"GET /b HTTP/1.1\r\nHost: a\r\n\r\n"
+    found, reader = read(*[data[i:i + size] for i in range(0, len(data), size)])
+    assert [r.head and r.head.path for r in found] == ["/a", "/b"] and not reader.broken
+    assert not found[0].head.close and all(r.complete for r in found)
+
+
 def test_expect_100_continue_is_noted_on_http_1_1_only():
     [request], _ = read(b"PUT / HTTP/1.1\r\nHost: a\r\nExpect: 100-Continue\r\n"
                         b"Content-Length: 1\r\n\r\n")
@@ -291,6 +310,7 @@ BODY_VARIANTS = [
     b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhiGET / HTTP/1.1\r\n\r\n",
     b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhi\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n",
     b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET /b HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"GET / HTTP/1.1\r\nHost: a\r\nProxy-Connection: close\r\n\r\nGET /b HTTP/1.1\r\nHost: a\r\n\r\n",
 ]
 
 

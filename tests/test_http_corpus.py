@@ -11,6 +11,7 @@ test_http.py; corpus.py reads them for both.
 """
 
 import http.client
+import json
 import os
 import select
 import socket
@@ -79,6 +80,40 @@ def exchange(address, pieces, timeout=5.0, wait_close=False):
 def test_corpus(front, case, how):
     pieces = chunks(request_bytes(case), how, case["name"])
     check_answer(case, *exchange(front, pieces, wait_close=case["status"] != 200))
+
+
+class _Unclosed:
+    """A file that a response read from it cannot close, for the next."""
+
+    def __init__(self, f):
+        self.f = f
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def close(self):
+        pass
+
+
+def test_a_request_pipelined_behind_a_proxy_connection_close_is_served(front):
+    # llhttp read "Proxy-Connection: close" as the end of the connection
+    # the front kept open: the request behind it got a 400.
+    first = (b"POST / HTTP/1.1\r\nHost: a.example\r\nProxy-Connection: close\r\n"
+             b"Transfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n")
+    second = b"GET /next HTTP/1.1\r\nHost: a.example\r\nConnection: close\r\n\r\n"
+    with socket.create_connection(front, timeout=5) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(first + second)
+        reader = sock.makefile("rb")
+        kept = _Unclosed(reader)  # (http.client closes it after each response)
+        bodies = []
+        for _ in range(2):
+            response = http.client.HTTPResponse(FileSock(kept))
+            response.begin()
+            assert response.status == 200
+            bodies.append(json.loads(response.read()))
+        reader.close()
+    assert [(b["PATH_INFO"], b["body"]) for b in bodies] == [("/", "hi"), ("/next", "")]
 
 
 def test_corpus_names_are_unique_and_cover_both_kinds():

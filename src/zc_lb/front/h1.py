@@ -25,7 +25,9 @@ A head the rules refuse becomes a ``Request`` whose ``refusal`` is the
 ``BadRequest`` to answer (400, 431, 501 or 505), after which the reader
 is ``broken``: a client that broke the grammar once cannot be trusted to
 frame the next request.  A broken body (a bad chunk) sets ``error`` on
-its request and breaks the reader too.
+its request and breaks the reader too.  Whether a request ends its
+connection is its head's ``close`` alone (httpparse's): llhttp, strict,
+reads Proxy-Connection as Connection and would refuse what follows.
 
 ``response_head`` turns a WSGI status and header list into the bytes of
 a response head, refusing what would let a worker split a response.
@@ -96,7 +98,8 @@ class RequestReader:
 
     def __init__(self, clock=None) -> None:
         self._parser = httptools.HttpRequestParser(self)
-        self._parser.set_dangerous_leniencies(lenient_version=True)
+        # (lenient_keep_alive: the head's ``close`` says, see the module's docstring)
+        self._parser.set_dangerous_leniencies(lenient_version=True, lenient_keep_alive=True)
         self._ready: List[Request] = []  # (a list: an empty deque takes 600 bytes)
         self._current: Optional[Request] = None  # the request whose body is coming
         self._clock = clock
