@@ -1298,3 +1298,36 @@ def test_a_chore_failing_every_turn_does_not_stop_the_response_timeouts(caplog):
         awaiting.stop()
         lb.close()
         worker.close()
+
+
+def test_an_ejected_worker_comes_back_when_the_others_go_rather_than_no_worker_at_all(
+        stack):
+    # With one of two ejected (max_ejected: half) and the other gone, the
+    # pool was empty until the ejection ended (30 s, up to 300): every
+    # request waited for a 503 while a connected worker could serve.
+    s = stack(ok_app, n_workers=2)
+    fleet = s.lb.fleet
+    ejected, other = (fleet.links["127.0.0.1:%d" % w.address[1]].connection
+                      for w in s.workers)
+    for _ in range(5):
+        fleet.outcome(ejected, ok=False)
+    assert fleet.ejector.ejected(ejected.peer) and ejected not in s.lb.pool
+    s.workers[1].stop(timeout=0)  # (it goes: GoAway, then its connection)
+    poll(lambda: other not in s.lb.pool, message="the other worker gone")
+    assert ejected in s.lb.pool and not fleet.ejector.ejected(ejected.peer)
+    assert fleet.ejector.records[ejected.peer].probation
+    started = time.monotonic()
+    assert s.client().request("GET", "/x")[0] == 200
+    assert time.monotonic() - started < 1
+
+
+def test_a_worker_is_not_ejected_when_the_others_are_down(stack):
+    # Half of the workers known, but of none that could serve.
+    s = stack(ok_app, n_workers=2)
+    fleet = s.lb.fleet
+    left, gone = (fleet.links["127.0.0.1:%d" % w.address[1]].connection for w in s.workers)
+    s.workers[1].stop(timeout=0)
+    poll(lambda: gone not in s.lb.pool, message="one worker gone")
+    for _ in range(5):
+        fleet.outcome(left, ok=False)
+    assert not fleet.ejector.ejected(left.peer) and left in s.lb.pool

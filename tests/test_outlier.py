@@ -113,3 +113,22 @@ def test_the_share_cap_is_not_cut_short_by_rounding():
     ejector = Ejector(consecutive=1, max_share=0.29)  # (0.29 * 100 is 28.999999999999996)
     assert all(ejector.failure("w%d" % n, 0.0, 100) for n in range(29))
     assert not ejector.failure("w29", 0.0, 100) and ejector.ejected_count() == 29
+
+
+def test_the_share_is_of_the_workers_that_can_serve_and_those_past_it_come_back():
+    # Of four known workers, two are down: half of the two left may be
+    # out, not half of four (both: the pool empty).
+    ejector = Ejector(consecutive=1, base_time=10, max_share=0.5)
+    assert ejector.failure("a", 0, 2, ejected=0)
+    assert not ejector.failure("b", 1, 2, ejected=1) and not ejector.ejected("b")
+    # An ejected worker left alone (its peer went): back on probation.
+    assert ejector.over_share(["a", "b"]) == []
+    assert ejector.over_share(["a"]) == ["a"]
+    assert not ejector.ejected("a") and ejector.records["a"].probation
+    # Of several past the share, those whose ejection ends soonest.
+    ejector = Ejector(consecutive=1, base_time=10, max_share=1.0)
+    for now, key in enumerate("cde"):
+        assert ejector.failure(key, now, 3, ejected=now)
+    ejector.max_share = 0.5
+    assert ejector.over_share(["c", "d", "e"]) == ["c", "d"]
+    assert ejector.ejected("e")

@@ -260,7 +260,8 @@ LB_SETTINGS = _table([
             "first ejection's length; it doubles with each one, up to 10x",
             minimum=0, metavar="S"),
     Setting("max_ejected", float, 0.5,
-            "at most this share of the workers ejected at once",
+            "at most this share of the connected workers ejected at once (as workers "
+            "go, those past it come back on probation)",
             minimum=0, maximum=1, metavar="SHARE"),
     Setting("keepalive_timeout", float, 5.0,
             "declare a worker dead after this long without a word from it (it pings "

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Dict, Iterable, List, Optional, Set, cast
+from typing import Callable, Dict, Hashable, Iterable, List, Optional, Set, cast
 
 import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
@@ -144,7 +144,8 @@ class Fleet(LinkEvents):
     def worker_up(self, connection: Connection) -> None:
         if self.ejector.reconnected(connection.peer):
             log.info("worker %s connected anew: readmitted on probation", connection.peer)
-        self._admit(connection)
+        if not self._admit(connection):
+            self._hold_share()  # (ejected: it may be the one left)
         self.lbs_changed()
 
     def worker_resume(self, connection: Connection, skills: Dict[str, float]) -> None:
@@ -169,16 +170,19 @@ class Fleet(LinkEvents):
         moved = self.silent(connection, seconds)
         log.warning("worker %s silent for %.1fs: sending it nothing new, %d GET/HEAD "
                     "moved to other workers", connection.peer, seconds, moved)
+        self._hold_share()
 
     def worker_heard(self, connection: Connection) -> None:
         link = self.links.get(connection.peer)
         if link is None or _open(link) is not connection:
             return
         log.info("worker %s speaks again", connection.peer)
-        self._admit(connection, link.resume)
+        if not self._admit(connection, link.resume):
+            self._hold_share()  # (ejected: it may be the one left)
 
     def worker_down(self, connection: Connection) -> None:
         self.pool.remove(connection)
+        self._hold_share()
 
     # -- who is in the pool ----------------------------------------------
 
@@ -204,6 +208,28 @@ class Fleet(LinkEvents):
         if link.connection is not None:
             self.pool.remove(link.connection)
         log.warning("worker %s drained by an operator: nothing new goes to it", address)
+        self._hold_share()
+
+    def _serving(self) -> List[str]:
+        """The workers that could serve now, ejected or not: connected,
+        neither draining, silent nor drained by an operator."""
+        return [address for address, link in self.links.items()
+                if address not in self.drained
+                and (connection := _open(link)) is not None and not connection.suspect]
+
+    def _hold_share(self) -> None:
+        """The workers that could serve changed (one went, or an ejected
+        one came): readmit, on probation, the ejected ones past
+        ``max_ejected`` of them (``Ejector.over_share``), so that the
+        workers down and the workers ejected never empty the pool
+        together."""
+        serving = self._serving()
+        for address in self.ejector.over_share(cast(List[Hashable], serving)):
+            link = self.links[cast(str, address)]
+            if link.connection is not None and self._admit(link.connection, link.resume):
+                log.warning("readmitted worker %s on probation: its ejection was past "
+                            "max_ejected of the %d worker(s) that can serve now", address,
+                            len(serving))
 
     def enable_worker(self, address: str) -> bool:
         """Undo ``drain_worker``, or readmit an ejected worker at once (the
@@ -251,8 +277,12 @@ class Fleet(LinkEvents):
                 self.ejector.success(address)
             return
         self.worker_failures += 1
-        if address in self.links and self.ejector.failure(address, time.monotonic(),
-                                                          len(self.links), path):
+        if address not in self.links:
+            return
+        serving = self._serving()  # (the share cap's: this worker, and those that serve)
+        ejected = sum(1 for other in serving if self.ejector.ejected(other))
+        if self.ejector.failure(address, time.monotonic(),
+                                len(serving) + (address not in serving), path, ejected):
             self.pool.remove(connection)
             link = self.links.get(address)  # (ejected by address: its link's connection too,
             if link is not None and link.connection is not None:  # if this one is an old one)

@@ -13,7 +13,12 @@ more failure ejects it again at once, for longer; successes bring it back
 to good standing and, after ``4 * consecutive`` of them in a row, shorten
 its next ejection again.  At most ``max_share`` of the workers are ejected
 at once, so a bad deploy that fails everywhere degrades to errors instead
-of to no workers at all.
+of to no workers at all.  The share is of the workers that could serve
+(the caller says which: connected, neither draining nor silent), not of
+all it knows: a worker down or silent serves nothing, and when one goes
+the ejected ones past the share of those left come back on probation,
+those whose ejection ends soonest first (``over_share``), so that the
+workers down and the workers ejected never empty the pool together.
 
 A failure the application answered (a 5xx response, with the request's
 path) says less about the worker than one it could not answer: every
@@ -109,11 +114,12 @@ class Ejector:
             record.healthy = 0
 
     def failure(self, key: Hashable, now: float, workers: int,
-                path: Optional[str] = None) -> bool:
+                path: Optional[str] = None, ejected: Optional[int] = None) -> bool:
         """A request on ``key`` failed; whether that ejects it now.
-        ``workers`` is how many there are, for the share cap; ``path``,
-        the request's, when the application answered it with a 5xx
-        (None: the worker did not answer)."""
+        ``workers`` is how many there are, for the share cap, and
+        ``ejected`` how many of them are ejected (None: every worker
+        ejected here); ``path``, the request's, when the application
+        answered it with a 5xx (None: the worker did not answer)."""
         record = self._record(key)
         record.failures += 1
         record.healthy = 0
@@ -127,8 +133,10 @@ class Ejector:
             return False
         if record.answered and len(record.paths) < MIN_PATHS:
             return False  # (the application's errors, on too few paths to blame the worker)
-        if self.ejected_count() + 1 > self.max_share * workers + 1e-9:
-            return False  # (the margin: 0.29 * 100 is 28.999999999999996)
+        if ejected is None:
+            ejected = self.ejected_count()
+        if ejected + 1 > self._allowed(workers):
+            return False
         record.ejections += 1
         record.until = now + min(self.base_time * 2 ** (record.ejections - 1), self.max_time)
         record.reason = ("%d failed requests in a row%s" % (
@@ -209,6 +217,24 @@ class Ejector:
 
     def ejected_count(self) -> int:
         return sum(1 for record in self.records.values() if record.until)
+
+    def _allowed(self, workers: int) -> int:
+        """How many of ``workers`` may be ejected at once."""
+        return int(self.max_share * workers + 1e-9)  # (0.29 * 100 is 28.999999999999996)
+
+    def over_share(self, present: List[Hashable]) -> List[Hashable]:
+        """Of the ``present`` workers (those that could serve), the ejected
+        ones past ``max_share`` of them, those whose ejection ends soonest
+        first, readmitted now on probation (one more failure ejects them
+        again, once the share has room)."""
+        ejected = sorted((key for key in present if self.ejected(key)),
+                         key=lambda key: self.records[key].until)
+        back = ejected[:max(len(ejected) - self._allowed(len(present)), 0)]
+        for key in back:
+            record = self.records[key]
+            record.until = 0.0
+            record.probation = True
+        return back
 
     def forget(self, key: Hashable) -> None:
         """The worker is gone: its record goes with it."""
