@@ -1331,3 +1331,26 @@ def test_a_worker_is_not_ejected_when_the_others_are_down(stack):
     for _ in range(5):
         fleet.outcome(left, ok=False)
     assert not fleet.ejector.ejected(left.peer) and left in s.lb.pool
+
+
+def test_a_pause_under_many_gets_is_one_failure_toward_ejection_not_one_a_get(stack):
+    # Each GET moved off a worker fallen silent counted as a failure: a
+    # two-second pause under six GETs ejected for 30 s a worker that spoke
+    # again a moment later.
+    gate = gevent.event.Event()
+    s = stack(routes({"/hold": _held(gate)}), n_workers=2)
+    fleet = s.lb.fleet
+    paused, other = (fleet.links["127.0.0.1:%d" % w.address[1]].connection
+                     for w in s.workers)
+    fleet.drain_worker(other.peer)  # (so that the GETs go to the first)
+    held = [gevent.spawn(s.client().request, "GET", "/hold") for _ in range(6)]
+    poll(lambda: s.lb.in_flight == 6, message="six GETs held")
+    fleet.enable_worker(other.peer)
+    fleet.worker_silent(paused, 2.0)  # (as its keepalive tells after 2 s of silence)
+    poll(lambda: s.lb.counters.retries == 6, message="the GETs moved")
+    gate.set()
+    assert [g.get(timeout=5)[0] for g in held] == [200] * 6
+    assert not fleet.ejector.ejected(paused.peer)
+    assert fleet.ejector.records[paused.peer].failures == 1
+    fleet.worker_heard(paused)
+    assert paused in s.lb.pool

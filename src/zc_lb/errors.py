@@ -144,6 +144,12 @@ class WorkerLost(ConnectionLost):
     """The LB's connection to a worker broke from outside."""
 
 
+class WorkerSilent(WorkerLost):
+    """The LB gave up waiting on a worker fallen silent for a request it
+    may send elsewhere; the connection stays (the silence counts toward
+    the worker's ejection once, not once a request it held)."""
+
+
 class WorkerClosed(ConnectionClosed):
     """The LB closed its connection to a worker itself."""
 

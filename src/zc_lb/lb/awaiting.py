@@ -30,7 +30,7 @@ import gevent.socket  # type: ignore[import-untyped]
 from gevent.monkey import get_original  # type: ignore[import-untyped]
 
 from zc_lb.errors import (BadResponse, ClientGone, RequestCancelled, ResponseTimeout,
-                          WorkerLost)
+                          WorkerSilent)
 from zc_lb.lb.bodies import InFlight, Upload
 from zc_lb.wire.connection import Connection
 from zc_lb.wire.exchange import Exchange
@@ -101,7 +101,7 @@ class Awaiting:
         for exchange, entry in list(self.waiting.items()):
             # (retryable, and not answered in the loop turn its owner has yet to run)
             if exchange.connection is connection and entry[3] and not exchange.inbox:
-                exchange.fail(WorkerLost("%s silent for %.1fs" % (connection.peer, seconds)))
+                exchange.fail(WorkerSilent("%s silent for %.1fs" % (connection.peer, seconds)))
                 moved += 1
         return moved
 

@@ -48,6 +48,7 @@ from zc_lb.errors import (
     NoWorkerAvailable,
     RequestTooLarge,
     ResponseTimeout,
+    WorkerSilent,
     ZcLbError,
 )
 from zc_lb.front.h1 import BODILESS_STATUS, HOP_BY_HOP_KEYS
@@ -218,14 +219,15 @@ class LB:
                 if placed is not None and response.elapsed is not None:
                     self.pool.served(placed, response.elapsed, response.cache)
                 length = self._start(connection, response, environ, responder)
-            except (ConnectionLost, ConnectionClosed):
+            except (ConnectionLost, ConnectionClosed) as exc:
                 self._abort(connection, exchange, upload)
                 if exchange is None:  # nothing sent: it was closing, and takes nothing new
                     self.fleet.worker_down(connection)
                     if self._retry(environ, counts, attempt):  # (any request may go on)
                         continue
                     raise
-                self.fleet.outcome(connection, ok=False)
+                if not isinstance(exc, WorkerSilent):  # (its silence counted once: fleet.py)
+                    self.fleet.outcome(connection, ok=False)
                 if retryable and self._retry(environ, counts, attempt):
                     continue
                 raise

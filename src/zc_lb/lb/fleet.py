@@ -165,11 +165,15 @@ class Fleet(LinkEvents):
     def worker_silent(self, connection: Connection, seconds: float) -> None:
         """A worker says nothing (stopped, or its loop blocked): send it
         nothing new, and move its GETs and HEADs that have no answer yet to
-        other workers now, not when its keepalive times out."""
+        other workers now, not when its keepalive times out.  The silence
+        is one failure toward its ejection, however many requests moved
+        (a pause of two seconds under six GETs is not six failures in a
+        row: those ejected a worker that spoke again a moment later)."""
         self.pool.remove(connection)
         moved = self.silent(connection, seconds)
         log.warning("worker %s silent for %.1fs: sending it nothing new, %d GET/HEAD "
                     "moved to other workers", connection.peer, seconds, moved)
+        self.outcome(connection, ok=False)
         self._hold_share()
 
     def worker_heard(self, connection: Connection) -> None:

@@ -35,7 +35,7 @@ OTHER = "other"
 # The LB's error responses (exception class names) by cause.
 CAUSES = {
     "NoWorkerAvailable": "no_worker",
-    "ConnectionLost": "worker_lost", "WorkerLost": "worker_lost",
+    "ConnectionLost": "worker_lost", "WorkerLost": "worker_lost", "WorkerSilent": "worker_lost",
     "ConnectionClosed": "worker_lost", "WorkerClosed": "worker_lost",
     "PeerCancelled": "worker_lost",
     "ResponseTimeout": "timeout",
