@@ -248,6 +248,16 @@ def test_cli_refuses_bad_and_unknown_settings(client, zk_hosts, tmp_path):
     assert not client.exists("/lb")
 
 
+
+def test_a_tree_file_that_is_not_utf8_is_refused_by_name_before_connecting(tmp_path):
+    # It escaped as a UnicodeDecodeError: a traceback and exit status 1.
+    path = tmp_path / "tree.txt"
+    path.write_bytes(b"/lb\n  description = caf\xe9\n")
+    args = parsers.build_parser().parse_args(
+        ["zk", "--zookeeper", "127.0.0.1:1", "import", str(path)])
+    with pytest.raises(ConfigurationError, match=r"tree.txt is not UTF-8 text: byte 0xe9"):
+        zk.run_zk_command(args, io.StringIO())
+
 # Credentials and ACLs ---------------------------------------------------------
 
 

@@ -549,3 +549,6 @@ def _read_file(path: str) -> str:
             return f.read()
     except OSError as e:
         raise ConfigurationError(f"cannot read {path}: {e.strerror}")
+    except UnicodeDecodeError as e:  # (a tree file is UTF-8 text)
+        raise ConfigurationError(
+            f"{path} is not UTF-8 text: byte {e.object[e.start]:#04x} at offset {e.start}")
