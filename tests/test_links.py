@@ -168,6 +168,22 @@ def test_a_link_to_an_address_nobody_listens_on_keeps_trying(workers, links):
     assert (link.failures, link.last_error) == (0, None)
 
 
+
+@pytest.mark.parametrize("host", ["a" * 64, "a..example"])
+def test_a_link_to_a_host_name_no_resolver_takes_says_so_and_keeps_trying(links, host):
+    # Anyone may register such a name in ZooKeeper; the resolver's
+    # UnicodeError (IDNA: a label over 63 characters, or empty) killed the
+    # link's greenlet with a traceback and it never tried again.
+    address = "%s:80" % host
+    with LogEvent("zc_lb.lb.links", "cannot connect to worker %s (1 tries)" % address) as failed:
+        link, events = links(address)
+        assert failed.wait(WAIT)
+    assert "label" in link.last_error and link.connection is None
+    deadline = time.monotonic() + WAIT  # after a backoff, it tries again
+    while link.failures < 2 and time.monotonic() < deadline:
+        gevent.sleep(0.05)
+    assert link.failures >= 2
+
 def test_a_link_with_the_wrong_secret_never_comes_up(workers, links):
     worker = workers(secret=b"right")
     with LogEvent("zc_lb.lb.links", "cannot connect to worker") as failed:

@@ -158,7 +158,8 @@ class WorkerLink(Handler):
             # (a Unix socket's worker is this machine: its certificate names localhost)
             host = where[0] if isinstance(where, tuple) else "localhost"
             sock = connect(where, CONNECT_TIMEOUT)
-        except (OSError, ZcLbError) as exc:
+        except (OSError, UnicodeError, ZcLbError) as exc:  # (a host name IDNA refuses:
+            # a label past 63 characters, or empty, as anyone may register in ZooKeeper)
             self._failed(str(exc))
             return None
         if tls is not None:
