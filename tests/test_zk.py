@@ -22,6 +22,24 @@ def test_connect_unreachable_is_a_clear_error(zookeeper):
         zk.connect(f"127.0.0.1:{free_port()}", timeout=0.5)
 
 
+
+def test_connect_to_a_server_that_never_answers_gives_up_within_the_timeout():
+    # A server that takes the connection and says nothing (stopped with
+    # SIGSTOP, or swamped): `zc-lb zk --timeout 0.5` took 10 s, kazoo's
+    # session timeout, and then said "within 0.5s".
+    import socket
+    import time
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # (the kernel accepts; nobody answers)
+    try:
+        began = time.monotonic()
+        with pytest.raises(zk.ZooKeeperUnavailable, match="cannot reach"):
+            zk.connect("127.0.0.1:%d" % silent.getsockname()[1], timeout=0.5)
+        assert time.monotonic() - began < 3
+    finally:
+        silent.close()
+
 def test_a_missing_chroot_is_created_with_the_nodes_above_it(zk_hosts):
     # An import under it said "the tree kept changing during the import",
     # and a process started before it existed never registered.

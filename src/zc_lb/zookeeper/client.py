@@ -86,7 +86,11 @@ def connect(hosts: str, timeout: float = 10.0, session_timeout: float = 10.0,
     ``hosts`` is kazoo's ``host:port,host:port[/chroot]``.  Reconnection
     retries forever, at most ``max_reconnect_delay`` apart (kazoo's default
     backs off to an hour); a command's retries give up after ``timeout``.
-    Raises ZooKeeperUnavailable when no server answers within ``timeout``.
+    Raises ZooKeeperUnavailable when no server answers within ``timeout``:
+    the session timeout asked for is at most ``timeout``, since it bounds
+    each attempt on a server that takes the connection and never answers
+    (one stopped or overloaded), and kazoo waits out the attempt under
+    way before it gives up.
     A chroot that does not exist is created, with every missing node
     above it (as ZooKeeper's own paths are, by the first process or
     command of a new site).
@@ -97,7 +101,8 @@ def connect(hosts: str, timeout: float = 10.0, session_timeout: float = 10.0,
     the site's processes and operators then read or change its settings
     and registrations.
     """
-    client = _started(hosts, timeout, session_timeout, max_reconnect_delay, credentials)
+    client = _started(hosts, timeout, min(session_timeout, timeout), max_reconnect_delay,
+                      credentials)
     try:
         if client.chroot and client.retry(client.exists, "/") is None:
             _make_chroot(hosts, client.chroot, timeout, credentials)
