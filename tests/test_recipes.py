@@ -2,10 +2,12 @@
 the real ZooKeeper of conftest.py, and the pure majority_version."""
 
 import json
+import socket
 import time
 
 import gevent
 import gevent.event
+import gevent.socket
 import pytest
 from kazoo.client import KazooClient, KazooState
 from kazoo.handlers.gevent import SequentialGeventHandler
@@ -64,6 +66,64 @@ def expire_session(client, hosts):
     other.stop()
     other.close()
     assert lost.wait(10), "session did not expire"
+
+
+class Cuttable:
+    """A TCP proxy on loopback to ZooKeeper (``target``, HOST:PORT) that can
+    cut its clients off, as a partition does: ``cut()`` drops their
+    connections and refuses new ones until ``heal()``."""
+
+    def __init__(self, target):
+        from gevent.server import StreamServer
+
+        self.target = target
+        self.cut_off = False
+        self.sockets = []
+        self.server = StreamServer(("127.0.0.1", 0), self._serve)
+        self.server.start()
+        self.address = "127.0.0.1:%d" % self.server.server_port
+
+    def _serve(self, sock, _):
+        if self.cut_off:
+            sock.close()
+            return
+        host, port = self.target.rsplit(":", 1)
+        upstream = gevent.socket.create_connection((host, int(port)), 5)
+        for end in (sock, upstream):
+            end.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sockets += [sock, upstream]
+        back = gevent.spawn(self._pump, upstream, sock)
+        self._pump(sock, upstream)
+        back.join(5)
+
+    @staticmethod
+    def _pump(source, sink):
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self):
+        self.cut_off = True
+        for end in self.sockets:
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.sockets = []
+
+    def heal(self):
+        self.cut_off = False
+
+    def stop(self):
+        self.cut()
+        self.server.stop()
 
 
 # Pure ------------------------------------------------------------------------
@@ -241,6 +301,48 @@ def test_providers_after_session_expiry(client, other_client, zk_hosts):
     reg.stop()
     seen.wait_for(lambda v: set(v) == {"h:2"})
     watch.stop()
+
+
+def test_providers_lost_with_our_session_are_kept_while_they_register_again(
+        zk_hosts, other_client):
+    # Cut off from ZooKeeper past our session, as the providers were: back
+    # first, we found none registered and dropped every one (an LB, its
+    # every worker), to take them back one by one as they came.
+    server, chroot = zk_hosts.split("/", 1)
+    proxy = Cuttable(server)
+    watcher = zk.connect("%s/%s" % (proxy.address, chroot))
+    try:
+        for name in ("h:1", "h:2"):
+            other_client.create("/w/providers/" + name, b"{}", ephemeral=True, makepath=True)
+        seen = Recorder()
+        watch = recipes.ProvidersWatch(watcher, "/w/providers", seen)
+        watch.grace = 2.0
+        watch.start()
+        seen.wait_for(lambda v: set(v) == {"h:1", "h:2"})
+        suspended = state_event(watcher, KazooState.SUSPENDED)
+        session = watcher.client_id  # (None once cut off)
+        proxy.cut()
+        assert suspended.wait(10)
+        for name in ("h:1", "h:2"):  # their sessions ended
+            other_client.delete("/w/providers/" + name)
+        thief = KazooClient(zk_hosts, client_id=session,
+                            handler=SequentialGeventHandler())
+        thief.start(timeout=10)  # (takes our session over, and ends it)
+        thief.stop()
+        thief.close()
+        lost = state_event(watcher, KazooState.LOST)
+        with LogEvent("zc_lb.zookeeper.recipes", "keeping 2 providers") as kept:
+            proxy.heal()
+            assert lost.wait(10)
+            assert kept.wait(10), seen.values  # (not: [..., {}], every provider dropped)
+        other_client.create("/w/providers/h:1", b"{}", ephemeral=True)  # back in time
+        seen.wait_for(lambda v: set(v) == {"h:1"}, timeout=10)  # h:2, never back, goes
+        assert [set(v) for v in seen.values] == [{"h:1", "h:2"}, {"h:1"}]
+        watch.stop()
+    finally:
+        watcher.stop()
+        watcher.close()
+        proxy.stop()
 
 
 def test_properties_live(client):

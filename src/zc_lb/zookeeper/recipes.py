@@ -16,6 +16,11 @@ the re-read re-registers our ephemeral node and re-arms the watches.
 
 While ZooKeeper is unreachable nothing is reported at all: the caller
 keeps the last providers and settings it was given (Failure semantics).
+Nor does our own session's expiry drop providers: the others' sessions
+often expired with ours (a partition, a paused machine), and they
+register again only once they too are back, a moment after us, so for
+``ProvidersWatch.grace`` seconds a provider we knew is reported until it
+registers again, and only one that has not by then is dropped.
 Callbacks receive whole snapshots (every provider, every property), are
 called only when the snapshot changed, run in the recipe's greenlet and
 must be quick; an exception in one is logged and swallowed.
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import posixpath
+import time
 from collections import Counter
 from typing import Any, Callable, Mapping, Optional
 
@@ -257,8 +263,12 @@ class ProvidersWatch(_Follower):
     changes; a missing ``path`` means no providers.  Nothing is reported
     while ZooKeeper is unreachable: the caller keeps the last set, and an
     LB must diff snapshots by address so a flapping ZooKeeper never gives
-    it two connections to one worker.
+    it two connections to one worker.  After our session expires, the
+    providers we knew are reported for ``grace`` seconds more while they
+    register again (see the module's docstring).
     """
+
+    grace = 10.0  # seconds: the sessions we ask for, and a reconnection's delay within it
 
     def __init__(self, client: KazooClient, path: str,
                  callback: Callable[[dict[str, dict]], Any]):
@@ -269,10 +279,14 @@ class ProvidersWatch(_Follower):
         self._data: dict[str, dict] = {}  # provider data read so far
         self._stale: set[str] = set()  # providers whose node changed
         self._refetch = False  # the data watches were lost with the connection
+        self._held: dict[str, dict] = {}  # known before our session expired, not back yet
+        self._held_until: Optional[float] = None  # (time.monotonic) once back
 
     def _session_lost(self) -> None:
         self._resolved = None
         self._data = {}  # nodes may have been replaced while we were away
+        self._held = dict(self.providers or {})
+        self._held_until = None
 
     def _step(self) -> None:
         lost_before = self._sessions_lost
@@ -293,9 +307,36 @@ class ProvidersWatch(_Follower):
         data.update(self._fetch(path, [n for n in names if n not in data]))
         self._check_session(lost_before)
         self._resolved, self._data = path, data
+        data = self._with_held(data)
         if data != self.providers:
             self.providers = {n: dict(d) for n, d in data.items()}
             self._report(self.callback, dict(self.providers))
+
+    def _with_held(self, data: dict[str, dict]) -> dict[str, dict]:
+        """``data``, and for ``grace`` seconds after our session expired,
+        the providers we knew then that have not registered again."""
+        for name in data:
+            self._held.pop(name, None)  # back: what it says now counts
+        if not self._held:
+            return data
+        now = time.monotonic()
+        if self._held_until is None:
+            self._held_until = now + self.grace
+            self.client.handler.spawn(self._wake_at, self._held_until)
+            log.warning("%r: our session expired; keeping %d providers not registered "
+                     "again yet for %gs: %s", self, len(self._held), self.grace,
+                     " ".join(sorted(self._held)))
+        elif now >= self._held_until:
+            log.info("%r: %d providers did not register again within %gs: %s", self,
+                     len(self._held), self.grace, " ".join(sorted(self._held)))
+            self._held = {}
+            return data
+        return {**self._held, **data}
+
+    def _wake_at(self, deadline: float) -> None:
+        while (left := deadline - time.monotonic()) > 0:  # (a timer may fire early)
+            self.client.handler.sleep_func(left)
+        self._wake.set()
 
     def _fetch(self, path: str, names: list[str]) -> dict[str, dict]:
         """Read new providers' data in parallel, watching their nodes."""
