@@ -268,7 +268,7 @@ class ProvidersWatch(_Follower):
     register again (see the module's docstring).
     """
 
-    grace = 10.0  # seconds: the sessions we ask for, and a reconnection's delay within it
+    grace = 10.0  # seconds: the session timeout processes ask for (zookeeper/client.py)
 
     def __init__(self, client: KazooClient, path: str,
                  callback: Callable[[dict[str, dict]], Any]):
@@ -324,8 +324,8 @@ class ProvidersWatch(_Follower):
             self._held_until = now + self.grace
             self.client.handler.spawn(self._wake_at, self._held_until)
             log.warning("%r: our session expired; keeping %d providers not registered "
-                     "again yet for %gs: %s", self, len(self._held), self.grace,
-                     " ".join(sorted(self._held)))
+                        "again yet for %gs: %s", self, len(self._held), self.grace,
+                        " ".join(sorted(self._held)))
         elif now >= self._held_until:
             log.info("%r: %d providers did not register again within %gs: %s", self,
                      len(self._held), self.grace, " ".join(sorted(self._held)))
