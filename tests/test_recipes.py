@@ -252,6 +252,21 @@ def test_a_provider_with_data_nested_too_deep_is_one_without_data(client, other_
         zk.get(client, "/p/bad:1")
 
 
+def test_bad_provider_data_is_logged_with_its_node_and_what_is_wrong(client, other_client):
+    # It said "provider bad:2: data is not a JSON object", bytes that are
+    # no UTF-8 too, and named no node.
+    seen = Recorder()
+    watch = recipes.ProvidersWatch(client, "/p", seen)
+    watch.start()
+    seen.wait_for(lambda v: v == {})
+    with LogEvent("zc_lb.zookeeper.recipes",
+                  "/p/bad:2: bad provider data ('utf-8' codec can't decode") as logged:
+        other_client.create("/p/bad:2", b"\xff\xfe", ephemeral=True, makepath=True)
+        assert logged.wait(10)
+    seen.wait_for(lambda v: v == {"bad:2": {}})
+    watch.stop()
+
+
 def test_providers_missing_path_then_created(client):
     seen = Recorder()
     watch = recipes.ProvidersWatch(client, "/later/providers", seen)

@@ -351,8 +351,9 @@ class ProvidersWatch(_Follower):
                 continue  # gone already; the children watch has fired
             try:
                 data[name] = decode(raw)
-            except ValueError:
-                log.warning("provider %s: data is not a JSON object", name)
+            except ValueError as e:  # (not UTF-8 too)
+                log.warning("%s: bad provider data (%s); taken as none",
+                            posixpath.join(path, name), e)
                 data[name] = {}
         return data
 
