@@ -7,6 +7,8 @@ what a client must get: for status 200, ``environ`` lists what the
 worker must see (null: absent) and ``body`` the request body it must
 read; any other status must come with the connection closed.  Each case
 is tried in the chunkings of CHUNKINGS, as gunicorn's parser tests do.
+``KeepOpen`` reads several responses off one connection (test_hardening.py
+too).
 """
 
 import json
@@ -56,6 +58,20 @@ def check_answer(case, status, body, closed):
     else:
         assert status == case["status"], body[:200]
         assert closed, "the connection stayed open after a refused request"
+
+
+class KeepOpen:
+    """A shared buffered reader that http.client cannot close, so one
+    connection's read-ahead carries over from response to response."""
+
+    def __init__(self, f):
+        self._f = f
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+    def close(self):
+        pass
 
 
 class FileSock:

@@ -22,6 +22,7 @@ import gevent.event
 import gevent.socket
 import pytest
 
+from corpus import KeepOpen
 from zc_lb import errors
 from zc_lb.wire import decoder, encoder, frames
 from zc_lb.wire.stream import WIDE_WINDOW
@@ -53,20 +54,6 @@ def poll(predicate, timeout=5.0, message="condition"):
         gevent.sleep(0.01)
 
 
-class _KeepFile:
-    """A shared buffered reader that http.client cannot close, so one
-    connection's read-ahead carries over from response to response."""
-
-    def __init__(self, f):
-        self._f = f
-
-    def __getattr__(self, name):
-        return getattr(self._f, name)
-
-    def close(self):
-        pass
-
-
 class _FakeSock:
     def __init__(self, f):
         self._f = f
@@ -80,7 +67,7 @@ class Client:
 
     def __init__(self, address, timeout=5.0):
         self.sock = gevent.socket.create_connection(address, timeout=timeout)
-        self.file = _KeepFile(self.sock.makefile("rb"))
+        self.file = KeepOpen(self.sock.makefile("rb"))
 
     def send(self, data):
         self.sock.sendall(data)

@@ -18,7 +18,8 @@ import socket
 
 import pytest
 
-from corpus import CASES, CHUNKINGS, IDS, FileSock, check_answer, chunks, request_bytes
+from corpus import (CASES, CHUNKINGS, IDS, FileSock, KeepOpen, check_answer, chunks,
+                    request_bytes)
 from zc_lb.testing import LBProcess, WorkerProcess, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -82,19 +83,6 @@ def test_corpus(front, case, how):
     check_answer(case, *exchange(front, pieces, wait_close=case["status"] != 200))
 
 
-class _Unclosed:
-    """A file that a response read from it cannot close, for the next."""
-
-    def __init__(self, f):
-        self.f = f
-
-    def __getattr__(self, name):
-        return getattr(self.f, name)
-
-    def close(self):
-        pass
-
-
 def test_a_request_pipelined_behind_a_proxy_connection_close_is_served(front):
     # llhttp read "Proxy-Connection: close" as the end of the connection
     # the front kept open: the request behind it got a 400.
@@ -105,7 +93,7 @@ def test_a_request_pipelined_behind_a_proxy_connection_close_is_served(front):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.sendall(first + second)
         reader = sock.makefile("rb")
-        kept = _Unclosed(reader)  # (http.client closes it after each response)
+        kept = KeepOpen(reader)  # (http.client closes it after each response)
         bodies = []
         for _ in range(2):
             response = http.client.HTTPResponse(FileSock(kept))
