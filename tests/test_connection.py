@@ -526,3 +526,32 @@ def test_a_peer_that_closes_after_its_hello_refused_ours():
                                  "refused this LB (its log says why)")
     assert "lacks the protocol features ready" in str(refusing.exception)
     older.close()
+
+
+@pytest.mark.parametrize("refused", ["lb", "worker"])
+def test_a_peer_refused_without_a_secret_is_told_why_and_takes_the_connection_for_lost(refused):
+    # Without a secret the refused side waits for no Auth: it took the
+    # connection for open, put the worker in its pool and sent it
+    # requests, then logged a bare "closed the connection" (and an LB
+    # answered 502) over and over, its log never saying why.
+    a, b = gevent.socket.socketpair()
+    older_features = {"lb": tuple(f for f in frames.LB_FEATURES if f != "cache"),
+                      "worker": tuple(f for f in frames.WORKER_FEATURES if f != "keys")}
+    other = "worker" if refused == "lb" else "lb"
+    handler = Recorder()
+    older = Connection(a, refused, handler, peer=other, features=older_features[refused])
+    newer = Connection(b, other, Recorder(), peer=refused)
+    refusing = gevent.spawn(newer.handshake, 5)
+    older.handshake(5)  # (it cannot tell yet)
+    older.start()
+    refusing.join(5)
+    newer.close()
+    error = handler.lost.get(timeout=5)
+    lacking = {"lb": "the LB lacks the protocol features cache",
+               "worker": "the worker lacks the protocol features keys"}[refused]
+    assert lacking in str(refusing.exception)
+    assert str(error).startswith("%s refused this %s at its Hello: %s: " % (
+        other, "LB" if refused == "lb" else "worker", lacking)), error
+    assert isinstance(error, WorkerLost if refused == "lb" else ConnectionLost)
+    assert older.refused
+    older.close()

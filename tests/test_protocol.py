@@ -1371,3 +1371,25 @@ def test_ready_status(head, status):
     assert ready_status(head) == status
     match = READY_HEAD.fullmatch(head)
     assert (match and match.group(1).decode("latin-1")) == status
+
+
+def test_a_refused_hello_is_told_why_only_where_the_peer_takes_the_connection_for_open():
+    # A peer of our version without a secret reads the connection as open
+    # once it has our Hello: it is told why in a GoAway.  One of another
+    # version refuses us too; one with a secret waits for an Auth that
+    # never comes, and says it was refused.
+    from zc_lb.wire import handshake
+
+    worker = protocol.Connection("worker")
+    older = handshake.new_hello("lb", None, features=("whole", "timing"))
+    worker.receive_data(encoder.encode(older))
+    with pytest.raises(protocol.RemoteProtocolError) as raised:
+        worker.next_event()
+    assert worker.refused_hello == older
+    goaway = handshake.refusal(worker.refused_hello, raised.value)
+    assert goaway == frames.GoAway(handshake.REFUSED + str(raised.value))
+    other_version = frames.Hello(frames.VERSION + 1, "lb", "n", False, None, ())
+    with_secret = frames.Hello(frames.VERSION, "lb", "n", True, None, ())
+    assert handshake.refusal(other_version, raised.value) is None
+    assert handshake.refusal(with_secret, raised.value) is None
+    assert handshake.refusal(None, raised.value) is None

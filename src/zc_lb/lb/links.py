@@ -81,6 +81,7 @@ class WorkerLink(Handler):
         self.stopped = False
         self.failures = 0
         self.last_error: Optional[str] = None
+        self.refusals = 0  # connections in a row the worker refused once they seemed open
         self.resume: Dict[str, float] = {}
         self.draining: Optional[Connection] = None  # said GoAway: a planned end
         self._greenlet: Optional[gevent.Greenlet] = None
@@ -234,7 +235,14 @@ class WorkerLink(Handler):
             self.draining = None
         elif connection is not self.connection:
             return  # never came up (its handshake failed): nothing to take down
+        elif connection.refused:  # (its handshake failed, as the worker saw it)
+            self.refusals += 1
+            if self.refusals == 1 or self.refusals % 20 == 0:
+                log.warning("cannot connect to worker %s (refused %d times): %s",
+                            self.address, self.refusals, error)
+            self.last_error = str(error)
         elif not self.stopped:
+            self.refusals = 0
             log.warning("lost worker %s: %s", self.address, error)
         self.events.worker_down(connection)
         if self.connection is connection:

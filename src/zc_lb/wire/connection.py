@@ -46,7 +46,8 @@ from zc_lb.errors import (
     ZcLbError,
 )
 from zc_lb.wire.frames import GoAway, Keys, Ping, Request, Resume
-from zc_lb.wire.handshake import SHOWN, shown, stranger
+from zc_lb.wire.encoder import encode
+from zc_lb.wire.handshake import REFUSED, SHOWN, refusal, shown, stranger
 from zc_lb.wire.protocol import StreamEnded
 from zc_lb.sockets import set_nodelay
 from zc_lb.wire.exchange import Exchange, Link
@@ -95,6 +96,17 @@ class Handler:
         """The connection ended, from outside or by our own close()."""
 
 
+def tell_refused(sock: Any, refused: Optional[frames.Hello], error: Exception) -> None:
+    """Tell a peer whose Hello (``refused``) we refused why, if it takes
+    the connection for open (``handshake.refusal``); it may be gone."""
+    goaway = refusal(refused, error)
+    if goaway is not None:
+        try:
+            sock.sendall(encode(goaway))
+        except OSError:
+            pass
+
+
 class Connection(Link):
     """One multiplexed connection between an LB and a worker: a pump
     between a socket and a ``protocol.Connection``; to its Exchanges, a
@@ -136,6 +148,7 @@ class Connection(Link):
         self.sendfile = self._pending is None and hasattr(os, "sendfile")
         self._greenlets: List[gevent.Greenlet] = []
         self._lost_error = WorkerLost if role == "lb" else ConnectionLost
+        self.refused = False  # the peer refused our Hello, once it seemed open (``_refused``)
         self.closed_error = WorkerClosed if role == "lb" else ConnectionClosed
         set_nodelay(sock)
 
@@ -167,9 +180,10 @@ class Connection(Link):
         while True:
             try:
                 event = proto.next_event()
-            except RemoteProtocolError:
+            except RemoteProtocolError as exc:
                 what = None if proto.peer_hello else stranger(self.role, bytes(received))
                 if what is None:
+                    tell_refused(self.sock, proto.refused_hello, exc)
                     raise
                 raise RemoteProtocolError(what) from None
             out = proto.data_to_send()  # our Auth, once the peer's Hello came
@@ -193,6 +207,13 @@ class Connection(Link):
                 return
             else:  # Closed: nothing else passes the handshake's limits
                 raise self._closed_in_handshake(received)
+
+    def _refused(self, reason: str) -> ZcLbError:
+        """The error of a connection whose peer refused our Hello, saying
+        why in a GoAway (``handshake.REFUSED``); ``refused`` says so."""
+        self.refused = True
+        return self._lost_error("%s refused this %s at its Hello: %s" % (
+            self.peer, "LB" if self.role == "lb" else "worker", reason[len(REFUSED):]))
 
     def _closed_in_handshake(self, received: bytearray) -> ZcLbError:
         """The error of a peer that closed the connection in the handshake:
@@ -398,7 +419,10 @@ class Connection(Link):
             elif type(event) is Resume:
                 self.handler.handle_resume(self, event.skills)  # type: ignore[union-attr]
             elif type(event) is GoAway:
-                self.handler.handle_goaway(self, event.reason)  # type: ignore[union-attr]
+                reason = event.reason  # type: ignore[union-attr]
+                if reason.startswith(REFUSED):  # (nothing more goes to a peer that refused us)
+                    raise self._refused(reason)
+                self.handler.handle_goaway(self, reason)
             elif type(event) is Keys:
                 self.handler.handle_keys(self, event.keys)  # type: ignore[union-attr]
             elif type(event) is protocol.Closed:

@@ -20,8 +20,12 @@ request.  What the features bring is part of every open connection: a
 peer without one never gets this far.  A peer whose first bytes do
 not begin a Hello frame is none of ours, and ``stranger`` says what it
 sent (escaped, cut short) and what that looks like (an HTTP server or
-client), for both the LB's and the worker's log.  No I/O:
-``protocol.Connection`` drives these.
+client), for both the LB's and the worker's log.  A peer refused at
+its Hello reads the connection as open when it holds no secret (it
+waits for no Auth): the refusing side says why in a GoAway whose reason
+begins ``REFUSED`` (``refusal``), so that the refused side logs why
+and sends nothing more, rather than take the close that follows for a
+connection lost.  No I/O: ``protocol.Connection`` drives these.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from zc_lb.wire.frames import (
     WHOLE_REQUEST,
     WORKER_FEATURES,
     Auth,
+    GoAway,
     Hello,
     Request,
     Response,
@@ -51,6 +56,7 @@ SHOWN: Final = 40  # bytes of a stranger's first ones a log line shows
 HTTP_METHODS: Final = (b"GET ", b"HEAD ", b"POST ", b"PUT ", b"DELETE ", b"OPTIONS ",
                        b"PATCH ", b"CONNECT ", b"TRACE ", b"PRI * ")
 UPGRADE: Final = "docs/howto/upgrade.rst"  # what a refused peer's operator reads
+REFUSED: Final = "refused at its Hello: "  # how a GoAway's reason says the peer was refused
 
 
 def role_features(role: str) -> Tuple[str, ...]:
@@ -91,6 +97,17 @@ def stranger(role: str, received: bytes) -> Optional[str]:
     elif role == "worker" and received.startswith(HTTP_METHODS):
         guess = ": an HTTP client on a zc-lb worker's port, which takes LBs only"
     return "expected a zc-lb %s's Hello, received %s%s" % (_name(peer), shown(received), guess)
+
+
+def refusal(refused: Optional[Hello], error: Exception) -> Optional[GoAway]:
+    """The GoAway that tells a peer whose Hello (``refused``) we refused
+    with ``error`` why, if it reads the connection as open by now: one
+    of our version (its framing is ours) that holds no secret (it waits
+    for no Auth); None otherwise (it refuses us too, or waits for an Auth
+    that never comes, and says so)."""
+    if refused is None or refused.version != VERSION or refused.auth:
+        return None
+    return GoAway(REFUSED + str(error))
 
 
 def auth_digest(secret: bytes, nonce: str, role: str) -> str:

@@ -141,6 +141,7 @@ class Connection:
         self.phase = HANDSHAKE
         self.our_hello = new_hello(role, secret, app_version, features)
         self.peer_hello: Optional[Hello] = None
+        self.refused_hello: Optional[Hello] = None  # a Hello check_hello refused
         self.streams: Dict[int, Stream] = {}
         self.last_rno = 0
         self.pings = 0  # Pings received, all told
@@ -237,7 +238,11 @@ class Connection:
         return message
 
     def _hello(self, theirs: Hello) -> Optional[Event]:
-        check_hello(self.our_hello, theirs)
+        try:
+            check_hello(self.our_hello, theirs)
+        except RemoteProtocolError:
+            self.refused_hello = theirs  # (``handshake.refusal``: we may tell it why)
+            raise
         self.peer_hello = theirs
         if self.secret is None:
             return self._open()

@@ -202,7 +202,10 @@ class LBConnections:
             self.connections.discard(connection)
             if not self.connections:
                 self._no_lbs.set()
-            log.info("LB connection from %s ended: %s", connection.peer, error)
+            if connection.refused:  # (in a flood, one line every 10 s)
+                self._say_rejected(connection.peer, error)
+            else:
+                log.info("LB connection from %s ended: %s", connection.peer, error)
 
     def wait_gone(self, timeout: Optional[float] = None) -> bool:
         """Wait until no LB is connected, at most ``timeout`` seconds;
