@@ -99,7 +99,7 @@ _CORE = (
 )
 _REFERER_AGENT = r' "(?P<referer>(?:[^"\\]|\\.)*)" "(?P<agent>(?:[^"\\]|\\.)*)"'
 _PAIR = re.compile(r'(?:^|\s)([A-Za-z_][\w.-]*)=("(?:[^"\\]|\\.)*"|\S*)')
-_UNESCAPE = re.compile(r'\\(x[0-9a-fA-F]{2}|.)')
+_UNESCAPE = re.compile(r'\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|.)')
 
 FORMATS: Dict[str, str] = {
     "common": r"^" + _CORE + r"\s*$",
@@ -225,7 +225,10 @@ def encode_target(target: str) -> str:
     """Percent-encode what may not appear in a request target; undo the
     log's escapes (``unescape``)."""
     target = unescape(target)
-    raw = target.encode("latin-1", "replace")
+    try:
+        raw = target.encode("latin-1")
+    except UnicodeEncodeError:  # (past latin-1: its UTF-8, not a "?" that starts a query)
+        raw = target.encode("utf-8", "backslashreplace")
     if all(b in _TARGET_SAFE for b in raw):
         return target
     return "".join(chr(b) if b in _TARGET_SAFE else "%%%02X" % b for b in raw)
@@ -256,16 +259,26 @@ def _is_name(value: Optional[str]) -> bool:
     """Whether a logged host or class can go into a request's Host field
     without making another field of it (None can: there is none): no
     control character (a class may hold spaces; a Host with one is the
-    LB's 400 to answer)."""
-    return value is None or value.isprintable()
+    LB's 400 to answer), and bytes alone: a character past latin-1 (a
+    class logged as ``\\uNNNN``) is no byte of a header field."""
+    return value is None or (value.isprintable() and (value.isascii() or max(value) <= "\xff"))
 
 
 def unescape(value: str) -> str:
-    """Undo Apache's (and zc-lb's) escapes: ``\\"``, ``\\\\``, ``\\xNN``."""
+    """Undo Apache's (and zc-lb's) escapes: ``\\"``, ``\\\\``, ``\\xNN``, and
+    zc-lb's ``\\uNNNN`` and ``\\UNNNNNNNN`` (a class's characters past latin-1)."""
     if "\\" not in value:
         return value
-    return _UNESCAPE.sub(
-        lambda m: chr(int(m.group(1)[1:], 16)) if len(m.group(1)) == 3 else m.group(1), value)
+    return _UNESCAPE.sub(_unescaped, value)
+
+
+def _unescaped(match: "re.Match[str]") -> str:
+    """What one escape of ``unescape`` stands for (one past Unicode, as it is)."""
+    escape = match.group(1)
+    if len(escape) == 1:
+        return escape
+    code = int(escape[1:], 16)
+    return chr(code) if code <= sys.maxunicode else match.group()
 
 
 def parse_pairs(text: str) -> Dict[str, str]:

@@ -13,7 +13,8 @@ import pytest
 from zc_lb.playback.logparse import FORMATS, LogReader, parse_pairs, read_entries
 from zc_lb.front.accesslog import COMBINED, LogFormat, quote
 from zc_lb.errors import ConfigurationError
-from zc_lb.testing import LBProcess, WorkerProcess, http_get, start_all, wait_for
+from zc_lb.testing import (LBProcess, WorkerProcess, http_get, read_until_closed, start_all,
+                           wait_for)
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -75,7 +76,9 @@ def test_quote_escapes_what_would_break_a_line():
     # C1's NEL and the line separator break lines for str.splitlines and
     # many readers; what Python prints stays as it is
     assert quote("a\x85b\x9bc\u2028d") == "a\\x85b\\x9bc\\u2028d"
-    assert quote("caf\xe9 \u00a0") == "caf\xe9 \\xa0"
+    # and past ASCII, as Apache does: a header's text is its bytes read as
+    # latin-1 (PEP 3333), so \xNN is the byte the client sent
+    assert quote("caf\xe9 \u00a0 \u0101") == "caf\\xe9 \\xa0 \\u0101"
 
 
 def test_logparse_reads_the_default_format_with_its_class():
@@ -97,6 +100,27 @@ def test_logparse_reads_the_default_format_with_its_class():
     assert LogReader([], host="h.example").parse_line(line).host == "h.example"
     assert "zc-lb" in FORMATS
     assert parse_pairs(' a=1 b="x \\"y\\"" c=') == {"a": "1", "b": 'x "y"', "c": ""}
+
+
+def test_a_clients_bytes_past_ascii_are_read_back_as_the_lb_had_them():
+    # Written as UTF-8, a header's latin-1 text (the client's bytes) came
+    # out encoded twice, and the replay read another class than the LB's,
+    # or refused the line ("no name": a C1 character of the double encoding).
+    environ = {"HTTP_HOST": "h", "HTTP_USER_AGENT": "caf\xc3\xa9", "HTTP_REFERER": "\xff",
+               "zc_lb.class": "r\xc3\xa9", "zc_lb.worker": "w:1"}
+    line = LogFormat().format(handler(environ))
+    assert line.isascii()
+    assert '"\\xff" "caf\\xc3\\xa9" host="h" class="r\\xc3\\xa9"' in line
+    reader = LogReader([])
+    entry = reader.parse_line(line, "x:1")
+    assert entry is not None, reader.stats
+    assert entry.rclass == entry.host == "r\xc3\xa9"
+    # A class past latin-1 (a classifier's own text) is no Host a replay can
+    # send: a bad line, said so, not another class.
+    line = LogFormat().format(handler(dict(environ, **{"zc_lb.class": "b\u0101"})))
+    assert 'class="b\\u0101"' in line
+    assert reader.parse_line(line, "x:2") is None
+    assert "a host or class that is no name" in reader.stats.examples[-1]
 
 
 def _workers(n):
@@ -140,6 +164,37 @@ def test_a_replay_of_an_lb_log_keeps_every_requests_class(tmp_path):
     finally:
         for worker in workers:
             worker.kill()
+
+
+def test_a_class_from_a_utf8_path_is_read_back_as_the_lb_counted_it(tmp_path):
+    import json
+    import socket
+    import urllib.request
+
+    log = tmp_path / "access.log"
+    workers = _workers(1)
+    try:
+        with LBProcess([workers[0].address], "--access-log", str(log), "--status",
+                       "127.0.0.1:0", "--classifier",
+                       "re:PATH_INFO:^/(?P<class>[^/]*)") as lb:
+            status = lb.said("zc-lb status on ")
+            host, port = lb.address.rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.sendall(b"GET /caf%C3%A9/x HTTP/1.1\r\nHost: h\r\n"
+                             b"User-Agent: caf\xc3\xa9\r\nConnection: close\r\n\r\n")
+                assert read_until_closed(sock).startswith(b"HTTP/1.1 200")
+            with urllib.request.urlopen("http://%s/status.json" % status, timeout=10) as r:
+                counted = set(json.load(r)["classes"]) - {""}
+            wait_for(lambda: log.exists() and "/caf" in log.read_text(),
+                     message="the line written")
+        data = log.read_bytes()
+        assert data.isascii() and b'"caf\\xc3\\xa9" host="h" class="caf\\xc3\\xa9"' in data
+        entries, stats = read_entries([str(log)])
+        assert stats.unparsable == 0, stats.examples
+        assert [entry.rclass for entry in entries] == sorted(counted) == ["caf\xc3\xa9"]
+    finally:
+        workers[0].kill()
 
 
 def test_sigusr1_reopens_the_access_log(tmp_path):

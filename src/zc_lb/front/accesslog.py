@@ -34,10 +34,12 @@ Fields (Apache's meaning where Apache has the letter)::
 ``AccessLog`` writes the lines: buffered, once a second, reopened by
 name on SIGUSR1.
 
-Escaped values have ``"`` and ``\\`` preceded by a backslash and control
-characters written ``\\xNN``, as Apache does, so a quoted field stays one
-field.  The default is Apache's combined format followed by ``key=value``
-fields (``DEFAULT_FORMAT``), which playback/logparse.py reads back.
+Escaped values have ``"`` and ``\\`` preceded by a backslash, and control
+characters and those past ASCII written ``\\xNN`` (``\\uNNNN`` past
+latin-1), as Apache does, so a quoted field stays one field and a line is
+ASCII whatever the client sent.  The default is Apache's combined format
+followed by ``key=value`` fields (``DEFAULT_FORMAT``), which
+playback/logparse.py reads back.
 """
 
 from __future__ import annotations
@@ -77,12 +79,16 @@ def clf_time(when: float) -> str:
 
 def _escaped(char: str) -> str:
     """One character as a log line writes it: ``"`` and ``\\`` escaped,
-    and every character Python does not print (control characters, C1's
-    NEL among them, and the line and paragraph separators, which readers
-    take for line ends) as its code."""
+    printable ASCII as it is, and every other character as its code:
+    control characters (C1's NEL among them, and the line and paragraph
+    separators, which readers take for line ends), and past ASCII as
+    Apache does.  A header's text is its bytes read as latin-1 (PEP 3333),
+    so ``\\xNN`` is the byte the client sent (as UTF-8 text, a client's
+    UTF-8 would be encoded twice, and a reader of the log's bytes, as
+    playback/logparse.py, would read another class than the LB gave)."""
     if char == '"' or char == "\\":
         return "\\" + char
-    if char.isprintable():
+    if char.isascii() and char.isprintable():
         return char
     code = ord(char)
     return "\\x%02x" % code if code < 256 else "\\u%04x" % code if code < 65536 else (
@@ -93,7 +99,7 @@ def quote(value: Optional[str]) -> str:
     """``value`` escaped for a log line, "-" if empty or None."""
     if not value:
         return "-"
-    if value.isprintable() and '"' not in value and "\\" not in value:
+    if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
         return value
     return "".join(map(_escaped, value))
 
