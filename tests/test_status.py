@@ -415,3 +415,27 @@ def test_an_action_posted_to_what_is_no_status_server_fails(wsgi_thread, capsys)
         out, err = capsys.readouterr()
         assert out == "", argv
         assert "is not a zc-lb status server" in err, argv
+
+
+def test_an_admin_token_no_header_can_carry_is_refused_at_start(tmp_path, capsys):
+    # A token file of two lines (or of random bytes) was taken: no action
+    # could ever be taken, and zc-lb drain blamed the LB ("is not a zc-lb
+    # status server: ValueError: Invalid header value").
+    import subprocess
+    import sys
+
+    token = tmp_path / "admin-token"
+    token.write_bytes(b"first line\nsecond line\n")
+    token.chmod(0o600)
+    assert cli.main(["reset-skills", "--status", "127.0.0.1:1", "--token-file", str(token)]) == 2
+    err = capsys.readouterr().err
+    assert "admin token file %s holds a control character" % token in err, err
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "zc_lb.cli", "lb", "--listen", "127.0.0.1:0", "--status",
+             "127.0.0.1:0", "--admin-token-file", str(token)],
+            capture_output=True, text=True, timeout=15)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the LB started with a token no header can carry")
+    assert result.returncode == 2, result.stderr
+    assert "holds a control character (a line break?)" in result.stderr

@@ -16,7 +16,7 @@ import os
 import time
 
 from zc_lb.errors import ConfigurationError
-from zc_lb.process.service import read_secret
+from zc_lb.process.service import read_admin_token
 
 
 def fetch_status(address: str, timeout: float = 5.0) -> dict:
@@ -62,7 +62,7 @@ def run_worker_state(args: argparse.Namespace) -> int:
     from zc_lb.status.document import fetch
 
     answer = fetch(args.address, action=args.action, params={"worker": args.worker},
-                   token=read_secret(args.token_file), timeout=args.timeout)
+                   token=read_admin_token(args.token_file), timeout=args.timeout)
     print("%s %s on the LB at %s%s" % (
         "drained" if args.action == "drain" else "enabled", args.worker, args.address,
         " (it was neither drained nor ejected)" if answer.get("changed") is False else ""))
@@ -74,7 +74,7 @@ def run_reset_skills(args: argparse.Namespace) -> int:
 
     if not args.zookeeper and not args.status:
         raise ConfigurationError("give --zookeeper or --status")
-    token = read_secret(args.token_file)
+    token = read_admin_token(args.token_file)
     for address in args.status:
         fetch(address, action="reset-skills", token=token, timeout=args.timeout)
         print("reset skills on the LB at %s" % address)

@@ -27,8 +27,8 @@ from zc_lb.cli.reload import sighup
 from zc_lb.errors import ConfigurationError
 from zc_lb.front.accesslog import DEFAULT_FORMAT
 from zc_lb.process import restart
-from zc_lb.process.service import (LBService, lb_status_app, parse_listeners, read_secret,
-                                   wait_for_signal)
+from zc_lb.process.service import (LBService, lb_status_app, parse_listeners,
+                                   read_admin_token, read_secret, wait_for_signal)
 from zc_lb.sockets import address_text, parse_listen
 
 log = logging.getLogger("zc_lb")
@@ -165,7 +165,7 @@ def build_lb(args: argparse.Namespace):
         status = FrontServer(restart.inherited("status", args.status) or parse_address(args.status),
                              lb_status_app(
             functools.partial(_lb_document, lb, fronts), lb_actions(lb),
-            lambda: lb.counters.requests, read_secret(args.admin_token_file),
+            lambda: lb.counters.requests, read_admin_token(args.admin_token_file),
             lambda: len(lb.pool)))
     return lb, fronts, status
 

@@ -436,7 +436,7 @@ def run(args, argv: Sequence[str], kept: Any = None) -> int:
     copies, for the children (cli/reload.py)."""
     from zc_lb.sockets import address_text, parse_listen
     from zc_lb.process import restart
-    from zc_lb.process.service import (PidFile, hand_over, parse_listeners, read_secret,
+    from zc_lb.process.service import (PidFile, hand_over, parse_listeners, read_admin_token,
                                        wait_for_signal, watch_secrets_for_children)
 
     (scheme, where), = parse_listeners(args)
@@ -444,7 +444,7 @@ def run(args, argv: Sequence[str], kept: Any = None) -> int:
     listen = restart.inherited("front0", where) or parse_listen(where)
     supervisor = Supervisor(args.processes, lb_argv(argv), listen, args.log_level,
                             scheme=scheme, cwd=getattr(args, "start_dir", None), kept=kept,
-                            admin_token=read_secret(args.admin_token_file),
+                            admin_token=read_admin_token(args.admin_token_file),
                             status_timeout=args.child_status_timeout,
                             action_timeout=args.child_action_timeout)
     supervisor.start()

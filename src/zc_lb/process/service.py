@@ -116,6 +116,21 @@ def read_secret(path: Optional[str]) -> Optional[bytes]:
     return secret
 
 
+def read_admin_token(path: Optional[str]) -> Optional[bytes]:
+    """The admin token in the file at ``path`` (``read_secret``), if any;
+    ConfigurationError if it holds a control character (a line break of
+    a file of two lines, a byte of a random token not written as text):
+    no ``Authorization`` header can carry it, so no action could ever be
+    taken, and a client could only fail to send it."""
+    token = read_secret(path)
+    if token is not None and any(byte < 0x20 or byte == 0x7F for byte in token):
+        raise ConfigurationError(
+            "admin token file %s holds a control character (a line break?): no "
+            "Authorization header can carry it; make it one line of text "
+            "(head -c 32 /dev/urandom | base64)" % path)
+    return token
+
+
 def _read_secret_file(path: str) -> Tuple[bytes, os.stat_result]:
     """The secret in the file at ``path``, stripped, and the file's
     ``fstat``; ConfigurationError if it cannot be read or is empty."""
