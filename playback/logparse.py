@@ -19,7 +19,8 @@ split leniently, because real logs are not tidy:
 
 A line that matches no format, or whose request line is not
 ``METHOD TARGET [VERSION]``, is *unparsable*: counted, a few kept as
-examples, never fatal. A parsed line whose method is not replayed is
+examples (their control characters written as codes: they are printed),
+never fatal. A parsed line whose method is not replayed is
 *skipped*, counted by method.
 
 Formats (``--format``):
@@ -152,10 +153,20 @@ class ParseStats:
     def bad_line(self, source: str, reason: str, line: str) -> None:
         self.unparsable += 1
         if len(self.examples) < MAX_EXAMPLES:
-            self.examples.append("%s: %s: %s" % (source, reason, line[:200]))
+            self.examples.append("%s: %s: %s" % (source, reason, shown(line[:200])))
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def shown(text: str) -> str:
+    """``text`` with what a terminal would act on or not show (an escape
+    sequence, a carriage return of a garbled line) written as its code:
+    a bad line's example is printed as it is."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else "\\x%02x" % ord(char) if ord(char) < 256
+                   else "\\u%04x" % ord(char) for char in text)
 
 
 # -- time -------------------------------------------------------------------

@@ -192,6 +192,18 @@ def test_a_logged_host_or_class_that_is_no_name_is_a_bad_line(pair):
     assert reader.stats.unparsable == 1
 
 
+def test_a_bad_lines_example_shows_no_control_character(tmp_path):
+    # The examples are printed as they are: a garbled or hostile log's escape
+    # sequences reached the operator's terminal.
+    path = tmp_path / "hostile.log"
+    path.write_bytes(b"\x1b]0;owned\x07\x1b[2J garbage \x00\x85\n")
+    reader = LogReader([str(path)])
+    assert list(reader) == []
+    assert reader.stats.unparsable == 1
+    assert reader.stats.examples == [
+        "%s:1: no format matches: \\x1b]0;owned\\x07\\x1b[2J garbage \\x00\\x85" % path]
+
+
 def test_a_status_of_other_digits_than_ascii_is_none():
     # (read as latin-1, bytes B2 B3 B9 are digits to isdigit, not to int)
     entry = LogReader([], regex=r"(?P<path>\S+) (?P<status>\S+)").parse_line("/a \xb2\xb3\xb9")
