@@ -4,8 +4,8 @@ many threads take requests (concurrency.py; threads.py samples)."""
 import pytest
 
 from zc_lb.worker import concurrency
-from zc_lb.worker.concurrency import (BLOCKED, COMPUTES, COMPUTING, LOCK_TURNS, PROBE, QUEUED, RUNNING,
-                                STALL, Limit, state, syscall, turns)
+from zc_lb.worker.concurrency import (BLOCKED, COMPUTES, COMPUTING, HELD, HELD_AFTER, LOCK_TURNS,
+                                PROBE, QUEUED, RUNNING, STALL, Limit, state, syscall, turns)
 
 FUTEX = 202
 
@@ -149,6 +149,7 @@ def test_after_a_hold_up_the_ceiling_doubles_back_to_where_it_fell_from():
     # whose bound is that ceiling is probed at steady state.
     limit = Limit(16)
     limit.update(4, waiting=True, queued=2, working=4)  # (a pool of four)
+    limit.update(4, waiting=True, working=4)  # (found: four work, none queued)
     limit.update(0, waiting=True, queued=3, working=1)  # (a reconnect under a lock)
     rises = []
     for _ in range(3 * PROBE):
@@ -174,3 +175,37 @@ def test_an_application_that_never_queues_its_threads_has_no_ceiling():
         limit.update(5, waiting=True)
     assert limit.ceiling == 16
     assert limit.value == 12
+
+
+def test_a_hold_up_over_many_samples_is_one_fall():
+    # A two-second failover: every thread queued behind one, sample after
+    # sample.  The ceiling doubles back to where it was before it, not to
+    # where the hold-up's second sample found it (one: one a second, 15 s).
+    limit = Limit(16)
+    for _ in range(200):
+        limit.update(0, waiting=True, queued=15, working=1)
+    assert limit.ceiling == 1
+    seen = []
+    for _ in range(5 * PROBE):
+        limit.update(0, waiting=True)
+        seen.append(limit.ceiling)
+    assert [seen[n * PROBE - 1] for n in range(1, 5)] == [2, 4, 8, 16]
+
+
+def test_a_lock_wait_long_past_its_turns_is_a_hung_thread():
+    turn = LOCK_TURNS
+    assert state(FUTEX, FUTEX, turn + HELD_AFTER / 2, turn) == QUEUED
+    assert state(FUTEX, FUTEX, turn + HELD_AFTER * 2, turn) == HELD
+    turn = turns(256, 0.005)  # (many threads: a turn longer than HELD_AFTER)
+    assert state(FUTEX, FUTEX, turn * 1.1, turn) == QUEUED
+
+
+def test_hung_threads_are_let_in_on_top_and_bring_no_ceiling_down():
+    # Two requests deadlocked beside requests that compute: the two hold
+    # their threads, the others are let in as if they were not there.
+    limit = Limit(16)
+    for _ in range(3 * PROBE):
+        value = limit.update(0, waiting=True, working=2, held=2)
+    assert limit.ceiling == 16
+    assert value == COMPUTING + 2
+    assert limit.update(3, waiting=True, working=5, held=2) == COMPUTING + 6 + 2

@@ -113,7 +113,7 @@ def test_a_call_whose_greenlet_is_killed_does_not_disturb_the_next():
 def test_computing_calls_run_two_at_a_time(pool):
     assert pool.status() == {"size": 16, "taking_requests": 16, "busy": 0, "waiting": 0,
                              "blocked": 0.0,
-                             "stalls": 0, "ceiling": 16, "adapts": True}
+                             "stalls": 0, "hung": 0, "ceiling": 16, "adapts": True}
     _settle(pool)
     idents, _ = _run_all(pool, [lambda: _compute(0.005)] * 8)
     assert len(set(idents)) <= COMPUTING  # the others are parked
@@ -363,3 +363,26 @@ def test_after_a_slow_call_under_steady_load_the_pool_goes_back_to_its_ceiling(p
     # (Now and then one more is let in, as the ceiling is probed: seen
     # queued, it goes at once.  Kept, the stall's would be every sample.)
     assert len(seen) > 15 and seen.count(1) > 0.7 * len(seen), seen
+
+
+def test_calls_hung_on_a_lock_hold_their_threads_and_no_more(pool):
+    """Two requests deadlocked (a lock nobody releases) beside others
+    that work: they are no queue behind those, and the pool keeps
+    letting in threads for the rest.  (The ceiling fell to the one
+    working beside them and stayed there: the worker served one request
+    at a time for as long as they hung.)"""
+    deadlock = real_threading.Lock()
+    deadlock.acquire()
+    hung = [gevent.spawn(pool.apply, lambda: (deadlock.acquire(), deadlock.release()))
+            for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 1.5  # (past HELD_AFTER: seen hung)
+        while time.monotonic() < deadline:
+            _run_all(pool, [lambda: _compute(0.002)] * 4)
+        assert pool.status()["hung"] == 2
+        _, elapsed = _run_all(pool, [lambda: time.sleep(0.1)] * 8)
+        # (one at a time, or one more each stall: 0.8 s and more)
+        assert elapsed < 0.5, _inside(pool)
+    finally:
+        deadlock.release()
+        gevent.joinall(hung, timeout=5)

@@ -70,6 +70,16 @@ moment's hold-up that queued every thread behind one (a database's
 failover, a reconnect under a lock) brings the ceiling down to that
 one, and at one a second an application that overlaps 16 waits would
 run below its bound for 15 s after a 2 s hold-up; doubling, 4 s.
+A hold-up seen over many samples is one fall: the ceiling it fell from
+is the one before its first sample.  A thread in one lock wait for
+``HELD_AFTER`` seconds past its turns is *held*: no queue behind the others
+(each of their requests would have gone through the application's lock
+by then, a thousand times over), but a deadlock, or a wait on what
+never comes.  It holds its thread, as a call hung on a socket does, and
+no more: it is let in on top of the rest and neither brings the ceiling
+down nor counts among those working, so that two hung threads do not
+leave one thread to serve every request while they hang (they did: the
+ceiling fell to the one working beside them, and stayed there).
 An application that never queues its threads has no ceiling.  And while
 requests wait and none has finished for ``STALL`` seconds, it lets in
 one more, and one more each ``STALL`` after, past the ceiling too, for
@@ -114,6 +124,7 @@ STALL = 0.5  # seconds with requests waiting and none finished: let in one more
 LOCK_TURNS = 0.03  # seconds: a lock wait with CPU time since is a turn, at least
 QUICK_TURN = 0.015  # seconds: while no thread computes, a lock wait is no turn past this
 PROBE = 100  # samples (a second) between rises of the ceiling while requests wait
+HELD_AFTER = 1.0  # seconds a lock wait lasts past its turns before it is a hung thread's
 # The lock wait's system call number, by machine (os.uname().machine).
 FUTEX = {"x86_64": 202, "aarch64": 98, "arm64": 98, "riscv64": 98,
          "ppc64le": 221, "ppc64": 221, "s390x": 238}
@@ -139,19 +150,22 @@ def turns(threads: int, switch_interval: float) -> float:
     return max(LOCK_TURNS, 2 * switch_interval * threads)
 
 
-COMPUTES, BLOCKED, QUEUED = 0, 1, 2  # a busy thread's state (``state``)
+COMPUTES, BLOCKED, QUEUED, HELD = 0, 1, 2, 3  # a busy thread's state (``state``)
 
 
 def state(call: Optional[int], futex: int, since_cpu: float, turn: float) -> int:
     """What a request's thread does, in system call ``call`` (``futex``:
     a lock), ``since_cpu`` seconds after it last got CPU time, where a
     turn at the interpreter lock comes within ``turn`` seconds: COMPUTES,
-    BLOCKED (outside the interpreter), or QUEUED (a long lock wait,
-    which ``Limit`` counts as queued only beside a thread that works)."""
+    BLOCKED (outside the interpreter), QUEUED (a long lock wait, which
+    ``Limit`` counts as queued only beside a thread that works), or HELD
+    (a lock wait ``HELD_AFTER`` seconds longer still: hung)."""
     if call is None or call == RUNNING:
         return COMPUTES
     if call == futex:
-        return QUEUED if since_cpu > turn else COMPUTES
+        if since_cpu <= turn:
+            return COMPUTES
+        return HELD if since_cpu > turn + HELD_AFTER else QUEUED
     return BLOCKED
 
 
@@ -166,15 +180,18 @@ class Limit:
         self.stalls = 0  # threads let in for a stall, while the calls that made it run
         self.ceiling = size  # the requests the application was last seen to serve at once
         self.fell_from = size  # the ceiling before it last fell
+        self.falling = False  # the last sample saw threads queued: a hold-up goes on
         self.calm = 0  # samples with requests waiting since the ceiling last moved
+        self.held = 0  # hung threads (``HELD``), let in on top of the rest
 
     def update(self, blocked: int, waiting: bool = False, since_finished: float = 0.0,
-               queued: int = 0, working: int = 0, stuck: int = 0) -> int:
+               queued: int = 0, working: int = 0, stuck: int = 0, held: int = 0) -> int:
         """Take a sample: the count of blocked threads, whether requests
         wait for a thread, the seconds since one last finished, the
         threads queued on a lock beside ``working`` others (computing or
-        blocked), and the calls running for ``STALL`` seconds or more
-        (``stuck``); the threads to let in."""
+        blocked), the calls running for ``STALL`` seconds or more
+        (``stuck``), and the hung threads (``held``, counted in none of
+        the others); the threads to let in."""
         self.blocked += SMOOTHING * (blocked - self.blocked)
         if not waiting:
             self.stalls = 0
@@ -183,11 +200,15 @@ class Limit:
         self.stalls = min(self.stalls, stuck)  # (the calls that made a stall are over)
         self.calm += waiting
         if queued:
-            self.fell_from, self.ceiling, self.calm = self.ceiling, max(1, working), 0
+            if not self.falling:  # (a hold-up's first sample: where it fell from)
+                self.fell_from = self.ceiling
+            self.ceiling, self.calm = max(1, working), 0
         elif self.ceiling < self.size and self.calm >= PROBE:
             below = self.fell_from - self.ceiling  # (doubling back to it, then one at a time)
             self.ceiling += max(1, min(self.ceiling, below))
             self.calm = 0
+        self.falling = queued > 0
         wanted = self.computing + 2 * max(blocked, int(self.blocked + 0.5))
-        self.value = min(self.size, min(wanted, self.ceiling) + self.stalls)
+        self.held = held
+        self.value = min(self.size, min(wanted, self.ceiling) + self.stalls + held)
         return self.value

@@ -46,8 +46,8 @@ import gevent  # type: ignore[import-untyped]
 import gevent.hub  # type: ignore[import-untyped]
 from gevent.monkey import get_original  # type: ignore[import-untyped]
 
-from zc_lb.worker.concurrency import (BLOCKED, COMPUTES, FUTEX, QUEUED, QUICK_TURN, RUNNING,
-                                      SAMPLE, STALL, Limit, state, syscall, turns)
+from zc_lb.worker.concurrency import (BLOCKED, COMPUTES, FUTEX, HELD, QUEUED, QUICK_TURN,
+                                      RUNNING, SAMPLE, STALL, Limit, state, syscall, turns)
 
 log = logging.getLogger(__name__)
 
@@ -264,16 +264,20 @@ class Threads:
             blocked, waits = counts[BLOCKED], counts[QUEUED]
         else:  # a lock wait beside no other request: on the process's own I/O
             blocked, waits = counts[BLOCKED] + counts[QUEUED], 0
-        stuck = sum(thread.busy and now - thread.started >= STALL for thread in self._threads)
+        held = counts[HELD]  # (let in on top: see worker/concurrency.py)
+        stuck = sum(thread.busy and now - thread.started >= STALL
+                    for thread in self._threads) - held
         self._let_in(self.limit.update(blocked, self._calls.qsize() > 0,
-                                       now - self._finished, waits, working, stuck))
+                                       now - self._finished, waits, working, stuck, held))
 
     def _states(self, now: float) -> Tuple[List[int], List[_Thread]]:
         """The threads running calls, counted by state (COMPUTES, BLOCKED,
-        QUEUED), and those queued; OSError if their states cannot be read."""
+        QUEUED, HELD), and those queued (hung too: behind the others, if
+        they are, for as long as they were seen so); OSError if their
+        states cannot be read."""
         busy = [thread for thread in self._threads
                 if thread.busy and thread.schedstat is not None]
-        counts = [0, 0, 0]  # COMPUTES, BLOCKED, QUEUED
+        counts = [0, 0, 0, 0]  # COMPUTES, BLOCKED, QUEUED, HELD
         queued = []
         if self._blind is not None:
             raise self._blind
@@ -288,7 +292,7 @@ class Threads:
         for thread, (call, since_cpu) in zip(busy, seen):
             kind = BLOCKED if thread.in_hub else state(call, futex, since_cpu, turn)
             counts[kind] += 1
-            if kind == QUEUED:
+            if kind == QUEUED or kind == HELD:
                 queued.append(thread)
         return counts, queued
 
@@ -331,4 +335,5 @@ class Threads:
                 "busy": sum(thread.busy for thread in self._threads),
                 "waiting": self._calls.qsize(),
                 "blocked": round(self.limit.blocked, 2), "stalls": self.limit.stalls,
+                "hung": self.limit.held,
                 "ceiling": self.limit.ceiling, "adapts": self._sampler is not None}
