@@ -418,3 +418,43 @@ def test_a_stop_while_a_process_is_started_again_stops_it_too(tmp_path, monkeypa
         group.stopping.set()
         watcher.join(5)
         kill_left(first, child.process)
+
+
+COUNTING_WORKER = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: print("SIGTERM", file=open(sys.argv[1], "a")))
+print("zc-lb worker listening on 127.0.0.1:1", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+time.sleep(1)  # (draining)
+"""
+
+
+def test_a_process_started_again_gets_one_sigterm_when_the_group_stops(tmp_path):
+    # The watcher thread started it again, and a child's parent-death
+    # signal follows the thread that started it: the watcher, returning
+    # on stop, sent it a second SIGTERM as it drained.
+    import threading
+
+    from zc_lb.process.workergroup import WorkerGroup
+
+    got = tmp_path / "got"
+    group = WorkerGroup([[]])
+    (child,) = group.children
+    child.command = [sys.executable, "-c", COUNTING_WORKER, str(got)]
+    group.start()
+    first = child.process
+    watcher = threading.Thread(target=group.watch, daemon=True)
+    watcher.start()
+    try:
+        first.kill()
+        wait_for(lambda: child.process is not first and child.ready, timeout=10,
+                 message="the process started again")
+        group.stop(timeout=5)
+        assert child.process.returncode == 0
+        assert got.read_text() == "SIGTERM\n"
+        watcher.join(5)
+        assert not watcher.is_alive()
+    finally:
+        group.stopping.set()
+        kill_left(first, child.process)

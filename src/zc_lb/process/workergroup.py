@@ -232,6 +232,17 @@ class WorkerGroup:
             child.start()
 
     def watch(self) -> None:
+        """Start again each child that exits, until ``stop``; then wait
+        for the children to end.  (A child dies with the thread that
+        started it, not the process: ``die_with_parent``'s signal follows
+        that thread.  Returning at once sent every child this thread had
+        started again a second SIGTERM as it drained.)"""
+        self._keep_running()
+        while any(child.process is not None and child.process.poll() is None
+                  for child in self.children):
+            time.sleep(0.1)  # (``stop`` kills those that do not end)
+
+    def _keep_running(self) -> None:
         """Start again each child that exits, until ``stop``."""
         while not self.stopping.wait(0.1):
             now = time.monotonic()
