@@ -3,7 +3,9 @@ pages match the code, every ``zc-lb`` command line shown in the README
 and docs/ parses with the real parser, and the docs' links lead
 somewhere.  Nothing here starts a server."""
 
+import ast
 import contextlib
+import functools
 import glob
 import importlib
 import importlib.util
@@ -247,3 +249,103 @@ def test_a_section_named_beside_its_file_is_there(path):
         target = match.group(1) if match.group(1).endswith(".rst") else "README.rst"
         title = " ".join(match.group(2).split())
         assert title in sections(target), "%s names %s, %r" % (path, target, title)
+
+
+# -- names of the code ----------------------------------------------------------
+
+# The code's own modules by their dotted names: the package's, and the
+# folders installed as its zc_lb.playback and zc_lb.simulations (the
+# benchmarks stay beside it).
+CODE = {"src/zc_lb": "zc_lb", "playback": "playback", "simulations": "simulations",
+        "benchmarks": "benchmarks"}
+# WSGI environ keys, which read as dotted names and are none
+ENVIRON_KEYS = {"wsgi.input", "wsgi.file_wrapper", "wsgi.url_scheme", "wsgi.errors",
+                "zc_lb.cache", "zc_lb.request_class"}
+FILE_SUFFIXES = {"py", "rst", "json", "txt", "log", "cfg", "ini", "toml", "so", "gz", "png"}
+DOTTED = re.compile(r"``([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?:\(\))?``")
+
+
+@functools.lru_cache(maxsize=None)
+def code_names():
+    """``{dotted module: names}`` and ``{class: names}``: what each module
+    defines or imports at its top, and what each class defines in its body
+    or sets on ``self``, read from the source without importing it."""
+    modules, classes = {}, {}
+    for folder, package in CODE.items():
+        for path in glob.glob(os.path.join(ROOT, folder, "**", "*.py"), recursive=True):
+            parts = os.path.relpath(path, os.path.join(ROOT, folder))[:-3].split(os.sep)
+            if parts[-1] == "__init__":
+                parts.pop()
+            tree = ast.parse(read(path))
+            names = modules.setdefault(".".join([package] + parts), set())
+            for node in tree.body:
+                if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    names.add(node.name)
+                elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                    for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                        names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+                elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                    names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef):
+                    members = classes.setdefault(node.name, set())
+                    for item in ast.walk(node):
+                        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                            members.add(item.name)
+                        elif isinstance(item, ast.Name) and isinstance(item.ctx, ast.Store):
+                            members.add(item.id)
+                        elif (isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store)
+                              and isinstance(item.value, ast.Name) and item.value.id == "self"):
+                            members.add(item.attr)
+    for name in list(modules):  # (installed, playback and simulations are zc_lb's)
+        if name.startswith(("playback", "simulations")):
+            modules["zc_lb." + name] = modules[name]
+    for name in modules:  # a package's modules are its names too
+        parent, _, child = name.rpartition(".")
+        modules.get(parent, set()).add(child)
+    return modules, classes
+
+
+def unknown_code_names(text, modules, classes):
+    """The dotted names in ``text`` (``module.Name``, ``a.b.name``,
+    ``Class.method``) that start with a module or a class of the code and
+    go on to a name it lacks."""
+    for match in DOTTED.finditer(text):
+        dotted = match.group(1)
+        if dotted in ENVIRON_KEYS:
+            continue
+        *prefix, last = dotted.split(".")
+        if last in FILE_SUFFIXES:
+            continue
+        if len(prefix) == 1 and prefix[0] in classes:
+            if last not in classes[prefix[0]]:
+                yield dotted
+            continue
+        owners = [names for module, names in modules.items()
+                  if module == ".".join(prefix) or module.endswith("." + ".".join(prefix))]
+        if owners and not any(last in names for names in owners):
+            yield dotted
+
+
+CODE_DOCUMENTS = DOCUMENTS + ["playback/README.rst", "simulations/README.rst"]
+
+
+def test_the_docs_name_the_code():
+    # (so that a change to how they are found cannot pass by finding none)
+    modules, classes = code_names()
+    text = "\n".join(read(path) for path in CODE_DOCUMENTS)
+    named = [m.group(1) for m in DOTTED.finditer(text)]
+    assert {"connection.Handler", "zc_lb.routing.pool.Pool", "Pool.room"} <= set(named)
+    assert not list(unknown_code_names(
+        "``connection.Handler``, ``Pool.room``, ``floor.serve_hop``, ``wsgi.input``",
+        modules, classes))
+    assert list(unknown_code_names("``worker.Worker``, ``Pool.rooms``, ``floor.serve_hops``",
+                                   modules, classes)) == [
+        "worker.Worker", "Pool.rooms", "floor.serve_hops"]
+
+
+@pytest.mark.parametrize("path", CODE_DOCUMENTS)
+def test_a_name_of_the_code_in_the_docs_is_there(path):
+    modules, classes = code_names()
+    wrong = list(unknown_code_names(read(path), modules, classes))
+    assert not wrong, "%s names %s, which the code lacks" % (path, ", ".join(wrong))
