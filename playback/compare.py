@@ -881,7 +881,7 @@ def format_header(args: argparse.Namespace, parse: dict, counts: Dict[str, int])
             cache_size_of(args, n), miss_cost_of(args, n) * 1000)
             for n in range(1, args.workers + 1))
     app = ("cache app: %s, %d objects/request of %d/class, "
-           "skew %g,%s %s requests at once%s; zc-lb workers (%s) --history %d%s; LB%s" % (
+           "skew %g,%s %s requests at once%s; zc-lb workers (%s) --history %d%s%s" % (
                fleet, args.objects_per_request,
                args.objects_per_class, args.skew,
                " pages by path (queries ignored)," if args.page_key == "path" else "",
@@ -889,7 +889,7 @@ def format_header(args: argparse.Namespace, parse: dict, counts: Dict[str, int])
                ", says hit or miss" if args.cache_signal else "",
                args.zc_lb_workers, args.history,
                "".join(" " + o for o in args.zc_lb_worker_option),
-               "".join(" " + o for o in args.zc_lb_option)))
+               "; LB" + "".join(" " + o for o in args.zc_lb_option) if args.zc_lb_option else ""))
     if args.app == "zodb":
         from .zodbapp import PARTS
 

@@ -240,6 +240,19 @@ def test_the_floor_names_pages_as_the_workers_app_does():
     assert floors["url"] >= 1.0  # (a page a query, each loaded once)
 
 
+def test_the_header_names_the_lbs_options_only_when_there_are_some():
+    """The cache app's line ends with the workers' settings; "; LB" and
+    the --zc-lb-option values follow only when some were given (a bare
+    "; LB" said nothing)."""
+    parser = compare.make_parser()
+    counts = {"warmup": 1, "measured": 1, "classes": 1}
+    header = compare.format_header(parser.parse_args(["x.log"]), {"entries": 2}, counts)
+    assert header.splitlines()[1].endswith("zc-lb workers (threads) --history 100")
+    args = parser.parse_args(["x.log", "--zc-lb-option=--variance=4"])
+    header = compare.format_header(args, {"entries": 2}, counts)
+    assert header.splitlines()[1].endswith("--history 100; LB --variance=4")
+
+
 def test_a_mixed_fleet_gives_each_worker_its_entry_of_the_lists_counted_round():
     """--cache-sizes and --speeds: worker i takes entry i of each list,
     counted round, behind every balancer; the floor caches what they
