@@ -155,6 +155,71 @@ def test_a_misspelt_command_line_fails_the_test_above(line):
         test_a_command_line_in_the_docs_parses(argv)
 
 
+# The tools beside the package, as the READMEs of playback/ and
+# simulations/ run them from a checkout: the first words, and the tool
+# (``zc-lb COMMAND``) whose parser takes the rest.
+TOOL_COMMANDS = {("playback/compare.py",): "compare", ("playback/replay.py",): "replay",
+                 ("-m", "simulations"): "simulate", ("-m", "zc_lb.simulations"): "simulate"}
+TOOL_DOCUMENTS = DOCUMENTS + ["playback/README.rst", "simulations/README.rst"]
+
+
+def tool_command_lines(text):
+    """The ``python playback/compare.py ...`` (replay.py, ``-m
+    simulations``) command lines of ``text``'s literal blocks, as the
+    ``zc-lb`` command that takes the same arguments, and those; a synopsis
+    (``[options]``, ``LOG...``) is none."""
+    for line, words in python_command_lines(text):
+        for start, command in TOOL_COMMANDS.items():
+            if tuple(words[:len(start)]) == start:
+                argv = words[len(start):]
+                if not any(word.startswith("[") or word.endswith("...") for word in argv):
+                    yield line, [command] + argv
+
+
+def python_command_lines(text):
+    for block in literal_blocks(text):
+        joined = []
+        for line in block:
+            if joined and joined[-1].endswith("\\"):
+                joined[-1] = joined[-1][:-1] + " " + line
+            else:
+                joined.append(line)
+        for line in joined:
+            line = re.sub(r"^\$\s+", "", line)
+            if not re.match(r"(\S*/)?python3?\s", line):
+                continue
+            words = shlex.split(line, comments=True)
+            if words:
+                argv = []
+                for word in words[1:]:
+                    if word in ("|", ">", ">>", "&&", ";", "||", "&"):
+                        break
+                    argv.append(word)
+                yield line, argv
+
+
+TOOL_LINES = [pytest.param(argv, id="%s: %s" % (path, line[:60]))
+              for path in TOOL_DOCUMENTS for line, argv in tool_command_lines(read(path))]
+
+
+def test_the_docs_show_the_tools_command_lines():
+    # (so that a change to how they are found cannot pass by finding none)
+    assert {param.values[0][0] for param in TOOL_LINES} == {"compare", "replay", "simulate"}
+    assert len(TOOL_LINES) >= 20
+
+
+@pytest.mark.parametrize("argv", TOOL_LINES)
+def test_a_tools_command_line_in_the_docs_parses(argv):
+    test_a_command_line_in_the_docs_parses(argv)
+
+
+def test_a_misspelt_tools_command_line_fails_the_test_above():
+    text = "::\n\n    python playback/compare.py LOG --warm-up 10\n"
+    ((_, argv),) = list(tool_command_lines(text))
+    with pytest.raises(AssertionError):
+        test_a_tools_command_line_in_the_docs_parses(argv)
+
+
 def config_examples():
     for path in DOCUMENTS:
         for block in literal_blocks(read(path)):
@@ -207,7 +272,7 @@ def test_the_docs_link_to_files_that_exist(path):
         assert os.path.exists(os.path.join(ROOT, target)), "%s links %s" % (path, target)
 
 
-@pytest.mark.parametrize("path", DOCUMENTS)
+@pytest.mark.parametrize("path", DOCUMENTS + ["playback/README.rst", "simulations/README.rst"])
 def test_the_docs_stay_inside_the_repository(path):
     assert "../shared" not in read(path)
 
