@@ -14,6 +14,7 @@ from collections import OrderedDict
 import pytest
 
 from zc_lb.errors import ConfigurationError
+from zc_lb.routing.classifier import MAX_CLASS
 from zc_lb.routing.pool import ClasslessPool, Pool, PoolWorker
 
 
@@ -274,6 +275,20 @@ def test_new_resume_cleans_scores():
     assert set(pool.skilled) == {"good", "7"}
     pool.new_resume("nobody", {"x": 1.0})  # unknown worker: ignored
     assert "nobody" not in pool and "x" not in pool.skilled
+    check_invariants(pool)
+
+
+def test_a_resume_class_longer_than_any_requests_is_dropped():
+    # A worker sent a class of 8 MiB (a résumé may be 64 MiB): the pool
+    # and every status document held it whole, though no request's class
+    # is longer than MAX_CLASS (classifier.bounded_class).
+    pool = make_pool("a")
+    longest = "x" * MAX_CLASS
+    pool.new_resume("a", {"y" * (MAX_CLASS + 1): 5.0, "z" * 8 * 1024 * 1024: 5.0,
+                          longest: 2.0, "good": 1.0})
+    assert pool.workers["a"].resume == {longest: 2.0, "good": 1.0}
+    assert set(pool.skilled) == {longest, "good"}
+    assert max(len(name) for name in pool.status()["workers"]["a"]["skills"]) == MAX_CLASS
     check_invariants(pool)
 
 

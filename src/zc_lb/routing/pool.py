@@ -56,6 +56,7 @@ from collections import OrderedDict
 from typing import (Any, Callable, ClassVar, Container, Dict, Hashable, Iterable, Iterator, List,
                     Mapping, Optional, Set, Tuple)
 
+from zc_lb.routing.classifier import MAX_CLASS
 from zc_lb.routing.skillmap import SkillMap
 from zc_lb.settings import LB_SETTINGS, check
 
@@ -124,7 +125,10 @@ def _changes(old: Dict[str, float], new: Dict[Any, Any]) -> Iterator[Tuple[str, 
     ``old``, each with its score, ``new`` cleaned as they come (one at a
     time, as ``Pool.new_resume`` takes them): their classes made strings
     and their scores floats, and those that are not positive finite
-    numbers taken out."""
+    numbers taken out, as are classes longer than ``MAX_CLASS``: no
+    request has one (``classifier.bounded_class``), and a worker's
+    résumé (64 MiB) is not to make one of megabytes in the pool and in
+    the status document."""
     for rclass in [rclass for rclass, score in new.items()  # (None is no class's score)
                    if score is None or old.get(rclass) != score]:
         score = new.pop(rclass)
@@ -135,6 +139,8 @@ def _changes(old: Dict[str, float], new: Dict[Any, Any]) -> Iterator[Tuple[str, 
         if not 0.0 < score < math.inf:  # (NaN too)
             continue
         rclass = str(rclass)
+        if len(rclass) > MAX_CLASS:
+            continue
         new[rclass] = score
         yield rclass, score
 
@@ -291,7 +297,7 @@ class Pool:
         does not move (worker/resume.py), so a résumé of 10,000 classes of
         which a hundred were served costs a hundred updates.  A score that
         is not a positive finite number drops the class, as does its
-        absence.  The LB's own skills (``given``) give way to the résumé's.
+        absence or a name past MAX_CLASS; the LB's own skills (``given``) give way.
         ``pause``, if given, is called after every ``RESUME_STEP`` changed
         classes (the LB's loop runs there: 10,000 changed take 20-60 ms).
         Meanwhile ``worker.resume`` holds what the skilled workers hold (a
