@@ -630,6 +630,15 @@ def test_environ_must_be_strings(environ):
     assert "environ" in str(error)
 
 
+@pytest.mark.parametrize("mtype", [Request.TYPE, frames.WHOLE_REQUEST])
+def test_an_environ_holding_wsgi_input_is_refused(mtype):
+    # The worker takes an environ holding wsgi.input for a head request's,
+    # with every variable: one from an LB's JSON without REQUEST_METHOD
+    # failed in the worker's code (a KeyError and a traceback a request).
+    error = decode_error(frame(1, mtype, b'{"wsgi.input": "x", "PATH_INFO": "/"}'))
+    assert "wsgi.input" in str(error)
+
+
 @pytest.mark.parametrize("length", [0, 1, 3, 5, 8])
 def test_bad_credit_length(length):
     error = decode_error(frame(1, Credit.TYPE, b"\x00" * length))

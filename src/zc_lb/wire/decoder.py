@@ -147,12 +147,23 @@ def _decode_keys(rno: int, payload: bytes) -> Keys:
     return Keys(checked_keys(_load_json(payload, "keys"), RemoteProtocolError))
 
 
+def _json_environ(payload: bytes) -> Dict[str, str]:
+    """A request's environ as JSON: an object of strings, without
+    ``wsgi.input``, which the worker makes (worker/wsgi.py takes an
+    environ that holds it for a head request's, which holds every
+    variable: one that lacked REQUEST_METHOD failed the worker's code)."""
+    environ = _string_dict(_load_json(payload, "request"), "environ")
+    if "wsgi.input" in environ:
+        raise RemoteProtocolError("environ holds wsgi.input, which is the worker's to make")
+    return environ
+
+
 def _decode_request(rno: int, payload: bytes) -> Request:
-    return Request(rno, _string_dict(_load_json(payload, "request"), "environ"))
+    return Request(rno, _json_environ(payload))
 
 
 def _decode_whole_request(rno: int, payload: bytes) -> Request:
-    return Request(rno, _string_dict(_load_json(payload, "request"), "environ"), True)
+    return Request(rno, _json_environ(payload), True)
 
 
 def _decode_head_request(rno: int, payload: bytes) -> Request:
