@@ -280,3 +280,38 @@ def test_a_disk_that_fails_a_read_is_said_and_left(tmp_path, caplog, monkeypatch
     assert limits.total_disk == 0
     spool.close()
     assert limits.in_memory == limits.on_disk == 0
+
+
+def test_out_of_descriptors_is_no_failing_disk(monkeypatch, caplog):
+    # A flood of connections that took every descriptor made the first
+    # spill fail (tempfile, finding none, says "No usable temporary
+    # directory": ENOENT), and the LB left the disk for good: every slow
+    # client after the flood held its worker.  Now the response that
+    # found no descriptor is held in memory alone, within its bounds (so
+    # that its worker waits, as flow control makes it), and the next
+    # response spills to disk again.
+    import errno
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # (as in a new process)
+    limits = SpoolLimits(memory=2, total_memory=100, disk=100, total_disk=100)
+
+    def out_of_files(*args, **kw):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "open", out_of_files)
+        spool = Spool(limits)
+        spool.put(b"ab")
+        spool.put(b"cd")  # no descriptor: memory
+        assert spool.full  # (memory past its bound, and no disk: the worker waits)
+        spool.put(b"ef")
+    assert limits.total_disk == 100 and limits.on_disk == 0
+    assert [r for r in caplog.records if "descriptor" in r.getMessage()]
+    later = Spool(limits)
+    later.put(b"gh")
+    later.put(b"ij")  # descriptors back: the disk
+    assert limits.on_disk == 2 and not later.full
+    assert drain(spool) == b"abcdef" and drain(later) == b"ghij"
+    spool.close()
+    later.close()

@@ -15,7 +15,10 @@ is the last resort, never loss).  A disk that fails a write (full,
 read-only, failing) or a read is logged, and buffering goes on in memory
 alone, within the memory bounds (a response whose bytes could not be
 read back fails with ``BufferUnreadable``: its client's connection is
-closed); a response whose client has read all its spool holds is never
+closed).  A process out of file descriptors (EMFILE, ENFILE: a flood of
+connections) is no failing disk: the response that found none goes on
+in memory alone, within its bounds, and the next ones try the disk
+again.  A response whose client has read all its spool holds is never
 held back, so that no response waits for room that only other
 responses' clients can make.
 
@@ -30,9 +33,11 @@ who waits for what is the caller's business (lb/balancer.py).
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 import os
 import tempfile
+import time
 from typing import IO, Deque, Optional, Union
 
 from zc_lb.errors import BufferUnreadable
@@ -45,6 +50,8 @@ log = logging.getLogger(__name__)
 # as they are (copying them would cost more than their sends).
 SMALL = 32 * 1024
 JOIN = 256 * 1024
+OUT_OF_FILES = frozenset((errno.EMFILE, errno.ENFILE))  # the process's, not the disk's
+OUT_OF_FILES_LOG_EVERY = 10.0  # seconds between lines saying so
 
 
 class SpoolLimits:
@@ -59,11 +66,14 @@ class SpoolLimits:
         self.total_memory = total_memory
         self.disk = disk
         self.total_disk = total_disk
-        self.directory = directory
+        # Found now: tempfile looks for a usable one at its first use, and
+        # out of descriptors then, it says none is usable (ENOENT).
+        self.directory = directory or _temporary_directory()
         self.in_memory = 0  # bytes every spool holds in memory
         self.on_disk = 0  # bytes every spool holds in its file
         self.spilled = 0  # responses that went to disk, ever
         self.stalled = 0  # times a response filled its spool and held its worker
+        self.out_of_files_logged = -OUT_OF_FILES_LOG_EVERY  # when last said (monotonic)
 
     def status(self) -> dict:
         return {"memory": self.in_memory, "disk": self.on_disk, "spilled": self.spilled,
@@ -80,6 +90,7 @@ class Spool:
         self.disk = 0  # bytes held in the file, not yet read
         self._file: Optional[IO[bytes]] = None
         self._read_at = self._write_at = 0
+        self._no_file = False  # no descriptor was left for a file: memory alone
         self.closed = False  # (its client is gone: what still comes is dropped)
 
     def __bool__(self) -> bool:
@@ -100,7 +111,7 @@ class Spool:
 
     def _disk_room(self) -> bool:
         limits = self.limits
-        return self.disk < limits.disk and limits.on_disk < limits.total_disk
+        return not self._no_file and self.disk < limits.disk and limits.on_disk < limits.total_disk
 
     def put(self, data: bytes) -> None:
         """Keep ``data``: in memory if there is room, else on disk if there
@@ -115,15 +126,29 @@ class Spool:
             try:
                 self._write(data)
             except OSError as exc:  # a full disk: memory, and flow control, it is
-                log.error("cannot buffer a response on disk (%s); buffering in memory "
-                          "alone from now on", exc)
-                self.limits.total_disk = 0
+                self._disk_failed(exc)
             else:
                 self._parts.append(size)
                 return
         self._parts.append(data)
         self.memory += size
         self.limits.in_memory += size
+
+    def _disk_failed(self, exc: OSError) -> None:
+        """The disk refused ``data``: leave it, for good if it failed, for
+        this response alone if the process was out of descriptors."""
+        limits = self.limits
+        if exc.errno not in OUT_OF_FILES:
+            log.error("cannot buffer a response on disk (%s); buffering in memory "
+                      "alone from now on", exc)
+            limits.total_disk = 0
+            return
+        self._no_file = True
+        now = time.monotonic()
+        if now - limits.out_of_files_logged >= OUT_OF_FILES_LOG_EVERY:
+            limits.out_of_files_logged = now
+            log.warning("no file descriptor left to buffer a response on disk (%s); "
+                        "that response is buffered in memory alone", exc)
 
     def take(self) -> bytes:
         """The oldest bytes held (b"" when none): small parts in memory
@@ -195,3 +220,12 @@ class Spool:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _temporary_directory() -> Optional[str]:
+    """The system's temporary directory, or None (tempfile looks again at
+    the first spill, which then says why none is usable)."""
+    try:
+        return tempfile.gettempdir()
+    except OSError:
+        return None
