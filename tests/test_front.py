@@ -526,3 +526,42 @@ def test_a_response_in_flight_when_a_drain_begins_says_connection_close():
     connection.run()
     head = bytes(sock.sent).split(b"\r\n\r\n")[0]
     assert b"\r\nConnection: close" in head and connection.close
+
+
+def test_a_client_turned_away_that_sends_without_end_is_not_waited_for():
+    # Past --max-connections, a refused client's request is read after
+    # its 503 so that closing does not reset the connection before it
+    # reads the answer: read until it stopped sending, so a client that
+    # sent without end kept its place (and a descriptor) for as long as
+    # it liked, and 50 such had every later client closed unanswered.
+    import gevent
+    import gevent.socket
+    from zc_lb.front.server import TURN_AWAY_LINGER, FrontServer
+
+    def slow_app(environ, start_response):
+        gevent.sleep(5)
+        start_response("200 OK", [("Content-Length", "2")])
+        return [b"ok"]
+
+    front = FrontServer(("127.0.0.1", 0), slow_app, max_connections=1)
+    front.start()
+    busy = gevent.socket.create_connection(front.address, timeout=5)
+    sock = gevent.socket.create_connection(front.address, timeout=5)
+    try:
+        busy.sendall(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")  # (in flight: none to evict)
+        _until(lambda: front.connections == 1, "the first request in flight")
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 100000000\r\n\r\n")
+        started, closed = time.monotonic(), False
+        while not closed and time.monotonic() - started < 3 * TURN_AWAY_LINGER + 1:
+            try:
+                sock.sendall(b"x" * 1000)
+            except OSError:
+                closed = True
+            gevent.sleep(0.01)
+        assert closed, "the turned away client is still read"
+        assert front.server.turning_away == 0
+    finally:
+        busy.close()
+        sock.close()
+        front.stop(timeout=1)

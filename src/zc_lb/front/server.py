@@ -40,6 +40,7 @@ from zc_lb.front.accesslog import AccessLog
 from zc_lb.front.client import PARK_AFTER, ClientConnection, _peer
 from zc_lb.front.forwarder import Forwarder
 from zc_lb.front.pages import ErrorPages
+from zc_lb.front.transport import linger
 from zc_lb.sockets import bound, listener, send_all
 from zc_lb.errors import ClientError, ConfigurationError
 from zc_lb.front import proxyproto
@@ -371,9 +372,10 @@ class _Server(gevent.server.StreamServer):
             sock.settimeout(TURN_AWAY_LINGER)
             if self.tls is None:  # TLS clients cannot read a plain answer
                 send_all(sock, self.pages.refusal(503))
-            sock.shutdown(socket.SHUT_WR)
-            while sock.recv(65536):  # read the request, so closing does not
-                pass  # reset the connection before the client reads the 503
+            # Read the request, so closing does not reset the connection
+            # before the client reads the 503 (for TURN_AWAY_LINGER in all:
+            # a client that sends without end held its place for ever).
+            linger(sock, TURN_AWAY_LINGER)
         except OSError:
             pass
         finally:

@@ -121,15 +121,24 @@ class Transport:
     def linger(self) -> None:
         """Close gently: stop sending, then read and drop what the client
         still sends (up to LINGER_BYTES, for LINGER seconds)."""
-        sock = self.sock
-        try:
-            sock.shutdown(socket.SHUT_WR)
-            sock.settimeout(LINGER)
-            deadline, dropped = time.monotonic() + LINGER, 0
-            while dropped < LINGER_BYTES and time.monotonic() < deadline:
-                data = sock.recv(RECV_SIZE)
-                if not data:
-                    return
-                dropped += len(data)
-        except OSError:
-            pass
+        linger(self.sock)
+
+
+def linger(sock: Any, seconds: float = LINGER) -> None:
+    """Stop sending on ``sock``, then read and drop what its client still
+    sends, up to LINGER_BYTES for ``seconds`` in all: a client that sends
+    without end is not waited for."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        deadline, dropped = time.monotonic() + seconds, 0
+        while dropped < LINGER_BYTES:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            sock.settimeout(left)
+            data = sock.recv(RECV_SIZE)
+            if not data:
+                return
+            dropped += len(data)
+    except OSError:
+        pass
