@@ -136,3 +136,47 @@ def test_a_chore_failing_every_turn_is_said_once_a_minute_and_its_recovery_said(
     assert "the LB's chores failed a turn" in said[0].getMessage()
     assert "%d" % (60 / WATCHDOG_INTERVAL) in said[1].getMessage()
     assert "again" in said[-1].getMessage() and "%d" % turns in said[-1].getMessage()
+
+
+def _count_body(environ, start_response):
+    read, total = environ["wsgi.input"].read, 0
+    while True:
+        data = read(65536)
+        if not data:
+            break
+        total += len(data)
+    body = str(total).encode()
+    start_response("200 OK", [("Content-Length", str(len(body)))])
+    return [body]
+
+
+def _answers_then_counts(environ, start_response):
+    start_response("200 OK", [])
+    yield b"counting "
+    yield _count_body(environ, lambda *args: None)[0]
+
+
+@pytest.mark.parametrize("path", ["/count", "/stream"])
+def test_a_client_that_pauses_its_upload_is_no_worker_timing_out(stack, path):
+    # A client that sent part of its body and paused past the response
+    # timeout was answered 504 "no response within", and its worker, which
+    # waited for the body, was counted failed (ejected, at the ejection's
+    # threshold): a few such clients ejected healthy workers.  The body's
+    # pace is the client's, bounded by the client timeout; the worker is
+    # timed while the body waits for it, not for the client.  So mid-body
+    # too (a response that streams while its body still comes).
+    s = stack(routes({"/count": _count_body, "/stream": _answers_then_counts}),
+              response_timeout=0.3, outlier={"consecutive": 1, "max_share": 1.0})
+    sock = gevent.socket.create_connection(s.address, timeout=5)
+    sock.sendall(b"POST %s HTTP/1.1\r\nHost: a.example\r\nContent-Length: 20\r\n\r\n"
+                 % path.encode() + b"0123456789")
+    gevent.sleep(1.0)  # (the client pauses: past the response timeout)
+    sock.sendall(b"0123456789")
+    got = _read_to_eof(sock, timeout=3.0) if path == "/stream" else sock.recv(65536)
+    sock.close()
+    assert got is not None and got.startswith(b"HTTP/1.1 200 OK"), got
+    if path == "/count":
+        assert got.endswith(b"\r\n\r\n20"), got
+    else:  # (chunked, and closed: the response began before the body had all come)
+        assert got.endswith(b"9\r\ncounting \r\n2\r\n20\r\n0\r\n\r\n"), got
+    assert s.lb.fleet.worker_failures == 0

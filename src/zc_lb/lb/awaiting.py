@@ -4,7 +4,8 @@ the rest of it.
 One watchdog greenlet, not a timer per request, looks at them every
 ``WATCHDOG_INTERVAL``: a response that has not started within the
 ``response_timeout`` fails its request (ResponseTimeout: 504; a request
-whose body is still on its way counts from the body's last move); one
+whose body is still on its way counts from the body's last move, and not
+while the body waits for its client: the client timeout's business); one
 whose worker, free to send, sent nothing more of its body for as long
 (``ResponseBody.silent_for``: not while the LB holds the worker back for
 a slow client) is cut off (``ResponseBody.time_out``); and the
@@ -141,7 +142,11 @@ class Awaiting:
             if exchange.inbox:  # (its response came: its owner has yet to run)
                 continue
             # (a body on its way counts from its last move: the client's pace is not
-            # the worker's, but a worker that takes none of it is as one that answers none)
+            # the worker's, but a worker that takes none of it is as one that answers none;
+            # a client that stops sending it is the client timeout's, and no failure of
+            # the worker's: it was 504 and counted toward the worker's ejection)
+            if upload is not None and upload.reading:
+                continue
             age = now - (started if upload is None else max(started, upload.moved))
             if timeout is not None and age > timeout:
                 exchange.fail(ResponseTimeout("no response within %gs" % timeout))

@@ -100,7 +100,10 @@ class Upload:
     """The request body, sent to the worker from a greenlet of its own,
     so that a worker may answer, and stream, while it still reads; past
     ``limit`` bytes (None: none), the request is cancelled and its error
-    is RequestTooLarge."""
+    is RequestTooLarge.  ``moved``: when the body last moved (a piece came
+    from the client, or went to the worker); ``reading``: it waits for the
+    client, whose pace (bounded by the client timeout) is no worker's
+    silence."""
 
     def __init__(self, exchange: Exchange, wsgi_input, limit: Optional[int] = None) -> None:
         self.exchange = exchange
@@ -108,7 +111,8 @@ class Upload:
         self.limit = limit
         self.error: Optional[Exception] = None
         self.done = False
-        self.moved = time.monotonic()  # when it last sent some of the body (or began)
+        self.moved = time.monotonic()  # when the body last moved (or began)
+        self.reading = False  # waiting for the client's next piece
         self.greenlet = gevent.spawn(self._run)
 
     def _run(self) -> None:
@@ -119,7 +123,9 @@ class Upload:
         size = 0
         try:
             while True:
+                self.reading = True
                 data = read(UPLOAD_CHUNK)
+                self.reading, self.moved = False, time.monotonic()
                 if not data:
                     exchange.send(End(exchange.rno))
                     self.moved, self.done = time.monotonic(), True
@@ -257,10 +263,13 @@ class ResponseBody:
         """Seconds the worker has sent nothing of the body while free to
         send: 0 while the LB holds it back (its spool full: the client's
         stall) or while what it sent waits for the pump.  A request body
-        still on its way counts from its last move, as before the start."""
+        still on its way counts from its last move, as before the start,
+        and not while it waits for the client (``Upload.reading``)."""
         if self._stalled or self.exchange.inbox:
             return 0.0
         upload = self.upload
+        if upload is not None and upload.reading:
+            return 0.0
         return now - (self.moved if upload is None else max(self.moved, upload.moved))
 
     def time_out(self, timeout: float) -> None:
