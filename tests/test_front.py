@@ -565,3 +565,28 @@ def test_a_client_turned_away_that_sends_without_end_is_not_waited_for():
         busy.close()
         sock.close()
         front.stop(timeout=1)
+
+
+@pytest.mark.parametrize("limits, connections, fitted, soft", [
+    ((150, 300), 100, 100, 300),  # the default cap: half the hard limit less 100
+    ((1024, 100000), 5000, 5000, 10100),
+    ((150, 250), 100, 100, 250),  # room for the connections, not all their files
+    ((150, 180), 100, 80, 180),  # not even for the connections: the cap is lowered
+])
+def test_the_open_file_limit_is_raised_for_each_connection_and_its_buffer_file(
+        monkeypatch, limits, connections, fitted, soft):
+    # The default cap is half the hard limit less 100, since a connection
+    # may hold a buffer file too; the soft limit was raised to the cap and
+    # 100 only, so 100 slow downloads (cap 100, hard limit 300) ran the LB
+    # out of descriptors at 200, for accepts and buffer files alike.
+    import resource
+    from zc_lb.front.server import default_max_connections, fit_open_files
+
+    now = list(limits)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: tuple(now))
+    monkeypatch.setattr(resource, "setrlimit", lambda which, pair: now.__setitem__(
+        slice(None), pair))
+    if limits == (150, 300):
+        assert default_max_connections() == connections
+    assert fit_open_files(connections) == fitted
+    assert now == [soft, limits[1]]

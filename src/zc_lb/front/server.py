@@ -108,16 +108,18 @@ def default_max_connections() -> int:
 
 
 def fit_open_files(connections: int) -> int:
-    """Raise the open-file limit so ``connections`` fit, as far as the hard
-    limit allows; the number of connections that do fit."""
+    """Raise the open-file limit so ``connections`` fit, each with a
+    buffer file (lb/spool.py), as far as the hard limit allows; the number
+    of connections that fit with a descriptor each (short of their files,
+    a response is buffered in memory alone)."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = connections + RESERVED_FILES
+    wanted = 2 * connections + RESERVED_FILES
     if soft != resource.RLIM_INFINITY and soft < wanted:
         soft = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    if soft != resource.RLIM_INFINITY and soft < wanted:
+    if soft != resource.RLIM_INFINITY and soft < connections + RESERVED_FILES:
         fitted = max(soft - RESERVED_FILES, 1)
         log.warning("the open-file limit (%d) allows %d client connections, not %d",
                     soft, fitted, connections)
