@@ -315,3 +315,56 @@ def test_out_of_descriptors_is_no_failing_disk(monkeypatch, caplog):
     assert drain(spool) == b"abcdef" and drain(later) == b"ghij"
     spool.close()
     later.close()
+
+
+def test_a_file_written_on_while_it_is_read_stays_within_its_bound(tmp_path, monkeypatch):
+    # The file counted what it held unread, not its size: written on
+    # while its client read it, it was never emptied, and grew with the
+    # response past every bound (16 MB after 18 s of a slow download,
+    # with --buffer-disk 2M).  It now counts for its size until emptied;
+    # meanwhile what comes goes to memory, within bounds.
+    import zc_lb.lb.spool as spool_module
+
+    written = []
+    pwrite = os.pwrite
+    monkeypatch.setattr(spool_module.os, "pwrite", lambda fd, data, at: written.append(
+        at + len(data)) or pwrite(fd, data, at))
+    limits = SpoolLimits(memory=4, total_memory=100, disk=8, total_disk=100,
+                         directory=str(tmp_path))
+    spool = Spool(limits)
+    body = taken = b""
+    for i in range(30):  # a body of 4-byte parts, the client a take behind each put
+        part = bytes([65 + i % 26]) * 4
+        spool.put(part)
+        body += part
+        if i >= 2:
+            taken += spool.take()
+    assert max(written) <= 8 and limits.on_disk <= 8
+    assert taken + drain(spool) == body
+    assert limits.in_memory == limits.on_disk == 0
+    spool.close()
+
+
+def test_credit_is_granted_within_the_room_the_spool_has(tmp_path):
+    # Granting a worker all it had sent whenever the spool had any room
+    # (a slow client had read one part from the file) let it send a
+    # window more each time, kept in memory past every bound: 7 MB held
+    # in memory for one response with a 64 KiB bound, and growing.
+    limits = SpoolLimits(memory=64 * 1024, total_memory=10 ** 9, disk=256 * 1024,
+                         total_disk=10 ** 9, directory=str(tmp_path))
+    lb, worker = connection_pair(Handler(), _Sends([b"x" * 65536] * 160))
+    try:
+        flight = InFlight(Pool(), limits)
+        exchange = lb.open_request({}, end=True)
+        body = ResponseBody(flight, lb, exchange, None, None, exchange.receive(5))
+        got = most = 0
+        for data in body:  # a slow client
+            got += len(data)
+            most = max(most, limits.in_memory)
+            gevent.sleep(0.002)
+        assert got == 160 * 65536
+        assert most < limits.memory + 2 * 1024 * 1024, most  # (a credit window past it)
+        body.close()
+    finally:
+        lb.close()
+        worker.close()

@@ -36,6 +36,7 @@ from zc_lb.wire.frames import Body, End, MAX_BODY, Response
 log = logging.getLogger(__name__)
 
 UPLOAD_CHUNK = MAX_BODY  # a request body is read and sent a frame at a time
+GRANT_AT_LEAST = 64 * 1024  # credit granted short of what is owed: no less (fewer frames)
 # How a worker fails a body it has started (counted toward its ejection, as
 # before the start): its connection lost or closed under it, or silent.
 WORKER_FAILURES = (ConnectionLost, ConnectionClosed, ResponseTimeout)
@@ -243,21 +244,24 @@ class ResponseBody:
                 self.outcome(self.connection, False)
 
     def _grant(self) -> None:
-        """Grant the worker credit for the bytes kept, unless the spool is
-        full: then the worker waits until the client has taken some (from
+        """Grant the worker credit for the bytes kept, as far as the spool
+        has room (at least GRANT_AT_LEAST, or all that is owed): short of
+        it, the worker waits until the client has taken some (from
         ``__iter__``), counted once a stall."""
         owed = self._owed
         if not owed:
             return
-        if self.spool.full:
+        room = self.spool.room
+        grant = owed if room is None else min(owed, room)
+        if grant < min(owed, GRANT_AT_LEAST):
             if not self._stalled:
                 self._stalled = True
                 self.flight.spool_limits.stalled += 1
             return
         if self._stalled:  # (held back until now: its silence counts from here)
             self.moved = time.monotonic()
-        self._owed, self._stalled = 0, False
-        self.exchange.consumed(owed)
+        self._owed, self._stalled = owed - grant, False
+        self.exchange.consumed(grant)
 
     def silent_for(self, now: float) -> float:
         """Seconds the worker has sent nothing of the body while free to

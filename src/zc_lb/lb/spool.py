@@ -9,9 +9,12 @@ buffering does, the LB instead takes a response as fast as the worker
 produces it and keeps it here until the client reads it: in memory up to
 ``memory`` bytes a response and ``total_memory`` bytes in all, then in a
 temporary file (unlinked at once) up to ``disk`` bytes a response and
-``total_disk`` in all.  Past those, the spool is ``full`` and the LB
-stops granting credit: the worker waits, as it did before (flow control
-is the last resort, never loss).  A disk that fails a write (full,
+``total_disk`` in all.  The LB grants the worker credit for no more than
+the spool has ``room`` for; with none, the spool is ``full``: the worker
+waits, as it did before (flow control is the last resort, never loss).
+A file counts for its size, not for what it holds unread: it gives its
+room back when it is emptied, all read (a file written on while read
+grew to the whole response, past every bound).  A disk that fails a write (full,
 read-only, failing) or a read is logged, and buffering goes on in memory
 alone, within the memory bounds (a response whose bytes could not be
 read back fails with ``BufferUnreadable``: its client's connection is
@@ -87,7 +90,8 @@ class Spool:
         self.limits = limits
         self._parts: Deque[Union[bytes, int]] = collections.deque()
         self.memory = 0  # bytes held in memory
-        self.disk = 0  # bytes held in the file, not yet read
+        self.disk = 0  # bytes the file takes: written since it was last emptied
+        self._unread = 0  # of those, the bytes not read yet
         self._file: Optional[IO[bytes]] = None
         self._read_at = self._write_at = 0
         self._no_file = False  # no descriptor was left for a file: memory alone
@@ -99,11 +103,25 @@ class Spool:
     @property
     def full(self) -> bool:
         """No room for more, in memory or on disk: take nothing more from
-        the worker until the client has read some.  A spool that holds
-        nothing is never full, whatever the others hold: its client has
-        read all it has, and only the worker's next bytes wake either
-        (past the bounds by at most a credit window a response)."""
-        return bool(self._parts) and not (self._memory_room() or self._disk_room())
+        the worker until the client has read some."""
+        return self.room == 0
+
+    @property
+    def room(self) -> Optional[int]:
+        """Bytes the bounds leave room for, in memory and on disk: the
+        credit the worker may be granted (granting all it sent whenever
+        there was any room let memory grow past its bounds by a window
+        at each grant).  None (no bound) while the spool holds nothing,
+        whatever the others hold: its client has read all it has, and
+        only the worker's next bytes wake either (past the bounds by at
+        most a credit window a response)."""
+        if not self._parts:
+            return None
+        limits = self.limits
+        memory = min(limits.memory - self.memory, limits.total_memory - limits.in_memory)
+        disk = 0 if self._no_file else min(limits.disk - self.disk,
+                                           limits.total_disk - limits.on_disk)
+        return max(memory, 0) + max(disk, 0)
 
     def _memory_room(self) -> bool:
         limits = self.limits
@@ -194,6 +212,7 @@ class Spool:
             view, at = view[written:], at + written
         self._write_at = at
         self.disk += len(data)
+        self._unread += len(data)
         self.limits.on_disk += len(data)
 
     def _read(self, size: int) -> bytes:
@@ -203,11 +222,12 @@ class Spool:
             raise OSError("buffer file %s short: %d of %d bytes"
                           % (self._file.name, len(data), size))
         self._read_at += size
-        self.disk -= size
-        self.limits.on_disk -= size
-        if not self.disk:  # all read: start the file over
+        self._unread -= size
+        if not self._unread:  # all read: start the file over, and give back its room
             self._file.truncate(0)
             self._read_at = self._write_at = 0
+            self.limits.on_disk -= self.disk
+            self.disk = 0
         return data
 
     def close(self) -> None:
@@ -215,7 +235,7 @@ class Spool:
         self.closed = True
         self.limits.in_memory -= self.memory
         self.limits.on_disk -= self.disk
-        self.memory = self.disk = 0
+        self.memory = self.disk = self._unread = 0
         self._parts.clear()
         if self._file is not None:
             self._file.close()
