@@ -124,6 +124,51 @@ def test_the_supervisor_sums_a_silent_child_as_it_last_was_and_acts_on_every_chi
     assert done == ["c1"]
 
 
+def test_a_child_started_again_leaves_its_counters_in_the_sum_not_its_gauges(monkeypatch):
+    # A child started again counts from nothing under a new status address,
+    # and the supervisor dropped the last document of the one that died:
+    # the summed counters went back by all it had counted (Prometheus read
+    # a reset of the sum, and its rate counted the other children's totals
+    # again), or on to its pid again if the new one got its port.
+    from zc_lb.process import processes
+    from zc_lb.process.processes import Supervisor
+
+    def doc(pid, requests, in_flight, worker="w1", latency=1):
+        return {"pid": pid, "requests": requests, "in_flight": in_flight, "clients": in_flight,
+                "errors": {"502": 1}, "classes": {"a": requests},
+                "latency": {"buckets": [0.1, 1.0], "counts": [latency, 0, 0], "sum": 0.01},
+                "buffers": {"memory": 100, "disk": 0, "spilled": 1, "stalled": 0},
+                "pool": {"policy": "AffinityPool", "backlog": in_flight, "spills": 2},
+                "workers": {worker: {"backlog": in_flight, "streams": in_flight,
+                                     "connected": True, "in_pool": True,
+                                     "counts": {"requests": requests, "2xx": requests}}}}
+
+    answers = {"c0": doc(10, 5, 2, "w0", 5), "c1": doc(11, 7, 1), "c2": doc(12, 1, 0)}
+    monkeypatch.setattr(processes, "ask", lambda address, **_: answers[address])
+    supervisor = Supervisor(2, ["lb"], ("127.0.0.1", 0))
+    supervisor.children = [processes.Child(i, [], -1, "INFO", None, None) for i in range(2)]
+    for i, child in enumerate(supervisor.children):
+        serving(child, "c%d" % i)
+    assert supervisor.status()["requests"] == 12
+    supervisor.children[0].status = None  # (died; started again, not serving yet)
+    assert supervisor.status(full=False)["requests"] == 12
+    serving(supervisor.children[0], "c2")
+    for full in (True, False, True):
+        summed = supervisor.status(full=full)
+        assert summed["requests"] == 13, full
+        assert (summed["in_flight"], summed["clients"]) == (1, 1)
+        assert summed["errors"] == {"502": 3} and summed["classes"] == {"a": 13}
+        assert summed["latency"]["counts"] == [7, 0, 0]
+        assert summed["buffers"] == {"memory": 200, "disk": 0, "spilled": 3, "stalled": 0}
+        assert summed["pool"]["spills"] == 6
+        assert summed["workers"]["w1"]["counts"] == {"requests": 8, "2xx": 8}
+        assert summed["workers"]["w1"]["backlog"] == 1
+        assert "w0" not in summed["workers"]  # (no child knows it now)
+        assert summed["retired_workers"] == {"requests": 5, "2xx": 5}
+    answers["c2"] = doc(13, 2, 0)  # (c2 died too, and the new one got its port)
+    assert supervisor.status()["requests"] == 5 + 7 + 1 + 2
+
+
 def test_a_supervisors_retried_enable_succeeds_and_says_whether_it_changed_anything(
         monkeypatch):
     # A retry after one child had failed asked the children that had taken
@@ -784,11 +829,15 @@ def test_two_processes_serve_one_address_and_sum_their_status(processes_lb):
 
 def test_a_child_that_dies_is_started_again(processes_lb):
     lb = processes_lb
-    before = status(lb.status_address)["processes"][0]["pid"]
+    assert all(get(lb.address)[0] == 200 for _ in range(10))
+    counted = status(lb.status_address)
+    before = counted["processes"][0]["pid"]
     os.kill(before, signal.SIGKILL)
     wait_for(lambda: status(lb.status_address)["processes"][0]["pid"] not in (before, None),
              timeout=20, message="the child restarted")
     assert all(get(lb.address)[0] == 200 for _ in range(10))
+    # (what the child counted stays in the sum: counters never go back)
+    assert status(lb.status_address)["requests"] >= counted["requests"] + 10
 
 
 def test_a_child_started_again_with_its_config_file_gone_bad_starts_as_the_last_good(

@@ -49,6 +49,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set
 
 from zc_lb.process.asking import FifoLock, ask, each
 from zc_lb.process.drains import Drains, ask_each, failed, merged
+from zc_lb.process.retired import Retired
 from zc_lb.routing import siblings
 from zc_lb.errors import AddressUnavailable, ConfigurationError, ZcLbError
 from zc_lb.settings import LB_SETTINGS, check
@@ -238,6 +239,7 @@ class Supervisor:
         self.siblings_fd: Optional[int] = None  # the children's shared memory (routing/siblings.py)
         self.children: List[Child] = []
         self._last: Dict[str, dict] = {}  # each child's last status document, by address
+        self.retired = Retired()  # the counters of the children that ended
         self.stopping = False
 
     @property
@@ -381,13 +383,16 @@ class Supervisor:
     def status(self, full: bool = True) -> dict:
         """One summed view of every child's status document.  A child that
         does not answer this time counts with its last document (marked
-        ``stale``), so that summed counters never go back.  Not ``full``
+        ``stale``), and one that ended with its last document's counters
+        (``Retired``), so that summed counters never go back.  Not ``full``
         (/healthz, the request rate's samples: often, and only totals and
         the workers' states), each child's bounded document, kept for
         nothing."""
         docs: Dict[str, dict] = {}
         stale = set()
         asked = [child.status for child in self.children if child.status is not None]
+        for address in [address for address in self._last if address not in asked]:
+            self.retired.add(self._last.pop(address))  # (its child is started again)
         for address, doc in each(asked, lambda address: ask(
                 address, timeout=self.status_timeout, params=CHILD_QUERY if full else None)):
             if isinstance(doc, ZcLbError):  # (all asked at once: one that hangs delays none)
@@ -395,12 +400,12 @@ class Supervisor:
                 stale.add(address)
                 continue
             docs[address] = doc
-            if full:
-                self._last[address] = doc
-        if full:  # (a child gone leaves nothing behind)
-            self._last = {address: self._last[address] for address in docs
-                          if address in self._last}
-        merged = merge_status(list(docs.values()))
+            last = self._last.get(address)
+            if last is not None and last.get("pid") != doc.get("pid"):  # (the port again)
+                self.retired.add(self._last.pop(address))
+            if full and any(child.status == address for child in self.children):
+                self._last[address] = doc  # (not one retired while it answered)
+        merged = self.retired.into(merge_status(list(docs.values())))
         merged["pid"] = os.getpid()
         merged["processes"] = [
             {"index": child.index, "pid": child.process.pid if child.process else None,

@@ -293,7 +293,7 @@ def merge_status(docs: List[dict]) -> dict:
     if not good:
         return {"workers": {}, "errors": {}, "pool": {}}
     merged = _merge_totals(good)
-    _cap_classes(merged)
+    cap_classes(merged)
     pool = merged["pool"] = dict(merged.get("pool") or {})
     for key in POOL_COUNTERS:
         counts = [(doc.get("pool") or {}).get(key) for doc in good]
@@ -315,11 +315,11 @@ def _merge_totals(docs: List[dict]) -> dict:
             elif isinstance(value, (int, float)):
                 merged[key] = merged.get(key, 0) + value
             elif key == "latency":
-                merged[key] = _add_histograms(merged.get(key), value)
+                merged[key] = add_histograms(merged.get(key), value)
             elif key == "class_latency":
                 into = merged.setdefault(key, {})
                 for name, histogram in value.items():
-                    into[name] = _add_histograms(into.get(name), histogram)
+                    into[name] = add_histograms(into.get(name), histogram)
             elif key == "recent_errors":
                 merged[key] = sorted(merged.get(key, []) + list(value),
                                      key=lambda e: e.get("time", 0))[-RECENT_ERRORS:]
@@ -333,7 +333,7 @@ def _merge_totals(docs: List[dict]) -> dict:
     return merged
 
 
-def _cap_classes(merged: dict) -> None:
+def cap_classes(merged: dict) -> None:
     """At most MAX_COUNTED_CLASSES classes in ``merged`` (the busiest), as
     in an LB's document: the rest, and their latency, summed as "other"."""
     classes = merged.get("classes")
@@ -343,10 +343,10 @@ def _cap_classes(merged: dict) -> None:
     latency = merged.get("class_latency") or {}
     for name in [name for name in latency if name not in kept]:
         histogram = latency.pop(name)
-        latency[OTHER_CLASS] = _add_histograms(latency.get(OTHER_CLASS), histogram)
+        latency[OTHER_CLASS] = add_histograms(latency.get(OTHER_CLASS), histogram)
 
 
-def _add_histograms(into: Optional[dict], value: dict) -> dict:
+def add_histograms(into: Optional[dict], value: dict) -> dict:
     """Two latency histograms of the status document's added up (``into``
     None: a copy of ``value``)."""
     if into is None:
@@ -372,10 +372,10 @@ def _merge_workers(docs: List[dict]) -> Dict[str, dict]:
                 if "counts" in info:
                     workers[address]["counts"] = dict(info["counts"])
                 if "latency" in info:
-                    workers[address]["latency"] = _add_histograms(None, info["latency"])
+                    workers[address]["latency"] = add_histograms(None, info["latency"])
                 continue
             if "latency" in info:
-                into["latency"] = _add_histograms(into.get("latency"), info["latency"])
+                into["latency"] = add_histograms(into.get("latency"), info["latency"])
             for key in ("backlog", "mean_backlog", "streams"):
                 if key in info:
                     into[key] = into.get(key, 0) + info[key]
