@@ -124,6 +124,26 @@ def test_the_supervisor_sums_a_silent_child_as_it_last_was_and_acts_on_every_chi
     assert done == ["c1"]
 
 
+def test_the_classes_of_children_that_ended_stay_as_many_as_one_document_holds():
+    # Each ended child's classes were kept, every one: children that end
+    # again and again, each with its own busiest classes (a classifier by
+    # path), grew the supervisor's memory without bound.
+    from zc_lb.lb.stats import MAX_COUNTED_CLASSES, OTHER_CLASS
+    from zc_lb.process.retired import Retired
+
+    retired = Retired()
+    histogram = {"buckets": [0.1], "counts": [1, 0], "sum": 0.01}
+    for child in range(5):
+        names = ["c%d-%d" % (child, i) for i in range(MAX_COUNTED_CLASSES)]
+        retired.add({"workers": {}, "classes": {name: 1 for name in names},
+                     "class_latency": {name: dict(histogram) for name in names}})
+    assert len(retired.counts["classes"]) <= MAX_COUNTED_CLASSES + 1
+    assert sum(retired.counts["classes"].values()) == 5 * MAX_COUNTED_CLASSES
+    assert set(retired.class_latency) == set(retired.counts["classes"])
+    assert sum(h["counts"][0] for h in retired.class_latency.values()) == 5 * MAX_COUNTED_CLASSES
+    assert retired.counts["classes"][OTHER_CLASS] > 3 * MAX_COUNTED_CLASSES
+
+
 def test_a_child_started_again_leaves_its_counters_in_the_sum_not_its_gauges(monkeypatch):
     # A child started again counts from nothing under a new status address,
     # and the supervisor dropped the last document of the one that died:

@@ -66,6 +66,12 @@ class Retired:
             if info.get("latency"):
                 self.worker_latency[address] = add_histograms(
                     self.worker_latency.get(address), info["latency"])
+        # (each document holds its busiest classes, but children that end
+        # again and again may each bring others: as many kept as one holds)
+        kept: Dict[str, dict] = {"classes": self.counts["classes"],
+                                 "class_latency": self.class_latency}
+        cap_classes(kept)
+        self.counts["classes"] = kept["classes"]
 
     def into(self, merged: dict) -> dict:
         """Add what the children that ended counted to ``merged``, the sum of
