@@ -209,3 +209,14 @@ def test_hung_threads_are_let_in_on_top_and_bring_no_ceiling_down():
     assert limit.ceiling == 16
     assert value == COMPUTING + 2
     assert limit.update(3, waiting=True, working=5, held=2) == COMPUTING + 6 + 2
+
+
+def test_a_held_thread_that_ended_between_two_counts_takes_no_thread_away():
+    # threads.py counts the calls running long, less the held ones, apart
+    # from the held ones: one that ended between the two made it -1, and
+    # one thread fewer was let in, the status saying "stalls": -1.
+    limit = Limit(16)
+    limit.update(0, waiting=True, stuck=0)
+    value = limit.update(0, waiting=True, stuck=-1)
+    assert limit.stalls == 0
+    assert value == limit.update(0, waiting=True, stuck=0)

@@ -197,7 +197,9 @@ class Limit:
             self.stalls = 0
         elif since_finished > STALL * (self.stalls + 1) and self.stalls < self.size - 1:
             self.stalls += 1  # (one past the others is every thread: no more to let in)
-        self.stalls = min(self.stalls, stuck)  # (the calls that made a stall are over)
+        # (the calls that made a stall are over; ``stuck`` less the held ones is
+        # counted apart from them, and one that ended between is no less than none)
+        self.stalls = min(self.stalls, max(stuck, 0))
         self.calm += waiting
         if queued:
             if not self.falling:  # (a hold-up's first sample: where it fell from)
