@@ -411,3 +411,30 @@ def test_registration_stop_is_bounded_when_zookeeper_is_down(
     reg.stop(timeout=0.5)  # a worker's SIGTERM must not hang on ZooKeeper
     assert time.monotonic() - started < 2
     assert not reg.registered
+
+
+def test_a_provider_held_through_sessions_that_expire_again_keeps_its_first_time(monkeypatch):
+    # Each expiry held every provider reported, those held already among
+    # them, for ``grace`` seconds from then: sessions that expired again
+    # and again kept a provider gone for good.
+    class Handler:
+        def spawn(self, *args):
+            pass
+
+    watch = recipes.ProvidersWatch.__new__(recipes.ProvidersWatch)
+    watch.client, watch._held, watch.grace = type("C", (), {"handler": Handler()})(), {}, 10.0
+    watch.path = "/w/providers"
+    now = [100.0]
+    monkeypatch.setattr(recipes.time, "monotonic", lambda: now[0])
+    watch.providers = {"gone:1": {}, "back:2": {}}
+    watch._session_lost()
+    assert watch._with_held({}) == {"gone:1": {}, "back:2": {}}  # (back at 100: kept to 110)
+    now[0] = 106.0
+    watch.providers = watch._with_held({"back:2": {}})
+    watch._session_lost()  # (again: "back:2" is held afresh, "gone:1" still to 110)
+    now[0] = 108.0
+    assert watch._with_held({}) == {"gone:1": {}, "back:2": {}}
+    now[0] = 111.0
+    assert watch._with_held({}) == {"back:2": {}}  # (held to 118)
+    now[0] = 118.0
+    assert watch._with_held({}) == {}

@@ -279,14 +279,17 @@ class ProvidersWatch(_Follower):
         self._data: dict[str, dict] = {}  # provider data read so far
         self._stale: set[str] = set()  # providers whose node changed
         self._refetch = False  # the data watches were lost with the connection
-        self._held: dict[str, dict] = {}  # known before our session expired, not back yet
-        self._held_until: Optional[float] = None  # (time.monotonic) once back
+        # Known before our session expired and not back yet: each one's data,
+        # and until when it is kept (time.monotonic; None: from when we are back)
+        self._held: dict[str, tuple[dict, Optional[float]]] = {}
 
     def _session_lost(self) -> None:
         self._resolved = None
         self._data = {}  # nodes may have been replaced while we were away
-        self._held = dict(self.providers or {})
-        self._held_until = None
+        # (one held already keeps its time: sessions that expire again and
+        # again would keep a provider that is gone for good)
+        self._held = {name: self._held.get(name, (data, None))
+                      for name, data in (self.providers or {}).items()}
 
     def _step(self) -> None:
         lost_before = self._sessions_lost
@@ -320,18 +323,22 @@ class ProvidersWatch(_Follower):
         if not self._held:
             return data
         now = time.monotonic()
-        if self._held_until is None:
-            self._held_until = now + self.grace
-            self.client.handler.spawn(self._wake_at, self._held_until)
+        fresh = sorted(name for name, (_, until) in self._held.items() if until is None)
+        if fresh:
+            until = now + self.grace
+            for name in fresh:
+                self._held[name] = (self._held[name][0], until)
+            self.client.handler.spawn(self._wake_at, until)
             log.warning("%r: our session expired; keeping %d providers not registered "
-                        "again yet for %gs: %s", self, len(self._held), self.grace,
-                        " ".join(sorted(self._held)))
-        elif now >= self._held_until:
+                        "again yet for %gs: %s", self, len(fresh), self.grace, " ".join(fresh))
+        gone = sorted(name for name, (_, until) in self._held.items()
+                      if until is not None and now >= until)
+        if gone:
             log.info("%r: %d providers did not register again within %gs: %s", self,
-                     len(self._held), self.grace, " ".join(sorted(self._held)))
-            self._held = {}
-            return data
-        return {**self._held, **data}
+                     len(gone), self.grace, " ".join(gone))
+            for name in gone:
+                del self._held[name]
+        return {**{name: held for name, (held, _) in self._held.items()}, **data}
 
     def _wake_at(self, deadline: float) -> None:
         while (left := deadline - time.monotonic()) > 0:  # (a timer may fire early)
