@@ -276,8 +276,8 @@ LB_SETTINGS = _table([
             "the accept (or, on keep-alive, its first byte); 0 never",
             minimum=0, metavar="S"),
     Setting("max_connections", int, None,
-            "concurrent client connections (default: half the open-file hard limit, "
-            "at most 50,000); past it, the connection waiting longest for a request "
+            "concurrent client connections of each --listen (default: half the open-file "
+            "hard limit, at most 50,000); past it, the connection waiting longest for a request "
             "head (or in its TLS handshake or PROXY header) makes room, else 503 (0 "
             "no cap; the open-file limit is raised to fit)",
             minimum=0, metavar="N"),
