@@ -133,6 +133,15 @@ def test_threads_queued_behind_the_others_bring_the_ceiling_down_to_those_workin
     assert limit.update(4, waiting=True, queued=2, working=4) == 4
 
 
+def probed(limit):
+    """The ceiling after each of four probes, requests waiting, calm."""
+    seen = []
+    for _ in range(5 * PROBE):
+        limit.update(0, waiting=True)
+        seen.append(limit.ceiling)
+    return [seen[n * PROBE - 1] for n in range(1, 5)]
+
+
 def test_after_a_hold_up_the_ceiling_doubles_back_to_where_it_fell_from():
     # A database failover held every thread behind one for a moment: the
     # ceiling fell to one.  Rising one a second, an application that
@@ -140,11 +149,7 @@ def test_after_a_hold_up_the_ceiling_doubles_back_to_where_it_fell_from():
     limit = Limit(16)
     limit.update(0, waiting=True, queued=15, working=1)
     assert limit.ceiling == 1
-    seen = []
-    for _ in range(5 * PROBE):
-        limit.update(0, waiting=True)
-        seen.append(limit.ceiling)
-    assert [seen[n * PROBE - 1] for n in range(1, 5)] == [2, 4, 8, 16]
+    assert probed(limit) == [2, 4, 8, 16]
     # Past the ceiling it fell from, one at a time, as an application
     # whose bound is that ceiling is probed at steady state.
     limit = Limit(16)
@@ -185,11 +190,7 @@ def test_a_hold_up_over_many_samples_is_one_fall():
     for _ in range(200):
         limit.update(0, waiting=True, queued=15, working=1)
     assert limit.ceiling == 1
-    seen = []
-    for _ in range(5 * PROBE):
-        limit.update(0, waiting=True)
-        seen.append(limit.ceiling)
-    assert [seen[n * PROBE - 1] for n in range(1, 5)] == [2, 4, 8, 16]
+    assert probed(limit) == [2, 4, 8, 16]
 
 
 def test_a_lock_wait_long_past_its_turns_is_a_hung_thread():

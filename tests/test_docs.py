@@ -81,27 +81,37 @@ def literal_blocks(text):
             i += 1
 
 
+def joined_lines(block):
+    """A literal block's lines, those continued with a backslash joined."""
+    joined = []
+    for line in block:
+        if joined and joined[-1].endswith("\\"):
+            joined[-1] = joined[-1][:-1] + " " + line
+        else:
+            joined.append(line)
+    return joined
+
+
+def before_shell(words):
+    """A command line's words up to the shell's (a pipe, a redirection)."""
+    argv = []
+    for word in words:
+        if word in ("|", ">", ">>", "&&", ";", "||", "&"):
+            break
+        argv.append(word)
+    return argv
+
+
 def command_lines(text):
     """The ``zc-lb ...`` command lines shown in ``text``'s literal blocks,
     continuation lines joined, as argument lists after ``zc-lb``."""
     for block in literal_blocks(text):
-        joined = []
-        for line in block:
-            if joined and joined[-1].endswith("\\"):
-                joined[-1] = joined[-1][:-1] + " " + line
-            else:
-                joined.append(line)
-        for line in joined:
+        for line in joined_lines(block):
             line = re.sub(r"^\$\s+", "", line)
             words = shlex.split(line, comments=True)
             if not words or not (words[0] == "zc-lb" or words[0].endswith("/zc-lb")):
                 continue
-            argv = []
-            for word in words[1:]:
-                if word in ("|", ">", ">>", "&&", ";", "||", "&"):
-                    break
-                argv.append(word)
-            yield line, argv
+            yield line, before_shell(words[1:])
 
 
 def all_command_lines():
@@ -178,24 +188,13 @@ def tool_command_lines(text):
 
 def python_command_lines(text):
     for block in literal_blocks(text):
-        joined = []
-        for line in block:
-            if joined and joined[-1].endswith("\\"):
-                joined[-1] = joined[-1][:-1] + " " + line
-            else:
-                joined.append(line)
-        for line in joined:
+        for line in joined_lines(block):
             line = re.sub(r"^\$\s+", "", line)
             if not re.match(r"(\S*/)?python3?\s", line):
                 continue
             words = shlex.split(line, comments=True)
             if words:
-                argv = []
-                for word in words[1:]:
-                    if word in ("|", ">", ">>", "&&", ";", "||", "&"):
-                        break
-                    argv.append(word)
-                yield line, argv
+                yield line, before_shell(words[1:])
 
 
 TOOL_LINES = [pytest.param(argv, id="%s: %s" % (path, line[:60]))
