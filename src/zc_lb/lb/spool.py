@@ -117,30 +117,27 @@ class Spool:
         most a credit window a response)."""
         if not self._parts:
             return None
+        return max(self._memory_left(), 0) + max(self._disk_left(), 0)
+
+    def _memory_left(self) -> int:
         limits = self.limits
-        memory = min(limits.memory - self.memory, limits.total_memory - limits.in_memory)
-        disk = 0 if self._no_file else min(limits.disk - self.disk,
+        return min(limits.memory - self.memory, limits.total_memory - limits.in_memory)
+
+    def _disk_left(self) -> int:
+        limits = self.limits
+        return 0 if self._no_file else min(limits.disk - self.disk,
                                            limits.total_disk - limits.on_disk)
-        return max(memory, 0) + max(disk, 0)
-
-    def _memory_room(self) -> bool:
-        limits = self.limits
-        return self.memory < limits.memory and limits.in_memory < limits.total_memory
-
-    def _disk_room(self) -> bool:
-        limits = self.limits
-        return not self._no_file and self.disk < limits.disk and limits.on_disk < limits.total_disk
 
     def put(self, data: bytes) -> None:
         """Keep ``data``: in memory if there is room, else on disk if there
-        is room, else in memory all the same (the caller, who asks
-        ``full`` before granting more credit, bounds the excess to what
-        the worker may send unasked).  Nothing, once closed: a pump on its
+        is room, else in memory all the same (the caller, who grants
+        credit within ``room``, bounds the excess to what the worker may
+        send unasked).  Nothing, once closed: a pump on its
         way when the client left must not count bytes no one drops."""
         if self.closed:
             return
         size = len(data)
-        if not self._memory_room() and self._disk_room():
+        if self._memory_left() <= 0 < self._disk_left():
             try:
                 self._write(data)
             except OSError as exc:  # a full disk: memory, and flow control, it is
