@@ -60,6 +60,7 @@ OP_OVERHEAD = 256  # bytes counted for an operation besides its path and data
 _DISCONNECTED = (ConnectionLoss, SessionExpiredError, ConnectionClosedError,
                  OperationTimeoutError)
 _CONFLICTS = (BadVersionError, NodeExistsError, NoNodeError, NotEmptyError)
+SESSION_TIMEOUT = 10.0  # seconds: what LBs and workers ask for
 
 
 def read_credentials(path: str) -> Tuple[str, str]:
@@ -78,7 +79,7 @@ def read_credentials(path: str) -> Tuple[str, str]:
     return user, password
 
 
-def connect(hosts: str, timeout: float = 10.0, session_timeout: float = 10.0,
+def connect(hosts: str, timeout: float = 10.0, session_timeout: float = SESSION_TIMEOUT,
             max_reconnect_delay: float = 2.0,
             credentials: Optional[Tuple[str, str]] = None) -> KazooClient:
     """A started KazooClient on the gevent handler.

@@ -42,7 +42,8 @@ from typing import Any, Callable, Mapping, Optional
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import ConnectionLoss, NoAuthError, NodeExistsError, NoNodeError
 
-from zc_lb.zookeeper.client import _DISCONNECTED, decode, encode, normalize, resolve, settings_of
+from zc_lb.zookeeper.client import (_DISCONNECTED, SESSION_TIMEOUT, decode, encode, normalize,
+                                    resolve, settings_of)
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +269,7 @@ class ProvidersWatch(_Follower):
     register again (see the module's docstring).
     """
 
-    grace = 10.0  # seconds: the session timeout processes ask for (zookeeper/client.py)
+    grace = SESSION_TIMEOUT  # seconds: as long as the providers' sessions outlive a cut
 
     def __init__(self, client: KazooClient, path: str,
                  callback: Callable[[dict[str, dict]], Any]):
