@@ -43,7 +43,8 @@ def _mark(name, text=None):
             f.write(str(os.getpid()) if text is None else text)
 
 
-def _count(environ):
+def count_body(environ):
+    """How many bytes of request body came (read in chunks)."""
     read = environ["wsgi.input"].read
     total = 0
     while True:
@@ -106,7 +107,7 @@ def app(environ, start_response):
         while time.thread_time() < end:
             pass
     elif path == "/count":
-        return _text(start_response, str(_count(environ)))
+        return _text(start_response, str(count_body(environ)))
     elif path == "/sha256":
         import hashlib
         digest, read = hashlib.sha256(), environ["wsgi.input"].read

@@ -11,6 +11,7 @@ import gevent
 import pytest
 
 from zc_lb.lb.spool import SpoolLimits
+from apps import count_body
 from test_hardening import poll, routes, stack  # noqa: F401 (stack: a fixture)
 
 pytestmark = pytest.mark.timeout(20)
@@ -139,13 +140,7 @@ def test_a_chore_failing_every_turn_is_said_once_a_minute_and_its_recovery_said(
 
 
 def _count_body(environ, start_response):
-    read, total = environ["wsgi.input"].read, 0
-    while True:
-        data = read(65536)
-        if not data:
-            break
-        total += len(data)
-    body = str(total).encode()
+    body = str(count_body(environ)).encode()
     start_response("200 OK", [("Content-Length", str(len(body)))])
     return [body]
 
