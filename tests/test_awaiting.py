@@ -159,9 +159,12 @@ def test_a_client_that_pauses_its_upload_is_no_worker_timing_out(stack, path):
     # threshold): a few such clients ejected healthy workers.  The body's
     # pace is the client's, bounded by the client timeout; the worker is
     # timed while the body waits for it, not for the client.  So mid-body
-    # too (a response that streams while its body still comes).
+    # too (a response that streams while its body still comes).  (The LB
+    # holds no body first here: it goes on as it comes, as one past
+    # --buffer-request does.)
     s = stack(routes({"/count": _count_body, "/stream": _answers_then_counts}),
-              response_timeout=0.3, outlier={"consecutive": 1, "max_share": 1.0})
+              response_timeout=0.3, outlier={"consecutive": 1, "max_share": 1.0},
+              spool_limits=SpoolLimits(request=0))
     sock = gevent.socket.create_connection(s.address, timeout=5)
     sock.sendall(b"POST %s HTTP/1.1\r\nHost: a.example\r\nContent-Length: 20\r\n\r\n"
                  % path.encode() + b"0123456789")

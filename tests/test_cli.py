@@ -911,7 +911,7 @@ def test_lb_help_lists_its_options_in_groups_each_once(capsys):
                 and line.endswith(":")]
     assert headings == ["options:", "front (clients, HTTP, TLS):",
                         "workers (where they are, how they are reached and judged):",
-                        "routing:", "buffering (responses held for slow clients):",
+                        "routing:", "buffering (request bodies and responses held for slow clients):",
                         "operations:"]
     options = re.findall(r"^  (--[a-z-]+)", out, re.M)
     assert len(options) == len(set(options)) > 50

@@ -33,6 +33,7 @@ from zc_lb.lb.balancer import LB
 from zc_lb.routing.pool import Pool
 from zc_lb.wire.frames import Body, End, GoAway, Response
 from zc_lb.lb.spool import SpoolLimits
+from zc_lb.settings import LB_SETTINGS
 from zc_lb.testing import LBProcess, WorkerProcess, connection_pair
 from zc_lb.worker.server import Worker
 
@@ -1197,7 +1198,8 @@ def test_an_answer_before_the_body_came_says_the_connection_closes(stack):
     s = stack(routes({"/up": _refuse}))
     client = s.client()
     client.send(b"POST /up HTTP/1.1\r\nHost: a.example\r\nContent-Length: 5000000\r\n\r\n")
-    client.send(b"x" * 100_000)
+    # (past what the LB holds before it sends the request on: --buffer-request)
+    client.send(b"x" * (LB_SETTINGS["buffer_request"].default + 100_000))
     status, headers, _ = client.response("POST")
     assert status == 413 and headers.get("connection", "").lower() == "close"
     assert client.closed_by_server(2.0)

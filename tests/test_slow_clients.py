@@ -215,3 +215,94 @@ def test_slow_downloads_complete_when_the_buffer_disk_fills(procs, tmp_path, fai
         thread.join(45)
     assert results == [(b"HTTP/1.1 200 OK", 8 * MIB)] * 10, results
     assert "cannot buffer a response on disk" in log_path.read_text()
+
+
+# -- slow uploads ---------------------------------------------------------------
+
+
+def post_head(address, length, first=b"", path="/count"):
+    """A connection that has sent a POST's head and ``first`` of its body."""
+    sock = slow_socket(address)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(b"POST %s HTTP/1.1\r\nHost: up.example\r\nContent-Length: %d\r\n\r\n%s"
+                 % (path.encode(), length, first))
+    return sock
+
+
+def test_slow_uploaders_hold_no_worker_thread_and_stall_nobody(procs):
+    # Eight clients trickling their uploads held both threads of a worker
+    # (each read its body from the LB as it came), and every other request
+    # waited behind them, for as long as they kept trickling.  The LB now
+    # reads a body before it sends the request on (--buffer-request).
+    worker = procs(WorkerProcess("apps:app", "--threads", "2", "--threads-fixed", env=ENV))
+    lb = procs(LBProcess([worker.address], "--status", "127.0.0.1:0", env=ENV))
+    status_url = "http://%s/" % lb.said("zc-lb status on ")
+    wait_for(lambda: fetch_json(status_url)["workers"][worker.address].get("in_pool", False))
+    uploads = [post_head(lb.address, 20, b"x" * 5) for _ in range(8)]
+    try:
+        time.sleep(0.3)
+        assert fetch_json(status_url)["in_flight"] == 0  # no worker holds an upload
+        assert fetch_json(status_url)["buffers"]["memory"] == 8 * 5
+        assert latencies(lb.address, 0.5), "no request got through"
+        for sock in uploads:
+            sock.sendall(b"y" * 15)
+        answers = [read_response(sock, limit=1) for sock in uploads]
+    finally:
+        for sock in uploads:
+            sock.close()
+    assert all(head.startswith(b"HTTP/1.1 200") for head, _, _ in answers), answers
+    wait_for(lambda: fetch_json(status_url)["buffers"]["memory"] == 0, message="buffers freed")
+
+
+def upload(address, parts, chunked=False, pause=0.05):
+    """POST ``parts`` to /count, a pause between them: the count answered."""
+    sock = slow_socket(address)
+    try:
+        size = sum(len(part) for part in parts)
+        field = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % size
+        sock.sendall(b"POST /count HTTP/1.1\r\nHost: up.example\r\nConnection: close\r\n%s"
+                     b"\r\n\r\n" % field)
+        for part in parts:
+            sock.sendall(b"%x\r\n%s\r\n" % (len(part), part) if chunked else part)
+            time.sleep(pause)
+        if chunked:
+            sock.sendall(b"0\r\n\r\n")
+        data = b""
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        sock.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return int(body)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_bodies_past_and_at_the_request_buffer_arrive_whole(procs, chunked):
+    worker = procs(WorkerProcess("apps:app", env=ENV))
+    lb = procs(LBProcess([worker.address], "--buffer-request", "64K", env=ENV))
+    piece = bytes(range(256)) * 100  # 25,600 bytes
+    assert upload(lb.address, [piece] * 12, chunked) == 12 * len(piece)  # past it
+    exact = [b"z" * 32768, b"z" * 32768]
+    assert upload(lb.address, exact, chunked) == 65536  # the buffer's size, exactly
+    assert upload(lb.address, [b"q"], chunked) == 1
+
+
+def test_an_upload_left_while_held_frees_its_buffer_and_reaches_no_worker(procs):
+    worker = procs(WorkerProcess("apps:app", "--status", "127.0.0.1:0", env=ENV))
+    lb = procs(LBProcess([worker.address], "--status", "127.0.0.1:0", "--buffer-memory",
+                         "4K", env=ENV))
+    status_url = "http://%s/" % lb.said("zc-lb status on ")
+    sock = post_head(lb.address, 100000, b"x" * 30000)
+    wait_for(lambda: fetch_json(status_url)["buffers"]["memory"] > 0, message="held")
+    sock.sendall(b"x" * 30000)  # past --buffer-memory: on disk
+    wait_for(lambda: fetch_json(status_url)["buffers"]["disk"] > 0, message="held on disk")
+    sock.close()
+    wait_for(lambda: fetch_json(status_url)["buffers"] == dict(
+        fetch_json(status_url)["buffers"], memory=0, disk=0), message="buffers freed")
+    assert fetch_json(status_url)["in_flight"] == 0
+    worker_doc = fetch_json("http://%s/" % worker.said("zc-lb worker status on "))
+    assert worker_doc["served"] + worker_doc["failed"] + worker_doc["in_flight"] == 0, worker_doc

@@ -286,19 +286,25 @@ LB_SETTINGS = _table([
             "the worker is free as soon as it has produced it",
             minimum=0, metavar="BYTES", size=True),
     Setting("buffer_memory_total", int, 64 * 1024 * 1024,
-            "bytes of all responses held in memory; past this or --buffer-memory, "
-            "on disk",
+            "bytes of all responses and request bodies held in memory; past this "
+            "or --buffer-memory, on disk",
             minimum=0, metavar="BYTES", size=True),
     Setting("buffer_disk", int, 2**30,
             "bytes of one response held on disk; past this, the worker waits for "
             "the client (0: no disk)",
             minimum=0, metavar="BYTES", size=True),
     Setting("buffer_disk_total", int, 16 * 2**30,
-            "bytes of all responses held on disk",
+            "bytes of all responses and request bodies held on disk",
+            minimum=0, metavar="BYTES", size=True),
+    Setting("buffer_request", int, 1024 * 1024,
+            "bytes of a request body the LB reads from its client before it sends "
+            "the request to a worker, held as a response is (in memory, then on "
+            "disk, within the bounds above), so a slow upload holds no worker thread "
+            "while it comes; a larger body's rest goes on as it comes (0: none)",
             minimum=0, metavar="BYTES", size=True),
     Setting("buffer_dir", str, "",
-            "directory for responses buffered on disk (default: the system's "
-            "temporary directory)",
+            "directory for responses and request bodies buffered on disk (default: "
+            "the system's temporary directory)",
             metavar="DIR"),
     Setting("forwarded", str, "for,proto,host,request-id",
             "forwarding headers the LB sets: X-Forwarded-For (appended to), "

@@ -205,13 +205,13 @@ def _read_page(path: str) -> bytes:
 
 
 def _spool_limits(args: argparse.Namespace):
-    """The response buffers' bounds; the directory must be one."""
+    """The buffers' bounds; the directory must be one."""
     from zc_lb.lb.spool import SpoolLimits
 
     if args.buffer_dir and not os.path.isdir(args.buffer_dir):
         raise ConfigurationError("--buffer-dir %s is not a directory" % args.buffer_dir)
     return SpoolLimits(args.buffer_memory, args.buffer_memory_total, args.buffer_disk,
-                       args.buffer_disk_total, args.buffer_dir or None)
+                       args.buffer_disk_total, args.buffer_dir or None, args.buffer_request)
 
 
 def _build_fronts(args: argparse.Namespace, lb, tls, access_log) -> list:

@@ -50,8 +50,9 @@ LB_HELP_GROUPS = {
         "classifier", "policy", "affinity_key", "variance", "backlog_history", "unskilled_score",
         "spread", "footprint_window", "slow_start", "balance", "stick", "separate_books",
         "widen", "busy_members"],
-    "buffering (responses held for slow clients)": [
-        "buffer_memory", "buffer_memory_total", "buffer_disk", "buffer_disk_total", "buffer_dir"],
+    "buffering (request bodies and responses held for slow clients)": [
+        "buffer_memory", "buffer_memory_total", "buffer_disk", "buffer_disk_total",
+        "buffer_request", "buffer_dir"],
     "operations": [
         "status", "admin_token_file", "access_log", "access_log_format", "pid_file",
         "drain_timeout", "child_status_timeout", "child_action_timeout", "version"],

@@ -63,8 +63,8 @@ from zc_lb.lb.relay import Relay
 from zc_lb.settings import LB_SETTINGS, check, log_change, shown
 from zc_lb.routing.siblings import SYNC_INTERVAL, Siblings, sync
 from zc_lb.lb.awaiting import Awaiting
-from zc_lb.lb.bodies import (InFlight, ResponseBody, Upload, body_in_hand, request_path,
-                             send_body)
+from zc_lb.lb.bodies import (HeldBody, InFlight, ResponseBody, Upload, body_in_hand,
+                             hold_body, request_path, send_body)
 from zc_lb.lb.spool import SpoolLimits
 from zc_lb.lb.stats import Counters
 from zc_lb.environ import (CLASS, COUNTED_CLASS, ERROR, FORWARD, RELAY,
@@ -186,9 +186,12 @@ class LB:
         started = time.monotonic()
         try:
             result = self._forward(environ, responder)
-        except ClientGone:
-            raise  # nobody to answer: the front server closes the connection
-        except ZcLbError as exc:
+        except BaseException as exc:
+            held = environ.get("wsgi.input")
+            if isinstance(held, HeldBody):  # (sent, it is its Upload's to close)
+                held.close()
+            if isinstance(exc, ClientGone) or not isinstance(exc, ZcLbError):
+                raise  # nobody to answer: the front server closes the connection
             result = self._error(exc, environ, responder)
         counters.count_latency(time.monotonic() - started, environ.get(WORKER),
                                environ.get(COUNTED_CLASS))
@@ -201,6 +204,11 @@ class LB:
         relay = cast(Optional[Relay], environ.get(RELAY))
         rclass, key = self._route(environ, relay)
         has_body = self._has_body(environ, relay)  # (RequestTooLarge past the limit)
+        if has_body and self.flight.spool_limits.request:
+            wsgi_input = environ["wsgi.input"]
+            if not getattr(wsgi_input, "complete", False):  # (a slow client's: hold it first)
+                environ["wsgi.input"] = hold_body(wsgi_input, self.flight.spool_limits,
+                                                  self.max_request_body)
         retryable = not has_body and environ["REQUEST_METHOD"] in RETRY_METHODS
         for attempt in range(self.max_retries + 1):
             handle, placed = self._get_worker(rclass, key)

@@ -1,9 +1,12 @@
 """The bodies a forwarded request moves, and the tally a drain waits on.
 
-``Upload`` sends a request body to the worker from a greenlet of its
-own, so that a worker may answer, and stream, while it still reads;
-``send_body`` sends a body that has all come in the request's own frame
-batch instead.  Both hold a body to ``--max-request-body`` as it comes
+``hold_body`` reads a request body from its client before the request
+goes to a worker, up to ``--buffer-request`` bytes, into a spool (as
+nginx buffers request bodies): a client trickling its upload holds an
+LB greenlet, not a worker thread.  ``Upload`` sends a request body to
+the worker from a greenlet of its own, so that a worker may answer, and
+stream, while it still reads; ``send_body`` sends a body that has all
+come in the request's own frame batch instead.  Both hold a body to ``--max-request-body`` as it comes
 (a Content-Length over it is refused before: this is for chunked ones).
 ``ResponseBody`` takes a response body from the worker into a spool
 (lb/spool.py) as fast as it comes, and gives it to the client at the
@@ -144,6 +147,9 @@ class Upload:
         except Exception as exc:  # the client's socket failed
             self.error = exc
             exchange.cancel()
+        finally:
+            if isinstance(self.wsgi_input, HeldBody):  # (its spool's file, if it has one)
+                self.wsgi_input.close()
 
     def failure(self) -> Optional[Exception]:
         """What went wrong on the client's side, as the error to raise."""
@@ -155,6 +161,86 @@ class Upload:
 
     def stop(self) -> None:
         self.greenlet.kill()
+
+
+class HeldBody:
+    """wsgi.input of a request whose body the LB read from its client
+    before it chose a worker (``hold_body``): the bytes held, then any
+    rest from the client as it comes.  ``complete``: all of it has come;
+    ``buffered``: the bytes held and not read yet.  ``close`` drops what
+    is held (its spool's file too); reading to the end closes it."""
+
+    def __init__(self, wsgi_input, spool: Spool, size: int, whole: bool) -> None:
+        self.wsgi_input = wsgi_input
+        self.spool = spool
+        self.buffered = size
+        self.whole = whole  # the client's body ended within what is held
+        self._rest = b""  # taken from the spool past what a read asked for
+
+    @property
+    def complete(self) -> bool:
+        return self.whole or bool(getattr(self.wsgi_input, "complete", False))
+
+    def read1(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (-1: a piece): held ones first."""
+        data = self._rest or self.spool.take()
+        if not data:
+            self.close()
+            if self.whole:
+                return b""
+            return getattr(self.wsgi_input, "read1", self.wsgi_input.read)(size)
+        if 0 <= size < len(data):
+            data, self._rest = data[:size], data[size:]
+        else:
+            self._rest = b""
+        self.buffered -= len(data)
+        return data
+
+    def read(self, size: int = -1) -> bytes:
+        pieces, got = [], 0
+        while size < 0 or got < size:
+            data = self.read1(-1 if size < 0 else size - got)
+            if not data:
+                break
+            pieces.append(data)
+            got += len(data)
+        return b"".join(pieces)
+
+    def close(self) -> None:
+        self.spool.close()  # (once closed, a no-op)
+        self._rest = b""
+        self.buffered = 0
+
+
+def hold_body(wsgi_input, limits: SpoolLimits, limit: Optional[int] = None) -> HeldBody:
+    """Read the body of a request from its client before the request
+    goes to a worker: all of it if it ends within ``limits.request``
+    bytes and the room the spools' bounds leave, else that much of it
+    (the rest goes on to the worker as it comes).  Past ``limit`` bytes
+    (None: none) RequestTooLarge; a client that fails or leaves meanwhile
+    is ClientGone, or its own ClientError (a malformed body)."""
+    spool = Spool(limits)
+    read = getattr(wsgi_input, "read1", wsgi_input.read)
+    size, most = 0, limits.request
+    try:
+        while size < most:
+            room = spool.room
+            if room is not None and room <= 0:
+                break  # every buffer is full: the rest goes on as it comes
+            data = read(min(UPLOAD_CHUNK, most - size))
+            if not data:
+                return HeldBody(wsgi_input, spool, size, True)
+            size += len(data)
+            if limit is not None and size > limit:
+                raise RequestTooLarge("request body over the limit of %d bytes" % limit)
+            spool.put(data)
+    except ZcLbError:
+        spool.close()
+        raise
+    except Exception as exc:  # the client's socket failed, or timed out
+        spool.close()
+        raise ClientGone("client went away during upload: %s" % exc) from exc
+    return HeldBody(wsgi_input, spool, size, False)
 
 
 class ResponseBody:
@@ -397,6 +483,8 @@ def send_body(exchange: Exchange, wsgi_input, limit: Optional[int] = None) -> Op
             raise RequestTooLarge("request body of %d bytes is over the limit of %d"
                                   % (size, limit))
         exchange.send(Body(exchange.rno, wsgi_input.read(size)), End(exchange.rno))
+        if isinstance(wsgi_input, HeldBody):
+            wsgi_input.close()
         return None
     return Upload(exchange, wsgi_input, limit)
 

@@ -64,11 +64,13 @@ class SpoolLimits:
                  total_memory: int = LB_SETTINGS["buffer_memory_total"].default,
                  disk: int = LB_SETTINGS["buffer_disk"].default,
                  total_disk: int = LB_SETTINGS["buffer_disk_total"].default,
-                 directory: Optional[str] = None) -> None:
+                 directory: Optional[str] = None,
+                 request: int = LB_SETTINGS["buffer_request"].default) -> None:
         self.memory = memory
         self.total_memory = total_memory
         self.disk = disk
         self.total_disk = total_disk
+        self.request = request  # bytes of a request body read before it goes to a worker
         # Found now: tempfile looks for a usable one at its first use, and
         # out of descriptors then, it says none is usable (ENOENT).
         self.directory = directory or _temporary_directory()
