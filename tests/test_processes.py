@@ -68,6 +68,25 @@ def test_merge_status_adds_up_the_pools_counters():
         "policy": "Pool"}
 
 
+def test_merge_status_sums_the_pools_backlog_and_merges_its_other_gauges_by_their_meaning():
+    # The pool's gauges were the first process's: its backlog one child's
+    # requests in flight, not the LB's.
+    one = {"workers": {}, "pool": {
+        "policy": "AffinityPool", "lbs": 1, "locality_gain": 2.5, "keys_relayed": False,
+        "backlog": 3, "mean_backlog": 4.0, "starting": 1, "widened": 2,
+        "explored": 7, "widenings": 5, "narrowings": 1, "skill_resets": 1}}
+    two = {"workers": {}, "pool": {
+        "policy": "AffinityPool", "lbs": 1, "locality_gain": 3.0, "keys_relayed": True,
+        "backlog": 5, "mean_backlog": 5.0, "starting": 2, "widened": 1,
+        "explored": 3, "widenings": 6, "narrowings": 0, "skill_resets": 1}}
+    assert merge_status([one, two])["pool"] == {
+        "policy": "AffinityPool", "lbs": 1, "locality_gain": 2.5, "keys_relayed": False,
+        "backlog": 8,  # (each child's own requests in flight)
+        "mean_backlog": 4.5,  # (each child's counts its siblings' requests already)
+        "starting": 2, "widened": 2,  # (one worker, one class, counted once)
+        "explored": 10, "widenings": 11, "narrowings": 1, "skill_resets": 2}
+
+
 def test_merge_status_keeps_the_busiest_classes_as_an_lb_counts_them(monkeypatch):
     from zc_lb.status import document
 
@@ -158,7 +177,8 @@ def test_a_child_started_again_leaves_its_counters_in_the_sum_not_its_gauges(mon
                 "errors": {"502": 1}, "classes": {"a": requests},
                 "latency": {"buckets": [0.1, 1.0], "counts": [latency, 0, 0], "sum": 0.01},
                 "buffers": {"memory": 100, "disk": 0, "spilled": 1, "stalled": 0},
-                "pool": {"policy": "AffinityPool", "backlog": in_flight, "spills": 2},
+                "pool": {"policy": "AffinityPool", "backlog": in_flight, "spills": 2,
+                         "widenings": requests},
                 "workers": {worker: {"backlog": in_flight, "streams": in_flight,
                                      "connected": True, "in_pool": True,
                                      "counts": {"requests": requests, "2xx": requests}}}}
@@ -180,7 +200,8 @@ def test_a_child_started_again_leaves_its_counters_in_the_sum_not_its_gauges(mon
         assert summed["errors"] == {"502": 3} and summed["classes"] == {"a": 13}
         assert summed["latency"]["counts"] == [7, 0, 0]
         assert summed["buffers"] == {"memory": 200, "disk": 0, "spilled": 3, "stalled": 0}
-        assert summed["pool"]["spills"] == 6
+        assert summed["pool"]["spills"] == 6 and summed["pool"]["widenings"] == 13
+        assert summed["pool"]["backlog"] == 1  # (the ended child's in flight ended with it)
         assert summed["workers"]["w1"]["counts"] == {"requests": 8, "2xx": 8}
         assert summed["workers"]["w1"]["backlog"] == 1
         assert "w0" not in summed["workers"]  # (no child knows it now)
@@ -839,12 +860,17 @@ def test_two_processes_serve_one_address_and_sum_their_status(processes_lb):
     assert doc["requests"] == sum(p["requests"] for p in doc["processes"]) >= 80
     assert all(p["requests"] > 0 for p in doc["processes"]), doc["processes"]
     # /metrics of the supervisor: the children's counters and histograms summed
+    summed = metrics(lb.status_address)
+    assert summed["zc_lb_requests_total"] >= 80
+    assert summed["zc_lb_response_seconds_count"] == summed["zc_lb_requests_total"]
+
+
+def metrics(address):
+    """The unlabelled samples of the /metrics at ``address``, by name."""
     from prometheus_client.parser import text_string_to_metric_families
-    with urllib.request.urlopen("http://%s/metrics" % lb.status_address, timeout=5) as response:
-        metrics = {sample.name: sample.value for family in text_string_to_metric_families(
+    with urllib.request.urlopen("http://%s/metrics" % address, timeout=5) as response:
+        return {sample.name: sample.value for family in text_string_to_metric_families(
             response.read().decode()) for sample in family.samples if not sample.labels}
-    assert metrics["zc_lb_requests_total"] >= 80
-    assert metrics["zc_lb_response_seconds_count"] == metrics["zc_lb_requests_total"]
 
 
 def test_a_child_that_dies_is_started_again(processes_lb):
@@ -1068,6 +1094,11 @@ def test_the_processes_see_each_others_requests_in_flight(processes_lb):
             return all(w["backlog"] + w["siblings_backlog"] == own[name]
                        for child in children for name, w in child["workers"].items())
         wait_for(seen_alike, timeout=5, message="each child sees the others' requests")
+        # The supervisor's pool backlog is every child's, as its in_flight
+        # is (it was the first child's alone)
+        summed = status(lb.status_address)
+        assert summed["pool"]["backlog"] == summed["in_flight"] == len(slow), summed["pool"]
+        assert metrics(lb.status_address)["zc_lb_pool_backlog"] == len(slow)
         assert [f.result()[0] for f in slow] == [200] * len(slow)
 
 

@@ -31,7 +31,21 @@ log = logging.getLogger(__name__)
 
 RECENT_ERRORS = 20  # in a merged document
 STATUS_SKILLS = 100  # skills a worker in the document, unless ?skills= says
-POOL_COUNTERS = ("bounded", "spills")  # the pool's counters, added up in a merged document
+# How merge_status merges the children's pools; the rest is the first's:
+# the policy and its settings (alike in every child), ``lbs``, and the
+# gains, ratios each child measures of a share of the same traffic.
+# Summed: the counters (an ended child's kept, process/retired.py), and
+# ``backlog``, each child's own requests in flight (less its siblings',
+# routing/siblings.py): the LB's are every child's.
+POOL_COUNTERS = ("bounded", "spills", "explored", "widenings", "narrowings", "skill_resets")
+POOL_SUMMED = POOL_COUNTERS + ("backlog",)
+# Averaged: ``mean_backlog`` decays the backlog a child routes by, its
+# siblings' requests counted in: each child's is the whole LB's already
+# (a sum would count each request once a child).  The highest:
+# ``starting`` (workers in slow start) and ``widened`` (classes given
+# more members), which count workers and classes each child judges for
+# itself: one worker or class is one, not one a child.
+POOL_HIGHEST = ("starting", "widened")
 
 
 class RequestHistory:
@@ -286,7 +300,8 @@ def _health(why: Optional[str]) -> Response:
 
 def merge_status(docs: List[dict]) -> dict:
     """One view of several LB processes' status documents: counters
-    (the pool's too) added up, each worker's backlog and streams summed,
+    (the pool's too) added up, the pool's backlog and each worker's backlog
+    and streams summed, the pool's other gauges as ``POOL_HIGHEST`` says,
     the pool's settings and each worker's skills as the first process
     has them."""
     good = [doc for doc in docs if "workers" in doc]
@@ -295,10 +310,15 @@ def merge_status(docs: List[dict]) -> dict:
     merged = _merge_totals(good)
     cap_classes(merged)
     pool = merged["pool"] = dict(merged.get("pool") or {})
-    for key in POOL_COUNTERS:
-        counts = [(doc.get("pool") or {}).get(key) for doc in good]
-        if any(isinstance(count, int) for count in counts):
-            pool[key] = sum(count for count in counts if isinstance(count, int))
+    for key in POOL_SUMMED + POOL_HIGHEST + ("mean_backlog",):
+        values = [value for value in ((doc.get("pool") or {}).get(key) for doc in good)
+                  if isinstance(value, (int, float)) and not isinstance(value, bool)]
+        if not values:
+            continue
+        if key == "mean_backlog":
+            pool[key] = round(sum(values) / len(values), 4)
+        else:
+            pool[key] = sum(values) if key in POOL_SUMMED else max(values)
     merged["workers"] = _merge_workers(good)
     merged["uptime"] = min(doc.get("uptime", 0) for doc in good)
     return merged
