@@ -45,6 +45,17 @@ def test_merge_status_sums_counters_and_backlogs():
     assert merged["pid"] == 1000
 
 
+def test_merge_status_gives_a_workers_mean_backlog_as_the_childrens_mean():
+    # Each child's mean backlog of a worker counts its siblings' requests
+    # (routing/siblings.py): summed, two children at a steady 3 each said 6.
+    one = {"workers": {"w": {"backlog": 1, "mean_backlog": 3.0},
+                       "v": {"backlog": 0, "mean_backlog": 0.5}}}
+    two = {"workers": {"w": {"backlog": 2, "mean_backlog": 3.5}}}
+    workers = merge_status([one, two])["workers"]
+    assert workers["w"] == {"backlog": 3, "mean_backlog": 3.25}
+    assert workers["v"] == {"backlog": 0, "mean_backlog": 0.5}
+
+
 def test_merge_status_leaves_out_the_childrens_view_of_their_siblings_backlog():
     # Each child's siblings_backlog is the others' share of the summed
     # backlog: the first child's beside the sum read as counted twice.

@@ -381,8 +381,15 @@ def _merge_workers(docs: List[dict]) -> Dict[str, dict]:
     """The documents' workers merged: backlogs, streams and counts added up,
     connected and in_pool only if so in every document, the rest the first's.
     A child's ``siblings_backlog`` (the others' requests on the worker) is
-    left out: the summed backlog holds every child's."""
+    left out: the summed backlog holds every child's.  ``mean_backlog`` is
+    the children's mean: each decays the worker's backlog it routes by,
+    its siblings' requests counted in (as the pool's, ``POOL_HIGHEST``)."""
     workers: Dict[str, dict] = {}
+    means: Dict[str, List[float]] = {}
+    for doc in docs:
+        for address, info in doc["workers"].items():
+            if isinstance(info.get("mean_backlog"), (int, float)):
+                means.setdefault(address, []).append(info["mean_backlog"])
     for doc in docs:
         for address, info in doc["workers"].items():
             into = workers.get(address)
@@ -396,7 +403,7 @@ def _merge_workers(docs: List[dict]) -> Dict[str, dict]:
                 continue
             if "latency" in info:
                 into["latency"] = add_histograms(into.get("latency"), info["latency"])
-            for key in ("backlog", "mean_backlog", "streams"):
+            for key in ("backlog", "streams"):
                 if key in info:
                     into[key] = into.get(key, 0) + info[key]
             if "counts" in info:
@@ -406,6 +413,8 @@ def _merge_workers(docs: List[dict]) -> Dict[str, dict]:
             for key in ("connected", "in_pool"):
                 if key in info:
                     into[key] = bool(into.get(key)) and bool(info[key])
+    for address, values in means.items():
+        workers[address]["mean_backlog"] = round(sum(values) / len(values), 4)
     return workers
 
 
