@@ -376,6 +376,53 @@ def test_the_admin_commands_wait_their_timeout_for_an_answer(command, silent, ca
     assert 0.25 < took < 1.5
 
 
+@pytest.fixture
+def trickling():
+    """"127.0.0.1:PORT" where an answer comes a byte every 0.2 s, for
+    10 s at most (a server stuck in its send loop, or a slow link)."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def trickle():
+        conn = server.accept()[0]
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.recv(65536)
+        answer = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n" + b"X: y\r\n" * 50
+        with conn:
+            for i in range(50):
+                if stop.wait(0.2):
+                    break
+                try:
+                    conn.sendall(answer[i:i + 1])
+                except OSError:
+                    break
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    yield "127.0.0.1:%d" % server.getsockname()[1]
+    stop.set()
+    thread.join(5)
+    server.close()
+
+
+@pytest.mark.parametrize("command", ["status", "drain"])
+def test_the_admin_commands_timeout_is_for_the_whole_answer_not_each_read(
+        command, trickling, capsys):
+    # --timeout S was urllib's, each read's: an answer that came a byte
+    # every 0.2 s kept zc-lb status --timeout 1 waiting 16 s.
+    argv = [arg.format(trickling) for arg in ADMIN_COMMANDS[command]]
+    started = time.monotonic()
+    assert cli.main(argv + ["--timeout", "1"]) == 1
+    took = time.monotonic() - started
+    err = capsys.readouterr().err
+    assert err.startswith("zc-lb %s: error: cannot " % command) and trickling in err, err
+    assert err.endswith(": timed out\n"), err
+    assert 0.9 < took < 1.6, took
+
+
 def test_the_admin_commands_at_what_speaks_no_http_exit_2(not_http, capsys):
     # http.client's BadStatusLine (and InvalidURL, for a bad port) went
     # through as a traceback.

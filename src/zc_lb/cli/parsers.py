@@ -307,7 +307,7 @@ def _add_answer_timeout(p, answer: str, childs: str) -> None:
     else exit status 2)."""
     settings.add_argument(p, settings.Setting(
         "timeout", float, 5.0,
-        "seconds to wait for %s; an LB with --processes waits up to its %s for its "
+        "seconds to wait for %s, all of it; an LB with --processes waits up to its %s for its "
         "processes' answers: give more than that" % (answer, childs),
         minimum=0.01, maximum=ANSWER_TIMEOUT_MAX, metavar="S"))
 

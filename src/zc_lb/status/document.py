@@ -26,6 +26,7 @@ from webob import Request, Response  # type: ignore[import-untyped]
 from zc_lb.errors import ChildUnavailable, ConfigurationError, ZcLbError
 from zc_lb.lb.stats import MAX_COUNTED_CLASSES, OTHER_CLASS, STATUS_CLASSES, top_classes
 from zc_lb.sockets import is_loopback
+from zc_lb.status import deadline
 
 log = logging.getLogger(__name__)
 
@@ -491,10 +492,12 @@ def answer_at(request, where: str, timeout: float = 5.0,
     an error status's too.  Nothing answering is a ZcLbError (exit
     status 1: try again), saying ``unreachable`` (of ``where``) and why;
     an answer not in HTTP, or no address, a ConfigurationError (2: fix
-    it) (``answering``).  For ``zc-lb status`` and the actions alike."""
+    it) (``answering``); no answer in ``timeout`` seconds, all of it
+    (status/deadline.py), is nothing answering.  For ``zc-lb status``
+    and the actions alike."""
     with answering(where, unreachable):
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
+            with deadline.urlopen(request, timeout) as response:  # (in all, not a read)
                 return (response.status, response.headers.get_content_type(), response.read(),
                         str(response.reason))
         except urllib.error.HTTPError as exc:
