@@ -226,6 +226,41 @@ def test_a_worker_of_an_older_release_is_refused_in_one_line_of_the_log(
     assert link.connection is None and events.calls == []
 
 
+def test_a_worker_that_refuses_our_hello_is_never_said_to_be_connected(
+        workers, links, caplog, monkeypatch):
+    # Without a secret the LB takes the connection for open at the
+    # worker's Hello, before the worker has read ours: one that refused it
+    # (an LB of an older release) had every try say "connected to worker"
+    # at INFO, each followed by the refusal.
+    import functools
+
+    from zc_lb.lb import links as links_module
+    from zc_lb.wire.frames import LB_FEATURES
+
+    older = functools.partial(links_module.Connection, features=LB_FEATURES[1:])
+    monkeypatch.setattr(links_module, "Connection", older)
+    worker = workers()
+    with caplog.at_level(logging.INFO, logger="zc_lb.lb.links"):
+        link, events = links(address_of(worker))
+        events.wait_for("down", 3)  # (three tries, each up, refused, down)
+    said = [r.getMessage() for r in caplog.records if r.name == "zc_lb.lb.links"]
+    assert [line for line in said if line.startswith("connected")] == []
+    assert said[0].startswith("cannot connect to worker %s (refused 1 times): %s refused "
+                              "this LB at its Hello: the LB lacks the protocol features %s"
+                              % (address_of(worker), address_of(worker), LB_FEATURES[0])), said
+
+
+def test_a_worker_that_takes_us_is_said_to_be_connected_once(workers, links, caplog):
+    worker = workers()
+    with caplog.at_level(logging.INFO, logger="zc_lb.lb.links"), \
+            LogEvent("zc_lb.lb.links", "connected to worker") as said:
+        link, events = links(address_of(worker))
+        assert said.wait(WAIT)
+        assert response(request(link.connection)) == ("200 OK", b"ok")
+    assert [r.getMessage() for r in caplog.records if r.name == "zc_lb.lb.links"
+            and r.levelno >= logging.INFO] == ["connected to worker %s" % address_of(worker)]
+
+
 # -- going and coming back ------------------------------------------------------------
 
 

@@ -82,6 +82,7 @@ class WorkerLink(Handler):
         self.failures = 0
         self.last_error: Optional[str] = None
         self.refusals = 0  # connections in a row the worker refused once they seemed open
+        self.greeted: Optional[Connection] = None  # the last connection the worker took
         self.resume: Dict[str, float] = {}
         self.draining: Optional[Connection] = None  # said GoAway: a planned end
         self._greenlet: Optional[gevent.Greenlet] = None
@@ -147,7 +148,10 @@ class WorkerLink(Handler):
         self.last_error = None
         connection.start()
         self.events.worker_up(connection)
-        log.info("connected to worker %s", self.address)
+        # (not said yet at INFO: without a secret our Hello is still the
+        # worker's to refuse, and one that does would have every try say
+        # "connected"; its first résumé says it took us, ``handle_resume``)
+        log.debug("connected to worker %s; its résumé to come", self.address)
         return connection
 
     def _socket(self) -> Any:
@@ -203,6 +207,9 @@ class WorkerLink(Handler):
         self.last_error = error
 
     def handle_resume(self, connection: Connection, skills: Dict[str, float]) -> None:
+        if connection is not self.greeted:  # (a worker greets an LB it takes with its résumé)
+            self.greeted = connection
+            log.info("connected to worker %s", self.address)
         self.resume = skills  # kept for a readmission after an ejection
         self.events.worker_resume(connection, skills)
 
