@@ -245,7 +245,7 @@ def test_a_frame_that_breaks_the_protocol_fails_its_request_as_a_bad_response(
     with pytest.raises(WorkerLost):
         bystander.receive(timeout=3)
     [line] = [r.getMessage() for r in caplog.records if "protocol error" in r.getMessage()]
-    assert line.startswith("protocol error from worker, disconnecting: " + error)
+    assert line.startswith("protocol error from worker worker, disconnecting: " + error)
 
 
 def test_a_response_head_too_large_for_a_frame_is_refused_before_anything_is_sent(pair):

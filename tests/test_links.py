@@ -261,6 +261,28 @@ def test_a_worker_that_takes_us_is_said_to_be_connected_once(workers, links, cap
             and r.levelno >= logging.INFO] == ["connected to worker %s" % address_of(worker)]
 
 
+@pytest.mark.parametrize("sender", ["worker", "lb"])
+def test_a_frame_that_breaks_the_protocol_is_one_line_of_the_log(
+        workers, links, caplog, sender):
+    # The connection said "protocol error from ..., disconnecting", then
+    # the LB "lost worker ...: protocol error: ..." (the worker "LB
+    # connection from ... ended: ... protocol error ...") of the same frame.
+    from zc_lb.wire.frames import HEADER
+
+    worker = workers()
+    with caplog.at_level(logging.INFO):
+        link, events = links(address_of(worker))
+        _, connection = events.wait_for("up")
+        on_worker, = worker.lbs.connections
+        (on_worker if sender == "worker" else connection).write(HEADER.pack(0, 250, 3) + b"xyz")
+        events.wait_for("down")
+        assert worker.lbs.wait_gone(WAIT)
+    said = [r.getMessage() for r in caplog.records if "frame type 250" in r.getMessage()]
+    peer = address_of(worker) if sender == "worker" else on_worker.peer
+    assert said == ["protocol error from %s %s, disconnecting: unknown frame type 250" % (
+        "worker" if sender == "worker" else "LB", peer)]
+
+
 # -- going and coming back ------------------------------------------------------------
 
 

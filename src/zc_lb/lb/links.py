@@ -238,7 +238,8 @@ class WorkerLink(Handler):
 
     def connection_lost(self, connection: Connection, error: ZcLbError) -> None:
         if connection is self.draining:
-            log.info("worker %s drained and closed", self.address)
+            if not connection.broke_protocol:  # (the connection said that one)
+                log.info("worker %s drained and closed", self.address)
             self.draining = None
         elif connection is not self.connection:
             return  # never came up (its handshake failed): nothing to take down
@@ -250,7 +251,8 @@ class WorkerLink(Handler):
             self.last_error = str(error)
         elif not self.stopped:
             self.refusals = 0
-            log.warning("lost worker %s: %s", self.address, error)
+            if not connection.broke_protocol:  # (the connection said that one)
+                log.warning("lost worker %s: %s", self.address, error)
         self.events.worker_down(connection)
         if self.connection is connection:
             self.connection = None

@@ -149,6 +149,7 @@ class Connection(Link):
         self._greenlets: List[gevent.Greenlet] = []
         self._lost_error = WorkerLost if role == "lb" else ConnectionLost
         self.refused = False  # the peer refused our Hello, once it seemed open (``_refused``)
+        self.broke_protocol = False  # the peer sent what the protocol forbids (logged here)
         self.closed_error = WorkerClosed if role == "lb" else ConnectionClosed
         set_nodelay(sock)
 
@@ -353,7 +354,10 @@ class Connection(Link):
         try:
             self._read(buffer, readable)
         except RemoteProtocolError as exc:
-            log.warning("protocol error from %s, disconnecting: %s", self.peer, exc)
+            # (said here alone, the handlers told by ``broke_protocol``)
+            self.broke_protocol = True
+            log.warning("protocol error from %s %s, disconnecting: %s",
+                        "worker" if self.role == "lb" else "LB", self.peer, exc)
             stream = self.protocol.streams.get(exc.rno) if exc.rno else None
             culprit = None if stream is None else stream.owner
             if isinstance(culprit, Exchange):  # its request must not be tried again elsewhere

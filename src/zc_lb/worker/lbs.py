@@ -204,7 +204,7 @@ class LBConnections:
                 self._no_lbs.set()
             if connection.refused:  # (in a flood, one line every 10 s)
                 self._say_rejected(connection.peer, error)
-            else:
+            elif not connection.broke_protocol:  # (the connection said that one)
                 log.info("LB connection from %s ended: %s", connection.peer, error)
 
     def wait_gone(self, timeout: Optional[float] = None) -> bool:
