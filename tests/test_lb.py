@@ -14,6 +14,8 @@ from zc_lb.routing.pool import Pool
 from zc_lb.routing.classifier import MAX_CLASS, bounded_class, get_classifier, get_key_function
 from zc_lb.lb.balancer import LB
 from zc_lb.errors import ConfigurationError
+from zc_lb.status.document import worker_state
+from zc_lb.testing import wait_for
 
 
 def make_lb(classifier, key="path") -> LB:
@@ -465,3 +467,37 @@ def test_relayed_keys_of_classes_json_escapes_go_in_frames_a_worker_takes():
             for rclass, hashes in part.items():
                 merged.setdefault(rclass, []).extend(hashes)
         assert merged == keys
+
+
+def test_a_worker_known_by_two_addresses_is_pooled_once():
+    # Listed as 127.0.0.1:P and localhost:P (or listed and registered), one
+    # worker process was two in the pool: its requests counted toward two
+    # backlogs, so it took twice its share and the backlog cap's double.
+    from zc_lb.worker.server import Worker
+
+    worker = Worker(_echo_class_app)
+    worker.start()
+    lb = make_lb(get_classifier("host"))
+    port = worker.address[1]
+    try:
+        lb.fleet.set_workers(["127.0.0.1:%d" % port, "localhost:%d" % port])
+        assert lb.fleet.wait_for_workers(10)
+        assert len(lb.pool) == 1
+        doc = lb.status()["workers"]
+        pooled = [address for address, info in doc.items() if info["in_pool"]]
+        twin = [address for address, info in doc.items() if info["twin_of"]]
+        assert len(pooled) == 1 and len(twin) == 1 and doc[twin[0]]["twin_of"] == pooled[0]
+        assert worker_state(doc[twin[0]]) == "pooled as %s" % pooled[0]
+        # The address pooled is no more (deregistered): the other serves.
+        lb.fleet.set_workers(twin)
+        wait_for(lambda: lb.status()["workers"][twin[0]]["in_pool"], message="the other address pooled")
+        assert lb.status()["workers"][twin[0]]["in_pool"]
+        assert lb.status()["workers"][twin[0]]["twin_of"] is None
+    finally:
+        lb.stop()
+        worker.stop(timeout=0.5)
+
+
+def _echo_class_app(environ, start_response):
+    start_response("200 OK", [("Content-Length", "2")])
+    return [b"ok"]

@@ -69,6 +69,7 @@ EXAMPLES = [
     Hello(VERSION, "worker", "n", False, "2026.11-3"),
     Hello(0, "", "", False),
     Hello(VERSION, "lb", "n", False, None, ("whole", "some-later-feature")),
+    Hello(VERSION, "worker", "n", False, None, ("whole",), "0123456789abcdef"),
     Auth("deadbeef"),
     Auth(""),
     Resume({}),
@@ -660,6 +661,8 @@ def test_empty_frames_must_be_empty(cls, rno):
     {"version": 1, "role": "lb", "nonce": None},
     {"version": 1, "role": "lb", "nonce": "n", "auth": "yes"},
     {"version": 1, "role": "lb", "nonce": "n", "auth": 1},
+    {"version": 1, "role": "lb", "nonce": "n", "instance": 7},
+    {"version": 1, "role": "lb", "nonce": "n", "instance": "i" * 65},
 ])
 def test_malformed_hello(obj):
     decode_error(frame(0, Hello.TYPE, json.dumps(obj).encode()))
@@ -870,6 +873,26 @@ def test_new_hello():
     assert len(bytes.fromhex(hello.nonce)) == 16
     assert new_hello("worker", b"s").auth is True
     assert new_hello("lb", None).nonce != hello.nonce
+
+
+def test_a_workers_hellos_name_it_alike_and_another_worker_or_a_forked_child_otherwise():
+    import os
+
+    from zc_lb.worker.lbs import LBConnections
+
+    one, other = LBConnections(None, ()), LBConnections(None, ())
+    assert one.instance == one.instance != other.instance and len(one.instance) == 16
+    assert protocol.Connection("worker", instance=one.instance).our_hello.instance == one.instance
+    assert new_hello("lb", None).instance is None
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if not pid:  # (a worker -w N child: forked after its parent made the worker)
+        os.write(writer, one.instance.encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(reader, 100).decode() not in ("", one.instance)
+    os.close(reader)
+    os.close(writer)
 
 
 @pytest.mark.parametrize("ours_role,theirs_role", [("lb", "worker"), ("worker", "lb")])

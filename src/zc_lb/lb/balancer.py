@@ -63,7 +63,7 @@ from zc_lb.lb.relay import Relay
 from zc_lb.settings import LB_SETTINGS, check, log_change, shown
 from zc_lb.routing.siblings import SYNC_INTERVAL, Siblings, sync
 from zc_lb.lb.awaiting import Awaiting
-from zc_lb.lb.bodies import (HeldBody, InFlight, ResponseBody, Upload, body_in_hand,
+from zc_lb.lb.bodies import (InFlight, ResponseBody, Upload, body_in_hand, drop_held_body,
                              hold_body, request_path, send_body)
 from zc_lb.lb.spool import SpoolLimits
 from zc_lb.lb.stats import Counters
@@ -187,9 +187,7 @@ class LB:
         try:
             result = self._forward(environ, responder)
         except BaseException as exc:
-            held = environ.get("wsgi.input")
-            if isinstance(held, HeldBody):  # (sent, it is its Upload's to close)
-                held.close()
+            drop_held_body(environ)  # (sent, it is its Upload's to close)
             if isinstance(exc, ClientGone) or not isinstance(exc, ZcLbError):
                 raise  # nobody to answer: the front server closes the connection
             result = self._error(exc, environ, responder)
@@ -204,11 +202,8 @@ class LB:
         relay = cast(Optional[Relay], environ.get(RELAY))
         rclass, key = self._route(environ, relay)
         has_body = self._has_body(environ, relay)  # (RequestTooLarge past the limit)
-        if has_body and self.flight.spool_limits.request:
-            wsgi_input = environ["wsgi.input"]
-            if not getattr(wsgi_input, "complete", False):  # (a slow client's: hold it first)
-                environ["wsgi.input"] = hold_body(wsgi_input, self.flight.spool_limits,
-                                                  self.max_request_body)
+        if has_body:  # (one that has not all come: held first, --buffer-request)
+            hold_body(environ, self.flight.spool_limits, self.max_request_body)
         retryable = not has_body and environ["REQUEST_METHOD"] in RETRY_METHODS
         for attempt in range(self.max_retries + 1):
             handle, placed = self._get_worker(rclass, key)
@@ -442,18 +437,7 @@ class LB:
         for name, value in {**pooled, **own}.items():
             if value != old[name]:
                 log_change(name, old[name], value, source)
-        self._say_unused(unused, source)
-
-    def _say_unused(self, unused: Dict[str, Any], source: str) -> None:
-        """Say a setting of another policy given away from its default,
-        once a value: it changes nothing here, and would otherwise change
-        nothing without a word."""
-        for name, value in sorted(unused.items()):
-            if value != self.unused.get(name, LB_SETTINGS[name].default):
-                log.warning("%s = %s%s: the %s policy does not use it (%s does)",
-                            name, shown(value), " (%s)" % source if source else "",
-                            policy_name(self.pool), takers(name))
-            self.unused[name] = value
+        _say_unused(unused, self.unused, self.pool, source)
 
     def reset_skills(self, why: str = "by an operator") -> None:
         """Forget the skills the pool holds; résumés teach them again."""
@@ -509,6 +493,18 @@ class WSGIResponder:
             worker = (self.environ or {}).get(WORKER)
             raise BadResponse("worker %s's response head (status %r) was refused by the "
                               "WSGI server running the LB: %s" % (worker, status, exc))
+
+
+def _say_unused(unused: Dict[str, Any], said: Dict[str, Any], pool: Pool, source: str) -> None:
+    """Say a setting of another policy than ``pool``'s given away from its
+    default, once a value (``said``: the values given before): it changes
+    nothing here, and would otherwise change nothing without a word."""
+    for name, value in sorted(unused.items()):
+        if value != said.get(name, LB_SETTINGS[name].default):
+            log.warning("%s = %s%s: the %s policy does not use it (%s does)",
+                        name, shown(value), " (%s)" % source if source else "",
+                        policy_name(pool), takers(name))
+        said[name] = value
 
 
 def _log_level(exc: ZcLbError) -> int:

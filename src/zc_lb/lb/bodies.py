@@ -212,13 +212,29 @@ class HeldBody:
         self.buffered = 0
 
 
-def hold_body(wsgi_input, limits: SpoolLimits, limit: Optional[int] = None) -> HeldBody:
+def hold_body(environ: dict, limits: SpoolLimits, limit: Optional[int] = None) -> None:
     """Read the body of a request from its client before the request
-    goes to a worker: all of it if it ends within ``limits.request``
-    bytes and the room the spools' bounds leave, else that much of it
-    (the rest goes on to the worker as it comes).  Past ``limit`` bytes
-    (None: none) RequestTooLarge; a client that fails or leaves meanwhile
-    is ClientGone, or its own ClientError (a malformed body)."""
+    goes to a worker, unless it has all come (or ``limits.request`` is
+    0): all of it if it ends within ``limits.request`` bytes and the
+    room the spools' bounds leave, else that much of it (the rest goes
+    on to the worker as it comes); ``environ``'s wsgi.input is then a
+    HeldBody.  Past ``limit`` bytes (None: none) RequestTooLarge; a
+    client that fails or leaves meanwhile is ClientGone, or its own
+    ClientError (a malformed body)."""
+    wsgi_input = environ["wsgi.input"]
+    if limits.request and not getattr(wsgi_input, "complete", False):
+        environ["wsgi.input"] = _held(wsgi_input, limits, limit)
+
+
+def drop_held_body(environ: dict) -> None:
+    """Drop what is held of the request's body (a request that ended
+    before it was sent: its spool's memory, and file, given back)."""
+    held = environ.get("wsgi.input")
+    if isinstance(held, HeldBody):
+        held.close()
+
+
+def _held(wsgi_input, limits: SpoolLimits, limit: Optional[int]) -> HeldBody:
     spool = Spool(limits)
     read = getattr(wsgi_input, "read1", wsgi_input.read)
     size, most = 0, limits.request

@@ -45,7 +45,8 @@ RELAY_FRAME = 128 * 1024  # bytes of keys in one frame at most (frames.Keys)
 
 # What the status document says of a worker not in the pool: every key a
 # pooled one has, so that a reader need not guess.
-_DOWN = {"connected": False, "in_pool": False, "drained": False, "standby": False,
+_DOWN: Dict[str, object] = {"connected": False, "in_pool": False, "drained": False, "standby": False,
+         "twin_of": None,
          "backlog": 0, "siblings_backlog": 0, "mean_backlog": 0.0, "skills": {},
          "version": None, "streams": 0, "last_error": None}
 
@@ -70,6 +71,9 @@ class Fleet(LinkEvents):
         self.links: Dict[str, WorkerLink] = {}
         self.drained: Set[str] = set()  # addresses an operator drained
         self.standby: Dict[str, Optional[str]] = {}  # other-version workers: their versions
+        # Addresses of a worker reached by another address too, which the
+        # pool has (the same process: its Hello's ``instance``): that one
+        self.twins: Dict[str, str] = {}  # is pooled, this one not; by address
         self.changed = gevent.event.Event()  # set when a worker joins the pool
         self.worker_failures = 0  # worker 5xx and connections failing under a request
         self.health_checks = 0
@@ -114,8 +118,9 @@ class Fleet(LinkEvents):
         return self._wait_until(lambda: bool(len(self.pool)) and self._all_in_pool(), timeout)
 
     def _all_in_pool(self) -> bool:
-        return all(link.connection is not None and link.connection in self.pool
-                   for link in self.links.values())
+        return all(link.connection is not None
+                   and (link.connection in self.pool or address in self.twins)
+                   for address, link in self.links.items())
 
     def _wait_until(self, condition: Callable[[], bool], timeout: float) -> bool:
         """Wait, as workers come and go, until ``condition()``, at most
@@ -186,6 +191,12 @@ class Fleet(LinkEvents):
 
     def worker_down(self, connection: Connection) -> None:
         self.pool.remove(connection)
+        address = connection.peer
+        self.twins.pop(address, None)
+        for twin in [twin for twin, of in self.twins.items() if of == address]:
+            link = self.links.get(twin)  # (the same worker, by another address)
+            if link is not None and link.connection is not None:
+                self._admit(link.connection, link.resume)
         self._hold_share()
 
     # -- who is in the pool ----------------------------------------------
@@ -198,11 +209,37 @@ class Fleet(LinkEvents):
         address = connection.peer
         link = self.links.get(address)
         if (link is None or _open(link) is not connection or connection.suspect
-                or self.ejector.ejected(address) or address in self.drained):
+                or self.ejector.ejected(address) or address in self.drained
+                or self._twin(connection)):
             return False
         self.pool.add(connection, resume, version=app_version(connection))
         self.changed.set()
         return True
+
+    def _twin(self, connection: Connection) -> bool:
+        """Whether the pool has ``connection``'s worker already, by another
+        address (two names of one host, or a worker both listed and
+        registered): the same process, by its Hello's ``instance``.  Its
+        requests would count twice toward its backlog, its share and the
+        classes' widths; it is pooled once, said once (``twins``)."""
+        hello = connection.peer_hello
+        instance = None if hello is None else hello.instance
+        if instance is None:  # (a worker of a release before it)
+            return False
+        address = connection.peer
+        for other_address, link in self.links.items():
+            other = link.connection
+            if (other is not None and other is not connection and other in self.pool
+                    and other.peer_hello is not None and other.peer_hello.instance == instance):
+                if self.twins.get(address) != other_address:
+                    self.twins[address] = other_address
+                    log.warning("worker %s is worker %s by another address (one process): "
+                                "it is pooled once, as %s", address, other_address,
+                                other_address)
+                return True
+        if self.twins.pop(address, None) is not None:
+            log.info("worker %s pooled: the worker it was reached as too is not", address)
+        return False
 
     def drain_worker(self, address: str) -> None:
         """An operator's drain: send the worker nothing new (its requests in
@@ -402,6 +439,7 @@ class Fleet(LinkEvents):
             info["counts"] = {}
             if link.connection is not None:
                 info["in_pool"] = link.connection in self.pool
+                info["twin_of"] = self.twins.get(address)
                 info["version"] = app_version(link.connection)
                 info.update(pooled.get(str(link.connection), {}))
                 info["streams"] = len(link.connection.protocol.streams)

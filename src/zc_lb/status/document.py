@@ -536,6 +536,8 @@ def worker_state(info: dict) -> str:
         return "drained"
     if not info.get("connected"):
         return "down"
+    if info.get("twin_of"):
+        return "pooled as %s" % info["twin_of"]
     if info.get("in_pool"):
         return "in pool"
     return "ejected" if info.get("ejected") else "draining"

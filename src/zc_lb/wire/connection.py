@@ -123,16 +123,16 @@ class Connection(Link):
         keepalive_timeout: float = KEEPALIVE_TIMEOUT,
         app_version: Optional[str] = None,
         features: Optional[Tuple[str, ...]] = None,
+        instance: Optional[str] = None,
     ) -> None:
         self.sock = sock
         self.role = role
         self.handler = handler
         self.peer = peer
         self.secret = secret
-        # (It holds the requests in flight, each with its Exchange as owner,
-        # and whether the connection is draining.)
+        # (It holds the requests in flight, their Exchanges as owners, and draining.)
         self.protocol = protocol.Connection(role, secret, app_version=app_version,
-                                            features=features)
+                                            features=features, instance=instance)
         self.closed = False
         self.error: Optional[ZcLbError] = None
         self.peer_hello: Optional[frames.Hello] = None

@@ -104,12 +104,14 @@ def _decode_hello(rno: int, payload: bytes) -> Hello:
     auth = obj.get("auth", False)
     app_version = obj.get("app_version")
     features = obj.get("features", [])
+    instance = obj.get("instance")  # (absent from a release before it)
     if not (isinstance(version, int) and not isinstance(version, bool)
             and isinstance(role, str) and isinstance(nonce, str)
             and isinstance(auth, bool) and (app_version is None or isinstance(app_version, str))
-            and isinstance(features, list) and all(isinstance(f, str) for f in features)):
+            and isinstance(features, list) and all(isinstance(f, str) for f in features)
+            and (instance is None or isinstance(instance, str) and len(instance) <= 64)):
         raise RemoteProtocolError("malformed hello %r" % (obj,))
-    return Hello(version, role, nonce, auth, app_version, tuple(features))
+    return Hello(version, role, nonce, auth, app_version, tuple(features), instance)
 
 
 def _decode_auth(rno: int, payload: bytes) -> Auth:

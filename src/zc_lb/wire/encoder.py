@@ -107,6 +107,8 @@ def _encode(message: Any) -> bytes:
             hello["app_version"] = message.app_version
         if message.features:
             hello["features"] = list(message.features)
+        if message.instance is not None:
+            hello["instance"] = message.instance
         payload = _json(hello)
         return _frame(0, Hello.TYPE, payload)
     if isinstance(message, Auth):

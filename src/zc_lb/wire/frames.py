@@ -139,6 +139,9 @@ class Hello:
     auth: bool = False
     app_version: Optional[str] = None  # a worker's application version, if it knows it
     features: Tuple[str, ...] = ()  # what the sender offers: all its role's (handshake.py)
+    # A worker's own id, alike on all its connections: an LB that reaches
+    # one worker by two addresses pools it once (None: an LB's, or a release before).
+    instance: Optional[str] = None
     TYPE = 1
 
 

@@ -66,11 +66,13 @@ def role_features(role: str) -> Tuple[str, ...]:
 
 
 def new_hello(role: str, secret: Optional[bytes], app_version: Optional[str] = None,
-              features: Optional[Tuple[str, ...]] = None) -> Hello:
+              features: Optional[Tuple[str, ...]] = None,
+              instance: Optional[str] = None) -> Hello:
     """Our Hello, with a fresh nonce, offering our role's features (or
-    ``features``: in tests, those of an older release)."""
+    ``features``: in tests, those of an older release), naming the
+    worker that sends it (``instance``: see frames.Hello)."""
     return Hello(VERSION, role, os.urandom(16).hex(), secret is not None, app_version,
-                 role_features(role) if features is None else features)
+                 role_features(role) if features is None else features, instance)
 
 
 def _name(role: str) -> str:

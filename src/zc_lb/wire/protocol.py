@@ -132,14 +132,15 @@ class Connection:
                  max_body: int = MAX_BODY, max_message: int = MAX_MESSAGE,
                  max_resume: int = MAX_RESUME, window: int = WINDOW,
                  app_version: Optional[str] = None,
-                 features: Optional[Tuple[str, ...]] = None) -> None:
+                 features: Optional[Tuple[str, ...]] = None,
+                 instance: Optional[str] = None) -> None:
         if role not in ("lb", "worker"):
             raise LocalProtocolError("role must be 'lb' or 'worker', not %r" % (role,))
         self.role = role
         self.secret = secret
         self.window = window
         self.phase = HANDSHAKE
-        self.our_hello = new_hello(role, secret, app_version, features)
+        self.our_hello = new_hello(role, secret, app_version, features, instance)
         self.peer_hello: Optional[Hello] = None
         self.refused_hello: Optional[Hello] = None  # a Hello check_hello refused
         self.streams: Dict[int, Stream] = {}

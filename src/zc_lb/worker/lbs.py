@@ -37,6 +37,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
@@ -73,6 +74,7 @@ class LBConnections:
         self.features = features  # what we offer LBs beyond version 1
         self.secret = secret
         self.version = version  # the application's, told to every LB in our Hello
+        self._instance = ("", "")  # (pid, this worker's id in its Hellos: ``instance``)
         hello = len(encode(new_hello("worker", secret, version, features))) - HEADER_SIZE
         if hello > HANDSHAKE_LIMIT:  # (every LB would refuse every connection)
             raise ConfigurationError(
@@ -96,6 +98,15 @@ class LBConnections:
         self._no_lbs = gevent.event.Event()  # set while no LB is connected
         self._no_lbs.set()
 
+    @property
+    def instance(self) -> str:
+        """This worker's id in its Hellos: random, alike on all its
+        connections, another in a process forked after it was made."""
+        pid = str(os.getpid())
+        if self._instance[0] != pid:
+            self._instance = (pid, os.urandom(8).hex())
+        return self._instance[1]
+
     def admit(self, sock: Any, address: Any) -> Optional[Connection]:
         """The connection of ``sock``, accepted from ``address``, through
         its handshakes and not yet started; None if it was refused (and
@@ -115,7 +126,8 @@ class LBConnections:
                     return None
             connection = Connection(sock, "worker", self.handler, peer=peer,
                                     secret=self.secret, app_version=self.version,
-                                    features=self.features, keepalive_timeout=LB_SILENCE)
+                                    features=self.features, keepalive_timeout=LB_SILENCE,
+                                    instance=self.instance)
             if self.sendfile == "off" or (self.sendfile == "auto" and (
                     not isinstance(address, tuple) or is_loopback(address[0]))):
                 connection.sendfile = False  # (its bytes are copied either way: see settings)
