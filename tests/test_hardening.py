@@ -1205,6 +1205,40 @@ def test_an_answer_before_the_body_came_says_the_connection_closes(stack):
     assert client.closed_by_server(2.0)
 
 
+def _count(environ, start_response):
+    body = b"%d" % len(environ["wsgi.input"].read())
+    start_response("200 OK", [("Content-Length", str(len(body)))])
+    return [body]
+
+
+def test_a_held_body_the_disk_cannot_give_back_is_a_500_not_a_wait(stack, monkeypatch):
+    # A body held on disk before its request went on (--buffer-request)
+    # whose file failed a read: the upload stopped without a word, and the
+    # worker waited for the rest of the body until the response timeout.
+    import zc_lb.lb.spool
+
+    s = stack(routes({"/count": _count}), response_timeout=3.0,
+              spool_limits=SpoolLimits(memory=4096, disk=10**6))
+    client = s.client()
+    assert client.request("POST", "/count", body=b"y" * 9000)[2] == b"9000"  # (it works)
+    client = s.client()
+    client.send(b"POST /count HTTP/1.1\r\nHost: a.example\r\nContent-Length: 400000\r\n\r\n")
+    client.send(b"x" * 100_000)
+    poll(lambda: s.lb.flight.spool_limits.in_memory, message="the first part held")
+    failing = monkeypatch.setattr(zc_lb.lb.spool.os, "pread", _failing_pread)
+    client.send(b"x" * 300_000)  # (on disk, past the 4 KiB of memory; sent in frames)
+    started = time.monotonic()
+    status, headers, _ = client.response("POST")
+    assert status == 500, failing  # (the body had all come: the connection goes on)
+    assert time.monotonic() - started < 2.0
+    poll(lambda: s.lb.flight.spool_limits.on_disk == 0 and s.backlog() == 0,
+         message="the held body given back, the worker's request ended")
+
+
+def _failing_pread(fd, size, offset):
+    raise OSError(5, "Input/output error")
+
+
 class _HeadThenBody(Handler):
     """A worker side that sends a response's head at once and its body never."""
 

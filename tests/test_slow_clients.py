@@ -214,7 +214,7 @@ def test_slow_downloads_complete_when_the_buffer_disk_fills(procs, tmp_path, fai
     for thread in threads:
         thread.join(45)
     assert results == [(b"HTTP/1.1 200 OK", 8 * MIB)] * 10, results
-    assert "cannot buffer a response on disk" in log_path.read_text()
+    assert "cannot buffer a body on disk" in log_path.read_text()
 
 
 # -- slow uploads ---------------------------------------------------------------

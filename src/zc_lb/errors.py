@@ -57,9 +57,10 @@ class AddressUnavailable(ZcLbError):
 
 
 class BufferUnreadable(ZcLbError):
-    """A response held on disk for a slow client could not be read back
-    (a failing disk): the environment's; the client's connection is
-    closed, the response cut short, and buffering goes on in memory."""
+    """A response (or request body) held on disk for a slow client could
+    not be read back (a failing disk): the environment's; the client's
+    connection is closed, the response cut short (a request answered
+    500), and buffering goes on in memory."""
 
 
 class ChildUnavailable(ZcLbError):

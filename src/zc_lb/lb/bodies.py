@@ -6,8 +6,9 @@ nginx buffers request bodies): a client trickling its upload holds an
 LB greenlet, not a worker thread.  ``Upload`` sends a request body to
 the worker from a greenlet of its own, so that a worker may answer, and
 stream, while it still reads; ``send_body`` sends a body that has all
-come in the request's own frame batch instead.  Both hold a body to ``--max-request-body`` as it comes
-(a Content-Length over it is refused before: this is for chunked ones).
+come in the request's own frame batch instead.  All three hold a body
+to ``--max-request-body`` as it comes (a Content-Length over it is
+refused before: this is for chunked ones).
 ``ResponseBody`` takes a response body from the worker into a spool
 (lb/spool.py) as fast as it comes, and gives it to the client at the
 client's pace.
@@ -28,8 +29,9 @@ import gevent  # type: ignore[import-untyped]
 import gevent.event  # type: ignore[import-untyped]
 
 from zc_lb.environ import RELAY
-from zc_lb.errors import (BadResponse, ClientError, ClientGone, ConnectionClosed,
-                          ConnectionLost, RequestTooLarge, ResponseTimeout, ZcLbError)
+from zc_lb.errors import (BadResponse, BufferUnreadable, ClientError, ClientGone,
+                          ConnectionClosed, ConnectionLost, RequestTooLarge, ResponseTimeout,
+                          ZcLbError)
 from zc_lb.lb.spool import Spool, SpoolLimits
 from zc_lb.routing.pool import Pool
 from zc_lb.wire.connection import Connection
@@ -139,8 +141,8 @@ class Upload:
                     raise RequestTooLarge("request body over the limit of %d bytes" % limit)
                 exchange.send_body(data)
                 self.moved = time.monotonic()
-        except ClientError as exc:  # a malformed body, or the client left
-            self.error = exc
+        except (ClientError, BufferUnreadable) as exc:  # a malformed body, or the client
+            self.error = exc  # left; or a held part of it could not be read back
             exchange.cancel()
         except ZcLbError:
             pass  # the request ended on the worker's side; nothing more to send
@@ -155,8 +157,8 @@ class Upload:
         """What went wrong on the client's side, as the error to raise."""
         if self.error is None:
             return None
-        if isinstance(self.error, ClientError):
-            return self.error  # a malformed body: answered 400, connection closed
+        if isinstance(self.error, (ClientError, BufferUnreadable)):
+            return self.error  # a malformed body: answered 400 (500), connection closed
         return ClientGone("client went away during upload: %s" % self.error)
 
     def stop(self) -> None:
@@ -250,12 +252,12 @@ def _held(wsgi_input, limits: SpoolLimits, limit: Optional[int]) -> HeldBody:
             if limit is not None and size > limit:
                 raise RequestTooLarge("request body over the limit of %d bytes" % limit)
             spool.put(data)
-    except ZcLbError:
+    except BaseException as exc:  # (what is held given back, whatever ended it)
         spool.close()
+        if isinstance(exc, Exception) and not isinstance(exc, ZcLbError):
+            # the client's socket failed, or timed out
+            raise ClientGone("client went away during upload: %s" % exc) from exc
         raise
-    except Exception as exc:  # the client's socket failed, or timed out
-        spool.close()
-        raise ClientGone("client went away during upload: %s" % exc) from exc
     return HeldBody(wsgi_input, spool, size, False)
 
 

@@ -156,7 +156,7 @@ class Spool:
         this response alone if the process was out of descriptors."""
         limits = self.limits
         if exc.errno not in OUT_OF_FILES:
-            log.error("cannot buffer a response on disk (%s); buffering in memory "
+            log.error("cannot buffer a body on disk (%s); buffering in memory "
                       "alone from now on", exc)
             limits.total_disk = 0
             return
@@ -181,7 +181,7 @@ class Spool:
                 return self._read(part)  # type: ignore[arg-type]
             except OSError as exc:  # (not the client's socket: say so, and leave the disk)
                 if self.limits.total_disk:
-                    log.error("cannot read a buffered response back from disk (%s); "
+                    log.error("cannot read a buffered body back from disk (%s); "
                               "buffering in memory alone from now on", exc)
                     self.limits.total_disk = 0
                 raise BufferUnreadable("buffered response unreadable: %s" % exc) from exc
