@@ -18,7 +18,9 @@ from logevents import LogEvent
 from zc_lb.errors import WorkerClosed
 from zc_lb.lb.links import LinkConfig, LinkEvents, WorkerLink, close_when_idle
 from zc_lb.testing import read_response
-from zc_lb.wire.frames import WORKER_FEATURES
+from zc_lb.wire.encoder import encode
+from zc_lb.wire.frames import HEADER, RESUME_LIMIT, WORKER_FEATURES, Resume
+from zc_lb.wire.intake import ResumeRefused
 from zc_lb.worker.server import Worker
 
 pytestmark = pytest.mark.timeout(20)
@@ -152,6 +154,35 @@ def test_a_link_tells_when_its_worker_is_up_and_passes_on_its_resumes(workers, l
     assert link.resume == {"a.example": 2.5}  # kept for a readmission
     assert response(request(connection)) == ("200 OK", b"ok")
     assert events.named("down") == []
+
+
+def test_a_resume_past_what_an_lb_takes_is_dropped_in_a_line_of_the_log_the_worker_kept(
+        workers, links, caplog):
+    # A worker of a release before the bound, or a buggy one, sends what
+    # it likes up to the frame cap (64 MiB): 50 MB ones back to back
+    # stopped the LB's loop half a second each.  Now each is skipped as
+    # it comes, logged (once a minute at most), and the worker kept.
+    worker = workers()
+    link, events = links(address_of(worker))
+    _, connection = events.wait_for("up")
+    events.wait_for("resume")  # (its first, on accept)
+    big = {"c%07d.example/%s" % (i, "x" * 40): 1.5 for i in range(RESUME_LIMIT // 50)}
+    with caplog.at_level(logging.WARNING, logger="zc_lb.lb.links"), \
+            LogEvent("zc_lb.lb.links", "sent a résumé of") as refused:
+        worker.publisher.publish(big)
+        assert refused.wait(WAIT)
+        worker.publisher.publish({"a.example": 2.5})
+        assert events.wait_for("resume", 2) == ("resume", connection, {"a.example": 2.5})
+        for _ in range(3):  # more, within the minute: counted, not logged
+            link.handle_resume_refused(connection, ResumeRefused(10**7, None, "over"))
+    lines = [r.getMessage() for r in caplog.records if "sent a résumé of" in r.getMessage()]
+    size = len(encode(Resume(big))) - HEADER.size
+    assert lines == ["worker %s sent a résumé of %d bytes, over the %d bytes an LB takes: "
+                     "dropped, its skills kept" % (address_of(worker), size, RESUME_LIMIT)]
+    assert link.resumes_refused == 4 and link.resume == {"a.example": 2.5}
+    assert not connection.closed and link.connection is connection
+    assert events.named("down") == [] and len(events.named("resume")) == 2
+    assert response(request(connection)) == ("200 OK", b"ok")
 
 
 def test_a_link_to_an_address_nobody_listens_on_keeps_trying(workers, links):

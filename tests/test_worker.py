@@ -16,6 +16,7 @@ from zc_lb.wire.connection import Connection, Handler
 from zc_lb.errors import ConfigurationError, RequestCancelled
 from zc_lb.wire.decoder import head_fields
 from zc_lb.wire.frames import End, LB_FEATURES
+from zc_lb.wire.intake import ResumeIntake
 from zc_lb.sockets import parse_address
 from zc_lb.testing import read_body, read_response
 from zc_lb.worker.server import Worker, load_app
@@ -46,7 +47,8 @@ def serve():
         worker.start()
         sock = gevent.socket.create_connection(worker.address)
         handler = LBSide()
-        connection = Connection(sock, "lb", handler, peer="worker")
+        # (every résumé as it comes: the LB's own bounds are wire/intake.py's)
+        connection = Connection(sock, "lb", handler, peer="worker", intake=ResumeIntake(interval=0))
         connection.handshake()
         connection.start()
         started.append((worker, connection))
@@ -97,7 +99,7 @@ def stuck_lb(worker, lbs):
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(worker.address)
     side = LBSide()
-    stuck = Connection(sock, "lb", side, peer="worker")
+    stuck = Connection(sock, "lb", side, peer="worker", intake=ResumeIntake(interval=0))
     stuck.handshake()
     deadline = time.monotonic() + 5
     while len(worker.lbs.connections) < lbs and time.monotonic() < deadline:

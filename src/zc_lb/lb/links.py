@@ -24,6 +24,7 @@ import gevent  # type: ignore[import-untyped]
 import gevent.socket  # type: ignore[import-untyped]
 
 from zc_lb.wire.connection import Connection, Handler
+from zc_lb.wire.intake import ResumeRefused
 from zc_lb.wire.keepalive import KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT
 from zc_lb.sockets import connect, parse_listen
 from zc_lb.errors import ZcLbError
@@ -35,6 +36,7 @@ CONNECT_TIMEOUT = 5.0
 BACKOFF_MIN = 0.1
 BACKOFF_MAX = 5.0
 STEADY = 10.0  # seconds a connection lasts for the next try to come at BACKOFF_MIN again
+REFUSED_LOG_INTERVAL = 60.0  # seconds between the log lines of a worker's résumés refused
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,9 @@ class WorkerLink(Handler):
         self.greeted: Optional[Connection] = None  # the last connection the worker took
         self.resume: Dict[str, float] = {}
         self.draining: Optional[Connection] = None  # said GoAway: a planned end
+        self.resumes_refused = 0  # all told (``handle_resume_refused``)
+        self._refused_logged: Optional[float] = None  # when the last was logged
+        self._refused_unlogged = 0  # refused since
         self._greenlet: Optional[gevent.Greenlet] = None
         self._successor: Optional[gevent.Greenlet] = None  # connecting while one drains
 
@@ -212,6 +217,22 @@ class WorkerLink(Handler):
             log.info("connected to worker %s", self.address)
         self.resume = skills  # kept for a readmission after an ejection
         self.events.worker_resume(connection, skills)
+
+    def handle_resume_refused(self, connection: Connection, refused: ResumeRefused) -> None:
+        """Log a résumé refused (``wire/intake.py``): the first, then at
+        most one line every REFUSED_LOG_INTERVAL, counting those between."""
+        self.resumes_refused += 1
+        now = time.monotonic()
+        if self._refused_logged is not None and now - self._refused_logged < REFUSED_LOG_INTERVAL:
+            self._refused_unlogged += 1
+            return
+        since = ""
+        if self._refused_unlogged:
+            since = " (and %d more since the last said)" % self._refused_unlogged
+        log.warning("worker %s sent a résumé of %d bytes%s, %s: dropped, its skills kept%s",
+                    self.address, refused.size, "" if refused.classes is None else
+                    " and %d classes" % refused.classes, refused.reason, since)
+        self._refused_logged, self._refused_unlogged = now, 0
 
     def handle_keys(self, connection: Connection, keys: Dict[str, List[int]]) -> None:
         self.events.worker_keys(connection, keys)

@@ -127,7 +127,7 @@ def _changes(old: Dict[str, float], new: Dict[Any, Any]) -> Iterator[Tuple[str, 
     and their scores floats, and those that are not positive finite
     numbers taken out, as are classes longer than ``MAX_CLASS``: no
     request has one (``classifier.bounded_class``), and a worker's
-    résumé (64 MiB) is not to make one of megabytes in the pool and in
+    résumé (4 MiB, RESUME_LIMIT) is not to make one of megabytes in the pool and in
     the status document."""
     for rclass in [rclass for rclass, score in new.items()  # (None is no class's score)
                    if score is None or old.get(rclass) != score]:

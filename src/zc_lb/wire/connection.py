@@ -48,6 +48,7 @@ from zc_lb.errors import (
 from zc_lb.wire.frames import GoAway, Keys, Ping, Request, Resume
 from zc_lb.wire.encoder import encode
 from zc_lb.wire.handshake import REFUSED, SHOWN, refusal, shown, stranger
+from zc_lb.wire.intake import ResumeIntake, ResumeRefused
 from zc_lb.wire.protocol import StreamEnded
 from zc_lb.sockets import set_nodelay
 from zc_lb.wire.exchange import Exchange, Link
@@ -78,6 +79,10 @@ class Handler:
 
     def handle_resume(self, connection: "Connection", skills: Dict[str, float]) -> None:
         """The peer sent its résumé (LB side)."""
+
+    def handle_resume_refused(self, connection: "Connection", refused: ResumeRefused) -> None:
+        """The peer sent a résumé past what we take (LB side, ``wire/intake.py``):
+        dropped, the connection kept."""
 
     def handle_goaway(self, connection: "Connection", reason: str) -> None:
         """The peer is draining."""
@@ -124,6 +129,7 @@ class Connection(Link):
         app_version: Optional[str] = None,
         features: Optional[Tuple[str, ...]] = None,
         instance: Optional[str] = None,
+        intake: Optional[ResumeIntake] = None,
     ) -> None:
         self.sock = sock
         self.role = role
@@ -132,7 +138,8 @@ class Connection(Link):
         self.secret = secret
         # (It holds the requests in flight, their Exchanges as owners, and draining.)
         self.protocol = protocol.Connection(role, secret, app_version=app_version,
-                                            features=features, instance=instance)
+                                            features=features, instance=instance,
+                                            intake=intake)
         self.closed = False
         self.error: Optional[ZcLbError] = None
         self.peer_hello: Optional[frames.Hello] = None
@@ -429,6 +436,8 @@ class Connection(Link):
                 self.handler.handle_goaway(self, reason)
             elif type(event) is Keys:
                 self.handler.handle_keys(self, event.keys)  # type: ignore[union-attr]
+            elif type(event) is ResumeRefused:
+                self.handler.handle_resume_refused(self, event)  # type: ignore[arg-type]
             elif type(event) is protocol.Closed:
                 raise self._lost_error("%s closed the connection" % self.peer)
         keepalive = self._keepalive

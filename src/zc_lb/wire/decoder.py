@@ -9,7 +9,11 @@ not gathered first.
 Rules: a frame is judged from its 9-byte header, before its payload is
 buffered: its type must be one ``allow`` admits now (the protocol's
 phase and role say which), its size within that type's limit, and its
-request number 0 exactly for the connection's own types.  Every payload
+request number 0 exactly for the connection's own types.  An LB's
+decoder (``resume_limit`` given) hands a résumé on as it came, a
+``ResumeFrame``, for the LB to decode when it takes it
+(``wire/intake.py``); one over ``resume_limit`` is skipped as its bytes
+come, never buffered, and handed on without them.  Every payload
 is checked strictly (JSON by RFC 8259, strings where strings are due, a
 ready head's framing), and whatever a hostile payload provokes becomes a
 RemoteProtocolError naming the request whose frame broke it; after one
@@ -76,6 +80,41 @@ class NeedData:
 NEED_DATA: Final = NeedData()
 
 
+class ResumeFrame:
+    """A résumé frame of ``size`` bytes as an LB's decoder hands it on:
+    its payload in the ``parts`` its reads brought (``payload`` joins
+    them, for ``decode_resume``), or None when it was over the
+    decoder's ``resume_limit`` and is skipped unread; ``left``: its
+    bytes still to come."""
+
+    __slots__ = ("parts", "size", "left")
+
+    def __init__(self, parts: Optional[List[bytes]], size: int, left: int = 0) -> None:
+        self.parts = parts
+        self.size = size
+        self.left = left
+
+    @property
+    def skipped(self) -> bool:
+        return self.parts is None
+
+    def payload(self) -> bytes:
+        parts = self.parts or []
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def take(self, data: Union[bytes, memoryview]) -> Union[bytes, memoryview]:
+        """Take the frame's bytes from the start of ``data``; the rest."""
+        n = min(self.left, len(data))
+        if self.parts is not None:
+            piece = data[:n]
+            self.parts.append(piece if type(piece) is bytes else bytes(piece))
+        self.left -= n
+        return data[n:]
+
+    def __repr__(self) -> str:
+        return "<ResumeFrame %d bytes%s>" % (self.size, ", skipped" if self.skipped else "")
+
+
 def _load_json(payload: Union[bytes, memoryview], what: str) -> Any:
     """Strict JSON (orjson: RFC 8259, valid UTF-8, no NaN or Infinity,
     integers within 64 bits, nesting within 1024 levels)."""
@@ -119,6 +158,11 @@ def _decode_auth(rno: int, payload: bytes) -> Auth:
     if not isinstance(obj, dict) or not isinstance(obj.get("digest"), str):
         raise RemoteProtocolError("malformed auth")
     return Auth(obj["digest"])
+
+
+def decode_resume(payload: bytes) -> Resume:
+    """A résumé's payload, checked (RemoteProtocolError)."""
+    return _decode_resume(0, payload)
 
 
 def _decode_resume(rno: int, payload: bytes) -> Resume:
@@ -277,10 +321,12 @@ class Decoder:
     """
 
     def __init__(self, max_body: int = MAX_BODY, max_message: int = MAX_MESSAGE,
-                 max_resume: int = MAX_RESUME) -> None:
+                 max_resume: int = MAX_RESUME, resume_limit: Optional[int] = None) -> None:
         self._buffer = bytearray()
+        self._resume_limit = resume_limit  # (an LB's: résumés as ResumeFrames)
+        self._resume: Optional[ResumeFrame] = None  # one whose bytes still come
         self._pos = 0
-        self._pieces: List[Body] = []  # of a large Body frame, to hand on
+        self._pieces: List[Union[Body, ResumeFrame]] = []  # of a large Body frame, to hand on
         self._body_left = 0  # bytes still to come of that frame
         self._body_rno = 0
         self._header_next = 0  # (see ``wants``)
@@ -303,6 +349,15 @@ class Decoder:
     def receive_data(self, data: Union[bytes, memoryview]) -> None:
         """Add bytes received from the peer."""
         self._header_next = 0
+        resume = self._resume
+        if resume is not None:  # the rest of an LB's résumé: kept (or dropped) as it comes
+            data = resume.take(data)
+            if not resume.left:
+                self._resume = None
+                if not resume.skipped:
+                    self._pieces.append(resume)
+            if not data:
+                return
         left = self._body_left
         if left:  # the rest of a large Body frame: handed on as it comes
             piece = data if len(data) <= left else data[:left]
@@ -324,6 +379,9 @@ class Decoder:
         one, a header's, since the next frame is often another.  (Read
         into a buffer, a body was copied three times and more on its way
         through the buffer to the application.)"""
+        resume = self._resume
+        if resume is not None and not resume.skipped:
+            return resume.left
         return self._body_left or self._header_next
 
     @property
@@ -331,7 +389,7 @@ class Decoder:
         """Bytes received and not yet decoded."""
         return len(self._buffer) - self._pos
 
-    def next_message(self) -> Union[Message, NeedData]:
+    def next_message(self) -> Union[Message, ResumeFrame, NeedData]:
         """The next complete message, or NEED_DATA."""
         if self._error is not None:
             raise self._error
@@ -344,7 +402,7 @@ class Decoder:
             self._error = exc
             raise
 
-    def _next(self) -> Union[Message, NeedData]:
+    def _next(self) -> Union[Message, ResumeFrame, NeedData]:
         buf, pos = self._buffer, self._pos
         if len(buf) - pos < HEADER_SIZE:
             self._compact()
@@ -357,6 +415,8 @@ class Decoder:
         if limit is None or length > limit or (rno == 0) != (mtype in CONNECTION_TYPES):
             self._refuse(rno, mtype, length, limit)
         end = pos + HEADER_SIZE + length
+        if mtype == Resume.TYPE and self._resume_limit is not None:
+            return self._take_resume(pos, end, length, self._resume_limit)
         if len(buf) < end:
             if mtype == Body.TYPE and length >= STREAM_AT:
                 return self._stream(rno, pos + HEADER_SIZE, length)
@@ -404,6 +464,27 @@ class Decoder:
         if mtype == WHOLE_REQUEST:
             return _decode_whole_request(rno, payload)
         return _DECODERS[mtype](rno, payload)
+
+    def _take_resume(self, pos: int, end: int, length: int,
+                     limit: int) -> Union[ResumeFrame, NeedData]:
+        """An LB's résumé frame, once it has come, the rest of it read by
+        itself as a large body's is; one over ``limit`` at once from its
+        header, its bytes dropped, here and as they come."""
+        buf = self._buffer
+        skipped = length > limit
+        here = min(len(buf), end)
+        parts: Optional[List[bytes]] = None
+        if not skipped:
+            with memoryview(buf) as view:
+                parts = [bytes(view[pos + HEADER_SIZE:here])]
+        frame = ResumeFrame(parts, length, end - here)
+        self._pos = here
+        if frame.left:
+            self._compact()
+            self._resume = frame
+            if not skipped:
+                return NEED_DATA
+        return frame
 
     def _stream(self, rno: int, start: int, length: int) -> Union[Message, NeedData]:
         """Hand on the start of a large Body frame (what of it is here) and

@@ -20,7 +20,9 @@ head as HTTP/1.1's bytes; everything structured (hello, auth, résumé,
 environ, goaway, keys) as JSON.  Never marshal or pickle: a worker port must not be a way to run
 code.  Structured payloads are capped at ``max_message`` bytes (the
 résumé at ``max_resume``), body chunks at ``max_body``; a frame over its
-cap is refused from its header, before its payload is buffered.
+cap is refused from its header, before its payload is buffered.  An LB
+drops a résumé over RESUME_LIMIT (skipped as it comes, never buffered)
+and keeps the connection (``wire/intake.py``).
 
 Features: each side's Hello lists the features it sends and takes
 (``LB_FEATURES``, ``WORKER_FEATURES``), and a peer must list every one
@@ -79,7 +81,17 @@ from mypy_extensions import mypyc_attr
 VERSION: Final = 1
 MAX_BODY: Final = 256 * 1024
 MAX_MESSAGE: Final = 256 * 1024
-MAX_RESUME: Final = 64 * 1024 * 1024
+MAX_RESUME: Final = 64 * 1024 * 1024  # a bigger résumé frame breaks the protocol
+# What an LB takes of a worker's résumés (``wire/intake.py``), far above
+# a real site's (a few thousand classes, some hundreds of KB): one of
+# more bytes or classes is dropped, the connection kept (a worker of a
+# release before these bounds may send up to MAX_RESUME), and of those
+# that come within RESUME_INTERVAL of the last taken the newest waits
+# for its end.  Each costs the LB's event loop its decoding, 3-30 ms
+# a MiB, and a worker sending them back to back stopped it for good.
+RESUME_LIMIT: Final = 4 * 1024 * 1024
+RESUME_CLASSES: Final = 100_000
+RESUME_INTERVAL: Final = 1.0  # seconds
 MAX_RNO: Final = 2**32 - 1
 
 HEADER: Final = struct.Struct("!IBI")

@@ -26,7 +26,7 @@ from typing import Dict, Final, List, Optional, Tuple, Union
 from mypy_extensions import mypyc_attr
 
 from zc_lb.errors import LocalProtocolError, RemoteProtocolError
-from zc_lb.wire.decoder import Decoder, NEED_DATA, NeedData
+from zc_lb.wire.decoder import Decoder, NEED_DATA, NeedData, ResumeFrame
 from zc_lb.wire.encoder import (body_header, encode, head_request_frame, ready_response,
                                 request_frames)
 from zc_lb.wire.frames import (Auth, Cancel, Credit, GoAway, Keys, Hello, MAX_BODY, MAX_MESSAGE,
@@ -34,6 +34,7 @@ from zc_lb.wire.frames import (Auth, Cancel, Credit, GoAway, Keys, Hello, MAX_BO
                                Resume)
 from zc_lb.wire.handshake import (HANDSHAKE_LIMIT, auth_digest, check_auth, check_hello,
                                   new_hello, open_limits)
+from zc_lb.wire.intake import ResumeIntake, ResumeRefused
 from zc_lb.wire.stream import DONE, ENDED, OPEN, WIDE_WINDOW, WINDOW, Stream
 
 # -- the connection -----------------------------------------------------
@@ -75,7 +76,7 @@ class Closed:
     reason: str = "peer closed the connection"
 
 
-Event = Union[Message, Ready, StreamEnded, Closed]
+Event = Union[Message, Ready, StreamEnded, Closed, ResumeRefused]
 
 
 class Connection:
@@ -86,7 +87,9 @@ class Connection:
     NEED_DATA: ``Ready`` when the handshake is done, then the peer's
     messages (``Request``, ``Response``, ``Body``, ``End``, ``Credit``,
     ``Resume``, ``GoAway``), ``StreamEnded`` when the peer cancels a
-    request, ``Closed`` at end of file.  What we send goes through
+    request, ``Closed`` at end of file, ``ResumeRefused`` when an LB's
+    ``intake`` (``wire/intake.py``) refuses a résumé, whose newest it
+    may hold a while, bounding them in size and rate.  What we send goes through
     ``send(message)``, which returns the bytes to write; bytes the
     connection answers on its own (our Hello, Auth, Pong) wait in
     ``data_to_send()``.
@@ -133,7 +136,8 @@ class Connection:
                  max_resume: int = MAX_RESUME, window: int = WINDOW,
                  app_version: Optional[str] = None,
                  features: Optional[Tuple[str, ...]] = None,
-                 instance: Optional[str] = None) -> None:
+                 instance: Optional[str] = None,
+                 intake: Optional[ResumeIntake] = None) -> None:
         if role not in ("lb", "worker"):
             raise LocalProtocolError("role must be 'lb' or 'worker', not %r" % (role,))
         self.role = role
@@ -153,7 +157,10 @@ class Connection:
         self._error: Optional[RemoteProtocolError] = None
         self._eof = False
         self._out: List[bytes] = [encode(self.our_hello)]
-        self._decoder = Decoder(max_body, max_message, max_resume)
+        # An LB's bounds of the worker's résumés (a worker takes none)
+        self.intake = (intake or ResumeIntake()) if role == "lb" else None
+        self._decoder = Decoder(max_body, max_message, max_resume,
+                                None if self.intake is None else self.intake.limit)
         self._open_limits = open_limits(role, self._decoder.limits)
         self._decoder.allow({Hello.TYPE: HANDSHAKE_LIMIT}, " before the handshake")
 
@@ -195,6 +202,11 @@ class Connection:
         if self._error is not None:
             raise self._error
         try:
+            intake = self.intake
+            if intake is not None and intake.held is not None and self.phase != CLOSED:
+                taken = intake.due()
+                if taken is not None:
+                    return taken
             while True:
                 message = self._decoder.next_message()
                 if message is NEED_DATA:
@@ -203,7 +215,10 @@ class Connection:
                         return Closed()
                     return NEED_DATA
                 try:
-                    event = self._receive(message)  # type: ignore[arg-type]
+                    if isinstance(message, ResumeFrame):  # (an LB's, open: see the limits)
+                        event = self._resume_frame(message)
+                    else:
+                        event = self._receive(message)  # type: ignore[arg-type]
                 except RemoteProtocolError as exc:
                     exc.rno = getattr(message, "rno", 0)  # the request it broke
                     raise
@@ -271,6 +286,13 @@ class Connection:
             self.peer_goes_away = True
             self.phase = CLOSING
         return message  # Resume (to an LB only: see the limits), GoAway, Keys
+
+    def _resume_frame(self, frame: ResumeFrame) -> Optional[Event]:
+        """A résumé as an LB's decoder hands it on: for the intake."""
+        if self.phase == CLOSED or self.intake is None:
+            return None
+        self.event_owner = None
+        return self.intake.offer(frame)
 
     def _unknown_stream(self, message: Message) -> Optional[Event]:
         rno = message.rno  # type: ignore[union-attr]
