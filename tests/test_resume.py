@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 
@@ -11,6 +12,8 @@ import pytest
 
 from zc_lb.errors import ConfigurationError
 from zc_lb.wire import encoder, frames
+from zc_lb.wire.decoder import ResumeFrame
+from zc_lb.wire.intake import ResumeIntake
 from zc_lb.worker.publisher import ResumePublisher
 from zc_lb.worker.resume import (DEFAULT_HISTORY, MAX_CLASSES, MAX_FILE, MIN_ELAPSED, RESUME_BYTES,
                                  Skills, load_resume, save_resume)
@@ -210,9 +213,36 @@ def test_a_resume_too_big_for_a_frame_keeps_the_most_requested_classes_that_fit(
 
 
 def test_the_resume_limit_is_under_what_an_lb_takes():
-    assert RESUME_BYTES < frames.MAX_RESUME
+    assert RESUME_BYTES < frames.RESUME_LIMIT < frames.MAX_RESUME
     # (the frame's header comes on top of the payload)
-    assert RESUME_BYTES + frames.HEADER.size <= frames.MAX_RESUME
+    assert RESUME_BYTES + frames.HEADER.size <= frames.RESUME_LIMIT
+    assert MAX_CLASSES < frames.RESUME_CLASSES
+
+
+def test_a_resume_never_goes_past_what_an_lb_takes_and_the_log_says_so_once(caplog):
+    # Classes of long names by the tens of thousands (max_classes raised
+    # as far as it goes): the résumé keeps the most requested that fit
+    # in what an LB takes, and says so once, not at every résumé.
+    skills = Skills(history=10**6, max_classes=frames.RESUME_CLASSES)
+    for n in range(40000):
+        skills.record("h%05d.example/%s" % (n, "p" * 120), 0.01)
+    skills.record("site", 0.01)
+    skills.record("site", 0.01)
+    with caplog.at_level(logging.WARNING, logger="zc_lb.worker.resume"):
+        first, second = skills.resume(), skills.resume()
+    assert len(encoder._json(first)) <= RESUME_BYTES and "site" in first
+    assert first == second and 20000 < len(first) < 40000
+    intake = ResumeIntake(clock=lambda: 0.0)
+    payload = encoder.encode(frames.Resume(first))[frames.HEADER.size:]
+    assert intake.offer(ResumeFrame([payload], len(payload))) == frames.Resume(first)
+    lines = [r for r in caplog.records if "most requested" in r.getMessage()]
+    assert len(lines) == 1 and skills.cut == 2
+
+
+def test_max_classes_is_no_more_than_an_lb_takes():
+    Skills(max_classes=frames.RESUME_CLASSES)
+    with pytest.raises(ConfigurationError):
+        Skills(max_classes=frames.RESUME_CLASSES + 1)
 
 
 def test_initial_resume_seeds_scores():

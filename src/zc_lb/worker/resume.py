@@ -21,6 +21,9 @@ Every ``history`` requests the worker prunes classes unseen for
 requested past ``max_classes`` (10,000), and publishes its
 résumé: ``record`` returns it, and the caller pushes it to every LB and
 writes it to the résumé file, atomically, so skills survive a restart.
+A résumé stays within what an LB takes (``frames.RESUME_LIMIT`` bytes,
+``frames.RESUME_CLASSES`` classes, which bounds ``max_classes``): past
+it, the most requested classes that fit go, and the log says so once.
 
 The résumé file is JSON: ``{"zc_lb_resume": 2, "reset_skills": TOKEN,
 "skills": {class: score}}``, TOKEN being the last ``reset_skills``
@@ -47,16 +50,16 @@ from typing import Dict, Final, List, Mapping, NamedTuple, Optional
 import orjson
 
 from zc_lb.errors import ConfigurationError, CorruptResumeFile
-from zc_lb.wire.frames import MAX_RESUME
+from zc_lb.wire.frames import MAX_RESUME, RESUME_LIMIT
 from zc_lb.settings import WORKER_SETTINGS, check
 
 log = logging.getLogger(__name__)
 
 DEFAULT_HISTORY = WORKER_SETTINGS["history"].default
 MIN_ELAPSED = 1e-6
-# What a résumé may encode to: an LB refuses a bigger frame, and drops the
-# connection, so a worker must never send one.
-RESUME_BYTES = MAX_RESUME - 4096
+# What a résumé may encode to: an LB drops a bigger one (wire/intake.py),
+# so a worker must never send one.
+RESUME_BYTES = RESUME_LIMIT - 4096
 # Classes a worker keeps skills in: past this, the least requested go.  A
 # worker of a real site serves hundreds, a flood of Host names sent once
 # would make it a hundred thousand (``max_skill_age``), and each LB takes
@@ -90,6 +93,7 @@ class Skills:
     ) -> None:
         self._skills: Dict[str, _Skill] = {}
         self.generation = 0
+        self.cut = 0  # résumés cut short to fit what an LB takes (logged once)
         self.configure(history, max_skill_age, max_classes)
         if resume:
             for rclass, score in resume.items():
@@ -162,8 +166,8 @@ class Skills:
         ``max_bytes`` of JSON.  Over that (classes by the hundred thousand
         with long names: a client sending a new Host with every request),
         it keeps the classes with the most requests, decayed, that fit,
-        and says so: an LB would refuse the whole and drop the
-        connection, and do so again on every reconnection."""
+        and says so the first time: an LB would drop the whole, every
+        time."""
         skills = self._skills
         classes = (heapq.nlargest(self.max_classes, skills, key=self._requests)
                    if len(skills) > self.max_classes else skills)  # (between prunes)
@@ -179,8 +183,11 @@ class Skills:
             if used + entry <= max_bytes:
                 kept[rclass] = score
                 used += entry
-        log.warning("résumé of %d classes is %d bytes, over the %d an LB takes: "
-                    "sending the %d most requested", len(resume), size, max_bytes, len(kept))
+        if not self.cut:
+            log.warning("résumé of %d classes is %d bytes, over the %d an LB takes: sending "
+                        "the %d most requested (said once; as many as fit from now on)",
+                        len(resume), size, max_bytes, len(kept))
+        self.cut += 1
         return kept
 
     def reset(self) -> None:
