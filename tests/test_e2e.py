@@ -847,6 +847,38 @@ def test_greenlet_mode_logs_the_request_that_blocks_the_loop(tmp_path):
         lb.kill()
 
 
+def test_greenlet_mode_blames_no_application_for_a_whole_process_stopped(tmp_path):
+    # SIGSTOP, then SIGCONT: the loop watch found its stamp seconds old and
+    # logged that the application blocked the event loop, though the
+    # whole process had stood still.  Its own thread's sleep ran as late,
+    # with no CPU spent meanwhile: it says the process was stopped.  An
+    # application that blocks is still named.
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "w") as log:
+        worker = WorkerProcess(APP, "--greenlets", env=ENV, stderr=log).start()
+    lb = LBProcess([worker.address]).start()
+    try:
+        wait_for(lambda: request(lb)[0] == 200, message="LB serving")
+        for _ in range(2):  # (whichever of the two threads wakes first)
+            os.kill(worker.pid, signal.SIGSTOP)
+            try:
+                time.sleep(2.5)  # (how long it stands still: the point of the test)
+            finally:
+                os.kill(worker.pid, signal.SIGCONT)
+            wait_for(lambda: request(lb)[0] == 200, timeout=20, message="serving again")
+        wait_for(lambda: log_path.read_text().count("process was stopped for") == 2,
+                 message="both stops logged")
+        text = log_path.read_text()
+        assert "event loop blocked" not in text and "ran again after" not in text
+        assert request(lb, "/block?1.6")[0] == 200
+        wait_for(lambda: "ran again after" in log_path.read_text(), message="stall logged")
+        text = log_path.read_text()
+        assert text.count("event loop blocked for") == 1 and "by GET /block" in text
+    finally:
+        worker.kill()
+        lb.kill()
+
+
 def test_one_request_with_huge_headers_fails_alone(cluster):
     # ~320 KB of headers made a Request frame the worker refused: it dropped
     # the whole connection, and every request on it failed with 502.

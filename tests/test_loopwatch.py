@@ -42,3 +42,10 @@ def test_a_stall_outside_any_request_names_none():
     watch = LoopWatch(threshold=0.2, interval=0.02)
     watch._loop_thread = None  # as before start(): no frame to report
     assert watch.running() == "no request (gevent or the app's own greenlet)"
+
+
+def test_a_late_wake_with_no_cpu_spent_is_the_whole_process_stopped():
+    watch = LoopWatch(threshold=1.0)
+    assert watch.paused(late=3.0, cpu=0.01)  # SIGSTOP: nothing ran
+    assert not watch.paused(late=3.0, cpu=2.9)  # the loop held the GIL, burning CPU
+    assert not watch.paused(late=0.5, cpu=0.0)  # late, within the threshold

@@ -15,6 +15,14 @@ frame), and, when the loop moves again, how long it was stuck.  Thread
 mode (the default) needs none of this: the application runs in a thread
 pool and the loop stays free.
 
+A stamp grows old too when the whole process stands still (SIGSTOP, a
+suspended virtual machine, a machine starved of CPU): then the checking
+thread's own sleep ends as late, and the process spent no CPU
+meanwhile (an application that blocks the loop in C, holding the GIL,
+makes the thread's sleep late too, but burns CPU).  The watch then says
+the process was stopped, and counts a stall of the loop from when it
+runs again, blaming no application for time nothing ran.
+
 The running request is found when a stall is seen, not tracked on every
 switch: of the greenlets serving requests, the running one is the one
 alive with no saved frame (``gr_frame`` is None only while a greenlet
@@ -54,6 +62,7 @@ class LoopWatch:
         self.stamp = time.monotonic()
         self.requests: Dict[greenlet.greenlet, str] = {}  # greenlet -> what it serves
         self.stalls = 0
+        self.pauses = 0  # times the whole process was seen stopped
         self.stopped = False
         self._loop_thread: Optional[int] = None
 
@@ -90,18 +99,37 @@ class LoopWatch:
             self.stamp = time.monotonic()
             gevent.sleep(self.interval)
 
+    def paused(self, late: float, cpu: float) -> bool:
+        """Whether the whole process stood still, not just its loop: this
+        thread's sleep ended ``late`` seconds late, past ``threshold``,
+        and the process spent less than half of that on the CPU meanwhile
+        (``cpu`` seconds)."""
+        return late > self.threshold and cpu < late / 2
+
     def _watch(self) -> None:
         stuck_since = None
+        resumed = 0.0  # (when the process last ran again after a stop)
+        last, cpu = time.monotonic(), time.process_time()
         while not self.stopped:
             _sleep(self.interval)
-            age = time.monotonic() - self.stamp
-            if age > self.threshold and stuck_since is None:
+            now, cpu_now = time.monotonic(), time.process_time()
+            late = now - last - self.interval
+            if self.paused(late, cpu_now - cpu):
+                self.pauses += 1
+                resumed = now
+                log.warning("this process was stopped for %.1fs (SIGSTOP, a suspended "
+                            "machine, or no CPU to be had), its application with it: "
+                            "keepalives stopped meanwhile", late)
+            last, cpu = now, cpu_now
+            age = now - self.stamp
+            blocked = now - max(self.stamp, resumed)  # (not the time nothing ran)
+            if blocked > self.threshold and stuck_since is None:
                 stuck_since = self.stamp
                 self.stalls += 1
                 what = self.running()
                 log.error("event loop blocked for %.1fs by %s: the application blocks "
                           "(use threads, the default, for blocking code); keepalives "
-                          "stop meanwhile", age, what)
+                          "stop meanwhile", blocked, what)
             elif age <= self.threshold and stuck_since is not None:
                 log.warning("event loop ran again after %.1fs",
                             self.stamp - stuck_since)
