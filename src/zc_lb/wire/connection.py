@@ -131,11 +131,8 @@ class Connection(Link):
         instance: Optional[str] = None,
         intake: Optional[ResumeIntake] = None,
     ) -> None:
-        self.sock = sock
-        self.role = role
-        self.handler = handler
-        self.peer = peer
-        self.secret = secret
+        self.sock, self.role, self.handler = sock, role, handler
+        self.peer, self.secret = peer, secret
         # (It holds the requests in flight, their Exchanges as owners, and draining.)
         self.protocol = protocol.Connection(role, secret, app_version=app_version,
                                             features=features, instance=instance,
@@ -146,13 +143,12 @@ class Connection(Link):
         self.idle = gevent.event.Event()  # set while no request is in flight
         self.idle.set()
         self._keepalive = Keepalive(keepalive_interval, keepalive_timeout, time.monotonic())
-        # Over TLS (``tls.py``) every byte goes through the SSL object: no
-        # raw sends from the hub, no sendmsg, and decrypted bytes it holds
-        # (``pending``) are read before waiting on the socket.
+        # Over TLS (``tls.py``) every byte goes through the SSL object (no raw
+        # sends from the hub, no sendmsg, no sendfile(2): the kernel must see
+        # the bytes), and decrypted bytes it holds (``pending``) are read first.
         self._pending: Optional[Callable[[], int]] = getattr(sock, "pending", None)
         self._writer = Writer(sock, self._pending is not None)
-        # sendfile(2) needs the kernel to see the bytes: not over TLS.
-        self.sendfile = self._pending is None and hasattr(os, "sendfile")
+        self.sendfile = self._pending is None and hasattr(os, "sendfile")  # (not over TLS)
         self._greenlets: List[gevent.Greenlet] = []
         self._lost_error = WorkerLost if role == "lb" else ConnectionLost
         self.refused = False  # the peer refused our Hello, once it seemed open (``_refused``)
