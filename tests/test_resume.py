@@ -217,6 +217,8 @@ def test_the_resume_limit_is_under_what_an_lb_takes():
     # (the frame's header comes on top of the payload)
     assert RESUME_BYTES + frames.HEADER.size <= frames.RESUME_LIMIT
     assert MAX_CLASSES < frames.RESUME_CLASSES
+    from zc_lb.settings import WORKER_SETTINGS  # (its bound written out: see there)
+    assert WORKER_SETTINGS["max_classes"].maximum == frames.RESUME_CLASSES
 
 
 def test_a_resume_never_goes_past_what_an_lb_takes_and_the_log_says_so_once(caplog):

@@ -33,7 +33,6 @@ from typing import (Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Opt
                     Tuple)
 
 from zc_lb.errors import ConfigurationError
-from zc_lb.wire.frames import RESUME_CLASSES
 
 log = logging.getLogger(__name__)
 
@@ -369,7 +368,9 @@ WORKER_SETTINGS = _table([
             "keep skills in at most N classes, the most requested: every LB takes in "
             "each résumé with its event loop stopped (some 3 ms per thousand classes), "
             "and none of more than 100,000",
-            minimum=1, maximum=RESUME_CLASSES, where=EVERYWHERE, metavar="N"),
+            # (the most an LB takes, frames.RESUME_CLASSES: not imported, as
+            # frames needs mypy_extensions and --version nothing installed)
+            minimum=1, maximum=100_000, where=EVERYWHERE, metavar="N"),
     Setting("reset_skills", str, "",
             "set to a new value (e.g. the time) to make every worker forget its "
             "skills and send an empty résumé",
