@@ -6,6 +6,7 @@ never after the head's deadline.  Clients read through a small receive
 buffer, so the kernel cannot take the response for them.
 """
 
+import hashlib
 import os
 import socket
 import time
@@ -306,3 +307,41 @@ def test_an_upload_left_while_held_frees_its_buffer_and_reaches_no_worker(procs)
     assert fetch_json(status_url)["in_flight"] == 0
     worker_doc = fetch_json("http://%s/" % worker.said("zc-lb worker status on "))
     assert worker_doc["served"] + worker_doc["failed"] + worker_doc["in_flight"] == 0, worker_doc
+
+
+
+def read_to_close(sock):
+    """All the server sends until it closes the connection."""
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_whose_rest_came_during_the_hold_goes_on_whole(procs, chunked):
+    # The LB held --buffer-request bytes of a body whose rest had come
+    # meanwhile (read from the socket, so the body was "complete"): it
+    # sent what it held as the whole body, and the worker got 1 KiB of
+    # the 3,844 bytes, and answered 200 for them.
+    worker = procs(WorkerProcess("apps:app", env=ENV))
+    lb = procs(LBProcess([worker.address], "--buffer-request", "1K", env=ENV))
+    body = bytes(range(256)) * 15 + b"end!"  # 3,844 bytes
+    field = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % len(body)
+    first, rest = body[:100], body[100:]
+    if chunked:
+        first, rest = b"64\r\n%s\r\n" % first, b"%x\r\n%s\r\n0\r\n\r\n" % (len(rest), rest)
+    sock = slow_socket(lb.address)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(b"POST /sha256 HTTP/1.1\r\nHost: up.example\r\nConnection: close\r\n"
+                     b"%s\r\n\r\n%s" % (field, first))
+        time.sleep(0.2)  # (the LB holds the first 100 bytes, and waits for more)
+        sock.sendall(rest)  # (in one segment: all of it comes at once)
+        head, _, answer = read_to_close(sock).partition(b"\r\n\r\n")
+    finally:
+        sock.close()
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert answer.decode() == hashlib.sha256(body).hexdigest()

@@ -169,19 +169,30 @@ class HeldBody:
     """wsgi.input of a request whose body the LB read from its client
     before it chose a worker (``hold_body``): the bytes held, then any
     rest from the client as it comes.  ``complete``: all of it has come;
-    ``buffered``: the bytes held and not read yet.  ``close`` drops what
-    is held (its spool's file too); reading to the end closes it."""
+    ``buffered``: the bytes that have come and are not read yet, those
+    held and those the client sent past them (-1: not known).  ``close``
+    drops what is held (its spool's file too); reading to the end closes
+    it."""
 
     def __init__(self, wsgi_input, spool: Spool, size: int, whole: bool) -> None:
         self.wsgi_input = wsgi_input
         self.spool = spool
-        self.buffered = size
+        self.held = size  # bytes held and not read yet
         self.whole = whole  # the client's body ended within what is held
         self._rest = b""  # taken from the spool past what a read asked for
 
     @property
     def complete(self) -> bool:
         return self.whole or bool(getattr(self.wsgi_input, "complete", False))
+
+    @property
+    def buffered(self) -> int:
+        if self.whole:
+            return self.held
+        # (The rest of a body may have come while the held part did: all
+        # of it is sent, not the held part alone as if it were the body.)
+        more = getattr(self.wsgi_input, "buffered", -1)
+        return -1 if more < 0 else self.held + more
 
     def read1(self, size: int = -1) -> bytes:
         """Up to ``size`` bytes (-1: a piece): held ones first."""
@@ -195,7 +206,7 @@ class HeldBody:
             data, self._rest = data[:size], data[size:]
         else:
             self._rest = b""
-        self.buffered -= len(data)
+        self.held -= len(data)
         return data
 
     def read(self, size: int = -1) -> bytes:
@@ -211,7 +222,7 @@ class HeldBody:
     def close(self) -> None:
         self.spool.close()  # (once closed, a no-op)
         self._rest = b""
-        self.buffered = 0
+        self.held = 0
 
 
 def hold_body(environ: dict, limits: SpoolLimits, limit: Optional[int] = None) -> None:
