@@ -8,6 +8,7 @@ buffer, so the kernel cannot take the response for them.
 
 import hashlib
 import os
+import signal
 import socket
 import time
 
@@ -345,3 +346,24 @@ def test_a_body_whose_rest_came_during_the_hold_goes_on_whole(procs, chunked):
         sock.close()
     assert head.startswith(b"HTTP/1.1 200"), head
     assert answer.decode() == hashlib.sha256(body).hexdigest()
+
+
+def test_a_drain_waits_for_a_body_being_held(procs):
+    # A body the LB held was in flight for no drain: on SIGTERM the LB
+    # found nothing in flight, exited after 1.5 s and cut the upload
+    # (which, sent on as it came, would have finished on its worker).
+    worker = procs(WorkerProcess("apps:app", env=ENV))
+    lb = procs(LBProcess([worker.address], "--drain-timeout", "20", env=ENV))
+    sock = post_head(lb.address, 40, b"a" * 5)
+    try:
+        time.sleep(0.3)
+        lb.process.send_signal(signal.SIGTERM)
+        for _ in range(7):  # 3.5 s, past the drain's quiet half second and the close
+            time.sleep(0.5)
+            sock.sendall(b"b" * 5)
+        head, _, answer = read_to_close(sock).partition(b"\r\n\r\n")
+    finally:
+        sock.close()
+    assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" in head, head
+    assert answer == b"40"
+    assert lb.process.wait(10) == 0

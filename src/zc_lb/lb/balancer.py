@@ -64,7 +64,7 @@ from zc_lb.settings import LB_SETTINGS, check, log_change, shown
 from zc_lb.routing.siblings import SYNC_INTERVAL, Siblings, sync
 from zc_lb.lb.awaiting import Awaiting
 from zc_lb.lb.bodies import (InFlight, ResponseBody, Upload, body_in_hand, drop_held_body,
-                             hold_body, request_path, send_body)
+                             request_path, send_body)
 from zc_lb.lb.spool import SpoolLimits
 from zc_lb.lb.stats import Counters
 from zc_lb.environ import (CLASS, COUNTED_CLASS, ERROR, FORWARD, RELAY,
@@ -203,7 +203,7 @@ class LB:
         rclass, key = self._route(environ, relay)
         has_body = self._has_body(environ, relay)  # (RequestTooLarge past the limit)
         if has_body:  # (one that has not all come: held first, --buffer-request)
-            hold_body(environ, self.flight.spool_limits, self.max_request_body)
+            self.flight.hold(environ, self.max_request_body)
         retryable = not has_body and environ["REQUEST_METHOD"] in RETRY_METHODS
         for attempt in range(self.max_retries + 1):
             handle, placed = self._get_worker(rclass, key)

@@ -14,7 +14,8 @@ refused before: this is for chunked ones).
 client's pace.
 
 ``InFlight`` counts what a drain waits for: requests a worker has not
-finished, and buffered responses a client is still being sent.  A worker
+finished, buffered responses a client is still being sent, and request
+bodies being held before a worker gets them.  A worker
 goes back to the pool (``worker_done``) as soon as its part is over,
 which may be long before its client has read the response.
 """
@@ -48,15 +49,17 @@ WORKER_FAILURES = (ConnectionLost, ConnectionClosed, ResponseTimeout)
 
 
 class InFlight:
-    """Requests in flight on workers, and buffered responses still being
-    sent to their clients: ``idle`` is set while there are neither, and
-    ``woken`` when a request ends an idle spell (``drain``)."""
+    """Requests in flight on workers, buffered responses still being
+    sent to their clients, and request bodies being held from their
+    clients (``hold_body``): ``idle`` is set while there are none of
+    them, and ``woken`` when one ends an idle spell (``drain``)."""
 
     def __init__(self, pool: Pool, spool_limits: SpoolLimits) -> None:
         self.pool = pool
         self.spool_limits = spool_limits  # (the responses' spools share them)
         self.requests = 0  # on workers
         self.responses = 0  # buffered, a client still being sent
+        self.holding = 0  # request bodies read from their clients, no worker yet
         # Of those, the ones whose worker still sends (the watchdog's: lb/awaiting.py)
         self.streaming: Set[ResponseBody] = set()
         self.idle = gevent.event.Event()
@@ -73,8 +76,7 @@ class InFlight:
     def worker_done(self, connection: Hashable) -> None:
         """A request given to worker ``connection`` has ended there."""
         self.requests -= 1
-        if not self.requests and not self.responses:
-            self.idle.set()
+        self._settle()
         self.pool.put(connection)
 
     def response_started(self) -> None:
@@ -84,7 +86,27 @@ class InFlight:
     def response_sent(self) -> None:
         """A buffered response is all sent (or abandoned)."""
         self.responses -= 1
-        if not self.requests and not self.responses:
+        self._settle()
+
+    def hold(self, environ: dict, limit: Optional[int] = None) -> None:
+        """``hold_body`` for a request with a body (``limit``, its
+        ``--max-request-body``), counted while the body is being held: a
+        drain waits for it as for a request on a worker, which it is about
+        to be."""
+        if not self.spool_limits.request or getattr(environ["wsgi.input"], "complete", False):
+            return  # (nothing to hold: hold_body would do nothing)
+        self.holding += 1
+        if self.holding == 1:
+            self.idle.clear()
+            self.woken.set()
+        try:
+            hold_body(environ, self.spool_limits, limit)
+        finally:
+            self.holding -= 1
+            self._settle()
+
+    def _settle(self) -> None:
+        if not self.requests and not self.responses and not self.holding:
             self.idle.set()
 
     def drain(self, timeout: float, quiet: float) -> bool:
