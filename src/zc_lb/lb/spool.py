@@ -76,7 +76,7 @@ class SpoolLimits:
         self.directory = directory or _temporary_directory()
         self.in_memory = 0  # bytes every spool holds in memory
         self.on_disk = 0  # bytes every spool holds in its file
-        self.spilled = 0  # responses that went to disk, ever
+        self.spilled = 0  # responses and request bodies that went to disk, ever
         self.stalled = 0  # times a response filled its spool and held its worker
         self.out_of_files_logged = -OUT_OF_FILES_LOG_EVERY  # when last said (monotonic)
 

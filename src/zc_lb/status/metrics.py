@@ -127,13 +127,15 @@ def traffic_families(doc: dict) -> Iterator[Metric]:
 
 
 def buffer_families(buffers: dict) -> Iterator[Metric]:
-    """The response bytes held for slow clients, and how often buffering spilled or stalled."""
-    held = GaugeMetricFamily("zc_lb_buffer_bytes", "Response bytes held for slow clients.",
+    """The bytes held for slow clients (responses, request bodies), and how
+    often buffering spilled or stalled."""
+    held = GaugeMetricFamily("zc_lb_buffer_bytes",
+                             "Response and request body bytes held for slow clients.",
                              labels=["where"])
     for where in ("memory", "disk"):
         held.add_metric([where], buffers.get(where) or 0)
     yield held
-    yield _counter("zc_lb_buffer_spilled", "Responses buffered partly on disk.",
+    yield _counter("zc_lb_buffer_spilled", "Responses and request bodies buffered partly on disk.",
                    buffers.get("spilled"))
     yield _counter("zc_lb_buffer_stalled",
                    "Times a response filled its buffers and its worker waited for the client.",
