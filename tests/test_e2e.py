@@ -6,6 +6,7 @@ the processes' event loops.
 
 import collections
 import concurrent.futures
+import contextlib
 import http.client
 import json
 import os
@@ -831,20 +832,28 @@ def test_a_blocking_application_in_the_default_mode_loses_no_get(cluster):
     assert all(served_by(r[1]) != victim.address for r in get_results)
 
 
-def test_greenlet_mode_logs_the_request_that_blocks_the_loop(tmp_path):
-    log_path = tmp_path / "worker.log"
+@contextlib.contextmanager
+def greenlet_worker_logged(log_path):
+    """A --greenlets worker logging to ``log_path`` and an LB serving it:
+    (worker, lb), both killed after."""
     with open(log_path, "w") as log:
         worker = WorkerProcess(APP, "--greenlets", env=ENV, stderr=log).start()
     lb = LBProcess([worker.address]).start()
     try:
         wait_for(lambda: request(lb)[0] == 200, message="LB serving")
+        yield worker, lb
+    finally:
+        worker.kill()
+        lb.kill()
+
+
+def test_greenlet_mode_logs_the_request_that_blocks_the_loop(tmp_path):
+    log_path = tmp_path / "worker.log"
+    with greenlet_worker_logged(log_path) as (worker, lb):
         assert request(lb, "/block?1.6")[0] == 200
         wait_for(lambda: "ran again after" in log_path.read_text(), message="stall logged")
         text = log_path.read_text()
         assert "event loop blocked for" in text and "by GET /block" in text
-    finally:
-        worker.kill()
-        lb.kill()
 
 
 def test_greenlet_mode_blames_no_application_for_a_whole_process_stopped(tmp_path):
@@ -854,11 +863,7 @@ def test_greenlet_mode_blames_no_application_for_a_whole_process_stopped(tmp_pat
     # with no CPU spent meanwhile: it says the process was stopped.  An
     # application that blocks is still named.
     log_path = tmp_path / "worker.log"
-    with open(log_path, "w") as log:
-        worker = WorkerProcess(APP, "--greenlets", env=ENV, stderr=log).start()
-    lb = LBProcess([worker.address]).start()
-    try:
-        wait_for(lambda: request(lb)[0] == 200, message="LB serving")
+    with greenlet_worker_logged(log_path) as (worker, lb):
         for _ in range(2):  # (whichever of the two threads wakes first)
             os.kill(worker.pid, signal.SIGSTOP)
             try:
@@ -874,9 +879,6 @@ def test_greenlet_mode_blames_no_application_for_a_whole_process_stopped(tmp_pat
         wait_for(lambda: "ran again after" in log_path.read_text(), message="stall logged")
         text = log_path.read_text()
         assert text.count("event loop blocked for") == 1 and "by GET /block" in text
-    finally:
-        worker.kill()
-        lb.kill()
 
 
 def test_one_request_with_huge_headers_fails_alone(cluster):

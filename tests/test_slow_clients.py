@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from zc_lb.testing import LBProcess, WorkerProcess, wait_for
+from zc_lb.testing import LBProcess, WorkerProcess, read_until_closed, wait_for
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ENV = {"PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -269,12 +269,7 @@ def upload(address, parts, chunked=False, pause=0.05):
             time.sleep(pause)
         if chunked:
             sock.sendall(b"0\r\n\r\n")
-        data = b""
-        while True:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        data = read_until_closed(sock)
     finally:
         sock.close()
     head, _, body = data.partition(b"\r\n\r\n")
@@ -311,16 +306,6 @@ def test_an_upload_left_while_held_frees_its_buffer_and_reaches_no_worker(procs)
 
 
 
-def read_to_close(sock):
-    """All the server sends until it closes the connection."""
-    data = b""
-    while True:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return data
-        data += chunk
-
-
 @pytest.mark.parametrize("chunked", [False, True])
 def test_a_body_whose_rest_came_during_the_hold_goes_on_whole(procs, chunked):
     # The LB held --buffer-request bytes of a body whose rest had come
@@ -341,7 +326,7 @@ def test_a_body_whose_rest_came_during_the_hold_goes_on_whole(procs, chunked):
                      b"%s\r\n\r\n%s" % (field, first))
         time.sleep(0.2)  # (the LB holds the first 100 bytes, and waits for more)
         sock.sendall(rest)  # (in one segment: all of it comes at once)
-        head, _, answer = read_to_close(sock).partition(b"\r\n\r\n")
+        head, _, answer = read_until_closed(sock).partition(b"\r\n\r\n")
     finally:
         sock.close()
     assert head.startswith(b"HTTP/1.1 200"), head
@@ -361,7 +346,7 @@ def test_a_drain_waits_for_a_body_being_held(procs):
         for _ in range(7):  # 3.5 s, past the drain's quiet half second and the close
             time.sleep(0.5)
             sock.sendall(b"b" * 5)
-        head, _, answer = read_to_close(sock).partition(b"\r\n\r\n")
+        head, _, answer = read_until_closed(sock).partition(b"\r\n\r\n")
     finally:
         sock.close()
     assert head.startswith(b"HTTP/1.1 200") and b"Connection: close" in head, head
