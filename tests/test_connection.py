@@ -1,5 +1,7 @@
 """connection.py: an LB side and a worker side joined in memory."""
 
+import logging
+
 import gevent
 import gevent.event
 import gevent.socket
@@ -182,13 +184,17 @@ def test_resume_reaches_the_lb(pair):
     assert lb_handler.resumes == [{"a.example": 12.5}]
 
 
-def test_a_silent_peer_is_declared_lost(pair):
+def test_a_silent_peer_is_declared_lost(pair, caplog):
     lb, worker, lb_handler, _ = pair(keepalive_interval=0.05, keepalive_timeout=0.3)
     exchange = lb.open_request({}, end=True)
     for greenlet in worker._greenlets:  # the worker hangs: it stops reading and pinging
         greenlet.kill()
-    error = lb_handler.lost.get(timeout=3)
+    with caplog.at_level(logging.WARNING, logger="zc_lb.wire.connection"):
+        error = lb_handler.lost.get(timeout=3)
     assert isinstance(error, WorkerLost)
+    assert "no keepalive for" in str(error) and lb.peer in str(error)
+    # (said once, by the owner, as "lost worker ...": the connection said it first)
+    assert not [r for r in caplog.records if r.name == "zc_lb.wire.connection"]
     with pytest.raises(WorkerLost):
         exchange.receive(1)
 

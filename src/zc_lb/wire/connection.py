@@ -464,8 +464,7 @@ class Connection(Link):
                 log.warning("our event loop was blocked for %.1fs; not blaming %s",
                             stalled, self.peer)
             silent = now - keepalive.last_received
-            if silent > keepalive.timeout:
-                log.warning("%s silent for %.1fs, dropping it", self.peer, silent)
+            if silent > keepalive.timeout:  # (its owner says so: "lost worker", "ended")
                 self._end(self._lost_error("%s: no keepalive for %.1fs" % (self.peer, silent)))
                 return
             if keepalive.suspicion_changed(silent):
