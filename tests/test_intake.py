@@ -1,7 +1,7 @@
 """zc_lb.wire.intake, and the LB decoder's résumés: bounded in bytes (one
 over the limit skipped as it comes, never buffered), in classes, and in
-rate (the newest of those within the interval held, undecoded, till it
-is over); the connection kept through every refusal.  A manual clock,
+rate (the newest of those that come sooner than the rate allows held,
+undecoded, till it does); the connection kept through every refusal.  A manual clock,
 no sleeps."""
 
 import pytest
@@ -10,8 +10,8 @@ from zc_lb.errors import RemoteProtocolError
 from zc_lb.wire import protocol
 from zc_lb.wire.decoder import NEED_DATA, Decoder, ResumeFrame
 from zc_lb.wire.encoder import encode
-from zc_lb.wire.frames import (HEADER, MAX_RESUME, RESUME_CLASSES, RESUME_INTERVAL,
-                               RESUME_LIMIT, Ping, Resume)
+from zc_lb.wire.frames import (HEADER, MAX_RESUME, RESUME_CLASSES, RESUME_LIMIT,
+                               RESUME_RATE, Ping, Resume)
 from zc_lb.wire.intake import ResumeIntake, ResumeRefused
 
 
@@ -35,10 +35,11 @@ def test_the_bounds_are_far_above_a_real_resume_and_under_the_frame_cap():
     assert RESUME_CLASSES >= 10 * 5000
 
 
-def test_a_resume_is_taken_then_those_within_the_interval_wait_the_newest_kept():
+def test_a_resume_is_taken_then_those_sooner_than_the_rate_wait_the_newest_kept():
     clock = Clock()
-    intake = ResumeIntake(interval=1.0, clock=clock)
-    assert intake.offer(frame({"a": 1.0})) == Resume({"a": 1.0})
+    first = frame({"a": 1.0})
+    intake = ResumeIntake(rate=first.size / 1.0, clock=clock)  # (a second for its size)
+    assert intake.offer(first) == Resume({"a": 1.0})
     clock.now += 0.2
     assert intake.offer(frame({"a": 2.0})) is None
     assert intake.offer(frame({"a": 3.0})) is None  # (in place of the one before)
@@ -48,8 +49,26 @@ def test_a_resume_is_taken_then_those_within_the_interval_wait_the_newest_kept()
     clock.now += 0.3
     assert intake.due() == Resume({"a": 3.0})
     assert intake.due() is None and intake.held is None
-    clock.now += 1.0  # an interval after the last taken: at once
+    clock.now += 1.0  # its own size's time after the last taken: at once
     assert intake.offer(frame({"a": 4.0})) == Resume({"a": 4.0})
+
+
+def test_small_resumes_are_each_taken_large_ones_wait_for_their_size():
+    # A site of tens of classes: a résumé of a few hundred bytes, sent
+    # five times a second by a busy worker, is taken every time (its
+    # learning is not held back); one of 4 MiB waits four seconds.
+    clock = Clock()
+    intake = ResumeIntake(clock=clock)
+    small = {"site%02d.example" % i: 12.5 for i in range(30)}
+    for n in range(10):
+        assert intake.offer(frame(dict(small, n=n))) == Resume(dict(small, n=n))
+        clock.now += 0.2
+    many = {"c%07d%s" % (i, "x" * 25): 1.5 for i in range(90_000)}
+    big = frame(many)
+    assert 3 * RESUME_RATE < big.size < RESUME_LIMIT
+    assert intake.offer(big) == Resume(many)
+    assert intake.offer(frame(small)) is None
+    assert intake.due_at == pytest.approx(clock.now + big.size / RESUME_RATE)
 
 
 def test_a_resume_over_the_byte_or_class_limit_is_refused_and_says_so():
@@ -58,7 +77,7 @@ def test_a_resume_over_the_byte_or_class_limit_is_refused_and_says_so():
     assert refused == ResumeRefused(5000, None, "over the 100 bytes an LB takes")
     many = frame({"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0})
     assert intake.offer(many) == ResumeRefused(many.size, 4, "over the 3 classes an LB takes")
-    intake.clock.now += RESUME_INTERVAL
+    intake.clock.now += 1.0  # (past what the refused one's decoding allows)
     assert intake.offer(frame({"a": 1.0, "b": 1.0, "c": 1.0})) == Resume(
         {"a": 1.0, "b": 1.0, "c": 1.0})
 
@@ -123,7 +142,7 @@ def events(connection):
 def test_an_lb_refuses_a_resume_past_its_limit_and_the_connection_goes_on():
     # As a worker of a release before the limit may send (up to MAX_RESUME).
     clock = Clock()
-    lb, worker = lb_and_worker(ResumeIntake(limit=5000, interval=1.0, clock=clock))
+    lb, worker = lb_and_worker(ResumeIntake(limit=5000, rate=10.0, clock=clock))
     big = {"c%05d" % i: 1.5 for i in range(2000)}
     lb.receive_data(worker.send(Resume(big)) + worker.send(Ping()))
     refused, = events(lb)
@@ -131,10 +150,11 @@ def test_an_lb_refuses_a_resume_past_its_limit_and_the_connection_goes_on():
     assert lb.data_to_send()  # (its Pong: the connection lives)
     lb.receive_data(worker.send(Resume({"a": 1.0})))
     assert events(lb) == [Resume({"a": 1.0})]
-    # Within the interval: held, and handed on once it is over.
+    # Sooner than the rate allows (10 bytes a second): held, and handed
+    # on once its time is over.
     lb.receive_data(worker.send(Resume({"a": 2.0})) + worker.send(Resume({"a": 3.0})))
     assert events(lb) == []
-    clock.now += 1.0
+    clock.now += 2.0
     assert events(lb) == [Resume({"a": 3.0})]
 
 

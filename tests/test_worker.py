@@ -1,6 +1,7 @@
 """worker.py in process: PEP 3333 conformance, threads, app loading."""
 
 import io
+import math
 import sys
 import threading
 import time
@@ -48,7 +49,7 @@ def serve():
         sock = gevent.socket.create_connection(worker.address)
         handler = LBSide()
         # (every résumé as it comes: the LB's own bounds are wire/intake.py's)
-        connection = Connection(sock, "lb", handler, peer="worker", intake=ResumeIntake(interval=0))
+        connection = Connection(sock, "lb", handler, peer="worker", intake=ResumeIntake(rate=math.inf))
         connection.handshake()
         connection.start()
         started.append((worker, connection))
@@ -99,7 +100,7 @@ def stuck_lb(worker, lbs):
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(worker.address)
     side = LBSide()
-    stuck = Connection(sock, "lb", side, peer="worker", intake=ResumeIntake(interval=0))
+    stuck = Connection(sock, "lb", side, peer="worker", intake=ResumeIntake(rate=math.inf))
     stuck.handshake()
     deadline = time.monotonic() + 5
     while len(worker.lbs.connections) < lbs and time.monotonic() < deadline:

@@ -85,13 +85,13 @@ MAX_RESUME: Final = 64 * 1024 * 1024  # a bigger résumé frame breaks the proto
 # What an LB takes of a worker's résumés (``wire/intake.py``), far above
 # a real site's (a few thousand classes, some hundreds of KB): one of
 # more bytes or classes is dropped, the connection kept (a worker of a
-# release before these bounds may send up to MAX_RESUME), and of those
-# that come within RESUME_INTERVAL of the last taken the newest waits
-# for its end.  Each costs the LB's event loop its decoding, 3-30 ms
-# a MiB, and a worker sending them back to back stopped it for good.
+# release before these bounds may send up to MAX_RESUME), and one that
+# comes sooner than RESUME_RATE bytes a second after the last taken
+# allows waits (the newest).  Each costs the LB's event loop its decoding,
+# 3-30 ms a MiB, and a worker sending them back to back stopped it for good.
 RESUME_LIMIT: Final = 4 * 1024 * 1024
 RESUME_CLASSES: Final = 100_000
-RESUME_INTERVAL: Final = 1.0  # seconds
+RESUME_RATE: Final = 1024 * 1024  # bytes a second
 MAX_RNO: Final = 2**32 - 1
 
 HEADER: Final = struct.Struct("!IBI")

@@ -14,11 +14,14 @@ a second each.  So an LB's decoder hands a résumé on undecoded
   refused: the decoder skipped it as its bytes came, unread;
 - one decoded to more than ``classes`` classes
   (``frames.RESUME_CLASSES``, 100,000) is refused;
-- of the résumés that come within ``interval`` seconds
-  (``frames.RESUME_INTERVAL``, 1 s) of the last one decoded, the newest
-  is held, undecoded, each replacing the one before, and taken when the
-  interval is over (``due``), so that a worker costs the LB one decoding
-  a second at most and the LB still ends with its newest skills.
+- after one is decoded, the next waits as long as decoding at ``rate``
+  bytes a second (``frames.RESUME_RATE``, 1 MiB) would take for it:
+  those that come sooner are held, undecoded, the newest replacing the
+  one before, and taken when that time is over (``due``), so that a
+  worker costs the LB some 3-30 ms of decoding a second at most, and the
+  LB still ends with its newest skills.  A résumé of a few KB (a site of
+  tens of classes) waits a few ms: the LB takes every one a worker
+  sends; one of 4 MiB, four seconds.
 
 A refusal is a ``ResumeRefused`` event, for the LB to log; the
 connection stays up, since a worker of a release before these bounds
@@ -41,7 +44,7 @@ from typing import Callable, Optional, Union
 from mypy_extensions import mypyc_attr
 
 from zc_lb.wire.decoder import ResumeFrame, decode_resume
-from zc_lb.wire.frames import RESUME_CLASSES, RESUME_INTERVAL, RESUME_LIMIT, Resume
+from zc_lb.wire.frames import RESUME_CLASSES, RESUME_LIMIT, RESUME_RATE, Resume
 
 
 @mypyc_attr(native_class=False)
@@ -60,15 +63,15 @@ class ResumeIntake:
     ``clock`` is a monotonic one, in seconds."""
 
     def __init__(self, limit: int = RESUME_LIMIT, classes: int = RESUME_CLASSES,
-                 interval: float = RESUME_INTERVAL,
+                 rate: float = RESUME_RATE,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.limit = limit
         self.classes = classes
-        self.interval = interval
+        self.rate = rate
         self.clock = clock
         self.held: Optional[ResumeFrame] = None  # the newest résumé waiting its turn
         self.replaced = 0  # résumés held then replaced by a newer, all told
-        self._last: Optional[float] = None  # when the last résumé was decoded
+        self._next: Optional[float] = None  # when the next may be decoded (None: at once)
 
     def offer(self, frame: ResumeFrame) -> Union[Resume, ResumeRefused, None]:
         """A résumé that came: the event it makes now, or None if it is
@@ -76,7 +79,7 @@ class ResumeIntake:
         if frame.skipped or frame.size > self.limit:
             return ResumeRefused(frame.size, None, "over the %d bytes an LB takes" % self.limit)
         now = self.clock()
-        if self._last is not None and now - self._last < self.interval:
+        if self._next is not None and now < self._next:
             if self.held is not None:
                 self.replaced += 1
             self.held = frame
@@ -88,7 +91,7 @@ class ResumeIntake:
         """When the held résumé may be taken (None: none is held)."""
         if self.held is None:
             return None
-        return (self._last or 0.0) + self.interval
+        return self._next
 
     def due(self) -> Union[Resume, ResumeRefused, None]:
         """The held résumé's event, once its time has come; else None."""
@@ -96,13 +99,13 @@ class ResumeIntake:
         if frame is None:
             return None
         now = self.clock()
-        if self._last is not None and now - self._last < self.interval:
+        if self._next is not None and now < self._next:
             return None
         self.held = None
         return self._take(frame, now)
 
     def _take(self, frame: ResumeFrame, now: float) -> Union[Resume, ResumeRefused]:
-        self._last = now
+        self._next = now + frame.size / self.rate
         resume = decode_resume(frame.payload())
         if len(resume.skills) > self.classes:
             return ResumeRefused(frame.size, len(resume.skills),
@@ -110,5 +113,5 @@ class ResumeIntake:
         return resume
 
     def __repr__(self) -> str:
-        return "<ResumeIntake limit=%d classes=%d interval=%g%s>" % (
-            self.limit, self.classes, self.interval, " held" if self.held else "")
+        return "<ResumeIntake limit=%d classes=%d rate=%g%s>" % (
+            self.limit, self.classes, self.rate, " held" if self.held else "")
