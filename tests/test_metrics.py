@@ -411,7 +411,7 @@ def _chromium():
     raise AssertionError("no chromium: make sysdeps installs it (Makefile APT_PACKAGES)")
 
 
-def test_the_status_page_in_a_browser(cluster):
+def test_the_status_page_in_a_browser(cluster, tmp_path):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -425,7 +425,10 @@ def test_the_status_page_in_a_browser(cluster):
                      "--disable-dev-shm-usage"):
         options.add_argument(argument)
     driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    # (Chromium's singleton directory goes in TMPDIR, and outlives the
+    # browser: in the test's own, not one more in /tmp each run.)
+    service = Service(driver_path, env=dict(os.environ, TMPDIR=str(tmp_path)))
+    driver = webdriver.Chrome(service=service, options=options)
     try:
         driver.set_page_load_timeout(20)
         driver.get("http://%s/" % lb.status_address)
