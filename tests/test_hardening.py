@@ -1205,6 +1205,19 @@ def test_an_answer_before_the_body_came_says_the_connection_closes(stack):
     assert client.closed_by_server(2.0)
 
 
+def test_no_body_is_asked_for_when_no_worker_can_take_it(stack):
+    # A client that waits to be asked (Expect: 100-continue) was told to
+    # send its body, which the LB read before it found no worker: up to
+    # --buffer-request sent for a 503.  Now the 503 comes first.
+    s = stack(ok_app, no_worker_timeout=0.3)
+    s.lb.fleet.set_workers([])  # (the only worker deregistered)
+    client = s.client()
+    client.send(b"POST /up HTTP/1.1\r\nHost: a.example\r\nExpect: 100-continue\r\n"
+                b"Content-Length: 100000\r\n\r\n")
+    status, headers, _ = client.response("POST")
+    assert status == 503 and headers.get("connection", "").lower() == "close"
+
+
 def _count(environ, start_response):
     body = b"%d" % len(environ["wsgi.input"].read())
     start_response("200 OK", [("Content-Length", str(len(body)))])

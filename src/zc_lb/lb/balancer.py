@@ -202,7 +202,10 @@ class LB:
         relay = cast(Optional[Relay], environ.get(RELAY))
         rclass, key = self._route(environ, relay)
         has_body = self._has_body(environ, relay)  # (RequestTooLarge past the limit)
-        if has_body:  # (one that has not all come: held first, --buffer-request)
+        if has_body:  # (one that has not all come: held first, --buffer-request; but
+            # not read, nor a 100 Continue sent for it, with no worker to take it)
+            if not len(self.pool) and not self.fleet.wait_for_pool(self.no_worker_timeout):
+                raise NoWorkerAvailable("no worker available after %gs" % self.no_worker_timeout)
             self.flight.hold(environ, self.max_request_body)
         retryable = not has_body and environ["REQUEST_METHOD"] in RETRY_METHODS
         for attempt in range(self.max_retries + 1):

@@ -117,6 +117,11 @@ class Fleet(LinkEvents):
         ``timeout`` seconds; whether it got there."""
         return self._wait_until(lambda: bool(len(self.pool)) and self._all_in_pool(), timeout)
 
+    def wait_for_pool(self, timeout: float) -> bool:
+        """Wait until the pool has a worker, at most ``timeout`` seconds;
+        whether it has."""
+        return self._wait_until(lambda: bool(len(self.pool)), timeout)
+
     def _all_in_pool(self) -> bool:
         return all(link.connection is not None
                    and (link.connection in self.pool or address in self.twins)
@@ -217,26 +222,16 @@ class Fleet(LinkEvents):
         return True
 
     def _twin(self, connection: Connection) -> bool:
-        """Whether the pool has ``connection``'s worker already, by another
-        address (two names of one host, or a worker both listed and
-        registered): the same process, by its Hello's ``instance``.  Its
-        requests would count twice toward its backlog, its share and the
-        classes' widths; it is pooled once, said once (``twins``)."""
-        hello = connection.peer_hello
-        instance = None if hello is None else hello.instance
-        if instance is None:  # (a worker of a release before it)
-            return False
+        """Whether the pool has ``connection``'s worker already by another
+        address (``_pooled_as``): it is pooled once, said once (``twins``)."""
         address = connection.peer
-        for other_address, link in self.links.items():
-            other = link.connection
-            if (other is not None and other is not connection and other in self.pool
-                    and other.peer_hello is not None and other.peer_hello.instance == instance):
-                if self.twins.get(address) != other_address:
-                    self.twins[address] = other_address
-                    log.warning("worker %s is worker %s by another address (one process): "
-                                "it is pooled once, as %s", address, other_address,
-                                other_address)
-                return True
+        pooled_as = _pooled_as(connection, self.links, self.pool)
+        if pooled_as is not None:
+            if self.twins.get(address) != pooled_as:
+                self.twins[address] = pooled_as
+                log.warning("worker %s is worker %s by another address (one process): "
+                            "it is pooled once, as %s", address, pooled_as, pooled_as)
+            return True
         if self.twins.pop(address, None) is not None:
             log.info("worker %s pooled: the worker it was reached as too is not", address)
         return False
@@ -451,6 +446,25 @@ class Fleet(LinkEvents):
                 links[address] = dict(_DOWN, version=version, standby=True, counts={},
                                       last_error="version %s is not the one served" % version)
         return links
+
+
+def _pooled_as(connection: Connection, links: Dict[str, WorkerLink],
+               pool: Pool) -> Optional[str]:
+    """The address by which ``pool`` has ``connection``'s worker already,
+    if it does (two names of one host, or a worker both listed and
+    registered): the same process, by its Hello's ``instance``.  Pooled
+    twice, its requests would count twice toward its backlog, its share
+    and the classes' widths."""
+    hello = connection.peer_hello
+    instance = None if hello is None else hello.instance
+    if instance is None:  # (a worker of a release before it)
+        return None
+    for address, link in links.items():
+        other = link.connection
+        if (other is not None and other is not connection and other in pool
+                and other.peer_hello is not None and other.peer_hello.instance == instance):
+            return address
+    return None
 
 
 def _open(link: WorkerLink) -> Optional[Connection]:
