@@ -1,6 +1,7 @@
 """connection.py: an LB side and a worker side joined in memory."""
 
 import logging
+import time
 
 import gevent
 import gevent.event
@@ -182,6 +183,25 @@ def test_resume_reaches_the_lb(pair):
     worker.send_resume({"a.example": 12.5})
     assert lb_handler.resumed.wait(5)
     assert lb_handler.resumes == [{"a.example": 12.5}]
+
+
+def test_a_resume_held_for_the_rate_is_taken_when_due_with_nothing_more_coming(pair):
+    # The intake holds a résumé that comes sooner than its rate allows
+    # (wire/intake.py); when its time comes it is taken, not when the
+    # worker next sends something (a ping a keepalive interval later, or
+    # never for one that stopped).
+    lb, worker, lb_handler, _ = pair(keepalive_interval=30.0, keepalive_timeout=60.0)
+    skills = {"c%05d.example" % i: 1.5 for i in range(5000)}  # some 100 KB: 0.1 s at the rate
+    for value in (1.5, 2.5, 3.5):
+        worker.send_resume(dict(skills, last=value))
+    began = time.monotonic()
+    while not (lb_handler.resumes and lb_handler.resumes[-1]["last"] == 3.5):
+        lb_handler.resumed.clear()
+        assert lb_handler.resumed.wait(2.0), "the newest résumé stayed held: %s" % [
+            resume["last"] for resume in lb_handler.resumes]
+    assert time.monotonic() - began < 1.0  # (its 0.1 s, and the two before decoded)
+    assert [resume["last"] for resume in lb_handler.resumes] == [1.5, 3.5]
+    assert not lb.closed
 
 
 def test_a_silent_peer_is_declared_lost(pair, caplog):

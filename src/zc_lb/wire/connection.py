@@ -383,7 +383,7 @@ class Connection(Link):
         proto, recv, recv_into = self.protocol, sock.recv, sock.recv_into
         view = memoryview(buffer)
         hub = gevent.get_hub()
-        pending = self._pending
+        pending, intake = self._pending, proto.intake
         self._dispatch_events()
         while not self.closed:
             size = proto.wants()
@@ -397,8 +397,9 @@ class Connection(Link):
                 proto.receive_data(view[:n] if n else b"")
             self._keepalive.last_received = time.monotonic()
             self._dispatch_events()
-            if 0 < n < size and not self.closed and not (pending and pending()):
-                hub.wait(readable)
+            if 0 < n and (n < size or intake is not None and intake.held is not None) and (
+                    not self.closed and not (pending and pending())):
+                _wait_readable(self, hub, readable, self._dispatch_events)
             elif n:  # (more waits: a turn for the rest of the loop first)
                 gevent.sleep(0)
 
@@ -507,3 +508,28 @@ class Connection(Link):
     def __repr__(self) -> str:
         return "<Connection %s %s streams=%d%s>" % (
             self.role, self.peer, len(self.protocol.streams), " closed" if self.closed else "")
+
+
+def _wait_readable(connection: Connection, hub: Any, readable: Any,
+                   dispatch: Callable[[], None]) -> None:
+    """Wait for ``connection``'s socket to be readable (at once if more
+    came); meanwhile, ``dispatch`` a résumé the intake holds once its time
+    comes (``wire/intake.py``), not when the worker next sends something:
+    a Ping a keepalive interval later, or nothing from one that stopped."""
+    intake = connection.protocol.intake
+    while intake is not None and not connection.closed:
+        due = intake.due_at
+        if due is None:
+            break
+        timer = gevent.Timeout(max(0.0, due - time.monotonic()))
+        timer.start()
+        try:
+            hub.wait(readable)
+            return
+        except gevent.Timeout as exc:
+            if exc is not timer:
+                raise
+        finally:
+            timer.close()
+        dispatch()
+    hub.wait(readable)

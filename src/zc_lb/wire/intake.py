@@ -30,9 +30,10 @@ protocol is broken and the connection dropped), and an honest worker
 cuts its résumé to fit (``worker/resume.py``).  A résumé refused
 leaves the worker's skills as they were.
 
-Weak spot: a held résumé is taken when the protocol next looks
-(``protocol.Connection.next_event``), which a worker's pings make
-happen every second; a worker that falls silent keeps its last one held.
+A held résumé is taken when the protocol next looks
+(``protocol.Connection.next_event``): the connection's reader looks
+again at ``due_at`` (``connection._wait_readable``), whether
+the worker sent anything more or not.
 """
 
 from __future__ import annotations
