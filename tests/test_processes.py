@@ -64,6 +64,29 @@ def test_merge_status_leaves_out_the_childrens_view_of_their_siblings_backlog():
     assert merge_status([one, two])["workers"]["w"] == {"backlog": 3}
 
 
+def test_merge_status_says_a_worker_pooled_by_another_address_in_some_child_is_so():
+    # Each child pools a worker reached by two addresses once, by the
+    # address it reached first (lb/fleet.py): after a worker's restart the
+    # children's links come back in any order, and may pool it by
+    # different ones.  The first child's "twin_of": null beside in_pool
+    # false (the other child's) read as "draining".
+    from zc_lb.status.document import worker_state
+
+    up = {"connected": True, "drained": False, "standby": False, "ejected": False}
+    one = {"workers": {"a": dict(up, in_pool=True, twin_of=None),
+                       "b": dict(up, in_pool=False, twin_of="a")}}
+    two = {"workers": {"a": dict(up, in_pool=False, twin_of="b"),
+                       "b": dict(up, in_pool=True, twin_of=None)}}
+    workers = merge_status([one, two])["workers"]
+    assert not workers["a"]["in_pool"] and not workers["b"]["in_pool"]
+    assert worker_state(workers["a"]) == "pooled as b"
+    assert worker_state(workers["b"]) == "pooled as a"
+    # Alike in every child: as each says.
+    workers = merge_status([one, one])["workers"]
+    assert worker_state(workers["a"]) == "in pool" and workers["a"]["twin_of"] is None
+    assert worker_state(workers["b"]) == "pooled as a"
+
+
 def test_merge_status_adds_up_the_pools_counters():
     # The pool was the first process's: zc_lb_pool_spills_total and
     # zc_lb_pool_bounded_total showed a single process's.

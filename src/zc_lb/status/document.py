@@ -414,9 +414,18 @@ def _merge_workers(docs: List[dict]) -> Dict[str, dict]:
             for key in ("connected", "in_pool"):
                 if key in info:
                     into[key] = bool(into.get(key)) and bool(info[key])
+            _take_twin(into, info)
     for address, values in means.items():
         workers[address]["mean_backlog"] = round(sum(values) / len(values), 4)
     return workers
+
+
+def _take_twin(into: dict, info: dict) -> None:
+    """A worker's ``twin_of`` in the merged document: any child's (each
+    pools a worker reached by two addresses by the one it reached first,
+    and children may differ), not the first's null beside in_pool false."""
+    if info.get("twin_of") and not into.get("twin_of"):
+        into["twin_of"] = info["twin_of"]
 
 
 def fetch(address: str, timeout: float = 5.0, action: Optional[str] = None,
