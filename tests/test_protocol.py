@@ -663,6 +663,7 @@ def test_empty_frames_must_be_empty(cls, rno):
     {"version": 1, "role": "lb", "nonce": "n", "auth": 1},
     {"version": 1, "role": "lb", "nonce": "n", "instance": 7},
     {"version": 1, "role": "lb", "nonce": "n", "instance": "i" * 65},
+    {"version": 1, "role": "lb", "nonce": "n", "instance": ""},  # (any two would be one)
 ])
 def test_malformed_hello(obj):
     decode_error(frame(0, Hello.TYPE, json.dumps(obj).encode()))

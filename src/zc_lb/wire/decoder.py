@@ -148,7 +148,7 @@ def _decode_hello(rno: int, payload: bytes) -> Hello:
             and isinstance(role, str) and isinstance(nonce, str)
             and isinstance(auth, bool) and (app_version is None or isinstance(app_version, str))
             and isinstance(features, list) and all(isinstance(f, str) for f in features)
-            and (instance is None or isinstance(instance, str) and len(instance) <= 64)):
+            and (instance is None or isinstance(instance, str) and 0 < len(instance) <= 64)):
         raise RemoteProtocolError("malformed hello %r" % (obj,))
     return Hello(version, role, nonce, auth, app_version, tuple(features), instance)
 
