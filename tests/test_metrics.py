@@ -11,6 +11,7 @@ import http.client
 import json
 import os
 import shutil
+import tempfile
 import urllib.request
 
 import pytest
@@ -411,7 +412,7 @@ def _chromium():
     raise AssertionError("no chromium: make sysdeps installs it (Makefile APT_PACKAGES)")
 
 
-def test_the_status_page_in_a_browser(cluster, tmp_path):
+def test_the_status_page_in_a_browser(cluster):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -425,10 +426,16 @@ def test_the_status_page_in_a_browser(cluster, tmp_path):
                      "--disable-dev-shm-usage"):
         options.add_argument(argument)
     driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-    # (Chromium's singleton directory goes in TMPDIR, and outlives the
-    # browser: in the test's own, not one more in /tmp each run.)
-    service = Service(driver_path, env=dict(os.environ, TMPDIR=str(tmp_path)))
-    driver = webdriver.Chrome(service=service, options=options)
+    # (Chromium's singleton directory goes in TMPDIR and outlives the
+    # browser: in one of the test's own, removed after, not one more in
+    # /tmp each run; a short one, as its socket's path must fit 108 bytes.)
+    scratch = tempfile.mkdtemp(prefix="zc-chromium-")
+    service = Service(driver_path, env=dict(os.environ, TMPDIR=scratch))
+    try:
+        driver = webdriver.Chrome(service=service, options=options)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     try:
         driver.set_page_load_timeout(20)
         driver.get("http://%s/" % lb.status_address)
@@ -463,6 +470,7 @@ def test_the_status_page_in_a_browser(cluster, tmp_path):
         assert "zc_lb_requests_total 12.0" in driver.find_element(By.TAG_NAME, "body").text
     finally:
         driver.quit()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 # -- the sample configurations in etc/ -------------------------------------------------
