@@ -212,6 +212,20 @@ def test_hung_threads_are_let_in_on_top_and_bring_no_ceiling_down():
     assert limit.update(3, waiting=True, working=5, held=2) == COMPUTING + 6 + 2
 
 
+def test_threads_found_hung_undo_the_fall_they_made_while_they_looked_queued():
+    # Before HELD_AFTER they are queued threads, and the ceiling falls to
+    # the one working beside them; once held, it went on one request at a
+    # time until the probes climbed back (a second each: 0.8 s for 8
+    # sleeps of 0.1 s in test_threads, on a loaded machine).
+    limit = Limit(16)
+    for _ in range(10):
+        limit.update(0, waiting=True, queued=2, working=1)
+    assert limit.ceiling == 1 and limit.fell_from == 16
+    limit.update(0, waiting=True, working=1, held=2)
+    assert limit.ceiling == 16
+    assert limit.update(4, waiting=True, working=5, held=2) == COMPUTING + 8 + 2
+
+
 def test_a_held_thread_that_ended_between_two_counts_takes_no_thread_away():
     # threads.py counts the calls running long, less the held ones, apart
     # from the held ones: one that ended between the two made it -1, and

@@ -79,7 +79,9 @@ never comes.  It holds its thread, as a call hung on a socket does, and
 no more: it is let in on top of the rest and neither brings the ceiling
 down nor counts among those working, so that two hung threads do not
 leave one thread to serve every request while they hang (they did: the
-ceiling fell to the one working beside them, and stayed there).
+ceiling fell to the one working beside them, and stayed there).  Seen
+queued for ``HELD_AFTER`` before they are held, they brought the
+ceiling down meanwhile: once held, it goes back to where it fell from.
 An application that never queues its threads has no ceiling.  And while
 requests wait and none has finished for ``STALL`` seconds, it lets in
 one more, and one more each ``STALL`` after, past the ceiling too, for
@@ -210,6 +212,11 @@ class Limit:
             self.ceiling += max(1, min(self.ceiling, below))
             self.calm = 0
         self.falling = queued > 0
+        if held > self.held and not queued:
+            # Threads found hung were queued before they were held: the fall
+            # they made is undone (one working beside two deadlocked left one
+            # request at a time until the probes had climbed back).
+            self.ceiling = max(self.ceiling, self.fell_from)
         wanted = self.computing + 2 * max(blocked, int(self.blocked + 0.5))
         self.held = held
         self.value = min(self.size, min(wanted, self.ceiling) + self.stalls + held)
