@@ -159,6 +159,13 @@ def test_slow_downloaders_hold_no_worker_thread_and_stall_nobody(procs):
         fetch_json(status_url)["buffers"], memory=0, disk=0), message="buffers freed")
 
 
+def fetch_text(url):
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.read().decode()
+
+
 def fetch_json(url):
     import json
     import urllib.request
@@ -245,6 +252,8 @@ def test_slow_uploaders_hold_no_worker_thread_and_stall_nobody(procs):
         time.sleep(0.3)
         assert fetch_json(status_url)["in_flight"] == 0  # no worker holds an upload
         assert fetch_json(status_url)["buffers"]["memory"] == 8 * 5
+        assert fetch_json(status_url)["buffers"]["holding"] == 8
+        assert "zc_lb_buffer_holding 8.0" in fetch_text(status_url + "metrics")
         assert latencies(lb.address, 0.5), "no request got through"
         for sock in uploads:
             sock.sendall(b"y" * 15)
@@ -254,6 +263,7 @@ def test_slow_uploaders_hold_no_worker_thread_and_stall_nobody(procs):
             sock.close()
     assert all(head.startswith(b"HTTP/1.1 200") for head, _, _ in answers), answers
     wait_for(lambda: fetch_json(status_url)["buffers"]["memory"] == 0, message="buffers freed")
+    assert fetch_json(status_url)["buffers"]["holding"] == 0
 
 
 def upload(address, parts, chunked=False, pause=0.05):

@@ -465,7 +465,7 @@ class LB:
             "classifier": getattr(self.classifier, "status", dict)(),
             "worker_failures": self.fleet.worker_failures,
             "health_checks": self.fleet.health_checks,
-            "buffers": self.flight.spool_limits.status(),
+            "buffers": dict(self.flight.spool_limits.status(), holding=self.flight.holding),
             "ejections": self.fleet.ejector.total_ejections,
         }
 

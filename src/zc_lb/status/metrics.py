@@ -140,6 +140,9 @@ def buffer_families(buffers: dict) -> Iterator[Metric]:
     yield _counter("zc_lb_buffer_stalled",
                    "Times a response filled its buffers and its worker waited for the client.",
                    buffers.get("stalled"))
+    yield GaugeMetricFamily("zc_lb_buffer_holding",
+                            "Request bodies being read from their clients, no worker yet.",
+                            value=buffers.get("holding") or 0)
 
 
 def latency_families(latency: Optional[dict], name: str = "zc_lb_response_seconds",
