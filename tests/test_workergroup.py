@@ -369,17 +369,24 @@ time.sleep(30)
 """
 
 
+def started_group(script, path):
+    """A WorkerGroup of one child running ``script`` (given ``path``),
+    started: (the group, its child)."""
+    from zc_lb.process.workergroup import WorkerGroup
+
+    group = WorkerGroup([[]])
+    (child,) = group.children
+    child.command = [sys.executable, "-c", script, str(path)]
+    group.start()
+    return group, child
+
+
 def test_a_sighup_that_comes_while_a_process_starts_reaches_it_once_it_serves(tmp_path):
     # With --max-requests, processes start all the time: a SIGHUP passed on
     # while one started (loaded its application) killed it, or was ignored
     # by it, which had read --config before the change.
-    from zc_lb.process.workergroup import WorkerGroup
-
     got = tmp_path / "got"
-    group = WorkerGroup([[]])
-    (child,) = group.children
-    child.command = [sys.executable, "-c", STARTING_WORKER, str(got)]
-    group.start()
+    group, child = started_group(STARTING_WORKER, got)
     try:
         group.signal_all(signal.SIGHUP)  # (it is starting)
         # (open() makes the file before print writes the line: wait for the line)
@@ -398,12 +405,7 @@ def test_a_stop_while_a_process_is_started_again_stops_it_too(tmp_path, monkeypa
     # process no SIGTERM (it found the old one, gone), nor waited for it.
     import threading
 
-    from zc_lb.process.workergroup import WorkerGroup
-
-    group = WorkerGroup([[]])
-    (child,) = group.children
-    child.command = [sys.executable, "-c", STARTING_WORKER, str(tmp_path / "got")]
-    group.start()
+    group, child = started_group(STARTING_WORKER, tmp_path / "got")
     first = child.process
     launching = slow_launches(monkeypatch, subprocess, threading.Event(), time.sleep)
     watcher = threading.Thread(target=group.watch, daemon=True)
@@ -436,13 +438,8 @@ def test_a_process_started_again_gets_one_sigterm_when_the_group_stops(tmp_path)
     # on stop, sent it a second SIGTERM as it drained.
     import threading
 
-    from zc_lb.process.workergroup import WorkerGroup
-
     got = tmp_path / "got"
-    group = WorkerGroup([[]])
-    (child,) = group.children
-    child.command = [sys.executable, "-c", COUNTING_WORKER, str(got)]
-    group.start()
+    group, child = started_group(COUNTING_WORKER, got)
     first = child.process
     watcher = threading.Thread(target=group.watch, daemon=True)
     watcher.start()
