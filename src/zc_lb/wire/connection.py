@@ -397,9 +397,12 @@ class Connection(Link):
                 proto.receive_data(view[:n] if n else b"")
             self._keepalive.last_received = time.monotonic()
             self._dispatch_events()
-            if 0 < n and (n < size or intake is not None and intake.held is not None) and (
-                    not self.closed and not (pending and pending())):
-                _wait_readable(self, hub, readable, self._dispatch_events)
+            held = intake is not None and intake.held is not None
+            if 0 < n and (n < size or held) and not self.closed and not (pending and pending()):
+                if held:  # (a résumé waits its turn: taken when due, whatever comes)
+                    _wait_readable(self, hub, readable, self._dispatch_events)
+                else:
+                    hub.wait(readable)
             elif n:  # (more waits: a turn for the rest of the loop first)
                 gevent.sleep(0)
 
